@@ -1,0 +1,255 @@
+"""Frozen AST nodes of the alert condition language.
+
+Every front end (the DSL string through ``parse.parse_expr``, the ``M`` builder of
+``builder.py``, dict/YAML entries) produces these nodes, so two spellings of one condition
+compare equal. Nodes are immutable (``dataclass(frozen=True, slots=True)``) and hashable.
+
+``node.to_source()`` renders the condition fully parenthesised; parsing that text gives
+back an equal tree (tested as a hypothesis property in ``tests/test_alerts_parse.py``).
+Durations are held in seconds; a window holds either a point count or a duration.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+
+__all__ = [
+    "And",
+    "BinOp",
+    "Call",
+    "Compare",
+    "Duration",
+    "Name",
+    "Neg",
+    "Node",
+    "Not",
+    "Number",
+    "Or",
+    "Window",
+    "format_duration",
+    "render_name",
+]
+
+_BARE_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_.@]*(/[A-Za-z0-9_.@]+)*\Z")
+_KEYWORDS = frozenset({"or", "and", "not"})
+_UNITS = (("d", 86400.0), ("h", 3600.0), ("m", 60.0), ("s", 1.0))
+
+
+def render_name(name: str) -> str:
+    """A metric name as the DSL writes it: bare when the grammar reads it back, else quoted.
+
+    Raises ``ValueError`` when the name holds all three quote characters (no DSL spelling).
+    """
+    if _BARE_NAME.match(name) and name not in _KEYWORDS:
+        return name
+    for q in ('"', "'", "`"):
+        if q not in name:
+            return f"{q}{name}{q}"
+    raise ValueError(f"metric name {name!r} holds all three quote characters: no DSL spelling")
+
+
+def format_duration(seconds: float) -> str:
+    """Canonical DSL text of a duration in seconds (``90 -> "90s"``, ``3600 -> "1h"``)."""
+    for unit, size in _UNITS:
+        q = seconds / size
+        if q >= 1 and q == int(q):
+            return f"{int(q)}{unit}"
+    ms = seconds * 1000.0
+    if ms == int(ms):
+        return f"{int(ms)}ms"
+    text = repr(float(seconds))
+    if "e" in text or "inf" in text or "nan" in text:
+        raise ValueError(f"duration {seconds!r} s has no DSL spelling")
+    return f"{text}s"
+
+
+class Node:
+    """Base of every node. Subclasses are frozen dataclasses."""
+
+    __slots__ = ()
+
+    def to_source(self) -> str:  # pragma: no cover - every subclass overrides
+        raise NotImplementedError
+
+    def children(self) -> tuple[Node, ...]:
+        return ()
+
+    def walk(self) -> Iterator[Node]:
+        """This node and every descendant, depth first, parents before children."""
+        stack: list[Node] = [self]
+        while stack:
+            node = stack.pop()
+            yield node
+            stack.extend(reversed(node.children()))
+
+    def metrics(self) -> tuple[str, ...]:
+        """Metric names the condition reads, in first-appearance order (no duplicates)."""
+        seen: dict[str, None] = {}
+        for node in self.walk():
+            if isinstance(node, (Name, Window)):
+                seen.setdefault(node.name, None)
+        return tuple(seen)
+
+    def functions(self) -> tuple[str, ...]:
+        """Function names the condition calls, in first-appearance order."""
+        seen: dict[str, None] = {}
+        for node in self.walk():
+            if isinstance(node, Call):
+                seen.setdefault(node.func, None)
+        return tuple(seen)
+
+    def __str__(self) -> str:
+        return self.to_source()
+
+
+@dataclass(frozen=True, slots=True)
+class Number(Node):
+    """A numeric literal (always held as float). Negative literals fold into the value."""
+
+    value: float
+
+    def to_source(self) -> str:
+        text = repr(float(self.value))
+        return f"({text})" if self.value < 0 else text
+
+
+@dataclass(frozen=True, slots=True)
+class Duration(Node):
+    """A duration literal (``30s``, ``5m``, ``2h``, ``1d``, ``250ms``) in seconds."""
+
+    seconds: float
+    text: str = field(default="", compare=False)
+
+    def to_source(self) -> str:
+        return self.text or format_duration(self.seconds)
+
+
+@dataclass(frozen=True, slots=True)
+class Name(Node):
+    """A metric; evaluated bare it is the latest recorded value."""
+
+    name: str
+
+    def to_source(self) -> str:
+        return render_name(self.name)
+
+
+@dataclass(frozen=True, slots=True)
+class Window(Node):
+    """``m[N]`` (the last N recorded values) or ``m[30s]`` (values of the last 30 s).
+
+    Exactly one of ``size`` (points) and ``seconds`` is set. Valid only as a function
+    argument (checked when the rule is compiled).
+    """
+
+    name: str
+    size: int | None = None
+    seconds: float | None = None
+    text: str = field(default="", compare=False)
+
+    def to_source(self) -> str:
+        if self.size is not None:
+            inner = str(self.size)
+        else:
+            inner = self.text or format_duration(float(self.seconds or 0.0))
+        return f"{render_name(self.name)}[{inner}]"
+
+
+@dataclass(frozen=True, slots=True)
+class Call(Node):
+    """A call of a whitelisted function (``functions.FUNCTIONS``)."""
+
+    func: str
+    args: tuple[Node, ...] = ()
+
+    def children(self) -> tuple[Node, ...]:
+        return self.args
+
+    def to_source(self) -> str:
+        return f"{self.func}({', '.join(a.to_source() for a in self.args)})"
+
+
+@dataclass(frozen=True, slots=True)
+class Neg(Node):
+    """Unary minus of a non-literal operand."""
+
+    operand: Node
+
+    def children(self) -> tuple[Node, ...]:
+        return (self.operand,)
+
+    def to_source(self) -> str:
+        return f"(-{self.operand.to_source()})"
+
+
+@dataclass(frozen=True, slots=True)
+class BinOp(Node):
+    """Arithmetic: ``op`` is one of ``+ - * / %``."""
+
+    op: str
+    left: Node
+    right: Node
+
+    def children(self) -> tuple[Node, ...]:
+        return (self.left, self.right)
+
+    def to_source(self) -> str:
+        return f"({self.left.to_source()} {self.op} {self.right.to_source()})"
+
+
+@dataclass(frozen=True, slots=True)
+class Compare(Node):
+    """One comparison; ``op`` is one of ``< <= > >= == !=``. Chains become ``And``."""
+
+    op: str
+    left: Node
+    right: Node
+
+    def children(self) -> tuple[Node, ...]:
+        return (self.left, self.right)
+
+    def to_source(self) -> str:
+        return f"({self.left.to_source()} {self.op} {self.right.to_source()})"
+
+
+@dataclass(frozen=True, slots=True)
+class And(Node):
+    """Kleene conjunction."""
+
+    left: Node
+    right: Node
+
+    def children(self) -> tuple[Node, ...]:
+        return (self.left, self.right)
+
+    def to_source(self) -> str:
+        return f"({self.left.to_source()} and {self.right.to_source()})"
+
+
+@dataclass(frozen=True, slots=True)
+class Or(Node):
+    """Kleene disjunction."""
+
+    left: Node
+    right: Node
+
+    def children(self) -> tuple[Node, ...]:
+        return (self.left, self.right)
+
+    def to_source(self) -> str:
+        return f"({self.left.to_source()} or {self.right.to_source()})"
+
+
+@dataclass(frozen=True, slots=True)
+class Not(Node):
+    """Kleene negation."""
+
+    operand: Node
+
+    def children(self) -> tuple[Node, ...]:
+        return (self.operand,)
+
+    def to_source(self) -> str:
+        return f"(not {self.operand.to_source()})"

@@ -1,0 +1,649 @@
+"""AST -> one compiled closure, evaluated with three-valued (Kleene) logic.
+
+``compile_expr(node, window=4096, known_metrics=None) -> CompiledExpr`` checks the whole
+condition once (functions, arity, argument kinds, window sizes; ``RuleError`` on any
+problem) and builds nested closures, so evaluating is a chain of plain calls: no tree
+walking, no isinstance ladders (DESIGN.md "Speed").
+
+``CompiledExpr.fn(ctx) -> True | False | None``. ``None`` is UNKNOWN (``UNKNOWN`` below):
+missing metric, short window, NaN in a comparison, zero division, domain errors
+(spec/design.txt C.2). ``A and B`` is False when either is False, ``A or B`` True when
+either is True, anything else with an UNKNOWN is UNKNOWN. Only an exact True fires.
+
+Scalars flow as floats (NaN propagates through arithmetic and is UNKNOWN at a comparison;
+``isnan`` sees it). A bare metric in a logical position is true when non-zero.
+
+Metric names resolve when evaluated: the exact name, then with ``.`` replaced by ``/``
+(``eval.acc`` finds ``eval/acc``); a series found once is cached in the closure.
+``EvalContext`` carries what the closures read: ``series`` (name -> MetricSeries), ``now``
+(epoch seconds: the row time, or the wall clock on the watchdog), ``mono`` (monotonic
+seconds), ``step``, ``last_commit_mono``, ``start_mono``.
+"""
+
+from __future__ import annotations
+
+import difflib
+import math
+import operator
+from bisect import bisect_left
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass, field
+
+from expr_tracker.alerts import ast
+from expr_tracker.alerts.functions import FUNCTIONS, TIME_BASED, Signature
+from expr_tracker.alerts.parse import RuleError
+
+__all__ = [
+    "UNKNOWN",
+    "CompiledExpr",
+    "EvalContext",
+    "compile_expr",
+    "format_value",
+    "render_observed",
+]
+
+#: the third truth value: "cannot tell" (missing data, short window, NaN, zero division)
+UNKNOWN = None
+
+DEFAULT_WINDOW = 4096
+
+_CMP = {
+    "<": operator.lt,
+    "<=": operator.le,
+    ">": operator.gt,
+    ">=": operator.ge,
+    "==": operator.eq,
+    "!=": operator.ne,
+}
+
+_KIND_TEXT = {
+    "scalar": "a number",
+    "bool": "a condition (true/false)",
+    "window": "a window such as loss[20]",
+    "name": "a metric name",
+    "duration": "a duration such as 5m",
+}
+
+
+class EvalContext:
+    """What compiled closures read. One per engine, updated in place per evaluation."""
+
+    __slots__ = ("series", "now", "mono", "step", "last_commit_mono", "start_mono", "truncated")
+
+    def __init__(self, series: dict | None = None, *, now: float = 0.0, mono: float = 0.0):
+        self.series: dict = {} if series is None else series
+        self.now = now
+        self.mono = mono
+        self.step: int | None = None
+        self.last_commit_mono: float | None = None
+        self.start_mono = mono
+        self.truncated: set[str] = set()
+
+
+@dataclass(frozen=True, slots=True)
+class CompiledExpr:
+    """A checked, compiled condition.
+
+    ``fn(ctx)``: True/False/None. ``needs``: metric name -> number of recent values the
+    condition reads (sizes the ring buffers). ``time_based``: uses ``no_data``/``age``/
+    ``elapsed`` (evaluated by the watchdog too). ``kind``: ``bool`` or ``scalar`` (a bare
+    number used as a condition: true when non-zero).
+    """
+
+    node: ast.Node
+    fn: Callable[[EvalContext], bool | None]
+    needs: dict[str, int] = field(default_factory=dict)
+    time_based: bool = False
+    kind: str = "bool"
+
+    @property
+    def metrics(self) -> tuple[str, ...]:
+        return self.node.metrics()
+
+
+def _lookup(name: str):
+    alt = name.replace(".", "/") if "." in name else None
+    cell = [None]
+
+    def get(ctx):
+        s = cell[0]
+        if s is not None:
+            return s
+        series = ctx.series
+        s = series.get(name)
+        if s is None and alt is not None:
+            s = series.get(alt)
+        if s is not None:
+            cell[0] = s
+        return s
+
+    return get
+
+
+class _Compiler:
+    def __init__(self, window: int, known: set[str] | None, text: str):
+        self.window = window
+        self.known = known
+        self.text = text
+        self.needs: dict[str, int] = {}
+        self.time_based = False
+
+    # -- helpers -----------------------------------------------------------------------
+    def error(self, message: str, node: ast.Node | None = None) -> RuleError:
+        column = None
+        if node is not None and self.text:
+            src = node.to_source()
+            at = self.text.find(src)
+            if at < 0 and isinstance(node, (ast.Call, ast.Name, ast.Window)):
+                key = node.func if isinstance(node, ast.Call) else node.name
+                at = self.text.find(key)
+            column = at + 1 if at >= 0 else None
+        return RuleError(message, text=self.text, column=column)
+
+    def need(self, name: str, n: int) -> None:
+        if self.known is not None:
+            alt = name.replace(".", "/")
+            if name not in self.known and alt not in self.known:
+                close = difflib.get_close_matches(name, sorted(self.known), n=3)
+                hint = f" (did you mean {', '.join(close)}?)" if close else ""
+                raise self.error(f"unknown metric {name!r}{hint}", ast.Name(name))
+        if n > self.needs.get(name, 0):
+            self.needs[name] = n
+
+    def compile(self, node: ast.Node) -> tuple[Callable, str]:
+        method = getattr(self, "c_" + type(node).__name__.lower(), None)
+        if method is None:
+            raise self.error(f"not an expression node: {type(node).__name__}")
+        return method(node)
+
+    def scalar(self, node: ast.Node, what: str) -> Callable:
+        fn, kind = self.compile(node)
+        if kind != "scalar":
+            raise self.error(f"{what} needs a number, got {_KIND_TEXT[kind]}", node)
+        return fn
+
+    def logical(self, node: ast.Node) -> Callable:
+        fn, kind = self.compile(node)
+        if kind == "bool":
+            return fn
+        if kind == "scalar":
+            return _truthy(fn)
+        raise self.error(f"expected a condition, got {_KIND_TEXT[kind]}", node)
+
+    # -- leaves ------------------------------------------------------------------------
+    def c_number(self, node: ast.Number):
+        value = float(node.value)
+        return (lambda ctx: value), "scalar"
+
+    def c_duration(self, node: ast.Duration):
+        value = float(node.seconds)
+        return (lambda ctx: value), "scalar"
+
+    def c_name(self, node: ast.Name):
+        self.need(node.name, 1)
+        get = _lookup(node.name)
+
+        def latest(ctx):
+            s = get(ctx)
+            if s is None:
+                return None
+            v = s.values
+            return v[-1] if v else None
+
+        return latest, "scalar"
+
+    def c_window(self, node: ast.Window):
+        raise self.error(
+            f"the window {node.to_source()} must be the argument of a function such as "
+            f"mean({node.to_source()}) or last({node.to_source()})",
+            node,
+        )
+
+    # -- operators ---------------------------------------------------------------------
+    def c_neg(self, node: ast.Neg):
+        f = self.scalar(node.operand, "unary minus")
+
+        def neg(ctx):
+            a = f(ctx)
+            return None if a is None else -a
+
+        return neg, "scalar"
+
+    def c_binop(self, node: ast.BinOp):
+        lf = self.scalar(node.left, f"'{node.op}'")
+        rf = self.scalar(node.right, f"'{node.op}'")
+        return _ARITH[node.op](lf, rf), "scalar"
+
+    def c_compare(self, node: ast.Compare):
+        lf = self.scalar(node.left, f"'{node.op}'")
+        op = _CMP[node.op]
+        if isinstance(node.right, (ast.Number, ast.Duration)):
+            c = float(
+                node.right.value if isinstance(node.right, ast.Number) else node.right.seconds
+            )
+            self.scalar(node.right, f"'{node.op}'")
+
+            def cmp_const(ctx):
+                a = lf(ctx)
+                if a is None or a != a:
+                    return None
+                return op(a, c)
+
+            return cmp_const, "bool"
+        rf = self.scalar(node.right, f"'{node.op}'")
+
+        def cmp(ctx):
+            a = lf(ctx)
+            if a is None or a != a:
+                return None
+            b = rf(ctx)
+            if b is None or b != b:
+                return None
+            return op(a, b)
+
+        return cmp, "bool"
+
+    def c_and(self, node: ast.And):
+        lf, rf = self.logical(node.left), self.logical(node.right)
+
+        def and_(ctx):
+            a = lf(ctx)
+            if a is False:
+                return False
+            b = rf(ctx)
+            if b is False:
+                return False
+            return True if (a is True and b is True) else None
+
+        return and_, "bool"
+
+    def c_or(self, node: ast.Or):
+        lf, rf = self.logical(node.left), self.logical(node.right)
+
+        def or_(ctx):
+            a = lf(ctx)
+            if a is True:
+                return True
+            b = rf(ctx)
+            if b is True:
+                return True
+            return False if (a is False and b is False) else None
+
+        return or_, "bool"
+
+    def c_not(self, node: ast.Not):
+        f = self.logical(node.operand)
+
+        def not_(ctx):
+            a = f(ctx)
+            return None if a is None else not a
+
+        return not_, "bool"
+
+    # -- calls -------------------------------------------------------------------------
+    def c_call(self, node: ast.Call):
+        sigs = FUNCTIONS.get(node.func)
+        if sigs is None:
+            close = difflib.get_close_matches(node.func, list(FUNCTIONS), n=3)
+            hint = f" (did you mean {', '.join(close)}?)" if close else ""
+            raise self.error(f"unknown function {node.func!r}{hint}", node)
+        if node.func in TIME_BASED:
+            self.time_based = True
+        sig = self._pick(node, sigs)
+        if sig.window_param:
+            return self._window_call(node, sig)
+        special = getattr(self, "f_" + node.func, None)
+        if special is not None:
+            return special(node), sig.returns
+        fns = [self.scalar(a, f"{node.func}()") for a in node.args]
+        return _scalar_call(sig.impl, fns), sig.returns
+
+    def _pick(self, node: ast.Call, sigs: tuple[Signature, ...]) -> Signature:
+        for sig in sigs:
+            n = len(node.args)
+            if sig.variadic:
+                if n >= sig.min_args and not any(isinstance(a, ast.Window) for a in node.args):
+                    return sig
+                continue
+            if n != len(sig.params):
+                continue
+            first = node.args[0] if node.args else None
+            if sig.window_param and not (
+                isinstance(first, ast.Window)
+                or (node.func == "diff" and isinstance(first, ast.Name))
+            ):
+                continue
+            return sig
+        raise self.error(f"{node.func}() {self._usage(node.func, sigs)}", node)
+
+    @staticmethod
+    def _usage(name: str, sigs: tuple[Signature, ...]) -> str:
+        shapes = []
+        for sig in sigs:
+            if sig.variadic:
+                shapes.append(f"{name}(a, b, ...) with two or more numbers")
+            elif sig.window_param:
+                extra = "".join(", " + p for p in sig.params[1:])
+                shapes.append(f"{name}(metric[N or duration]{extra}) with an explicit window")
+            else:
+                shapes.append(f"{name}({', '.join(sig.params)})")
+        return "takes " + " or ".join(shapes)
+
+    def _window_call(self, node: ast.Call, sig: Signature):
+        win = node.args[0]
+        if isinstance(win, ast.Name):  # diff(m) is diff(m[2])
+            win = ast.Window(win.name, size=2)
+        extras = [self.scalar(a, f"{node.func}()") for a in node.args[1:]]
+        impl = sig.impl
+        get = _lookup(win.name)
+        if win.size is not None:
+            n = win.size
+            if n < max(sig.min_points, 1):
+                raise self.error(
+                    f"{node.func}() needs a window of at least {max(sig.min_points, 1)} points, "
+                    f"got {win.to_source()}",
+                    node,
+                )
+            if n > self.window:
+                raise self.error(
+                    f"window {win.to_source()} is wider than alert_window={self.window}; "
+                    "raise alerts.window or use a smaller window",
+                    node,
+                )
+            self.need(win.name, n)
+            return _points_call(get, n, impl, sig.needs, extras), sig.returns
+        secs = float(win.seconds or 0.0)
+        if not secs > 0:
+            raise self.error(f"window {win.to_source()} must be longer than zero", node)
+        self.need(win.name, self.window)
+        return _duration_call(get, win.name, secs, impl, sig.needs, extras), sig.returns
+
+    # functions that read the context rather than values
+    def f_has(self, node: ast.Call):
+        name = self._name_arg(node)
+        self.need(name, 1)
+        get = _lookup(name)
+
+        def has(ctx):
+            s = get(ctx)
+            return s is not None and s.count > 0
+
+        return has
+
+    def f_age(self, node: ast.Call):
+        name = self._name_arg(node)
+        self.need(name, 1)
+        get = _lookup(name)
+
+        def age(ctx):
+            s = get(ctx)
+            if s is None or not s.times:
+                return None
+            return ctx.now - s.times[-1]
+
+        return age
+
+    def f_no_data(self, node: ast.Call):
+        arg = node.args[0]
+        if isinstance(arg, ast.Duration):
+            secs = float(arg.seconds)
+        elif isinstance(arg, ast.Number):
+            secs = float(arg.value)
+        else:
+            raise self.error("no_data() takes a duration literal such as no_data(5m)", node)
+        if not secs > 0:
+            raise self.error("no_data() needs a duration longer than zero", node)
+
+        def no_data(ctx):
+            last = ctx.last_commit_mono
+            return ctx.mono - (ctx.start_mono if last is None else last) > secs
+
+        return no_data
+
+    def f_step(self, node: ast.Call):
+        def step(ctx):
+            s = ctx.step
+            return None if s is None else float(s)
+
+        return step
+
+    def f_elapsed(self, node: ast.Call):
+        return lambda ctx: ctx.mono - ctx.start_mono
+
+    def _name_arg(self, node: ast.Call) -> str:
+        arg = node.args[0]
+        if not isinstance(arg, ast.Name):
+            raise self.error(
+                f"{node.func}() takes a bare metric name, e.g. {node.func}(loss)", node
+            )
+        return arg.name
+
+
+def _truthy(fn):
+    def truthy(ctx):
+        a = fn(ctx)
+        if a is None or a != a:
+            return None
+        return a != 0
+
+    return truthy
+
+
+def _arith_add(lf, rf):
+    def add(ctx):
+        a = lf(ctx)
+        if a is None:
+            return None
+        b = rf(ctx)
+        return None if b is None else a + b
+
+    return add
+
+
+def _arith_sub(lf, rf):
+    def sub(ctx):
+        a = lf(ctx)
+        if a is None:
+            return None
+        b = rf(ctx)
+        return None if b is None else a - b
+
+    return sub
+
+
+def _arith_mul(lf, rf):
+    def mul(ctx):
+        a = lf(ctx)
+        if a is None:
+            return None
+        b = rf(ctx)
+        return None if b is None else a * b
+
+    return mul
+
+
+def _arith_div(lf, rf):
+    def div(ctx):
+        a = lf(ctx)
+        if a is None:
+            return None
+        b = rf(ctx)
+        if b is None or b == 0:
+            return None
+        return a / b
+
+    return div
+
+
+def _arith_mod(lf, rf):
+    def mod(ctx):
+        a = lf(ctx)
+        if a is None:
+            return None
+        b = rf(ctx)
+        if b is None or b == 0:
+            return None
+        if a != a or b != b or a in (math.inf, -math.inf):
+            return math.nan
+        return a % b
+
+    return mod
+
+
+_ARITH = {"+": _arith_add, "-": _arith_sub, "*": _arith_mul, "/": _arith_div, "%": _arith_mod}
+
+
+def _scalar_call(impl, fns):
+    if len(fns) == 1:
+        (f,) = fns
+
+        def call1(ctx):
+            a = f(ctx)
+            return None if a is None else impl(a)
+
+        return call1
+
+    def calln(ctx):
+        args = []
+        for f in fns:
+            a = f(ctx)
+            if a is None:
+                return None
+            args.append(a)
+        return impl(*args)
+
+    return calln
+
+
+def _points_call(get, n, impl, needs, extras):
+    if needs == "values" and not extras:
+
+        def window_call(ctx):
+            s = get(ctx)
+            if s is None:
+                return None
+            v = s.values
+            if len(v) < n:
+                return None
+            return impl(v[-n:])
+
+        return window_call
+
+    def window_call_x(ctx):
+        s = get(ctx)
+        if s is None:
+            return None
+        v = s.values
+        if len(v) < n:
+            return None
+        args = [v[-n:]]
+        if needs == "times":
+            args.append(s.times[-n:])
+        elif needs == "steps":
+            args.append(s.steps[-n:])
+        for f in extras:
+            args.append(f(ctx))
+        return impl(*args)
+
+    return window_call_x
+
+
+def _duration_call(get, name, secs, impl, needs, extras):
+    def duration_call(ctx):
+        s = get(ctx)
+        if s is None:
+            return None
+        times = s.times
+        i = bisect_left(times, ctx.now - secs)
+        if i == 0 and s.dropped:
+            ctx.truncated.add(name)
+        v = s.values[i:]
+        if not v:
+            return None
+        args = [v]
+        if needs == "times":
+            args.append(times[i:])
+        elif needs == "steps":
+            args.append(s.steps[i:])
+        for f in extras:
+            args.append(f(ctx))
+        return impl(*args)
+
+    return duration_call
+
+
+def compile_expr(
+    node: ast.Node,
+    *,
+    window: int = DEFAULT_WINDOW,
+    known_metrics: Iterable[str] | None = None,
+    text: str = "",
+) -> CompiledExpr:
+    """Check ``node`` and compile it. ``window`` caps point windows (``alert_window``);
+    ``known_metrics``, when given, turns a name absent from it (exact or ``.`` -> ``/``)
+    into an error. ``text`` (the source) lets errors point at a column.
+
+    Raises ``RuleError`` for unknown functions, wrong arity or argument kinds, a window
+    outside a function, a window narrower than the function needs or wider than
+    ``window``, and (with ``known_metrics``) unknown metric names.
+    """
+    if not isinstance(node, ast.Node):
+        raise RuleError(f"a condition must be an expression node, got {type(node).__name__}")
+    known = set(known_metrics) if known_metrics is not None else None
+    comp = _Compiler(int(window), known, text)
+    fn, kind = comp.compile(node)
+    if kind == "scalar":
+        fn = _truthy(fn)
+    elif kind != "bool":  # pragma: no cover - windows are rejected by c_window
+        raise comp.error(f"a condition must be true/false, got {_KIND_TEXT[kind]}", node)
+    return CompiledExpr(node, fn, comp.needs, comp.time_based, kind)
+
+
+def format_value(value) -> str:
+    """A value as ``{expr}`` shows it: ``UNKNOWN``, ``true``/``false`` or ``%.6g``."""
+    if value is None:
+        return "UNKNOWN"
+    if value is True or value is False:
+        return "true" if value else "false"
+    if isinstance(value, float):
+        return f"{value:.6g}"
+    return str(value)
+
+
+def render_observed(node: ast.Node, ctx: EvalContext, *, window: int = DEFAULT_WINDOW) -> str:
+    """The condition with the values observed now: ``zscore(loss[50])=4.2 > 3.0``.
+
+    Used for the ``{expr}`` template placeholder; runs only when a message is rendered.
+    Never raises: a part that cannot be evaluated shows as ``UNKNOWN``.
+    """
+
+    def value_of(n: ast.Node) -> str:
+        try:
+            fn, kind = _Compiler(window, None, "").compile(n)
+            return format_value(fn(ctx))
+        except Exception:
+            return "UNKNOWN"
+
+    def walk(n: ast.Node) -> str:
+        if isinstance(n, (ast.Number, ast.Duration)):
+            return n.to_source()
+        if isinstance(n, (ast.Name, ast.Call)):
+            return f"{n.to_source()}={value_of(n)}"
+        if isinstance(n, ast.Compare):
+            return f"{walk(n.left)} {n.op} {walk(n.right)}"
+        if isinstance(n, ast.BinOp):
+            return f"({walk(n.left)} {n.op} {walk(n.right)})"
+        if isinstance(n, ast.And):
+            return f"({walk(n.left)} and {walk(n.right)})"
+        if isinstance(n, ast.Or):
+            return f"({walk(n.left)} or {walk(n.right)})"
+        if isinstance(n, ast.Not):
+            return f"not {walk(n.operand)}"
+        if isinstance(n, ast.Neg):
+            return f"-{walk(n.operand)}"
+        return n.to_source()
+
+    text = walk(node)
+    if text.startswith("(") and text.endswith(")") and isinstance(node, (ast.And, ast.Or)):
+        text = text[1:-1]
+    return text

@@ -1,0 +1,379 @@
+"""DSL text -> AST: the Lark LALR parser of ``grammar.lark`` and the rule-string split.
+
+- ``parse_expr(text) -> Node`` parses a condition. Raises ``AlertSyntaxError`` (a
+  ``RuleError``/``ValueError``) whose message shows the text with a caret under the bad
+  column, a label for the common mistakes (``SYNTAX_EXAMPLES``, matched with Lark's
+  ``UnexpectedInput.match_examples``) and what was expected there.
+- ``split_rule(text) -> (condition, level, message)`` splits ``"cond => level: message"`` on
+  the first top-level ``=>``; without one, on top-level commas (``"cond, level, message"``).
+  Brackets and quoted names are skipped (spec/design.txt C.1).
+- ``parse_rule(text) -> ParsedRule`` does both.
+
+The grammar is loaded once per process (``get_parser``) with Lark's LALR cache.
+"""
+
+from __future__ import annotations
+
+import functools
+import re
+from dataclasses import dataclass
+from pathlib import Path
+
+from expr_tracker.alerts import ast
+from expr_tracker.errors import ExprTrackerError
+
+__all__ = [
+    "SYNTAX_EXAMPLES",
+    "AlertSyntaxError",
+    "ParsedRule",
+    "RuleError",
+    "get_parser",
+    "parse_expr",
+    "parse_rule",
+    "split_rule",
+]
+
+
+class RuleError(ExprTrackerError, ValueError):
+    """An alert rule is invalid (syntax, unknown function, arity, type or window errors).
+
+    Raised at registration time (``AlertRule``/``AlertEngine.add_rule``/``et rules check``),
+    never during evaluation. ``column`` (1-based, or ``None``) points into ``text``.
+    """
+
+    def __init__(self, message: str, *, text: str = "", column: int | None = None) -> None:
+        super().__init__(message)
+        self.message = message
+        self.text = text
+        self.column = column
+
+    def __str__(self) -> str:
+        if self.text and self.column is not None:
+            return f"{self.message}\n{_caret(self.text, self.column)}"
+        if self.text:
+            return f"{self.message}\n  in: {self.text}"
+        return self.message
+
+
+class AlertSyntaxError(RuleError):
+    """The condition does not parse. ``label`` names the mistake when it is a known one,
+    ``expected`` lists what the grammar would have accepted at ``line``/``column``."""
+
+    def __init__(
+        self,
+        message: str,
+        *,
+        text: str,
+        line: int,
+        column: int,
+        label: str | None,
+        expected: tuple[str, ...],
+    ) -> None:
+        super().__init__(message, text=text, column=column)
+        self.line = line
+        self.label = label
+        self.expected = expected
+
+    def __str__(self) -> str:
+        lines = self.text.split("\n")
+        shown = lines[self.line - 1] if 0 < self.line <= len(lines) else self.text
+        out = [self.message, _caret(shown, self.column)]
+        if self.expected:
+            out.append("expected: " + ", ".join(self.expected))
+        return "\n".join(out)
+
+
+_BAD_UNIT = re.compile(r"(\d+(\.\d*)?|\.\d+)[A-Za-z]")
+
+
+def _caret(text: str, column: int) -> str:
+    return f"  {text}\n  {' ' * max(column - 1, 0)}^"
+
+
+# Typical broken conditions -> the label shown to the user. Every entry is tested
+# (tests/test_alerts_parse.py::test_every_syntax_example_is_labelled).
+SYNTAX_EXAMPLES: dict[str, list[str]] = {
+    "missing operand": [
+        "loss >",
+        "loss > 1 and",
+        "loss +",
+        "loss > 1 or",
+        "not",
+        "loss * > 2",
+        "loss > and x",
+        "a > 1 and > 2",
+    ],
+    "unclosed window: add ']'": ["loss[20", "mean(loss[20) > 1", "mean(loss[5m) > 1"],
+    "unclosed parenthesis: add ')'": ["mean(loss[20] > 1", "(loss > 1", "abs(loss"],
+    "unbalanced ')'": ["loss > 1)", "abs(loss))"],
+    "division written as a name: put spaces around '/' (a / b)": [
+        "a/mean(b[2]) > 1",
+        "loss/abs(x) > 1",
+    ],
+    "window size must be a whole number of points or a duration (20, 30s, 5m)": [
+        "loss[2.5]",
+        "loss[x]",
+        "loss[]",
+        "loss[-3]",
+    ],
+    "unknown duration unit: use ms, s, m, h or d": [
+        "loss[5min]",
+        "no_data(5sec)",
+        "mean(loss[5min]) > 1",
+        "age(x) > 3days",
+    ],
+    "a window applies to a metric name, not an expression": ["(loss)[5]", "abs(loss)[5]"],
+    "two operands without an operator between them": ["loss 3", "loss loss", "mean(x[3]) y"],
+    "'=' is not a comparison: use '=='": ["loss = 3", "a=1"],
+    "missing argument": ["max(a,)", "max(,a)", "max(a,,b)"],
+    "'=>' inside the condition: the rule separator must be at the top level": ["(a => b)"],
+}
+
+_HUMAN = {
+    "NUMBER": "a number",
+    "DURATION": "a duration (30s, 5m)",
+    "INT": "a whole number",
+    "SIMPLE_NAME": "a name",
+    "PATH_NAME": "a name",
+    "QUOTED_NAME": "a quoted name",
+    "OR": "'or'",
+    "AND": "'and'",
+    "NOT": "'not'",
+    "CMP_OP": "a comparison (< <= > >= == !=)",
+    "ADD_OP": "'+' or '-'",
+    "MUL_OP": "'*', '/' or '%'",
+    "LPAR": "'('",
+    "RPAR": "')'",
+    "LSQB": "'['",
+    "RSQB": "']'",
+    "COMMA": "','",
+    "MINUS": "'-'",
+    "PLUS": "'+'",
+    "$END": "end of the condition",
+}
+
+
+@functools.cache
+def get_parser():
+    """The process-wide Lark LALR parser (grammar loaded and analysed once, cached on disk)."""
+    from lark import Lark
+
+    grammar = (Path(__file__).with_name("grammar.lark")).read_text(encoding="utf-8")
+    try:
+        return Lark(grammar, parser="lalr", transformer=_ToAst(), cache=True)
+    except Exception:  # an unwritable cache directory must not stop the parser
+        return Lark(grammar, parser="lalr", transformer=_ToAst())
+
+
+def _make_transformer_base():
+    from lark import Transformer
+
+    return Transformer
+
+
+def _duration_seconds(text: str) -> float:
+    for unit, size in (("ms", 0.001), ("s", 1.0), ("m", 60.0), ("h", 3600.0), ("d", 86400.0)):
+        if text.endswith(unit) and text[: -len(unit)].replace(".", "", 1).isdigit():
+            return float(text[: -len(unit)]) * size
+    raise ValueError(f"not a duration: {text!r}")  # pragma: no cover - the lexer guarantees it
+
+
+class _ToAstMethods:
+    """One method per word of the language (the ``-> alias`` names of grammar.lark)."""
+
+    def number(self, children):
+        return ast.Number(float(children[0]))
+
+    def duration(self, children):
+        text = str(children[0])
+        return ast.Duration(_duration_seconds(text), text)
+
+    def name(self, children):
+        return ast.Name(str(children[0]))
+
+    def quoted_name(self, children):
+        return ast.Name(str(children[0])[1:-1])
+
+    def points_window(self, children):
+        target, size = children
+        return ast.Window(target.name, size=int(size))
+
+    def duration_window(self, children):
+        target, tok = children
+        text = str(tok)
+        return ast.Window(target.name, seconds=_duration_seconds(text), text=text)
+
+    def call(self, children):
+        func, args = children
+        return ast.Call(str(func), tuple(args) if args is not None else ())
+
+    def args(self, children):
+        return list(children)
+
+    def neg(self, children):
+        (operand,) = children
+        if type(operand) is ast.Number:
+            return ast.Number(-operand.value)
+        return ast.Neg(operand)
+
+    def pos(self, children):
+        return children[0]
+
+    def binop(self, children):
+        left, op, right = children
+        return ast.BinOp(str(op), left, right)
+
+    def compare(self, children):
+        # a < b < c  ->  (a < b) and (b < c)
+        result = None
+        for i in range(0, len(children) - 2, 2):
+            cmp = ast.Compare(str(children[i + 1]), children[i], children[i + 2])
+            result = cmp if result is None else ast.And(result, cmp)
+        return result
+
+    def and_(self, children):
+        return ast.And(children[0], children[2])
+
+    def or_(self, children):
+        return ast.Or(children[0], children[2])
+
+    def not_(self, children):
+        return ast.Not(children[1])
+
+
+def _ToAst():  # noqa: N802 - builds the Transformer lazily so lark loads on first parse
+    base = _make_transformer_base()
+    cls = type("ToAst", (_ToAstMethods, base), {})
+    return cls()
+
+
+def parse_expr(text: str) -> ast.Node:
+    """Parse one condition into an AST. Raises ``AlertSyntaxError`` with a caret message."""
+    from lark.exceptions import UnexpectedInput
+
+    if not isinstance(text, str):
+        raise RuleError(f"a condition must be a string, got {type(text).__name__}")
+    if not text.strip():
+        raise AlertSyntaxError(
+            "syntax error: empty condition",
+            text=text,
+            line=1,
+            column=1,
+            label="empty condition",
+            expected=("a condition such as 'loss > 10'",),
+        )
+    parser = get_parser()
+    try:
+        return parser.parse(text)
+    except UnexpectedInput as exc:
+        raise _syntax_error(text, exc) from None
+
+
+def _syntax_error(text: str, exc) -> AlertSyntaxError:
+    from lark.exceptions import UnexpectedEOF
+
+    parser = get_parser()
+    label = None
+    pos = getattr(exc, "pos_in_stream", None)
+    if pos is not None and getattr(exc, "char", None) == "=":
+        if text.startswith("=>", pos):
+            label = "'=>' inside the condition: the rule separator must be at the top level"
+        else:
+            label = "'=' is not a comparison: use '=='"
+    elif pos is not None and (
+        _BAD_UNIT.match(text, pos)
+        or (0 < pos < len(text) and text[pos].isalpha() and text[pos - 1].isdigit())
+    ):
+        label = "unknown duration unit: use ms, s, m, h or d"
+    try:
+        label = label or exc.match_examples(parser.parse, SYNTAX_EXAMPLES, use_accepts=True)
+    except Exception:  # pragma: no cover - Lark's matcher can trip over its own states
+        label = None
+    if label is None and "=>" in text:
+        label = "'=>' inside the condition: the rule separator must be at the top level"
+    line = getattr(exc, "line", -1)
+    column = getattr(exc, "column", -1)
+    token = getattr(exc, "token", None)
+    at_end = token is not None and getattr(token, "type", "") == "$END"
+    if at_end or isinstance(exc, UnexpectedEOF) or line is None or line < 1 or column < 1:
+        lines = text.split("\n")
+        line, column = len(lines), len(lines[-1].rstrip()) + 1
+    names = getattr(exc, "expected", None) or getattr(exc, "allowed", None) or ()
+    expected = tuple(sorted({_HUMAN.get(n, repr(n)) for n in names if not n.startswith("__")}))
+    if at_end:
+        found = "the end of the condition"
+    elif token is not None:
+        found = repr(str(token))
+    else:
+        char = getattr(exc, "char", None)
+        found = repr(char) if char else "the end of the condition"
+    head = f"syntax error at column {column}: "
+    head += label if label else f"unexpected {found}"
+    return AlertSyntaxError(
+        head, text=text, line=line, column=column, label=label, expected=expected
+    )
+
+
+@dataclass(frozen=True, slots=True)
+class ParsedRule:
+    """A rule string split and parsed: ``condition`` node, optional ``level`` and ``message``
+    (as written, not validated here) and ``source``, the condition text."""
+
+    condition: ast.Node
+    level: str | None
+    message: str | None
+    source: str
+
+
+def _top_level_positions(text: str, target: str) -> list[int]:
+    """Offsets of ``target`` outside brackets and quoted names."""
+    out: list[int] = []
+    depth = 0
+    quote = None
+    i, n = 0, len(text)
+    while i < n:
+        ch = text[i]
+        if quote is not None:
+            if ch == quote:
+                quote = None
+        elif ch in "\"'`":
+            quote = ch
+        elif ch in "([":
+            depth += 1
+        elif ch in ")]":
+            depth = max(depth - 1, 0)
+        elif depth == 0 and text.startswith(target, i):
+            out.append(i)
+            i += len(target)
+            continue
+        i += 1
+    return out
+
+
+def split_rule(text: str) -> tuple[str, str | None, str | None]:
+    """Split ``"condition => level: message"`` into its three parts (stripped; ``None`` when
+    absent). Falls back to ``"condition, level, message"`` (top-level commas, the message may
+    hold more commas) when there is no top-level ``=>``."""
+    arrows = _top_level_positions(text, "=>")
+    if arrows:
+        cut = arrows[0]
+        cond, rest = text[:cut], text[cut + 2 :]
+        level, sep, message = rest.partition(":")
+        return (
+            cond.strip(),
+            level.strip() or None,
+            message.strip() or None if sep else None,
+        )
+    commas = _top_level_positions(text, ",")
+    if commas:
+        cond = text[: commas[0]]
+        rest = text[commas[0] + 1 :]
+        level, sep, message = rest.partition(",")
+        return cond.strip(), level.strip() or None, (message.strip() or None) if sep else None
+    return text.strip(), None, None
+
+
+def parse_rule(text: str) -> ParsedRule:
+    """Split a one-line rule and parse its condition (``AlertSyntaxError`` on bad syntax)."""
+    cond, level, message = split_rule(text)
+    return ParsedRule(parse_expr(cond), level, message, cond)

@@ -1,0 +1,93 @@
+"""MetricSeries: the ring buffers alert rules read (one per metric a rule needs).
+
+Values are floats (``bool``/``int`` converted by the caller), each with the row time
+(epoch seconds, ``_time``) and step (``_step``) it was recorded at. ``tail(n)`` is the last
+``n`` recorded values, ``since(t)`` those whose row time is ``>= t``.
+
+The buffer is a list trimmed in bulk: it keeps at least ``capacity`` values and at most about
+twice that, so appending is O(1) amortised and a window is one C-level slice (no copy loop).
+``ensure_capacity(n)`` grows it when a rule needing a wider window is added, so a window is
+never silently truncated (spec/design.txt H, "Move MetricSeries into alerts/").
+"""
+
+from __future__ import annotations
+
+from bisect import bisect_left
+
+__all__ = ["MetricSeries"]
+
+
+class MetricSeries:
+    """Recorded values of one metric, oldest first.
+
+    ``capacity`` is the number of most recent values guaranteed to be kept (>= 1).
+    ``count`` counts every value ever appended; ``dropped`` those trimmed away.
+    """
+
+    __slots__ = ("name", "capacity", "values", "times", "steps", "count", "dropped", "_limit")
+
+    def __init__(self, name: str, capacity: int = 1) -> None:
+        self.name = name
+        self.capacity = max(int(capacity), 1)
+        self._limit = self.capacity * 2 + 16
+        self.values: list[float] = []
+        self.times: list[float] = []
+        self.steps: list[int] = []
+        self.count = 0
+        self.dropped = 0
+
+    def __len__(self) -> int:
+        return len(self.values)
+
+    def __repr__(self) -> str:
+        return f"MetricSeries({self.name!r}, capacity={self.capacity}, len={len(self.values)})"
+
+    def ensure_capacity(self, n: int) -> None:
+        """Keep at least ``n`` values from now on (never shrinks)."""
+        if n > self.capacity:
+            self.capacity = int(n)
+            self._limit = self.capacity * 2 + 16
+
+    def append(self, value: float, time: float, step: int) -> None:
+        """Record ``value`` seen at row ``time`` (epoch seconds) and ``step``."""
+        values = self.values
+        values.append(value)
+        self.times.append(time)
+        self.steps.append(step)
+        self.count += 1
+        if len(values) > self._limit:
+            cut = len(values) - self.capacity
+            del values[:cut]
+            del self.times[:cut]
+            del self.steps[:cut]
+            self.dropped += cut
+
+    @property
+    def last(self) -> float | None:
+        """The latest value, ``None`` before the first."""
+        return self.values[-1] if self.values else None
+
+    @property
+    def last_time(self) -> float | None:
+        """Row time (epoch seconds) of the latest value, ``None`` before the first."""
+        return self.times[-1] if self.times else None
+
+    def tail(self, n: int) -> list[float] | None:
+        """The last ``n`` values, oldest first; ``None`` when fewer than ``n`` were recorded."""
+        values = self.values
+        if len(values) < n:
+            return None
+        return values[-n:]
+
+    def tail_index(self, n: int) -> int | None:
+        """Start offset of the last ``n`` values in ``values``/``times``/``steps``."""
+        size = len(self.values)
+        return None if size < n else size - n
+
+    def since_index(self, t: float) -> int:
+        """Offset of the first value whose row time is ``>= t`` (``len`` when none)."""
+        return bisect_left(self.times, t)
+
+    def truncated_before(self, t: float) -> bool:
+        """True when values with row time ``>= t`` may have been trimmed away."""
+        return self.dropped > 0 and (not self.times or self.times[0] >= t)
