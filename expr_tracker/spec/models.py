@@ -1,0 +1,567 @@
+"""The run spec: Pydantic v2 models for everything a run does.
+
+``RunSpec`` is the root; its sections are ``HistorySpec``, ``SpansSpec`` and ``AlertsSpec``
+(with ``PolicySpec``, ``ChannelSpec`` and ``RuleSpec``). Every model forbids unknown keys and
+is frozen once validated. Sizes are bytes and durations seconds; both accept units
+(``"64MiB"``, ``"500ms"``, see ``expr_tracker.spec.units``).
+
+Loading, merging and provenance live in ``expr_tracker.spec.load``; nothing here imports the
+runtime.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+from collections.abc import Mapping
+from typing import Annotated, Any, Literal, Optional, Union
+
+from pydantic import (
+    AfterValidator,
+    AliasChoices,
+    BaseModel,
+    BeforeValidator,
+    ConfigDict,
+    Discriminator,
+    Field,
+    SecretStr,
+    Tag,
+    WithJsonSchema,
+    create_model,
+    field_validator,
+    model_serializer,
+    model_validator,
+)
+from pydantic.json_schema import SkipJsonSchema
+
+from expr_tracker.spec.units import Duration, OptionalDuration, Size
+
+__all__ = [
+    "LEVELS",
+    "LEVEL_ALIASES",
+    "NAMED_LISTS",
+    "AlertsSpec",
+    "BufferSpec",
+    "CacheSpec",
+    "ChannelSpec",
+    "HistorySpec",
+    "Level",
+    "PluginSpec",
+    "PolicyOverrides",
+    "PolicySpec",
+    "RuleSpec",
+    "RunSpec",
+    "SpansSpec",
+    "effective_policy",
+    "entry_name",
+    "level_rank",
+    "named_entries",
+    "normalize_level",
+]
+
+# --- levels -------------------------------------------------------------------------------
+
+#: Alert levels, least to most severe.
+LEVELS: tuple[str, ...] = ("debug", "info", "warning", "error", "critical")
+#: Accepted aliases -> canonical level name.
+LEVEL_ALIASES: dict[str, str] = {
+    "warn": "warning",
+    "err": "error",
+    "fatal": "critical",
+    "crit": "critical",
+}
+_LEVEL_RANK = {name: i for i, name in enumerate(LEVELS)}
+
+
+def normalize_level(value: Any) -> Any:
+    """Canonical level name for a level or alias, case-insensitive (``"WARN"`` -> ``"warning"``).
+
+    Values that are not strings are returned unchanged (validation then rejects them).
+    """
+    if isinstance(value, str):
+        key = value.strip().lower()
+        return LEVEL_ALIASES.get(key, key)
+    return value
+
+
+def level_rank(name: str) -> int:
+    """Severity of a level or alias: debug 0, info 1, warning 2, error 3, critical 4.
+
+    Raises:
+        ValueError: for a name that is not a level or alias.
+    """
+    key = normalize_level(name)
+    try:
+        return _LEVEL_RANK[key]
+    except (KeyError, TypeError):
+        valid = ", ".join(LEVELS) + " (aliases " + ", ".join(LEVEL_ALIASES) + ")"
+        raise ValueError(f"{name!r} is not an alert level: expected one of {valid}") from None
+
+
+#: An alert level; aliases and any case are accepted and stored as the canonical name.
+Level = Annotated[
+    Literal["debug", "info", "warning", "error", "critical"], BeforeValidator(normalize_level)
+]
+
+# --- lists of named things ----------------------------------------------------------------
+
+#: Dotted paths of the lists whose entries merge by name (and may be written as mappings).
+NAMED_LISTS: frozenset[str] = frozenset({"alerts.rules", "alerts.channels"})
+
+
+def entry_name(list_path: str, entry: Any) -> str | None:
+    """Name of an entry of a named list: its ``name``; for channels, else its ``type``;
+    a string rule is its own name. None when the entry has no name."""
+    if isinstance(entry, str):
+        return entry
+    if isinstance(entry, Mapping):
+        name = entry.get("name")
+        if name is None and list_path.endswith("channels"):
+            name = entry.get("type")
+        return name if isinstance(name, str) and name else None
+    name = getattr(entry, "name", None)
+    return name if isinstance(name, str) else None
+
+
+def named_entries(value: Any) -> Any:
+    """Normalise a named list written as a mapping ``{name: entry}`` to a list of entries.
+
+    A mapping entry that is itself a mapping gets ``name`` filled from its key (an explicit
+    ``name`` wins); a ``None`` entry is dropped (how a later source removes an entry); a
+    string entry becomes ``{"name": key, "condition": text}``. Lists and anything else are
+    returned unchanged.
+    """
+    if not isinstance(value, Mapping):
+        return value
+    out = []
+    for key, entry in value.items():
+        if entry is None:
+            continue
+        if isinstance(entry, str):
+            out.append({"name": key, "condition": entry})
+        elif isinstance(entry, Mapping):
+            out.append({"name": key, **entry} if entry.get("name") is None else dict(entry))
+        else:
+            out.append(entry)
+    return out
+
+
+# --- shared pieces ------------------------------------------------------------------------
+
+_FORBID = ConfigDict(extra="forbid", frozen=True)
+_UNSAFE_NAME = re.compile(r"[/\\\x00-\x1f\x7f]")
+_STREAM = re.compile(r"^[A-Za-z0-9_\-]+$")
+_IDENTIFIER = re.compile(r"^[A-Za-z_][A-Za-z0-9_.\-]*$")
+
+
+def _fs_name(value: Any) -> Any:
+    if value is None or not isinstance(value, str):
+        return value
+    if not value or value.strip() != value or value in (".", "..") or _UNSAFE_NAME.search(value):
+        raise ValueError(
+            "must be a non-empty name usable as one directory: no '/', '\\', control "
+            "characters or surrounding spaces, and not '.' or '..'"
+        )
+    if len(value.encode()) > 255:
+        raise ValueError("must be at most 255 bytes long")
+    return value
+
+
+def _stream_name(value: Any) -> Any:
+    if value is None or not isinstance(value, str):
+        return value
+    if not _STREAM.match(value):
+        raise ValueError(
+            "must be letters, digits, '_' or '-' only (a stream names files inside the run "
+            "directory, so '/', '.' and '..' are not allowed)"
+        )
+    return value
+
+
+def _path_str(value: Any) -> Any:
+    return os.fspath(value) if isinstance(value, os.PathLike) else value
+
+
+def _config_dict(value: Any) -> Any:
+    """Accept OmegaConf containers, argparse namespaces, dataclasses and models as ``config``."""
+    if value is None:
+        return {}
+    module = type(value).__module__
+    if module.startswith("omegaconf"):
+        import warnings
+
+        from omegaconf import OmegaConf
+
+        try:
+            return OmegaConf.to_container(value, resolve=True)
+        except Exception as exc:  # an unresolvable interpolation stays literal
+            warnings.warn(
+                f"config: an interpolation could not be resolved ({exc}); kept literally",
+                stacklevel=2,
+            )
+            return OmegaConf.to_container(value, resolve=False)
+    if isinstance(value, BaseModel):
+        return value.model_dump()
+    if hasattr(value, "__dataclass_fields__") and not isinstance(value, type):
+        import dataclasses
+
+        return dataclasses.asdict(value)
+    if type(value).__name__ == "Namespace" and hasattr(value, "__dict__"):
+        return dict(vars(value))
+    return value
+
+
+_FsName = Annotated[str, AfterValidator(_fs_name)]
+_PathStr = Annotated[str, BeforeValidator(_path_str)]
+_NonEmpty = Annotated[str, Field(min_length=1)]
+
+# --- history ------------------------------------------------------------------------------
+
+
+class BufferSpec(BaseModel):
+    """Write buffering of one JSONL file: flush after ``size`` records, every ``interval``
+    seconds, and never hold a record longer than ``max_seconds`` (None: no bound)."""
+
+    model_config = _FORBID
+
+    size: int = Field(50, ge=1, description="records buffered before a flush")
+    interval: Duration = Field(1.0, description="seconds between background flushes")
+    max_seconds: OptionalDuration = Field(
+        5.0, description="seconds a record may wait unflushed; null disables"
+    )
+    max_pending_records: int = Field(
+        100_000, ge=1, description="records held while the disk fails before the oldest drop"
+    )
+
+
+class CacheSpec(BaseModel):
+    """In-memory cache of committed rows (queries read it instead of the disk)."""
+
+    model_config = _FORBID
+
+    bytes: Size = Field(1 << 30, description="bytes of encoded rows kept in memory")
+    rows: int = Field(2_000_000, ge=0, description="rows kept in memory")
+
+
+class HistorySpec(BaseModel):
+    """The metric history: commit rules, caching and buffering."""
+
+    model_config = _FORBID
+
+    step_policy: Literal["monotonic", "allow"] = Field(
+        "monotonic", description="monotonic: a backward step is dropped with a warning"
+    )
+    max_open_seconds: OptionalDuration = Field(
+        60.0, description="seconds before an idle open row is written to disk; null disables"
+    )
+    rank_aware: bool = Field(
+        True, description="suffix file names with .rankN under torch.distributed"
+    )
+    cache: CacheSpec = Field(default_factory=CacheSpec)
+    buffer: BufferSpec = Field(default_factory=BufferSpec)
+    alert_window: int = Field(4096, ge=1, description="largest point window a rule may use")
+
+
+# --- spans --------------------------------------------------------------------------------
+
+
+class PluginSpec(BaseModel):
+    """A span plugin named by its registered ``type`` (``cpu_time``, ``torch_memory``, ...)."""
+
+    model_config = _FORBID
+
+    type: _NonEmpty
+    options: dict[str, Any] = Field(default_factory=dict)
+
+
+_PRINT_WORDS = ("stdout", "stderr", "logging")
+
+
+def _check_print(value: Any) -> Any:
+    if value is None or isinstance(value, bool) or callable(value):
+        return value
+    if isinstance(value, str):
+        if value in _PRINT_WORDS or (value.startswith("logger:") and len(value) > len("logger:")):
+            return value
+    raise ValueError(
+        "must be null, true/false, 'stdout', 'stderr', 'logging', 'logger:<name>' "
+        "or (from Python) a callable taking one string"
+    )
+
+
+#: spans.print: how span enter/exit lines are printed.
+SpanPrint = Annotated[
+    Any,
+    AfterValidator(_check_print),
+    WithJsonSchema(
+        {
+            "anyOf": [
+                {"type": "null"},
+                {"type": "boolean"},
+                {"enum": list(_PRINT_WORDS)},
+                {"type": "string", "pattern": "^logger:.+$"},
+            ],
+            "description": "null/false: off; true or stdout/stderr; logging; logger:<name>",
+        }
+    ),
+]
+
+
+def _plugin_kind(value: Any) -> str:
+    return "spec" if isinstance(value, (Mapping, str, PluginSpec)) else "object"
+
+
+def _plugin_spec_input(value: Any) -> Any:
+    return {"type": value} if isinstance(value, str) else value
+
+
+def _check_plugin_object(value: Any) -> Any:
+    if value is None or isinstance(value, (bool, int, float, bytes, list, tuple)):
+        raise ValueError(
+            "must be a plugin: {type: NAME, options: {...}}, a plugin name, or (from Python) "
+            "an object with start(span)/end(span) or a callable fn(span) -> dict"
+        )
+    if not (callable(value) or callable(getattr(value, "end", None))):
+        raise ValueError("a plugin object needs an end(span) method or must be callable")
+    return value
+
+
+#: One entry of spans.plugins: a PluginSpec (from YAML) or a plugin object/callable (from Python).
+PluginEntry = Annotated[
+    Union[
+        Annotated[PluginSpec, BeforeValidator(_plugin_spec_input), Tag("spec")],
+        Annotated[SkipJsonSchema[Any], AfterValidator(_check_plugin_object), Tag("object")],
+    ],
+    Discriminator(_plugin_kind),
+]
+
+
+class SpansSpec(BaseModel):
+    """Spans: timing regions recorded as metrics and into the span file."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True, arbitrary_types_allowed=True)
+
+    enabled: bool = Field(True, description="record spans at all")
+    metrics: bool = Field(True, description="add time_ms/<path> to the metric history")
+    count: bool = Field(False, description="add count/<path> to the metric history")
+    print: SpanPrint = Field(None, description="print span enter/exit lines")
+    async_write: bool = Field(True, description="write the span file from the background flusher")
+    plugins: list[PluginEntry] = Field(default_factory=list)
+    buffer: BufferSpec = Field(default_factory=BufferSpec)
+    max_record_bytes: Size = Field(8 * 1024**2, description="largest span record written")
+    max_pending_bytes: Size = Field(64 * 1024**2, description="span bytes held before dropping")
+
+
+# --- alerts -------------------------------------------------------------------------------
+
+
+class PolicySpec(BaseModel):
+    """Delivery policy of a channel (DESIGN.md, "Delivery policy defaults")."""
+
+    model_config = _FORBID
+
+    async_send: bool = Field(True, description="direct et.alert() calls return before sending")
+    timeout: Duration = Field(10.0, description="seconds for connect and read")
+    max_retries: int = Field(3, ge=0)
+    backoff_initial: Duration = Field(0.5, description="seconds before the first retry")
+    backoff_factor: float = Field(2.0, ge=1.0)
+    backoff_max: Duration = Field(30.0, description="longest wait between retries")
+    jitter: float = Field(0.1, ge=0.0, le=1.0, description="fraction of random spread on waits")
+    retry_on_status: list[Annotated[int, Field(ge=100, le=599)]] = Field(
+        default_factory=lambda: [408, 429, 500, 502, 503, 504]
+    )
+    respect_retry_after: bool = True
+    rate_limit_per_minute: Optional[Annotated[float, Field(gt=0.0)]] = Field(
+        20.0, description="token bucket rate; null disables"
+    )
+    on_rate_limited: Literal["drop", "queue", "coalesce"] = "coalesce"
+    dedup_window: Duration = Field(
+        300.0, description="seconds a duplicate is suppressed; 0 disables"
+    )
+    queue_size: int = Field(1000, ge=1)
+    on_queue_full: Literal["drop_oldest", "drop_new", "block"] = "drop_oldest"
+    fail_silently: bool = True
+
+
+class _Overrides(BaseModel):
+    """Base of PolicyOverrides: dumps only the fields that were given."""
+
+    model_config = _FORBID
+
+    @model_serializer(mode="wrap")
+    def _only_given(self, handler: Any) -> dict[str, Any]:
+        full = handler(self)
+        return {k: v for k, v in full.items() if k in self.model_fields_set}
+
+
+def _make_policy_overrides() -> type[BaseModel]:
+    fields: dict[str, Any] = {}
+    for name, info in PolicySpec.model_fields.items():
+        inner = Annotated[(info.annotation, *info.metadata)] if info.metadata else info.annotation
+        fields[name] = (Optional[inner], Field(None, description=info.description))
+    return create_model(
+        "PolicyOverrides",
+        __base__=_Overrides,
+        __module__=__name__,
+        __doc__="Per-channel policy overrides: only the fields given replace alerts.policy.",
+        **fields,
+    )
+
+
+PolicyOverrides = _make_policy_overrides()
+
+
+def _check_override_nulls(value: BaseModel) -> BaseModel:
+    for name in value.model_fields_set:
+        if getattr(value, name) is None and PolicySpec.model_fields[name].default is not None:
+            raise ValueError(f"policy.{name} may not be null")
+    return value
+
+
+_PolicyOverridesField = Annotated[PolicyOverrides, AfterValidator(_check_override_nulls)]
+
+
+class ChannelSpec(BaseModel):
+    """One alert destination. ``name`` defaults to ``type`` (give names to have several
+    channels of one type). The delivery code checks that ``type`` is registered."""
+
+    model_config = _FORBID
+
+    type: Annotated[str, Field(pattern=_IDENTIFIER.pattern)] = Field(
+        description="lark, slack, dingtalk, wecom, webhook, email, callable, console, or registered"
+    )
+    name: Optional[_NonEmpty] = None
+    url: Optional[SecretStr] = Field(None, description="webhook URL (redacted everywhere)")
+    url_env: Optional[_NonEmpty] = Field(None, description="environment variable holding the URL")
+    secret: Optional[SecretStr] = Field(None, description="signing secret (Lark, DingTalk)")
+    enabled: bool = True
+    min_level: Optional[Level] = None
+    levels: Optional[list[Level]] = Field(None, description="exact allowlist of levels")
+    tags: Optional[list[str]] = Field(None, description="route only alerts carrying one of these")
+    options: dict[str, Any] = Field(default_factory=dict)
+    policy: _PolicyOverridesField = Field(default_factory=PolicyOverrides)
+
+    @model_validator(mode="before")
+    @classmethod
+    def _default_name(cls, data: Any) -> Any:
+        if (
+            isinstance(data, Mapping)
+            and data.get("name") is None
+            and isinstance(data.get("type"), str)
+        ):
+            return {**data, "name": data["type"]}
+        return data
+
+
+def effective_policy(alerts: AlertsSpec, channel: ChannelSpec) -> PolicySpec:
+    """The policy a channel runs with: ``alerts.policy`` with the channel's overrides on top."""
+    overrides = channel.policy.model_dump(exclude_unset=True)
+    if not overrides:
+        return alerts.policy
+    return PolicySpec.model_validate({**alerts.policy.model_dump(), **overrides})
+
+
+class RuleSpec(BaseModel):
+    """An alert rule: the condition is alert-DSL text (parsed by ``expr_tracker.alerts``)."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True, populate_by_name=True)
+
+    name: Optional[_NonEmpty] = None
+    condition: _NonEmpty = Field(
+        validation_alias=AliasChoices("condition", "expr"),
+        description="DSL condition, e.g. zscore(loss[50]) > 4",
+    )
+    level: Level = "warning"
+    title: Optional[str] = None
+    message: Optional[str] = None
+    mode: Literal["edge", "level"] = "edge"
+    for_steps: int = Field(1, ge=1)
+    cooldown: Duration = Field(300.0, description="seconds between re-notifications in level mode")
+    max_fires: Optional[Annotated[int, Field(ge=1)]] = None
+    notify_recovery: bool = False
+    channels: Optional[list[str]] = None
+    tags: list[str] = Field(default_factory=list)
+    enabled: bool = True
+
+
+def _rule_kind(value: Any) -> str:
+    return "text" if isinstance(value, str) else "rule"
+
+
+#: One entry of alerts.rules: a RuleSpec, or a one-line DSL string kept as written.
+RuleEntry = Annotated[
+    Union[
+        Annotated[Annotated[str, Field(min_length=1)], Tag("text")],
+        Annotated[RuleSpec, Tag("rule")],
+    ],
+    Discriminator(_rule_kind),
+]
+
+
+def _on_rank(value: Any) -> Any:
+    ok = (
+        value == "all"
+        or (isinstance(value, int) and not isinstance(value, bool) and value >= 0)
+        or (
+            isinstance(value, (list, tuple))
+            and all(isinstance(v, int) and not isinstance(v, bool) and v >= 0 for v in value)
+        )
+    )
+    if not ok:
+        raise ValueError("must be a rank (an integer >= 0), a list of ranks, or 'all'")
+    return list(value) if isinstance(value, tuple) else value
+
+
+class AlertsSpec(BaseModel):
+    """Alert rules, channels and the delivery policy."""
+
+    model_config = _FORBID
+
+    enabled: bool = True
+    on_rank: Annotated[Union[int, list[int], Literal["all"]], BeforeValidator(_on_rank)] = Field(
+        0, description="ranks that evaluate rules: a rank, a list of ranks, or 'all'"
+    )
+    watchdog_interval: Duration = Field(30.0, description="seconds between time-based checks")
+    policy: PolicySpec = Field(default_factory=PolicySpec)
+    channels: Annotated[list[ChannelSpec], BeforeValidator(named_entries)] = Field(
+        default_factory=list, description="a list, or a mapping name -> channel"
+    )
+    rules: Annotated[list[RuleEntry], BeforeValidator(named_entries)] = Field(
+        default_factory=list, description="a list, or a mapping name -> rule"
+    )
+    notify_on: list[Literal["finish", "failure"]] = Field(default_factory=list)
+
+    @field_validator("channels")
+    @classmethod
+    def _unique_channel_names(cls, value: list[ChannelSpec]) -> list[ChannelSpec]:
+        names = [c.name for c in value]
+        dupes = sorted({n for n in names if names.count(n) > 1 if n})
+        if dupes:
+            raise ValueError(f"channel names must be unique; repeated: {', '.join(dupes)}")
+        return value
+
+
+# --- the run ------------------------------------------------------------------------------
+
+
+class RunSpec(BaseModel):
+    """Everything a run does. ``name`` None is filled with a timestamp by ``resolve()``."""
+
+    model_config = _FORBID
+
+    project: Annotated[str, AfterValidator(_fs_name)] = "default"
+    name: Optional[_FsName] = Field(None, description="run name; default: a timestamp")
+    dir: _PathStr = Field("./runs", description="runs live in <dir>/<project>/<name>/")
+    run_dir: Optional[_PathStr] = Field(None, description="the run directory itself")
+    group: Optional[str] = None
+    tags: list[str] = Field(default_factory=list)
+    notes: Optional[str] = None
+    stream: Optional[Annotated[str, AfterValidator(_stream_name)]] = Field(
+        None, description="producer name: letters, digits, '_' and '-'"
+    )
+    resume: Literal["allow", "never", "must"] = "allow"
+    config: Annotated[dict[str, Any], BeforeValidator(_config_dict)] = Field(default_factory=dict)
+    history: HistorySpec = Field(default_factory=HistorySpec)
+    spans: SpansSpec = Field(default_factory=SpansSpec)
+    alerts: AlertsSpec = Field(default_factory=AlertsSpec)
+    backends: list[Union[str, dict[str, Any]]] = Field(default_factory=list)
