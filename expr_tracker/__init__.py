@@ -1,5 +1,47 @@
-"""expr_tracker: a local-first experiment tracker for machine-learning training."""
+"""expr_tracker: a local-first experiment tracker for machine-learning training.
+
+``import expr_tracker as et``; ``et.init(...)``, ``et.log({...})``, ``et.history(50)``,
+``with et.span("forward"):``, ``et.finish()``. Heavy dependencies (torch, pandas, hydra)
+are imported only by the functions that need them.
+"""
 
 from expr_tracker._version import __version__
+from expr_tracker.api import (
+    configure_alert,
+    finish,
+    get_run,
+    history,
+    info,
+    init,
+    log,
+    summary,
+)
+from expr_tracker.errors import (
+    ExprTrackerError,
+    ForkedRunError,
+    NoActiveRunError,
+    RunAlreadyActiveError,
+    RunLockedError,
+)
+from expr_tracker.history import read_history, resolve_run_path
+from expr_tracker.run import Run
 
-__all__ = ["__version__"]
+__all__ = [
+    "ExprTrackerError",
+    "ForkedRunError",
+    "NoActiveRunError",
+    "Run",
+    "RunAlreadyActiveError",
+    "RunLockedError",
+    "__version__",
+    "configure_alert",
+    "finish",
+    "get_run",
+    "history",
+    "info",
+    "init",
+    "log",
+    "read_history",
+    "resolve_run_path",
+    "summary",
+]

@@ -1,0 +1,282 @@
+"""Module-level functions over the current run: ``et.init``, ``et.log``, ``et.finish`` ...
+
+The current run is a process-wide singleton behind a lock (shared by every thread, unlike
+the span nesting stack, which is per thread and per asyncio task). A forked child that
+inherited it gets :class:`~expr_tracker.errors.ForkedRunError` on use and may start its own
+run with ``et.init``.
+"""
+
+from __future__ import annotations
+
+import atexit
+import logging
+import sys
+import threading
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Any
+
+from expr_tracker.errors import (
+    ForkedRunError,
+    NoActiveRunError,
+    RunAlreadyActiveError,
+)
+from expr_tracker.history.store import FORK_MESSAGE
+from expr_tracker.run import Run, Summary
+
+log = logging.getLogger("expr_tracker")
+
+_lock = threading.Lock()
+_run: Run | None = None
+_configured_alert: dict[str, Any] = {}
+_hooks_installed = False
+_prev_excepthook = None
+
+
+def _no_run() -> NoActiveRunError:
+    return NoActiveRunError(
+        "no active run: call et.init(project=..., name=...) first (or pass run=DIR to read a "
+        "finished run)"
+    )
+
+
+def init(
+    project: str | None = None,
+    name: str | None = None,
+    *,
+    spec: Any = None,
+    config: Any = None,
+    **kwargs: Any,
+) -> Run:
+    """Start a run and make it the current one.
+
+    Args:
+        project, name: where the run lives: ``<dir>/<project>/<name>/`` (``name`` defaults
+            to a timestamp).
+        spec: a run spec: a YAML/JSON/TOML path, a dict, or an OmegaConf DictConfig (e.g.
+            ``cfg.tracker`` under Hydra; interpolations are resolved).
+        config: the run's configuration (hyper-parameters), saved as ``config.json``; any
+            mapping, an OmegaConf container, a dataclass or a pydantic model.
+        **kwargs: any spec field by its flat keyword name (``dir``, ``run_dir``, ``stream``,
+            ``resume``, ``step_policy``, ``cache_bytes``, ``buffer_size``, ``spans``,
+            ``span_metrics``, ``alert_rules`` ...); see ``docs/configuration.md``.
+
+    Sources, later wins: defaults < webhook environment variables < ``ET_ALERT_CONFIG`` <
+    ``ET_CONFIG`` < ``et.configure_alert()`` < ``spec`` < keyword arguments.
+
+    Raises:
+        RunAlreadyActiveError: a run is active in this process (call ``et.finish()`` first).
+        SpecError: the spec is invalid (every problem listed, with its path and source).
+        ResumeError: ``resume`` forbids what is on disk.
+        RunLockedError: another live process writes the same stream and rank.
+    """
+    global _run
+    from expr_tracker.build import build
+    from expr_tracker.spec import resolve
+
+    with _lock:
+        cur = _run
+        if cur is not None:
+            if cur.forked:
+                _run = None  # inherited from the parent: drop it without touching its locks
+            elif not cur.finished:
+                raise RunAlreadyActiveError(
+                    f"a run is already active ({cur.project}/{cur.name}); call et.finish() "
+                    "before et.init() again"
+                )
+        given = dict(kwargs)
+        if project is not None:
+            given["project"] = project
+        if name is not None:
+            given["name"] = name
+        if config is not None:
+            given["config"] = config
+        resolved = resolve(spec, kwargs=given, configure_alert=_configured_alert or None)
+        run = build(resolved)
+        _run = run
+        _install_hooks()
+    return run
+
+
+def log(metrics: Mapping[str, Any], step: int | None = None, commit: bool | None = None) -> int:
+    """Log metrics into the current step (spec design.txt A.1, the wandb commit table).
+
+    ``log(d)`` merges ``d`` into the open row and commits it (the step advances);
+    ``commit=False`` only merges; ``step=N`` opens step N (committing the previous one) and
+    merges without committing unless ``commit=True``. Values: numbers, bools, strings, None,
+    NumPy and torch scalars/arrays, datetimes, paths, enums, dataclasses, pydantic models;
+    anything else is written as its ``repr`` with one warning.
+
+    Returns the step the metrics landed on (-1 when dropped, e.g. a backward step).
+
+    Raises:
+        NoActiveRunError: no run is active.
+        TypeError: ``metrics`` is not a mapping.
+        ForkedRunError: this is a forked child that inherited the run.
+    """
+    run = _run
+    if run is None:
+        raise _no_run()
+    return run.ingest(metrics, step, commit)
+
+
+def get_run() -> Run | None:
+    """The current run, or None."""
+    return _run
+
+
+def _current() -> Run:
+    run = _run
+    if run is None:
+        raise _no_run()
+    if run.forked:
+        raise ForkedRunError(FORK_MESSAGE)
+    return run
+
+
+def summary() -> Summary:
+    """The current run's summary: the last value of every metric plus your assignments.
+
+    ``et.summary()["best_acc"] = 0.93`` is persisted to ``summary.json``.
+    """
+    return _current().summary
+
+
+def info() -> dict[str, Any]:
+    """Counters of the current run: rows, cache, disk reads, drops, spans, alerts."""
+    return _current().info()
+
+
+def finish(exit_code: int | None = None) -> None:
+    """Commit the open row, flush everything and close the run. Idempotent.
+
+    A non-zero ``exit_code`` marks the run ``failed`` in ``run.json``.
+    """
+    global _run
+    with _lock:
+        run = _run
+        if run is None:
+            return
+        if run.forked:
+            _run = None
+            raise ForkedRunError(FORK_MESSAGE)
+    try:
+        run.finish(exit_code=exit_code)
+    finally:
+        with _lock:
+            if _run is run:
+                _run = None
+
+
+def history(
+    n: int | None = 50,
+    *,
+    output_type: str = "dict",
+    metrics: Any = None,
+    step_range: Any = None,
+    include_meta: bool = True,
+    include_open: bool = True,
+    fill_missing: bool = False,
+    dropna: bool = False,
+    run: Any = None,
+    stream: str | None = None,
+) -> Any:
+    """Query a run's history (spec design.txt B.3).
+
+    Args:
+        n: the newest ``n`` steps; ``-1``/None for everything.
+        output_type: ``"dict"``/``"dicts"`` (a list of row dicts), ``"pandas"``/``"pd"``,
+            ``"polars"``.
+        metrics: column names (a list or a comma-separated string) to keep.
+        step_range: ``(start, end)``, end exclusive, exact by step.
+        include_meta: keep ``_step``/``_time``.
+        include_open: include the uncommitted current step (live runs).
+        fill_missing: absent keys become None.
+        dropna: drop rows where every selected metric is missing.
+        run: read a run directory or metrics file offline (no ``et.init`` needed).
+        stream: the stream to read with ``run``.
+
+    Returns:
+        Rows oldest first, as ``output_type``; a snapshot that later logging does not change.
+
+    Raises:
+        NoActiveRunError: no ``run`` given and no run active.
+        ImportError: ``pandas``/``polars`` is missing (naming the extra to install).
+    """
+    from expr_tracker.history.query import query_history
+
+    if run is None:
+        cur = _current()
+        return query_history(
+            cur.history,
+            n=n,
+            output_type=output_type,
+            metrics=metrics,
+            step_range=step_range,
+            include_meta=include_meta,
+            include_open=include_open,
+            fill_missing=fill_missing,
+            dropna=dropna,
+        )
+    if isinstance(run, Run):
+        source: Any = run.history
+    else:
+        source = Path(run)
+    return query_history(
+        source,
+        n=n,
+        output_type=output_type,
+        metrics=metrics,
+        step_range=step_range,
+        include_meta=include_meta,
+        include_open=include_open,
+        fill_missing=fill_missing,
+        dropna=dropna,
+        stream=stream,
+    )
+
+
+def configure_alert(**values: Any) -> None:
+    """Alert configuration for runs started afterwards (the ``alerts`` section of the spec).
+
+    Precedence: above ``ET_CONFIG``/``ET_ALERT_CONFIG`` and the environment, below
+    ``et.init(spec=...)`` and ``et.init(alert=...)``. Calling it again merges deeply.
+    """
+    from expr_tracker.spec import merge
+
+    global _configured_alert
+    with _lock:
+        _configured_alert = merge(_configured_alert, values)
+
+
+# ---------------------------------------------------------------------- process hooks
+
+
+def _excepthook(etype: type[BaseException], value: BaseException, tb: Any) -> None:
+    run = _run
+    if run is not None and not run.forked and run.exception is None:
+        run.exception = (etype, value, tb)
+    hook = _prev_excepthook or sys.__excepthook__
+    hook(etype, value, tb)
+
+
+def _at_exit() -> None:
+    run = _run
+    if run is None or run.forked or run.finished:
+        return
+    if run.exception is None and getattr(sys, "last_type", None) is not None:
+        run.exception = (sys.last_type, sys.last_value, sys.last_traceback)
+    try:
+        run.finish()
+    except Exception:  # noqa: BLE001 - nothing may fail at interpreter exit
+        log.exception("expr_tracker: finishing the run at exit failed")
+
+
+def _install_hooks() -> None:
+    global _hooks_installed, _prev_excepthook
+    if _hooks_installed:
+        return
+    _hooks_installed = True
+    _prev_excepthook = sys.excepthook
+    sys.excepthook = _excepthook
+    atexit.register(_at_exit)

@@ -1,0 +1,291 @@
+"""``build(resolved) -> Run``: the only place runtime objects are constructed from a spec.
+
+Reads the validated :class:`~expr_tracker.spec.models.RunSpec` once and hands plain values
+to the runtime (the hot path never touches Pydantic): the run directory and file names,
+the one-writer lock, resume, the history store and its writer, ``run.json``,
+``config.json``, ``spec.json``, the summary, the span recorder and the alert engine.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+from pathlib import Path
+from typing import Any
+
+from expr_tracker.errors import ExprTrackerError
+from expr_tracker.history.codec import Warner, dumps_pretty, normalize_value
+from expr_tracker.history.paths import detect_rank, file_name
+from expr_tracker.history.runinfo import new_run_info, read_run_info, write_run_info
+from expr_tracker.history.store import HistoryStore
+from expr_tracker.history.writer import JsonlWriter
+from expr_tracker.run import Run, Summary
+
+log = logging.getLogger("expr_tracker")
+
+
+class ResumeError(ExprTrackerError, FileExistsError):
+    """``resume="never"`` found an existing run, or ``resume="must"`` found none."""
+
+
+def run_directory(spec: Any) -> Path:
+    """``run_dir`` when given, else ``<dir>/<project>/<name>``."""
+    if spec.run_dir:
+        return Path(spec.run_dir).expanduser()
+    return Path(spec.dir).expanduser() / spec.project / spec.name
+
+
+def normalize_config(config: Any, warner: Warner | None = None) -> dict[str, Any]:
+    """The run config as JSON-able data (``config.json``).
+
+    Takes mappings, OmegaConf containers (an interpolation that cannot be resolved stays
+    literal, with a warning naming its key), sets, dtypes, dataclasses and nested mixes.
+    """
+    if config is None:
+        return {}
+    if type(config).__module__.startswith("omegaconf"):
+        config = _omegaconf_container(config, "config")
+    data = normalize_value(config, warner)
+    if not isinstance(data, dict):
+        return {"value": data}
+    return data
+
+
+def _omegaconf_container(cfg: Any, path: str) -> Any:
+    from omegaconf import DictConfig, ListConfig, OmegaConf
+
+    try:
+        return OmegaConf.to_container(cfg, resolve=True)
+    except Exception:  # noqa: BLE001 - resolve key by key to find the broken one
+        pass
+    if isinstance(cfg, DictConfig):
+        out = {}
+        for key in cfg.keys():
+            sub = f"{path}.{key}"
+            try:
+                node = cfg[key]
+            except Exception as exc:  # noqa: BLE001
+                raw = OmegaConf.to_container(cfg, resolve=False).get(key)
+                log.warning(
+                    "expr_tracker: %s = %r: the interpolation cannot be resolved (%s); "
+                    "kept literally",
+                    sub,
+                    raw,
+                    type(exc).__name__,
+                )
+                out[str(key)] = raw
+                continue
+            if isinstance(node, (DictConfig, ListConfig)):
+                out[str(key)] = _omegaconf_container(node, sub)
+            else:
+                out[str(key)] = node
+        return out
+    if isinstance(cfg, ListConfig):
+        return [
+            _omegaconf_container(v, f"{path}[{i}]")
+            if isinstance(v, (DictConfig, ListConfig))
+            else v
+            for i, v in enumerate(cfg)
+        ]
+    return cfg
+
+
+def build(resolved: Any, *, environ: dict[str, str] | None = None) -> Run:
+    """Construct a :class:`Run` from a resolved spec (``expr_tracker.spec.resolve``).
+
+    Raises:
+        ResumeError: ``resume`` forbids what is on disk.
+        RunLockedError: another live process writes the same stream and rank.
+    """
+    spec = resolved.spec
+    env = os.environ if environ is None else environ
+    warner = Warner()
+    stream = spec.stream
+    rank = detect_rank(env)
+    file_rank = rank if spec.history.rank_aware else 0
+    run_dir = run_directory(spec)
+
+    metrics_path = run_dir / file_name("metrics", stream, file_rank)
+    exists = metrics_path.exists() or (run_dir / file_name("run", stream, file_rank)).exists()
+    if spec.resume == "never" and exists:
+        raise ResumeError(
+            f"resume='never' but {run_dir} already holds this run ({metrics_path.name}); "
+            "pick another name, or use resume='allow' to continue it"
+        )
+    if spec.resume == "must" and not exists:
+        raise ResumeError(
+            f"resume='must' but there is no run to continue at {run_dir} "
+            f"(no {metrics_path.name}); check project/name/dir or use resume='allow'"
+        )
+    try:
+        run_dir.mkdir(parents=True, exist_ok=True)
+    except OSError as exc:
+        warner.warn(
+            ("mkdir",),
+            "expr_tracker: cannot create %s (%s); training continues, records stay in memory",
+            run_dir,
+            exc,
+        )
+
+    h = spec.history
+    info_path = run_dir / file_name("run", stream, file_rank)
+    previous = read_run_info(info_path, repair=False) if info_path.exists() else None
+
+    writer = JsonlWriter(
+        metrics_path,
+        buffer_size=h.buffer.size,
+        interval=h.buffer.interval,
+        max_seconds=h.buffer.max_seconds,
+        max_pending_records=h.buffer.max_pending_records,
+        meta_path=run_dir / file_name("meta", stream, file_rank),
+        run_meta={"project": spec.project, "name": spec.name, "stream": stream, "rank": rank},
+        warner=warner,
+    )
+    # we hold the one-writer lock now: a previous attempt that still says "running" is dead
+    if previous is not None and previous.get("status") == "running":
+        previous["status"] = "crashed"
+    resumed = writer.prefix_lines > 0
+    start_step = writer.max_step + 1 if writer.max_step is not None else 0
+    store = HistoryStore(
+        writer,
+        step_policy=h.step_policy,
+        max_open_seconds=h.max_open_seconds,
+        cache_bytes=h.cache.bytes,
+        cache_rows=h.cache.rows,
+        start_step=start_step,
+        warner=warner,
+    )
+
+    info = new_run_info(
+        project=spec.project, name=spec.name, stream=stream, rank=rank, run_dir=run_dir
+    )
+    info["group"] = spec.group
+    info["tags"] = list(spec.tags)
+    info["notes"] = spec.notes
+    if resumed or previous is not None:
+        attempts = list((previous or {}).get("previous_attempts", []))
+        if previous is not None:
+            prev = {k: previous.get(k) for k in ("status", "started_at", "ended_at", "pid", "host")}
+            if "exception" in previous:
+                prev["exception"] = {"type": previous["exception"].get("type")}
+            attempts.append(prev)
+        info["previous_attempts"] = attempts
+        info["resumed_at_step"] = start_step
+    try:
+        write_run_info(info_path, info)
+    except OSError as exc:
+        warner.warn(("run.json",), "expr_tracker: cannot write %s (%s)", info_path, exc)
+
+    config = normalize_config(spec.config, warner)
+    _write_json(run_dir / file_name("config", stream), config, warner)
+    try:
+        if not stream and not file_rank:
+            _write_json(run_dir / "spec.json", resolved.redacted(), warner)
+        else:
+            _write_json(
+                run_dir / f"spec{'.' + stream if stream else ''}"
+                f"{'.rank' + str(file_rank) if file_rank else ''}.json",
+                resolved.redacted(),
+                warner,
+            )
+    except Exception as exc:  # noqa: BLE001 - a spec that cannot be rendered never stops a run
+        warner.warn(("spec.json",), "expr_tracker: cannot write spec.json (%s)", exc)
+
+    summary_path = run_dir / file_name("summary", stream, file_rank)
+    initial = None
+    if resumed and summary_path.exists():
+        try:
+            initial = json.loads(summary_path.read_text("utf-8"))
+        except (OSError, ValueError):
+            initial = None
+    summary = Summary(summary_path, initial)
+    store.sinks.append(summary.on_row)
+
+    run = Run(
+        spec=spec,
+        resolved=resolved,
+        run_dir=run_dir,
+        stream=stream,
+        rank=rank,
+        store=store,
+        summary=summary,
+        config=config,
+        info=info,
+        info_path=info_path,
+        warner=warner,
+    )
+    _build_spans(run, spec, run_dir, stream, file_rank, rank, warner)
+    _build_alerts(run, spec, run_dir, stream, file_rank, rank, warner)
+    if spec.backends:
+        unknown = [b for b in spec.backends if b != "jsonl"]
+        if unknown:
+            warner.warn(
+                ("backends",),
+                "expr_tracker: backends %r are not available yet (the JSONL history is always "
+                "written); ignored",
+                unknown,
+            )
+    return run
+
+
+def _write_json(path: Path, data: Any, warner: Warner) -> None:
+    try:
+        tmp = path.with_name(f".{path.name}.tmp")
+        tmp.write_text(dumps_pretty(data), "utf-8")
+        tmp.replace(path)
+    except OSError as exc:
+        warner.warn(("write", path.name), "expr_tracker: cannot write %s (%s)", path, exc)
+
+
+def _build_spans(
+    run: Run,
+    spec: Any,
+    run_dir: Path,
+    stream: str | None,
+    file_rank: int,
+    rank: int,
+    warner: Warner,
+) -> None:
+    """The span recorder and its writer, when the spans package is present."""
+    try:
+        from expr_tracker.spans import recorder as _recorder
+    except ImportError:
+        return
+    make = getattr(_recorder, "build_recorder", None)
+    if make is None:
+        return
+    run.spans = make(
+        run=run,
+        spec=spec.spans,
+        run_dir=run_dir,
+        stream=stream,
+        file_rank=file_rank,
+        rank=rank,
+        warner=warner,
+    )
+
+
+def _build_alerts(
+    run: Run,
+    spec: Any,
+    run_dir: Path,
+    stream: str | None,
+    file_rank: int,
+    rank: int,
+    warner: Warner,
+) -> None:
+    """The alert engine (rules) and delivery, when the alerts package provides them."""
+    try:
+        from expr_tracker.alerts import runtime as _runtime
+    except ImportError:
+        return
+    _runtime.attach(
+        run=run,
+        spec=spec.alerts,
+        run_dir=run_dir,
+        stream=stream,
+        file_rank=file_rank,
+        rank=rank,
+        warner=warner,
+    )

@@ -1,0 +1,123 @@
+"""File names inside a run directory, rank detection, and finding a run's history file.
+
+Layout (DESIGN.md "Files and names"): ``<dir>/<project>/<name>/`` holds, per producer
+(stream ``S`` and rank ``N`` suffixes, in that order)::
+
+    metrics[.S][.rankN].jsonl        metrics[.S][.rankN].meta.json
+    spans[.S][.rankN].jsonl          summary[.S][.rankN].json
+    alerts[.S][.rankN].jsonl         run[.S][.rankN].json
+    config[.S].json                  spec.json   (once per run)
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import re
+from collections.abc import Mapping
+from pathlib import Path
+
+log = logging.getLogger("expr_tracker")
+
+STREAM_RE = re.compile(r"^[A-Za-z0-9_-]+$")
+
+#: the files of one producer; ``config`` has no rank suffix (one config per stream)
+KINDS = {
+    "metrics": "jsonl",
+    "meta": "meta.json",
+    "spans": "jsonl",
+    "summary": "json",
+    "alerts": "jsonl",
+    "run": "json",
+    "config": "json",
+}
+
+
+def validate_stream(stream: str | None) -> str | None:
+    """Return ``stream`` if it is a safe file-name part, else raise ``ValueError``.
+
+    Valid: letters, digits, ``_`` and ``-`` (so a stream can never contain ``/``, ``..`` or
+    a dot that would make file names ambiguous).
+    """
+    if stream is None:
+        return None
+    if not isinstance(stream, str) or not STREAM_RE.match(stream):
+        raise ValueError(
+            f"stream {stream!r} is not valid: use letters, digits, '_' and '-' only "
+            "(a stream name becomes part of a file name inside the run directory)"
+        )
+    return stream
+
+
+def detect_rank(environ: Mapping[str, str] | None = None) -> int:
+    """The process rank from ``RANK`` (else ``LOCAL_RANK``), 0 when unset or not an int."""
+    env = os.environ if environ is None else environ
+    for var in ("RANK", "LOCAL_RANK"):
+        raw = env.get(var)
+        if raw is None or raw == "":
+            continue
+        try:
+            return max(0, int(raw))
+        except ValueError:
+            log.warning("expr_tracker: ignoring %s=%r: not an integer", var, raw)
+    return 0
+
+
+def file_name(kind: str, stream: str | None = None, rank: int | None = None) -> str:
+    """The file name of ``kind`` (a key of :data:`KINDS`) for a stream and rank.
+
+    ``rank`` None or 0 adds no suffix. ``config`` never takes a rank suffix.
+    """
+    stem = "metrics" if kind == "meta" else kind
+    parts = [stem]
+    if stream:
+        parts.append(stream)
+    if rank and kind != "config":
+        parts.append(f"rank{rank}")
+    return ".".join(parts) + "." + KINDS[kind]
+
+
+_METRICS_RE = re.compile(r"^metrics(?:\.([A-Za-z0-9_-]+?))??(?:\.rank(\d+))?\.jsonl$")
+
+
+def parse_metrics_name(name: str) -> tuple[str | None, int] | None:
+    """``metrics.data.rank2.jsonl`` -> ``("data", 2)``; None when not a metrics file."""
+    m = _METRICS_RE.match(name)
+    if not m:
+        return None
+    return m.group(1), int(m.group(2) or 0)
+
+
+def resolve_run_path(
+    path: str | os.PathLike[str], stream: str | None = None, rank: int | None = None
+) -> Path:
+    """The metrics file a run path names.
+
+    ``path`` may be a metrics file itself or a run directory; from a directory the file is
+    chosen by exact name (``metrics[.stream][.rankN].jsonl``), never by the first glob hit
+    (``metrics.data.jsonl`` sorts before ``metrics.jsonl``). When rank shards exist beside
+    the chosen file an info line says which one was taken.
+
+    Raises ``FileNotFoundError`` naming the file looked for and the files that exist.
+    """
+    p = Path(path)
+    if p.is_file():
+        return p
+    if not p.is_dir():
+        raise FileNotFoundError(f"no run at {str(p)!r}: not a file or directory")
+    validate_stream(stream)
+    want = p / file_name("metrics", stream, rank)
+    present = sorted(q.name for q in p.glob("metrics*.jsonl"))
+    if want.is_file():
+        shards = [n for n in present if n != want.name and (parse_metrics_name(n) or (0, 0))[1]]
+        if shards and not rank:
+            log.info(
+                "expr_tracker: %s has rank shards (%s); reading %s — pass a shard's path to "
+                "read it",
+                p,
+                ", ".join(shards),
+                want.name,
+            )
+        return want
+    hint = f"; files here: {', '.join(present)}" if present else "; the directory has none"
+    raise FileNotFoundError(f"no {want.name} in {str(p)!r}{hint}")

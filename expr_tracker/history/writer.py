@@ -1,0 +1,684 @@
+"""Buffered, crash-safe JSONL appends, on one reusable background thread.
+
+:class:`BackgroundFlusher` is a single daemon thread per process that runs due callbacks:
+writer flushes and the store's open-row timers. No Timer is ever created per commit.
+
+:class:`JsonlWriter` appends encoded lines to one file:
+
+- ``append(line, step)`` queues one record (bytes, no newline); the first record of a
+  writer's life, a full buffer (``buffer_size``), ``buffer_interval`` after the previous
+  flush and ``max_buffer_seconds`` after the oldest pending record make a flush due;
+- a flush takes its batch and writes it in order (an I/O lock serialises flushes, so
+  physical line numbers always equal the order of ``append`` calls);
+- a failed write is rolled back (the file is truncated to where it was), the batch is put
+  back at the front of the queue, one warning is logged, and the write is retried later;
+  past ``max_pending_records`` the oldest records are dropped, counted and logged loudly;
+- the sidecar ``*.meta.json`` (spec design.txt A.2) is written atomically (temp file +
+  ``os.replace``) at most every 2 s during flushes and always on close;
+- opening an existing file repairs a torn last line and rescans from the last trusted
+  index anchor when the sidecar disagrees with the file size;
+- an exclusive ``flock`` on ``<file>.lock`` (holding the pid) keeps a second live process
+  from appending to the same file (:class:`~expr_tracker.errors.RunLockedError`).
+"""
+
+from __future__ import annotations
+
+import errno
+import json
+import logging
+import os
+import socket
+import threading
+import time
+from collections.abc import Callable, Hashable
+from pathlib import Path
+from typing import Any
+
+from expr_tracker.errors import RunLockedError
+from expr_tracker.history.codec import Warner, decode_line
+
+log = logging.getLogger("expr_tracker")
+
+try:  # POSIX only; elsewhere the one-writer rule is not enforced
+    import fcntl
+except ImportError:  # pragma: no cover - Windows
+    fcntl = None  # type: ignore[assignment]
+
+META_SCHEMA = 2
+META_MIN_INTERVAL_S = 2.0
+INDEX_EVERY = 1000
+RETRY_DELAY_S = 1.0
+
+
+# --------------------------------------------------------------------------- flusher
+
+
+class BackgroundFlusher:
+    """One daemon thread running scheduled callbacks at their due time (monotonic seconds).
+
+    ``schedule(key, due, callback)`` keeps the earliest due time per key; callbacks run on
+    the flusher thread, outside its lock; an exception in one is logged and ignored.
+    """
+
+    def __init__(self, clock: Callable[[], float] = time.monotonic) -> None:
+        self._clock = clock
+        self._cond = threading.Condition(threading.Lock())
+        self._due: dict[Hashable, tuple[float, Callable[[], Any]]] = {}
+        self._thread: threading.Thread | None = None
+        self.thread_starts = 0
+        self.busy = False
+
+    def schedule(self, key: Hashable, due: float, callback: Callable[[], Any]) -> None:
+        with self._cond:
+            cur = self._due.get(key)
+            if cur is not None and cur[0] <= due:
+                return
+            self._due[key] = (due, callback)
+            if self._thread is None or not self._thread.is_alive():
+                self._thread = threading.Thread(
+                    target=self._run, name="expr_tracker-flusher", daemon=True
+                )
+                self.thread_starts += 1
+                self._thread.start()
+            self._cond.notify()
+
+    def cancel(self, key: Hashable) -> None:
+        with self._cond:
+            self._due.pop(key, None)
+
+    def _run(self) -> None:
+        while True:
+            with self._cond:
+                while True:
+                    if not self._due:
+                        self._cond.wait(30.0)
+                        if not self._due:
+                            continue
+                    key, (due, cb) = min(self._due.items(), key=lambda kv: kv[1][0])
+                    now = self._clock()
+                    if due > now:
+                        self._cond.wait(min(due - now, 30.0))
+                        continue
+                    del self._due[key]
+                    self.busy = True
+                    break
+            try:
+                cb()
+            except Exception:  # noqa: BLE001 - the flusher must survive anything
+                log.exception("expr_tracker: background flush failed")
+            finally:
+                self.busy = False
+
+
+_FLUSHER: BackgroundFlusher | None = None
+_FLUSHER_LOCK = threading.Lock()
+
+
+def get_flusher() -> BackgroundFlusher:
+    """The process-wide flusher (a new one after ``fork``)."""
+    global _FLUSHER
+    f = _FLUSHER
+    if f is None:
+        with _FLUSHER_LOCK:
+            if _FLUSHER is None:
+                _FLUSHER = BackgroundFlusher()
+            f = _FLUSHER
+    return f
+
+
+def _after_fork_in_child() -> None:
+    global _FLUSHER, _FLUSHER_LOCK
+    _FLUSHER = None
+    _FLUSHER_LOCK = threading.Lock()
+
+
+if hasattr(os, "register_at_fork"):
+    os.register_at_fork(after_in_child=_after_fork_in_child)
+
+
+# --------------------------------------------------------------------------- writer
+
+
+def _atomic_write(path: Path, data: bytes) -> None:
+    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
+    with open(tmp, "wb") as f:
+        f.write(data)
+    os.replace(tmp, path)
+
+
+class JsonlWriter:
+    """Appends JSON lines to ``path``; see the module docstring.
+
+    Args:
+        path: the ``.jsonl`` file (created with its parent directories).
+        buffer_size: pending records that make a flush due at once (>= 1).
+        interval: seconds after the previous flush before pending records are written.
+        max_seconds: seconds a pending record may wait at most (None: no deadline).
+        max_pending_records: records kept in memory while the disk fails; past it the
+            oldest are dropped (counted in ``stats()["dropped"]``).
+        max_pending_bytes: bound on queued bytes (None: unbounded); ``append`` returns
+            False and counts a drop when a record would exceed it.
+        async_write: False performs due writes on the producer thread.
+        meta_path: the sidecar file (None: no sidecar).
+        run_meta: the ``run`` mapping stored in the sidecar.
+        lock: take the one-writer lock (``<path>.lock``).
+        index_every: one ``[step, line, offset]`` index anchor every this many lines.
+
+    Raises:
+        RunLockedError: another live process holds the lock.
+    """
+
+    def __init__(
+        self,
+        path: str | os.PathLike[str],
+        *,
+        buffer_size: int = 50,
+        interval: float | None = 1.0,
+        max_seconds: float | None = 5.0,
+        max_pending_records: int = 100_000,
+        max_pending_bytes: int | None = None,
+        async_write: bool = True,
+        meta_path: str | os.PathLike[str] | None = None,
+        run_meta: dict[str, Any] | None = None,
+        lock: bool = True,
+        index_every: int = INDEX_EVERY,
+        flusher: BackgroundFlusher | None = None,
+        clock: Callable[[], float] = time.monotonic,
+        warner: Warner | None = None,
+    ) -> None:
+        self.path = Path(path)
+        self.meta_path = Path(meta_path) if meta_path is not None else None
+        self.buffer_size = max(1, int(buffer_size))
+        self.interval = interval
+        self.max_seconds = max_seconds
+        self.max_pending_records = max(1, int(max_pending_records))
+        self.max_pending_bytes = max_pending_bytes
+        self.async_write = async_write
+        self.run_meta = dict(run_meta or {})
+        self.index_every = max(1, int(index_every))
+        self._flusher = flusher
+        self._clock = clock
+        self._warner = warner or Warner()
+
+        self._lock = threading.Lock()  # the pending queue
+        self._io_lock = threading.RLock()  # one flush at a time, in order
+        self._lines: list[bytes] = []
+        self._steps: list[int | None] = []
+        self._pending_bytes = 0
+        self._oldest: float | None = None  # monotonic time of the oldest pending record
+        self._last_flush = -1e18
+        self._scheduled = False
+        self._urgent = False
+        self._closed = False
+        self._failing = False
+        self._fd: int | None = None
+        self._lock_fd: int | None = None
+
+        # file state (what is on disk)
+        self.size = 0
+        self.lines = 0
+        self.last_step: int | None = None
+        self.max_step: int | None = None
+        self.sorted = True
+        self.has_duplicate_steps = False
+        self.index: list[list[int]] = []
+        self.appended = 0  # records accepted by append()
+        self.flushed = 0  # records written or dropped: the eviction watermark (an ordinal)
+        self.dropped = 0
+        self.dropped_oversize = 0
+        self.write_errors = 0
+        self.flushes = 0
+        self._meta_written_at = -1e18
+        self._meta_dirty = False
+
+        try:
+            self.path.parent.mkdir(parents=True, exist_ok=True)
+        except OSError as exc:
+            self._warn_io(exc, "create the directory")
+        if lock:
+            self._acquire_lock()
+        try:
+            self._open_existing()
+        except OSError as exc:
+            self._warn_io(exc, "open")
+        self.prefix_lines = self.lines  # lines that existed before this writer
+
+    # ---------------------------------------------------------------- lock / open
+
+    def _acquire_lock(self) -> None:
+        if fcntl is None:
+            return
+        lock_path = self.path.with_name(self.path.name + ".lock")
+        try:
+            fd = os.open(lock_path, os.O_RDWR | os.O_CREAT, 0o644)
+        except OSError as exc:
+            self._warn_io(exc, "create the lock file for")
+            return
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except OSError as exc:
+            try:
+                holder = os.pread(fd, 256, 0).decode("utf-8", "replace").strip()
+            except OSError:
+                holder = "?"
+            os.close(fd)
+            if exc.errno in (errno.EWOULDBLOCK, errno.EAGAIN, errno.EACCES):
+                raise RunLockedError(
+                    f"{self.path} is being written by another live process ({holder}); "
+                    "one writer per stream and rank: give this process its own stream "
+                    "(et.init(stream=...)) or rank, or wait for the other to finish"
+                ) from None
+            raise
+        try:
+            os.ftruncate(fd, 0)
+            os.pwrite(fd, f"pid={os.getpid()} host={socket.gethostname()}\n".encode(), 0)
+        except OSError:
+            pass
+        self._lock_fd = fd
+
+    def _open_existing(self) -> None:
+        """Repair and measure an existing file; then open it for appending."""
+        if self.path.exists():
+            size = self.path.stat().st_size
+            meta = self._read_meta()
+            size = self._repair_torn_tail(size)
+            if meta is not None and meta.get("size") == size and meta.get("schema") == META_SCHEMA:
+                self.size = size
+                self.lines = int(meta.get("lines", 0))
+                self.last_step = meta.get("last_step")
+                self.max_step = meta.get("max_step")
+                self.sorted = bool(meta.get("sorted", True))
+                self.has_duplicate_steps = bool(meta.get("has_duplicate_steps", False))
+                self.index = [list(a) for a in meta.get("index", [])]
+            else:
+                self._rescan(size, meta)
+        self._fd = os.open(self.path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
+
+    def _read_meta(self) -> dict[str, Any] | None:
+        if self.meta_path is None or not self.meta_path.exists():
+            return None
+        try:
+            data = json.loads(self.meta_path.read_text("utf-8"))
+            return data if isinstance(data, dict) else None
+        except (OSError, ValueError):
+            return None
+
+    def _repair_torn_tail(self, size: int) -> int:
+        """Terminate or cut an unterminated last line (left by a crash). Returns the size."""
+        if size == 0:
+            return 0
+        with open(self.path, "rb") as f:
+            f.seek(size - 1)
+            if f.read(1) == b"\n":
+                return size
+            # find the start of the torn line
+            pos = size
+            block = 65536
+            start = 0
+            while pos > 0:
+                lo = max(0, pos - block)
+                f.seek(lo)
+                chunk = f.read(pos - lo)
+                nl = chunk.rfind(b"\n")
+                if nl >= 0:
+                    start = lo + nl + 1
+                    break
+                pos = lo
+            f.seek(start)
+            fragment = f.read(size - start)
+        try:
+            ok = isinstance(decode_line(fragment), dict)
+        except ValueError:
+            ok = False
+        if ok:
+            with open(self.path, "ab") as f:
+                f.write(b"\n")
+            log.warning(
+                "expr_tracker: %s ended without a newline (a crash mid-write); the last "
+                "record was complete and is kept",
+                self.path,
+            )
+            return size + 1
+        os.truncate(self.path, start)
+        log.warning(
+            "expr_tracker: repaired a torn last line in %s (%d bytes of an incomplete record "
+            "left by a crash were removed)",
+            self.path,
+            size - start,
+        )
+        return start
+
+    def _rescan(self, size: int, meta: dict[str, Any] | None) -> None:
+        """Recompute line count, steps and index from the last anchor that still fits."""
+        anchors = [list(a) for a in (meta or {}).get("index", []) if len(a) == 3]
+        start_line = start_off = 0
+        kept: list[list[int]] = []
+        trusted = (
+            meta is not None and meta.get("schema") == META_SCHEMA and meta.get("size", 0) <= size
+        )
+        if trusted and anchors:
+            with open(self.path, "rb") as f:
+                for a in anchors:
+                    if a[2] > size:
+                        break
+                    if a[2] > 0:
+                        f.seek(a[2] - 1)
+                        if f.read(1) != b"\n":
+                            break
+                    kept.append(a)
+            if kept:
+                start_line, start_off = kept[-1][1], kept[-1][2]
+                kept = kept[:-1]
+        self.index = kept
+        if trusted and kept is not None and start_line > 0:
+            self.last_step = None
+            self.max_step = meta.get("max_step")
+            self.sorted = bool(meta.get("sorted", True))
+            self.has_duplicate_steps = bool(meta.get("has_duplicate_steps", False))
+        else:
+            self.max_step = None
+            self.sorted = True
+            self.has_duplicate_steps = False
+        line_no = start_line
+        off = start_off
+        with open(self.path, "rb") as f:
+            f.seek(start_off)
+            for raw in f:
+                step = _step_of(raw)
+                self._note_step(step, line_no, off)
+                off += len(raw)
+                line_no += 1
+        self.lines = line_no
+        self.size = off
+        self._meta_dirty = True
+
+    def _note_step(self, step: int | None, line_no: int, offset: int) -> None:
+        if line_no % self.index_every == 0 and step is not None:
+            self.index.append([step, line_no, offset])
+        if step is None:
+            return
+        if self.max_step is not None:
+            if step <= self.max_step:
+                self.has_duplicate_steps = self.has_duplicate_steps or step == self.last_step
+                if step < self.max_step:
+                    self.sorted = False
+                    self.has_duplicate_steps = True  # conservative: it may repeat one
+            if step > self.max_step:
+                self.max_step = step
+        else:
+            self.max_step = step
+        self.last_step = step
+
+    # ---------------------------------------------------------------- append / flush
+
+    def append(self, line: bytes, step: int | None = None) -> bool:
+        """Queue one record (encoded JSON, no newline). Returns False when it was dropped."""
+        now = None
+        with self._lock:
+            if self._closed:
+                return False
+            n = len(line)
+            if (
+                self.max_pending_bytes is not None
+                and self._pending_bytes + n > self.max_pending_bytes
+            ):
+                self.dropped_oversize += 1
+                self._warner.warn(
+                    ("pending_bytes", str(self.path)),
+                    "expr_tracker: %s: more than %d bytes pending; a record was dropped "
+                    "(counted in stats; warned once)",
+                    self.path.name,
+                    self.max_pending_bytes,
+                )
+                return False
+            lines = self._lines
+            lines.append(line)
+            self._steps.append(step)
+            self._pending_bytes += n
+            self.appended += 1
+            count = len(lines)
+            if count == 1:
+                now = self._clock()
+                self._oldest = now
+            if self._scheduled and (count < self.buffer_size or self._urgent):
+                return True
+            if now is None:
+                now = self._clock()
+            due = self._due_time(now, count)
+            if not self.async_write:
+                if due > now:
+                    return True
+            else:
+                self._scheduled = True
+                self._urgent = due <= now
+        if not self.async_write:
+            self.flush()
+            return True
+        (self._flusher or get_flusher()).schedule(id(self), due, self._flush_from_worker)
+        return True
+
+    def _due_time(self, now: float, count: int) -> float:
+        if count >= self.buffer_size or self.flushes == 0 and self.appended <= 1:
+            return now
+        if self._failing:
+            return max(now, self._last_flush + RETRY_DELAY_S)
+        due = float("inf")
+        if self.interval is not None:
+            due = self._last_flush + self.interval
+        if self.max_seconds is not None and self._oldest is not None:
+            due = min(due, self._oldest + self.max_seconds)
+        return max(due, now) if due != float("inf") else due
+
+    def _flush_from_worker(self) -> None:
+        with self._lock:
+            self._scheduled = False
+            self._urgent = False
+        self.flush()
+        # records that arrived during the write need their own due time
+        with self._lock:
+            if self._lines and not self._closed and not self._scheduled:
+                now = self._clock()
+                due = self._due_time(now, len(self._lines))
+                if due != float("inf"):
+                    self._scheduled = True
+                    (self._flusher or get_flusher()).schedule(
+                        id(self), due, self._flush_from_worker
+                    )
+
+    def flush(self, wait: bool = True) -> bool:
+        """Write every pending record now. Returns True when nothing is left pending.
+
+        ``wait`` is accepted for symmetry with the recorder; a flush always completes (or
+        fails and requeues) before returning.
+        """
+        with self._io_lock:
+            with self._lock:
+                if not self._lines:
+                    return True
+                batch, steps = self._lines, self._steps
+                self._lines, self._steps = [], []
+                nbytes = self._pending_bytes
+                self._pending_bytes = 0
+                self._oldest = None
+            ok = self._write_batch(batch, steps)
+            if not ok:
+                with self._lock:
+                    self._lines = batch + self._lines
+                    self._steps = steps + self._steps
+                    self._pending_bytes += nbytes
+                    self._oldest = self._clock()
+                    self._enforce_pending_limit()
+                    left = bool(self._lines)
+                    if left and self.async_write and not self._closed and not self._scheduled:
+                        self._scheduled = True
+                        (self._flusher or get_flusher()).schedule(
+                            id(self), self._clock() + RETRY_DELAY_S, self._flush_from_worker
+                        )
+                return False
+            self.flushes += 1
+            self._last_flush = self._clock()
+            if self._meta_dirty and self._last_flush - self._meta_written_at >= META_MIN_INTERVAL_S:
+                self.write_meta()
+            return True
+
+    def _enforce_pending_limit(self) -> None:
+        over = len(self._lines) - self.max_pending_records
+        if over <= 0:
+            return
+        del self._lines[:over]
+        del self._steps[:over]
+        self._pending_bytes = sum(len(x) for x in self._lines)
+        self.dropped += over
+        self.flushed += over
+        log.error(
+            "expr_tracker: %s: the disk has kept failing and more than %d records were "
+            "pending; dropped the %d oldest (%d dropped so far). Fix the disk to stop the loss.",
+            self.path,
+            self.max_pending_records,
+            over,
+            self.dropped,
+        )
+
+    def _write_batch(self, batch: list[bytes], steps: list[int | None]) -> bool:
+        data = b"\n".join(batch) + b"\n"
+        start = self.size
+        try:
+            if self._fd is None:
+                self.path.parent.mkdir(parents=True, exist_ok=True)
+                self._fd = os.open(self.path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
+                start = self.size = os.fstat(self._fd).st_size
+            view = memoryview(data)
+            while view:
+                n = os.write(self._fd, view)
+                view = view[n:]
+        except OSError as exc:
+            self.write_errors += 1
+            self._rollback(start)
+            self._failing = True
+            self._warn_io(exc, "write to")
+            return False
+        if self._failing:
+            self._failing = False
+            log.warning(
+                "expr_tracker: writes to %s work again; %d queued records written",
+                self.path,
+                len(batch),
+            )
+        line_no = self.lines
+        off = start
+        note = self._note_step
+        for line, step in zip(batch, steps):
+            note(step, line_no, off)
+            off += len(line) + 1
+            line_no += 1
+        self.lines = line_no
+        self.size = off
+        self.flushed += len(batch)
+        self._meta_dirty = True
+        return True
+
+    def _rollback(self, size: int) -> None:
+        if self._fd is None:
+            return
+        try:
+            if os.fstat(self._fd).st_size > size:
+                os.ftruncate(self._fd, size)
+        except OSError:
+            pass
+
+    def _warn_io(self, exc: OSError, what: str) -> None:
+        self._warner.warn(
+            ("io", str(self.path), what),
+            "expr_tracker: cannot %s %s (%s); training continues, records stay in memory "
+            "and are retried (warned once)",
+            what,
+            self.path,
+            exc.strerror or exc,
+        )
+
+    def mark_duplicate_steps(self) -> None:
+        """Record that a step occupies more than one line (a patch line was written)."""
+        self.has_duplicate_steps = True
+        self._meta_dirty = True
+
+    def meta(self) -> dict[str, Any]:
+        """The sidecar content for what is on disk now (spec design.txt A.2)."""
+        return {
+            "schema": META_SCHEMA,
+            "size": self.size,
+            "lines": self.lines,
+            "last_step": self.last_step,
+            "max_step": self.max_step,
+            "sorted": self.sorted,
+            "has_duplicate_steps": self.has_duplicate_steps,
+            "index_every": self.index_every,
+            "index": self.index,
+            "run": self.run_meta,
+        }
+
+    def write_meta(self) -> None:
+        if self.meta_path is None:
+            return
+        try:
+            _atomic_write(self.meta_path, json.dumps(self.meta(), separators=(",", ":")).encode())
+            self._meta_written_at = self._clock()
+            self._meta_dirty = False
+        except OSError as exc:
+            self._warn_io(exc, "write the sidecar of")
+
+    @property
+    def pending(self) -> int:
+        return len(self._lines)
+
+    def close(self) -> None:
+        """Flush what is pending, write the sidecar, release the file and the lock."""
+        with self._io_lock:
+            self.flush()
+            with self._lock:
+                self._closed = True
+            if self._lines:
+                log.error(
+                    "expr_tracker: %d records could not be written to %s before close",
+                    len(self._lines),
+                    self.path,
+                )
+            (self._flusher or get_flusher()).cancel(id(self))
+            self.write_meta()
+            if self._fd is not None:
+                try:
+                    os.close(self._fd)
+                except OSError:
+                    pass
+                self._fd = None
+            if self._lock_fd is not None:
+                try:
+                    os.close(self._lock_fd)
+                except OSError:
+                    pass
+                self._lock_fd = None
+
+    def stats(self) -> dict[str, Any]:
+        return {
+            "path": str(self.path),
+            "lines": self.lines,
+            "bytes": self.size,
+            "appended": self.appended,
+            "pending": len(self._lines),
+            "pending_bytes": self._pending_bytes,
+            "flushes": self.flushes,
+            "write_errors": self.write_errors,
+            "dropped": self.dropped,
+            "dropped_oversize": self.dropped_oversize,
+        }
+
+
+def _step_of(raw: bytes) -> int | None:
+    try:
+        rec = decode_line(raw)
+    except ValueError:
+        return None
+    if isinstance(rec, dict):
+        s = rec.get("_step")
+        if type(s) is int:
+            return s
+    return None

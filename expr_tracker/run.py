@@ -1,0 +1,253 @@
+"""Run: what :func:`expr_tracker.build.build` made, and the fan-out of committed rows.
+
+A run owns, per producer (stream and rank), the :class:`HistoryStore` and its writer, the
+summary, and whatever the spec enabled (span recorder, alert engine). A committed row
+reaches every sink in :attr:`HistoryStore.sinks` (summary, alert engine, backends), outside
+the store lock. ``finish()`` commits the open row first (alerts are evaluated at commit),
+then drains and closes everything, and records the final status in ``run.json``.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+import time
+import traceback
+from collections.abc import Callable, Iterator, MutableMapping
+from pathlib import Path
+from typing import Any
+
+from expr_tracker.history.codec import Warner, dumps_pretty, normalize_value
+from expr_tracker.history.runinfo import write_run_info
+from expr_tracker.history.store import FORK_MESSAGE, HistoryStore, fork_generation
+
+log = logging.getLogger("expr_tracker")
+
+
+class Summary(MutableMapping):
+    """The last value of every metric plus what the user assigns (``summary["best"] = 0.9``).
+
+    Persisted to ``summary[.S][.rankN].json`` on ``flush()`` and at finish. Assigned keys
+    are kept even when a later row carries the same metric.
+    """
+
+    def __init__(self, path: Path | None, initial: dict[str, Any] | None = None) -> None:
+        self.path = path
+        self._last: dict[str, Any] = dict(initial or {})
+        self._assigned: dict[str, Any] = {}
+        self._lock = threading.Lock()
+
+    def on_row(self, row: dict[str, Any]) -> None:
+        self._last.update(row)
+
+    def __getitem__(self, key: str) -> Any:
+        if key in self._assigned:
+            return self._assigned[key]
+        return self._last[key]
+
+    def __setitem__(self, key: str, value: Any) -> None:
+        with self._lock:
+            self._assigned[str(key)] = normalize_value(value)
+
+    def __delitem__(self, key: str) -> None:
+        with self._lock:
+            found = self._assigned.pop(key, None) is not None
+            found = self._last.pop(key, None) is not None or found
+        if not found:
+            raise KeyError(key)
+
+    def __iter__(self) -> Iterator[str]:
+        return iter(self.to_dict())
+
+    def __len__(self) -> int:
+        return len(self.to_dict())
+
+    def to_dict(self) -> dict[str, Any]:
+        with self._lock:
+            return {**self._last, **self._assigned}
+
+    def __repr__(self) -> str:
+        return f"Summary({self.to_dict()!r})"
+
+    def save(self) -> None:
+        if self.path is None:
+            return
+        try:
+            tmp = self.path.with_name(f".{self.path.name}.tmp")
+            tmp.write_text(dumps_pretty(self.to_dict()), "utf-8")
+            tmp.replace(self.path)
+        except OSError as exc:
+            log.warning("expr_tracker: cannot write %s (%s)", self.path, exc)
+
+
+class Run:
+    """One tracked run of this process (one stream, one rank).
+
+    Attributes:
+        project, name, stream, rank: identity.
+        dir: the run directory (``Path``).
+        spec: the validated, frozen ``RunSpec``.
+        history: the :class:`HistoryStore` (``run.history.flush()`` waits for the write).
+        summary: the :class:`Summary`.
+        config: the normalised run config (what ``config.json`` holds).
+        spans: the span recorder, or None when spans are disabled.
+        alerts: the alert engine, or None when no rule is registered.
+    """
+
+    def __init__(
+        self,
+        *,
+        spec: Any,
+        resolved: Any,
+        run_dir: Path,
+        stream: str | None,
+        rank: int,
+        store: HistoryStore,
+        summary: Summary,
+        config: dict[str, Any],
+        info: dict[str, Any],
+        info_path: Path,
+        warner: Warner,
+    ) -> None:
+        self.spec = spec
+        self.resolved = resolved
+        self.dir = run_dir
+        self.project = spec.project
+        self.name = spec.name
+        self.stream = stream
+        self.rank = rank
+        self.history = store
+        self.summary = summary
+        self.config = config
+        self.info_record = info
+        self._info_path = info_path
+        self.warner = warner
+        self.spans: Any = None
+        self.alerts: Any = None
+        self.dispatcher: Any = None
+        self._closers: list[tuple[str, Callable[[], Any]]] = []
+        self._stats: dict[str, Callable[[], Any]] = {}
+        self._finished = False
+        self._finish_lock = threading.Lock()
+        self._fork_gen = fork_generation()
+        self.exception: tuple[type[BaseException], BaseException, Any] | None = None
+        self.ingest = store.ingest
+
+    # ------------------------------------------------------------------ use
+
+    @property
+    def forked(self) -> bool:
+        """True in a forked child that inherited this run object."""
+        return self._fork_gen != fork_generation()
+
+    @property
+    def finished(self) -> bool:
+        return self._finished
+
+    def log(
+        self, metrics: dict[str, Any], step: int | None = None, commit: bool | None = None
+    ) -> int:
+        """Log ``metrics`` (see :meth:`HistoryStore.ingest`); returns the step they landed on."""
+        return self.history.ingest(metrics, step, commit)
+
+    def add_closer(self, name: str, fn: Callable[[], Any]) -> None:
+        """Register ``fn`` to run at finish, after the open row is committed (in order)."""
+        self._closers.append((name, fn))
+
+    def add_stats(self, name: str, fn: Callable[[], Any]) -> None:
+        """Register a section of :meth:`info`."""
+        self._stats[name] = fn
+
+    def flush(self) -> None:
+        """Write committed rows and completed span records to disk, and wait.
+
+        The open row stays open (it is not committed).
+        """
+        self.history.flush()
+        if self.spans is not None:
+            try:
+                self.spans.flush()
+            except Exception:  # noqa: BLE001
+                log.exception("expr_tracker: flushing spans failed")
+        self.summary.save()
+
+    def info(self) -> dict[str, Any]:
+        """Everything countable about the run: history, cache, writer, spans, alerts."""
+        out: dict[str, Any] = {
+            "project": self.project,
+            "name": self.name,
+            "stream": self.stream,
+            "rank": self.rank,
+            "dir": str(self.dir),
+            "status": self.info_record.get("status"),
+            "history": self.history.stats(),
+            "warnings": {str(k): v for k, v in self.warner.counts.items()},
+        }
+        for name, fn in self._stats.items():
+            try:
+                out[name] = fn()
+            except Exception as exc:  # noqa: BLE001
+                out[name] = {"error": f"{type(exc).__name__}: {exc}"}
+        return out
+
+    # ------------------------------------------------------------------ finish
+
+    def finish(
+        self,
+        exit_code: int | None = None,
+        exception: BaseException | None = None,
+    ) -> None:
+        """Commit the open row, drain and close everything, record the final status.
+
+        Idempotent. ``exception`` (or a non-zero ``exit_code``) marks the run ``failed``.
+        """
+        if self.forked:
+            from expr_tracker.errors import ForkedRunError
+
+            raise ForkedRunError(FORK_MESSAGE)
+        with self._finish_lock:
+            if self._finished:
+                return
+            self._finished = True
+        if exception is not None:
+            self.exception = (type(exception), exception, exception.__traceback__)
+        try:
+            self.history.commit()
+        except Exception:  # noqa: BLE001
+            log.exception("expr_tracker: committing the open row at finish failed")
+        for name, fn in self._closers:
+            try:
+                fn()
+            except Exception:  # noqa: BLE001 - finishing must always complete
+                log.exception("expr_tracker: closing %s failed", name)
+        try:
+            self.history.close()
+        except Exception:  # noqa: BLE001
+            log.exception("expr_tracker: closing the history failed")
+        self.summary.save()
+        info = self.info_record
+        now = time.time()
+        info["ended_at"] = now
+        info["duration_s"] = round(now - float(info.get("started_at") or now), 3)
+        info["steps"] = self.history.rows_committed
+        info["last_step"] = (self.history.last_row or {}).get("_step")
+        if self.exception is not None:
+            etype, evalue, tb = self.exception
+            info["status"] = "failed"
+            info["exception"] = {
+                "type": etype.__name__,
+                "message": str(evalue),
+                "traceback": "".join(traceback.format_exception(etype, evalue, tb))[-8000:],
+            }
+        elif exit_code not in (None, 0):
+            info["status"] = "failed"
+            info["exit_code"] = exit_code
+        else:
+            info["status"] = "finished"
+        try:
+            write_run_info(self._info_path, info)
+        except OSError as exc:
+            log.warning("expr_tracker: cannot write %s (%s)", self._info_path, exc)
+
+    def __repr__(self) -> str:
+        return f"Run(project={self.project!r}, name={self.name!r}, dir={str(self.dir)!r})"
