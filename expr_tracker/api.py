@@ -24,7 +24,7 @@ from expr_tracker.errors import (
 from expr_tracker.history.store import FORK_MESSAGE
 from expr_tracker.run import Run, Summary
 
-log = logging.getLogger("expr_tracker")
+_logger = logging.getLogger("expr_tracker")
 
 _lock = threading.Lock()
 _run: Run | None = None
@@ -269,7 +269,7 @@ def _at_exit() -> None:
     try:
         run.finish()
     except Exception:  # noqa: BLE001 - nothing may fail at interpreter exit
-        log.exception("expr_tracker: finishing the run at exit failed")
+        _logger.exception("expr_tracker: finishing the run at exit failed")
 
 
 def _install_hooks() -> None:

@@ -567,7 +567,7 @@ class JsonlWriter:
         line_no = self.lines
         off = start
         note = self._note_step
-        for line, step in zip(batch, steps):
+        for line, step in zip(batch, steps, strict=True):
             note(step, line_no, off)
             off += len(line) + 1
             line_no += 1
