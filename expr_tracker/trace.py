@@ -1,0 +1,538 @@
+"""Span files -> Chrome Trace Event JSON (Perfetto, chrome://tracing).
+
+``write_trace(run, out)`` streams: each span file (``spans[.S][.rankN].jsonl``) is read line
+by line into a temporary SQLite spool, sorted there by (track, start, end desc), and the
+events are written one at a time to a temporary file beside the destination, which then
+atomically replaces it. Memory depends on the largest record, the stream/thread metadata and
+the peak number of overlapping spans, not on the number of spans.
+
+Layout of the output (object form, ``ts``/``dur`` in µs since the epoch)::
+
+    {"traceEvents": [
+       {"ph": "M", "name": "process_name", "pid": 1, "args": {"name": "rank 3 (host-a) · data"}},
+       {"ph": "M", "name": "thread_name", "pid": 1, "tid": 1, "args": {"name": "MainThread (tid 4242)"}},
+       {"name": "attention", "cat": "data", "ph": "X", "ts": 1.7e15, "dur": 18400.0,
+        "pid": 1, "tid": 1, "args": {"_step": 42, "path": "forward/attention", ...}}, ...],
+     "displayTimeUnit": "ms"}
+
+Each span file is one process, each (OS pid, thread) a track. Spans that overlap without
+nesting on one thread (asyncio tasks) are put on separate lanes (extra tracks named
+``... · lane N``) so that nesting stays drawable; lanes are allocated in O(n log n) and an
+outermost span never nests inside an unrelated one. Attributes, plugin measurements, the
+step and the error go to ``args``; NaN/±inf become the strings "NaN"/"Infinity"/"-Infinity".
+"""
+
+from __future__ import annotations
+
+import gzip
+import heapq
+import json
+import math
+import os
+import re
+import sqlite3
+import tempfile
+from collections.abc import Callable, Iterable, Iterator
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import orjson
+
+__all__ = ["SpanFile", "build_trace", "find_span_files", "parse_range", "write_trace"]
+
+_SPANS_RE = re.compile(r"^spans(?:\.([A-Za-z0-9_-]+?))??(?:\.rank(\d+))?\.jsonl$")
+_BATCH = 20_000
+_loads = orjson.loads
+_dumps = orjson.dumps
+
+
+@dataclass
+class SpanFile:
+    """One producer's span file: ``stream`` None for the default stream, ``rank`` None
+    when the name has no rank suffix."""
+
+    path: Path
+    stream: str | None
+    rank: int | None
+    host: str | None = None
+    pids: set[Any] = field(default_factory=set)
+
+    def label(self, ranked: bool) -> str:
+        """``rank 3 (host-a) · data`` in a ranked run, ``data (host-a)`` / ``main`` otherwise."""
+        host = f" ({self.host})" if self.host else ""
+        if ranked or self.rank is not None:
+            label = f"rank {self.rank or 0}{host}"
+            return f"{label} · {self.stream}" if self.stream else label
+        return f"{self.stream or 'main'}{host}"
+
+
+def find_span_files(run: str | os.PathLike[str], streams: Any = None) -> list[SpanFile]:
+    """The span files of a run directory (or the one file ``run`` names).
+
+    ``streams``: None or ``"*"`` for all; a comma-separated string or an iterable of stream
+    names otherwise (``"main"`` or ``""`` names the default stream). Raises
+    ``FileNotFoundError`` when ``run`` does not exist or holds no span file.
+    """
+    p = Path(run)
+    if p.is_file():
+        m = _SPANS_RE.match(p.name)
+        files = [SpanFile(p, m.group(1) if m else None, _rank(m))]
+    elif p.is_dir():
+        files = []
+        for q in sorted(p.iterdir()):
+            m = _SPANS_RE.match(q.name)
+            if m and q.is_file():
+                files.append(SpanFile(q, m.group(1), _rank(m)))
+        if not files:
+            raise FileNotFoundError(
+                f"no span files (spans[.stream][.rankN].jsonl) in {str(p)!r}; spans are "
+                "written when a run records spans with spans enabled"
+            )
+    else:
+        raise FileNotFoundError(f"no run at {str(p)!r}: not a file or directory")
+    wanted = _stream_set(streams)
+    if wanted is not None:
+        files = [f for f in files if (f.stream or "main") in wanted]
+    for f in files:
+        f.host = _host_of(f)
+    files.sort(key=lambda f: (f.rank or 0, f.stream or ""))
+    return files
+
+
+def _rank(m: re.Match[str] | None) -> int | None:
+    return int(m.group(2)) if m and m.group(2) is not None else None
+
+
+def _stream_set(streams: Any) -> set[str] | None:
+    if streams is None:
+        return None
+    if isinstance(streams, str):
+        streams = streams.split(",")
+    names = {s.strip() or "main" for s in streams}
+    if "*" in names:
+        return None
+    return names
+
+
+def _host_of(f: SpanFile) -> str | None:
+    name = "run" + f.path.name[len("spans") : -len(".jsonl")] + ".json"
+    try:
+        with open(f.path.with_name(name), "rb") as fh:
+            data = json.loads(fh.read())
+        host = data.get("host") if isinstance(data, dict) else None
+        return str(host) if host else None
+    except (OSError, ValueError):
+        return None
+
+
+def parse_range(text: str | None, kind: type = float) -> tuple[Any, Any] | None:
+    """``"a:b"`` -> ``(a, b)`` with either side optional (None); None stays None.
+
+    ``kind`` is ``int`` for steps, ``float`` for epoch seconds. Raises ``ValueError`` for
+    text without a colon or with bounds that are not numbers.
+    """
+    if text is None:
+        return None
+    if isinstance(text, (tuple, list)):
+        lo, hi = text
+        return (None if lo is None else kind(lo), None if hi is None else kind(hi))
+    if ":" not in text:
+        raise ValueError(f"range {text!r} must look like a:b (either side may be empty)")
+    a, b = text.split(":", 1)
+    try:
+        return (kind(a) if a.strip() else None, kind(b) if b.strip() else None)
+    except ValueError:
+        raise ValueError(f"range {text!r}: bounds must be {kind.__name__} numbers") from None
+
+
+def _is_empty(r: tuple[Any, Any] | None) -> bool:
+    return r is not None and r[0] is not None and r[1] is not None and r[0] >= r[1]
+
+
+def _finite_args(v: Any) -> Any:
+    t = type(v)
+    if t is float:
+        if v != v:
+            return "NaN"
+        if v in (math.inf, -math.inf):
+            return "Infinity" if v > 0 else "-Infinity"
+        return v
+    if t is dict:
+        return {k: _finite_args(x) for k, x in v.items()}
+    if t is list:
+        return [_finite_args(x) for x in v]
+    return v
+
+
+@dataclass
+class _Stats:
+    spans: int = 0
+    skipped: int = 0
+    events: int = 0
+    tracks: int = 0
+
+
+def _scan(
+    files: list[SpanFile],
+    conn: sqlite3.Connection,
+    step_range: tuple[Any, Any] | None,
+    time_range: tuple[Any, Any] | None,
+    tracks: dict[tuple[int, Any, Any], list[Any]],
+    stats: _Stats,
+) -> None:
+    slo, shi = step_range if step_range else (None, None)
+    tlo, thi = time_range if time_range else (None, None)
+    timed = time_range is not None
+    insert = "INSERT INTO s VALUES (?,?,?,?,?,?,?)"
+    batch: list[tuple[Any, ...]] = []
+    for fi, f in enumerate(files):
+        cat = f.stream or "main"
+        with open(f.path, "rb") as fh:
+            for line in fh:
+                nonfinite = False
+                try:
+                    r = _loads(line)
+                except orjson.JSONDecodeError:
+                    if not line.strip():
+                        continue
+                    try:  # NaN / Infinity tokens, or a torn last line
+                        r = json.loads(line)
+                        nonfinite = True
+                    except ValueError:
+                        stats.skipped += 1
+                        continue
+                if type(r) is not dict:
+                    stats.skipped += 1
+                    continue
+                start = r.get("start")
+                dur = r.get("dur_ms")
+                name = r.get("name")
+                if type(name) is not str or type(start) not in (float, int):
+                    stats.skipped += 1
+                    continue
+                if type(dur) not in (float, int):
+                    stats.skipped += 1
+                    continue
+                if not (math.isfinite(start) and math.isfinite(dur)) or dur < 0:
+                    stats.skipped += 1
+                    continue
+                step = r.get("_step")
+                if step_range is not None:
+                    if type(step) is not int:
+                        continue
+                    if (slo is not None and step < slo) or (shi is not None and step >= shi):
+                        continue
+                end = start + dur / 1e3
+                if timed:
+                    if dur <= 0:
+                        continue
+                    if (tlo is not None and end <= tlo) or (thi is not None and start >= thi):
+                        continue
+                pid = r.get("pid")
+                tid = r.get("tid")
+                key = (fi, pid, tid)
+                info = tracks.get(key)
+                if info is None:
+                    info = tracks[key] = [len(tracks), r.get("thread")]
+                    f.pids.add(pid)
+                if f.host is None and r.get("host"):
+                    f.host = str(r["host"])
+                args: dict[str, Any] = {"_step": step, "path": name}
+                a = r.get("args")
+                if type(a) is dict:
+                    for k, v in a.items():
+                        args[k if k not in args else "args." + k] = v
+                m = r.get("metrics")
+                if type(m) is dict:
+                    for k, v in m.items():
+                        args[k if k not in args else "metrics." + k] = v
+                err = r.get("error")
+                if err:
+                    args["error"] = err
+                task = r.get("task")
+                if task:
+                    args["task"] = task
+                if nonfinite:
+                    args = _finite_args(args)
+                leaf = name.rsplit("/", 1)[-1]
+                ts = start * 1e6
+                body = _dumps(
+                    {
+                        "name": leaf,
+                        "cat": cat,
+                        "ph": "X",
+                        "ts": round(ts, 3),
+                        "dur": round(dur * 1e3, 3),
+                        "args": args,
+                    },
+                    option=orjson.OPT_NON_STR_KEYS,
+                )
+                depth = r.get("depth")
+                batch.append(
+                    (
+                        info[0],
+                        ts,
+                        ts + dur * 1e3,
+                        depth if type(depth) is int else 0,
+                        _key(r.get("id")),
+                        _key(r.get("parent")),
+                        body,
+                    )
+                )
+                stats.spans += 1
+                if len(batch) >= _BATCH:
+                    conn.executemany(insert, batch)
+                    batch.clear()
+    if batch:
+        conn.executemany(insert, batch)
+
+
+def _key(v: Any) -> Any:
+    if v is None or type(v) in (int, str):
+        return v
+    return str(v)
+
+
+def _events(
+    files: list[SpanFile],
+    step_range: tuple[Any, Any] | None,
+    time_range: tuple[Any, Any] | None,
+    temp_dir: str | os.PathLike[str] | None,
+    stats: _Stats,
+) -> Iterator[bytes]:
+    """Yield the encoded events (metadata first, then one complete event per span)."""
+    if temp_dir is not None and not Path(temp_dir).is_dir():
+        raise FileNotFoundError(f"temp_dir {str(temp_dir)!r} is not an existing directory")
+    empty = _is_empty(step_range) or _is_empty(time_range)
+    fd, spool = tempfile.mkstemp(prefix="et-trace-", suffix=".sqlite", dir=temp_dir)
+    os.close(fd)
+    conn = sqlite3.connect(spool, isolation_level=None)
+    try:
+        conn.execute("PRAGMA journal_mode=OFF")
+        conn.execute("PRAGMA synchronous=OFF")
+        conn.execute("PRAGMA cache_size=-32768")  # 32 MiB, per connection
+        conn.execute(
+            "CREATE TABLE s (track INTEGER, ts REAL, te REAL, depth INTEGER, id, parent, body BLOB)"
+        )
+        tracks: dict[tuple[int, Any, Any], list[Any]] = {}
+        if not empty:
+            conn.execute("BEGIN")
+            _scan(files, conn, step_range, time_range, tracks, stats)
+            conn.execute("COMMIT")
+        ranked = any(f.rank is not None for f in files)
+        used = sorted({k[0] for k in tracks})
+        for fi in used:
+            f = files[fi]
+            yield _dumps(
+                {
+                    "ph": "M",
+                    "name": "process_name",
+                    "pid": fi + 1,
+                    "args": {"name": f.label(ranked)},
+                }
+            )
+            yield _dumps(
+                {"ph": "M", "name": "process_sort_index", "pid": fi + 1, "args": {"sort_index": fi}}
+            )
+        by_index = {info[0]: (key, info[1]) for key, info in tracks.items()}
+        cur = conn.execute(
+            "SELECT track, ts, te, id, parent, body FROM s ORDER BY track, ts, te DESC, depth"
+        )
+        yield from _assign_lanes(cur, files, by_index, stats)
+    finally:
+        conn.close()
+        for suffix in ("", "-journal", "-wal", "-shm"):
+            try:
+                os.unlink(spool + suffix)
+            except FileNotFoundError:
+                pass
+
+
+def _assign_lanes(
+    rows: Iterable[tuple[Any, ...]],
+    files: list[SpanFile],
+    by_index: dict[int, tuple[tuple[int, Any, Any], Any]],
+    stats: _Stats,
+) -> Iterator[bytes]:
+    """Place each span of a track on a lane where it nests; yield events with pid/tid.
+
+    Rows arrive sorted by (track, start, end desc). A span goes on its parent's lane when
+    the parent is the innermost open span there; otherwise (an outermost span, or one
+    overlapping an open sibling) on the lowest free lane. O(n log n) with a heap of busy
+    lanes keyed by the end of their bottom span.
+    """
+    track = None
+    lanes: list[list[tuple[float, Any]]] = []
+    busy: list[tuple[float, int]] = []
+    free: list[int] = []
+    open_ids: dict[Any, int] = {}
+    lane_tid: dict[int, int] = {}
+    pid = 0
+    next_tid = 0
+    for t, ts, te, sid, parent, body in rows:
+        if t != track:
+            track = t
+            lanes, busy, free, open_ids, lane_tid = [], [], [], {}, {}
+            (fi, os_pid, os_tid), thread = by_index[t]
+            pid = fi + 1
+        lane = -1
+        if parent is not None:
+            pl = open_ids.get(parent)
+            if pl is not None:
+                st = lanes[pl]
+                while len(st) > 1 and st[-1][0] <= ts and st[-1][0] < te:
+                    open_ids.pop(st.pop()[1], None)
+                top = st[-1]
+                if top[1] == parent and top[0] >= te:
+                    lane = pl
+                    st.append((te, sid))
+                    if sid is not None:
+                        open_ids[sid] = pl
+        if lane < 0:
+            while busy and busy[0][0] <= ts:
+                _, fl = heapq.heappop(busy)
+                for _, oid in lanes[fl]:
+                    if open_ids.get(oid) == fl:
+                        del open_ids[oid]
+                lanes[fl] = []
+                heapq.heappush(free, fl)
+            if free:
+                lane = heapq.heappop(free)
+            else:
+                lane = len(lanes)
+                lanes.append([])
+            lanes[lane] = [(te, sid)]
+            if sid is not None:
+                open_ids[sid] = lane
+            heapq.heappush(busy, (te, lane))
+        tid = lane_tid.get(lane)
+        if tid is None:
+            next_tid += 1
+            tid = lane_tid[lane] = next_tid
+            stats.tracks += 1
+            f = files[fi]
+            name = f"{thread or 'thread'} (tid {os_tid})"
+            if len(f.pids) > 1:
+                name = f"pid {os_pid} · {name}"
+            if lane:
+                name += f" · lane {lane + 1}"
+            yield _dumps(
+                {"ph": "M", "name": "thread_name", "pid": pid, "tid": tid, "args": {"name": name}}
+            )
+            yield _dumps(
+                {
+                    "ph": "M",
+                    "name": "thread_sort_index",
+                    "pid": pid,
+                    "tid": tid,
+                    "args": {"sort_index": tid},
+                }
+            )
+        stats.events += 1
+        yield body[:-1] + b',"pid":%d,"tid":%d}' % (pid, tid)
+
+
+def _prepare(
+    run: str | os.PathLike[str],
+    streams: Any,
+    step_range: Any,
+    time_range: Any,
+) -> tuple[list[SpanFile], Any, Any]:
+    files = find_span_files(run, streams)
+    return files, parse_range(step_range, int), parse_range(time_range, float)
+
+
+def build_trace(
+    run: str | os.PathLike[str],
+    *,
+    streams: Any = None,
+    step_range: Any = None,
+    time_range: Any = None,
+    temp_dir: str | os.PathLike[str] | None = None,
+) -> dict[str, Any]:
+    """The Chrome Trace of a run as an in-memory dict (use :func:`write_trace` for large runs).
+
+    - ``run``: a run directory or one span file.
+    - ``streams``: None/``"*"`` (all), ``"a,b"`` or a list; ``"main"`` is the default stream.
+    - ``step_range``: ``(a, b)`` or ``"a:b"``, end-exclusive, either bound optional.
+    - ``time_range``: ``(a, b)`` or ``"a:b"`` in epoch seconds: spans overlapping the
+      half-open interval, not clipped; zero-duration spans are then excluded. An empty or
+      reversed range selects nothing.
+    - ``temp_dir``: an existing directory for the SQLite spool.
+
+    Raises ``FileNotFoundError`` (no run, no span file, missing temp_dir) and ``ValueError``
+    (a malformed range).
+    """
+    files, sr, tr = _prepare(run, streams, step_range, time_range)
+    stats = _Stats()
+    events = [_loads(e) for e in _events(files, sr, tr, temp_dir, stats)]
+    return {"traceEvents": events, "displayTimeUnit": "ms"}
+
+
+def write_trace(
+    run: str | os.PathLike[str],
+    out: str | os.PathLike[str] | None = None,
+    *,
+    streams: Any = None,
+    step_range: Any = None,
+    time_range: Any = None,
+    temp_dir: str | os.PathLike[str] | None = None,
+    compresslevel: int = 6,
+    _write_hook: Callable[[int], None] | None = None,
+) -> dict[str, Any]:
+    """Write the Chrome Trace of ``run`` to ``out`` (default ``<run dir>/trace.json``).
+
+    Takes the filters of :func:`build_trace`. A name ending in ``.gz`` is gzip-compressed.
+    The file is written beside the destination under a temporary name and atomically
+    replaces it; on any failure the temporary file and spool are removed and an existing
+    destination is left as it was.
+
+    Returns ``{"path", "spans" (selected), "events" (complete events written), "tracks"
+    (thread lanes), "skipped" (unreadable lines), "files" (span files read)}``.
+    """
+    files, sr, tr = _prepare(run, streams, step_range, time_range)
+    if out is None:
+        base = Path(run)
+        out = (base if base.is_dir() else base.parent) / "trace.json"
+    dest = Path(out)
+    fd, tmp = tempfile.mkstemp(prefix=f".{dest.name}.", suffix=".tmp", dir=dest.parent or ".")
+    stats = _Stats()
+    try:
+        with open(fd, "wb", buffering=1 << 20) as raw:
+            fh: Any = (
+                gzip.GzipFile(fileobj=raw, mode="wb", compresslevel=compresslevel, mtime=0)
+                if dest.name.endswith(".gz")
+                else raw
+            )
+            write = fh.write
+            write(b'{"traceEvents":[')
+            sep = b"\n"
+            n = 0
+            for ev in _events(files, sr, tr, temp_dir, stats):
+                write(sep)
+                write(ev)
+                sep = b",\n"
+                n += 1
+                if _write_hook is not None:
+                    _write_hook(n)
+            write(b'\n],"displayTimeUnit":"ms"}\n')
+            if fh is not raw:
+                fh.close()
+            raw.flush()
+            os.fsync(raw.fileno())
+        os.replace(tmp, dest)
+    except BaseException:
+        try:
+            os.unlink(tmp)
+        except FileNotFoundError:
+            pass
+        raise
+    return {
+        "path": str(dest),
+        "spans": stats.spans,
+        "events": stats.events,
+        "tracks": stats.tracks,
+        "skipped": stats.skipped,
+        "files": [str(f.path) for f in files],
+    }
