@@ -58,17 +58,18 @@ class SpanRecorder:
     """Receives every span that ends while it is the active recorder.
 
     - ``store``: an object with ``ingest_span(metrics: dict[str, float], dur_ms: float) ->
-      int`` (the step the metrics landed on) and a ``current_step`` attribute (read when
+      int`` (the step the metrics landed on) and an ``open_step`` attribute (read when
       ``metrics=False``), or None (records then carry ``"_step": null``).
-    - ``writer``: an object with ``append(line: bytes)`` (one record, no newline) and
-      optionally ``pending_bytes`` (queued plus in-flight bytes), or None for no span file
-      (``spans=False``).
+    - ``writer``: an object with ``append(line: bytes) -> bool | None`` (one record, no
+      newline; ``False`` means it was dropped, e.g. past the writer's pending-byte bound) and
+      ``flush()``, or None for no span file (``spans=False``).
     - ``metrics``: False keeps every metric out of the store (``span_metrics=False``).
     - ``count``: also add ``count/<path>`` = 1 per span (``span_count=True``).
     - ``print_fn`` / ``plugins``: run-wide defaults for outermost spans (children inherit).
-    - ``max_record_bytes`` / ``max_pending_bytes`` (bytes): a record longer than the first,
-      or one that would take the writer's ``pending_bytes`` past the second, is dropped,
-      counted in :meth:`stats` and warned about once; its metrics still aggregate.
+    - ``max_record_bytes`` (bytes): a longer record is dropped, counted in :meth:`stats` and
+      warned about once; its metrics still aggregate. ``max_pending_bytes`` (bytes) is the
+      bound :func:`build_recorder` gives the writer; records the writer refuses are counted
+      as ``dropped_pending``.
     - ``identity``: ``{"pid", "host", "stream", "rank"}``; ``pid`` is written in each record
       (default ``os.getpid()``), the rest is kept for :meth:`stats`.
 
@@ -103,7 +104,7 @@ class SpanRecorder:
         self._pid = os.getpid()
         self._rec_pid = self.identity.get("pid") or self._pid
         self.identity.setdefault("pid", self._rec_pid)
-        self._has_pending = writer is not None and hasattr(writer, "pending_bytes")
+        self._owns_writer = False
         self._closed = False
         self._lock = threading.Lock()  # counters only, never on the fast path
         self._dropped_oversize = 0
@@ -139,7 +140,7 @@ class SpanRecorder:
                     m[k + "/" + path] = v
             step = store.ingest_span(m, dur_ms)
         elif store is not None:
-            step = getattr(store, "current_step", None)
+            step = store.open_step
         else:
             step = None
         writer = self._writer
@@ -181,17 +182,9 @@ class SpanRecorder:
                 self._max_record,
             )
             return
-        if self._has_pending and writer.pending_bytes + n > self._max_pending:
-            pending = writer.pending_bytes
-            self._drop(
-                "pending",
-                "expr_tracker: span writer holds %d bytes, max_pending_bytes=%d; dropping "
-                "span records until it drains. Warned once; see stats().",
-                pending,
-                self._max_pending,
-            )
-            return
-        writer.append(line)
+        if writer.append(line) is False:  # the writer's max_pending_bytes (it warns once)
+            with self._lock:
+                self._dropped_pending += 1
 
     # ------------------------------------------------------------------ slow path
 
@@ -242,7 +235,7 @@ class SpanRecorder:
         self._check_fork()
         with self._lock:
             over, pend = self._dropped_oversize, self._dropped_pending
-        return {
+        out = {
             "dropped": over + pend,
             "dropped_oversize": over,
             "dropped_pending": pend,
@@ -253,13 +246,158 @@ class SpanRecorder:
             "max_pending_bytes": self._max_pending,
             "closed": self._closed,
         }
+        if self._writer is not None and hasattr(self._writer, "stats"):
+            try:
+                out["writer"] = self._writer.stats()
+            except Exception:  # noqa: BLE001
+                pass
+        return out
+
+    def flush(self) -> None:
+        """Write every completed span record now and wait (the open metric row stays open)."""
+        self._check_fork()
+        if self._writer is not None:
+            self._writer.flush()
 
     def close(self) -> dict[str, Any]:
         """Stop accepting spans (later ones only time and print) and stop being the active
-        recorder. Does not close the store or the writer: the run owns and drains them.
-        Returns :meth:`stats`."""
+        recorder. Closes (drains) the writer when :func:`build_recorder` made it; never the
+        store. Returns :meth:`stats`."""
         self._check_fork()
         self._closed = True
         if core._active is self:
             core.set_active_recorder(None)
+        if self._owns_writer and self._writer is not None:
+            self._writer.close()
         return self.stats()
+
+
+# ---------------------------------------------------------------------- from the run spec
+
+#: ``spans.plugins[].type`` -> factory (``options`` are its keyword arguments)
+PLUGIN_TYPES: dict[str, Callable[..., Any]] = {}
+
+
+def _plugin_types() -> dict[str, Callable[..., Any]]:
+    if not PLUGIN_TYPES:
+        from expr_tracker.spans.plugins import CpuTime, GpuStats, TorchMemory
+
+        for cls, snake in (
+            (CpuTime, "cpu_time"),
+            (TorchMemory, "torch_memory"),
+            (GpuStats, "gpu_stats"),
+        ):
+            PLUGIN_TYPES[snake] = cls
+            PLUGIN_TYPES[cls.__name__] = cls
+    return PLUGIN_TYPES
+
+
+def resolve_plugins(entries: Iterable[Any]) -> list[Any]:
+    """Plugin objects from ``spans.plugins``: ``{type, options}`` entries are constructed
+    (types: ``cpu_time``, ``torch_memory``, ``gpu_stats`` or the class names); objects and
+    callables pass through. Raises ``ValueError`` naming an unknown type and the valid ones."""
+    out = []
+    types = _plugin_types()
+    for i, e in enumerate(entries or ()):
+        kind = getattr(e, "type", None) if not callable(e) else None
+        if kind is None and isinstance(e, dict) and "type" in e:
+            kind = e["type"]
+            options = e.get("options") or {}
+        else:
+            options = getattr(e, "options", None) or {}
+        if kind is None:
+            out.append(e)
+            continue
+        factory = types.get(kind)
+        if factory is None:
+            valid = ", ".join(sorted(k for k in types if k.islower()))
+            raise ValueError(f"spans.plugins[{i}].type: unknown plugin {kind!r}; valid: {valid}")
+        try:
+            out.append(factory(**options))
+        except TypeError as exc:
+            raise ValueError(f"spans.plugins[{i}].options: {exc}") from None
+    return out
+
+
+def resolve_print(value: Any) -> Callable[[str], Any] | None:
+    """``spans.print`` -> a callable: None/False off; True or ``"stdout"`` print;
+    ``"stderr"``; ``"logging"`` (logger ``expr_tracker.spans``, INFO); ``"logger:<name>"``;
+    a callable as given. Raises ``ValueError`` for anything else."""
+    if value is None or value is False:
+        return None
+    if callable(value):
+        return value
+    if value is True or value == "stdout":
+        return print
+    if value == "stderr":
+        return lambda line: print(line, file=sys.stderr)
+    if value == "logging":
+        return logging.getLogger("expr_tracker.spans").info
+    if isinstance(value, str) and value.startswith("logger:") and len(value) > 7:
+        return logging.getLogger(value[7:]).info
+    raise ValueError(
+        f"spans.print: {value!r} is not null, a bool, stdout, stderr, logging, "
+        "logger:<name> or a callable"
+    )
+
+
+def build_recorder(
+    *,
+    run: Any,
+    spec: Any,
+    run_dir: Any,
+    stream: str | None,
+    file_rank: int,
+    rank: int,
+    warner: Any = None,
+) -> SpanRecorder:
+    """The run's recorder from its ``spans`` spec section; makes it the active recorder.
+
+    Creates the span-file writer (``spans[.S][.rankN].jsonl`` on the shared background
+    flusher) unless ``spec.enabled`` is False, registers ``close`` as a run closer and
+    ``stats`` as the ``spans`` section of ``run.info()``. Raises ``ValueError`` for an unknown
+    plugin type or print target.
+    """
+    from pathlib import Path
+
+    from expr_tracker.history.paths import file_name
+    from expr_tracker.history.writer import JsonlWriter
+
+    plugins = resolve_plugins(spec.plugins)
+    print_fn = resolve_print(spec.print)
+    writer = None
+    if spec.enabled:
+        b = spec.buffer
+        writer = JsonlWriter(
+            Path(run_dir) / file_name("spans", stream, file_rank),
+            buffer_size=b.size,
+            interval=b.interval,
+            max_seconds=b.max_seconds,
+            max_pending_records=b.max_pending_records,
+            max_pending_bytes=int(spec.max_pending_bytes),
+            async_write=spec.async_write,
+            lock=False,  # the metrics writer's lock already guards this producer
+            warner=warner,
+        )
+    host = None
+    info = getattr(run, "info_record", None)
+    if isinstance(info, dict):
+        host = info.get("host")
+    rec = SpanRecorder(
+        run.history,
+        writer,
+        metrics=spec.metrics,
+        count=spec.count,
+        print_fn=print_fn,
+        plugins=plugins,
+        max_record_bytes=int(spec.max_record_bytes),
+        max_pending_bytes=int(spec.max_pending_bytes),
+        identity={"pid": os.getpid(), "host": host, "stream": stream, "rank": rank},
+    )
+    rec._owns_writer = writer is not None
+    if warner is not None:
+        rec._warner = warner
+    run.add_closer("spans", rec.close)
+    run.add_stats("spans", rec.stats)
+    core.set_active_recorder(rec)
+    return rec
