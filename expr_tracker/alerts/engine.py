@@ -1,0 +1,628 @@
+"""AlertEngine: evaluates compiled rules on each committed step (spec/design.txt C.5).
+
+    engine = AlertEngine(rules, window=4096, notify=console, record=alert_log,
+                         run_info={"project": "p", "run": "r"})
+    engine.on_step({"_step": 3, "_time": 1.7e9, "loss": 0.42})   # a HistoryStore sink
+    engine.start_watchdog(30.0)    # only starts when a time-based rule exists
+    engine.stats(); engine.finish_warnings(); engine.close()
+
+``on_step(row)`` appends the row's values to the metric series the rules read, then
+evaluates the rules whose metrics the row touched (dependency index), the time-based ones
+(``no_data``/``age``/``elapsed``) and those using ``has``/``step`` or no metric at all.
+Transitions run under each rule's lock; ``record`` and ``notify`` are called afterwards,
+outside every lock, in order. Costs a few microseconds for a couple of rules.
+
+``notify(event)`` receives the events to deliver (``firing``, level-mode ``repeat``,
+``resolved`` with notify_recovery, ``disabled``); ``record(event)`` receives every
+transition (the ``alerts.jsonl`` sink). ``deliver=False`` (a rank that does not alert):
+rules stay registered, listed and evaluated and ``record`` is still called, but ``notify``
+never is. A failing ``notify``/``record`` is counted and warned about once; it does not
+undo the transition (delivery retries belong to the dispatcher).
+
+An exception raised while evaluating a rule is a bug, not UNKNOWN: it is counted per rule,
+passed to ``on_error(rule, exc)``, and after ``max_errors`` (10) in a row the rule is
+disabled with one ``disabled`` event (DESIGN.md "Rules").
+"""
+
+from __future__ import annotations
+
+import datetime as _dt
+import difflib
+import logging
+import string
+import threading
+import time
+from collections.abc import Callable, Iterable, Mapping
+from dataclasses import dataclass, field
+
+from expr_tracker.alerts.evaluate import (
+    DEFAULT_WINDOW,
+    EvalContext,
+    compile_expr,
+    format_value,
+    render_observed,
+)
+from expr_tracker.alerts.parse import RuleError
+from expr_tracker.alerts.rules import FIRING, OK, AlertRule, RuleState, make_rule
+from expr_tracker.history.series import MetricSeries
+
+__all__ = ["AlertEngine", "AlertEvent", "render_template"]
+
+log = logging.getLogger("expr_tracker.alerts")
+
+#: placeholders every template may use besides the metrics of the latest row
+RESERVED_FIELDS = ("step", "time", "run", "project", "expr", "name", "level")
+DEFAULT_MESSAGE = "{expr}"
+_EVERY_STEP_FUNCS = frozenset({"has", "step"})
+_FORMATTER = string.Formatter()
+
+
+@dataclass(frozen=True, slots=True)
+class AlertEvent:
+    """One rule transition or notification.
+
+    ``kind``: pending | firing | repeat | resolved | cancelled | disabled. ``state``: the
+    rule state after it (ok | pending | firing | disabled). ``step`` and ``time`` (epoch
+    seconds) of the row evaluated (the wall clock on the watchdog). ``title``/``message``
+    are rendered; ``metrics`` maps each metric the rule reads to its latest value;
+    ``notify`` says whether channels should deliver it; ``run_info`` is the engine's.
+    """
+
+    rule: AlertRule
+    kind: str
+    state: str
+    level: str
+    step: int | None
+    time: float
+    title: str
+    message: str
+    metrics: dict = field(default_factory=dict)
+    observed: str = ""
+    notify: bool = False
+    run_info: Mapping = field(default_factory=dict)
+
+    @property
+    def name(self) -> str:
+        return self.rule.name  # type: ignore[return-value]
+
+    def to_record(self) -> dict:
+        """The ``alerts.jsonl`` record (``kind: "transition"``)."""
+        return {
+            "kind": "transition",
+            "rule": self.rule.name,
+            "event": self.kind,
+            "level": self.level,
+            "state": self.state,
+            "step": self.step,
+            "time": self.time,
+            "title": self.title,
+            "message": self.message,
+            "notify": self.notify,
+            "metrics": self.metrics,
+            "tags": list(self.rule.tags),
+            "channels": list(self.rule.channels) if self.rule.channels is not None else None,
+        }
+
+
+def render_template(template: str, values: Mapping) -> str:
+    """Fill ``{field}`` / ``{field:spec}`` / ``{field!r}`` from ``values`` by literal key.
+
+    Parsed with ``string.Formatter().parse``; a field is looked up as one whole key (so
+    ``{train/loss:.3f}`` works) and never by attribute or index: ``{loss.__class__}`` and
+    ``{a[0]}`` are left as written, as is any unknown placeholder or a spec the value
+    rejects. Never raises.
+    """
+    try:
+        parsed = list(_FORMATTER.parse(template))
+    except (ValueError, TypeError):
+        return str(template)
+    out = []
+    for literal, name, spec, conv in parsed:
+        out.append(literal)
+        if name is None:
+            continue
+        if name in values:
+            value = values[name]
+            if value is None or isinstance(value, (bool, int, float, str)):
+                try:
+                    if conv == "r":
+                        value = repr(value)
+                    elif conv == "a":
+                        value = ascii(value)
+                    elif conv == "s":
+                        value = str(value)
+                    elif value is None:
+                        value = "None"
+                    out.append(format(value, spec or ""))
+                    continue
+                except (ValueError, TypeError):
+                    pass
+        out.append("{" + name + ("!" + conv if conv else "") + (":" + spec if spec else "") + "}")
+    return "".join(out)
+
+
+class _Compiled:
+    """A rule compiled for one engine, with its runtime state and counters."""
+
+    __slots__ = (
+        "rule",
+        "fn",
+        "expr",
+        "state",
+        "mark",
+        "evaluations",
+        "errors",
+        "consecutive_errors",
+        "disabled",
+        "last_error",
+        "timed",
+        "every_step",
+        "keys",
+    )
+
+    def __init__(self, rule: AlertRule, window: int) -> None:
+        self.rule = rule
+        self.expr = compile_expr(rule.condition, window=window, text=rule.source)
+        self.fn = self.expr.fn
+        self.state = RuleState(rule)
+        self.mark = 0
+        self.evaluations = 0
+        self.errors = 0
+        self.consecutive_errors = 0
+        self.disabled = not rule.enabled
+        self.last_error: str | None = None
+        self.timed = self.expr.time_based
+        funcs = set(rule.condition.functions())
+        self.every_step = bool(funcs & _EVERY_STEP_FUNCS) or not self.expr.needs
+        keys = []
+        for name in self.expr.needs:
+            keys.append(name)
+            alt = name.replace(".", "/")
+            if alt != name:
+                keys.append(alt)
+        self.keys = tuple(keys)
+
+
+class AlertEngine:
+    """Evaluates alert rules on committed rows. Thread-safe for one ``on_step`` caller
+    plus the watchdog.
+
+    Args:
+        rules: anything ``make_rule`` accepts (strings, ``M`` expressions, dicts, RuleSpec,
+            AlertRule). Duplicate names raise ``RuleError``.
+        window: ``alert_window``, the widest point window a rule may use (4096); duration
+            windows keep up to this many values per metric.
+        notify: called with each ``AlertEvent`` to deliver (outside locks).
+        record: called with every transition event (e.g. ``AlertLog``).
+        on_error: ``on_error(rule, exc)`` for each evaluation error (default: log once).
+        clock: monotonic seconds (cooldowns, ``no_data``, ``elapsed``); injectable.
+        wall_clock: epoch seconds when a row has no ``_time`` and on the watchdog.
+        run_info: ``{"project": ..., "run": ...}`` for templates and events.
+        deliver: False on ranks that do not alert (``notify`` is never called).
+        max_errors: consecutive evaluation errors before a rule is disabled.
+    """
+
+    def __init__(
+        self,
+        rules: Iterable = (),
+        *,
+        window: int = DEFAULT_WINDOW,
+        notify: Callable[[AlertEvent], None] | None = None,
+        record: Callable[[AlertEvent], None] | None = None,
+        on_error: Callable[[AlertRule | None, BaseException], None] | None = None,
+        clock: Callable[[], float] = time.monotonic,
+        wall_clock: Callable[[], float] = time.time,
+        run_info: Mapping | None = None,
+        deliver: bool = True,
+        max_errors: int = 10,
+    ) -> None:
+        if int(window) < 1:
+            raise RuleError(f"alert window must be >= 1, got {window!r}")
+        self.window = int(window)
+        self.notify = notify
+        self.record = record
+        self.on_error = on_error
+        self.clock = clock
+        self.wall_clock = wall_clock
+        self.run_info = dict(run_info or {})
+        self.deliver = bool(deliver)
+        self.max_errors = int(max_errors)
+        self._lock = threading.Lock()  # guards the rule list and index (not the hot path)
+        self._rules: list[_Compiled] = []
+        self._by_name: dict[str, _Compiled] = {}
+        self._index: dict[str, tuple[_Compiled, ...]] = {}
+        self._always: tuple[_Compiled, ...] = ()
+        self._timed: tuple[_Compiled, ...] = ()
+        self._capacity: dict[str, int] = {}
+        self._series: dict[str, MetricSeries] = {}
+        self._seen: set[str] = set()
+        start = clock()
+        self._ctx = EvalContext(self._series, now=wall_clock(), mono=start)
+        self._token = 0
+        self._last_row: Mapping = {}
+        self._delivery_errors = 0
+        self._warned: set[str] = set()
+        self._watchdog: threading.Thread | None = None
+        self._watchdog_interval: float | None = None
+        self._stop = threading.Event()
+        self._closed = False
+        for rule in rules:
+            self.add_rule(rule)
+
+    # -- rules ---------------------------------------------------------------------------
+    @property
+    def rules(self) -> list[AlertRule]:
+        """The registered rules, in registration order."""
+        return [c.rule for c in self._rules]
+
+    def add_rule(self, rule, **overrides) -> AlertRule:
+        """Register a rule (any ``make_rule`` input). Raises ``RuleError`` on a bad rule,
+        a window wider than ``window``, or a name already used by a different rule (an
+        identical rule is a no-op). Starts the watchdog if one was requested and this is
+        the first time-based rule."""
+        rule = make_rule(rule, **overrides)
+        compiled = _Compiled(rule, self.window)
+        with self._lock:
+            existing = self._by_name.get(rule.name)  # type: ignore[arg-type]
+            if existing is not None:
+                if existing.rule == rule:
+                    return existing.rule
+                raise RuleError(f"duplicate alert rule name {rule.name!r}")
+            self._rules.append(compiled)
+            self._by_name[rule.name] = compiled  # type: ignore[index]
+            self._reindex()
+        if compiled.timed and self._watchdog_interval is not None:
+            self.start_watchdog(self._watchdog_interval)
+        return rule
+
+    def remove_rule(self, name: str) -> bool:
+        """Unregister a rule by name; False when there is none."""
+        with self._lock:
+            compiled = self._by_name.pop(name, None)
+            if compiled is None:
+                return False
+            self._rules.remove(compiled)
+            self._reindex()
+            return True
+
+    def _reindex(self) -> None:
+        index: dict[str, list[_Compiled]] = {}
+        capacity: dict[str, int] = {}
+        for c in self._rules:
+            for key in c.keys:
+                index.setdefault(key, []).append(c)
+            for name, n in c.expr.needs.items():
+                for key in {name, name.replace(".", "/")}:
+                    capacity[key] = max(capacity.get(key, 0), n)
+        for key, n in capacity.items():
+            s = self._series.get(key)
+            if s is not None:
+                s.ensure_capacity(n)
+        self._capacity = capacity
+        self._index = {k: tuple(v) for k, v in index.items()}
+        self._always = tuple(c for c in self._rules if c.every_step or c.timed)
+        self._timed = tuple(c for c in self._rules if c.timed)
+
+    # -- evaluation ----------------------------------------------------------------------
+    def on_step(self, row: Mapping) -> None:
+        """Evaluate the rules a committed row concerns. ``row`` holds ``_step``, ``_time``
+        (epoch seconds) and metric values (float/int/bool are recorded; None, strings and
+        other objects are not). Never raises for bad values; call it once per commit."""
+        if self._closed:
+            return
+        ctx = self._ctx
+        self._token = tok = self._token + 1
+        step = row.get("_step")
+        now = row.get("_time")
+        if now is None:
+            now = self.wall_clock()
+        mono = self.clock()
+        ctx.now = now
+        ctx.step = step
+        ctx.mono = mono
+        ctx.last_commit_mono = mono
+        self._last_row = row
+        index = self._index
+        series = self._series
+        seen = self._seen
+        todo = []
+        for key, value in row.items():
+            rules = index.get(key)
+            if rules is None:
+                if key not in seen:
+                    seen.add(key)
+                continue
+            t = type(value)
+            if t is not float:
+                if t is int or t is bool:
+                    value = float(value)
+                elif value is None or t is str:
+                    continue
+                else:
+                    try:
+                        value = float(value)
+                    except (TypeError, ValueError):
+                        continue
+            s = series.get(key)
+            if s is None:
+                seen.add(key)
+                s = series[key] = MetricSeries(key, self._capacity.get(key, 1))
+            s.append(value, now, step)
+            for c in rules:
+                if c.mark != tok:
+                    c.mark = tok
+                    todo.append(c)
+        for c in self._always:
+            if c.mark != tok:
+                c.mark = tok
+                todo.append(c)
+        if todo:
+            events = self._evaluate(todo, ctx, mono)
+            if events:
+                self._emit(events)
+
+    def check_time(self) -> None:
+        """Evaluate the time-based rules now (what the watchdog does every interval)."""
+        timed = self._timed
+        if not timed or self._closed:
+            return
+        main = self._ctx
+        ctx = EvalContext(self._series, now=self.wall_clock(), mono=self.clock())
+        ctx.step = main.step
+        ctx.last_commit_mono = main.last_commit_mono
+        ctx.start_mono = main.start_mono
+        ctx.truncated = main.truncated
+        events = self._evaluate(timed, ctx, ctx.mono)
+        if events:
+            self._emit(events)
+
+    def _evaluate(self, todo, ctx: EvalContext, mono: float) -> list[AlertEvent]:
+        events: list[AlertEvent] = []
+        for c in todo:
+            if c.disabled:
+                continue
+            c.evaluations += 1
+            try:
+                result = c.fn(ctx)
+            except Exception as exc:  # a bug in a function: counted, never UNKNOWN
+                ev = self._rule_error(c, exc, ctx)
+                if ev is not None:
+                    events.append(ev)
+                continue
+            c.consecutive_errors = 0
+            if result is None:
+                continue
+            st = c.state
+            if result is False and st.state is OK:
+                st.streak = 0
+                continue
+            with st.lock:
+                snap = st.snapshot()
+                change = st.advance(result is True, mono)
+                if change is None:
+                    continue
+                try:
+                    events.append(self._event(c, change[0], change[1], ctx))
+                except Exception as exc:  # a failed render does not advance the state
+                    st.restore(snap)
+                    self._report(c.rule, exc, "rendering")
+        return events
+
+    def _rule_error(self, c: _Compiled, exc: BaseException, ctx) -> AlertEvent | None:
+        c.errors += 1
+        c.consecutive_errors += 1
+        c.last_error = f"{type(exc).__name__}: {exc}"
+        self._report(c.rule, exc, "evaluating")
+        if c.consecutive_errors < self.max_errors or c.disabled:
+            return None
+        c.disabled = True
+        rule = c.rule
+        return AlertEvent(
+            rule=rule,
+            kind="disabled",
+            state="disabled",
+            level="error",
+            step=ctx.step,
+            time=ctx.now,
+            title=f"alert rule disabled: {rule.name}",
+            message=(
+                f"{c.consecutive_errors} evaluation errors in a row; last: {c.last_error}. "
+                f"Condition: {rule.source}"
+            ),
+            notify=True,
+            run_info=self.run_info,
+        )
+
+    def _report(self, rule: AlertRule | None, exc: BaseException, what: str) -> None:
+        if self.on_error is not None:
+            try:
+                self.on_error(rule, exc)
+            except Exception:  # the hook must not break measuring
+                pass
+            return
+        key = f"{what}:{rule.name if rule else ''}"
+        if key not in self._warned:
+            self._warned.add(key)
+            log.warning(
+                "alert rule %r: error while %s: %r (counted in stats)",
+                rule.name if rule else None,
+                what,
+                exc,
+            )
+
+    def _values(self, c: _Compiled, ctx: EvalContext) -> dict:
+        out = {}
+        for name in c.expr.needs:
+            s = self._series.get(name) or self._series.get(name.replace(".", "/"))
+            out[name] = s.values[-1] if s is not None and s.values else None
+        return out
+
+    def _event(self, c: _Compiled, kind: str, notify: bool, ctx: EvalContext) -> AlertEvent:
+        rule = c.rule
+        observed = render_observed(rule.condition, ctx, window=self.window)
+        values: dict = {}
+        for key, value in self._last_row.items():
+            if value is None or isinstance(value, (bool, int, float, str)):
+                values[key] = value
+        metrics = self._values(c, ctx)
+        for key, value in metrics.items():
+            values.setdefault(key, value)
+        t = ctx.now
+        try:
+            stamp = _dt.datetime.fromtimestamp(t).isoformat(timespec="seconds")
+        except (OverflowError, OSError, ValueError, TypeError):
+            stamp = format_value(t)
+        values.update(
+            step=ctx.step,
+            time=stamp,
+            run=self.run_info.get("run", self.run_info.get("name")),
+            project=self.run_info.get("project"),
+            expr=observed,
+            name=rule.name,
+            level=rule.level,
+        )
+        message = render_template(rule.message or DEFAULT_MESSAGE, values)
+        title = render_template(rule.title, values) if rule.title else str(rule.name)
+        if kind == "resolved":
+            title = f"resolved: {title}"
+        state = c.state.state
+        return AlertEvent(
+            rule=rule,
+            kind=kind,
+            state=state,
+            level=rule.level if kind != "resolved" else "info",
+            step=ctx.step,
+            time=t,
+            title=title,
+            message=message,
+            metrics=metrics,
+            observed=observed,
+            notify=notify,
+            run_info=self.run_info,
+        )
+
+    def _emit(self, events: list[AlertEvent]) -> None:
+        record, notify, deliver = self.record, self.notify, self.deliver
+        for ev in events:
+            if record is not None:
+                try:
+                    record(ev)
+                except Exception as exc:
+                    self._delivery_errors += 1
+                    self._report(ev.rule, exc, "recording")
+            if deliver and ev.notify and notify is not None:
+                try:
+                    notify(ev)
+                except Exception as exc:
+                    self._delivery_errors += 1
+                    self._report(ev.rule, exc, "notifying")
+
+    # -- watchdog ------------------------------------------------------------------------
+    def start_watchdog(
+        self,
+        interval: float = 30.0,
+        *,
+        thread_factory: Callable[..., threading.Thread] = threading.Thread,
+    ) -> bool:
+        """Start the daemon thread calling ``check_time()`` every ``interval`` seconds —
+        only when a time-based rule exists (returns whether a watchdog runs). The request
+        is remembered: adding a time-based rule later starts it. ``thread_factory`` is
+        injectable for tests (same signature as ``threading.Thread``)."""
+        if not interval > 0:
+            raise ValueError(f"watchdog interval must be > 0 seconds, got {interval!r}")
+        self._watchdog_interval = float(interval)
+        if self._closed or not self._timed:
+            return False
+        if self._watchdog is not None and self._watchdog.is_alive():
+            return True
+        self._stop.clear()
+        thread = thread_factory(
+            target=self._watch, args=(float(interval),), name="et-alert-watchdog", daemon=True
+        )
+        self._watchdog = thread
+        thread.start()
+        return True
+
+    def _watch(self, interval: float) -> None:
+        while not self._stop.wait(interval):
+            try:
+                self.check_time()
+            except Exception as exc:  # pragma: no cover - check_time catches rule errors
+                self._report(None, exc, "watchdog")
+
+    def close(self, timeout: float = 1.0) -> None:
+        """Stop the watchdog (joined up to ``timeout`` s); later ``on_step`` calls do nothing."""
+        self._closed = True
+        self._stop.set()
+        thread = self._watchdog
+        if thread is not None and thread is not threading.current_thread():
+            thread.join(timeout)
+        self._watchdog = None
+
+    @property
+    def watchdog_running(self) -> bool:
+        return self._watchdog is not None and self._watchdog.is_alive()
+
+    # -- reporting -----------------------------------------------------------------------
+    def unresolved_metrics(self) -> list[str]:
+        """Metric names rules read that no committed row has held (exact or ``.`` -> ``/``)."""
+        seen = self._seen
+        out: dict[str, None] = {}
+        for c in self._rules:
+            for name in c.expr.needs:
+                if name not in seen and name.replace(".", "/") not in seen:
+                    out.setdefault(name, None)
+        return list(out)
+
+    def stats(self) -> dict:
+        """``{"rules": {name: {evaluations, fires, errors, state, disabled, level,
+        last_error}}, "unresolved_metrics": [...], "truncated_windows": [...],
+        "delivery_errors": n, "watchdog": bool}``. ``state`` is ok/pending/firing."""
+        rules = {}
+        for c in list(self._rules):
+            rules[c.rule.name] = {
+                "evaluations": c.evaluations,
+                "fires": c.state.fires,
+                "errors": c.errors,
+                "state": c.state.state,
+                "disabled": c.disabled,
+                "level": c.rule.level,
+                "last_error": c.last_error,
+            }
+        return {
+            "rules": rules,
+            "unresolved_metrics": self.unresolved_metrics(),
+            "truncated_windows": sorted(self._ctx.truncated),
+            "delivery_errors": self._delivery_errors,
+            "watchdog": self.watchdog_running,
+        }
+
+    def finish_warnings(self) -> list[str]:
+        """Messages to warn about once at finish: unresolved metrics (with close matches
+        among the names seen), disabled rules, truncated duration windows. Not emitted here:
+        the caller decides how (``warnings.warn``/logging)."""
+        out = []
+        seen = sorted(self._seen - {"_step", "_time"})
+        for name in self.unresolved_metrics():
+            users = [c.rule.name for c in self._rules if name in c.expr.needs]
+            close = difflib.get_close_matches(name, seen, n=3) or difflib.get_close_matches(
+                name.replace(".", "/"), seen, n=3
+            )
+            hint = f"; did you mean {', '.join(repr(c) for c in close)}?" if close else ""
+            out.append(
+                f"alert rule {', '.join(map(repr, users))} reads metric {name!r}, "
+                f"which was never logged, so it never fired{hint}"
+            )
+        for c in self._rules:
+            if c.disabled and c.rule.enabled:
+                out.append(f"alert rule {c.rule.name!r} was disabled after errors: {c.last_error}")
+        for name in sorted(self._ctx.truncated):
+            out.append(
+                f"a duration window over {name!r} held more than alert_window={self.window} "
+                "values and was evaluated on the most recent ones only"
+            )
+        return out
+
+    def firing(self) -> list[str]:
+        """Names of the rules now FIRING."""
+        return [c.rule.name for c in self._rules if c.state.state == FIRING]  # type: ignore[misc]

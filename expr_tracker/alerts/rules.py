@@ -1,0 +1,365 @@
+"""AlertRule (every option of spec/design.txt C.5) and its state machine.
+
+Build a rule from any front end with ``make_rule(obj, **overrides)``:
+  - a one-line DSL string ``"zscore(loss[50]) > 4 => error: spike"``
+  - an AST node or an ``M`` builder expression (``M.loss.isnan()``)
+  - a dict / YAML entry ``{name, condition | expr, level, title, message, mode, for_steps,
+    cooldown, max_fires, notify_recovery, channels, tags, enabled}``
+  - a ``RuleSpec`` (anything with ``model_dump()``) or another ``AlertRule``.
+Every problem raises ``RuleError`` (a ``ValueError``) at construction: syntax, unknown
+function, arity, argument kinds, bad level/mode/for_steps/cooldown, unknown keys.
+
+Levels: debug < info < warning < error < critical, aliases warn/err/fatal/crit, compared by
+severity (``level_rank``), the table of ``expr_tracker.spec.models``.
+
+``RuleState.advance(result, mono)`` is the state machine OK -> PENDING -> FIRING: True
+advances (``for_steps`` consecutive Trues fire), False returns to OK, UNKNOWN (``None``)
+changes nothing. Callers hold ``RuleState.lock`` (DESIGN.md G: transitions are serialised).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import math
+import re
+import threading
+from collections.abc import Mapping
+from dataclasses import dataclass, field, fields, replace
+
+from expr_tracker.alerts import ast
+from expr_tracker.alerts.parse import RuleError, parse_expr, split_rule
+
+__all__ = [
+    "FIRING",
+    "LEVELS",
+    "OK",
+    "PENDING",
+    "AlertRule",
+    "RuleState",
+    "level_rank",
+    "make_rule",
+    "normalize_level",
+]
+
+LEVELS: tuple[str, ...] = ("debug", "info", "warning", "error", "critical")
+LEVEL_ALIASES = {"warn": "warning", "err": "error", "fatal": "critical", "crit": "critical"}
+_RANK = {name: i for i, name in enumerate(LEVELS)}
+
+OK, PENDING, FIRING = "ok", "pending", "firing"
+MODES = ("edge", "level")
+
+_DURATION = re.compile(r"^\s*(\d+(?:\.\d*)?|\.\d+)\s*(ms|s|m|h|d)?\s*$")
+_UNIT = {"ms": 0.001, "s": 1.0, "m": 60.0, "h": 3600.0, "d": 86400.0, None: 1.0}
+
+
+def normalize_level(level: str) -> str:
+    """Canonical level name (``"WARN" -> "warning"``). Raises ``RuleError`` when unknown."""
+    key = str(level).strip().lower()
+    key = LEVEL_ALIASES.get(key, key)
+    if key not in _RANK:
+        valid = ", ".join(LEVELS) + " (aliases " + ", ".join(LEVEL_ALIASES) + ")"
+        raise RuleError(f"{level!r} is not an alert level: expected one of {valid}")
+    return key
+
+
+def level_rank(level: str) -> int:
+    """Severity of a level or alias: debug 0 ... critical 4 (``RuleError`` when unknown)."""
+    return _RANK[normalize_level(level)]
+
+
+def _seconds(value, what: str) -> float:
+    if isinstance(value, bool):
+        raise RuleError(f"{what} must be a number of seconds or a duration like '5m'")
+    if isinstance(value, (int, float)):
+        out = float(value)
+    else:
+        m = _DURATION.match(str(value))
+        if not m:
+            raise RuleError(f"{what}: {value!r} is not a duration (e.g. 300, '30s', '5m')")
+        out = float(m.group(1)) * _UNIT[m.group(2)]
+    if not (out >= 0 and math.isfinite(out)):
+        raise RuleError(f"{what} must be >= 0 seconds, got {value!r}")
+    return out
+
+
+def _display(node: ast.Node) -> str:
+    text = node.to_source()
+    if text.startswith("(") and text.endswith(")"):
+        try:
+            if parse_expr(text[1:-1]) == node:
+                return text[1:-1]
+        except RuleError:
+            pass
+    return text
+
+
+def _names(value, what: str) -> tuple[str, ...]:
+    if value is None:
+        return ()
+    if isinstance(value, str):
+        value = [value]
+    out = tuple(value)
+    if not all(isinstance(v, str) and v for v in out):
+        raise RuleError(f"{what} must be a list of non-empty strings, got {value!r}")
+    return out
+
+
+@dataclass(frozen=True, slots=True)
+class AlertRule:
+    """One alert rule (spec/design.txt C.5). Immutable; ``replace()`` makes variants.
+
+    ``condition`` is an AST node (a DSL condition string or an ``M`` expression is accepted
+    and converted); ``level`` is canonical; ``cooldown`` is seconds (level mode only);
+    ``channels=None`` routes to every channel admitting the level and tags. ``name=None``
+    derives a name from everything that distinguishes two rules (condition, level, title,
+    message, mode, for_steps, cooldown, max_fires, notify_recovery, channels, tags).
+    ``source`` is the condition as written (display only; not compared).
+    """
+
+    name: str | None = None
+    condition: ast.Node | str = field(default=None)  # type: ignore[assignment]
+    level: str = "warning"
+    title: str | None = None
+    message: str | None = None
+    mode: str = "edge"
+    for_steps: int = 1
+    cooldown: float = 300.0
+    max_fires: int | None = None
+    notify_recovery: bool = False
+    channels: tuple[str, ...] | None = None
+    tags: tuple[str, ...] = ()
+    enabled: bool = True
+    source: str = field(default="", compare=False)
+
+    def __post_init__(self) -> None:
+        cond = self.condition
+        source = self.source
+        if cond is None:
+            raise RuleError("an alert rule needs a condition")
+        if hasattr(cond, "node") and isinstance(cond.node, ast.Node):  # M builder
+            cond = cond.node
+        if isinstance(cond, str):
+            if "=>" in cond and split_rule(cond)[1] is not None:
+                raise RuleError(
+                    "the condition holds '=>': give level and message as fields, or pass "
+                    "the one-line form to make_rule()/AlertRule.parse()",
+                    text=cond,
+                )
+            source = source or cond.strip()
+            cond = parse_expr(cond)
+        if not isinstance(cond, ast.Node):
+            raise RuleError(
+                f"condition must be DSL text, an expression node or M expression, "
+                f"got {type(cond).__name__}"
+            )
+        set_ = object.__setattr__
+        set_(self, "condition", cond)
+        set_(self, "source", source or _display(cond))
+        set_(self, "level", normalize_level(self.level))
+        if self.mode not in MODES:
+            raise RuleError(f"mode must be 'edge' or 'level', got {self.mode!r}")
+        if isinstance(self.for_steps, bool) or not isinstance(self.for_steps, int):
+            raise RuleError(f"for_steps must be an integer >= 1, got {self.for_steps!r}")
+        if self.for_steps < 1:
+            raise RuleError(f"for_steps must be >= 1, got {self.for_steps}")
+        set_(self, "cooldown", _seconds(self.cooldown, "cooldown"))
+        if self.max_fires is not None and (
+            isinstance(self.max_fires, bool)
+            or not isinstance(self.max_fires, int)
+            or self.max_fires < 1
+        ):
+            raise RuleError(f"max_fires must be an integer >= 1 or None, got {self.max_fires!r}")
+        if self.channels is not None:
+            set_(self, "channels", _names(self.channels, "channels"))
+        set_(self, "tags", _names(self.tags, "tags"))
+        for key in ("title", "message"):
+            value = getattr(self, key)
+            if value is not None and not isinstance(value, str):
+                raise RuleError(f"{key} must be a string, got {type(value).__name__}")
+        for key in ("notify_recovery", "enabled"):
+            if not isinstance(getattr(self, key), bool):
+                raise RuleError(f"{key} must be true or false, got {getattr(self, key)!r}")
+        if self.name is None:
+            set_(self, "name", self._auto_name())
+        elif not isinstance(self.name, str) or not self.name.strip():
+            raise RuleError(f"a rule name must be a non-empty string, got {self.name!r}")
+        # every function, arity and kind check, now (the window cap is the engine's)
+        from expr_tracker.alerts.evaluate import compile_expr
+
+        compile_expr(cond, window=1 << 62, text=self.source)
+
+    def _auto_name(self) -> str:
+        key = json.dumps(
+            [
+                self.condition.to_source(),
+                self.level,
+                self.title,
+                self.message,
+                self.mode,
+                self.for_steps,
+                self.cooldown,
+                self.max_fires,
+                self.notify_recovery,
+                self.channels,
+                self.tags,
+            ]
+        )
+        digest = hashlib.sha1(key.encode()).hexdigest()[:6]
+        short = " ".join(self.source.split())
+        if len(short) > 60:
+            short = short[:57] + "..."
+        return f"{short} [{self.level}#{digest}]"
+
+    @property
+    def metrics(self) -> tuple[str, ...]:
+        """Metric names the condition reads."""
+        return self.condition.metrics()
+
+    def replace(self, **changes) -> AlertRule:
+        """A copy with ``changes``; an auto-derived name is derived again."""
+        if "name" not in changes and self.name == self._auto_name():
+            changes["name"] = None
+        if "condition" in changes and "source" not in changes:
+            changes["source"] = ""
+        return replace(self, **changes)
+
+    def to_dict(self) -> dict:
+        """JSON-able form (the YAML entry shape: ``condition`` as DSL text)."""
+        out = {f.name: getattr(self, f.name) for f in fields(self) if f.name != "source"}
+        out["condition"] = self.source
+        out["channels"] = list(self.channels) if self.channels is not None else None
+        out["tags"] = list(self.tags)
+        return out
+
+    @classmethod
+    def parse(cls, text: str, **options) -> AlertRule:
+        """From the one-line form ``"condition => level: message"``; ``options`` win over
+        the level and message written in the text."""
+        cond, level, message = split_rule(text)
+        kwargs = {"condition": cond, "source": cond}
+        if level is not None:
+            kwargs["level"] = level
+        if message is not None:
+            kwargs["message"] = message
+        kwargs.update(options)
+        return cls(**kwargs)
+
+    @classmethod
+    def from_dict(cls, data: Mapping, **options) -> AlertRule:
+        """From a dict / YAML entry. ``condition`` (alias ``expr``) holds only the DSL
+        condition. Unknown keys raise ``RuleError`` naming the valid ones."""
+        data = dict(data)
+        if "expr" in data:
+            if "condition" in data:
+                raise RuleError("give either 'condition' or its alias 'expr', not both")
+            data["condition"] = data.pop("expr")
+        valid = {f.name for f in fields(cls)} - {"source"}
+        unknown = sorted(set(data) - valid)
+        if unknown:
+            import difflib
+
+            hints = []
+            for key in unknown:
+                close = difflib.get_close_matches(str(key), sorted(valid), n=1)
+                hints.append(f"{key!r}" + (f" (did you mean {close[0]!r}?)" if close else ""))
+            raise RuleError(
+                f"unknown rule field {', '.join(hints)}; valid: {', '.join(sorted(valid))}"
+            )
+        if "condition" not in data:
+            raise RuleError("a rule entry needs a 'condition' (or 'expr')")
+        data = {k: v for k, v in data.items() if v is not None or k in ("name", "max_fires")}
+        if isinstance(data.get("condition"), str):
+            data.setdefault("source", data["condition"].strip())
+        data.update(options)
+        return cls(**data)
+
+
+def make_rule(obj, **overrides) -> AlertRule:
+    """Any rule front end -> ``AlertRule`` (see the module docstring). ``overrides`` are
+    rule options that win over what ``obj`` says. Raises ``RuleError``."""
+    if isinstance(obj, AlertRule):
+        return obj.replace(**overrides) if overrides else obj
+    if isinstance(obj, str):
+        return AlertRule.parse(obj, **overrides)
+    if isinstance(obj, Mapping):
+        return AlertRule.from_dict(obj, **overrides)
+    if hasattr(obj, "model_dump"):  # RuleSpec (pydantic)
+        data = obj.model_dump()
+        return AlertRule.from_dict(
+            {k: v for k, v in data.items() if v is not None or k == "max_fires"}, **overrides
+        )
+    if isinstance(obj, ast.Node) or hasattr(obj, "node"):
+        return AlertRule(condition=obj, **overrides)
+    raise RuleError(
+        "a rule is a DSL string, an M expression, a dict/YAML entry, a RuleSpec or an "
+        f"AlertRule, got {type(obj).__name__}"
+    )
+
+
+class RuleState:
+    """Runtime state of one rule in one engine. ``advance()`` under ``lock``.
+
+    ``state`` OK/PENDING/FIRING, ``streak`` consecutive True evaluations, ``fires``
+    notifications sent (firing + level-mode repeats), ``last_notify`` monotonic seconds.
+    """
+
+    __slots__ = ("rule", "state", "streak", "fires", "last_notify", "lock")
+
+    def __init__(self, rule: AlertRule) -> None:
+        self.rule = rule
+        self.state = OK
+        self.streak = 0
+        self.fires = 0
+        self.last_notify: float | None = None
+        self.lock = threading.Lock()
+
+    def snapshot(self) -> tuple:
+        return (self.state, self.streak, self.fires, self.last_notify)
+
+    def restore(self, snap: tuple) -> None:
+        self.state, self.streak, self.fires, self.last_notify = snap
+
+    def advance(self, result: bool | None, mono: float) -> tuple[str, bool] | None:
+        """Apply one evaluation result. Returns ``(event, notify)`` or ``None``.
+
+        Events: ``pending`` (OK -> PENDING), ``firing`` (-> FIRING), ``repeat`` (level mode,
+        still FIRING after ``cooldown`` s), ``resolved`` (FIRING -> OK), ``cancelled``
+        (PENDING -> OK). ``notify`` is True for ``firing``/``repeat`` within ``max_fires``
+        and for ``resolved`` with ``notify_recovery``.
+        """
+        if result is None:
+            return None
+        rule = self.rule
+        if result is True:
+            self.streak += 1
+            if self.state != FIRING:
+                if self.streak >= rule.for_steps:
+                    self.state = FIRING
+                    return "firing", self._count_fire(mono)
+                if self.state == OK:
+                    self.state = PENDING
+                    return "pending", False
+                return None
+            if rule.mode == "level" and (
+                self.last_notify is None or mono - self.last_notify >= rule.cooldown
+            ):
+                notify = self._count_fire(mono)
+                return ("repeat", True) if notify else None
+            return None
+        self.streak = 0
+        if self.state == FIRING:
+            self.state = OK
+            return "resolved", rule.notify_recovery
+        if self.state == PENDING:
+            self.state = OK
+            return "cancelled", False
+        return None
+
+    def _count_fire(self, mono: float) -> bool:
+        cap = self.rule.max_fires
+        if cap is not None and self.fires >= cap:
+            return False
+        self.fires += 1
+        self.last_notify = mono
+        return True
