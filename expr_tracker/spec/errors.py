@@ -38,7 +38,19 @@ __all__ = [
 SECRET_KEY_PATTERN = re.compile(r"password|passwd|token|secret|webhook|url|api_?key", re.IGNORECASE)
 
 _PLAIN_SEGMENT = re.compile(r"^[A-Za-z0-9_\-]+$")
-_NOT_GIVEN: Any = object()
+
+
+class _NotGiven:
+    """Marks an issue without a value (a missing or unknown key); survives pickling."""
+
+    def __repr__(self) -> str:
+        return "<not given>"
+
+    def __reduce__(self) -> str:
+        return "_NOT_GIVEN"
+
+
+_NOT_GIVEN: Any = _NotGiven()
 
 
 def is_secret_key(key: Any) -> bool:

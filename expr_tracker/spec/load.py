@@ -219,6 +219,8 @@ class _Merger:
                     self._forget(p)
                 dst[key] = _copy(value)
                 self._record(p, dst[key], layer)
+            if p in layer.locations:
+                self.locations[p] = layer.locations[p]
 
     def _merge_named(self, current: list, value: Any, path: str, layer: Layer) -> None:
         earlier = {}
@@ -227,8 +229,10 @@ class _Merger:
             if name is not None:
                 earlier.setdefault(name, i)
         removed: list[int] = []
-        for name, entry in _named_items(path, value):
+        for position, (name, entry) in enumerate(_named_items(path, value)):
             index = earlier.get(name) if name is not None else None
+            if name is not None and join_path(path, name) in layer.locations:
+                self.locations[join_path(path, name)] = layer.locations[join_path(path, name)]
             if entry is None:  # a mapping entry set to null removes it
                 if index is not None:
                     removed.append(index)
@@ -236,8 +240,18 @@ class _Merger:
                 continue
             if index is None:  # entries within one layer never merge with each other
                 current.append(_copy(entry))
-                key = name if name is not None else len(current) - 1
-                self._record(join_path(path, key), current[-1], layer)
+                if name is None:  # an unnamed entry: re-index its YAML locations
+                    local, merged = join_path(path, position), join_path(path, len(current) - 1)
+                    moved = {
+                        merged + k[len(local) :]: v
+                        for k, v in layer.locations.items()
+                        if k == local or k.startswith((local + ".", local + "["))
+                    }
+                    self._record(merged, current[-1], Layer(layer.source, {}, moved))
+                    if merged in moved:
+                        self.locations[merged] = moved[merged]
+                else:
+                    self._record(join_path(path, name), current[-1], layer)
             elif isinstance(entry, Mapping) and isinstance(current[index], dict):
                 self._merge(current[index], entry, join_path(path, name), layer)
             else:

@@ -14,7 +14,7 @@ from __future__ import annotations
 import os
 import re
 from collections.abc import Mapping
-from typing import Annotated, Any, Literal, Optional, Union
+from typing import Annotated, Any, Literal, Optional, Union, get_args
 
 from pydantic import (
     AfterValidator,
@@ -413,7 +413,8 @@ PolicyOverrides = _make_policy_overrides()
 
 def _check_override_nulls(value: BaseModel) -> BaseModel:
     for name in value.model_fields_set:
-        if getattr(value, name) is None and PolicySpec.model_fields[name].default is not None:
+        nullable = type(None) in get_args(PolicySpec.model_fields[name].annotation)
+        if getattr(value, name) is None and not nullable:
             raise ValueError(f"policy.{name} may not be null")
     return value
 
@@ -484,8 +485,28 @@ class RuleSpec(BaseModel):
     enabled: bool = True
 
 
+def _is_unquoted_rule(value: Any) -> bool:
+    """YAML reads an unquoted ``- loss > 1 => error: high`` as ``{"loss > 1 => error": "high"}``."""
+    return (
+        isinstance(value, Mapping)
+        and len(value) == 1
+        and isinstance(next(iter(value)), str)
+        and "=>" in next(iter(value))
+    )
+
+
 def _rule_kind(value: Any) -> str:
-    return "text" if isinstance(value, str) else "rule"
+    if isinstance(value, str):
+        return "text"
+    return "unquoted" if _is_unquoted_rule(value) else "rule"
+
+
+def _reject_unquoted(value: Any) -> Any:
+    key, message = next(iter(value.items()))
+    text = f"{key}: {message}"
+    raise ValueError(
+        f'looks like the one-line rule {text!r} read by YAML as a mapping; quote it: - "{text}"'
+    )
 
 
 #: One entry of alerts.rules: a RuleSpec, or a one-line DSL string kept as written.
@@ -493,6 +514,7 @@ RuleEntry = Annotated[
     Union[
         Annotated[Annotated[str, Field(min_length=1)], Tag("text")],
         Annotated[RuleSpec, Tag("rule")],
+        Annotated[SkipJsonSchema[Any], AfterValidator(_reject_unquoted), Tag("unquoted")],
     ],
     Discriminator(_rule_kind),
 ]
