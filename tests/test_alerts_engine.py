@@ -1,0 +1,342 @@
+"""Rules, the state machine, the engine (dependency index, watchdog, errors, templates,
+stats) and the sinks."""
+
+from __future__ import annotations
+
+import json
+import threading
+
+import pytest
+from rich.console import Console
+
+from expr_tracker.alerts import (
+    AlertEngine,
+    AlertLog,
+    AlertRule,
+    ConsoleNotifier,
+    M,
+    RuleError,
+    level_rank,
+    make_rule,
+    parse_expr,
+    render_template,
+)
+from expr_tracker.alerts.testing import AlertCapture, replay, rows_from_series
+
+
+class FakeClock:
+    def __init__(self, t=0.0):
+        self.t = t
+
+    def __call__(self):
+        return self.t
+
+
+def run(rules, series, **kw):
+    return replay(rules, rows_from_series(series), **kw)
+
+
+# -- rules ------------------------------------------------------------------------------------
+
+
+def test_front_ends_give_the_same_rule():
+    a = make_rule("zscore(train/loss[50]) > 4 => error: spike")
+    b = make_rule(M["train/loss"][50].zscore() > 4, level="error", message="spike")
+    c = make_rule({"condition": "zscore(train/loss[50]) > 4", "level": "err", "message": "spike"})
+    d = make_rule({"expr": "zscore(train/loss[50]) > 4", "level": "error", "message": "spike"})
+    assert a.condition == b.condition == c.condition == d.condition
+    assert a == c == d and a.name == c.name
+    assert b.condition == parse_expr("zscore(train/loss[50]) > 4")
+
+
+def test_builder_operators():
+    assert (M.loss.isnan() | (M.loss > 10)).node == parse_expr("isnan(loss) or loss > 10")
+    assert (~(M.a < 1) & (M.b["5m"].mean() >= -2)).node == parse_expr(
+        "not a < 1 and mean(b[5m]) >= -2"
+    )
+    assert (M.eval.acc < 0.5).node == parse_expr("eval.acc < 0.5")
+    assert ((M.a + 1) * 2 / M.b - M.c % 3 > 0).node == parse_expr("(a + 1) * 2 / b - c % 3 > 0")
+    with pytest.raises(TypeError):
+        bool(M.a > 1)
+
+
+def test_rule_from_rulespec_like_object():
+    class Spec:
+        def model_dump(self):
+            return {
+                "name": "nan",
+                "condition": "isnan(loss)",
+                "level": "critical",
+                "channels": None,
+                "tags": ["x"],
+                "max_fires": None,
+                "cooldown": 60.0,
+            }
+
+    rule = make_rule(Spec())
+    assert (rule.name, rule.level, rule.tags, rule.cooldown) == ("nan", "critical", ("x",), 60.0)
+
+
+def test_auto_names_distinguish_rules():
+    base = make_rule("loss > 1 => warn")
+    others = [
+        make_rule("loss > 1 => error"),
+        make_rule("loss > 1 => warn: other"),
+        make_rule("loss > 1 => warn", channels=["slack"]),
+        make_rule("loss > 1 => warn", for_steps=3),
+        make_rule("loss > 1 => warn", mode="level"),
+        make_rule("loss > 1 => warn", tags=["t"]),
+        make_rule("loss > 1 => warn", title="T"),
+    ]
+    assert len({base.name, *(r.name for r in others)}) == 8
+    assert base.name.startswith("loss > 1 [warning#")
+
+
+@pytest.mark.parametrize(
+    ("obj", "kw", "match"),
+    [
+        ("loss > 1 => loud", {}, "not an alert level"),
+        ("loss > 1", {"mode": "sometimes"}, "mode"),
+        ("loss > 1", {"for_steps": 0}, "for_steps"),
+        ("loss > 1", {"cooldown": "soon"}, "not a duration"),
+        ("loss > 1", {"max_fires": 0}, "max_fires"),
+        ({"condition": "loss > 1", "levle": "error"}, {}, "did you mean 'level'"),
+        ({"level": "error"}, {}, "needs a 'condition'"),
+        ({"condition": "loss > 1 => error"}, {}, "holds '=>'"),
+        ("mean(loss) > 1", {}, "explicit window"),
+        (42, {}, "a rule is"),
+    ],
+)
+def test_bad_rules_raise(obj, kw, match):
+    with pytest.raises(RuleError, match=match):
+        make_rule(obj, **kw)
+
+
+def test_levels_compare_by_severity():
+    assert level_rank("crit") > level_rank("error") > level_rank("WARN") > level_rank("info")
+    assert make_rule("x > 1 => fatal").level == "critical"
+
+
+# -- state machine ----------------------------------------------------------------------------
+
+
+def kinds(cap, name=None):
+    return [(e.kind, e.step) for e in cap.events if name is None or e.rule.name == name]
+
+
+def test_edge_mode_fires_once_then_rearms():
+    cap = run(["x > 1 => error: hi"], {"x": [0, 2, 2, 0, 2]})
+    assert kinds(cap) == [("firing", 1), ("resolved", 3), ("firing", 4)]
+    assert [e.notify for e in cap.events] == [True, False, True]
+
+
+def test_for_steps_counts_consecutive_trues_and_unknown_changes_nothing():
+    rule = {"name": "r", "condition": "x > 1", "for_steps": 3}
+    # None = x absent (rule not evaluated), nan = UNKNOWN: neither resets nor advances
+    cap = run([rule], {"x": [2, float("nan"), 2, None, 0, 2, 2, 2], "y": [0] * 8})
+    assert kinds(cap) == [("pending", 0), ("cancelled", 4), ("pending", 5), ("firing", 7)]
+
+
+def test_level_mode_renotifies_after_cooldown():
+    rule = {"name": "r", "condition": "x > 1", "mode": "level", "cooldown": 2}
+    cap = run([rule], {"x": [2, 2, 2, 2, 2, 2]})
+    assert kinds(cap) == [("firing", 0), ("repeat", 2), ("repeat", 4)]
+
+
+def test_max_fires_caps_notifications():
+    rule = {"name": "r", "condition": "x > 1", "mode": "level", "cooldown": 0, "max_fires": 2}
+    cap = run([rule], {"x": [2, 2, 2, 0, 2]})
+    fired = [(e.kind, e.step, e.notify) for e in cap.events]
+    assert fired == [
+        ("firing", 0, True),
+        ("repeat", 1, True),
+        ("resolved", 3, False),
+        ("firing", 4, False),
+    ]
+
+
+def test_notify_recovery():
+    cap = run([{"name": "r", "condition": "x > 1", "notify_recovery": True}], {"x": [2, 0]})
+    assert [(e.kind, e.notify, e.level) for e in cap.events] == [
+        ("firing", True, "warning"),
+        ("resolved", True, "info"),
+    ]
+
+
+def test_disabled_rule_is_listed_but_not_evaluated():
+    eng = AlertEngine([{"name": "r", "condition": "x > 1", "enabled": False}])
+    eng.on_step({"_step": 0, "_time": 0.0, "x": 5})
+    assert eng.stats()["rules"]["r"]["evaluations"] == 0 and eng.rules[0].name == "r"
+
+
+# -- engine -----------------------------------------------------------------------------------
+
+
+def test_dependency_index_skips_rules_whose_metrics_are_absent():
+    eng = AlertEngine(["a > 1", "b > 1", "step() > 100"])
+    eng.on_step({"_step": 0, "_time": 0.0, "a": 0})
+    ev = {name: s["evaluations"] for name, s in eng.stats()["rules"].items()}
+    assert sorted(ev.values()) == [0, 1, 1]  # b skipped; step() runs every commit
+
+
+def test_notify_outside_locks_and_deliver_false():
+    seen = []
+    eng = AlertEngine(["x > 1 => error"], notify=seen.append, deliver=False, record=seen.append)
+    eng.on_step({"_step": 0, "_time": 0.0, "x": 5})
+    assert [e.kind for e in seen] == ["firing"]  # only the record sink on a silent rank
+    got = []
+
+    def notify(event):  # would deadlock if called under the rule lock
+        compiled = eng._by_name[event.rule.name]
+        assert compiled.state.lock.acquire(timeout=1)
+        compiled.state.lock.release()
+        got.append(event)
+
+    eng2 = AlertEngine(["x > 1 => error"], notify=notify)
+    eng2.on_step({"_step": 0, "_time": 0.0, "x": 5})
+    eng = eng2
+    assert len(got) == 1
+
+
+def test_evaluation_errors_are_counted_and_disable_after_ten():
+    errors = []
+    cap = AlertCapture()
+    eng = AlertEngine(["x > 1 => error"], notify=cap, on_error=lambda r, e: errors.append(e))
+    compiled = eng._rules[0]
+
+    def boom(ctx):
+        raise ZeroDivisionError("bug")
+
+    compiled.fn = boom
+    for i in range(12):
+        eng.on_step({"_step": i, "_time": float(i), "x": 5})
+    s = eng.stats()["rules"][eng.rules[0].name]
+    assert (s["errors"], s["disabled"], s["evaluations"]) == (10, True, 10)
+    assert len(errors) == 10
+    assert [e.kind for e in cap.events] == ["disabled"]
+    assert "ZeroDivisionError" in cap.events[0].message
+    assert any("disabled" in w for w in eng.finish_warnings())
+
+
+def test_unresolved_metrics_and_finish_warnings():
+    eng = AlertEngine(["val/accuracy < 0.1", "eval.acc > 2"])
+    eng.on_step({"_step": 0, "_time": 0.0, "val/acc": 0.5, "eval/acc": 3})
+    assert eng.stats()["unresolved_metrics"] == ["val/accuracy"]
+    (warning,) = eng.finish_warnings()
+    assert "'val/accuracy'" in warning and "did you mean 'val/acc'" in warning
+
+
+def test_add_rule_at_runtime_and_duplicates():
+    eng = AlertEngine(window=100)
+    eng.add_rule("x > 1 => warn")
+    eng.add_rule("x > 1 => warn")  # identical: no-op
+    assert len(eng.rules) == 1
+    eng.add_rule({"name": "n", "condition": "x > 1"})
+    with pytest.raises(RuleError, match="duplicate"):
+        eng.add_rule({"name": "n", "condition": "x > 2"})
+    with pytest.raises(RuleError, match="alert_window=100"):
+        eng.add_rule("mean(x[101]) > 1")
+    with pytest.raises(RuleError):
+        eng.add_rule("x >")
+
+
+def test_series_sized_to_widest_window():
+    eng = AlertEngine(["mean(x[300]) > 1"])
+    for i in range(1000):
+        eng.on_step({"_step": i, "_time": float(i), "x": 1.0})
+    s = eng._series["x"]
+    assert s.capacity == 300 and 300 <= len(s) <= 2 * 300 + 16
+    eng.add_rule("mean(x[700]) > 1")
+    assert s.capacity == 700
+
+
+def test_watchdog_catches_a_hung_run():
+    clock, wall = FakeClock(0.0), FakeClock(1000.0)
+    cap = AlertCapture()
+    eng = AlertEngine(
+        ["no_data(60s) => critical: hung at {step}"], notify=cap, clock=clock, wall_clock=wall
+    )
+    eng.on_step({"_step": 7, "_time": 1000.0, "x": 1})
+    clock.t = 30.0
+    eng.check_time()
+    assert cap.events == []
+    clock.t = 61.0
+    eng.check_time()
+    assert [(e.kind, e.message) for e in cap.events] == [("firing", "hung at 7")]
+
+
+def test_watchdog_thread_only_with_time_based_rules():
+    assert AlertEngine(["x > 1"]).start_watchdog(0.01) is False
+    started = []
+
+    def factory(**kw):
+        t = threading.Thread(**kw)
+        started.append(t)
+        return t
+
+    eng = AlertEngine(["age(x) > 5"])
+    assert eng.start_watchdog(0.01, thread_factory=factory) is True
+    assert started and started[0].daemon and eng.watchdog_running
+    eng.close()
+    assert not started[0].is_alive()
+
+
+def test_age_uses_row_time():
+    cap = run(["age(x) > 2"], {"x": [1, None, None, None], "y": [0, 0, 0, 0]})
+    assert kinds(cap) == [("firing", 3)]
+
+
+# -- templates --------------------------------------------------------------------------------
+
+
+def test_template_fields_and_safety():
+    values = {"loss": 0.123456, "train/loss": 2.0, "step": 3, "run": "r"}
+    out = render_template(
+        "{loss:.2f} {train/loss:.1f} {step} {run} {nope} {loss.__class__} {loss[0]} "
+        "{loss!r} {{x}} {loss:%Q} {}",
+        values,
+    )
+    assert out == "0.12 2.0 3 r {nope} {loss.__class__} {loss[0]} 0.123456 {x} {loss:%Q} {}"
+    assert render_template("{unclosed", values) == "{unclosed"
+
+
+def test_message_renders_expr_step_run_project():
+    cap = run(
+        ["loss > 1 => error: {project}/{run} step {step}: {expr} loss={loss:.1f} lr={lr}"],
+        {"loss": [0.5, 3.0], "lr": [0.1, 0.1]},
+        run_info={"project": "p", "run": "r"},
+    )
+    (ev,) = cap.events
+    assert ev.message == "p/r step 1: loss=3 > 1.0 loss=3.0 lr=0.1"
+    assert ev.metrics == {"loss": 3.0}
+
+
+# -- sinks ------------------------------------------------------------------------------------
+
+
+def test_alert_log_appends_one_record_per_transition(tmp_path):
+    path = tmp_path / "run" / "alerts.rank1.jsonl"
+    sink = AlertLog(path)
+    eng = AlertEngine(["x > 1 => error: big"], record=sink)
+    for i, x in enumerate([0, 2, 0]):
+        eng.on_step({"_step": i, "_time": 100.0 + i, "x": x})
+    sink.close()
+    records = [json.loads(line) for line in path.read_text().splitlines()]
+    assert [(r["kind"], r["event"], r["state"], r["step"]) for r in records] == [
+        ("transition", "firing", "firing", 1),
+        ("transition", "resolved", "ok", 2),
+    ]
+    assert records[0]["level"] == "error" and records[0]["message"] == "big"
+
+
+def test_console_notifier_renders_with_rich():
+    console = Console(width=60, record=True, color_system=None)
+    eng = AlertEngine(["x > 1 => error: too big"], notify=ConsoleNotifier(console))
+    eng.on_step({"_step": 4, "_time": 0.0, "x": 2})
+    text = console.export_text()
+    assert "ERROR" in text and "too big" in text and "step 4" in text
+
+
+def test_rule_to_dict_round_trips():
+    rule = make_rule("x > 1 => error: m", channels=["slack"], tags=["a"])
+    assert AlertRule.from_dict(rule.to_dict()) == rule

@@ -1,0 +1,186 @@
+"""The DSL grammar: names, windows, precedence, rule splitting, syntax errors, round trip."""
+
+from __future__ import annotations
+
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from expr_tracker.alerts import ast
+from expr_tracker.alerts.parse import (
+    SYNTAX_EXAMPLES,
+    AlertSyntaxError,
+    parse_expr,
+    parse_rule,
+    split_rule,
+)
+
+N, W, C = ast.Name, ast.Window, ast.Call
+
+
+def num(v):
+    return ast.Number(float(v))
+
+
+@pytest.mark.parametrize(
+    ("text", "expected"),
+    [
+        ("a/b > 1", ast.Compare(">", N("a/b"), num(1))),
+        ("a / b > 1", ast.Compare(">", ast.BinOp("/", N("a"), N("b")), num(1))),
+        ("a/ b", ast.BinOp("/", N("a"), N("b"))),
+        ("a /b", ast.BinOp("/", N("a"), N("b"))),
+        ("val/m1/acc@16", N("val/m1/acc@16")),
+        ("eval.acc", N("eval.acc")),
+        ("loss/2", N("loss/2")),
+        ('"train loss"', N("train loss")),
+        ("'a-b'", N("a-b")),
+        ("`x y`", N("x y")),
+        ("loss[20]", W("loss", size=20)),
+        ("loss[30s]", W("loss", seconds=30.0)),
+        ("loss[5m]", W("loss", seconds=300.0)),
+        ("loss[2h]", W("loss", seconds=7200.0)),
+        ("loss[1d]", W("loss", seconds=86400.0)),
+        ("loss[250ms]", W("loss", seconds=0.25)),
+        ('"a b"[3]', W("a b", size=3)),
+        ("5m", ast.Duration(300.0)),
+        ("-3", num(-3)),
+        ("-x", ast.Neg(N("x"))),
+        ("+x", N("x")),
+        ("notable", N("notable")),
+        ("order", N("order")),
+        ("1e-5", num(1e-5)),
+        ("max(a, b)", C("max", (N("a"), N("b")))),
+        ("step()", C("step", ())),
+    ],
+)
+def test_atoms_and_names(text, expected):
+    assert parse_expr(text) == expected
+
+
+def test_precedence_matches_the_spec():
+    # or < and < not < comparison < +- < */% < unary < call/window
+    got = parse_expr("not a > 1 + 2 * -b or c and d")
+    a_cmp = ast.Compare(
+        ">", N("a"), ast.BinOp("+", num(1), ast.BinOp("*", num(2), ast.Neg(N("b"))))
+    )
+    assert got == ast.Or(ast.Not(a_cmp), ast.And(N("c"), N("d")))
+    # the Python trap from C.1: diff(m1)>50 | m1>5 is an or of two comparisons
+    assert parse_expr("diff(m1)>50 | m1>5") == ast.Or(
+        ast.Compare(">", C("diff", (N("m1"),)), num(50)), ast.Compare(">", N("m1"), num(5))
+    )
+
+
+def test_symbol_aliases():
+    assert parse_expr("a || b && !c") == parse_expr("a or b and not c")
+    assert parse_expr("a | b & !c") == parse_expr("a or (b and (not c))")
+
+
+def test_chained_comparison_is_a_conjunction():
+    assert parse_expr("a < b <= c") == ast.And(
+        ast.Compare("<", N("a"), N("b")), ast.Compare("<=", N("b"), N("c"))
+    )
+
+
+@pytest.mark.parametrize(
+    ("text", "parts"),
+    [
+        ("zscore(loss[50]) > 4 => error: spike", ("zscore(loss[50]) > 4", "error", "spike")),
+        ("x > 1 => warn", ("x > 1", "warn", None)),
+        ("x > 1 => : just a message", ("x > 1", None, "just a message")),
+        ("x > 1 => error: a: b", ("x > 1", "error", "a: b")),
+        ("x > 1", ("x > 1", None, None)),
+        ('"a=>b" > 1 => info: q', ('"a=>b" > 1', "info", "q")),
+        ("max(a, b) > 1, warn, oh, no", ("max(a, b) > 1", "warn", "oh, no")),
+        ("max(a, b) > 1", ("max(a, b) > 1", None, None)),
+    ],
+)
+def test_split_rule(text, parts):
+    assert split_rule(text) == parts
+
+
+def test_parse_rule():
+    r = parse_rule("isnan(loss) => critical: nan")
+    assert r.condition == C("isnan", (N("loss"),))
+    assert (r.level, r.message, r.source) == ("critical", "nan", "isnan(loss)")
+
+
+@pytest.mark.parametrize(
+    ("label", "example"), [(lab, ex) for lab, exs in SYNTAX_EXAMPLES.items() for ex in exs]
+)
+def test_every_syntax_example_is_labelled(label, example):
+    with pytest.raises(AlertSyntaxError) as info:
+        parse_expr(example)
+    assert info.value.label == label
+    assert label in str(info.value)
+
+
+def test_syntax_error_shows_a_caret_and_what_was_expected():
+    with pytest.raises(AlertSyntaxError) as info:
+        parse_expr("loss > 1 and")
+    err = info.value
+    text = str(err)
+    lines = text.splitlines()
+    assert lines[1] == "  loss > 1 and"
+    assert lines[2].index("^") == 2 + len("loss > 1 and")  # just past the end
+    assert "expected:" in text and "a number" in text
+    assert err.column == 13 and err.label == "missing operand"
+
+    with pytest.raises(AlertSyntaxError) as info:
+        parse_expr("a/mean(b[3]) > 1")
+    assert info.value.column == 7  # under the "("
+    assert str(info.value).splitlines()[2] == "  " + " " * 6 + "^"
+
+
+def test_empty_condition():
+    with pytest.raises(AlertSyntaxError, match="empty"):
+        parse_expr("   ")
+
+
+# -- round trip: to_source() is fully parenthesised and parses back to the same tree ---------
+
+_names = st.one_of(
+    st.from_regex(r"[A-Za-z_][A-Za-z0-9_.@]{0,6}(/[A-Za-z0-9_.@]{1,4}){0,2}", fullmatch=True),
+    st.text(min_size=0, max_size=6).filter(lambda s: not all(q in s for q in "\"'`")),
+)
+_durations = st.sampled_from(["250ms", "30s", "5m", "2h", "1d", "1.5s"])
+_numbers = st.floats(min_value=-1e12, max_value=1e12, allow_nan=False).map(ast.Number)
+
+
+def _window(name, which, size, dur):
+    if which:
+        return ast.Window(name, size=size)
+    node = parse_expr(f"x[{dur}]")
+    return ast.Window(name, seconds=node.seconds, text=node.text)
+
+
+_windows = st.builds(
+    _window, _names, st.booleans(), st.integers(min_value=1, max_value=4096), _durations
+)
+_leaves = st.one_of(
+    _numbers,
+    st.builds(ast.Name, _names),
+    _durations.map(lambda d: parse_expr(d)),
+)
+
+
+def _extend(children):
+    funcs = st.sampled_from(["mean", "zscore", "abs", "max", "isnan", "ema", "step"])
+    not_number = children.filter(lambda n: not isinstance(n, ast.Number))
+    return st.one_of(
+        st.builds(ast.Neg, not_number),
+        st.builds(ast.BinOp, st.sampled_from("+-*/%"), children, children),
+        st.builds(
+            ast.Compare, st.sampled_from(["<", "<=", ">", ">=", "==", "!="]), children, children
+        ),
+        st.builds(ast.And, children, children),
+        st.builds(ast.Or, children, children),
+        st.builds(ast.Not, children),
+        st.builds(ast.Call, funcs, st.lists(st.one_of(children, _windows), max_size=3).map(tuple)),
+    )
+
+
+@settings(max_examples=300, deadline=None)
+@given(st.recursive(_leaves, _extend, max_leaves=12))
+def test_to_source_round_trips(node):
+    text = node.to_source()
+    assert parse_expr(text) == node
