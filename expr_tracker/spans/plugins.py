@@ -177,13 +177,10 @@ class TorchMemory:
             return int(cuda.current_device())
         if isinstance(d, int):
             return d
-        idx = getattr(d, "index", None)
-        if idx is not None:
-            return int(idx)
-        s = str(d)
-        if ":" in s:
-            return int(s.rsplit(":", 1)[1])
-        return int(cuda.current_device())
+        if isinstance(d, str):
+            return int(d.rsplit(":", 1)[1]) if ":" in d else int(cuda.current_device())
+        idx = getattr(d, "index", None)  # torch.device
+        return int(idx) if idx is not None else int(cuda.current_device())
 
     def start(self, span: Any) -> None:
         cuda = _cuda()
