@@ -44,12 +44,21 @@ def normalize_config(config: Any, warner: Warner | None = None) -> dict[str, Any
     """
     if config is None:
         return {}
-    if type(config).__module__.startswith("omegaconf"):
-        config = _omegaconf_container(config, "config")
-    data = normalize_value(config, warner)
+    data = normalize_value(_resolve_omegaconf(config, "config"), warner)
     if not isinstance(data, dict):
         return {"value": data}
     return data
+
+
+def _resolve_omegaconf(value: Any, path: str) -> Any:
+    """Replace every OmegaConf container inside ``value`` by plain data (resolved)."""
+    if type(value).__module__.startswith("omegaconf"):
+        return _omegaconf_container(value, path)
+    if isinstance(value, dict):
+        return {k: _resolve_omegaconf(v, f"{path}.{k}") for k, v in value.items()}
+    if isinstance(value, (list, tuple)):
+        return [_resolve_omegaconf(v, f"{path}[{i}]") for i, v in enumerate(value)]
+    return value
 
 
 def _omegaconf_container(cfg: Any, path: str) -> Any:

@@ -110,6 +110,16 @@ def normalize_value(value: Any, warner: Warner | None = None, _depth: int = 0) -
                 pass
         elif t.__name__ in ("dtype", "device", "Size"):
             return str(value) if t.__name__ != "Size" else list(value)
+    if mod.startswith("omegaconf"):
+        try:
+            from omegaconf import OmegaConf
+
+            try:
+                return normalize_value(OmegaConf.to_container(value, resolve=True), warner, d)
+            except Exception:  # noqa: BLE001 - an unresolvable interpolation stays literal
+                return normalize_value(OmegaConf.to_container(value, resolve=False), warner, d)
+        except Exception:  # noqa: BLE001
+            pass
     if isinstance(value, bool):  # numpy.bool_ handled above; subclasses of bool here
         return bool(value)
     if isinstance(value, int):

@@ -92,6 +92,25 @@ def aggregation_of(key: str) -> int:
     return AGGREGATION.get(key.split("/", 1)[0], SUM)
 
 
+def _changed(row: dict[str, Any], written: dict[str, Any]) -> dict[str, Any] | None:
+    """The patch line for ``row`` after ``written`` reached disk: changed keys plus
+    ``_step``/``_time``; None when no metric changed."""
+    patch = {
+        k: v
+        for k, v in row.items()
+        if k not in RESERVED and (k not in written or not _same(written[k], v))
+    }
+    if not patch:
+        return None
+    patch["_step"] = row["_step"]
+    patch["_time"] = row["_time"]
+    return patch
+
+
+def _same(a: Any, b: Any) -> bool:
+    return a is b or (type(a) is type(b) and a == b)
+
+
 class HistoryStore:
     """The per-stream store; see the module docstring.
 
@@ -183,7 +202,7 @@ class HistoryStore:
                     f"log() takes a mapping of metric names to values, got {type(metrics).__name__}"
                 )
             metrics = dict(metrics)
-        if step is not None and type(step) is not int:
+        if step is not None and (type(step) is not int or step < 0):
             step = self._coerce_step(step)
             if step is None:
                 return -1
@@ -352,8 +371,8 @@ class HistoryStore:
         row["_time"] = self._wall()
         written = self._written_open
         if written is not None:
-            patch = {k: v for k, v in row.items() if k not in written or written[k] != v}
-            if len(patch) > 2 or any(k not in RESERVED for k in patch):
+            patch = _changed(row, written)
+            if patch is not None:
                 self._append_locked(encode_row(patch, self._open_nonfinite), step)
                 self.patch_rows += 1
                 if self.writer is not None:
@@ -464,8 +483,8 @@ class HistoryStore:
         row["_step"] = self.open_step
         row["_time"] = self._wall()
         if written is not None:
-            part = {k: v for k, v in row.items() if k not in written or written[k] != v}
-            if not any(k not in RESERVED for k in part):
+            part = _changed(row, written)
+            if part is None:
                 return
             self._append_locked(encode_row(part, self._open_nonfinite), self.open_step)
             self.patch_rows += 1
@@ -517,6 +536,7 @@ class HistoryStore:
                 lines, complete = [], True
             else:
                 lines, _steps, complete = self.cache.tail_lines(want)
+            provisional = self.open_step if self._written_open is not None else None
             first = self.cache.first_ordinal
             disk_before = first if not complete and first > 0 else 0
         rows = [decode_line(x) for x in lines]
@@ -526,6 +546,9 @@ class HistoryStore:
         if openrow is not None:
             rows.append(openrow)
         merged = merge_by_step(rows)
+        if not include_open and provisional is not None:
+            # the open step was written early (max_open_seconds) but is not committed
+            merged = [r for r in merged if r.get("_step") != provisional]
         if n is not None and len(merged) > n:
             merged = merged[-n:]
         return merged

@@ -1,0 +1,361 @@
+"""Runs end to end with real processes: resume, crash, a failing disk, locks, fork, streams."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import textwrap
+import time
+
+import pytest
+
+import expr_tracker as et
+from expr_tracker.history.reader import read_rows
+from expr_tracker.history.runinfo import read_run_info
+
+
+def run_py(code: str, *args: str, timeout: float = 60, check: bool = True, env=None):
+    """Run ``code`` in a fresh interpreter; returns the CompletedProcess."""
+    full_env = dict(os.environ)
+    full_env.update(env or {})
+    p = subprocess.run(
+        [sys.executable, "-c", textwrap.dedent(code), *args],
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+        env=full_env,
+    )
+    if check and p.returncode != 0:
+        raise AssertionError(f"rc={p.returncode}\nstdout={p.stdout}\nstderr={p.stderr}")
+    return p
+
+
+def start(tmp_path, **kw):
+    kw.setdefault("dir", str(tmp_path / "runs"))
+    return et.init(project="proj", name="r1", **kw)
+
+
+# ---------------------------------------------------------------- resume
+
+
+def test_resume_continues_from_max_step_plus_one(tmp_path):
+    start(tmp_path)
+    for i in range(5):
+        et.log({"a": i})
+    et.summary()["best"] = 4
+    et.finish()
+    run = start(tmp_path)
+    assert run.history.open_step == 5
+    assert et.summary()["best"] == 4
+    et.log({"a": 5})
+    assert [r["_step"] for r in et.history(-1)] == list(range(6))
+    et.finish()
+    info = json.loads((run.dir / "run.json").read_text())
+    assert info["resumed_at_step"] == 5
+    assert info["previous_attempts"][-1]["status"] == "finished"
+
+
+def test_resume_after_patch_lines_uses_max_step(tmp_path):
+    run = start(tmp_path)
+    et.log({"a": 1}, step=7)
+    assert run.history.write_open_row()  # what max_open_seconds does on a timer
+    et.log({"b": 2}, step=7)  # more data for step 7: a patch line at commit
+    et.log({"c": 3}, step=8, commit=True)
+    et.finish()
+    lines = (run.dir / "metrics.jsonl").read_text().splitlines()
+    assert len(lines) == 3  # row, patch, row
+    meta = json.loads((run.dir / "metrics.meta.json").read_text())
+    assert meta["has_duplicate_steps"] is True
+    assert [r["_step"] for r in read_rows(run.dir / "metrics.jsonl")] == [7, 8]
+    assert read_rows(run.dir / "metrics.jsonl")[0] == {
+        **read_rows(run.dir / "metrics.jsonl")[0],
+        "a": 1,
+        "b": 2,
+    }
+    run = start(tmp_path)
+    assert run.history.open_step == 9
+
+
+def test_resume_under_allow_uses_max_not_last_step(tmp_path):
+    run = start(tmp_path, step_policy="allow")
+    et.log({"a": 1}, step=9, commit=True)
+    et.log({"a": 2}, step=3, commit=True)
+    et.finish()
+    run = start(tmp_path, step_policy="allow")
+    assert run.history.open_step == 10
+
+
+def test_resume_modes(tmp_path):
+    from expr_tracker.build import ResumeError
+
+    with pytest.raises(ResumeError, match="must"):
+        start(tmp_path, resume="must")
+    start(tmp_path)
+    et.log({"a": 1})
+    et.finish()
+    with pytest.raises(ResumeError, match="never"):
+        start(tmp_path, resume="never")
+    start(tmp_path, resume="must")
+    et.finish()
+
+
+def test_open_row_written_after_max_open_seconds_and_merged(tmp_path):
+    run = start(tmp_path, max_open_seconds=0.05)
+    et.log({"a": 1}, commit=False)
+    deadline = time.monotonic() + 10
+    path = run.dir / "metrics.jsonl"
+    while time.monotonic() < deadline and (not path.exists() or not path.read_text()):
+        time.sleep(0.02)
+    assert read_rows(path)[0]["a"] == 1  # on disk before any commit
+    assert et.history(5, include_open=False) == []  # still not committed
+    et.log({"b": 2})  # the real commit: a patch line
+    et.finish()
+    assert len(path.read_text().splitlines()) == 2
+    rows = read_rows(path)
+    assert len(rows) == 1 and rows[0]["a"] == 1 and rows[0]["b"] == 2
+
+
+# ---------------------------------------------------------------- crash
+
+
+CRASH_CHILD = """
+import sys, time, expr_tracker as et
+et.init(project="proj", name="r1", dir=sys.argv[1], buffer_size=1)
+for i in range(100):
+    et.log({"loss": float(i)})
+et.get_run().history.flush()
+print("flushed", flush=True)
+# simulate a write torn by the crash: half a record at the end of the file
+with open(et.get_run().dir / "metrics.jsonl", "ab") as f:
+    f.write(b'{"loss": 1.0, "_st')
+time.sleep(60)
+"""
+
+
+def test_sigkill_mid_run_then_resume(tmp_path):
+    runs = tmp_path / "runs"
+    p = subprocess.Popen(
+        [sys.executable, "-c", CRASH_CHILD, str(runs)], stdout=subprocess.PIPE, text=True
+    )
+    assert p.stdout.readline().strip() == "flushed"
+    p.send_signal(signal.SIGKILL)
+    p.wait(timeout=30)
+    run_dir = runs / "proj" / "r1"
+    # a later reader finds the dead pid: crashed
+    assert read_run_info(run_dir / "run.json")["status"] == "crashed"
+    # every flushed row reads back (the torn fragment is ignored by readers)
+    assert [r["loss"] for r in et.read_history(run_dir)] == [float(i) for i in range(100)]
+    # the next run repairs the torn line and resumes past it
+    run = start(tmp_path)
+    assert run.history.open_step == 100
+    et.log({"loss": 100.0})
+    et.finish()
+    raw = (run_dir / "metrics.jsonl").read_bytes()
+    assert b"_st\n" not in raw and raw.endswith(b"\n")
+    rows = read_rows(run_dir / "metrics.jsonl")
+    assert [r["_step"] for r in rows] == list(range(101))
+    info = json.loads((run_dir / "run.json").read_text())
+    assert info["status"] == "finished"
+    assert info["previous_attempts"][-1]["status"] == "crashed"
+
+
+def test_uncaught_exception_marks_failed(tmp_path):
+    code = """
+    import sys, expr_tracker as et
+    et.init(project="proj", name="r1", dir=sys.argv[1])
+    et.log({"a": 1}, commit=False)
+    raise ValueError("diverged")
+    """
+    p = run_py(code, str(tmp_path / "runs"), check=False)
+    assert p.returncode == 1
+    run_dir = tmp_path / "runs" / "proj" / "r1"
+    info = json.loads((run_dir / "run.json").read_text())
+    assert info["status"] == "failed"
+    assert info["exception"]["type"] == "ValueError"
+    assert "diverged" in info["exception"]["message"]
+    assert read_rows(run_dir / "metrics.jsonl")[0]["a"] == 1  # the open row was committed
+
+
+def test_run_json_identity(tmp_path):
+    run = start(tmp_path)
+    et.finish()
+    info = json.loads((run.dir / "run.json").read_text())
+    for key in ("host", "pid", "argv", "python", "packages", "started_at", "ended_at"):
+        assert key in info
+    assert info["packages"]["expr_tracker"] == et.__version__
+
+
+# ---------------------------------------------------------------- failing disk
+
+
+FAILING_DISK_CHILD = """
+import logging, resource, signal, sys, expr_tracker as et
+logging.basicConfig(level=logging.WARNING)
+signal.signal(signal.SIGXFSZ, signal.SIG_IGN)  # writes past the limit fail with EFBIG
+run = et.init(project="proj", name="r1", dir=sys.argv[1], buffer_size=1)
+et.log({"x": 0})
+run.history.flush()
+size = (run.dir / "metrics.jsonl").stat().st_size
+soft, hard = resource.getrlimit(resource.RLIMIT_FSIZE)
+resource.setrlimit(resource.RLIMIT_FSIZE, (size, hard))   # the disk is "full" now
+for i in range(1, 200):
+    et.log({"x": i})                                      # training continues
+run.history.flush()
+stats = et.info()["history"]["writer"]
+print("errors", stats["write_errors"] > 0, "pending", stats["pending"], flush=True)
+resource.setrlimit(resource.RLIMIT_FSIZE, (soft, hard))   # the disk recovers
+et.finish()
+"""
+
+
+def test_failing_disk_keeps_rows_and_warns_once(tmp_path):
+    p = run_py(FAILING_DISK_CHILD, str(tmp_path / "runs"))
+    assert "errors True pending 199" in p.stdout
+    assert p.stderr.count("cannot write to") == 1
+    rows = read_rows(tmp_path / "runs" / "proj" / "r1" / "metrics.jsonl")
+    assert [r["x"] for r in rows] == list(range(200))
+
+
+def test_pending_limit_drops_oldest_loudly(tmp_path):
+    from expr_tracker.history.writer import JsonlWriter
+
+    w = JsonlWriter(tmp_path / "m.jsonl", max_pending_records=3, async_write=False, buffer_size=100)
+    os.close(w._fd)  # every write now fails with EBADF
+    w._fd = os.open(os.devnull, os.O_RDONLY)
+    for i in range(5):
+        w.append(json.dumps({"_step": i}).encode(), i)
+    assert w.flush() is False
+    assert w.pending == 3 and w.dropped == 2
+    os.close(w._fd)
+    w._fd = os.open(tmp_path / "m.jsonl", os.O_WRONLY | os.O_APPEND)
+    assert w.flush() is True
+    w.close()
+    assert [r["_step"] for r in read_rows(tmp_path / "m.jsonl")] == [2, 3, 4]
+
+
+# ---------------------------------------------------------------- one writer per file
+
+
+def test_two_processes_on_one_stream_refused(tmp_path):
+    holder = subprocess.Popen(
+        [
+            sys.executable,
+            "-c",
+            "import sys,time,expr_tracker as et\n"
+            "et.init(project='proj', name='r1', dir=sys.argv[1])\n"
+            "print('ready', flush=True)\ntime.sleep(60)\n",
+            str(tmp_path / "runs"),
+        ],
+        stdout=subprocess.PIPE,
+        text=True,
+    )
+    try:
+        assert holder.stdout.readline().strip() == "ready"
+        with pytest.raises(et.RunLockedError, match=f"pid={holder.pid}"):
+            start(tmp_path)
+        # another stream of the same run is fine
+        start(tmp_path, stream="data")
+        et.log({"a": 1})
+        et.finish()
+        assert (tmp_path / "runs" / "proj" / "r1" / "metrics.data.jsonl").exists()
+    finally:
+        holder.kill()
+        holder.wait()
+
+
+# ---------------------------------------------------------------- fork
+
+
+@pytest.mark.skipif(not hasattr(os, "fork"), reason="needs fork")
+def test_forked_child_gets_clear_error_and_can_start_its_own_stream(tmp_path):
+    code = """
+    import os, sys, expr_tracker as et
+    et.init(project="proj", name="r1", dir=sys.argv[1])
+    et.log({"parent": 1})
+    pid = os.fork()
+    if pid == 0:
+        code = 0
+        try:
+            et.log({"child": 1})
+            code = 10
+        except et.ForkedRunError as e:
+            if "et.init" not in str(e):
+                code = 11
+        try:
+            et.init(project="proj", name="r1", dir=sys.argv[1], stream="worker")
+            et.log({"child": 2})
+            et.finish()
+        except Exception as e:
+            print("child init failed", e, flush=True)
+            code = 12
+        os._exit(code)
+    _, status = os.waitpid(pid, 0)
+    print("child exit", os.waitstatus_to_exitcode(status), flush=True)
+    et.log({"parent": 2})
+    et.finish()
+    """
+    p = run_py(code, str(tmp_path / "runs"), timeout=60)
+    assert "child exit 0" in p.stdout, p.stdout + p.stderr
+    run_dir = tmp_path / "runs" / "proj" / "r1"
+    assert [r.get("parent") for r in read_rows(run_dir / "metrics.jsonl")] == [1, 2]
+    assert read_rows(run_dir / "metrics.worker.jsonl")[0]["child"] == 2
+
+
+# ---------------------------------------------------------------- streams and ranks
+
+
+def test_rank_files_and_stream_validation(tmp_path, monkeypatch):
+    monkeypatch.setenv("RANK", "3")
+    run = start(tmp_path, stream="data")
+    et.log({"a": 1})
+    et.finish()
+    names = sorted(p.name for p in run.dir.iterdir())
+    assert "metrics.data.rank3.jsonl" in names
+    assert "metrics.data.rank3.meta.json" in names
+    assert "run.data.rank3.json" in names
+    assert "summary.data.rank3.json" in names
+    assert "config.data.json" in names
+    from expr_tracker.spec import SpecError
+
+    for bad in ("../x", "a/b", "..", "a.b", ""):
+        with pytest.raises(SpecError, match="stream"):
+            start(tmp_path, stream=bad)
+
+
+def test_rank_aware_off_uses_plain_names(tmp_path, monkeypatch):
+    monkeypatch.setenv("RANK", "2")
+    run = start(tmp_path, rank_aware=False)
+    et.finish()
+    assert (run.dir / "metrics.jsonl").exists()
+
+
+# ---------------------------------------------------------------- history while live / offline
+
+
+def test_history_live_includes_open_row_and_offline_reads(tmp_path):
+    run = start(tmp_path)
+    for i in range(10):
+        et.log({"a": i})
+    et.log({"a": 10}, commit=False)
+    got = et.history(3)
+    assert [r["a"] for r in got] == [8, 9, 10]
+    got[0]["a"] = "changed"  # a snapshot
+    assert et.history(3)[0]["a"] == 8
+    et.finish()
+    assert [r["a"] for r in et.history(2, run=run.dir)] == [9, 10]
+    assert len(et.history(-1, run=run.dir)) == 11
+
+
+def test_spec_json_saved_with_secrets_redacted(tmp_path):
+    run = start(
+        tmp_path,
+        alert={"channels": [{"type": "slack", "url": "https://hooks.example/SECRET123"}]},
+    )
+    et.finish()
+    text = (run.dir / "spec.json").read_text()
+    assert "SECRET123" not in text
+    spec = json.loads(text)
+    assert spec["project"] == "proj" and spec["history"]["buffer"]["size"] == 50
