@@ -159,7 +159,7 @@ def test_dictconfig_broken_interpolation_and_missing_value_named_by_config_key()
     assert [i.path for i in err.issues] == ["project", "history.buffer.size"]
     assert [i.config_key for i in err.issues] == ["tracker.project", "tracker.history.buffer.size"]
     text = str(err)
-    assert "interpolation" in text and "nope" in text
+    assert "interpolation '${nope}' could not be resolved" in text
     assert "tracker.history.buffer.size" in text and "missing" in text
 
 
@@ -576,3 +576,27 @@ def test_locations_of_unnamed_rules_follow_merged_positions(tmp_path):
     assert issue.path == "alerts.rules[2].for_steps"
     assert issue.location == (path, 5, 7)
     assert issue.source == f"file:{path}"
+
+
+def test_config_omegaconf_broken_interpolation_stays_literal_with_warning():
+    cfg = OmegaConf.create({"lr": 0.1, "x": "${nope}", "y": "${lr}", "l": [1, "${lr}"]})
+    with pytest.warns(UserWarning, match="config.x"):
+        r = resolve(kwargs={"config": cfg}, environ={})
+    assert r.spec.config == {"lr": 0.1, "x": "${nope}", "y": 0.1, "l": [1, 0.1]}
+
+
+def test_spec_dictconfig_config_section_is_lenient_but_the_rest_strict():
+    cfg = OmegaConf.create({"tracker": {"config": {"a": "${nope}"}, "project": "${nope}"}})
+    with pytest.warns(UserWarning, match="config.a"):
+        with pytest.raises(SpecError) as info:
+            resolve(cfg.tracker, environ={})
+    assert [i.path for i in info.value.issues] == ["project"]
+    cfg = OmegaConf.create({"tracker": {"config": {"a": "${nope}", "b": 2}}})
+    with pytest.warns(UserWarning):
+        assert resolve(cfg.tracker, environ={}).spec.config == {"a": "${nope}", "b": 2}
+
+
+def test_dictconfig_nested_inside_a_dict_spec():
+    inner = OmegaConf.create({"size": 5, "interval": "${size}"})
+    r = resolve({"history": {"buffer": inner}}, environ={})
+    assert (r.spec.history.buffer.size, r.spec.history.buffer.interval) == (5, 5.0)

@@ -37,7 +37,15 @@ from expr_tracker.spec.errors import (
     join_path,
     suggest,
 )
-from expr_tracker.spec.models import NAMED_LISTS, RunSpec, entry_name
+from expr_tracker.spec.models import (
+    _SKIP,
+    NAMED_LISTS,
+    RunSpec,
+    _is_omegaconf,
+    _keep_literal,
+    entry_name,
+    omegaconf_to_plain,
+)
 
 __all__ = [
     "ALERT_CONFIG_ENV",
@@ -151,6 +159,8 @@ def _leaves(path: str, value: Any) -> Iterator[tuple[str, Any]]:
 
 def _copy(value: Any) -> Any:
     """Copy the containers of a plain-data value; leave every other object as it is."""
+    if _is_omegaconf(value):
+        return omegaconf_to_plain(value)
     if isinstance(value, Mapping) and not isinstance(value, BaseModel):
         return {k: _copy(v) for k, v in value.items()}
     if isinstance(value, list):
@@ -199,6 +209,8 @@ class _Merger:
     def _merge(self, dst: dict, src: Mapping, path: str, layer: Layer) -> None:
         for key, value in src.items():
             p = join_path(path, key)
+            if _is_omegaconf(value):
+                value = omegaconf_to_plain(value)
             if p in NAMED_LISTS and isinstance(value, (list, tuple, Mapping)):
                 current = dst.get(key)
                 if not isinstance(current, list):
@@ -524,64 +536,35 @@ def configure_alert_layer(values: Mapping[str, Any]) -> Layer:
     return Layer("configure_alert", _alerts_section(_copy(values), "configure_alert"))
 
 
-def _is_omegaconf(value: Any) -> bool:
-    return type(value).__module__.split(".")[0] == "omegaconf"
-
-
 def _omegaconf_to_dict(cfg: Any) -> tuple[dict[str, Any], str | None]:
     """Resolve a DictConfig to a plain dict, reporting every broken interpolation and every
-    missing (``???``) value at once, by their full config key."""
-    from omegaconf import DictConfig, ListConfig, OmegaConf
+    missing (``???``) value at once, by their full config key. Inside ``config`` (the user's
+    own values) a broken interpolation stays literal with a warning instead."""
+    from omegaconf import DictConfig
     from omegaconf.errors import MissingMandatoryValue
 
     prefix = cfg._get_full_key("") or None
     issues: list[SpecIssue] = []
 
-    def rel(key: str) -> str:
-        if prefix and key.startswith(prefix + "."):
-            return key[len(prefix) + 1 :]
-        return key
-
-    def walk(node: Any, key_path: str) -> Any:
-        if isinstance(node, DictConfig):
-            items = [(k, join_path(key_path, k)) for k in node.keys()]
-            out: Any = {}
-        elif isinstance(node, ListConfig):
-            items = [(i, join_path(key_path, i)) for i in range(len(node))]
-            out = []
+    def on_error(key_path: str, exc: Exception, raw: Any) -> Any:
+        if (key_path == "config" or key_path.startswith("config.")) and not isinstance(
+            exc, MissingMandatoryValue
+        ):
+            return _keep_literal(key_path[len("config.") :], exc, raw)
+        if isinstance(exc, MissingMandatoryValue):
+            message = "is required: it is marked missing (???) in the config"
         else:
-            return node
-        for k, child_path in items:
-            try:
-                value = node[k]
-            except MissingMandatoryValue:
-                issues.append(
-                    SpecIssue(
-                        rel(child_path),
-                        "is required: it is marked missing (???) in the config",
-                        source="spec",
-                        config_key=f"{prefix}.{child_path}" if prefix else child_path,
-                    )
-                )
-                continue
-            except Exception as exc:  # InterpolationResolutionError and friends
-                message = str(getattr(exc, "msg", exc)).splitlines()[0]
-                issues.append(
-                    SpecIssue(
-                        rel(child_path),
-                        f"interpolation could not be resolved: {message}",
-                        source="spec",
-                        config_key=f"{prefix}.{child_path}" if prefix else child_path,
-                    )
-                )
-                continue
-            if OmegaConf.is_config(value):
-                value = walk(value, child_path)
-            if isinstance(out, dict):
-                out[k] = value
-            else:
-                out.append(value)
-        return out
+            reason = str(getattr(exc, "msg", exc)).splitlines()[0]
+            message = f"interpolation {raw!r} could not be resolved: {reason}"
+        issues.append(
+            SpecIssue(
+                key_path,
+                message,
+                source="spec",
+                config_key=f"{prefix}.{key_path}" if prefix else key_path,
+            )
+        )
+        return _SKIP
 
     if cfg is None or (isinstance(cfg, DictConfig) and cfg._is_none()):
         return {}, prefix
@@ -589,7 +572,7 @@ def _omegaconf_to_dict(cfg: Any) -> tuple[dict[str, Any], str | None]:
         raise SpecError(
             [SpecIssue("", "spec must be a mapping (a DictConfig), not a list", source="spec")]
         )
-    data = walk(cfg, "")
+    data = omegaconf_to_plain(cfg, on_error)
     if issues:
         raise SpecError(issues)
     return data, prefix

@@ -57,6 +57,7 @@ __all__ = [
     "level_rank",
     "named_entries",
     "normalize_level",
+    "omegaconf_to_plain",
 ]
 
 # --- levels -------------------------------------------------------------------------------
@@ -182,24 +183,78 @@ def _path_str(value: Any) -> Any:
     return os.fspath(value) if isinstance(value, os.PathLike) else value
 
 
+def _is_omegaconf(value: Any) -> bool:
+    return type(value).__module__.split(".")[0] == "omegaconf"
+
+
+def _keep_literal(key_path: str, exc: Exception, raw: Any) -> Any:
+    import warnings
+
+    reason = str(getattr(exc, "msg", exc)).splitlines()[0]
+    warnings.warn(
+        f"config.{key_path}: interpolation {raw!r} could not be resolved ({reason}); "
+        "kept literally",
+        stacklevel=4,
+    )
+    return raw
+
+
+def omegaconf_to_plain(node: Any, on_error: Any = None, key_path: str = "") -> Any:
+    """An OmegaConf DictConfig/ListConfig as plain dicts/lists, each value resolved on its own.
+
+    Args:
+        node: the container (anything else is returned unchanged).
+        on_error: ``on_error(key_path, exc, raw) -> value`` for a value that cannot be resolved
+            (a broken interpolation; ``raw`` is its text) or is missing (``???``; ``raw`` is
+            ``"???"``); return ``_SKIP`` to leave the key out. Default: keep the raw text,
+            with one warning naming the key.
+        key_path: dotted key of ``node`` (for messages).
+    """
+    from omegaconf import DictConfig, ListConfig, OmegaConf
+
+    on_error = on_error or _keep_literal
+    if isinstance(node, DictConfig):
+        if node._is_none():
+            return None
+        keys: list[Any] = list(node.keys())
+        out: Any = {}
+    elif isinstance(node, ListConfig):
+        if node._is_none():
+            return None
+        keys = list(range(len(node)))
+        out = []
+    else:
+        return node
+    for key in keys:
+        child_path = f"{key_path}.{key}" if key_path else str(key)
+        try:
+            value = node[key]
+        except Exception as exc:  # InterpolationResolutionError, MissingMandatoryValue, ...
+            raw = node._get_node(key)._value()
+            value = on_error(child_path, exc, raw)
+            if value is _SKIP:
+                continue
+        if OmegaConf.is_config(value):
+            value = omegaconf_to_plain(value, on_error, child_path)
+        if isinstance(out, dict):
+            out[key] = value
+        else:
+            out.append(value)
+    return out
+
+
+_SKIP: Any = object()
+
+
 def _config_dict(value: Any) -> Any:
-    """Accept OmegaConf containers, argparse namespaces, dataclasses and models as ``config``."""
+    """Accept OmegaConf containers, argparse namespaces, dataclasses and models as ``config``.
+
+    An OmegaConf interpolation that cannot be resolved stays literal, with a warning.
+    """
     if value is None:
         return {}
-    module = type(value).__module__
-    if module.startswith("omegaconf"):
-        import warnings
-
-        from omegaconf import OmegaConf
-
-        try:
-            return OmegaConf.to_container(value, resolve=True)
-        except Exception as exc:  # an unresolvable interpolation stays literal
-            warnings.warn(
-                f"config: an interpolation could not be resolved ({exc}); kept literally",
-                stacklevel=2,
-            )
-            return OmegaConf.to_container(value, resolve=False)
+    if _is_omegaconf(value):
+        return omegaconf_to_plain(value)
     if isinstance(value, BaseModel):
         return value.model_dump()
     if hasattr(value, "__dataclass_fields__") and not isinstance(value, type):
