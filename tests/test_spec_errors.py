@@ -179,3 +179,11 @@ def test_unquoted_one_line_rule_in_yaml_gets_a_hint(tmp_path):
     assert issue.path == "alerts.rules[0]"
     assert issue.location == (str(run), 3, 7)
     assert "quote it" in issue.message and "loss > 1 => error: high" in issue.message
+
+
+def test_validate_json_file_has_locations(tmp_path):
+    f = tmp_path / "run.json"
+    f.write_text('{\n  "history": {\n    "buffer": {"size": 0}\n  }\n}\n')
+    (issue,) = validate_file(f)
+    assert issue.path == "history.buffer.size"
+    assert issue.location == (str(f), 3, 16)

@@ -397,8 +397,13 @@ def load_file(
     suffix = p.suffix.lower()
     try:
         if suffix == ".json":
-            with open(p, encoding="utf-8") as f:
-                data = json.load(f)
+            text = p.read_text(encoding="utf-8")
+            data = json.loads(text)
+            try:  # JSON is (nearly always) YAML: its node marks give line and column
+                node = yaml.compose(text, Loader=yaml.SafeLoader)
+                _yaml_locations(node, data, root, file, locations)
+            except yaml.YAMLError:
+                locations.clear()
         elif suffix == ".toml":
             data = _load_toml(p)
         else:

@@ -381,10 +381,18 @@ def _check_plugin_object(value: Any) -> Any:
     return value
 
 
+class _OrPluginName:
+    """JSON Schema of a plugin entry: a PluginSpec or a plugin name."""
+
+    @staticmethod
+    def __get_pydantic_json_schema__(core_schema: Any, handler: Any) -> dict[str, Any]:
+        return {"anyOf": [{"type": "string", "minLength": 1}, handler(core_schema)]}
+
+
 #: One entry of spans.plugins: a PluginSpec (from YAML) or a plugin object/callable (from Python).
 PluginEntry = Annotated[
     Union[
-        Annotated[PluginSpec, BeforeValidator(_plugin_spec_input), Tag("spec")],
+        Annotated[PluginSpec, BeforeValidator(_plugin_spec_input), _OrPluginName, Tag("spec")],
         Annotated[SkipJsonSchema[Any], AfterValidator(_check_plugin_object), Tag("object")],
     ],
     Discriminator(_plugin_kind),
