@@ -25,12 +25,14 @@ from expr_tracker.errors import (
 )
 from expr_tracker.history import read_history, resolve_run_path
 from expr_tracker.run import Run
+from expr_tracker.spans import Span, span, start_span
 
 __all__ = [
     "ExprTrackerError",
     "ForkedRunError",
     "NoActiveRunError",
     "Run",
+    "Span",
     "RunAlreadyActiveError",
     "RunLockedError",
     "__version__",
@@ -43,5 +45,7 @@ __all__ = [
     "log",
     "read_history",
     "resolve_run_path",
+    "span",
+    "start_span",
     "summary",
 ]
