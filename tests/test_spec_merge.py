@@ -153,3 +153,13 @@ def test_replacing_a_subtree_forgets_its_old_sources():
     ]
     _, sources, _ = merge_layers(layers)
     assert sources == {"config": "b"}
+
+
+def test_merge_at_a_section_path():
+    a = {"rules": {"nan": {"condition": "isnan(loss)"}}, "on_rank": 0}
+    b = {"rules": [{"name": "nan", "level": "error"}], "on_rank": 1}
+    assert merge(None, a, b, at="alerts") == {
+        "rules": [{"name": "nan", "condition": "isnan(loss)", "level": "error"}],
+        "on_rank": 1,
+    }
+    assert merge(at="alerts") == {}

@@ -286,8 +286,11 @@ def merge_layers(layers: Sequence[Layer]) -> tuple[dict, dict[str, str], dict[st
     return merger.data, merger.sources, merger.locations
 
 
-def merge(*layers: Mapping[str, Any]) -> dict[str, Any]:
+def merge(*layers: Mapping[str, Any] | None, at: str = "") -> dict[str, Any]:
     """Merge RunSpec-shaped dicts, later wins; returns a new plain dict.
+
+    ``at`` is the dotted path the layers sit at (``at="alerts"`` merges alerts sections, so
+    their rules and channels merge by name); None layers are skipped.
 
     - Mappings merge deeply.
     - ``alerts.rules`` and ``alerts.channels`` (lists or ``{name: entry}`` mappings) merge by
@@ -297,7 +300,15 @@ def merge(*layers: Mapping[str, Any]) -> dict[str, Any]:
       layer never merge with each other (duplicates are left for validation to report).
     - Every other list, and every other value, is replaced.
     """
-    return merge_layers([Layer(f"layer{i}", dict(d)) for i, d in enumerate(layers)])[0]
+    wrapped = [
+        Layer(f"layer{i}", _nest(at, d) if at else dict(d))
+        for i, d in enumerate(layers)
+        if d is not None
+    ]
+    out: Any = merge_layers(wrapped)[0]
+    for part in at.split(".") if at else ():
+        out = out.get(part, {})
+    return out
 
 
 def _nearest(table: Mapping[str, Any], path: str) -> Any:
