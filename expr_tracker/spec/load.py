@@ -19,7 +19,6 @@ from __future__ import annotations
 
 import json
 import os
-import re
 import time
 from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
@@ -686,9 +685,6 @@ def kwargs_to_dict(kwargs: Mapping[str, Any]) -> dict[str, Any]:
 
 def _timestamp() -> str:
     return time.strftime("%Y%m%d-%H%M%S")
-
-
-_FREE_FORM = re.compile(r"(^|\.)(config|options|backends)($|[.\[])")
 
 
 def _jsonable(value: Any, free_form: bool, depth: int = 0) -> Any:
