@@ -1,0 +1,352 @@
+"""What every channel shares: ``Channel``, ``SendResult``, ``DeliveryError`` and ``post_json``.
+
+A channel only sends what it is handed (STYLE.md 6): timing, retries, rate limits, dedup and
+threads belong to the dispatcher. ``send(message, timeout)`` either returns a ``SendResult``
+(the endpoint accepted it) or raises ``DeliveryError`` saying whether a retry may help, the
+HTTP status and any ``Retry-After``. Settings are validated in ``__init__`` and raise
+``ChannelConfigError`` (a ``ValueError``) at configuration time.
+
+Secrets (URL, signing secret, passwords, tokens in headers) are listed by ``secrets()`` so the
+dispatcher can scrub them from every error text; ``repr`` shows only the redacted target.
+"""
+
+from __future__ import annotations
+
+import email.utils
+import json
+import time
+import urllib.error
+import urllib.request
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import Any, ClassVar
+
+from expr_tracker.alerts.message import AlertMessage, redact_url, scrub
+
+__all__ = [
+    "Channel",
+    "ChannelConfigError",
+    "DeliveryError",
+    "HttpChannel",
+    "SendResult",
+    "parse_retry_after",
+    "post_json",
+]
+
+#: bytes of a response body kept for reports
+BODY_LIMIT = 2048
+
+
+class ChannelConfigError(ValueError):
+    """A channel is misconfigured (raised at configuration time, never while sending)."""
+
+
+class DeliveryError(Exception):
+    """A send failed.
+
+    Attributes:
+        reason: short cause, secrets removed (``"HTTP 500"``, ``"timed out"``, ...).
+        status: HTTP status when the endpoint answered, else None.
+        retry_after: seconds the endpoint asked to wait (``Retry-After``), else None.
+        retryable: whether trying again may succeed (the dispatcher also consults
+            ``retry_on_status`` for HTTP statuses).
+        body: the start of the response body, if any.
+    """
+
+    def __init__(
+        self,
+        reason: str,
+        *,
+        status: int | None = None,
+        retry_after: float | None = None,
+        retryable: bool = True,
+        body: str = "",
+    ) -> None:
+        super().__init__(reason)
+        self.reason = reason
+        self.status = status
+        self.retry_after = retry_after
+        self.retryable = retryable
+        self.body = body
+
+    def __str__(self) -> str:
+        return self.reason
+
+
+@dataclass(frozen=True)
+class SendResult:
+    """What an endpoint answered to a successful send: HTTP ``status`` (None for non-HTTP
+    channels) and the start of the response ``body`` (``detail`` for others)."""
+
+    status: int | None = None
+    body: str = ""
+
+    def describe(self) -> str:
+        if self.status is None:
+            return self.body or "ok"
+        return f"HTTP {self.status} {self.body}".strip()
+
+
+def parse_retry_after(value: str | None, now: float | None = None) -> float | None:
+    """Seconds from a ``Retry-After`` header: delta-seconds or an HTTP date (against the wall
+    clock ``now``, default ``time.time()``). None when absent or unreadable; never negative."""
+    if value is None:
+        return None
+    value = value.strip()
+    try:
+        return max(0.0, float(value))
+    except ValueError:
+        pass
+    try:
+        when = email.utils.parsedate_to_datetime(value)
+    except (TypeError, ValueError, IndexError):
+        return None
+    if when is None:
+        return None
+    now = time.time() if now is None else now
+    return max(0.0, when.timestamp() - now)
+
+
+class _NoRedirect(urllib.request.HTTPRedirectHandler):
+    """A webhook POST is never silently re-sent elsewhere (or turned into a GET)."""
+
+    def redirect_request(self, req, fp, code, msg, headers, newurl):  # noqa: ANN001
+        return None
+
+
+_OPENER = urllib.request.build_opener(_NoRedirect)
+
+
+@dataclass(frozen=True)
+class HttpResponse:
+    status: int
+    body: str
+    headers: Mapping[str, str]
+
+
+def post_json(
+    url: str,
+    payload: Any,
+    *,
+    timeout: float,
+    headers: Mapping[str, str] | None = None,
+    method: str = "POST",
+    content_type: str = "application/json; charset=utf-8",
+    secrets: tuple[str, ...] = (),
+) -> HttpResponse:
+    """Send ``payload`` (JSON-encoded unless ``bytes``/``str``) with ``urllib.request``.
+
+    ``timeout`` (seconds) bounds the connection and each read. Redirects are not followed.
+
+    Returns:
+        ``HttpResponse`` for a 2xx answer (body decoded, at most ``BODY_LIMIT`` bytes).
+
+    Raises:
+        DeliveryError: a non-2xx status (with ``status``, ``retry_after``, ``body``), a
+            timeout, or a connection failure; its text never holds ``url`` or ``secrets``.
+    """
+    if isinstance(payload, bytes):
+        data = payload
+    elif isinstance(payload, str):
+        data = payload.encode("utf-8")
+    else:
+        data = json.dumps(payload, ensure_ascii=False, default=str).encode("utf-8")
+    hidden = (url, *secrets)
+    request = urllib.request.Request(url, data=data, method=method)
+    request.add_header("Content-Type", content_type)
+    request.add_header("User-Agent", "expr_tracker-alerts")
+    for key, value in (headers or {}).items():
+        request.add_header(str(key), str(value))
+    try:
+        with _OPENER.open(request, timeout=timeout) as response:
+            body = response.read(BODY_LIMIT).decode("utf-8", "replace")
+            return HttpResponse(response.status, body, dict(response.headers.items()))
+    except urllib.error.HTTPError as exc:
+        try:
+            body = exc.read(BODY_LIMIT).decode("utf-8", "replace")
+        except Exception:  # noqa: BLE001 - the body is only informative
+            body = ""
+        retry_after = parse_retry_after(exc.headers.get("Retry-After") if exc.headers else None)
+        exc.close()
+        raise DeliveryError(
+            f"HTTP {exc.code}",
+            status=exc.code,
+            retry_after=retry_after,
+            body=scrub(body.strip()[:200], hidden),
+        ) from None
+    except urllib.error.URLError as exc:
+        reason = getattr(exc, "reason", exc)
+        raise DeliveryError(_cause(reason, hidden)) from None
+    except (TimeoutError, OSError, ValueError) as exc:
+        raise DeliveryError(_cause(exc, hidden)) from None
+    except Exception as exc:  # noqa: BLE001 - http.client raises assorted errors
+        raise DeliveryError(_cause(exc, hidden)) from None
+
+
+def _cause(exc: Any, hidden: tuple[str, ...]) -> str:
+    if isinstance(exc, TimeoutError) or "timed out" in str(exc):
+        return "timed out"
+    if isinstance(exc, ConnectionRefusedError):
+        return "connection refused"
+    if isinstance(exc, BaseException):
+        text = str(exc) or type(exc).__name__
+        return scrub(f"{type(exc).__name__}: {text}", hidden)[:200]
+    return scrub(str(exc), hidden)[:200]
+
+
+def decode_json(body: str) -> Any:
+    """``json.loads(body)``; raises ``DeliveryError`` (not retryable) for a malformed body."""
+    try:
+        return json.loads(body)
+    except ValueError:
+        raise DeliveryError(
+            "malformed response (not JSON)", retryable=False, body=body[:200]
+        ) from None
+
+
+class Channel:
+    """Base of every channel type.
+
+    Args:
+        name: the channel's name (unique within a run).
+        url: the endpoint (webhook URL), already read from ``url_env`` if that was given.
+        secret: signing secret (Lark, DingTalk).
+        options: type-specific settings (validated by the subclass; unknown keys raise).
+
+    Subclasses set ``kind``, ``option_names`` (accepted option keys), ``needs_url``, and
+    implement ``send(message, timeout) -> SendResult``.
+    """
+
+    kind: ClassVar[str] = "base"
+    option_names: ClassVar[frozenset[str]] = frozenset()
+    needs_url: ClassVar[bool] = False
+
+    def __init__(
+        self,
+        name: str | None = None,
+        *,
+        url: str | None = None,
+        secret: str | None = None,
+        options: Mapping[str, Any] | None = None,
+    ) -> None:
+        self.name = name or self.kind
+        self.url = url or None
+        self.secret = secret or None
+        self.options = dict(options or {})
+        unknown = sorted(set(self.options) - set(self.option_names))
+        if unknown:
+            valid = ", ".join(sorted(self.option_names)) or "none"
+            raise ChannelConfigError(
+                f"alerts.channels.{self.name}.options: unknown option(s) "
+                f"{', '.join(unknown)} for a {self.kind} channel (valid: {valid})"
+            )
+        if self.needs_url and not self.url:
+            raise ChannelConfigError(
+                f"alerts.channels.{self.name}: a {self.kind} channel needs `url` "
+                "(or `url_env` naming a set environment variable)"
+            )
+        if self.url and self.needs_url and not str(self.url).startswith(("http://", "https://")):
+            raise ChannelConfigError(
+                f"alerts.channels.{self.name}.url: must start with http:// or https:// "
+                f"(got {redact_url(self.url) or '***'})"
+            )
+
+    # ---------------------------------------------------------------- contract
+
+    def send(self, message: AlertMessage, timeout: float) -> SendResult:
+        """Deliver ``message`` once, within ``timeout`` seconds per network operation.
+
+        Raises:
+            DeliveryError: the endpoint refused it or could not be reached.
+        """
+        raise NotImplementedError
+
+    def secrets(self) -> tuple[str, ...]:
+        """Every secret this channel holds (scrubbed from error texts)."""
+        return tuple(s for s in (self.url, self.secret) if s)
+
+    @property
+    def target(self) -> str:
+        """Where it sends, redacted (safe to print)."""
+        return redact_url(self.url) if self.url else self.kind
+
+    def close(self) -> None:
+        """Release resources (nothing by default)."""
+
+    def __repr__(self) -> str:
+        return f"{type(self).__name__}(name={self.name!r}, target={self.target!r})"
+
+
+class HttpChannel(Channel):
+    """A channel that POSTs one JSON body to a webhook URL.
+
+    Subclasses implement ``payload(message) -> dict`` and may override ``check(response)``
+    (service-level error codes in a 200 answer) and ``request_url()`` (signing).
+    """
+
+    needs_url = True
+
+    def payload(self, message: AlertMessage) -> Any:
+        raise NotImplementedError
+
+    def request_url(self) -> str:
+        return self.url  # type: ignore[return-value]
+
+    def headers(self) -> dict[str, str]:
+        return {}
+
+    def check(self, response: HttpResponse) -> SendResult:
+        return SendResult(response.status, response.body.strip()[:200])
+
+    def send(self, message: AlertMessage, timeout: float) -> SendResult:
+        response = post_json(
+            self.request_url(),
+            self.payload(message),
+            timeout=timeout,
+            headers=self.headers(),
+            secrets=self.secrets(),
+        )
+        return self.check(response)
+
+
+def check_code(
+    response: HttpResponse,
+    *,
+    code_keys: tuple[str, ...],
+    msg_keys: tuple[str, ...],
+    retry_codes: frozenset[int] = frozenset(),
+) -> SendResult:
+    """Check a JSON answer whose first present key of ``code_keys`` must be 0.
+
+    Raises:
+        DeliveryError: malformed body (not retried) or a non-zero code (retried only when in
+            ``retry_codes``, the service's own rate-limit codes).
+    """
+    data = decode_json(response.body)
+    if not isinstance(data, dict):
+        raise DeliveryError("malformed response (not an object)", retryable=False)
+    code = None
+    for key in code_keys:
+        if key in data:
+            code = data[key]
+            break
+    msg = next((str(data[k]) for k in msg_keys if k in data), "")
+    if code is None:
+        raise DeliveryError(
+            "malformed response (no status code)", retryable=False, body=response.body[:200]
+        )
+    if code != 0:
+        raise DeliveryError(
+            f"service error {code}: {msg}"[:200],
+            status=response.status,
+            retryable=code in retry_codes,
+            body=response.body[:200],
+        )
+    return SendResult(response.status, f"code 0 {msg}".strip())
+
+
+def fields_list(message: AlertMessage, limit: int = 20) -> list[tuple[str, str]]:
+    """``(name, value)`` display pairs of ``message.fields`` (at most ``limit``)."""
+    from expr_tracker.alerts.message import format_value
+
+    return [(str(k), format_value(v)) for k, v in list(message.fields.items())[:limit]]

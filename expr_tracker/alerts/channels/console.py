@@ -1,0 +1,76 @@
+"""Console channel: prints each message with rich (stderr by default).
+
+Options: ``console`` (a ``rich.console.Console``, from Python; tests pass a fixed-width one
+with ``record=True``), ``stream`` (``"stderr"`` or ``"stdout"``).
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from expr_tracker.alerts.channels.base import Channel, ChannelConfigError, SendResult
+from expr_tracker.alerts.message import AlertMessage, format_value
+
+__all__ = ["ConsoleChannel", "render_console"]
+
+_STYLE = {
+    "debug": "dim",
+    "info": "cyan",
+    "warning": "yellow",
+    "error": "bold red",
+    "critical": "bold white on red",
+}
+
+
+def render_console(message: AlertMessage) -> Any:
+    """A rich renderable for ``message`` (markup in user text is not interpreted)."""
+    from rich.text import Text
+
+    text = Text()
+    text.append(f" {message.level.upper()} ", style=_STYLE.get(message.level, ""))
+    text.append(f" {message.title}", style="bold")
+    if message.step is not None:
+        text.append(f"  step {message.step}", style="dim")
+    if message.subtitle:
+        text.append("\n  " + message.subtitle, style="italic")
+    if message.text:
+        text.append("\n  " + message.text)
+    for key, value in message.fields.items():
+        if key in ("step",):
+            continue
+        text.append(f"\n  {key}: ", style="dim")
+        text.append(format_value(value))
+    if message.tags:
+        text.append("\n  tags: " + ", ".join(message.tags), style="dim")
+    if message.traceback:
+        text.append("\n" + message.traceback.rstrip()[-4000:], style="dim")
+    return text
+
+
+class ConsoleChannel(Channel):
+    """Prints alerts to the terminal."""
+
+    kind = "console"
+    option_names = frozenset({"console", "stream"})
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        stream = self.options.get("stream", "stderr")
+        if stream not in ("stderr", "stdout"):
+            raise ChannelConfigError(
+                f"alerts.channels.{self.name}.options.stream: must be 'stderr' or 'stdout'"
+            )
+        self._console = self.options.get("console")
+        self._stderr = stream == "stderr"
+
+    @property
+    def console(self) -> Any:
+        if self._console is None:
+            from rich.console import Console
+
+            self._console = Console(stderr=self._stderr)
+        return self._console
+
+    def send(self, message: AlertMessage, timeout: float) -> SendResult:
+        self.console.print(render_console(message))
+        return SendResult(None, "printed")

@@ -1,0 +1,32 @@
+"""WeCom (WeChat Work) group robot: markdown message.
+
+The answer is ``{"errcode": 0, "errmsg": "ok"}``; 45009 (API frequency limit) is retried.
+``mentions`` are user ids rendered as ``<@id>``.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from expr_tracker.alerts.channels.base import HttpChannel, HttpResponse, SendResult, check_code
+from expr_tracker.alerts.channels.dingtalk import markdown_text
+from expr_tracker.alerts.message import AlertMessage
+
+__all__ = ["WeComChannel"]
+
+
+class WeComChannel(HttpChannel):
+    """WeCom group robot webhook."""
+
+    kind = "wecom"
+
+    def payload(self, message: AlertMessage) -> dict[str, Any]:
+        text = markdown_text(message)
+        if message.mentions:
+            text += "\n" + " ".join(f"<@{m}>" for m in message.mentions)
+        return {"msgtype": "markdown", "markdown": {"content": text[:4000]}}
+
+    def check(self, response: HttpResponse) -> SendResult:
+        return check_code(
+            response, code_keys=("errcode",), msg_keys=("errmsg",), retry_codes=frozenset({45009})
+        )

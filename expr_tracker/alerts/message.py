@@ -1,0 +1,258 @@
+"""AlertMessage: what a channel is handed, and the helpers channels share to render it.
+
+Levels are the spec's table (``expr_tracker.spec.models``): debug < info < warning < error <
+critical, aliases warn/err/fatal/crit, compared by severity with ``level_rank``.
+
+``safe_format(template, values)`` fills ``{name}`` placeholders by literal key only (no
+attribute or index access), for channel templates. ``redact_url(url)`` keeps the scheme and
+host of a URL and hides the rest; ``scrub(text, secrets)`` removes secrets from any text
+before it reaches a log, an exception, stats or a record.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import string
+import time
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass, field, replace
+from typing import Any
+from urllib.parse import urlsplit
+
+from expr_tracker.spec.models import LEVELS, level_rank, normalize_level
+
+__all__ = [
+    "LEVELS",
+    "AlertMessage",
+    "level_rank",
+    "normalize_level",
+    "redact_url",
+    "safe_format",
+    "scrub",
+]
+
+_FORMATTER = string.Formatter()
+
+
+@dataclass(slots=True)
+class AlertMessage:
+    """One alert to deliver.
+
+    Attributes:
+        title: one line.
+        text: the body (plain text; channels escape it for HTML/markdown).
+        level: canonical level name (``normalize_level`` is applied; an unknown level raises
+            ``ValueError`` at construction).
+        subtitle: a second line under the title ("" for none).
+        traceback: formatted traceback text, for failure messages.
+        fields: name -> value shown as a table; the dispatcher adds ``project``, ``run`` and
+            ``step`` when it knows them.
+        tags: routing tags (a channel with ``tags`` admits a message carrying one of them).
+        mentions: user ids / phone numbers / e-mail addresses to mention where supported.
+        link: a URL shown as a button or link.
+        source: who raised it: ``"alert"`` (et.alert), ``"rule:<name>"``, ``"finish"``,
+            ``"failure"``, ``"test"``, ``"summary"``.
+        dedup_key: identity for duplicate suppression (default: level, title and text).
+        timestamp: epoch seconds (display only).
+        channels: channel names this message is restricted to (None: route by level/tags).
+        step: the training step it refers to, or None.
+        rule: the rule name, for rule alerts.
+    """
+
+    title: str
+    text: str = ""
+    level: str = "warning"
+    subtitle: str = ""
+    traceback: str | None = None
+    fields: dict[str, Any] = field(default_factory=dict)
+    tags: tuple[str, ...] = ()
+    mentions: tuple[str, ...] = ()
+    link: str | None = None
+    source: str = "alert"
+    dedup_key: str | None = None
+    timestamp: float = field(default_factory=time.time)
+    channels: tuple[str, ...] | None = None
+    step: int | None = None
+    rule: str | None = None
+
+    def __post_init__(self) -> None:
+        level = normalize_level(self.level)
+        if level not in LEVELS:
+            level_rank(self.level)  # raises ValueError naming the valid levels
+        self.level = level
+        self.title = str(self.title)
+        self.text = "" if self.text is None else str(self.text)
+        self.tags = tuple(str(t) for t in (self.tags or ()))
+        self.mentions = tuple(str(m) for m in (self.mentions or ()))
+        if self.channels is not None:
+            if isinstance(self.channels, str):
+                self.channels = (self.channels,)
+            self.channels = tuple(str(c) for c in self.channels)
+        self.fields = dict(self.fields or {})
+
+    @property
+    def rank(self) -> int:
+        """Severity: debug 0 ... critical 4."""
+        return LEVELS.index(self.level)
+
+    def key(self) -> str:
+        """The dedup identity: ``dedup_key``, else a hash of level, title and text."""
+        if self.dedup_key:
+            return self.dedup_key
+        raw = "\x1f".join((self.level, self.title, self.text)).encode("utf-8", "replace")
+        return hashlib.sha1(raw).hexdigest()
+
+    def copy(self, **changes: Any) -> AlertMessage:
+        """A copy with ``changes`` applied (fields and tags copied)."""
+        if "fields" not in changes:
+            changes["fields"] = dict(self.fields)
+        return replace(self, **changes)
+
+    def values(self) -> dict[str, Any]:
+        """Flat values for templates: every attribute plus each field by name
+        (attributes win), ``tags``/``mentions`` joined with ", " and ``LEVEL`` upper-case."""
+        out: dict[str, Any] = {}
+        for key, value in self.fields.items():
+            if value is None or isinstance(value, (bool, int, float, str)):
+                out[str(key)] = value
+        out.update(
+            title=self.title,
+            text=self.text,
+            level=self.level,
+            LEVEL=self.level.upper(),
+            subtitle=self.subtitle,
+            traceback=self.traceback or "",
+            tags=", ".join(self.tags),
+            mentions=", ".join(self.mentions),
+            link=self.link or "",
+            source=self.source,
+            timestamp=self.timestamp,
+            time=time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(self.timestamp)),
+            step=self.step,
+            rule=self.rule or "",
+        )
+        return out
+
+    def plain_text(self, *, traceback_chars: int = 4000) -> str:
+        """The whole message as plain text: level and title, subtitle, text, fields, tags,
+        link and (the tail of) the traceback."""
+        lines = [f"[{self.level.upper()}] {self.title}"]
+        if self.subtitle:
+            lines.append(self.subtitle)
+        if self.text:
+            lines.append(self.text)
+        if self.fields:
+            lines.append("")
+            lines.extend(f"{k}: {format_value(v)}" for k, v in self.fields.items())
+        if self.tags:
+            lines.append("tags: " + ", ".join(self.tags))
+        if self.link:
+            lines.append(self.link)
+        if self.traceback:
+            lines.append("")
+            lines.append(self.traceback[-traceback_chars:])
+        return "\n".join(lines)
+
+    def to_dict(self) -> dict[str, Any]:
+        """JSON-able dict of every attribute (the generic webhook's default body)."""
+        return {
+            "title": self.title,
+            "text": self.text,
+            "level": self.level,
+            "subtitle": self.subtitle,
+            "traceback": self.traceback,
+            "fields": {str(k): _jsonable(v) for k, v in self.fields.items()},
+            "tags": list(self.tags),
+            "mentions": list(self.mentions),
+            "link": self.link,
+            "source": self.source,
+            "dedup_key": self.dedup_key,
+            "timestamp": self.timestamp,
+            "step": self.step,
+            "rule": self.rule,
+        }
+
+
+def _jsonable(value: Any) -> Any:
+    if value is None or isinstance(value, (bool, int, str)):
+        return value
+    if isinstance(value, float):
+        return (
+            value if value == value and value not in (float("inf"), float("-inf")) else str(value)
+        )
+    return str(value)
+
+
+def format_value(value: Any) -> str:
+    """Short display form of a field value (floats with 6 significant digits)."""
+    if isinstance(value, float):
+        return f"{value:.6g}"
+    return str(value)
+
+
+def safe_format(template: str, values: Mapping[str, Any]) -> str:
+    """Fill ``{name}`` / ``{name:spec}`` / ``{name!r}`` from ``values`` by literal key.
+
+    Never attribute or index access: ``{x.__class__}`` and ``{a[0]}`` stay as written, as does
+    an unknown name or a spec the value rejects. Never raises.
+    """
+    try:
+        parsed = list(_FORMATTER.parse(template))
+    except (ValueError, TypeError):
+        return str(template)
+    out = []
+    for literal, name, spec, conv in parsed:
+        out.append(literal)
+        if name is None:
+            continue
+        if name in values:
+            value = values[name]
+            if value is None or isinstance(value, (bool, int, float, str)):
+                try:
+                    if conv == "r":
+                        value = repr(value)
+                    elif value is None:
+                        value = ""
+                    out.append(format(value, spec or ""))
+                    continue
+                except (ValueError, TypeError):
+                    pass
+        out.append("{" + name + ("!" + conv if conv else "") + (":" + spec if spec else "") + "}")
+    return "".join(out)
+
+
+def redact_url(url: str | None) -> str:
+    """``scheme://host[:port]/***``: a URL with its path, query and credentials hidden
+    (webhook URLs carry their token in the path or query). None or "" gives ""."""
+    if not url:
+        return ""
+    try:
+        parts = urlsplit(str(url))
+        host = parts.hostname or ""
+        port = f":{parts.port}" if parts.port else ""
+    except ValueError:
+        return "***"
+    if not parts.scheme or not host:
+        return "***"
+    tail = "/***" if (parts.path not in ("", "/") or parts.query or parts.username) else ""
+    return f"{parts.scheme}://{host}{port}{tail}"
+
+
+def scrub(text: Any, secrets: Iterable[str | None]) -> str:
+    """``str(text)`` with every secret (and a URL's path and query) replaced by ``***``."""
+    out = str(text)
+    for secret in secrets:
+        if not secret:
+            continue
+        secret = str(secret)
+        if len(secret) >= 4 and secret in out:
+            out = out.replace(secret, "***")
+        try:
+            parts = urlsplit(secret)
+        except ValueError:
+            continue
+        if parts.scheme and parts.netloc:
+            for piece in (parts.path, parts.query):
+                if piece and len(piece) >= 4 and piece not in ("/",) and piece in out:
+                    out = out.replace(piece, "/***" if piece.startswith("/") else "***")
+    return out
