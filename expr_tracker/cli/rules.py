@@ -1,0 +1,622 @@
+"""``et rules``: explain, check and test alert rules without a training job (for CI).
+
+    et rules explain "<rule>" [--format json]
+    et rules check FILE... [--run DIR] [--format json] [--lint-fatal]
+    et rules test RULE|FILE --run DIR [-n N]         replay recorded history
+    et rules test TESTFILE.yaml                      rule unit tests (like promtool test rules)
+
+Exit codes (stable, CONVENTIONS.md "Rule checking in CI"): 0 success, 1 invalid rules or
+failed tests, 2 usage error, 3 lint warnings only with ``--lint-fatal`` (without it
+warnings are printed as ``WARNING`` and exit 0, as promtool does).
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import re
+import sys
+from pathlib import Path
+
+__all__ = ["expand_series", "read_metrics", "register"]
+
+EXIT_OK, EXIT_INVALID, EXIT_USAGE, EXIT_LINT = 0, 1, 2, 3
+
+
+def register(subparsers) -> None:
+    """Add ``et rules`` and its three verbs to the ``et`` parser."""
+    parser = subparsers.add_parser(
+        "rules", help="explain, check and test alert rules", description=__doc__.split("\n")[0]
+    )
+    sub = parser.add_subparsers(dest="rules_command", metavar="VERB")
+
+    p = sub.add_parser("explain", help="show how a rule parses")
+    p.add_argument("rule", help='a rule, e.g. "zscore(loss[50]) > 4 => error: spike"')
+    p.add_argument("--format", choices=("text", "json"), default="text")
+    p.set_defaults(func=cmd_explain)
+
+    p = sub.add_parser("check", help="validate alert rule files (rules, channels, policy)")
+    p.add_argument("files", nargs="+", metavar="FILE")
+    p.add_argument("--run", metavar="DIR", help="a run: metric names unknown to it are errors")
+    p.add_argument("--format", choices=("text", "json"), default="text")
+    p.add_argument("--lint-fatal", action="store_true", help="exit 3 when there are warnings")
+    p.set_defaults(func=cmd_check)
+
+    p = sub.add_parser("test", help="replay rules over a run, or run a rule unit-test file")
+    p.add_argument("target", metavar="RULE|FILE", help="a rule, a rules file, or a test file")
+    p.add_argument("--run", metavar="DIR", help="run directory or metrics*.jsonl to replay")
+    p.add_argument("-n", type=int, metavar="N", help="replay only the last N steps")
+    p.add_argument("--format", choices=("text", "json"), default="text")
+    p.set_defaults(func=cmd_test)
+
+    parser.set_defaults(func=lambda args: _usage(parser))
+
+
+def _usage(parser) -> int:
+    parser.print_help(sys.stderr)
+    return EXIT_USAGE
+
+
+def _out(text: str = "") -> None:
+    sys.stdout.write(text + "\n")
+
+
+# -- explain ----------------------------------------------------------------------------------
+
+
+def cmd_explain(args) -> int:
+    from expr_tracker.alerts import RuleError, compile_expr, make_rule
+
+    try:
+        rule = make_rule(args.rule)
+        compiled = compile_expr(rule.condition, text=rule.source)
+    except RuleError as exc:
+        if args.format == "json":
+            _out(json.dumps({"valid": False, "error": str(exc)}))
+        else:
+            _out(f"FAILED: {exc}")
+        return EXIT_INVALID
+    info = {
+        "valid": True,
+        "name": rule.name,
+        "condition": rule.condition.to_source(),
+        "level": rule.level,
+        "message": rule.message,
+        "metrics": {name: n for name, n in compiled.needs.items()},
+        "functions": list(rule.condition.functions()),
+        "time_based": compiled.time_based,
+        "warnings": _lint(rule),
+    }
+    if args.format == "json":
+        _out(json.dumps(info))
+        return EXIT_OK
+    _out(f"condition:  {info['condition']}")
+    _out(f"level:      {rule.level}")
+    _out(f"message:    {rule.message if rule.message is not None else '(default: {expr})'}")
+    metrics = ", ".join(
+        f"{name} (last {n} values)" if n > 1 else name for name, n in compiled.needs.items()
+    )
+    _out(f"metrics:    {metrics or '(none)'}")
+    _out(f"functions:  {', '.join(info['functions']) or '(none)'}")
+    _out(f"time-based: {'yes (the watchdog evaluates it too)' if compiled.time_based else 'no'}")
+    _out(f"name:       {rule.name}")
+    for w in info["warnings"]:
+        _out(f"WARNING: {w}")
+    return EXIT_OK
+
+
+# -- lint -------------------------------------------------------------------------------------
+
+
+def _lint(rule) -> list[str]:
+    """Problems that do not make a rule invalid but are almost certainly mistakes."""
+    from expr_tracker.alerts import ast
+
+    out = []
+    for node in rule.condition.walk():
+        if isinstance(node, ast.Name) and node.name.lower() in ("nan", "inf"):
+            out.append(f"'{node.name}' is read as a metric name: test NaN with isnan()/isinf()")
+        if isinstance(node, (ast.Name, ast.Window)) and "/" in node.name:
+            last = node.name.rsplit("/", 1)[1]
+            if re.fullmatch(r"[\d.]+", last):
+                out.append(
+                    f"'{node.name}' is one metric name; to divide, put spaces around '/' "
+                    f"({node.name.replace('/', ' / ')})"
+                )
+        if (
+            isinstance(node, ast.Compare)
+            and node.op in (">", ">=")
+            and isinstance(node.left, ast.Call)
+            and node.left.func == "zscore"
+            and node.left.args
+            and isinstance(node.left.args[0], ast.Window)
+            and node.left.args[0].size is not None
+            and isinstance(node.right, ast.Number)
+        ):
+            n = node.left.args[0].size
+            bound = math.sqrt(n - 1) if n > 1 else 0.0
+            if node.right.value >= bound:
+                out.append(
+                    f"zscore over {n} points is at most sqrt({n} - 1) = {bound:.3g} (the latest "
+                    f"value is in the window), so '> {node.right.value:g}' can never fire; "
+                    f"use at least {math.ceil(node.right.value**2) + 2} points"
+                )
+    if rule.mode == "level" and rule.cooldown == 0:
+        out.append("level mode with cooldown 0 notifies on every step while firing")
+    return out
+
+
+# -- YAML with locations ----------------------------------------------------------------------
+
+
+class _Located:
+    """A YAML document and the line:column of each path in it (``yaml.compose`` marks)."""
+
+    def __init__(self, text: str):
+        import yaml
+
+        self.root = yaml.compose(text, Loader=yaml.SafeLoader)
+        self.data = yaml.safe_load(text)
+
+    def node(self, path):
+        node = self.root
+        for key in path:
+            if node is None:
+                return None
+            if node.tag.endswith(":map") or hasattr(node, "value") and isinstance(node.value, list):
+                found = None
+                if isinstance(key, int) and node.tag.endswith(":seq"):
+                    found = node.value[key] if key < len(node.value) else None
+                elif not node.tag.endswith(":seq"):
+                    for k, v in node.value:
+                        if getattr(k, "value", None) == key:
+                            found = v
+                            break
+                node = found
+            else:
+                return None
+        return node
+
+    def where(self, path, column_in_value: int | None = None) -> tuple[int, int]:
+        node = self.node(path)
+        while node is None and path:
+            path = path[:-1]
+            node = self.node(path)
+        if node is None:
+            return 1, 1
+        line, col = node.start_mark.line + 1, node.start_mark.column + 1
+        if column_in_value and getattr(node, "style", None) in (None, "", '"', "'"):
+            if getattr(node, "style", None) in ('"', "'"):
+                col += 1
+            if node.start_mark.line == node.end_mark.line:
+                col += column_in_value - 1
+        return line, col
+
+
+def _rule_entries(rules, base):
+    """(path, entry as make_rule input, explicit name?) for a list or name-keyed mapping."""
+    if isinstance(rules, dict):
+        for key, entry in rules.items():
+            path = (*base, key)
+            if entry is None:
+                continue
+            if isinstance(entry, str):
+                yield path, ("text", entry, {"name": str(key)}), True
+            elif isinstance(entry, dict):
+                data = dict(entry)
+                data.setdefault("name", str(key))
+                yield path, ("dict", data, {}), True
+            else:
+                yield path, ("bad", entry, {}), True
+    elif isinstance(rules, list):
+        for i, entry in enumerate(rules):
+            path = (*base, i)
+            if isinstance(entry, str):
+                yield path, ("text", entry, {}), False
+            elif isinstance(entry, dict):
+                yield path, ("dict", entry, {}), bool(entry.get("name"))
+            else:
+                yield path, ("bad", entry, {}), False
+    elif rules is not None:
+        yield base, ("bad", rules, {}), False
+
+
+def _build(kind, value, extra):
+    from expr_tracker.alerts import RuleError, make_rule
+
+    if kind == "bad":
+        raise RuleError(f"a rule is a string or a mapping, got {type(value).__name__}")
+    return make_rule(value, **extra)
+
+
+def _cond_path(path, kind):
+    return (*path, "condition") if kind == "dict" else path
+
+
+def check_file(path: str, known: set[str] | None = None) -> dict:
+    """Validate one rules file: ``{"file", "status", "errors", "warnings", "rules"}``;
+    each problem is ``{"line", "column", "message"}``."""
+    from expr_tracker.alerts import RuleError, compile_expr
+
+    result = {"file": path, "errors": [], "warnings": [], "rules": 0}
+
+    def problem(bucket, line, col, message):
+        result[bucket].append({"line": line, "column": col, "message": message})
+
+    try:
+        text = Path(path).read_text(encoding="utf-8")
+    except OSError as exc:
+        problem("errors", 0, 0, f"cannot read: {exc.strerror or exc}")
+        return _status(result)
+    try:
+        doc = _Located(text)
+    except Exception as exc:  # yaml.YAMLError carries a mark
+        mark = getattr(exc, "problem_mark", None)
+        line, col = (mark.line + 1, mark.column + 1) if mark else (1, 1)
+        problem("errors", line, col, f"invalid YAML: {getattr(exc, 'problem', exc)}")
+        return _status(result)
+    data = doc.data
+    base: tuple = ()
+    if isinstance(data, dict) and isinstance(data.get("alerts"), dict):
+        base, section = ("alerts",), data["alerts"]
+    elif isinstance(data, dict):
+        section = data
+    else:
+        problem("errors", 1, 1, "expected a mapping with 'rules' (or 'alerts: {rules: ...}')")
+        return _status(result)
+    if "rules" not in section:
+        problem("warnings", *doc.where(base), "no 'rules' in this file")
+
+    names: dict[str, tuple[int, int]] = {}
+    for rpath, (kind, value, extra), named in _rule_entries(section.get("rules"), (*base, "rules")):
+        try:
+            rule = _build(kind, value, extra)
+            compile_expr(rule.condition, text=rule.source, known_metrics=known)
+        except RuleError as exc:
+            line, col = doc.where(_cond_path(rpath, kind), getattr(exc, "column", None))
+            problem("errors", line, col, _one_line(exc))
+            continue
+        result["rules"] += 1
+        line, col = doc.where(rpath)
+        if rule.name in names:
+            first = names[rule.name]
+            problem(
+                "errors",
+                line,
+                col,
+                f"duplicate rule name {rule.name!r} (first at line {first[0]})",
+            )
+        else:
+            names[rule.name] = (line, col)
+        if not named:
+            problem(
+                "warnings",
+                line,
+                col,
+                f"rule has no name (derived: {rule.name!r}); name it so edits keep its identity",
+            )
+        for w in _lint(rule):
+            problem("warnings", *doc.where(_cond_path(rpath, kind)), w)
+
+    for message, loc in _validate_section(section):
+        problem("errors", *doc.where((*base, *loc)), message)
+    return _status(result)
+
+
+def _one_line(exc) -> str:
+    message = getattr(exc, "message", None) or str(exc).splitlines()[0]
+    label = getattr(exc, "label", None)
+    text = getattr(exc, "text", "")
+    if text:
+        message += f" in {text!r}"
+    if label is None and hasattr(exc, "expected") and exc.expected:
+        message += f" (expected: {', '.join(exc.expected)})"
+    return message
+
+
+def _validate_section(section: dict):
+    """Channels, policy and the other alerts fields through the spec models (rules are
+    checked above). Yields ``(message, loc)``."""
+    try:
+        from pydantic import ValidationError
+
+        from expr_tracker.spec.models import AlertsSpec
+    except Exception:  # the spec package is not importable: channels unchecked
+        yield from ()
+        return
+    rest = {k: v for k, v in section.items() if k not in ("rules", "window")}
+    try:
+        AlertsSpec.model_validate(rest)
+    except ValidationError as exc:
+        for err in exc.errors():
+            loc = tuple(err.get("loc", ()))
+            dotted = ".".join(str(p) for p in loc)
+            yield f"{dotted}: {err.get('msg')}", tuple(p for p in loc if not _is_tag(p))
+
+
+def _is_tag(part) -> bool:
+    return isinstance(part, str) and part.startswith(("function-", "tagged-union"))
+
+
+def _status(result: dict) -> dict:
+    result["status"] = "FAILED" if result["errors"] else "SUCCESS"
+    return result
+
+
+def cmd_check(args) -> int:
+    known = None
+    if args.run:
+        try:
+            rows = read_metrics(args.run)
+        except OSError as exc:
+            sys.stderr.write(f"et rules check: cannot read run {args.run}: {exc}\n")
+            return EXIT_USAGE
+        known = {k for row in rows for k in row if not k.startswith("_")}
+    results = [check_file(f, known) for f in args.files]
+    failed = any(r["errors"] for r in results)
+    warned = any(r["warnings"] for r in results)
+    code = EXIT_INVALID if failed else (EXIT_LINT if warned and args.lint_fatal else EXIT_OK)
+    if args.format == "json":
+        _out(json.dumps({"files": results, "exit_code": code}))
+        return code
+    for r in results:
+        head = f"Checking {r['file']}"
+        if r["errors"]:
+            _out(f"{head}\n  FAILED:")
+            for e in r["errors"]:
+                _out(f"    {r['file']}:{e['line']}:{e['column']}: {e['message']}")
+        else:
+            _out(f"{head}\n  SUCCESS: {r['rules']} rules found")
+        for w in r["warnings"]:
+            _out(f"    {r['file']}:{w['line']}:{w['column']}: WARNING: {w['message']}")
+    return code
+
+
+# -- reading recorded history -----------------------------------------------------------------
+
+
+def _metrics_file(run: str) -> Path:
+    path = Path(run)
+    if path.is_dir():
+        candidate = path / "metrics.jsonl"
+        if candidate.exists():
+            return candidate
+        found = sorted(path.glob("metrics*.jsonl"))
+        if found:
+            return found[0]
+        raise FileNotFoundError(f"no metrics*.jsonl in {path}")
+    if not path.exists():
+        raise FileNotFoundError(f"no such run directory or file: {path}")
+    return path
+
+
+def read_metrics(run: str) -> list[dict]:
+    """Rows of a run's ``metrics.jsonl`` in file order, patch lines merged by ``_step``.
+
+    Tolerates ``NaN``/``Infinity`` (stdlib fallback) and a torn or garbled line (skipped).
+    Raises ``OSError`` (``FileNotFoundError``) when there is no metrics file.
+    """
+    try:
+        import orjson
+
+        fast = orjson.loads
+    except ImportError:  # pragma: no cover
+        fast = json.loads
+    rows: list[dict] = []
+    by_step: dict = {}
+    with open(_metrics_file(run), "rb") as fh:
+        for raw in fh:
+            raw = raw.strip()
+            if not raw:
+                continue
+            try:
+                row = fast(raw)
+            except Exception:
+                try:
+                    row = json.loads(raw)
+                except Exception:
+                    continue  # a torn line
+            if not isinstance(row, dict):
+                continue
+            step = row.get("_step")
+            if step is not None and step in by_step:
+                by_step[step].update({k: v for k, v in row.items() if k != "_time"})
+                continue
+            if step is not None:
+                by_step[step] = row
+            rows.append(row)
+    return rows
+
+
+# -- test -------------------------------------------------------------------------------------
+
+
+def _rules_from(target: str) -> list:
+    """A rule string, or every rule of a rules file (same shapes as ``check``)."""
+    from expr_tracker.alerts import RuleError
+
+    path = Path(target)
+    if not (path.suffix in (".yaml", ".yml", ".json") and path.exists()):
+        from expr_tracker.alerts import make_rule
+
+        return [make_rule(target)]
+    result = check_file(str(path))
+    if result["errors"]:
+        e = result["errors"][0]
+        raise RuleError(f"{path}:{e['line']}:{e['column']}: {e['message']}")
+    data = _Located(path.read_text(encoding="utf-8")).data
+    section = data.get("alerts", data) if isinstance(data, dict) else {}
+    base = ("rules",)
+    return [_build(k, v, x) for _, (k, v, x), _ in _rule_entries(section.get("rules"), base)]
+
+
+def cmd_test(args) -> int:
+    from expr_tracker.alerts import RuleError
+
+    if args.run is None:
+        path = Path(args.target)
+        if path.suffix in (".yaml", ".yml") and path.exists():
+            return _unit_tests(path, args)
+        sys.stderr.write("et rules test: give --run DIR to replay a rule, or a test file\n")
+        return EXIT_USAGE
+    try:
+        rows = read_metrics(args.run)
+    except OSError as exc:
+        sys.stderr.write(f"et rules test: {exc}\n")
+        return EXIT_USAGE
+    known = {k for row in rows for k in row if not k.startswith("_")}
+    try:
+        rules = _rules_from(args.target)
+        from expr_tracker.alerts import compile_expr
+
+        for rule in rules:
+            compile_expr(rule.condition, text=rule.source, known_metrics=known)
+    except RuleError as exc:
+        _out(f"FAILED: {exc}")
+        return EXIT_INVALID
+    if args.n is not None:
+        if args.n < 1:
+            sys.stderr.write("et rules test: -n must be >= 1\n")
+            return EXIT_USAGE
+        rows = rows[-args.n :]
+    from expr_tracker.alerts.testing import replay
+
+    cap = replay(rules, rows)
+    fired = cap.fired()
+    if args.format == "json":
+        _out(
+            json.dumps(
+                {
+                    "rows": len(rows),
+                    "firings": [
+                        {
+                            "step": e.step,
+                            "rule": e.rule.name,
+                            "level": e.level,
+                            "message": e.message,
+                        }
+                        for e in fired
+                    ],
+                }
+            )
+        )
+        return EXIT_OK
+    for e in fired:
+        _out(f"step {e.step}: [{e.level}] {e.rule.name}: {e.message}")
+    _out(f"{len(fired)} firing(s) over {len(rows)} steps of {_metrics_file(args.run)}")
+    return EXIT_OK
+
+
+_NUM = r"[-+]?(?:nan|inf|\d+\.?\d*(?:[eE][-+]?\d+)?|\.\d+(?:[eE][-+]?\d+)?)"
+_REPEAT = re.compile(rf"^(?P<a>{_NUM}|_)(?:(?P<sign>[-+])(?P<b>{_NUM}))?x(?P<n>\d+)$", re.I)
+
+
+def expand_series(text) -> list[float | None]:
+    """promtool series notation -> values (``None`` = no sample that step).
+
+    ``"1 1 9"``; ``"0+1x3"`` -> 0 1 2 3 (n + 1 values); ``"5x2"`` -> 5 5 5; ``"1-1x2"``
+    -> 1 0 -1; ``"_"`` one missing sample, ``"_x3"`` three; ``nan``, ``inf``, ``-inf``.
+    Raises ``ValueError`` on anything else.
+    """
+    if isinstance(text, (int, float)):
+        return [float(text)]
+    if isinstance(text, list):
+        return [None if v is None or v == "_" else float(v) for v in text]
+    out: list[float | None] = []
+    for token in str(text).split():
+        if token == "_":
+            out.append(None)
+            continue
+        m = _REPEAT.match(token)
+        if m:
+            n = int(m.group("n"))
+            if m.group("a") == "_":
+                if m.group("b"):
+                    raise ValueError(f"'{token}': a missing sample cannot increase")
+                out.extend([None] * n)
+                continue
+            a = float(m.group("a"))
+            b = float(m.group("b") or 0.0) * (-1.0 if m.group("sign") == "-" else 1.0)
+            out.extend(a + i * b for i in range(n + 1))
+            continue
+        if re.fullmatch(_NUM, token, re.I):
+            out.append(float(token))
+            continue
+        raise ValueError(f"bad series value {token!r} (numbers, nan, inf, _, a+bxN, axN)")
+    return out
+
+
+def _seconds(value, default: float) -> float:
+    from expr_tracker.alerts.rules import _seconds as parse
+
+    return default if value is None else parse(value, "interval")
+
+
+def _unit_tests(path: Path, args) -> int:
+    """Run a rule unit-test file; exit 1 with a diff when an expectation is not met."""
+    import yaml
+
+    from expr_tracker.alerts import RuleError
+    from expr_tracker.alerts.testing import replay
+
+    try:
+        spec = yaml.safe_load(path.read_text(encoding="utf-8")) or {}
+    except (OSError, yaml.YAMLError) as exc:
+        _out(f"{path}: FAILED: cannot read: {exc}")
+        return EXIT_INVALID
+    if not isinstance(spec, dict) or not isinstance(spec.get("tests"), list):
+        _out(f"{path}: FAILED: a test file needs 'tests:' (a list)")
+        return EXIT_INVALID
+    try:
+        rules = []
+        for name in spec.get("rule_files") or []:
+            rules += _rules_from(str(path.parent / name))
+        if spec.get("rules") is not None:
+            inline = [
+                _build(k, v, x) for _, (k, v, x), _ in _rule_entries(spec["rules"], ("rules",))
+            ]
+            rules += inline
+        default_interval = _seconds(spec.get("evaluation_interval", spec.get("interval")), 1.0)
+    except (RuleError, OSError) as exc:
+        _out(f"{path}: FAILED: {exc}")
+        return EXIT_INVALID
+    if not rules:
+        _out(f"{path}: FAILED: no rules (give rule_files or rules)")
+        return EXIT_INVALID
+    by_name = {r.name: r for r in rules}
+    failures: list[str] = []
+    for i, test in enumerate(spec["tests"]):
+        label = test.get("name") or f"test #{i + 1}"
+        try:
+            interval = _seconds(test.get("interval"), default_interval)
+            series = {k: expand_series(v) for k, v in (test.get("input_series") or {}).items()}
+        except (ValueError, RuleError) as exc:
+            failures.append(f"{label}: {exc}")
+            continue
+        from expr_tracker.alerts.testing import rows_from_series
+
+        cap = replay(rules, rows_from_series(series, interval=interval))
+        expected = test.get("expected_alerts", test.get("alerts")) or []
+        for exp in expected:
+            rname = exp.get("rule") or exp.get("alertname") or exp.get("name")
+            if rname not in by_name:
+                failures.append(f"{label}: no rule named {rname!r} (have: {', '.join(by_name)})")
+                continue
+            want = sorted(
+                int(s) for s in (exp.get("steps") or ([exp["step"]] if "step" in exp else []))
+            )
+            got = sorted(e.step for e in cap.fired() if e.rule.name == rname and e.notify)
+            if want != got:
+                diff = [f"{label}: rule {rname!r}"]
+                diff += [f"  - expected firing at step {s}" for s in want if s not in got]
+                diff += [f"  + got firing at step {s}" for s in got if s not in want]
+                if not want:
+                    diff.insert(1, "  expected quiet")
+                failures.append("\n".join(diff))
+    if failures:
+        _out(f"{path}: FAILED:")
+        for f in failures:
+            _out("  " + f.replace("\n", "\n  "))
+        return EXIT_INVALID
+    _out(f"{path}: SUCCESS: {len(spec['tests'])} tests passed")
+    return EXIT_OK

@@ -1,0 +1,192 @@
+"""`et rules explain | check | test`: output, file:line:column, exit codes."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from expr_tracker.cli.main import main
+from expr_tracker.cli.rules import expand_series, read_metrics
+
+
+def et(capsys, *argv):
+    code = main(["rules", *argv])
+    out = capsys.readouterr()
+    return code, out.out + out.err
+
+
+def test_explain(capsys):
+    code, out = et(capsys, "explain", "zscore(loss[50]) > 4 => error: spike")
+    assert code == 0
+    assert "condition:  (zscore(loss[50]) > 4.0)" in out and "loss (last 50 values)" in out
+    code, out = et(capsys, "explain", "isnan(loss) => crit", "--format", "json")
+    info = json.loads(out)
+    assert (code, info["level"], info["functions"], info["metrics"]) == (
+        0,
+        "critical",
+        ["isnan"],
+        {"loss": 1},
+    )
+    code, out = et(capsys, "explain", "loss >")
+    assert code == 1 and "missing operand" in out and "^" in out
+
+
+def write(tmp_path, name, text):
+    p = tmp_path / name
+    p.write_text(text)
+    return str(p)
+
+
+GOOD = """\
+alerts:
+  rules:
+    - name: nan
+      condition: isnan(loss)
+      level: critical
+    - name: spike
+      condition: zscore(loss[50]) > 4
+"""
+
+
+def test_check_success_and_exit_codes(tmp_path, capsys):
+    f = write(tmp_path, "ok.yaml", GOOD)
+    code, out = et(capsys, "check", f)
+    assert code == 0 and "SUCCESS: 2 rules found" in out
+    lint = write(tmp_path, "lint.yaml", "rules:\n  - zscore(loss[5]) > 3\n")
+    code, out = et(capsys, "check", lint)
+    assert code == 0 and "WARNING" in out and "FAILED" not in out
+    code, _ = et(capsys, "check", lint, "--lint-fatal")
+    assert code == 3
+
+
+def test_check_errors_carry_file_line_column(tmp_path, capsys):
+    bad = write(
+        tmp_path,
+        "bad.yaml",
+        "rules:\n  a: loss >\n  b:\n    condition: nope(x)\n  c: x > 1\n"
+        "  dup: {name: c, condition: y > 1}\n",
+    )
+    code, out = et(capsys, "check", bad)
+    assert code == 1 and "FAILED" in out
+    assert f"{bad}:2:12: syntax error" in out  # "loss >" starts at column 6: caret past it
+    assert f"{bad}:4:16: unknown function 'nope'" in out
+    assert "duplicate rule name 'c'" in out
+    code, out = et(capsys, "check", bad, "--format", "json")
+    data = json.loads(out)
+    assert data["exit_code"] == 1 and data["files"][0]["status"] == "FAILED"
+
+
+def test_check_yaml_error_and_missing_file(tmp_path, capsys):
+    f = write(tmp_path, "broken.yaml", "rules: [\n")
+    code, out = et(capsys, "check", f, str(tmp_path / "none.yaml"))
+    assert code == 1 and "invalid YAML" in out and "cannot read" in out
+
+
+def test_check_validates_channels_via_spec(tmp_path, capsys):
+    pytest.importorskip("expr_tracker.spec.models")
+    f = write(tmp_path, "ch.yaml", GOOD + "  channels:\n    - type: slack\n      bogus: 1\n")
+    code, out = et(capsys, "check", f)
+    assert code == 1 and "bogus" in out and f"{f}:10:" in out
+
+
+def test_check_with_run_rejects_unknown_metrics(tmp_path, capsys):
+    run = tmp_path / "run"
+    run.mkdir()
+    (run / "metrics.jsonl").write_text('{"_step": 0, "_time": 1.0, "los": 1.0}\n')
+    f = write(tmp_path, "ok.yaml", GOOD)
+    code, out = et(capsys, "check", f, "--run", str(run))
+    assert code == 1 and "unknown metric 'loss' (did you mean los?)" in out
+
+
+def make_run(tmp_path):
+    run = tmp_path / "run"
+    run.mkdir()
+    lines = []
+    for i in range(20):
+        loss = "NaN" if i == 12 else str(1.0 + 0.01 * (i % 3))
+        lines.append(f'{{"_step": {i}, "_time": {1000 + i}, "loss": {loss}}}')
+    lines.append('{"_step": 5, "acc": 0.5}')  # a patch line merges into step 5
+    (run / "metrics.jsonl").write_text("\n".join(lines) + '\n{"_step": 20, "lo')  # torn
+    return run
+
+
+def test_read_metrics_tolerates_nan_patches_and_a_torn_line(tmp_path):
+    rows = read_metrics(str(make_run(tmp_path)))
+    assert len(rows) == 20 and rows[5]["acc"] == 0.5 and rows[12]["loss"] != rows[12]["loss"]
+
+
+def test_replay_prints_each_firing(tmp_path, capsys):
+    run = make_run(tmp_path)
+    code, out = et(capsys, "test", "isnan(loss) => critical: nan at {step}", "--run", str(run))
+    assert code == 0 and "step 12: [critical]" in out and "nan at 12" in out
+    code, out = et(capsys, "test", "isnan(loss)", "--run", str(run), "-n", "5")
+    assert code == 0 and "0 firing(s) over 5 steps" in out
+    code, out = et(capsys, "test", "isnan(los)", "--run", str(run))
+    assert code == 1 and "did you mean loss" in out
+    code, _ = et(capsys, "test", "isnan(loss)")
+    assert code == 2
+
+
+@pytest.mark.parametrize(
+    ("text", "values"),
+    [
+        ("1 1 9", [1, 1, 9]),
+        ("0+1x3", [0, 1, 2, 3]),
+        ("5x2", [5, 5, 5]),
+        ("1-1x2", [1, 0, -1]),
+        ("_ 1 _x2", [None, 1, None, None]),
+        ("inf -inf", [float("inf"), float("-inf")]),
+    ],
+)
+def test_expand_series(text, values):
+    assert expand_series(text) == values
+
+
+def test_expand_series_nan_and_errors():
+    (v,) = expand_series("nan")
+    assert v != v
+    with pytest.raises(ValueError):
+        expand_series("1 two")
+
+
+UNIT = """\
+rules:
+  spike: "zscore(loss[20]) > 3 => error: spike"
+  nan: "isnan(loss) => critical: nan"
+interval: 10s
+tests:
+  - name: spike fires
+    input_series:
+      loss: "1 1.1 0.9 1 1.05 0.95 1 1.1 0.9 1 1.05 0.95 1 1.1 0.9 1 1.05 0.95 1 9"
+    expected_alerts:
+      - {rule: spike, steps: [19]}
+      - {rule: nan, steps: []}
+  - name: nan fires
+    input_series:
+      loss: "1 _ nan 0+1x2"
+    expected_alerts:
+      - {rule: nan, steps: [STEP]}
+"""
+
+
+def test_unit_tests_pass_and_fail_with_a_diff(tmp_path, capsys):
+    ok = write(tmp_path, "t_ok.yaml", UNIT.replace("STEP", "2"))
+    code, out = et(capsys, "test", ok)
+    assert code == 0 and "SUCCESS: 2 tests passed" in out
+    bad = write(tmp_path, "t_bad.yaml", UNIT.replace("STEP", "3"))
+    code, out = et(capsys, "test", bad)
+    assert code == 1
+    assert "- expected firing at step 3" in out and "+ got firing at step 2" in out
+
+
+def test_unit_tests_with_rule_files(tmp_path, capsys):
+    write(tmp_path, "alerts.yaml", GOOD)
+    t = write(
+        tmp_path,
+        "t.yaml",
+        "rule_files: [alerts.yaml]\ntests:\n  - input_series: {loss: '1 nan'}\n"
+        "    expected_alerts: [{rule: nan, steps: [1]}, {rule: spike, steps: []}]\n",
+    )
+    code, out = et(capsys, "test", t)
+    assert code == 0, out
