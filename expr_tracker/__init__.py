@@ -6,7 +6,9 @@ are imported only by the functions that need them.
 """
 
 from expr_tracker._version import __version__
+from expr_tracker.alerts.builder import M
 from expr_tracker.api import (
+    add_alert_rule,
     configure_alert,
     finish,
     get_run,
@@ -29,6 +31,7 @@ from expr_tracker.spans import Span, span, start_span
 
 __all__ = [
     "ExprTrackerError",
+    "M",
     "ForkedRunError",
     "NoActiveRunError",
     "Run",
@@ -36,6 +39,7 @@ __all__ = [
     "RunAlreadyActiveError",
     "RunLockedError",
     "__version__",
+    "add_alert_rule",
     "configure_alert",
     "finish",
     "get_run",

@@ -246,7 +246,29 @@ def configure_alert(**values: Any) -> None:
 
     global _configured_alert
     with _lock:
-        _configured_alert = merge(_configured_alert, values)
+        _configured_alert = merge(_configured_alert, values, at="alerts")
+
+
+def add_alert_rule(rule: Any, **overrides: Any) -> Any:
+    """Register an alert rule on the current run; returns the registered ``AlertRule``.
+
+    ``rule``: a DSL string (``"zscore(loss[50]) > 4 => error: spike"``), an ``M`` builder
+    expression, a dict/YAML entry (``{name, condition, level, ...}``) or an ``AlertRule``;
+    ``overrides`` set rule options (``level``, ``for_steps``, ``channels`` ...).
+
+    Raises:
+        RuleError: syntax, unknown function, arity or window errors (at registration).
+        NoActiveRunError: no run, or alerts are disabled for it (``alerts.enabled: false``).
+    """
+    run = _current()
+    engine = run.alerts
+    if engine is None:
+        raise NoActiveRunError("alerts are disabled for this run (alerts.enabled: false)")
+    registered = engine.add_rule(rule, **overrides)
+    sinks = run.history.sinks
+    if engine.on_step not in sinks:
+        sinks.append(engine.on_step)
+    return registered
 
 
 # ---------------------------------------------------------------------- process hooks

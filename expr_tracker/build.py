@@ -275,6 +275,15 @@ def _build_spans(
     )
 
 
+def rank_alerts(on_rank: Any, rank: int) -> bool:
+    """Whether a process of ``rank`` delivers alerts under ``alerts.on_rank``."""
+    if on_rank == "all":
+        return True
+    if isinstance(on_rank, (list, tuple)):
+        return rank in on_rank
+    return rank == on_rank
+
+
 def _build_alerts(
     run: Run,
     spec: Any,
@@ -284,17 +293,56 @@ def _build_alerts(
     rank: int,
     warner: Warner,
 ) -> None:
-    """The alert engine (rules) and delivery, when the alerts package provides them."""
-    try:
-        from expr_tracker.alerts import runtime as _runtime
-    except ImportError:
+    """The alert engine (rules compiled once), its record file and delivery.
+
+    Rules on a rank that does not alert (``alerts.on_rank``) stay registered, listed and
+    evaluated; they just do not deliver. The engine sees every committed row as a sink.
+    """
+    a = spec.alerts
+    if not a.enabled:
         return
-    _runtime.attach(
-        run=run,
-        spec=spec.alerts,
-        run_dir=run_dir,
-        stream=stream,
-        file_rank=file_rank,
-        rank=rank,
-        warner=warner,
+    from expr_tracker.alerts.engine import AlertEngine
+    from expr_tracker.alerts.record import AlertLog
+
+    alerts_path = run_dir / file_name("alerts", stream, file_rank)
+    record = AlertLog(alerts_path)
+    deliver = rank_alerts(a.on_rank, rank)
+    notify = _delivery(run, a, alerts_path, record, deliver)
+    engine = AlertEngine(
+        a.rules,
+        window=spec.history.alert_window,
+        notify=notify,
+        record=record,
+        run_info={"project": spec.project, "run": spec.name, "stream": stream, "rank": rank},
+        deliver=deliver,
     )
+    engine.start_watchdog(a.watchdog_interval)
+    run.alerts = engine
+    if engine.rules:
+        run.history.sinks.append(engine.on_step)
+
+    def close() -> None:
+        engine.close()
+        for message in engine.finish_warnings():
+            log.warning("expr_tracker: %s", message)
+
+    run.add_closer("alerts", close)
+    run.add_closer("alert_log", record.close)
+    run.add_stats("alerts", engine.stats)
+
+
+def _delivery(run: Run, alerts: Any, alerts_path: Path, record: Any, deliver: bool) -> Any:
+    """The callable rule events go to: the dispatcher when delivery is available, else
+    the console."""
+    try:
+        from expr_tracker.alerts import delivery
+    except ImportError:
+        delivery = None
+    attach = getattr(delivery, "attach_delivery", None) if delivery is not None else None
+    if attach is not None:
+        dispatcher = attach(run, alerts, alerts_path)
+        run.dispatcher = dispatcher
+        return delivery.rule_notifier(dispatcher)
+    from expr_tracker.alerts.record import ConsoleNotifier
+
+    return ConsoleNotifier()
