@@ -185,8 +185,9 @@ class TrackerCallback(Callback):
     def on_job_end(self, config: DictConfig, job_return: Any, **kwargs: Any) -> None:
         """Finish the run: commit the open row; a failed job marks it ``failed`` with the
         exception the task raised."""
-        import expr_tracker as et
         from hydra.core.utils import JobStatus
+
+        import expr_tracker as et
 
         run, self.run = self.run, None
         if run is None:

@@ -1,0 +1,276 @@
+"""``et config``: check spec files, show the resolved spec, render the configuration reference.
+
+- ``et config validate FILE...`` — each file on its own (a run spec, or an alerts file, told
+  apart by its keys or ``--kind``): ``SUCCESS: FILE`` or ``FAILED: FILE`` followed by every
+  problem as ``file:line:column: path: ...``. Exit 0 when every file is valid, 1 otherwise.
+- ``et config show [FILE] [--overrides k=v ...]`` — the spec a run would get (defaults <
+  environment < ``ET_ALERT_CONFIG`` < ``ET_CONFIG`` < FILE < overrides), one row per value
+  with where it came from; secrets are ``***``. ``--format json`` prints the same as JSON.
+- ``et config reference [-o FILE] [--check]`` — the Markdown configuration reference
+  (``docs/configuration.md``), generated from the models so it cannot drift.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from pathlib import Path
+from typing import Any
+
+# ------------------------------------------------------------------ parser
+
+
+def register(subparsers: Any) -> None:
+    """Add the ``config`` command group to ``subparsers`` (sets ``func`` on each verb)."""
+    p = subparsers.add_parser(
+        "config",
+        help="validate spec files, show the resolved spec, print the configuration reference",
+        description="Run spec tooling: validate, show, reference.",
+    )
+    verbs = p.add_subparsers(dest="config_command", metavar="VERB")
+    p.set_defaults(func=lambda args: _usage(p))
+
+    v = verbs.add_parser(
+        "validate",
+        help="check spec files (exit 1 on any problem)",
+        description=(
+            "Validate each file on its own: a run spec (YAML, JSON or TOML) or an alerts file. "
+            "Problems are printed as file:line:column: path: message."
+        ),
+    )
+    v.add_argument("files", nargs="+", metavar="FILE")
+    v.add_argument(
+        "--kind",
+        choices=("auto", "run", "alerts"),
+        default="auto",
+        help="run: a whole run spec; alerts: an alerts file; auto (default): by its keys",
+    )
+    v.set_defaults(func=cmd_validate)
+
+    s = verbs.add_parser(
+        "show",
+        help="print the resolved spec with the source of every value",
+        description=(
+            "Resolve the spec as et.init(spec=FILE) would, with ET_CONFIG, ET_ALERT_CONFIG and "
+            "the webhook environment variables applied, then --overrides on top. Secrets are "
+            "shown as ***."
+        ),
+    )
+    s.add_argument("file", nargs="?", default=None, metavar="FILE")
+    s.add_argument(
+        "--overrides",
+        nargs="+",
+        default=[],
+        metavar="KEY=VALUE",
+        help="dotted spec paths (history.buffer.size=100) or et.init keyword names "
+        "(buffer_size=100); values are read as YAML",
+    )
+    s.add_argument("--format", choices=("table", "json"), default="table")
+    s.add_argument("--width", type=int, default=None, help="table width (default: terminal)")
+    s.set_defaults(func=cmd_show)
+
+    r = verbs.add_parser(
+        "reference",
+        help="print the configuration reference (Markdown), generated from the models",
+    )
+    r.add_argument("-o", "--output", default=None, metavar="FILE", help="write FILE instead")
+    r.add_argument(
+        "--check", action="store_true", help="with -o: exit 1 if FILE differs (write nothing)"
+    )
+    r.set_defaults(func=cmd_reference)
+
+
+def _usage(parser: argparse.ArgumentParser) -> int:
+    parser.print_help(sys.stderr)
+    return 2
+
+
+# ------------------------------------------------------------------ validate
+
+
+def detect_kind(path: str | Path) -> str:
+    """``"alerts"`` when the file's top-level keys are all alerts-section keys (``rules``,
+    ``channels``, ``policy`` ...) and not run-spec keys, else ``"run"`` (also when the file
+    cannot be read: validation then reports why)."""
+    from expr_tracker.spec import AlertsSpec, RunSpec, SpecError, load_file
+
+    try:
+        data, _ = load_file(path)
+    except SpecError:
+        return "run"
+    keys = set(data)
+    if keys and keys <= set(AlertsSpec.model_fields) and not keys <= set(RunSpec.model_fields):
+        return "alerts"
+    return "run"
+
+
+def cmd_validate(args: argparse.Namespace) -> int:
+    """Exit codes: 0 every file valid, 1 any problem (including a missing file)."""
+    from expr_tracker.spec import validate_file
+
+    failed = 0
+    for file in args.files:
+        kind = detect_kind(file) if args.kind == "auto" else args.kind
+        issues = validate_file(file, kind=kind)
+        if not issues:
+            print(
+                f"SUCCESS: {file} ({kind} spec)" if kind == "run" else f"SUCCESS: {file} (alerts)"
+            )
+            continue
+        failed += 1
+        print(f"FAILED: {file}")
+        for issue in issues:
+            text = issue.format()
+            if issue.location is None:
+                text = f"{file}: {text}"
+            print(f"  {text}")
+    return 1 if failed else 0
+
+
+# ------------------------------------------------------------------ show
+
+
+def parse_overrides(items: list[str]) -> dict[str, Any]:
+    """``["history.buffer.size=100", "buffer_size=10"]`` -> ``et.init``-style keyword dict.
+
+    A dotted key becomes nested mappings under its first part (a RunSpec field); a plain key
+    is kept as is (an ``et.init`` keyword such as ``buffer_size``). Values are parsed as YAML
+    scalars (``100`` -> 100, ``null`` -> None, ``[a, b]`` -> a list).
+
+    Raises:
+        ValueError: an item without ``=`` or with an empty key.
+    """
+    import yaml
+
+    from expr_tracker.spec import merge
+
+    out: dict[str, Any] = {}
+    for item in items:
+        key, sep, text = item.partition("=")
+        key = key.strip()
+        if not sep or not key:
+            raise ValueError(f"override {item!r} is not KEY=VALUE")
+        try:
+            value = yaml.safe_load(text) if text.strip() else ""
+        except yaml.YAMLError:
+            value = text
+        parts = key.split(".")
+        nested: Any = value
+        for part in reversed(parts[1:]):
+            nested = {part: nested}
+        out = merge(out, {parts[0]: nested})
+    return out
+
+
+def describe(source: str) -> str:
+    """Short source label for ``et config show``: ``default``, ``env VAR``, ``ET_CONFIG <path>``,
+    ``ET_ALERT_CONFIG <path>``, ``file <path>``, ``override``."""
+    kind, _, rest = source.partition(":")
+    if source == "init":
+        return "override"
+    if kind == "env":
+        return f"env {rest}"
+    if kind in ("ET_CONFIG", "ET_ALERT_CONFIG", "file") and rest:
+        return f"{kind} {rest}"
+    return source
+
+
+def show_rows(file: str | None, overrides: list[str]) -> list[tuple[str, Any, str, str]]:
+    """``(path, redacted value, source label, "file:line:col" or "")`` for every spec leaf.
+
+    Raises:
+        SpecError: the file, an environment source or an override is invalid.
+        ValueError: a malformed override.
+    """
+    from expr_tracker.spec import resolve
+
+    kwargs = parse_overrides(overrides)
+    resolved = resolve(file, kwargs=kwargs or None)
+    rows = []
+    for path, value, source, location in resolved.rows():
+        where = f"{location[0]}:{location[1]}:{location[2]}" if location else ""
+        if source == "default":
+            where = ""  # an enclosing entry's location, not this value's
+        label = describe(source)
+        if where and source.endswith(":" + location[0]):
+            label = source.partition(":")[0]  # the location column names the file
+        rows.append((path, value, label, where))
+    return rows
+
+
+def render_table(rows: list[tuple[str, Any, str, str]]) -> Any:
+    """A rich ``Table`` of ``show_rows`` output (path, value, source, location)."""
+    from rich.table import Table
+
+    table = Table(title="resolved run spec", show_lines=False, expand=False)
+    table.add_column("path", no_wrap=True)
+    table.add_column("value", overflow="fold")
+    table.add_column("source", overflow="fold")
+    table.add_column("location", overflow="fold")
+    for path, value, source, where in rows:
+        shown = json.dumps(value, ensure_ascii=False) if not isinstance(value, str) else value
+        style = "dim" if source == "default" else None
+        table.add_row(path, shown, source, where, style=style)
+    return table
+
+
+def cmd_show(args: argparse.Namespace) -> int:
+    """Exit codes: 0 shown, 1 the spec is invalid, 2 a malformed override."""
+    from rich.console import Console
+
+    from expr_tracker.spec import SpecError
+
+    try:
+        rows = show_rows(args.file, args.overrides)
+    except ValueError as exc:
+        if isinstance(exc, SpecError):
+            print(f"et config show: {exc}", file=sys.stderr)
+            return 1
+        print(f"et config show: {exc}", file=sys.stderr)
+        return 2
+    if args.format == "json":
+        data = [{"path": p, "value": v, "source": s, "location": w or None} for p, v, s, w in rows]
+        print(json.dumps(data, indent=2, ensure_ascii=False))
+        return 0
+    Console(width=args.width, soft_wrap=False).print(render_table(rows))
+    return 0
+
+
+# ------------------------------------------------------------------ reference
+
+
+def cmd_reference(args: argparse.Namespace) -> int:
+    """Exit codes: 0 printed/written/up to date, 1 stale (``--check``) or not writable,
+    2 ``--check`` without ``--output``."""
+    from expr_tracker.cli._reference import reference_markdown
+
+    text = reference_markdown()
+    if args.output is None:
+        if args.check:
+            print("et config reference: --check needs --output FILE", file=sys.stderr)
+            return 2
+        sys.stdout.write(text)
+        return 0
+    path = Path(args.output)
+    if args.check:
+        try:
+            current = path.read_text(encoding="utf-8")
+        except OSError:
+            current = None
+        if current != text:
+            print(
+                f"stale: {path}; run `et config reference -o {path}` to regenerate",
+                file=sys.stderr,
+            )
+            return 1
+        print(f"up to date: {path}")
+        return 0
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_text(text, encoding="utf-8")
+    except OSError as exc:
+        print(f"et config reference: {exc}", file=sys.stderr)
+        return 1
+    print(f"wrote {path}")
+    return 0
