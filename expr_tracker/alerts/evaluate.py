@@ -217,6 +217,10 @@ class _Compiler:
     def c_compare(self, node: ast.Compare):
         lf = self.scalar(node.left, f"'{node.op}'")
         op = _CMP[node.op]
+        if isinstance(node.left, ast.Name) and isinstance(node.right, (ast.Number, ast.Duration)):
+            self.scalar(node.right, f"'{node.op}'")
+            self.need(node.left.name, 1)
+            return _fused_compare(node.left.name, op, node.right), "bool"
         if isinstance(node.right, (ast.Number, ast.Duration)):
             c = float(
                 node.right.value if isinstance(node.right, ast.Number) else node.right.seconds
@@ -296,6 +300,8 @@ class _Compiler:
         if special is not None:
             return special(node), sig.returns
         fns = [self.scalar(a, f"{node.func}()") for a in node.args]
+        if len(node.args) == 1 and isinstance(node.args[0], ast.Name):
+            return _fused_latest_call(node.args[0].name, sig.impl), sig.returns
         return _scalar_call(sig.impl, fns), sig.returns
 
     def _pick(self, node: ast.Call, sigs: tuple[Signature, ...]) -> Signature:
@@ -419,6 +425,40 @@ class _Compiler:
         return arg.name
 
 
+def _fused_compare(name, op, right):
+    """``metric <op> constant`` in one closure (the commonest rule shape)."""
+    c = float(right.value if isinstance(right, ast.Number) else right.seconds)
+    get = _lookup(name)
+
+    def cmp_metric(ctx):
+        s = get(ctx)
+        if s is None:
+            return None
+        v = s.values
+        if not v:
+            return None
+        a = v[-1]
+        if a != a:
+            return None
+        return op(a, c)
+
+    return cmp_metric
+
+
+def _fused_latest_call(name, impl):
+    """``f(metric)`` in one closure (``isnan(loss)``)."""
+    get = _lookup(name)
+
+    def call_latest(ctx):
+        s = get(ctx)
+        if s is None:
+            return None
+        v = s.values
+        return impl(v[-1]) if v else None
+
+    return call_latest
+
+
 def _truthy(fn):
     def truthy(ctx):
         a = fn(ctx)
@@ -528,6 +568,20 @@ def _points_call(get, n, impl, needs, extras):
             return impl(v[-n:])
 
         return window_call
+
+    if len(extras) == 1 and needs == "values":
+        (ef,) = extras
+
+        def window_call_1(ctx):
+            s = get(ctx)
+            if s is None:
+                return None
+            v = s.values
+            if len(v) < n:
+                return None
+            return impl(v[-n:], ef(ctx))
+
+        return window_call_1
 
     def window_call_x(ctx):
         s = get(ctx)

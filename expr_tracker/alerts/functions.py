@@ -28,7 +28,7 @@ from __future__ import annotations
 import math
 from collections.abc import Callable
 from dataclasses import dataclass
-from operator import mul
+from operator import gt, lt, mul
 
 __all__ = ["FUNCTIONS", "TIME_BASED", "Signature", "describe"]
 
@@ -67,8 +67,10 @@ def _var(v):
     m = sum(v) / n
     if m != m:
         return m
-    var = math.fsum(map(mul, v, v)) / n - m * m
-    if var <= 1e-9 * m * m or var <= 0.0:  # cancellation: recompute exactly (two-pass)
+    var = sum(map(mul, v, v)) / n - m * m
+    if var <= 1e-9 * m * m:  # cancellation possible: recompute with two passes
+        if min(v) == max(v):
+            return 0.0
         d = [x - m for x in v]
         var = math.fsum(map(mul, d, d)) / n
     return var
@@ -133,20 +135,26 @@ def _pct_change(v):
     return (v[-1] - v[0]) / abs(v[0])
 
 
+_SLOPE_WEIGHTS: dict[int, list[float]] = {}
+
+
 def _slope(v, steps):
     n = len(v)
     if n < 2:
         return None
-    mx = sum(steps) / n
-    my = sum(v) / n
-    sxx = 0.0
-    sxy = 0.0
-    for x, y in zip(steps, v, strict=False):
-        dx = x - mx
-        sxx += dx * dx
-        sxy += dx * (y - my)
+    if steps[-1] - steps[0] == n - 1:  # consecutive steps: precomputed weights, one pass
+        w = _SLOPE_WEIGHTS.get(n)
+        if w is None:
+            mx = (n - 1) / 2.0
+            sxx = n * (n * n - 1) / 12.0
+            w = _SLOPE_WEIGHTS[n] = [(i - mx) / sxx for i in range(n)]
+        return sum(map(mul, w, v))
+    # general case: steps are ints, so these sums are exact and sxx has no cancellation
+    sx = sum(steps)
+    sxx = n * sum(map(mul, steps, steps)) - sx * sx
     if sxx == 0:
         return None
+    sxy = n * math.fsum(map(mul, steps, v)) - sx * math.fsum(v)
     return sxy / sxx
 
 
@@ -157,38 +165,48 @@ def _zscore(v):
     m = sum(v) / n
     if m != m:
         return m
-    lo = min(v)
-    if lo == max(v):
-        return None  # std 0
-    var = math.fsum(map(mul, v, v)) / n - m * m
-    if var <= 1e-9 * m * m:
+    var = sum(map(mul, v, v)) / n - m * m
+    if var <= 1e-9 * m * m:  # cancellation possible: exact checks
+        if min(v) == max(v):
+            return None  # std 0
         d = [x - m for x in v]
         var = math.fsum(map(mul, d, d)) / n
-    if var <= 0.0:
-        return None
+        if var <= 0.0:
+            return None
     return (v[-1] - m) / math.sqrt(var)
+
+
+_EMA_WEIGHTS: dict[tuple[int, float], list[float]] = {}
+
+
+def _ema_weights(n: int, alpha: float) -> list[float]:
+    # e = (1-a)^(n-1) x0 + sum_k a (1-a)^(n-1-k) x_k  (k >= 1): the recursion unrolled
+    w = _EMA_WEIGHTS.get((n, alpha))
+    if w is None:
+        keep = 1.0 - alpha
+        w = [keep ** (n - 1)] + [alpha * keep ** (n - 1 - k) for k in range(1, n)]
+        if len(_EMA_WEIGHTS) > 256:
+            _EMA_WEIGHTS.clear()
+        _EMA_WEIGHTS[(n, alpha)] = w
+    return w
 
 
 def _ema(v, alpha):
     if alpha is None or alpha != alpha or not (0.0 < alpha <= 1.0):
         return None
-    e = v[0]
-    keep = 1.0 - alpha
-    for x in v[1:]:
-        e = alpha * x + keep * e
-    return e
+    return sum(map(mul, _ema_weights(len(v), alpha), v))
 
 
 def _increasing(v):
     if len(v) < 2 or _nan_in(v):
         return None
-    return all(a < b for a, b in zip(v, v[1:], strict=False))
+    return all(map(lt, v, v[1:]))
 
 
 def _decreasing(v):
     if len(v) < 2 or _nan_in(v):
         return None
-    return all(a > b for a, b in zip(v, v[1:], strict=False))
+    return all(map(gt, v, v[1:]))
 
 
 def _stalled(v, eps):
