@@ -1,0 +1,413 @@
+"""Delivery wiring: channels and a dispatcher from an ``AlertsSpec``, the run hooks, and the
+public ``alert()``.
+
+For the runtime (``build.py`` / ``api.py``):
+
+- ``attach_delivery(run, alerts_spec, alerts_path) -> Dispatcher``: builds the dispatcher,
+  sets ``run.dispatcher``, registers the closer (``notify_on`` messages, then drain within
+  the deadline) and the ``delivery`` section of ``et.info()``.
+- ``dispatcher.notify``: the ``notify(event)`` callable for ``AlertEngine`` (rule events,
+  routed by the rule's ``channels`` and ``tags``, always queued).
+- ``alert(title, text="", level="warning", channels=None, tags=(), fields=None, **extra)``:
+  ``et.alert``; never raises; uses the current run's dispatcher, or one built from
+  ``expr_tracker.spec.resolve()`` (environment, ``ET_ALERT_CONFIG``, ``ET_CONFIG``,
+  ``configure_alert``) without a run.
+
+Routing: a message goes to the channels admitting its level (``levels`` allowlist, else
+``min_level``) and tags (a channel with ``tags`` takes only messages carrying one of them);
+a message (or rule) naming ``channels`` goes only to those. With no channel configured,
+alerts go to the console channel (and, in a run, ``alerts.jsonl`` records every outcome).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import logging
+import os
+import threading
+import time
+import traceback as _traceback
+from collections.abc import Iterable, Mapping
+from typing import Any
+
+from expr_tracker.alerts.channels import ChannelConfigError, create_channel
+from expr_tracker.alerts.dispatch import Dispatcher, Policy, event_to_message
+from expr_tracker.alerts.message import AlertMessage, normalize_level
+
+__all__ = [
+    "alert",
+    "attach_delivery",
+    "build_dispatcher",
+    "event_to_message",
+    "finish_message",
+    "standalone_dispatcher",
+]
+
+log = logging.getLogger("expr_tracker.alerts")
+
+_MESSAGE_KEYS = ("subtitle", "traceback", "mentions", "link", "dedup_key", "step", "source")
+
+
+def _alerts_spec(alerts: Any) -> Any:
+    from expr_tracker.spec.models import AlertsSpec
+
+    if alerts is None:
+        return AlertsSpec()
+    if isinstance(alerts, AlertsSpec):
+        return alerts
+    if isinstance(alerts, Mapping):
+        return AlertsSpec.model_validate(dict(alerts))
+    raise TypeError(f"alerts must be an AlertsSpec, a mapping or None, not {type(alerts).__name__}")
+
+
+def build_dispatcher(
+    alerts: Any = None,
+    *,
+    record: Any = None,
+    context: Any = None,
+    environ: Mapping[str, str] | None = None,
+    console_fallback: bool = True,
+    **dispatcher_kwargs: Any,
+) -> Dispatcher:
+    """A dispatcher with one lane per enabled channel of ``alerts``.
+
+    Args:
+        alerts: an ``AlertsSpec``, a mapping validated as one, or None (defaults).
+        record: ``record(dict)`` for delivery outcomes (``AlertLog.write``).
+        context: ``context() -> {"project", "run", "step"}``.
+        environ: where ``url_env`` and ``*_env`` options are read (default ``os.environ``).
+        console_fallback: with no channel configured, add a ``console`` channel.
+        **dispatcher_kwargs: ``Dispatcher`` arguments (clock, sleep, random, start, ...).
+
+    Returns:
+        The dispatcher (threads started unless ``start=False``). ``alerts.enabled: false``
+        gives one with no channels. A channel whose ``url_env`` variable is unset (and no
+        ``url``) is skipped with one warning: that is how an example channel stays off until
+        its variable is set.
+
+    Raises:
+        ChannelConfigError: an unknown type or invalid options (with the
+            ``alerts.channels.<name>`` path), raised before any thread starts.
+        pydantic.ValidationError: ``alerts`` given as an invalid mapping.
+    """
+    spec = _alerts_spec(alerts)
+    env = os.environ if environ is None else environ
+    from expr_tracker.spec.models import effective_policy
+
+    lanes: list[tuple[Any, Policy, Any]] = []
+    skipped: dict[str, str] = {}
+    if spec.enabled:
+        for channel_spec in spec.channels:
+            if not channel_spec.enabled:
+                skipped[channel_spec.name] = "disabled"
+                continue
+            if channel_spec.url_env and channel_spec.url is None:
+                value = env.get(channel_spec.url_env)
+                if not value or not value.strip():
+                    skipped[channel_spec.name] = f"{channel_spec.url_env} is not set"
+                    log.warning(
+                        "expr_tracker: alert channel %s is off: environment variable %s is not set",
+                        channel_spec.name,
+                        channel_spec.url_env,
+                    )
+                    continue
+            channel = create_channel(channel_spec, env)
+            try:
+                policy = Policy.from_spec(effective_policy(spec, channel_spec))
+            except ValueError as exc:
+                raise ChannelConfigError(
+                    f"alerts.channels.{channel_spec.name}.policy: {exc}"
+                ) from None
+            lanes.append((channel, policy, channel_spec))
+    d = Dispatcher(record=record, context=context, **dispatcher_kwargs)
+    d.skipped = skipped  # type: ignore[attr-defined]
+    for channel, policy, cs in lanes:
+        d.add_channel(
+            channel,
+            policy=policy,
+            enabled=True,
+            min_level=cs.min_level,
+            levels=cs.levels,
+            tags=cs.tags,
+        )
+    if spec.enabled and not spec.channels and console_fallback:
+        from expr_tracker.alerts.channels.console import ConsoleChannel
+
+        d.add_channel(ConsoleChannel("console"), policy=Policy.from_spec(spec.policy))
+    return d
+
+
+# --------------------------------------------------------------------------- run hooks
+
+
+def finish_message(run: Any, notify_on: Iterable[str]) -> AlertMessage | None:
+    """The built-in ``notify_on`` message for ``run`` at finish, or None.
+
+    ``failure`` (the run ends with an exception): level error, the exception type and message,
+    the traceback. ``finish``: level info on success (error when it failed and ``failure``
+    is not asked for). Fields: status, steps, duration_s.
+    """
+    wanted = set(notify_on or ())
+    if not wanted:
+        return None
+    exc = getattr(run, "exception", None)
+    project = getattr(run, "project", "?")
+    name = getattr(run, "name", "?")
+    fields: dict[str, Any] = {}
+    try:
+        fields["steps"] = run.history.rows_committed
+    except Exception:  # noqa: BLE001
+        pass
+    started = (getattr(run, "info_record", None) or {}).get("started_at")
+    if started:
+        fields["duration_s"] = round(time.time() - float(started), 1)
+    if exc is not None:
+        if not wanted & {"failure", "finish"}:
+            return None
+        etype, evalue, tb = exc
+        text = "".join(_traceback.format_exception(etype, evalue, tb))
+        fields = {"status": "failed", **fields}
+        return AlertMessage(
+            title=f"Run {project}/{name} failed: {etype.__name__}",
+            text=str(evalue)[:2000],
+            level="error",
+            traceback=text[-8000:] if "failure" in wanted else None,
+            fields=fields,
+            source="failure",
+            dedup_key=f"run-end:{project}/{name}",
+        )
+    if "finish" not in wanted:
+        return None
+    return AlertMessage(
+        title=f"Run {project}/{name} finished",
+        level="info",
+        fields={"status": "finished", **fields},
+        source="finish",
+        dedup_key=f"run-end:{project}/{name}",
+    )
+
+
+def _open_step(run: Any) -> Any:
+    try:
+        return run.history.open_step
+    except Exception:  # noqa: BLE001
+        return None
+
+
+def attach_delivery(
+    run: Any,
+    alerts_spec: Any,
+    alerts_path: Any = None,
+    *,
+    environ: Mapping[str, str] | None = None,
+    **dispatcher_kwargs: Any,
+) -> Dispatcher:
+    """Build the run's dispatcher and hook it into the run.
+
+    Args:
+        run: the ``Run`` (uses ``project``, ``name``, ``history.open_step``, ``warner``,
+            ``exception``, ``add_closer``, ``add_stats``).
+        alerts_spec: the run's ``AlertsSpec``.
+        alerts_path: the run's ``alerts[.S][.rankN].jsonl`` path, or an object with
+            ``write(record)`` (the ``AlertLog`` the engine also writes transitions to), or
+            None to record nothing.
+        environ, dispatcher_kwargs: as ``build_dispatcher``.
+
+    Effects: ``run.dispatcher`` is set; a closer ``"alert delivery"`` sends the
+    ``notify_on`` message and drains within the deadline (``drain_timeout``, 10 s); a stats
+    section ``"delivery"`` lists each channel's counters.
+
+    Raises:
+        ChannelConfigError: as ``build_dispatcher``.
+    """
+    owned = None
+    if alerts_path is None:
+        record = None
+    elif callable(getattr(alerts_path, "write", None)):
+        record = alerts_path.write
+    else:
+        from expr_tracker.alerts.record import AlertLog
+
+        owned = AlertLog(alerts_path)
+        record = owned.write
+
+    def context() -> dict[str, Any]:
+        return {"project": run.project, "run": run.name, "step": _open_step(run)}
+
+    dispatcher_kwargs.setdefault("warner", getattr(run, "warner", None))
+    d = build_dispatcher(
+        alerts_spec, record=record, context=context, environ=environ, **dispatcher_kwargs
+    )
+    spec = _alerts_spec(alerts_spec)
+
+    def close() -> None:
+        try:
+            if spec.enabled:
+                message = finish_message(run, spec.notify_on)
+                if message is not None:
+                    d.submit(message, direct=False)
+        finally:
+            d.close()
+            if owned is not None:
+                owned.close()
+
+    run.dispatcher = d
+    run.add_closer("alert delivery", close)
+    run.add_stats("delivery", lambda: {"channels": d.stats(), "skipped": dict(d.skipped)})
+    return d
+
+
+# --------------------------------------------------------------------------- et.alert
+
+_standalone: tuple[str, Dispatcher] | None = None
+_standalone_lock = threading.Lock()
+_warned: set[str] = set()
+
+
+def _warn_once(key: str, message: str, *args: Any) -> None:
+    if key not in _warned:
+        _warned.add(key)
+        log.warning(message, *args)
+
+
+def _fingerprint(alerts: Any) -> str:
+    def reveal(value: Any) -> Any:
+        getter = getattr(value, "get_secret_value", None)
+        if getter is not None:
+            return getter()
+        if isinstance(value, Mapping):
+            return {k: reveal(v) for k, v in value.items()}
+        if isinstance(value, (list, tuple)):
+            return [reveal(v) for v in value]
+        return value
+
+    raw = repr(reveal(alerts.model_dump())).encode("utf-8", "replace")
+    return hashlib.sha256(raw).hexdigest()
+
+
+def standalone_dispatcher(environ: Mapping[str, str] | None = None) -> Dispatcher:
+    """The process-wide dispatcher for alerts sent without a run, built from
+    ``expr_tracker.spec.resolve()`` (rebuilt when that configuration changes); drained at
+    interpreter exit.
+
+    Raises:
+        SpecError, ChannelConfigError: the configuration is invalid.
+    """
+    global _standalone
+    from expr_tracker.spec import resolve
+
+    configured = None
+    try:
+        from expr_tracker import api
+
+        configured = getattr(api, "_configured_alert", None) or None
+    except Exception:  # noqa: BLE001
+        pass
+    resolved = resolve(configure_alert=configured, environ=environ)
+    alerts = resolved.spec.alerts
+    key = _fingerprint(alerts)
+    with _standalone_lock:
+        if _standalone is not None and _standalone[0] == key and not _standalone[1].closed:
+            return _standalone[1]
+        old = _standalone[1] if _standalone is not None else None
+        d = build_dispatcher(alerts, environ=environ, at_exit=True)
+        _standalone = (key, d)
+    if old is not None:
+        old.close()
+    return d
+
+
+def _current_dispatcher() -> Dispatcher | None:
+    try:
+        from expr_tracker import api
+
+        run = api.get_run()
+    except Exception:  # noqa: BLE001
+        return None
+    if run is None or getattr(run, "forked", False) or getattr(run, "finished", False):
+        return None
+    d = getattr(run, "dispatcher", None)
+    return d if isinstance(d, Dispatcher) and not d.closed else None
+
+
+def make_message(
+    title: Any,
+    text: Any = "",
+    level: Any = "warning",
+    channels: Any = None,
+    tags: Any = (),
+    fields: Mapping[str, Any] | None = None,
+    **extra: Any,
+) -> AlertMessage:
+    """The ``AlertMessage`` ``alert()`` sends. ``backends=`` is the old name of ``channels``;
+    ``subtitle``, ``traceback``, ``mentions``, ``link``, ``dedup_key``, ``step`` and
+    ``source`` set those attributes; any other keyword becomes a field. An unknown level is
+    warned about once and sent as ``warning``."""
+    if channels is None and "backends" in extra:
+        channels = extra.pop("backends")
+    else:
+        extra.pop("backends", None)
+    attrs = {k: extra.pop(k) for k in _MESSAGE_KEYS if k in extra}
+    all_fields = dict(fields or {})
+    all_fields.update(extra)
+    lvl = normalize_level(level)
+    from expr_tracker.alerts.message import LEVELS
+
+    if lvl not in LEVELS:
+        _warn_once(
+            f"level:{lvl}",
+            "expr_tracker: alert level %r is not one of %s; sent as 'warning'",
+            level,
+            ", ".join(LEVELS),
+        )
+        lvl = "warning"
+    if isinstance(tags, str):
+        tags = (tags,)
+    if isinstance(attrs.get("mentions"), str):
+        attrs["mentions"] = (attrs["mentions"],)
+    return AlertMessage(
+        title=str(title),
+        text="" if text is None else str(text),
+        level=lvl,
+        channels=channels,
+        tags=tuple(tags or ()),
+        fields=all_fields,
+        **attrs,
+    )
+
+
+def alert(
+    title: str,
+    text: str = "",
+    level: str = "warning",
+    channels: Iterable[str] | str | None = None,
+    tags: Iterable[str] = (),
+    fields: Mapping[str, Any] | None = None,
+    **extra: Any,
+) -> bool:
+    """Send an alert now (``et.alert``). Never raises.
+
+    Args:
+        title: one line. text: the body. level: debug|info|warning|error|critical or an
+        alias. channels: names (or types) of the channels to use; None routes by level and
+        tags. tags: routing tags. fields: name -> value shown as a table.
+        **extra: ``subtitle``, ``traceback``, ``mentions``, ``link``, ``dedup_key``,
+            ``step``, ``source``; ``backends`` (old name of ``channels``); anything else is
+            added to ``fields``.
+
+    Returns:
+        True when some channel took the message (with ``async_send: false``: when some
+        channel delivered it); False when none did or something went wrong (logged once).
+    """
+    try:
+        message = make_message(title, text, level, channels, tags, fields, **extra)
+        d = _current_dispatcher() or standalone_dispatcher()
+        return d.submit(message, direct=True).ok
+    except Exception as exc:  # noqa: BLE001 - et.alert() never raises
+        _warn_once(
+            f"alert:{type(exc).__name__}",
+            "expr_tracker: et.alert() could not send (%s: %s)",
+            type(exc).__name__,
+            str(exc)[:300],
+        )
+        return False
