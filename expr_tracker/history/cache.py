@@ -11,8 +11,19 @@ segments whose rows are all on disk (below the ``flushed`` watermark).
 from __future__ import annotations
 
 from array import array
+from bisect import bisect_left
 from collections import deque
 from collections.abc import Iterator
+from typing import Any
+
+from expr_tracker.history.codec import decode_line
+
+try:
+    from orjson import JSONDecodeError as _JSONDecodeError
+    from orjson import loads as _loads
+except ImportError:  # pragma: no cover - orjson is a dependency
+    _loads = None
+    _JSONDecodeError = ValueError
 
 MAX_STEP = (1 << 63) - 1
 
@@ -54,6 +65,8 @@ class RowCache:
         "nbytes",
         "nrows",
         "evicted_rows",
+        "sorted",
+        "last_step",
     )
 
     def __init__(self, max_bytes: int, max_rows: int, first_ordinal: int = 0) -> None:
@@ -66,6 +79,8 @@ class RowCache:
         self.nbytes = 0
         self.nrows = 0
         self.evicted_rows = 0
+        self.sorted = True  # every step appended so far was >= the one before it
+        self.last_step: int | None = None
 
     def append(self, line: bytes, step: int) -> int:
         """Add one row; returns its ordinal."""
@@ -78,6 +93,10 @@ class RowCache:
         data += line
         seg.ends.append(len(data))
         seg.steps.append(step if -MAX_STEP <= step <= MAX_STEP else MAX_STEP)
+        last = self.last_step
+        if last is not None and step < last:
+            self.sorted = False
+        self.last_step = step
         self.nbytes += len(line)
         self.nrows += 1
         o = self.next_ordinal
@@ -166,3 +185,169 @@ class RowCache:
         lines.reverse()
         steps.reverse()
         return lines, steps, False
+
+    # ------------------------------------------------------------------ query helpers
+    # All of these run under the store lock; they touch no JSON except ``decode``.
+
+    def _seg_index(self, ordinal: int) -> int:
+        """The index in ``_segments`` of the segment holding ``ordinal`` (must be cached).
+
+        Every segment but the newest holds exactly ``segment_rows`` rows (eviction drops
+        whole segments from the front), so the lookup is arithmetic.
+        """
+        return (ordinal - self._segments[0].first) // self.segment_rows
+
+    def first_step(self) -> int | None:
+        """The step of the oldest cached row (None when empty)."""
+        segs = self._segments
+        return segs[0].steps[0] if segs and len(segs[0]) else None
+
+    def tail_start(self, nsteps: int) -> tuple[int, bool, bool]:
+        """Where the rows covering the newest ``nsteps`` distinct steps plus one begin.
+
+        Walks the step arrays backwards (no JSON) until a row of the (nsteps+2)-th distinct
+        step is met. Returns ``(ordinal, complete, simple)``: rows ``[ordinal,
+        next_ordinal)`` are the window; ``complete`` is False when the cache ran out first
+        (older rows may be on disk); ``simple`` is True when the window holds one row per
+        step in strictly increasing step order (nothing to merge).
+        """
+        limit = nsteps + 1
+        seen: set[int] = set()
+        simple = True
+        prev = None
+        o = self.next_ordinal
+        for seg in reversed(self._segments):
+            ss = seg.steps
+            for i in range(len(ss) - 1, -1, -1):
+                s = ss[i]
+                if s not in seen:
+                    if len(seen) >= limit:
+                        return o, True, simple
+                    seen.add(s)
+                    if prev is not None and s >= prev:
+                        simple = False
+                else:
+                    simple = False
+                prev = s
+                o -= 1
+        return o, False, simple
+
+    def lines(self, start: int, stop: int) -> list[bytes]:
+        """The encoded lines of ordinals ``[start, stop)`` (clipped to what is cached)."""
+        start = max(start, self.first_ordinal)
+        stop = min(stop, self.next_ordinal)
+        out: list[bytes] = []
+        if start >= stop:
+            return out
+        segs = self._segments
+        k = self._seg_index(start)
+        o = start
+        while o < stop:
+            seg = segs[k]
+            ends = seg.ends
+            data = seg.data
+            j = o - seg.first
+            last = min(len(ends), stop - seg.first)
+            prev = ends[j - 1] if j else 0
+            for jj in range(j, last):
+                e = ends[jj]
+                out.append(bytes(data[prev:e]))
+                prev = e
+            o = seg.first + last
+            k += 1
+        return out
+
+    def steps(self, start: int, stop: int) -> list[int]:
+        """The steps of ordinals ``[start, stop)`` (clipped to what is cached)."""
+        out: list[int] = []
+        for seg in self._segments:
+            a = max(start, seg.first) - seg.first
+            b = min(stop, seg.first + len(seg)) - seg.first
+            if a < b:
+                out.extend(seg.steps[a:b])
+        return out
+
+    def ordinal_of_step(self, step: int) -> int:
+        """For a sorted cache: the ordinal of the first cached row with ``step`` or later."""
+        for seg in self._segments:
+            ss = seg.steps
+            if ss and ss[-1] >= step:
+                return seg.first + bisect_left(ss, step)
+        return self.next_ordinal
+
+    def ordinals_in(self, lo: int, hi: int) -> list[int]:
+        """For any cache: the ordinals whose step lies in ``[lo, hi)`` (a full walk)."""
+        out = []
+        for seg in self._segments:
+            first = seg.first
+            for i, s in enumerate(seg.steps):
+                if lo <= s < hi:
+                    out.append(first + i)
+        return out
+
+
+def decode_lines(lines: list[bytes]) -> list[dict[str, Any]]:
+    """Decode many encoded rows at once (one orjson call); NaN/Infinity rows per line."""
+    if not lines:
+        return []
+    if _loads is not None:
+        try:
+            return _loads(b"[" + b",".join(lines) + b"]")
+        except _JSONDecodeError:
+            pass
+    return [decode_line(x) for x in lines]
+
+
+_FLAT = frozenset((float, int, str, bool, type(None)))
+
+
+class DecodedTail:
+    """Decoded copies of the newest cached rows, so a repeated ``history(n)`` only decodes
+    the rows committed since the previous query.
+
+    Holds at most ``capacity`` rows (ordinals ``[first, first + len(rows))``); entries of
+    rows holding lists or dicts are None (decoded afresh each time, so a caller can never
+    mutate a shared nested value). Ordinals never change meaning, so entries stay valid
+    across evictions. Not thread-safe: the store serialises access.
+    """
+
+    __slots__ = ("capacity", "first", "rows")
+
+    def __init__(self, capacity: int = 4096) -> None:
+        self.capacity = capacity
+        self.first = 0
+        self.rows: list[dict[str, Any] | None] = []
+
+    def get(self, cache: RowCache, start: int, stop: int) -> list[dict[str, Any]] | None:
+        """Shallow-safe copies of rows ``[start, stop)``; None when the window is too big.
+
+        ``cache`` must still hold every row not already decoded here.
+        """
+        if stop - start > self.capacity:
+            return None
+        rows = self.rows
+        first = self.first
+        end = first + len(rows)
+        if start < first or start > end:  # disjoint or older: start afresh
+            rows = self.rows = []
+            first = self.first = start
+            end = start
+        if stop > end:
+            for d in decode_lines(cache.lines(end, stop)):
+                if any(type(v) not in _FLAT for v in d.values()):
+                    rows.append(None)
+                else:
+                    rows.append(d)
+        over = len(rows) - self.capacity
+        if over > 0:
+            del rows[:over]
+            first = self.first = first + over
+        a = start - first
+        out = [r.copy() if r is not None else r for r in rows[a : a + stop - start]]
+        if None in out:
+            fresh = decode_lines(
+                [cache.lines(start + i, start + i + 1)[0] for i, r in enumerate(out) if r is None]
+            )
+            it = iter(fresh)
+            out = [r if r is not None else next(it) for r in out]
+        return out

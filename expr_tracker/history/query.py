@@ -1,39 +1,65 @@
-"""``et.history()``: select steps and columns from a live store or a file, and shape them.
+"""``et.history()`` / ``read_history()``: plan a read, select steps and columns, shape them.
 
-The planning here is deliberately simple: tails come from :meth:`HistoryStore.tail`
-(cache first, disk only for evicted rows); ``step_range`` and offline reads scan the file.
+Planning (spec design.txt B.2, B.3):
+
+=======================  ==================================  ============================
+source                   no ``step_range``                   ``step_range=(a, b)``
+=======================  ==================================  ============================
+live ``HistoryStore``    ``store.tail(n)``: cache, then the   ``store.step_range(a, b)``:
+                         file backwards for evicted rows      cache binary search + indexed
+                                                              file read for older steps
+run dir / metrics file   ``JsonlReader.tail(n)`` backwards   ``JsonlReader.read_range``
+                         (``n`` None: the whole file)         via the sidecar index
+=======================  ==================================  ============================
+
+``n`` counts steps (the newest ``n``; None/-1 everything) and applies after ``step_range``.
+Every result is a snapshot: new objects that later logging never changes.
 """
 
 from __future__ import annotations
 
-from collections.abc import Iterable
 from pathlib import Path
 from typing import Any
 
+from expr_tracker.history.frame import (
+    OUTPUT_TYPES,
+    check_output_type,
+    parse_columns,
+    shape,
+    to_output,
+)
 from expr_tracker.history.paths import resolve_run_path
-from expr_tracker.history.reader import iter_rows, merge_by_step
+from expr_tracker.history.reader import JsonlReader
 from expr_tracker.history.store import HistoryStore
 
-OUTPUT_TYPES = ("dict", "dicts", "pandas", "pd", "polars")
-META = ("_step", "_time")
+__all__ = ["OUTPUT_TYPES", "parse_step_range", "query_history"]
 
 
-def _columns(metrics: Any) -> list[str] | None:
-    if metrics is None:
-        return None
-    if isinstance(metrics, str):
-        return [m.strip() for m in metrics.split(",") if m.strip()]
-    return [str(m) for m in metrics]
+def parse_step_range(step_range: Any) -> tuple[int | None, int | None] | None:
+    """``(a, b)``, ``[a, b]``, ``range(a, b)`` or ``"a:b"`` -> ``(a, b)`` (either side None).
 
-
-def _step_bounds(step_range: Any) -> tuple[int | None, int | None]:
+    Raises:
+        ValueError: not one of those forms, or a side that is not an integer.
+    """
     if step_range is None:
-        return None, None
-    if isinstance(step_range, str):
-        a, _, b = step_range.partition(":")
-        return (int(a) if a.strip() else None, int(b) if b.strip() else None)
-    start, end = step_range
-    return start, end
+        return None
+    if isinstance(step_range, range):
+        if step_range.step != 1:
+            raise ValueError("step_range: a range() with a step other than 1 is not supported")
+        return step_range.start, step_range.stop
+    try:
+        if isinstance(step_range, str):
+            a, sep, b = step_range.partition(":")
+            if not sep:
+                raise ValueError
+            return (int(a) if a.strip() else None, int(b) if b.strip() else None)
+        a, b = step_range
+        return (None if a is None else int(a), None if b is None else int(b))
+    except (TypeError, ValueError):
+        raise ValueError(
+            f"step_range={step_range!r} is not valid: give (start, end) with end exclusive, "
+            "or 'start:end' (either side may be empty/None)"
+        ) from None
 
 
 def query_history(
@@ -51,95 +77,31 @@ def query_history(
 ) -> Any:
     """Rows of a run as ``output_type``; see :func:`expr_tracker.history` for the arguments.
 
+    ``source`` is a live store, a run directory (the file is chosen by
+    :func:`resolve_run_path` with ``stream``) or a metrics file.
+
     Raises:
-        ValueError: an unknown ``output_type`` (the valid ones are named).
+        ValueError: an unknown ``output_type`` or a malformed ``step_range``.
         FileNotFoundError: ``source`` names no run.
+        ImportError: pandas/polars missing (the message names the extra).
     """
-    if output_type not in OUTPUT_TYPES:
-        raise ValueError(
-            f"output_type={output_type!r} is not valid: one of {', '.join(OUTPUT_TYPES)}"
-        )
+    check_output_type(output_type)
     if n is not None and n < 0:
         n = None
-    lo, hi = _step_bounds(step_range)
+    bounds = parse_step_range(step_range)
     if isinstance(source, HistoryStore):
-        if step_range is None:
+        if bounds is None:
             rows = source.tail(n, include_open=include_open)
         else:
-            rows = source.tail(None, include_open=include_open)
+            rows = source.step_range(bounds[0], bounds[1], include_open=include_open)
     else:
-        path = resolve_run_path(source, stream=stream)
-        rows = merge_by_step(iter_rows(path))
-    if step_range is not None:
-        rows = [
-            r
-            for r in rows
-            if type(r.get("_step")) is int
-            and (lo is None or r["_step"] >= lo)
-            and (hi is None or r["_step"] < hi)
-        ]
-        rows.sort(key=lambda r: r["_step"])
+        reader = JsonlReader(resolve_run_path(source, stream=stream))
+        if bounds is None:
+            rows = reader.tail(n)
+        else:
+            rows = reader.read_range(bounds[0], bounds[1])
     if n is not None and len(rows) > n:
         rows = rows[-n:] if n else []
-    cols = _columns(metrics)
-    rows = _shape(rows, cols, include_meta, fill_missing, dropna)
-    return _output(rows, output_type)
-
-
-def _shape(
-    rows: list[dict[str, Any]],
-    cols: list[str] | None,
-    include_meta: bool,
-    fill_missing: bool,
-    dropna: bool,
-) -> list[dict[str, Any]]:
-    if cols is None and include_meta and not fill_missing and not dropna:
-        return rows
-    if cols is None:
-        seen: dict[str, None] = {}
-        for r in rows:
-            for k in r:
-                if k not in META:
-                    seen[k] = None
-        wanted: Iterable[str] = list(seen)
-    else:
-        wanted = cols
-    out = []
-    for r in rows:
-        picked = {}
-        if include_meta:
-            for k in META:
-                if k in r:
-                    picked[k] = r[k]
-        present = False
-        for k in wanted:
-            if k in r:
-                picked[k] = r[k]
-                if r[k] is not None:
-                    present = True
-            elif fill_missing:
-                picked[k] = None
-        if dropna and not present:
-            continue
-        out.append(picked)
-    return out
-
-
-def _output(rows: list[dict[str, Any]], output_type: str) -> Any:
-    if output_type in ("dict", "dicts"):
-        return rows
-    if output_type in ("pandas", "pd"):
-        try:
-            import pandas as pd
-        except ImportError:
-            raise ImportError(
-                "output_type='pandas' needs pandas: pip install 'expr-tracker[pandas]'"
-            ) from None
-        return pd.DataFrame(rows)
-    try:
-        import polars as pl
-    except ImportError:
-        raise ImportError(
-            "output_type='polars' needs polars: pip install 'expr-tracker[polars]'"
-        ) from None
-    return pl.DataFrame(rows, infer_schema_length=None)
+    cols = parse_columns(metrics)
+    rows = shape(rows, cols, include_meta=include_meta, fill_missing=fill_missing, dropna=dropna)
+    return to_output(rows, output_type, cols, include_meta)

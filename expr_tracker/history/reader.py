@@ -1,15 +1,35 @@
-"""Reading ``metrics*.jsonl`` files: backwards tails, forward scans, merge by step.
+"""Reading ``metrics*.jsonl`` files: backward tails, step-range reads, merge by step.
 
-The reader trusts nothing about a file (spec design.txt A.1): lines may be out of step
-order (``step_policy="allow"``), a step may span several lines (patch lines written after
-``max_open_seconds``), another program may have written it, and the last line may be torn
-by a crash. Undecodable lines are skipped and counted; rows of one step are merged in file
-order (later lines win per key).
+The reader trusts nothing about a file (spec design.txt A.1, B.0, B.2): lines may be out of
+step order (``step_policy="allow"``), a step may span several lines (patch lines written
+after ``max_open_seconds``), another program may have written the file (no sidecar, or a
+sidecar that no longer matches), and the last line may be torn by a crash. Undecodable
+lines are skipped and counted; a last line without its newline is never returned; rows of
+one step are merged in file order (later lines win per key).
+
+:class:`JsonlReader` is the planner over one file:
+
+- ``tail_rows(n)`` returns the newest ``n`` physical rows; ``tail(n)`` the newest ``n``
+  merged steps, reading backwards until one whole spare step has been seen (the boundary
+  step may be half read, so it is read and dropped);
+- ``read_range(start, end)`` is exact by step. When the sidecar is trustworthy and says the
+  file is sorted, ``offset_of_step`` binary-searches its sparse ``[step, line, offset]``
+  index and only the rows of the range are read (plus the part of the file written after
+  the sidecar, which is scanned whole because nothing is known about it); otherwise the
+  file is scanned once, in full;
+- ``bytes_read`` counts the bytes actually read from the OS, so tests and ``et.info()``
+  can show that a query did not load the file.
+
+Module functions (``iter_lines_backward``, ``offset_of_line``, ``iter_rows``,
+``merge_by_step``, ``read_rows``) are the primitives, kept for the write path.
 """
 
 from __future__ import annotations
 
+import io
+import json
 import os
+from bisect import bisect_left
 from collections.abc import Iterable, Iterator
 from pathlib import Path
 from typing import Any
@@ -17,6 +37,10 @@ from typing import Any
 from expr_tracker.history.codec import decode_line
 
 BLOCK = 1 << 16
+META_SCHEMA = 2  # the sidecar schema this reader understands (writer.META_SCHEMA)
+
+
+# --------------------------------------------------------------------------- primitives
 
 
 def _last_line_end(f: Any, end: int) -> int:
@@ -33,6 +57,23 @@ def _last_line_end(f: Any, end: int) -> int:
     return 0
 
 
+def _lines_backward(f: Any, end: int) -> Iterator[bytes]:
+    pos = _last_line_end(f, end)
+    carry = b""
+    while pos > 0:
+        lo = max(0, pos - BLOCK)
+        f.seek(lo)
+        data = f.read(pos - lo) + carry
+        pos = lo
+        parts = data.split(b"\n")
+        carry = parts[0]
+        for line in reversed(parts[1:]):
+            if line:
+                yield line
+    if carry:
+        yield carry
+
+
 def iter_lines_backward(path: str | os.PathLike[str], end: int | None = None) -> Iterator[bytes]:
     """Complete lines of ``path`` before byte ``end`` (default: EOF), newest first.
 
@@ -41,20 +82,7 @@ def iter_lines_backward(path: str | os.PathLike[str], end: int | None = None) ->
     with open(path, "rb") as f:
         if end is None:
             end = f.seek(0, os.SEEK_END)
-        pos = _last_line_end(f, end)
-        carry = b""
-        while pos > 0:
-            lo = max(0, pos - BLOCK)
-            f.seek(lo)
-            data = f.read(pos - lo) + carry
-            pos = lo
-            parts = data.split(b"\n")
-            carry = parts[0]
-            for line in reversed(parts[1:]):
-                if line:
-                    yield line
-        if carry:
-            yield carry
+        yield from _lines_backward(f, end)
 
 
 def offset_of_line(
@@ -63,7 +91,8 @@ def offset_of_line(
     """Byte offset where line number ``line`` (0-based) starts.
 
     ``index`` holds ``[step, line, offset]`` anchors (the sidecar's); the nearest anchor
-    at or before ``line`` is the starting point of a forward count.
+    at or before ``line`` is the starting point of a forward count. Past the end of the
+    file the file size is returned.
     """
     start_line, start_off = 0, 0
     for a in index:
@@ -105,14 +134,15 @@ def iter_rows(path: str | os.PathLike[str], end: int | None = None) -> Iterator[
 def merge_by_step(rows: Iterable[dict[str, Any]]) -> list[dict[str, Any]]:
     """Merge rows sharing a ``_step`` (later rows win per key), in order of first appearance.
 
-    Rows without an integer ``_step`` are kept as they are.
+    Every returned dict is new (the input rows are never modified). Rows without an
+    integer ``_step`` are copied as they are.
     """
     out: list[dict[str, Any]] = []
     at: dict[int, dict[str, Any]] = {}
     for r in rows:
         s = r.get("_step")
         if type(s) is not int:
-            out.append(r)
+            out.append(dict(r))
             continue
         cur = at.get(s)
         if cur is None:
@@ -120,10 +150,381 @@ def merge_by_step(rows: Iterable[dict[str, Any]]) -> list[dict[str, Any]]:
             at[s] = cur
             out.append(cur)
         else:
-            cur.update(r)
+            cur.update(r)  # later lines win per key; _step/_time stay last (written last)
+            cur["_step"] = cur.pop("_step")
+            if "_time" in cur:
+                cur["_time"] = cur.pop("_time")
     return out
+
+
+def step_key(row: dict[str, Any]) -> int:
+    """Sort key by ``_step`` (rows without an integer step sort first)."""
+    s = row.get("_step")
+    return s if type(s) is int else -1
 
 
 def read_rows(path: str | os.PathLike[str]) -> list[dict[str, Any]]:
     """Every step of a metrics file, merged by step, in file order of first appearance."""
     return merge_by_step(iter_rows(Path(path)))
+
+
+def meta_path_for(path: str | os.PathLike[str]) -> Path:
+    """The sidecar of a metrics file: ``metrics[.S][.rankN].jsonl`` -> ``....meta.json``."""
+    p = Path(path)
+    name = p.name[: -len(".jsonl")] if p.name.endswith(".jsonl") else p.name
+    return p.with_name(name + ".meta.json")
+
+
+# --------------------------------------------------------------------------- reader
+
+
+class _CountingFile(io.FileIO):
+    """A raw file that adds every byte it reads to ``owner.bytes_read``."""
+
+    def __init__(self, path: str | os.PathLike[str], owner: JsonlReader) -> None:
+        super().__init__(path, "rb")
+        self._owner = owner
+
+    def readinto(self, b: Any) -> int | None:  # type: ignore[override]
+        n = super().readinto(b)
+        if n:
+            self._owner.bytes_read += n
+        return n
+
+    def read(self, size: int = -1) -> bytes | None:  # type: ignore[override]
+        data = super().read(size)
+        if data:
+            self._owner.bytes_read += len(data)
+        return data
+
+    def readall(self) -> bytes:
+        data = super().readall()
+        self._owner.bytes_read += len(data)
+        return data
+
+
+def _decode(raw: bytes) -> dict[str, Any] | None:
+    try:
+        rec = decode_line(raw)
+    except ValueError:
+        return None
+    return rec if isinstance(rec, dict) else None
+
+
+class JsonlReader:
+    """Tail and step-range reads over one metrics file; see the module docstring.
+
+    Args:
+        path: the ``.jsonl`` file.
+        meta: the sidecar content to plan with (a live writer passes its in-memory
+            ``meta()``); None reads ``meta_path`` (default: the file's own sidecar).
+            A sidecar is used only when its schema is known and its ``size`` is not larger
+            than the file; anchors are verified against the file before they are trusted.
+        meta_path: where the sidecar is (None: beside the file).
+        end: read only the bytes before this offset (the cache/disk boundary of a live
+            store); None is the whole file.
+
+    Attributes:
+        bytes_read: bytes read from the OS so far.
+        skipped: undecodable lines met so far.
+        full_scans: reads that had to scan every line (no usable sidecar, or unsorted).
+        sorted: whether the planner may treat the trusted prefix as sorted by step.
+
+    Raises:
+        FileNotFoundError: ``path`` does not exist (raised by the first read).
+    """
+
+    def __init__(
+        self,
+        path: str | os.PathLike[str],
+        *,
+        meta: dict[str, Any] | None = None,
+        meta_path: str | os.PathLike[str] | None = None,
+        end: int | None = None,
+    ) -> None:
+        self.path = Path(path)
+        self.bytes_read = 0
+        self.skipped = 0
+        self.full_scans = 0
+        self.index_lookups = 0
+        self._end = end
+        if meta is None:
+            meta = self._load_meta(Path(meta_path) if meta_path else meta_path_for(self.path))
+        self.meta = meta
+        self._meta_ok: bool | None = None
+        self._anchors: list[list[int]] | None = None
+
+    # ------------------------------------------------------------------ sidecar
+
+    @staticmethod
+    def _load_meta(p: Path) -> dict[str, Any] | None:
+        try:
+            data = json.loads(p.read_text("utf-8"))
+        except (OSError, ValueError):
+            return None
+        return data if isinstance(data, dict) else None
+
+    def _open(self) -> io.BufferedReader:
+        return io.BufferedReader(_CountingFile(self.path, self), BLOCK)
+
+    def _file_end(self, f: Any) -> int:
+        size = os.fstat(f.fileno()).st_size
+        return size if self._end is None else min(size, self._end)
+
+    def _trusted_size(self, file_end: int) -> int:
+        """Bytes at the start of the file the sidecar describes (0: use no sidecar)."""
+        m = self.meta
+        if self._meta_ok is None:
+            ok = (
+                m is not None
+                and m.get("schema") == META_SCHEMA
+                and isinstance(m.get("size"), int)
+                and isinstance(m.get("index"), list)
+            )
+            if ok:
+                try:
+                    ok = int(m["size"]) <= os.stat(self.path).st_size
+                except OSError:
+                    ok = False
+            self._meta_ok = bool(ok)
+        if not self._meta_ok:
+            return 0
+        return min(int(m["size"]), file_end)  # type: ignore[index]
+
+    @property
+    def sorted(self) -> bool:
+        """True when a usable sidecar says every line it covers is in step order."""
+        return bool(self.meta and self.meta.get("sorted", False)) and self._meta_ok is not False
+
+    def anchors(self) -> list[list[int]]:
+        """The sidecar's ``[step, line, offset]`` anchors, ascending by line (possibly [])."""
+        if self._anchors is None:
+            raw = (self.meta or {}).get("index") or []
+            out = []
+            for a in raw:
+                if isinstance(a, (list, tuple)) and len(a) == 3 and all(type(x) is int for x in a):
+                    out.append([a[0], a[1], a[2]])
+            out.sort(key=lambda a: a[1])
+            self._anchors = out
+        return self._anchors
+
+    def _verify_anchor(self, f: Any, a: list[int], limit: int) -> bool:
+        """An anchor is trusted when it starts a line holding the step it names."""
+        step, _line, off = a
+        if off < 0 or off >= limit:
+            return False
+        if off > 0:
+            f.seek(off - 1)
+            if f.read(1) != b"\n":
+                return False
+        else:
+            f.seek(0)
+        raw = f.readline()
+        if not raw.endswith(b"\n"):
+            return False
+        rec = _decode(raw)
+        return rec is not None and rec.get("_step") == step
+
+    def offset_of_step(self, step: int, f: Any = None) -> int:
+        """A byte offset from which a forward scan meets every row with ``_step >= step``.
+
+        Binary-searches the sidecar's anchors for the last one whose step is strictly below
+        ``step`` (an earlier line of ``step`` itself may precede an anchor holding it) and
+        verifies it against the file, walking back over anchors that do not match. Only
+        meaningful for a sorted file; returns 0 when nothing better is known.
+        """
+        own = f is None
+        if own:
+            f = self._open()
+        try:
+            limit = self._trusted_size(self._file_end(f))
+            if not limit:
+                return 0
+            anchors = self.anchors()
+            self.index_lookups += 1
+            i = bisect_left([a[0] for a in anchors], step) - 1
+            while i >= 0:
+                a = anchors[i]
+                if self._verify_anchor(f, a, limit):
+                    return a[2]
+                i -= 1
+            return 0
+        finally:
+            if own:
+                f.close()
+
+    def set_end(self, end: int | None) -> None:
+        """Read only the bytes before ``end`` from now on (None: the whole file)."""
+        self._end = end
+
+    def offset_of_line(self, line: int) -> int:
+        """Byte offset where line ``line`` (0-based) starts, counting forward from the
+        nearest anchor at or before it (the file size when the file is shorter).
+
+        The anchors are used as given: this is for a live writer's own index.
+        """
+        start_line = start_off = 0
+        for _s, ln, off in self.anchors():
+            if start_line <= ln <= line:
+                start_line, start_off = ln, off
+        if start_line == line:
+            return start_off
+        with self._open() as f:
+            f.seek(start_off)
+            cur, off = start_line, start_off
+            for raw in f:
+                if cur == line:
+                    return off
+                off += len(raw)
+                cur += 1
+            return off
+
+    # ------------------------------------------------------------------ reads
+
+    def _rows_backward(self, f: Any, end: int) -> Iterator[dict[str, Any]]:
+        for raw in _lines_backward(f, end):
+            rec = _decode(raw)
+            if rec is None:
+                self.skipped += 1
+                continue
+            yield rec
+
+    def tail_rows(self, n: int) -> list[dict[str, Any]]:
+        """The newest ``n`` physical rows (not merged), oldest first.
+
+        Raises:
+            FileNotFoundError: the file does not exist.
+        """
+        if n <= 0:
+            return []
+        out: list[dict[str, Any]] = []
+        with self._open() as f:
+            for rec in self._rows_backward(f, self._file_end(f)):
+                out.append(rec)
+                if len(out) >= n:
+                    break
+        out.reverse()
+        return out
+
+    def tail_physical(self, nsteps: int) -> list[dict[str, Any]]:
+        """Rows (oldest first, unmerged) covering the newest ``nsteps`` steps plus one spare.
+
+        Reads backwards until a row of the (``nsteps`` + 2)-th distinct step is met, so the
+        newest ``nsteps`` + 1 steps are read whole where their lines are adjacent; the
+        caller merges and drops the spare step.
+        """
+        if nsteps <= 0:
+            return []
+        out: list[dict[str, Any]] = []
+        seen: set[Any] = set()
+        limit = nsteps + 1
+        with self._open() as f:
+            for rec in self._rows_backward(f, self._file_end(f)):
+                s = rec.get("_step")
+                key = s if type(s) is int else ("row", len(out))
+                if key not in seen:
+                    if len(seen) >= limit:
+                        break
+                    seen.add(key)
+                out.append(rec)
+        out.reverse()
+        return out
+
+    def tail(self, n: int | None) -> list[dict[str, Any]]:
+        """The newest ``n`` steps, merged by step, oldest first (None/-1: all, exact by step).
+
+        "Newest" is the order lines were written: with an unsorted file these are the most
+        recently written steps, not the highest-numbered ones (spec design.txt B.2).
+        """
+        if n is None or n < 0:
+            return self.read_all()
+        if n == 0:
+            return []
+        merged = merge_by_step(self.tail_physical(n))
+        return merged[-n:] if len(merged) > n else merged
+
+    def iter_rows(self, start: int = 0, stop: int | None = None) -> Iterator[dict[str, Any]]:
+        """Decoded rows in file order from byte ``start`` up to byte ``stop`` (default: end).
+
+        Undecodable lines are skipped (counted in ``skipped``); a line without its newline
+        at the end of the file (torn by a crash, or being written) is not returned.
+        """
+        with self._open() as f:
+            end = self._file_end(f)
+            if stop is None or stop > end:
+                stop = end
+            f.seek(start)
+            pos = start
+            for raw in f:
+                pos += len(raw)
+                if pos > stop or not raw.endswith(b"\n"):
+                    break
+                rec = _decode(raw)
+                if rec is None:
+                    self.skipped += 1
+                    continue
+                yield rec
+
+    def read_all(self) -> list[dict[str, Any]]:
+        """Every step, merged by step; in step order unless the file is known sorted."""
+        self.full_scans += 1
+        with self._open() as f:
+            end = self._file_end(f)
+            trusted = self._trusted_size(end)
+        rows = merge_by_step(self.iter_rows())
+        if not (self.sorted and trusted >= end):
+            rows.sort(key=step_key)
+        return rows
+
+    def read_range(self, start: int | None, end: int | None) -> list[dict[str, Any]]:
+        """Rows with ``start <= _step < end`` (None: open side), merged by step, step order.
+
+        Exact by step for any file. With a trusted sorted sidecar only the range itself
+        (from the nearest verified anchor) and the bytes written after the sidecar are read;
+        otherwise one full scan.
+        """
+        if start is not None and end is not None and end <= start:
+            return []
+        return _sorted_merge(self.range_rows(start, end))
+
+    def range_rows(self, start: int | None, end: int | None) -> list[dict[str, Any]]:
+        """The physical rows (file order, unmerged) whose step lies in ``[start, end)``."""
+        lo = -(1 << 63) if start is None else start
+        hi = 1 << 63 if end is None else end
+        out: list[dict[str, Any]] = []
+        with self._open() as f:
+            file_end = self._file_end(f)
+            trusted = self._trusted_size(file_end)
+            use_index = bool(trusted) and self.sorted
+            off = self.offset_of_step(lo, f) if use_index and start is not None else 0
+        if use_index:
+            # the sorted part the sidecar describes: from the anchor to the first step >= end
+            for rec in self._iter(off, trusted):
+                s = rec.get("_step")
+                if type(s) is not int:
+                    continue
+                if s >= hi:
+                    break
+                if s >= lo:
+                    out.append(rec)
+            rest = trusted
+        else:
+            self.full_scans += 1
+            rest = 0
+        # what no sidecar describes (written after it, or the whole file): every line
+        for rec in self._iter(rest, file_end):
+            s = rec.get("_step")
+            if type(s) is int and lo <= s < hi:
+                out.append(rec)
+        return out
+
+    def _iter(self, start: int, stop: int) -> Iterator[dict[str, Any]]:
+        if start >= stop:
+            return
+        yield from self.iter_rows(start, stop)
+
+
+def _sorted_merge(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    merged = merge_by_step(rows)
+    merged.sort(key=step_key)
+    return merged

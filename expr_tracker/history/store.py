@@ -32,15 +32,14 @@ from collections.abc import Callable, Mapping
 from typing import Any
 
 from expr_tracker.errors import ForkedRunError
-from expr_tracker.history.cache import RowCache
+from expr_tracker.history.cache import DecodedTail, RowCache, decode_lines
 from expr_tracker.history.codec import (
     Warner,
     _has_nonfinite,
-    decode_line,
     encode_row,
     normalize_value,
 )
-from expr_tracker.history.reader import iter_lines_backward, iter_rows, merge_by_step
+from expr_tracker.history.reader import JsonlReader, merge_by_step, step_key
 from expr_tracker.history.writer import BackgroundFlusher, JsonlWriter, get_flusher
 
 log = logging.getLogger("expr_tracker")
@@ -503,6 +502,9 @@ class HistoryStore:
             return True
 
     # ------------------------------------------------------------------ queries
+    # Query planning (spec design.txt B.0-B.2). The cache/disk boundary is the row ordinal
+    # ``cache.first_ordinal``: rows before it are on disk (evicted, or a resume's prefix),
+    # rows from it on are in memory. Every result is a list of new dicts: a snapshot.
 
     def open_row(self) -> dict[str, Any] | None:
         """A copy of the open row with its ``_step`` (None when it holds nothing)."""
@@ -513,89 +515,171 @@ class HistoryStore:
             row["_step"] = self.open_step
             return row
 
-    def tail(self, n: int | None = 50, include_open: bool = True) -> list[dict[str, Any]]:
-        """The newest ``n`` steps (``None``/``-1``: all), oldest first, as new dicts.
+    def _open_copy_locked(self) -> dict[str, Any] | None:
+        if not self._open:
+            return None
+        row = dict(self._open)
+        row["_step"] = self.open_step
+        return row
 
-        Rows of one step are merged (later lines win per key); the open row counts as the
-        newest step when ``include_open``. Reads the file only for steps older than the cache.
+    def tail(self, n: int | None = 50, include_open: bool = True) -> list[dict[str, Any]]:
+        """The newest ``n`` steps (``None``/``-1``: all, in step order), oldest first.
+
+        Returns new dicts (a snapshot). Rows of one step are merged (later lines win per
+        key); the open row counts as the newest step when ``include_open``. The cache
+        answers without any IO when it holds the window; otherwise the rows before the
+        cache boundary are read backwards from the file (``disk_queries`` += 1).
+
+        Raises:
+            ForkedRunError: called in a forked child of the process that made this store.
         """
         self._check_fork()
         if n is not None and n < 0:
             n = None
+        if n == 0:
+            with self._lock:
+                self.queries += 1
+            return []
+        memo_rows = None
         with self._lock:
             self.queries += 1
-            openrow = None
-            if include_open and self._open:
-                openrow = dict(self._open)
-                openrow["_step"] = self.open_step
-            want = None if n is None else (n - 1 if openrow is not None else n)
-            if want is None:
-                lines, _steps = self._all_cached_lines()
-                complete = False
-            elif want <= 0:
-                lines, complete = [], True
+            cache = self.cache
+            openrow = self._open_copy_locked() if include_open else None
+            # a timed-out open row is on disk but not committed: hidden without include_open
+            hide = None if include_open or self._written_open is None else self.open_step
+            stop = cache.next_ordinal
+            if n is None:
+                start, complete, simple = cache.first_ordinal, False, False
+                want = None
             else:
-                lines, _steps, complete = self.cache.tail_lines(want)
-            provisional = self.open_step if self._written_open is not None else None
-            first = self.cache.first_ordinal
-            disk_before = first if not complete and first > 0 else 0
-        rows = [decode_line(x) for x in lines]
-        if disk_before:
-            self.disk_queries += 1
-            rows = self._disk_rows_before(disk_before, want) + rows
+                want = n - 1 if openrow is not None else n + (hide is not None)
+                if want <= 0:
+                    start, complete, simple = stop, True, True
+                else:
+                    start, complete, simple = cache.tail_start(want)
+                    memo = self.__dict__.get("_memo")
+                    if memo is None:
+                        memo = self._memo = DecodedTail()
+                    memo_rows = memo.get(cache, start, stop)
+            lines = cache.lines(start, stop) if memo_rows is None else None
+            first = cache.first_ordinal
+            first_step = cache.first_step()
+            is_sorted = cache.sorted and (self.writer is None or self.writer.sorted)
+            disk = not complete and first > 0 and self.writer is not None
+        rows = memo_rows if memo_rows is not None else decode_lines(lines or [])
+        if disk:
+            reader = self._disk_reader(first)
+            if reader is not None:
+                if want is None:
+                    drows = list(reader.iter_rows())
+                else:
+                    drows = reader.tail_physical(want)
+                if not reader.meta and first_step is not None:  # degraded: by step
+                    drows = [r for r in drows if step_key(r) < first_step]
+                self._count_disk(reader)
+                rows = drows + rows
+                simple = False
+        if hide is not None:
+            while rows and rows[-1].get("_step") == hide:
+                rows.pop()
         if openrow is not None:
             rows.append(openrow)
-        merged = merge_by_step(rows)
-        if not include_open and provisional is not None:
-            # the open step was written early (max_open_seconds) but is not committed
-            merged = [r for r in merged if r.get("_step") != provisional]
-        if n is not None and len(merged) > n:
-            merged = merged[-n:]
-        return merged
+            if simple and len(rows) > 1 and step_key(rows[-2]) >= openrow["_step"]:
+                simple = False
+        if not simple:
+            rows = merge_by_step(rows)
+            if n is None and not is_sorted:
+                rows.sort(key=step_key)
+        if n is not None and len(rows) > n:
+            del rows[:-n]
+        return rows
 
-    def _all_cached_lines(self) -> tuple[list[bytes], list[int]]:
-        lines = []
-        steps = []
-        for _o, s, line in self.cache.iter_forward():
-            lines.append(line)
-            steps.append(s)
-        return lines, steps
+    def step_range(
+        self, start: int | None, end: int | None, include_open: bool = True
+    ) -> list[dict[str, Any]]:
+        """Steps ``start <= _step < end`` (None: open side), merged, in step order.
 
-    def _disk_rows_before(self, ordinal: int, want: int | None) -> list[dict[str, Any]]:
-        """Rows of the file before line ``ordinal`` (the newest ``want``+1 steps or all)."""
+        Exact by step. When the store is sorted the cache is binary-searched and the file
+        is read only for the part of the range older than the cache, through the sidecar
+        index (never a full scan); an unsorted store (``step_policy="allow"`` with
+        backward steps) walks the cache and scans the disk part once.
+
+        Raises:
+            ForkedRunError: called in a forked child of the process that made this store.
+        """
+        self._check_fork()
+        lo = -(1 << 63) if start is None else int(start)
+        hi = 1 << 63 if end is None else int(end)
+        if hi <= lo:
+            with self._lock:
+                self.queries += 1
+            return []
+        with self._lock:
+            self.queries += 1
+            cache = self.cache
+            w = self.writer
+            is_sorted = cache.sorted and (w is None or w.sorted)
+            if cache.nrows == 0:
+                lines: list[bytes] = []
+            elif cache.sorted:
+                lines = cache.lines(cache.ordinal_of_step(lo), cache.ordinal_of_step(hi))
+            else:
+                lines = [cache.lines(o, o + 1)[0] for o in cache.ordinals_in(lo, hi)]
+            first = cache.first_ordinal
+            first_step = cache.first_step()
+            disk = (
+                first > 0
+                and w is not None
+                and (not is_sorted or first_step is None or lo <= first_step)
+            )
+            openrow = None
+            hide = None
+            if lo <= self.open_step < hi:
+                if include_open:
+                    openrow = self._open_copy_locked()
+                elif self._written_open is not None:
+                    hide = self.open_step
+        rows = decode_lines(lines)
+        if disk:
+            reader = self._disk_reader(first)
+            if reader is not None:
+                drows = reader.range_rows(lo, hi)
+                if not reader.meta and first_step is not None:
+                    drows = [r for r in drows if step_key(r) < first_step]
+                self._count_disk(reader)
+                rows = drows + rows
+        if hide is not None:
+            while rows and rows[-1].get("_step") == hide:
+                rows.pop()
+        if openrow is not None:
+            rows.append(openrow)
+        rows = merge_by_step(rows)
+        rows.sort(key=step_key)
+        return rows
+
+    def _disk_reader(self, boundary: int) -> JsonlReader | None:
+        """A reader over the file's lines before ordinal ``boundary`` (None: no file).
+
+        Plans with the writer's in-memory sidecar (fresher than meta.json). When records
+        were dropped, line numbers no longer equal ordinals: the whole file is read with
+        no sidecar and the caller keeps only steps older than the cache (spec B.2).
+        """
         w = self.writer
-        if w is None:
-            return []
-        path = w.path
-        if not path.exists():
-            return []
-        from expr_tracker.history.reader import offset_of_line
+        if w is None or not w.path.exists():
+            return None
+        if w.dropped:
+            return JsonlReader(w.path, meta={})
+        meta = w.meta()
+        meta["index"] = list(meta["index"])
+        reader = JsonlReader(w.path, meta=meta)
+        reader.set_end(reader.offset_of_line(boundary))
+        return reader
 
-        if w.dropped:  # line numbers no longer equal ordinals: address by what is on disk
-            end = None
-        else:
-            end = offset_of_line(path, ordinal, w.index)
-        if want is None:
-            return list(iter_rows(path, end))
-        out: list[dict[str, Any]] = []
-        seen = 0
-        last = None
-        for raw in iter_lines_backward(path, end):
-            try:
-                rec = decode_line(raw)
-            except ValueError:
-                continue
-            if not isinstance(rec, dict):
-                continue
-            s = rec.get("_step")
-            if s != last:
-                seen += 1
-                if seen > want + 1:
-                    break
-                last = s
-            out.append(rec)
-        out.reverse()
-        return out
+    def _count_disk(self, reader: JsonlReader) -> None:
+        self.disk_queries += 1
+        self.__dict__["disk_bytes_read"] = self.__dict__.get("disk_bytes_read", 0) + (
+            reader.bytes_read
+        )
 
     # ------------------------------------------------------------------ lifecycle
 
@@ -616,22 +700,37 @@ class HistoryStore:
         return row
 
     def stats(self) -> dict[str, Any]:
-        """Counters for ``et.info()`` (spec design.txt B.2)."""
+        """Counters for ``et.info()`` (spec design.txt B.2).
+
+        Keys: ``rows_logged`` (committed steps), ``patch_rows``, ``rows_on_disk`` (lines in
+        the file, including a resume's prefix), ``disk_prefix_rows``, ``pending_rows``,
+        ``cached_rows`` / ``cached_bytes`` (encoded bytes) and their limits, ``evicted_rows``,
+        ``cache_sorted``, ``queries``, ``disk_queries`` and ``disk_bytes_read`` (what the
+        queries read from the file), ``hit_rate`` (share of queries answered from memory,
+        None before the first), ``dropped`` (cause -> count: ``backward_step``,
+        ``bad_step``, ``empty_key``, ``reserved_key``, ``closed``, ``disk``, ``oversize``),
+        ``dropped_rows`` (their sum), ``sink_errors`` and the writer's own ``writer`` stats.
+        """
         c = self.cache
         w = self.writer
+        q = self.queries
         out = {
             "open_step": self.open_step,
             "rows_logged": self.rows_committed,
             "patch_rows": self.patch_rows,
             "rows_on_disk": w.lines if w is not None else 0,
             "disk_prefix_rows": self.disk_prefix_rows,
+            "pending_rows": w.pending if w is not None else 0,
             "cached_rows": c.nrows,
             "cached_bytes": c.nbytes,
             "cache_limit_bytes": c.max_bytes,
             "cache_limit_rows": c.max_rows,
             "evicted_rows": c.evicted_rows,
-            "queries": self.queries,
+            "cache_sorted": c.sorted,
+            "queries": q,
             "disk_queries": self.disk_queries,
+            "disk_bytes_read": self.__dict__.get("disk_bytes_read", 0),
+            "hit_rate": (q - self.disk_queries) / q if q else None,
             "dropped": dict(self.dropped),
             "sink_errors": self.sink_errors,
         }
@@ -640,4 +739,7 @@ class HistoryStore:
             out["writer"] = ws
             if ws["dropped"]:
                 out["dropped"]["disk"] = ws["dropped"]
+            if ws["dropped_oversize"]:
+                out["dropped"]["oversize"] = ws["dropped_oversize"]
+        out["dropped_rows"] = sum(out["dropped"].values())
         return out

@@ -1,0 +1,139 @@
+"""Shaping query results: column selection, then ``dict``/``dicts``/``pandas``/``polars``.
+
+``output_type="dict"`` and ``"dicts"`` are the same thing — a list of row dicts, oldest
+first — because a "dict of columns" would silently lose the row structure that patch lines
+and sparse metrics rely on; ask for ``"pandas"`` or ``"polars"`` when columns are wanted.
+pandas and polars are imported only when asked for; a missing one raises ``ImportError``
+naming the extra to install.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+from typing import Any
+
+OUTPUT_TYPES = ("dict", "dicts", "pandas", "pd", "polars")
+META = ("_step", "_time")
+
+
+def check_output_type(output_type: str) -> str:
+    """Return ``output_type`` if valid, else raise ``ValueError`` naming the valid ones."""
+    if output_type not in OUTPUT_TYPES:
+        raise ValueError(
+            f"output_type={output_type!r} is not valid: one of {', '.join(OUTPUT_TYPES)}"
+        )
+    return output_type
+
+
+def parse_columns(metrics: Any) -> list[str] | None:
+    """``"a,b"`` or ``["a", "b"]`` -> ``["a", "b"]``; None stays None (every column)."""
+    if metrics is None:
+        return None
+    if isinstance(metrics, str):
+        return [m.strip() for m in metrics.split(",") if m.strip()]
+    return [str(m) for m in metrics]
+
+
+def columns_of(rows: Iterable[dict[str, Any]]) -> list[str]:
+    """Metric names (no ``_step``/``_time``) in order of first appearance."""
+    seen: dict[str, None] = {}
+    for r in rows:
+        for k in r:
+            if k not in seen and k not in META:
+                seen[k] = None
+    return list(seen)
+
+
+def shape(
+    rows: list[dict[str, Any]],
+    columns: list[str] | None = None,
+    *,
+    include_meta: bool = True,
+    fill_missing: bool = False,
+    dropna: bool = False,
+) -> list[dict[str, Any]]:
+    """Select columns of row dicts (the list and the dicts may be modified and reused).
+
+    Args:
+        columns: metric names to keep (None: all of them).
+        include_meta: keep ``_step``/``_time``.
+        fill_missing: a selected metric absent from a row becomes None.
+        dropna: drop rows in which every selected metric is absent or None (NaN is a value).
+    """
+    if columns is None and include_meta and not fill_missing and not dropna:
+        return rows
+    wanted = columns_of(rows) if columns is None else columns
+    out = []
+    for r in rows:
+        picked: dict[str, Any] = {}
+        if include_meta:
+            for k in META:
+                if k in r:
+                    picked[k] = r[k]
+        present = False
+        for k in wanted:
+            if k in r:
+                v = r[k]
+                picked[k] = v
+                if v is not None:
+                    present = True
+            elif fill_missing:
+                picked[k] = None
+        if dropna and not present:
+            continue
+        out.append(picked)
+    return out
+
+
+def _frame_columns(
+    rows: list[dict[str, Any]], columns: list[str] | None, include_meta: bool
+) -> list[str]:
+    cols = [k for k in META if include_meta and any(k in r for r in rows)]
+    return cols + (columns if columns is not None else columns_of(rows))
+
+
+def to_output(
+    rows: list[dict[str, Any]],
+    output_type: str = "dict",
+    columns: list[str] | None = None,
+    include_meta: bool = True,
+) -> Any:
+    """Rows (already shaped) as ``output_type``.
+
+    ``dict``/``dicts``: the list itself. ``pandas``/``pd``: a ``pandas.DataFrame`` with
+    ``_step``/``_time`` first, then the metrics in order of first appearance (or
+    ``columns``); absent values are NaN/None. ``polars``: a ``polars.DataFrame`` with the
+    same columns (mixed int/float columns become float; other mixtures fall back to
+    strings rather than failing).
+
+    Raises:
+        ValueError: unknown ``output_type``.
+        ImportError: pandas/polars is not installed (the message names the extra).
+    """
+    check_output_type(output_type)
+    if output_type in ("dict", "dicts"):
+        return rows
+    cols = _frame_columns(rows, columns, include_meta)
+    if output_type in ("pandas", "pd"):
+        try:
+            import pandas as pd
+        except ImportError:
+            raise ImportError(
+                "output_type='pandas' needs pandas, which is not installed: "
+                "pip install 'expr-tracker[pandas]'"
+            ) from None
+        return pd.DataFrame.from_records(rows, columns=cols)
+    try:
+        import polars as pl
+    except ImportError:
+        raise ImportError(
+            "output_type='polars' needs polars, which is not installed: "
+            "pip install 'expr-tracker[polars]'"
+        ) from None
+    data = {c: [r.get(c) for r in rows] for c in cols}
+    try:
+        return pl.DataFrame(data, strict=False)
+    except (TypeError, ValueError, pl.exceptions.PolarsError):
+        return pl.DataFrame(
+            {c: [None if v is None else str(v) for v in vals] for c, vals in data.items()}
+        )
