@@ -29,7 +29,7 @@ def test_hydra_sweep(tmp_path):
     assert len({i["group"] for i in infos}) == 1
     assert all(i["status"] == "finished" and i["steps"] == 30 for i in infos)
     assert [i["hydra"]["job_num"] for i in infos] == [0, 1, 2]
-    for r, lr in zip(runs, (0.3, 0.1, 0.03)):
+    for r, lr in zip(runs, (0.3, 0.1, 0.03), strict=True):
         assert json.loads((r / "config.json").read_text()) == {"lr": lr, "steps": 30}
         spec = json.loads((r / "spec.json").read_text())
         assert [rule["name"] for rule in spec["alerts"]["rules"]] == ["nan_loss"]
