@@ -83,6 +83,8 @@ def train(cfg: DictConfig) -> et.Run:
     run = et.init(spec=cfg.tracker, config=OmegaConf.to_container(cfg, resolve=True))
     print(f"tracking into {run.dir}")
     gen = torch.Generator().manual_seed(cfg.seed)
+    # str(): Hydra reads the override `train.fault=nan` as a float NaN
+    fault = str(cfg.train.fault)
     step = 0
     for epoch in range(cfg.train.epochs):
         order = torch.randperm(len(x_tr), generator=gen)
@@ -101,9 +103,9 @@ def train(cfg: DictConfig) -> et.Run:
                     opt.step()
                     sched.step()
             value = loss.item()
-            if cfg.train.fault == "nan" and step >= cfg.train.fault_step:
+            if fault == "nan" and step >= cfg.train.fault_step:
                 value = float("nan")
-            elif cfg.train.fault == "spike" and step == cfg.train.fault_step:
+            elif fault == "spike" and step == cfg.train.fault_step:
                 value *= 50.0
             metrics = {
                 "train/loss": value,

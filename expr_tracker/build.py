@@ -273,6 +273,8 @@ def _build_spans(
         rank=rank,
         warner=warner,
     )
+    if run.spans is not None:
+        run.history.flush_hooks.append(run.spans.flush)
 
 
 def rank_alerts(on_rank: Any, rank: int) -> bool:
@@ -339,7 +341,7 @@ def _delivery(run: Run, alerts: Any, alerts_path: Path, record: Any, deliver: bo
     except ImportError:
         delivery = None
     attach = getattr(delivery, "attach_delivery", None) if delivery is not None else None
-    if attach is not None:
+    if attach is not None and hasattr(delivery, "rule_notifier"):
         dispatcher = attach(run, alerts, alerts_path)
         run.dispatcher = dispatcher
         return delivery.rule_notifier(dispatcher)

@@ -164,11 +164,6 @@ class Run:
         The open row stays open (it is not committed).
         """
         self.history.flush()
-        if self.spans is not None:
-            try:
-                self.spans.flush()
-            except Exception:  # noqa: BLE001
-                log.exception("expr_tracker: flushing spans failed")
         self.summary.save()
 
     def info(self) -> dict[str, Any]:

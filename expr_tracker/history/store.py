@@ -161,6 +161,7 @@ class HistoryStore:
         self._timer_armed = False
         self._closed = False
         self.sinks: list[Callable[[dict[str, Any]], Any]] = []
+        self.flush_hooks: list[Callable[[], Any]] = []
         self._fanq: deque[dict[str, Any]] = deque()
         self._fan_lock = threading.Lock()
         self.last_row: dict[str, Any] | None = None
@@ -684,10 +685,13 @@ class HistoryStore:
     # ------------------------------------------------------------------ lifecycle
 
     def flush(self) -> None:
-        """Write every committed row to disk and wait (the open row stays open)."""
+        """Write every committed row (and, through ``flush_hooks``, every completed span
+        record) to disk and wait. The open row stays open."""
         self._check_fork()
         if self.writer is not None:
             self.writer.flush()
+        for hook in self.flush_hooks:
+            hook()
 
     def close(self) -> dict[str, Any] | None:
         """Commit the open row (if it holds data), flush and close the writer."""
