@@ -11,6 +11,9 @@
           train()
       alerts.assert_alerted("loss spike", level="error")
 
+- ``WebhookServer``: a real HTTP server on 127.0.0.1 (ephemeral port, threaded) standing in
+  for a webhook service, scripted to answer 200, 429 with ``Retry-After``, 500, malformed
+  bodies, or to hang; it records every request.
 - ``FakeClock``: a monotonic clock with ``sleep``/``advance`` for ``Dispatcher(clock=...,
   sleep=..., start=False)``.
 """
@@ -26,7 +29,7 @@ from typing import Any
 from expr_tracker.alerts.channels.base import Channel, DeliveryError, SendResult
 from expr_tracker.alerts.message import AlertMessage
 
-__all__ = ["AlertCapture", "FakeClock", "InMemoryChannel", "capture_alerts"]
+__all__ = ["AlertCapture", "FakeClock", "InMemoryChannel", "WebhookServer", "capture_alerts"]
 
 
 class InMemoryChannel(Channel):
@@ -164,3 +167,73 @@ class FakeClock:
 
     def advance(self, seconds: float) -> None:
         self.now += seconds
+
+
+class WebhookServer:
+    """A scripted webhook endpoint on ``127.0.0.1`` (use as a context manager).
+
+    ``script``: answers used in order, the last one repeated; each is
+    ``(status, body)`` or ``(status, body, headers)``, or the string ``"hang"`` (hold the
+    request until the server stops). Default: ``(200, "ok")``.
+    ``requests``: ``(method, path, headers, body_bytes)`` per request received;
+    ``json(i)`` decodes the body of request ``i``. ``url`` is the base URL plus ``path``.
+    """
+
+    def __init__(self, script: Any = None, path: str = "/hook/T0KEN-s3cr3t") -> None:
+        import http.server
+
+        self.script = list(script or [(200, "ok")])
+        self.requests: list[tuple[str, str, dict[str, str], bytes]] = []
+        self._index = 0
+        self._lock = threading.Lock()
+        self._stop = threading.Event()
+        outer = self
+
+        class Handler(http.server.BaseHTTPRequestHandler):
+            def log_message(self, *args: Any) -> None:
+                pass
+
+            def _answer(self) -> None:
+                length = int(self.headers.get("Content-Length") or 0)
+                body = self.rfile.read(length) if length else b""
+                with outer._lock:
+                    outer.requests.append((self.command, self.path, dict(self.headers), body))
+                    step = outer.script[min(outer._index, len(outer.script) - 1)]
+                    outer._index += 1
+                if step == "hang":
+                    outer._stop.wait(60)
+                    return
+                status, text, *rest = step
+                headers = rest[0] if rest else {}
+                data = text.encode() if isinstance(text, str) else bytes(text)
+                self.send_response(status)
+                for key, value in headers.items():
+                    self.send_header(key, str(value))
+                self.send_header("Content-Length", str(len(data)))
+                self.end_headers()
+                self.wfile.write(data)
+
+            do_POST = do_PUT = do_PATCH = _answer
+
+        self.server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+        self.server.daemon_threads = True
+        self.port = self.server.server_address[1]
+        self.url = f"http://127.0.0.1:{self.port}{path}"
+        self._thread = threading.Thread(target=self.server.serve_forever, daemon=True)
+
+    def __enter__(self) -> WebhookServer:
+        self._thread.start()
+        return self
+
+    def __exit__(self, *exc: Any) -> None:
+        self.close()
+
+    def close(self) -> None:
+        self._stop.set()
+        self.server.shutdown()
+        self.server.server_close()
+
+    def json(self, index: int = -1) -> Any:
+        import json
+
+        return json.loads(self.requests[index][3])

@@ -1,0 +1,104 @@
+"""``et channels test [NAME ...] [--config FILE] [--json]``.
+
+Sends one test message straight through each configured channel (or the named ones) —
+one attempt, no queue, no rate limit — and prints what each endpoint answered (HTTP status
+and body, or the error), with URLs redacted. Exit 0 when every tested channel accepted it,
+1 when one failed or none is configured, 2 on a configuration error.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+
+
+def register(subparsers) -> None:  # noqa: ANN001
+    p = subparsers.add_parser("channels", help="alert channels: test the configured ones")
+    sub = p.add_subparsers(dest="channels_command", metavar="COMMAND")
+    t = sub.add_parser(
+        "test",
+        help="send a test message through each configured channel",
+        description=__doc__.split("\n\n", 1)[1] if __doc__ else None,
+    )
+    t.add_argument("names", nargs="*", help="channel names (default: all)")
+    t.add_argument("--config", default=None, help="an alerts file (like ET_ALERT_CONFIG)")
+    t.add_argument("--timeout", type=float, default=10.0, help="seconds per channel")
+    t.add_argument("--json", action="store_true", help="print one JSON object per channel")
+    t.set_defaults(func=run_test)
+    p.set_defaults(func=lambda args: (p.print_help(), 2)[1])
+
+
+def run_test(args: argparse.Namespace) -> int:
+    from expr_tracker.alerts.channels import DeliveryError, create_channel
+    from expr_tracker.alerts.message import AlertMessage, scrub
+    from expr_tracker.spec import resolve
+
+    environ = dict(os.environ)
+    if args.config:
+        environ["ET_ALERT_CONFIG"] = args.config
+    try:
+        alerts = resolve(environ=environ).spec.alerts
+    except Exception as exc:  # noqa: BLE001 - SpecError
+        print(f"et channels test: configuration error: {exc}", file=sys.stderr)
+        return 2
+    specs = list(alerts.channels)
+    if args.names:
+        unknown = sorted(set(args.names) - {c.name for c in specs})
+        if unknown:
+            known = ", ".join(c.name for c in specs) or "none"
+            print(
+                f"et channels test: unknown channel(s) {', '.join(unknown)} (configured: {known})",
+                file=sys.stderr,
+            )
+            return 2
+        specs = [c for c in specs if c.name in args.names]
+    if not specs:
+        print(
+            "no alert channel is configured (set ET_SLACK_WEBHOOK_URL, ET_LARK_WEBHOOK_URL, "
+            "..., or give --config / ET_ALERT_CONFIG)",
+            file=sys.stderr,
+        )
+        return 1
+    failures = 0
+    for spec in specs:
+        row = {"channel": spec.name, "type": spec.type}
+        try:
+            channel = create_channel(spec, environ)
+        except Exception as exc:  # noqa: BLE001 - ChannelConfigError
+            row.update(ok=False, answer=f"configuration error: {exc}")
+            failures += 1
+            _print(row, args.json)
+            continue
+        row["target"] = channel.target
+        message = AlertMessage(
+            title="expr_tracker test alert",
+            text=f"A test message for channel {spec.name!r} from `et channels test`.",
+            level="info",
+            fields={"channel": spec.name, "type": spec.type},
+            source="test",
+        )
+        try:
+            result = channel.send(message, args.timeout)
+            row.update(
+                ok=True, status=result.status, answer=scrub(result.describe(), channel.secrets())
+            )
+        except DeliveryError as exc:
+            answer = exc.reason + (f": {exc.body}" if exc.body else "")
+            row.update(ok=False, status=exc.status, answer=scrub(answer, channel.secrets()))
+            failures += 1
+        except Exception as exc:  # noqa: BLE001 - a broken channel class
+            row.update(ok=False, answer=scrub(f"{type(exc).__name__}: {exc}", channel.secrets()))
+            failures += 1
+        _print(row, args.json)
+    return 1 if failures else 0
+
+
+def _print(row: dict, as_json: bool) -> None:
+    if as_json:
+        print(json.dumps(row, ensure_ascii=False))
+        return
+    mark = "ok" if row.get("ok") else "FAILED"
+    target = row.get("target", "")
+    print(f"{row['channel']} ({row['type']}, {target}): {mark}: {row.get('answer', '')}")
