@@ -3,6 +3,7 @@ live store, snapshots, output types, stats, read_history and resolve_run_path.""
 
 from __future__ import annotations
 
+import json
 import logging
 import math
 import sys
@@ -299,7 +300,7 @@ def test_resolve_run_path_exact_names_and_shards(tmp_path, caplog):
     d = tmp_path / "run"
     d.mkdir()
     for name in ("metrics.data.jsonl", "metrics.jsonl", "metrics.rank1.jsonl"):
-        (d / name).write_text('{"_step": 0, "f": "%s"}\n' % name)
+        (d / name).write_text(json.dumps({"_step": 0, "f": name}) + "\n")
     with caplog.at_level(logging.INFO, logger="expr_tracker"):
         assert resolve_run_path(d) == d / "metrics.jsonl"
     assert "metrics.rank1.jsonl" in caplog.text and "reading metrics.jsonl" in caplog.text
