@@ -92,7 +92,7 @@ DRIVER = textwrap.dedent(
         if b["lang"] == "python":
             try:
                 # padded so a traceback shows the line number in the Markdown file
-                exec(compile("\n" * b["line"] + b["code"], b["path"], "exec"), ns)
+                exec(compile(chr(10) * b["line"] + b["code"], b["path"], "exec"), ns)
             except SystemExit as e:
                 if e.code not in (0, None):
                     print(f"BLOCK FAILED {where}: SystemExit({e.code})", file=sys.stderr)
