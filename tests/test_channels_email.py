@@ -86,7 +86,10 @@ def test_email_config_errors():
         create_channel({"type": "email", "options": {"host": "h", "from_addr": "a@b"}})
     with pytest.raises(ChannelConfigError, match="PW_ENV is not set"):
         create_channel(
-            {"type": "email", "options": {"host": "h", "from_addr": "a@b", "to": "c@d", "password_env": "PW_ENV"}},
+            {
+                "type": "email",
+                "options": {"host": "h", "from_addr": "a@b", "to": "c@d", "password_env": "PW_ENV"},
+            },
             environ={},
         )
 
@@ -117,23 +120,47 @@ def test_email_unreachable_is_retryable_and_hides_password():
 def test_email_starttls(tmp_path):
     key, cert = tmp_path / "key.pem", tmp_path / "cert.pem"
     subprocess.run(
-        ["openssl", "req", "-x509", "-newkey", "rsa:2048", "-nodes", "-keyout", str(key),
-         "-out", str(cert), "-days", "1", "-subj", "/CN=127.0.0.1",
-         "-addext", "subjectAltName=IP:127.0.0.1"],
-        check=True, capture_output=True,
+        [
+            "openssl",
+            "req",
+            "-x509",
+            "-newkey",
+            "rsa:2048",
+            "-nodes",
+            "-keyout",
+            str(key),
+            "-out",
+            str(cert),
+            "-days",
+            "1",
+            "-subj",
+            "/CN=127.0.0.1",
+            "-addext",
+            "subjectAltName=IP:127.0.0.1",
+        ],
+        check=True,
+        capture_output=True,
     )
     context = ssl.create_default_context(ssl.Purpose.CLIENT_AUTH)
     context.load_cert_chain(cert, key)
     sink = Sink()
-    controller = Controller(sink, hostname="127.0.0.1", port=free_port(), tls_context=context, require_starttls=True)
+    controller = Controller(
+        sink, hostname="127.0.0.1", port=free_port(), tls_context=context, require_starttls=True
+    )
     controller.start()
     try:
         port = controller.port
         ch = create_channel(
             {
                 "type": "email",
-                "options": {"host": "127.0.0.1", "port": port, "starttls": True, "ca_file": str(cert),
-                            "from_addr": "et@example.org", "to": "a@example.org"},
+                "options": {
+                    "host": "127.0.0.1",
+                    "port": port,
+                    "starttls": True,
+                    "ca_file": str(cert),
+                    "from_addr": "et@example.org",
+                    "to": "a@example.org",
+                },
             }
         )
         ch.send(message(), 5.0)

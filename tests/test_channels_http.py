@@ -93,7 +93,9 @@ def test_slack_429_retry_after_and_500():
 
 
 def test_dingtalk_signed_url():
-    with WebhookServer([(200, '{"errcode":0,"errmsg":"ok"}')], path="/robot/send?access_token=TOK123456") as s:
+    with WebhookServer(
+        [(200, '{"errcode":0,"errmsg":"ok"}')], path="/robot/send?access_token=TOK123456"
+    ) as s:
         ch = create_channel({"type": "dingtalk", "url": s.url, "secret": SECRET})
         ch.send(msg(mentions=("13800000000",)), 2.0)
         _, path, _, _ = s.requests[0]
@@ -124,13 +126,22 @@ def test_wecom_markdown():
 
 
 def test_generic_webhook_template_and_headers():
-    template = {"summary": "{LEVEL}: {title}", "step": "{step}", "data": "{fields}", "x": "{a.__class__}"}
+    template = {
+        "summary": "{LEVEL}: {title}",
+        "step": "{step}",
+        "data": "{fields}",
+        "x": "{a.__class__}",
+    }
     with WebhookServer([(201, "")]) as s:
         ch = create_channel(
             {
                 "type": "webhook",
                 "url": s.url,
-                "options": {"template": template, "method": "PUT", "headers": {"Authorization": "Bearer HDRSECRET"}},
+                "options": {
+                    "template": template,
+                    "method": "PUT",
+                    "headers": {"Authorization": "Bearer HDRSECRET"},
+                },
             }
         )
         assert ch.send(msg(step=12), 2.0).status == 201
@@ -186,7 +197,9 @@ def test_config_errors_raise_with_path():
 
 
 def test_url_env_read_at_configuration():
-    ch = create_channel({"type": "slack", "url_env": "MY_URL"}, environ={"MY_URL": "https://h.example/a/b"})
+    ch = create_channel(
+        {"type": "slack", "url_env": "MY_URL"}, environ={"MY_URL": "https://h.example/a/b"}
+    )
     assert ch.url == "https://h.example/a/b"
 
 

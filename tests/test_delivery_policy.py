@@ -42,7 +42,9 @@ def _ok():
 def make(channel, rnd=0.5, **policy):
     clock = FakeClock()
     records = []
-    d = Dispatcher(clock=clock, sleep=clock.sleep, random=lambda: rnd, start=False, record=records.append)
+    d = Dispatcher(
+        clock=clock, sleep=clock.sleep, random=lambda: rnd, start=False, record=records.append
+    )
     d.add_channel(channel, policy=Policy(**{**NO_LIMIT, **policy}))
     return d, clock, records
 
@@ -53,7 +55,9 @@ def m(title="t", **kw):
 
 def test_exponential_backoff_capped():
     ch = Scripted([DeliveryError("HTTP 503", status=503)] * 5)
-    d, clock, records = make(ch, max_retries=5, backoff_initial=0.5, backoff_factor=2.0, backoff_max=3.0)
+    d, clock, records = make(
+        ch, max_retries=5, backoff_initial=0.5, backoff_factor=2.0, backoff_max=3.0
+    )
     d.submit(m())
     d.pump()
     assert clock.sleeps == [0.5, 1.0, 2.0, 3.0, 3.0]
@@ -273,7 +277,9 @@ def test_async_send_false_makes_direct_calls_synchronous():
 
 def test_fail_silently_logs_once_per_cause_else_every_time(caplog):
     caplog.set_level(logging.WARNING, logger="expr_tracker.alerts")
-    ch = Scripted([DeliveryError("HTTP 400", status=400)] * 3 + [DeliveryError("timed out", retryable=False)])
+    ch = Scripted(
+        [DeliveryError("HTTP 400", status=400)] * 3 + [DeliveryError("timed out", retryable=False)]
+    )
     d, _, _ = make(ch)
     for i in range(4):
         d.submit(m(f"a{i}"))
@@ -294,10 +300,17 @@ def test_policy_from_spec_and_effective_policy():
     from expr_tracker.spec.models import AlertsSpec, effective_policy
 
     spec = AlertsSpec.model_validate(
-        {"policy": {"max_retries": 5}, "channels": [{"type": "slack", "url": "https://x/y", "policy": {"timeout": "500ms"}}]}
+        {
+            "policy": {"max_retries": 5},
+            "channels": [{"type": "slack", "url": "https://x/y", "policy": {"timeout": "500ms"}}],
+        }
     )
     p = Policy.from_spec(effective_policy(spec, spec.channels[0]))
-    assert (p.max_retries, p.timeout, p.retry_on_status) == (5, 0.5, frozenset({408, 429, 500, 502, 503, 504}))
+    assert (p.max_retries, p.timeout, p.retry_on_status) == (
+        5,
+        0.5,
+        frozenset({408, 429, 500, 502, 503, 504}),
+    )
     assert Policy.from_spec(None) == Policy()
     with pytest.raises(ValueError, match="unknown policy"):
         Policy.from_spec({"nope": 1})

@@ -12,6 +12,7 @@ before it reaches a log, an exception, stats or a record.
 from __future__ import annotations
 
 import hashlib
+import re
 import string
 import time
 from collections.abc import Iterable, Mapping
@@ -255,4 +256,9 @@ def scrub(text: Any, secrets: Iterable[str | None]) -> str:
             for piece in (parts.path, parts.query):
                 if piece and len(piece) >= 4 and piece not in ("/",) and piece in out:
                     out = out.replace(piece, "/***" if piece.startswith("/") else "***")
+            # tokens echoed on their own: any long path segment or query value
+            segments = parts.path.split("/") + re.split(r"[&=]", parts.query)
+            for segment in sorted(segments, key=len, reverse=True):
+                if len(segment) >= 8 and segment in out:
+                    out = out.replace(segment, "***")
     return out

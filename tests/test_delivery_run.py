@@ -1,0 +1,173 @@
+"""Delivery inside a run: attach_delivery, et.alert, notify_on, alerts.jsonl, stats, drain."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+import textwrap
+
+import pytest
+
+import expr_tracker as et
+from expr_tracker.alerts.delivery import alert, attach_delivery
+from expr_tracker.testing import InMemoryChannel, WebhookServer, capture_alerts
+
+
+@pytest.fixture(autouse=True)
+def _no_proxy(monkeypatch):
+    for var in ("http_proxy", "HTTP_PROXY", "https_proxy", "HTTPS_PROXY", "all_proxy", "ALL_PROXY"):
+        monkeypatch.delenv(var, raising=False)
+
+
+def records(run):
+    path = run.dir / "alerts.jsonl"
+    return [json.loads(line) for line in path.read_text().splitlines()] if path.exists() else []
+
+
+def start(channels, **alerts):
+    run = et.init(project="proj", name="r1")
+    spec = {
+        "channels": channels,
+        "policy": {"rate_limit_per_minute": None, "backoff_initial": 0.01},
+        **alerts,
+    }
+    d = attach_delivery(run, spec, run.dir / "alerts.jsonl")
+    return run, d
+
+
+def test_alert_uses_the_run_dispatcher_and_records_outcomes():
+    run, d = start([{"type": "memory", "name": "mem"}])
+    et.log({"loss": 1.0})
+    with capture_alerts() as cap:
+        assert alert("hello", "world", level="error", tags=["x"], lr=0.1)
+    d.flush(5)
+    mem = d.lanes["mem"].channel
+    (msg,) = mem.messages
+    assert msg.fields == {"lr": 0.1, "project": "proj", "run": "r1", "step": 1} and msg.step == 1
+    assert cap.assert_alerted("hello", level="error") is msg and cap.routes == [["mem"]]
+    assert et.info()["delivery"]["channels"]["mem"]["sent"] == 1
+    et.finish()
+    (rec,) = records(run)
+    assert rec["kind"] == "delivery" and rec["delivered"] is True and rec["channel"] == "mem"
+
+
+def test_notify_on_finish():
+    run, d = start([{"type": "memory", "name": "mem"}], notify_on=["finish"])
+    mem = d.lanes["mem"].channel
+    et.log({"a": 1})
+    et.finish()
+    (msg,) = mem.messages
+    assert (
+        msg.title == "Run proj/r1 finished"
+        and msg.level == "info"
+        and msg.fields["status"] == "finished"
+    )
+    assert not d.lanes["mem"].alive
+
+
+def test_notify_on_failure_carries_the_traceback():
+    run, d = start([{"type": "memory", "name": "mem"}], notify_on=["failure"])
+    mem = d.lanes["mem"].channel
+    try:
+        raise ValueError("diverged")
+    except ValueError as exc:
+        run.finish(exception=exc)
+    (msg,) = mem.messages
+    assert msg.title == "Run proj/r1 failed: ValueError" and msg.text == "diverged"
+    assert msg.level == "error" and "ValueError: diverged" in msg.traceback
+
+
+def test_alert_without_a_run_uses_the_environment(monkeypatch):
+    with WebhookServer() as server:
+        monkeypatch.setenv("ET_WEBHOOK_URL", server.url)
+        from expr_tracker.alerts import delivery
+
+        assert alert("no run", level="info")
+        d = delivery.standalone_dispatcher()
+        d.flush(5)
+        assert server.json()["title"] == "no run"
+        d.close()
+
+
+def test_alert_never_raises(monkeypatch):
+    monkeypatch.setenv("ET_ALERT_CONFIG", "/nonexistent/alerts.yaml")
+    assert alert("x") is False
+
+
+def test_failed_delivery_recorded_undelivered():
+    with WebhookServer([(500, "down")]) as server:
+        run, d = start([{"type": "webhook", "url": server.url, "policy": {"max_retries": 1}}])
+        alert("boom")
+        et.finish()
+    (rec,) = records(run)
+    assert rec["delivered"] is False and rec["error"] == "HTTP 500: down" and rec["attempts"] == 2
+    assert "T0KEN" not in json.dumps(rec)
+
+
+def test_hanging_channel_process_exits_within_deadline(tmp_path):
+    """A subprocess whose channel hangs still exits; the message is recorded undelivered."""
+    with WebhookServer(["hang"]) as server:
+        script = textwrap.dedent(
+            f"""
+            import expr_tracker as et
+            from expr_tracker.alerts import dispatch
+            from expr_tracker.alerts.delivery import attach_delivery, alert
+            dispatch.DEFAULT_DRAIN_TIMEOUT = 0.5
+            run = et.init(project="p", name="hang", dir={str(tmp_path)!r})
+            spec = {{"channels": [{{"type": "webhook", "url": {server.url!r},
+                     "policy": {{"timeout": 30}}}}]}}
+            d = attach_delivery(run, spec, run.dir / "alerts.jsonl", drain_timeout=0.5)
+            for i in range(3):
+                et.log({{"x": i}})
+            alert("stuck")
+            # no et.finish(): the interpreter exit drains within the deadline
+            """
+        )
+        proc = subprocess.run(
+            [sys.executable, "-c", script], capture_output=True, text=True, timeout=60
+        )
+    assert proc.returncode == 0, proc.stderr
+    lines = (tmp_path / "p" / "hang" / "alerts.jsonl").read_text().splitlines()
+    (rec,) = [json.loads(x) for x in lines]
+    assert rec["delivered"] is False and "drain deadline" in rec["error"]
+    assert "T0KEN" not in proc.stderr + proc.stdout
+
+
+def test_close_deadline_on_fake_clock():
+    from expr_tracker.alerts.channels import DeliveryError
+    from expr_tracker.alerts.dispatch import Dispatcher, Policy
+    from expr_tracker.alerts.message import AlertMessage
+    from expr_tracker.testing import FakeClock
+
+    class Down(InMemoryChannel):
+        def send(self, message, timeout):
+            raise DeliveryError("HTTP 503", status=503)
+
+    clock = FakeClock()
+    recs = []
+    d = Dispatcher(
+        clock=clock, sleep=clock.sleep, start=False, record=recs.append, random=lambda: 0.5
+    )
+    d.add_channel(
+        Down("down"),
+        policy=Policy(max_retries=10, backoff_initial=1.0, jitter=0.0, rate_limit_per_minute=None),
+    )
+    d.submit(AlertMessage("a"))
+    d.submit(AlertMessage("b"))
+    d.close(timeout=5.0)
+    assert clock.sleeps == [
+        1.0,
+        2.0,
+        1.0,
+    ]  # a: 4 s more would pass the 5 s deadline; b: 1 s, then 2 s would
+    assert [r["title"] for r in recs] == ["a", "b"] and not any(r["delivered"] for r in recs)
+    assert "drain deadline" in recs[0]["error"]
+
+
+def test_info_stats_shape():
+    run, d = start([{"type": "memory", "name": "mem"}])
+    s = et.info()["delivery"]["channels"]["mem"]
+    for key in ("sent", "failed", "suppressed", "dropped", "pending", "alive"):
+        assert key in s
+    assert s["alive"] is True
