@@ -1,0 +1,300 @@
+"""``et history RUN``: a run's metrics as a table (people), JSON lines or CSV (scripts).
+
+``--follow`` prints the newest rows and then every row as it lands until interrupted
+(Ctrl-C exits 0). Output formats:
+
+- ``table``: a rich table; with ``--follow`` fixed-width lines under one header, so rows
+  printed later line up with the first ones;
+- ``json``: one JSON object per line (JSON Lines), strict JSON: NaN and ±Infinity are
+  written as ``null`` so ``jq`` and other strict parsers accept it (the file itself keeps
+  ``NaN``; read it with ``et.history(run=...)`` to see them);
+- ``csv``: a header, then one row per step; absent values are empty cells; NaN/inf are
+  written as ``nan``/``inf``/``-inf``.
+
+With ``--follow`` the columns are fixed by the first rows (or ``--metrics``); a metric that
+first appears later is shown in JSON only. A step written in several lines (a patch line
+after ``max_open_seconds``) is printed as each line lands.
+"""
+
+from __future__ import annotations
+
+import argparse
+import csv
+import json
+import math
+import os
+import sys
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import IO, Any
+
+FORMATS = ("table", "json", "csv")
+
+
+def register(subparsers: Any) -> None:
+    """Add the ``history`` sub-command to ``subparsers`` (sets ``func``)."""
+    p = subparsers.add_parser(
+        "history",
+        help="print a run's metrics (table, JSON lines or CSV); --follow a live run",
+        description=(
+            "Print the newest steps of a run's metrics file. RUN is a run directory "
+            "(metrics[.stream].jsonl is chosen by exact name) or a metrics file."
+        ),
+    )
+    p.add_argument("run", help="run directory or metrics .jsonl file")
+    p.add_argument(
+        "-n", type=int, default=20, help="the newest N steps (default 20; -1: all of them)"
+    )
+    p.add_argument("--metrics", default=None, metavar="A,B", help="columns to show")
+    p.add_argument(
+        "--step-range", default=None, metavar="A:B", help="steps A..B-1 (either side optional)"
+    )
+    p.add_argument("--stream", default=None, help="the stream to read (default: the main one)")
+    p.add_argument("--format", choices=FORMATS, default="table", help="output format")
+    p.add_argument(
+        "-f", "--follow", action="store_true", help="keep printing rows as they land (Ctrl-C)"
+    )
+    p.add_argument(
+        "--interval", type=float, default=0.5, help="seconds between polls with --follow"
+    )
+    p.set_defaults(func=run_history)
+
+
+# --------------------------------------------------------------------------- values
+
+
+def _strict(v: Any) -> Any:
+    if type(v) is float and not math.isfinite(v):
+        return None
+    if isinstance(v, list):
+        return [_strict(x) for x in v]
+    if isinstance(v, dict):
+        return {k: _strict(x) for k, x in v.items()}
+    return v
+
+
+def _isatty(f: Any) -> bool:
+    try:
+        return bool(f.isatty())
+    except (AttributeError, ValueError):
+        return False
+
+
+def format_value(v: Any) -> str:
+    """A cell for people: floats to 6 significant digits, None empty, nested as JSON."""
+    if v is None:
+        return ""
+    if type(v) is float:
+        return f"{v:.6g}"
+    if isinstance(v, (list, dict)):
+        return json.dumps(_strict(v), separators=(",", ":"))
+    return str(v)
+
+
+def _csv_value(v: Any) -> Any:
+    if v is None:
+        return ""
+    if type(v) is float:
+        return repr(v) if math.isfinite(v) else str(v)
+    if isinstance(v, (list, dict)):
+        return json.dumps(_strict(v), separators=(",", ":"))
+    return v
+
+
+def _clock(t: Any) -> str:
+    if not isinstance(t, (int, float)) or isinstance(t, bool):
+        return ""
+    try:
+        return time.strftime("%H:%M:%S", time.localtime(t))
+    except (OverflowError, OSError, ValueError):
+        return ""
+
+
+# --------------------------------------------------------------------------- printers
+
+
+class Printer:
+    """Writes rows in one format to ``out``; ``start(columns)`` once, then ``rows(...)``."""
+
+    def __init__(self, fmt: str, out: IO[str], follow: bool = False) -> None:
+        self.fmt = fmt
+        self.out = out
+        self.follow = follow
+        self.columns: list[str] = []
+        self._csv: Any = None
+        self._widths: list[int] = []
+
+    def start(self, columns: list[str]) -> None:
+        self.columns = columns
+        if self.fmt == "csv":
+            self._csv = csv.writer(self.out, lineterminator="\n")
+            self._csv.writerow(["_step", "_time", *columns])
+        elif self.fmt == "table" and self.follow:
+            self._widths = [max(10, len(c)) for c in columns]
+            head = f"{'step':>8}  {'time':>8}  " + "  ".join(
+                f"{c:>{w}}" for c, w in zip(columns, self._widths, strict=True)
+            )
+            self.out.write(head + "\n")
+
+    def rows(self, rows: list[dict[str, Any]]) -> None:
+        out = self.out
+        if self.fmt == "json":
+            for r in rows:
+                out.write(json.dumps(_strict(r), separators=(",", ":"), default=str) + "\n")
+        elif self.fmt == "csv":
+            for r in rows:
+                self._csv.writerow(
+                    [_csv_value(r.get(k)) for k in ("_step", "_time", *self.columns)]
+                )
+        elif self.follow:
+            for r in rows:
+                cells = "  ".join(
+                    f"{format_value(r.get(c)):>{w}}"
+                    for c, w in zip(self.columns, self._widths, strict=True)
+                )
+                out.write(
+                    f"{format_value(r.get('_step')):>8}  {_clock(r.get('_time')):>8}  {cells}\n"
+                )
+        else:
+            self._table(rows)
+        out.flush()
+
+    def _table(self, rows: list[dict[str, Any]]) -> None:
+        from rich.console import Console
+        from rich.table import Table
+
+        table = Table(box=None, header_style="bold", pad_edge=False)
+        table.add_column("step", justify="right")
+        table.add_column("time", justify="right", style="dim")
+        for c in self.columns:
+            table.add_column(c, justify="right")
+        for r in rows:
+            table.add_row(
+                format_value(r.get("_step")),
+                _clock(r.get("_time")),
+                *(format_value(r.get(c)) for c in self.columns),
+            )
+        width = None if _isatty(self.out) else 200
+        Console(file=self.out, width=width, highlight=False, soft_wrap=False).print(table)
+
+
+# --------------------------------------------------------------------------- follow
+
+
+def follow(
+    path: str | os.PathLike[str],
+    offset: int,
+    on_rows: Callable[[list[dict[str, Any]]], None],
+    *,
+    interval: float = 0.5,
+    stop: Callable[[], bool] | None = None,
+    sleep: Callable[[float], None] = time.sleep,
+) -> int:
+    """Call ``on_rows`` with the rows appended to ``path`` after byte ``offset``, until
+    ``stop()`` is true (or forever). Returns the offset reached.
+
+    Only complete lines are decoded; a partial last line waits for its newline. A file
+    that shrinks (replaced, or a torn line repaired) is followed from its new end.
+    """
+    from expr_tracker.history.codec import decode_line
+
+    carry = b""
+    while stop is None or not stop():
+        try:
+            size = os.stat(path).st_size
+        except OSError:
+            size = offset
+        if size < offset:
+            offset, carry = size, b""
+        if size > offset:
+            with open(path, "rb") as f:
+                f.seek(offset)
+                data = f.read(size - offset)
+            offset += len(data)
+            parts = (carry + data).split(b"\n")
+            carry = parts.pop()
+            rows = []
+            for raw in parts:
+                try:
+                    rec = decode_line(raw)
+                except ValueError:
+                    continue
+                if isinstance(rec, dict):
+                    rows.append(rec)
+            if rows:
+                on_rows(rows)
+            continue
+        sleep(interval)
+    return offset
+
+
+# --------------------------------------------------------------------------- command
+
+
+def _complete_end(path: Path) -> int:
+    """The offset after the last complete line (what a reader can use now)."""
+    size = path.stat().st_size
+    if size == 0:
+        return 0
+    with open(path, "rb") as f:
+        f.seek(max(0, size - 65536))
+        tail = f.read()
+    nl = tail.rfind(b"\n")
+    if nl < 0:
+        return 0 if size <= 65536 else size  # a huge unterminated line: leave it
+    return size - len(tail) + nl + 1
+
+
+def run_history(args: argparse.Namespace, out: IO[str] | None = None) -> int:
+    """The ``et history`` command; returns the exit code (0 ok, 1 no such run, 2 usage)."""
+    from expr_tracker.history.frame import columns_of, parse_columns, shape
+    from expr_tracker.history.paths import resolve_run_path
+    from expr_tracker.history.query import parse_step_range
+    from expr_tracker.history.reader import JsonlReader
+
+    out = out or sys.stdout
+    err = sys.stderr
+    try:
+        bounds = parse_step_range(args.step_range)
+    except ValueError as exc:
+        err.write(f"et history: {exc}\n")
+        return 2
+    try:
+        path = resolve_run_path(args.run, stream=args.stream)
+    except (FileNotFoundError, ValueError) as exc:
+        err.write(f"et history: {exc}\n")
+        return 1
+    n = None if args.n is None or args.n < 0 else args.n
+    end = _complete_end(path)
+    reader = JsonlReader(path, end=end)
+    rows = reader.tail(n) if bounds is None else reader.read_range(*bounds)
+    if n is not None and len(rows) > n:
+        rows = rows[-n:] if n else []
+    cols = parse_columns(args.metrics)
+    rows = shape(rows, cols)
+    printer = Printer(args.format, out, follow=args.follow)
+    printer.start(cols if cols is not None else columns_of(rows))
+    printer.rows(rows)
+    if not args.follow:
+        return 0
+    lo = bounds[0] if bounds and bounds[0] is not None else None
+    hi = bounds[1] if bounds and bounds[1] is not None else None
+
+    def on_rows(new: list[dict[str, Any]]) -> None:
+        if lo is not None or hi is not None:
+            new = [
+                r
+                for r in new
+                if type(r.get("_step")) is int
+                and (lo is None or r["_step"] >= lo)
+                and (hi is None or r["_step"] < hi)
+            ]
+        if new:
+            printer.rows(shape(new, cols))
+
+    try:
+        follow(path, end, on_rows, interval=max(0.01, args.interval))
+    except KeyboardInterrupt:
+        pass
+    return 0

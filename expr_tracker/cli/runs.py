@@ -1,0 +1,186 @@
+"""``et runs [DIR]``: the runs under a directory, newest first.
+
+A run is a directory holding ``run.json`` or ``metrics.jsonl`` (searched down to
+``MAX_DEPTH`` levels below DIR, default ``./runs``). For each: its status from ``run.json``
+(``running``, ``finished``, ``failed``, or ``crashed`` when it says running but its process
+on this host is gone; ``unknown`` without ``run.json``), its steps (the highest step + 1),
+the start time, the duration (end - start; for a run not ended, the time of its last row
+- start) and the last value of its main metrics. The listing only reads: a crashed run's
+``run.json`` is not rewritten.
+
+Main metrics: ``--metrics a,b`` or, by default, up to three of the newest rows' metrics
+whose names look like objectives (loss, acc, score, reward, f1, auc, ppl ...), else the
+first three that are not span timings.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+import time
+from pathlib import Path
+from typing import IO, Any
+
+MAX_DEPTH = 4
+MAIN_WORDS = ("loss", "acc", "score", "reward", "f1", "auc", "ppl", "perplexity", "bleu", "map")
+SPAN_GROUPS = ("time_ms/", "count/", "cpu_", "gpu_")
+
+
+def register(subparsers: Any) -> None:
+    """Add the ``runs`` sub-command to ``subparsers`` (sets ``func``)."""
+    p = subparsers.add_parser(
+        "runs",
+        help="list the runs under a directory (status, steps, start, duration, metrics)",
+        description="List the runs under DIR (default ./runs), newest first.",
+    )
+    p.add_argument("dir", nargs="?", default="runs", help="directory to search (default ./runs)")
+    p.add_argument("--metrics", default=None, metavar="A,B", help="metrics to show")
+    p.add_argument("--format", choices=("table", "json"), default="table")
+    p.set_defaults(func=run_runs)
+
+
+def find_runs(root: str | os.PathLike[str], max_depth: int = MAX_DEPTH) -> list[Path]:
+    """Directories under ``root`` (itself included) that hold a run."""
+    root = Path(root)
+    found: list[Path] = []
+    base = len(root.parts)
+    for dirpath, dirnames, filenames in os.walk(root):
+        p = Path(dirpath)
+        if "run.json" in filenames or "metrics.jsonl" in filenames:
+            found.append(p)
+            dirnames[:] = []  # a run does not hold runs
+            continue
+        if len(p.parts) - base >= max_depth:
+            dirnames[:] = []
+        dirnames[:] = [d for d in dirnames if not d.startswith(".")]
+    return found
+
+
+def _main_metrics(rows: list[dict[str, Any]], wanted: list[str] | None) -> list[str]:
+    if wanted is not None:
+        return wanted
+    names: dict[str, None] = {}
+    for r in reversed(rows):
+        for k, v in r.items():
+            if k.startswith("_") or k.startswith(SPAN_GROUPS) or isinstance(v, (str, list, dict)):
+                continue
+            names.setdefault(k, None)
+    keys = list(names)
+    main = [k for k in keys if any(w in k.lower() for w in MAIN_WORDS)]
+    return (main or keys)[:3]
+
+
+def describe_run(
+    run_dir: Path, metrics: list[str] | None = None, root: Path | None = None
+) -> dict[str, Any]:
+    """One line of the listing (a dict of plain JSON values) for ``run_dir``."""
+    from expr_tracker.history.reader import JsonlReader
+    from expr_tracker.history.runinfo import read_run_info
+
+    info = read_run_info(run_dir / "run.json", repair=False) or {}
+    path = run_dir / "metrics.jsonl"
+    rows: list[dict[str, Any]] = []
+    max_step = None
+    first_time = None
+    if path.is_file():
+        reader = JsonlReader(path)
+        try:
+            rows = reader.tail(100)
+            head = next(reader.iter_rows(), None)
+        except OSError:
+            head = None
+        meta_max = (reader.meta or {}).get("max_step") if reader.meta else None
+        steps = [r["_step"] for r in rows if type(r.get("_step")) is int]
+        cands = [s for s in (*steps, meta_max) if type(s) is int]
+        max_step = max(cands) if cands else None
+        if head is not None:
+            first_time = head.get("_time")
+    names = _main_metrics(rows, metrics)
+    last: dict[str, Any] = {}
+    for k in names:
+        for r in reversed(rows):
+            if k in r:
+                last[k] = r[k]
+                break
+    started = info.get("started_at")
+    if not isinstance(started, (int, float)):
+        started = first_time if isinstance(first_time, (int, float)) else None
+    if started is None and path.exists():
+        started = path.stat().st_mtime
+    ended = info.get("ended_at")
+    if not isinstance(ended, (int, float)):
+        last_time = rows[-1].get("_time") if rows else None
+        ended = last_time if isinstance(last_time, (int, float)) else None
+        if info.get("status") == "running" and ended is None:
+            ended = time.time()
+    duration = ended - started if started is not None and ended is not None else None
+    name = str(run_dir.relative_to(root)) if root is not None and run_dir != root else run_dir.name
+    return {
+        "run": name,
+        "path": str(run_dir),
+        "status": info.get("status", "unknown"),
+        "steps": max_step + 1 if max_step is not None else 0,
+        "started_at": started,
+        "duration_s": duration,
+        "metrics": last,
+    }
+
+
+def _duration(s: Any) -> str:
+    if not isinstance(s, (int, float)) or s < 0:
+        return ""
+    s = int(s)
+    return f"{s // 3600}:{s // 60 % 60:02d}:{s % 60:02d}"
+
+
+STATUS_STYLE = {"running": "cyan", "finished": "green", "failed": "red", "crashed": "bold red"}
+
+
+def run_runs(args: argparse.Namespace, out: IO[str] | None = None) -> int:
+    """The ``et runs`` command; returns the exit code (0 ok, 1 no such directory)."""
+    from expr_tracker.cli.history import _isatty, _strict, format_value
+    from expr_tracker.history.frame import parse_columns
+
+    out = out or sys.stdout
+    root = Path(args.dir)
+    if not root.is_dir():
+        sys.stderr.write(f"et runs: {str(root)!r} is not a directory\n")
+        return 1
+    wanted = parse_columns(args.metrics)
+    runs = [describe_run(d, wanted, root) for d in find_runs(root)]
+    runs.sort(key=lambda r: r["started_at"] or 0.0, reverse=True)
+    if args.format == "json":
+        out.write(json.dumps(_strict(runs), indent=2, default=str) + "\n")
+        return 0
+    from rich.console import Console
+    from rich.table import Table
+
+    table = Table(box=None, header_style="bold", pad_edge=False)
+    for col, just in (
+        ("run", "left"),
+        ("status", "left"),
+        ("steps", "right"),
+        ("started", "left"),
+        ("duration", "right"),
+        ("last values", "left"),
+    ):
+        table.add_column(col, justify=just, no_wrap=True)  # type: ignore[arg-type]
+    for r in runs:
+        started = r["started_at"]
+        table.add_row(
+            r["run"],
+            f"[{STATUS_STYLE.get(r['status'], 'dim')}]{r['status']}[/]",
+            str(r["steps"]),
+            time.strftime("%Y-%m-%d %H:%M", time.localtime(started)) if started else "",
+            _duration(r["duration_s"]),
+            "  ".join(f"{k}={format_value(v)}" for k, v in r["metrics"].items()),
+        )
+    width = None if _isatty(out) else 200
+    console = Console(file=out, width=width, highlight=False, soft_wrap=False)
+    if not runs:
+        console.print(f"no runs under {root}")
+        return 0
+    console.print(table)
+    return 0
