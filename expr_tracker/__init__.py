@@ -9,6 +9,7 @@ from expr_tracker._version import __version__
 from expr_tracker.alerts.builder import M
 from expr_tracker.api import (
     add_alert_rule,
+    alert,
     configure_alert,
     finish,
     get_run,
@@ -16,6 +17,8 @@ from expr_tracker.api import (
     info,
     init,
     log,
+    register_backend,
+    register_channel,
     summary,
 )
 from expr_tracker.errors import (
@@ -40,6 +43,7 @@ __all__ = [
     "RunLockedError",
     "__version__",
     "add_alert_rule",
+    "alert",
     "configure_alert",
     "finish",
     "get_run",
@@ -48,6 +52,8 @@ __all__ = [
     "init",
     "log",
     "read_history",
+    "register_backend",
+    "register_channel",
     "resolve_run_path",
     "span",
     "start_span",

@@ -271,6 +271,45 @@ def add_alert_rule(rule: Any, **overrides: Any) -> Any:
     return registered
 
 
+def alert(
+    title: str,
+    text: str = "",
+    level: str = "warning",
+    channels: Any = None,
+    tags: Any = (),
+    fields: Mapping[str, Any] | None = None,
+    **extra: Any,
+) -> bool:
+    """Send an alert now through the run's channels (or, without a run, through the
+    channels configured by ``configure_alert``/``ET_ALERT_CONFIG``/the environment).
+
+    Never raises. ``level``: debug|info|warning|error|critical (aliases warn, err, fatal,
+    crit); ``channels``: names or types to use (None routes by level and tags); ``tags``:
+    routing tags; ``fields``: name -> value; ``extra``: ``subtitle``, ``traceback``,
+    ``mentions``, ``link``, ``dedup_key``, ``step``, ``source`` (``backends=`` is the old
+    name of ``channels``). Returns True when some channel took the message (with
+    ``async_send: false``: delivered it). See ``expr_tracker.alerts.delivery.alert``.
+    """
+    from expr_tracker.alerts.delivery import alert as _alert
+
+    return _alert(title, text, level, channels, tags, fields, **extra)
+
+
+def register_backend(kind: str, cls: type) -> type:
+    """Register an alert channel class under ``kind`` (usable as ``type: kind`` in a spec).
+
+    ``cls`` needs ``send(message, timeout)``; returns ``cls``. Raises ``TypeError`` for a
+    class without ``send`` and ``ValueError`` for a bad ``kind``.
+    """
+    from expr_tracker.alerts.channels import register_backend as _register
+
+    return _register(kind, cls)
+
+
+#: the same function under the name our code uses for alert destinations
+register_channel = register_backend
+
+
 # ---------------------------------------------------------------------- process hooks
 
 

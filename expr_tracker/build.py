@@ -334,17 +334,12 @@ def _build_alerts(
 
 
 def _delivery(run: Run, alerts: Any, alerts_path: Path, record: Any, deliver: bool) -> Any:
-    """The callable rule events go to: the dispatcher when delivery is available, else
-    the console."""
-    try:
-        from expr_tracker.alerts import delivery
-    except ImportError:
-        delivery = None
-    attach = getattr(delivery, "attach_delivery", None) if delivery is not None else None
-    if attach is not None and hasattr(delivery, "rule_notifier"):
-        dispatcher = attach(run, alerts, alerts_path)
-        run.dispatcher = dispatcher
-        return delivery.rule_notifier(dispatcher)
-    from expr_tracker.alerts.record import ConsoleNotifier
+    """The callable rule events go to: the run's dispatcher (channels with their policies;
+    with no channel configured, the console and ``alerts.jsonl``). None on a rank that does
+    not alert."""
+    if not deliver:
+        return None
+    from expr_tracker.alerts.delivery import attach_delivery
 
-    return ConsoleNotifier()
+    dispatcher = attach_delivery(run, alerts, record)
+    return dispatcher.notify

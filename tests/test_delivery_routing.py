@@ -110,7 +110,7 @@ def test_no_channel_goes_to_console(capsys):
 
 
 def test_disabled_and_env_less_channels_are_skipped(caplog):
-    caplog.set_level(logging.WARNING)
+    caplog.set_level(logging.INFO)
     d = build_dispatcher(
         {
             "channels": [
@@ -125,6 +125,18 @@ def test_disabled_and_env_less_channels_are_skipped(caplog):
     assert list(d.lanes) == ["on"]
     assert d.skipped == {"off": "disabled", "example": "EXAMPLE_URL is not set"}
     assert "EXAMPLE_URL is not set" in caplog.text
+
+
+def test_console_fallback_when_every_channel_is_off(capsys):
+    d = build_dispatcher(
+        {"channels": [{"type": "slack", "name": "example", "url_env": "EXAMPLE_URL"}]},
+        start=False,
+        environ={},
+    )
+    assert list(d.lanes) == ["console"]
+    d.submit(AlertMessage("still seen", level="error"))
+    d.pump()
+    assert "still seen" in capsys.readouterr().err
 
 
 def test_alerts_disabled_gives_no_channels():

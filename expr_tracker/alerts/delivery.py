@@ -76,13 +76,14 @@ def build_dispatcher(
         record: ``record(dict)`` for delivery outcomes (``AlertLog.write``).
         context: ``context() -> {"project", "run", "step"}``.
         environ: where ``url_env`` and ``*_env`` options are read (default ``os.environ``).
-        console_fallback: with no channel configured, add a ``console`` channel.
+        console_fallback: with no channel configured (or every one off), add a ``console``
+            channel.
         **dispatcher_kwargs: ``Dispatcher`` arguments (clock, sleep, random, start, ...).
 
     Returns:
         The dispatcher (threads started unless ``start=False``). ``alerts.enabled: false``
         gives one with no channels. A channel whose ``url_env`` variable is unset (and no
-        ``url``) is skipped with one warning: that is how an example channel stays off until
+        ``url``) is skipped with one info line: that is how an example channel stays off until
         its variable is set.
 
     Raises:
@@ -105,7 +106,8 @@ def build_dispatcher(
                 value = env.get(channel_spec.url_env)
                 if not value or not value.strip():
                     skipped[channel_spec.name] = f"{channel_spec.url_env} is not set"
-                    log.warning(
+                    # expected, not a fault: that is how a checked-in channel stays off
+                    log.info(
                         "expr_tracker: alert channel %s is off: environment variable %s is not set",
                         channel_spec.name,
                         channel_spec.url_env,
@@ -130,7 +132,7 @@ def build_dispatcher(
             levels=cs.levels,
             tags=cs.tags,
         )
-    if spec.enabled and not spec.channels and console_fallback:
+    if spec.enabled and not lanes and console_fallback:  # nothing configured, or all off
         from expr_tracker.alerts.channels.console import ConsoleChannel
 
         d.add_channel(ConsoleChannel("console"), policy=Policy.from_spec(spec.policy))
