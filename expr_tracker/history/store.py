@@ -318,6 +318,11 @@ class HistoryStore:
         )
         return name or None
 
+    #: metric key -> its aggregation, so the hot path does one dict lookup instead of a
+    #: ``split`` per call; shared by all stores (it only depends on the name) and cleared
+    #: when it grows past a bound, so unique span names cannot grow it without limit
+    _kind_cache: dict[str, int] = {}
+
     def ingest_span(self, metrics: dict[str, Any], dur_ms: float) -> int:
         """Accumulate span/plugin metrics into the open row; returns the step they landed on.
 
@@ -328,12 +333,12 @@ class HistoryStore:
         """
         if self._fork_gen != _FORK_GEN:
             raise ForkedRunError(FORK_MESSAGE)
+        kinds = self._kind_cache
         with self._lock:
             if self._closed:
                 return -1
             open_row = self._open
             for k, v in metrics.items():
-                cur = open_row.get(k)
                 tv = type(v)
                 if tv is not float and tv is not int:
                     open_row[k] = v
@@ -341,7 +346,12 @@ class HistoryStore:
                     continue
                 if v - v != 0:
                     self._open_nonfinite = True
-                kind = AGGREGATION.get(k.split("/", 1)[0], SUM)
+                kind = kinds.get(k)
+                if kind is None:
+                    if len(kinds) >= 65536:
+                        kinds.clear()
+                    kind = kinds[k] = AGGREGATION.get(k.split("/", 1)[0], SUM)
+                cur = open_row.get(k)
                 if kind == MEAN:
                     a = self._agg.get(k)
                     if a is None or type(cur) not in _NUMERIC:
@@ -352,14 +362,18 @@ class HistoryStore:
                         open_row[k] = a[0] / a[1]
                     elif a[1] == 0:
                         open_row[k] = v
-                elif cur is None or type(cur) not in _NUMERIC or type(cur) is bool:
+                # exact type checks: a bool or non-number already in the row is replaced
+                elif (tc := type(cur)) is not float and tc is not int:
                     open_row[k] = v
                 elif kind == SUM:
                     open_row[k] = cur + v
                 elif v > cur or cur != cur:
                     open_row[k] = v
             if self.max_open_seconds is not None:
-                self._touch()
+                # _touch() inlined (one call less per span); it only arms the timer here
+                self._touched = self._clock()
+                if not self._timer_armed:
+                    self._touch()
             return self.open_step
 
     # ------------------------------------------------------------------ commit

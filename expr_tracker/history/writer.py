@@ -413,37 +413,36 @@ class JsonlWriter:
 
     def append(self, line: bytes, step: int | None = None) -> bool:
         """Queue one record (encoded JSON, no newline). Returns False when it was dropped."""
-        now = None
+        n = len(line)
         with self._lock:
             if self._closed:
                 return False
-            n = len(line)
-            if (
-                self.max_pending_bytes is not None
-                and self._pending_bytes + n > self.max_pending_bytes
-            ):
+            pending = self._pending_bytes + n
+            limit = self.max_pending_bytes
+            if limit is not None and pending > limit:
                 self.dropped_oversize += 1
                 self._warner.warn(
                     ("pending_bytes", str(self.path)),
                     "expr_tracker: %s: more than %d bytes pending; a record was dropped "
                     "(counted in stats; warned once)",
                     self.path.name,
-                    self.max_pending_bytes,
+                    limit,
                 )
                 return False
             lines = self._lines
             lines.append(line)
             self._steps.append(step)
-            self._pending_bytes += n
+            self._pending_bytes = pending
             self.appended += 1
             count = len(lines)
             if count == 1:
+                now = self._oldest = self._clock()
+            elif self._scheduled and (count < self.buffer_size or self._urgent):
+                return True  # the common case: a flush is already scheduled
+            else:
                 now = self._clock()
-                self._oldest = now
             if self._scheduled and (count < self.buffer_size or self._urgent):
                 return True
-            if now is None:
-                now = self._clock()
             due = self._due_time(now, count)
             if not self.async_write:
                 if due > now:

@@ -198,10 +198,10 @@ class Span:
             if plugins is None:
                 plugins = parent._plugins_arg
         self._plugins_arg = plugins  # the effective set, inherited by children
-        self._print = p or None
         self.id = next(_ids)
         _stack_set(stack + (self,))
-        if p:
+        if p:  # self._print stays None (from __init__) for a falsy print_fn
+            self._print = p
             self._emit(enter_line(self, _wall()))
         if plugins:
             self._plugins = _start_plugins(self, plugins)

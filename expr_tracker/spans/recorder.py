@@ -122,15 +122,16 @@ class SpanRecorder:
 
         Called by the span itself; sets ``span._pm`` to the normalised measurements.
         """
+        # the hot path of every span: attributes and globals are read once into locals
         if self._closed:
             span._pm = pm
             return
         path = span.path
-        dur_ms = (span._end_ns - span._start_ns) / 1e6
+        start_ns = span._start_ns
+        dur_ms = (span._end_ns - start_ns) / 1e6
         if pm:
             pm = self._normalize_metrics(pm)
         span._pm = pm
-        store = self._store
         if self._metrics:
             m = {"time_ms/" + path: dur_ms}
             if self._count:
@@ -138,11 +139,10 @@ class SpanRecorder:
             if pm:
                 for k, v in pm.items():
                     m[k + "/" + path] = v
-            step = store.ingest_span(m, dur_ms)
-        elif store is not None:
-            step = store.open_step
+            step = self._store.ingest_span(m, dur_ms)
         else:
-            step = None
+            store = self._store
+            step = store.open_step if store is not None else None
         writer = self._writer
         if writer is None:
             return
@@ -155,7 +155,7 @@ class SpanRecorder:
             "_step": step,
             "name": path,
             "depth": span.depth,
-            "start": self._wall0 + (span._start_ns - self._perf0) / 1e9,
+            "start": self._wall0 + (start_ns - self._perf0) / 1e9,
             "dur_ms": dur_ms,
             "id": span.id,
             "parent": parent.id if parent is not None else None,
@@ -163,22 +163,23 @@ class SpanRecorder:
             "tid": tid,
             "thread": tname,
         }
-        task = _task_name()
-        if task is not None:
-            rec["task"] = task
-        attrs = span.attrs
-        if attrs or span.step is not None or pm or span.error:
-            line = self._encode_full(rec, span, attrs, pm)
+        # a task name only inside a running event loop (asyncio imported and a loop running)
+        aio = _modules.get("asyncio")
+        if aio is not None and aio._get_running_loop() is not None:
+            task = _task_name()
+            if task is not None:
+                rec["task"] = task
+        if span.attrs or span.step is not None or pm or span.error:
+            line = self._encode_full(rec, span, span.attrs, pm)
         else:
             line = _dumps(rec)
-        n = len(line)
-        if n > self._max_record:
+        if len(line) > self._max_record:
             self._drop(
                 "oversize",
                 "expr_tracker: span record for %r is %d bytes, over max_record_bytes=%d; "
                 "dropped (its timing metrics still aggregate). Warned once; see stats().",
                 path,
-                n,
+                len(line),
                 self._max_record,
             )
             return
