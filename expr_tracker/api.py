@@ -10,6 +10,8 @@ from __future__ import annotations
 
 import atexit
 import logging
+import os
+import signal
 import sys
 import threading
 from collections.abc import Mapping
@@ -85,6 +87,8 @@ def init(
                     "before et.init() again"
                 )
         given = dict(kwargs)
+        if "alert_rules" in given:
+            given["alert_rules"] = _rules_as_data(given["alert_rules"])
         if project is not None:
             given["project"] = project
         if name is not None:
@@ -96,6 +100,24 @@ def init(
         _run = run
         _install_hooks()
     return run
+
+
+def _rules_as_data(rules: Any) -> Any:
+    """``alert_rules`` items the spec can hold: ``M`` expressions become their DSL text and
+    ``AlertRule`` objects their field mapping (the spec stays JSON-able; one AST either way)."""
+    if not isinstance(rules, (list, tuple)):
+        rules = [rules]
+    out = []
+    for rule in rules:
+        if hasattr(rule, "to_source") and hasattr(rule, "node"):  # an M expression
+            rule = rule.to_source()
+        elif hasattr(rule, "condition") and hasattr(rule, "for_steps"):  # an AlertRule
+            data = rule.to_dict()
+            if not data.get("condition") and hasattr(rule.condition, "to_source"):
+                data["condition"] = rule.condition.to_source()
+            rule = data
+        out.append(rule)
+    return out
 
 
 def log(metrics: Mapping[str, Any], step: int | None = None, commit: bool | None = None) -> int:
@@ -184,11 +206,14 @@ def history(
     """Query a run's history (spec design.txt B.3).
 
     Args:
-        n: the newest ``n`` steps; ``-1``/None for everything.
+        n: the newest ``n`` steps (an int >= 0); ``-1``/None for everything.
         output_type: ``"dict"``/``"dicts"`` (a list of row dicts), ``"pandas"``/``"pd"``,
             ``"polars"``.
-        metrics: column names (a list or a comma-separated string) to keep.
-        step_range: ``(start, end)``, end exclusive, exact by step.
+        metrics: column names (a list or a comma-separated string) to keep. A name found
+            in none of the rows read is logged as a warning once, with close matches.
+        step_range: ``(start, end)`` or ``"start:end"`` of integer steps, end exclusive,
+            exact by step; either side may be None/empty. A reversed range (``end <=
+            start``) selects nothing: the result is empty.
         include_meta: keep ``_step``/``_time``.
         include_open: include the uncommitted current step (live runs).
         fill_missing: absent keys become None.
@@ -201,6 +226,8 @@ def history(
 
     Raises:
         NoActiveRunError: no ``run`` given and no run active.
+        TypeError: ``n`` is not an integer, ``step_range``/``metrics`` of the wrong type.
+        ValueError: ``n`` below -1, a malformed ``step_range``, an unknown ``output_type``.
         ImportError: ``pandas``/``polars`` is missing (naming the extra to install).
     """
     from expr_tracker.history.query import query_history
@@ -327,10 +354,34 @@ def _at_exit() -> None:
         return
     if run.exception is None and getattr(sys, "last_type", None) is not None:
         run.exception = (sys.last_type, sys.last_value, sys.last_traceback)
+    exit_code = None
+    if _signal_received is not None:
+        run.info_record["signal"] = signal.Signals(_signal_received).name
+        exit_code = 128 + _signal_received
     try:
-        run.finish()
+        run.finish(exit_code=exit_code)
     except Exception:  # noqa: BLE001 - nothing may fail at interpreter exit
         _logger.exception("expr_tracker: finishing the run at exit failed")
+
+
+_signal_received: int | None = None
+
+
+def _on_sigterm(signum: int, frame: Any) -> None:
+    """SIGTERM (how SLURM and Kubernetes stop a job): finish the run, exit 128 + signum.
+
+    The handler only raises ``SystemExit``; the run is finished by the exit hook once the
+    stack has unwound (so no lock held by the interrupted code is ever re-entered), and the
+    process exits with 143 as if killed by the signal.
+    """
+    global _signal_received
+    run = _run
+    if run is None or run.forked or run.finished:
+        signal.signal(signum, signal.SIG_DFL)
+        os.kill(os.getpid(), signum)
+        return
+    _signal_received = signum
+    raise SystemExit(128 + signum)
 
 
 def _install_hooks() -> None:
@@ -341,3 +392,10 @@ def _install_hooks() -> None:
     _prev_excepthook = sys.excepthook
     sys.excepthook = _excepthook
     atexit.register(_at_exit)
+    # SIGTERM: only where nobody else handles it (a framework's own handler wins)
+    if threading.current_thread() is threading.main_thread():
+        try:
+            if signal.getsignal(signal.SIGTERM) == signal.SIG_DFL:
+                signal.signal(signal.SIGTERM, _on_sigterm)
+        except (ValueError, OSError):  # pragma: no cover - no signals here
+            pass

@@ -51,9 +51,12 @@ def normalize_config(config: Any, warner: Warner | None = None) -> dict[str, Any
 
 
 def _resolve_omegaconf(value: Any, path: str) -> Any:
-    """Replace every OmegaConf container inside ``value`` by plain data (resolved)."""
+    """Replace every OmegaConf container inside ``value`` by plain data, each value resolved
+    on its own (one that cannot be resolved stays literal, with a warning naming its key)."""
     if type(value).__module__.startswith("omegaconf"):
-        return _omegaconf_container(value, path)
+        from expr_tracker.spec.models import omegaconf_to_plain
+
+        return omegaconf_to_plain(value, key_path=path)
     if isinstance(value, dict):
         return {k: _resolve_omegaconf(v, f"{path}.{k}") for k, v in value.items()}
     if isinstance(value, (list, tuple)):
@@ -61,49 +64,18 @@ def _resolve_omegaconf(value: Any, path: str) -> Any:
     return value
 
 
-def _omegaconf_container(cfg: Any, path: str) -> Any:
-    from omegaconf import DictConfig, ListConfig, OmegaConf
-
-    try:
-        return OmegaConf.to_container(cfg, resolve=True)
-    except Exception:  # noqa: BLE001 - resolve key by key to find the broken one
-        pass
-    if isinstance(cfg, DictConfig):
-        out = {}
-        for key in cfg.keys():
-            sub = f"{path}.{key}"
-            try:
-                node = cfg[key]
-            except Exception as exc:  # noqa: BLE001
-                raw = OmegaConf.to_container(cfg, resolve=False).get(key)
-                log.warning(
-                    "expr_tracker: %s = %r: the interpolation cannot be resolved (%s); "
-                    "kept literally",
-                    sub,
-                    raw,
-                    type(exc).__name__,
-                )
-                out[str(key)] = raw
-                continue
-            if isinstance(node, (DictConfig, ListConfig)):
-                out[str(key)] = _omegaconf_container(node, sub)
-            else:
-                out[str(key)] = node
-        return out
-    if isinstance(cfg, ListConfig):
-        return [
-            _omegaconf_container(v, f"{path}[{i}]")
-            if isinstance(v, (DictConfig, ListConfig))
-            else v
-            for i, v in enumerate(cfg)
-        ]
-    return cfg
-
-
 def build(resolved: Any, *, environ: dict[str, str] | None = None) -> Run:
     """Construct a :class:`Run` from a resolved spec (``expr_tracker.spec.resolve``).
 
+    Everything that can fail on configuration (rules, plugin types, channels) is checked
+    before anything touches the disk; if construction still fails afterwards, what this
+    attempt created is removed and the one-writer lock released, so fixing the spec and
+    calling ``et.init`` again in the same process works.
+
     Raises:
+        SpecError: an unknown span plugin type (with close matches).
+        RuleError: an alert rule that does not compile.
+        ChannelConfigError: an unknown channel type or bad channel options.
         ResumeError: ``resume`` forbids what is on disk.
         RunLockedError: another live process writes the same stream and rank.
     """
@@ -116,7 +88,8 @@ def build(resolved: Any, *, environ: dict[str, str] | None = None) -> Run:
     run_dir = run_directory(spec)
 
     metrics_path = run_dir / file_name("metrics", stream, file_rank)
-    exists = metrics_path.exists() or (run_dir / file_name("run", stream, file_rank)).exists()
+    info_path = run_dir / file_name("run", stream, file_rank)
+    exists = metrics_path.exists() or info_path.exists()
     if spec.resume == "never" and exists:
         raise ResumeError(
             f"resume='never' but {run_dir} already holds this run ({metrics_path.name}); "
@@ -127,6 +100,138 @@ def build(resolved: Any, *, environ: dict[str, str] | None = None) -> Run:
             f"resume='must' but there is no run to continue at {run_dir} "
             f"(no {metrics_path.name}); check project/name/dir or use resume='allow'"
         )
+
+    # 1. configuration checks: nothing on disk yet
+    _check_plugins(spec.spans)
+    engine = _make_engine(spec, stream, rank)
+    if engine is not None and spec.alerts.channels:
+        _check_channels(spec.alerts, env)
+
+    # 2. construction; undone if anything fails
+    attempt = _Attempt(run_dir, stream, file_rank)
+    try:
+        run = _construct(resolved, spec, env, warner, stream, rank, file_rank, run_dir, attempt)
+        attempt.closers.append(lambda: _undo_runtime(run, engine))
+        _build_spans(run, spec, run_dir, stream, file_rank, rank, warner)
+        _build_alerts(run, spec, run_dir, stream, file_rank, rank, warner, engine)
+    except BaseException:
+        attempt.undo()
+        raise
+    if spec.backends:
+        unknown = [b for b in spec.backends if b != "jsonl"]
+        if unknown:
+            warner.warn(
+                ("backends",),
+                "expr_tracker: backends %r are not available yet (the JSONL history is always "
+                "written); ignored",
+                unknown,
+            )
+    return run
+
+
+def _undo_runtime(run: Run, engine: Any) -> None:
+    """Stop what a failed build started (span recorder, watchdog, delivery threads)."""
+    if run.spans is not None:
+        run.spans.close()
+    if engine is not None:
+        engine.close()
+    dispatcher = run.dispatcher
+    if dispatcher is not None:
+        dispatcher.close(timeout=0.5)
+
+
+class _Attempt:
+    """What one ``build`` created, so a failed construction can be undone."""
+
+    def __init__(self, run_dir: Path, stream: str | None, file_rank: int) -> None:
+        self.run_dir = run_dir
+        self.dir_existed = run_dir.exists()
+        names = [
+            file_name(k, stream, file_rank)
+            for k in ("metrics", "meta", "spans", "summary", "alerts", "run", "config")
+        ]
+        names += [names[0] + ".lock", "spec.json"]
+        self.files = {n: self._read(run_dir / n) for n in names}
+        self.closers: list[Any] = []
+
+    @staticmethod
+    def _read(path: Path) -> bytes | None:
+        try:
+            return path.read_bytes() if path.is_file() else None
+        except OSError:
+            return None
+
+    def undo(self) -> None:
+        for close in reversed(self.closers):
+            try:
+                close()
+            except Exception:  # noqa: BLE001 - undo as much as possible
+                pass
+        if not self.dir_existed:
+            import shutil
+
+            shutil.rmtree(self.run_dir, ignore_errors=True)
+            return
+        for name, before in self.files.items():
+            path = self.run_dir / name
+            try:
+                if before is None:
+                    path.unlink(missing_ok=True)
+                elif path.is_file() and path.read_bytes() != before:
+                    path.write_bytes(before)
+            except OSError:
+                pass
+
+
+def _check_plugins(spans: Any) -> None:
+    """Unknown span plugin types fail as a SpecError with close matches (nothing built)."""
+    entries = [
+        (i, e) for i, e in enumerate(spans.plugins or ()) if getattr(e, "type", None) is not None
+    ]
+    if not entries:
+        return
+    import difflib
+
+    from expr_tracker.spans.recorder import _plugin_types
+    from expr_tracker.spec import SpecError, SpecIssue
+
+    known = _plugin_types()
+    valid = sorted(k for k in known if k.islower())
+    issues = []
+    for i, e in entries:
+        if e.type in known:
+            continue
+        close = difflib.get_close_matches(e.type, valid, n=1)
+        issues.append(
+            SpecIssue(
+                path=f"spans.plugins[{i}].type",
+                message=f"unknown plugin; valid: {', '.join(valid)}",
+                value=e.type,
+                suggestion=f"did you mean `{close[0]}`?" if close else None,
+            )
+        )
+    if issues:
+        raise SpecError(issues)
+
+
+def _check_channels(alerts: Any, env: Any) -> None:
+    """Build (and discard) the channels once so bad channel config fails before any I/O."""
+    from expr_tracker.alerts.delivery import build_dispatcher
+
+    build_dispatcher(alerts, start=False, environ=env, console_fallback=False)
+
+
+def _construct(
+    resolved: Any,
+    spec: Any,
+    env: Any,
+    warner: Warner,
+    stream: str | None,
+    rank: int,
+    file_rank: int,
+    run_dir: Path,
+    attempt: _Attempt,
+) -> Run:
     try:
         run_dir.mkdir(parents=True, exist_ok=True)
     except OSError as exc:
@@ -138,6 +243,7 @@ def build(resolved: Any, *, environ: dict[str, str] | None = None) -> Run:
         )
 
     h = spec.history
+    metrics_path = run_dir / file_name("metrics", stream, file_rank)
     info_path = run_dir / file_name("run", stream, file_rank)
     previous = read_run_info(info_path, repair=False) if info_path.exists() else None
 
@@ -151,6 +257,7 @@ def build(resolved: Any, *, environ: dict[str, str] | None = None) -> Run:
         run_meta={"project": spec.project, "name": spec.name, "stream": stream, "rank": rank},
         warner=warner,
     )
+    attempt.closers.append(writer.close)
     # we hold the one-writer lock now: a previous attempt that still says "running" is dead
     if previous is not None and previous.get("status") == "running":
         previous["status"] = "crashed"
@@ -188,18 +295,14 @@ def build(resolved: Any, *, environ: dict[str, str] | None = None) -> Run:
 
     config = normalize_config(spec.config, warner)
     _write_json(run_dir / file_name("config", stream), config, warner)
-    try:
-        if not stream and not file_rank:
-            _write_json(run_dir / "spec.json", resolved.redacted(), warner)
-        else:
-            _write_json(
-                run_dir / f"spec{'.' + stream if stream else ''}"
-                f"{'.rank' + str(file_rank) if file_rank else ''}.json",
-                resolved.redacted(),
-                warner,
-            )
-    except Exception as exc:  # noqa: BLE001 - a spec that cannot be rendered never stops a run
-        warner.warn(("spec.json",), "expr_tracker: cannot write spec.json (%s)", exc)
+    # spec.json once per run: the main producer writes it; another stream or rank writes it
+    # only when the run has none yet (its own spec is in its run*.json's neighbours anyway)
+    spec_path = run_dir / "spec.json"
+    if (not stream and not file_rank) or not spec_path.exists():
+        try:
+            _write_json(spec_path, resolved.redacted(), warner)
+        except Exception as exc:  # noqa: BLE001 - a spec that cannot be rendered never stops a run
+            warner.warn(("spec.json",), "expr_tracker: cannot write spec.json (%s)", exc)
 
     summary_path = run_dir / file_name("summary", stream, file_rank)
     initial = None
@@ -211,7 +314,7 @@ def build(resolved: Any, *, environ: dict[str, str] | None = None) -> Run:
     summary = Summary(summary_path, initial)
     store.sinks.append(summary.on_row)
 
-    run = Run(
+    return Run(
         spec=spec,
         resolved=resolved,
         run_dir=run_dir,
@@ -224,18 +327,6 @@ def build(resolved: Any, *, environ: dict[str, str] | None = None) -> Run:
         info_path=info_path,
         warner=warner,
     )
-    _build_spans(run, spec, run_dir, stream, file_rank, rank, warner)
-    _build_alerts(run, spec, run_dir, stream, file_rank, rank, warner)
-    if spec.backends:
-        unknown = [b for b in spec.backends if b != "jsonl"]
-        if unknown:
-            warner.warn(
-                ("backends",),
-                "expr_tracker: backends %r are not available yet (the JSONL history is always "
-                "written); ignored",
-                unknown,
-            )
-    return run
 
 
 def _write_json(path: Path, data: Any, warner: Warner) -> None:
@@ -286,6 +377,21 @@ def rank_alerts(on_rank: Any, rank: int) -> bool:
     return rank == on_rank
 
 
+def _make_engine(spec: Any, stream: str | None, rank: int) -> Any:
+    """The alert engine with every rule compiled (raises RuleError); no thread, no file."""
+    a = spec.alerts
+    if not a.enabled:
+        return None
+    from expr_tracker.alerts.engine import AlertEngine
+
+    return AlertEngine(
+        a.rules,
+        window=spec.history.alert_window,
+        run_info={"project": spec.project, "run": spec.name, "stream": stream, "rank": rank},
+        deliver=rank_alerts(a.on_rank, rank),
+    )
+
+
 def _build_alerts(
     run: Run,
     spec: Any,
@@ -294,30 +400,23 @@ def _build_alerts(
     file_rank: int,
     rank: int,
     warner: Warner,
+    engine: Any,
 ) -> None:
-    """The alert engine (rules compiled once), its record file and delivery.
+    """Hook the alert engine (rules compiled by :func:`_make_engine`) into the run: its
+    record file, delivery, the watchdog and the row sink.
 
     Rules on a rank that does not alert (``alerts.on_rank``) stay registered, listed and
-    evaluated; they just do not deliver. The engine sees every committed row as a sink.
+    evaluated, and recorded in that rank's ``alerts.rankN.jsonl``; they just do not deliver.
     """
-    a = spec.alerts
-    if not a.enabled:
+    if engine is None:
         return
-    from expr_tracker.alerts.engine import AlertEngine
     from expr_tracker.alerts.record import AlertLog
 
+    a = spec.alerts
     alerts_path = run_dir / file_name("alerts", stream, file_rank)
     record = AlertLog(alerts_path)
-    deliver = rank_alerts(a.on_rank, rank)
-    notify = _delivery(run, a, alerts_path, record, deliver)
-    engine = AlertEngine(
-        a.rules,
-        window=spec.history.alert_window,
-        notify=notify,
-        record=record,
-        run_info={"project": spec.project, "run": spec.name, "stream": stream, "rank": rank},
-        deliver=deliver,
-    )
+    engine.record = record
+    engine.notify = _delivery(run, a, alerts_path, record, engine.deliver)
     engine.start_watchdog(a.watchdog_interval)
     run.alerts = engine
     if engine.rules:

@@ -310,3 +310,14 @@ def test_span_never_commits():
     assert store.tail(5, include_open=False) == []
     store.ingest({})
     assert store.tail(5)[0]["time_ms/a"] == 2.0
+
+
+def test_huge_step_and_non_bool_commit_are_dropped(run_dir):
+    start(run_dir)
+    assert et.log({"a": 1}, step=2**70) == -1
+    assert et.log({"a": 1}, commit="no") == -1
+    import numpy as np
+
+    assert et.log({"a": 1}, commit=np.bool_(True)) == 0
+    dropped = et.info()["history"]["dropped"]
+    assert dropped["bad_step"] == 1 and dropped["bad_commit"] == 1

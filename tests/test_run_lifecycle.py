@@ -223,14 +223,13 @@ def test_pending_limit_drops_oldest_loudly(tmp_path):
     from expr_tracker.history.writer import JsonlWriter
 
     w = JsonlWriter(tmp_path / "m.jsonl", max_pending_records=3, async_write=False, buffer_size=100)
-    os.close(w._fd)  # every write now fails with EBADF
-    w._fd = os.open(os.devnull, os.O_RDONLY)
+    w._fd = os.open(os.devnull, os.O_RDONLY)  # every write now fails with EBADF
     for i in range(5):
         w.append(json.dumps({"_step": i}).encode(), i)
     assert w.flush() is False
     assert w.pending == 3 and w.dropped == 2
     os.close(w._fd)
-    w._fd = os.open(tmp_path / "m.jsonl", os.O_WRONLY | os.O_APPEND)
+    w._fd = os.open(tmp_path / "m.jsonl", os.O_WRONLY | os.O_APPEND | os.O_CREAT)
     assert w.flush() is True
     w.close()
     assert [r["_step"] for r in read_rows(tmp_path / "m.jsonl")] == [2, 3, 4]
@@ -328,8 +327,17 @@ def test_rank_files_and_stream_validation(tmp_path, monkeypatch):
 def test_rank_aware_off_uses_plain_names(tmp_path, monkeypatch):
     monkeypatch.setenv("RANK", "2")
     run = start(tmp_path, rank_aware=False)
+    et.log({"a": 1})
     et.finish()
-    assert (run.dir / "metrics.jsonl").exists()
+    assert (run.dir / "metrics.jsonl").exists() and (run.dir / "run.json").exists()
+
+
+def test_producer_that_records_nothing_leaves_no_empty_files(tmp_path):
+    run = start(tmp_path, stream="worker")
+    et.finish()
+    names = {p.name for p in run.dir.iterdir()}
+    assert "run.worker.json" in names
+    assert "spans.worker.jsonl" not in names and "metrics.worker.jsonl" not in names
 
 
 # ---------------------------------------------------------------- history while live / offline
@@ -359,3 +367,82 @@ def test_spec_json_saved_with_secrets_redacted(tmp_path):
     assert "SECRET123" not in text
     spec = json.loads(text)
     assert spec["project"] == "proj" and spec["history"]["buffer"]["size"] == 50
+
+
+# ---------------------------------------------------------------- configuration errors
+
+
+@pytest.mark.parametrize(
+    "bad",
+    [
+        {"spans": {"plugins": [{"type": "cpu_tme"}]}},
+        {"alert_rules": ["loss >> 2"]},
+        {"alert_rules": ["mean(loss[5000]) > 1"]},
+        {"alert": {"channels": [{"type": "slak", "url": "http://127.0.0.1:9/x"}]}},
+    ],
+    ids=["plugin", "syntax", "window", "channel"],
+)
+def test_failed_init_leaves_nothing_and_a_retry_works(tmp_path, bad):
+    with pytest.raises(ValueError):  # SpecError, RuleError, ChannelConfigError are ValueErrors
+        start(tmp_path, **bad)
+    assert not (tmp_path / "runs" / "proj" / "r1").exists()
+    assert et.get_run() is None
+    run = start(tmp_path, resume="never")  # the lock was released, nothing half-made
+    et.log({"a": 1})
+    et.finish()
+    assert json.loads((run.dir / "run.json").read_text())["status"] == "finished"
+
+
+def test_failed_init_on_an_existing_run_restores_it(tmp_path):
+    run = start(tmp_path)
+    et.log({"a": 1})
+    et.finish()
+    before = (run.dir / "run.json").read_bytes()
+    with pytest.raises(ValueError):
+        start(tmp_path, alert_rules=["loss >> 2"])
+    assert (run.dir / "run.json").read_bytes() == before
+    start(tmp_path)
+    assert et.log({"a": 2}) == 1
+
+
+def test_unknown_plugin_type_is_a_spec_error_with_a_suggestion(tmp_path):
+    from expr_tracker.spec import SpecError
+
+    with pytest.raises(SpecError, match=r"spans\.plugins\[0\]\.type.*did you mean `cpu_time`"):
+        start(tmp_path, spans={"plugins": [{"type": "cpu_tme"}]})
+
+
+def test_builder_and_rule_objects_in_alert_rules(tmp_path):
+    from expr_tracker.alerts.rules import AlertRule
+
+    start(tmp_path, alert_rules=[et.M.loss > 1, AlertRule(condition="loss < 0", level="error")])
+    et.log({"loss": 2.0})
+    rules = et.info()["alerts"]["rules"]
+    assert len(rules) == 2
+    assert sum(r["fires"] for r in rules.values()) == 1
+
+
+SIGTERM_CHILD = """
+import sys, time, expr_tracker as et
+et.init(project="proj", name="r1", dir=sys.argv[1])
+for i in range(21):
+    et.log({"x": i})
+print("logged", flush=True)
+time.sleep(60)
+"""
+
+
+def test_sigterm_flushes_and_records_the_signal(tmp_path):
+    p = subprocess.Popen(
+        [sys.executable, "-c", SIGTERM_CHILD, str(tmp_path / "runs")],
+        stdout=subprocess.PIPE,
+        text=True,
+    )
+    assert p.stdout.readline().strip() == "logged"
+    p.send_signal(signal.SIGTERM)
+    assert p.wait(timeout=30) == 128 + signal.SIGTERM
+    run_dir = tmp_path / "runs" / "proj" / "r1"
+    assert [r["x"] for r in read_rows(run_dir / "metrics.jsonl")] == list(range(21))
+    info = json.loads((run_dir / "run.json").read_text())
+    assert info["status"] == "failed" and info["signal"] == "SIGTERM"
+    assert info["exit_code"] == 143

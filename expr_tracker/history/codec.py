@@ -94,7 +94,11 @@ def normalize_value(value: Any, warner: Warner | None = None, _depth: int = 0) -
     d = _depth + 1
     # numpy / torch without importing either
     mod = t.__module__
+    if isinstance(value, type):  # a class (np.float32, torch.nn.Linear ...): its name
+        return f"{value.__module__}.{value.__qualname__}"
     if mod == "numpy" or mod.startswith("numpy."):
+        if t.__name__.endswith("DType") or t.__name__ == "dtype":
+            return str(value)  # np.dtype("float32") -> "float32"
         if hasattr(value, "tolist"):
             return normalize_value(value.tolist(), warner, d)
         if hasattr(value, "item"):
@@ -153,6 +157,10 @@ def normalize_value(value: Any, warner: Warner | None = None, _depth: int = 0) -
         try:
             return bytes(value).decode("utf-8")
         except UnicodeDecodeError:
+            (warner or DEFAULT_WARNER).warn(
+                ("bytes",),
+                "expr_tracker: bytes that are not UTF-8 are written as their repr() (warned once)",
+            )
             return repr(bytes(value))
     if hasattr(value, "model_dump") and callable(value.model_dump):
         try:

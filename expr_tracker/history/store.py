@@ -45,6 +45,9 @@ from expr_tracker.history.writer import BackgroundFlusher, JsonlWriter, get_flus
 log = logging.getLogger("expr_tracker")
 
 RESERVED = frozenset({"_step", "_time"})
+#: the largest step (int64, what every reader and the cache index can hold exactly)
+MAX_STEP = (1 << 63) - 1
+_DROP = object()
 
 _FORK_GEN = 0
 
@@ -170,6 +173,8 @@ class HistoryStore:
         self.patch_rows = 0
         self.queries = 0
         self.disk_queries = 0
+        self.disk_bytes_read = 0
+        self._memo: DecodedTail | None = None  # decoded rows of the last tail(n) query
         self.dropped: dict[str, int] = {}
         self.sink_errors = 0
 
@@ -202,9 +207,13 @@ class HistoryStore:
                     f"log() takes a mapping of metric names to values, got {type(metrics).__name__}"
                 )
             metrics = dict(metrics)
-        if step is not None and (type(step) is not int or step < 0):
+        if step is not None and (type(step) is not int or step < 0 or step > MAX_STEP):
             step = self._coerce_step(step)
             if step is None:
+                return -1
+        if commit is not None and commit is not True and commit is not False:
+            commit = self._coerce_commit(commit)
+            if commit is _DROP:
                 return -1
         committed = None
         with self._lock:
@@ -262,14 +271,26 @@ class HistoryStore:
                 ok = int(step) == step
             except (TypeError, ValueError, OverflowError):
                 ok = False
-        if not ok or int(step) < 0:
+        if not ok or not 0 <= int(step) <= MAX_STEP:
             self._drop(
                 "bad_step",
-                "expr_tracker: log(step=%r) is not a non-negative integer; the call was dropped",
+                "expr_tracker: log(step=%r) is not an integer in [0, 2**63-1]; the call was "
+                "dropped",
                 step,
             )
             return None
         return int(step)
+
+    def _coerce_commit(self, commit: Any) -> Any:
+        """NumPy bools and 0/1 are accepted; anything else drops the call (never a guess)."""
+        if type(commit).__name__ in ("bool_", "bool") or (type(commit) is int and commit in (0, 1)):
+            return bool(commit)
+        self._drop(
+            "bad_commit",
+            "expr_tracker: log(commit=%r) is not a bool; the call was dropped",
+            commit,
+        )
+        return _DROP
 
     def _merge(self, metrics: dict[str, Any]) -> None:
         open_row = self._open
@@ -572,7 +593,7 @@ class HistoryStore:
                     start, complete, simple = stop, True, True
                 else:
                     start, complete, simple = cache.tail_start(want)
-                    memo = self.__dict__.get("_memo")
+                    memo = self._memo
                     if memo is None:
                         memo = self._memo = DecodedTail()
                     memo_rows = memo.get(cache, start, stop)
@@ -692,9 +713,7 @@ class HistoryStore:
 
     def _count_disk(self, reader: JsonlReader) -> None:
         self.disk_queries += 1
-        self.__dict__["disk_bytes_read"] = self.__dict__.get("disk_bytes_read", 0) + (
-            reader.bytes_read
-        )
+        self.disk_bytes_read += reader.bytes_read
 
     # ------------------------------------------------------------------ lifecycle
 
@@ -747,7 +766,7 @@ class HistoryStore:
             "cache_sorted": c.sorted,
             "queries": q,
             "disk_queries": self.disk_queries,
-            "disk_bytes_read": self.__dict__.get("disk_bytes_read", 0),
+            "disk_bytes_read": self.disk_bytes_read,
             "hit_rate": (q - self.disk_queries) / q if q else None,
             "dropped": dict(self.dropped),
             "sink_errors": self.sink_errors,

@@ -277,7 +277,8 @@ class JsonlWriter:
         self._lock_fd = fd
 
     def _open_existing(self) -> None:
-        """Repair and measure an existing file; then open it for appending."""
+        """Repair, measure and open an existing file for appending (a new one waits for the
+        first write)."""
         if self.path.exists():
             size = self.path.stat().st_size
             meta = self._read_meta()
@@ -292,7 +293,9 @@ class JsonlWriter:
                 self.index = [list(a) for a in meta.get("index", [])]
             else:
                 self._rescan(size, meta)
-        self._fd = os.open(self.path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
+            self._fd = os.open(self.path, os.O_WRONLY | os.O_APPEND)
+        # a new file is created by the first write, so a producer that records nothing
+        # (a stream without spans) leaves no empty file behind
 
     def _read_meta(self) -> dict[str, Any] | None:
         if self.meta_path is None or not self.meta_path.exists():

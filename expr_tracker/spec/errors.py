@@ -119,7 +119,8 @@ def display_value(path: str, value: Any, limit: int = 80) -> str:
     """A short repr of ``value`` for an error message, secrets replaced by ``***``."""
     last = path.rsplit(".", 1)[-1]
     shown = "***" if is_secret_key(last) and value is not None else _redact(value)
-    text = shown if shown == "***" else repr(shown)
+    # `is`/isinstance, never ==: a value may overload == (the alert builder's M expressions)
+    text = shown if isinstance(shown, str) and shown == "***" else repr(shown)
     if len(text) > limit:
         text = text[: limit - 3] + "..."
     return text

@@ -48,6 +48,7 @@ from expr_tracker.spec.models import (
 
 __all__ = [
     "ALERT_CONFIG_ENV",
+    "DuplicateKeyError",
     "CONFIG_ENV",
     "KEYWORDS",
     "WEBHOOK_ENV",
@@ -64,6 +65,7 @@ __all__ = [
     "merge_layers",
     "resolve",
     "spec_layer",
+    "UniqueKeyLoader",
     "validate_file",
 ]
 
@@ -209,7 +211,7 @@ class _Merger:
         for key, value in src.items():
             p = join_path(path, key)
             if _is_omegaconf(value):
-                value = omegaconf_to_plain(value)
+                value = omegaconf_to_plain(value, key_path=p)
             if p in NAMED_LISTS and isinstance(value, (list, tuple, Mapping)):
                 current = dst.get(key)
                 if not isinstance(current, list):
@@ -334,15 +336,82 @@ def _lookup(table: Mapping[str, Any], path: str) -> Any:
 # --- files ---------------------------------------------------------------------------------
 
 
+class DuplicateKeyError(yaml.constructor.ConstructorError):
+    """A mapping holds the same key twice (plain YAML loading keeps the last one silently)."""
+
+
+class UniqueKeyLoader(yaml.SafeLoader):
+    """``yaml.SafeLoader`` that records duplicate mapping keys instead of dropping them.
+
+    ``duplicates`` lists ``(key, mark, first_mark)`` (``yaml.Mark``: 0-based line/column of
+    the repeated key and of its first occurrence). Keys brought in by a ``<<`` merge may be
+    overridden: only the keys written in one mapping are compared.
+    """
+
+    def __init__(self, stream: Any) -> None:
+        super().__init__(stream)
+        self.duplicates: list[tuple[Any, yaml.Mark, yaml.Mark]] = []
+        self._checked: set[int] = set()
+
+    def _check_unique(self, node: yaml.MappingNode) -> None:
+        if id(node) in self._checked:
+            return
+        self._checked.add(id(node))
+        seen: dict[Any, yaml.Mark] = {}
+        for key_node, _ in node.value:
+            if key_node.tag == "tag:yaml.org,2002:merge":
+                continue
+            key = self.construct_object(key_node, deep=True)
+            try:
+                first = seen.setdefault(key, key_node.start_mark)
+            except TypeError:  # an unhashable key: construct_mapping reports it
+                continue
+            if first is not key_node.start_mark:
+                self.duplicates.append((key, key_node.start_mark, first))
+
+    def flatten_mapping(self, node: yaml.MappingNode) -> None:  # before merges are inlined
+        self._check_unique(node)
+        super().flatten_mapping(node)
+
+    def construct_mapping(self, node: Any, deep: bool = False) -> dict:
+        if isinstance(node, yaml.MappingNode):
+            self._check_unique(node)
+        return super().construct_mapping(node, deep=deep)
+
+
+def duplicate_key_message(key: Any, first: yaml.Mark) -> str:
+    """``duplicate key 'a' (first at line 3, column 5): only one is kept``."""
+    return (
+        f"duplicate key {key!r} (first at line {first.line + 1}, column {first.column + 1}): "
+        "YAML would keep only the last one"
+    )
+
+
+def _compose_unique(text: str) -> tuple[Any, Any, list[tuple[Any, yaml.Mark, yaml.Mark]]]:
+    """``(node, data, duplicates)`` of one YAML document, parsed once."""
+    loader = UniqueKeyLoader(text)
+    try:
+        node = loader.get_single_node()
+        data = loader.construct_document(node) if node is not None else None
+        return node, data, sorted(loader.duplicates, key=lambda d: d[1].index)
+    finally:
+        loader.dispose()
+
+
 def load_yaml(path: str | os.PathLike) -> Any:
-    """Parse a YAML file with ``yaml.safe_load`` (no Python object tags). An empty file is None.
+    """Parse a YAML file with the safe loader (no Python object tags). An empty file is None.
 
     Raises:
         OSError: the file cannot be read.
-        yaml.YAMLError: the text is not valid YAML.
+        yaml.YAMLError: the text is not valid YAML; ``DuplicateKeyError`` (one of them) when
+            a mapping repeats a key, at the first repeat.
     """
     with open(path, encoding="utf-8") as f:
-        return yaml.safe_load(f)
+        _, data, duplicates = _compose_unique(f.read())
+    if duplicates:
+        key, mark, first = duplicates[0]
+        raise DuplicateKeyError(None, None, duplicate_key_message(key, first), mark)
+    return data
 
 
 def _yaml_locations(node: Any, data: Any, path: str, file: str, out: dict[str, Location]) -> None:
@@ -404,13 +473,14 @@ def load_file(
     file = str(path)
     source = source or f"file:{file}"
     locations: dict[str, Location] = {}
+    duplicates: list[tuple[Any, yaml.Mark, yaml.Mark]] = []
     suffix = p.suffix.lower()
     try:
         if suffix == ".json":
             text = p.read_text(encoding="utf-8")
             data = json.loads(text)
             try:  # JSON is (nearly always) YAML: its node marks give line and column
-                node = yaml.compose(text, Loader=yaml.SafeLoader)
+                node, _, duplicates = _compose_unique(text)
                 _yaml_locations(node, data, root, file, locations)
             except yaml.YAMLError:
                 locations.clear()
@@ -418,8 +488,7 @@ def load_file(
             data = _load_toml(p)
         else:
             text = p.read_text(encoding="utf-8")
-            data = yaml.safe_load(text)
-            node = yaml.compose(text, Loader=yaml.SafeLoader)
+            node, data, duplicates = _compose_unique(text)
             _yaml_locations(node, data, root, file, locations)
     except SpecError:
         raise
@@ -448,6 +517,18 @@ def load_file(
         ) from None
     except ValueError as exc:  # tomllib.TOMLDecodeError
         raise SpecError([SpecIssue(root, f"invalid TOML: {exc}", source=source)]) from None
+    if duplicates:
+        raise SpecError(
+            [
+                SpecIssue(
+                    root,
+                    duplicate_key_message(key, first),
+                    source=source,
+                    location=(file, mark.line + 1, mark.column + 1),
+                )
+                for key, mark, first in duplicates
+            ]
+        )
     if data is None:
         data = {}
     if not isinstance(data, Mapping):
@@ -565,7 +646,7 @@ def _omegaconf_to_dict(cfg: Any) -> tuple[dict[str, Any], str | None]:
         if (key_path == "config" or key_path.startswith("config.")) and not isinstance(
             exc, MissingMandatoryValue
         ):
-            return _keep_literal(key_path[len("config.") :], exc, raw)
+            return _keep_literal(key_path, exc, raw)
         if isinstance(exc, MissingMandatoryValue):
             message = "is required: it is marked missing (???) in the config"
         else:

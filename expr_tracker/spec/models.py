@@ -192,8 +192,7 @@ def _keep_literal(key_path: str, exc: Exception, raw: Any) -> Any:
 
     reason = str(getattr(exc, "msg", exc)).splitlines()[0]
     warnings.warn(
-        f"config.{key_path}: interpolation {raw!r} could not be resolved ({reason}); "
-        "kept literally",
+        f"{key_path}: interpolation {raw!r} could not be resolved ({reason}); kept literally",
         stacklevel=4,
     )
     return raw
@@ -254,7 +253,7 @@ def _config_dict(value: Any) -> Any:
     if value is None:
         return {}
     if _is_omegaconf(value):
-        return omegaconf_to_plain(value)
+        return omegaconf_to_plain(value, key_path="config")
     if isinstance(value, BaseModel):
         return value.model_dump()
     if hasattr(value, "__dataclass_fields__") and not isinstance(value, type):
