@@ -117,10 +117,15 @@ def _clock(t: Any) -> str:
 class Printer:
     """Writes rows in one format to ``out``; ``start(columns)`` once, then ``rows(...)``."""
 
-    def __init__(self, fmt: str, out: IO[str], follow: bool = False) -> None:
+    def __init__(
+        self, fmt: str, out: IO[str], follow: bool = False, width: int | None = None
+    ) -> None:
         self.fmt = fmt
         self.out = out
         self.follow = follow
+        #: table width in cells (None: the terminal's; when ``out`` is not a terminal,
+        #: ``$COLUMNS`` or 200)
+        self.width = width
         self.columns: list[str] = []
         self._csv: Any = None
         self._widths: list[int] = []
@@ -161,22 +166,97 @@ class Printer:
         out.flush()
 
     def _table(self, rows: list[dict[str, Any]]) -> None:
+        """One row per step when every column fits the width at its full size; otherwise
+        transposed (one row per metric, one column per step), in as many blocks of steps
+        as the width needs, so no header or value is ever cut."""
         from rich.console import Console
-        from rich.table import Table
 
-        table = Table(box=None, header_style="bold", pad_edge=False)
-        table.add_column("step", justify="right")
-        table.add_column("time", justify="right", style="dim")
-        for c in self.columns:
-            table.add_column(c, justify="right")
-        for r in rows:
-            table.add_row(
-                format_value(r.get("_step")),
-                _clock(r.get("_time")),
-                *(format_value(r.get(c)) for c in self.columns),
-            )
-        width = None if _isatty(self.out) else 200
-        Console(file=self.out, width=width, highlight=False, soft_wrap=False).print(table)
+        width = self.width
+        if width is None and not _isatty(self.out):
+            env = os.environ.get("COLUMNS", "")
+            width = int(env) if env.isdigit() and int(env) > 0 else 200
+        console = Console(file=self.out, width=width, highlight=False, soft_wrap=False)
+        steps = [format_value(r.get("_step")) for r in rows]
+        times = [_clock(r.get("_time")) for r in rows]
+        cells = [[format_value(r.get(c)) for r in rows] for c in self.columns]
+        heads = ["step", "time", *self.columns]
+        cols = [steps, times, *cells]
+        need = sum(
+            max(cell_len(h), *(cell_len(v) for v in col))
+            for h, col in zip(heads, cols, strict=True)
+        )
+        need += _GAP * (len(heads) - 1)
+        if need <= console.width or not self.columns or not rows:
+            console.print(_wide_table(heads, cols))
+            return
+        for k, block in enumerate(_step_blocks(steps, times, cells, self.columns, console.width)):
+            if k:
+                console.print()
+            console.print(_tall_table(block, steps, times, cells, self.columns))
+
+
+_GAP = 2  # cells between two table columns (rich's padding (0, 1), no outer edge)
+
+
+def cell_len(text: str) -> int:
+    """Terminal cells taken by ``text`` (wide characters count twice)."""
+    from rich.cells import cell_len as _cell_len
+
+    return _cell_len(text)
+
+
+def _table_class() -> Any:
+    from rich.table import Table
+
+    return Table(box=None, header_style="bold", pad_edge=False)
+
+
+def _wide_table(heads: list[str], cols: list[list[str]]) -> Any:
+    """One row per step: ``step``, ``time``, then a column per metric."""
+    table = _table_class()
+    table.add_column(heads[0], justify="right", no_wrap=True)
+    table.add_column(heads[1], justify="right", style="dim", no_wrap=True)
+    for h in heads[2:]:
+        table.add_column(h, justify="right", no_wrap=True)
+    for i in range(len(cols[0])):
+        table.add_row(*(col[i] for col in cols))
+    return table
+
+
+def _step_blocks(
+    steps: list[str], times: list[str], cells: list[list[str]], columns: list[str], width: int
+) -> list[list[int]]:
+    """Row indices split into consecutive blocks whose transposed table fits ``width``
+    (at least one step per block)."""
+    name_w = max(cell_len("step"), *(cell_len(c) for c in columns))
+    blocks: list[list[int]] = []
+    cur: list[int] = []
+    used = name_w
+    for i in range(len(steps)):
+        w = max(cell_len(steps[i]), cell_len(times[i]), *(cell_len(col[i]) for col in cells))
+        if cur and used + _GAP + w > width:
+            blocks.append(cur)
+            cur, used = [], name_w
+        cur.append(i)
+        used += _GAP + w
+    if cur:
+        blocks.append(cur)
+    return blocks
+
+
+def _tall_table(
+    block: list[int], steps: list[str], times: list[str], cells: list[list[str]], columns: list[str]
+) -> Any:
+    """Transposed: a column per step of ``block`` (headed by the step), a ``time`` row,
+    then one row per metric (its full name in the first column)."""
+    table = _table_class()
+    table.add_column("step", justify="left", overflow="fold")
+    for i in block:
+        table.add_column(steps[i], justify="right", no_wrap=True)
+    table.add_row("time", *(times[i] for i in block), style="dim")
+    for name, col in zip(columns, cells, strict=True):
+        table.add_row(name, *(col[i] for i in block))
+    return table
 
 
 # --------------------------------------------------------------------------- follow
@@ -248,16 +328,24 @@ def _complete_end(path: Path) -> int:
 
 def run_history(args: argparse.Namespace, out: IO[str] | None = None) -> int:
     """The ``et history`` command; returns the exit code (0 ok, 1 no such run, 2 usage)."""
-    from expr_tracker.history.frame import columns_of, parse_columns, shape
+    from expr_tracker.history.frame import (
+        columns_of,
+        parse_columns,
+        shape,
+        unknown_columns,
+        unknown_message,
+    )
     from expr_tracker.history.paths import resolve_run_path
-    from expr_tracker.history.query import parse_step_range
+    from expr_tracker.history.query import check_n, parse_step_range
     from expr_tracker.history.reader import JsonlReader
 
     out = out or sys.stdout
     err = sys.stderr
     try:
+        n = check_n(args.n)
         bounds = parse_step_range(args.step_range)
-    except ValueError as exc:
+        cols = parse_columns(args.metrics)
+    except (TypeError, ValueError) as exc:
         err.write(f"et history: {exc}\n")
         return 2
     try:
@@ -265,13 +353,14 @@ def run_history(args: argparse.Namespace, out: IO[str] | None = None) -> int:
     except (FileNotFoundError, ValueError) as exc:
         err.write(f"et history: {exc}\n")
         return 1
-    n = None if args.n is None or args.n < 0 else args.n
     end = _complete_end(path)
     reader = JsonlReader(path, end=end)
     rows = reader.tail(n) if bounds is None else reader.read_range(*bounds)
     if n is not None and len(rows) > n:
         rows = rows[-n:] if n else []
-    cols = parse_columns(args.metrics)
+    for name, close in unknown_columns(rows, cols):
+        # a metric may appear later in a live run: say so, but print what there is (exit 0)
+        err.write(f"et history: warning: {unknown_message(name, close, len(rows))}\n")
     rows = shape(rows, cols)
     printer = Printer(args.format, out, follow=args.follow)
     printer.start(cols if cols is not None else columns_of(rows))

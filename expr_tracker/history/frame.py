@@ -9,7 +9,8 @@ naming the extra to install.
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+import difflib
+from collections.abc import Iterable, Mapping
 from typing import Any
 
 OUTPUT_TYPES = ("dict", "dicts", "pandas", "pd", "polars")
@@ -26,12 +27,57 @@ def check_output_type(output_type: str) -> str:
 
 
 def parse_columns(metrics: Any) -> list[str] | None:
-    """``"a,b"`` or ``["a", "b"]`` -> ``["a", "b"]``; None stays None (every column)."""
+    """``"a,b"`` or ``["a", "b"]`` -> ``["a", "b"]``; None stays None (every column).
+
+    A string is split on commas (blank parts are ignored); any other iterable (a list, a
+    tuple) must hold non-empty strings.
+
+    Raises:
+        TypeError: ``metrics`` is not a string or an iterable of strings (a number, a dict,
+            bytes, a list holding a non-string).
+        ValueError: a list holding an empty name.
+    """
     if metrics is None:
         return None
     if isinstance(metrics, str):
         return [m.strip() for m in metrics.split(",") if m.strip()]
-    return [str(m) for m in metrics]
+    valid = "a list of metric names (['loss', 'acc']) or a comma-separated string ('loss,acc')"
+    if isinstance(metrics, (bytes, bytearray, Mapping)) or not isinstance(metrics, Iterable):
+        raise TypeError(f"metrics={metrics!r} is not valid ({type(metrics).__name__}): {valid}")
+    cols = list(metrics)
+    for m in cols:
+        if not isinstance(m, str):
+            raise TypeError(
+                f"metrics={metrics!r} is not valid: {m!r} ({type(m).__name__}) is not a "
+                f"metric name; {valid}"
+            )
+        if not m:
+            raise ValueError(f"metrics={metrics!r} is not valid: an empty name; {valid}")
+    return cols
+
+
+def unknown_columns(
+    rows: list[dict[str, Any]], columns: list[str] | None
+) -> list[tuple[str, list[str]]]:
+    """The names in ``columns`` that appear in none of ``rows``, each with up to three
+    close matches among the rows' metrics (:func:`difflib.get_close_matches`).
+
+    Nothing is judged when there are no rows or no columns (returns ``[]``). Cheap when
+    every name is present: the scan stops at the first row holding it.
+    """
+    if not rows or not columns:
+        return []
+    missing = [c for c in columns if not any(c in r for r in rows)]
+    if not missing:
+        return []
+    known = columns_of(rows)
+    return [(c, difflib.get_close_matches(c, known, n=3, cutoff=0.6)) for c in missing]
+
+
+def unknown_message(name: str, close: list[str], nrows: int) -> str:
+    """The warning for a requested metric that is in none of the ``nrows`` rows read."""
+    hint = f" (did you mean {' or '.join(repr(c) for c in close)}?)" if close else ""
+    return f"metric {name!r} is in none of the {nrows} step(s) read{hint}"
 
 
 def columns_of(rows: Iterable[dict[str, Any]]) -> list[str]:

@@ -18,48 +18,138 @@ Every result is a snapshot: new objects that later logging never changes.
 
 from __future__ import annotations
 
+import operator
 from pathlib import Path
 from typing import Any
 
+from expr_tracker.history.codec import Warner
 from expr_tracker.history.frame import (
     OUTPUT_TYPES,
     check_output_type,
     parse_columns,
     shape,
     to_output,
+    unknown_columns,
+    unknown_message,
 )
 from expr_tracker.history.paths import resolve_run_path
 from expr_tracker.history.reader import JsonlReader
 from expr_tracker.history.store import HistoryStore
 
-__all__ = ["OUTPUT_TYPES", "parse_step_range", "query_history"]
+__all__ = ["OUTPUT_TYPES", "check_n", "parse_step_range", "query_history", "warn_unknown_metrics"]
+
+#: once-only memory for warnings of offline reads (a live store has its own ``warner``)
+_OFFLINE_WARNER = Warner()
+
+
+_RANGE_FORMS = (
+    "give (start, end) with end exclusive, or 'start:end' (either side may be None/empty), "
+    "with integer steps"
+)
+
+
+def check_n(n: Any) -> int | None:
+    """``n`` as the number of steps to return: an int ``>= 0``, or None for every step.
+
+    ``-1`` and None both mean every step (spec design.txt B.3). Integer-like objects
+    (``numpy.int64``) are accepted; bools, floats and strings are not.
+
+    Raises:
+        TypeError: ``n`` is not an integer (or None).
+        ValueError: ``n`` is negative and not ``-1``.
+    """
+    if n is None:
+        return None
+    if isinstance(n, bool):
+        v = None
+    else:
+        try:
+            v = operator.index(n)
+        except TypeError:
+            v = None
+    if v is None:
+        raise TypeError(
+            f"n={n!r} is not valid: n must be an integer >= 0 (the newest n steps) or "
+            f"-1/None (every step), got {type(n).__name__}"
+        )
+    if v < -1:
+        raise ValueError(
+            f"n={n!r} is not valid: n must be >= 0 (the newest n steps) or -1/None (every step)"
+        )
+    return None if v == -1 else v
+
+
+def _range_side(side: Any, step_range: Any) -> int | None:
+    if side is None:
+        return None
+    if not isinstance(side, bool):
+        try:
+            return operator.index(side)
+        except TypeError:
+            pass
+    raise TypeError(
+        f"step_range={step_range!r} is not valid: {side!r} is not an integer step; " + _RANGE_FORMS
+    )
 
 
 def parse_step_range(step_range: Any) -> tuple[int | None, int | None] | None:
     """``(a, b)``, ``[a, b]``, ``range(a, b)`` or ``"a:b"`` -> ``(a, b)`` (either side None).
 
+    ``end`` is exclusive. A reversed or empty range (``end <= start``) is valid and selects
+    no steps: the query returns an empty result.
+
     Raises:
-        ValueError: not one of those forms, or a side that is not an integer.
+        ValueError: a string that is not ``"a:b"`` with integer sides, a sequence that is
+            not a pair, or a ``range`` with a step other than 1.
+        TypeError: ``step_range`` is of another type, or a side of a pair is not an
+            integer (a float, a bool, a string).
     """
     if step_range is None:
         return None
     if isinstance(step_range, range):
         if step_range.step != 1:
-            raise ValueError("step_range: a range() with a step other than 1 is not supported")
+            raise ValueError(
+                f"step_range={step_range!r} is not valid: a range() with a step other than 1 "
+                "is not supported"
+            )
         return step_range.start, step_range.stop
-    try:
-        if isinstance(step_range, str):
-            a, sep, b = step_range.partition(":")
-            if not sep:
+    if isinstance(step_range, str):
+        a, sep, b = step_range.partition(":")
+        try:
+            if not sep or ":" in b:
                 raise ValueError
             return (int(a) if a.strip() else None, int(b) if b.strip() else None)
-        a, b = step_range
-        return (None if a is None else int(a), None if b is None else int(b))
-    except (TypeError, ValueError):
-        raise ValueError(
-            f"step_range={step_range!r} is not valid: give (start, end) with end exclusive, "
-            "or 'start:end' (either side may be empty/None)"
-        ) from None
+        except ValueError:
+            raise ValueError(f"step_range={step_range!r} is not valid: " + _RANGE_FORMS) from None
+    if isinstance(step_range, (tuple, list)):
+        if len(step_range) != 2:
+            raise ValueError(
+                f"step_range={step_range!r} is not valid: it has {len(step_range)} items, "
+                "not 2; " + _RANGE_FORMS
+            )
+        return _range_side(step_range[0], step_range), _range_side(step_range[1], step_range)
+    raise TypeError(
+        f"step_range={step_range!r} is not valid ({type(step_range).__name__}): " + _RANGE_FORMS
+    )
+
+
+def warn_unknown_metrics(
+    rows: list[dict[str, Any]], columns: list[str] | None, warner: Warner, scope: Any
+) -> list[str]:
+    """Warn once per requested metric that appears in none of ``rows`` (with suggestions).
+
+    Rows are still returned for such a metric: in a live run it may appear later. Nothing
+    is judged when no row was read. ``scope`` keys the once-only memory (a store's own
+    ``warner`` needs none; an offline read passes its path). Returns the unknown names.
+    """
+    unknown = unknown_columns(rows, columns)
+    for name, close in unknown:
+        warner.warn(
+            ("unknown_metric", scope, name),
+            "expr_tracker: %s; the rows are returned without it (warned once per name)",
+            unknown_message(name, close, len(rows)),
+        )
+    return [name for name, _ in unknown]
 
 
 def query_history(
@@ -80,28 +170,39 @@ def query_history(
     ``source`` is a live store, a run directory (the file is chosen by
     :func:`resolve_run_path` with ``stream``) or a metrics file.
 
+    Every argument is checked before anything is read (:func:`check_n`,
+    :func:`parse_step_range`, :func:`~expr_tracker.history.frame.parse_columns`). A
+    ``metrics`` name found in no row read is kept (a live run may log it later) and logged
+    as a warning once per name, with close matches.
+
     Raises:
-        ValueError: an unknown ``output_type`` or a malformed ``step_range``.
+        ValueError: an unknown ``output_type``, a negative ``n`` other than -1, a malformed
+            ``step_range`` string or pair, an empty metric name.
+        TypeError: ``n`` not an integer, ``step_range`` or ``metrics`` of the wrong type.
         FileNotFoundError: ``source`` names no run.
         ImportError: pandas/polars missing (the message names the extra).
     """
     check_output_type(output_type)
-    if n is not None and n < 0:
-        n = None
+    n = check_n(n)
     bounds = parse_step_range(step_range)
+    cols = parse_columns(metrics)
     if isinstance(source, HistoryStore):
         if bounds is None:
             rows = source.tail(n, include_open=include_open)
         else:
             rows = source.step_range(bounds[0], bounds[1], include_open=include_open)
+        warner, scope = source.warner, None
     else:
-        reader = JsonlReader(resolve_run_path(source, stream=stream))
+        path = resolve_run_path(source, stream=stream)
+        reader = JsonlReader(path)
         if bounds is None:
             rows = reader.tail(n)
         else:
             rows = reader.read_range(bounds[0], bounds[1])
+        warner, scope = _OFFLINE_WARNER, str(path)
     if n is not None and len(rows) > n:
         rows = rows[-n:] if n else []
-    cols = parse_columns(metrics)
+    if cols:
+        warn_unknown_metrics(rows, cols, warner, scope)
     rows = shape(rows, cols, include_meta=include_meta, fill_missing=fill_missing, dropna=dropna)
     return to_output(rows, output_type, cols, include_meta)
