@@ -340,3 +340,28 @@ def test_console_notifier_renders_with_rich():
 def test_rule_to_dict_round_trips():
     rule = make_rule("x > 1 => error: m", channels=["slack"], tags=["a"])
     assert AlertRule.from_dict(rule.to_dict()) == rule
+
+
+def test_recovery_notice_has_its_own_text():
+    rule = {
+        "name": "spike",
+        "condition": "loss > 1",
+        "title": "loss spiked",
+        "message": "{loss} spiked to {loss:.4f} at step {step}",
+        "notify_recovery": True,
+    }
+    cap = run([rule], {"loss": [2.5, 0.2003]})
+    firing, resolved = cap.events
+    assert (firing.title, firing.message) == ("loss spiked", "2.5 spiked to 2.5000 at step 0")
+    assert resolved.kind == "resolved" and resolved.title == "resolved: spike"
+    assert (
+        resolved.message
+        == "spike resolved at step 1: loss > 1 is no longer true (loss=0.2003 > 1.0)"
+    )
+    assert "spiked" not in resolved.message
+
+
+def test_window_error_names_the_real_setting():
+    with pytest.raises(RuleError) as info:
+        AlertEngine(window=100).add_rule("mean(x[101]) > 1")
+    assert "history.alert_window" in str(info.value) and "alerts.window" not in str(info.value)

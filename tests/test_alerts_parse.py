@@ -184,3 +184,89 @@ def _extend(children):
 def test_to_source_round_trips(node):
     text = node.to_source()
     assert parse_expr(text) == node
+
+
+# -- labels whatever the nesting, end of input, expected tokens in words -----------------------
+
+# Every label of SYNTAX_EXAMPLES hit by a condition that is not one of its examples: deeper
+# nesting, another context. (Lark's own matcher compares parse-stack depth, so before these
+# were matched structurally "mean(loss) > (1" got no label at all.)
+LABELLED_IN_CONTEXT = {
+    "missing operand": ["(a > 1 and", "x > -", "(", "x > 1 or or y", "1 > (2 *"],
+    "unclosed window: add ']'": ["x > mean(loss[20", "(max(a[5m) > 1)"],
+    "unclosed parenthesis: add ')'": [
+        "mean(loss) > (1",
+        "a > 1 and (b < 2",
+        "max(a, b",
+        "abs(abs(loss",
+        "f(a) > (g(b) or h(c)",
+    ],
+    "unbalanced ')'": ["(a > 1))", "x > 1 and y)"],
+    "division written as a name: put spaces around '/' (a / b)": ["(x > loss/mean(y[3]))"],
+    "window size must be a whole number of points or a duration (20, 30s, 5m)": [
+        "mean(x[1.5]) > 1",
+        "x > mean(loss[",
+    ],
+    "unknown duration unit: use ms, s, m, h or d": ["mean(x[4h]) > age(y) + 1hour"],
+    "a window applies to a metric name, not an expression": [
+        "x > mean((b)[3])",
+        "mean(x[2]) > abs(y)[3]",
+    ],
+    "two operands without an operator between them": ["(a > 1 and b 2)", "x > (y) z"],
+    "'=' is not a comparison: use '=='": ["(x = 2)"],
+    "missing argument": ["max(a, , b) > 1", "x > min(,a)"],
+    "'=>' inside the condition: the rule separator must be at the top level": ["f(a => b)"],
+}
+
+
+def test_every_label_is_covered_in_context():
+    assert set(LABELLED_IN_CONTEXT) == set(SYNTAX_EXAMPLES)
+
+
+@pytest.mark.parametrize(
+    ("label", "text"), [(lab, t) for lab, ts in LABELLED_IN_CONTEXT.items() for t in ts]
+)
+def test_labels_match_whatever_the_nesting(label, text):
+    assert text not in SYNTAX_EXAMPLES[label]
+    with pytest.raises(AlertSyntaxError) as info:
+        parse_expr(text)
+    assert info.value.label == label
+
+
+def test_end_of_input_without_a_label_reads_unexpected_end(monkeypatch):
+    from expr_tracker.alerts import parse as parse_mod
+
+    with pytest.raises(AlertSyntaxError) as info:
+        parse_expr("x > )")
+    assert info.value.label is None and "unexpected ')'" in str(info.value)
+    # every end-of-input mistake has a label now: take them away to see the plain wording
+    monkeypatch.setattr(parse_mod, "_structural_label", lambda *args: None)
+    monkeypatch.setattr(parse_mod, "_match_label", lambda exc: None)
+    with pytest.raises(AlertSyntaxError) as info:
+        parse_expr("x > -")
+    text = str(info.value)
+    assert text.startswith("syntax error at column 6: unexpected end of the condition")
+    assert "unexpected the end" not in text
+
+
+def test_expected_tokens_are_words_and_complete():
+    with pytest.raises(AlertSyntaxError) as info:
+        parse_expr("mean(loss) > (1")
+    expected = info.value.expected
+    # everything that may follow "(1", not just what Lark lists after reducing to "( expr"
+    assert expected == (
+        "an arithmetic operator (+ - * / %)",
+        "a comparison (< <= > >= == !=)",
+        "'and'",
+        "'or'",
+        "')'",
+    )
+    with pytest.raises(AlertSyntaxError) as info:
+        parse_expr("loss >")
+    assert info.value.expected[:3] == ("a number", "a metric name", "a function call")
+    for text in ("loss >", "x[3", "loss 3", "max(a, b"):
+        with pytest.raises(AlertSyntaxError) as info:
+            parse_expr(text)
+        shown = str(info.value).splitlines()[-1]
+        assert shown.startswith("expected: ")
+        assert not any(raw in shown for raw in ("RPAR", "CMP_OP", "$END", "SIMPLE_NAME", "RSQB"))

@@ -190,3 +190,59 @@ def test_unit_tests_with_rule_files(tmp_path, capsys):
     )
     code, out = et(capsys, "test", t)
     assert code == 0, out
+
+
+def test_check_reports_duplicate_mapping_keys(tmp_path, capsys):
+    f = write(
+        tmp_path,
+        "dup.yaml",
+        "alerts:\n  rules:\n    a: {condition: loss > 1}\n    a: {condition: loss > 2}\n"
+        "    b:\n      condition: x > 1\n      level: error\n      level: info\n",
+    )
+    code, out = et(capsys, "check", f)
+    assert code == 1 and "SUCCESS" not in out
+    assert f"{f}:4:5: duplicate rule name 'a' (first at line 3)" in out
+    assert f"{f}:8:7: duplicate key 'level' (first at line 7, column 7)" in out
+
+
+BAD_FIELDS = """\
+alerts:
+  rules:
+    - name: typo
+      condition: loss > 1
+      levle: error
+    - name: slow
+      condition: loss > 1
+      cooldown: 5 minutes
+    - name: many
+      condition: mean(loss[5000]) > 1
+      for_steps: -1
+      cooldown: 5 minutes
+"""
+
+
+def test_check_points_at_the_field_and_reports_every_error(tmp_path, capsys):
+    f = write(tmp_path, "bad.yaml", BAD_FIELDS)
+    code, out = et(capsys, "check", f)
+    assert code == 1
+    assert f"{f}:5:7: unknown rule field 'levle' (did you mean 'level'?)" in out
+    assert f"{f}:8:17: cooldown: '5 minutes' is not a duration" in out
+    assert f"{f}:10:18: window loss[5000] is wider than alert_window=4096" in out
+    assert f"{f}:11:18: for_steps must be >= 1, got -1" in out
+    assert f"{f}:12:17: cooldown: '5 minutes' is not a duration" in out
+    assert out.count(f"{f}:") == 5
+
+
+def test_check_window_follows_history_alert_window(tmp_path, capsys):
+    rules = "alerts:\n  rules:\n    big: {condition: 'mean(loss[5000]) > 1'}\n"
+    f = write(tmp_path, "spec.yaml", "history:\n  alert_window: 8192\n" + rules)
+    code, out = et(capsys, "check", f)
+    assert code == 0, out
+    f = write(tmp_path, "small.yaml", "history:\n  alert_window: 100\n" + rules)
+    code, out = et(capsys, "check", f)
+    assert code == 1 and "alert_window=100; raise history.alert_window" in out
+    assert "alerts.window" not in out
+    f = write(tmp_path, "old.yaml", rules + "  window: 8192\n")
+    code, out = et(capsys, "check", f)
+    assert code == 1 and "alert_window=4096" in out
+    assert f"{f}:4:11: window: there is no alerts.window: set history.alert_window" in out

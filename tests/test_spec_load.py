@@ -600,3 +600,38 @@ def test_dictconfig_nested_inside_a_dict_spec():
     inner = OmegaConf.create({"size": 5, "interval": "${size}"})
     r = resolve({"history": {"buffer": inner}}, environ={})
     assert (r.spec.history.buffer.size, r.spec.history.buffer.interval) == (5, 5.0)
+
+
+# --- duplicate keys -------------------------------------------------------------------------
+
+
+def test_duplicate_keys_are_reported_with_line_and_column(tmp_path):
+    from expr_tracker.spec import validate_file
+    from expr_tracker.spec.load import DuplicateKeyError
+
+    text = (
+        "alerts:\n"
+        "  rules:\n"
+        "    a: {condition: loss > 1}\n"
+        "    a: {condition: loss > 2}\n"
+        "history:\n"
+        "  alert_window: 10\n"
+        "  alert_window: 20\n"
+    )
+    path = write(tmp_path / "dup.yaml", text)
+    with pytest.raises(DuplicateKeyError, match=r"duplicate key 'a' \(first at line 3, column 5\)"):
+        load_yaml(path)
+    issues = validate_file(path)
+    assert [(i.location[1:], "duplicate key" in i.message) for i in issues] == [
+        ((4, 5), True),
+        ((7, 3), True),
+    ]
+    with pytest.raises(SpecError, match="duplicate key 'alert_window'"):
+        resolve(path, environ={})
+    json_path = write(tmp_path / "dup.json", '{"project": "a",\n "project": "b"}')
+    assert [i.location[1:] for i in validate_file(json_path)] == [(2, 2)]
+
+
+def test_merge_keys_may_override_without_being_duplicates(tmp_path):
+    text = "base: &b {x: 1, y: 2}\nother:\n  <<: *b\n  x: 3\n"
+    assert load_yaml(write(tmp_path / "m.yaml", text))["other"] == {"x": 3, "y": 2}

@@ -481,10 +481,15 @@ class AlertEngine:
             name=rule.name,
             level=rule.level,
         )
-        message = render_template(rule.message or DEFAULT_MESSAGE, values)
-        title = render_template(rule.title, values) if rule.title else str(rule.name)
-        if kind == "resolved":
-            title = f"resolved: {title}"
+        if kind == "resolved":  # the firing templates describe the problem, not its end
+            title = f"resolved: {rule.name}"
+            message = (
+                f"{rule.name} resolved at step {ctx.step}: {rule.source} is no longer true "
+                f"({observed})"
+            )
+        else:
+            message = render_template(rule.message or DEFAULT_MESSAGE, values)
+            title = render_template(rule.title, values) if rule.title else str(rule.name)
         state = c.state.state
         return AlertEvent(
             rule=rule,

@@ -353,7 +353,8 @@ class _Compiler:
             if n > self.window:
                 raise self.error(
                     f"window {win.to_source()} is wider than alert_window={self.window}; "
-                    "raise alerts.window or use a smaller window",
+                    "raise history.alert_window (et.init(alert_window=N)) or use a "
+                    "smaller window",
                     node,
                 )
             self.need(win.name, n)

@@ -38,14 +38,24 @@ class RuleError(ExprTrackerError, ValueError):
     """An alert rule is invalid (syntax, unknown function, arity, type or window errors).
 
     Raised at registration time (``AlertRule``/``AlertEngine.add_rule``/``et rules check``),
-    never during evaluation. ``column`` (1-based, or ``None``) points into ``text``.
+    never during evaluation. ``column`` (1-based, or ``None``) points into ``text``;
+    ``field`` names the rule field at fault (``"level"``, ``"condition"``, an unknown key)
+    when known, so ``et rules check`` can point at it.
     """
 
-    def __init__(self, message: str, *, text: str = "", column: int | None = None) -> None:
+    def __init__(
+        self,
+        message: str,
+        *,
+        text: str = "",
+        column: int | None = None,
+        field: str | None = None,
+    ) -> None:
         super().__init__(message)
         self.message = message
         self.text = text
         self.column = column
+        self.field = field
 
     def __str__(self) -> str:
         if self.text and self.column is not None:
@@ -129,28 +139,87 @@ SYNTAX_EXAMPLES: dict[str, list[str]] = {
     "'=>' inside the condition: the rule separator must be at the top level": ["(a => b)"],
 }
 
-_HUMAN = {
-    "NUMBER": "a number",
-    "DURATION": "a duration (30s, 5m)",
-    "INT": "a whole number",
-    "SIMPLE_NAME": "a name",
-    "PATH_NAME": "a name",
-    "QUOTED_NAME": "a quoted name",
-    "OR": "'or'",
-    "AND": "'and'",
-    "NOT": "'not'",
-    "CMP_OP": "a comparison (< <= > >= == !=)",
-    "ADD_OP": "'+' or '-'",
-    "MUL_OP": "'*', '/' or '%'",
-    "LPAR": "'('",
-    "RPAR": "')'",
-    "LSQB": "'['",
-    "RSQB": "']'",
-    "COMMA": "','",
-    "MINUS": "'-'",
-    "PLUS": "'+'",
-    "$END": "end of the condition",
+# What the grammar would accept, in words, in the order shown. Several terminals may share a
+# phrase (every kind of name is "a metric name"); ``_expected_words`` merges them.
+_WORDS: tuple[tuple[frozenset[str], str], ...] = (
+    (frozenset({"NUMBER"}), "a number"),
+    (frozenset({"SIMPLE_NAME", "PATH_NAME", "QUOTED_NAME"}), "a metric name"),
+    (frozenset({"SIMPLE_NAME"}), "a function call"),
+    (frozenset({"DURATION"}), "a duration (30s, 5m)"),
+    (frozenset({"INT"}), "a whole number of points"),
+    (frozenset({"LPAR"}), "'('"),
+    (frozenset({"MINUS", "PLUS"}), "a sign (- or +)"),
+    (frozenset({"NOT"}), "'not'"),
+    (frozenset({"ADD_OP", "MUL_OP"}), "an arithmetic operator (+ - * / %)"),
+    (frozenset({"CMP_OP"}), "a comparison (< <= > >= == !=)"),
+    (frozenset({"AND"}), "'and'"),
+    (frozenset({"OR"}), "'or'"),
+    (frozenset({"LSQB"}), "a window ('[')"),
+    (frozenset({"COMMA"}), "',' and another argument"),
+    (frozenset({"RSQB"}), "']' to close the window"),
+    (frozenset({"RPAR"}), "')'"),
+    (frozenset({"$END"}), "the end of the condition"),
+)
+_ANY_NAME = frozenset({"SIMPLE_NAME", "PATH_NAME", "QUOTED_NAME"})
+
+_UNCLOSED = {
+    "(": ("RPAR", "unclosed parenthesis: add ')'"),
+    "[": ("RSQB", "unclosed window: add ']'"),
 }
+
+
+def _expected_words(names) -> tuple[str, ...]:
+    """Terminal names -> phrases in reading order (``_WORDS``); unknown ones as written."""
+    names = {n for n in names if not n.startswith("__")}
+    out = [words for terms, words in _WORDS if names & terms]
+    known = frozenset().union(*(terms for terms, _ in _WORDS))
+    out += sorted(repr(n) for n in names - known)
+    return tuple(out)
+
+
+def _open_brackets(text: str) -> list[str]:
+    """The brackets still open at the end of ``text`` (innermost last); quoted names skipped."""
+    stack: list[str] = []
+    quote = None
+    for ch in text:
+        if quote is not None:
+            if ch == quote:
+                quote = None
+        elif ch in "\"'`":
+            quote = ch
+        elif ch in "([":
+            stack.append(ch)
+        elif ch in ")]" and stack:
+            stack.pop()
+    return stack
+
+
+def _accepts_at_error(text: str) -> set[str] | None:
+    """Every terminal the parser would take where ``text`` goes wrong, computed on the state
+    *before* the offending token. Lark's own ``expected`` is taken after the reductions that
+    token triggered, so at the end of ``(1`` it lists only ')' and 'or'."""
+    from lark.exceptions import UnexpectedInput
+
+    ip = get_parser().parse_interactive(text)
+    tokens = ip.lexer_thread.lex(ip.parser_state)
+    before = ip
+    while True:
+        try:
+            token = next(tokens)
+        except StopIteration:  # every token went in: the error is at the end
+            break
+        except UnexpectedInput:  # the lexer refused the next token
+            break
+        before = ip.copy()
+        try:
+            ip.feed_token(token)
+        except UnexpectedInput:
+            break
+        before = ip
+    try:
+        return set(before.accepts())
+    except Exception:  # pragma: no cover - fall back to Lark's list
+        return None
 
 
 @functools.cache
@@ -269,10 +338,105 @@ def parse_expr(text: str) -> ast.Node:
         raise _syntax_error(text, exc) from None
 
 
+def _state_of(exc):
+    state = getattr(exc, "state", None)
+    return getattr(state, "position", state)
+
+
+@functools.cache
+def _example_errors() -> tuple[tuple[str, object], ...]:
+    """``(label, exception)`` of every entry of ``SYNTAX_EXAMPLES``, parsed once."""
+    from lark.exceptions import UnexpectedInput
+
+    out = []
+    for label, examples in SYNTAX_EXAMPLES.items():
+        for example in examples:
+            try:
+                get_parser().parse(example)
+            except UnexpectedInput as exc:
+                out.append((label, exc))
+    return tuple(out)
+
+
+def _match_label(exc) -> str | None:
+    """The label of the example failing the same way: same parser state and the same
+    accepted tokens; the same offending token, then the same token type, preferred. Unlike Lark's
+    ``match_examples`` the depth of the parse stack is ignored, so ``(1`` nested inside
+    ``mean(loss) > (1`` matches an example written at the top level."""
+    state = _state_of(exc)
+    if state is None:
+        return None
+    token = getattr(exc, "token", None)
+    accepts = getattr(exc, "accepts", None)
+    best: tuple[int, str] | None = None
+    for label, other in _example_errors():
+        if type(other) is not type(exc) or _state_of(other) != state:
+            continue
+        if accepts is not None and getattr(other, "accepts", None) not in (None, accepts):
+            continue
+        theirs = getattr(other, "token", None)
+        if token is not None and theirs is not None and str(token) == str(theirs):
+            rank = 0  # the same token: the same mistake
+        elif getattr(token, "type", None) == getattr(theirs, "type", None):
+            rank = 1
+        else:
+            continue  # the same state but another token: a different mistake
+        if best is None or rank < best[0]:
+            best = (rank, label)
+    return best[1] if best else None
+
+
+_OPERAND_START = frozenset(
+    {
+        "NUMBER",
+        "DURATION",
+        "SIMPLE_NAME",
+        "PATH_NAME",
+        "QUOTED_NAME",
+        "LPAR",
+        "MINUS",
+        "PLUS",
+        "NOT",
+    }
+)
+_OPERAND_TOKEN = frozenset({"NUMBER", "DURATION", "INT", "SIMPLE_NAME", "PATH_NAME", "QUOTED_NAME"})
+_KEYWORD_BEFORE = re.compile(r"(^|[^A-Za-z0-9_.@/])(and|or|not)$")
+_PATH_BEFORE = re.compile(r"[A-Za-z_][A-Za-z0-9_.@]*(/[A-Za-z0-9_.@]+)+\s*$")
+
+
+def _structural_label(text: str, exc, token, at_end: bool, accepts: set[str]) -> str | None:
+    """Labels decided by what is around the error, whatever the nesting depth: brackets
+    left open or an operand missing at the end, a window on an expression, a path name
+    called like a function, two operands in a row."""
+    if at_end:
+        # the innermost bracket left open, when closing it is one of the ways to go on
+        # (at the end of "(a and" the operand is what is missing, not the ')')
+        opened = _open_brackets(text)
+        if opened and _UNCLOSED[opened[-1]][0] in accepts:
+            return _UNCLOSED[opened[-1]][1]
+        if accepts and accepts <= _OPERAND_START:
+            return "missing operand"
+        if accepts and accepts <= {"INT", "DURATION"}:
+            return "window size must be a whole number of points or a duration (20, 30s, 5m)"
+        return None
+    kind = getattr(token, "type", None)
+    pos = getattr(exc, "pos_in_stream", None)
+    before = text[:pos].rstrip() if isinstance(pos, int) else ""
+    if kind == "LSQB" and before.endswith(")"):
+        return "a window applies to a metric name, not an expression"
+    if kind == "LPAR" and _PATH_BEFORE.search(before):
+        return "division written as a name: put spaces around '/' (a / b)"
+    if kind in _OPERAND_TOKEN and accepts and not accepts & _OPERAND_START - {"LPAR"}:
+        # "a > and x": where an operand was due, the keyword was read as a metric name
+        if _KEYWORD_BEFORE.search(before):
+            return "missing operand"
+        return "two operands without an operator between them"
+    return None
+
+
 def _syntax_error(text: str, exc) -> AlertSyntaxError:
     from lark.exceptions import UnexpectedEOF
 
-    parser = get_parser()
     label = None
     pos = getattr(exc, "pos_in_stream", None)
     if pos is not None and getattr(exc, "char", None) == "=":
@@ -285,28 +449,32 @@ def _syntax_error(text: str, exc) -> AlertSyntaxError:
         or (0 < pos < len(text) and text[pos].isalpha() and text[pos - 1].isdigit())
     ):
         label = "unknown duration unit: use ms, s, m, h or d"
-    try:
-        label = label or exc.match_examples(parser.parse, SYNTAX_EXAMPLES, use_accepts=True)
-    except Exception:  # pragma: no cover - Lark's matcher can trip over its own states
-        label = None
+    token = getattr(exc, "token", None)
+    at_end = isinstance(exc, UnexpectedEOF) or (
+        token is not None and getattr(token, "type", "") == "$END"
+    )
+    accepts = _accepts_at_error(text)
+    if accepts is None:
+        accepts = set(getattr(exc, "accepts", None) or getattr(exc, "expected", None) or ())
+        accepts |= set(getattr(exc, "allowed", None) or ())
+    if label is None:
+        label = _structural_label(text, exc, token, at_end, accepts)
+    label = label or _match_label(exc)
     if label is None and "=>" in text:
         label = "'=>' inside the condition: the rule separator must be at the top level"
     line = getattr(exc, "line", -1)
     column = getattr(exc, "column", -1)
-    token = getattr(exc, "token", None)
-    at_end = token is not None and getattr(token, "type", "") == "$END"
-    if at_end or isinstance(exc, UnexpectedEOF) or line is None or line < 1 or column < 1:
+    if at_end or line is None or line < 1 or column < 1:
         lines = text.split("\n")
         line, column = len(lines), len(lines[-1].rstrip()) + 1
-    names = getattr(exc, "expected", None) or getattr(exc, "allowed", None) or ()
-    expected = tuple(sorted({_HUMAN.get(n, repr(n)) for n in names if not n.startswith("__")}))
+    expected = _expected_words(accepts)
     if at_end:
-        found = "the end of the condition"
+        found = "end of the condition"
     elif token is not None:
         found = repr(str(token))
     else:
         char = getattr(exc, "char", None)
-        found = repr(char) if char else "the end of the condition"
+        found = repr(char) if char else "end of the condition"
     head = f"syntax error at column {column}: "
     head += label if label else f"unexpected {found}"
     return AlertSyntaxError(

@@ -37,6 +37,7 @@ __all__ = [
     "PENDING",
     "AlertRule",
     "RuleState",
+    "entry_errors",
     "level_rank",
     "make_rule",
     "normalize_level",
@@ -105,6 +106,91 @@ def _names(value, what: str) -> tuple[str, ...]:
     return out
 
 
+def _condition(cond, source: str) -> tuple[ast.Node, str]:
+    """A condition as given (DSL text, node, ``M`` expression) -> ``(node, source)``."""
+    if cond is None:
+        raise RuleError("an alert rule needs a condition", field="condition")
+    if hasattr(cond, "node") and isinstance(cond.node, ast.Node):  # M builder
+        cond = cond.node
+    if isinstance(cond, str):
+        if "=>" in cond and split_rule(cond)[1] is not None:
+            raise RuleError(
+                "the condition holds '=>': give level and message as fields, or pass "
+                "the one-line form to make_rule()/AlertRule.parse()",
+                text=cond,
+                field="condition",
+            )
+        source = source or cond.strip()
+        cond = parse_expr(cond)
+    if not isinstance(cond, ast.Node):
+        raise RuleError(
+            f"condition must be DSL text, an expression node or M expression, "
+            f"got {type(cond).__name__}",
+            field="condition",
+        )
+    return cond, source or _display(cond)
+
+
+def _check_mode(value):
+    if value not in MODES:
+        raise RuleError(f"mode must be 'edge' or 'level', got {value!r}")
+    return value
+
+
+def _check_for_steps(value):
+    if isinstance(value, bool) or not isinstance(value, int):
+        raise RuleError(f"for_steps must be an integer >= 1, got {value!r}")
+    if value < 1:
+        raise RuleError(f"for_steps must be >= 1, got {value}")
+    return value
+
+
+def _check_max_fires(value):
+    if value is not None and (isinstance(value, bool) or not isinstance(value, int) or value < 1):
+        raise RuleError(f"max_fires must be an integer >= 1 or None, got {value!r}")
+    return value
+
+
+def _check_text(key: str):
+    def check(value):
+        if value is not None and not isinstance(value, str):
+            raise RuleError(f"{key} must be a string, got {type(value).__name__}")
+        return value
+
+    return check
+
+
+def _check_bool(key: str):
+    def check(value):
+        if not isinstance(value, bool):
+            raise RuleError(f"{key} must be true or false, got {value!r}")
+        return value
+
+    return check
+
+
+def _check_name(value) -> None:
+    if not isinstance(value, str) or not value.strip():
+        raise RuleError(f"a rule name must be a non-empty string, got {value!r}", field="name")
+
+
+#: field -> check returning the canonical value (``RuleError`` when invalid), in the order
+#: ``AlertRule`` applies them.
+_FIELD_CHECKS = {
+    "level": normalize_level,
+    "mode": _check_mode,
+    "for_steps": _check_for_steps,
+    "cooldown": lambda v: _seconds(v, "cooldown"),
+    "max_fires": _check_max_fires,
+    "channels": lambda v: None if v is None else _names(v, "channels"),
+    "tags": lambda v: _names(v, "tags"),
+    "title": _check_text("title"),
+    "message": _check_text("message"),
+    "notify_recovery": _check_bool("notify_recovery"),
+    "enabled": _check_bool("enabled"),
+}
+
+
 @dataclass(frozen=True, slots=True)
 class AlertRule:
     """One alert rule (spec/design.txt C.5). Immutable; ``replace()`` makes variants.
@@ -133,57 +219,20 @@ class AlertRule:
     source: str = field(default="", compare=False)
 
     def __post_init__(self) -> None:
-        cond = self.condition
-        source = self.source
-        if cond is None:
-            raise RuleError("an alert rule needs a condition")
-        if hasattr(cond, "node") and isinstance(cond.node, ast.Node):  # M builder
-            cond = cond.node
-        if isinstance(cond, str):
-            if "=>" in cond and split_rule(cond)[1] is not None:
-                raise RuleError(
-                    "the condition holds '=>': give level and message as fields, or pass "
-                    "the one-line form to make_rule()/AlertRule.parse()",
-                    text=cond,
-                )
-            source = source or cond.strip()
-            cond = parse_expr(cond)
-        if not isinstance(cond, ast.Node):
-            raise RuleError(
-                f"condition must be DSL text, an expression node or M expression, "
-                f"got {type(cond).__name__}"
-            )
+        cond, source = _condition(self.condition, self.source)
         set_ = object.__setattr__
         set_(self, "condition", cond)
-        set_(self, "source", source or _display(cond))
-        set_(self, "level", normalize_level(self.level))
-        if self.mode not in MODES:
-            raise RuleError(f"mode must be 'edge' or 'level', got {self.mode!r}")
-        if isinstance(self.for_steps, bool) or not isinstance(self.for_steps, int):
-            raise RuleError(f"for_steps must be an integer >= 1, got {self.for_steps!r}")
-        if self.for_steps < 1:
-            raise RuleError(f"for_steps must be >= 1, got {self.for_steps}")
-        set_(self, "cooldown", _seconds(self.cooldown, "cooldown"))
-        if self.max_fires is not None and (
-            isinstance(self.max_fires, bool)
-            or not isinstance(self.max_fires, int)
-            or self.max_fires < 1
-        ):
-            raise RuleError(f"max_fires must be an integer >= 1 or None, got {self.max_fires!r}")
-        if self.channels is not None:
-            set_(self, "channels", _names(self.channels, "channels"))
-        set_(self, "tags", _names(self.tags, "tags"))
-        for key in ("title", "message"):
-            value = getattr(self, key)
-            if value is not None and not isinstance(value, str):
-                raise RuleError(f"{key} must be a string, got {type(value).__name__}")
-        for key in ("notify_recovery", "enabled"):
-            if not isinstance(getattr(self, key), bool):
-                raise RuleError(f"{key} must be true or false, got {getattr(self, key)!r}")
+        set_(self, "source", source)
+        for key, check in _FIELD_CHECKS.items():
+            try:
+                set_(self, key, check(getattr(self, key)))
+            except RuleError as exc:
+                exc.field = exc.field or key
+                raise
         if self.name is None:
             set_(self, "name", self._auto_name())
-        elif not isinstance(self.name, str) or not self.name.strip():
-            raise RuleError(f"a rule name must be a non-empty string, got {self.name!r}")
+        else:
+            _check_name(self.name)
         # every function, arity and kind check, now (the window cap is the engine's)
         from expr_tracker.alerts.evaluate import compile_expr
 
@@ -252,27 +301,100 @@ class AlertRule:
         data = dict(data)
         if "expr" in data:
             if "condition" in data:
-                raise RuleError("give either 'condition' or its alias 'expr', not both")
+                raise RuleError(
+                    "give either 'condition' or its alias 'expr', not both", field="expr"
+                )
             data["condition"] = data.pop("expr")
-        valid = {f.name for f in fields(cls)} - {"source"}
-        unknown = sorted(set(data) - valid)
+        unknown = _unknown_fields(data)
         if unknown:
-            import difflib
-
-            hints = []
-            for key in unknown:
-                close = difflib.get_close_matches(str(key), sorted(valid), n=1)
-                hints.append(f"{key!r}" + (f" (did you mean {close[0]!r}?)" if close else ""))
             raise RuleError(
-                f"unknown rule field {', '.join(hints)}; valid: {', '.join(sorted(valid))}"
+                f"unknown rule field {', '.join(_hint(k) for k in unknown)}; "
+                f"valid: {', '.join(_VALID_FIELDS)}",
+                field=str(unknown[0]),
             )
         if "condition" not in data:
-            raise RuleError("a rule entry needs a 'condition' (or 'expr')")
+            raise RuleError("a rule entry needs a 'condition' (or 'expr')", field="condition")
         data = {k: v for k, v in data.items() if v is not None or k in ("name", "max_fires")}
         if isinstance(data.get("condition"), str):
             data.setdefault("source", data["condition"].strip())
         data.update(options)
         return cls(**data)
+
+
+_VALID_FIELDS: tuple[str, ...] = tuple(
+    sorted(f.name for f in fields(AlertRule) if f.name != "source")
+)
+
+
+def _unknown_fields(data: Mapping) -> list:
+    return sorted((k for k in data if k not in _VALID_FIELDS), key=str)
+
+
+def _hint(key) -> str:
+    import difflib
+
+    close = difflib.get_close_matches(str(key), _VALID_FIELDS, n=1)
+    return f"{key!r}" + (f" (did you mean {close[0]!r}?)" if close else "")
+
+
+def entry_errors(
+    data: Mapping, *, window: int | None = None, known_metrics: set[str] | None = None
+) -> list[RuleError]:
+    """Every problem of a dict / YAML rule entry, not just the first (``et rules check``).
+
+    Each ``RuleError`` has ``field`` set to the key at fault as written (``"expr"`` when the
+    condition was given under its alias; an unknown key is its own field). ``window`` caps
+    point windows like the engine's ``alert_window``; ``known_metrics`` makes unknown metric
+    names errors. An empty list means ``AlertRule.from_dict(data)`` succeeds.
+    """
+    from expr_tracker.alerts.evaluate import compile_expr
+
+    errors: list[RuleError] = []
+    data = dict(data)
+    cond_key = "condition"
+    if "expr" in data:
+        if "condition" in data:
+            errors.append(
+                RuleError("give either 'condition' or its alias 'expr', not both", field="expr")
+            )
+        else:
+            cond_key = "expr"
+            data["condition"] = data.pop("expr")
+    for key in _unknown_fields(data):
+        errors.append(
+            RuleError(
+                f"unknown rule field {_hint(key)}; valid: {', '.join(_VALID_FIELDS)}",
+                field=str(key),
+            )
+        )
+    if data.get("condition") is None:
+        errors.append(RuleError("a rule entry needs a 'condition' (or 'expr')", field=cond_key))
+    else:
+        try:
+            cond, source = _condition(data["condition"], "")
+            compile_expr(
+                cond,
+                window=window if window is not None else 1 << 62,
+                text=source,
+                known_metrics=known_metrics,
+            )
+        except RuleError as exc:
+            exc.field = cond_key
+            errors.append(exc)
+    for key, check in _FIELD_CHECKS.items():
+        if data.get(key) is None and key != "max_fires":
+            continue
+        try:
+            check(data.get(key))
+        except RuleError as exc:
+            exc.field = key
+            errors.append(exc)
+    if data.get("name") is not None:
+        try:
+            _check_name(data["name"])
+        except RuleError as exc:
+            errors.append(exc)
+    return errors
 
 
 def make_rule(obj, **overrides) -> AlertRule:

@@ -150,32 +150,41 @@ def _lint(rule) -> list[str]:
 
 
 class _Located:
-    """A YAML document and the line:column of each path in it (``yaml.compose`` marks)."""
+    """A YAML document and the line:column of each path in it (node marks), parsed once
+    with ``UniqueKeyLoader``: ``duplicates`` lists ``(key, mark, first_mark)`` of every
+    mapping key written twice (plain YAML keeps the last one silently)."""
 
     def __init__(self, text: str):
-        import yaml
+        from expr_tracker.spec.load import compose_unique
 
-        self.root = yaml.compose(text, Loader=yaml.SafeLoader)
-        self.data = yaml.safe_load(text)
+        self.root, self.data, self.duplicates = compose_unique(text)
 
-    def node(self, path):
-        node = self.root
+    def pair(self, path):
+        """``(key_node, value_node)`` at ``path`` (key_node ``None`` for list items)."""
+        key_node, node = None, self.root
         for key in path:
             if node is None:
-                return None
-            if node.tag.endswith(":map") or hasattr(node, "value") and isinstance(node.value, list):
-                found = None
-                if isinstance(key, int) and node.tag.endswith(":seq"):
-                    found = node.value[key] if key < len(node.value) else None
-                elif not node.tag.endswith(":seq"):
-                    for k, v in node.value:
-                        if getattr(k, "value", None) == key:
-                            found = v
-                            break
-                node = found
-            else:
-                return None
-        return node
+                return None, None
+            found = None, None
+            if node.tag.endswith(":seq") and isinstance(node.value, list):
+                if isinstance(key, int) and key < len(node.value):
+                    found = None, node.value[key]
+            elif isinstance(node.value, list):  # a mapping: the last of repeated keys wins
+                for k, v in node.value:
+                    if getattr(k, "value", None) == key:
+                        found = k, v
+            key_node, node = found
+        return key_node, node
+
+    def node(self, path):
+        return self.pair(path)[1]
+
+    def where_key(self, path) -> tuple[int, int]:
+        """line:column of the key at ``path`` (of its value when it has no key node)."""
+        key_node, _ = self.pair(path)
+        if key_node is None:
+            return self.where(path)
+        return key_node.start_mark.line + 1, key_node.start_mark.column + 1
 
     def where(self, path, column_in_value: int | None = None) -> tuple[int, int]:
         node = self.node(path)
@@ -233,10 +242,27 @@ def _cond_path(path, kind):
     return (*path, "condition") if kind == "dict" else path
 
 
+DEFAULT_ALERT_WINDOW = 4096
+
+
+def _alert_window(data) -> int:
+    """``history.alert_window`` of a whole run spec file, else the default (4096)."""
+    history = data.get("history") if isinstance(data, dict) else None
+    value = history.get("alert_window") if isinstance(history, dict) else None
+    if isinstance(value, int) and not isinstance(value, bool) and value >= 1:
+        return value
+    return DEFAULT_ALERT_WINDOW
+
+
 def check_file(path: str, known: set[str] | None = None) -> dict:
     """Validate one rules file: ``{"file", "status", "errors", "warnings", "rules"}``;
-    each problem is ``{"line", "column", "message"}``."""
+    each problem is ``{"line", "column", "message"}``, at the key or value at fault.
+
+    Point windows are capped by ``history.alert_window`` when the file is a whole run spec
+    (it has an ``alerts`` section), by the default 4096 otherwise."""
     from expr_tracker.alerts import RuleError, compile_expr
+    from expr_tracker.alerts.rules import entry_errors
+    from expr_tracker.spec.load import duplicate_key_message
 
     result = {"file": path, "errors": [], "warnings": [], "rules": 0}
 
@@ -257,8 +283,10 @@ def check_file(path: str, known: set[str] | None = None) -> dict:
         return _status(result)
     data = doc.data
     base: tuple = ()
+    window = DEFAULT_ALERT_WINDOW
     if isinstance(data, dict) and isinstance(data.get("alerts"), dict):
         base, section = ("alerts",), data["alerts"]
+        window = _alert_window(data)
     elif isinstance(data, dict):
         section = data
     else:
@@ -267,11 +295,39 @@ def check_file(path: str, known: set[str] | None = None) -> dict:
     if "rules" not in section:
         problem("warnings", *doc.where(base), "no 'rules' in this file")
 
+    rules_node = doc.node((*base, "rules"))
+    rule_keys = set()
+    if rules_node is not None and rules_node.tag.endswith(":map"):
+        rule_keys = {id(k.start_mark) for k, _ in rules_node.value}
+    for key, mark, first in doc.duplicates:
+        line, col = mark.line + 1, mark.column + 1
+        if id(mark) in rule_keys:
+            message = (
+                f"duplicate rule name {key!r} (first at line {first.line + 1}): "
+                "YAML would keep only the last one"
+            )
+        else:
+            message = duplicate_key_message(key, first)
+        problem("errors", line, col, message)
+
     names: dict[str, tuple[int, int]] = {}
     for rpath, (kind, value, extra), named in _rule_entries(section.get("rules"), (*base, "rules")):
+        if kind == "dict":
+            errors = entry_errors(value, window=window, known_metrics=known)
+            for exc in errors:
+                key = exc.field
+                if key not in value and key not in ("condition", "expr"):
+                    line, col = doc.where(rpath)  # e.g. a name derived from the mapping key
+                elif key in value and key not in _FIELDS:  # an unknown field: its key
+                    line, col = doc.where_key((*rpath, key))
+                else:
+                    line, col = doc.where((*rpath, key), getattr(exc, "column", None))
+                problem("errors", line, col, _one_line(exc))
+            if errors:
+                continue
         try:
             rule = _build(kind, value, extra)
-            compile_expr(rule.condition, text=rule.source, known_metrics=known)
+            compile_expr(rule.condition, window=window, text=rule.source, known_metrics=known)
         except RuleError as exc:
             line, col = doc.where(_cond_path(rpath, kind), getattr(exc, "column", None))
             problem("errors", line, col, _one_line(exc))
@@ -303,6 +359,14 @@ def check_file(path: str, known: set[str] | None = None) -> dict:
     return _status(result)
 
 
+_FIELDS = frozenset(
+    (
+        "name condition expr level title message mode for_steps cooldown max_fires "
+        "notify_recovery channels tags enabled"
+    ).split()
+)
+
+
 def _one_line(exc) -> str:
     message = getattr(exc, "message", None) or str(exc).splitlines()[0]
     label = getattr(exc, "label", None)
@@ -324,6 +388,8 @@ def _validate_section(section: dict):
     except Exception:  # the spec package is not importable: channels unchecked
         yield from ()
         return
+    if "window" in section:
+        yield "window: there is no alerts.window: set history.alert_window", ("window",)
     rest = {k: v for k, v in section.items() if k not in ("rules", "window")}
     try:
         AlertsSpec.model_validate(rest)

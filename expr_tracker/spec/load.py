@@ -48,12 +48,13 @@ from expr_tracker.spec.models import (
 
 __all__ = [
     "ALERT_CONFIG_ENV",
-    "DuplicateKeyError",
     "CONFIG_ENV",
     "KEYWORDS",
     "WEBHOOK_ENV",
+    "DuplicateKeyError",
     "Layer",
     "ResolvedSpec",
+    "UniqueKeyLoader",
     "alert_config_layer",
     "config_file_layer",
     "configure_alert_layer",
@@ -65,7 +66,6 @@ __all__ = [
     "merge_layers",
     "resolve",
     "spec_layer",
-    "UniqueKeyLoader",
     "validate_file",
 ]
 
@@ -380,14 +380,14 @@ class UniqueKeyLoader(yaml.SafeLoader):
 
 
 def duplicate_key_message(key: Any, first: yaml.Mark) -> str:
-    """``duplicate key 'a' (first at line 3, column 5): only one is kept``."""
+    """``duplicate key 'a' (first at line 3, column 5): YAML would keep only the last one``."""
     return (
         f"duplicate key {key!r} (first at line {first.line + 1}, column {first.column + 1}): "
         "YAML would keep only the last one"
     )
 
 
-def _compose_unique(text: str) -> tuple[Any, Any, list[tuple[Any, yaml.Mark, yaml.Mark]]]:
+def compose_unique(text: str) -> tuple[Any, Any, list[tuple[Any, yaml.Mark, yaml.Mark]]]:
     """``(node, data, duplicates)`` of one YAML document, parsed once."""
     loader = UniqueKeyLoader(text)
     try:
@@ -407,7 +407,7 @@ def load_yaml(path: str | os.PathLike) -> Any:
             a mapping repeats a key, at the first repeat.
     """
     with open(path, encoding="utf-8") as f:
-        _, data, duplicates = _compose_unique(f.read())
+        _, data, duplicates = compose_unique(f.read())
     if duplicates:
         key, mark, first = duplicates[0]
         raise DuplicateKeyError(None, None, duplicate_key_message(key, first), mark)
@@ -480,7 +480,7 @@ def load_file(
             text = p.read_text(encoding="utf-8")
             data = json.loads(text)
             try:  # JSON is (nearly always) YAML: its node marks give line and column
-                node, _, duplicates = _compose_unique(text)
+                node, _, duplicates = compose_unique(text)
                 _yaml_locations(node, data, root, file, locations)
             except yaml.YAMLError:
                 locations.clear()
@@ -488,7 +488,7 @@ def load_file(
             data = _load_toml(p)
         else:
             text = p.read_text(encoding="utf-8")
-            node, data, duplicates = _compose_unique(text)
+            node, data, duplicates = compose_unique(text)
             _yaml_locations(node, data, root, file, locations)
     except SpecError:
         raise
