@@ -470,6 +470,17 @@ def build_trace(
     return {"traceEvents": events, "displayTimeUnit": "ms"}
 
 
+def _default_mode(dest: Path) -> int:
+    """The mode a plain ``open(dest, "w")`` would give: an existing file keeps its own,
+    a new one gets 0666 less the umask."""
+    try:
+        return dest.stat().st_mode & 0o777
+    except OSError:
+        umask = os.umask(0)
+        os.umask(umask)
+        return 0o666 & ~umask
+
+
 def write_trace(
     run: str | os.PathLike[str],
     out: str | os.PathLike[str] | None = None,
@@ -521,6 +532,7 @@ def write_trace(
                 fh.close()
             raw.flush()
             os.fsync(raw.fileno())
+        os.chmod(tmp, _default_mode(dest))  # mkstemp makes 0600; a trace is meant to be shared
         os.replace(tmp, dest)
     except BaseException:
         try:

@@ -446,3 +446,45 @@ def test_sigterm_flushes_and_records_the_signal(tmp_path):
     info = json.loads((run_dir / "run.json").read_text())
     assert info["status"] == "failed" and info["signal"] == "SIGTERM"
     assert info["exit_code"] == 143
+
+
+# ---------------------------------------------------------------- the sidecar is only a hint
+
+
+def test_wrong_sidecar_is_repaired_on_resume(tmp_path):
+    run = start(tmp_path, buffer_size=1)
+    for i in range(2500):
+        et.log({"x": i})
+    et.finish()
+    meta_path = run.dir / "metrics.meta.json"
+    meta = json.loads(meta_path.read_text())
+    assert meta["lines"] == 2500 and meta["max_step"] == 2499 and len(meta["index"]) == 3
+    # another program appended a line; the sidecar now lies about the size
+    with open(run.dir / "metrics.jsonl", "a") as f:
+        f.write('{"x": -1, "_step": 7000, "_time": 0}\n')
+    meta["lines"] = 12
+    meta_path.write_text(json.dumps(meta))
+    run = start(tmp_path)
+    assert run.history.open_step == 7001
+    et.finish()
+    fixed = json.loads(meta_path.read_text())
+    assert fixed["lines"] == 2501 and fixed["max_step"] == 7000
+    assert fixed["size"] == (run.dir / "metrics.jsonl").stat().st_size
+
+
+def test_run_json_records_the_git_commit(tmp_path, monkeypatch):
+    repo = tmp_path / "repo"
+    repo.mkdir()
+    git = ["git", "-c", "user.name=t", "-c", "user.email=t@example.invalid"]
+    subprocess.run(["git", "init", "-q", str(repo)], check=True)
+    (repo / "train.py").write_text("print(1)\n")
+    subprocess.run([*git, "-C", str(repo), "add", "."], check=True)
+    subprocess.run([*git, "-C", str(repo), "commit", "-qm", "x"], check=True)
+    head = subprocess.run(
+        ["git", "-C", str(repo), "rev-parse", "HEAD"], capture_output=True, text=True, check=True
+    ).stdout.strip()
+    monkeypatch.chdir(repo)
+    run = start(tmp_path)
+    et.finish()
+    info = json.loads((run.dir / "run.json").read_text())
+    assert info["git"] == {"commit": head, "dirty": False}

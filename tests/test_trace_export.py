@@ -238,3 +238,23 @@ def test_single_file_and_infinity_tokens(tmp_path):
     )
     (e,) = spans_only(build_trace(p))
     assert e["args"]["x"] == "Infinity" and e["args"]["y"] == "-Infinity"
+
+
+def test_trace_file_is_readable_by_others_like_any_new_file(tmp_path):
+    import stat
+
+    import expr_tracker as et
+    from expr_tracker.trace import write_trace
+
+    run = et.init(project="p", name="mode", dir=str(tmp_path))
+    with et.span("a"):
+        pass
+    et.log({})
+    et.finish()
+    out = tmp_path / "t.json"
+    old = os.umask(0o022)
+    try:
+        write_trace(run.dir, out)
+    finally:
+        os.umask(old)
+    assert stat.S_IMODE(out.stat().st_mode) == 0o644
