@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import re
 import subprocess
 import sys
@@ -123,9 +124,10 @@ def test_doc_blocks_run(path: Path, tmp_path: Path) -> None:
         pytest.skip("no runnable blocks" if not blocks else "every block skipped with a reason")
     work = tmp_path / "cwd"
     work.mkdir()
+    # copies, not links: a block may write into them (docs/hydra.md creates conf/config.yaml)
     for name in ("examples", "conf", "schemas"):
         if (ROOT / name).exists():
-            (work / name).symlink_to(ROOT / name)
+            shutil.copytree(ROOT / name, work / name, ignore=shutil.ignore_patterns("__pycache__"))
     spec = tmp_path / "blocks.json"
     rel = str(path.relative_to(ROOT))
     spec.write_text(
