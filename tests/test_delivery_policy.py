@@ -158,17 +158,17 @@ def test_rate_limited_coalesce_folds_into_one_summary():
     d, clock, records = make(ch, rate_limit_per_minute=4.0, on_rate_limited="coalesce")
     d.submit(m("first"))
     for i in range(4):
-        d.submit(m(f"held{i}", level="error" if i == 2 else "warning", tags=(f"t{i}",)))
+        d.submit(m(f"held{i}", level="warning" if i == 2 else "info", tags=(f"t{i}",)))
     d.pump()
     assert len(ch.messages) == 2
     summary = ch.messages[1]
     assert summary.title == "4 alerts held back by the rate limit"
-    assert summary.level == "error" and summary.source == "summary"
-    assert summary.text.splitlines() == [
-        "- [WARNING] held0",
-        "- [WARNING] held1",
-        "- [ERROR] held2",
-        "- [WARNING] held3",
+    assert summary.level == "warning" and summary.source == "summary"
+    assert summary.text.splitlines() == [  # most severe first, then in arrival order
+        "- [WARNING] held2",
+        "- [INFO] held0",
+        "- [INFO] held1",
+        "- [INFO] held3",
     ]
     assert clock.sleeps == pytest.approx([15.0])
     assert records[-1]["coalesced"] == 4 and d.stats()["s"]["coalesced"] == 4

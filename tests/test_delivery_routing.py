@@ -41,7 +41,7 @@ def test_min_level_levels_and_tags():
     d.submit(AlertMessage("i", level="info"))
     d.submit(AlertMessage("g", level="debug", tags=("gpu", "x")))
     d.pump()
-    assert sent(d, "all") == ["w", "c", "i", "g"]
+    assert sent(d, "all") == ["c", "w", "i", "g"]  # queued ones go most severe first
     assert sent(d, "errors") == ["c"]
     assert sent(d, "only_info") == ["i"]
     assert sent(d, "gpu") == ["g"]

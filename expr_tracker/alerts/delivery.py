@@ -16,7 +16,8 @@ For the runtime (``build.py`` / ``api.py``):
 Routing: a message goes to the channels admitting its level (``levels`` allowlist, else
 ``min_level``) and tags (a channel with ``tags`` takes only messages carrying one of them);
 a message (or rule) naming ``channels`` goes only to those. With no channel configured,
-alerts go to the console channel (and, in a run, ``alerts.jsonl`` records every outcome).
+alerts go to the console channel (not rate-limited: ``ConsoleChannel.policy_defaults``; and,
+in a run, ``alerts.jsonl`` records every outcome).
 """
 
 from __future__ import annotations
@@ -93,8 +94,6 @@ def build_dispatcher(
     """
     spec = _alerts_spec(alerts)
     env = os.environ if environ is None else environ
-    from expr_tracker.spec.models import effective_policy
-
     lanes: list[tuple[Any, Policy, Any]] = []
     skipped: dict[str, str] = {}
     if spec.enabled:
@@ -115,7 +114,7 @@ def build_dispatcher(
                     continue
             channel = create_channel(channel_spec, env)
             try:
-                policy = Policy.from_spec(effective_policy(spec, channel_spec))
+                policy = _channel_policy(spec, channel, channel_spec)
             except ValueError as exc:
                 raise ChannelConfigError(
                     f"alerts.channels.{channel_spec.name}.policy: {exc}"
@@ -135,8 +134,25 @@ def build_dispatcher(
     if spec.enabled and not lanes and console_fallback:  # nothing configured, or all off
         from expr_tracker.alerts.channels.console import ConsoleChannel
 
-        d.add_channel(ConsoleChannel("console"), policy=Policy.from_spec(spec.policy))
+        console = ConsoleChannel("console")
+        d.add_channel(console, policy=_channel_policy(spec, console))
     return d
+
+
+def _channel_policy(spec: Any, channel: Any, channel_spec: Any = None) -> Policy:
+    """The channel's ``Policy``: ``alerts.policy`` with the channel's overrides on top, and the
+    channel type's ``policy_defaults`` for every field neither of them sets (the console
+    channel: no rate limit)."""
+    from expr_tracker.spec.models import effective_policy
+
+    given = set(spec.policy.model_fields_set)
+    if channel_spec is None:
+        merged = spec.policy
+    else:
+        merged = effective_policy(spec, channel_spec)
+        given |= set(channel_spec.policy.model_dump(exclude_unset=True))
+    defaults = getattr(type(channel), "policy_defaults", None) or {}
+    return Policy.from_spec(merged, **{k: v for k, v in defaults.items() if k not in given})
 
 
 # --------------------------------------------------------------------------- run hooks

@@ -10,14 +10,21 @@ dedup -> token bucket -> send with retries. Training never waits on a channel.
 Per message and channel, on the channel's worker (STYLE.md 6: timing lives here, a channel
 only sends):
 
+0. **severity order**: a channel's queue is drained most severe first, first in first out
+   within a level, so a critical alert never waits behind info alerts queued before it.
 1. **dedup**: a message whose ``key()`` was seen within ``dedup_window`` seconds is
    suppressed and counted; when the window expires, a copy of the last duplicate titled
    ``"<title> (+N suppressed)"`` is sent. Dedup runs before the token bucket so duplicates
    never spend the rate budget.
 2. **token bucket** (``rate_limit_per_minute``; burst = a quarter minute's worth, at least 1):
-   without a token, ``drop`` drops the message, ``queue`` holds it (and everything behind it)
-   until a token returns, ``coalesce`` folds every message held back into one summary sent
-   when a token returns.
+   without a token, ``drop`` drops the message, ``queue`` holds it (and everything less
+   severe behind it) until a token returns, ``coalesce`` folds every message held back into
+   one summary (each message's level, title, step and text, shortened) sent when a token
+   returns. **Urgent messages** (``error`` and ``critical``, ``URGENT_LEVEL``) are never held
+   behind less severe ones: they skip the coalesce buffer and, with the bucket empty, borrow
+   up to one more burst (``capacity``) of tokens, which the less severe messages then wait to
+   be repaid. Only an urgent storm beyond that borrowed burst is rate-limited, and still goes
+   ahead of everything less severe.
 3. **send** with up to ``max_retries`` retries: a network error, a retryable service error, or
    an HTTP status in ``retry_on_status`` is retried after ``backoff_initial * factor**n`` (at
    most ``backoff_max``) spread by ``jitter``, or after ``Retry-After`` when
@@ -29,7 +36,11 @@ Every outcome is recorded; secrets are scrubbed from every error text.
 
 Queues hold ``queue_size`` messages; when full, ``on_queue_full`` drops the oldest, drops the
 new one, or (``block``, direct ``et.alert()`` calls only, at most ``timeout`` seconds) waits.
-Rule alerts from the training thread never block.
+Rule alerts from the training thread never block. Whatever the mode, the least severe
+message goes first: the oldest (``drop_oldest``) or newest (``drop_new``) queued message of the
+lowest level present is dropped when the new message is more severe than it; the new message
+is dropped when nothing queued is less severe than it (``drop_new``) or everything queued is
+more severe (``drop_oldest``).
 
 Clocks: ``clock`` (monotonic seconds) drives rate limits, backoff, dedup windows and the drain
 deadline; ``sleep`` replaces waiting between retries; ``start=False`` runs no threads and
@@ -49,11 +60,12 @@ from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, fields
 from typing import Any
 
-from expr_tracker.alerts.channels.base import DeliveryError, SendResult
+from expr_tracker.alerts.channels.base import ATTEMPT_TIMEOUTS, DeliveryError, SendResult
 from expr_tracker.alerts.message import LEVELS, AlertMessage, normalize_level, scrub
 
 __all__ = [
     "DEFAULT_DRAIN_TIMEOUT",
+    "URGENT_LEVEL",
     "Dispatcher",
     "Lane",
     "Policy",
@@ -68,12 +80,34 @@ log = logging.getLogger("expr_tracker.alerts")
 #: seconds ``close()`` waits for queues to drain by default
 DEFAULT_DRAIN_TIMEOUT = 10.0
 _EXIT = -1.0
+#: messages at this level or above are urgent: never held behind less severe ones
+URGENT_LEVEL = "error"
+_URGENT_RANK = LEVELS.index(URGENT_LEVEL)
+#: a coalesce summary lists at most this many messages, each text cut to _SUMMARY_TEXT
+#: characters, and stops adding lines past _SUMMARY_CHARS (Slack's section limit is 3000)
+_SUMMARY_LINES = 20
+_SUMMARY_TEXT = 160
+_SUMMARY_CHARS = 2500
 
 
 @dataclass(frozen=True)
 class Policy:
     """Delivery policy (plain, for the worker; built from ``PolicySpec`` by ``from_spec``).
-    Defaults: DESIGN.md "Delivery policy defaults". Durations in seconds."""
+    Defaults: DESIGN.md "Delivery policy defaults". Durations in seconds.
+
+    Severity rule of a rate-limited channel (``rate_limit_per_minute``): the queue drains
+    most severe first; ``error`` and ``critical`` messages are never held behind less severe
+    ones: they bypass the ``coalesce`` buffer and may borrow one extra burst of tokens (the
+    bucket goes into debt that less severe messages wait out). Past that borrowed burst they
+    are rate-limited too (``on_rate_limited``), still ahead of less severe messages. A
+    ``coalesce`` summary lists each held message's level, title, step and text (shortened),
+    most severe first, and carries the highest level held.
+
+    ``timeout`` bounds one HTTP attempt in two phases (``channels.base.post_json``): connecting
+    (TCP to every address, TLS handshake) within ``timeout``, then sending the
+    request and reading the answer within ``timeout`` however slowly bytes arrive, so an
+    attempt lasts at most ``2 * timeout`` plus DNS resolution.
+    """
 
     async_send: bool = True
     timeout: float = 10.0
@@ -129,7 +163,7 @@ class Policy:
         waits = sum(self.backoff(i, 1.0) for i in range(1, self.max_retries + 1))
         if self.respect_retry_after:
             waits = max(waits, self.backoff_max * self.max_retries)
-        return self.timeout * (self.max_retries + 1) + waits
+        return ATTEMPT_TIMEOUTS * self.timeout * (self.max_retries + 1) + waits
 
 
 class TokenBucket:
@@ -151,22 +185,26 @@ class TokenBucket:
             self.tokens = min(self.capacity, self.tokens + (now - self.last) * self.rate)
         self.last = max(self.last, now)
 
-    def try_take(self, now: float) -> bool:
-        """Take a token if one is available at ``now``."""
+    def try_take(self, now: float, borrow: float = 0.0) -> bool:
+        """Take a token if one is available at ``now``. ``borrow``: how far below empty the
+        bucket may go for this take (urgent messages borrow up to ``capacity``); a bucket in
+        debt gives nothing to takes that may not borrow until it is repaid."""
         if self.rate is None:
             return True
         self._refill(now)
-        if self.tokens >= 1.0 - 1e-9:
-            self.tokens = max(0.0, self.tokens - 1.0)
+        if self.tokens + borrow >= 1.0 - 1e-9:
+            self.tokens -= 1.0
+            if abs(self.tokens) < 1e-9:
+                self.tokens = 0.0
             return True
         return False
 
-    def wait_time(self, now: float) -> float:
-        """Seconds until a token is available (0 when one is)."""
+    def wait_time(self, now: float, borrow: float = 0.0) -> float:
+        """Seconds until a take (with ``borrow``) succeeds (0 when one would now)."""
         if self.rate is None:
             return 0.0
         self._refill(now)
-        return max(0.0, (1.0 - self.tokens) / self.rate)
+        return max(0.0, (1.0 - self.tokens - borrow) / self.rate)
 
 
 class _Dedup:
@@ -229,10 +267,11 @@ class _Ticket:
 
 
 class _Item:
-    __slots__ = ("message", "tickets", "checked", "summary", "limited")
+    __slots__ = ("message", "tickets", "checked", "summary", "limited", "rank")
 
     def __init__(self, message: AlertMessage, ticket: _Ticket | None = None, summary=False) -> None:
         self.message = message
+        self.rank = message.rank
         self.tickets = [ticket] if ticket is not None else []
         self.checked = summary
         self.summary = summary
@@ -293,6 +332,8 @@ class Lane:
         self.secrets = secrets
         self._cond = threading.Condition(threading.Lock())
         self._queue: deque[_Item] = deque()
+        self._ranks = [0] * len(LEVELS)  # queued items per level (severity-ordered pops)
+        self._kicked = False  # put() since the worker last looked
         self._summaries: deque[_Item] = deque()
         self._held: list[_Item] = []  # coalesce buffer
         self._inflight: list[_Item] = []
@@ -351,27 +392,77 @@ class Lane:
                     elif mode == "block":
                         mode = "drop_oldest"
                     if len(self._queue) >= self.policy.queue_size:
-                        if mode == "drop_new":
+                        victim = self._victim(item, newest=mode == "drop_new")
+                        if victim is None:
                             dropped.append((item, "dropped: queue full"))
                             accepted = False
                         else:
-                            dropped.append((self._queue.popleft(), "dropped: queue full (oldest)"))
+                            why = "newest" if mode == "drop_new" else "oldest"
+                            dropped.append((victim, f"dropped: queue full ({why} least severe)"))
                 if accepted:
                     self._queue.append(item)
+                    self._ranks[item.rank] += 1
+                    self._kicked = True
                     self._cond.notify_all()
         for old, why in dropped:
             self.counts["dropped"] += 1
             self._finish(old, False, why)
         return accepted
 
+    def _victim(self, new: _Item, *, newest: bool) -> _Item | None:
+        """With the lock held and the queue full: remove and return the queued message to
+        drop for ``new`` (the oldest, or newest, of the least severe level queued), or None
+        when ``new`` itself is the one to drop."""
+        low = next(r for r, n in enumerate(self._ranks) if n)
+        if new.rank < low or (newest and new.rank == low):
+            return None
+        order = range(len(self._queue) - 1, -1, -1) if newest else range(len(self._queue))
+        index = next(i for i in order if self._queue[i].rank == low)
+        return self._take_at(index)
+
+    def _take_at(self, index: int) -> _Item:
+        """With the lock held: remove and return queue item ``index``."""
+        if index == 0:
+            item = self._queue.popleft()
+        else:
+            item = self._queue[index]
+            del self._queue[index]
+        self._ranks[item.rank] -= 1
+        return item
+
+    def _top_rank(self) -> int:
+        """With the lock held: the highest level queued (-1 when empty)."""
+        for rank in range(len(self._ranks) - 1, -1, -1):
+            if self._ranks[rank]:
+                return rank
+        return -1
+
     # ---------------------------------------------------------------- worker side
 
     def _pop(self) -> _Item | None:
+        """The next message: a dedup summary or the most severe queued message (the oldest
+        of its level), whichever is more severe (the summary on a tie)."""
         with self._cond:
-            item = self._queue.popleft() if self._queue else None
-            if item is not None:
-                self._cond.notify_all()  # a blocked producer may continue
+            top = self._top_rank()
+            if self._summaries and self._summaries[0].rank >= top:
+                return self._summaries.popleft()
+            if top < 0:
+                return None
+            if self._queue[0].rank == top:
+                item = self._take_at(0)
+            else:
+                item = self._take_at(next(i for i, q in enumerate(self._queue) if q.rank == top))
+            self._cond.notify_all()  # a blocked producer may continue
             return item
+
+    def _push_back(self, item: _Item) -> None:
+        """Return a rate-limited item to the front of its queue."""
+        with self._cond:
+            if item.summary:
+                self._summaries.appendleft(item)
+            else:
+                self._queue.appendleft(item)
+                self._ranks[item.rank] += 1
 
     def has_work(self) -> bool:
         return bool(self._queue or self._summaries or self._held or self._dedup.pending())
@@ -381,17 +472,20 @@ class Lane:
         next timed event, None when idle, or ``_EXIT`` when closed and drained."""
         if self._abort:
             return _EXIT
+        self._kicked = False
         now = self.d.clock()
         for summary in self._dedup.expired(now):
-            self._summaries.append(_Item(summary, summary=True))
+            with self._cond:
+                self._summaries.append(_Item(summary, summary=True))
         p = self.policy
         wait_held: float | None = None
         if self._held:
-            if self._bucket.try_take(now):
+            urgent_held = max(h.rank for h in self._held) >= _URGENT_RANK
+            if self._bucket.try_take(now, self._bucket.capacity if urgent_held else 0.0):
                 self._send_held()
                 return 0.0
-            wait_held = self._bucket.wait_time(now)
-        item = self._summaries.popleft() if self._summaries else self._pop()
+            wait_held = self._bucket.wait_time(now, self._bucket.capacity if urgent_held else 0.0)
+        item = self._pop()
         if item is None:
             if self._closing:
                 if self._held:
@@ -418,11 +512,12 @@ class Lane:
                 for t in item.tickets:
                     t.resolve(False, "suppressed duplicate")
                 return 0.0
-        if self._held and p.on_rate_limited == "coalesce":
+        urgent = item.rank >= _URGENT_RANK
+        if self._held and p.on_rate_limited == "coalesce" and not urgent:
             self._held.append(item)
             self.counts["rate_limited"] += 1
             return 0.0
-        if not self._bucket.try_take(now):
+        if not self._bucket.try_take(now, self._bucket.capacity if urgent else 0.0):
             if not item.limited:
                 item.limited = True
                 self.counts["rate_limited"] += 1
@@ -433,15 +528,11 @@ class Lane:
             if p.on_rate_limited == "coalesce":
                 self._held.append(item)
                 return 0.0
-            wait = self._bucket.wait_time(now)
+            wait = self._bucket.wait_time(now, self._bucket.capacity if urgent else 0.0)
             if self._closing and self._past_deadline(now + wait):
                 self._finish(item, False, "not delivered before the drain deadline")
                 return 0.0
-            with self._cond:
-                if item.summary:
-                    self._summaries.appendleft(item)
-                else:
-                    self._queue.appendleft(item)
+            self._push_back(item)
             return wait
         self._deliver(item)
         return 0.0
@@ -456,9 +547,7 @@ class Lane:
             return
         messages = [h.message for h in held]
         top = max(messages, key=lambda m: m.rank)
-        lines = [f"- [{m.level.upper()}] {m.title}" for m in messages[:20]]
-        if len(messages) > 20:
-            lines.append(f"... and {len(messages) - 20} more")
+        lines = _summary_lines(messages)
         tags: list[str] = []
         for m in messages:
             tags.extend(t for t in m.tags if t not in tags)
@@ -613,7 +702,9 @@ class Lane:
                     break
                 if wait is None or wait > 0:
                     with self._cond:
-                        if self._queue or self._summaries or self._abort:
+                        # new work since step() looked (a rate-limited item put back in the
+                        # queue is not new work: waiting for its token must not spin)
+                        if self._kicked or self._abort:
                             continue
                         if self._closing and wait is None:
                             continue
@@ -655,10 +746,43 @@ class Lane:
             self._abandoned = True
             left = list(self._inflight) + list(self._summaries) + self._held + list(self._queue)
             self._queue.clear()
+            self._ranks = [0] * len(LEVELS)
             self._summaries.clear()
             self._held = []
             self._cond.notify_all()
         return left
+
+
+def _shorten(text: str, limit: int) -> str:
+    """``text`` on one line (whitespace runs collapsed), cut to ``limit`` characters."""
+    flat = " ".join(str(text).split())
+    return flat if len(flat) <= limit else flat[: max(0, limit - 1)].rstrip() + "\u2026"
+
+
+def _summary_lines(messages: list[AlertMessage]) -> list[str]:
+    """The text of a coalesce summary: one line per message, most severe first (in arrival
+    order within a level): ``- [LEVEL] title (step N): text``, title cut to 100 characters and
+    text to ``_SUMMARY_TEXT``; at most ``_SUMMARY_LINES`` lines and about ``_SUMMARY_CHARS``
+    characters, then ``... and N more (levels)``."""
+    ordered = sorted(messages, key=lambda m: -m.rank)  # stable: arrival order within a level
+    lines: list[str] = []
+    size = 0
+    for m in ordered:
+        line = f"- [{m.level.upper()}] {_shorten(m.title, 100)}"
+        if m.step is not None:
+            line += f" (step {m.step})"
+        if m.text and m.text.strip():
+            line += f": {_shorten(m.text, _SUMMARY_TEXT)}"
+        if len(lines) >= _SUMMARY_LINES or (lines and size + len(line) + 1 > _SUMMARY_CHARS):
+            break
+        lines.append(line)
+        size += len(line) + 1
+    rest = ordered[len(lines) :]
+    if rest:
+        counts = {lvl: sum(1 for m in rest if m.level == lvl) for lvl in reversed(LEVELS)}
+        detail = ", ".join(f"{n} {lvl}" for lvl, n in counts.items() if n)
+        lines.append(f"... and {len(rest)} more ({detail})")
+    return lines
 
 
 def _target(channel: Any) -> str:

@@ -8,12 +8,31 @@ HTTP status and any ``Retry-After``. Settings are validated in ``__init__`` and 
 
 Secrets (URL, signing secret, passwords, tokens in headers) are listed by ``secrets()`` so the
 dispatcher can scrub them from every error text; ``repr`` shows only the redacted target.
+
+Timeouts of an HTTP attempt (``post_json``). ``urllib`` alone applies its one ``timeout`` to
+each socket operation, so a server trickling a byte just inside it could hold a worker for
+ever. Here ``timeout`` is two deadlines:
+
+- **connect**: resolving is left to the system resolver (not bounded here); then TCP connect
+  (every address of the host in turn) and the TLS handshake complete within ``timeout`` in
+  all (the handshake gets what the TCP connect left; through an HTTPS proxy, the CONNECT
+  exchange in between is bounded per socket operation only);
+- **exchange**: from the moment connected, sending the request and reading the status line,
+  the headers and the start of the body (``BODY_LIMIT`` bytes) complete within ``timeout`` in
+  all, however slowly the bytes come (each read waits at most what is left).
+
+So one attempt takes at most ``ATTEMPT_TIMEOUTS * timeout`` (2 x) plus name resolution; the
+dispatcher's bounds (``Policy.max_send_seconds``) use the same factor.
 """
 
 from __future__ import annotations
 
 import email.utils
+import http.client
+import io
 import json
+import socket
+import sys
 import time
 import urllib.error
 import urllib.request
@@ -24,6 +43,7 @@ from typing import Any, ClassVar
 from expr_tracker.alerts.message import AlertMessage, redact_url, scrub
 
 __all__ = [
+    "ATTEMPT_TIMEOUTS",
     "Channel",
     "ChannelConfigError",
     "DeliveryError",
@@ -35,6 +55,8 @@ __all__ = [
 
 #: bytes of a response body kept for reports
 BODY_LIMIT = 2048
+#: one HTTP attempt lasts at most this many ``timeout``s (connect, then exchange)
+ATTEMPT_TIMEOUTS = 2
 
 
 class ChannelConfigError(ValueError):
@@ -114,7 +136,138 @@ class _NoRedirect(urllib.request.HTTPRedirectHandler):
         return None
 
 
-_OPENER = urllib.request.build_opener(_NoRedirect)
+def _seconds(timeout: Any) -> float | None:
+    return float(timeout) if isinstance(timeout, (int, float)) and timeout > 0 else None
+
+
+def _connect_within(
+    address: tuple[str, int], timeout: Any = None, source_address: Any = None
+) -> socket.socket:
+    """``socket.create_connection`` with one deadline for every address tried (the standard
+    one gives each address the whole ``timeout``). The socket returned keeps what is left
+    of the deadline as its timeout, which bounds the TLS handshake as a whole."""
+    limit = _seconds(timeout)
+    if limit is None:
+        return socket.create_connection(address, timeout, source_address)
+    deadline = time.monotonic() + limit
+    host, port = address
+    error: OSError | None = None
+    for family, kind, proto, _, addr in socket.getaddrinfo(host, port, 0, socket.SOCK_STREAM):
+        left = deadline - time.monotonic()
+        if left <= 0:
+            break
+        sock = socket.socket(family, kind, proto)
+        try:
+            sock.settimeout(left)
+            if source_address:
+                sock.bind(source_address)
+            sock.connect(addr)
+            sock.settimeout(max(0.001, deadline - time.monotonic()))
+            return sock
+        except OSError as exc:
+            error = exc
+            sock.close()
+    if error is not None and not isinstance(error, TimeoutError):
+        raise error
+    raise TimeoutError("timed out")
+
+
+class _DeadlineReader(io.RawIOBase):
+    """The response's raw stream: every read waits at most what is left until the deadline."""
+
+    def __init__(self, raw: Any, sock: socket.socket, deadline: float) -> None:
+        self._raw = raw
+        self._sock = sock
+        self._deadline = deadline
+
+    def readable(self) -> bool:
+        return True
+
+    def fileno(self) -> int:
+        return self._raw.fileno()
+
+    def readinto(self, buffer: Any) -> int:
+        left = self._deadline - time.monotonic()
+        if left <= 0:
+            raise TimeoutError("timed out")
+        self._sock.settimeout(left)
+        return self._raw.readinto(buffer)
+
+    def close(self) -> None:
+        try:
+            self._raw.close()
+        finally:
+            super().close()
+
+
+class _DeadlineResponse(http.client.HTTPResponse):
+    def __init__(self, sock: Any, *args: Any, deadline: float, **kwargs: Any) -> None:
+        super().__init__(sock, *args, **kwargs)
+        raw = self.fp.detach()  # the socket's reader, kept (detach does not close it)
+        self.fp = io.BufferedReader(_DeadlineReader(raw, sock, deadline))
+
+
+class _Bounded:
+    """Mixed into ``http.client`` connections: the connect and exchange deadlines."""
+
+    timeout: Any
+    sock: Any
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self._create_connection = _connect_within
+        self._exchange_deadline: float | None = None
+
+    def connect(self) -> None:
+        super().connect()  # type: ignore[misc]
+        limit = _seconds(self.timeout)
+        if limit is not None:
+            self._exchange_deadline = time.monotonic() + limit
+
+    def _left(self) -> float:
+        left = self._exchange_deadline - time.monotonic()  # type: ignore[operator]
+        if left <= 0:
+            raise TimeoutError("timed out")
+        return left
+
+    def send(self, data: Any) -> None:
+        if self.sock is None:
+            self.connect()
+        if self._exchange_deadline is not None:
+            self.sock.settimeout(self._left())
+        super().send(data)  # type: ignore[misc]
+
+    def getresponse(self) -> http.client.HTTPResponse:
+        if self._exchange_deadline is not None:
+            deadline = self._exchange_deadline
+            self.response_class = lambda sock, *a, **k: _DeadlineResponse(
+                sock, *a, deadline=deadline, **k
+            )
+        return super().getresponse()  # type: ignore[misc]
+
+
+class _BoundedHTTPConnection(_Bounded, http.client.HTTPConnection):
+    pass
+
+
+class _BoundedHTTPSConnection(_Bounded, http.client.HTTPSConnection):
+    pass
+
+
+class _BoundedHTTPHandler(urllib.request.HTTPHandler):
+    def http_open(self, req):  # noqa: ANN001, ANN201
+        return self.do_open(_BoundedHTTPConnection, req)
+
+
+class _BoundedHTTPSHandler(urllib.request.HTTPSHandler):
+    def https_open(self, req):  # noqa: ANN001, ANN201
+        kwargs: dict[str, Any] = {"context": self._context}
+        if sys.version_info < (3, 12):  # removed from HTTPSConnection in 3.12
+            kwargs["check_hostname"] = self._check_hostname
+        return self.do_open(_BoundedHTTPSConnection, req, **kwargs)
+
+
+_OPENER = urllib.request.build_opener(_NoRedirect, _BoundedHTTPHandler, _BoundedHTTPSHandler)
 
 
 @dataclass(frozen=True)
@@ -136,7 +289,11 @@ def post_json(
 ) -> HttpResponse:
     """Send ``payload`` (JSON-encoded unless ``bytes``/``str``) with ``urllib.request``.
 
-    ``timeout`` (seconds) bounds the connection and each read. Redirects are not followed.
+    ``timeout`` (seconds) is two deadlines (module docstring): connecting (TCP to every
+    address, TLS handshake) within ``timeout``, then sending the request and
+    reading the status, headers and body start within ``timeout``, however slowly the server
+    answers. An attempt lasts at most ``ATTEMPT_TIMEOUTS * timeout`` plus name resolution.
+    Redirects are not followed.
 
     Returns:
         ``HttpResponse`` for a 2xx answer (body decoded, at most ``BODY_LIMIT`` bytes).
@@ -213,13 +370,16 @@ class Channel:
         secret: signing secret (Lark, DingTalk).
         options: type-specific settings (validated by the subclass; unknown keys raise).
 
-    Subclasses set ``kind``, ``option_names`` (accepted option keys), ``needs_url``, and
-    implement ``send(message, timeout) -> SendResult``.
+    Subclasses set ``kind``, ``option_names`` (accepted option keys), ``needs_url``,
+    optionally ``policy_defaults``, and implement ``send(message, timeout) -> SendResult``.
     """
 
     kind: ClassVar[str] = "base"
     option_names: ClassVar[frozenset[str]] = frozenset()
     needs_url: ClassVar[bool] = False
+    #: policy fields this type runs with unless the configuration sets them (in
+    #: ``alerts.policy`` or the channel's ``policy``), e.g. no rate limit for a local channel
+    policy_defaults: ClassVar[Mapping[str, Any]] = {}
 
     def __init__(
         self,

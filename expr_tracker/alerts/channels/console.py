@@ -1,4 +1,5 @@
-"""Console channel: prints each message with rich (stderr by default).
+"""Console channel: prints each message with rich (stderr by default). Not rate-limited
+unless ``rate_limit_per_minute`` is set in the configuration (``policy_defaults``).
 
 Options: ``console`` (a ``rich.console.Console``, from Python; tests pass a fixed-width one
 with ``record=True``), ``stream`` (``"stderr"`` or ``"stdout"``).
@@ -52,6 +53,9 @@ class ConsoleChannel(Channel):
 
     kind = "console"
     option_names = frozenset({"console", "stream"})
+    #: local and free: printing is not rate-limited unless the configuration asks (dedup
+    #: still applies); a token bucket here only held critical alerts behind info ones
+    policy_defaults = {"rate_limit_per_minute": None}
 
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
