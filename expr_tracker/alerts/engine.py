@@ -29,7 +29,6 @@ from __future__ import annotations
 import datetime as _dt
 import difflib
 import logging
-import string
 import threading
 import time
 from collections.abc import Callable, Iterable, Mapping
@@ -44,6 +43,7 @@ from expr_tracker.alerts.evaluate import (
 )
 from expr_tracker.alerts.parse import RuleError
 from expr_tracker.alerts.rules import FIRING, OK, AlertRule, RuleState, make_rule
+from expr_tracker.alerts.template import render_template
 from expr_tracker.history.series import MetricSeries
 
 __all__ = ["AlertEngine", "AlertEvent", "render_template"]
@@ -54,7 +54,6 @@ log = logging.getLogger("expr_tracker.alerts")
 RESERVED_FIELDS = ("step", "time", "run", "project", "expr", "name", "level")
 DEFAULT_MESSAGE = "{expr}"
 _EVERY_STEP_FUNCS = frozenset({"has", "step"})
-_FORMATTER = string.Formatter()
 
 
 @dataclass(frozen=True, slots=True)
@@ -102,43 +101,6 @@ class AlertEvent:
             "tags": list(self.rule.tags),
             "channels": list(self.rule.channels) if self.rule.channels is not None else None,
         }
-
-
-def render_template(template: str, values: Mapping) -> str:
-    """Fill ``{field}`` / ``{field:spec}`` / ``{field!r}`` from ``values`` by literal key.
-
-    Parsed with ``string.Formatter().parse``; a field is looked up as one whole key (so
-    ``{train/loss:.3f}`` works) and never by attribute or index: ``{loss.__class__}`` and
-    ``{a[0]}`` are left as written, as is any unknown placeholder or a spec the value
-    rejects. Never raises.
-    """
-    try:
-        parsed = list(_FORMATTER.parse(template))
-    except (ValueError, TypeError):
-        return str(template)
-    out = []
-    for literal, name, spec, conv in parsed:
-        out.append(literal)
-        if name is None:
-            continue
-        if name in values:
-            value = values[name]
-            if value is None or isinstance(value, (bool, int, float, str)):
-                try:
-                    if conv == "r":
-                        value = repr(value)
-                    elif conv == "a":
-                        value = ascii(value)
-                    elif conv == "s":
-                        value = str(value)
-                    elif value is None:
-                        value = "None"
-                    out.append(format(value, spec or ""))
-                    continue
-                except (ValueError, TypeError):
-                    pass
-        out.append("{" + name + ("!" + conv if conv else "") + (":" + spec if spec else "") + "}")
-    return "".join(out)
 
 
 class _Compiled:

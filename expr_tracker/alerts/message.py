@@ -13,13 +13,13 @@ from __future__ import annotations
 
 import hashlib
 import re
-import string
 import time
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field, replace
 from typing import Any
 from urllib.parse import urlsplit
 
+from expr_tracker.alerts.template import render_template
 from expr_tracker.spec.models import LEVELS, level_rank, normalize_level
 
 __all__ = [
@@ -31,8 +31,6 @@ __all__ = [
     "safe_format",
     "scrub",
 ]
-
-_FORMATTER = string.Formatter()
 
 
 @dataclass(slots=True)
@@ -192,34 +190,9 @@ def format_value(value: Any) -> str:
 
 
 def safe_format(template: str, values: Mapping[str, Any]) -> str:
-    """Fill ``{name}`` / ``{name:spec}`` / ``{name!r}`` from ``values`` by literal key.
-
-    Never attribute or index access: ``{x.__class__}`` and ``{a[0]}`` stay as written, as does
-    an unknown name or a spec the value rejects. Never raises.
-    """
-    try:
-        parsed = list(_FORMATTER.parse(template))
-    except (ValueError, TypeError):
-        return str(template)
-    out = []
-    for literal, name, spec, conv in parsed:
-        out.append(literal)
-        if name is None:
-            continue
-        if name in values:
-            value = values[name]
-            if value is None or isinstance(value, (bool, int, float, str)):
-                try:
-                    if conv == "r":
-                        value = repr(value)
-                    elif value is None:
-                        value = ""
-                    out.append(format(value, spec or ""))
-                    continue
-                except (ValueError, TypeError):
-                    pass
-        out.append("{" + name + ("!" + conv if conv else "") + (":" + spec if spec else "") + "}")
-    return "".join(out)
+    """:func:`~expr_tracker.alerts.template.render_template` with None reading as empty
+    (a webhook body or a card shows nothing for a missing field)."""
+    return render_template(template, values, none="")
 
 
 def redact_url(url: str | None) -> str:
