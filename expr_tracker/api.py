@@ -233,20 +233,9 @@ def history(
     from expr_tracker.history.query import query_history
 
     if run is None:
-        cur = _current()
-        return query_history(
-            cur.history,
-            n=n,
-            output_type=output_type,
-            metrics=metrics,
-            step_range=step_range,
-            include_meta=include_meta,
-            include_open=include_open,
-            fill_missing=fill_missing,
-            dropna=dropna,
-        )
-    if isinstance(run, Run):
-        source: Any = run.history
+        source: Any = _current().history
+    elif isinstance(run, Run):
+        source = run.history
     else:
         source = Path(run)
     return query_history(

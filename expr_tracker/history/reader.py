@@ -43,7 +43,7 @@ META_SCHEMA = 2  # the sidecar schema this reader understands (writer.META_SCHEM
 # --------------------------------------------------------------------------- primitives
 
 
-def _last_line_end(f: Any, end: int) -> int:
+def last_line_end(f: Any, end: int) -> int:
     """The offset just past the last newline before ``end`` (0 when there is none)."""
     pos = end
     while pos > 0:
@@ -58,7 +58,7 @@ def _last_line_end(f: Any, end: int) -> int:
 
 
 def _lines_backward(f: Any, end: int) -> Iterator[bytes]:
-    pos = _last_line_end(f, end)
+    pos = last_line_end(f, end)
     carry = b""
     while pos > 0:
         lo = max(0, pos - BLOCK)

@@ -36,6 +36,7 @@ from typing import Any
 
 from expr_tracker.errors import RunLockedError
 from expr_tracker.history.codec import Warner, decode_line
+from expr_tracker.history.reader import last_line_end
 
 log = logging.getLogger("expr_tracker")
 
@@ -314,19 +315,7 @@ class JsonlWriter:
             f.seek(size - 1)
             if f.read(1) == b"\n":
                 return size
-            # find the start of the torn line
-            pos = size
-            block = 65536
-            start = 0
-            while pos > 0:
-                lo = max(0, pos - block)
-                f.seek(lo)
-                chunk = f.read(pos - lo)
-                nl = chunk.rfind(b"\n")
-                if nl >= 0:
-                    start = lo + nl + 1
-                    break
-                pos = lo
+            start = last_line_end(f, size)  # where the torn line begins
             f.seek(start)
             fragment = f.read(size - start)
         try:
