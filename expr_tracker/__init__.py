@@ -34,13 +34,13 @@ from expr_tracker.spans import Span, span, start_span
 
 __all__ = [
     "ExprTrackerError",
-    "M",
     "ForkedRunError",
+    "M",
     "NoActiveRunError",
     "Run",
-    "Span",
     "RunAlreadyActiveError",
     "RunLockedError",
+    "Span",
     "__version__",
     "add_alert_rule",
     "alert",

@@ -1,0 +1,65 @@
+"""The public surface of ``import expr_tracker as et`` is a contract: pin it (STYLE item 1)."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+
+import expr_tracker as et
+
+PUBLIC = [
+    "ExprTrackerError",
+    "ForkedRunError",
+    "M",
+    "NoActiveRunError",
+    "Run",
+    "RunAlreadyActiveError",
+    "RunLockedError",
+    "Span",
+    "__version__",
+    "add_alert_rule",
+    "alert",
+    "configure_alert",
+    "finish",
+    "get_run",
+    "history",
+    "info",
+    "init",
+    "log",
+    "read_history",
+    "register_backend",
+    "register_channel",
+    "resolve_run_path",
+    "span",
+    "start_span",
+    "summary",
+]
+
+
+def test_all_is_the_pinned_surface_and_sorted():
+    assert et.__all__ == PUBLIC
+    assert sorted(et.__all__) == et.__all__
+
+
+def test_every_public_name_exists_and_nothing_else_leaks():
+    for name in PUBLIC:
+        assert hasattr(et, name), name
+    modules = {"alerts", "api", "build", "errors", "history", "run", "spans", "spec"}
+    leaked = {n for n in vars(et) if not n.startswith("_") and n not in PUBLIC and n not in modules}
+    assert leaked == set()
+
+
+def test_documented_import_paths():
+    from expr_tracker.history import read_history, resolve_run_path  # noqa: F401
+    from expr_tracker.plugins import CpuTime, GpuStats, TorchMemory  # noqa: F401
+    from expr_tracker.trace import build_trace, write_trace  # noqa: F401
+
+
+def test_import_stays_light():
+    code = (
+        "import sys, expr_tracker\n"
+        "heavy = {'torch', 'pandas', 'polars', 'hydra', 'numpy', 'pydantic', 'lark', 'pynvml'}\n"
+        "print(sorted(heavy & set(sys.modules)))\n"
+    )
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    assert out.stdout.strip() == "[]"
