@@ -423,7 +423,11 @@ class PolicySpec(BaseModel):
     model_config = _FORBID
 
     async_send: bool = Field(True, description="direct et.alert() calls return before sending")
-    timeout: Duration = Field(10.0, description="seconds for connect and read")
+    timeout: Duration = Field(
+        10.0,
+        description="seconds for the connection (incl. TLS) and again for the exchange "
+        "(request, status, headers); one attempt takes at most twice this",
+    )
     max_retries: int = Field(3, ge=0)
     backoff_initial: Duration = Field(0.5, description="seconds before the first retry")
     backoff_factor: float = Field(2.0, ge=1.0)
