@@ -30,8 +30,13 @@ def measure(mode: str, steps: int) -> dict:
         channels = [] if mode == "none" else [{"type": "webhook", "url": server.url}]
         spec = {
             "channels": channels or [{"type": "callable", "options": {"fn": lambda m: None}}],
-            "policy": {"rate_limit_per_minute": None, "dedup_window": 0, "timeout": 2.0,
-                       "backoff_initial": 0.05, "max_retries": 3},
+            "policy": {
+                "rate_limit_per_minute": None,
+                "dedup_window": 0,
+                "timeout": 2.0,
+                "backoff_initial": 0.05,
+                "max_retries": 3,
+            },
         }
         d = attach_delivery(run, spec, None, drain_timeout=1.0)
         engine = AlertEngine(
@@ -74,7 +79,9 @@ def main() -> None:
     for mode in ("none", "hang", "500"):  # a fresh process per section
         out = subprocess.run(
             [sys.executable, __file__, "--mode", mode, "--steps", str(args.steps)],
-            capture_output=True, text=True, env={**os.environ, "PYTHONWARNINGS": "ignore"},
+            capture_output=True,
+            text=True,
+            env={**os.environ, "PYTHONWARNINGS": "ignore"},
         )
         line = out.stdout.strip().splitlines()[-1] if out.stdout.strip() else out.stderr[-500:]
         print(line)
