@@ -16,7 +16,7 @@ from typing import Any
 
 from expr_tracker.errors import ExprTrackerError
 from expr_tracker.history.codec import Warner, dumps_pretty, normalize_value
-from expr_tracker.history.paths import detect_rank, file_name
+from expr_tracker.history.paths import atomic_write, detect_rank, file_name
 from expr_tracker.history.runinfo import new_run_info, read_run_info, write_run_info
 from expr_tracker.history.store import HistoryStore
 from expr_tracker.history.writer import JsonlWriter
@@ -141,25 +141,35 @@ def _undo_runtime(run: Run, engine: Any) -> None:
 
 
 class _Attempt:
-    """What one ``build`` created, so a failed construction can be undone."""
+    """What one ``build`` created, so a failed construction can be undone.
+
+    The append-only files (metrics, spans, alerts) are remembered by size and cut back to it;
+    the small JSON files by content. Nothing is read in full, however long the run.
+    """
+
+    APPEND_ONLY = ("metrics", "spans", "alerts")
+    SMALL = ("meta", "summary", "run", "config")
 
     def __init__(self, run_dir: Path, stream: str | None, file_rank: int) -> None:
         self.run_dir = run_dir
         self.dir_existed = run_dir.exists()
-        names = [
-            file_name(k, stream, file_rank)
-            for k in ("metrics", "meta", "spans", "summary", "alerts", "run", "config")
-        ]
-        names += [names[0] + ".lock", "spec.json"]
-        self.files = {n: self._read(run_dir / n) for n in names}
+        self.sizes = {}
+        self.contents = {}
+        if self.dir_existed:
+            for kind in self.APPEND_ONLY:
+                path = run_dir / file_name(kind, stream, file_rank)
+                self.sizes[path] = path.stat().st_size if path.is_file() else None
+            small = [run_dir / file_name(k, stream, file_rank) for k in self.SMALL]
+            small += [
+                run_dir / "spec.json",
+                run_dir / (file_name("metrics", stream, file_rank) + ".lock"),
+            ]
+            for path in small:
+                try:
+                    self.contents[path] = path.read_bytes() if path.is_file() else None
+                except OSError:
+                    self.contents[path] = None
         self.closers: list[Any] = []
-
-    @staticmethod
-    def _read(path: Path) -> bytes | None:
-        try:
-            return path.read_bytes() if path.is_file() else None
-        except OSError:
-            return None
 
     def undo(self) -> None:
         for close in reversed(self.closers):
@@ -172,8 +182,15 @@ class _Attempt:
 
             shutil.rmtree(self.run_dir, ignore_errors=True)
             return
-        for name, before in self.files.items():
-            path = self.run_dir / name
+        for path, size in self.sizes.items():
+            try:
+                if size is None:
+                    path.unlink(missing_ok=True)
+                elif path.is_file() and path.stat().st_size > size:
+                    os.truncate(path, size)
+            except OSError:
+                pass
+        for path, before in self.contents.items():
             try:
                 if before is None:
                     path.unlink(missing_ok=True)
@@ -331,9 +348,7 @@ def _construct(
 
 def _write_json(path: Path, data: Any, warner: Warner) -> None:
     try:
-        tmp = path.with_name(f".{path.name}.tmp")
-        tmp.write_text(dumps_pretty(data), "utf-8")
-        tmp.replace(path)
+        atomic_write(path, dumps_pretty(data))
     except OSError as exc:
         warner.warn(("write", path.name), "expr_tracker: cannot write %s (%s)", path, exc)
 
@@ -415,20 +430,22 @@ def _build_alerts(
     a = spec.alerts
     alerts_path = run_dir / file_name("alerts", stream, file_rank)
     record = AlertLog(alerts_path)
-    engine.record = record
-    engine.notify = _delivery(run, a, alerts_path, record, engine.deliver)
-    engine.start_watchdog(a.watchdog_interval)
-    run.alerts = engine
-    if engine.rules:
-        run.history.sinks.append(engine.on_step)
 
     def close() -> None:
         engine.close()
         for message in engine.finish_warnings():
             log.warning("expr_tracker: %s", message)
 
+    # closers run in order: stop the engine (and its watchdog) before delivery drains, so
+    # nothing is submitted to a closed dispatcher; the record file closes last
     run.add_closer("alerts", close)
+    engine.record = record
+    engine.notify = _delivery(run, a, alerts_path, record, engine.deliver)
     run.add_closer("alert_log", record.close)
+    engine.start_watchdog(a.watchdog_interval)
+    run.alerts = engine
+    if engine.rules:
+        run.history.sinks.append(engine.on_step)
     run.add_stats("alerts", engine.stats)
 
 

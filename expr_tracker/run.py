@@ -18,10 +18,14 @@ from pathlib import Path
 from typing import Any
 
 from expr_tracker.history.codec import Warner, dumps_pretty, normalize_value
+from expr_tracker.history.paths import atomic_write
 from expr_tracker.history.runinfo import write_run_info
 from expr_tracker.history.store import FORK_MESSAGE, HistoryStore, fork_generation
 
 log = logging.getLogger("expr_tracker")
+
+
+_MISSING = object()
 
 
 class Summary(MutableMapping):
@@ -51,8 +55,8 @@ class Summary(MutableMapping):
 
     def __delitem__(self, key: str) -> None:
         with self._lock:
-            found = self._assigned.pop(key, None) is not None
-            found = self._last.pop(key, None) is not None or found
+            found = self._assigned.pop(key, _MISSING) is not _MISSING
+            found = self._last.pop(key, _MISSING) is not _MISSING or found
         if not found:
             raise KeyError(key)
 
@@ -73,9 +77,7 @@ class Summary(MutableMapping):
         if self.path is None:
             return
         try:
-            tmp = self.path.with_name(f".{self.path.name}.tmp")
-            tmp.write_text(dumps_pretty(self.to_dict()), "utf-8")
-            tmp.replace(self.path)
+            atomic_write(self.path, dumps_pretty(self.to_dict()))
         except OSError as exc:
             log.warning("expr_tracker: cannot write %s (%s)", self.path, exc)
 

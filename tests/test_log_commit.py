@@ -321,3 +321,17 @@ def test_huge_step_and_non_bool_commit_are_dropped(run_dir):
     assert et.log({"a": 1}, commit=np.bool_(True)) == 0
     dropped = et.info()["history"]["dropped"]
     assert dropped["bad_step"] == 1 and dropped["bad_commit"] == 1
+
+
+def test_small_byte_budget_evicts_without_flushing_every_commit(tmp_path):
+    from expr_tracker.history.writer import JsonlWriter
+
+    writer = JsonlWriter(tmp_path / "m.jsonl", buffer_size=10_000, interval=None, max_seconds=None)
+    store = HistoryStore(writer, cache_bytes=2000, cache_rows=1_000_000)
+    for i in range(3000):
+        store.ingest({"loss": 1.0 + i, "acc": 0.5})
+    assert writer.flushes < 300  # was one flush per commit (2973): now one per few segments
+    assert store.cache.evicted_rows > 2000
+    assert store.cache.nbytes <= 2000 + store.cache.segment_bytes
+    assert [r["_step"] for r in store.tail(3)] == [2997, 2998, 2999]
+    store.close()

@@ -3,17 +3,17 @@
 Rows are addressed by their physical row ordinal (one append sequence number per record,
 equal to the line number in the file; spec design.txt B.2), never by step. Each row is
 stored as its encoded line in a segment: one ``bytearray`` of line bytes, an ``array`` of
-end offsets and an ``array`` of steps, so a cached row costs its JSON bytes plus 12 bytes
-(no Python object per row). Eviction drops whole segments from the front, and only
+uint32 end offsets and an ``array`` of int64 steps, so a cached row costs its JSON bytes plus
+12 bytes (no Python object per row). A segment holds at most 4096 rows and a quarter of
+each limit. Eviction drops whole segments from the front, and only
 segments whose rows are all on disk (below the ``flushed`` watermark).
 """
 
 from __future__ import annotations
 
 from array import array
-from bisect import bisect_left
+from bisect import bisect_left, bisect_right
 from collections import deque
-from collections.abc import Iterator
 from typing import Any
 
 from expr_tracker.history.codec import decode_line
@@ -24,8 +24,6 @@ try:
 except ImportError:  # pragma: no cover - orjson is a dependency
     _loads = None
     _JSONDecodeError = ValueError
-
-MAX_STEP = (1 << 63) - 1
 
 
 class _Segment:
@@ -40,9 +38,9 @@ class _Segment:
     def __len__(self) -> int:
         return len(self.ends)
 
-    def row(self, i: int) -> bytes:
-        ends = self.ends
-        return bytes(self.data[(ends[i - 1] if i else 0) : ends[i]])
+
+def _first_of(seg: _Segment) -> int:
+    return seg.first
 
 
 class RowCache:
@@ -59,6 +57,7 @@ class RowCache:
         "max_bytes",
         "max_rows",
         "segment_rows",
+        "segment_bytes",
         "_segments",
         "first_ordinal",
         "next_ordinal",
@@ -72,7 +71,11 @@ class RowCache:
     def __init__(self, max_bytes: int, max_rows: int, first_ordinal: int = 0) -> None:
         self.max_bytes = int(max_bytes)
         self.max_rows = int(max_rows)
+        # eviction drops whole segments: a segment holds at most a quarter of either limit,
+        # so the cache keeps 3/4 to all of its budget, whatever the size of a row (and the
+        # uint32 end offsets of a segment never overflow)
         self.segment_rows = max(1, min(4096, self.max_rows // 4 or 1))
+        self.segment_bytes = max(1, min(1 << 30, self.max_bytes // 4))
         self._segments: deque[_Segment] = deque()
         self.first_ordinal = first_ordinal  # ordinal of the oldest cached row
         self.next_ordinal = first_ordinal
@@ -86,13 +89,13 @@ class RowCache:
         """Add one row; returns its ordinal."""
         segs = self._segments
         seg = segs[-1] if segs else None
-        if seg is None or len(seg.ends) >= self.segment_rows:
+        if seg is None or len(seg.ends) >= self.segment_rows or len(seg.data) >= self.segment_bytes:
             seg = _Segment(self.next_ordinal)
             segs.append(seg)
         data = seg.data
         data += line
         seg.ends.append(len(data))
-        seg.steps.append(step if -MAX_STEP <= step <= MAX_STEP else MAX_STEP)
+        seg.steps.append(step)  # ingest bounds steps to [0, 2**63-1]
         last = self.last_step
         if last is not None and step < last:
             self.sorted = False
@@ -116,7 +119,7 @@ class RowCache:
         segs = self._segments
         while segs and self.over_limit():
             seg = segs[0]
-            if seg.first + len(seg) > flushed or seg is segs[-1] and len(seg) < self.segment_rows:
+            if seg.first + len(seg) > flushed:
                 break
             segs.popleft()
             self.nbytes -= len(seg.data)
@@ -131,71 +134,20 @@ class RowCache:
         segs = self._segments
         return bool(segs) and self.over_limit() and segs[0].first + len(segs[0]) > flushed
 
-    def iter_back(self) -> Iterator[tuple[int, int, bytes]]:
-        """(ordinal, step, line) from the newest cached row to the oldest."""
-        for seg in reversed(self._segments):
-            ends = seg.ends
-            steps = seg.steps
-            data = seg.data
-            first = seg.first
-            for i in range(len(ends) - 1, -1, -1):
-                yield first + i, steps[i], bytes(data[(ends[i - 1] if i else 0) : ends[i]])
-
-    def iter_forward(self) -> Iterator[tuple[int, int, bytes]]:
-        """(ordinal, step, line) from the oldest cached row to the newest."""
-        for seg in list(self._segments):
-            ends = seg.ends
-            steps = seg.steps
-            data = seg.data
-            first = seg.first
-            start = 0
-            for i in range(len(ends)):
-                end = ends[i]
-                yield first + i, steps[i], bytes(data[start:end])
-                start = end
-
-    def tail_lines(self, nsteps: int) -> tuple[list[bytes], list[int], bool]:
-        """Lines (oldest first) covering the newest ``nsteps`` distinct steps plus one.
-
-        Reads whole steps only: it stops at the first row of the (nsteps+2)-th distinct
-        step going backwards, so the boundary step is over-read and can be dropped by the
-        caller. Returns (lines, steps, complete) where ``complete`` is False when the cache
-        ran out before enough steps were seen.
-        """
-        lines: list[bytes] = []
-        steps: list[int] = []
-        seen = 0
-        last = None
-        limit = nsteps + 1
-        for seg in reversed(self._segments):
-            ends = seg.ends
-            ss = seg.steps
-            data = seg.data
-            for i in range(len(ends) - 1, -1, -1):
-                s = ss[i]
-                if s != last:
-                    seen += 1
-                    if seen > limit:
-                        lines.reverse()
-                        steps.reverse()
-                        return lines, steps, True
-                    last = s
-                lines.append(bytes(data[(ends[i - 1] if i else 0) : ends[i]]))
-                steps.append(s)
-        lines.reverse()
-        steps.reverse()
-        return lines, steps, False
-
-    # ------------------------------------------------------------------ query helpers
-    # All of these run under the store lock; they touch no JSON except ``decode``.
-
     def _seg_index(self, ordinal: int) -> int:
         """The index in ``_segments`` of the segment holding ``ordinal`` (must be cached).
 
-        Every segment but the newest holds exactly ``segment_rows`` rows (eviction drops
-        whole segments from the front), so the lookup is arithmetic.
+        Segments hold ``segment_rows`` rows unless the byte bound closed one early; the
+        arithmetic guess is checked, and a binary search over the segments' first ordinals
+        answers otherwise.
         """
-        return (ordinal - self._segments[0].first) // self.segment_rows
+        segs = self._segments
+        k = (ordinal - segs[0].first) // self.segment_rows
+        if k < len(segs):
+            seg = segs[k]
+            if seg.first <= ordinal < seg.first + len(seg.ends):
+                return k
+        return bisect_right(segs, ordinal, key=_first_of) - 1
 
     def first_step(self) -> int | None:
         """The step of the oldest cached row (None when empty)."""
@@ -255,16 +207,6 @@ class RowCache:
                 prev = e
             o = seg.first + last
             k += 1
-        return out
-
-    def steps(self, start: int, stop: int) -> list[int]:
-        """The steps of ordinals ``[start, stop)`` (clipped to what is cached)."""
-        out: list[int] = []
-        for seg in self._segments:
-            a = max(start, seg.first) - seg.first
-            b = min(stop, seg.first + len(seg)) - seg.first
-            if a < b:
-                out.extend(seg.steps[a:b])
         return out
 
     def ordinal_of_step(self, step: int) -> int:

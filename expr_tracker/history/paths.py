@@ -1,4 +1,5 @@
-"""File names inside a run directory, rank detection, and finding a run's history file.
+"""File names inside a run directory, rank detection, finding a run's history file, and
+writing small files atomically.
 
 Layout (DESIGN.md "Files and names"): ``<dir>/<project>/<name>/`` holds, per producer
 (stream ``S`` and rank ``N`` suffixes, in that order)::
@@ -31,6 +32,28 @@ KINDS = {
     "run": "json",
     "config": "json",
 }
+
+
+def atomic_write(path: str | os.PathLike[str], data: bytes | str) -> None:
+    """Replace ``path`` with ``data`` atomically (a temporary file beside it + ``os.replace``).
+
+    The temporary name carries the pid and thread id, so processes and threads writing the
+    same file (every rank writes ``config.json``) never share one. Raises ``OSError``.
+    """
+    import threading
+
+    p = Path(path)
+    tmp = p.with_name(f".{p.name}.{os.getpid()}.{threading.get_ident()}.tmp")
+    try:
+        with open(tmp, "wb") as f:
+            f.write(data.encode("utf-8") if isinstance(data, str) else data)
+        os.replace(tmp, p)
+    except BaseException:
+        try:
+            os.unlink(tmp)
+        except OSError:
+            pass
+        raise
 
 
 def validate_stream(stream: str | None) -> str | None:

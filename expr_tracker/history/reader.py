@@ -20,8 +20,8 @@ one step are merged in file order (later lines win per key).
 - ``bytes_read`` counts the bytes actually read from the OS, so tests and ``et.info()``
   can show that a query did not load the file.
 
-Module functions (``iter_lines_backward``, ``offset_of_line``, ``iter_rows``,
-``merge_by_step``, ``read_rows``) are the primitives, kept for the write path.
+Module functions: ``last_line_end`` (also used by the writer's torn-line repair),
+``iter_rows``, ``merge_by_step``, ``step_key`` and ``read_rows``.
 """
 
 from __future__ import annotations
@@ -37,7 +37,7 @@ from typing import Any
 from expr_tracker.history.codec import decode_line
 
 BLOCK = 1 << 16
-META_SCHEMA = 2  # the sidecar schema this reader understands (writer.META_SCHEMA)
+META_SCHEMA = 2  # the sidecar schema (the writer writes it, this reader understands it)
 
 
 # --------------------------------------------------------------------------- primitives
@@ -72,45 +72,6 @@ def _lines_backward(f: Any, end: int) -> Iterator[bytes]:
                 yield line
     if carry:
         yield carry
-
-
-def iter_lines_backward(path: str | os.PathLike[str], end: int | None = None) -> Iterator[bytes]:
-    """Complete lines of ``path`` before byte ``end`` (default: EOF), newest first.
-
-    A last line without a terminating newline (torn by a crash) is skipped.
-    """
-    with open(path, "rb") as f:
-        if end is None:
-            end = f.seek(0, os.SEEK_END)
-        yield from _lines_backward(f, end)
-
-
-def offset_of_line(
-    path: str | os.PathLike[str], line: int, index: Iterable[Iterable[int]] = ()
-) -> int:
-    """Byte offset where line number ``line`` (0-based) starts.
-
-    ``index`` holds ``[step, line, offset]`` anchors (the sidecar's); the nearest anchor
-    at or before ``line`` is the starting point of a forward count. Past the end of the
-    file the file size is returned.
-    """
-    start_line, start_off = 0, 0
-    for a in index:
-        _s, ln, off = a
-        if ln <= line and ln >= start_line:
-            start_line, start_off = ln, off
-    if start_line == line:
-        return start_off
-    with open(path, "rb") as f:
-        f.seek(start_off)
-        cur = start_line
-        off = start_off
-        for raw in f:
-            if cur == line:
-                return off
-            off += len(raw)
-            cur += 1
-        return off
 
 
 def iter_rows(path: str | os.PathLike[str], end: int | None = None) -> Iterator[dict[str, Any]]:

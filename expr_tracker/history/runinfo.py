@@ -18,6 +18,7 @@ from pathlib import Path
 from typing import Any
 
 from expr_tracker.history.codec import dumps_pretty
+from expr_tracker.history.paths import atomic_write
 
 
 def _iso(t: float) -> str:
@@ -100,9 +101,8 @@ def new_run_info(
 
 
 def write_run_info(path: Path, info: dict[str, Any]) -> None:
-    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
-    tmp.write_text(dumps_pretty(info), "utf-8")
-    os.replace(tmp, path)
+    """Write ``run.json`` atomically. Raises ``OSError``."""
+    atomic_write(path, dumps_pretty(info))
 
 
 def pid_alive(pid: int) -> bool:

@@ -1,8 +1,13 @@
 """MetricSeries: the ring buffers alert rules read (one per metric a rule needs).
 
 Values are floats (``bool``/``int`` converted by the caller), each with the row time
-(epoch seconds, ``_time``) and step (``_step``) it was recorded at. ``tail(n)`` is the last
-``n`` recorded values, ``since(t)`` those whose row time is ``>= t``.
+(epoch seconds, ``_time``) and step (``_step``) it was recorded at, in three parallel lists
+(``values``, ``times``, ``steps``) that rule functions slice directly. ``tail(n)`` is the last
+``n`` recorded values.
+
+Not thread-safe: ``append`` updates (and trims) the three lists in separate statements, so a
+reader on another thread could see them disagree. The alert engine appends and evaluates
+under one lock (``AlertEngine._lock``), which is what makes on_step vs the watchdog safe.
 
 The buffer is a list trimmed in bulk: it keeps at least ``capacity`` values and at most about
 twice that, so appending is O(1) amortised and a window is one C-level slice (no copy loop).
@@ -11,8 +16,6 @@ never silently truncated (spec/design.txt H, "Move MetricSeries into alerts/").
 """
 
 from __future__ import annotations
-
-from bisect import bisect_left
 
 __all__ = ["MetricSeries"]
 
@@ -78,16 +81,3 @@ class MetricSeries:
         if len(values) < n:
             return None
         return values[-n:]
-
-    def tail_index(self, n: int) -> int | None:
-        """Start offset of the last ``n`` values in ``values``/``times``/``steps``."""
-        size = len(self.values)
-        return None if size < n else size - n
-
-    def since_index(self, t: float) -> int:
-        """Offset of the first value whose row time is ``>= t`` (``len`` when none)."""
-        return bisect_left(self.times, t)
-
-    def truncated_before(self, t: float) -> bool:
-        """True when values with row time ``>= t`` may have been trimmed away."""
-        return self.dropped > 0 and (not self.times or self.times[0] >= t)

@@ -89,11 +89,6 @@ AGGREGATION = {
 _NUMERIC = (int, float)
 
 
-def aggregation_of(key: str) -> int:
-    """The aggregation of a span metric key ``<measurement>/<path>`` (SUM for unknown)."""
-    return AGGREGATION.get(key.split("/", 1)[0], SUM)
-
-
 def _changed(row: dict[str, Any], written: dict[str, Any]) -> dict[str, Any] | None:
     """The patch line for ``row`` after ``written`` reached disk: changed keys plus
     ``_step``/``_time``; None when no metric changed."""
@@ -255,11 +250,13 @@ class HistoryStore:
                     committed = (committed, row)
             elif self.max_open_seconds is not None and self._open:
                 self._touch()
-        if committed is not None and self.sinks:
-            if type(committed) is tuple:
-                self._fanq.extend(committed)
-            else:
-                self._fanq.append(committed)
+            if committed is not None and self.sinks:
+                # queued under the lock, so sinks see rows in commit order across threads
+                if type(committed) is tuple:
+                    self._fanq.extend(committed)
+                else:
+                    self._fanq.append(committed)
+        if self._fanq:
             self._drain()
         return landed
 
@@ -391,9 +388,9 @@ class HistoryStore:
                 elif v > cur or cur != cur:
                     open_row[k] = v
             if self.max_open_seconds is not None:
-                # _touch() inlined (one call less per span); it only arms the timer here
-                self._touched = self._clock()
-                if not self._timer_armed:
+                if self._timer_armed:  # the common case: one clock read, no call
+                    self._touched = self._clock()
+                else:
                     self._touch()
             return self.open_step
 
@@ -404,17 +401,11 @@ class HistoryStore:
         step = self.open_step
         row["_step"] = step
         row["_time"] = self._wall()
-        written = self._written_open
-        if written is not None:
-            patch = _changed(row, written)
-            if patch is not None:
-                self._append_locked(encode_row(patch, self._open_nonfinite), step)
-                self.patch_rows += 1
-                if self.writer is not None:
-                    self.writer.mark_duplicate_steps()
-            self._written_open = None
-        else:
+        if self._written_open is None:
             self._append_locked(encode_row(row, self._open_nonfinite), step)
+        else:
+            self._write_row_locked(row, step)
+            self._written_open = None
         self._open = {}
         self._open_nonfinite = False
         if self._agg:
@@ -457,9 +448,9 @@ class HistoryStore:
             if not self._open:
                 return None
             row = self._commit_locked()
-        if self.sinks:
-            self._fanq.append(row)
-            self._drain()
+            if self.sinks:
+                self._fanq.append(row)
+        self._drain()
         return row
 
     def _drain(self) -> None:
@@ -512,21 +503,26 @@ class HistoryStore:
         if self.writer is not None:
             self.writer.flush()
 
+    def _write_row_locked(self, row: dict[str, Any], step: int) -> None:
+        """Append ``row`` whole, or, once this step was written early (max_open_seconds), as
+        a patch line holding what changed since (nothing when nothing did)."""
+        written = self._written_open
+        if written is None:
+            self._append_locked(encode_row(row, self._open_nonfinite), step)
+            return
+        patch = _changed(row, written)
+        if patch is None:
+            return
+        self._append_locked(encode_row(patch, self._open_nonfinite), step)
+        self.patch_rows += 1
+        if self.writer is not None:
+            self.writer.mark_duplicate_steps()
+
     def _write_open_locked(self) -> None:
         row = dict(self._open)
-        written = self._written_open
         row["_step"] = self.open_step
         row["_time"] = self._wall()
-        if written is not None:
-            part = _changed(row, written)
-            if part is None:
-                return
-            self._append_locked(encode_row(part, self._open_nonfinite), self.open_step)
-            self.patch_rows += 1
-            if self.writer is not None:
-                self.writer.mark_duplicate_steps()
-        else:
-            self._append_locked(encode_row(row, self._open_nonfinite), self.open_step)
+        self._write_row_locked(row, self.open_step)
         self._written_open = row
 
     def write_open_row(self) -> bool:
@@ -545,11 +541,7 @@ class HistoryStore:
     def open_row(self) -> dict[str, Any] | None:
         """A copy of the open row with its ``_step`` (None when it holds nothing)."""
         with self._lock:
-            if not self._open:
-                return None
-            row = dict(self._open)
-            row["_step"] = self.open_step
-            return row
+            return self._open_copy_locked()
 
     def _open_copy_locked(self) -> dict[str, Any] | None:
         if not self._open:
@@ -728,9 +720,13 @@ class HistoryStore:
 
     def close(self) -> dict[str, Any] | None:
         """Commit the open row (if it holds data), flush and close the writer."""
-        row = self.commit()
-        with self._lock:
+        self._check_fork()
+        with self._lock:  # commit and close in one step: nothing can slip in between
+            row = self._commit_locked() if self._open else None
             self._closed = True
+            if row is not None and self.sinks:
+                self._fanq.append(row)
+        self._drain()
         if self.writer is not None:
             self.writer.close()
         (self._flusher or get_flusher()).cancel(("open", id(self)))

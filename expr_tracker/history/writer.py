@@ -36,7 +36,8 @@ from typing import Any
 
 from expr_tracker.errors import RunLockedError
 from expr_tracker.history.codec import Warner, decode_line
-from expr_tracker.history.reader import last_line_end
+from expr_tracker.history.paths import atomic_write
+from expr_tracker.history.reader import META_SCHEMA, last_line_end
 
 log = logging.getLogger("expr_tracker")
 
@@ -45,7 +46,6 @@ try:  # POSIX only; elsewhere the one-writer rule is not enforced
 except ImportError:  # pragma: no cover - Windows
     fcntl = None  # type: ignore[assignment]
 
-META_SCHEMA = 2
 META_MIN_INTERVAL_S = 2.0
 INDEX_EVERY = 1000
 RETRY_DELAY_S = 1.0
@@ -138,13 +138,6 @@ if hasattr(os, "register_at_fork"):
 
 
 # --------------------------------------------------------------------------- writer
-
-
-def _atomic_write(path: Path, data: bytes) -> None:
-    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
-    with open(tmp, "wb") as f:
-        f.write(data)
-    os.replace(tmp, path)
 
 
 class JsonlWriter:
@@ -611,7 +604,7 @@ class JsonlWriter:
         if self.meta_path is None:
             return
         try:
-            _atomic_write(self.meta_path, json.dumps(self.meta(), separators=(",", ":")).encode())
+            atomic_write(self.meta_path, json.dumps(self.meta(), separators=(",", ":")))
             self._meta_written_at = self._clock()
             self._meta_dirty = False
         except OSError as exc:
