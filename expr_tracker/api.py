@@ -74,7 +74,7 @@ def init(
     """
     global _run
     from expr_tracker.build import build
-    from expr_tracker.spec import resolve
+    from expr_tracker.spec import SpecError, resolve
 
     with _lock:
         cur = _run
@@ -96,10 +96,33 @@ def init(
         if config is not None:
             given["config"] = config
         resolved = resolve(spec, kwargs=given, configure_alert=_configured_alert or None)
-        run = build(resolved)
+        try:
+            run = build(resolved)
+        except SpecError as exc:
+            raise _with_config_keys(exc, spec) from None
         _run = run
         _install_hooks()
     return run
+
+
+def _with_config_keys(exc: Any, spec: Any) -> Any:
+    """A build-time SpecError about values from a Hydra/OmegaConf ``spec``, each issue naming
+    its config key (``tracker.alerts.rules.loss_spike.condition``) as validation errors do."""
+    from dataclasses import replace
+
+    from expr_tracker.spec import SpecError
+
+    full_key = getattr(spec, "_get_full_key", None)
+    prefix = full_key("") if callable(full_key) else None
+    if not prefix:
+        return exc
+    issues = [
+        replace(i, config_key=f"{prefix}.{i.path}")
+        if i.source == "spec" and i.config_key is None
+        else i
+        for i in exc.issues
+    ]
+    return SpecError(issues)
 
 
 def _rules_as_data(rules: Any) -> Any:
@@ -256,13 +279,23 @@ def configure_alert(**values: Any) -> None:
     """Alert configuration for runs started afterwards (the ``alerts`` section of the spec).
 
     Precedence: above ``ET_CONFIG``/``ET_ALERT_CONFIG`` and the environment, below
-    ``et.init(spec=...)`` and ``et.init(alert=...)``. Calling it again merges deeply.
+    ``et.init(spec=...)`` and ``et.init(alert=...)``. Calling it again merges deeply (rules
+    and channels by name).
+
+    Raises:
+        SpecError: an unknown key or a bad value (with its path and a suggestion), or a rule
+            that does not compile; nothing is kept from a call that raises.
+        ChannelConfigError: an unknown channel type or bad channel options.
     """
-    from expr_tracker.spec import merge
+    from expr_tracker.build import check
+    from expr_tracker.spec import merge, resolve
 
     global _configured_alert
     with _lock:
-        _configured_alert = merge(_configured_alert, values, at="alerts")
+        merged = merge(_configured_alert, values, at="alerts")
+        # validated now, on its own (no environment, no files): errors name what was given
+        check(resolve(None, configure_alert=merged, environ={}))
+        _configured_alert = merged
 
 
 def add_alert_rule(rule: Any, **overrides: Any) -> Any:

@@ -102,10 +102,7 @@ def build(resolved: Any, *, environ: dict[str, str] | None = None) -> Run:
         )
 
     # 1. configuration checks: nothing on disk yet
-    _check_plugins(spec.spans)
-    engine = _make_engine(spec, stream, rank)
-    if engine is not None and spec.alerts.channels:
-        _check_channels(spec.alerts, env)
+    engine = check(resolved, env, stream=stream, rank=rank)
 
     # 2. construction; undone if anything fails
     attempt = _Attempt(run_dir, stream, file_rank)
@@ -138,6 +135,26 @@ def _undo_runtime(run: Run, engine: Any) -> None:
     dispatcher = run.dispatcher
     if dispatcher is not None:
         dispatcher.close(timeout=0.5)
+
+
+def check(resolved: Any, environ: Any = None, *, stream: str | None = None, rank: int = 0) -> Any:
+    """Everything a spec can get wrong beyond its schema, checked with no side effect:
+    span plugin types, alert rules (compiled) and channels (built, not started).
+
+    Returns the alert engine with the rules compiled (None when alerts are disabled), for
+    :func:`build` to use. ``et.configure_alert`` calls this to fail at configuration time.
+
+    Raises:
+        SpecError: unknown plugin types; rules that do not compile (every one listed).
+        ChannelConfigError: an unknown channel type or bad channel options.
+    """
+    spec = resolved.spec
+    env = os.environ if environ is None else environ
+    _check_plugins(spec.spans)
+    engine = _make_engine(resolved, stream, rank)
+    if engine is not None and spec.alerts.channels:
+        _check_channels(spec.alerts, env)
+    return engine
 
 
 class _Attempt:
@@ -392,18 +409,56 @@ def rank_alerts(on_rank: Any, rank: int) -> bool:
     return rank == on_rank
 
 
-def _make_engine(spec: Any, stream: str | None, rank: int) -> Any:
-    """The alert engine with every rule compiled (raises RuleError); no thread, no file."""
+def _make_engine(resolved: Any, stream: str | None, rank: int) -> Any:
+    """The alert engine with every rule compiled; no thread, no file.
+
+    Raises:
+        SpecError: listing every rule that does not compile, each with its path
+            (``alerts.rules.<name>.condition``), its source and file:line:column.
+    """
+    spec = resolved.spec
     a = spec.alerts
     if not a.enabled:
         return None
     from expr_tracker.alerts.engine import AlertEngine
+    from expr_tracker.alerts.parse import RuleError
 
-    return AlertEngine(
-        a.rules,
+    engine = AlertEngine(
+        (),
         window=spec.history.alert_window,
         run_info={"project": spec.project, "run": spec.name, "stream": stream, "rank": rank},
         deliver=rank_alerts(a.on_rank, rank),
+    )
+    issues = []
+    for i, rule in enumerate(a.rules):
+        try:
+            engine.add_rule(rule)
+        except RuleError as exc:
+            issues.append(_rule_issue(resolved, i, rule, exc))
+    if issues:
+        from expr_tracker.spec import SpecError
+
+        raise SpecError(issues)
+    return engine
+
+
+def _rule_issue(resolved: Any, index: int, rule: Any, exc: Exception) -> Any:
+    """A SpecIssue for a rule that does not compile: where it is, where it came from."""
+    from expr_tracker.spec import SpecIssue
+    from expr_tracker.spec.errors import join_path
+
+    # the spec names entries of `alerts.rules` by name; a one-line string rule is its own name
+    name = rule if isinstance(rule, str) else getattr(rule, "name", None)
+    base = join_path("alerts.rules", name) if name else f"alerts.rules[{index}]"
+    path = base if isinstance(rule, str) else f"{base}.condition"
+    text = rule if isinstance(rule, str) else getattr(rule, "condition", None)
+    locations = getattr(resolved, "locations", {}) or {}
+    return SpecIssue(
+        path=path,
+        message=str(exc).replace("\n", "\n    "),
+        value=text,
+        source=resolved.source_of(path) if hasattr(resolved, "source_of") else None,
+        location=locations.get(path) or locations.get(base),
     )
 
 

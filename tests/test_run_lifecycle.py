@@ -488,3 +488,33 @@ def test_run_json_records_the_git_commit(tmp_path, monkeypatch):
     et.finish()
     info = json.loads((run.dir / "run.json").read_text())
     assert info["git"] == {"commit": head, "dirty": False}
+
+
+def test_configure_alert_validates_at_configuration_time():
+    from expr_tracker.spec import SpecError
+
+    with pytest.raises(SpecError, match="chanels.*did you mean `channels`"):
+        et.configure_alert(chanels=[])
+    with pytest.raises(ValueError, match="webhok"):
+        et.configure_alert(channels=[{"type": "webhok", "url": "http://127.0.0.1:9/x"}])
+    with pytest.raises(SpecError, match="missing operand"):
+        et.configure_alert(rules=["loss > "])
+    import expr_tracker.api as api
+
+    assert api._configured_alert == {}  # nothing kept from calls that raised
+
+
+def test_rule_errors_name_the_rule_and_the_hydra_key(tmp_path):
+    from omegaconf import OmegaConf
+
+    from expr_tracker.spec import SpecError
+
+    cfg = OmegaConf.create(
+        {"tracker": {"dir": str(tmp_path), "alerts": {"rules": {"spike": {"condition": "x > "}}}}}
+    )
+    with pytest.raises(SpecError) as info:
+        et.init(spec=cfg.tracker)
+    (issue,) = info.value.issues
+    assert issue.path == "alerts.rules.spike.condition"
+    assert issue.config_key == "tracker.alerts.rules.spike.condition"
+    assert "missing operand" in str(info.value)
