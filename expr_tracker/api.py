@@ -188,14 +188,33 @@ def summary() -> Summary:
 
 
 def info() -> dict[str, Any]:
-    """Counters of the current run: rows, cache, disk reads, drops, spans, alerts."""
+    """Counters of the current run (see :meth:`Run.info`).
+
+    Returns a dict: ``project``, ``name``, ``stream``, ``rank``, ``dir``, ``status``;
+    ``history`` (rows logged and on disk, cache rows/bytes and limits, evicted rows, queries,
+    disk queries and bytes read, hit rate, dropped rows by cause, the writer's counters);
+    ``warnings`` (cause -> count); ``spans`` (records written/dropped, plugin failures) when
+    spans are on; ``alerts`` (per rule: evaluations, fires, errors, state; unresolved
+    metrics) when rules exist; ``delivery`` (per channel: sent, failed, suppressed, dropped,
+    pending, alive) when alerts are on.
+
+    Raises:
+        NoActiveRunError: no run is active.
+        ForkedRunError: this is a forked child that inherited the run.
+    """
     return _current().info()
 
 
 def finish(exit_code: int | None = None) -> None:
     """Commit the open row, flush everything and close the run. Idempotent.
 
-    A non-zero ``exit_code`` marks the run ``failed`` in ``run.json``.
+    Order: the open row is committed (so alert rules see it), then spans, the alert engine
+    and delivery (drained within its deadline) close, then the history is flushed and
+    closed, ``summary.json`` and ``run.json`` written. A non-zero ``exit_code`` marks the
+    run ``failed`` in ``run.json``.
+
+    Raises:
+        ForkedRunError: this is a forked child that inherited the run (start its own).
     """
     global _run
     with _lock:
