@@ -72,7 +72,8 @@ def find_span_files(run: str | os.PathLike[str], streams: Any = None) -> list[Sp
 
     ``streams``: None or ``"*"`` for all; a comma-separated string or an iterable of stream
     names otherwise (``"main"`` or ``""`` names the default stream). Raises
-    ``FileNotFoundError`` when ``run`` does not exist or holds no span file.
+    ``FileNotFoundError`` when ``run`` does not exist or holds no span file, and
+    ``ValueError`` naming the streams that exist when a stream asked for has no span file.
     """
     p = Path(run)
     if p.is_file():
@@ -93,6 +94,13 @@ def find_span_files(run: str | os.PathLike[str], streams: Any = None) -> list[Sp
         raise FileNotFoundError(f"no run at {str(p)!r}: not a file or directory")
     wanted = _stream_set(streams)
     if wanted is not None:
+        present = {f.stream or "main" for f in files}
+        unknown = sorted(wanted - present)
+        if unknown:
+            raise ValueError(
+                f"no stream {', '.join(map(repr, unknown))} in {str(p)!r}; streams with span "
+                f"files: {', '.join(sorted(present))} (or * for all)"
+            )
         files = [f for f in files if (f.stream or "main") in wanted]
     for f in files:
         f.host = _host_of(f)
@@ -462,7 +470,7 @@ def build_trace(
     - ``temp_dir``: an existing directory for the SQLite spool.
 
     Raises ``FileNotFoundError`` (no run, no span file, missing temp_dir) and ``ValueError``
-    (a malformed range).
+    (a malformed range, a stream with no span file).
     """
     files, sr, tr = _prepare(run, streams, step_range, time_range)
     stats = _Stats()

@@ -24,7 +24,13 @@ def test_hydra_sweep(tmp_path):
     )
     assert proc.returncode == 0, proc.stderr
     runs = sorted((tmp_path / "runs" / "hydra_sweep").iterdir())
-    assert [r.name for r in runs] == ["sweep_a-0-lr=0.3", "sweep_a-1-lr=0.1", "sweep_a-2-lr=0.03"]
+    stamp = runs[0].name.split("-lr=")[0][: -len("-0")]  # sweep_a-<launch stamp>
+    assert stamp.startswith("sweep_a-")
+    assert [r.name for r in runs] == [
+        f"{stamp}-0-lr=0.3",
+        f"{stamp}-1-lr=0.1",
+        f"{stamp}-2-lr=0.03",
+    ]
     infos = [json.loads((r / "run.json").read_text()) for r in runs]
     assert len({i["group"] for i in infos}) == 1
     assert all(i["status"] == "finished" and i["steps"] == 30 for i in infos)

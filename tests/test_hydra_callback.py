@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import re
 import subprocess
 import sys
 import textwrap
@@ -98,9 +99,16 @@ def test_multirun_one_run_per_job_grouped(app):
     proc = _run(app, "-m", "lr=0.1,0.2", "hydra.sweep.dir=multirun/s1")
     assert proc.returncode == 0, proc.stderr
     runs = _runs(app)
-    assert [r.name for r in runs] == ["multirun_s1-0-lr=0.1", "multirun_s1-1-lr=0.2"]
+    # multirun_s1-<launch stamp>-<num>-<overrides>: one stamp for the whole sweep
+    stamps = {re.fullmatch(r"multirun_s1-(\d{8}-\d{6})-\d-lr=0\.\d", r.name)[1] for r in runs}
+    assert len(stamps) == 1
+    (stamp,) = stamps
+    assert [r.name for r in runs] == [
+        f"multirun_s1-{stamp}-0-lr=0.1",
+        f"multirun_s1-{stamp}-1-lr=0.2",
+    ]
     infos = [json.loads((r / "run.json").read_text()) for r in runs]
-    assert {i["group"] for i in infos} == {"app-multirun_s1"}
+    assert {i["group"] for i in infos} == {f"app-multirun_s1-{stamp}"}
     assert [i["hydra"]["job_num"] for i in infos] == [0, 1]
     assert all(i["status"] == "finished" for i in infos)
     assert [json.loads((r / "config.json").read_text())["lr"] for r in runs] == [0.1, 0.2]

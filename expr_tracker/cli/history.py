@@ -1,7 +1,9 @@
 """``et history RUN``: a run's metrics as a table (people), JSON lines or CSV (scripts).
 
 ``--follow`` prints the newest rows and then every row as it lands until interrupted
-(Ctrl-C exits 0). Output formats:
+(Ctrl-C exits 0) or until the run has ended (``run.json`` says finished, failed or crashed)
+and every row it wrote is printed (exit 0). Like ``tail -F`` it waits for the metrics file
+of a live run that has not written a row yet. Output formats:
 
 - ``table``: a rich table; with ``--follow`` fixed-width lines under one header, so rows
   printed later line up with the first ones;
@@ -53,7 +55,10 @@ def register(subparsers: Any) -> None:
     p.add_argument("--stream", default=None, help="the stream to read (default: the main one)")
     p.add_argument("--format", choices=FORMATS, default="table", help="output format")
     p.add_argument(
-        "-f", "--follow", action="store_true", help="keep printing rows as they land (Ctrl-C)"
+        "-f",
+        "--follow",
+        action="store_true",
+        help="keep printing rows as they land, until the run ends (or Ctrl-C)",
     )
     p.add_argument(
         "--interval", type=float, default=0.5, help="seconds between polls with --follow"
@@ -182,7 +187,7 @@ class Printer:
         heads = ["step", "time", *self.columns]
         cols = [steps, times, *cells]
         need = sum(
-            max(cell_len(h), *(cell_len(v) for v in col))
+            max([cell_len(h), *(cell_len(v) for v in col)])
             for h, col in zip(heads, cols, strict=True)
         )
         need += _GAP * (len(heads) - 1)
@@ -228,7 +233,7 @@ def _step_blocks(
 ) -> list[list[int]]:
     """Row indices split into consecutive blocks whose transposed table fits ``width``
     (at least one step per block)."""
-    name_w = max(cell_len("step"), *(cell_len(c) for c in columns))
+    name_w = max([cell_len("step"), *(cell_len(c) for c in columns)])
     blocks: list[list[int]] = []
     cur: list[int] = []
     used = name_w
@@ -270,21 +275,35 @@ def follow(
     interval: float = 0.5,
     stop: Callable[[], bool] | None = None,
     sleep: Callable[[float], None] = time.sleep,
+    done: Callable[[], bool] | None = None,
 ) -> int:
     """Call ``on_rows`` with the rows appended to ``path`` after byte ``offset``, until
-    ``stop()`` is true (or forever). Returns the offset reached.
+    ``stop()`` is true, or — when ``done`` is given — until ``done()`` says the writer has
+    finished and every complete line it wrote has been passed on (or forever). Returns the
+    offset reached.
 
     Only complete lines are decoded; a partial last line waits for its newline. A file
-    that shrinks (replaced, or a torn line repaired) is followed from its new end.
+    that shrinks (replaced, or a torn line repaired) is followed from its new end; a file
+    that does not exist yet is waited for. ``done`` is asked only when no new data is
+    there, and the file is read once more after it says yes, so the writer must finish
+    writing before ``done()`` turns true (the run closes its metrics file before
+    ``run.json`` says finished).
     """
     from expr_tracker.history.codec import decode_line
 
     carry = b""
+    finishing = False
     while stop is None or not stop():
         try:
             size = os.stat(path).st_size
         except OSError:
             size = offset
+        if size == offset and done is not None:
+            if finishing:
+                break  # read once more after done() said yes: nothing left
+            if done():
+                finishing = True
+                continue
         if size < offset:
             offset, carry = size, b""
         if size > offset:
@@ -326,8 +345,41 @@ def _complete_end(path: Path) -> int:
     return size - len(tail) + nl + 1
 
 
+_ENDED = ("finished", "failed", "crashed")
+
+
+def _run_info_path(run: str | os.PathLike[str], path: Path, stream: str | None) -> Path | None:
+    """The ``run[.S][.rankN].json`` describing the writer of metrics file ``path`` (None for
+    a file whose name is not a metrics file name)."""
+    from expr_tracker.history.paths import file_name, parse_metrics_name
+
+    if Path(run).is_dir():
+        return path.with_name(file_name("run", stream))
+    parsed = parse_metrics_name(path.name)
+    if parsed is None:
+        return None
+    return path.with_name(file_name("run", parsed[0], parsed[1]))
+
+
+def _status(info_path: Path | None) -> str | None:
+    """The run's status (``crashed`` when run.json says running but its process is gone);
+    None without a readable run.json. Never rewrites the file."""
+    from expr_tracker.history.runinfo import read_run_info
+
+    if info_path is None:
+        return None
+    info = read_run_info(info_path, repair=False)
+    status = info.get("status") if info is not None else None
+    return status if isinstance(status, str) else None
+
+
 def run_history(args: argparse.Namespace, out: IO[str] | None = None) -> int:
-    """The ``et history`` command; returns the exit code (0 ok, 1 no such run, 2 usage)."""
+    """The ``et history`` command; returns the exit code (0 ok, 1 no such run, 2 usage).
+
+    With ``--follow`` on a run directory whose ``run[.S].json`` says running but that has
+    no metrics file yet, the file is waited for. Following stops (exit 0) once the run has
+    ended (``finished``/``failed``/``crashed``) and every row it wrote has been printed.
+    """
     from expr_tracker.history.frame import (
         columns_of,
         parse_columns,
@@ -335,7 +387,7 @@ def run_history(args: argparse.Namespace, out: IO[str] | None = None) -> int:
         unknown_columns,
         unknown_message,
     )
-    from expr_tracker.history.paths import resolve_run_path
+    from expr_tracker.history.paths import file_name, resolve_run_path
     from expr_tracker.history.query import check_n, parse_step_range
     from expr_tracker.history.reader import JsonlReader
 
@@ -348,29 +400,49 @@ def run_history(args: argparse.Namespace, out: IO[str] | None = None) -> int:
     except (TypeError, ValueError) as exc:
         err.write(f"et history: {exc}\n")
         return 2
+    waiting = False
     try:
         path = resolve_run_path(args.run, stream=args.stream)
     except (FileNotFoundError, ValueError) as exc:
-        err.write(f"et history: {exc}\n")
-        return 1
-    end = _complete_end(path)
-    reader = JsonlReader(path, end=end)
-    rows = reader.tail(n) if bounds is None else reader.read_range(*bounds)
-    if n is not None and len(rows) > n:
-        rows = rows[-n:] if n else []
+        # like `tail -F`: a live run that has not written a row yet will create the file
+        path = None
+        if args.follow and isinstance(exc, FileNotFoundError) and Path(args.run).is_dir():
+            want = Path(args.run) / file_name("metrics", args.stream)
+            if _status(_run_info_path(args.run, want, args.stream)) == "running":
+                path, waiting = want, True
+        if path is None:
+            err.write(f"et history: {exc}\n")
+            return 1
+    info_path = _run_info_path(args.run, path, args.stream) if args.follow else None
+    if waiting:
+        err.write(f"et history: waiting for {path.name} in {str(args.run)!r} (the run is live)\n")
+        end, rows = 0, []
+    else:
+        end = _complete_end(path)
+        reader = JsonlReader(path, end=end)
+        rows = reader.tail(n) if bounds is None else reader.read_range(*bounds)
+        if n is not None and len(rows) > n:
+            rows = rows[-n:] if n else []
     for name, close in unknown_columns(rows, cols):
         # a metric may appear later in a live run: say so, but print what there is (exit 0)
         err.write(f"et history: warning: {unknown_message(name, close, len(rows))}\n")
     rows = shape(rows, cols)
     printer = Printer(args.format, out, follow=args.follow)
-    printer.start(cols if cols is not None else columns_of(rows))
-    printer.rows(rows)
+    # with --follow and nothing to show yet, the columns come from the first rows that land
+    started = not (args.follow and not rows and cols is None and args.format != "json")
+    if started:
+        printer.start(cols if cols is not None else columns_of(rows))
+        printer.rows(rows)
+    if not rows and args.format == "table" and n != 0 and not waiting:
+        what = f"in --step-range {args.step_range}" if bounds is not None else "to show"
+        err.write(f"et history: no rows {what} ({path.name} in {str(args.run)!r})\n")
     if not args.follow:
         return 0
     lo = bounds[0] if bounds and bounds[0] is not None else None
     hi = bounds[1] if bounds and bounds[1] is not None else None
 
     def on_rows(new: list[dict[str, Any]]) -> None:
+        nonlocal started
         if lo is not None or hi is not None:
             new = [
                 r
@@ -379,11 +451,27 @@ def run_history(args: argparse.Namespace, out: IO[str] | None = None) -> int:
                 and (lo is None or r["_step"] >= lo)
                 and (hi is None or r["_step"] < hi)
             ]
-        if new:
-            printer.rows(shape(new, cols))
+        if not new:
+            return
+        new = shape(new, cols)
+        if not started:
+            printer.start(columns_of(new))
+            started = True
+        printer.rows(new)
+
+    def done() -> bool:
+        return _status(info_path) in _ENDED
 
     try:
-        follow(path, end, on_rows, interval=max(0.01, args.interval))
+        follow(
+            path,
+            end,
+            on_rows,
+            interval=max(0.01, args.interval),
+            done=done if info_path is not None else None,
+        )
     except KeyboardInterrupt:
         pass
+    if not started and args.format == "csv":
+        printer.start(cols or [])  # the header, as without --follow
     return 0

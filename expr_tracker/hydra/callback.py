@@ -18,10 +18,17 @@ Naming (a spec's own ``name``/``group`` wins where noted):
 
 - single run: ``name`` from the spec, else a timestamp; ``group`` from the spec.
 - multirun: one run per job named ``<prefix>-<hydra.job.num>[-<hydra.job.override_dirname>]``
-  where ``<prefix>`` is the spec's ``name`` or else the sweep's directory stamp (the last two
-  parts of ``hydra.sweep.dir``, ``2024-05-01_12-00-00`` by default), so two sweeps never
-  continue each other's runs; ``group`` is the spec's ``group`` or else
-  ``<hydra.job.name>-<stamp>``: every job of one sweep shares it.
+  where ``<prefix>`` is the spec's ``name`` or else the sweep's stamp: the last two parts of
+  ``hydra.sweep.dir`` (``2024-05-01_12-00-00`` by default), followed by the launch time
+  (``multirun_docs-20240501-120000``) unless the directory already names this launch's time
+  (Hydra's default ``${now:...}`` directories). The launch time is taken once per sweep in
+  ``on_multirun_start`` and travels with the callback (launchers pickle it into the job
+  processes); without it, the time ``multirun.yaml`` was written into the sweep directory,
+  else the process start time. So the names are stable within one sweep, and two sweeps —
+  even into the same ``hydra.sweep.dir`` — never continue each other's runs. ``group`` is
+  the spec's ``group`` or else ``<hydra.job.name>-<stamp>``: every job of one sweep shares it.
+  A spec ``name`` is used as given (jobs of two sweeps with the same ``tracker.name`` share
+  runs: that is asking for it).
 
 ``run.json`` gets a ``hydra`` record: the job's ``output_dir``, the ``.hydra/`` directory
 holding Hydra's own ``config.yaml``, ``hydra.yaml`` and ``overrides.yaml`` (their location,
@@ -32,8 +39,11 @@ from __future__ import annotations
 
 import hashlib
 import logging
+import math
 import os
 import re
+import time
+from datetime import datetime
 from pathlib import Path
 from typing import Any
 
@@ -62,6 +72,45 @@ def sweep_stamp(sweep_dir: str) -> str:
     """``multirun/2024-05-01/12-00-00`` -> ``2024-05-01_12-00-00`` (the last two parts)."""
     parts = [p for p in Path(sweep_dir).parts if p not in ("", "/", ".")]
     return _safe("_".join(parts[-2:])) if parts else "sweep"
+
+
+_PROCESS_START = time.time()  # the last fallback for a sweep's launch time
+_LAUNCH_FMT = "%Y%m%d-%H%M%S"
+#: Hydra's default sweep directory ``multirun/${now:%Y-%m-%d}/${now:%H-%M-%S}`` as a stamp
+_DIR_TIME_FMT = "%Y-%m-%d_%H-%M-%S"
+_DIR_TIME_SLACK = 120.0  # seconds between composing the config and on_multirun_start
+
+
+def launch_stamp(launched_at: float) -> str:
+    """``1714564800.0`` -> ``20240501-120000`` (local time, to the second)."""
+    return time.strftime(_LAUNCH_FMT, time.localtime(launched_at))
+
+
+def sweep_prefix(sweep_dir: str, launched_at: float) -> str:
+    """The run-name prefix of one sweep launch: :func:`sweep_stamp` of the directory, then
+    ``-<launch stamp>`` unless the directory's stamp is itself a time within a couple of
+    minutes of the launch (Hydra's default ``${now:...}`` sweep directory), which already
+    tells this launch from any other."""
+    stamp = sweep_stamp(sweep_dir)
+    try:
+        dir_time = datetime.strptime(stamp, _DIR_TIME_FMT).timestamp()
+    except ValueError:
+        dir_time = None
+    if dir_time is not None and abs(dir_time - launched_at) <= _DIR_TIME_SLACK:
+        return stamp
+    return f"{stamp}-{launch_stamp(launched_at)}"
+
+
+def _fallback_launch_time(sweep_dir: str) -> float:
+    """When ``on_multirun_start`` did not run in this callback's lineage: the time Hydra's
+    sweeper wrote ``<sweep dir>/multirun.yaml`` (once per launch, before any job), else the
+    start of this process."""
+    if sweep_dir:
+        try:
+            return os.stat(Path(sweep_dir) / "multirun.yaml").st_mtime
+        except OSError:
+            pass
+    return _PROCESS_START
 
 
 def job_run_name(prefix: str, num: Any, override_dirname: str = "") -> str:
@@ -117,6 +166,29 @@ class TrackerCallback(Callback):
             for k, v in init_kwargs.items()
         }
         self.run: Any = None
+        #: epoch seconds of this sweep's launch (set in ``on_multirun_start``; pickled with
+        #: the callback into job processes)
+        self.launched_at: float | None = None
+
+    # ------------------------------------------------------------------ sweep start
+
+    def on_multirun_start(self, config: DictConfig, **kwargs: Any) -> None:
+        """Take the sweep's launch time once: it makes this sweep's run names unique.
+
+        The stamp has one-second resolution: when the previous launch into the same sweep
+        directory (its ``multirun.yaml``) was in this very second, wait for the next one.
+        """
+        now = time.time()
+        sweep_dir = OmegaConf.select(config, "hydra.sweep.dir", default=None)
+        if sweep_dir:
+            try:
+                previous = os.stat(Path(str(sweep_dir)) / "multirun.yaml").st_mtime
+            except OSError:
+                previous = None
+            if previous is not None and launch_stamp(previous) == launch_stamp(now):
+                time.sleep(max(0.0, math.floor(now) + 1.001 - now))
+                now = time.time()
+        self.launched_at = now
 
     # ------------------------------------------------------------------ job start
 
@@ -146,7 +218,10 @@ class TrackerCallback(Callback):
             return
         spec_name = OmegaConf.select(spec, "name", default=None) if spec is not None else None
         spec_group = OmegaConf.select(spec, "group", default=None) if spec is not None else None
-        stamp = sweep_stamp(str(OmegaConf.select(hydra_cfg, "sweep.dir", default="") or ""))
+        sweep_dir = str(OmegaConf.select(hydra_cfg, "sweep.dir", default="") or "")
+        if self.launched_at is None:
+            self.launched_at = _fallback_launch_time(sweep_dir)
+        stamp = sweep_prefix(sweep_dir, self.launched_at)
         job = hydra_cfg.job
         num = OmegaConf.select(job, "num", default=0)
         dirname = str(OmegaConf.select(job, "override_dirname", default="") or "")
