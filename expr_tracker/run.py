@@ -226,8 +226,12 @@ class Run:
         now = time.time()
         info["ended_at"] = now
         info["duration_s"] = round(now - float(info.get("started_at") or now), 3)
-        info["steps"] = self.history.rows_committed
-        info["last_step"] = (self.history.last_row or {}).get("_step")
+        # over every attempt of the run, as `et runs` counts them (a resume continues at
+        # the file's highest step + 1)
+        resumed_at = int(info.get("resumed_at_step") or 0)
+        info["steps"] = resumed_at + self.history.rows_committed
+        last = (self.history.last_row or {}).get("_step")
+        info["last_step"] = last if last is not None else (resumed_at - 1 if resumed_at else None)
         if self.exception is not None:
             etype, evalue, tb = self.exception
             info["status"] = "failed"

@@ -139,3 +139,77 @@ def test_reference_check_stale(tmp_path, capsys):
     assert main(["config", "reference", "-o", str(out), "--check"]) == 1
     assert main(["config", "reference", "-o", str(out)]) == 0
     assert main(["config", "reference", "-o", str(out), "--check"]) == 0
+
+
+def test_validate_compiles_rules_like_rules_check(tmp_path, capsys):
+    f = tmp_path / "run.yaml"
+    f.write_text(
+        'history:\n  alert_window: 100\nalerts:\n  rules:\n    bad: {condition: "zscore(loss[50]) > "}\n'
+        "    wide:\n      condition: mean(loss[500]) > 1\n    lvl: {condition: loss > 1, level: bogus}\n"
+    )
+    assert main(["config", "validate", str(f)]) == 1
+    out = capsys.readouterr().out
+    assert f"{f}:5:41: alerts.rules.bad.condition: syntax error" in out
+    assert f"{f}:7:18: alerts.rules.wide.condition: window loss[500] is wider than" in out
+    assert out.count("alerts.rules.lvl.level") == 1  # reported once, by the spec validation
+    alerts = tmp_path / "alerts.yaml"
+    alerts.write_text("rules:\n  - name: n\n    condition: nope(loss) > 1\n")
+    assert main(["config", "validate", str(alerts)]) == 1
+    out = capsys.readouterr().out
+    assert f"{alerts}:3:16: alerts.rules.n.condition: unknown function 'nope'" in out
+    toml = tmp_path / "a.toml"
+    toml.write_text('[alerts.rules.bad]\ncondition = "loss >"\n')
+    assert main(["config", "validate", str(toml)]) == 1
+    assert "alerts.rules.bad.condition: syntax error" in capsys.readouterr().out
+
+
+def test_validate_messages_have_no_placeholder(tmp_path, capsys):
+    dup = tmp_path / "dup.yaml"
+    dup.write_text("project: p\nhistory:\n  buffer: {size: 1}\n  buffer: {size: 2}\n")
+    missing = tmp_path / "nonexist.yaml"
+    assert main(["config", "validate", str(dup), str(missing)]) == 1
+    out = capsys.readouterr().out
+    assert "<spec>" not in out
+    assert f"{dup}:4:3: history.buffer: duplicate key 'buffer'" in out
+    assert f"  {missing}: file not found" in out and "(from file" not in out
+
+
+@pytest.mark.parametrize("form", ["mapping", "list"])
+def test_validate_bool_channel_name_points_at_the_entry(tmp_path, capsys, form):
+    f = tmp_path / "ch.yaml"
+    if form == "mapping":
+        f.write_text("alerts:\n  channels:\n    c1: {type: console}\n    off: {type: console}\n")
+        where = f"{f}:4:5: alerts.channels[1].name"
+    else:
+        f.write_text("alerts:\n  channels:\n    - type: console\n      name: on\n")
+        where = f"{f}:4:7: alerts.channels[0].name"
+    assert main(["config", "validate", str(f)]) == 1
+    out = capsys.readouterr().out
+    assert where in out
+    assert "YAML reads off/on/yes/no as booleans: quote the name" in out
+
+
+def test_show_locations_only_for_values_from_that_file(tmp_path, monkeypatch, capsys):
+    alerts = tmp_path / "ac.yaml"
+    alerts.write_text("alerts:\n  watchdog_interval: 2\n  channels:\n    - type: console\n")
+    spec = tmp_path / "run.yaml"
+    spec.write_text("history:\n  buffer:\n    size: 10\n")
+    monkeypatch.setenv("ET_ALERT_CONFIG", str(alerts))
+    monkeypatch.setenv("ET_SLACK_WEBHOOK_URL", "https://hooks/secret-x")
+    rows = {p: (v, s, w) for p, v, s, w in show_rows(str(spec), ["history.buffer.interval=3"])}
+    assert rows["alerts.channels.slack.url"] == ("***", "env ET_SLACK_WEBHOOK_URL", "")
+    assert rows["alerts.channels.console.type"] == ("console", "ET_ALERT_CONFIG", f"{alerts}:4:7")
+    assert rows["history.buffer.interval"] == (3.0, "override", "")
+    assert rows["history.buffer.size"] == (10, "file", f"{spec}:3:5")
+    toml = tmp_path / "ac.toml"
+    toml.write_text("[alerts]\nwatchdog_interval = 2\n")
+    monkeypatch.setenv("ET_ALERT_CONFIG", str(toml))
+    rows = {p: (v, s, w) for p, v, s, w in show_rows(None, [])}
+    assert rows["alerts.watchdog_interval"] == (2.0, "ET_ALERT_CONFIG", str(toml))  # one format
+    assert main(["config", "show", str(spec), "--overrides", "history.buffer.size=-1"]) == 1
+    err = capsys.readouterr().err
+    assert "history.buffer.size: -1 is not valid" in err and "(from override)" in err
+    assert "et.init" not in err and f"{spec}:" not in err
+    assert main(["config", "show", "--overrides", "histroy.buffer.size=1"]) == 1
+    err = capsys.readouterr().err
+    assert "unknown override key" in err and "did you mean `history`?" in err

@@ -246,3 +246,83 @@ def test_check_window_follows_history_alert_window(tmp_path, capsys):
     code, out = et(capsys, "check", f)
     assert code == 1 and "alert_window=4096" in out
     assert f"{f}:4:11: window: there is no alerts.window: set history.alert_window" in out
+
+
+def test_unit_tests_missing_rule_file_is_an_error(tmp_path, capsys):
+    write(tmp_path, "alerts.yaml", GOOD)
+    t = write(
+        tmp_path,
+        "t.yaml",
+        "rule_files: [alert.yaml]\ntests:\n  - input_series: {loss: '1 nan'}\n"
+        "    expected_alerts: [{rule: nan, steps: [1]}]\n",
+    )
+    code, out = et(capsys, "test", t)
+    assert code == 1, out
+    assert f"{t}:1:14: rule_files[0]: cannot read alert.yaml: file not found" in out
+    assert "nan'" not in out.split("file not found", 1)[1]  # never read as a rule
+
+
+def test_unit_tests_reject_unknown_keys_with_suggestions(tmp_path, capsys):
+    write(tmp_path, "alerts.yaml", GOOD)
+    t = write(
+        tmp_path,
+        "t.yaml",
+        "rule_files: [alerts.yaml]\ntests:\n  - input_series: {loss: '1 nan'}\n"
+        "    expected_alert: [{rule: nan, steps: [1]}]\n"
+        "    extra_field: 1\n"
+        "  - input_series: {loss: '1 nan'}\n"
+        "    expected_alerts: [{rule: nan, steps: [1], level: critical}, {rule: nann}]\n",
+    )
+    code, out = et(capsys, "test", t)
+    assert code == 1 and "SUCCESS" not in out
+    assert (
+        f"{t}:4:5: unknown key 'expected_alert' in a test (did you mean 'expected_alerts'?)" in out
+    )
+    assert f"{t}:5:5: unknown key 'extra_field' in a test;" in out
+    assert f"{t}:7:47: unknown key 'level' in an expected alert;" in out
+    assert f"{t}:7:72: no rule named 'nann' (did you mean 'nan'?)" in out
+
+
+def test_unit_test_without_expectations_warns(tmp_path, capsys):
+    write(tmp_path, "alerts.yaml", GOOD)
+    t = write(
+        tmp_path,
+        "t.yaml",
+        "rule_files: [alerts.yaml]\ntests:\n  - name: checks nothing\n"
+        "    input_series: {loss: '1 nan'}\n"
+        "  - input_series: {loss: '1 nan'}\n    expected_alerts: [{rule: nan, steps: [1]}]\n",
+    )
+    code, out = et(capsys, "test", t)
+    assert code == 0, out  # still runs, as promtool does; warnings never fail `test`
+    assert "SUCCESS: 2 tests passed" in out
+    assert f"{t}:3:5: WARNING: checks nothing: no expected_alerts" in out
+    assert "FAILED" not in out
+
+
+def test_unit_tests_inline_rules_checked_with_locations(tmp_path, capsys):
+    t = write(
+        tmp_path,
+        "t.yaml",
+        "rules:\n  spike: 'zscore(loss[5]) > '\ntests:\n  - input_series: {loss: '1'}\n"
+        "    expected_alerts: [{rule: spike, steps: []}]\n",
+    )
+    code, out = et(capsys, "test", t)
+    assert code == 1 and f"{t}:2:" in out and "missing operand" in out
+
+
+def test_test_nonexistent_file_says_so(tmp_path, capsys):
+    missing = str(tmp_path / "nonexist.yaml")
+    code, out = et(capsys, "test", missing)
+    assert code == 2 and f"{missing}: no such file" in out and "--run" not in out
+    code, out = et(capsys, "test", missing, "--run", str(make_run(tmp_path)))
+    assert code == 2 and "no such file" in out
+
+
+def test_check_locates_bool_channel_names_with_a_hint(tmp_path, capsys):
+    f = write(
+        tmp_path,
+        "ch.yaml",
+        "rules: {a: 'loss > 1'}\nchannels:\n  c1: {type: console}\n  off: {type: console}\n",
+    )
+    code, out = et(capsys, "check", f)
+    assert code == 1 and f"{f}:4:" in out and "quote it" in out

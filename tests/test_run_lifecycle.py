@@ -518,3 +518,20 @@ def test_rule_errors_name_the_rule_and_the_hydra_key(tmp_path):
     assert issue.path == "alerts.rules.spike.condition"
     assert issue.config_key == "tracker.alerts.rules.spike.condition"
     assert "missing operand" in str(info.value)
+
+
+def test_run_json_counts_steps_over_every_attempt(tmp_path):
+    start(tmp_path)
+    for i in range(3):
+        et.log({"a": i})
+    et.finish()
+    run = start(tmp_path)
+    et.log({"a": 3})
+    et.log({"a": 4})
+    et.finish()
+    info = json.loads((run.dir / "run.json").read_text())
+    assert (info["steps"], info["last_step"]) == (5, 4)
+    run = start(tmp_path)
+    et.finish()
+    info = json.loads((run.dir / "run.json").read_text())
+    assert (info["steps"], info["last_step"]) == (5, 4)

@@ -187,3 +187,9 @@ def test_validate_json_file_has_locations(tmp_path):
     (issue,) = validate_file(f)
     assert issue.path == "history.buffer.size"
     assert issue.location == (str(f), 3, 16)
+
+
+def test_issue_of_the_root_shows_no_placeholder():
+    issue = SpecIssue("", "duplicate key 'a'", location=("a.yaml", 4, 5))
+    assert issue.format() == "a.yaml:4:5: duplicate key 'a'"
+    assert SpecIssue("", "file not found: x.yaml").format() == "file not found: x.yaml"

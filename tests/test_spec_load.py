@@ -635,3 +635,32 @@ def test_duplicate_keys_are_reported_with_line_and_column(tmp_path):
 def test_merge_keys_may_override_without_being_duplicates(tmp_path):
     text = "base: &b {x: 1, y: 2}\nother:\n  <<: *b\n  x: 3\n"
     assert load_yaml(write(tmp_path / "m.yaml", text))["other"] == {"x": 3, "y": 2}
+
+
+def test_duplicate_keys_and_root_problems_name_their_path(tmp_path):
+    from expr_tracker.spec import validate_file
+
+    text = "alerts:\n  channels:\n    - type: console\n      enabled: true\n      enabled: false\n"
+    path = write(tmp_path / "dup.yaml", text)
+    (issue,) = validate_file(path)
+    assert issue.path == "alerts.channels.console.enabled"
+    assert issue.format().startswith(f"{path}:5:7: alerts.channels.console.enabled: duplicate")
+    (missing,) = validate_file(tmp_path / "nonexist.yaml")
+    assert "<spec>" not in missing.format() and missing.format().startswith("file not found")
+
+
+def test_bool_channel_name_in_mapping_form_located_at_its_entry(tmp_path):
+    path = write(tmp_path / "ch.yaml", "alerts:\n  channels:\n    a: {type: console}\n    no: {}\n")
+    with pytest.raises(SpecError) as info:
+        resolve(path, environ={})
+    text = str(info.value)
+    assert f"{path}:4:5: alerts.channels[1].name: False is not valid: must be a string" in text
+    assert "YAML reads off/on/yes/no as booleans: quote the name" in text
+
+
+def test_errors_of_keyword_values_are_not_located_in_a_file(tmp_path):
+    path = write(tmp_path / "run.yaml", "history:\n  buffer:\n    interval: 1\n")
+    with pytest.raises(SpecError) as info:
+        resolve(path, kwargs={"buffer_size": -1}, environ={})
+    (issue,) = info.value.issues
+    assert (issue.path, issue.source, issue.location) == ("history.buffer.size", "init", None)

@@ -5,7 +5,8 @@
   problem as ``file:line:column: path: ...``. Exit 0 when every file is valid, 1 otherwise.
 - ``et config show [FILE] [--overrides k=v ...]`` — the spec a run would get (defaults <
   environment < ``ET_ALERT_CONFIG`` < ``ET_CONFIG`` < FILE < overrides), one row per value
-  with where it came from; secrets are ``***``. ``--format json`` prints the same as JSON.
+  with its source (``default``, ``env VAR``, ``ET_ALERT_CONFIG``, ``ET_CONFIG``, ``file``,
+  ``override``) and, for a value read from a file, ``file:line:column``; secrets are ``***``. ``--format json`` prints the same as JSON.
 - ``et config reference [-o FILE] [--check]`` — the Markdown configuration reference
   (``docs/configuration.md``), generated from the models so it cannot drift.
 """
@@ -15,6 +16,7 @@ from __future__ import annotations
 import argparse
 import json
 import sys
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
@@ -113,6 +115,7 @@ def cmd_validate(args: argparse.Namespace) -> int:
     for file in args.files:
         kind = detect_kind(file) if args.kind == "auto" else args.kind
         issues = validate_file(file, kind=kind)
+        issues += rule_issues(file, kind, issues)
         if not issues:
             print(
                 f"SUCCESS: {file} ({kind} spec)" if kind == "run" else f"SUCCESS: {file} (alerts)"
@@ -121,11 +124,82 @@ def cmd_validate(args: argparse.Namespace) -> int:
         failed += 1
         print(f"FAILED: {file}")
         for issue in issues:
+            if issue.source == f"file:{file}":
+                issue = replace(issue, source=None)  # the line names the file already
             text = issue.format()
             if issue.location is None:
                 text = f"{file}: {text}"
             print(f"  {text}")
     return 1 if failed else 0
+
+
+def rule_issues(file: str, kind: str, found: list) -> list:
+    """Compile the alert rules of ``file`` as ``et.init`` would, with the checks of
+    ``et rules check`` (``cli.rules.rule_problems``): a ``SpecIssue`` per error, at its
+    ``file:line:column`` with its spec path (``alerts.rules.bad.condition``). Problems at a
+    path that ``found`` (the spec validation's issues) already reports are left out, and so
+    is everything when the file could not be read."""
+    from expr_tracker.cli.rules import DEFAULT_ALERT_WINDOW, _alert_window, _Located, rule_problems
+    from expr_tracker.spec import SpecIssue, load_file
+
+    if any(not issue.path or issue.path == "alerts" for issue in found):
+        return []  # unreadable, not a mapping, duplicate keys, or a bad alerts section
+    doc = None
+    try:
+        if Path(file).suffix.lower() == ".toml":
+            data, _ = load_file(file)
+        else:
+            doc = _Located(Path(file).read_text(encoding="utf-8"))
+            data = doc.data
+    except Exception:  # reported by the spec validation
+        return []
+    if not isinstance(data, dict):
+        return []
+    window = DEFAULT_ALERT_WINDOW
+    if kind == "run" or isinstance(data.get("alerts"), dict):
+        base, section = ("alerts",), data.get("alerts")
+        window = _alert_window(data) if kind == "run" else window
+    else:
+        base, section = (), data
+    if not isinstance(section, dict):
+        return []
+    problems, _ = rule_problems(doc or _Unlocated(), section, base, window)
+    reported = {issue.path for issue in found}
+    out = []
+    for p in problems:
+        if p["severity"] != "errors":
+            continue
+        parts = p["path"] if base else ("alerts", *p["path"])
+        path = _dotted(parts, data if base else {"alerts": data})
+        if path in reported or any(r.startswith((path + ".", path + "[")) for r in reported):
+            continue
+        location = (file, p["line"], p["column"]) if doc is not None else None
+        out.append(SpecIssue(path, p["message"], location=location))
+    return out
+
+
+class _Unlocated:
+    """Stands in for a located document (TOML): no line or column for anything."""
+
+    def where(self, *args: Any) -> tuple[None, None]:
+        return None, None
+
+    where_key = where
+
+
+def _dotted(parts: tuple, data: Any) -> str:
+    """The spec path of document keys ``parts``: list items of named lists by entry name."""
+    from expr_tracker.spec.errors import join_path
+    from expr_tracker.spec.load import _item_key
+
+    path, node = "", data
+    for part in parts:
+        if isinstance(node, list) and isinstance(part, int) and 0 <= part < len(node):
+            key, node = _item_key(path, node[part], part), node[part]
+        else:
+            key, node = part, node.get(part) if isinstance(node, dict) else None
+        path = join_path(path, key)
+    return path
 
 
 # ------------------------------------------------------------------ show
@@ -164,38 +238,60 @@ def parse_overrides(items: list[str]) -> dict[str, Any]:
 
 
 def describe(source: str) -> str:
-    """Short source label for ``et config show``: ``default``, ``env VAR``, ``ET_CONFIG <path>``,
-    ``ET_ALERT_CONFIG <path>``, ``file <path>``, ``override``."""
+    """Short source label for ``et config show``: ``default``, ``env VAR``, ``ET_CONFIG``,
+    ``ET_ALERT_CONFIG``, ``file``, ``override`` (the location column names the file)."""
     kind, _, rest = source.partition(":")
     if source == "init":
         return "override"
     if kind == "env":
         return f"env {rest}"
-    if kind in ("ET_CONFIG", "ET_ALERT_CONFIG", "file") and rest:
-        return f"{kind} {rest}"
-    return source
+    return kind
+
+
+def _as_override(exc: Any) -> Any:
+    """A ``SpecError`` from the ``--overrides`` values (``et.init`` keywords to ``resolve``)
+    worded for the command line: their source is ``override``."""
+    from expr_tracker.spec import SpecError
+
+    issues = []
+    for issue in exc.issues:
+        if issue.source == "init":
+            message = issue.message
+            if message == "unknown keyword argument of et.init()":
+                message = "unknown override key (a dotted spec path or an et.init keyword)"
+            issue = replace(issue, source="override", message=message, location=None)
+        issues.append(issue)
+    title = exc.title
+    if title == "invalid et.init() arguments":
+        title = "invalid --overrides"
+    return SpecError(issues, title=title)
 
 
 def show_rows(file: str | None, overrides: list[str]) -> list[tuple[str, Any, str, str]]:
-    """``(path, redacted value, source label, "file:line:col" or "")`` for every spec leaf.
+    """``(path, redacted value, source label, location)`` for every spec leaf; the location
+    is ``file:line:col`` (``file`` alone when the file has no line numbers, as TOML) for a
+    value read from a file, else empty.
 
     Raises:
         SpecError: the file, an environment source or an override is invalid.
         ValueError: a malformed override.
     """
-    from expr_tracker.spec import resolve
+    from expr_tracker.spec import SpecError, resolve
 
     kwargs = parse_overrides(overrides)
-    resolved = resolve(file, kwargs=kwargs or None)
+    try:
+        resolved = resolve(file, kwargs=kwargs or None)
+    except SpecError as exc:
+        raise _as_override(exc) from None
     rows = []
     for path, value, source, location in resolved.rows():
-        where = f"{location[0]}:{location[1]}:{location[2]}" if location else ""
-        if source == "default":
-            where = ""  # an enclosing entry's location, not this value's
-        label = describe(source)
-        if where and source.endswith(":" + location[0]):
-            label = source.partition(":")[0]  # the location column names the file
-        rows.append((path, value, label, where))
+        kind, _, origin = source.partition(":")
+        where = ""
+        if kind in ("ET_CONFIG", "ET_ALERT_CONFIG", "file") and origin:
+            where = origin
+            if location and location[0] == origin:
+                where = f"{origin}:{location[1]}:{location[2]}"
+        rows.append((path, value, describe(source), where))
     return rows
 
 

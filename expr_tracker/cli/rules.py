@@ -173,6 +173,8 @@ class _Located:
                 for k, v in node.value:
                     if getattr(k, "value", None) == key:
                         found = k, v
+                if found == (None, None) and isinstance(key, int) and key < len(node.value):
+                    found = node.value[key]  # a named list written as a mapping, by position
             key_node, node = found
         return key_node, node
 
@@ -260,8 +262,6 @@ def check_file(path: str, known: set[str] | None = None) -> dict:
 
     Point windows are capped by ``history.alert_window`` when the file is a whole run spec
     (it has an ``alerts`` section), by the default 4096 otherwise."""
-    from expr_tracker.alerts import RuleError, compile_expr
-    from expr_tracker.alerts.rules import entry_errors
     from expr_tracker.spec.load import duplicate_key_message
 
     result = {"file": path, "errors": [], "warnings": [], "rules": 0}
@@ -310,53 +310,75 @@ def check_file(path: str, known: set[str] | None = None) -> dict:
             message = duplicate_key_message(key, first)
         problem("errors", line, col, message)
 
+    problems, result["rules"] = rule_problems(doc, section, base, window, known)
+    for p in problems:
+        problem(p["severity"], p["line"], p["column"], p["message"])
+
+    for message, loc in _validate_section(section):
+        problem("errors", *doc.where((*base, *loc)), message)
+    return _status(result)
+
+
+def rule_problems(doc, section, base=(), window=DEFAULT_ALERT_WINDOW, known=None):
+    """Compile every rule of an alerts ``section`` (``doc``: a ``_Located`` document, the
+    section at ``base`` in it) as the engine would: ``(problems, number of valid rules)``.
+
+    Each problem is ``{"severity": "errors"|"warnings", "line", "column", "message",
+    "path"}`` with ``path`` the tuple of keys at fault in the document. Shared by
+    ``et rules check``, ``et rules test`` (inline rules) and ``et config validate``."""
+    from expr_tracker.alerts import RuleError, compile_expr
+    from expr_tracker.alerts.rules import entry_errors
+
+    problems: list[dict] = []
+    count = 0
+
+    def problem(severity, path, where, message):
+        line, col = where
+        problems.append(
+            {"severity": severity, "line": line, "column": col, "message": message, "path": path}
+        )
+
     names: dict[str, tuple[int, int]] = {}
-    for rpath, (kind, value, extra), named in _rule_entries(section.get("rules"), (*base, "rules")):
+    rules = section.get("rules") if isinstance(section, dict) else None
+    for rpath, (kind, value, extra), named in _rule_entries(rules, (*base, "rules")):
         if kind == "dict":
             errors = entry_errors(value, window=window, known_metrics=known)
             for exc in errors:
                 key = exc.field
                 if key not in value and key not in ("condition", "expr"):
-                    line, col = doc.where(rpath)  # e.g. a name derived from the mapping key
+                    path, where = rpath, doc.where(rpath)  # e.g. a name derived from the key
                 elif key in value and key not in _FIELDS:  # an unknown field: its key
-                    line, col = doc.where_key((*rpath, key))
+                    path, where = (*rpath, key), doc.where_key((*rpath, key))
                 else:
-                    line, col = doc.where((*rpath, key), getattr(exc, "column", None))
-                problem("errors", line, col, _one_line(exc))
+                    path = (*rpath, key)
+                    where = doc.where(path, getattr(exc, "column", None))
+                problem("errors", path, where, _one_line(exc))
             if errors:
                 continue
         try:
             rule = _build(kind, value, extra)
             compile_expr(rule.condition, window=window, text=rule.source, known_metrics=known)
         except RuleError as exc:
-            line, col = doc.where(_cond_path(rpath, kind), getattr(exc, "column", None))
-            problem("errors", line, col, _one_line(exc))
+            path = _cond_path(rpath, kind)
+            problem("errors", path, doc.where(path, getattr(exc, "column", None)), _one_line(exc))
             continue
-        result["rules"] += 1
-        line, col = doc.where(rpath)
+        count += 1
+        where = doc.where(rpath)
         if rule.name in names:
             first = names[rule.name]
-            problem(
-                "errors",
-                line,
-                col,
-                f"duplicate rule name {rule.name!r} (first at line {first[0]})",
-            )
+            message = f"duplicate rule name {rule.name!r} (first at line {first[0]})"
+            problem("errors", rpath, where, message)
         else:
-            names[rule.name] = (line, col)
+            names[rule.name] = where
         if not named:
-            problem(
-                "warnings",
-                line,
-                col,
-                f"rule has no name (derived: {rule.name!r}); name it so edits keep its identity",
+            message = (
+                f"rule has no name (derived: {rule.name!r}); name it so edits keep its identity"
             )
+            problem("warnings", rpath, where, message)
         for w in _lint(rule):
-            problem("warnings", *doc.where(_cond_path(rpath, kind)), w)
-
-    for message, loc in _validate_section(section):
-        problem("errors", *doc.where((*base, *loc)), message)
-    return _status(result)
+            path = _cond_path(rpath, kind)
+            problem("warnings", path, doc.where(path), w)
+    return problems, count
 
 
 _FIELDS = frozenset(
@@ -397,7 +419,10 @@ def _validate_section(section: dict):
         for err in exc.errors():
             loc = tuple(err.get("loc", ()))
             dotted = ".".join(str(p) for p in loc)
-            yield f"{dotted}: {err.get('msg')}", tuple(p for p in loc if not _is_tag(p))
+            message = f"{dotted}: {err.get('msg')}"
+            if err.get("type") == "string_type" and isinstance(err.get("input"), bool):
+                message += "; YAML reads off/on/yes/no as booleans: quote it"
+            yield message, tuple(p for p in loc if not _is_tag(p))
 
 
 def _is_tag(part) -> bool:
@@ -497,12 +522,17 @@ def read_metrics(run: str) -> list[dict]:
 # -- test -------------------------------------------------------------------------------------
 
 
+def _looks_like_file(target: str) -> bool:
+    """A rules or test file name (not a rule): ends in .yaml, .yml or .json."""
+    return Path(target).suffix.lower() in (".yaml", ".yml", ".json")
+
+
 def _rules_from(target: str) -> list:
     """A rule string, or every rule of a rules file (same shapes as ``check``)."""
     from expr_tracker.alerts import RuleError
 
     path = Path(target)
-    if not (path.suffix in (".yaml", ".yml", ".json") and path.exists()):
+    if not _looks_like_file(target):
         from expr_tracker.alerts import make_rule
 
         return [make_rule(target)]
@@ -519,11 +549,18 @@ def _rules_from(target: str) -> list:
 def cmd_test(args) -> int:
     from expr_tracker.alerts import RuleError
 
+    path = Path(args.target)
+    if _looks_like_file(args.target) and not path.is_file():
+        why = "is a directory" if path.is_dir() else "no such file"
+        sys.stderr.write(f"et rules test: {args.target}: {why}\n")
+        return EXIT_USAGE
     if args.run is None:
-        path = Path(args.target)
-        if path.suffix in (".yaml", ".yml") and path.exists():
+        if path.suffix in (".yaml", ".yml"):
             return _unit_tests(path, args)
-        sys.stderr.write("et rules test: give --run DIR to replay a rule, or a test file\n")
+        sys.stderr.write(
+            "et rules test: a rule needs --run DIR to replay it over; "
+            "without --run give a unit-test file (.yaml)\n"
+        )
         return EXIT_USAGE
     try:
         rows = read_metrics(args.run)
@@ -618,37 +655,194 @@ def _seconds(value, default: float) -> float:
     return default if value is None else parse(value, "interval")
 
 
+#: Keys of a unit-test file, of one test, and of one expected alert (aliases included).
+_TEST_FILE_KEYS = ("rule_files", "rules", "interval", "evaluation_interval", "tests")
+_TEST_KEYS = ("name", "interval", "input_series", "expected_alerts", "alerts")
+_EXPECT_KEYS = ("rule", "alertname", "name", "steps", "step")
+
+
+def _unknown_keys(doc, mapping, path, valid, what):
+    """``(line, column, message)`` for each key of ``mapping`` not in ``valid``, at the key,
+    with the closest valid key suggested."""
+    import difflib
+
+    out = []
+    for key in mapping:
+        if key in valid:
+            continue
+        close = difflib.get_close_matches(str(key), valid, n=1)
+        hint = f" (did you mean {close[0]!r}?)" if close else ""
+        message = f"unknown key {key!r} in {what}{hint}; valid: {', '.join(valid)}"
+        out.append((*doc.where_key((*path, key)), message))
+    return out
+
+
+def _steps(exp) -> list[int]:
+    """The steps of an expectation (``steps: [..]`` or ``step: N``); ValueError otherwise."""
+    raw = exp.get("steps") if "steps" in exp else ([exp["step"]] if "step" in exp else [])
+    if raw is None:
+        raw = []
+    if not isinstance(raw, list) or not all(
+        isinstance(s, int) and not isinstance(s, bool) and s >= 0 for s in raw
+    ):
+        raise ValueError(f"steps must be a list of step numbers (integers >= 0), got {raw!r}")
+    return sorted(raw)
+
+
+def _load_unit_file(path: Path):
+    """Read and check a unit-test file without running it: ``(doc, rules, errors,
+    warnings)``; problems are ``(line, column, message)`` in the test file, or a preformatted
+    ``file:line:column: message`` string for problems inside a rule file."""
+    from expr_tracker.alerts import RuleError
+    from expr_tracker.spec.load import duplicate_key_message
+
+    errors: list = []
+    warnings: list = []
+    rules: list = []
+    doc = _Located(path.read_text(encoding="utf-8"))
+    for key, mark, first in doc.duplicates:
+        errors.append((mark.line + 1, mark.column + 1, duplicate_key_message(key, first)))
+    spec = doc.data if doc.data is not None else {}
+    if not isinstance(spec, dict):
+        errors.append((1, 1, "a test file is a mapping with 'tests:' (a list)"))
+        return doc, rules, errors, warnings
+    errors += _unknown_keys(doc, spec, (), _TEST_FILE_KEYS, "a test file")
+    if not isinstance(spec.get("tests"), list):
+        errors.append((*doc.where(("tests",)), "a test file needs 'tests:' (a list)"))
+    # rule files, relative to the test file; a file that cannot be read is an error
+    files = spec.get("rule_files")
+    if isinstance(files, str):
+        files = [files]
+        entries = [(("rule_files",), files[0])]
+    elif isinstance(files, list):
+        entries = [(("rule_files", i), name) for i, name in enumerate(files)]
+    elif files is None:
+        entries = []
+    else:
+        errors.append((*doc.where(("rule_files",)), "rule_files must be a list of file names"))
+        entries = []
+    for where_path, name in entries:
+        label = "rule_files" if len(where_path) == 1 else f"rule_files[{where_path[1]}]"
+        if not isinstance(name, str) or not name:
+            errors.append((*doc.where(where_path), f"{label}: a file name, got {name!r}"))
+            continue
+        rule_file = path.parent / name
+        if not rule_file.is_file():
+            why = "is a directory" if rule_file.is_dir() else "file not found"
+            errors.append((*doc.where(where_path), f"{label}: cannot read {name}: {why}"))
+            continue
+        checked = check_file(str(rule_file))
+        if checked["errors"]:
+            errors += [
+                f"{rule_file}:{e['line']}:{e['column']}: {e['message']}" for e in checked["errors"]
+            ]
+            continue
+        rules += _rules_from(str(rule_file))
+    # inline rules: the same checks as `et rules check`, located in the test file
+    if spec.get("rules") is not None:
+        problems, _ = rule_problems(doc, spec)
+        bad = [p for p in problems if p["severity"] == "errors"]
+        errors += [(p["line"], p["column"], p["message"]) for p in bad]
+        if not bad:
+            rules += [
+                _build(k, v, x) for _, (k, v, x), _ in _rule_entries(spec["rules"], ("rules",))
+            ]
+    for key in ("interval", "evaluation_interval"):
+        try:
+            _seconds(spec.get(key), 1.0)
+        except RuleError as exc:
+            errors.append((*doc.where((key,)), _one_line(exc)))
+    # each test: known keys, and expectations that can be checked
+    names = [r.name for r in rules]
+    for i, test in enumerate(spec.get("tests") if isinstance(spec.get("tests"), list) else []):
+        where = ("tests", i)
+        if not isinstance(test, dict):
+            errors.append((*doc.where(where), f"test #{i + 1} must be a mapping"))
+            continue
+        errors += _unknown_keys(doc, test, where, _TEST_KEYS, "a test")
+        key = "expected_alerts" if "expected_alerts" in test else "alerts"
+        expected = test.get(key)
+        if not expected:
+            label = test.get("name") or f"test #{i + 1}"
+            warnings.append(
+                (
+                    *doc.where(where),
+                    f"{label}: no expected_alerts: the test checks nothing "
+                    "(list {rule: NAME, steps: []} to expect a rule quiet)",
+                )
+            )
+            continue
+        if not isinstance(expected, list):
+            errors.append((*doc.where((*where, key)), f"{key} must be a list"))
+            continue
+        for j, exp in enumerate(expected):
+            epath = (*where, key, j)
+            if not isinstance(exp, dict):
+                errors.append(
+                    (*doc.where(epath), "an expected alert is {rule: NAME, steps: [...]}")
+                )
+                continue
+            errors += _unknown_keys(doc, exp, epath, _EXPECT_KEYS, "an expected alert")
+            rname = exp.get("rule") or exp.get("alertname") or exp.get("name")
+            if not rname:
+                errors.append((*doc.where(epath), "an expected alert needs 'rule: NAME'"))
+            elif rules and rname not in names:
+                import difflib
+
+                close = difflib.get_close_matches(str(rname), names, n=1)
+                hint = f" (did you mean {close[0]!r}?)" if close else ""
+                key = next(k for k in ("rule", "alertname", "name") if exp.get(k))
+                errors.append(
+                    (
+                        *doc.where((*epath, key)),
+                        f"no rule named {rname!r}{hint}; the rules: {', '.join(names)}",
+                    )
+                )
+            try:
+                _steps(exp)
+            except ValueError as exc:
+                errors.append(
+                    (*doc.where((*epath, "steps" if "steps" in exp else "step")), str(exc))
+                )
+    return doc, rules, errors, warnings
+
+
 def _unit_tests(path: Path, args) -> int:
-    """Run a rule unit-test file; exit 1 with a diff when an expectation is not met."""
+    """Run a rule unit-test file; exit 1 with a diff when an expectation is not met, and
+    without running anything when the file itself is invalid (unknown keys, a rule file
+    that cannot be read, invalid rules)."""
     import yaml
 
     from expr_tracker.alerts import RuleError
-    from expr_tracker.alerts.testing import replay
+    from expr_tracker.alerts.testing import replay, rows_from_series
+
+    def at(problem) -> str:
+        if isinstance(problem, str):
+            return problem
+        line, col, message = problem
+        return f"{path}:{line}:{col}: {message}"
 
     try:
-        spec = yaml.safe_load(path.read_text(encoding="utf-8")) or {}
-    except (OSError, yaml.YAMLError) as exc:
-        _out(f"{path}: FAILED: cannot read: {exc}")
+        doc, rules, errors, warnings = _load_unit_file(path)
+    except OSError as exc:
+        _out(f"{path}: FAILED: cannot read: {exc.strerror or exc}")
         return EXIT_INVALID
-    if not isinstance(spec, dict) or not isinstance(spec.get("tests"), list):
-        _out(f"{path}: FAILED: a test file needs 'tests:' (a list)")
+    except yaml.YAMLError as exc:
+        mark = getattr(exc, "problem_mark", None)
+        where = f"{path}:{mark.line + 1}:{mark.column + 1}" if mark else str(path)
+        _out(f"{path}: FAILED:\n  {where}: invalid YAML: {getattr(exc, 'problem', None) or exc}")
         return EXIT_INVALID
-    try:
-        rules = []
-        for name in spec.get("rule_files") or []:
-            rules += _rules_from(str(path.parent / name))
-        if spec.get("rules") is not None:
-            inline = [
-                _build(k, v, x) for _, (k, v, x), _ in _rule_entries(spec["rules"], ("rules",))
-            ]
-            rules += inline
-        default_interval = _seconds(spec.get("evaluation_interval", spec.get("interval")), 1.0)
-    except (RuleError, OSError) as exc:
-        _out(f"{path}: FAILED: {exc}")
+    if not errors and not rules:
+        errors.append(f"{path}: no rules (give rule_files or rules)")
+    if errors:
+        _out(f"{path}: FAILED:")
+        for e in errors:
+            _out(f"  {at(e)}")
+        for line, col, message in warnings:
+            _out(f"  {path}:{line}:{col}: WARNING: {message}")
         return EXIT_INVALID
-    if not rules:
-        _out(f"{path}: FAILED: no rules (give rule_files or rules)")
-        return EXIT_INVALID
+    spec = doc.data
+    default_interval = _seconds(spec.get("evaluation_interval", spec.get("interval")), 1.0)
     by_name = {r.name: r for r in rules}
     failures: list[str] = []
     for i, test in enumerate(spec["tests"]):
@@ -659,8 +853,6 @@ def _unit_tests(path: Path, args) -> int:
         except (ValueError, RuleError) as exc:
             failures.append(f"{label}: {exc}")
             continue
-        from expr_tracker.alerts.testing import rows_from_series
-
         cap = replay(rules, rows_from_series(series, interval=interval))
         expected = test.get("expected_alerts", test.get("alerts")) or []
         for exp in expected:
@@ -668,9 +860,7 @@ def _unit_tests(path: Path, args) -> int:
             if rname not in by_name:
                 failures.append(f"{label}: no rule named {rname!r} (have: {', '.join(by_name)})")
                 continue
-            want = sorted(
-                int(s) for s in (exp.get("steps") or ([exp["step"]] if "step" in exp else []))
-            )
+            want = _steps(exp)
             got = sorted(e.step for e in cap.fired() if e.rule.name == rname and e.notify)
             if want != got:
                 diff = [f"{label}: rule {rname!r}"]
@@ -683,6 +873,9 @@ def _unit_tests(path: Path, args) -> int:
         _out(f"{path}: FAILED:")
         for f in failures:
             _out("  " + f.replace("\n", "\n  "))
-        return EXIT_INVALID
-    _out(f"{path}: SUCCESS: {len(spec['tests'])} tests passed")
-    return EXIT_OK
+    else:
+        _out(f"{path}: SUCCESS: {len(spec['tests'])} tests passed")
+    for w in warnings:
+        line, col, message = w
+        _out(f"  {path}:{line}:{col}: WARNING: {message}")
+    return EXIT_INVALID if failures else EXIT_OK

@@ -153,12 +153,14 @@ class SpecIssue:
         return self.value is not _NOT_GIVEN
 
     def format(self) -> str:
-        """One line: ``[file:line:col: ]path: [value is not valid: ]message[; suggestion] [(from ...)]``."""
+        """One line: ``[file:line:col: ][path: ][value is not valid: ]message[; suggestion]
+        [(from ...)]`` (no path for a problem of the whole spec or file)."""
         parts = []
         if self.location is not None:
             file, line, col = self.location
             parts.append(f"{file}:{line}:{col}: ")
-        parts.append(f"{self.path or '<spec>'}: ")
+        if self.path:  # the root of the spec: just the location
+            parts.append(f"{self.path}: ")
         if self.has_value:
             parts.append(f"{display_value(self.path, self.value)} is not valid: ")
         parts.append(self.message)
@@ -378,6 +380,9 @@ def issues_from_validation_error(
             if parent_model is not None:
                 valid = _valid_keys(parent_model)
                 suggestion = suggest(str(unknown_key), valid)
+        if kind == "string_type" and isinstance(error.get("input"), bool):
+            what = "the name" if keys and keys[-1] == "name" else "it"
+            suggestion = f"YAML reads off/on/yes/no as booleans: quote {what}"
                 if suggestion is None:
                     message = f"unknown key (valid keys: {', '.join(sorted(set(valid)))})"
         value = (

@@ -414,13 +414,37 @@ def load_yaml(path: str | os.PathLike) -> Any:
     return data
 
 
+def _node_key(key_node: Any) -> Any:
+    """The value of a mapping key node as the safe loader reads it (``off`` -> False)."""
+    if key_node.tag == "tag:yaml.org,2002:str" or not isinstance(key_node, yaml.ScalarNode):
+        return getattr(key_node, "value", None)
+    loader = yaml.SafeLoader("")
+    try:
+        return loader.construct_object(key_node, deep=True)
+    except yaml.YAMLError:
+        return key_node.value
+    finally:
+        loader.dispose()
+
+
+def _mapping_entry_key(path: str, data: Mapping, key: Any) -> Any:
+    """Path segment of the entry ``key`` of a named list written as a mapping: the entry's
+    name as the merge reads it, else its position (a key YAML read as a bool or number)."""
+    name = _named_items(path, {key: data[key]})[0][0]
+    return name if name is not None else list(data).index(key)
+
+
 def _yaml_locations(node: Any, data: Any, path: str, file: str, out: dict[str, Location]) -> None:
     if isinstance(node, yaml.MappingNode) and isinstance(data, Mapping):
+        named = path in NAMED_LISTS
         for key_node, value_node in node.value:
-            key = getattr(key_node, "value", None)
-            if not isinstance(key, str) or key not in data:
+            key = _node_key(key_node)
+            try:
+                if key not in data or not (named or isinstance(key, str)):
+                    continue
+            except TypeError:  # an unhashable key
                 continue
-            p = join_path(path, key)
+            p = join_path(path, _mapping_entry_key(path, data, key) if named else key)
             out[p] = (file, key_node.start_mark.line + 1, key_node.start_mark.column + 1)
             _yaml_locations(value_node, data[key], p, file, out)
     elif isinstance(node, yaml.SequenceNode) and isinstance(data, list):
@@ -451,6 +475,30 @@ def _load_toml(path: Path) -> Any:
         return tomllib.load(f)
 
 
+def _key_path(node: Any, data: Any, target: yaml.Mark, path: str) -> str | None:
+    """Dotted path of the mapping key written at ``target`` (for duplicate keys)."""
+    if isinstance(node, yaml.MappingNode):
+        for key_node, value_node in node.value:
+            key = _node_key(key_node)
+            p = join_path(path, key)
+            if key_node.start_mark is target:
+                return p
+            try:
+                child = data.get(key) if isinstance(data, Mapping) else None
+            except TypeError:
+                child = None
+            found = _key_path(value_node, child, target, p)
+            if found is not None:
+                return found
+    elif isinstance(node, yaml.SequenceNode):
+        for i, item_node in enumerate(node.value):
+            item = data[i] if isinstance(data, list) and i < len(data) else None
+            found = _key_path(item_node, item, target, join_path(path, _item_key(path, item, i)))
+            if found is not None:
+                return found
+    return None
+
+
 def load_file(
     path: str | os.PathLike, *, source: str | None = None, root: str = ""
 ) -> tuple[dict[str, Any], dict[str, Location]]:
@@ -474,6 +522,7 @@ def load_file(
     source = source or f"file:{file}"
     locations: dict[str, Location] = {}
     duplicates: list[tuple[Any, yaml.Mark, yaml.Mark]] = []
+    node = data = None
     suffix = p.suffix.lower()
     try:
         if suffix == ".json":
@@ -521,7 +570,7 @@ def load_file(
         raise SpecError(
             [
                 SpecIssue(
-                    root,
+                    _key_path(node, data, mark, root) or root,
                     duplicate_key_message(key, first),
                     source=source,
                     location=(file, mark.line + 1, mark.column + 1),
@@ -857,7 +906,11 @@ def _validate(
         return _lookup(sources, path)
 
     def location_of(path: str) -> Location | None:
-        return _lookup(locations, path)
+        found = _lookup(locations, path)
+        source = source_of(path)
+        if found is not None and source and not source.endswith(":" + found[0]):
+            return None  # an enclosing value's place in a file this value did not come from
+        return found
 
     try:
         return RunSpec.model_validate(merged), []
