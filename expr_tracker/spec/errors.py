@@ -375,14 +375,14 @@ def issues_from_validation_error(
             if message.startswith(lead) and ": " in message:
                 message = message.split(": ", 1)[1]
         suggestion = None
+        if kind == "string_type" and isinstance(error.get("input"), bool):
+            what = "the name" if keys and keys[-1] == "name" else "it"
+            suggestion = f"YAML reads off/on/yes/no as booleans: quote {what}"
         if unknown_key is not None and root is not None:
             parent_model = _model_at(root, keys[:-1])
             if parent_model is not None:
                 valid = _valid_keys(parent_model)
                 suggestion = suggest(str(unknown_key), valid)
-        if kind == "string_type" and isinstance(error.get("input"), bool):
-            what = "the name" if keys and keys[-1] == "name" else "it"
-            suggestion = f"YAML reads off/on/yes/no as booleans: quote {what}"
                 if suggestion is None:
                     message = f"unknown key (valid keys: {', '.join(sorted(set(valid)))})"
         value = (
