@@ -193,9 +193,87 @@ def test_notify_outside_locks_and_deliver_false():
         got.append(event)
 
     eng2 = AlertEngine(["x > 1 => error"], notify=notify)
+
+    def record(event):  # would deadlock if called under the engine lock
+        assert eng2._lock.acquire(timeout=1)
+        eng2._lock.release()
+
+    eng2.record = record
     eng2.on_step({"_step": 0, "_time": 0.0, "x": 5})
     eng = eng2
     assert len(got) == 1
+
+
+def _watchdog_race_engine(**kw):
+    """x > 1 (on_step) and no_data(60s) (the watchdog), on a fake monotonic clock."""
+    clock = FakeClock(0.0)
+    eng = AlertEngine(
+        ["x > 1 => error: x", "no_data(60s) => critical: hung"],
+        clock=clock,
+        wall_clock=FakeClock(1000.0),
+        **kw,
+    )
+    return eng, clock
+
+
+def test_watchdog_waits_for_an_on_step_evaluation():
+    # the watchdog must not evaluate while on_step is half way through its rules (series
+    # half appended, counters and transitions racing)
+    seen = []
+    eng, clock = _watchdog_race_engine(record=seen.append)
+    compiled = eng._by_name[eng.rules[0].name]
+    entered, release = threading.Event(), threading.Event()
+    real = compiled.fn
+
+    def slow(ctx):
+        entered.set()
+        assert release.wait(5)
+        return real(ctx)
+
+    compiled.fn = slow
+    step = threading.Thread(target=eng.on_step, args=({"_step": 1, "_time": 1000.0, "x": 5},))
+    step.start()
+    assert entered.wait(5)
+    clock.t = 61.0  # no_data(60s) is now true for the watchdog
+    watchdog = threading.Thread(target=eng.check_time)
+    watchdog.start()
+    watchdog.join(0.2)
+    assert watchdog.is_alive()  # blocked on the engine lock, not evaluating
+    release.set()
+    step.join(5)
+    watchdog.join(5)
+    assert [(e.rule.name, e.kind) for e in seen] == [
+        (eng.rules[0].name, "firing"),
+        (eng.rules[1].name, "firing"),
+    ]
+    assert eng.stats()["rules"][eng.rules[1].name]["evaluations"] == 2
+
+
+def test_events_reach_the_sinks_in_the_order_they_happened():
+    # on_step's event is being recorded (outside the lock) when the watchdog produces the
+    # next one: the watchdog queues it behind, it is not recorded first
+    seen = []
+    entered, release = threading.Event(), threading.Event()
+
+    def record(event):
+        if event.kind == "firing" and event.level == "error":
+            entered.set()
+            assert release.wait(5)
+        seen.append((event.level, event.kind))
+
+    notified = []
+    eng, clock = _watchdog_race_engine(record=record, notify=lambda e: notified.append(e.level))
+    step = threading.Thread(target=eng.on_step, args=({"_step": 1, "_time": 1000.0, "x": 5},))
+    step.start()
+    assert entered.wait(5)
+    clock.t = 61.0
+    eng.check_time()  # returns at once: the on_step thread delivers its event, in order
+    assert seen == []
+    release.set()
+    step.join(5)
+    assert seen == [("error", "firing"), ("critical", "firing")]
+    assert notified == ["error", "critical"]
+    assert not eng._draining and not eng._pending
 
 
 def test_evaluation_errors_are_counted_and_disable_after_ten():

@@ -7,7 +7,7 @@ import logging
 import pytest
 
 from expr_tracker.alerts.channels import DeliveryError
-from expr_tracker.alerts.dispatch import Dispatcher, Policy, TokenBucket
+from expr_tracker.alerts.dispatch import Dispatcher, Policy, TokenBucket, event_to_message
 from expr_tracker.alerts.message import AlertMessage
 from expr_tracker.testing import FakeClock, InMemoryChannel
 
@@ -209,6 +209,64 @@ def test_dedup_window_zero_disables():
         d.submit(m("same"))
     d.pump()
     assert ch.titles == ["same"] * 3
+
+
+def _rule_alerts(rule, xs, dt):
+    """Engine -> dispatcher with the default dedup_window (300 s): commit x = each of ``xs``
+    ``dt`` seconds apart; the titles and subtitles the channel got."""
+    from expr_tracker.alerts import AlertEngine
+
+    ch = Scripted()
+    d, clock, _ = make(ch, dedup_window=300.0)
+    eng = AlertEngine([rule], notify=d.notify, clock=clock)
+    for i, x in enumerate(xs):
+        eng.on_step({"_step": i, "_time": float(i), "x": x})
+        d.pump(advance=False)
+        clock.advance(dt)
+    d.close()
+    return [(msg.subtitle.split(":")[0], msg.title) for msg in ch.messages]
+
+
+def test_dedup_does_not_override_level_mode_cooldown():
+    rule = {"name": "hot", "condition": "x > 1", "mode": "level", "cooldown": 60}
+    got = _rule_alerts(rule, [5, 5, 5, 5], dt=30.0)  # t = 0, 30, 60, 90: cooldown 60 s
+    assert got == [("firing", "hot"), ("repeat", "hot")]
+    got = _rule_alerts(rule, [5] * 5, dt=61.0)
+    assert got == [("firing", "hot")] + [("repeat", "hot")] * 4
+
+
+def test_dedup_does_not_swallow_a_new_firing_episode():
+    rule = {"name": "hot", "condition": "x > 1", "notify_recovery": True}
+    got = _rule_alerts(rule, [5, 0, 5, 5, 0, 5], dt=10.0)
+    assert got == [
+        ("firing", "hot"),
+        ("resolved", "resolved: hot"),
+        ("firing", "hot"),
+        ("resolved", "resolved: hot"),
+        ("firing", "hot"),
+    ]
+
+
+def test_rule_dedup_keys():
+    from expr_tracker.alerts import AlertEngine
+
+    events = []
+    eng = AlertEngine(
+        [{"name": "r", "condition": "x > 1", "mode": "level", "cooldown": 0}], notify=events.append
+    )
+    for i, x in enumerate([5, 5, 0, 5]):
+        eng.on_step({"_step": i, "_time": float(i), "x": x})
+    keys = [event_to_message(e).dedup_key for e in events]
+    assert keys == [
+        "rule:r:1:firing:warning",
+        "rule:r:1:repeat:warning:2",
+        "rule:r:2:firing:warning",
+    ]
+
+    class Foreign:  # an event object without episode: the old key
+        rule, kind, level, title, message, step = "r", "firing", "error", "t", "", None
+
+    assert event_to_message(Foreign()).dedup_key == "rule:r:firing:error"
 
 
 def test_queue_full_drop_oldest():

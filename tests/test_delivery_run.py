@@ -90,6 +90,128 @@ def test_alert_without_a_run_uses_the_environment(monkeypatch):
         d.close()
 
 
+@pytest.fixture
+def fresh_standalone(monkeypatch):
+    """No configure_alert values and no cached standalone dispatcher; closes what the test
+    built."""
+    from expr_tracker import api
+    from expr_tracker.alerts import delivery
+
+    monkeypatch.setattr(api, "_configured_alert", {})
+    monkeypatch.setattr(delivery, "_standalone", None)
+    monkeypatch.setattr(delivery, "_standalone_inputs", None)
+    yield delivery
+    if delivery._standalone is not None:
+        delivery._standalone[1].close(timeout=1)
+
+
+def _callable_channel(name, sink):
+    return {"type": "callable", "name": name, "options": {"fn": sink}}
+
+
+NO_RATE_LIMIT = {"rate_limit_per_minute": None}
+
+
+def test_alert_on_a_rank_that_does_not_alert_sends_nothing(monkeypatch, caplog, fresh_standalone):
+    monkeypatch.setenv("RANK", "1")
+    got = []
+    et.configure_alert(channels=[_callable_channel("cb", got.append)], policy=NO_RATE_LIMIT)
+    run = et.init(project="proj", name="r1")
+    assert run.rank == 1 and run.dispatcher is None
+    monkeypatch.setattr(fresh_standalone, "_warned", set())
+    with caplog.at_level("INFO", logger="expr_tracker.alerts"):
+        assert et.alert("incident") is False
+        assert et.alert("incident again") is False
+    assert got == [] and fresh_standalone._standalone is None  # no fallback dispatcher
+    muted = [r for r in caplog.records if "sends nothing" in r.getMessage()]
+    assert len(muted) == 1 and muted[0].levelname == "INFO"
+    assert "alerts.on_rank" in muted[0].getMessage()
+    et.finish()
+
+
+def test_alert_on_an_alerting_rank_uses_the_runs_own_configuration(monkeypatch, fresh_standalone):
+    monkeypatch.setenv("RANK", "1")
+    from_env, from_run = [], []
+    et.configure_alert(channels=[_callable_channel("env", from_env.append)])
+    run = et.init(
+        project="proj",
+        name="r1",
+        alert={
+            "on_rank": [0, 1],
+            "channels": [_callable_channel("run", from_run.append)],
+            "policy": NO_RATE_LIMIT,
+        },
+    )
+    assert et.alert("hello", channels=["run"])
+    run.dispatcher.flush(5)
+    assert [m.title for m in from_run] == ["hello"] and from_env == []
+    assert fresh_standalone._standalone is None
+    et.finish()
+
+
+def test_alert_with_alerts_disabled_for_the_run_sends_nothing(fresh_standalone):
+    got = []
+    et.configure_alert(channels=[_callable_channel("cb", got.append)])
+    et.init(project="proj", name="r1", alert=False)
+    assert et.alert("x") is False and got == []
+    et.finish()
+
+
+def test_standalone_configuration_is_resolved_once_while_its_inputs_stay(
+    monkeypatch, tmp_path, fresh_standalone
+):
+    import expr_tracker.spec as spec_pkg
+
+    calls = []
+    real = spec_pkg.resolve
+
+    def counting(*args, **kwargs):
+        calls.append(1)
+        return real(*args, **kwargs)
+
+    monkeypatch.setattr(spec_pkg, "resolve", counting)
+    first, second = [], []
+    et.configure_alert(channels=[_callable_channel("a", first.append)], policy=NO_RATE_LIMIT)
+    calls.clear()  # configure_alert validates with resolve() too
+    for i in range(3):
+        assert alert(f"m{i}")
+    assert len(calls) == 1
+    d = fresh_standalone.standalone_dispatcher()
+    assert len(calls) == 1
+    d.flush(5)
+    assert [m.title for m in first] == ["m0", "m1", "m2"]
+
+    # a configure_alert change is picked up: a new dispatcher with the new channel
+    et.configure_alert(channels=[_callable_channel("b", second.append)])
+    calls.clear()
+    assert alert("to b", channels=["b"])
+    assert len(calls) == 1
+    d2 = fresh_standalone.standalone_dispatcher()
+    assert d2 is not d and d.closed and "b" in d2.lanes
+    d2.flush(5)
+    assert [m.title for m in second] == ["to b"]
+
+    # so is an ET_ALERT_CONFIG file, and a change of its content
+    path = tmp_path / "alerts.yaml"
+    path.write_text("policy: {dedup_window: 1}\n")
+    monkeypatch.setenv("ET_ALERT_CONFIG", str(path))
+    d3 = fresh_standalone.standalone_dispatcher()
+    assert len(calls) == 2 and d3.lanes["b"].policy.dedup_window == 1.0
+    assert fresh_standalone.standalone_dispatcher() is d3 and len(calls) == 2
+    path.write_text("policy: {dedup_window: 22}\n")
+    d4 = fresh_standalone.standalone_dispatcher()
+    assert len(calls) == 3 and d4.lanes["b"].policy.dedup_window == 22.0
+
+    # and a variable a channel reads (url_env): unset -> the channel is off; set -> on
+    et.configure_alert(channels=[{"type": "webhook", "name": "hook", "url_env": "MY_HOOK"}])
+    monkeypatch.delenv("MY_HOOK", raising=False)
+    d5 = fresh_standalone.standalone_dispatcher()
+    assert "hook" not in d5.lanes
+    monkeypatch.setenv("MY_HOOK", "http://127.0.0.1:9/hook")
+    d6 = fresh_standalone.standalone_dispatcher()
+    assert "hook" in d6.lanes and d5.closed
+
+
 def test_alert_never_raises(monkeypatch):
     monkeypatch.setenv("ET_ALERT_CONFIG", "/nonexistent/alerts.yaml")
     assert alert("x") is False

@@ -72,8 +72,10 @@ def test_rule_sets_compile():
             overrides=["+tracker=default", "+tracker/alerts=[nan_guard,divergence,hung_run]"]
         )
     GlobalHydra.instance().clear()
-    for rule in resolve(cfg.tracker, environ={}).spec.alerts.rules:
-        AlertRule(**rule.model_dump())  # parses and compiles the condition
+    rules = resolve(cfg.tracker, environ={}).spec.alerts.rules
+    assert {r.name for r in rules} == {"nan_loss", "loss_spike", "loss_diverging", "hung_run"}
+    compiled = [AlertRule(**rule.model_dump()) for rule in rules]  # parses and compiles
+    assert [r.name for r in compiled] == [r.name for r in rules]
 
 
 def test_minimal_is_metrics_only(hydra_compose):

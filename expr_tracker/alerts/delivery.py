@@ -9,9 +9,11 @@ For the runtime (``build.py`` / ``api.py``):
 - ``dispatcher.notify``: the ``notify(event)`` callable for ``AlertEngine`` (rule events,
   routed by the rule's ``channels`` and ``tags``, always queued).
 - ``alert(title, text="", level="warning", channels=None, tags=(), fields=None, **extra)``:
-  ``et.alert``; never raises; uses the current run's dispatcher, or one built from
-  ``expr_tracker.spec.resolve()`` (environment, ``ET_ALERT_CONFIG``, ``ET_CONFIG``,
-  ``configure_alert``) without a run.
+  ``et.alert``; never raises. With an active run it goes through the run's own dispatcher
+  (its ``init(alert=...)`` configuration); on a run that does not alert (a rank outside
+  ``alerts.on_rank``, or ``alerts.enabled: false``) it sends nothing and returns False.
+  Without a run it uses one built from ``expr_tracker.spec.resolve()`` (environment,
+  ``ET_ALERT_CONFIG``, ``ET_CONFIG``, ``configure_alert``), cached on those inputs.
 
 Routing: a message goes to the channels admitting its level (``levels`` allowlist, else
 ``min_level``) and tags (a channel with ``tags`` takes only messages carrying one of them);
@@ -277,15 +279,19 @@ def attach_delivery(
 
 # --------------------------------------------------------------------------- et.alert
 
-_standalone: tuple[str, Dispatcher] | None = None
+_standalone: tuple[Any, Dispatcher] | None = None
+#: what the standalone dispatcher was resolved from: (configure_alert values, environment
+#: and file inputs, names of the variables its channels read, their values)
+_standalone_inputs: tuple[Any, Any, tuple[str, ...], tuple[Any, ...]] | None = None
 _standalone_lock = threading.Lock()
 _warned: set[str] = set()
+_ENV_NAMES: tuple[str, ...] | None = None
 
 
-def _warn_once(key: str, message: str, *args: Any) -> None:
+def _warn_once(key: str, message: str, *args: Any, level: int = logging.WARNING) -> None:
     if key not in _warned:
         _warned.add(key)
-        log.warning(message, *args)
+        log.log(level, message, *args)
 
 
 def _fingerprint(alerts: Any) -> str:
@@ -303,49 +309,133 @@ def _fingerprint(alerts: Any) -> str:
     return hashlib.sha256(raw).hexdigest()
 
 
+def _env_names() -> tuple[str, ...]:
+    """Every variable ``resolve()`` reads; the first two name files."""
+    global _ENV_NAMES
+    if _ENV_NAMES is None:
+        from expr_tracker.spec.load import ALERT_CONFIG_ENV, CONFIG_ENV, WEBHOOK_ENV
+
+        _ENV_NAMES = (ALERT_CONFIG_ENV, CONFIG_ENV) + tuple(name for name, _ in WEBHOOK_ENV)
+    return _ENV_NAMES
+
+
+def _file_state(path: str | None) -> Any:
+    """What tells a changed configuration file: mtime, size and inode (and the working
+    directory for a relative path); None without a path, "missing" when it cannot be read."""
+    if not path:
+        return None
+    try:
+        st = os.stat(path)
+    except (OSError, ValueError):
+        return "missing"
+    where = None if os.path.isabs(path) else os.getcwd()
+    return (st.st_mtime_ns, st.st_size, st.st_ino, where)
+
+
+def _resolve_inputs(env: Mapping[str, str]) -> tuple[Any, ...]:
+    """The environment variables and files ``resolve()`` reads for the alerts section."""
+    values = tuple(env.get(name) for name in _env_names())
+    return values + (_file_state(values[0]), _file_state(values[1]))
+
+
+def _channel_env_names(alerts: Any) -> tuple[str, ...]:
+    """Variables the channels of ``alerts`` read when built: ``url_env`` and every
+    ``*_env`` option (a name, or a mapping of names such as ``headers_env``)."""
+    out: list[str] = []
+    for channel in alerts.channels:
+        if channel.url_env:
+            out.append(channel.url_env)
+        for key, value in (channel.options or {}).items():
+            if not str(key).endswith("_env"):
+                continue
+            if isinstance(value, str):
+                out.append(value)
+            elif isinstance(value, Mapping):
+                out.extend(v for v in value.values() if isinstance(v, str))
+    return tuple(dict.fromkeys(out))
+
+
+def _configured_alert() -> Any:
+    try:
+        from expr_tracker import api
+
+        return getattr(api, "_configured_alert", None) or None
+    except Exception:  # noqa: BLE001
+        return None
+
+
 def standalone_dispatcher(environ: Mapping[str, str] | None = None) -> Dispatcher:
     """The process-wide dispatcher for alerts sent without a run, built from
-    ``expr_tracker.spec.resolve()`` (rebuilt when that configuration changes); drained at
-    interpreter exit.
+    ``expr_tracker.spec.resolve()`` and drained at interpreter exit.
+
+    Resolving is not repeated while its inputs stay the same: the ``configure_alert``
+    values, the webhook and ``ET_ALERT_CONFIG``/``ET_CONFIG`` variables, those files'
+    mtime/size/inode, and the variables the channels read (``url_env``, ``*_env``). When one
+    of them changes the spec is resolved again, and the dispatcher rebuilt when the alerts
+    configuration (or a variable its channels read) differs.
 
     Raises:
         SpecError, ChannelConfigError: the configuration is invalid.
     """
-    global _standalone
+    global _standalone, _standalone_inputs
+    env = os.environ if environ is None else environ
+    configured = _configured_alert()
+    inputs = _resolve_inputs(env)
+    with _standalone_lock:
+        cached, current = _standalone_inputs, _standalone
+        if (
+            cached is not None
+            and current is not None
+            and not current[1].closed
+            and cached[0] is configured
+            and cached[1] == inputs
+            and tuple(env.get(name) for name in cached[2]) == cached[3]
+        ):
+            return current[1]
     from expr_tracker.spec import resolve
 
-    configured = None
-    try:
-        from expr_tracker import api
-
-        configured = getattr(api, "_configured_alert", None) or None
-    except Exception:  # noqa: BLE001
-        pass
-    resolved = resolve(configure_alert=configured, environ=environ)
-    alerts = resolved.spec.alerts
-    key = _fingerprint(alerts)
+    alerts = resolve(configure_alert=configured, environ=environ).spec.alerts
+    names = _channel_env_names(alerts)
+    used = tuple(env.get(name) for name in names)
+    key = (_fingerprint(alerts), used)
+    old = None
     with _standalone_lock:
         if _standalone is not None and _standalone[0] == key and not _standalone[1].closed:
-            return _standalone[1]
-        old = _standalone[1] if _standalone is not None else None
-        d = build_dispatcher(alerts, environ=environ, at_exit=True)
-        _standalone = (key, d)
+            d = _standalone[1]
+        else:
+            old = _standalone[1] if _standalone is not None else None
+            d = build_dispatcher(alerts, environ=environ, at_exit=True)
+            _standalone = (key, d)
+        _standalone_inputs = (configured, inputs, names, used)
     if old is not None:
         old.close()
     return d
 
 
-def _current_dispatcher() -> Dispatcher | None:
+def _run_dispatcher() -> Dispatcher | str | None:
+    """Where a direct alert goes while a run is active: its dispatcher; a reason (str) when
+    the run does not alert (no dispatcher: a rank outside ``alerts.on_rank`` or
+    ``alerts.enabled: false``); None without a live run (none, finished, or a forked child
+    of a run that alerts) or once its delivery is closed."""
     try:
         from expr_tracker import api
 
         run = api.get_run()
     except Exception:  # noqa: BLE001
         return None
-    if run is None or getattr(run, "forked", False) or getattr(run, "finished", False):
+    if run is None or getattr(run, "finished", False):
         return None
     d = getattr(run, "dispatcher", None)
-    return d if isinstance(d, Dispatcher) and not d.closed else None
+    if isinstance(d, Dispatcher):
+        if getattr(run, "forked", False) or d.closed:
+            return None
+        return d
+    engine = getattr(run, "alerts", None)
+    if engine is None:
+        return "alerts are disabled for this run (alerts.enabled: false)"
+    if not getattr(engine, "deliver", True):
+        return f"rank {getattr(run, 'rank', '?')} does not alert (alerts.on_rank)"
+    return None
 
 
 def make_message(
@@ -413,13 +503,29 @@ def alert(
             ``step``, ``source``; ``backends`` (old name of ``channels``); anything else is
             added to ``fields``.
 
+    With an active run the message goes through the run's own dispatcher (the channels of
+    its ``init(alert=...)`` configuration). A run that does not alert, because its rank is
+    outside ``alerts.on_rank`` (one incident must not be delivered once per rank) or its
+    alerts are disabled, sends nothing (logged once at info) and returns False. Without a
+    run: the dispatcher of ``standalone_dispatcher()``.
+
     Returns:
         True when some channel took the message (with ``async_send: false``: when some
-        channel delivered it); False when none did or something went wrong (logged once).
+        channel delivered it); False when none did, the run does not alert, or something
+        went wrong (logged once).
     """
     try:
         message = make_message(title, text, level, channels, tags, fields, **extra)
-        d = _current_dispatcher() or standalone_dispatcher()
+        target = _run_dispatcher()
+        if isinstance(target, str):
+            _warn_once(
+                f"muted:{target}",
+                "expr_tracker: et.alert() sends nothing: %s",
+                target,
+                level=logging.INFO,
+            )
+            return False
+        d = target or standalone_dispatcher()
         return d.submit(message, direct=True).ok
     except Exception as exc:  # noqa: BLE001 - et.alert() never raises
         _warn_once(

@@ -716,10 +716,6 @@ class Lane:
             with self._cond:
                 self._cond.notify_all()
 
-    def wake(self) -> None:
-        with self._cond:
-            self._cond.notify_all()
-
     @property
     def alive(self) -> bool:
         if self._done or self._abandoned:
@@ -1150,7 +1146,14 @@ def event_to_message(event: Any) -> AlertMessage:
     """An ``AlertMessage`` for a rule event: ``AlertEvent`` from ``alerts.engine``, or any
     object with ``rule`` (a name or an object with ``name``/``channels``/``tags``), ``level``,
     ``title``, ``message`` and ``step`` attributes (``kind``, ``metrics``, ``observed``,
-    ``run_info`` optional). Dedup key: rule name, event kind and level."""
+    ``run_info``, ``episode``, ``fires`` optional).
+
+    Dedup key: ``rule:<name>:<episode>:<kind>:<level>``, plus ``:<fires>`` for a level-mode
+    ``repeat``. The rule's state machine (mode, ``cooldown``, ``max_fires``) already decides
+    when it notifies, so the channel's ``dedup_window`` must not second-guess it: a new firing
+    episode (fire -> resolve -> fire) and each level-mode repeat get a key of their own and
+    are never suppressed as duplicates of earlier notifications (the rate limit still
+    applies). An event without ``episode`` keeps ``rule:<name>:<kind>:<level>``."""
     rule = getattr(event, "rule", None)
     if isinstance(rule, str) or rule is None:
         rule_name = rule
@@ -1182,8 +1185,18 @@ def event_to_message(event: Any) -> AlertMessage:
         fields=fields_,
         tags=tuple(tags),
         source=f"rule:{rule_name}" if rule_name else "rule",
-        dedup_key=f"rule:{rule_name}:{kind}:{level}",
+        dedup_key=_rule_dedup_key(event, rule_name, kind, level),
         channels=tuple(channels) if channels is not None else None,
         step=getattr(event, "step", None),
         rule=rule_name,
     )
+
+
+def _rule_dedup_key(event: Any, rule_name: Any, kind: str, level: Any) -> str:
+    episode = getattr(event, "episode", None)
+    if episode is None:
+        return f"rule:{rule_name}:{kind}:{level}"
+    key = f"rule:{rule_name}:{episode}:{kind}:{level}"
+    if kind == "repeat":
+        key += f":{getattr(event, 'fires', None)}"
+    return key

@@ -9,8 +9,15 @@
 ``on_step(row)`` appends the row's values to the metric series the rules read, then
 evaluates the rules whose metrics the row touched (dependency index), the time-based ones
 (``no_data``/``age``/``elapsed``) and those using ``has``/``step`` or no metric at all.
-Transitions run under each rule's lock; ``record`` and ``notify`` are called afterwards,
-outside every lock, in order. Costs a few microseconds for a couple of rules.
+Costs a few microseconds for a couple of rules.
+
+Threads: ``on_step`` (the training thread) and ``check_time`` (the watchdog) each append
+and evaluate under one engine lock, so a rule function never sees a series half-appended and
+transitions, counters and the order events are produced in are serialised. The events go to
+a queue under that lock; ``record`` and ``notify`` are called afterwards, outside every lock,
+by one drainer at a time in queue order (a caller that finds another thread draining leaves
+its events to it), so ``alerts.jsonl`` and the channels see transitions in the order they
+happened.
 
 ``notify(event)`` receives the events to deliver (``firing``, level-mode ``repeat``,
 ``resolved`` with notify_recovery, ``disabled``); ``record(event)`` receives every
@@ -31,6 +38,7 @@ import difflib
 import logging
 import threading
 import time
+from collections import deque
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
 
@@ -65,6 +73,9 @@ class AlertEvent:
     seconds) of the row evaluated (the wall clock on the watchdog). ``title``/``message``
     are rendered; ``metrics`` maps each metric the rule reads to its latest value;
     ``notify`` says whether channels should deliver it; ``run_info`` is the engine's.
+    ``episode``: the rule's firing episode (1 for its first entry into FIRING; a ``resolved``
+    event carries the episode it ends); ``fires``: the rule's notifications so far, this one
+    included. Together they make each notification's dedup key unique (``event_to_message``).
     """
 
     rule: AlertRule
@@ -79,6 +90,8 @@ class AlertEvent:
     observed: str = ""
     notify: bool = False
     run_info: Mapping = field(default_factory=dict)
+    episode: int = 0
+    fires: int = 0
 
     @property
     def name(self) -> str:
@@ -147,7 +160,8 @@ class _Compiled:
 
 class AlertEngine:
     """Evaluates alert rules on committed rows. Thread-safe for one ``on_step`` caller
-    plus the watchdog.
+    plus the watchdog: both evaluate under ``_lock``; events are delivered outside it, in
+    the order they were produced.
 
     Args:
         rules: anything ``make_rule`` accepts (strings, ``M`` expressions, dicts, RuleSpec,
@@ -156,7 +170,8 @@ class AlertEngine:
             windows keep up to this many values per metric.
         notify: called with each ``AlertEvent`` to deliver (outside locks).
         record: called with every transition event (e.g. ``AlertLog``).
-        on_error: ``on_error(rule, exc)`` for each evaluation error (default: log once).
+        on_error: ``on_error(rule, exc)`` for each evaluation error (default: log once);
+            called with the engine lock held, so it must not call back into the engine.
         clock: monotonic seconds (cooldowns, ``no_data``, ``elapsed``); injectable.
         wall_clock: epoch seconds when a row has no ``_time`` and on the watchdog.
         run_info: ``{"project": ..., "run": ...}`` for templates and events.
@@ -189,7 +204,11 @@ class AlertEngine:
         self.run_info = dict(run_info or {})
         self.deliver = bool(deliver)
         self.max_errors = int(max_errors)
-        self._lock = threading.Lock()  # guards the rule list and index (not the hot path)
+        # guards the rule table, the series and evaluation (on_step vs the watchdog); never
+        # held while calling record/notify
+        self._lock = threading.Lock()
+        self._pending: deque[AlertEvent] = deque()  # produced under _lock, delivered in order
+        self._draining = False  # a thread is delivering _pending (guarded by _lock)
         self._rules: list[_Compiled] = []
         self._by_name: dict[str, _Compiled] = {}
         self._index: dict[str, tuple[_Compiled, ...]] = {}
@@ -272,71 +291,104 @@ class AlertEngine:
         other objects are not). Never raises for bad values; call it once per commit."""
         if self._closed:
             return
-        ctx = self._ctx
-        self._token = tok = self._token + 1
-        step = row.get("_step")
-        now = row.get("_time")
-        if now is None:
-            now = self.wall_clock()
-        mono = self.clock()
-        ctx.now = now
-        ctx.step = step
-        ctx.mono = mono
-        ctx.last_commit_mono = mono
-        self._last_row = row
-        index = self._index
-        series = self._series
-        seen = self._seen
-        todo = []
-        for key, value in row.items():
-            rules = index.get(key)
-            if rules is None:
-                if key not in seen:
-                    seen.add(key)
-                continue
-            t = type(value)
-            if t is not float:
-                if t is int or t is bool:
-                    value = float(value)
-                elif value is None or t is str:
+        with self._lock:  # series and evaluation: on_step vs the watchdog
+            ctx = self._ctx
+            self._token = tok = self._token + 1
+            step = row.get("_step")
+            now = row.get("_time")
+            if now is None:
+                now = self.wall_clock()
+            mono = self.clock()
+            ctx.now = now
+            ctx.step = step
+            ctx.mono = mono
+            ctx.last_commit_mono = mono
+            self._last_row = row
+            index = self._index
+            series = self._series
+            seen = self._seen
+            todo = []
+            for key, value in row.items():
+                rules = index.get(key)
+                if rules is None:
+                    if key not in seen:
+                        seen.add(key)
                     continue
-                else:
-                    try:
+                t = type(value)
+                if t is not float:
+                    if t is int or t is bool:
                         value = float(value)
-                    except (TypeError, ValueError):
+                    elif value is None or t is str:
                         continue
-            s = series.get(key)
-            if s is None:
-                seen.add(key)
-                s = series[key] = MetricSeries(key, self._capacity.get(key, 1))
-            s.append(value, now, step)
-            for c in rules:
+                    else:
+                        try:
+                            value = float(value)
+                        except (TypeError, ValueError):
+                            continue
+                s = series.get(key)
+                if s is None:
+                    seen.add(key)
+                    s = series[key] = MetricSeries(key, self._capacity.get(key, 1))
+                s.append(value, now, step)
+                for c in rules:
+                    if c.mark != tok:
+                        c.mark = tok
+                        todo.append(c)
+            for c in self._always:
                 if c.mark != tok:
                     c.mark = tok
                     todo.append(c)
-        for c in self._always:
-            if c.mark != tok:
-                c.mark = tok
-                todo.append(c)
-        if todo:
+            if not todo:
+                return
             events = self._evaluate(todo, ctx, mono)
-            if events:
-                self._emit(events)
+            if not events or not self._produce(events):
+                return
+        self._drain()
 
     def check_time(self) -> None:
         """Evaluate the time-based rules now (what the watchdog does every interval)."""
-        timed = self._timed
-        if not timed or self._closed:
+        if not self._timed or self._closed:
             return
-        main = self._ctx
-        ctx = EvalContext(self._series, now=self.wall_clock(), mono=self.clock())
-        ctx.step = main.step
-        ctx.last_commit_mono = main.last_commit_mono
-        ctx.start_mono = main.start_mono
-        ctx.truncated = main.truncated
-        events = self._evaluate(timed, ctx, ctx.mono)
-        if events:
-            self._emit(events)
+        with self._lock:
+            timed = self._timed
+            main = self._ctx
+            ctx = EvalContext(self._series, now=self.wall_clock(), mono=self.clock())
+            ctx.step = main.step
+            ctx.last_commit_mono = main.last_commit_mono
+            ctx.start_mono = main.start_mono
+            ctx.truncated = main.truncated
+            if not self._produce(self._evaluate(timed, ctx, ctx.mono)):
+                return
+        self._drain()
+
+    def _produce(self, events: list[AlertEvent]) -> bool:
+        """With ``_lock`` held: queue ``events``; True when the caller must drain the queue
+        (no other thread is delivering)."""
+        if not events:
+            return False
+        self._pending.extend(events)
+        if self._draining:
+            return False
+        self._draining = True
+        return True
+
+    def _drain(self) -> None:
+        """Deliver the queued events in order, outside the lock, until the queue is empty
+        (events another thread queues meanwhile included)."""
+        pending = self._pending
+        try:
+            while True:
+                with self._lock:
+                    if not pending:
+                        self._draining = False
+                        return
+                    batch = list(pending)
+                    pending.clear()
+                self._emit(batch)
+        except BaseException:
+            with self._lock:
+                self._draining = False
+            raise
 
     def _evaluate(self, todo, ctx: EvalContext, mono: float) -> list[AlertEvent]:
         events: list[AlertEvent] = []
@@ -393,6 +445,8 @@ class AlertEngine:
             ),
             notify=True,
             run_info=self.run_info,
+            episode=c.state.episode,
+            fires=c.state.fires,
         )
 
     def _report(self, rule: AlertRule | None, exc: BaseException, what: str) -> None:
@@ -452,11 +506,11 @@ class AlertEngine:
         else:
             message = render_template(rule.message or DEFAULT_MESSAGE, values)
             title = render_template(rule.title, values) if rule.title else str(rule.name)
-        state = c.state.state
+        st = c.state
         return AlertEvent(
             rule=rule,
             kind=kind,
-            state=state,
+            state=st.state,
             level=rule.level if kind != "resolved" else "info",
             step=ctx.step,
             time=t,
@@ -466,6 +520,8 @@ class AlertEngine:
             observed=observed,
             notify=notify,
             run_info=self.run_info,
+            episode=st.episode,
+            fires=st.fires,
         )
 
     def _emit(self, events: list[AlertEvent]) -> None:

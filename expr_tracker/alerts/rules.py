@@ -423,10 +423,12 @@ class RuleState:
     """Runtime state of one rule in one engine. ``advance()`` under ``lock``.
 
     ``state`` OK/PENDING/FIRING, ``streak`` consecutive True evaluations, ``fires``
-    notifications sent (firing + level-mode repeats), ``last_notify`` monotonic seconds.
+    notifications sent (firing + level-mode repeats), ``last_notify`` monotonic seconds,
+    ``episode`` how many times the rule entered FIRING (the current firing episode; it tells
+    one incident's notifications from the next one's, see ``event_to_message``).
     """
 
-    __slots__ = ("rule", "state", "streak", "fires", "last_notify", "lock")
+    __slots__ = ("rule", "state", "streak", "fires", "last_notify", "episode", "lock")
 
     def __init__(self, rule: AlertRule) -> None:
         self.rule = rule
@@ -434,13 +436,14 @@ class RuleState:
         self.streak = 0
         self.fires = 0
         self.last_notify: float | None = None
+        self.episode = 0
         self.lock = threading.Lock()
 
     def snapshot(self) -> tuple:
-        return (self.state, self.streak, self.fires, self.last_notify)
+        return (self.state, self.streak, self.fires, self.last_notify, self.episode)
 
     def restore(self, snap: tuple) -> None:
-        self.state, self.streak, self.fires, self.last_notify = snap
+        self.state, self.streak, self.fires, self.last_notify, self.episode = snap
 
     def advance(self, result: bool | None, mono: float) -> tuple[str, bool] | None:
         """Apply one evaluation result. Returns ``(event, notify)`` or ``None``.
@@ -458,6 +461,7 @@ class RuleState:
             if self.state != FIRING:
                 if self.streak >= rule.for_steps:
                     self.state = FIRING
+                    self.episode += 1
                     return "firing", self._count_fire(mono)
                 if self.state == OK:
                     self.state = PENDING

@@ -187,15 +187,19 @@ def normalize_value(value: Any, warner: Warner | None = None, _depth: int = 0) -
     return repr(value)
 
 
-def _has_nonfinite(value: Any) -> bool:
+def has_nonfinite(value: Any) -> bool:
+    """True when ``value`` (a normalised scalar, list or dict) holds NaN or ±inf."""
     t = type(value)
     if t is float:
         return value - value != 0.0
     if t is list:
-        return any(_has_nonfinite(v) for v in value)
+        return any(has_nonfinite(v) for v in value)
     if t is dict:
-        return any(_has_nonfinite(v) for v in value.values())
+        return any(has_nonfinite(v) for v in value.values())
     return False
+
+
+_has_nonfinite = has_nonfinite  # the old private name, for existing callers
 
 
 def encode_row(row: dict[str, Any], nonfinite: bool | None = None) -> bytes:

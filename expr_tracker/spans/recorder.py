@@ -26,8 +26,8 @@ from typing import Any
 import orjson
 
 from expr_tracker.errors import ForkedRunError
+from expr_tracker.history.codec import Warner, encode_row, has_nonfinite, normalize_value
 from expr_tracker.spans import core
-from expr_tracker.spans._codec import Warner, encode_row, has_nonfinite, normalize_value
 
 log = logging.getLogger("expr_tracker.spans")
 
@@ -44,6 +44,8 @@ def _thread_identity() -> tuple[int, str]:
 
 
 def _task_name() -> str | None:
+    """The current asyncio task's name; None outside a running event loop (asyncio not
+    imported, no loop running, or no task)."""
     aio = _modules.get("asyncio")
     if aio is None:
         return None
@@ -163,12 +165,9 @@ class SpanRecorder:
             "tid": tid,
             "thread": tname,
         }
-        # a task name only inside a running event loop (asyncio imported and a loop running)
-        aio = _modules.get("asyncio")
-        if aio is not None and aio._get_running_loop() is not None:
-            task = _task_name()
-            if task is not None:
-                rec["task"] = task
+        task = _task_name()  # only inside a running event loop
+        if task is not None:
+            rec["task"] = task
         if span.attrs or span.step is not None or pm or span.error:
             line = self._encode_full(rec, span, span.attrs, pm)
         else:
