@@ -637,6 +637,32 @@ def test_merge_keys_may_override_without_being_duplicates(tmp_path):
     assert load_yaml(write(tmp_path / "m.yaml", text))["other"] == {"x": 3, "y": 2}
 
 
+def test_header_values_and_auth_like_keys_are_redacted():
+    r = resolve(
+        kwargs={
+            "alert": {
+                "channels": [
+                    {
+                        "type": "webhook",
+                        "name": "hdr",
+                        "url": "http://127.0.0.1:9/x",
+                        "options": {
+                            "headers": {"Authorization": "Bearer SECRETHDR", "X-Plain": "V1"},
+                            "x-api-key": "SECRETKEY2",
+                            "body": {"text": "{title}"},
+                        },
+                    }
+                ]
+            }
+        },
+        environ={},
+    )
+    text = json.dumps(r.redacted())
+    assert "SECRETHDR" not in text and "SECRETKEY2" not in text and "V1" not in text
+    assert "{title}" in text
+    assert "SECRETHDR" not in str(r.rows())
+
+
 def test_duplicate_keys_and_root_problems_name_their_path(tmp_path):
     from expr_tracker.spec import validate_file
 

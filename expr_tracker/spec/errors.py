@@ -35,7 +35,11 @@ __all__ = [
 ]
 
 #: Keys whose values are redacted wherever they appear in free-form mappings and errors.
-SECRET_KEY_PATTERN = re.compile(r"password|passwd|token|secret|webhook|url|api_?key", re.IGNORECASE)
+SECRET_KEY_PATTERN = re.compile(
+    r"password|passwd|token|secret|webhook|url|api[_-]?key|auth|cookie|credential|"
+    r"private[_-]?key|signature",
+    re.IGNORECASE,
+)
 
 _PLAIN_SEGMENT = re.compile(r"^[A-Za-z0-9_\-]+$")
 
@@ -54,7 +58,8 @@ _NOT_GIVEN: Any = _NotGiven()
 
 
 def is_secret_key(key: Any) -> bool:
-    """True when a mapping key names a secret (password, token, secret, webhook, url, api_key)."""
+    """True when a mapping key names a secret (password, token, secret, webhook, url, api key,
+    auth..., cookie, credential, private key, signature)."""
     return isinstance(key, str) and SECRET_KEY_PATTERN.search(key) is not None
 
 

@@ -826,7 +826,9 @@ def _jsonable(value: Any, free_form: bool, depth: int = 0) -> Any:
         value = value.model_dump()
     if isinstance(value, Mapping) and depth < 64:
         return {
-            str(k): "***"
+            str(k): _redact_all(v)
+            if free_form and str(k).lower() == "headers" and isinstance(v, Mapping)
+            else "***"
             if free_form and is_secret_key(k) and v is not None
             else _jsonable(v, free_form, depth + 1)
             for k, v in value.items()
@@ -834,6 +836,12 @@ def _jsonable(value: Any, free_form: bool, depth: int = 0) -> Any:
     if isinstance(value, (list, tuple)) and depth < 64:
         return [_jsonable(v, free_form, depth + 1) for v in value]
     return repr(value)
+
+
+def _redact_all(headers: Mapping) -> dict[str, Any]:
+    """HTTP headers: every value hidden (Authorization, X-Api-Key, cookies ... carry secrets
+    under any name)."""
+    return {str(k): "***" if v is not None else None for k, v in headers.items()}
 
 
 @dataclass(frozen=True)
