@@ -102,7 +102,9 @@ def build(resolved: Any, *, environ: dict[str, str] | None = None) -> Run:
         )
 
     # 1. configuration checks: nothing on disk yet
-    engine = check(resolved, env, stream=stream, rank=rank)
+    # (channels are checked when delivery is attached: a failure there is undone like any
+    # other, and building them twice would say twice that an env-gated channel is off)
+    engine = check(resolved, env, stream=stream, rank=rank, channels=False)
 
     # 2. construction; undone if anything fails
     attempt = _Attempt(run_dir, stream, file_rank)
@@ -137,12 +139,20 @@ def _undo_runtime(run: Run, engine: Any) -> None:
         dispatcher.close(timeout=0.5)
 
 
-def check(resolved: Any, environ: Any = None, *, stream: str | None = None, rank: int = 0) -> Any:
+def check(
+    resolved: Any,
+    environ: Any = None,
+    *,
+    stream: str | None = None,
+    rank: int = 0,
+    channels: bool = True,
+) -> Any:
     """Everything a spec can get wrong beyond its schema, checked with no side effect:
     span plugin types, alert rules (compiled) and channels (built, not started).
 
     Returns the alert engine with the rules compiled (None when alerts are disabled), for
-    :func:`build` to use. ``et.configure_alert`` calls this to fail at configuration time.
+    :func:`build` to use. ``et.configure_alert`` calls this to fail at configuration time;
+    ``channels=False`` skips building the channels.
 
     Raises:
         SpecError: unknown plugin types; rules that do not compile (every one listed).
@@ -152,7 +162,7 @@ def check(resolved: Any, environ: Any = None, *, stream: str | None = None, rank
     env = os.environ if environ is None else environ
     _check_plugins(spec.spans)
     engine = _make_engine(resolved, stream, rank)
-    if engine is not None and spec.alerts.channels:
+    if channels and engine is not None and spec.alerts.channels:
         _check_channels(spec.alerts, env)
     return engine
 
