@@ -157,6 +157,45 @@ def test_alert_with_alerts_disabled_for_the_run_sends_nothing(fresh_standalone):
     et.finish()
 
 
+def test_runless_alert_honours_on_rank(monkeypatch, caplog, fresh_standalone):
+    """No run: a process whose RANK is outside the resolved alerts.on_rank sends nothing
+    (one incident is not delivered once per rank); a rank it lists does."""
+    got = []
+    monkeypatch.setenv("RANK", "1")
+    monkeypatch.setattr(fresh_standalone, "_warned", set())
+    et.configure_alert(channels=[_callable_channel("cb", got.append)], policy=NO_RATE_LIMIT)
+    with caplog.at_level("INFO", logger="expr_tracker.alerts"):
+        assert et.alert("incident") is False
+        assert et.alert("incident again", level="critical") is False
+    muted = [r for r in caplog.records if "sends nothing" in r.getMessage()]
+    assert len(muted) == 1 and "rank 1 does not alert (alerts.on_rank: 0)" in muted[0].getMessage()
+
+    monkeypatch.delenv("RANK")
+    monkeypatch.setenv("LOCAL_RANK", "2")  # RANK unset: LOCAL_RANK decides
+    assert et.alert("still muted") is False
+    monkeypatch.delenv("LOCAL_RANK")
+    assert et.alert("rank 0")
+    et.configure_alert(
+        on_rank="all", channels=[_callable_channel("cb", got.append)], policy=NO_RATE_LIMIT
+    )
+    monkeypatch.setenv("RANK", "3")
+    assert et.alert("every rank")
+    fresh_standalone.standalone_dispatcher().flush(5)
+    assert [m.title for m in got] == ["rank 0", "every rank"]
+
+
+def test_cli_alert_does_not_consult_the_rank(monkeypatch, capsys):
+    """`et alert` is a person's explicit action: RANK does not mute it (documented)."""
+    from expr_tracker.cli.main import main
+
+    monkeypatch.setenv("RANK", "1")
+    with WebhookServer() as server:
+        monkeypatch.setenv("ET_WEBHOOK_URL", server.url)
+        assert main(["alert", "done", "--level", "info"]) == 0
+        assert server.json()["title"] == "done"
+    assert "webhook: delivered" in capsys.readouterr().out
+
+
 def test_standalone_configuration_is_resolved_once_while_its_inputs_stay(
     monkeypatch, tmp_path, fresh_standalone
 ):

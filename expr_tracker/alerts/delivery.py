@@ -13,7 +13,8 @@ For the runtime (``build.py`` / ``api.py``):
   (its ``init(alert=...)`` configuration); on a run that does not alert (a rank outside
   ``alerts.on_rank``, or ``alerts.enabled: false``) it sends nothing and returns False.
   Without a run it uses one built from ``expr_tracker.spec.resolve()`` (environment,
-  ``ET_ALERT_CONFIG``, ``ET_CONFIG``, ``configure_alert``), cached on those inputs.
+  ``ET_ALERT_CONFIG``, ``ET_CONFIG``, ``configure_alert``), cached on those inputs, and
+  honours that configuration's ``alerts.on_rank`` against ``RANK`` / ``LOCAL_RANK``.
 
 Routing: a message goes to the channels admitting its level (``levels`` allowlist, else
 ``min_level``) and tags (a channel with ``tags`` takes only messages carrying one of them);
@@ -123,7 +124,8 @@ def build_dispatcher(
                 ) from None
             lanes.append((channel, policy, channel_spec))
     d = Dispatcher(record=record, context=context, **dispatcher_kwargs)
-    d.skipped = skipped  # type: ignore[attr-defined]
+    d.skipped = skipped
+    d.on_rank = spec.on_rank
     for channel, policy, cs in lanes:
         d.add_channel(
             channel,
@@ -438,6 +440,27 @@ def _run_dispatcher() -> Dispatcher | str | None:
     return None
 
 
+def rank_alerts(on_rank: Any, rank: int) -> bool:
+    """Whether a process of ``rank`` delivers alerts under ``alerts.on_rank`` (a rank, a
+    list of ranks, or ``"all"``)."""
+    if on_rank == "all":
+        return True
+    if isinstance(on_rank, (list, tuple)):
+        return rank in on_rank
+    return rank == on_rank
+
+
+def _rank_muted(d: Dispatcher, environ: Mapping[str, str] | None = None) -> str | None:
+    """Why a run-less alert from this process is not sent (its ``RANK`` / ``LOCAL_RANK`` is
+    outside the resolved ``alerts.on_rank``), or None when it is."""
+    from expr_tracker.history.paths import detect_rank
+
+    rank = detect_rank(environ)
+    if rank_alerts(d.on_rank, rank):
+        return None
+    return f"rank {rank} does not alert (alerts.on_rank: {d.on_rank!r})"
+
+
 def make_message(
     title: Any,
     text: Any = "",
@@ -507,7 +530,9 @@ def alert(
     its ``init(alert=...)`` configuration). A run that does not alert, because its rank is
     outside ``alerts.on_rank`` (one incident must not be delivered once per rank) or its
     alerts are disabled, sends nothing (logged once at info) and returns False. Without a
-    run: the dispatcher of ``standalone_dispatcher()``.
+    run: the dispatcher of ``standalone_dispatcher()``, under the same rank rule: a process
+    whose ``RANK`` (else ``LOCAL_RANK``) is outside the resolved ``alerts.on_rank`` (default
+    0) sends nothing and returns False. (``et alert`` on the CLI does not consult the rank.)
 
     Returns:
         True when some channel took the message (with ``async_send: false``: when some
@@ -525,7 +550,19 @@ def alert(
                 level=logging.INFO,
             )
             return False
-        d = target or standalone_dispatcher()
+        if target is None:
+            d = standalone_dispatcher()
+            muted = _rank_muted(d)
+            if muted is not None:
+                _warn_once(
+                    f"muted:{muted}",
+                    "expr_tracker: et.alert() sends nothing: %s",
+                    muted,
+                    level=logging.INFO,
+                )
+                return False
+        else:
+            d = target
         return d.submit(message, direct=True).ok
     except Exception as exc:  # noqa: BLE001 - et.alert() never raises
         _warn_once(

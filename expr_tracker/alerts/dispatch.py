@@ -24,7 +24,8 @@ only sends):
    behind less severe ones: they skip the coalesce buffer and, with the bucket empty, borrow
    up to one more burst (``capacity``) of tokens, which the less severe messages then wait to
    be repaid. Only an urgent storm beyond that borrowed burst is rate-limited, and still goes
-   ahead of everything less severe.
+   ahead of everything less severe. At the drain (``close()``) nothing waits for a token:
+   what is held back (``coalesce`` or ``queue``) goes as one summary on a borrowed token.
 3. **send** with up to ``max_retries`` retries: a network error, a retryable service error, or
    an HTTP status in ``retry_on_status`` is retried after ``backoff_initial * factor**n`` (at
    most ``backoff_max``) spread by ``jitter``, or after ``Retry-After`` when
@@ -32,7 +33,8 @@ only sends):
 
 Only send failures are swallowed: counted, logged once per (channel, cause) — every time with
 ``fail_silently: false`` — and recorded as ``{"kind": "delivery", "delivered": false, ...}``.
-Every outcome is recorded; secrets are scrubbed from every error text.
+Every outcome is recorded; error texts and answers are ``channels.base.excerpt``s: secrets
+removed first, one line, at most 200 characters.
 
 Queues hold ``queue_size`` messages; when full, ``on_queue_full`` drops the oldest, drops the
 new one, or (``block``, direct ``et.alert()`` calls only, at most ``timeout`` seconds) waits.
@@ -60,8 +62,13 @@ from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, fields
 from typing import Any
 
-from expr_tracker.alerts.channels.base import ATTEMPT_TIMEOUTS, DeliveryError, SendResult
-from expr_tracker.alerts.message import LEVELS, AlertMessage, normalize_level, scrub
+from expr_tracker.alerts.channels.base import (
+    ATTEMPT_TIMEOUTS,
+    DeliveryError,
+    SendResult,
+    excerpt,
+)
+from expr_tracker.alerts.message import LEVELS, AlertMessage, normalize_level
 
 __all__ = [
     "DEFAULT_DRAIN_TIMEOUT",
@@ -199,6 +206,14 @@ class TokenBucket:
             return True
         return False
 
+    def take_anyway(self, now: float) -> None:
+        """Take a token whether or not one is available (the bucket may go into debt):
+        the drain's last message, which cannot wait for the bucket to refill."""
+        if self.rate is None:
+            return
+        self._refill(now)
+        self.tokens -= 1.0
+
     def wait_time(self, now: float, borrow: float = 0.0) -> float:
         """Seconds until a take (with ``borrow``) succeeds (0 when one would now)."""
         if self.rate is None:
@@ -267,7 +282,16 @@ class _Ticket:
 
 
 class _Item:
-    __slots__ = ("message", "tickets", "checked", "summary", "limited", "rank")
+    __slots__ = (
+        "message",
+        "tickets",
+        "checked",
+        "summary",
+        "limited",
+        "rank",
+        "attempts",
+        "coalesced",
+    )
 
     def __init__(self, message: AlertMessage, ticket: _Ticket | None = None, summary=False) -> None:
         self.message = message
@@ -276,6 +300,8 @@ class _Item:
         self.checked = summary
         self.summary = summary
         self.limited = False
+        self.attempts = 0  # sends started (the one in flight included)
+        self.coalesced = 0  # messages a coalesce summary stands for
 
 
 @dataclass
@@ -337,6 +363,7 @@ class Lane:
         self._summaries: deque[_Item] = deque()
         self._held: list[_Item] = []  # coalesce buffer
         self._inflight: list[_Item] = []
+        self._sending = False  # channel.send() running now
         now = dispatcher.clock()
         self._bucket = TokenBucket(policy.rate_limit_per_minute, now)
         self._dedup = _Dedup(policy.dedup_window)
@@ -488,16 +515,16 @@ class Lane:
         item = self._pop()
         if item is None:
             if self._closing:
-                if self._held:
-                    if self._past_deadline(now + (wait_held or 0.0)):
-                        held, self._held = self._held, []
-                        for h in held:
-                            self._finish(h, False, "not delivered before the drain deadline")
-                        return 0.0
-                    return wait_held
                 late = self._dedup.expired(now, everything=True)
                 if late:
-                    self._summaries.extend(_Item(m, summary=True) for m in late)
+                    with self._cond:
+                        self._summaries.extend(_Item(m, summary=True) for m in late)
+                    return 0.0
+                if self._held:
+                    # the drain is the last chance: what the rate limit held back goes out
+                    # now as one summary, on a borrowed token, rather than being lost
+                    self._bucket.take_anyway(now)
+                    self._send_held()
                     return 0.0
                 return _EXIT
             waits = [w for w in (wait_held,) if w is not None]
@@ -525,13 +552,12 @@ class Lane:
                 self.counts["dropped"] += 1
                 self._finish(item, False, "dropped: rate limited")
                 return 0.0
-            if p.on_rate_limited == "coalesce":
+            if p.on_rate_limited == "coalesce" or self._closing:
+                # queue mode while draining: no token will come in time, so the message
+                # joins the drain summary (sent on a borrowed token once the queue is empty)
                 self._held.append(item)
                 return 0.0
             wait = self._bucket.wait_time(now, self._bucket.capacity if urgent else 0.0)
-            if self._closing and self._past_deadline(now + wait):
-                self._finish(item, False, "not delivered before the drain deadline")
-                return 0.0
             self._push_back(item)
             return wait
         self._deliver(item)
@@ -562,6 +588,7 @@ class Lane:
         )
         item = _Item(summary, summary=True)
         item.tickets = [t for h in held for t in h.tickets]
+        item.coalesced = len(held)
         self.counts["coalesced"] += len(held)
         self._deliver(item, coalesced=len(held))
 
@@ -593,8 +620,13 @@ class Lane:
         try:
             while True:
                 attempt += 1
+                item.attempts = attempt  # counted before the send: one in flight counts
                 try:
-                    result = self.channel.send(message, p.timeout)
+                    self._sending = True
+                    try:
+                        result = self.channel.send(message, p.timeout)
+                    finally:
+                        self._sending = False
                 except DeliveryError as exc:
                     status = exc.status
                     self.last_status = status
@@ -602,9 +634,9 @@ class Lane:
                         retryable = status in p.retry_on_status
                     else:
                         retryable = exc.retryable
-                    reason = scrub(exc.reason, self.secrets)
+                    reason = excerpt(exc.reason, self.secrets)
                     if exc.body:
-                        detail = f"{reason}: {scrub(exc.body, self.secrets)[:120]}"
+                        detail = f"{reason}: {excerpt(exc.body, self.secrets)}"
                     else:
                         detail = reason
                     if not retryable or attempt > p.max_retries:
@@ -626,13 +658,13 @@ class Lane:
                         return
                     continue
                 except Exception as exc:  # noqa: BLE001 - a broken channel is a send failure
-                    reason = scrub(f"{type(exc).__name__}: {exc}", self.secrets)[:200]
+                    reason = excerpt(f"{type(exc).__name__}: {exc}", self.secrets)
                     self._failed(item, reason, reason, None, attempt, coalesced)
                     return
                 status = getattr(result, "status", None)
                 self.last_status = status
                 if isinstance(result, SendResult):
-                    detail = scrub(result.describe(), self.secrets)
+                    detail = excerpt(result.describe(), self.secrets)
                 else:
                     detail = "ok"
                 if self._abandoned:
@@ -735,18 +767,19 @@ class Lane:
         out["last_status"] = self.last_status
         return out
 
-    def abandon(self, why: str) -> list[_Item]:
-        """Stop for good; return what was not delivered."""
+    def abandon(self, why: str) -> tuple[list[_Item], list[_Item]]:
+        """Stop for good; return (the items in flight, everything not delivered)."""
         with self._cond:
             self._abort = True
             self._abandoned = True
-            left = list(self._inflight) + list(self._summaries) + self._held + list(self._queue)
+            inflight = list(self._inflight)
+            left = inflight + list(self._summaries) + self._held + list(self._queue)
             self._queue.clear()
             self._ranks = [0] * len(LEVELS)
             self._summaries.clear()
             self._held = []
             self._cond.notify_all()
-        return left
+        return inflight, left
 
 
 def _shorten(text: str, limit: int) -> str:
@@ -848,6 +881,11 @@ class Dispatcher:
         self._lock = threading.Lock()
         self._warned: set[tuple[str, str]] = set()
         self._unknown: set[str] = set()
+        #: configured channels that are off (not lanes): name -> why ("ET_X is not set")
+        self.skipped: dict[str, str] = {}
+        #: ranks whose run-less ``et.alert()`` calls this dispatcher delivers
+        #: (``alerts.on_rank``; a dispatcher built by hand: every rank)
+        self.on_rank: Any = "all"
         self._closed = False
         self.record_errors = 0
         if at_exit:
@@ -915,11 +953,18 @@ class Dispatcher:
                 matches = [lane for lane in lanes if lane.kind == wanted]
             if not matches and wanted not in self._unknown:
                 self._unknown.add(wanted)
-                log.warning(
-                    "expr_tracker: alert for unknown channel %r (configured: %s)",
-                    wanted,
-                    ", ".join(self.lanes) or "none",
-                )
+                if wanted in self.skipped:
+                    log.warning(
+                        "expr_tracker: alert for channel %r, which is off: %s",
+                        wanted,
+                        self.skipped[wanted],
+                    )
+                else:
+                    log.warning(
+                        "expr_tracker: alert for unknown channel %r (configured: %s)",
+                        wanted,
+                        ", ".join(list(self.lanes) + list(self.skipped)) or "none",
+                    )
             out.extend(m for m in matches if m not in out and m.admits(message, explicit=True))
         return out
 
@@ -1031,10 +1076,14 @@ class Dispatcher:
     def close(self, timeout: float | None = None) -> dict[str, int]:
         """Drain every queue within ``timeout`` seconds (default ``drain_timeout``), then stop.
 
-        Pending dedup summaries are sent; retries and rate-limit waits that would pass the
-        deadline give up. Whatever is still queued or in flight at the deadline (a hanging
-        endpoint) is recorded ``delivered: false`` and abandoned; worker threads are daemons,
-        so a dead endpoint never holds the process. Idempotent.
+        Pending dedup summaries are sent. Messages the rate limit holds back (``coalesce``,
+        and ``queue``: no token would come in time) are folded into one summary sent at once
+        on a borrowed token (the drain is the last chance, it does not wait for the bucket);
+        ``drop`` drops them as usual. Retries that would pass the deadline give up. Whatever
+        is still queued or in flight at the deadline (a hanging endpoint) is recorded
+        ``delivered: false`` with the reason (no answer in flight / waiting to retry / still
+        queued) and its ``attempts`` (the one in flight counted), and abandoned; worker
+        threads are daemons, so a dead endpoint never holds the process. Idempotent.
 
         Returns:
             channel name -> messages recorded undelivered at the deadline.
@@ -1075,12 +1124,25 @@ class Dispatcher:
             if not still and lane.pending() == 0:
                 lane._done = True
                 continue
-            items = lane.abandon("drain deadline")
+            sending = lane._sending
+            inflight, items = lane.abandon("drain deadline")
             left_over[lane.name] = len(items)
             for item in items:
                 lane.counts["failed"] += 1
+                if item in inflight:
+                    why = (
+                        "the endpoint had not answered"
+                        if sending
+                        else f"waiting to retry after {item.attempts} attempt(s)"
+                    )
+                else:
+                    why = "still queued"
                 lane._finish(
-                    item, False, f"not delivered before the drain deadline ({timeout:g} s)"
+                    item,
+                    False,
+                    f"not delivered before the drain deadline ({timeout:g} s): {why}",
+                    attempts=item.attempts,
+                    coalesced=item.coalesced,
                 )
             if items:
                 log.warning(

@@ -17,7 +17,7 @@ import time
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field, replace
 from typing import Any
-from urllib.parse import urlsplit
+from urllib.parse import quote, unquote, urlsplit
 
 from expr_tracker.alerts.template import render_template
 from expr_tracker.spec.models import LEVELS, level_rank, normalize_level
@@ -213,18 +213,31 @@ def redact_url(url: str | None) -> str:
 
 
 def scrub(text: Any, secrets: Iterable[str | None]) -> str:
-    """``str(text)`` with every secret (and a URL's path and query) replaced by ``***``."""
+    """``str(text)`` with every secret (and a URL's path, query and ``user:password@``)
+    replaced by ``***``. A secret echoed percent-encoded, and the last word of a header
+    value (``Bearer <token>``: the token alone), are removed too."""
     out = str(text)
     for secret in secrets:
         if not secret:
             continue
         secret = str(secret)
-        if len(secret) >= 4 and secret in out:
-            out = out.replace(secret, "***")
+        forms = {secret, quote(secret, safe=""), quote(secret, safe="/:")}
+        words = secret.split()
+        if len(words) > 1 and len(words[-1]) >= 8:
+            forms.add(words[-1])
+        for form in sorted(forms, key=len, reverse=True):
+            if len(form) >= 4 and form in out:
+                out = out.replace(form, "***")
         try:
             parts = urlsplit(secret)
         except ValueError:
             continue
+        if parts.scheme and parts.netloc and "@" in parts.netloc:
+            userinfo = parts.netloc.rpartition("@")[0]
+            user, _, password = userinfo.partition(":")
+            for piece in (userinfo + "@", userinfo, unquote(password), password):
+                if piece and (len(piece) >= 4 or piece.endswith("@")) and piece in out:
+                    out = out.replace(piece, "***@" if piece.endswith("@") else "***")
         if parts.scheme and parts.netloc:
             for piece in (parts.path, parts.query):
                 if piece and len(piece) >= 4 and piece not in ("/",) and piece in out:

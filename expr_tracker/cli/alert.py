@@ -4,6 +4,11 @@ Sends one alert through the channels configured by the environment (``ET_*_WEBHO
 ``ET_ALERT_CONFIG`` / ``--config FILE`` and ``ET_CONFIG``, waits for each outcome (within
 ``--timeout`` seconds), prints one line per channel and exits 0 when some channel delivered
 it, 1 when none did, 2 on a usage or configuration error.
+
+A ``--channel`` that is configured but off (``enabled: false``, or its ``url_env`` variable
+unset) is named as such, exit 1. ``RANK`` / ``LOCAL_RANK`` are not consulted: running
+``et alert`` is a person's explicit action, unlike ``et.alert()`` in a run-less process,
+which honours ``alerts.on_rank``.
 """
 
 from __future__ import annotations
@@ -61,10 +66,22 @@ def run(args: argparse.Namespace) -> int:
     finally:
         d.close(timeout=min(args.timeout, 5.0))
     if not result.routed:
-        print("no channel takes this alert (check --channel, levels and tags)", file=sys.stderr)
+        off = [(name, d.skipped[name]) for name in (args.channel or ()) if name in d.skipped]
+        for name, why in off:
+            print(f"et alert: channel {name!r} is off: {_off_reason(why)}", file=sys.stderr)
+        if not off:
+            print("no channel takes this alert (check --channel, levels and tags)", file=sys.stderr)
         return 1
     for name in result.routed:
         ok = result.delivered.get(name, False)
         mark = "delivered" if ok else "FAILED"
         print(f"{name}: {mark}: {result.detail.get(name, '')}")
     return 0 if any(result.delivered.values()) else 1
+
+
+def _off_reason(why: str) -> str:
+    if why == "disabled":
+        return "it is disabled (enabled: false)"
+    if why.endswith(" is not set"):
+        return f"environment variable {why}"
+    return why

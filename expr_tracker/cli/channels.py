@@ -2,8 +2,15 @@
 
 Sends one test message straight through each configured channel (or the named ones) —
 one attempt, no queue, no rate limit — and prints what each endpoint answered (HTTP status
-and body, or the error), with URLs redacted. Exit 0 when every tested channel accepted it,
-1 when one failed or none is configured, 2 on a configuration error.
+and body, or the error), with URLs redacted.
+
+A channel whose ``url_env`` variable is not set (and that has no ``url``) is off, not broken:
+that is how a checked-in channel stays quiet until its variable is set. It is listed as
+``off (VAR not set)`` and not tested.
+
+Exit 0 when every tested channel accepted the message (channels that are off do not count
+as failures); 1 when one failed, or when nothing could be tested (none configured, or every
+selected channel off); 2 on a configuration error or an unknown channel name.
 """
 
 from __future__ import annotations
@@ -32,7 +39,8 @@ def register(subparsers) -> None:  # noqa: ANN001
 
 def run_test(args: argparse.Namespace) -> int:
     from expr_tracker.alerts.channels import DeliveryError, create_channel
-    from expr_tracker.alerts.message import AlertMessage, scrub
+    from expr_tracker.alerts.channels.base import excerpt
+    from expr_tracker.alerts.message import AlertMessage
     from expr_tracker.spec import resolve
 
     environ = dict(os.environ)
@@ -62,8 +70,16 @@ def run_test(args: argparse.Namespace) -> int:
         )
         return 1
     failures = 0
+    tested = 0
     for spec in specs:
         row = {"channel": spec.name, "type": spec.type}
+        if spec.url_env and spec.url is None:
+            value = environ.get(spec.url_env)
+            if not value or not value.strip():
+                row.update(ok=None, off=True, answer=f"off ({spec.url_env} not set)")
+                _print(row, args.json)
+                continue
+        tested += 1
         try:
             channel = create_channel(spec, environ)
         except Exception as exc:  # noqa: BLE001 - ChannelConfigError
@@ -72,6 +88,7 @@ def run_test(args: argparse.Namespace) -> int:
             _print(row, args.json)
             continue
         row["target"] = channel.target
+        secrets = tuple(channel.secrets())
         message = AlertMessage(
             title="expr_tracker test alert",
             text=f"A test message for channel {spec.name!r} from `et channels test`.",
@@ -81,23 +98,29 @@ def run_test(args: argparse.Namespace) -> int:
         )
         try:
             result = channel.send(message, args.timeout)
-            row.update(
-                ok=True, status=result.status, answer=scrub(result.describe(), channel.secrets())
-            )
+            row.update(ok=True, status=result.status, answer=excerpt(result.describe(), secrets))
         except DeliveryError as exc:
-            answer = exc.reason + (f": {exc.body}" if exc.body else "")
-            row.update(ok=False, status=exc.status, answer=scrub(answer, channel.secrets()))
+            answer = excerpt(exc.reason, secrets)
+            if exc.body:
+                answer += f": {excerpt(exc.body, secrets)}"
+            row.update(ok=False, status=exc.status, answer=answer)
             failures += 1
         except Exception as exc:  # noqa: BLE001 - a broken channel class
-            row.update(ok=False, answer=scrub(f"{type(exc).__name__}: {exc}", channel.secrets()))
+            row.update(ok=False, answer=excerpt(f"{type(exc).__name__}: {exc}", secrets))
             failures += 1
         _print(row, args.json)
+    if not tested:
+        print("et channels test: no channel was tested: every one selected is off", file=sys.stderr)
+        return 1
     return 1 if failures else 0
 
 
 def _print(row: dict, as_json: bool) -> None:
     if as_json:
         print(json.dumps(row, ensure_ascii=False))
+        return
+    if row.get("off"):
+        print(f"{row['channel']} ({row['type']}): {row['answer']}")
         return
     mark = "ok" if row.get("ok") else "FAILED"
     target = row.get("target", "")

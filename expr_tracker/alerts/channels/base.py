@@ -27,6 +27,7 @@ dispatcher's bounds (``Policy.max_send_seconds``) use the same factor.
 
 from __future__ import annotations
 
+import base64
 import email.utils
 import http.client
 import io
@@ -35,6 +36,7 @@ import socket
 import sys
 import time
 import urllib.error
+import urllib.parse
 import urllib.request
 from collections.abc import Mapping
 from dataclasses import dataclass
@@ -53,8 +55,10 @@ __all__ = [
     "post_json",
 ]
 
-#: bytes of a response body kept for reports
+#: bytes of a response body read (a JSON answer is parsed from them)
 BODY_LIMIT = 2048
+#: characters of a response body kept for reports (logs, records, stats, the CLIs)
+EXCERPT_LIMIT = 200
 #: one HTTP attempt lasts at most this many ``timeout``s (connect, then exchange)
 ATTEMPT_TIMEOUTS = 2
 
@@ -127,6 +131,43 @@ def parse_retry_after(value: str | None, now: float | None = None) -> float | No
         return None
     now = time.time() if now is None else now
     return max(0.0, when.timestamp() - now)
+
+
+def excerpt(
+    text: Any, secrets: tuple[str | None, ...] = (), *, truncated: bool = False, limit: int = 0
+) -> str:
+    """What may be shown of a response body: secrets removed first (``scrub``: the URL, its
+    token and ``user:password``, header values, signing secrets), then on one line, control
+    characters replaced, cut to ``limit`` characters (default ``EXCERPT_LIMIT``).
+
+    ``truncated``: the body was cut when read, so its end may hold the start of a secret
+    that ``scrub`` cannot recognise; as many characters as the longest secret are dropped
+    from the end first."""
+    out = str(text or "")
+    if truncated:
+        longest = max((len(str(x)) for x in secrets if x), default=0)
+        out = out[: max(0, len(out) - longest)]
+    out = scrub(out, secrets)
+    out = "".join(ch if ch.isprintable() or ch.isspace() else "?" for ch in out)
+    out = " ".join(out.split())
+    limit = limit or EXCERPT_LIMIT
+    return out if len(out) <= limit else out[: limit - 1].rstrip() + "\u2026"
+
+
+def split_userinfo(url: str) -> tuple[str, str | None]:
+    """``(url without user:password@, Authorization header value or None)``: credentials in
+    a URL go as HTTP Basic auth (``urllib`` would take them for part of the host name)."""
+    try:
+        parts = urllib.parse.urlsplit(url)
+    except ValueError:
+        return url, None
+    if "@" not in parts.netloc:
+        return url, None
+    userinfo, _, hostport = parts.netloc.rpartition("@")
+    user, _, password = userinfo.partition(":")
+    raw = f"{urllib.parse.unquote(user)}:{urllib.parse.unquote(password)}".encode()
+    clean = urllib.parse.urlunsplit(parts._replace(netloc=hostport))
+    return clean, "Basic " + base64.b64encode(raw).decode("ascii")
 
 
 class _NoRedirect(urllib.request.HTTPRedirectHandler):
@@ -272,9 +313,19 @@ _OPENER = urllib.request.build_opener(_NoRedirect, _BoundedHTTPHandler, _Bounded
 
 @dataclass(frozen=True)
 class HttpResponse:
+    """A 2xx answer: ``body`` is the raw start of the body (``BODY_LIMIT`` bytes, for
+    parsing); ``excerpt()`` is what may be shown of it."""
+
     status: int
     body: str
     headers: Mapping[str, str]
+    secrets: tuple[str, ...] = ()
+    truncated: bool = False
+
+    def excerpt(self, text: str | None = None) -> str:
+        """``body`` (or ``text`` taken from it) with secrets removed, one line, cut short."""
+        body = self.body if text is None else text
+        return excerpt(body, self.secrets, truncated=self.truncated and text is None)
 
 
 def post_json(
@@ -308,28 +359,37 @@ def post_json(
         data = payload.encode("utf-8")
     else:
         data = json.dumps(payload, ensure_ascii=False, default=str).encode("utf-8")
-    hidden = (url, *secrets)
-    request = urllib.request.Request(url, data=data, method=method)
+    target, basic = split_userinfo(url)
+    hidden = tuple(x for x in (url, target, basic, *secrets) if x)
+    request = urllib.request.Request(target, data=data, method=method)
     request.add_header("Content-Type", content_type)
     request.add_header("User-Agent", "expr_tracker-alerts")
+    if basic is not None:
+        request.add_header("Authorization", basic)
     for key, value in (headers or {}).items():
-        request.add_header(str(key), str(value))
+        request.add_header(str(key), str(value))  # an explicit Authorization header wins
     try:
         with _OPENER.open(request, timeout=timeout) as response:
-            body = response.read(BODY_LIMIT).decode("utf-8", "replace")
-            return HttpResponse(response.status, body, dict(response.headers.items()))
+            raw = response.read(BODY_LIMIT)
+            return HttpResponse(
+                response.status,
+                raw.decode("utf-8", "replace"),
+                dict(response.headers.items()),
+                secrets=hidden,
+                truncated=len(raw) >= BODY_LIMIT,
+            )
     except urllib.error.HTTPError as exc:
         try:
-            body = exc.read(BODY_LIMIT).decode("utf-8", "replace")
+            raw = exc.read(BODY_LIMIT)
         except Exception:  # noqa: BLE001 - the body is only informative
-            body = ""
+            raw = b""
         retry_after = parse_retry_after(exc.headers.get("Retry-After") if exc.headers else None)
         exc.close()
         raise DeliveryError(
             f"HTTP {exc.code}",
             status=exc.code,
             retry_after=retry_after,
-            body=scrub(body.strip()[:200], hidden),
+            body=excerpt(raw.decode("utf-8", "replace"), hidden, truncated=len(raw) >= BODY_LIMIT),
         ) from None
     except urllib.error.URLError as exc:
         reason = getattr(exc, "reason", exc)
@@ -351,14 +411,16 @@ def _cause(exc: Any, hidden: tuple[str, ...]) -> str:
     return scrub(str(exc), hidden)[:200]
 
 
-def decode_json(body: str) -> Any:
-    """``json.loads(body)``; raises ``DeliveryError`` (not retryable) for a malformed body."""
+def decode_json(body: Any) -> Any:
+    """``json.loads`` of a body (a ``str``, or an ``HttpResponse`` whose body it parses);
+    raises ``DeliveryError`` (not retryable) for a malformed body, with a scrubbed
+    excerpt of it."""
+    text = body.body if isinstance(body, HttpResponse) else body
     try:
-        return json.loads(body)
+        return json.loads(text)
     except ValueError:
-        raise DeliveryError(
-            "malformed response (not JSON)", retryable=False, body=body[:200]
-        ) from None
+        shown = body.excerpt() if isinstance(body, HttpResponse) else excerpt(text)
+        raise DeliveryError("malformed response (not JSON)", retryable=False, body=shown) from None
 
 
 class Channel:
@@ -422,8 +484,12 @@ class Channel:
         raise NotImplementedError
 
     def secrets(self) -> tuple[str, ...]:
-        """Every secret this channel holds (scrubbed from error texts)."""
-        return tuple(s for s in (self.url, self.secret) if s)
+        """Every secret this channel holds (scrubbed from error texts): the URL (with any
+        ``user:password@``, and the Basic auth header made from it), the signing secret."""
+        out = [self.url, self.secret]
+        if self.url:
+            out.append(split_userinfo(self.url)[1])
+        return tuple(s for s in out if s)
 
     @property
     def target(self) -> str:
@@ -456,7 +522,7 @@ class HttpChannel(Channel):
         return {}
 
     def check(self, response: HttpResponse) -> SendResult:
-        return SendResult(response.status, response.body.strip()[:200])
+        return SendResult(response.status, response.excerpt())
 
     def send(self, message: AlertMessage, timeout: float) -> SendResult:
         response = post_json(
@@ -482,7 +548,7 @@ def check_code(
         DeliveryError: malformed body (not retried) or a non-zero code (retried only when in
             ``retry_codes``, the service's own rate-limit codes).
     """
-    data = decode_json(response.body)
+    data = decode_json(response)
     if not isinstance(data, dict):
         raise DeliveryError("malformed response (not an object)", retryable=False)
     code = None
@@ -491,16 +557,17 @@ def check_code(
             code = data[key]
             break
     msg = next((str(data[k]) for k in msg_keys if k in data), "")
+    msg = excerpt(msg, response.secrets, limit=120)
     if code is None:
         raise DeliveryError(
-            "malformed response (no status code)", retryable=False, body=response.body[:200]
+            "malformed response (no status code)", retryable=False, body=response.excerpt()
         )
     if code != 0:
         raise DeliveryError(
-            f"service error {code}: {msg}"[:200],
+            excerpt(f"service error {code}: {msg}", response.secrets),
             status=response.status,
             retryable=code in retry_codes,
-            body=response.body[:200],
+            body=response.excerpt(),
         )
     return SendResult(response.status, f"code 0 {msg}".strip())
 

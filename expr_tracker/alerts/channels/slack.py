@@ -15,6 +15,7 @@ from expr_tracker.alerts.channels.base import (
     HttpChannel,
     HttpResponse,
     SendResult,
+    excerpt,
     fields_list,
 )
 from expr_tracker.alerts.message import AlertMessage
@@ -88,5 +89,8 @@ class SlackChannel(HttpChannel):
     def check(self, response: HttpResponse) -> SendResult:
         text = response.body.strip()
         if text and text != "ok":
-            raise DeliveryError(f"unexpected answer {text[:80]!r}", retryable=False, body=text)
-        return SendResult(response.status, text or "ok")
+            shown = response.excerpt()
+            raise DeliveryError(
+                f"unexpected answer {excerpt(shown, limit=80)!r}", retryable=False, body=shown
+            )
+        return SendResult(response.status, "ok")
