@@ -410,15 +410,6 @@ def _build_spans(
         run.history.flush_hooks.append(run.spans.flush)
 
 
-def rank_alerts(on_rank: Any, rank: int) -> bool:
-    """Whether a process of ``rank`` delivers alerts under ``alerts.on_rank``."""
-    if on_rank == "all":
-        return True
-    if isinstance(on_rank, (list, tuple)):
-        return rank in on_rank
-    return rank == on_rank
-
-
 def _make_engine(resolved: Any, stream: str | None, rank: int) -> Any:
     """The alert engine with every rule compiled; no thread, no file.
 
@@ -430,6 +421,7 @@ def _make_engine(resolved: Any, stream: str | None, rank: int) -> Any:
     a = spec.alerts
     if not a.enabled:
         return None
+    from expr_tracker.alerts.delivery import rank_alerts
     from expr_tracker.alerts.engine import AlertEngine
     from expr_tracker.alerts.parse import RuleError
 
