@@ -421,13 +421,10 @@ class JsonlWriter:
             self.appended += 1
             count = len(lines)
             if count == 1:
-                now = self._oldest = self._clock()
-            elif self._scheduled and (count < self.buffer_size or self._urgent):
-                return True  # the common case: a flush is already scheduled
-            else:
-                now = self._clock()
+                self._oldest = self._clock()
             if self._scheduled and (count < self.buffer_size or self._urgent):
-                return True
+                return True  # the common case: a flush is already scheduled
+            now = self._clock()
             due = self._due_time(now, count)
             if not self.async_write:
                 if due > now:
