@@ -102,6 +102,7 @@ def init(
             raise _with_config_keys(exc, spec) from None
         _run = run
         _install_hooks()
+        _finish_at_process_exit()
     return run
 
 
@@ -423,6 +424,18 @@ def _on_sigterm(signum: int, frame: Any) -> None:
         return
     _signal_received = signum
     raise SystemExit(128 + signum)
+
+
+def _finish_at_process_exit() -> None:
+    """In a ``multiprocessing`` child (a DataLoader worker), finish the run when the process
+    exits: such children leave through ``os._exit``, which skips ``atexit``, but
+    ``multiprocessing`` runs its finalizers first."""
+    mp = sys.modules.get("multiprocessing")
+    if mp is None or mp.parent_process() is None:
+        return
+    from multiprocessing import util
+
+    util.Finalize(None, _at_exit, exitpriority=10)
 
 
 def _install_hooks() -> None:

@@ -535,3 +535,39 @@ def test_run_json_counts_steps_over_every_attempt(tmp_path):
     et.finish()
     info = json.loads((run.dir / "run.json").read_text())
     assert (info["steps"], info["last_step"]) == (5, 4)
+
+
+MP_CHILD = """
+import multiprocessing as mp, sys, expr_tracker as et
+
+def work(root):
+    et.init(project="mp", name="r", dir=root, stream="child")
+    for i in range(200):
+        et.log({"x": i})
+    # no et.finish(): the process leaves through os._exit like a DataLoader worker
+
+if __name__ == "__main__":
+    et.init(project="mp", name="r", dir=sys.argv[1])
+    et.log({"parent": 1})
+    p = mp.get_context("fork").Process(target=work, args=(sys.argv[1],))
+    p.start()
+    p.join()
+    print("child exit", p.exitcode, flush=True)
+    et.finish()
+"""
+
+
+@pytest.mark.skipif(not hasattr(os, "fork"), reason="needs fork")
+def test_multiprocessing_child_run_is_finished_at_process_exit(tmp_path):
+    script = tmp_path / "mp_child.py"
+    script.write_text(MP_CHILD)
+    p = subprocess.run(
+        [sys.executable, str(script), str(tmp_path / "runs")],
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert "child exit 0" in p.stdout, p.stdout + p.stderr
+    run_dir = tmp_path / "runs" / "mp" / "r"
+    assert [r["x"] for r in read_rows(run_dir / "metrics.child.jsonl")] == list(range(200))
+    assert json.loads((run_dir / "run.child.json").read_text())["status"] == "finished"
