@@ -349,13 +349,7 @@ def _construct(
             warner.warn(("spec.json",), "expr_tracker: cannot write spec.json (%s)", exc)
 
     summary_path = run_dir / file_name("summary", stream, file_rank)
-    initial = None
-    if resumed and summary_path.exists():
-        try:
-            initial = json.loads(summary_path.read_text("utf-8"))
-        except (OSError, ValueError):
-            initial = None
-    summary = Summary(summary_path, initial)
+    summary = Summary(summary_path, _resumed_summary(summary_path, writer) if resumed else None)
     store.sinks.append(summary.on_row)
 
     return Run(
@@ -371,6 +365,29 @@ def _construct(
         info_path=info_path,
         warner=warner,
     )
+
+
+def _resumed_summary(summary_path: Path, writer: JsonlWriter) -> dict[str, Any]:
+    """The summary of a resumed run: ``summary.json`` as last saved, caught up with the rows
+    the file holds after the step it had seen (a crash leaves it up to one save interval
+    behind); rebuilt from the whole file when it is missing or unreadable."""
+    from expr_tracker.history.reader import JsonlReader
+
+    try:
+        saved = json.loads(summary_path.read_text("utf-8"))
+        if not isinstance(saved, dict):
+            saved = {}
+    except (OSError, ValueError):
+        saved = {}
+    seen = saved.get("_step")
+    start = seen + 1 if type(seen) is int else None
+    try:
+        rows = JsonlReader(writer.path, meta=writer.meta()).read_range(start, None)
+    except OSError:
+        rows = []
+    for row in rows:
+        saved.update(row)
+    return saved
 
 
 def _write_json(path: Path, data: Any, warner: Warner) -> None:

@@ -21,6 +21,7 @@ from expr_tracker.history.codec import Warner, dumps_pretty, normalize_value
 from expr_tracker.history.paths import atomic_write
 from expr_tracker.history.runinfo import write_run_info
 from expr_tracker.history.store import FORK_MESSAGE, HistoryStore, fork_generation
+from expr_tracker.history.writer import get_flusher
 
 log = logging.getLogger("expr_tracker")
 
@@ -28,21 +29,50 @@ log = logging.getLogger("expr_tracker")
 _MISSING = object()
 
 
+#: seconds between background saves of summary.json while rows arrive
+SUMMARY_SAVE_INTERVAL_S = 2.0
+
+
 class Summary(MutableMapping):
     """The last value of every metric plus what the user assigns (``summary["best"] = 0.9``).
 
-    Persisted to ``summary[.S][.rankN].json`` on ``flush()`` and at finish. Assigned keys
-    are kept even when a later row carries the same metric.
+    Persisted to ``summary[.S][.rankN].json`` on the background flusher at most every
+    :data:`SUMMARY_SAVE_INTERVAL_S` seconds while rows arrive, on ``flush()`` and at finish,
+    so a crash leaves it at most that far behind (and a resume catches up from the metrics
+    file). Assigned keys are kept even when a later row carries the same metric.
     """
 
-    def __init__(self, path: Path | None, initial: dict[str, Any] | None = None) -> None:
+    def __init__(
+        self,
+        path: Path | None,
+        initial: dict[str, Any] | None = None,
+        *,
+        clock: Callable[[], float] = time.monotonic,
+    ) -> None:
         self.path = path
         self._last: dict[str, Any] = dict(initial or {})
         self._assigned: dict[str, Any] = {}
         self._lock = threading.Lock()
+        self._clock = clock
+        self._save_scheduled = False
 
     def on_row(self, row: dict[str, Any]) -> None:
-        self._last.update(row)
+        with self._lock:
+            self._last.update(row)
+        if not self._save_scheduled and self.path is not None:
+            self._save_scheduled = True
+            get_flusher().schedule(
+                ("summary", id(self)), self._clock() + SUMMARY_SAVE_INTERVAL_S, self._save_due
+            )
+
+    def _save_due(self) -> None:
+        self._save_scheduled = False
+        self.save()
+
+    def close(self) -> None:
+        """Save now and stop the background saves."""
+        get_flusher().cancel(("summary", id(self)))
+        self.save()
 
     def __getitem__(self, key: str) -> Any:
         if key in self._assigned:
@@ -221,7 +251,7 @@ class Run:
             self.history.close()
         except Exception:  # noqa: BLE001
             log.exception("expr_tracker: closing the history failed")
-        self.summary.save()
+        self.summary.close()
         info = self.info_record
         now = time.time()
         info["ended_at"] = now

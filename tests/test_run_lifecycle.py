@@ -571,3 +571,50 @@ def test_multiprocessing_child_run_is_finished_at_process_exit(tmp_path):
     run_dir = tmp_path / "runs" / "mp" / "r"
     assert [r["x"] for r in read_rows(run_dir / "metrics.child.jsonl")] == list(range(200))
     assert json.loads((run_dir / "run.child.json").read_text())["status"] == "finished"
+
+
+SUMMARY_CRASH_CHILD = """
+import sys, time, expr_tracker as et
+et.init(project="proj", name="r1", dir=sys.argv[1], buffer_size=1)
+for i in range(300):
+    et.log({"loss": float(i), "only_crash": i})
+et.get_run().history.flush()
+print("flushed", flush=True)
+time.sleep(60)
+"""
+
+
+def test_summary_survives_a_crash_and_catches_up_on_resume(tmp_path):
+    start(tmp_path)
+    et.log({"loss": -1.0, "only_first": 1})
+    et.summary()["best"] = "first"
+    et.finish()
+    p = subprocess.Popen(
+        [sys.executable, "-c", SUMMARY_CRASH_CHILD, str(tmp_path / "runs")],
+        stdout=subprocess.PIPE,
+        text=True,
+    )
+    assert p.stdout.readline().strip() == "flushed"
+    p.send_signal(signal.SIGKILL)
+    p.wait(timeout=30)
+    start(tmp_path)
+    s = et.summary()
+    assert s["only_crash"] == 299 and s["loss"] == 299.0 and s["_step"] == 300
+    assert s["only_first"] == 1 and s["best"] == "first"
+    et.log({"only_after": 1})
+    et.finish()
+    saved = json.loads((tmp_path / "runs" / "proj" / "r1" / "summary.json").read_text())
+    assert {"only_first", "only_crash", "only_after", "best"} <= set(saved)
+
+
+def test_summary_is_saved_in_the_background_while_rows_arrive(tmp_path, monkeypatch):
+    import expr_tracker.run as run_module
+
+    monkeypatch.setattr(run_module, "SUMMARY_SAVE_INTERVAL_S", 0.05)
+    run = start(tmp_path)
+    et.log({"loss": 1.5})
+    path = run.dir / "summary.json"
+    deadline = time.monotonic() + 10
+    while time.monotonic() < deadline and not path.exists():
+        time.sleep(0.02)
+    assert json.loads(path.read_text())["loss"] == 1.5  # before finish
