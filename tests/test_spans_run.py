@@ -122,3 +122,27 @@ def test_oversize_record_dropped_but_aggregated(run_dir):
     et.get_run().flush()  # TODO(lead): run.history.flush() should flush spans too
     assert [r["name"] for r in _spans(run_dir)] == ["small"]
     assert et.info()["spans"]["dropped_oversize"] == 1
+
+
+def test_span_left_open_does_not_leak_into_the_next_run(tmp_path):
+    import expr_tracker as et
+
+    run_a = et.init(project="sp", name="a", dir=str(tmp_path))
+    left = et.start_span("left_open")
+    et.log({"x": 1})
+    et.finish()
+    run_b = et.init(project="sp", name="b", dir=str(tmp_path))
+    with et.span("fresh"):
+        pass
+    left.end()
+    et.log({"y": 1})
+    et.finish()
+    row = et.read_history(run_b.dir)[0]
+    assert "time_ms/fresh" in row
+    assert not any("left_open" in k for k in row)
+    names = [json.loads(x)["name"] for x in (run_b.dir / "spans.jsonl").read_text().splitlines()]
+    assert names == ["fresh"]
+    assert (
+        not (run_a.dir / "spans.jsonl").exists()
+        or "left_open" not in (run_a.dir / "spans.jsonl").read_text()
+    )

@@ -59,8 +59,9 @@ def set_active_recorder(recorder: Any) -> Any:
     """Make ``recorder`` (a ``SpanRecorder`` or None) receive every span that ends.
 
     Called by the run on ``init`` (the new recorder) and ``finish`` (None). Returns the
-    previously active recorder. Spans started while one recorder was active and ended after
-    it was replaced go to the recorder active when they end.
+    previously active recorder. A span reports to the recorder that was active when it
+    started: one left open across ``finish()``/``init()`` is not recorded (its run's recorder
+    is closed) and is never the parent of the new run's spans.
     """
     global _active
     prev = _active
@@ -131,6 +132,7 @@ class Span:
         "_start_ns",
         "_end_ns",
         "_pm",
+        "_rec",
         "__weakref__",
     )
 
@@ -161,6 +163,7 @@ class Span:
         self._start_ns = 0
         self._end_ns = 0
         self._pm: dict[str, Any] | None = None
+        self._rec: Any = None  # the recorder (run) active when the span started
 
     # ------------------------------------------------------------------ lifecycle
 
@@ -179,8 +182,11 @@ class Span:
             if parent._end_ns:  # ended from another context: drop the stale entries
                 stack = tuple(s for s in stack if not s._end_ns)
                 parent = stack[-1] if stack else None
+            if parent is not None and parent._rec is not rec:
+                parent = None  # left open by an earlier run: not this run's parent
         else:
             parent = None
+        self._rec = rec
         p = self._print_arg
         plugins = self._plugins_arg
         if parent is None:
@@ -221,7 +227,9 @@ class Span:
         elif self in stack:
             _stack_set(tuple(s for s in stack if s is not self))
         pm = _end_plugins(self) if self._plugins else None
-        rec = _active
+        # the run the span started in, never a later one (a span left open across
+        # et.finish()/et.init() is not recorded: its run's recorder is closed)
+        rec = self._rec
         if rec is not None:
             if rec._pid == _PID:
                 try:
