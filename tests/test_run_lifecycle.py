@@ -618,3 +618,20 @@ def test_summary_is_saved_in_the_background_while_rows_arrive(tmp_path, monkeypa
     while time.monotonic() < deadline and not path.exists():
         time.sleep(0.02)
     assert json.loads(path.read_text())["loss"] == 1.5  # before finish
+
+
+def test_rank_that_does_not_alert_records_but_never_notifies(tmp_path, monkeypatch):
+    monkeypatch.setenv("RANK", "1")
+    run = start(tmp_path, alert_rules=["loss > 1 => error: high"])
+    et.log({"loss": 2.0})
+    et.finish()
+    records = [json.loads(x) for x in (run.dir / "alerts.rank1.jsonl").read_text().splitlines()]
+    firing = [r for r in records if r.get("event") == "firing"]
+    assert len(firing) == 1 and firing[0]["notify"] is False
+    assert not [r for r in records if r.get("kind") == "delivery"]
+
+
+def test_run_that_logged_nothing_leaves_no_sidecar(tmp_path):
+    run = start(tmp_path)
+    et.finish()
+    assert not (run.dir / "metrics.meta.json").exists()

@@ -518,7 +518,7 @@ class AlertEngine:
             message=message,
             metrics=metrics,
             observed=observed,
-            notify=notify,
+            notify=notify and self.deliver,  # a rank that does not alert records, never notifies
             run_info=self.run_info,
             episode=st.episode,
             fires=st.fires,

@@ -598,8 +598,8 @@ class JsonlWriter:
         }
 
     def write_meta(self) -> None:
-        if self.meta_path is None:
-            return
+        if self.meta_path is None or (self.lines == 0 and not self.path.exists()):
+            return  # nothing written: no sidecar for a file that does not exist
         try:
             atomic_write(self.meta_path, json.dumps(self.meta(), separators=(",", ":")))
             self._meta_written_at = self._clock()

@@ -607,7 +607,9 @@ class AlertsSpec(BaseModel):
 
     enabled: bool = True
     on_rank: Annotated[Union[int, list[int], Literal["all"]], BeforeValidator(_on_rank)] = Field(
-        0, description="ranks that evaluate rules: a rank, a list of ranks, or 'all'"
+        0,
+        description="ranks that deliver alerts (a rank, a list of ranks, or 'all'); rules are "
+        "evaluated and recorded on every rank",
     )
     watchdog_interval: Duration = Field(30.0, description="seconds between time-based checks")
     policy: PolicySpec = Field(default_factory=PolicySpec)
