@@ -5,6 +5,7 @@
 are imported only by the functions that need them.
 """
 
+from expr_tracker import history  # the package, callable: et.history(n=50, ...)
 from expr_tracker._version import __version__
 from expr_tracker.alerts.builder import M
 from expr_tracker.api import (
@@ -13,7 +14,6 @@ from expr_tracker.api import (
     configure_alert,
     finish,
     get_run,
-    history,
     info,
     init,
     log,

@@ -320,6 +320,7 @@ def _construct(
     info = new_run_info(
         project=spec.project, name=spec.name, stream=stream, rank=rank, run_dir=run_dir
     )
+    writer.run_meta["started_at"] = info["started_at"]  # the sidecar's run identity (A.2)
     info["group"] = spec.group
     info["tags"] = list(spec.tags)
     info["notes"] = spec.notes

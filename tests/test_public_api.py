@@ -69,3 +69,16 @@ def test_import_stays_light():
     )
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
     assert out.stdout.strip() == "[]"
+
+
+def test_history_is_both_the_package_and_the_query_function():
+    import importlib
+
+    module = importlib.import_module("expr_tracker.history")
+    assert et.history is module and callable(et.history)
+    import expr_tracker.history.writer as writer  # the package's modules import as usual
+
+    assert writer.JsonlWriter is module.JsonlWriter
+    import inspect
+
+    assert list(inspect.signature(et.history).parameters)[:2] == ["n", "output_type"]

@@ -2,10 +2,17 @@
 
 Public: :class:`HistoryStore`, :class:`JsonlWriter`, :func:`read_history`,
 :func:`resolve_run_path`.
+
+``expr_tracker.history`` is both this package and the query function ``et.history(...)``
+(DESIGN.md names both): the module object is callable and forwards to
+:func:`expr_tracker.api.history`, so ``et.history(50)``, ``import expr_tracker.history``
+and ``from expr_tracker.history import read_history`` all work.
 """
 
 from __future__ import annotations
 
+import sys
+import types
 from pathlib import Path
 from typing import Any
 
@@ -30,5 +37,24 @@ def read_history(
 
     return query_history(Path(run), n=n, stream=stream, **kwargs)
 
+
+class _HistoryModule(types.ModuleType):
+    """This package, callable as ``et.history(n=50, ...)``."""
+
+    def __call__(self, *args: Any, **kwargs: Any) -> Any:
+        from expr_tracker.api import history
+
+        return history(*args, **kwargs)
+
+    @property
+    def __signature__(self) -> Any:  # help() and IDEs show et.history's own signature
+        import inspect
+
+        from expr_tracker.api import history
+
+        return inspect.signature(history)
+
+
+sys.modules[__name__].__class__ = _HistoryModule
 
 __all__ = ["HistoryStore", "JsonlWriter", "read_history", "resolve_run_path"]
