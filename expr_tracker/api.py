@@ -23,6 +23,7 @@ from expr_tracker.errors import (
     NoActiveRunError,
     RunAlreadyActiveError,
 )
+from expr_tracker.history.query import DEFAULT_N
 from expr_tracker.history.store import FORK_MESSAGE
 from expr_tracker.run import Run, Summary
 
@@ -234,7 +235,7 @@ def finish(exit_code: int | None = None) -> None:
 
 
 def history(
-    n: int | None = 50,
+    n: int | None = DEFAULT_N,
     *,
     output_type: str = "dict",
     metrics: Any = None,
@@ -249,7 +250,9 @@ def history(
     """Query a run's history (spec design.txt B.3).
 
     Args:
-        n: the newest ``n`` steps (an int >= 0); ``-1``/None for everything.
+        n: the newest ``n`` steps (an int >= 0); ``-1``/None for everything. The default
+            (50) does not apply to ``step_range``: without an explicit ``n`` every step of
+            the range is returned; an explicit ``n`` picks the newest ``n`` of the range.
         output_type: ``"dict"``/``"dicts"`` (a list of row dicts), ``"pandas"``/``"pd"``,
             ``"polars"``.
         metrics: column names (a list or a comma-separated string) to keep. A name found

@@ -67,13 +67,17 @@ class SpanFile:
         return f"{self.stream or 'main'}{host}"
 
 
-def find_span_files(run: str | os.PathLike[str], streams: Any = None) -> list[SpanFile]:
+def find_span_files(
+    run: str | os.PathLike[str], streams: Any = None, ranks: Any = None
+) -> list[SpanFile]:
     """The span files of a run directory (or the one file ``run`` names).
 
     ``streams``: None or ``"*"`` for all; a comma-separated string or an iterable of stream
-    names otherwise (``"main"`` or ``""`` names the default stream). Raises
+    names otherwise (``"main"`` or ``""`` names the default stream). ``ranks``: None for all;
+    an int, a comma-separated string (``"0,2"``) or an iterable of ints otherwise. Raises
     ``FileNotFoundError`` when ``run`` does not exist or holds no span file, and
-    ``ValueError`` naming the streams that exist when a stream asked for has no span file.
+    ``ValueError`` naming the streams (ranks) that exist when a stream (rank) asked for has
+    no span file.
     """
     p = Path(run)
     if p.is_file():
@@ -102,6 +106,16 @@ def find_span_files(run: str | os.PathLike[str], streams: Any = None) -> list[Sp
                 f"files: {', '.join(sorted(present))} (or * for all)"
             )
         files = [f for f in files if (f.stream or "main") in wanted]
+    wanted_ranks = _rank_set(ranks)
+    if wanted_ranks is not None:
+        present_ranks = {f.rank or 0 for f in files}
+        missing = sorted(wanted_ranks - present_ranks)
+        if missing:
+            raise ValueError(
+                f"no span file of rank {', '.join(map(str, missing))} in {str(p)!r}; ranks "
+                f"with span files: {', '.join(map(str, sorted(present_ranks))) or 'none'}"
+            )
+        files = [f for f in files if (f.rank or 0) in wanted_ranks]
     for f in files:
         f.host = _host_of(f)
     files.sort(key=lambda f: (f.rank or 0, f.stream or ""))
@@ -110,6 +124,27 @@ def find_span_files(run: str | os.PathLike[str], streams: Any = None) -> list[Sp
 
 def _rank(m: re.Match[str] | None) -> int | None:
     return int(m.group(2)) if m and m.group(2) is not None else None
+
+
+def _rank_set(ranks: Any) -> set[int] | None:
+    if ranks is None:
+        return None
+    if isinstance(ranks, str):
+        parts = [r.strip() for r in ranks.split(",") if r.strip()]
+        if "*" in parts:
+            return None
+        try:
+            ranks = [int(r) for r in parts]
+        except ValueError:
+            raise ValueError(f"ranks={ranks!r} is not valid: integers like 0,1 or *") from None
+    elif isinstance(ranks, int):
+        ranks = [ranks]
+    out = set()
+    for r in ranks:
+        if isinstance(r, bool) or not isinstance(r, int) or r < 0:
+            raise ValueError(f"rank {r!r} is not valid: an integer >= 0")
+        out.add(r)
+    return out
 
 
 def _stream_set(streams: Any) -> set[str] | None:
@@ -446,8 +481,9 @@ def _prepare(
     streams: Any,
     step_range: Any,
     time_range: Any,
+    ranks: Any = None,
 ) -> tuple[list[SpanFile], Any, Any]:
-    files = find_span_files(run, streams)
+    files = find_span_files(run, streams, ranks)
     return files, parse_range(step_range, int), parse_range(time_range, float)
 
 
@@ -458,11 +494,13 @@ def build_trace(
     step_range: Any = None,
     time_range: Any = None,
     temp_dir: str | os.PathLike[str] | None = None,
+    ranks: Any = None,
 ) -> dict[str, Any]:
     """The Chrome Trace of a run as an in-memory dict (use :func:`write_trace` for large runs).
 
     - ``run``: a run directory or one span file.
     - ``streams``: None/``"*"`` (all), ``"a,b"`` or a list; ``"main"`` is the default stream.
+    - ``ranks``: None (all), a rank, ``"0,2"`` or a list of ranks.
     - ``step_range``: ``(a, b)`` or ``"a:b"``, end-exclusive, either bound optional.
     - ``time_range``: ``(a, b)`` or ``"a:b"`` in epoch seconds: spans overlapping the
       half-open interval, not clipped; zero-duration spans are then excluded. An empty or
@@ -472,7 +510,7 @@ def build_trace(
     Raises ``FileNotFoundError`` (no run, no span file, missing temp_dir) and ``ValueError``
     (a malformed range, a stream with no span file).
     """
-    files, sr, tr = _prepare(run, streams, step_range, time_range)
+    files, sr, tr = _prepare(run, streams, step_range, time_range, ranks)
     stats = _Stats()
     events = [_loads(e) for e in _events(files, sr, tr, temp_dir, stats)]
     return {"traceEvents": events, "displayTimeUnit": "ms"}
@@ -499,6 +537,7 @@ def write_trace(
     temp_dir: str | os.PathLike[str] | None = None,
     compresslevel: int = 6,
     _write_hook: Callable[[int], None] | None = None,
+    ranks: Any = None,
 ) -> dict[str, Any]:
     """Write the Chrome Trace of ``run`` to ``out`` (default ``<run dir>/trace.json``).
 
@@ -510,7 +549,7 @@ def write_trace(
     Returns ``{"path", "spans" (selected), "events" (complete events written), "tracks"
     (thread lanes), "skipped" (unreadable lines), "files" (span files read)}``.
     """
-    files, sr, tr = _prepare(run, streams, step_range, time_range)
+    files, sr, tr = _prepare(run, streams, step_range, time_range, ranks)
     if out is None:
         base = Path(run)
         out = (base if base.is_dir() else base.parent) / "trace.json"

@@ -69,7 +69,12 @@ def register(subparsers: Any) -> None:
         "(buffer_size=100); values are read as YAML",
     )
     s.add_argument("--format", choices=("table", "json"), default="table")
-    s.add_argument("--width", type=int, default=None, help="table width (default: terminal)")
+    s.add_argument(
+        "--width",
+        type=int,
+        default=None,
+        help="table width (default: the terminal's; piped: $COLUMNS or 200, as et history)",
+    )
     s.set_defaults(func=cmd_show)
 
     r = verbs.add_parser(
@@ -329,7 +334,10 @@ def cmd_show(args: argparse.Namespace) -> int:
         data = [{"path": p, "value": v, "source": s, "location": w or None} for p, v, s, w in rows]
         print(json.dumps(data, indent=2, ensure_ascii=False))
         return 0
-    Console(width=args.width, soft_wrap=False).print(render_table(rows))
+    from expr_tracker.cli.history import table_width
+
+    # piped: $COLUMNS or 200 columns, as et history and et runs (rich alone would use 80)
+    Console(width=table_width(sys.stdout, args.width), soft_wrap=False).print(render_table(rows))
     return 0
 
 

@@ -41,18 +41,30 @@ def register(subparsers: Any) -> None:
         help="print a run's metrics (table, JSON lines or CSV); --follow a live run",
         description=(
             "Print the newest steps of a run's metrics file. RUN is a run directory "
-            "(metrics[.stream].jsonl is chosen by exact name) or a metrics file."
+            "(metrics[.stream][.rankN].jsonl is chosen by exact name, from --stream and "
+            "--rank) or a metrics file."
         ),
     )
     p.add_argument("run", help="run directory or metrics .jsonl file")
     p.add_argument(
-        "-n", type=int, default=20, help="the newest N steps (default 20; -1: all of them)"
+        "-n",
+        type=int,
+        default=None,
+        help="the newest N steps (-1: all of them); default 20, or with --step-range every "
+        "step of the range",
     )
     p.add_argument("--metrics", default=None, metavar="A,B", help="columns to show")
     p.add_argument(
         "--step-range", default=None, metavar="A:B", help="steps A..B-1 (either side optional)"
     )
     p.add_argument("--stream", default=None, help="the stream to read (default: the main one)")
+    p.add_argument(
+        "--rank",
+        type=int,
+        default=None,
+        metavar="N",
+        help="the rank shard to read (metrics[.stream].rankN.jsonl; default: rank 0)",
+    )
     p.add_argument("--format", choices=FORMATS, default="table", help="output format")
     p.add_argument(
         "-f",
@@ -84,6 +96,18 @@ def _isatty(f: Any) -> bool:
         return bool(f.isatty())
     except (AttributeError, ValueError):
         return False
+
+
+def table_width(out: Any, width: int | None = None) -> int | None:
+    """The width for a rich table written to ``out``: ``width`` when given; None (the
+    terminal's) on a terminal; otherwise ``$COLUMNS`` or 200, so piped tables of every
+    ``et`` command are cut at the same width (rich alone would use 80)."""
+    if width is not None:
+        return width
+    if _isatty(out):
+        return None
+    env = os.environ.get("COLUMNS", "")
+    return int(env) if env.isdigit() and int(env) > 0 else 200
 
 
 def format_value(v: Any) -> str:
@@ -176,10 +200,7 @@ class Printer:
         as the width needs, so no header or value is ever cut."""
         from rich.console import Console
 
-        width = self.width
-        if width is None and not _isatty(self.out):
-            env = os.environ.get("COLUMNS", "")
-            width = int(env) if env.isdigit() and int(env) > 0 else 200
+        width = table_width(self.out, self.width)
         console = Console(file=self.out, width=width, highlight=False, soft_wrap=False)
         steps = [format_value(r.get("_step")) for r in rows]
         times = [_clock(r.get("_time")) for r in rows]
@@ -348,13 +369,15 @@ def _complete_end(path: Path) -> int:
 _ENDED = ("finished", "failed", "crashed")
 
 
-def _run_info_path(run: str | os.PathLike[str], path: Path, stream: str | None) -> Path | None:
+def _run_info_path(
+    run: str | os.PathLike[str], path: Path, stream: str | None, rank: int | None = None
+) -> Path | None:
     """The ``run[.S][.rankN].json`` describing the writer of metrics file ``path`` (None for
     a file whose name is not a metrics file name)."""
     from expr_tracker.history.paths import file_name, parse_metrics_name
 
     if Path(run).is_dir():
-        return path.with_name(file_name("run", stream))
+        return path.with_name(file_name("run", stream, rank))
     parsed = parse_metrics_name(path.name)
     if parsed is None:
         return None
@@ -387,33 +410,55 @@ def run_history(args: argparse.Namespace, out: IO[str] | None = None) -> int:
         unknown_columns,
         unknown_message,
     )
-    from expr_tracker.history.paths import file_name, resolve_run_path
+    from expr_tracker.history.paths import file_name, rank_shards, resolve_run_path
     from expr_tracker.history.query import check_n, parse_step_range
     from expr_tracker.history.reader import JsonlReader
 
     out = out or sys.stdout
     err = sys.stderr
+    rank = getattr(args, "rank", None)
     try:
-        n = check_n(args.n)
         bounds = parse_step_range(args.step_range)
+        # -n not given: 20 steps, or with --step-range every step of the range
+        n = check_n(args.n) if args.n is not None else (20 if bounds is None else None)
         cols = parse_columns(args.metrics)
+        if rank is not None and rank < 0:
+            raise ValueError(f"--rank {rank} is not valid: a rank is an integer >= 0")
     except (TypeError, ValueError) as exc:
         err.write(f"et history: {exc}\n")
         return 2
     waiting = False
     try:
-        path = resolve_run_path(args.run, stream=args.stream)
+        path = resolve_run_path(args.run, stream=args.stream, rank=rank)
     except (FileNotFoundError, ValueError) as exc:
-        # like `tail -F`: a live run that has not written a row yet will create the file
         path = None
-        if args.follow and isinstance(exc, FileNotFoundError) and Path(args.run).is_dir():
-            want = Path(args.run) / file_name("metrics", args.stream)
-            if _status(_run_info_path(args.run, want, args.stream)) == "running":
+        if isinstance(exc, FileNotFoundError) and Path(args.run).is_dir():
+            want = Path(args.run) / file_name("metrics", args.stream, rank)
+            status = _status(_run_info_path(args.run, want, args.stream, rank))
+            if args.follow and status == "running":
+                # like `tail -F`: a live run that has not written a row yet will create it
                 path, waiting = want, True
+            elif status in _ENDED and not want.exists():
+                # the run ended without committing a row: nothing to show, not an error
+                if args.format == "csv":
+                    Printer("csv", out).start(cols or [])
+                err.write(
+                    f"et history: no rows: the run {status} without writing any "
+                    f"({want.name} was never created in {str(args.run)!r})\n"
+                )
+                return 0
         if path is None:
             err.write(f"et history: {exc}\n")
             return 1
-    info_path = _run_info_path(args.run, path, args.stream) if args.follow else None
+    if not rank and Path(args.run).is_dir():
+        shards = rank_shards(args.run, args.stream)
+        if shards:
+            err.write(
+                f"et history: note: {str(args.run)!r} also has rank shards "
+                f"({', '.join(shards.values())}); showing {path.name} (rank 0) — use "
+                f"--rank N for another rank\n"
+            )
+    info_path = _run_info_path(args.run, path, args.stream, rank) if args.follow else None
     if waiting:
         err.write(f"et history: waiting for {path.name} in {str(args.run)!r} (the run is live)\n")
         end, rows = 0, []

@@ -1,9 +1,13 @@
 """``et runs [DIR]``: the runs under a directory, newest first.
 
-A run is a directory holding ``run.json`` or ``metrics.jsonl`` (searched down to
-``MAX_DEPTH`` levels below DIR, default ``./runs``). For each: its status from ``run.json``
-(``running``, ``finished``, ``failed``, or ``crashed`` when it says running but its process
-on this host is gone; ``unknown`` without ``run.json``), its steps (the highest step + 1),
+A run is a directory holding a producer's ``run[.S][.rankN].json`` or a metrics file
+``metrics[.S][.rankN].jsonl`` (searched down to ``MAX_DEPTH`` levels below DIR, default
+``./runs``), so a run whose only files are a rank's shards is listed too. For each: its
+status, combined over its producers (every ``run*.json``: streams and ranks) as the worst of
+them — ``crashed`` > ``failed`` > ``running`` > ``finished`` — where a producer is
+``crashed`` when its file says running but its process on this host is gone (``unknown``
+without any ``run*.json``); the number of producers; its steps (the highest step + 1 of the
+main metrics file, else of the lowest rank's),
 the start time, the duration (end - start; for a run not ended, the time of its last row
 - start) and the last value of its main metrics. The listing only reads: a crashed run's
 ``run.json`` is not rewritten.
@@ -18,6 +22,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import re
 import sys
 import time
 from pathlib import Path
@@ -26,6 +31,10 @@ from typing import IO, Any
 MAX_DEPTH = 4
 MAIN_WORDS = ("loss", "acc", "score", "reward", "f1", "auc", "ppl", "perplexity", "bleu", "map")
 SPAN_GROUPS = ("time_ms/", "count/", "cpu_", "gpu_")
+#: ``run[.S][.rankN].json``: one per producer (stream and rank)
+RUN_FILE_RE = re.compile(r"^run(?:\.([A-Za-z0-9_-]+?))??(?:\.rank(\d+))?\.json$")
+#: a run's combined status is the worst of its producers' (a higher number is worse)
+SEVERITY = {"finished": 0, "running": 1, "failed": 2, "crashed": 3}
 
 
 def register(subparsers: Any) -> None:
@@ -42,13 +51,16 @@ def register(subparsers: Any) -> None:
 
 
 def find_runs(root: str | os.PathLike[str], max_depth: int = MAX_DEPTH) -> list[Path]:
-    """Directories under ``root`` (itself included) that hold a run."""
+    """Directories under ``root`` (itself included) that hold a run: a ``run*.json`` of any
+    producer (stream, rank) or a metrics file of any producer."""
+    from expr_tracker.history.paths import parse_metrics_name
+
     root = Path(root)
     found: list[Path] = []
     base = len(root.parts)
     for dirpath, dirnames, filenames in os.walk(root):
         p = Path(dirpath)
-        if "run.json" in filenames or "metrics.jsonl" in filenames:
+        if any(RUN_FILE_RE.match(f) or parse_metrics_name(f) for f in filenames):
             found.append(p)
             dirnames[:] = []  # a run does not hold runs
             continue
@@ -75,12 +87,27 @@ def _main_metrics(rows: list[dict[str, Any]], wanted: list[str] | None) -> list[
 def describe_run(
     run_dir: Path, metrics: list[str] | None = None, root: Path | None = None
 ) -> dict[str, Any]:
-    """One line of the listing (a dict of plain JSON values) for ``run_dir``."""
+    """One line of the listing (a dict of plain JSON values) for ``run_dir``.
+
+    ``status`` is the worst of the producers' (``crashed`` > ``failed`` > ``running`` >
+    ``finished``), ``producers`` their number and ``producer_status`` each one's
+    (``run[.S][.rankN].json`` name -> status). Steps and metrics come from ``metrics.jsonl``,
+    else from the lowest rank's shard of the main stream, else from the first metrics file.
+    """
     from expr_tracker.history.reader import JsonlReader
     from expr_tracker.history.runinfo import read_run_info
 
-    info = read_run_info(run_dir / "run.json", repair=False) or {}
-    path = run_dir / "metrics.jsonl"
+    producers: dict[str, dict[str, Any]] = {}
+    for q in sorted(run_dir.iterdir()):
+        if RUN_FILE_RE.match(q.name) and q.is_file():
+            producers[q.name] = read_run_info(q, repair=False) or {}
+    statuses = {
+        k: v.get("status") if isinstance(v.get("status"), str) else "unknown"
+        for k, v in producers.items()
+    }
+    info = producers.get("run.json") or next(iter(producers.values()), {})
+    status = max(statuses.values(), key=lambda st: SEVERITY.get(st, -1), default="unknown")
+    path = _main_metrics_file(run_dir)
     rows: list[dict[str, Any]] = []
     max_step = None
     first_time = None
@@ -104,28 +131,53 @@ def describe_run(
             if k in r:
                 last[k] = r[k]
                 break
-    started = info.get("started_at")
+    starts = [v["started_at"] for v in producers.values() if _num(v.get("started_at"))]
+    started = min(starts) if starts else None
     if not isinstance(started, (int, float)):
         started = first_time if isinstance(first_time, (int, float)) else None
     if started is None and path.exists():
         started = path.stat().st_mtime
-    ended = info.get("ended_at")
+    ends = [v.get("ended_at") for v in producers.values()]
+    # the run ended when its last producer did (None while one has not)
+    ended = max(ends) if ends and all(_num(e) for e in ends) else info.get("ended_at")
     if not isinstance(ended, (int, float)):
         last_time = rows[-1].get("_time") if rows else None
         ended = last_time if isinstance(last_time, (int, float)) else None
-        if info.get("status") == "running" and ended is None:
+        if status == "running" and ended is None:
             ended = time.time()
     duration = ended - started if started is not None and ended is not None else None
     name = str(run_dir.relative_to(root)) if root is not None and run_dir != root else run_dir.name
     return {
         "run": name,
         "path": str(run_dir),
-        "status": info.get("status", "unknown"),
+        "status": status,
+        "producers": len(producers),
+        "producer_status": statuses,
         "steps": max_step + 1 if max_step is not None else 0,
         "started_at": started,
         "duration_s": duration,
         "metrics": last,
     }
+
+
+def _num(v: Any) -> bool:
+    return isinstance(v, (int, float)) and not isinstance(v, bool)
+
+
+def _main_metrics_file(run_dir: Path) -> Path:
+    """``metrics.jsonl``; else the main stream's lowest-rank shard; else the first metrics
+    file by name (a path that may not exist)."""
+    from expr_tracker.history.paths import parse_metrics_name
+
+    main = run_dir / "metrics.jsonl"
+    if main.is_file():
+        return main
+    files = []
+    for q in run_dir.glob("metrics*.jsonl"):
+        parsed = parse_metrics_name(q.name)
+        if parsed is not None:
+            files.append((parsed[0] is not None, parsed[0] or "", parsed[1], q))
+    return min(files, key=lambda t: t[:3])[3] if files else main
 
 
 def _duration(s: Any) -> str:
@@ -135,12 +187,25 @@ def _duration(s: Any) -> str:
     return f"{s // 3600}:{s // 60 % 60:02d}:{s % 60:02d}"
 
 
+def _producers_cell(r: dict[str, Any]) -> str:
+    """``2``, or ``2 (run.rank1.json crashed)`` when a producer's status is the combined one
+    and differs from the main producer's."""
+    n = r.get("producers") or 0
+    statuses: dict[str, str] = r.get("producer_status") or {}
+    odd = [
+        f"{name[:-5]} {st}"
+        for name, st in statuses.items()
+        if st == r["status"] and statuses.get("run.json", st) != st
+    ]
+    return f"{n} ({', '.join(odd)})" if odd else str(n)
+
+
 STATUS_STYLE = {"running": "cyan", "finished": "green", "failed": "red", "crashed": "bold red"}
 
 
 def run_runs(args: argparse.Namespace, out: IO[str] | None = None) -> int:
     """The ``et runs`` command; returns the exit code (0 ok, 1 no such directory)."""
-    from expr_tracker.cli.history import _isatty, _strict, format_value
+    from expr_tracker.cli.history import _strict, format_value, table_width
     from expr_tracker.history.frame import parse_columns
 
     out = out or sys.stdout
@@ -162,6 +227,7 @@ def run_runs(args: argparse.Namespace, out: IO[str] | None = None) -> int:
         ("run", "left"),
         ("status", "left"),
         ("steps", "right"),
+        ("producers", "right"),
         ("started", "left"),
         ("duration", "right"),
         ("last values", "left"),
@@ -173,12 +239,12 @@ def run_runs(args: argparse.Namespace, out: IO[str] | None = None) -> int:
             r["run"],
             f"[{STATUS_STYLE.get(r['status'], 'dim')}]{r['status']}[/]",
             str(r["steps"]),
+            _producers_cell(r),
             time.strftime("%Y-%m-%d %H:%M", time.localtime(started)) if started else "",
             _duration(r["duration_s"]),
             "  ".join(f"{k}={format_value(v)}" for k, v in r["metrics"].items()),
         )
-    width = None if _isatty(out) else 200
-    console = Console(file=out, width=width, highlight=False, soft_wrap=False)
+    console = Console(file=out, width=table_width(out), highlight=False, soft_wrap=False)
     if not runs:
         console.print(f"no runs under {root}")
         return 0

@@ -27,6 +27,12 @@ def register(subparsers: Any) -> None:
     )
     p.add_argument("--stream", default=None, help="streams to include: a,b or * (default: all)")
     p.add_argument(
+        "--rank",
+        default=None,
+        metavar="N",
+        help="ranks to include: N or a,b (default: every rank's spans[...].rankN.jsonl)",
+    )
+    p.add_argument(
         "--step-range", default=None, metavar="A:B", help="steps A..B-1 (either side optional)"
     )
     p.add_argument(
@@ -42,12 +48,14 @@ def register(subparsers: Any) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    """Exit codes: 0 written, 1 no run / no span files / write failure, 2 a malformed range."""
-    from expr_tracker.trace import parse_range, write_trace
+    """Exit codes: 0 written, 1 no run / no span files / write failure, 2 a malformed range
+    or ``--rank``."""
+    from expr_tracker.trace import _rank_set, parse_range, write_trace
 
     try:
         step_range = parse_range(args.step_range, int)
         time_range = parse_range(args.time_range, float)
+        _rank_set(getattr(args, "rank", None))
     except ValueError as exc:
         print(f"et trace: {exc}", file=sys.stderr)
         return 2
@@ -59,6 +67,7 @@ def run(args: argparse.Namespace) -> int:
             step_range=step_range,
             time_range=time_range,
             temp_dir=args.temp_dir,
+            ranks=getattr(args, "rank", None),
         )
     except (OSError, ValueError) as exc:
         print(f"et trace: {exc}", file=sys.stderr)

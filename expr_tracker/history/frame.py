@@ -13,7 +13,12 @@ import difflib
 from collections.abc import Iterable, Mapping
 from typing import Any
 
+from expr_tracker.history.codec import Warner
+
 OUTPUT_TYPES = ("dict", "dicts", "pandas", "pd", "polars")
+
+#: once-only memory for "this polars column became strings" (per metric name)
+_FRAME_WARNER = Warner()
 META = ("_step", "_time")
 
 
@@ -100,6 +105,9 @@ def shape(
 ) -> list[dict[str, Any]]:
     """Select columns of row dicts (the list and the dicts may be modified and reused).
 
+    A selected row holds the metrics in the order asked for, then ``_step``/``_time`` — last,
+    like the rows as written and as returned without a selection.
+
     Args:
         columns: metric names to keep (None: all of them).
         include_meta: keep ``_step``/``_time``.
@@ -112,10 +120,6 @@ def shape(
     out = []
     for r in rows:
         picked: dict[str, Any] = {}
-        if include_meta:
-            for k in META:
-                if k in r:
-                    picked[k] = r[k]
         present = False
         for k in wanted:
             if k in r:
@@ -127,6 +131,10 @@ def shape(
                 picked[k] = None
         if dropna and not present:
             continue
+        if include_meta:  # last, as in the rows written (and in a plain history())
+            for k in META:
+                if k in r:
+                    picked[k] = r[k]
         out.append(picked)
     return out
 
@@ -150,7 +158,8 @@ def to_output(
     ``_step``/``_time`` first, then the metrics in order of first appearance (or
     ``columns``); absent values are NaN/None. ``polars``: a ``polars.DataFrame`` with the
     same columns (mixed int/float columns become float; other mixtures fall back to
-    strings rather than failing).
+    strings rather than failing, and a metric turned into strings that way is logged as a
+    warning once per metric name, suggesting pandas).
 
     Raises:
         ValueError: unknown ``output_type``.
@@ -176,10 +185,24 @@ def to_output(
             "output_type='polars' needs polars, which is not installed: "
             "pip install 'expr-tracker[polars]'"
         ) from None
-    data = {c: [r.get(c) for r in rows] for c in cols}
-    try:
-        return pl.DataFrame(data, strict=False)
-    except (TypeError, ValueError, pl.exceptions.PolarsError):
-        return pl.DataFrame(
-            {c: [None if v is None else str(v) for v in vals] for c, vals in data.items()}
-        )
+    series = []
+    for c in cols:
+        vals = [r.get(c) for r in rows]
+        try:
+            col = pl.Series(c, vals, strict=False)
+            if col.dtype == pl.Object:  # lists beside numbers: opaque to polars, so text
+                raise TypeError
+        except (TypeError, ValueError, OverflowError, pl.exceptions.PolarsError):
+            col = pl.Series(c, [None if v is None else str(v) for v in vals], dtype=pl.String)
+        series.append(col)
+        if col.dtype == pl.String and any(v is not None and not isinstance(v, str) for v in vals):
+            _FRAME_WARNER.warn(
+                ("polars_strings", c),
+                "expr_tracker: metric %r mixes value types polars cannot hold in one typed "
+                "column (strings or lists beside numbers), so in this polars frame it is a "
+                "String column and its numbers are text. Use output_type='pandas', which keeps each value "
+                "as logged (an object column), or select the metric with metrics=[...] and "
+                "convert it yourself (warned once per metric)",
+                c,
+            )
+    return pl.DataFrame(series)

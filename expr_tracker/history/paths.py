@@ -118,10 +118,12 @@ def resolve_run_path(
 
     ``path`` may be a metrics file itself or a run directory; from a directory the file is
     chosen by exact name (``metrics[.stream][.rankN].jsonl``), never by the first glob hit
-    (``metrics.data.jsonl`` sorts before ``metrics.jsonl``). When rank shards exist beside
-    the chosen file an info line says which one was taken.
+    (``metrics.data.jsonl`` sorts before ``metrics.jsonl``); ``rank`` N > 0 names the shard
+    ``metrics[.stream].rankN.jsonl``. When rank shards exist beside the chosen file an info
+    line says which one was taken (the CLI prints it: :func:`rank_shards`).
 
-    Raises ``FileNotFoundError`` naming the file looked for and the files that exist.
+    Raises ``FileNotFoundError`` naming the file looked for and the files that exist — and,
+    when the directory holds only rank shards of that stream, the ranks and ``rank=N``.
     """
     p = Path(path)
     if p.is_file():
@@ -132,15 +134,36 @@ def resolve_run_path(
     want = p / file_name("metrics", stream, rank)
     present = sorted(q.name for q in p.glob("metrics*.jsonl"))
     if want.is_file():
-        shards = [n for n in present if n != want.name and (parse_metrics_name(n) or (0, 0))[1]]
-        if shards and not rank:
+        shards = rank_shards(p, stream) if not rank else {}
+        if shards:
             log.info(
-                "expr_tracker: %s has rank shards (%s); reading %s — pass a shard's path to "
-                "read it",
+                "expr_tracker: %s has rank shards (%s); reading %s — read a shard by its "
+                "path, with resolve_run_path(..., rank=N) or with et history --rank N",
                 p,
-                ", ".join(shards),
+                ", ".join(shards.values()),
                 want.name,
             )
         return want
     hint = f"; files here: {', '.join(present)}" if present else "; the directory has none"
+    shards = rank_shards(p, stream)
+    if shards:
+        has_main = (p / file_name("metrics", stream)).is_file()
+        ranks = ", ".join(str(r) for r in ([0] if has_main else []) + list(shards))
+        first = next(iter(shards))
+        hint += (
+            f"; {'ranks' if has_main else 'only rank shards'} of this "
+            f"{'stream' if stream else 'run'}: {ranks} — read one with rank={first} "
+            f"(et history --rank {first}) or by its path"
+        )
     raise FileNotFoundError(f"no {want.name} in {str(p)!r}{hint}")
+
+
+def rank_shards(run_dir: str | os.PathLike[str], stream: str | None = None) -> dict[int, str]:
+    """The rank shards (rank > 0) of ``stream`` in a run directory: ``{rank: file name}``,
+    by rank (``metrics[.stream].rank1.jsonl`` -> ``{1: ...}``)."""
+    found: dict[int, str] = {}
+    for q in Path(run_dir).glob("metrics*.jsonl"):
+        parsed = parse_metrics_name(q.name)
+        if parsed is not None and parsed[0] == stream and parsed[1] > 0:
+            found[parsed[1]] = q.name
+    return dict(sorted(found.items()))

@@ -13,6 +13,9 @@ run dir / metrics file   ``JsonlReader.tail(n)`` backwards   ``JsonlReader.read_
 =======================  ==================================  ============================
 
 ``n`` counts steps (the newest ``n``; None/-1 everything) and applies after ``step_range``.
+The default ``n`` is :data:`DEFAULT_N` (50, recognised by identity): with a ``step_range``
+and no explicit ``n`` every step of the range is returned; an ``n`` passed explicitly (even
+``50``) still picks the newest ``n`` steps of the range.
 Every result is a snapshot: new objects that later logging never changes.
 """
 
@@ -36,10 +39,33 @@ from expr_tracker.history.paths import resolve_run_path
 from expr_tracker.history.reader import JsonlReader
 from expr_tracker.history.store import HistoryStore
 
-__all__ = ["OUTPUT_TYPES", "check_n", "parse_step_range", "query_history", "warn_unknown_metrics"]
+__all__ = [
+    "DEFAULT_N",
+    "OUTPUT_TYPES",
+    "check_n",
+    "parse_step_range",
+    "query_history",
+    "warn_unknown_metrics",
+]
 
 #: once-only memory for warnings of offline reads (a live store has its own ``warner``)
 _OFFLINE_WARNER = Warner()
+
+
+class _DefaultN(int):
+    """The type of :data:`DEFAULT_N`: an ``int`` equal to 50 that is told apart by identity."""
+
+    __slots__ = ()
+
+    def __repr__(self) -> str:
+        return "50"
+
+
+#: the default ``n`` of ``et.history`` (spec design.txt B.3: ``n=50``). It equals 50 and is
+#: used as 50 without ``step_range``; with ``step_range`` (and no explicit ``n``) it means
+#: every step of the range. ``query_history`` recognises it by identity (``n is DEFAULT_N``),
+#: so an explicit ``n=50`` still cuts the range to its newest 50 steps.
+DEFAULT_N: int = _DefaultN(50)
 
 
 _RANGE_FORMS = (
@@ -155,7 +181,7 @@ def warn_unknown_metrics(
 def query_history(
     source: HistoryStore | str | Path,
     *,
-    n: int | None = 50,
+    n: int | None = DEFAULT_N,
     output_type: str = "dict",
     metrics: Any = None,
     step_range: Any = None,
@@ -170,6 +196,9 @@ def query_history(
     ``source`` is a live store, a run directory (the file is chosen by
     :func:`resolve_run_path` with ``stream``) or a metrics file.
 
+    ``n`` left at :data:`DEFAULT_N` means 50 steps without ``step_range`` and every step of
+    the range with it; any ``n`` given explicitly picks the newest ``n`` steps of the range.
+
     Every argument is checked before anything is read (:func:`check_n`,
     :func:`parse_step_range`, :func:`~expr_tracker.history.frame.parse_columns`). A
     ``metrics`` name found in no row read is kept (a live run may log it later) and logged
@@ -183,8 +212,9 @@ def query_history(
         ImportError: pandas/polars missing (the message names the extra).
     """
     check_output_type(output_type)
-    n = check_n(n)
     bounds = parse_step_range(step_range)
+    # the default n (not an explicit one) does not cut a step range: every step of it
+    n = None if bounds is not None and n is DEFAULT_N else check_n(n)
     cols = parse_columns(metrics)
     if isinstance(source, HistoryStore):
         if bounds is None:
