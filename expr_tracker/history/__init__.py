@@ -41,10 +41,15 @@ def read_history(
 class _HistoryModule(types.ModuleType):
     """This package, callable as ``et.history(n=50, ...)``."""
 
-    def __call__(self, *args: Any, **kwargs: Any) -> Any:
-        from expr_tracker.api import history
+    _fn: Any = None  # expr_tracker.api.history, bound on the first call
 
-        return history(*args, **kwargs)
+    def __call__(self, *args: Any, **kwargs: Any) -> Any:
+        fn = _HistoryModule._fn
+        if fn is None:
+            from expr_tracker.api import history as fn
+
+            _HistoryModule._fn = fn
+        return fn(*args, **kwargs)
 
     @property
     def __signature__(self) -> Any:  # help() and IDEs show et.history's own signature
