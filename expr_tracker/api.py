@@ -232,6 +232,8 @@ def finish(exit_code: int | None = None) -> None:
         with _lock:
             if _run is run:
                 _run = None
+    if _signal_received is not None:  # SIGTERM arrived while finishing: honour it now
+        raise SystemExit(128 + _signal_received)
 
 
 def history(
@@ -433,7 +435,13 @@ def _on_sigterm(signum: int, frame: Any) -> None:
     """
     global _signal_received
     run = _run
-    if run is None or run.forked or run.finished:
+    if run is not None and not run.forked and run.finished:
+        # finishing already (et.finish() or the exit hook): let it complete, so the data
+        # and run.json reach the disk; the process then exits with 128 + signum
+        if _signal_received is None:
+            _signal_received = signum
+        return
+    if run is None or run.forked:
         signal.signal(signum, signal.SIG_DFL)
         os.kill(os.getpid(), signum)
         return

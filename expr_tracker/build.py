@@ -516,7 +516,7 @@ def _build_alerts(
     run.add_closer("alerts", close)
     engine.record = record
     engine.notify = _delivery(run, a, alerts_path, record, engine.deliver)
-    run.add_closer("alert_log", record.close)
+    run.add_closer("alert_log", record.close, late=True)  # after delivery records outcomes
     engine.start_watchdog(a.watchdog_interval)
     run.alerts = engine
     if engine.rules:

@@ -55,6 +55,7 @@ class Summary(MutableMapping):
         self._lock = threading.Lock()
         self._clock = clock
         self._save_scheduled = False
+        self._failed = False
 
     def on_row(self, row: dict[str, Any]) -> None:
         with self._lock:
@@ -108,8 +109,15 @@ class Summary(MutableMapping):
             return
         try:
             atomic_write(self.path, dumps_pretty(self.to_dict()))
+            self._failed = False
         except OSError as exc:
-            log.warning("expr_tracker: cannot write %s (%s)", self.path, exc)
+            if not self._failed:  # once per outage, not every 2 s
+                self._failed = True
+                log.warning(
+                    "expr_tracker: cannot write %s (%s); retried in the background",
+                    self.path,
+                    exc,
+                )
 
 
 class Run:
@@ -158,6 +166,8 @@ class Run:
         self.alerts: Any = None
         self.dispatcher: Any = None
         self._closers: list[tuple[str, Callable[[], Any]]] = []
+        self._late_closers: list[tuple[str, Callable[[], Any]]] = []
+        self._started_mono = time.monotonic()
         self._stats: dict[str, Callable[[], Any]] = {}
         self._finished = False
         self._finish_lock = threading.Lock()
@@ -182,9 +192,14 @@ class Run:
         """Log ``metrics`` (see :meth:`HistoryStore.ingest`); returns the step they landed on."""
         return self.history.ingest(metrics, step, commit)
 
-    def add_closer(self, name: str, fn: Callable[[], Any]) -> None:
-        """Register ``fn`` to run at finish, after the open row is committed (in order)."""
-        self._closers.append((name, fn))
+    def add_closer(self, name: str, fn: Callable[[], Any], *, late: bool = False) -> None:
+        """Register ``fn`` to run at finish, in registration order.
+
+        Closers run after the open row is committed and before the history is closed;
+        ``late`` ones run after everything is on disk and ``run.json`` is written (alert
+        delivery: its drain may wait on a slow endpoint, which must never hold the data).
+        """
+        (self._late_closers if late else self._closers).append((name, fn))
 
     def add_stats(self, name: str, fn: Callable[[], Any]) -> None:
         """Register a section of :meth:`info`."""
@@ -242,20 +257,15 @@ class Run:
             self.history.commit()
         except Exception:  # noqa: BLE001
             log.exception("expr_tracker: committing the open row at finish failed")
-        for name, fn in self._closers:
-            try:
-                fn()
-            except Exception:  # noqa: BLE001 - finishing must always complete
-                log.exception("expr_tracker: closing %s failed", name)
+        self._run_closers(self._closers)
         try:
             self.history.close()
         except Exception:  # noqa: BLE001
             log.exception("expr_tracker: closing the history failed")
         self.summary.close()
         info = self.info_record
-        now = time.time()
-        info["ended_at"] = now
-        info["duration_s"] = round(now - float(info.get("started_at") or now), 3)
+        info["ended_at"] = time.time()
+        info["duration_s"] = round(time.monotonic() - self._started_mono, 3)  # not wall time
         # over every attempt of the run, as `et runs` counts them (a resume continues at
         # the file's highest step + 1)
         resumed_at = int(info.get("resumed_at_step") or 0)
@@ -279,6 +289,15 @@ class Run:
             write_run_info(self._info_path, info)
         except OSError as exc:
             log.warning("expr_tracker: cannot write %s (%s)", self._info_path, exc)
+        self._run_closers(self._late_closers)
+
+    @staticmethod
+    def _run_closers(closers: list[tuple[str, Callable[[], Any]]]) -> None:
+        for name, fn in closers:
+            try:
+                fn()
+            except Exception:  # noqa: BLE001 - finishing must always complete
+                log.exception("expr_tracker: closing %s failed", name)
 
     def __repr__(self) -> str:
         return f"Run(project={self.project!r}, name={self.name!r}, dir={str(self.dir)!r})"

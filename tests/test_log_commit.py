@@ -335,3 +335,42 @@ def test_small_byte_budget_evicts_without_flushing_every_commit(tmp_path):
     assert store.cache.nbytes <= 2000 + store.cache.segment_bytes
     assert [r["_step"] for r in store.tail(3)] == [2997, 2998, 2999]
     store.close()
+
+
+def test_fan_out_keeps_up_with_many_logging_threads():
+    store = HistoryStore(None)
+    seen_steps = []
+    backlog = []
+
+    def sink(row):
+        seen_steps.append(row["_step"])
+        backlog.append(len(store._fanq))
+
+    store.sinks.append(sink)
+
+    def worker():
+        for i in range(3000):
+            store.ingest({"x": i})
+
+    threads = [threading.Thread(target=worker) for _ in range(4)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert seen_steps == list(range(12000))  # every row, in commit order
+    assert max(backlog) <= 8  # each thread delivers up to its own row: no runaway queue
+
+
+def test_sink_that_logs_does_not_deadlock():
+    store = HistoryStore(None)
+    seen = []
+
+    def sink(row):
+        seen.append(row["_step"])
+        if row["_step"] == 0:
+            store.ingest({"from_sink": 1})
+
+    store.sinks.append(sink)
+    store.ingest({"a": 1})
+    store.ingest({"a": 2})
+    assert seen == [0, 1, 2]

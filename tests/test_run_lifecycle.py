@@ -635,3 +635,38 @@ def test_run_that_logged_nothing_leaves_no_sidecar(tmp_path):
     run = start(tmp_path)
     et.finish()
     assert not (run.dir / "metrics.meta.json").exists()
+
+
+SIGTERM_IN_FINISH_CHILD = """
+import sys, threading, time, os, signal, expr_tracker as et
+from expr_tracker.testing import WebhookServer
+
+with WebhookServer(["hang"]) as server:
+    et.init(project="proj", name="r1", dir=sys.argv[1], alert={
+        "notify_on": ["finish"],
+        "policy": {"timeout": 1.0, "max_retries": 0},
+        "channels": [{"type": "webhook", "url": server.url}],
+    })
+    for i in range(100):
+        et.log({"x": i})
+    # SIGTERM arrives while finish() waits on the hanging endpoint
+    threading.Timer(0.5, lambda: os.kill(os.getpid(), signal.SIGTERM)).start()
+    et.finish()
+    print("not reached", flush=True)
+"""
+
+
+def test_sigterm_during_finish_lets_it_complete_then_exits_143(tmp_path):
+    p = subprocess.run(
+        [sys.executable, "-c", SIGTERM_IN_FINISH_CHILD, str(tmp_path / "runs")],
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert p.returncode == 128 + signal.SIGTERM, p.stdout + p.stderr
+    assert "not reached" not in p.stdout
+    run_dir = tmp_path / "runs" / "proj" / "r1"
+    assert [r["x"] for r in read_rows(run_dir / "metrics.jsonl")] == list(range(100))
+    assert json.loads((run_dir / "run.json").read_text())["status"] == "finished"
+    assert json.loads((run_dir / "summary.json").read_text())["x"] == 99
+    assert not list(run_dir.glob(".*.tmp"))

@@ -274,7 +274,8 @@ def attach_delivery(
                 owned.close()
 
     run.dispatcher = d
-    run.add_closer("alert delivery", close)
+    # late: after the history and run.json are on disk, so a slow endpoint never holds them
+    run.add_closer("alert delivery", close, late=True)
     run.add_stats("delivery", lambda: {"channels": d.stats(), "skipped": dict(d.skipped)})
     return d
 

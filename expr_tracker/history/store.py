@@ -161,7 +161,12 @@ class HistoryStore:
         self.sinks: list[Callable[[dict[str, Any]], Any]] = []
         self.flush_hooks: list[Callable[[], Any]] = []
         self._fanq: deque[dict[str, Any]] = deque()
-        self._fan_lock = threading.Lock()
+        # fan-out: rows are numbered as they are queued (under _lock) and delivered in that
+        # order under _fan_lock; a committing thread delivers up to its own row and no
+        # further, so no thread is kept busy with rows that other threads keep committing
+        self._fan_lock = threading.RLock()  # re-entrant: a sink may log()
+        self._fan_seq = 0  # rows queued
+        self._fan_done = 0  # rows delivered
         self.last_row: dict[str, Any] | None = None
         # counters
         self.rows_committed = 0
@@ -250,14 +255,18 @@ class HistoryStore:
                     committed = (committed, row)
             elif self.max_open_seconds is not None and self._open:
                 self._touch()
+            upto = 0
             if committed is not None and self.sinks:
                 # queued under the lock, so sinks see rows in commit order across threads
                 if type(committed) is tuple:
                     self._fanq.extend(committed)
+                    self._fan_seq += 2
                 else:
                     self._fanq.append(committed)
-        if self._fanq:
-            self._drain()
+                    self._fan_seq += 1
+                upto = self._fan_seq
+        if upto:
+            self._drain(upto)
         return landed
 
     def _coerce_step(self, step: Any) -> int | None:
@@ -448,33 +457,38 @@ class HistoryStore:
             if not self._open:
                 return None
             row = self._commit_locked()
+            upto = 0
             if self.sinks:
                 self._fanq.append(row)
-        self._drain()
+                self._fan_seq += 1
+                upto = self._fan_seq
+        if upto:
+            self._drain(upto)
         return row
 
-    def _drain(self) -> None:
+    def _drain(self, upto: int) -> None:
+        """Deliver queued rows to the sinks, in order, up to row number ``upto``.
+
+        Blocks while another thread delivers earlier rows (back-pressure: alert rules never
+        fall behind the rows being committed, and the queue stays short).
+        """
         q = self._fanq
-        while q:
-            if not self._fan_lock.acquire(blocking=False):
-                return  # another thread is fanning out; it picks our rows up in order
-            try:
-                while q:
-                    row = q.popleft()
-                    for sink in self.sinks:
-                        try:
-                            sink(row)
-                        except Exception as exc:  # noqa: BLE001 - a sink never breaks log()
-                            self.sink_errors += 1
-                            self.warner.warn(
-                                ("sink", getattr(sink, "__qualname__", repr(sink))),
-                                "expr_tracker: a row consumer failed (%s: %s); it is skipped "
-                                "for this row (warned once)",
-                                type(exc).__name__,
-                                exc,
-                            )
-            finally:
-                self._fan_lock.release()
+        with self._fan_lock:
+            while self._fan_done < upto and q:
+                row = q.popleft()
+                self._fan_done += 1
+                for sink in self.sinks:
+                    try:
+                        sink(row)
+                    except Exception as exc:  # noqa: BLE001 - a sink never breaks log()
+                        self.sink_errors += 1
+                        self.warner.warn(
+                            ("sink", getattr(sink, "__qualname__", repr(sink))),
+                            "expr_tracker: a row consumer failed (%s: %s); it is skipped "
+                            "for this row (warned once)",
+                            type(exc).__name__,
+                            exc,
+                        )
 
     # ------------------------------------------------------------------ open-row timer
 
@@ -726,7 +740,9 @@ class HistoryStore:
             self._closed = True
             if row is not None and self.sinks:
                 self._fanq.append(row)
-        self._drain()
+                self._fan_seq += 1
+            upto = self._fan_seq
+        self._drain(upto)
         if self.writer is not None:
             self.writer.close()
         (self._flusher or get_flusher()).cancel(("open", id(self)))
