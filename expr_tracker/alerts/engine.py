@@ -11,6 +11,15 @@ evaluates the rules whose metrics the row touched (dependency index), the time-b
 (``no_data``/``age``/``elapsed``) and those using ``has``/``step`` or no metric at all.
 Costs a few microseconds for a couple of rules.
 
+Time base (DESIGN.md "Speed": a clock that can move is for display only): each value
+appended at ``on_step`` is stamped with ``clock()`` (monotonic, injectable), and ``age()``,
+duration windows, ``rate``, ``elapsed()`` and ``no_data()`` measure against that same clock,
+so a wall-clock jump (NTP) neither fires nor silences a time-based rule. The row's
+``_time`` (or ``wall_clock()`` on the watchdog) is only displayed: ``{time}`` in messages
+and ``AlertEvent.time``. A replay of recorded history has no monotonic stamps: it drives
+``clock`` from the recorded ``_time`` (``alerts.testing.replay``), which makes the row time
+the time base there.
+
 Threads: ``on_step`` (the training thread) and ``check_time`` (the watchdog) each append
 and evaluate under one engine lock, so a rule function never sees a series half-appended and
 transitions, counters and the order events are produced in are serialised. The events go to
@@ -172,8 +181,11 @@ class AlertEngine:
         record: called with every transition event (e.g. ``AlertLog``).
         on_error: ``on_error(rule, exc)`` for each evaluation error (default: log once);
             called with the engine lock held, so it must not call back into the engine.
-        clock: monotonic seconds (cooldowns, ``no_data``, ``elapsed``); injectable.
-        wall_clock: epoch seconds when a row has no ``_time`` and on the watchdog.
+        clock: monotonic seconds, the time base of everything measuring elapsed time
+            (value stamps, ``age``, duration windows, ``rate``, ``elapsed``, ``no_data``,
+            cooldowns); injectable. A replay drives it from the recorded ``_time``.
+        wall_clock: epoch seconds, display only: ``{time}``/``AlertEvent.time`` when a row
+            has no ``_time`` and on the watchdog.
         run_info: ``{"project": ..., "run": ...}`` for templates and events.
         deliver: False on ranks that do not alert (``notify`` is never called).
         max_errors: consecutive evaluation errors before a rule is disabled.
@@ -287,8 +299,9 @@ class AlertEngine:
     # -- evaluation ----------------------------------------------------------------------
     def on_step(self, row: Mapping) -> None:
         """Evaluate the rules a committed row concerns. ``row`` holds ``_step``, ``_time``
-        (epoch seconds) and metric values (float/int/bool are recorded; None, strings and
-        other objects are not). Never raises for bad values; call it once per commit."""
+        (epoch seconds, displayed only) and metric values (float/int/bool are recorded;
+        None, strings and other objects are not), each stamped with ``clock()`` read now,
+        the commit time. Never raises for bad values; call it once per commit."""
         if self._closed:
             return
         with self._lock:  # series and evaluation: on_step vs the watchdog
@@ -329,7 +342,7 @@ class AlertEngine:
                 if s is None:
                     seen.add(key)
                     s = series[key] = MetricSeries(key, self._capacity.get(key, 1))
-                s.append(value, now, step)
+                s.append(value, mono, step)  # the monotonic commit time
                 for c in rules:
                     if c.mark != tok:
                         c.mark = tok

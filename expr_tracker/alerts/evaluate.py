@@ -16,8 +16,15 @@ Scalars flow as floats (NaN propagates through arithmetic and is UNKNOWN at a co
 Metric names resolve when evaluated: the exact name, then with ``.`` replaced by ``/``
 (``eval.acc`` finds ``eval/acc``); a series found once is cached in the closure.
 ``EvalContext`` carries what the closures read: ``series`` (name -> MetricSeries), ``now``
-(epoch seconds: the row time, or the wall clock on the watchdog), ``mono`` (monotonic
-seconds), ``step``, ``last_commit_mono``, ``start_mono``.
+(epoch seconds: the row time, or the wall clock on the watchdog — display only, for
+``{time}``), ``mono`` (the engine's time base, now), ``step``, ``last_commit_mono``,
+``start_mono``.
+
+Time base: everything that measures elapsed time — ``age()``, duration windows, ``rate``,
+``elapsed()``, ``no_data()`` — reads ``mono`` and the series' ``times``, which the engine
+stamps with the same clock: live, a monotonic clock read at commit, so a wall-clock jump
+(an NTP correction) moves none of them; in a replay, a clock driven by the recorded
+``_time`` (``alerts.testing.replay``). ``now`` is never used to measure anything.
 """
 
 from __future__ import annotations
@@ -386,7 +393,7 @@ class _Compiler:
             s = get(ctx)
             if s is None or not s.times:
                 return None
-            return ctx.now - s.times[-1]
+            return ctx.mono - s.times[-1]
 
         return age
 
@@ -609,7 +616,7 @@ def _duration_call(get, name, secs, impl, needs, extras):
         if s is None:
             return None
         times = s.times
-        i = bisect_left(times, ctx.now - secs)
+        i = bisect_left(times, ctx.mono - secs)
         if i == 0 and s.dropped:
             ctx.truncated.add(name)
         v = s.values[i:]

@@ -18,7 +18,9 @@ non-positive number. They never raise for those; anything they do raise is a bug
 engine counts per rule (DESIGN.md "Rules").
 
 Window functions get the window's values oldest first; those marked ``needs="times"`` or
-``needs="steps"`` also get the matching row times (epoch seconds) or steps.
+``needs="steps"`` also get the matching times or steps. Times are the engine's time base:
+the monotonic commit time in a live run, the recorded ``_time`` in a replay (never the
+wall clock, which can jump).
 Variance and std are population statistics (ddof = 0), the convention of Prometheus'
 ``stddev_over_time``; ``slope`` is the least-squares slope per step; ``rate`` is per second.
 """

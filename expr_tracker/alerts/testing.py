@@ -5,6 +5,10 @@
   given values, one row per index (``None`` in a series = metric absent on that row).
 - ``replay(rules, rows, ...)``: runs an engine over rows with a simulated clock that follows
   ``_time``; returns the captured events. Used by ``et rules test``.
+
+Recorded rows carry no monotonic stamps, so both helpers make the recorded ``_time`` (or
+``interval`` spacing) the time base a live engine takes from its monotonic clock: ``age()``,
+duration windows, ``rate``, ``elapsed()`` and ``no_data()`` measure row time here.
 """
 
 from __future__ import annotations
@@ -70,7 +74,8 @@ def replay(
     run_info: Mapping | None = None,
     watchdog_interval: float | None = None,
 ) -> AlertCapture:
-    """Feed ``rows`` to a fresh engine whose clocks follow each row's ``_time``; with
+    """Feed ``rows`` to a fresh engine whose clocks (the monotonic time base and the
+    displayed wall clock alike) follow each row's ``_time``; with
     ``watchdog_interval``, time-based rules are also checked between rows at that period.
     Returns the capture of every event (``record`` side, so ``notify`` flags are kept)."""
     rows = list(rows)

@@ -1,9 +1,13 @@
 """MetricSeries: the ring buffers alert rules read (one per metric a rule needs).
 
-Values are floats (``bool``/``int`` converted by the caller), each with the row time
-(epoch seconds, ``_time``) and step (``_step``) it was recorded at, in three parallel lists
+Values are floats (``bool``/``int`` converted by the caller), each with the time it was
+recorded at and its step (``_step``), in three parallel lists
 (``values``, ``times``, ``steps``) that rule functions slice directly. ``tail(n)`` is the last
 ``n`` recorded values.
+
+The times are the alert engine's time base, not the wall clock: live, the monotonic clock
+read when the row was committed (so they never go backwards and a wall-clock jump moves no
+window); in a replay of recorded history, the recorded ``_time``.
 
 Not thread-safe: ``append`` updates (and trims) the three lists in separate statements, so a
 reader on another thread could see them disagree. The alert engine appends and evaluates
@@ -52,7 +56,7 @@ class MetricSeries:
             self._limit = self.capacity * 2 + 16
 
     def append(self, value: float, time: float, step: int) -> None:
-        """Record ``value`` seen at row ``time`` (epoch seconds) and ``step``."""
+        """Record ``value`` seen at ``time`` (the engine's time base) and ``step``."""
         values = self.values
         values.append(value)
         self.times.append(time)
@@ -72,7 +76,7 @@ class MetricSeries:
 
     @property
     def last_time(self) -> float | None:
-        """Row time (epoch seconds) of the latest value, ``None`` before the first."""
+        """Time (the engine's time base) of the latest value, ``None`` before the first."""
         return self.times[-1] if self.times else None
 
     def tail(self, n: int) -> list[float] | None:
