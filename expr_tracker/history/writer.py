@@ -11,8 +11,19 @@ writer flushes and the store's open-row timers. No Timer is ever created per com
 - a flush takes its batch and writes it in order (an I/O lock serialises flushes, so
   physical line numbers always equal the order of ``append`` calls);
 - a failed write is rolled back (the file is truncated to where it was), the batch is put
-  back at the front of the queue, one warning is logged, and the write is retried later;
-  past ``max_pending_records`` the oldest records are dropped, counted and logged loudly;
+  back at the front of the queue, one warning is logged, and the write is retried later:
+  ``RETRY_DELAY_S`` after the failed attempt, doubling up to ``RETRY_MAX_DELAY_S`` while the
+  disk keeps failing (reset by a success); nothing (a full buffer, the store's eviction
+  path through ``flush(only_if_due=True)``) retries earlier, only an explicit ``flush()``
+  or ``close()``; past ``max_pending_records`` the oldest records are dropped, counted and
+  logged loudly;
+- before each write the open file is checked with one ``fstat``: a file unlinked under the
+  writer (the run directory was deleted) is recreated with its directory, and a file that
+  is shorter than the writer wrote (truncated by another process) has a torn tail repaired
+  and its line count, steps and index rescanned before the batch is appended (one warning
+  each);
+- ``close`` refuses new records first (counted as ``dropped_closed``), then flushes, so a
+  record accepted by ``append`` is never left behind by a concurrent close;
 - the sidecar ``*.meta.json`` (spec design.txt A.2) is written atomically (temp file +
   ``os.replace``) at most every 2 s during flushes and always on close;
 - opening an existing file repairs a torn last line and rescans from the last trusted
@@ -49,6 +60,7 @@ except ImportError:  # pragma: no cover - Windows
 META_MIN_INTERVAL_S = 2.0
 INDEX_EVERY = 1000
 RETRY_DELAY_S = 1.0
+RETRY_MAX_DELAY_S = 30.0
 
 
 # --------------------------------------------------------------------------- flusher
@@ -205,6 +217,8 @@ class JsonlWriter:
         self._urgent = False
         self._closed = False
         self._failing = False
+        self._retry_delay = RETRY_DELAY_S  # the wait after the next failed attempt
+        self._next_retry = -1e18  # monotonic: no attempt before this while failing
         self._fd: int | None = None
         self._lock_fd: int | None = None
 
@@ -220,7 +234,10 @@ class JsonlWriter:
         self.flushed = 0  # records written or dropped: the eviction watermark (an ordinal)
         self.dropped = 0
         self.dropped_oversize = 0
+        self.dropped_closed = 0  # appended after close() began
         self.write_errors = 0
+        self.recreated = 0  # times the file was recreated after being deleted
+        self.truncations = 0  # times the file was found shorter than written
         self.flushes = 0
         self._meta_written_at = -1e18
         self._meta_dirty = False
@@ -361,6 +378,7 @@ class JsonlWriter:
             self.sorted = bool(meta.get("sorted", True))
             self.has_duplicate_steps = bool(meta.get("has_duplicate_steps", False))
         else:
+            self.last_step = None
             self.max_step = None
             self.sorted = True
             self.has_duplicate_steps = False
@@ -401,6 +419,7 @@ class JsonlWriter:
         n = len(line)
         with self._lock:
             if self._closed:
+                self.dropped_closed += 1
                 return False
             pending = self._pending_bytes + n
             limit = self.max_pending_bytes
@@ -422,8 +441,8 @@ class JsonlWriter:
             count = len(lines)
             if count == 1:
                 self._oldest = self._clock()
-            if self._scheduled and (count < self.buffer_size or self._urgent):
-                return True  # the common case: a flush is already scheduled
+            if self._scheduled and (count < self.buffer_size or self._urgent or self._failing):
+                return True  # the common case: a flush (or a retry) is already scheduled
             now = self._clock()
             due = self._due_time(now, count)
             if not self.async_write:
@@ -439,10 +458,10 @@ class JsonlWriter:
         return True
 
     def _due_time(self, now: float, count: int) -> float:
+        if self._failing:  # spaced from the last failed attempt, whatever is pending
+            return max(now, self._next_retry)
         if count >= self.buffer_size or self.flushes == 0 and self.appended <= 1:
             return now
-        if self._failing:
-            return max(now, self._last_flush + RETRY_DELAY_S)
         due = float("inf")
         if self.interval is not None:
             due = self._last_flush + self.interval
@@ -454,8 +473,8 @@ class JsonlWriter:
         with self._lock:
             self._scheduled = False
             self._urgent = False
-        self.flush()
-        # records that arrived during the write need their own due time
+        self.flush(only_if_due=True)
+        # records that arrived during the write (or a retry not yet due) need a due time
         with self._lock:
             if self._lines and not self._closed and not self._scheduled:
                 now = self._clock()
@@ -466,13 +485,19 @@ class JsonlWriter:
                         id(self), due, self._flush_from_worker
                     )
 
-    def flush(self, wait: bool = True) -> bool:
+    def flush(self, wait: bool = True, *, only_if_due: bool = False) -> bool:
         """Write every pending record now. Returns True when nothing is left pending.
 
         ``wait`` is accepted for symmetry with the recorder; a flush always completes (or
-        fails and requeues) before returning.
+        fails and requeues) before returning. ``only_if_due``: while writes are failing,
+        do not attempt before the retry is due (returns False at once); for internal
+        callers such as the store's eviction path. An explicit ``flush()`` always tries.
         """
+        if only_if_due and self._failing and self._clock() < self._next_retry:
+            return not self._lines
         with self._io_lock:
+            if only_if_due and self._failing and self._clock() < self._next_retry:
+                return not self._lines  # another thread just failed
             with self._lock:
                 if not self._lines:
                     return True
@@ -493,7 +518,7 @@ class JsonlWriter:
                     if left and self.async_write and not self._closed and not self._scheduled:
                         self._scheduled = True
                         (self._flusher or get_flusher()).schedule(
-                            id(self), self._clock() + RETRY_DELAY_S, self._flush_from_worker
+                            id(self), self._next_retry, self._flush_from_worker
                         )
                 return False
             self.flushes += 1
@@ -524,20 +549,33 @@ class JsonlWriter:
         data = b"\n".join(batch) + b"\n"
         start = self.size
         try:
+            if self._fd is not None:
+                self._check_file()
             if self._fd is None:
                 self.path.parent.mkdir(parents=True, exist_ok=True)
                 self._fd = os.open(self.path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
-                start = self.size = os.fstat(self._fd).st_size
-            view = memoryview(data)
-            while view:
-                n = os.write(self._fd, view)
-                view = view[n:]
+                actual = os.fstat(self._fd).st_size
+                if actual < self.size:
+                    self._check_size(actual)
+                elif actual > self.size:  # created by someone else meanwhile: measure it
+                    self._rescan(self._repair_torn_tail(actual), None)
+            start = self.size
+            self._write_all(data)
+            if os.fstat(self._fd).st_nlink == 0:  # deleted during the write: write it again
+                self._recreate()
+                start = self.size
+                self._write_all(data)
         except OSError as exc:
             self.write_errors += 1
             self._rollback(start)
+            now = self._clock()
+            self._next_retry = now + self._retry_delay
+            self._retry_delay = min(self._retry_delay * 2, RETRY_MAX_DELAY_S)
             self._failing = True
             self._warn_io(exc, "write to")
             return False
+        self._retry_delay = RETRY_DELAY_S
+        self._next_retry = -1e18
         if self._failing:
             self._failing = False
             log.warning(
@@ -557,6 +595,76 @@ class JsonlWriter:
         self.flushed += len(batch)
         self._meta_dirty = True
         return True
+
+    def _write_all(self, data: bytes) -> None:
+        view = memoryview(data)
+        fd = self._fd
+        while view:
+            n = os.write(fd, view)
+            view = view[n:]
+
+    def _check_file(self) -> None:
+        """One ``fstat`` before a write: recreate a deleted file, repair a truncated one."""
+        st = os.fstat(self._fd)
+        if st.st_nlink == 0:
+            self._recreate()
+        elif st.st_size < self.size:
+            self._check_size(st.st_size)
+
+    def _recreate(self) -> None:
+        """The file was unlinked under us (its run directory deleted): open a new one."""
+        lost = self.lines
+        try:
+            os.close(self._fd)
+        except OSError:
+            pass
+        self._fd = None
+        self.path.parent.mkdir(parents=True, exist_ok=True)
+        if self._lock_fd is not None:  # the lock file went with the directory
+            try:
+                os.close(self._lock_fd)
+            except OSError:
+                pass
+            self._lock_fd = None
+            try:
+                self._acquire_lock()
+            except RunLockedError as exc:  # another process took the path meanwhile
+                log.error("expr_tracker: %s", exc)
+        self._fd = os.open(self.path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
+        self.recreated += 1
+        size = os.fstat(self._fd).st_size
+        self.size = self.lines = 0
+        self.index = []
+        self.last_step = self.max_step = None
+        self.sorted, self.has_duplicate_steps = True, False
+        self._meta_dirty = True
+        if size:  # someone else created it meanwhile: measure what is there
+            self._rescan(self._repair_torn_tail(size), None)
+        self._warner.warn(
+            ("recreated", str(self.path)),
+            "expr_tracker: %s was deleted while the run was writing it (its directory was "
+            "removed?); recreated it: the %d lines the deleted file held are lost, records "
+            "still queued and later ones go to the new file (warned once)",
+            self.path,
+            lost,
+        )
+
+    def _check_size(self, actual: int) -> None:
+        """The file is not as long as the writer believes: repair it and rescan."""
+        believed, lines = self.size, self.lines
+        self._rescan(self._repair_torn_tail(actual), None)
+        self.truncations += 1
+        self._warner.warn(
+            ("truncated", str(self.path)),
+            "expr_tracker: %s was truncated by another process (%d bytes written, %d found); "
+            "repaired its last line and rescanned it (%d of %d lines left); new records "
+            "are appended after it (warned once)",
+            self.path,
+            believed,
+            actual,
+            self.lines,
+            lines,
+        )
 
     def _rollback(self, size: int) -> None:
         if self._fd is None:
@@ -605,7 +713,14 @@ class JsonlWriter:
             self._meta_written_at = self._clock()
             self._meta_dirty = False
         except OSError as exc:
-            self._warn_io(exc, "write the sidecar of")
+            self._warner.warn(
+                ("io", str(self.meta_path), "sidecar"),
+                "expr_tracker: cannot write the sidecar %s (%s); the records themselves are "
+                "on disk and readers rescan the file instead of using the sidecar; it is "
+                "rewritten at a later flush and at close (warned once)",
+                self.meta_path,
+                exc.strerror or exc,
+            )
 
     @property
     def pending(self) -> int:
@@ -613,10 +728,10 @@ class JsonlWriter:
 
     def close(self) -> None:
         """Flush what is pending, write the sidecar, release the file and the lock."""
+        with self._lock:  # refuse new records first, so nothing accepted is left behind
+            self._closed = True
         with self._io_lock:
             self.flush()
-            with self._lock:
-                self._closed = True
             if self._lines:
                 log.error(
                     "expr_tracker: %d records could not be written to %s before close",
@@ -650,6 +765,9 @@ class JsonlWriter:
             "write_errors": self.write_errors,
             "dropped": self.dropped,
             "dropped_oversize": self.dropped_oversize,
+            "dropped_closed": self.dropped_closed,
+            "recreated": self.recreated,
+            "truncations": self.truncations,
         }
 
 

@@ -112,6 +112,7 @@ class SpanRecorder:
         self._dropped_oversize = 0
         self._dropped_pending = 0
         self._dropped_error = 0
+        self._dropped_after_close = 0
         self._warner = Warner(log)
         # wall-clock anchor: start = wall0 + (perf_ns - perf0) / 1e9 (one clock read per span)
         self._perf0 = time.perf_counter_ns()
@@ -127,6 +128,7 @@ class SpanRecorder:
         # the hot path of every span: attributes and globals are read once into locals
         if self._closed:
             span._pm = pm
+            self._after_close()
             return
         path = span.path
         start_ns = span._start_ns
@@ -182,8 +184,11 @@ class SpanRecorder:
                 self._max_record,
             )
             return
-        if writer.append(line) is False:  # the writer's max_pending_bytes (it warns once)
-            with self._lock:
+        if writer.append(line) is False:
+            if self._closed:  # closed while this span was being recorded
+                self._after_close()
+                return
+            with self._lock:  # the writer's max_pending_bytes (it warns once)
                 self._dropped_pending += 1
 
     # ------------------------------------------------------------------ slow path
@@ -211,6 +216,17 @@ class SpanRecorder:
             rec["error"] = span.error
         return encode_row(rec, nonfinite)
 
+    def _after_close(self) -> None:
+        """A span that ended after this recorder closed: timed, printed, not recorded."""
+        with self._lock:
+            self._dropped_after_close += 1
+            first = self._dropped_after_close == 1
+        if first:
+            log.info(
+                "expr_tracker: a span ended after the run finished; it was timed but not "
+                "recorded (counted in stats as dropped_after_close; logged once)"
+            )
+
     def _drop(self, kind: str, message: str, *args: Any) -> None:
         with self._lock:
             if kind == "oversize":
@@ -229,16 +245,19 @@ class SpanRecorder:
             )
 
     def stats(self) -> dict[str, Any]:
-        """Counters: ``dropped`` (total), ``dropped_oversize``, ``dropped_pending``, and the
+        """Counters: ``dropped`` (total), ``dropped_oversize``, ``dropped_pending``,
+        ``dropped_after_close`` (spans that ended after :meth:`close`), and the
         settings in effect (``metrics``, ``count``, ``max_record_bytes``, ``max_pending_bytes``,
         ``spans_file`` whether a writer is attached, ``closed``)."""
         self._check_fork()
         with self._lock:
             over, pend = self._dropped_oversize, self._dropped_pending
+            late = self._dropped_after_close
         out = {
-            "dropped": over + pend,
+            "dropped": over + pend + late,
             "dropped_oversize": over,
             "dropped_pending": pend,
+            "dropped_after_close": late,
             "metrics": self._metrics,
             "count": self._count,
             "spans_file": self._writer is not None,
