@@ -446,7 +446,9 @@ class HistoryStore:
         cache = self.cache
         flushed = self._flushed_ordinal()
         if cache.needs_flush_to_evict(flushed) and self.writer is not None:
-            self.writer.flush()  # over budget with rows not on disk: flush first, then evict
+            # over budget with rows not on disk: flush first, then evict (not while the disk
+            # fails: the writer spaces its retries, and the rows stay cached meanwhile)
+            self.writer.flush(only_if_due=True)
             flushed = self._flushed_ordinal()
         cache.evict(flushed)
 
