@@ -67,6 +67,22 @@ def _split(value: str) -> tuple[float, str] | None:
     return float(match.group(1)), match.group(2).lower()
 
 
+def _parse(value: Any, kind: str, units: dict[str, float], default: str, forms: str) -> float:
+    """``value`` (a number in ``default`` units, or ``"<number><unit>"``) times its unit."""
+    if isinstance(value, bool) or not isinstance(value, (int, float, str)):
+        raise ValueError(f"{value!r} is not a {kind}: expected {forms}")
+    if isinstance(value, str):
+        parts = _split(value)
+        if parts is None or (parts[1] or default) not in units:
+            raise ValueError(f"{value!r} is not a {kind}: expected {forms}")
+        number, unit = parts[0], parts[1] or default
+    else:
+        number, unit = float(value), default
+    if not math.isfinite(number) or number < 0:
+        raise ValueError(f"{value!r} is not a {kind}: it must be finite and >= 0")
+    return number * units[unit]
+
+
 def parse_size(value: Any) -> int:
     """Return a size in bytes (an ``int >= 0``).
 
@@ -77,22 +93,8 @@ def parse_size(value: Any) -> int:
         ValueError: naming the value and the valid forms, for anything else, a negative
             size, or a value that is not finite.
     """
-    if isinstance(value, bool):
-        raise ValueError(f"{value!r} is not a size: expected {_SIZE_FORMS}")
-    if isinstance(value, (int, float)):
-        number, unit = float(value), "b"
-    elif isinstance(value, str):
-        parts = _split(value)
-        if parts is None or (parts[1] or "b") not in SIZE_UNITS:
-            raise ValueError(f"{value!r} is not a size: expected {_SIZE_FORMS}")
-        number, unit = parts[0], parts[1] or "b"
-    else:
-        raise ValueError(f"{value!r} is not a size: expected {_SIZE_FORMS}")
-    if not math.isfinite(number) or number < 0:
-        raise ValueError(f"{value!r} is not a size: it must be finite and >= 0")
-    if isinstance(value, int):
-        return value
-    return int(round(number * SIZE_UNITS[unit]))
+    size = _parse(value, "size", SIZE_UNITS, "b", _SIZE_FORMS)
+    return value if type(value) is int else int(round(size))
 
 
 def parse_duration(value: Any) -> float:
@@ -105,20 +107,7 @@ def parse_duration(value: Any) -> float:
         ValueError: naming the value and the valid forms, for anything else, a negative
             duration, or a value that is not finite.
     """
-    if isinstance(value, bool):
-        raise ValueError(f"{value!r} is not a duration: expected {_DURATION_FORMS}")
-    if isinstance(value, (int, float)):
-        number, unit = float(value), "s"
-    elif isinstance(value, str):
-        parts = _split(value)
-        if parts is None or (parts[1] or "s") not in DURATION_UNITS:
-            raise ValueError(f"{value!r} is not a duration: expected {_DURATION_FORMS}")
-        number, unit = parts[0], parts[1] or "s"
-    else:
-        raise ValueError(f"{value!r} is not a duration: expected {_DURATION_FORMS}")
-    if not math.isfinite(number) or number < 0:
-        raise ValueError(f"{value!r} is not a duration: it must be finite and >= 0")
-    return number * DURATION_UNITS[unit]
+    return _parse(value, "duration", DURATION_UNITS, "s", _DURATION_FORMS)
 
 
 def _optional_duration(value: Any) -> float | None:
