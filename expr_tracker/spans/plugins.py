@@ -81,27 +81,46 @@ def _import_nvml() -> Any:
     return pynvml
 
 
-def _cuda() -> Any:
-    if _cuda_state:
-        return _cuda_state[0]
+def _load_once(state: list[Any], load: Any, plugin: str, missing: str, hint: str) -> Any:
+    """The module ``load()`` returns, imported once per process; None (warned once) when it
+    fails, so the plugin measures nothing and the span still works."""
+    if state:
+        return state[0]
     with _lock:
-        if not _cuda_state:
+        if not state:
             try:
-                _cuda_state.append(_import_cuda())
+                state.append(load())
             except Exception as exc:  # noqa: BLE001
                 log.warning(
-                    "expr_tracker: TorchMemory measures nothing: CUDA is not available (%s: %s)"
-                    "; install torch with CUDA (pip install expr-tracker[torch])",
+                    "expr_tracker: %s measures nothing: %s (%s: %s); %s",
+                    plugin,
+                    missing,
                     type(exc).__name__,
                     exc,
+                    hint,
                 )
-                _cuda_state.append(None)
-    return _cuda_state[0]
+                state.append(None)
+    return state[0]
+
+
+def _cuda() -> Any:
+    return _load_once(
+        _cuda_state,
+        _import_cuda,
+        "TorchMemory",
+        "CUDA is not available",
+        "install torch with CUDA (pip install expr-tracker[torch])",
+    )
 
 
 def _nvml() -> Any:
-    if _nvml_state:
-        return _nvml_state[0]
+    return _load_once(
+        _nvml_state,
+        _import_nvml,
+        "GpuStats",
+        "NVML is not available",
+        "pip install expr-tracker[gpu]",
+    )
     with _lock:
         if not _nvml_state:
             try:
