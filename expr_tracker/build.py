@@ -11,6 +11,7 @@ from __future__ import annotations
 import json
 import logging
 import os
+import time
 from pathlib import Path
 from typing import Any
 
@@ -317,6 +318,7 @@ def _construct(
         warner=warner,
     )
 
+    started_mono = time.monotonic()  # the same moment as run.json's started_at
     info = new_run_info(
         project=spec.project, name=spec.name, stream=stream, rank=rank, run_dir=run_dir
     )
@@ -365,6 +367,7 @@ def _construct(
         info=info,
         info_path=info_path,
         warner=warner,
+        started_mono=started_mono,
     )
 
 

@@ -148,6 +148,7 @@ class Run:
         info: dict[str, Any],
         info_path: Path,
         warner: Warner,
+        started_mono: float | None = None,
     ) -> None:
         self.spec = spec
         self.resolved = resolved
@@ -167,7 +168,8 @@ class Run:
         self.dispatcher: Any = None
         self._closers: list[tuple[str, Callable[[], Any]]] = []
         self._late_closers: list[tuple[str, Callable[[], Any]]] = []
-        self._started_mono = time.monotonic()
+        # monotonic time at run.json's started_at: duration_s never follows wall-clock jumps
+        self._started_mono = time.monotonic() if started_mono is None else started_mono
         self._stats: dict[str, Callable[[], Any]] = {}
         self._finished = False
         self._finish_lock = threading.Lock()
