@@ -32,7 +32,9 @@ def register(subparsers) -> None:  # noqa: ANN001
     )
     p.add_argument("--tag", action="append", default=[], help="routing tag (repeatable)")
     p.add_argument("--config", default=None, help="an alerts file (like ET_ALERT_CONFIG)")
-    p.add_argument("--timeout", type=float, default=30.0, help="seconds to wait in all")
+    p.add_argument(
+        "--timeout", type=float, default=30.0, help="seconds to wait in all (default 30)"
+    )
     p.set_defaults(func=run)
 
 

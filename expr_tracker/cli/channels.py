@@ -31,7 +31,7 @@ def register(subparsers) -> None:  # noqa: ANN001
     )
     t.add_argument("names", nargs="*", help="channel names (default: all)")
     t.add_argument("--config", default=None, help="an alerts file (like ET_ALERT_CONFIG)")
-    t.add_argument("--timeout", type=float, default=10.0, help="seconds per channel")
+    t.add_argument("--timeout", type=float, default=10.0, help="seconds per channel (default 10)")
     t.add_argument("--json", action="store_true", help="print one JSON object per channel")
     t.set_defaults(func=run_test)
     p.set_defaults(func=lambda args: (p.print_help(), 2)[1])

@@ -80,6 +80,12 @@ def register(subparsers: Any) -> None:
     r = verbs.add_parser(
         "reference",
         help="print the configuration reference (Markdown), generated from the models",
+        description=(
+            "Print the Markdown configuration reference (every run-spec field with its type, "
+            "default and description), generated from the models so it cannot drift; "
+            "-o FILE writes it to FILE; -o FILE --check exits 1 when FILE is stale and writes "
+            "nothing."
+        ),
     )
     r.add_argument("-o", "--output", default=None, metavar="FILE", help="write FILE instead")
     r.add_argument(

@@ -73,7 +73,10 @@ def register(subparsers: Any) -> None:
         help="keep printing rows as they land, until the run ends (or Ctrl-C)",
     )
     p.add_argument(
-        "--interval", type=float, default=0.5, help="seconds between polls with --follow"
+        "--interval",
+        type=float,
+        default=0.5,
+        help="seconds between polls with --follow (default 0.5)",
     )
     p.set_defaults(func=run_history)
 

@@ -30,19 +30,47 @@ def register(subparsers) -> None:
     )
     sub = parser.add_subparsers(dest="rules_command", metavar="VERB")
 
-    p = sub.add_parser("explain", help="show how a rule parses")
+    p = sub.add_parser(
+        "explain",
+        help="show how a rule parses",
+        description=(
+            "Parse one rule (the one-line form CONDITION => LEVEL: MESSAGE, or a bare "
+            "condition) and print its condition as parsed, level, message, the metrics and "
+            "windows it reads, its functions, whether it is time-based and its derived name. "
+            "Exit 0 when it is valid, 1 when it is not (the error is printed)."
+        ),
+    )
     p.add_argument("rule", help='a rule, e.g. "zscore(loss[50]) > 4 => error: spike"')
     p.add_argument("--format", choices=("text", "json"), default="text")
     p.set_defaults(func=cmd_explain)
 
-    p = sub.add_parser("check", help="validate alert rule files (rules, channels, policy)")
+    p = sub.add_parser(
+        "check",
+        help="validate alert rule files (rules, channels, policy)",
+        description=(
+            "Validate alerts files (or run specs with an alerts section) as et.init would: "
+            "every rule compiles, channels and policy are valid. Prints 'Checking FILE' then "
+            "'SUCCESS: N rules found' or the errors, and lint warnings (rules that can never "
+            "fire, suspicious names) as WARNING lines. Exit 0 valid (warnings too), 1 "
+            "errors, 2 usage error, 3 warnings only with --lint-fatal."
+        ),
+    )
     p.add_argument("files", nargs="+", metavar="FILE")
     p.add_argument("--run", metavar="DIR", help="a run: metric names unknown to it are errors")
     p.add_argument("--format", choices=("text", "json"), default="text")
     p.add_argument("--lint-fatal", action="store_true", help="exit 3 when there are warnings")
     p.set_defaults(func=cmd_check)
 
-    p = sub.add_parser("test", help="replay rules over a run, or run a rule unit-test file")
+    p = sub.add_parser(
+        "test",
+        help="replay rules over a run, or run a rule unit-test file",
+        description=(
+            "With --run DIR: replay a rule (or every rule of a rules file) over the run's "
+            "recorded metrics and print when it would have fired. Without --run: run a rule "
+            "unit-test file (.yaml: input series and the alerts expected). Exit 0 replayed / "
+            "tests passed, 1 invalid rules or failed tests, 2 usage error."
+        ),
+    )
     p.add_argument("target", metavar="RULE|FILE", help="a rule, a rules file, or a test file")
     p.add_argument("--run", metavar="DIR", help="run directory or metrics*.jsonl to replay")
     p.add_argument("-n", type=int, metavar="N", help="replay only the last N steps")

@@ -46,7 +46,12 @@ def register(subparsers: Any) -> None:
     )
     p.add_argument("dir", nargs="?", default="runs", help="directory to search (default ./runs)")
     p.add_argument("--metrics", default=None, metavar="A,B", help="metrics to show")
-    p.add_argument("--format", choices=("table", "json"), default="table")
+    p.add_argument(
+        "--format",
+        choices=("table", "json"),
+        default="table",
+        help="table (default) or json: one array of runs, with each producer's status",
+    )
     p.set_defaults(func=run_runs)
 
 

@@ -418,7 +418,9 @@ class SpansSpec(BaseModel):
 
 
 class PolicySpec(BaseModel):
-    """Delivery policy of a channel (DESIGN.md, "Delivery policy defaults")."""
+    """Delivery policy of a channel: timeouts, retries and backoff, rate limit, dedup and
+    queue. Set under ``alerts.policy`` for every channel, or per channel under its ``policy``
+    (which wins field by field)."""
 
     model_config = _FORBID
 
@@ -495,7 +497,8 @@ class ChannelSpec(BaseModel):
     model_config = _FORBID
 
     type: Annotated[str, Field(pattern=_IDENTIFIER.pattern)] = Field(
-        description="lark, slack, dingtalk, wecom, webhook, email, callable, console, or registered"
+        description="lark, slack, dingtalk, wecom, webhook, email, callable, console, memory (tests), "
+        "or a registered type"
     )
     name: Optional[_NonEmpty] = None
     url: Optional[SecretStr] = Field(None, description="webhook URL (redacted everywhere)")
