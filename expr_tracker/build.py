@@ -410,15 +410,10 @@ def _build_spans(
     rank: int,
     warner: Warner,
 ) -> None:
-    """The span recorder and its writer, when the spans package is present."""
-    try:
-        from expr_tracker.spans import recorder as _recorder
-    except ImportError:
-        return
-    make = getattr(_recorder, "build_recorder", None)
-    if make is None:
-        return
-    run.spans = make(
+    """The span recorder and its writer (spans.jsonl), made the active recorder."""
+    from expr_tracker.spans.recorder import build_recorder
+
+    run.spans = build_recorder(
         run=run,
         spec=spec.spans,
         run_dir=run_dir,

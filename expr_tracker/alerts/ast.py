@@ -184,62 +184,63 @@ class Neg(Node):
         return f"(-{self.operand.to_source()})"
 
 
+class _Binary(Node):
+    """Shared by the two-operand nodes: children and the parenthesised rendering.
+
+    ``_word`` is the operator as written in the DSL (``op`` for arithmetic and
+    comparisons, ``and``/``or`` for the logical nodes).
+    """
+
+    __slots__ = ()
+
+    left: Node
+    right: Node
+
+    @property
+    def _word(self) -> str:
+        return self.op  # type: ignore[attr-defined]
+
+    def children(self) -> tuple[Node, ...]:
+        return (self.left, self.right)
+
+    def to_source(self) -> str:
+        return f"({self.left.to_source()} {self._word} {self.right.to_source()})"
+
+
 @dataclass(frozen=True, slots=True)
-class BinOp(Node):
+class BinOp(_Binary):
     """Arithmetic: ``op`` is one of ``+ - * / %``."""
 
     op: str
     left: Node
     right: Node
 
-    def children(self) -> tuple[Node, ...]:
-        return (self.left, self.right)
-
-    def to_source(self) -> str:
-        return f"({self.left.to_source()} {self.op} {self.right.to_source()})"
-
 
 @dataclass(frozen=True, slots=True)
-class Compare(Node):
+class Compare(_Binary):
     """One comparison; ``op`` is one of ``< <= > >= == !=``. Chains become ``And``."""
 
     op: str
     left: Node
     right: Node
 
-    def children(self) -> tuple[Node, ...]:
-        return (self.left, self.right)
-
-    def to_source(self) -> str:
-        return f"({self.left.to_source()} {self.op} {self.right.to_source()})"
-
 
 @dataclass(frozen=True, slots=True)
-class And(Node):
+class And(_Binary):
     """Kleene conjunction."""
 
     left: Node
     right: Node
-
-    def children(self) -> tuple[Node, ...]:
-        return (self.left, self.right)
-
-    def to_source(self) -> str:
-        return f"({self.left.to_source()} and {self.right.to_source()})"
+    _word = "and"
 
 
 @dataclass(frozen=True, slots=True)
-class Or(Node):
+class Or(_Binary):
     """Kleene disjunction."""
 
     left: Node
     right: Node
-
-    def children(self) -> tuple[Node, ...]:
-        return (self.left, self.right)
-
-    def to_source(self) -> str:
-        return f"({self.left.to_source()} or {self.right.to_source()})"
+    _word = "or"
 
 
 @dataclass(frozen=True, slots=True)

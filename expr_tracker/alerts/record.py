@@ -16,17 +16,11 @@ import os
 import threading
 from pathlib import Path
 
+from expr_tracker.alerts.rules import LEVEL_STYLE
+
 __all__ = ["AlertLog", "ConsoleNotifier"]
 
 log = logging.getLogger("expr_tracker.alerts")
-
-_STYLE = {
-    "debug": "dim",
-    "info": "cyan",
-    "warning": "yellow",
-    "error": "bold red",
-    "critical": "bold white on red",
-}
 
 
 class AlertLog:
@@ -85,7 +79,7 @@ class ConsoleNotifier:
     def render(self, event):
         from rich.text import Text
 
-        style = _STYLE.get(event.level, "")
+        style = LEVEL_STYLE.get(event.level, "")
         text = Text()
         text.append(f" {event.level.upper()} ", style=style)
         text.append(f" {event.title}", style="bold")

@@ -45,6 +45,14 @@ __all__ = [
 
 LEVELS: tuple[str, ...] = ("debug", "info", "warning", "error", "critical")
 LEVEL_ALIASES = {"warn": "warning", "err": "error", "fatal": "critical", "crit": "critical"}
+#: rich style of each level, for the console channel and ConsoleNotifier
+LEVEL_STYLE = {
+    "debug": "dim",
+    "info": "cyan",
+    "warning": "yellow",
+    "error": "bold red",
+    "critical": "bold white on red",
+}
 _RANK = {name: i for i, name in enumerate(LEVELS)}
 
 OK, PENDING, FIRING = "ok", "pending", "firing"

@@ -11,16 +11,9 @@ from typing import Any
 
 from expr_tracker.alerts.channels.base import Channel, ChannelConfigError, SendResult
 from expr_tracker.alerts.message import AlertMessage, format_value
+from expr_tracker.alerts.rules import LEVEL_STYLE
 
 __all__ = ["ConsoleChannel", "render_console"]
-
-_STYLE = {
-    "debug": "dim",
-    "info": "cyan",
-    "warning": "yellow",
-    "error": "bold red",
-    "critical": "bold white on red",
-}
 
 
 def render_console(message: AlertMessage) -> Any:
@@ -28,7 +21,7 @@ def render_console(message: AlertMessage) -> Any:
     from rich.text import Text
 
     text = Text()
-    text.append(f" {message.level.upper()} ", style=_STYLE.get(message.level, ""))
+    text.append(f" {message.level.upper()} ", style=LEVEL_STYLE.get(message.level, ""))
     text.append(f" {message.title}", style="bold")
     if message.step is not None:
         text.append(f"  step {message.step}", style="dim")
