@@ -11,6 +11,7 @@ from __future__ import annotations
 import json
 import logging
 import os
+import sys
 import time
 from pathlib import Path
 from typing import Any
@@ -87,29 +88,33 @@ def build(resolved: Any, *, environ: dict[str, str] | None = None) -> Run:
     rank = detect_rank(env)
     file_rank = rank if spec.history.rank_aware else 0
     run_dir = run_directory(spec)
-
     metrics_path = run_dir / file_name("metrics", stream, file_rank)
     info_path = run_dir / file_name("run", stream, file_rank)
-    exists = metrics_path.exists() or info_path.exists()
-    if spec.resume == "never" and exists:
-        raise ResumeError(
-            f"resume='never' but {run_dir} already holds this run ({metrics_path.name}); "
-            "pick another name, or use resume='allow' to continue it"
-        )
-    if spec.resume == "must" and not exists:
-        raise ResumeError(
-            f"resume='must' but there is no run to continue at {run_dir} "
-            f"(no {metrics_path.name}); check project/name/dir or use resume='allow'"
-        )
 
     # 1. configuration checks: nothing on disk yet
     # (channels are checked when delivery is attached: a failure there is undone like any
     # other, and building them twice would say twice that an env-gated channel is off)
     engine = check(resolved, env, stream=stream, rank=rank, channels=False)
 
-    # 2. construction; undone if anything fails
+    # 2. the one-writer lock comes before anything of the run directory is read, snapshotted
+    # or undone: a refused process (RunLockedError) has touched nothing of the holder's
     attempt = _Attempt(run_dir, stream, file_rank)
+    attempt.lock(metrics_path, warner)
     try:
+        exists = metrics_path.exists() or info_path.exists()
+        if spec.resume == "never" and exists:
+            raise ResumeError(
+                f"resume='never' but {run_dir} already holds this run ({metrics_path.name}); "
+                "pick another name, or use resume='allow' to continue it"
+            )
+        if spec.resume == "must" and not exists:
+            raise ResumeError(
+                f"resume='must' but there is no run to continue at {run_dir} "
+                f"(no {metrics_path.name}); check project/name/dir or use resume='allow'"
+            )
+        attempt.snapshot()
+
+        # 3. construction; undone if anything fails
         run = _construct(resolved, spec, env, warner, stream, rank, file_rank, run_dir, attempt)
         attempt.closers.append(lambda: _undo_runtime(run, engine))
         _build_spans(run, spec, run_dir, stream, file_rank, rank, warner)
@@ -117,6 +122,9 @@ def build(resolved: Any, *, environ: dict[str, str] | None = None) -> Run:
     except BaseException:
         attempt.undo()
         raise
+    attempt.done()
+    if attempt.notice:
+        _announce(attempt.notice)
     if spec.backends:
         unknown = [b for b in spec.backends if b != "jsonl"]
         if unknown:
@@ -169,35 +177,122 @@ def check(
 
 
 class _Attempt:
-    """What one ``build`` created, so a failed construction can be undone.
+    """What one ``build`` created, so a failed construction can be undone — and only that.
 
-    The append-only files (metrics, spans, alerts) are remembered by size and cut back to it;
-    the small JSON files by content. Nothing is read in full, however long the run.
+    :meth:`lock` takes the producer's one-writer lock first (creating the directories that
+    are missing, remembered); :meth:`snapshot` is taken under the lock. An undo cuts this
+    producer's append-only files (metrics, spans, alerts) back to their size, restores its
+    small files (sidecar, summary, run.json), puts back ``config[.S].json``/``spec.json``
+    only where they still hold what this attempt wrote, removes the lock file if this
+    attempt created it (while still holding the lock), and then the directories it created
+    if they are empty. Nothing is read in full, however long the run.
     """
 
     APPEND_ONLY = ("metrics", "spans", "alerts")
-    SMALL = ("meta", "summary", "run", "config")
+    SMALL = ("meta", "summary", "run")
 
     def __init__(self, run_dir: Path, stream: str | None, file_rank: int) -> None:
         self.run_dir = run_dir
-        self.dir_existed = run_dir.exists()
-        self.sizes = {}
-        self.contents = {}
-        if self.dir_existed:
-            for kind in self.APPEND_ONLY:
-                path = run_dir / file_name(kind, stream, file_rank)
-                self.sizes[path] = path.stat().st_size if path.is_file() else None
-            small = [run_dir / file_name(k, stream, file_rank) for k in self.SMALL]
-            small += [
-                run_dir / "spec.json",
-                run_dir / (file_name("metrics", stream, file_rank) + ".lock"),
-            ]
-            for path in small:
-                try:
-                    self.contents[path] = path.read_bytes() if path.is_file() else None
-                except OSError:
-                    self.contents[path] = None
+        self.stream = stream
+        self.file_rank = file_rank
+        self.created_dirs: list[Path] = []
+        self.lock_fd: int | None = None  # handed to the writer, which releases it
+        self._guard_fd: int | None = None  # keeps the lock held until the undo is complete
+        self.lock_created = False
+        self.lock_handed = False  # the history writer owns lock_fd (and closes it)
+        self.lock_path: Path | None = None
+        self.sizes: dict[Path, int | None] = {}
+        self.contents: dict[Path, bytes | None] = {}
+        self.written: dict[Path, tuple[bytes | None, bytes]] = {}  # shared files: before, ours
         self.closers: list[Any] = []
+        self.notice: str | None = None  # the resume line, printed once the build succeeded
+
+    def lock(self, metrics_path: Path, warner: Warner) -> None:
+        """Create the run directory and take the lock of this producer.
+
+        Raises:
+            RunLockedError: another live process holds it (nothing was changed).
+        """
+        from expr_tracker.history.writer import acquire_lock, lock_path_of
+
+        for _ in range(20):
+            try:
+                self._make_dirs()
+            except OSError as exc:
+                warner.warn(
+                    ("mkdir",),
+                    "expr_tracker: cannot create %s (%s); training continues, records stay "
+                    "in memory",
+                    self.run_dir,
+                    exc,
+                )
+                return
+            try:
+                fd, created = acquire_lock(metrics_path)
+            except FileNotFoundError:
+                continue  # an undone attempt removed the directory meanwhile: make it again
+            except OSError as exc:
+                warner.warn(
+                    ("lock",),
+                    "expr_tracker: cannot create the lock file for %s (%s); training "
+                    "continues without the one-writer lock",
+                    metrics_path,
+                    exc,
+                )
+                return
+            self.lock_fd, self.lock_created = fd, created
+            self.lock_path = lock_path_of(metrics_path)
+            self._guard_fd = os.dup(fd) if fd is not None else None
+            return
+
+    def _make_dirs(self) -> None:
+        missing = []
+        d = self.run_dir
+        while not d.exists() and d.parent != d:
+            missing.append(d)
+            d = d.parent
+        for d in reversed(missing):
+            try:
+                d.mkdir()
+            except FileExistsError:
+                continue  # another process made it: not ours to remove
+            self.created_dirs.append(d)
+
+    def snapshot(self) -> None:
+        """Sizes and contents of this producer's files, taken under the lock."""
+        for kind in self.APPEND_ONLY:
+            path = self.run_dir / file_name(kind, self.stream, self.file_rank)
+            try:
+                self.sizes[path] = path.stat().st_size if path.is_file() else None
+            except OSError:
+                self.sizes[path] = None
+        for kind in self.SMALL:
+            path = self.run_dir / file_name(kind, self.stream, self.file_rank)
+            self.contents[path] = _read_or_none(path)
+
+    def write_shared(self, path: Path, data: Any, warner: Warner) -> None:
+        """Write a run-level file (``config[.S].json``, ``spec.json``), remembering what it
+        held and what we wrote, so an undo restores it only if it is still ours."""
+        before = _read_or_none(path)
+        ours = dumps_pretty(data).encode("utf-8")
+        try:
+            atomic_write(path, ours)
+        except OSError as exc:
+            warner.warn(("write", path.name), "expr_tracker: cannot write %s (%s)", path, exc)
+            return
+        self.written[path] = (before, ours)
+
+    def done(self) -> None:
+        """The build succeeded: the writer alone holds the lock from now on."""
+        self._close_guard()
+
+    def _close_guard(self) -> None:
+        if self._guard_fd is not None:
+            try:
+                os.close(self._guard_fd)
+            except OSError:
+                pass
+            self._guard_fd = None
 
     def undo(self) -> None:
         for close in reversed(self.closers):
@@ -205,11 +300,11 @@ class _Attempt:
                 close()
             except Exception:  # noqa: BLE001 - undo as much as possible
                 pass
-        if not self.dir_existed:
-            import shutil
-
-            shutil.rmtree(self.run_dir, ignore_errors=True)
-            return
+        if self.lock_fd is not None and not self.lock_handed:
+            try:  # the writer never took the lock over
+                os.close(self.lock_fd)
+            except OSError:
+                pass
         for path, size in self.sizes.items():
             try:
                 if size is None:
@@ -219,13 +314,47 @@ class _Attempt:
             except OSError:
                 pass
         for path, before in self.contents.items():
-            try:
-                if before is None:
-                    path.unlink(missing_ok=True)
-                elif path.is_file() and path.read_bytes() != before:
-                    path.write_bytes(before)
+            _restore(path, before)
+        for path, (before, ours) in self.written.items():
+            if _read_or_none(path) == ours:  # nobody else wrote it since
+                _restore(path, before)
+        if self.lock_created and self.lock_path is not None:
+            try:  # still held through the guard: no other process can have it
+                self.lock_path.unlink(missing_ok=True)
             except OSError:
                 pass
+        self._close_guard()
+        for d in reversed(self.created_dirs):
+            try:
+                d.rmdir()  # only when empty: another producer's files stay
+            except OSError:
+                pass
+
+
+def _read_or_none(path: Path) -> bytes | None:
+    try:
+        return path.read_bytes() if path.is_file() else None
+    except OSError:
+        return None
+
+
+def _restore(path: Path, before: bytes | None) -> None:
+    try:
+        if before is None:
+            path.unlink(missing_ok=True)
+        elif path.is_file() and path.read_bytes() != before:
+            atomic_write(path, before)
+    except OSError:
+        pass
+
+
+def _announce(line: str) -> None:
+    """Print the one resume line on stderr (never breaks the run)."""
+    try:
+        sys.stderr.write(line + "\n")
+        sys.stderr.flush()
+    except Exception:  # noqa: BLE001 - a closed stderr must not stop training
+        pass
 
 
 def _check_plugins(spans: Any) -> None:
@@ -277,16 +406,8 @@ def _construct(
     run_dir: Path,
     attempt: _Attempt,
 ) -> Run:
-    try:
-        run_dir.mkdir(parents=True, exist_ok=True)
-    except OSError as exc:
-        warner.warn(
-            ("mkdir",),
-            "expr_tracker: cannot create %s (%s); training continues, records stay in memory",
-            run_dir,
-            exc,
-        )
-
+    # the directory exists and this producer's lock is held (_Attempt.lock): reading the
+    # previous attempt now sees a file no live process is writing
     h = spec.history
     metrics_path = run_dir / file_name("metrics", stream, file_rank)
     info_path = run_dir / file_name("run", stream, file_rank)
@@ -300,8 +421,11 @@ def _construct(
         max_pending_records=h.buffer.max_pending_records,
         meta_path=run_dir / file_name("meta", stream, file_rank),
         run_meta={"project": spec.project, "name": spec.name, "stream": stream, "rank": rank},
+        lock=False,  # taken by the attempt before anything was read; handed over here
+        lock_fd=attempt.lock_fd,
         warner=warner,
     )
+    attempt.lock_handed = True
     attempt.closers.append(writer.close)
     # we hold the one-writer lock now: a previous attempt that still says "running" is dead
     if previous is not None and previous.get("status") == "running":
@@ -335,21 +459,26 @@ def _construct(
             attempts.append(prev)
         info["previous_attempts"] = attempts
         info["resumed_at_step"] = start_step
+        attempt.notice = _resume_line(spec, run_dir, stream, rank, start_step, previous)
     try:
         write_run_info(info_path, info)
     except OSError as exc:
         warner.warn(("run.json",), "expr_tracker: cannot write %s (%s)", info_path, exc)
 
     config = normalize_config(spec.config, warner)
-    _write_json(run_dir / file_name("config", stream), config, warner)
-    # spec.json once per run: the main producer writes it; another stream or rank writes it
-    # only when the run has none yet (its own spec is in its run*.json's neighbours anyway)
-    spec_path = run_dir / "spec.json"
-    if (not stream and not file_rank) or not spec_path.exists():
-        try:
-            _write_json(spec_path, resolved.redacted(), warner)
-        except Exception as exc:  # noqa: BLE001 - a spec that cannot be rendered never stops a run
-            warner.warn(("spec.json",), "expr_tracker: cannot write spec.json (%s)", exc)
+    # run-level files: rank 0 only (the other ranks keep their run/summary/shard files and
+    # never overwrite rank 0's). config[.S].json by rank 0 of each stream; spec.json by rank 0
+    # of the main stream, or by rank 0 of another stream while the run has none yet
+    if file_rank == 0:
+        attempt.write_shared(run_dir / file_name("config", stream), config, warner)
+        spec_path = run_dir / "spec.json"
+        if not stream or not spec_path.exists():
+            try:
+                redacted = resolved.redacted()
+            except Exception as exc:  # noqa: BLE001 - a spec that cannot be rendered never stops a run
+                warner.warn(("spec.json",), "expr_tracker: cannot write spec.json (%s)", exc)
+            else:
+                attempt.write_shared(spec_path, redacted, warner)
 
     summary_path = run_dir / file_name("summary", stream, file_rank)
     summary = Summary(summary_path, _resumed_summary(summary_path, writer) if resumed else None)
@@ -368,6 +497,24 @@ def _construct(
         info_path=info_path,
         warner=warner,
         started_mono=started_mono,
+    )
+
+
+def _resume_line(
+    spec: Any,
+    run_dir: Path,
+    stream: str | None,
+    rank: int,
+    start_step: int,
+    previous: dict[str, Any] | None,
+) -> str:
+    """The one stderr line that says a run is being continued, not started."""
+    who = "".join([f" stream {stream}" if stream else "", f" rank {rank}" if rank else ""]).strip()
+    status = (previous or {}).get("status") or "unknown (no run.json)"
+    return (
+        f"expr_tracker: resuming run {spec.project}/{spec.name}"
+        f"{f' ({who})' if who else ''} at step {start_step}; previous attempt: {status}; "
+        f"in {run_dir} (resume='allow': give another name, or resume='never', to start anew)"
     )
 
 
@@ -392,13 +539,6 @@ def _resumed_summary(summary_path: Path, writer: JsonlWriter) -> dict[str, Any]:
     for row in rows:
         saved.update(row)
     return saved
-
-
-def _write_json(path: Path, data: Any, warner: Warner) -> None:
-    try:
-        atomic_write(path, dumps_pretty(data))
-    except OSError as exc:
-        warner.warn(("write", path.name), "expr_tracker: cannot write %s (%s)", path, exc)
 
 
 def _build_spans(

@@ -316,7 +316,8 @@ def test_rank_files_and_stream_validation(tmp_path, monkeypatch):
     assert "metrics.data.rank3.meta.json" in names
     assert "run.data.rank3.json" in names
     assert "summary.data.rank3.json" in names
-    assert "config.data.json" in names
+    # run-level files are rank 0's: rank 3 never writes (or overwrites) them
+    assert "config.data.json" not in names and "spec.json" not in names
     from expr_tracker.spec import SpecError
 
     for bad in ("../x", "a/b", "..", "a.b", ""):

@@ -36,7 +36,7 @@ def test_no_sources_gives_defaults_and_a_timestamp_name():
     r = resolve(environ={})
     assert isinstance(r, ResolvedSpec)
     assert r.spec.project == "default"
-    assert re.fullmatch(r"\d{8}-\d{6}", r.spec.name)
+    assert re.fullmatch(r"\d{8}-\d{6}-[0-9a-f]{6}", r.spec.name)
     assert set(r.sources.values()) == {"default"}
     assert r.sources["history.buffer.size"] == "default"
     assert r.sources["name"] == "default"

@@ -21,6 +21,8 @@ from pathlib import Path
 log = logging.getLogger("expr_tracker")
 
 STREAM_RE = re.compile(r"^[A-Za-z0-9_-]+$")
+#: stream names that would collide with a rank shard's file name (``metrics.rank1.jsonl``)
+_RANK_LIKE = re.compile(r"^rank[0-9]+$", re.IGNORECASE)
 
 #: the files of one producer; ``config`` has no rank suffix (one config per stream)
 KINDS = {
@@ -60,7 +62,7 @@ def validate_stream(stream: str | None) -> str | None:
     """Return ``stream`` if it is a safe file-name part, else raise ``ValueError``.
 
     Valid: letters, digits, ``_`` and ``-`` (so a stream can never contain ``/``, ``..`` or
-    a dot that would make file names ambiguous).
+    a dot that would make file names ambiguous), and not ``rank<N>`` (the rank suffix).
     """
     if stream is None:
         return None
@@ -68,6 +70,11 @@ def validate_stream(stream: str | None) -> str | None:
         raise ValueError(
             f"stream {stream!r} is not valid: use letters, digits, '_' and '-' only "
             "(a stream name becomes part of a file name inside the run directory)"
+        )
+    if _RANK_LIKE.match(stream):
+        raise ValueError(
+            f"stream {stream!r} is not valid: it reads as a rank suffix "
+            f"(metrics.{stream}.jsonl is a rank shard of the main stream); no stream has it"
         )
     return stream
 

@@ -149,6 +149,77 @@ if hasattr(os, "register_at_fork"):
     os.register_at_fork(after_in_child=_after_fork_in_child)
 
 
+# --------------------------------------------------------------------------- lock
+
+
+def lock_path_of(path: str | os.PathLike[str]) -> Path:
+    """The one-writer lock file of a producer file: ``<path>.lock``."""
+    p = Path(path)
+    return p.with_name(p.name + ".lock")
+
+
+def acquire_lock(path: str | os.PathLike[str]) -> tuple[int | None, bool]:
+    """Take the one-writer lock of ``path``: an exclusive, non-blocking ``flock`` on
+    ``<path>.lock``, which then holds ``pid=... host=...``.
+
+    Returns ``(fd, created)``: the descriptor holding the lock (closing it releases the
+    lock) and whether this call created the lock file; ``(None, False)`` where ``flock``
+    does not exist. A lock file removed between opening and locking it (an undone attempt
+    removes the lock file it created) is opened again, so two processes never hold locks
+    on two different files of one name.
+
+    Raises:
+        RunLockedError: another live process holds the lock; nothing was written.
+        FileNotFoundError: the directory does not exist.
+        OSError: the lock file cannot be created or opened.
+    """
+    if fcntl is None:
+        return None, False
+    lock_path = lock_path_of(path)
+    for _ in range(100):
+        created = False
+        try:
+            fd = os.open(lock_path, os.O_RDWR | os.O_CREAT | os.O_EXCL, 0o644)
+            created = True
+        except FileExistsError:
+            try:
+                fd = os.open(lock_path, os.O_RDWR)
+            except FileNotFoundError:
+                continue  # removed in between: create it again
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except OSError as exc:
+            try:
+                holder = os.pread(fd, 256, 0).decode("utf-8", "replace").strip() or "?"
+            except OSError:
+                holder = "?"
+            os.close(fd)
+            if exc.errno in (errno.EWOULDBLOCK, errno.EAGAIN, errno.EACCES):
+                raise RunLockedError(
+                    f"{path} is being written by another live process ({holder}); nothing "
+                    "of it was touched. A different experiment needs another name "
+                    "(et.init(name=...)); for this same run, wait for that process to finish "
+                    "(a later start resumes it); a second producer of the same experiment "
+                    "(an evaluator, a data worker) logs to its own stream "
+                    "(et.init(stream=...))"
+                ) from None
+            raise
+        try:
+            same = os.path.samestat(os.fstat(fd), os.stat(lock_path))
+        except OSError:
+            same = False
+        if not same:  # we locked a file that was removed meanwhile: not the lock any more
+            os.close(fd)
+            continue
+        try:
+            os.ftruncate(fd, 0)
+            os.pwrite(fd, f"pid={os.getpid()} host={socket.gethostname()}\n".encode(), 0)
+        except OSError:
+            pass
+        return fd, created
+    raise OSError(errno.EAGAIN, f"the lock file {lock_path} keeps being replaced")
+
+
 # --------------------------------------------------------------------------- writer
 
 
@@ -168,6 +239,9 @@ class JsonlWriter:
         meta_path: the sidecar file (None: no sidecar).
         run_meta: the ``run`` mapping stored in the sidecar.
         lock: take the one-writer lock (``<path>.lock``).
+        lock_fd: a lock already taken with :func:`acquire_lock` (the builder takes it
+            before it reads anything of the run); the writer owns it from then on and
+            releases it at ``close``. ``lock`` is then ignored.
         index_every: one ``[step, line, offset]`` index anchor every this many lines.
 
     Raises:
@@ -187,6 +261,7 @@ class JsonlWriter:
         meta_path: str | os.PathLike[str] | None = None,
         run_meta: dict[str, Any] | None = None,
         lock: bool = True,
+        lock_fd: int | None = None,
         index_every: int = INDEX_EVERY,
         flusher: BackgroundFlusher | None = None,
         clock: Callable[[], float] = time.monotonic,
@@ -246,7 +321,9 @@ class JsonlWriter:
             self.path.parent.mkdir(parents=True, exist_ok=True)
         except OSError as exc:
             self._warn_io(exc, "create the directory")
-        if lock:
+        if lock_fd is not None:
+            self._lock_fd = lock_fd
+        elif lock:
             self._acquire_lock()
         try:
             self._open_existing()
@@ -257,35 +334,10 @@ class JsonlWriter:
     # ---------------------------------------------------------------- lock / open
 
     def _acquire_lock(self) -> None:
-        if fcntl is None:
-            return
-        lock_path = self.path.with_name(self.path.name + ".lock")
         try:
-            fd = os.open(lock_path, os.O_RDWR | os.O_CREAT, 0o644)
+            self._lock_fd, _ = acquire_lock(self.path)  # RunLockedError propagates
         except OSError as exc:
             self._warn_io(exc, "create the lock file for")
-            return
-        try:
-            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-        except OSError as exc:
-            try:
-                holder = os.pread(fd, 256, 0).decode("utf-8", "replace").strip()
-            except OSError:
-                holder = "?"
-            os.close(fd)
-            if exc.errno in (errno.EWOULDBLOCK, errno.EAGAIN, errno.EACCES):
-                raise RunLockedError(
-                    f"{self.path} is being written by another live process ({holder}); "
-                    "one writer per stream and rank: give this process its own stream "
-                    "(et.init(stream=...)) or rank, or wait for the other to finish"
-                ) from None
-            raise
-        try:
-            os.ftruncate(fd, 0)
-            os.pwrite(fd, f"pid={os.getpid()} host={socket.gethostname()}\n".encode(), 0)
-        except OSError:
-            pass
-        self._lock_fd = fd
 
     def _open_existing(self) -> None:
         """Repair, measure and open an existing file for appending (a new one waits for the

@@ -19,7 +19,6 @@ from __future__ import annotations
 
 import json
 import os
-import time
 from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -45,6 +44,7 @@ from expr_tracker.spec.models import (
     entry_name,
     omegaconf_to_plain,
 )
+from expr_tracker.spec.names import default_run_name
 
 __all__ = [
     "ALERT_CONFIG_ENV",
@@ -813,10 +813,6 @@ def kwargs_to_dict(kwargs: Mapping[str, Any]) -> dict[str, Any]:
 # --- resolve -------------------------------------------------------------------------------
 
 
-def _timestamp() -> str:
-    return time.strftime("%Y%m%d-%H%M%S")
-
-
 def _jsonable(value: Any, free_form: bool, depth: int = 0) -> Any:
     if isinstance(value, (SecretStr, SecretBytes)):
         return "***"
@@ -849,8 +845,10 @@ class ResolvedSpec:
     """The validated spec and where each value came from.
 
     Attributes:
-        spec: the frozen ``RunSpec`` (``name`` filled with a ``YYYYmmdd-HHMMSS`` timestamp
-            when no source gave one).
+        spec: the frozen ``RunSpec`` (``name`` filled by
+            :func:`~expr_tracker.spec.names.default_run_name` when no source gave one: a
+            ``YYYYmmdd-HHMMSS-xxxxxx`` timestamp and random suffix, shared by the ranks of
+            one ``torchrun`` launch).
         sources: dotted leaf path -> provenance string, for every leaf of ``spec``
             (``"default"`` where no source gave the value).
         locations: dotted path -> ``(file, line, column)`` for values read from YAML.
@@ -1002,7 +1000,7 @@ def resolve(
     if issues or model is None:
         raise SpecError(issues)
     if model.name is None:
-        model = model.model_copy(update={"name": _timestamp()})
+        model = model.model_copy(update={"name": default_run_name(environ)})
     final = {
         path: sources.get(path) or _nearest(sources, path) or "default"
         for path, _ in _leaves("", model.model_dump())

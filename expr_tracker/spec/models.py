@@ -153,6 +153,13 @@ _FORBID = ConfigDict(extra="forbid", frozen=True)
 _UNSAFE_NAME = re.compile(r"[/\\\x00-\x1f\x7f]")
 _STREAM = re.compile(r"^[A-Za-z0-9_\-]+$")
 _IDENTIFIER = re.compile(r"^[A-Za-z_][A-Za-z0-9_.\-]*$")
+_RANK_LIKE = re.compile(r"^rank[0-9]+$", re.IGNORECASE)
+#: bound on ``project`` and ``name`` (each one directory name; 255 is the usual file system
+#: limit, the rest is room for names built from them, such as Hydra job names)
+MAX_NAME_BYTES = 200
+#: bound on ``stream``: ``.metrics.<stream>.rank<N>.meta.json.<pid>.<thread>.tmp`` (the
+#: sidecar's temporary name, the longest file a producer writes) stays under 255 bytes
+MAX_STREAM_CHARS = 64
 
 
 def _fs_name(value: Any) -> Any:
@@ -163,8 +170,13 @@ def _fs_name(value: Any) -> Any:
             "must be a non-empty name usable as one directory: no '/', '\\', control "
             "characters or surrounding spaces, and not '.' or '..'"
         )
-    if len(value.encode()) > 255:
-        raise ValueError("must be at most 255 bytes long")
+    size = len(value.encode("utf-8", "surrogatepass"))
+    if size > MAX_NAME_BYTES:
+        raise ValueError(
+            f"must be at most {MAX_NAME_BYTES} bytes in UTF-8 (this one has {size}): it names "
+            "a directory, and file systems allow 255 bytes per name, with room kept for the "
+            "names made from it"
+        )
     return value
 
 
@@ -175,6 +187,18 @@ def _stream_name(value: Any) -> Any:
         raise ValueError(
             "must be letters, digits, '_' or '-' only (a stream names files inside the run "
             "directory, so '/', '.' and '..' are not allowed)"
+        )
+    if len(value) > MAX_STREAM_CHARS:
+        raise ValueError(
+            f"must be at most {MAX_STREAM_CHARS} characters (this one has {len(value)}): every "
+            "file of the stream (metrics.<stream>.rankN.meta.json, its lock and temporary "
+            "names) must fit the file system's 255-byte name limit"
+        )
+    if _RANK_LIKE.match(value):
+        raise ValueError(
+            f"{value!r} would be read as a rank suffix (metrics.{value}.jsonl is the file of "
+            "rank " + value[4:] + " of the main stream): choose another stream name, e.g. "
+            f"'w{value}' or 'worker{value[4:]}'"
         )
     return value
 
@@ -638,12 +662,15 @@ class AlertsSpec(BaseModel):
 
 
 class RunSpec(BaseModel):
-    """Everything a run does. ``name`` None is filled with a timestamp by ``resolve()``."""
+    """Everything a run does. ``name`` None is filled by ``resolve()``: a timestamp and a
+    random suffix, the same in every rank of one ``torchrun`` launch."""
 
     model_config = _FORBID
 
     project: Annotated[str, AfterValidator(_fs_name)] = "default"
-    name: Optional[_FsName] = Field(None, description="run name; default: a timestamp")
+    name: Optional[_FsName] = Field(
+        None, description="run name; default: a timestamp and a random suffix"
+    )
     dir: _PathStr = Field("./runs", description="runs live in <dir>/<project>/<name>/")
     run_dir: Optional[_PathStr] = Field(None, description="the run directory itself")
     group: Optional[str] = None
