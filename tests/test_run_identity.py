@@ -1,0 +1,482 @@
+"""Run identity (issue 10): default names never merge two runs, torchrun ranks share one, a
+resume is announced, rank 0 alone writes the run-level files, a refused or racing start
+touches nothing of the holder's, and names are bounded so every file fits."""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import subprocess
+import sys
+import textwrap
+import time
+from pathlib import Path
+
+import pytest
+
+import expr_tracker as et
+from expr_tracker.history.reader import read_rows
+from expr_tracker.spec import SpecError
+from expr_tracker.spec.names import default_run_name
+
+NAME_RE = r"\d{8}-\d{6}-[0-9a-f]{6}"
+
+
+def _spawn(code: str, *args: str, env: dict[str, str] | None = None) -> subprocess.Popen:
+    full = dict(os.environ)
+    full.update(env or {})
+    return subprocess.Popen(
+        [sys.executable, "-c", textwrap.dedent(code), *args],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        env=full,
+    )
+
+
+def _finish(p: subprocess.Popen, timeout: float = 120) -> tuple[int, str, str]:
+    out, err = p.communicate(timeout=timeout)
+    return p.returncode, out, err
+
+
+def _next_second_plus(extra: float = 1.0) -> str:
+    """A shared start moment just after a whole second, so children start in one second."""
+    return repr(float(int(time.time() + extra)) + 0.05)
+
+
+# ---------------------------------------------------------------- default names
+
+
+SAME_SECOND_CHILD = """
+import sys, time, expr_tracker as et
+at = float(sys.argv[2])
+time.sleep(max(0.0, at - time.time()))
+run = et.init(project="p", dir=sys.argv[1])
+et.log({"who": sys.argv[3]})
+time.sleep(0.5)  # both runs are live at once
+et.finish()
+print(run.name, flush=True)
+"""
+
+
+@pytest.mark.slow
+def test_default_names_differ_for_two_processes_started_in_one_second(tmp_path):
+    at = _next_second_plus(1.5)
+    procs = [_spawn(SAME_SECOND_CHILD, str(tmp_path / "runs"), at, who) for who in "ab"]
+    results = [_finish(p) for p in procs]
+    for rc, _, err in results:
+        assert rc == 0, err
+    names = [out.strip() for _, out, _ in results]
+    assert names[0] != names[1]
+    assert all(re.fullmatch(NAME_RE, n) for n in names), names
+    dirs = sorted(d.name for d in (tmp_path / "runs" / "p").iterdir())
+    assert dirs == sorted(names)
+    for who, name in zip("ab", names, strict=True):
+        rows = read_rows(tmp_path / "runs" / "p" / name / "metrics.jsonl")
+        assert [r["who"] for r in rows] == [who]
+
+
+def test_default_names_in_one_process_are_unique_and_sort_by_time():
+    names = [default_run_name({}) for _ in range(200)]
+    assert len(set(names)) == 200
+    assert all(re.fullmatch(NAME_RE, n) for n in names)
+    assert [n[:15] for n in names] == sorted(n[:15] for n in names)
+
+
+def test_torchrun_default_name_rule():
+    a = {"TORCHELASTIC_RUN_ID": "3f2a-uuid-a", "GROUP_WORLD_SIZE": "1"}
+    b = {"TORCHELASTIC_RUN_ID": "3f2a-uuid-b", "GROUP_WORLD_SIZE": "1"}
+    assert default_run_name(a) == default_run_name(dict(a))  # every rank of the launch
+    assert default_run_name(a) != default_run_name(b)  # another launch
+    if Path("/proc/self/stat").exists():
+        assert re.fullmatch(NAME_RE, default_run_name(a))
+    # the static default id "none" is shared by every launch: the agent tells them apart
+    none = default_run_name({"TORCHELASTIC_RUN_ID": "none"})
+    assert none == default_run_name({"TORCHELASTIC_RUN_ID": "none"})
+    # several nodes share only the rendezvous id
+    multi = {"TORCHELASTIC_RUN_ID": "job/42", "GROUP_WORLD_SIZE": "4"}
+    assert default_run_name(multi) == "torchrun-job_42"
+
+
+# ---------------------------------------------------------------- Hydra without the callback
+
+HYDRA_APP = """
+import hydra
+import expr_tracker as et
+
+@hydra.main(version_base="1.3", config_path="conf", config_name="config")
+def main(cfg):
+    run = et.init(spec=cfg.tracker, config=cfg)
+    et.log({"lr": cfg.lr})
+    et.finish()
+    print("RUN", run.name, cfg.lr, flush=True)
+
+if __name__ == "__main__":
+    main()
+"""
+
+HYDRA_CONFIG = """
+defaults:
+  - tracker: default
+  - _self_
+lr: 0.1
+tracker:
+  project: sweep
+"""
+
+
+@pytest.mark.slow
+def test_hydra_multirun_without_the_callback_gives_each_job_its_own_run(tmp_path):
+    pytest.importorskip("hydra")
+    (tmp_path / "conf").mkdir()
+    (tmp_path / "conf" / "config.yaml").write_text(HYDRA_CONFIG)
+    (tmp_path / "app.py").write_text(textwrap.dedent(HYDRA_APP))
+    proc = subprocess.run(
+        [sys.executable, "app.py", "-m", "lr=0.1,0.2,0.3"],
+        cwd=tmp_path,
+        capture_output=True,
+        text=True,
+        timeout=180,
+    )
+    assert proc.returncode == 0, proc.stderr
+    runs = sorted((tmp_path / "runs" / "sweep").iterdir())
+    assert len(runs) == 3, [r.name for r in runs]
+    assert "resuming" not in proc.stderr
+    lrs = set()
+    for r in runs:
+        rows = read_rows(r / "metrics.jsonl")
+        assert len(rows) == 1 and [x["_step"] for x in rows] == [0]
+        lrs.add(rows[0]["lr"])
+        assert json.loads((r / "config.json").read_text())["lr"] == rows[0]["lr"]
+        info = json.loads((r / "run.json").read_text())
+        assert info["status"] == "finished" and "previous_attempts" not in info
+    assert lrs == {0.1, 0.2, 0.3}
+
+
+# ---------------------------------------------------------------- torchrun
+
+TORCHRUN_SCRIPT = """
+import sys, time
+import torch.distributed as dist
+import expr_tracker as et
+
+dist.init_process_group("gloo")
+rank = dist.get_rank()
+if rank == 1:
+    time.sleep(1.2)  # rank 1 starts its run in a later second than rank 0
+run = et.init(project="p", dir=sys.argv[1], config={"rank": rank})
+et.log({"rank": rank})
+dist.barrier()
+et.finish()
+print("NAME", rank, run.name, flush=True)
+dist.destroy_process_group()
+"""
+
+
+@pytest.mark.slow
+def test_torchrun_ranks_share_one_run_and_two_launches_never_do(tmp_path):
+    pytest.importorskip("torch.distributed")
+    script = tmp_path / "train.py"
+    script.write_text(textwrap.dedent(TORCHRUN_SCRIPT))
+    cmd = [
+        sys.executable,
+        "-m",
+        "torch.distributed.run",
+        "--nproc_per_node=2",
+        "--standalone",
+        str(script),
+        str(tmp_path / "runs"),
+    ]
+    env = {k: v for k, v in os.environ.items() if k not in ("RANK", "LOCAL_RANK")}
+    env["OMP_NUM_THREADS"] = "1"
+    # two launches at once: in the same second, with nothing told apart by the user
+    launches = [
+        subprocess.Popen(
+            cmd, cwd=tmp_path, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True
+        )
+        for _ in range(2)
+    ]
+    outs = []
+    for p in launches:
+        out, err = p.communicate(timeout=240)
+        assert p.returncode == 0, out + err
+        outs.append(out)
+    names = []
+    for out in outs:
+        per_rank = dict(re.findall(r"^NAME (\d) (\S+)$", out, re.M))
+        assert set(per_rank) == {"0", "1"}, out
+        assert per_rank["0"] == per_rank["1"]  # one launch, one run
+        names.append(per_rank["0"])
+    assert names[0] != names[1]  # two launches, two runs
+    dirs = sorted(d.name for d in (tmp_path / "runs" / "p").iterdir())
+    assert dirs == sorted(names)
+    for name in names:
+        d = tmp_path / "runs" / "p" / name
+        assert [r["rank"] for r in read_rows(d / "metrics.jsonl")] == [0]
+        assert [r["rank"] for r in read_rows(d / "metrics.rank1.jsonl")] == [1]
+        assert json.loads((d / "run.rank1.json").read_text())["status"] == "finished"
+        assert json.loads((d / "config.json").read_text()) == {"rank": 0}  # rank 0's only
+        assert json.loads((d / "spec.json").read_text())["config"] == {"rank": 0}
+
+
+RANK_CHILD = """
+import sys, expr_tracker as et
+et.init(project="p", name="r", dir=sys.argv[1], config={"who": sys.argv[2]})
+et.log({"x": 1})
+et.finish()
+"""
+
+
+@pytest.mark.slow
+def test_rank_n_never_writes_or_overwrites_run_level_files(tmp_path):
+    runs = str(tmp_path / "runs")
+    run_dir = tmp_path / "runs" / "p" / "r"
+    rc, _, err = _finish(_spawn(RANK_CHILD, runs, "rank1-first", env={"RANK": "1"}))
+    assert rc == 0, err
+    assert not (run_dir / "config.json").exists() and not (run_dir / "spec.json").exists()
+    rc, _, err = _finish(_spawn(RANK_CHILD, runs, "rank0", env={"RANK": "0"}))
+    assert rc == 0, err
+    config, spec = (run_dir / "config.json").read_bytes(), (run_dir / "spec.json").read_bytes()
+    assert json.loads(config) == {"who": "rank0"}
+    rc, _, err = _finish(_spawn(RANK_CHILD, runs, "rank1-again", env={"RANK": "1"}))
+    assert rc == 0, err
+    assert (run_dir / "config.json").read_bytes() == config
+    assert (run_dir / "spec.json").read_bytes() == spec
+    assert json.loads((run_dir / "run.rank1.json").read_text())["status"] == "finished"
+    assert len(read_rows(run_dir / "metrics.rank1.jsonl")) == 2
+
+
+# ---------------------------------------------------------------- resume, announced
+
+
+def test_resume_is_announced_on_stderr_with_step_and_previous_status(tmp_path, capsys):
+    kw = {"project": "proj", "name": "r1", "dir": str(tmp_path / "runs")}
+    et.init(**kw)
+    for i in range(3):
+        et.log({"a": i})
+    et.finish()
+    assert "resuming" not in capsys.readouterr().err  # a new run says nothing
+    run = et.init(**kw)
+    err = capsys.readouterr().err
+    lines = [line for line in err.splitlines() if "resuming" in line]
+    assert len(lines) == 1, err
+    assert "proj/r1" in lines[0] and "at step 3" in lines[0]
+    assert "previous attempt: finished" in lines[0]
+    assert str(run.dir) in lines[0]
+    et.finish()
+
+
+def test_resume_after_a_crash_says_crashed(tmp_path):
+    code = """
+    import os, sys, expr_tracker as et
+    et.init(project="proj", name="r1", dir=sys.argv[1], stream="data")
+    et.log({"a": 1}); et.log({"a": 2})
+    et.get_run().history.flush()
+    if sys.argv[2] == "crash":
+        os._exit(9)
+    et.finish()
+    """
+    rc, _, _ = _finish(_spawn(code, str(tmp_path / "runs"), "crash"))
+    assert rc == 9
+    rc, _, err = _finish(_spawn(code, str(tmp_path / "runs"), "finish"))
+    assert rc == 0, err
+    lines = [line for line in err.splitlines() if "resuming" in line]
+    assert len(lines) == 1, err
+    assert "proj/r1 (stream data) at step 2" in lines[0]
+    assert "previous attempt: crashed" in lines[0]
+
+
+# ---------------------------------------------------------------- the lock comes first
+
+HOLDER = """
+import sys, time, expr_tracker as et
+et.init(project="proj", name="r1", dir=sys.argv[1], config={"lr": 0.1}, buffer_size=1,
+        buffer_interval=0)
+for i in range(5):
+    et.log({"x": i})
+et.get_run().history.flush()
+print("idle", flush=True)
+sys.stdin.readline()            # the test compares the files, then lets us write fast
+print("busy", flush=True)
+n = 5
+deadline = time.monotonic() + 60
+while time.monotonic() < deadline:
+    et.log({"x": n}); n += 1
+    if n % 20 == 0:
+        time.sleep(0.0005)
+    import select
+    if select.select([sys.stdin], [], [], 0)[0]:
+        break
+et.finish()
+print("rows", n, flush=True)
+"""
+
+
+def _state(run_dir: Path) -> dict[str, tuple[bytes, int]]:
+    return {p.name: (p.read_bytes(), p.stat().st_mtime_ns) for p in sorted(run_dir.iterdir())}
+
+
+@pytest.mark.slow
+def test_a_refused_second_process_touches_nothing_of_the_holder(tmp_path):
+    run_dir = tmp_path / "runs" / "proj" / "r1"
+    holder = subprocess.Popen(
+        [sys.executable, "-c", textwrap.dedent(HOLDER), str(tmp_path / "runs")],
+        stdin=subprocess.PIPE,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+    try:
+        assert holder.stdout.readline().strip() == "idle"
+        before = _state(run_dir)
+        assert {"run.json", "spec.json", "config.json", "metrics.jsonl"} <= set(before)
+        for kw in ({}, {"resume": "never"}, {"resume": "must"}, {"config": {"lr": 9}}):
+            with pytest.raises(et.RunLockedError) as info:
+                et.init(project="proj", name="r1", dir=str(tmp_path / "runs"), **kw)
+            msg = str(info.value)
+            assert f"pid={holder.pid}" in msg
+            assert "name=" in msg and "stream=" in msg and "wait" in msg
+        assert _state(run_dir) == before  # bytes and mtimes, every file
+        # while the holder appends as fast as it can, refused starts cut nothing
+        holder.stdin.write("go\n")
+        holder.stdin.flush()
+        assert holder.stdout.readline().strip() == "busy"
+        for _ in range(40):
+            with pytest.raises(et.RunLockedError):
+                et.init(project="proj", name="r1", dir=str(tmp_path / "runs"))
+        holder.stdin.write("stop\n")
+        holder.stdin.flush()
+        out, err = holder.communicate(timeout=60)
+    finally:
+        if holder.poll() is None:
+            holder.kill()
+            holder.wait()
+    assert holder.returncode == 0, err
+    n = int(re.search(r"rows (\d+)", out)[1])
+    assert "truncated" not in err and "deleted" not in err, err
+    rows = read_rows(run_dir / "metrics.jsonl")
+    assert [r["x"] for r in rows] == list(range(n))
+    assert json.loads((run_dir / "run.json").read_text())["status"] == "finished"
+    assert json.loads((run_dir / "config.json").read_text()) == {"lr": 0.1}
+
+
+RACER = """
+import sys, time, os, expr_tracker as et
+at = float(sys.argv[2])
+time.sleep(max(0.0, at - time.time()))
+try:
+    et.init(project="proj", name="race", dir=sys.argv[1], config={"pid": os.getpid()})
+except et.RunLockedError as e:
+    print("LOCKED", e, flush=True)
+    sys.exit(3)
+for i in range(50):
+    et.log({"pid": os.getpid(), "i": i})
+time.sleep(1.5)  # hold the run while the others try
+et.finish()
+print("WON", os.getpid(), flush=True)
+"""
+
+
+@pytest.mark.slow
+def test_racing_starts_of_a_new_run_one_wins_and_keeps_everything(tmp_path):
+    at = _next_second_plus(2.0)
+    procs = [_spawn(RACER, str(tmp_path / "runs"), at) for _ in range(4)]
+    results = [_finish(p) for p in procs]
+    codes = sorted(rc for rc, _, _ in results)
+    assert codes == [0, 3, 3, 3], [(rc, out, err) for rc, out, err in results]
+    (winner,) = [int(out.split()[1]) for rc, out, _ in results if rc == 0]
+    run_dir = tmp_path / "runs" / "proj" / "race"
+    rows = read_rows(run_dir / "metrics.jsonl")
+    assert [(r["pid"], r["i"]) for r in rows] == [(winner, i) for i in range(50)]
+    assert json.loads((run_dir / "config.json").read_text()) == {"pid": winner}
+    info = json.loads((run_dir / "run.json").read_text())
+    assert info["status"] == "finished" and info["pid"] == winner
+    assert "previous_attempts" not in info
+    for _, _, err in results:
+        assert "deleted" not in err and "truncated" not in err, err
+
+
+def test_a_failed_start_removes_only_what_it_created(tmp_path, monkeypatch):
+    """Another producer that appears in the run directory while this start fails keeps
+    its files; the failed start leaves none of its own."""
+    import expr_tracker.build as build_mod
+
+    runs = tmp_path / "runs"
+    other = """
+    import sys, expr_tracker as et
+    et.init(project="proj", name="r1", dir=sys.argv[1], stream="other")
+    et.log({"o": 1})
+    et.finish()
+    """
+    real = build_mod._build_spans
+
+    def spans_then_fail(*args, **kwargs):
+        real(*args, **kwargs)
+        rc, _, err = _finish(_spawn(other, str(runs)))
+        assert rc == 0, err
+        raise RuntimeError("construction fails after another producer started")
+
+    monkeypatch.setattr(build_mod, "_build_spans", spans_then_fail)
+    with pytest.raises(RuntimeError, match="construction fails"):
+        et.init(project="proj", name="r1", dir=str(runs))
+    run_dir = runs / "proj" / "r1"
+    names = sorted(p.name for p in run_dir.iterdir())
+    assert [r["o"] for r in read_rows(run_dir / "metrics.other.jsonl")] == [1]
+    assert "run.other.json" in names and "config.other.json" in names
+    assert not [n for n in names if n.startswith(("metrics.jsonl", "run.json", "summary.json"))]
+    assert "config.json" not in names
+    monkeypatch.undo()
+    et.init(project="proj", name="r1", dir=str(runs), resume="never")  # nothing half-made
+    et.finish()
+
+
+# ---------------------------------------------------------------- bounded names
+
+
+@pytest.mark.parametrize(
+    "field,value,limit",
+    [("name", "n" * 201, "200"), ("project", "p" * 201, "200"), ("stream", "s" * 65, "64")],
+)
+def test_too_long_names_are_spec_errors_naming_field_and_limit(tmp_path, field, value, limit):
+    kw = {"project": "proj", "name": "r1", "dir": str(tmp_path / "runs"), field: value}
+    with pytest.raises(SpecError) as info:
+        et.init(**kw)
+    text = str(info.value)
+    assert field in [i.path for i in info.value.issues], text
+    assert f"at most {limit}" in text
+    assert not (tmp_path / "runs").exists()
+
+
+def test_longest_allowed_names_write_every_file(tmp_path, monkeypatch):
+    monkeypatch.setenv("RANK", "1234567")
+    run = et.init(
+        project="p" * 200,
+        name="é" * 100,  # 200 bytes in UTF-8
+        dir=str(tmp_path),
+        stream="s" * 64,
+        alert_rules=["x > 1 => warning: big"],
+    )
+    with et.span("step"):
+        et.log({"x": 2})
+    et.finish()
+    names = {p.name for p in run.dir.iterdir()}
+    suffix = "s" * 64 + ".rank1234567"
+    for kind in ("metrics", "spans", "alerts"):
+        assert f"{kind}.{suffix}.jsonl" in names, names
+    assert f"metrics.{suffix}.meta.json" in names and f"metrics.{suffix}.jsonl.lock" in names
+    assert f"run.{suffix}.json" in names and f"summary.{suffix}.json" in names
+
+
+@pytest.mark.parametrize("stream", ["rank1", "rank0", "RANK12"])
+def test_a_stream_named_like_a_rank_shard_is_rejected(tmp_path, stream):
+    with pytest.raises(SpecError) as info:
+        et.init(project="proj", name="r1", dir=str(tmp_path / "runs"), stream=stream)
+    assert "stream" in [i.path for i in info.value.issues]
+    assert "rank suffix" in str(info.value)
+    assert not (tmp_path / "runs").exists()
+    from expr_tracker.history.paths import resolve_run_path
+
+    (tmp_path / "d").mkdir()
+    with pytest.raises(ValueError, match="rank suffix"):
+        resolve_run_path(tmp_path / "d", stream=stream)
