@@ -662,8 +662,7 @@ class AlertsSpec(BaseModel):
 
 
 class RunSpec(BaseModel):
-    """Everything a run does. ``name`` None is filled by ``resolve()``: a timestamp and a
-    random suffix, the same in every rank of one ``torchrun`` launch."""
+    """Everything a run does. ``name`` None gets a unique default from ``resolve()``."""
 
     model_config = _FORBID
 
