@@ -244,6 +244,12 @@ class _Attempt:
             self.lock_path = lock_path_of(metrics_path)
             self._guard_fd = os.dup(fd) if fd is not None else None
             return
+        warner.warn(
+            ("lock",),
+            "expr_tracker: %s keeps disappearing while the lock is taken; training continues "
+            "without the one-writer lock",
+            self.run_dir,
+        )
 
     def _make_dirs(self) -> None:
         missing = []
