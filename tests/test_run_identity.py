@@ -299,6 +299,7 @@ et.init(project="proj", name="r1", dir=sys.argv[1], config={"lr": 0.1}, buffer_s
 for i in range(5):
     et.log({"x": i})
 et.get_run().history.flush()
+et.get_run().summary.save()
 print("idle", flush=True)
 sys.stdin.readline()            # the test compares the files, then lets us write fast
 print("busy", flush=True)
@@ -333,7 +334,15 @@ def test_a_refused_second_process_touches_nothing_of_the_holder(tmp_path):
     try:
         assert holder.stdout.readline().strip() == "idle"
         before = _state(run_dir)
-        assert {"run.json", "spec.json", "config.json", "metrics.jsonl"} <= set(before)
+        assert set(before) == {
+            "run.json",
+            "spec.json",
+            "config.json",
+            "summary.json",
+            "metrics.jsonl",
+            "metrics.meta.json",
+            "metrics.jsonl.lock",
+        }
         for kw in ({}, {"resume": "never"}, {"resume": "must"}, {"config": {"lr": 9}}):
             with pytest.raises(et.RunLockedError) as info:
                 et.init(project="proj", name="r1", dir=str(tmp_path / "runs"), **kw)
