@@ -54,8 +54,10 @@ def init(
     """Start a run and make it the current one.
 
     Args:
-        project, name: where the run lives: ``<dir>/<project>/<name>/`` (``name`` defaults
-            to a timestamp).
+        project, name: where the run lives: ``<dir>/<project>/<name>/`` (at most 200 bytes
+            each; ``name`` defaults to a timestamp plus a random suffix, the same in every
+            rank of one ``torchrun`` launch; an existing name is resumed, with one line on
+            stderr).
         spec: a run spec: a YAML/JSON/TOML path, a dict, or an OmegaConf DictConfig (e.g.
             ``cfg.tracker`` under Hydra; interpolations are resolved).
         config: the run's configuration (hyper-parameters), saved as ``config.json``; any
@@ -71,7 +73,8 @@ def init(
         RunAlreadyActiveError: a run is active in this process (call ``et.finish()`` first).
         SpecError: the spec is invalid (every problem listed, with its path and source).
         ResumeError: ``resume`` forbids what is on disk.
-        RunLockedError: another live process writes the same stream and rank.
+        RunLockedError: another live process writes the same stream and rank (nothing of
+            its files was read or touched).
     """
     global _run
     from expr_tracker.build import build

@@ -16,7 +16,8 @@ An app using the callback does not call ``et.init`` itself: at job start the cal
 
 Naming (a spec's own ``name``/``group`` wins where noted):
 
-- single run: ``name`` from the spec, else a timestamp; ``group`` from the spec.
+- single run: ``name`` from the spec, else the default (a timestamp and a random suffix);
+  ``group`` from the spec.
 - multirun: one run per job named ``<prefix>-<hydra.job.num>[-<hydra.job.override_dirname>]``
   where ``<prefix>`` is the spec's ``name`` or else the sweep's stamp: the last two parts of
   ``hydra.sweep.dir`` (``2024-05-01_12-00-00`` by default), followed by the launch time
