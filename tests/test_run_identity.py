@@ -102,6 +102,30 @@ def test_torchrun_default_name_rule():
     assert default_run_name(multi) == "torchrun-job_42"
 
 
+AGENT = """
+import os, subprocess, sys, time
+env = dict(os.environ, TORCHELASTIC_RUN_ID="launch-1", GROUP_WORLD_SIZE="1")
+child = [sys.executable, "-c", "from expr_tracker.spec.names import default_run_name as d; print(d())"]
+direct = subprocess.run(child, env=env, capture_output=True, text=True, check=True).stdout
+time.sleep(1.1)  # the wrapper starts in a later second than this "agent"
+wrapped = subprocess.run(
+    ["bash", "-c", 'exec_child() { "$@"; }; exec_child "$@"', "bash", *child],
+    env=env, capture_output=True, text=True, check=True,
+).stdout
+print(direct.strip(), wrapped.strip())
+"""
+
+
+@pytest.mark.skipif(not Path("/proc/self/environ").exists(), reason="needs /proc")
+def test_torchrun_name_comes_from_the_agent_also_through_a_wrapper(tmp_path):
+    """A rank started through a wrapper script (torchrun --no-python bash run.sh) finds the
+    same agent, hence the same name, as a rank started directly."""
+    rc, out, err = _finish(_spawn(AGENT))
+    assert rc == 0, err
+    direct, wrapped = out.split()
+    assert direct == wrapped and re.fullmatch(NAME_RE, direct)
+
+
 # ---------------------------------------------------------------- Hydra without the callback
 
 HYDRA_APP = """

@@ -10,14 +10,15 @@ The rule (also in docs/streams.md, "Run identity"):
   ``torchrun`` gives every rank of a launch (a fresh uuid per launch for ``--standalone`` and
   single-node launches; the ``--rdzv-id`` you pass otherwise). The time is the start time of
   the ``torchrun`` agent, the ranks' parent process (read from ``/proc``, Linux), so it is the
-  same in every rank of the node. When the id is the static default ``none`` the hash is
-  taken over the agent's host, pid and start time instead, so two launches still differ.
+  same in every rank of the node: the agent is the nearest ancestor process that was not
+  itself started with that ``TORCHELASTIC_RUN_ID``, so a wrapper script between the agent
+  and Python (``torchrun --no-python bash run.sh``) and a DataLoader worker forked by a rank
+  find the same one. When the id is the static default ``none`` the hash is taken over the
+  agent's host, pid and start time instead, so two launches still differ.
 - Fallbacks: where the agent's start time cannot be read (not Linux), the name is
   ``torchrun-xxxxxx`` (the hash alone). On several nodes (``GROUP_WORLD_SIZE`` > 1) the
   agents start at different moments, so the name is ``torchrun-<rdzv id>``: pass the same
-  ``--rdzv-id`` (a job id) on every node, or give ``name=``. Ranks started through a wrapper
-  process between the agent and Python (``torchrun --no-python bash run.sh``) see the
-  wrapper as their parent: give ``name=`` there.
+  ``--rdzv-id`` (a job id) on every node, or give ``name=``.
 - Inside a Hydra multirun job under ``torchrun`` the job number is appended (``-3``), so the
   jobs of one sweep stay apart.
 
@@ -55,16 +56,16 @@ def default_run_name(environ: Mapping[str, str] | None = None) -> str:
 
 
 def _torchrun_name(env: Mapping[str, str]) -> str:
-    run_id = str(env.get("TORCHELASTIC_RUN_ID", "")).strip()
-    ppid = os.getppid()
-    agent = _process_start(ppid)
-    if run_id.lower() not in _NO_RUN_ID:
+    run_id = str(env.get("TORCHELASTIC_RUN_ID", ""))
+    agent_pid = _agent_pid(run_id)
+    agent = _process_start(agent_pid)
+    if run_id.strip().lower() not in _NO_RUN_ID:
         if _int(env.get("GROUP_WORLD_SIZE")) > 1:  # several nodes: only the id is shared
             safe = _UNSAFE.sub("_", run_id).strip("._")[:64] or _digest(run_id)
             return f"torchrun-{safe}"
         key = run_id
     else:
-        key = f"{socket.gethostname()}:{ppid}:{agent[0] if agent else ''}"
+        key = f"{socket.gethostname()}:{agent_pid}:{agent[0] if agent else ''}"
     suffix = _digest(key)
     if agent is None:
         return f"torchrun-{suffix}"
@@ -80,6 +81,30 @@ def _int(value: str | None) -> int:
         return int(value) if value is not None else 0
     except ValueError:
         return 0
+
+
+def _agent_pid(run_id: str) -> int:
+    """The pid of the torchrun agent: the nearest ancestor that was not started with this
+    ``TORCHELASTIC_RUN_ID`` (so a wrapper script between the agent and Python, or a
+    DataLoader worker forked by a rank, finds the same agent as the rank itself). The
+    parent process where ``/proc`` cannot say."""
+    marker = f"TORCHELASTIC_RUN_ID={run_id}".encode("utf-8", "surrogateescape")
+    pid = os.getppid()
+    for _ in range(32):
+        try:
+            with open(f"/proc/{pid}/environ", "rb") as f:
+                started_with_it = marker in f.read().split(b"\0")
+            if not started_with_it:
+                return pid
+            with open(f"/proc/{pid}/stat", "rb") as f:
+                stat = f.read()
+            parent = int(stat[stat.rindex(b")") + 2 :].split()[1])  # field 4, ppid
+        except (OSError, ValueError, IndexError):
+            return pid
+        if parent <= 1:
+            return pid
+        pid = parent
+    return pid
 
 
 def _process_start(pid: int) -> tuple[int, float] | None:
