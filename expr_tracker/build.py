@@ -388,7 +388,11 @@ def _construct(
         warner.warn(("run.json",), "expr_tracker: cannot write %s (%s)", info_path, exc)
 
     config = normalize_config(spec.config, warner)
-    _write_json(run_dir / file_name("config", stream), config, warner)
+    # credentials hidden on disk (a Hydra app's whole cfg may carry the tracker's webhook
+    # URL); hyper-parameters kept as they are (redact_config)
+    from expr_tracker.spec.errors import redact_config
+
+    _write_json(run_dir / file_name("config", stream), redact_config(config), warner)
     # spec.json once per run: the main producer writes it; another stream or rank writes it
     # only when the run has none yet (its own spec is in its run*.json's neighbours anyway)
     spec_path = run_dir / "spec.json"
