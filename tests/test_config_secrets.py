@@ -203,7 +203,9 @@ def test_raw_password_with_at_sign_only_is_sent(tmp_path, caplog, capfd, failing
     if any(c in password for c in "/#?"):
         pytest.skip("covered by test_raw_password_that_splits_the_url_is_rejected")
     port = failing_server.server_address[1]
-    channels = {"served": {"type": "webhook", "url": f"http://{USER}:{password}@127.0.0.1:{port}/h"}}
+    channels = {
+        "served": {"type": "webhook", "url": f"http://{USER}:{password}@127.0.0.1:{port}/h"}
+    }
     (record,) = run_and_collect(tmp_path, channels, password, caplog, capfd)
     assert "HTTP 500" in record["error"]
     assert failing_server.seen[0][1] == f"{USER}:{password}"
