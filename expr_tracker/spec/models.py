@@ -335,7 +335,11 @@ class HistorySpec(BaseModel):
 
 
 class PluginSpec(_RedactedRepr, BaseModel):
-    """A span plugin named by its registered ``type`` (``cpu_time``, ``torch_memory``, ...)."""
+    """A span plugin named by its registered ``type`` (``cpu_time``, ``torch_memory``, ...).
+    ``options`` are checked by name and type when ``et.init`` or ``et config validate``
+    runs: ``gpu_stats`` takes ``index`` (an integer >= 0) and ``interval`` (seconds > 0),
+    ``torch_memory`` takes ``device`` (null, an index, ``cuda`` or ``cuda:N``), ``cpu_time``
+    none."""
 
     model_config = _FORBID
     __redacted_fields__ = {"options": redact_options}
@@ -508,9 +512,10 @@ _PolicyOverridesField = Annotated[PolicyOverrides, AfterValidator(_check_overrid
 
 class ChannelSpec(_RedactedRepr, BaseModel):
     """One alert destination. ``name`` defaults to ``type`` (give names to have several
-    channels of one type). The delivery code checks that ``type`` is registered.
-    ``repr()``/``str()`` hide ``url``, ``secret``, header values and secret-looking options
-    (an SMTP ``password``)."""
+    channels of one type). ``type``, the names and types of ``options`` and ``url`` are
+    checked when ``et.init`` or ``et config validate`` runs, also for a channel that is
+    disabled or off (``url_env`` unset); see docs/channels.md. ``repr()`` and ``str()`` hide
+    ``url``, ``secret``, header values and secret-looking options (an SMTP ``password``)."""
 
     model_config = _FORBID
     __redacted_fields__ = {"options": redact_options}
@@ -658,8 +663,8 @@ class AlertsSpec(BaseModel):
 
 class RunSpec(_RedactedRepr, BaseModel):
     """Everything a run does. ``name`` None is filled with a timestamp by ``resolve()``.
-    ``repr()``/``str()`` hide secrets (channel URLs and options, credentials in ``config``
-    and ``backends``)."""
+    ``repr()`` and ``str()`` hide secrets (channel URLs and options, credentials in
+    ``config`` and ``backends``)."""
 
     model_config = _FORBID
     __redacted_fields__ = {"config": redact_config, "backends": redact_options}
