@@ -237,6 +237,9 @@ def test_raw_password_that_splits_the_url_is_rejected(
     # (validate reads the file alone: with the URL in the environment the file is fine)
     assert main(["config", "validate", str(f)]) == (1 if source == "spec" else 0)
     assert main(["config", "show", str(f), "--format", "json"]) == 0
+    if source == "env":  # the commands that build the channels from the environment
+        assert main(["alert", "disk almost full", "--timeout", "5"]) == 2
+        assert main(["channels", "test", "--timeout", "5"]) != 0
     out, err_text = capsys.readouterr()
     if source == "spec":
         assert "alerts.channels.slack.url" in out.split("FAILED")[1]
