@@ -345,3 +345,33 @@ def test_validate_and_show_never_echo_header_or_smtp_secrets(tmp_path):
         cwd=tmp_path,  # not the checkout: the package under test is the one installed
     )
     assert_hidden(password, result.stdout, result.stderr, shown.stdout, shown.stderr)
+
+
+def test_config_json_hides_credentials_and_keeps_hyperparameters(tmp_path):
+    """config.json is the user's data: credentials go, everything else stays as written."""
+    token = "XoXb-T0KEN-7a1b2c3d"
+    config = {
+        "lr": 3e-4,
+        "max_tokens": 512,
+        "tokenizer": "bert-base-uncased",
+        "dataset_url": "https://huggingface.co/datasets/mnist",
+        "hf_token": token,
+        "slack_url": f"https://hooks.slack.com/services/T000/B000/{token}",
+        "db": f"postgresql://trainer:{token}@db.internal/runs",
+        "client": {"headers": {"X-Api": token}, "apiKey": token},
+        "tracker": {
+            "alerts": {"channels": [{"type": "webhook", "url": f"https://h.example/{token}"}]}
+        },
+    }
+    run = et.init(project="p", name="r", dir=str(tmp_path / "runs"), config=config)
+    et.finish()
+    text = (run.dir / "config.json").read_text()
+    assert token not in text and token not in repr(run.spec) + str(run.spec)
+    saved = json.loads(text)
+    assert saved["lr"] == 3e-4 and saved["max_tokens"] == 512
+    assert saved["tokenizer"] == "bert-base-uncased"
+    assert saved["dataset_url"] == "https://huggingface.co/datasets/mnist"
+    assert saved["slack_url"] == "https://hooks.slack.com/***"
+    assert saved["db"] == "postgresql://***@db.internal/runs"
+    assert saved["tracker"]["alerts"]["channels"][0] == {"type": "webhook", "url": "***"}
+    assert run.config["hf_token"] == token  # the run's own copy in memory is the user's

@@ -30,6 +30,7 @@ __all__ = [
     "display_value",
     "is_credential_key",
     "is_secret_key",
+    "is_webhook_url",
     "issues_from_validation_error",
     "join_path",
     "mask_url_credentials",
@@ -171,10 +172,43 @@ def is_credential_key(key: Any) -> bool:
 def mask_url_credentials(text: str) -> str:
     """``text`` with the ``user:password@`` of every URL in it replaced by ``***@``, read
     conservatively: up to the last ``@`` of the URL, so a raw password holding ``/ ? # @``
-    is covered."""
-    if "://" not in text or "@" not in text:
+    is covered; a string that is a webhook URL (``is_webhook_url``) keeps only its scheme
+    and host (``https://hooks.slack.com/***``)."""
+    if "://" not in text:
         return text
-    return _URL_CREDENTIALS.sub(lambda m: f"{m.group('scheme')}***@", text)
+    if "@" in text:
+        text = _URL_CREDENTIALS.sub(lambda m: f"{m.group('scheme')}***@", text)
+    if is_webhook_url(text):
+        from urllib.parse import urlsplit
+
+        try:
+            host = urlsplit(text).hostname or ""
+        except ValueError:
+            host = ""
+        return f"{text.split('://', 1)[0]}://{host or '***'}/***"
+    return text
+
+
+_HOOK_WORDS = ("hook", "/bot", "robot", "/services/", "/webhooks/")
+
+
+def is_webhook_url(text: str) -> bool:
+    """True when ``text`` is one http(s) URL that looks like a webhook (its token in the
+    path or query): ``hook``, ``bot``, ``robot`` or ``/services/`` in its host or path, or a
+    query parameter named like a credential (``access_token``, ``key``, ``sign``...)."""
+    from urllib.parse import parse_qsl, urlsplit
+
+    if not text.startswith(("http://", "https://")) or any(c.isspace() for c in text):
+        return False
+    try:
+        parts = urlsplit(text)
+    except ValueError:
+        return True  # unreadable: treat as secret
+    where = (parts.netloc + parts.path).lower()
+    if any(word in where for word in _HOOK_WORDS):
+        return True
+    names = [k for k, _ in parse_qsl(parts.query, keep_blank_values=True)]
+    return any(is_credential_key(k) or k.lower() in ("key", "sig", "sign") for k in names)
 
 
 def redact_config(value: Any, path: tuple = (), depth: int = 0) -> Any:
@@ -186,7 +220,9 @@ def redact_config(value: Any, path: tuple = (), depth: int = 0) -> Any:
     - a tracker channel carried inside the config (a Hydra app passing its whole ``cfg``,
       ``tracker.alerts.channels.<name>``) shows ``url`` and ``secret`` as ``***`` and its
       ``options`` as ``spec.json`` does (``redact_options``);
-    - the ``user:password@`` of a URL in any string is ``***@``.
+    - the ``user:password@`` of a URL in any string is ``***@``, and a string that is a
+      webhook URL (``is_webhook_url``: ``slack_url: https://hooks.slack.com/services/...``)
+      keeps only its scheme and host.
 
     ``value`` is plain data (mappings, lists, scalars); the result is a new structure."""
     if depth > 64:
