@@ -71,7 +71,9 @@ class _EchoHandler(http.server.BaseHTTPRequestHandler):
         if auth.startswith("Basic "):
             decoded = base64.b64decode(auth[6:]).decode("utf-8", "replace")
         self.server.seen.append((self.path, decoded))
-        body = f"error at {self.path} for {auth} ({decoded}) / {unquote(self.path)}".encode()
+        headers = "; ".join(f"{k}={v}" for k, v in self.headers.items() if k.startswith("X-"))
+        body = f"{headers} error at {self.path} for {auth} ({decoded}) / {unquote(self.path)}"
+        body = body.encode()
         self.send_response(500)
         self.send_header("Content-Length", str(len(body)))
         self.end_headers()
@@ -186,6 +188,9 @@ def test_webhook_password_never_echoed(tmp_path, caplog, capfd, failing_server, 
             "url": f"http://{USER}:{encoded}@127.0.0.1:{unreachable_port()}/hook/T0KEN-abcdef123",
         },
     }
+    if kind == "webhook":  # header values are secrets too (echoed back by the server)
+        for entry in channels.values():
+            entry["options"] = {"headers": {"X-Api-Key": password}}
     records = run_and_collect(tmp_path, channels, password, caplog, capfd)
     outcome = {r["channel"]: r for r in records}
     assert outcome["served"]["delivered"] is False and "HTTP 500" in outcome["served"]["error"]
