@@ -323,9 +323,10 @@ def configure_alert(**values: Any) -> None:
     and channels by name).
 
     Raises:
-        SpecError: an unknown key or a bad value (with its path and a suggestion), or a rule
-            that does not compile; nothing is kept from a call that raises.
-        ChannelConfigError: an unknown channel type or bad channel options.
+        SpecError: an unknown key or a bad value (with its path and a suggestion), a rule
+            that does not compile, or a channel of an unknown type or with bad options
+            (``alerts.channels.<name>.options.<key>``); nothing is kept from a call that
+            raises.
     """
     from expr_tracker.build import check
     from expr_tracker.spec import merge, resolve

@@ -75,9 +75,8 @@ def build(resolved: Any, *, environ: dict[str, str] | None = None) -> Run:
     calling ``et.init`` again in the same process works.
 
     Raises:
-        SpecError: an unknown span plugin type (with close matches).
-        RuleError: an alert rule that does not compile.
-        ChannelConfigError: an unknown channel type or bad channel options.
+        SpecError: everything :func:`check` finds (plugins, rules, channels), each problem
+            with its spec path.
         ResumeError: ``resume`` forbids what is on disk.
         RunLockedError: another live process writes the same stream and rank.
     """
@@ -91,10 +90,8 @@ def build(resolved: Any, *, environ: dict[str, str] | None = None) -> Run:
     metrics_path = run_dir / file_name("metrics", stream, file_rank)
     info_path = run_dir / file_name("run", stream, file_rank)
 
-    # 1. configuration checks: nothing on disk yet
-    # (channels are checked when delivery is attached: a failure there is undone like any
-    # other, and building them twice would say twice that an env-gated channel is off)
-    engine = check(resolved, env, stream=stream, rank=rank, channels=False)
+    # 1. configuration checks: nothing on disk yet; the same function as `et config validate`
+    engine = check(resolved, env, stream=stream, rank=rank)
 
     # 2. the one-writer lock comes before anything of the run directory is read, snapshotted
     # or undone: a refused process (RunLockedError) has touched nothing of the holder's
@@ -119,8 +116,14 @@ def build(resolved: Any, *, environ: dict[str, str] | None = None) -> Run:
         attempt.closers.append(lambda: _undo_runtime(run, engine))
         _build_spans(run, spec, run_dir, stream, file_rank, rank, warner)
         _build_alerts(run, spec, run_dir, stream, file_rank, rank, warner, engine)
-    except BaseException:
+    except BaseException as exc:
         attempt.undo()
+        from expr_tracker.alerts.channels import ChannelConfigError
+
+        if isinstance(exc, ChannelConfigError):  # the environment changed since check()
+            from expr_tracker.spec import SpecError
+
+            raise SpecError([_channel_issue(resolved, exc)]) from None
         raise
     attempt.done()
     if attempt.notice:
@@ -156,24 +159,106 @@ def check(
     rank: int = 0,
     channels: bool = True,
 ) -> Any:
-    """Everything a spec can get wrong beyond its schema, checked with no side effect:
-    span plugin types, alert rules (compiled) and channels (built, not started).
+    """Everything a spec can get wrong beyond its schema, checked with no side effect: span
+    plugins (types and options: each built-in plugin is constructed), alert rules (compiled)
+    and channels (types, options and URLs of every channel; the ones that are on built with
+    ``environ``, not started). ``et.init`` (through :func:`build`), ``et.configure_alert``
+    and ``et config validate`` all call this, so they accept and reject the same specs.
 
     Returns the alert engine with the rules compiled (None when alerts are disabled), for
-    :func:`build` to use. ``et.configure_alert`` calls this to fail at configuration time;
-    ``channels=False`` skips building the channels.
+    :func:`build` to use. ``channels=False`` skips the channels.
 
     Raises:
-        SpecError: unknown plugin types; rules that do not compile (every one listed).
-        ChannelConfigError: an unknown channel type or bad channel options.
+        SpecError: every problem found, each with its spec path
+            (``spans.plugins[0].options.interval``, ``alerts.rules.r.condition``,
+            ``alerts.channels.ops.options.port``), its source and ``file:line:column``.
     """
+    from expr_tracker.spec import SpecError
+
     spec = resolved.spec
     env = os.environ if environ is None else environ
-    _check_plugins(spec.spans)
-    engine = _make_engine(resolved, stream, rank)
-    if channels and engine is not None and spec.alerts.channels:
-        _check_channels(spec.alerts, env)
+    issues = _plugin_issues(resolved)
+    engine = None
+    try:
+        engine = _make_engine(resolved, stream, rank)
+    except SpecError as exc:
+        issues.extend(exc.issues)
+    if channels and spec.alerts.enabled and spec.alerts.channels:
+        issues.extend(_channel_issues(resolved, env))
+    if issues:
+        if engine is not None:
+            engine.close()
+        raise SpecError(issues)
     return engine
+
+
+def _location(resolved: Any, path: str) -> Any:
+    """``(file, line, column)`` of ``path``, else of its nearest enclosing value, else None."""
+    locations = getattr(resolved, "locations", None) or {}
+    while path:
+        if path in locations:
+            return locations[path]
+        cut = max(path.rfind("."), path.rfind("["))
+        path = path[:cut] if cut > 0 else ""
+    return None
+
+
+def _issue(resolved: Any, path: str, message: str, **extra: Any) -> Any:
+    from expr_tracker.spec import SpecIssue
+
+    source = resolved.source_of(path) if hasattr(resolved, "source_of") else None
+    return SpecIssue(
+        path=path,
+        message=message,
+        source=source,
+        location=_location(resolved, path),
+        **extra,
+    )
+
+
+def _plugin_issues(resolved: Any) -> list[Any]:
+    """Span plugins: unknown types (with close matches), unknown options and options of the
+    wrong type, each a SpecIssue at ``spans.plugins[i].<field>`` (nothing built is kept)."""
+    entries = list(resolved.spec.spans.plugins or ())
+    if not any(getattr(e, "type", None) is not None for e in entries):
+        return []
+    from expr_tracker.spans.recorder import plugin_problems
+
+    issues = []
+    for p in plugin_problems(entries):
+        path = f"spans.plugins[{p['index']}].{p['field']}"
+        extra = {"suggestion": p.get("suggestion")}
+        if "value" in p:
+            extra["value"] = p["value"]
+        issues.append(_issue(resolved, path, p["message"], **extra))
+    return issues
+
+
+def _channel_path(name: Any, field: str | None) -> str:
+    from expr_tracker.spec.errors import join_path
+
+    path = join_path("alerts.channels", name)
+    for part in (field or "").split(".") if field else ():
+        path = join_path(path, part)
+    return path
+
+
+def _channel_issue(resolved: Any, exc: Any) -> Any:
+    """A SpecIssue for a ``ChannelConfigError`` (its text never holds a secret)."""
+    name = getattr(exc, "channel", None)
+    if name is None:
+        return _issue(resolved, "alerts.channels", str(exc))
+    return _issue(resolved, _channel_path(name, exc.field), exc.problem or str(exc))
+
+
+def _channel_issues(resolved: Any, env: Any) -> list[Any]:
+    """Every channel's problems (``alerts.channels.channel_problems``) as SpecIssues."""
+    from expr_tracker.alerts.channels import channel_problems
+
+    issues = []
+    for channel in resolved.spec.alerts.channels:
+        issues.extend(_channel_issue(resolved, exc) for exc in channel_problems(channel, env))
+    return issues
 
 
 class _Attempt:
@@ -363,44 +448,6 @@ def _announce(line: str) -> None:
         pass
 
 
-def _check_plugins(spans: Any) -> None:
-    """Unknown span plugin types fail as a SpecError with close matches (nothing built)."""
-    entries = [
-        (i, e) for i, e in enumerate(spans.plugins or ()) if getattr(e, "type", None) is not None
-    ]
-    if not entries:
-        return
-    import difflib
-
-    from expr_tracker.spans.recorder import _plugin_types
-    from expr_tracker.spec import SpecError, SpecIssue
-
-    known = _plugin_types()
-    valid = sorted(k for k in known if k.islower())
-    issues = []
-    for i, e in entries:
-        if e.type in known:
-            continue
-        close = difflib.get_close_matches(e.type, valid, n=1)
-        issues.append(
-            SpecIssue(
-                path=f"spans.plugins[{i}].type",
-                message=f"unknown plugin; valid: {', '.join(valid)}",
-                value=e.type,
-                suggestion=f"did you mean `{close[0]}`?" if close else None,
-            )
-        )
-    if issues:
-        raise SpecError(issues)
-
-
-def _check_channels(alerts: Any, env: Any) -> None:
-    """Build (and discard) the channels once so bad channel config fails before any I/O."""
-    from expr_tracker.alerts.delivery import build_dispatcher
-
-    build_dispatcher(alerts, start=False, environ=env, console_fallback=False)
-
-
 def _construct(
     resolved: Any,
     spec: Any,
@@ -475,8 +522,12 @@ def _construct(
     # run-level files: rank 0 only (the other ranks keep their run/summary/shard files and
     # never overwrite rank 0's). config[.S].json by rank 0 of each stream; spec.json by rank 0
     # of the main stream, or by rank 0 of another stream while the run has none yet
+    # credentials hidden on disk (a Hydra app's whole cfg may carry the tracker's webhook
+    # URL); hyper-parameters kept as they are (redact_config)
     if file_rank == 0:
-        attempt.write_shared(run_dir / file_name("config", stream), config, warner)
+        from expr_tracker.spec.errors import redact_config
+
+        attempt.write_shared(run_dir / file_name("config", stream), redact_config(config), warner)
         spec_path = run_dir / "spec.json"
         if not stream or not spec_path.exists():
             try:
@@ -614,8 +665,11 @@ def _rule_issue(resolved: Any, index: int, rule: Any, exc: Exception) -> Any:
     # the spec names entries of `alerts.rules` by name; a one-line string rule is its own name
     name = rule if isinstance(rule, str) else getattr(rule, "name", None)
     base = join_path("alerts.rules", name) if name else f"alerts.rules[{index}]"
-    path = base if isinstance(rule, str) else f"{base}.condition"
-    text = rule if isinstance(rule, str) else getattr(rule, "condition", None)
+    field = getattr(exc, "field", None) or "condition"
+    if field == "expr":
+        field = "condition"
+    path = base if isinstance(rule, str) else join_path(base, field)
+    text = rule if isinstance(rule, str) else getattr(rule, field, None)
     locations = getattr(resolved, "locations", {}) or {}
     return SpecIssue(
         path=path,

@@ -26,7 +26,13 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from typing import Any
 
-from expr_tracker.alerts.channels.base import Channel, DeliveryError, SendResult
+from expr_tracker.alerts.channels.base import (
+    Channel,
+    DeliveryError,
+    SendResult,
+    opt_int,
+    opt_number,
+)
 from expr_tracker.alerts.message import AlertMessage
 
 __all__ = ["AlertCapture", "FakeClock", "InMemoryChannel", "WebhookServer", "capture_alerts"]
@@ -41,6 +47,11 @@ class InMemoryChannel(Channel):
 
     kind = "memory"
     option_names = frozenset({"fail_times", "status", "retry_after"})
+    option_checks = {
+        "fail_times": opt_int(0),
+        "status": opt_int(100, 599),
+        "retry_after": opt_number(0.0),
+    }
     _instances: weakref.WeakValueDictionary[str, InMemoryChannel] = weakref.WeakValueDictionary()
 
     def __init__(self, name: str | None = "memory", **kwargs: Any) -> None:

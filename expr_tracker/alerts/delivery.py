@@ -34,7 +34,8 @@ import traceback as _traceback
 from collections.abc import Iterable, Mapping
 from typing import Any
 
-from expr_tracker.alerts.channels import ChannelConfigError, create_channel
+from expr_tracker.alerts.channels import create_channel
+from expr_tracker.alerts.channels.base import config_error
 from expr_tracker.alerts.dispatch import Dispatcher, Policy, event_to_message
 from expr_tracker.alerts.message import AlertMessage, normalize_level
 
@@ -119,9 +120,7 @@ def build_dispatcher(
             try:
                 policy = _channel_policy(spec, channel, channel_spec)
             except ValueError as exc:
-                raise ChannelConfigError(
-                    f"alerts.channels.{channel_spec.name}.policy: {exc}"
-                ) from None
+                raise config_error(channel_spec.name, "policy", str(exc)) from None
             lanes.append((channel, policy, channel_spec))
     d = Dispatcher(record=record, context=context, **dispatcher_kwargs)
     d.skipped = skipped

@@ -120,13 +120,10 @@ def detect_kind(path: str | Path) -> str:
 
 def cmd_validate(args: argparse.Namespace) -> int:
     """Exit codes: 0 every file valid, 1 any problem (including a missing file)."""
-    from expr_tracker.spec import validate_file
-
     failed = 0
     for file in args.files:
         kind = detect_kind(file) if args.kind == "auto" else args.kind
-        issues = validate_file(file, kind=kind)
-        issues += rule_issues(file, kind, issues)
+        issues = file_issues(file, kind)
         if not issues:
             print(
                 f"SUCCESS: {file} ({kind} spec)" if kind == "run" else f"SUCCESS: {file} (alerts)"
@@ -142,6 +139,36 @@ def cmd_validate(args: argparse.Namespace) -> int:
                 text = f"{file}: {text}"
             print(f"  {text}")
     return 1 if failed else 0
+
+
+def file_issues(file: str, kind: str, environ: Any = None) -> list:
+    """Every problem ``et.init(spec=file)`` would raise for ``file`` (an alerts file: as the
+    ``alerts`` section of a run spec), from the same checks: the schema, then
+    ``build.check`` (span plugins and their options, rules, channels with their options and
+    URLs; ``url_env``/``*_env`` variables read from ``environ``, default ``os.environ``).
+    Rule problems are shown as ``et rules check`` shows them (the column of the error in the
+    file); with a schema error, rules are still compiled so every problem shows at once."""
+    import os
+
+    from expr_tracker.build import check
+    from expr_tracker.spec import SpecError, SpecIssue
+    from expr_tracker.spec.load import resolve_file
+
+    try:
+        resolved = resolve_file(file, kind)
+    except SpecError as exc:
+        return exc.issues + rule_issues(file, kind, exc.issues)
+    try:
+        check(resolved, os.environ if environ is None else environ)
+    except SpecError as exc:
+        issues = exc.issues
+    except Exception as exc:  # noqa: BLE001 - et.init would raise it too: report, no traceback
+        return [SpecIssue("", f"cannot be checked: {type(exc).__name__}: {exc}")]
+    else:
+        return []
+    # the same problems, rules shown at their column (et rules check's wording)
+    located = {i.path: i for i in rule_issues(file, kind, [])}
+    return [located.get(i.path, i) if i.path.startswith("alerts.rules") else i for i in issues]
 
 
 def rule_issues(file: str, kind: str, found: list) -> list:

@@ -23,6 +23,22 @@ log = logging.getLogger("expr_tracker.spans")
 _MB = float(1 << 20)  # "mb" in metric names means MiB (2**20 bytes)
 
 
+class PluginOptionError(ValueError):
+    """A plugin option has the wrong type or value (raised by the constructor, so at
+    configuration time). ``option`` is its name, ``problem`` what is valid."""
+
+    def __init__(self, plugin: str, option: str, problem: str, value: Any) -> None:
+        shown = repr(value) if isinstance(value, (str, int, float)) else _type_name(value)
+        super().__init__(f"{plugin} option {option}: {problem}, got {shown}")
+        self.option = option
+        self.problem = problem
+        self.value = value
+
+
+def _type_name(value: Any) -> str:
+    return "null" if value is None else type(value).__name__
+
+
 # ---------------------------------------------------------------------- CpuTime
 
 
@@ -169,6 +185,19 @@ def _registry(device: int) -> _DeviceRegistry:
     return reg
 
 
+def _valid_device(device: Any) -> bool:
+    if device is None:
+        return True
+    if isinstance(device, bool):
+        return False
+    if isinstance(device, int):
+        return device >= 0
+    if isinstance(device, str):
+        kind, sep, index = device.partition(":")
+        return kind == "cuda" and (not sep or (index.isdigit() and index.isascii()))
+    return type(device).__name__ == "device" and getattr(device, "type", None) == "cuda"
+
+
 class TorchMemory:
     """What the CUDA caching allocator held during the span (MiB).
 
@@ -187,6 +216,15 @@ class TorchMemory:
     __slots__ = ("device", "_frames")
 
     def __init__(self, device: Any = None) -> None:
+        """Raises ``PluginOptionError`` for a ``device`` that is not None, an index >= 0,
+        ``"cuda"``, ``"cuda:N"`` or a ``torch.device``."""
+        if not _valid_device(device):
+            raise PluginOptionError(
+                "TorchMemory",
+                "device",
+                "must be null (the current device), an index >= 0, 'cuda' or 'cuda:N'",
+                device,
+            )
         self.device = device
         self._frames: dict[Any, _Frame] = {}
 
@@ -377,14 +415,25 @@ class GpuStats:
     with no sample (shorter than ``interval``) takes one live reading instead, whose
     utilisation is NVML's own rolling average. If the sampler stops or fails, unfinished
     spans report nothing rather than a partial window. Needs ``pip install
-    expr-tracker[gpu]``. Raises ``ValueError`` for a non-positive interval.
+    expr-tracker[gpu]``. Raises ``PluginOptionError`` (a ``ValueError``) for an ``index``
+    that is not an integer >= 0 or an ``interval`` that is not a positive number of seconds.
     """
 
     __slots__ = ("index", "interval", "_windows")
 
     def __init__(self, index: int = 0, interval: float = 0.1) -> None:
-        if not interval or interval <= 0:
-            raise ValueError(f"GpuStats interval must be positive seconds, got {interval!r}")
+        if isinstance(index, bool) or not isinstance(index, int) or index < 0:
+            raise PluginOptionError(
+                "GpuStats", "index", "must be a GPU index (an integer >= 0)", index
+            )
+        if (
+            isinstance(interval, bool)
+            or not isinstance(interval, (int, float))
+            or not 0 < interval < float("inf")
+        ):
+            raise PluginOptionError(
+                "GpuStats", "interval", "must be a positive number of seconds", interval
+            )
         self.index = int(index)
         self.interval = float(interval)
         self._windows: dict[Any, tuple[_Sampler, _Window]] = {}

@@ -20,7 +20,7 @@ import os
 import sys
 import threading
 import time
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Mapping
 from typing import Any
 
 import orjson
@@ -311,30 +311,102 @@ def _plugin_types() -> dict[str, Callable[..., Any]]:
     return PLUGIN_TYPES
 
 
-def resolve_plugins(entries: Iterable[Any]) -> list[Any]:
-    """Plugin objects from ``spans.plugins``: ``{type, options}`` entries are constructed
-    (types: ``cpu_time``, ``torch_memory``, ``gpu_stats`` or the class names); objects and
-    callables pass through. Raises ``ValueError`` naming an unknown type and the valid ones."""
-    out = []
+def plugin_problems(entries: Iterable[Any]) -> list[dict[str, Any]]:
+    """Every problem of the ``{type, options}`` entries of ``spans.plugins``, found by
+    constructing each plugin as the run would (the built-in constructors have no side
+    effect; objects and callables are not checked). Each problem is a dict: ``index``,
+    ``field`` (``type``, ``options`` or ``options.<name>``), ``message``, ``value`` (absent
+    when there is none to show) and ``suggestion`` (or None)."""
+    import difflib
+    import inspect
+
+    from expr_tracker.spans.plugins import PluginOptionError
+
     types = _plugin_types()
+    valid_types = sorted(k for k in types if k.islower())
+    out: list[dict[str, Any]] = []
     for i, e in enumerate(entries or ()):
-        kind = getattr(e, "type", None) if not callable(e) else None
-        if kind is None and isinstance(e, dict) and "type" in e:
-            kind = e["type"]
-            options = e.get("options") or {}
-        else:
-            options = getattr(e, "options", None) or {}
+        kind, options = _entry(e)
         if kind is None:
-            out.append(e)
             continue
         factory = types.get(kind)
         if factory is None:
-            valid = ", ".join(sorted(k for k in types if k.islower()))
-            raise ValueError(f"spans.plugins[{i}].type: unknown plugin {kind!r}; valid: {valid}")
+            close = difflib.get_close_matches(str(kind), valid_types, n=1)
+            out.append(
+                {
+                    "index": i,
+                    "field": "type",
+                    "message": f"unknown plugin; valid: {', '.join(valid_types)}",
+                    "value": kind,
+                    "suggestion": f"did you mean `{close[0]}`?" if close else None,
+                }
+            )
+            continue
+        if not isinstance(options, Mapping):
+            out.append(
+                {"index": i, "field": "options", "message": "must be a mapping", "value": options}
+            )
+            continue
         try:
-            out.append(factory(**options))
-        except TypeError as exc:
-            raise ValueError(f"spans.plugins[{i}].options: {exc}") from None
+            params = inspect.signature(factory).parameters
+        except (TypeError, ValueError):
+            params = None
+        if params is not None and not any(p.kind == p.VAR_KEYWORD for p in params.values()):
+            names = sorted(n for n in params if n != "self")
+            unknown = [k for k in options if k not in params]
+            for key in unknown:
+                close = difflib.get_close_matches(str(key), names, n=1)
+                out.append(
+                    {
+                        "index": i,
+                        "field": f"options.{key}",
+                        "message": f"unknown option of {kind} (valid: {', '.join(names) or 'none'})",
+                        "suggestion": f"did you mean `{close[0]}`?" if close else None,
+                    }
+                )
+            if unknown:
+                continue
+        try:
+            factory(**options)
+        except PluginOptionError as exc:
+            out.append(
+                {
+                    "index": i,
+                    "field": f"options.{exc.option}",
+                    "message": exc.problem,
+                    "value": exc.value,
+                }
+            )
+        except (TypeError, ValueError) as exc:
+            out.append({"index": i, "field": "options", "message": str(exc)})
+    return out
+
+
+def _entry(e: Any) -> tuple[Any, Any]:
+    """``(type, options)`` of a plugin entry; type None for a plugin object or callable."""
+    if isinstance(e, Mapping) and "type" in e:
+        return e["type"], e.get("options") or {}
+    if callable(e):
+        return None, None
+    return getattr(e, "type", None), getattr(e, "options", None) or {}
+
+
+def resolve_plugins(entries: Iterable[Any]) -> list[Any]:
+    """Plugin objects from ``spans.plugins``: ``{type, options}`` entries are constructed
+    (types: ``cpu_time``, ``torch_memory``, ``gpu_stats`` or the class names); objects and
+    callables pass through. Raises ``ValueError`` naming the first bad entry (an unknown
+    type, an unknown option, an option of the wrong type); ``build.check`` reports every
+    one as a ``SpecError`` first (``plugin_problems``)."""
+    entries = list(entries or ())
+    problems = plugin_problems(entries)
+    if problems:
+        p = problems[0]
+        raise ValueError(f"spans.plugins[{p['index']}].{p['field']}: {p['message']}")
+    types = _plugin_types()
+    out = []
+    for e in entries:
+        kind, options = _entry(e)
+        out.append(e if kind is None else types[kind](**options))
     return out
 
 

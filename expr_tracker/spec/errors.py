@@ -28,9 +28,14 @@ __all__ = [
     "SpecIssue",
     "describe_source",
     "display_value",
+    "is_credential_key",
     "is_secret_key",
+    "is_webhook_url",
     "issues_from_validation_error",
     "join_path",
+    "mask_url_credentials",
+    "redact_config",
+    "redact_options",
     "suggest",
 ]
 
@@ -117,6 +122,135 @@ def _redact(value: Any, depth: int = 0) -> Any:
         if depth > 6:
             return "[...]"
         return [_redact(v, depth + 1) for v in value]
+    return value
+
+
+def redact_options(value: Any, depth: int = 0) -> Any:
+    """A free-form mapping of the tracker's own (channel or plugin ``options``, ``backends``)
+    as ``spec.json`` shows it: values under secret-looking keys (``is_secret_key``) and every
+    value of a ``headers`` mapping are ``***``; ``SecretStr`` values too. Other values are
+    kept as they are (objects are not converted)."""
+    if isinstance(value, (SecretStr, SecretBytes)):
+        return "***"
+    if depth > 64:
+        return value
+    if isinstance(value, Mapping):
+        return {
+            k: {h: "***" if v is not None else None for h, v in child.items()}
+            if str(k).lower() == "headers" and isinstance(child, Mapping)
+            else "***"
+            if is_secret_key(k) and child is not None
+            else redact_options(child, depth + 1)
+            for k, child in value.items()
+        }
+    if isinstance(value, (list, tuple)):
+        return [redact_options(v, depth + 1) for v in value]
+    return value
+
+
+#: words of a config key that name a credential (``hf_token``, ``smtpPassword``, ``api-key``)
+_CREDENTIAL_WORDS = frozenset(
+    "password passwd pwd passphrase secret token apikey credential credentials cookie "
+    "authorization auth signature privatekey webhook".split()
+)
+_WORD = re.compile(r"[A-Z]?[a-z0-9]+|[A-Z]+(?![a-z])")
+_URL_CREDENTIALS = re.compile(r"(?P<scheme>[A-Za-z][A-Za-z0-9+.\-]*://)(?P<userinfo>[^\s]*)@")
+
+
+def is_credential_key(key: Any) -> bool:
+    """True when a key of the user's own config names a credential: one of its words (split
+    at ``_ - .`` and camelCase) is password, secret, token, api key, auth, cookie,
+    credential, signature, private key or webhook. Narrower than ``is_secret_key`` so that
+    ``max_tokens`` or ``tokenizer`` stay readable in ``config.json``."""
+    if not isinstance(key, str):
+        return False
+    words = [w.lower() for w in _WORD.findall(key)]
+    pairs = {a + b for a, b in zip(words, words[1:], strict=False)}
+    return bool(_CREDENTIAL_WORDS.intersection(words) or _CREDENTIAL_WORDS.intersection(pairs))
+
+
+def mask_url_credentials(text: str) -> str:
+    """``text`` with the ``user:password@`` of every URL in it replaced by ``***@``, read
+    conservatively: up to the last ``@`` of the URL, so a raw password holding ``/ ? # @``
+    is covered; a string that is a webhook URL (``is_webhook_url``) keeps only its scheme
+    and host (``https://hooks.slack.com/***``)."""
+    if "://" not in text:
+        return text
+    if "@" in text:
+        text = _URL_CREDENTIALS.sub(lambda m: f"{m.group('scheme')}***@", text)
+    if is_webhook_url(text):
+        from urllib.parse import urlsplit
+
+        try:
+            host = urlsplit(text).hostname or ""
+        except ValueError:
+            host = ""
+        return f"{text.split('://', 1)[0]}://{host or '***'}/***"
+    return text
+
+
+_HOOK_WORDS = ("hook", "/bot", "robot", "/services/", "/webhooks/")
+
+
+def is_webhook_url(text: str) -> bool:
+    """True when ``text`` is one http(s) URL that looks like a webhook (its token in the
+    path or query): ``hook``, ``bot``, ``robot`` or ``/services/`` in its host or path, or a
+    query parameter named like a credential (``access_token``, ``key``, ``sign``...)."""
+    from urllib.parse import parse_qsl, urlsplit
+
+    if not text.startswith(("http://", "https://")) or any(c.isspace() for c in text):
+        return False
+    try:
+        parts = urlsplit(text)
+    except ValueError:
+        return True  # unreadable: treat as secret
+    where = (parts.netloc + parts.path).lower()
+    if any(word in where for word in _HOOK_WORDS):
+        return True
+    names = [k for k, _ in parse_qsl(parts.query, keep_blank_values=True)]
+    return any(is_credential_key(k) or k.lower() in ("key", "sig", "sign") for k in names)
+
+
+def redact_config(value: Any, path: tuple = (), depth: int = 0) -> Any:
+    """The user's ``config`` (``config.json``, the ``config`` of ``spec.json``-like views)
+    with credentials hidden and everything else kept, so hyper-parameters stay readable:
+
+    - a string under a credential key (``is_credential_key``) is ``***``;
+    - every value of a ``headers`` mapping is ``***``;
+    - a tracker channel carried inside the config (a Hydra app passing its whole ``cfg``,
+      ``tracker.alerts.channels.<name>``) shows ``url`` and ``secret`` as ``***`` and its
+      ``options`` as ``spec.json`` does (``redact_options``);
+    - the ``user:password@`` of a URL in any string is ``***@``, and a string that is a
+      webhook URL (``is_webhook_url``: ``slack_url: https://hooks.slack.com/services/...``)
+      keeps only its scheme and host.
+
+    ``value`` is plain data (mappings, lists, scalars); the result is a new structure."""
+    if depth > 64:
+        return value
+    if isinstance(value, (SecretStr, SecretBytes)):
+        return "***"
+    if isinstance(value, str):
+        return mask_url_credentials(value)
+    in_channel = len(path) >= 3 and path[-3] == "alerts" and path[-2] == "channels"
+    if isinstance(value, Mapping):
+        out = {}
+        for k, child in value.items():
+            key = str(k).lower()
+            if child is None:
+                out[k] = None
+            elif in_channel and key in ("url", "secret"):
+                out[k] = "***"
+            elif in_channel and key == "options":
+                out[k] = redact_options(child)
+            elif key == "headers" and isinstance(child, Mapping):
+                out[k] = {h: "***" if v is not None else None for h, v in child.items()}
+            elif is_credential_key(k) and isinstance(child, (str, SecretStr, SecretBytes)):
+                out[k] = "***"
+            else:
+                out[k] = redact_config(child, (*path, k), depth + 1)
+        return out
+    if isinstance(value, (list, tuple)):
+        return [redact_config(v, (*path, i), depth + 1) for i, v in enumerate(value)]
     return value
 
 

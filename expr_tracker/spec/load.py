@@ -65,6 +65,7 @@ __all__ = [
     "merge",
     "merge_layers",
     "resolve",
+    "resolve_file",
     "spec_layer",
     "validate_file",
 ]
@@ -1022,13 +1023,36 @@ def validate_file(path: str | os.PathLike, kind: str = "run") -> list[SpecIssue]
     Raises:
         ValueError: ``kind`` is neither ``"run"`` nor ``"alerts"``.
     """
+    try:
+        resolve_file(path, kind)
+    except SpecError as exc:
+        return exc.issues
+    return []
+
+
+def resolve_file(path: str | os.PathLike, kind: str = "run") -> ResolvedSpec:
+    """One spec file on its own (no environment, no other source) as a ``ResolvedSpec``,
+    for ``et config validate`` to run the checks ``et.init`` runs (``build.check``).
+
+    Args:
+        path: a YAML/JSON/TOML file.
+        kind: ``"run"`` (a whole RunSpec) or ``"alerts"`` (the alerts section, or a mapping
+            with an ``alerts`` key).
+
+    Raises:
+        SpecError: every problem (YAML problems carry ``location``).
+        ValueError: ``kind`` is neither ``"run"`` nor ``"alerts"``.
+    """
     if kind not in ("run", "alerts"):
         raise ValueError(f"kind must be 'run' or 'alerts', not {kind!r}")
     file = os.fspath(path)
-    try:
-        layer = _file_layer(file, f"file:{file}", kind)
-    except SpecError as exc:
-        return exc.issues
+    layer = _file_layer(file, f"file:{file}", kind)
     merged, sources, locations = merge_layers([layer])
-    _, issues = _validate(merged, sources, locations, [layer])
-    return issues
+    model, issues = _validate(merged, sources, locations, [layer])
+    if issues or model is None:
+        raise SpecError(issues)
+    final = {
+        p: sources.get(p) or _nearest(sources, p) or "default"
+        for p, _ in _leaves("", model.model_dump())
+    }
+    return ResolvedSpec(model, final, dict(locations))

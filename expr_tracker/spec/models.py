@@ -34,6 +34,7 @@ from pydantic import (
 )
 from pydantic.json_schema import SkipJsonSchema
 
+from expr_tracker.spec.errors import redact_config, redact_options
 from expr_tracker.spec.units import Duration, OptionalDuration, Size
 
 __all__ = [
@@ -150,6 +151,20 @@ def named_entries(value: Any) -> Any:
 # --- shared pieces ------------------------------------------------------------------------
 
 _FORBID = ConfigDict(extra="forbid", frozen=True)
+
+
+class _RedactedRepr:
+    """Mixed into a model whose free-form fields may hold secrets: ``repr()`` and ``str()``
+    show those fields redacted (``__redacted_fields__``: field -> function), as ``spec.json`` does."""
+
+    __redacted_fields__: Any = {}
+
+    def __repr_args__(self) -> Any:
+        for name, value in super().__repr_args__():  # type: ignore[misc]
+            redact = self.__redacted_fields__.get(name)
+            yield name, (redact(value) if redact is not None and value is not None else value)
+
+
 _UNSAFE_NAME = re.compile(r"[/\\\x00-\x1f\x7f]")
 _STREAM = re.compile(r"^[A-Za-z0-9_\-]+$")
 _IDENTIFIER = re.compile(r"^[A-Za-z_][A-Za-z0-9_.\-]*$")
@@ -343,10 +358,15 @@ class HistorySpec(BaseModel):
 # --- spans --------------------------------------------------------------------------------
 
 
-class PluginSpec(BaseModel):
-    """A span plugin named by its registered ``type`` (``cpu_time``, ``torch_memory``, ...)."""
+class PluginSpec(_RedactedRepr, BaseModel):
+    """A span plugin named by its registered ``type`` (``cpu_time``, ``torch_memory``, ...).
+    ``options`` are checked by name and type when ``et.init`` or ``et config validate``
+    runs: ``gpu_stats`` takes ``index`` (an integer >= 0) and ``interval`` (seconds > 0),
+    ``torch_memory`` takes ``device`` (null, an index, ``cuda`` or ``cuda:N``), ``cpu_time``
+    none."""
 
     model_config = _FORBID
+    __redacted_fields__ = {"options": redact_options}
 
     type: _NonEmpty
     options: dict[str, Any] = Field(default_factory=dict)
@@ -514,11 +534,15 @@ def _check_override_nulls(value: BaseModel) -> BaseModel:
 _PolicyOverridesField = Annotated[PolicyOverrides, AfterValidator(_check_override_nulls)]
 
 
-class ChannelSpec(BaseModel):
+class ChannelSpec(_RedactedRepr, BaseModel):
     """One alert destination. ``name`` defaults to ``type`` (give names to have several
-    channels of one type). The delivery code checks that ``type`` is registered."""
+    channels of one type). ``type``, the names and types of ``options`` and ``url`` are
+    checked when ``et.init`` or ``et config validate`` runs, also for a channel that is
+    disabled or off (``url_env`` unset); see docs/channels.md. ``repr()`` and ``str()`` hide
+    ``url``, ``secret``, header values and secret-looking options (an SMTP ``password``)."""
 
     model_config = _FORBID
+    __redacted_fields__ = {"options": redact_options}
 
     type: Annotated[str, Field(pattern=_IDENTIFIER.pattern)] = Field(
         description="lark, slack, dingtalk, wecom, webhook, email, callable, console, memory (tests), "
@@ -661,10 +685,13 @@ class AlertsSpec(BaseModel):
 # --- the run ------------------------------------------------------------------------------
 
 
-class RunSpec(BaseModel):
-    """Everything a run does. ``name`` None gets a unique default from ``resolve()``."""
+class RunSpec(_RedactedRepr, BaseModel):
+    """Everything a run does. ``name`` None gets a unique default from ``resolve()``.
+    ``repr()`` and ``str()`` hide secrets (channel URLs and options, credentials in
+    ``config`` and ``backends``)."""
 
     model_config = _FORBID
+    __redacted_fields__ = {"config": redact_config, "backends": redact_options}
 
     project: Annotated[str, AfterValidator(_fs_name)] = "default"
     name: Optional[_FsName] = Field(

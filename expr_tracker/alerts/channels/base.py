@@ -42,7 +42,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any, ClassVar
 
-from expr_tracker.alerts.message import AlertMessage, redact_url, scrub
+from expr_tracker.alerts.message import AlertMessage, ambiguous_authority, redact_url, scrub
 
 __all__ = [
     "ATTEMPT_TIMEOUTS",
@@ -64,7 +64,55 @@ ATTEMPT_TIMEOUTS = 2
 
 
 class ChannelConfigError(ValueError):
-    """A channel is misconfigured (raised at configuration time, never while sending)."""
+    """A channel is misconfigured (raised at configuration time, never while sending).
+
+    ``str()`` is the whole message (``alerts.channels.<name>.<field>: <problem>``);
+    ``channel`` (the channel's name), ``field`` (dotted, relative to the channel:
+    ``options.port``, ``url``, ``type``; "" for the channel as a whole) and ``problem`` (the
+    message without its path) are set when the raiser knew them, for ``build.check`` to
+    turn into a ``SpecError`` naming the spec path. The text never holds a secret.
+    """
+
+    def __init__(
+        self,
+        message: str,
+        *,
+        channel: str | None = None,
+        field: str | None = None,
+        problem: str | None = None,
+    ) -> None:
+        super().__init__(message)
+        self.channel = channel
+        self.field = field
+        self.problem = problem
+
+
+def config_error(channel: str, field: str, problem: str) -> ChannelConfigError:
+    """``ChannelConfigError`` for ``alerts.channels.<channel>[.<field>]``: ``problem``."""
+    where = f"alerts.channels.{channel}" + (f".{field}" if field else "")
+    return ChannelConfigError(f"{where}: {problem}", channel=channel, field=field, problem=problem)
+
+
+_URL_HELP = (
+    "if it holds user:password, percent-encode the password's / ? # @ (%2F %3F %23 %40); "
+    "an @ in the path or query must be written %40"
+)
+
+
+def url_problem(url: str) -> str | None:
+    """Why ``url`` cannot be used as a webhook URL (None when it can); never echoes it."""
+    text = str(url)
+    if not text.startswith(("http://", "https://")):
+        return f"must start with http:// or https:// (got {redact_url(text) or '***'})"
+    if ambiguous_authority(text):
+        return "the host cannot be told apart from the credentials; " + _URL_HELP
+    try:
+        host = urllib.parse.urlsplit(text).hostname
+    except ValueError:
+        host = None
+    if not host:
+        return "has no host name"
+    return None
 
 
 class DeliveryError(Exception):
@@ -161,13 +209,104 @@ def split_userinfo(url: str) -> tuple[str, str | None]:
         parts = urllib.parse.urlsplit(url)
     except ValueError:
         return url, None
-    if "@" not in parts.netloc:
+    if "@" not in parts.netloc or ambiguous_authority(url):
         return url, None
     userinfo, _, hostport = parts.netloc.rpartition("@")
     user, _, password = userinfo.partition(":")
     raw = f"{urllib.parse.unquote(user)}:{urllib.parse.unquote(password)}".encode()
     clean = urllib.parse.urlunsplit(parts._replace(netloc=hostport))
     return clean, "Basic " + base64.b64encode(raw).decode("ascii")
+
+
+# -- option checks: each returns what is wrong with a value, or None; a value is shown only by
+# -- its type (an option may hold a secret), except for the words of a fixed choice
+
+
+def _type_name(value: Any) -> str:
+    return "null" if value is None else type(value).__name__
+
+
+def opt_str(value: Any) -> str | None:
+    """A string."""
+    return None if isinstance(value, str) else f"must be a string, got {_type_name(value)}"
+
+
+def opt_bool(value: Any) -> str | None:
+    """true or false (a quoted "false" is a string, and a non-empty string is true)."""
+    return None if isinstance(value, bool) else f"must be true or false, got {_type_name(value)}"
+
+
+def opt_int(low: int | None = None, high: int | None = None) -> Any:
+    """An integer (not a bool) within ``[low, high]``."""
+
+    def check(value: Any) -> str | None:
+        bounds = (
+            f" from {low} to {high}"
+            if low is not None and high is not None
+            else f" >= {low}"
+            if low is not None
+            else ""
+        )
+        if isinstance(value, bool) or not isinstance(value, int):
+            return f"must be an integer{bounds}, got {_type_name(value)}"
+        if (low is not None and value < low) or (high is not None and value > high):
+            return f"must be an integer{bounds}, got {value}"
+        return None
+
+    return check
+
+
+def opt_number(minimum: float = 0.0) -> Any:
+    """A finite number (not a bool) >= ``minimum``."""
+
+    def check(value: Any) -> str | None:
+        import math
+
+        if isinstance(value, bool) or not isinstance(value, (int, float)):
+            return f"must be a number >= {minimum:g}, got {_type_name(value)}"
+        if not math.isfinite(value) or value < minimum:
+            return f"must be a number >= {minimum:g}, got {value!r}"
+        return None
+
+    return check
+
+
+def opt_choice(*choices: str, fold_case: bool = False) -> Any:
+    """One of ``choices`` (compared case-insensitively with ``fold_case``)."""
+
+    def check(value: Any) -> str | None:
+        text = value.lower() if fold_case and isinstance(value, str) else value
+        valid = {c.lower() for c in choices} if fold_case else set(choices)
+        if isinstance(text, str) and text in valid:
+            return None
+        shown = repr(value) if isinstance(value, str) and len(value) <= 40 else _type_name(value)
+        return f"must be one of {', '.join(choices)}, got {shown}"
+
+    return check
+
+
+def opt_mapping(values: Any = None) -> Any:
+    """A mapping with string keys, each value passing ``values`` (a check) when given."""
+
+    def check(value: Any) -> str | None:
+        if not isinstance(value, Mapping):
+            return f"must be a mapping name -> value, got {_type_name(value)}"
+        for key, item in value.items():
+            if not isinstance(key, str) or not key:
+                return f"keys must be non-empty strings, got {_type_name(key)}"
+            problem = values(item) if values is not None else None
+            if problem:
+                return f"{key}: {problem}"
+        return None
+
+    return check
+
+
+def opt_scalar(value: Any) -> str | None:
+    """A string or a number (a header value)."""
+    if isinstance(value, bool) or not isinstance(value, (str, int, float)):
+        return f"must be a string or a number, got {_type_name(value)}"
+    return None
 
 
 class _NoRedirect(urllib.request.HTTPRedirectHandler):
@@ -359,6 +498,11 @@ def post_json(
         data = payload.encode("utf-8")
     else:
         data = json.dumps(payload, ensure_ascii=False, default=str).encode("utf-8")
+    if ambiguous_authority(url):  # urllib would send part of the password as host or path
+        raise DeliveryError(
+            "invalid URL: the host cannot be told apart from the credentials; " + _URL_HELP,
+            retryable=False,
+        )
     target, basic = split_userinfo(url)
     hidden = tuple(x for x in (url, target, basic, *secrets) if x)
     request = urllib.request.Request(target, data=data, method=method)
@@ -442,6 +586,9 @@ class Channel:
     #: policy fields this type runs with unless the configuration sets them (in
     #: ``alerts.policy`` or the channel's ``policy``), e.g. no rate limit for a local channel
     policy_defaults: ClassVar[Mapping[str, Any]] = {}
+    #: option -> ``check(value) -> problem or None`` (type and range; see ``option_checks``
+    #: helpers ``is_str``, ``is_bool``...); a None value is not checked (it means "default")
+    option_checks: ClassVar[Mapping[str, Any]] = {}
 
     def __init__(
         self,
@@ -455,23 +602,49 @@ class Channel:
         self.url = url or None
         self.secret = secret or None
         self.options = dict(options or {})
-        unknown = sorted(set(self.options) - set(self.option_names))
-        if unknown:
-            valid = ", ".join(sorted(self.option_names)) or "none"
-            raise ChannelConfigError(
-                f"alerts.channels.{self.name}.options: unknown option(s) "
-                f"{', '.join(unknown)} for a {self.kind} channel (valid: {valid})"
-            )
+        problems = self.option_problems(self.options)
+        if problems:
+            field, problem = problems[0]
+            raise config_error(self.name, field, problem)
         if self.needs_url and not self.url:
-            raise ChannelConfigError(
-                f"alerts.channels.{self.name}: a {self.kind} channel needs `url` "
-                "(or `url_env` naming a set environment variable)"
+            raise config_error(
+                self.name,
+                "",
+                f"a {self.kind} channel needs `url` (or `url_env` naming a set environment "
+                "variable)",
             )
-        if self.url and self.needs_url and not str(self.url).startswith(("http://", "https://")):
-            raise ChannelConfigError(
-                f"alerts.channels.{self.name}.url: must start with http:// or https:// "
-                f"(got {redact_url(self.url) or '***'})"
-            )
+        if self.url and self.needs_url:
+            problem = url_problem(self.url)
+            if problem is not None:
+                raise config_error(self.name, "url", problem)
+
+    @classmethod
+    def option_problems(cls, options: Mapping[str, Any]) -> list[tuple[str, str]]:
+        """Every problem of ``options`` that needs no environment and no network, as
+        ``(field, problem)`` pairs (``("options.port", "must be an integer, got 'x'")``):
+        unknown keys, then the checks of ``option_checks``. ``__init__`` raises the first;
+        ``build.check`` reports them all, also for a channel that is off."""
+        out: list[tuple[str, str]] = []
+        unknown = sorted(str(k) for k in set(options) - set(cls.option_names))
+        if unknown:
+            import difflib
+
+            valid = ", ".join(sorted(cls.option_names)) or "none"
+            for key in unknown:
+                close = difflib.get_close_matches(key, sorted(cls.option_names), n=1)
+                hint = f"; did you mean `{close[0]}`?" if close else ""
+                out.append(
+                    (
+                        f"options.{key}",
+                        f"unknown option for a {cls.kind} channel (valid: {valid}){hint}",
+                    )
+                )
+        for key, check in cls.option_checks.items():
+            if key in options and options[key] is not None:
+                problem = check(options[key])
+                if problem:
+                    out.append((f"options.{key}", problem))
+        return out
 
     # ---------------------------------------------------------------- contract
 

@@ -10,7 +10,12 @@ from __future__ import annotations
 import importlib
 from typing import Any
 
-from expr_tracker.alerts.channels.base import Channel, ChannelConfigError, DeliveryError, SendResult
+from expr_tracker.alerts.channels.base import (
+    Channel,
+    DeliveryError,
+    SendResult,
+    config_error,
+)
 from expr_tracker.alerts.message import AlertMessage
 
 __all__ = ["CallableChannel"]
@@ -21,6 +26,10 @@ class CallableChannel(Channel):
 
     kind = "callable"
     option_names = frozenset({"fn", "target"})
+    option_checks = {
+        "fn": lambda v: None if callable(v) else "must be a callable (from Python)",
+        "target": lambda v: _target_problem(v),
+    }
 
     def __init__(self, *args: Any, fn=None, **kwargs: Any) -> None:  # noqa: ANN001
         super().__init__(*args, **kwargs)
@@ -29,9 +38,11 @@ class CallableChannel(Channel):
         if fn is None and target:
             fn = _import(str(target), self.name)
         if not callable(fn):
-            raise ChannelConfigError(
-                f"alerts.channels.{self.name}.options: a callable channel needs `fn` (a "
-                "callable) or `target` ('package.module:function')"
+            raise config_error(
+                self.name,
+                "options",
+                "a callable channel needs `fn` (a callable) or `target` "
+                "('package.module:function')",
             )
         self.fn = fn
 
@@ -47,18 +58,30 @@ class CallableChannel(Channel):
         return getattr(self.fn, "__qualname__", type(self.fn).__name__)
 
 
-def _import(target: str, name: str) -> Any:
-    module_name, _, attr = target.partition(":")
+def _target_problem(value: Any) -> str | None:
+    if not isinstance(value, str):
+        return f"must be a string 'package.module:function', got {type(value).__name__}"
+    module_name, _, attr = value.partition(":")
     if not module_name or not attr:
-        raise ChannelConfigError(
-            f"alerts.channels.{name}.options.target: must look like 'package.module:function'"
-        )
+        return "must look like 'package.module:function'"
+    return None
+
+
+def _import(target: str, name: str) -> Any:
+    problem = _target_problem(target)
+    if problem:
+        raise config_error(name, "options.target", problem)
+    module_name, _, attr = target.partition(":")
     try:
         obj: Any = importlib.import_module(module_name)
         for part in attr.split("."):
             obj = getattr(obj, part)
     except (ImportError, AttributeError) as exc:
-        raise ChannelConfigError(
-            f"alerts.channels.{name}.options.target: cannot import {target!r} ({exc})"
+        raise config_error(name, "options.target", f"cannot import {target!r} ({exc})") from None
+    except Exception as exc:  # noqa: BLE001 - the module itself fails to import
+        raise config_error(
+            name, "options.target", f"cannot import {target!r} ({type(exc).__name__}: {exc})"
         ) from None
+    if not callable(obj):
+        raise config_error(name, "options.target", f"{target!r} is not callable")
     return obj

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from expr_tracker.alerts.channels.base import Channel, ChannelConfigError, SendResult
+from expr_tracker.alerts.channels.base import Channel, SendResult, opt_choice
 from expr_tracker.alerts.message import AlertMessage, format_value
 from expr_tracker.alerts.rules import LEVEL_STYLE
 
@@ -46,17 +46,19 @@ class ConsoleChannel(Channel):
 
     kind = "console"
     option_names = frozenset({"console", "stream"})
+    option_checks = {
+        "stream": opt_choice("stderr", "stdout"),
+        "console": lambda v: (
+            None if callable(getattr(v, "print", None)) else "must be a rich Console (from Python)"
+        ),
+    }
     #: local and free: printing is not rate-limited unless the configuration asks (dedup
     #: still applies); a token bucket here only held critical alerts behind info ones
     policy_defaults = {"rate_limit_per_minute": None}
 
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
-        stream = self.options.get("stream", "stderr")
-        if stream not in ("stderr", "stdout"):
-            raise ChannelConfigError(
-                f"alerts.channels.{self.name}.options.stream: must be 'stderr' or 'stdout'"
-            )
+        stream = self.options.get("stream") or "stderr"  # checked by option_checks
         self._console = self.options.get("console")
         self._stderr = stream == "stderr"
 

@@ -23,6 +23,7 @@ from expr_tracker.alerts.channels.base import (
     SendResult,
     check_code,
     fields_list,
+    opt_bool,
 )
 from expr_tracker.alerts.message import AlertMessage
 
@@ -62,6 +63,7 @@ class DingTalkChannel(HttpChannel):
 
     kind = "dingtalk"
     option_names = frozenset({"at_all"})
+    option_checks = {"at_all": opt_bool}
 
     def __init__(self, *args: Any, clock=time.time, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)

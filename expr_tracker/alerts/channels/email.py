@@ -25,10 +25,12 @@ from typing import Any
 
 from expr_tracker.alerts.channels.base import (
     Channel,
-    ChannelConfigError,
     DeliveryError,
     SendResult,
+    config_error,
     fields_list,
+    opt_bool,
+    opt_str,
 )
 from expr_tracker.alerts.message import AlertMessage, scrub
 
@@ -71,18 +73,39 @@ def render_html(message: AlertMessage) -> str:
     return "\n".join(parts)
 
 
-def _addresses(value: Any, what: str, name: str) -> list[str]:
-    if value is None:
-        return []
+def _split_addresses(value: Any) -> Any:
     if isinstance(value, str):
-        value = [v.strip() for v in value.split(",") if v.strip()]
+        return [v.strip() for v in value.split(",") if v.strip()]
+    return value
+
+
+def _address_problem(value: Any) -> str | None:
+    value = _split_addresses(value)
     if not isinstance(value, (list, tuple)) or not all(
         isinstance(v, str) and "@" in v for v in value
     ):
-        raise ChannelConfigError(
-            f"alerts.channels.{name}.options.{what}: must be an e-mail address or a list of them"
-        )
-    return list(value)
+        return "must be an e-mail address or a list of them"
+    return None
+
+
+def _one_address(value: Any) -> str | None:
+    if not isinstance(value, str) or "@" not in value:
+        return "must be an e-mail address"
+    return None
+
+
+def _port_problem(value: Any) -> str | None:
+    # a digit string is accepted: Hydra's ${oc.env:SMTP_PORT} gives one
+    if isinstance(value, str) and value.strip().isdigit():
+        value = int(value)
+    if isinstance(value, bool) or not isinstance(value, int) or not 0 < value < 65536:
+        shown = value if isinstance(value, int) else type(value).__name__
+        return f"must be an integer from 1 to 65535, got {shown}"
+    return None
+
+
+def _addresses(value: Any) -> list[str]:
+    return [] if value is None else list(_split_addresses(value))
 
 
 class EmailChannel(Channel):
@@ -106,48 +129,59 @@ class EmailChannel(Channel):
             "verify",
         }
     )
+    option_checks = {
+        "host": opt_str,
+        "port": _port_problem,
+        "ssl": opt_bool,
+        "starttls": opt_bool,
+        "username": opt_str,
+        "password": opt_str,
+        "password_env": opt_str,
+        "from_addr": _one_address,
+        "to": _address_problem,
+        "cc": _address_problem,
+        "subject_prefix": opt_str,
+        "ca_file": opt_str,
+        "verify": opt_bool,
+    }
 
     def __init__(self, *args: Any, environ: Mapping[str, str] | None = None, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
         o = self.options
         env = os.environ if environ is None else environ
+        # types were checked by Channel.__init__ (option_checks); what is required here
         self.host = o.get("host")
-        if not self.host or not isinstance(self.host, str):
-            raise ChannelConfigError(f"alerts.channels.{self.name}.options.host: is required")
-        self.ssl = bool(o.get("ssl", False))
-        self.starttls = bool(o.get("starttls", not self.ssl))
+        if not self.host:
+            raise config_error(self.name, "options.host", "is required")
+        self.ssl = bool(o.get("ssl") or False)
+        starttls = o.get("starttls")
+        self.starttls = (not self.ssl) if starttls is None else bool(starttls)
         if self.ssl and self.starttls:
-            raise ChannelConfigError(
-                f"alerts.channels.{self.name}.options: choose ssl or starttls, not both"
-            )
+            raise config_error(self.name, "options", "choose ssl or starttls, not both")
         default_port = 465 if self.ssl else (587 if self.starttls else 25)
-        try:
-            self.port = int(o.get("port", default_port))
-        except (TypeError, ValueError):
-            raise ChannelConfigError(
-                f"alerts.channels.{self.name}.options.port: must be an integer"
-            ) from None
+        port = o.get("port")
+        self.port = default_port if port is None else int(port)
         self.username = o.get("username")
         self._password = o.get("password")
         if o.get("password_env"):
             self._password = env.get(str(o["password_env"]))
             if self._password is None:
-                raise ChannelConfigError(
-                    f"alerts.channels.{self.name}.options.password_env: environment variable "
-                    f"{o['password_env']} is not set"
+                raise config_error(
+                    self.name,
+                    "options.password_env",
+                    f"environment variable {o['password_env']} is not set",
                 )
         self.from_addr = o.get("from_addr")
-        if not isinstance(self.from_addr, str) or "@" not in self.from_addr:
-            raise ChannelConfigError(
-                f"alerts.channels.{self.name}.options.from_addr: an e-mail address is required"
-            )
-        self.to = _addresses(o.get("to"), "to", self.name)
-        self.cc = _addresses(o.get("cc"), "cc", self.name)
+        if not self.from_addr:
+            raise config_error(self.name, "options.from_addr", "an e-mail address is required")
+        self.to = _addresses(o.get("to"))
+        self.cc = _addresses(o.get("cc"))
         if not self.to:
-            raise ChannelConfigError(f"alerts.channels.{self.name}.options.to: is required")
-        self.subject_prefix = str(o.get("subject_prefix", "[expr_tracker]"))
+            raise config_error(self.name, "options.to", "is required")
+        self.subject_prefix = str(o.get("subject_prefix") or "[expr_tracker]")
         self.ca_file = o.get("ca_file")
-        self.verify = bool(o.get("verify", True))
+        verify = o.get("verify")
+        self.verify = True if verify is None else bool(verify)
 
     def secrets(self) -> tuple[str, ...]:
         return super().secrets() + ((str(self._password),) if self._password else ())

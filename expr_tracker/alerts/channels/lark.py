@@ -6,7 +6,7 @@ The answer is ``{"code": 0, ...}`` (older bots: ``{"StatusCode": 0}``); code 112
 limited) is retried. User text goes into ``plain_text`` elements (no markup interpreted);
 field names and values into ``lark_md`` are escaped.
 
-Options: ``header_template`` (card colour; default by level), ``mentions_all`` (bool).
+Options: ``header_template`` (card colour, a string; default by level).
 """
 
 from __future__ import annotations
@@ -23,6 +23,7 @@ from expr_tracker.alerts.channels.base import (
     SendResult,
     check_code,
     fields_list,
+    opt_str,
 )
 from expr_tracker.alerts.message import AlertMessage
 
@@ -117,6 +118,7 @@ class LarkChannel(HttpChannel):
 
     kind = "lark"
     option_names = frozenset({"header_template"})
+    option_checks = {"header_template": opt_str}
 
     def __init__(self, *args: Any, clock=time.time, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)

@@ -17,6 +17,7 @@ from expr_tracker.alerts.channels.base import (
     SendResult,
     excerpt,
     fields_list,
+    opt_str,
 )
 from expr_tracker.alerts.message import AlertMessage
 
@@ -78,6 +79,7 @@ class SlackChannel(HttpChannel):
 
     kind = "slack"
     option_names = frozenset({"username", "icon_emoji", "channel"})
+    option_checks = {"username": opt_str, "icon_emoji": opt_str, "channel": opt_str}
 
     def payload(self, message: AlertMessage) -> dict[str, Any]:
         body = slack_blocks(message)

@@ -20,7 +20,14 @@ import os
 from collections.abc import Mapping
 from typing import Any
 
-from expr_tracker.alerts.channels.base import ChannelConfigError, HttpChannel
+from expr_tracker.alerts.channels.base import (
+    HttpChannel,
+    config_error,
+    opt_choice,
+    opt_mapping,
+    opt_scalar,
+    opt_str,
+)
 from expr_tracker.alerts.message import AlertMessage, safe_format
 
 __all__ = ["WebhookChannel", "render_template"]
@@ -49,33 +56,34 @@ class WebhookChannel(HttpChannel):
 
     kind = "webhook"
     option_names = frozenset({"template", "method", "headers", "headers_env", "content_type"})
+    option_checks = {
+        "method": opt_choice("POST", "PUT", "PATCH", fold_case=True),
+        "headers": opt_mapping(opt_scalar),
+        "headers_env": opt_mapping(opt_str),
+        "content_type": opt_str,
+    }
 
     def __init__(self, *args: Any, environ: Mapping[str, str] | None = None, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
         env = os.environ if environ is None else environ
-        method = str(self.options.get("method", "POST")).upper()
-        if method not in ("POST", "PUT", "PATCH"):
-            raise ChannelConfigError(
-                f"alerts.channels.{self.name}.options.method: must be POST, PUT or PATCH"
-            )
-        self.method = method
+        # types were checked by Channel.__init__ (option_checks)
+        self.method = str(self.options.get("method") or "POST").upper()
         headers = self.options.get("headers") or {}
         headers_env = self.options.get("headers_env") or {}
-        if not isinstance(headers, Mapping) or not isinstance(headers_env, Mapping):
-            raise ChannelConfigError(
-                f"alerts.channels.{self.name}.options.headers: must be a mapping name -> value"
-            )
         self._headers = {str(k): str(v) for k, v in headers.items()}
         for key, var in headers_env.items():
             value = env.get(str(var))
             if value is None:
-                raise ChannelConfigError(
-                    f"alerts.channels.{self.name}.options.headers_env.{key}: environment "
-                    f"variable {var} is not set"
+                raise config_error(
+                    self.name,
+                    f"options.headers_env.{key}",
+                    f"environment variable {var} is not set",
                 )
             self._headers[str(key)] = value
         self.template = self.options.get("template")
-        self.content_type = str(self.options.get("content_type", "application/json; charset=utf-8"))
+        self.content_type = str(
+            self.options.get("content_type") or "application/json; charset=utf-8"
+        )
 
     def secrets(self) -> tuple[str, ...]:
         return super().secrets() + tuple(v for v in self._headers.values() if v)
