@@ -6,7 +6,8 @@
 - ``et config show [FILE] [--overrides k=v ...]`` — the spec a run would get (defaults <
   environment < ``ET_ALERT_CONFIG`` < ``ET_CONFIG`` < FILE < overrides), one row per value
   with its source (``default``, ``env VAR``, ``ET_ALERT_CONFIG``, ``ET_CONFIG``, ``file``,
-  ``override``) and, for a value read from a file, ``file:line:column``; secrets are ``***``. ``--format json`` prints the same as JSON.
+  ``override``) and, for a value read from a file, ``file:line:column``; secrets are ``***``.
+  ``--format json`` prints the same as one JSON array, ``--format jsonl`` one object per line.
 - ``et config reference [-o FILE] [--check]`` — the Markdown configuration reference
   (``docs/configuration.md``), generated from the models so it cannot drift.
 """
@@ -19,6 +20,8 @@ import sys
 from dataclasses import replace
 from pathlib import Path
 from typing import Any
+
+from expr_tracker.cli import output
 
 # ------------------------------------------------------------------ parser
 
@@ -68,7 +71,7 @@ def register(subparsers: Any) -> None:
         help="dotted spec paths (history.buffer.size=100) or et.init keyword names "
         "(buffer_size=100); values are read as YAML",
     )
-    s.add_argument("--format", choices=("table", "json"), default="table")
+    output.add_format_option(s, "table", what="{path, value, source, location}")
     s.add_argument(
         "--width",
         type=int,
@@ -324,8 +327,6 @@ def render_table(rows: list[tuple[str, Any, str, str]]) -> Any:
 
 def cmd_show(args: argparse.Namespace) -> int:
     """Exit codes: 0 shown, 1 the spec is invalid, 2 a malformed override."""
-    from rich.console import Console
-
     from expr_tracker.spec import SpecError
 
     try:
@@ -336,14 +337,15 @@ def cmd_show(args: argparse.Namespace) -> int:
             return 1
         print(f"et config show: {exc}", file=sys.stderr)
         return 2
-    if args.format == "json":
+    if output.is_machine(args.format):
         data = [{"path": p, "value": v, "source": s, "location": w or None} for p, v, s, w in rows]
-        print(json.dumps(data, indent=2, ensure_ascii=False))
+        output.write_records(data, args.format)
         return 0
     from expr_tracker.cli.history import table_width
 
     # piped: $COLUMNS or 200 columns, as et history and et runs (rich alone would use 80)
-    Console(width=table_width(sys.stdout, args.width), soft_wrap=False).print(render_table(rows))
+    console = output.console(width=table_width(sys.stdout, args.width), highlight=True)
+    console.print(render_table(rows))
     return 0
 
 

@@ -1,13 +1,17 @@
 """``et rules``: explain, check and test alert rules without a training job (for CI).
 
-    et rules explain "<rule>" [--format json]
-    et rules check FILE... [--run DIR] [--format json] [--lint-fatal]
-    et rules test RULE|FILE --run DIR [-n N]         replay recorded history
+    et rules explain "<rule>" [--format text|json|jsonl]
+    et rules check FILE... [--run DIR] [--package P] [--format text|json|jsonl] [--lint-fatal]
+    et rules test RULE|FILE --run DIR [-n N] [--format text|json|jsonl]   replay history
     et rules test TESTFILE.yaml                      rule unit tests (like promtool test rules)
 
 Exit codes (stable, CONVENTIONS.md "Rule checking in CI"): 0 success, 1 invalid rules or
 failed tests, 2 usage error, 3 lint warnings only with ``--lint-fatal`` (without it
 warnings are printed as ``WARNING`` and exit 0, as promtool does).
+
+``--format json`` prints one JSON document (``check``: an array with one result per file;
+``test --run``: an array of firings; ``explain``: the rule's description), ``--format
+jsonl`` one object per line (``cli/output.py``).
 """
 
 from __future__ import annotations
@@ -17,6 +21,8 @@ import math
 import re
 import sys
 from pathlib import Path
+
+from expr_tracker.cli import output
 
 __all__ = ["expand_series", "read_metrics", "register"]
 
@@ -41,7 +47,12 @@ def register(subparsers) -> None:
         ),
     )
     p.add_argument("rule", help='a rule, e.g. "zscore(loss[50]) > 4 => error: spike"')
-    p.add_argument("--format", choices=("text", "json"), default="text")
+    p.add_argument(
+        "--format",
+        choices=("text", *output.MACHINE_FORMATS),
+        default="text",
+        help="text (default); json: the description as one JSON object; jsonl: on one line",
+    )
     p.set_defaults(func=cmd_explain)
 
     p = sub.add_parser(
@@ -57,7 +68,7 @@ def register(subparsers) -> None:
     )
     p.add_argument("files", nargs="+", metavar="FILE")
     p.add_argument("--run", metavar="DIR", help="a run: metric names unknown to it are errors")
-    p.add_argument("--format", choices=("text", "json"), default="text")
+    output.add_format_option(p, "text", what="file results")
     p.add_argument("--lint-fatal", action="store_true", help="exit 3 when there are warnings")
     p.set_defaults(func=cmd_check)
 
@@ -74,7 +85,7 @@ def register(subparsers) -> None:
     p.add_argument("target", metavar="RULE|FILE", help="a rule, a rules file, or a test file")
     p.add_argument("--run", metavar="DIR", help="run directory or metrics*.jsonl to replay")
     p.add_argument("-n", type=int, metavar="N", help="replay only the last N steps")
-    p.add_argument("--format", choices=("text", "json"), default="text")
+    output.add_format_option(p, "text", what="firings (with --run)")
     p.set_defaults(func=cmd_test)
 
     parser.set_defaults(func=lambda args: _usage(parser))
@@ -99,8 +110,8 @@ def cmd_explain(args) -> int:
         rule = make_rule(args.rule)
         compiled = compile_expr(rule.condition, text=rule.source)
     except RuleError as exc:
-        if args.format == "json":
-            _out(json.dumps({"valid": False, "error": str(exc)}))
+        if output.is_machine(args.format):
+            output.write_object({"valid": False, "error": str(exc)}, args.format)
         else:
             _out(f"FAILED: {exc}")
         return EXIT_INVALID
@@ -115,8 +126,8 @@ def cmd_explain(args) -> int:
         "time_based": compiled.time_based,
         "warnings": _lint(rule),
     }
-    if args.format == "json":
-        _out(json.dumps(info))
+    if output.is_machine(args.format):
+        output.write_object(info, args.format)
         return EXIT_OK
     _out(f"condition:  {info['condition']}")
     _out(f"level:      {rule.level}")
@@ -475,8 +486,8 @@ def cmd_check(args) -> int:
     failed = any(r["errors"] for r in results)
     warned = any(r["warnings"] for r in results)
     code = EXIT_INVALID if failed else (EXIT_LINT if warned and args.lint_fatal else EXIT_OK)
-    if args.format == "json":
-        _out(json.dumps({"files": results, "exit_code": code}))
+    if output.is_machine(args.format):
+        output.write_records(results, args.format)  # the exit code says the rest
         return code
     for r in results:
         head = f"Checking {r['file']}"
@@ -614,23 +625,12 @@ def cmd_test(args) -> int:
 
     cap = replay(rules, rows)
     fired = cap.fired()
-    if args.format == "json":
-        _out(
-            json.dumps(
-                {
-                    "rows": len(rows),
-                    "firings": [
-                        {
-                            "step": e.step,
-                            "rule": e.rule.name,
-                            "level": e.level,
-                            "message": e.message,
-                        }
-                        for e in fired
-                    ],
-                }
-            )
-        )
+    if output.is_machine(args.format):
+        firings = [
+            {"step": e.step, "rule": e.rule.name, "level": e.level, "message": e.message}
+            for e in fired
+        ]
+        output.write_records(firings, args.format)
         return EXIT_OK
     for e in fired:
         _out(f"step {e.step}: [{e.level}] {e.rule.name}: {e.message}")
