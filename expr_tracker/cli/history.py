@@ -418,8 +418,18 @@ def run_history(args: argparse.Namespace, out: IO[str] | None = None) -> int:
 
     With ``--follow`` on a run directory whose ``run[.S].json`` says running but that has
     no metrics file yet, the file is waited for. Following stops (exit 0) once the run has
-    ended (``finished``/``failed``/``crashed``) and every row it wrote has been printed.
+    ended (``finished``/``failed``/``crashed``) and every row it wrote has been printed,
+    or at Ctrl-C (exit 0 too, also while the first rows are being printed).
     """
+    try:
+        return _history(args, out)
+    except KeyboardInterrupt:
+        if getattr(args, "follow", False):
+            return 0
+        raise
+
+
+def _history(args: argparse.Namespace, out: IO[str] | None) -> int:
     from expr_tracker.history.frame import (
         columns_of,
         parse_columns,
@@ -455,7 +465,9 @@ def run_history(args: argparse.Namespace, out: IO[str] | None = None) -> int:
             if args.follow and status == "running":
                 # like `tail -F`: a live run that has not written a row yet will create it
                 path, waiting = want, True
-            elif status in _ENDED and not want.exists():
+            elif status in _ENDED and want.is_file():
+                path = want  # the run wrote its rows and ended since we looked: read them
+            elif status in _ENDED:
                 # the run ended without committing a row: nothing to show, not an error
                 if args.format == "csv":
                     Printer("csv", out).start(cols or [])
