@@ -19,7 +19,7 @@ import argparse
 import os
 import sys
 
-from expr_tracker.cli import output
+from expr_tracker.cli import appconfig, output
 
 
 def register(subparsers) -> None:  # noqa: ANN001
@@ -31,7 +31,13 @@ def register(subparsers) -> None:  # noqa: ANN001
         description=__doc__.split("\n\n", 1)[1] if __doc__ else None,
     )
     t.add_argument("names", nargs="*", help="channel names (default: all)")
-    t.add_argument("--config", default=None, help="an alerts file (like ET_ALERT_CONFIG)")
+    t.add_argument(
+        "--config",
+        default=None,
+        help="an alerts file (like ET_ALERT_CONFIG), or a run spec or Hydra app config with a "
+        "tracker: section (see --package)",
+    )
+    appconfig.add_package_option(t)
     t.add_argument("--timeout", type=float, default=10.0, help="seconds per channel (default 10)")
     output.add_format_option(t, "text", what="channel results")
     t.add_argument(
@@ -50,12 +56,16 @@ def run_test(args: argparse.Namespace) -> int:
     from expr_tracker.alerts.channels.base import excerpt
     from expr_tracker.alerts.message import AlertMessage
     from expr_tracker.spec import resolve
+    from expr_tracker.spec.load import file_layer
 
     environ = dict(os.environ)
-    if args.config:
+    package = appconfig.package_of(args.config, args.package) if args.config else None
+    if args.config and package is None:
         environ["ET_ALERT_CONFIG"] = args.config
     try:
-        alerts = resolve(environ=environ).spec.alerts
+        # a section of an app's config is a run spec: its alerts, over the environment's
+        spec = file_layer(args.config, "run", package) if package else None
+        alerts = resolve(spec, environ=environ).spec.alerts
     except Exception as exc:  # noqa: BLE001 - SpecError
         print(f"et channels test: configuration error: {exc}", file=sys.stderr)
         return 2

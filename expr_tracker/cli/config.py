@@ -21,7 +21,7 @@ from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
-from expr_tracker.cli import output
+from expr_tracker.cli import appconfig, output
 
 # ------------------------------------------------------------------ parser
 
@@ -51,6 +51,7 @@ def register(subparsers: Any) -> None:
         default="auto",
         help="run: a whole run spec; alerts: an alerts file; auto (default): by its keys",
     )
+    appconfig.add_package_option(v)
     v.set_defaults(func=cmd_validate)
 
     s = verbs.add_parser(
@@ -71,6 +72,7 @@ def register(subparsers: Any) -> None:
         help="dotted spec paths (history.buffer.size=100) or et.init keyword names "
         "(buffer_size=100); values are read as YAML",
     )
+    appconfig.add_package_option(s)
     output.add_format_option(s, "table", what="{path, value, source, location}")
     s.add_argument(
         "--width",
@@ -105,14 +107,14 @@ def _usage(parser: argparse.ArgumentParser) -> int:
 # ------------------------------------------------------------------ validate
 
 
-def detect_kind(path: str | Path) -> str:
-    """``"alerts"`` when the file's top-level keys are all alerts-section keys (``rules``,
-    ``channels``, ``policy`` ...) and not run-spec keys, else ``"run"`` (also when the file
-    cannot be read: validation then reports why)."""
+def detect_kind(path: str | Path, package: str | None = None) -> str:
+    """``"alerts"`` when the file's top-level keys (of its ``package`` section, when given)
+    are all alerts-section keys (``rules``, ``channels``, ``policy`` ...) and not run-spec
+    keys, else ``"run"`` (also when the file cannot be read: validation then reports why)."""
     from expr_tracker.spec import AlertsSpec, RunSpec, SpecError, load_file
 
     try:
-        data, _ = load_file(path)
+        data, _ = load_file(path, package=package)
     except SpecError:
         return "run"
     keys = set(data)
@@ -127,9 +129,10 @@ def cmd_validate(args: argparse.Namespace) -> int:
 
     failed = 0
     for file in args.files:
-        kind = detect_kind(file) if args.kind == "auto" else args.kind
-        issues = validate_file(file, kind=kind)
-        issues += rule_issues(file, kind, issues)
+        package = appconfig.package_of(file, args.package)
+        kind = detect_kind(file, package) if args.kind == "auto" else args.kind
+        issues = validate_file(file, kind=kind, package=package)
+        issues += rule_issues(file, kind, issues, package)
         if not issues:
             print(
                 f"SUCCESS: {file} ({kind} spec)" if kind == "run" else f"SUCCESS: {file} (alerts)"
@@ -147,7 +150,7 @@ def cmd_validate(args: argparse.Namespace) -> int:
     return 1 if failed else 0
 
 
-def rule_issues(file: str, kind: str, found: list) -> list:
+def rule_issues(file: str, kind: str, found: list, package: str | None = None) -> list:
     """Compile the alert rules of ``file`` as ``et.init`` would, with the checks of
     ``et rules check`` (``cli.rules.rule_problems``): a ``SpecIssue`` per error, at its
     ``file:line:column`` with its spec path (``alerts.rules.bad.condition``). Problems at a
@@ -167,14 +170,17 @@ def rule_issues(file: str, kind: str, found: list) -> list:
             data = doc.data
     except Exception:  # reported by the spec validation
         return []
+    prefix = tuple(package.split(".")) if package else ()
+    for key in prefix:
+        data = data.get(key) if isinstance(data, dict) else None
     if not isinstance(data, dict):
         return []
     window = DEFAULT_ALERT_WINDOW
     if kind == "run" or isinstance(data.get("alerts"), dict):
-        base, section = ("alerts",), data.get("alerts")
+        base, section = (*prefix, "alerts"), data.get("alerts")
         window = _alert_window(data) if kind == "run" else window
     else:
-        base, section = (), data
+        base, section = prefix, data
     if not isinstance(section, dict):
         return []
     problems, _ = rule_problems(doc or _Unlocated(), section, base, window)
@@ -183,8 +189,9 @@ def rule_issues(file: str, kind: str, found: list) -> list:
     for p in problems:
         if p["severity"] != "errors":
             continue
-        parts = p["path"] if base else ("alerts", *p["path"])
-        path = _dotted(parts, data if base else {"alerts": data})
+        inner = p["path"][len(prefix) :]  # the path within the spec (the section)
+        parts = inner if len(base) > len(prefix) else ("alerts", *inner)
+        path = _dotted(parts, data if len(base) > len(prefix) else {"alerts": data})
         if path in reported or any(r.startswith((path + ".", path + "[")) for r in reported):
             continue
         location = (file, p["line"], p["column"]) if doc is not None else None
@@ -281,7 +288,9 @@ def _as_override(exc: Any) -> Any:
     return SpecError(issues, title=title)
 
 
-def show_rows(file: str | None, overrides: list[str]) -> list[tuple[str, Any, str, str]]:
+def show_rows(
+    file: str | None, overrides: list[str], package: str | None = None
+) -> list[tuple[str, Any, str, str]]:
     """``(path, redacted value, source label, location)`` for every spec leaf; the location
     is ``file:line:col`` (``file`` alone when the file has no line numbers, as TOML) for a
     value read from a file, else empty.
@@ -291,10 +300,12 @@ def show_rows(file: str | None, overrides: list[str]) -> list[tuple[str, Any, st
         ValueError: a malformed override.
     """
     from expr_tracker.spec import SpecError, resolve
+    from expr_tracker.spec.load import file_layer
 
     kwargs = parse_overrides(overrides)
     try:
-        resolved = resolve(file, kwargs=kwargs or None)
+        spec = file_layer(file, "run", package) if file and package else file
+        resolved = resolve(spec, kwargs=kwargs or None)
     except SpecError as exc:
         raise _as_override(exc) from None
     rows = []
@@ -330,7 +341,8 @@ def cmd_show(args: argparse.Namespace) -> int:
     from expr_tracker.spec import SpecError
 
     try:
-        rows = show_rows(args.file, args.overrides)
+        package = appconfig.package_of(args.file, args.package) if args.file else None
+        rows = show_rows(args.file, args.overrides, package)
     except ValueError as exc:
         if isinstance(exc, SpecError):
             print(f"et config show: {exc}", file=sys.stderr)

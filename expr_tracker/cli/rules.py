@@ -22,7 +22,7 @@ import re
 import sys
 from pathlib import Path
 
-from expr_tracker.cli import output
+from expr_tracker.cli import appconfig, output
 
 __all__ = ["expand_series", "read_metrics", "register"]
 
@@ -68,6 +68,7 @@ def register(subparsers) -> None:
     )
     p.add_argument("files", nargs="+", metavar="FILE")
     p.add_argument("--run", metavar="DIR", help="a run: metric names unknown to it are errors")
+    appconfig.add_package_option(p)
     output.add_format_option(p, "text", what="file results")
     p.add_argument("--lint-fatal", action="store_true", help="exit 3 when there are warnings")
     p.set_defaults(func=cmd_check)
@@ -295,12 +296,14 @@ def _alert_window(data) -> int:
     return DEFAULT_ALERT_WINDOW
 
 
-def check_file(path: str, known: set[str] | None = None) -> dict:
+def check_file(path: str, known: set[str] | None = None, package: str | None = None) -> dict:
     """Validate one rules file: ``{"file", "status", "errors", "warnings", "rules"}``;
     each problem is ``{"line", "column", "message"}``, at the key or value at fault.
 
     Point windows are capped by ``history.alert_window`` when the file is a whole run spec
-    (it has an ``alerts`` section), by the default 4096 otherwise."""
+    (it has an ``alerts`` section), by the default 4096 otherwise. ``package`` (dotted) is
+    the section of the file that holds the rules file or run spec (``tracker`` in a Hydra
+    app's config); lines and columns stay those of the file."""
     from expr_tracker.spec.load import duplicate_key_message
 
     result = {"file": path, "errors": [], "warnings": [], "rules": 0}
@@ -322,9 +325,16 @@ def check_file(path: str, known: set[str] | None = None) -> dict:
         return _status(result)
     data = doc.data
     base: tuple = ()
+    for key in package.split(".") if package else ():
+        if not isinstance(data, dict) or key not in data:
+            keys = ", ".join(map(str, data)) if isinstance(data, dict) else "none"
+            message = f"no section {'.'.join((*base, key))!r} (--package {package}; keys: {keys})"
+            problem("errors", *doc.where(base), message)
+            return _status(result)
+        data, base = data[key], (*base, key)
     window = DEFAULT_ALERT_WINDOW
     if isinstance(data, dict) and isinstance(data.get("alerts"), dict):
-        base, section = ("alerts",), data["alerts"]
+        base, section = (*base, "alerts"), data["alerts"]
         window = _alert_window(data)
     elif isinstance(data, dict):
         section = data
@@ -482,7 +492,7 @@ def cmd_check(args) -> int:
             sys.stderr.write(f"et rules check: cannot read run {args.run}: {exc}\n")
             return EXIT_USAGE
         known = {k for row in rows for k in row if not k.startswith("_")}
-    results = [check_file(f, known) for f in args.files]
+    results = [check_file(f, known, appconfig.package_of(f, args.package)) for f in args.files]
     failed = any(r["errors"] for r in results)
     warned = any(r["warnings"] for r in results)
     code = EXIT_INVALID if failed else (EXIT_LINT if warned and args.lint_fatal else EXIT_OK)
