@@ -241,3 +241,19 @@ def test_history_reads_a_run_that_wrote_and_ended_since_it_looked(tmp_path, caps
     monkeypatch.setattr(history, "_status", status_after_the_run_ended)
     assert main(["history", str(run.dir), "--format", "jsonl"]) == 0
     assert [json.loads(x)["_step"] for x in capsys.readouterr().out.splitlines()] == [0, 1, 2]
+
+
+def test_rules_unit_test_file_formats(tmp_path, capsys):
+    tests = tmp_path / "tests.yaml"
+    tests.write_text(
+        "rules:\n  high: 'loss > 4 => error: high'\n"
+        "tests:\n  - name: t\n    input_series: {loss: '1 5 1'}\n"
+        "    expected_alerts: [{rule: high, steps: [2]}]\n"
+    )
+    doc, lines, code = _json_and_jsonl(capsys, ["rules", "test", str(tests)])
+    assert code == 1 and doc == lines
+    [result] = doc
+    assert result["status"] == "FAILED" and result["tests"] == 1
+    assert "expected firing at step 2" in result["failures"][0]
+    assert main(["rules", "test", str(tests)]) == 1  # text, as before
+    assert "FAILED" in capsys.readouterr().out

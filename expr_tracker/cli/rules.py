@@ -860,25 +860,38 @@ def _unit_tests(path: Path, args) -> int:
         line, col, message = problem
         return f"{path}:{line}:{col}: {message}"
 
+    fmt = getattr(args, "format", "text")
+
+    def result(failures: list[str], warned: list, tests: int | None = None) -> int:
+        """The outcome: a record (json/jsonl: one per file, as ``check``) or text lines."""
+        warn = [f"{path}:{line}:{col}: {message}" for line, col, message in warned]
+        if output.is_machine(fmt):
+            status = "FAILED" if failures else "SUCCESS"
+            record = {"file": str(path), "status": status, "tests": tests}
+            output.write_records([{**record, "failures": failures, "warnings": warn}], fmt)
+        elif failures:
+            _out(f"{path}: FAILED:")
+            for f in failures:
+                _out("  " + f.replace("\n", "\n  "))
+        else:
+            _out(f"{path}: SUCCESS: {tests} tests passed")
+        if not output.is_machine(fmt):
+            for line, col, message in warned:
+                _out(f"  {path}:{line}:{col}: WARNING: {message}")
+        return EXIT_INVALID if failures else EXIT_OK
+
     try:
         doc, rules, errors, warnings = _load_unit_file(path)
     except OSError as exc:
-        _out(f"{path}: FAILED: cannot read: {exc.strerror or exc}")
-        return EXIT_INVALID
+        return result([f"cannot read: {exc.strerror or exc}"], [])
     except yaml.YAMLError as exc:
         mark = getattr(exc, "problem_mark", None)
         where = f"{path}:{mark.line + 1}:{mark.column + 1}" if mark else str(path)
-        _out(f"{path}: FAILED:\n  {where}: invalid YAML: {getattr(exc, 'problem', None) or exc}")
-        return EXIT_INVALID
+        return result([f"{where}: invalid YAML: {getattr(exc, 'problem', None) or exc}"], [])
     if not errors and not rules:
         errors.append(f"{path}: no rules (give rule_files or rules)")
     if errors:
-        _out(f"{path}: FAILED:")
-        for e in errors:
-            _out(f"  {at(e)}")
-        for line, col, message in warnings:
-            _out(f"  {path}:{line}:{col}: WARNING: {message}")
-        return EXIT_INVALID
+        return result([at(e) for e in errors], warnings)
     spec = doc.data
     default_interval = _seconds(spec.get("evaluation_interval", spec.get("interval")), 1.0)
     by_name = {r.name: r for r in rules}
@@ -907,13 +920,4 @@ def _unit_tests(path: Path, args) -> int:
                 if not want:
                     diff.insert(1, "  expected quiet")
                 failures.append("\n".join(diff))
-    if failures:
-        _out(f"{path}: FAILED:")
-        for f in failures:
-            _out("  " + f.replace("\n", "\n  "))
-    else:
-        _out(f"{path}: SUCCESS: {len(spec['tests'])} tests passed")
-    for w in warnings:
-        line, col, message = w
-        _out(f"  {path}:{line}:{col}: WARNING: {message}")
-    return EXIT_INVALID if failures else EXIT_OK
+    return result(failures, warnings, len(spec["tests"]))
