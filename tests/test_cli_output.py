@@ -148,14 +148,14 @@ def _shell(cmd, env_extra=None):
 
 @pytest.fixture(scope="module")
 def big_run(tmp_path_factory):
-    """A run with 30000 rows and a directory with 60 runs (output far beyond a pipe's
-    buffer), written by a child process (no run is left current here)."""
+    """A run with 8000 rows and a directory with 60 runs (output far beyond a pipe's
+    64 KiB buffer), written by a child process (no run is left current here)."""
     root = tmp_path_factory.mktemp("pipes")
     code = (
         "import expr_tracker as et, sys\n"
         "root = sys.argv[1]\n"
         "et.init(project='p', name='big', dir=root + '/one')\n"
-        "for i in range(30000): et.log({'loss': 1.0 / (i + 1), 'acc': 0.5})\n"
+        "for i in range(8000): et.log({'loss': 1.0 / (i + 1), 'acc': 0.5})\n"
         "et.finish()\n"
         "for i in range(60):\n"
         "    et.init(project='p', name=f'r{i:03d}', dir=root + '/many'); et.log({'loss': 1.0})\n"
