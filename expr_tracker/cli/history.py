@@ -17,8 +17,8 @@ of a live run that has not written a row yet. Output formats:
   written as ``nan``/``inf``/``-inf``.
 
 With ``--follow`` the columns are fixed by the first rows (or ``--metrics``); a metric that
-first appears later is shown in JSON (``json``/``jsonl``) only. A step written in several lines (a patch line
-after ``max_open_seconds``) is printed as each line lands.
+first appears later is shown in ``json``/``jsonl`` only. A step written in several lines (a
+patch line after ``max_open_seconds``) is printed as each line lands.
 """
 
 from __future__ import annotations
