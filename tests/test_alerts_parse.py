@@ -179,6 +179,7 @@ def _extend(children):
     )
 
 
+@pytest.mark.slow
 @settings(max_examples=300, deadline=None)
 @given(st.recursive(_leaves, _extend, max_leaves=12))
 def test_to_source_round_trips(node):

@@ -45,10 +45,13 @@ def test_table(run_dir, capsys):
 
 
 def test_json_lines_are_strict(run_dir, capsys):
-    assert main(["history", str(run_dir), "-n", "-1", "--format", "json"]) == 0
+    assert main(["history", str(run_dir), "-n", "-1", "--format", "jsonl"]) == 0
     rows = [strict_loads(x) for x in capsys.readouterr().out.splitlines()]
     assert [r["_step"] for r in rows] == list(range(31))
     assert rows[-1]["loss"] is None and rows[-1]["note"] == "x"
+    # json: the same rows as one strict document, an array
+    assert main(["history", str(run_dir), "-n", "-1", "--format", "json"]) == 0
+    assert strict_loads(capsys.readouterr().out) == rows
 
 
 def test_csv_with_metrics_and_step_range(run_dir, capsys):
@@ -89,36 +92,73 @@ def test_follow_prints_rows_as_they_land(tmp_path):
     assert end == path.stat().st_size
 
 
+#: starts the `et` entry point as from an interactive shell: Ctrl-C raises KeyboardInterrupt.
+#: A child inherits an *ignored* SIGINT (Python then installs no KeyboardInterrupt handler),
+#: and pytest itself runs with SIGINT ignored when a script starts it in the background
+#: (`pytest ... &` in a non-interactive shell, some CI runners): the interrupt test then
+#: hung until its timeout. Restoring the default here keeps the test independent of that.
+ET_AS_FROM_A_TERMINAL = (
+    "import runpy, signal; signal.signal(signal.SIGINT, signal.default_int_handler); "
+    "runpy.run_module('expr_tracker.cli.main', run_name='__main__')"
+)
+
+
 def test_follow_command_until_interrupted(tmp_path):
     path = tmp_path / "metrics.jsonl"
     path.write_text('{"loss": 1.0, "_step": 0}\n')
+    args = ["history", str(path), "--follow", "--format", "jsonl", "--interval", "0.02"]
     proc = subprocess.Popen(
-        [
-            sys.executable,
-            "-m",
-            "expr_tracker.cli.main",
-            "history",
-            str(path),
-            "--follow",
-            "--format",
-            "json",
-            "--interval",
-            "0.02",
-        ],
+        [sys.executable, "-c", ET_AS_FROM_A_TERMINAL, *args],
         stdout=subprocess.PIPE,
         stderr=subprocess.PIPE,
         text=True,
     )
     try:
+        # readiness: the child prints its first row only after Python's own SIGINT handler
+        # is installed and it has entered the command; the second row only from the loop
         first = proc.stdout.readline()
         assert strict_loads(first)["_step"] == 0
         with open(path, "a") as f:
             f.write('{"loss": 0.5, "_step": 1}\n')
         second = proc.stdout.readline()
         assert strict_loads(second) == {"loss": 0.5, "_step": 1}
-    finally:
         proc.send_signal(signal.SIGINT)
-        rc = proc.wait(timeout=20)
+        rc = proc.wait(timeout=60)
+    finally:
+        if proc.poll() is None:
+            proc.kill()  # never leave a follower behind, whatever failed above
+            proc.wait()
+    err = proc.stderr.read()
+    assert rc == 0, err
+    assert "Traceback" not in err and "KeyboardInterrupt" not in err
+
+
+def test_follow_interrupt_works_when_the_launcher_ignored_sigint(tmp_path):
+    """The same, with this process's SIGINT ignored while the child starts (what `pytest &`
+    does): the test above must not depend on how pytest was started. The interrupt comes
+    right after the first rows are printed, before or while the follow loop starts: Ctrl-C
+    exits 0 there too (it used to exit 130 outside the loop)."""
+    path = tmp_path / "metrics.jsonl"
+    path.write_text('{"loss": 1.0, "_step": 0}\n')
+    args = ["history", str(path), "--follow", "--format", "csv", "--interval", "0.02"]
+    previous = signal.signal(signal.SIGINT, signal.SIG_IGN)
+    try:
+        proc = subprocess.Popen(
+            [sys.executable, "-c", ET_AS_FROM_A_TERMINAL, *args],
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            text=True,
+        )
+    finally:
+        signal.signal(signal.SIGINT, previous)
+    try:
+        assert proc.stdout.readline() == "_step,_time,loss\n"
+        proc.send_signal(signal.SIGINT)
+        rc = proc.wait(timeout=60)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
     assert rc == 0, proc.stderr.read()
 
 

@@ -41,8 +41,10 @@ def test_empty_step_range_table_exits_0(run_dir, capsys, rng):
 
 @pytest.mark.parametrize("rng", ["100:200", "7:5"])
 def test_empty_step_range_json_and_csv(run_dir, capsys, rng):
-    assert main(["history", str(run_dir), "--step-range", rng, "--format", "json"]) == 0
+    assert main(["history", str(run_dir), "--step-range", rng, "--format", "jsonl"]) == 0
     assert capsys.readouterr().out == ""
+    assert main(["history", str(run_dir), "--step-range", rng, "--format", "json"]) == 0
+    assert json.loads(capsys.readouterr().out) == []
     args = ["history", str(run_dir), "--step-range", rng, "--format", "csv", "--metrics", "loss"]
     assert main(args) == 0
     assert list(csv.reader(io.StringIO(capsys.readouterr().out))) == [["_step", "_time", "loss"]]
@@ -76,7 +78,7 @@ def _et(*args):
 
 
 def test_follow_of_a_finished_run_prints_its_rows_and_exits(run_dir, capsys):
-    args = ["history", str(run_dir), "-f", "--format", "json", "--interval", "0.01"]
+    args = ["history", str(run_dir), "-f", "--format", "jsonl", "--interval", "0.01"]
     assert main(args) == 0
     assert [json.loads(x)["_step"] for x in capsys.readouterr().out.splitlines()] == [0, 1, 2, 3, 4]
 
@@ -105,7 +107,7 @@ def test_follow_waits_for_the_file_of_a_live_run_then_exits_when_it_ends(tmp_pat
     run = tmp_path / "run"
     run.mkdir()
     _info(run / "run.json", "running")  # this test's process: alive
-    proc = _et(str(run), "-f", "--format", "json")
+    proc = _et(str(run), "-f", "--format", "jsonl")
     try:
         assert "waiting for metrics.jsonl" in proc.stderr.readline()
         (run / "metrics.jsonl").write_text('{"loss": 1.0, "_step": 0}\n')
@@ -156,7 +158,7 @@ def test_follow_exits_when_the_run_crashed(tmp_path):
 
 def test_follow_with_a_live_real_run(tmp_path):
     run = et.init(project="p", name="live", dir=str(tmp_path / "runs"))
-    proc = _et(str(run.dir), "-f", "--format", "json")
+    proc = _et(str(run.dir), "-f", "--format", "jsonl")
     try:
         time.sleep(0.3)
         for i in range(3):

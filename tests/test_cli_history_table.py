@@ -104,5 +104,5 @@ def test_cli_n_below_minus_one_is_a_usage_error(tmp_path, capsys):
     d = write_run(tmp_path, rows(4))
     assert main(["history", str(d), "-n", "-5"]) == 2
     assert "n=-5" in capsys.readouterr().err
-    assert main(["history", str(d), "-n", "-1", "--format", "json"]) == 0
+    assert main(["history", str(d), "-n", "-1", "--format", "jsonl"]) == 0
     assert len(capsys.readouterr().out.splitlines()) == 4

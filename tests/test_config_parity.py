@@ -138,6 +138,10 @@ BAD = {
 }
 
 GOOD = {
+    # the one-line form as the value of a name-keyed rule (et rules check reads it so)
+    "one_line_rule_by_name": {
+        "alerts": {"rules": {"high": "loss > 4 => error: loss is {loss}", "low": "loss < 0"}}
+    },
     "plugins": {
         "spans": {
             "plugins": [

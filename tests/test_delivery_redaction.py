@@ -54,6 +54,7 @@ def test_secrets_absent_everywhere(caplog):
     assert records[0]["error"] == "HTTP 500: bad token ***"
 
 
+@pytest.mark.slow
 def test_cli_alert_delivers_and_exit_codes(monkeypatch, capsys):
     with WebhookServer() as server:
         monkeypatch.setenv("ET_WEBHOOK_URL", server.url)

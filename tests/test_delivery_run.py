@@ -266,6 +266,7 @@ def test_failed_delivery_recorded_undelivered():
     assert "T0KEN" not in json.dumps(rec)
 
 
+@pytest.mark.slow
 def test_hanging_channel_process_exits_within_deadline(tmp_path):
     """A subprocess whose channel hangs still exits; the message is recorded undelivered."""
     with WebhookServer(["hang"]) as server:

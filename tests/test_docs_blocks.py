@@ -116,7 +116,23 @@ def _runnable(path: Path) -> list[Block]:
     return [b for b in parse_blocks(path) if b.lang in ("python", "shell")]
 
 
-@pytest.mark.parametrize("path", DOCS, ids=lambda p: str(p.relative_to(ROOT)))
+#: docs whose blocks take about a second or more (Hydra apps, subprocesses): marked slow
+SLOW_DOCS = {
+    "alerts.md",
+    "channels.md",
+    "cli.md",
+    "getting-started.md",
+    "history.md",
+    "hydra.md",
+    "streams.md",
+}
+
+
+@pytest.mark.parametrize(
+    "path",
+    [pytest.param(p, marks=pytest.mark.slow) if p.name in SLOW_DOCS else p for p in DOCS],
+    ids=lambda p: str(p.relative_to(ROOT)),
+)
 def test_doc_blocks_run(path: Path, tmp_path: Path) -> None:
     blocks = _runnable(path)
     to_run = [b for b in blocks if b.skip is None]

@@ -34,6 +34,7 @@ def test_fault_fires_its_rule(tmp_path, fault, expected):
     assert fired == expected
 
 
+@pytest.mark.slow
 def test_hang_is_caught_by_the_watchdog(tmp_path):
     fired = load("alert_rules").main(["--fault", "hang", "--dir", str(tmp_path)])
     assert fired == ["hung_run"]
@@ -56,6 +57,7 @@ def test_rule_file_passes_et_rules_check():
     assert p.returncode == 0, p.stdout + p.stderr
 
 
+@pytest.mark.slow
 def test_profile_step_writes_spans_plugins_and_trace(tmp_path, capsys):
     pytest.importorskip("torch")
     run = load("profile_step").main(["--steps", "4", "--dir", str(tmp_path), "--device", "cpu"])

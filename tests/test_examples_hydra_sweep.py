@@ -14,6 +14,7 @@ pytest.importorskip("hydra")
 ROOT = Path(__file__).resolve().parents[1]
 
 
+@pytest.mark.slow
 def test_hydra_sweep(tmp_path):
     proc = subprocess.run(
         [sys.executable, str(ROOT / "examples" / "hydra_sweep.py"), "hydra.sweep.dir=sweep/a"],

@@ -7,9 +7,12 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
+
 ROOT = Path(__file__).resolve().parents[1]
 
 
+@pytest.mark.slow
 def test_quickstart(tmp_path):
     proc = subprocess.run(
         [sys.executable, str(ROOT / "examples" / "quickstart.py"), "--steps", "50", "--name", "q"],

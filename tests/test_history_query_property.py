@@ -12,6 +12,7 @@ import textwrap
 import time
 from pathlib import Path
 
+import pytest
 from hypothesis import HealthCheck, event, given, settings
 from hypothesis import strategies as st
 
@@ -82,6 +83,7 @@ def apply(store: HistoryStore, o: tuple) -> None:
     buffer_size=st.integers(1, 6),
     index_every=st.integers(1, 5),
 )
+@pytest.mark.slow
 def test_cache_disk_boundary_equals_memory_and_cold_reads(
     ops, policy, cache_rows, buffer_size, index_every
 ):
@@ -135,6 +137,7 @@ WRITER = textwrap.dedent(
 )
 
 
+@pytest.mark.slow
 def test_second_process_reads_a_live_run(tmp_path):
     total = 4000
     run_dir = tmp_path / "runs" / "p" / "live"

@@ -68,6 +68,7 @@ def test_range_with_sidecar_is_exact_and_indexed(tmp_path, lo, hi):
     assert r.full_scans == 0
 
 
+@pytest.mark.slow
 def test_range_reads_only_the_range_not_the_file(tmp_path):
     path = tmp_path / "metrics.jsonl"
     rows = rows_of(range(200_000))

@@ -67,15 +67,15 @@ def test_default_n_is_a_visible_50_told_apart_by_identity():
 
 def test_cli_step_range_prints_every_step_unless_n_is_given(tmp_path, capsys):
     run_dir = make_run(tmp_path)
-    assert main(["history", str(run_dir), "--step-range", "100:200", "--format", "json"]) == 0
+    assert main(["history", str(run_dir), "--step-range", "100:200", "--format", "jsonl"]) == 0
     rows = [json.loads(x) for x in capsys.readouterr().out.splitlines()]
     assert [r["_step"] for r in rows] == list(range(100, 200))
-    args = ["history", str(run_dir), "--step-range", "100:200", "-n", "5", "--format", "json"]
+    args = ["history", str(run_dir), "--step-range", "100:200", "-n", "5", "--format", "jsonl"]
     assert main(args) == 0
     assert [json.loads(x)["_step"] for x in capsys.readouterr().out.splitlines()] == list(
         range(195, 200)
     )
-    assert main(["history", str(run_dir), "--format", "json"]) == 0
+    assert main(["history", str(run_dir), "--format", "jsonl"]) == 0
     assert len(capsys.readouterr().out.splitlines()) == 20  # the default without a range
 
 
@@ -117,11 +117,11 @@ def test_runs_status_is_the_worst_of_the_producers(tmp_path, capsys, monkeypatch
 def test_history_rank_option_shard_note_and_shard_only_error(tmp_path, capsys, monkeypatch):
     run_dir = make_run(tmp_path, steps=5)
     make_run(tmp_path, steps=3, rank=1, monkeypatch=monkeypatch)
-    assert main(["history", str(run_dir), "--format", "json"]) == 0
+    assert main(["history", str(run_dir), "--format", "jsonl"]) == 0
     cap = capsys.readouterr()
     assert len(cap.out.splitlines()) == 5
     assert "metrics.rank1.jsonl" in cap.err and "--rank" in cap.err  # the note, on stderr
-    assert main(["history", str(run_dir), "--rank", "1", "--format", "json"]) == 0
+    assert main(["history", str(run_dir), "--rank", "1", "--format", "jsonl"]) == 0
     cap = capsys.readouterr()
     assert [json.loads(x)["_step"] for x in cap.out.splitlines()] == [0, 1, 2]
     assert "note" not in cap.err
@@ -133,7 +133,7 @@ def test_history_rank_option_shard_note_and_shard_only_error(tmp_path, capsys, m
     assert main(["history", str(only)]) == 1
     err = capsys.readouterr().err
     assert "metrics.rank1.jsonl" in err and "--rank" in err and "rank=1" in err
-    assert main(["history", str(only), "--rank", "1", "--format", "json"]) == 0
+    assert main(["history", str(only), "--rank", "1", "--format", "jsonl"]) == 0
     assert len(capsys.readouterr().out.splitlines()) == 2
 
 

@@ -66,6 +66,7 @@ def _runs(app):
     return sorted((app / "runs" / "cb").iterdir())
 
 
+@pytest.mark.slow
 def test_single_run_finishes_and_records_hydra(app):
     proc = _run(app, "tracker.name=single", "lr=0.5")
     assert proc.returncode == 0, proc.stderr
@@ -83,6 +84,7 @@ def test_single_run_finishes_and_records_hydra(app):
     assert config == {"fail": False, "lr": 0.5}
 
 
+@pytest.mark.slow
 def test_failed_job_marks_run_failed_with_error(app):
     proc = _run(app, "tracker.name=bad", "fail=true")
     assert proc.returncode != 0
@@ -95,6 +97,7 @@ def test_failed_job_marks_run_failed_with_error(app):
     assert json.loads(lines[-1])["loss"] == 2.0
 
 
+@pytest.mark.slow
 def test_multirun_one_run_per_job_grouped(app):
     proc = _run(app, "-m", "lr=0.1,0.2", "hydra.sweep.dir=multirun/s1")
     assert proc.returncode == 0, proc.stderr
@@ -114,6 +117,7 @@ def test_multirun_one_run_per_job_grouped(app):
     assert [json.loads((r / "config.json").read_text())["lr"] for r in runs] == [0.1, 0.2]
 
 
+@pytest.mark.slow
 def test_invalid_spec_fails_the_job_naming_the_config_key(app):
     proc = _run(app, "tracker.history.buffer.size=0")
     assert proc.returncode != 0

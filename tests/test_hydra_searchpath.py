@@ -54,6 +54,7 @@ def _run(app, *args):
     )
 
 
+@pytest.mark.slow
 def test_app_composes_tracker_group_via_plugin(app):
     proc = _run(
         app,

@@ -46,6 +46,7 @@ def _sweep(cwd):
     assert proc.returncode == 0, proc.stderr
 
 
+@pytest.mark.slow
 def test_running_the_sweep_twice_with_the_same_sweep_dir(tmp_path):
     _sweep(tmp_path)
     _sweep(tmp_path)

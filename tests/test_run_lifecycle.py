@@ -657,6 +657,7 @@ with WebhookServer(["hang"]) as server:
 """
 
 
+@pytest.mark.slow
 def test_sigterm_during_finish_lets_it_complete_then_exits_143(tmp_path):
     p = subprocess.run(
         [sys.executable, "-c", SIGTERM_IN_FINISH_CHILD, str(tmp_path / "runs")],

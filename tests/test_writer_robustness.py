@@ -11,6 +11,8 @@ import os
 import shutil
 import threading
 
+import pytest
+
 import expr_tracker as et
 from expr_tracker.history.reader import read_rows
 from expr_tracker.history.writer import RETRY_DELAY_S, RETRY_MAX_DELAY_S, JsonlWriter
@@ -136,6 +138,7 @@ et.finish()
 """
 
 
+@pytest.mark.slow
 def test_full_disk_with_background_flusher_makes_few_attempts(tmp_path):
     p = run_py(STORM_CHILD, str(tmp_path / "runs"))
     words = p.stdout.split()
@@ -262,6 +265,7 @@ def test_append_during_final_flush_is_refused_not_lost(tmp_path, caplog):
     assert [r["_step"] for r in read_rows(tmp_path / "m.jsonl")] == [0]
 
 
+@pytest.mark.slow
 def test_finish_while_threads_span_loses_nothing_accepted(tmp_path, caplog):
     for attempt in range(5):
         run = et.init(project="proj", name=f"r{attempt}", dir=str(tmp_path / "runs"))

@@ -1,4 +1,4 @@
-"""``et channels test [NAME ...] [--config FILE] [--json]``.
+"""``et channels test [NAME ...] [--config FILE] [--format text|json|jsonl]``.
 
 Sends one test message straight through each configured channel (or the named ones) —
 one attempt, no queue, no rate limit — and prints what each endpoint answered (HTTP status
@@ -16,9 +16,10 @@ selected channel off); 2 on a configuration error or an unknown channel name.
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import sys
+
+from expr_tracker.cli import appconfig, output
 
 
 def register(subparsers) -> None:  # noqa: ANN001
@@ -30,9 +31,22 @@ def register(subparsers) -> None:  # noqa: ANN001
         description=__doc__.split("\n\n", 1)[1] if __doc__ else None,
     )
     t.add_argument("names", nargs="*", help="channel names (default: all)")
-    t.add_argument("--config", default=None, help="an alerts file (like ET_ALERT_CONFIG)")
+    t.add_argument(
+        "--config",
+        default=None,
+        help="an alerts file (like ET_ALERT_CONFIG), or a run spec or Hydra app config with a "
+        "tracker: section (see --package)",
+    )
+    appconfig.add_package_option(t)
     t.add_argument("--timeout", type=float, default=10.0, help="seconds per channel (default 10)")
-    t.add_argument("--json", action="store_true", help="print one JSON object per channel")
+    output.add_format_option(t, "text", what="channel results")
+    t.add_argument(
+        "--json",
+        dest="format",
+        action="store_const",
+        const="jsonl",
+        help="the same as --format jsonl (one JSON object per channel; kept for scripts)",
+    )
     t.set_defaults(func=run_test)
     p.set_defaults(func=lambda args: (p.print_help(), 2)[1])
 
@@ -42,12 +56,16 @@ def run_test(args: argparse.Namespace) -> int:
     from expr_tracker.alerts.channels.base import excerpt
     from expr_tracker.alerts.message import AlertMessage
     from expr_tracker.spec import resolve
+    from expr_tracker.spec.load import file_layer
 
     environ = dict(os.environ)
-    if args.config:
+    package = appconfig.package_of(args.config, args.package) if args.config else None
+    if args.config and package is None:
         environ["ET_ALERT_CONFIG"] = args.config
     try:
-        alerts = resolve(environ=environ).spec.alerts
+        # a section of an app's config is a run spec: its alerts, over the environment's
+        spec = file_layer(args.config, "run", package) if package else None
+        alerts = resolve(spec, environ=environ).spec.alerts
     except Exception as exc:  # noqa: BLE001 - SpecError
         print(f"et channels test: configuration error: {exc}", file=sys.stderr)
         return 2
@@ -71,13 +89,14 @@ def run_test(args: argparse.Namespace) -> int:
         return 1
     failures = 0
     tested = 0
+    records = output.RecordWriter(args.format) if output.is_machine(args.format) else None
     for spec in specs:
         row = {"channel": spec.name, "type": spec.type}
         if spec.url_env and spec.url is None:
             value = environ.get(spec.url_env)
             if not value or not value.strip():
                 row.update(ok=None, off=True, answer=f"off ({spec.url_env} not set)")
-                _print(row, args.json)
+                _print(row, records)
                 continue
         tested += 1
         try:
@@ -85,7 +104,7 @@ def run_test(args: argparse.Namespace) -> int:
         except Exception as exc:  # noqa: BLE001 - ChannelConfigError
             row.update(ok=False, answer=f"configuration error: {exc}")
             failures += 1
-            _print(row, args.json)
+            _print(row, records)
             continue
         row["target"] = channel.target
         secrets = tuple(channel.secrets())
@@ -108,16 +127,19 @@ def run_test(args: argparse.Namespace) -> int:
         except Exception as exc:  # noqa: BLE001 - a broken channel class
             row.update(ok=False, answer=excerpt(f"{type(exc).__name__}: {exc}", secrets))
             failures += 1
-        _print(row, args.json)
+        _print(row, records)
+    if records is not None:
+        records.close()
     if not tested:
         print("et channels test: no channel was tested: every one selected is off", file=sys.stderr)
         return 1
     return 1 if failures else 0
 
 
-def _print(row: dict, as_json: bool) -> None:
-    if as_json:
-        print(json.dumps(row, ensure_ascii=False))
+def _print(row: dict, records: output.RecordWriter | None) -> None:
+    """One channel's result: a record of ``records`` (json/jsonl), else a line of text."""
+    if records is not None:
+        records.write([row])
         return
     if row.get("off"):
         print(f"{row['channel']} ({row['type']}): {row['answer']}")

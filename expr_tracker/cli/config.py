@@ -6,7 +6,8 @@
 - ``et config show [FILE] [--overrides k=v ...]`` — the spec a run would get (defaults <
   environment < ``ET_ALERT_CONFIG`` < ``ET_CONFIG`` < FILE < overrides), one row per value
   with its source (``default``, ``env VAR``, ``ET_ALERT_CONFIG``, ``ET_CONFIG``, ``file``,
-  ``override``) and, for a value read from a file, ``file:line:column``; secrets are ``***``. ``--format json`` prints the same as JSON.
+  ``override``) and, for a value read from a file, ``file:line:column``; secrets are ``***``.
+  ``--format json`` prints the same as one JSON array, ``--format jsonl`` one object per line.
 - ``et config reference [-o FILE] [--check]`` — the Markdown configuration reference
   (``docs/configuration.md``), generated from the models so it cannot drift.
 """
@@ -19,6 +20,8 @@ import sys
 from dataclasses import replace
 from pathlib import Path
 from typing import Any
+
+from expr_tracker.cli import appconfig, output
 
 # ------------------------------------------------------------------ parser
 
@@ -48,6 +51,7 @@ def register(subparsers: Any) -> None:
         default="auto",
         help="run: a whole run spec; alerts: an alerts file; auto (default): by its keys",
     )
+    appconfig.add_package_option(v)
     v.set_defaults(func=cmd_validate)
 
     s = verbs.add_parser(
@@ -68,7 +72,8 @@ def register(subparsers: Any) -> None:
         help="dotted spec paths (history.buffer.size=100) or et.init keyword names "
         "(buffer_size=100); values are read as YAML",
     )
-    s.add_argument("--format", choices=("table", "json"), default="table")
+    appconfig.add_package_option(s)
+    output.add_format_option(s, "table", what="{path, value, source, location}")
     s.add_argument(
         "--width",
         type=int,
@@ -102,14 +107,14 @@ def _usage(parser: argparse.ArgumentParser) -> int:
 # ------------------------------------------------------------------ validate
 
 
-def detect_kind(path: str | Path) -> str:
-    """``"alerts"`` when the file's top-level keys are all alerts-section keys (``rules``,
-    ``channels``, ``policy`` ...) and not run-spec keys, else ``"run"`` (also when the file
-    cannot be read: validation then reports why)."""
+def detect_kind(path: str | Path, package: str | None = None) -> str:
+    """``"alerts"`` when the file's top-level keys (of its ``package`` section, when given)
+    are all alerts-section keys (``rules``, ``channels``, ``policy`` ...) and not run-spec
+    keys, else ``"run"`` (also when the file cannot be read: validation then reports why)."""
     from expr_tracker.spec import AlertsSpec, RunSpec, SpecError, load_file
 
     try:
-        data, _ = load_file(path)
+        data, _ = load_file(path, package=package)
     except SpecError:
         return "run"
     keys = set(data)
@@ -122,8 +127,9 @@ def cmd_validate(args: argparse.Namespace) -> int:
     """Exit codes: 0 every file valid, 1 any problem (including a missing file)."""
     failed = 0
     for file in args.files:
-        kind = detect_kind(file) if args.kind == "auto" else args.kind
-        issues = file_issues(file, kind)
+        package = appconfig.package_of(file, args.package)
+        kind = detect_kind(file, package) if args.kind == "auto" else args.kind
+        issues = file_issues(file, kind, package=package)
         if not issues:
             print(
                 f"SUCCESS: {file} ({kind} spec)" if kind == "run" else f"SUCCESS: {file} (alerts)"
@@ -141,11 +147,12 @@ def cmd_validate(args: argparse.Namespace) -> int:
     return 1 if failed else 0
 
 
-def file_issues(file: str, kind: str, environ: Any = None) -> list:
+def file_issues(file: str, kind: str, environ: Any = None, package: str | None = None) -> list:
     """Every problem ``et.init(spec=file)`` would raise for ``file`` (an alerts file: as the
     ``alerts`` section of a run spec), from the same checks: the schema, then
     ``build.check`` (span plugins and their options, rules, channels with their options and
-    URLs; ``url_env``/``*_env`` variables read from ``environ``, default ``os.environ``).
+    URLs; ``url_env``/``*_env`` variables read from ``environ``, default ``os.environ``);
+    ``package`` is the dotted section of a Hydra app's config holding the spec.
     Rule problems are shown as ``et rules check`` shows them (the column of the error in the
     file); with a schema error, rules are still compiled so every problem shows at once."""
     import os
@@ -155,9 +162,9 @@ def file_issues(file: str, kind: str, environ: Any = None) -> list:
     from expr_tracker.spec.load import resolve_file
 
     try:
-        resolved = resolve_file(file, kind)
+        resolved = resolve_file(file, kind, package)
     except SpecError as exc:
-        return exc.issues + rule_issues(file, kind, exc.issues)
+        return exc.issues + rule_issues(file, kind, exc.issues, package)
     try:
         check(resolved, os.environ if environ is None else environ)
     except SpecError as exc:
@@ -167,11 +174,11 @@ def file_issues(file: str, kind: str, environ: Any = None) -> list:
     else:
         return []
     # the same problems, rules shown at their column (et rules check's wording)
-    located = {i.path: i for i in rule_issues(file, kind, [])}
+    located = {i.path: i for i in rule_issues(file, kind, [], package)}
     return [located.get(i.path, i) if i.path.startswith("alerts.rules") else i for i in issues]
 
 
-def rule_issues(file: str, kind: str, found: list) -> list:
+def rule_issues(file: str, kind: str, found: list, package: str | None = None) -> list:
     """Compile the alert rules of ``file`` as ``et.init`` would, with the checks of
     ``et rules check`` (``cli.rules.rule_problems``): a ``SpecIssue`` per error, at its
     ``file:line:column`` with its spec path (``alerts.rules.bad.condition``). Problems at a
@@ -191,14 +198,17 @@ def rule_issues(file: str, kind: str, found: list) -> list:
             data = doc.data
     except Exception:  # reported by the spec validation
         return []
+    prefix = tuple(package.split(".")) if package else ()
+    for key in prefix:
+        data = data.get(key) if isinstance(data, dict) else None
     if not isinstance(data, dict):
         return []
     window = DEFAULT_ALERT_WINDOW
     if kind == "run" or isinstance(data.get("alerts"), dict):
-        base, section = ("alerts",), data.get("alerts")
+        base, section = (*prefix, "alerts"), data.get("alerts")
         window = _alert_window(data) if kind == "run" else window
     else:
-        base, section = (), data
+        base, section = prefix, data
     if not isinstance(section, dict):
         return []
     problems, _ = rule_problems(doc or _Unlocated(), section, base, window)
@@ -207,8 +217,9 @@ def rule_issues(file: str, kind: str, found: list) -> list:
     for p in problems:
         if p["severity"] != "errors":
             continue
-        parts = p["path"] if base else ("alerts", *p["path"])
-        path = _dotted(parts, data if base else {"alerts": data})
+        inner = p["path"][len(prefix) :]  # the path within the spec (the section)
+        parts = inner if len(base) > len(prefix) else ("alerts", *inner)
+        path = _dotted(parts, data if len(base) > len(prefix) else {"alerts": data})
         if path in reported or any(r.startswith((path + ".", path + "[")) for r in reported):
             continue
         location = (file, p["line"], p["column"]) if doc is not None else None
@@ -305,7 +316,9 @@ def _as_override(exc: Any) -> Any:
     return SpecError(issues, title=title)
 
 
-def show_rows(file: str | None, overrides: list[str]) -> list[tuple[str, Any, str, str]]:
+def show_rows(
+    file: str | None, overrides: list[str], package: str | None = None
+) -> list[tuple[str, Any, str, str]]:
     """``(path, redacted value, source label, location)`` for every spec leaf; the location
     is ``file:line:col`` (``file`` alone when the file has no line numbers, as TOML) for a
     value read from a file, else empty.
@@ -315,10 +328,12 @@ def show_rows(file: str | None, overrides: list[str]) -> list[tuple[str, Any, st
         ValueError: a malformed override.
     """
     from expr_tracker.spec import SpecError, resolve
+    from expr_tracker.spec.load import file_layer
 
     kwargs = parse_overrides(overrides)
     try:
-        resolved = resolve(file, kwargs=kwargs or None)
+        spec = file_layer(file, "run", package) if file and package else file
+        resolved = resolve(spec, kwargs=kwargs or None)
     except SpecError as exc:
         raise _as_override(exc) from None
     rows = []
@@ -351,26 +366,26 @@ def render_table(rows: list[tuple[str, Any, str, str]]) -> Any:
 
 def cmd_show(args: argparse.Namespace) -> int:
     """Exit codes: 0 shown, 1 the spec is invalid, 2 a malformed override."""
-    from rich.console import Console
-
     from expr_tracker.spec import SpecError
 
     try:
-        rows = show_rows(args.file, args.overrides)
+        package = appconfig.package_of(args.file, args.package) if args.file else None
+        rows = show_rows(args.file, args.overrides, package)
     except ValueError as exc:
         if isinstance(exc, SpecError):
             print(f"et config show: {exc}", file=sys.stderr)
             return 1
         print(f"et config show: {exc}", file=sys.stderr)
         return 2
-    if args.format == "json":
+    if output.is_machine(args.format):
         data = [{"path": p, "value": v, "source": s, "location": w or None} for p, v, s, w in rows]
-        print(json.dumps(data, indent=2, ensure_ascii=False))
+        output.write_records(data, args.format)
         return 0
     from expr_tracker.cli.history import table_width
 
     # piped: $COLUMNS or 200 columns, as et history and et runs (rich alone would use 80)
-    Console(width=table_width(sys.stdout, args.width), soft_wrap=False).print(render_table(rows))
+    console = output.console(width=table_width(sys.stdout, args.width), highlight=True)
+    console.print(render_table(rows))
     return 0
 
 

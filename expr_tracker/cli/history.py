@@ -7,15 +7,18 @@ of a live run that has not written a row yet. Output formats:
 
 - ``table``: a rich table; with ``--follow`` fixed-width lines under one header, so rows
   printed later line up with the first ones;
-- ``json``: one JSON object per line (JSON Lines), strict JSON: NaN and ±Infinity are
-  written as ``null`` so ``jq`` and other strict parsers accept it (the file itself keeps
-  ``NaN``; read it with ``et.history(run=...)`` to see them);
+- ``json``: one JSON document, an array of rows; ``jsonl``: one row per line (JSON Lines).
+  Both strict JSON (``cli/output.py``): NaN and ±Infinity are written as ``null`` so ``jq``
+  and other strict parsers accept them (the file itself keeps ``NaN``; read it with
+  ``et.history(run=...)`` to see them). With ``--follow``, ``json`` writes the array as
+  rows land and closes it when following stops (the run ended, or Ctrl-C); a reader that
+  wants each row at once uses ``jsonl``;
 - ``csv``: a header, then one row per step; absent values are empty cells; NaN/inf are
   written as ``nan``/``inf``/``-inf``.
 
 With ``--follow`` the columns are fixed by the first rows (or ``--metrics``); a metric that
-first appears later is shown in JSON only. A step written in several lines (a patch line
-after ``max_open_seconds``) is printed as each line lands.
+first appears later is shown in ``json``/``jsonl`` only. A step written in several lines (a
+patch line after ``max_open_seconds``) is printed as each line lands.
 """
 
 from __future__ import annotations
@@ -31,14 +34,14 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import IO, Any
 
-FORMATS = ("table", "json", "csv")
+FORMATS = ("table", "json", "jsonl", "csv")
 
 
 def register(subparsers: Any) -> None:
     """Add the ``history`` sub-command to ``subparsers`` (sets ``func``)."""
     p = subparsers.add_parser(
         "history",
-        help="print a run's metrics (table, JSON lines or CSV); --follow a live run",
+        help="print a run's metrics (table, JSON, JSON lines or CSV); --follow a live run",
         description=(
             "Print the newest steps of a run's metrics file. RUN is a run directory "
             "(metrics[.stream][.rankN].jsonl is chosen by exact name, from --stream and "
@@ -65,7 +68,12 @@ def register(subparsers: Any) -> None:
         metavar="N",
         help="the rank shard to read (metrics[.stream].rankN.jsonl; default: rank 0)",
     )
-    p.add_argument("--format", choices=FORMATS, default="table", help="output format")
+    p.add_argument(
+        "--format",
+        choices=FORMATS,
+        default="table",
+        help="table (default); json: one JSON array of rows; jsonl: one row per line; csv",
+    )
     p.add_argument(
         "-f",
         "--follow",
@@ -85,13 +93,9 @@ def register(subparsers: Any) -> None:
 
 
 def _strict(v: Any) -> Any:
-    if type(v) is float and not math.isfinite(v):
-        return None
-    if isinstance(v, list):
-        return [_strict(x) for x in v]
-    if isinstance(v, dict):
-        return {k: _strict(x) for k, x in v.items()}
-    return v
+    from expr_tracker.cli.output import strict
+
+    return strict(v)
 
 
 def _isatty(f: Any) -> bool:
@@ -161,10 +165,15 @@ class Printer:
         self.columns: list[str] = []
         self._csv: Any = None
         self._widths: list[int] = []
+        self._records: Any = None  # json/jsonl: a cli.output.RecordWriter
 
     def start(self, columns: list[str]) -> None:
         self.columns = columns
-        if self.fmt == "csv":
+        if self.fmt in ("json", "jsonl"):
+            from expr_tracker.cli.output import RecordWriter
+
+            self._records = RecordWriter(self.fmt, self.out)
+        elif self.fmt == "csv":
             self._csv = csv.writer(self.out, lineterminator="\n")
             self._csv.writerow(["_step", "_time", *columns])
         elif self.fmt == "table" and self.follow:
@@ -176,9 +185,8 @@ class Printer:
 
     def rows(self, rows: list[dict[str, Any]]) -> None:
         out = self.out
-        if self.fmt == "json":
-            for r in rows:
-                out.write(json.dumps(_strict(r), separators=(",", ":"), default=str) + "\n")
+        if self._records is not None:
+            self._records.write(rows)
         elif self.fmt == "csv":
             for r in rows:
                 self._csv.writerow(
@@ -197,14 +205,20 @@ class Printer:
             self._table(rows)
         out.flush()
 
+    def close(self) -> None:
+        """End the output (``json``: the array's closing ``]``; ``[]`` when no row came)."""
+        if self.fmt in ("json", "jsonl") and self._records is None:
+            self.start(self.columns)
+        if self._records is not None:
+            self._records.close()
+
     def _table(self, rows: list[dict[str, Any]]) -> None:
         """One row per step when every column fits the width at its full size; otherwise
         transposed (one row per metric, one column per step), in as many blocks of steps
         as the width needs, so no header or value is ever cut."""
-        from rich.console import Console
+        from expr_tracker.cli.output import console as make_console
 
-        width = table_width(self.out, self.width)
-        console = Console(file=self.out, width=width, highlight=False, soft_wrap=False)
+        console = make_console(self.out, table_width(self.out, self.width))
         steps = [format_value(r.get("_step")) for r in rows]
         times = [_clock(r.get("_time")) for r in rows]
         cells = [[format_value(r.get(c)) for r in rows] for c in self.columns]
@@ -404,8 +418,18 @@ def run_history(args: argparse.Namespace, out: IO[str] | None = None) -> int:
 
     With ``--follow`` on a run directory whose ``run[.S].json`` says running but that has
     no metrics file yet, the file is waited for. Following stops (exit 0) once the run has
-    ended (``finished``/``failed``/``crashed``) and every row it wrote has been printed.
+    ended (``finished``/``failed``/``crashed``) and every row it wrote has been printed,
+    or at Ctrl-C (exit 0 too, also while the first rows are being printed).
     """
+    try:
+        return _history(args, out)
+    except KeyboardInterrupt:
+        if getattr(args, "follow", False):
+            return 0
+        raise
+
+
+def _history(args: argparse.Namespace, out: IO[str] | None) -> int:
     from expr_tracker.history.frame import (
         columns_of,
         parse_columns,
@@ -441,10 +465,13 @@ def run_history(args: argparse.Namespace, out: IO[str] | None = None) -> int:
             if args.follow and status == "running":
                 # like `tail -F`: a live run that has not written a row yet will create it
                 path, waiting = want, True
-            elif status in _ENDED and not want.exists():
+            elif status in _ENDED and want.is_file():
+                path = want  # the run wrote its rows and ended since we looked: read them
+            elif status in _ENDED:
                 # the run ended without committing a row: nothing to show, not an error
                 if args.format == "csv":
                     Printer("csv", out).start(cols or [])
+                Printer(args.format, out).close()  # json: an empty array
                 err.write(
                     f"et history: no rows: the run {status} without writing any "
                     f"({want.name} was never created in {str(args.run)!r})\n"
@@ -477,7 +504,9 @@ def run_history(args: argparse.Namespace, out: IO[str] | None = None) -> int:
     rows = shape(rows, cols)
     printer = Printer(args.format, out, follow=args.follow)
     # with --follow and nothing to show yet, the columns come from the first rows that land
-    started = not (args.follow and not rows and cols is None and args.format != "json")
+    started = not (
+        args.follow and not rows and cols is None and args.format not in ("json", "jsonl")
+    )
     if started:
         printer.start(cols if cols is not None else columns_of(rows))
         printer.rows(rows)
@@ -485,6 +514,7 @@ def run_history(args: argparse.Namespace, out: IO[str] | None = None) -> int:
         what = f"in --step-range {args.step_range}" if bounds is not None else "to show"
         err.write(f"et history: no rows {what} ({path.name} in {str(args.run)!r})\n")
     if not args.follow:
+        printer.close()
         return 0
     lo = bounds[0] if bounds and bounds[0] is not None else None
     hi = bounds[1] if bounds and bounds[1] is not None else None
@@ -522,4 +552,5 @@ def run_history(args: argparse.Namespace, out: IO[str] | None = None) -> int:
         pass
     if not started and args.format == "csv":
         printer.start(cols or [])  # the header, as without --follow
+    printer.close()  # json: the array's closing bracket
     return 0

@@ -5,13 +5,15 @@ Each command group lives in its own module of this package and exposes
 taking the parsed ``argparse.Namespace`` and returning the exit code).
 
 Exit codes are stable: 0 success, 1 errors or failed checks, 2 usage error,
-3 lint problems only (``et rules check``).
+3 lint problems only (``et rules check``). A reader that closes the pipe early
+(``et history RUN -n 100000 | head -1``) is not an error: exit 0, nothing on stderr.
 """
 
 from __future__ import annotations
 
 import argparse
 import importlib
+import os
 import sys
 
 #: command modules, in the order ``et --help`` lists them; a missing module is skipped
@@ -55,11 +57,27 @@ def main(argv: list[str] | None = None) -> int:
         parser.print_help()
         return 2
     try:
-        return int(func(args) or 0)
+        code = int(func(args) or 0)
+        sys.stdout.flush()  # a closed pipe shows here, not in the flush at interpreter exit
+        return code
     except KeyboardInterrupt:
         return 130
     except BrokenPipeError:
+        _silence_stdout()
         return 0
+
+
+def _silence_stdout() -> None:
+    """After a closed pipe: point stdout at /dev/null, so that the flush at interpreter exit
+    (of what is still buffered) cannot raise a second ``BrokenPipeError`` (which Python
+    reports on stderr and turns into exit status 120). As the Python docs advise for
+    SIGPIPE."""
+    try:
+        devnull = os.open(os.devnull, os.O_WRONLY)
+        os.dup2(devnull, sys.stdout.fileno())
+        os.close(devnull)
+    except (OSError, ValueError, AttributeError):  # no real file descriptor (tests)
+        pass
 
 
 if __name__ == "__main__":  # pragma: no cover

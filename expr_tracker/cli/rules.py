@@ -1,13 +1,17 @@
 """``et rules``: explain, check and test alert rules without a training job (for CI).
 
-    et rules explain "<rule>" [--format json]
-    et rules check FILE... [--run DIR] [--format json] [--lint-fatal]
-    et rules test RULE|FILE --run DIR [-n N]         replay recorded history
+    et rules explain "<rule>" [--format text|json|jsonl]
+    et rules check FILE... [--run DIR] [--package P] [--format text|json|jsonl] [--lint-fatal]
+    et rules test RULE|FILE --run DIR [-n N] [--format text|json|jsonl]   replay history
     et rules test TESTFILE.yaml                      rule unit tests (like promtool test rules)
 
 Exit codes (stable, CONVENTIONS.md "Rule checking in CI"): 0 success, 1 invalid rules or
 failed tests, 2 usage error, 3 lint warnings only with ``--lint-fatal`` (without it
 warnings are printed as ``WARNING`` and exit 0, as promtool does).
+
+``--format json`` prints one JSON document (``check``: an array with one result per file;
+``test --run``: an array of firings; ``explain``: the rule's description), ``--format
+jsonl`` one object per line (``cli/output.py``).
 """
 
 from __future__ import annotations
@@ -17,6 +21,8 @@ import math
 import re
 import sys
 from pathlib import Path
+
+from expr_tracker.cli import appconfig, output
 
 __all__ = ["expand_series", "read_metrics", "register"]
 
@@ -41,7 +47,12 @@ def register(subparsers) -> None:
         ),
     )
     p.add_argument("rule", help='a rule, e.g. "zscore(loss[50]) > 4 => error: spike"')
-    p.add_argument("--format", choices=("text", "json"), default="text")
+    p.add_argument(
+        "--format",
+        choices=("text", *output.MACHINE_FORMATS),
+        default="text",
+        help="text (default); json: the description as one JSON object; jsonl: on one line",
+    )
     p.set_defaults(func=cmd_explain)
 
     p = sub.add_parser(
@@ -57,7 +68,8 @@ def register(subparsers) -> None:
     )
     p.add_argument("files", nargs="+", metavar="FILE")
     p.add_argument("--run", metavar="DIR", help="a run: metric names unknown to it are errors")
-    p.add_argument("--format", choices=("text", "json"), default="text")
+    appconfig.add_package_option(p)
+    output.add_format_option(p, "text", what="file results")
     p.add_argument("--lint-fatal", action="store_true", help="exit 3 when there are warnings")
     p.set_defaults(func=cmd_check)
 
@@ -74,7 +86,7 @@ def register(subparsers) -> None:
     p.add_argument("target", metavar="RULE|FILE", help="a rule, a rules file, or a test file")
     p.add_argument("--run", metavar="DIR", help="run directory or metrics*.jsonl to replay")
     p.add_argument("-n", type=int, metavar="N", help="replay only the last N steps")
-    p.add_argument("--format", choices=("text", "json"), default="text")
+    output.add_format_option(p, "text", what="firings (with --run)")
     p.set_defaults(func=cmd_test)
 
     parser.set_defaults(func=lambda args: _usage(parser))
@@ -99,8 +111,8 @@ def cmd_explain(args) -> int:
         rule = make_rule(args.rule)
         compiled = compile_expr(rule.condition, text=rule.source)
     except RuleError as exc:
-        if args.format == "json":
-            _out(json.dumps({"valid": False, "error": str(exc)}))
+        if output.is_machine(args.format):
+            output.write_object({"valid": False, "error": str(exc)}, args.format)
         else:
             _out(f"FAILED: {exc}")
         return EXIT_INVALID
@@ -115,8 +127,8 @@ def cmd_explain(args) -> int:
         "time_based": compiled.time_based,
         "warnings": _lint(rule),
     }
-    if args.format == "json":
-        _out(json.dumps(info))
+    if output.is_machine(args.format):
+        output.write_object(info, args.format)
         return EXIT_OK
     _out(f"condition:  {info['condition']}")
     _out(f"level:      {rule.level}")
@@ -284,12 +296,14 @@ def _alert_window(data) -> int:
     return DEFAULT_ALERT_WINDOW
 
 
-def check_file(path: str, known: set[str] | None = None) -> dict:
+def check_file(path: str, known: set[str] | None = None, package: str | None = None) -> dict:
     """Validate one rules file: ``{"file", "status", "errors", "warnings", "rules"}``;
     each problem is ``{"line", "column", "message"}``, at the key or value at fault.
 
     Point windows are capped by ``history.alert_window`` when the file is a whole run spec
-    (it has an ``alerts`` section), by the default 4096 otherwise."""
+    (it has an ``alerts`` section), by the default 4096 otherwise. ``package`` (dotted) is
+    the section of the file that holds the rules file or run spec (``tracker`` in a Hydra
+    app's config); lines and columns stay those of the file."""
     from expr_tracker.spec.load import duplicate_key_message
 
     result = {"file": path, "errors": [], "warnings": [], "rules": 0}
@@ -311,9 +325,16 @@ def check_file(path: str, known: set[str] | None = None) -> dict:
         return _status(result)
     data = doc.data
     base: tuple = ()
+    for key in package.split(".") if package else ():
+        if not isinstance(data, dict) or key not in data:
+            keys = ", ".join(map(str, data)) if isinstance(data, dict) else "none"
+            message = f"no section {'.'.join((*base, key))!r} (--package {package}; keys: {keys})"
+            problem("errors", *doc.where(base), message)
+            return _status(result)
+        data, base = data[key], (*base, key)
     window = DEFAULT_ALERT_WINDOW
     if isinstance(data, dict) and isinstance(data.get("alerts"), dict):
-        base, section = ("alerts",), data["alerts"]
+        base, section = (*base, "alerts"), data["alerts"]
         window = _alert_window(data)
     elif isinstance(data, dict):
         section = data
@@ -471,12 +492,12 @@ def cmd_check(args) -> int:
             sys.stderr.write(f"et rules check: cannot read run {args.run}: {exc}\n")
             return EXIT_USAGE
         known = {k for row in rows for k in row if not k.startswith("_")}
-    results = [check_file(f, known) for f in args.files]
+    results = [check_file(f, known, appconfig.package_of(f, args.package)) for f in args.files]
     failed = any(r["errors"] for r in results)
     warned = any(r["warnings"] for r in results)
     code = EXIT_INVALID if failed else (EXIT_LINT if warned and args.lint_fatal else EXIT_OK)
-    if args.format == "json":
-        _out(json.dumps({"files": results, "exit_code": code}))
+    if output.is_machine(args.format):
+        output.write_records(results, args.format)  # the exit code says the rest
         return code
     for r in results:
         head = f"Checking {r['file']}"
@@ -614,23 +635,12 @@ def cmd_test(args) -> int:
 
     cap = replay(rules, rows)
     fired = cap.fired()
-    if args.format == "json":
-        _out(
-            json.dumps(
-                {
-                    "rows": len(rows),
-                    "firings": [
-                        {
-                            "step": e.step,
-                            "rule": e.rule.name,
-                            "level": e.level,
-                            "message": e.message,
-                        }
-                        for e in fired
-                    ],
-                }
-            )
-        )
+    if output.is_machine(args.format):
+        firings = [
+            {"step": e.step, "rule": e.rule.name, "level": e.level, "message": e.message}
+            for e in fired
+        ]
+        output.write_records(firings, args.format)
         return EXIT_OK
     for e in fired:
         _out(f"step {e.step}: [{e.level}] {e.rule.name}: {e.message}")
@@ -850,25 +860,38 @@ def _unit_tests(path: Path, args) -> int:
         line, col, message = problem
         return f"{path}:{line}:{col}: {message}"
 
+    fmt = getattr(args, "format", "text")
+
+    def result(failures: list[str], warned: list, tests: int | None = None) -> int:
+        """The outcome: a record (json/jsonl: one per file, as ``check``) or text lines."""
+        warn = [f"{path}:{line}:{col}: {message}" for line, col, message in warned]
+        if output.is_machine(fmt):
+            status = "FAILED" if failures else "SUCCESS"
+            record = {"file": str(path), "status": status, "tests": tests}
+            output.write_records([{**record, "failures": failures, "warnings": warn}], fmt)
+        elif failures:
+            _out(f"{path}: FAILED:")
+            for f in failures:
+                _out("  " + f.replace("\n", "\n  "))
+        else:
+            _out(f"{path}: SUCCESS: {tests} tests passed")
+        if not output.is_machine(fmt):
+            for line, col, message in warned:
+                _out(f"  {path}:{line}:{col}: WARNING: {message}")
+        return EXIT_INVALID if failures else EXIT_OK
+
     try:
         doc, rules, errors, warnings = _load_unit_file(path)
     except OSError as exc:
-        _out(f"{path}: FAILED: cannot read: {exc.strerror or exc}")
-        return EXIT_INVALID
+        return result([f"cannot read: {exc.strerror or exc}"], [])
     except yaml.YAMLError as exc:
         mark = getattr(exc, "problem_mark", None)
         where = f"{path}:{mark.line + 1}:{mark.column + 1}" if mark else str(path)
-        _out(f"{path}: FAILED:\n  {where}: invalid YAML: {getattr(exc, 'problem', None) or exc}")
-        return EXIT_INVALID
+        return result([f"{where}: invalid YAML: {getattr(exc, 'problem', None) or exc}"], [])
     if not errors and not rules:
         errors.append(f"{path}: no rules (give rule_files or rules)")
     if errors:
-        _out(f"{path}: FAILED:")
-        for e in errors:
-            _out(f"  {at(e)}")
-        for line, col, message in warnings:
-            _out(f"  {path}:{line}:{col}: WARNING: {message}")
-        return EXIT_INVALID
+        return result([at(e) for e in errors], warnings)
     spec = doc.data
     default_interval = _seconds(spec.get("evaluation_interval", spec.get("interval")), 1.0)
     by_name = {r.name: r for r in rules}
@@ -897,13 +920,4 @@ def _unit_tests(path: Path, args) -> int:
                 if not want:
                     diff.insert(1, "  expected quiet")
                 failures.append("\n".join(diff))
-    if failures:
-        _out(f"{path}: FAILED:")
-        for f in failures:
-            _out("  " + f.replace("\n", "\n  "))
-    else:
-        _out(f"{path}: SUCCESS: {len(spec['tests'])} tests passed")
-    for w in warnings:
-        line, col, message = w
-        _out(f"  {path}:{line}:{col}: WARNING: {message}")
-    return EXIT_INVALID if failures else EXIT_OK
+    return result(failures, warnings, len(spec["tests"]))

@@ -20,13 +20,14 @@ first three that are not span timings.
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import re
 import sys
 import time
 from pathlib import Path
 from typing import IO, Any
+
+from expr_tracker.cli import output
 
 MAX_DEPTH = 4
 MAIN_WORDS = ("loss", "acc", "score", "reward", "f1", "auc", "ppl", "perplexity", "bleu", "map")
@@ -46,12 +47,7 @@ def register(subparsers: Any) -> None:
     )
     p.add_argument("dir", nargs="?", default="runs", help="directory to search (default ./runs)")
     p.add_argument("--metrics", default=None, metavar="A,B", help="metrics to show")
-    p.add_argument(
-        "--format",
-        choices=("table", "json"),
-        default="table",
-        help="table (default) or json: one array of runs, with each producer's status",
-    )
+    output.add_format_option(p, "table", what="runs, with each producer's status")
     p.set_defaults(func=run_runs)
 
 
@@ -210,7 +206,7 @@ STATUS_STYLE = {"running": "cyan", "finished": "green", "failed": "red", "crashe
 
 def run_runs(args: argparse.Namespace, out: IO[str] | None = None) -> int:
     """The ``et runs`` command; returns the exit code (0 ok, 1 no such directory)."""
-    from expr_tracker.cli.history import _strict, format_value, table_width
+    from expr_tracker.cli.history import table_width
     from expr_tracker.history.frame import parse_columns
 
     out = out or sys.stdout
@@ -221,23 +217,40 @@ def run_runs(args: argparse.Namespace, out: IO[str] | None = None) -> int:
     wanted = parse_columns(args.metrics)
     runs = [describe_run(d, wanted, root) for d in find_runs(root)]
     runs.sort(key=lambda r: r["started_at"] or 0.0, reverse=True)
-    if args.format == "json":
-        out.write(json.dumps(_strict(runs), indent=2, default=str) + "\n")
+    if output.is_machine(args.format):
+        output.write_records(runs, args.format, out)
         return 0
-    from rich.console import Console
+    console = output.console(out, table_width(out))
+    if not runs:
+        console.print(f"no runs under {root}")
+        return 0
+    console.print(runs_table(runs, console.width))
+    return 0
+
+
+def runs_table(runs: list[dict[str, Any]], width: int) -> Any:
+    """The ``et runs`` table (a rich ``Table``) for ``width`` terminal cells.
+
+    ``status`` and ``steps`` are never cut or dropped: they keep their full width, and the
+    other columns give way instead — ``run``, ``producers`` and ``last values`` wrap
+    (folding a long name), and below 100 cells ``started`` drops its year. (Rich alone cuts
+    columns that may not wrap to nothing when the table is too wide.)
+    """
     from rich.table import Table
 
+    from expr_tracker.cli.history import cell_len, format_value
+
+    fmt = "%Y-%m-%d %H:%M" if width >= 100 else "%m-%d %H:%M"
     table = Table(box=None, header_style="bold", pad_edge=False)
-    for col, just in (
-        ("run", "left"),
-        ("status", "left"),
-        ("steps", "right"),
-        ("producers", "right"),
-        ("started", "left"),
-        ("duration", "right"),
-        ("last values", "left"),
-    ):
-        table.add_column(col, justify=just, no_wrap=True)  # type: ignore[arg-type]
+    status_w = max(cell_len("status"), *(cell_len(r["status"]) for r in runs))
+    steps_w = max(cell_len("steps"), *(cell_len(str(r["steps"])) for r in runs))
+    table.add_column("run", overflow="fold")
+    table.add_column("status", no_wrap=True, min_width=status_w)
+    table.add_column("steps", justify="right", no_wrap=True, min_width=steps_w)
+    table.add_column("producers", justify="right", overflow="fold")
+    table.add_column("started", no_wrap=True)
+    table.add_column("duration", justify="right", no_wrap=True)
+    table.add_column("last values", overflow="fold")
     for r in runs:
         started = r["started_at"]
         table.add_row(
@@ -245,13 +258,8 @@ def run_runs(args: argparse.Namespace, out: IO[str] | None = None) -> int:
             f"[{STATUS_STYLE.get(r['status'], 'dim')}]{r['status']}[/]",
             str(r["steps"]),
             _producers_cell(r),
-            time.strftime("%Y-%m-%d %H:%M", time.localtime(started)) if started else "",
+            time.strftime(fmt, time.localtime(started)) if started else "",
             _duration(r["duration_s"]),
             "  ".join(f"{k}={format_value(v)}" for k, v in r["metrics"].items()),
         )
-    console = Console(file=out, width=table_width(out), highlight=False, soft_wrap=False)
-    if not runs:
-        console.print(f"no runs under {root}")
-        return 0
-    console.print(table)
-    return 0
+    return table

@@ -500,8 +500,43 @@ def _key_path(node: Any, data: Any, target: yaml.Mark, path: str) -> str | None:
     return None
 
 
+def _package(node: Any, data: Any, package: str | None, file: str, source: str) -> tuple:
+    """``(node, data)`` of the section at dotted ``package`` (``"tracker"``) of a file (a
+    Hydra app's config holding the spec under ``tracker:``); unchanged without a package.
+
+    Raises:
+        SpecError: the section is missing or not a mapping.
+    """
+    if not package:
+        return node, data
+    where = ""
+    for key in package.split("."):
+        where = join_path(where, key)
+        if not isinstance(data, Mapping) or key not in data:
+            keys = ", ".join(map(str, data)) if isinstance(data, Mapping) else "none"
+            msg = f"no section {where!r} in {file} (--package {package}; keys there: {keys})"
+            raise SpecError([SpecIssue("", msg, source=source)])
+        data = data[key]
+        found = None
+        if isinstance(node, yaml.MappingNode):
+            for key_node, value_node in node.value:
+                if _node_key(key_node) == key:
+                    found = value_node
+        node = found
+    if data is None:
+        data = {}
+    if not isinstance(data, Mapping):
+        msg = f"the section {package!r} of {file} must be a mapping, not {type(data).__name__}"
+        raise SpecError([SpecIssue("", msg, source=source)])
+    return node, data
+
+
 def load_file(
-    path: str | os.PathLike, *, source: str | None = None, root: str = ""
+    path: str | os.PathLike,
+    *,
+    source: str | None = None,
+    root: str = "",
+    package: str | None = None,
 ) -> tuple[dict[str, Any], dict[str, Location]]:
     """Read a spec file: ``.yaml``/``.yml`` (safe loader), ``.json`` or ``.toml``.
 
@@ -509,6 +544,8 @@ def load_file(
         path: the file; another suffix is read as YAML (which also reads JSON).
         source: provenance string put on errors (default ``"file:<path>"``).
         root: the dotted path the file's top level sits at, for ``locations``.
+        package: a dotted section of the file to read instead of its top level (a Hydra
+            app's config: ``"tracker"``); locations stay those of the file.
 
     Returns:
         ``(data, locations)``: the top-level mapping (``{}`` for an empty file) and, for
@@ -531,14 +568,16 @@ def load_file(
             data = json.loads(text)
             try:  # JSON is (nearly always) YAML: its node marks give line and column
                 node, _, duplicates = compose_unique(text)
+                node, data = _package(node, data, package, file, source)
                 _yaml_locations(node, data, root, file, locations)
             except yaml.YAMLError:
                 locations.clear()
         elif suffix == ".toml":
-            data = _load_toml(p)
+            _, data = _package(None, _load_toml(p), package, file, source)
         else:
             text = p.read_text(encoding="utf-8")
             node, data, duplicates = compose_unique(text)
+            node, data = _package(node, data, package, file, source)
             _yaml_locations(node, data, root, file, locations)
     except SpecError:
         raise
@@ -619,16 +658,30 @@ def _alerts_section(data: Mapping[str, Any], source: str, location_of=None) -> d
     return {"alerts": dict(data)}
 
 
-def _file_layer(path: str | os.PathLike, source: str, kind: str) -> Layer:
+def _file_layer(
+    path: str | os.PathLike, source: str, kind: str, package: str | None = None
+) -> Layer:
     file = os.fspath(path)
     if kind == "alerts":
-        probe, _ = load_file(file, source=source)
+        probe, _ = load_file(file, source=source, package=package)
         wrapped = "alerts" in probe
-        data, locations = load_file(file, source=source, root="" if wrapped else "alerts")
+        root = "" if wrapped else "alerts"
+        data, locations = load_file(file, source=source, root=root, package=package)
         data = _alerts_section(data, source, locations.get)
     else:
-        data, locations = load_file(file, source=source)
+        data, locations = load_file(file, source=source, package=package)
     return Layer(source, data, locations)
+
+
+def file_layer(path: str | os.PathLike, kind: str = "run", package: str | None = None) -> Layer:
+    """A spec file as a layer (source ``"file:<path>"``) to give ``resolve(spec=...)``:
+    ``kind`` ``"run"`` (a RunSpec) or ``"alerts"``; ``package`` a dotted section of the file
+    (``"tracker"`` in a Hydra app's config), as ``load_file``.
+
+    Raises:
+        SpecError: as ``load_file``.
+    """
+    return _file_layer(path, f"file:{os.fspath(path)}", kind, package)
 
 
 def alert_config_layer(path: str | os.PathLike) -> Layer:
@@ -735,6 +788,8 @@ def spec_layer(spec: Any) -> Layer | None:
     """
     if spec is None:
         return None
+    if isinstance(spec, Layer):  # file_layer(): a section of a file
+        return spec
     if isinstance(spec, (str, os.PathLike)):
         path = os.fspath(spec)
         return _file_layer(path, f"file:{path}", "run")
@@ -1009,13 +1064,17 @@ def resolve(
     return ResolvedSpec(model, final, dict(locations))
 
 
-def validate_file(path: str | os.PathLike, kind: str = "run") -> list[SpecIssue]:
+def validate_file(
+    path: str | os.PathLike, kind: str = "run", package: str | None = None
+) -> list[SpecIssue]:
     """Check one spec file on its own, for ``et config validate`` and ``et rules check``.
 
     Args:
         path: a YAML/JSON/TOML file.
         kind: ``"run"`` (a whole RunSpec) or ``"alerts"`` (the alerts section, or a mapping
             with an ``alerts`` key).
+        package: a dotted section of the file holding the spec (``"tracker"``), as
+            ``load_file``.
 
     Returns:
         Every problem (empty when valid); YAML problems carry ``location`` (file, line, col).
@@ -1024,13 +1083,15 @@ def validate_file(path: str | os.PathLike, kind: str = "run") -> list[SpecIssue]
         ValueError: ``kind`` is neither ``"run"`` nor ``"alerts"``.
     """
     try:
-        resolve_file(path, kind)
+        resolve_file(path, kind, package)
     except SpecError as exc:
         return exc.issues
     return []
 
 
-def resolve_file(path: str | os.PathLike, kind: str = "run") -> ResolvedSpec:
+def resolve_file(
+    path: str | os.PathLike, kind: str = "run", package: str | None = None
+) -> ResolvedSpec:
     """One spec file on its own (no environment, no other source) as a ``ResolvedSpec``,
     for ``et config validate`` to run the checks ``et.init`` runs (``build.check``).
 
@@ -1038,6 +1099,8 @@ def resolve_file(path: str | os.PathLike, kind: str = "run") -> ResolvedSpec:
         path: a YAML/JSON/TOML file.
         kind: ``"run"`` (a whole RunSpec) or ``"alerts"`` (the alerts section, or a mapping
             with an ``alerts`` key).
+        package: a dotted section of the file holding the spec (``"tracker"``), as
+            ``load_file``.
 
     Raises:
         SpecError: every problem (YAML problems carry ``location``).
@@ -1046,7 +1109,7 @@ def resolve_file(path: str | os.PathLike, kind: str = "run") -> ResolvedSpec:
     if kind not in ("run", "alerts"):
         raise ValueError(f"kind must be 'run' or 'alerts', not {kind!r}")
     file = os.fspath(path)
-    layer = _file_layer(file, f"file:{file}", kind)
+    layer = _file_layer(file, f"file:{file}", kind, package)
     merged, sources, locations = merge_layers([layer])
     model, issues = _validate(merged, sources, locations, [layer])
     if issues or model is None:

@@ -1,0 +1,259 @@
+"""The `et` output contract: --format json is one JSON document (an array for listings) and
+jsonl one object per line in every command; a closed pipe exits 0; `et runs` keeps status
+and steps at 80 columns; `et history` reads a run that wrote its rows and ended meanwhile."""
+
+from __future__ import annotations
+
+import io
+import json
+import os
+import subprocess
+import sys
+
+import pytest
+
+import expr_tracker as et
+from expr_tracker.cli.main import main
+
+
+def strict_loads(text):
+    def bad(token):
+        raise ValueError(f"not strict JSON: {token}")
+
+    return json.loads(text, parse_constant=bad)
+
+
+@pytest.fixture
+def runs_root(tmp_path):
+    root = tmp_path / "runs"
+    et.init(project="p", name="a", dir=str(root))
+    for i in range(4):
+        et.log({"loss": 1.0 / (i + 1)})
+    et.log({"loss": float("nan")})
+    et.finish()
+    return root
+
+
+# --------------------------------------------------------------------------- the helper
+
+
+def test_record_writer_json_is_one_array_jsonl_one_object_per_line():
+    from expr_tracker.cli import output
+
+    recs = [{"a": 1.0, "b": float("nan")}, {"a": float("inf"), "s": "é"}]
+    buf = io.StringIO()
+    output.write_records(recs, "json", buf)
+    assert strict_loads(buf.getvalue()) == [{"a": 1.0, "b": None}, {"a": None, "s": "é"}]
+    buf = io.StringIO()
+    output.write_records(recs, "jsonl", buf)
+    lines = buf.getvalue().splitlines()
+    assert [strict_loads(x) for x in lines] == [{"a": 1.0, "b": None}, {"a": None, "s": "é"}]
+    for fmt, empty in (("json", "[]\n"), ("jsonl", "")):
+        buf = io.StringIO()
+        output.write_records([], fmt, buf)
+        assert buf.getvalue() == empty
+    # written a batch at a time (et history --follow), still one document
+    buf = io.StringIO()
+    w = output.RecordWriter("json", buf)
+    w.write([{"x": 1}])
+    w.write([])
+    w.write([{"x": 2}, {"x": 3}])
+    w.close()
+    w.close()
+    assert json.loads(buf.getvalue()) == [{"x": 1}, {"x": 2}, {"x": 3}]
+    with pytest.raises(ValueError, match="jsonl"):
+        output.RecordWriter("yaml")
+
+
+# --------------------------------------------------------------------------- every command
+
+
+def _json_and_jsonl(capsys, args):
+    """Run ``et ARGS --format json`` and ``--format jsonl``: (array, objects, exit codes)."""
+    code_a = main([*args, "--format", "json"])
+    doc = strict_loads(capsys.readouterr().out)
+    code_b = main([*args, "--format", "jsonl"])
+    lines = [strict_loads(x) for x in capsys.readouterr().out.splitlines()]
+    assert code_a == code_b
+    return doc, lines, code_a
+
+
+def test_every_listing_command_prints_an_array_and_jsonl_lines(runs_root, tmp_path, capsys):
+    run = str(runs_root / "p" / "a")
+    rules = tmp_path / "alerts.yaml"
+    rules.write_text("rules:\n  high: 'loss > 0.4 => warning: high'\n")
+    other = tmp_path / "more.yaml"
+    other.write_text("rules:\n  low: 'loss < 0 => info: low'\n")
+    spec = tmp_path / "spec.yaml"
+    spec.write_text("project: p\nname: fixed\nhistory: {buffer: {size: 7}}\n")
+    cases = [
+        (["history", run, "-n", "-1"], 5),
+        (["runs", str(runs_root)], 1),
+        (["rules", "check", str(rules), str(other)], 2),
+        (["rules", "test", str(rules), "--run", run], 1),  # fires once, at step 0
+        (["config", "show", str(spec)], None),
+    ]
+    for args, n in cases:
+        doc, lines, code = _json_and_jsonl(capsys, args)
+        assert code == 0, args
+        assert isinstance(doc, list), args
+        assert doc == lines, args  # the same records, one document vs one per line
+        assert all(isinstance(x, dict) for x in doc), args
+        if n is not None:
+            assert len(doc) == n, args
+    # a one-rule answer is one object in both formats
+    doc, lines, code = _json_and_jsonl(capsys, ["rules", "explain", "loss > 1"])
+    assert code == 0 and doc["valid"] is True and lines == [doc]
+
+
+def test_channels_test_formats(tmp_path, capsys, monkeypatch):
+    for var in [v for v in os.environ if v.endswith("WEBHOOK_URL") or v.startswith("ET_")]:
+        monkeypatch.delenv(var)
+    cfg = tmp_path / "alerts.yaml"
+    cfg.write_text(
+        "channels:\n  - {name: a, type: slack, url_env: ET_TEST_NOT_SET_A}\n"
+        "  - {name: b, type: slack, url_env: ET_TEST_NOT_SET_B}\n"
+    )
+    base = ["channels", "test", "--config", str(cfg)]
+    doc, lines, code = _json_and_jsonl(capsys, base)
+    assert code == 1  # every channel is off: nothing tested
+    assert [r["channel"] for r in doc] == ["a", "b"] and doc == lines
+    assert all(r["off"] for r in doc)
+    # --json (kept for scripts) is jsonl
+    assert main([*base, "--json"]) == 1
+    assert [json.loads(x)["channel"] for x in capsys.readouterr().out.splitlines()] == ["a", "b"]
+
+
+def test_history_follow_json_is_one_array_closed_at_the_end(runs_root, capsys):
+    run = str(runs_root / "p" / "a")
+    assert main(["history", run, "-f", "--format", "json", "--interval", "0.01"]) == 0
+    doc = strict_loads(capsys.readouterr().out)
+    assert [r["_step"] for r in doc] == [0, 1, 2, 3, 4] and doc[-1]["loss"] is None
+
+
+# --------------------------------------------------------------------------- closed pipes
+
+
+def _shell(cmd, env_extra=None):
+    env = {k: v for k, v in os.environ.items() if k != "PYTHONUNBUFFERED"}  # as users run it
+    env.update(env_extra or {})
+    return subprocess.run(
+        ["bash", "-c", cmd + '; echo "rc=${PIPESTATUS[0]}" >&2'],
+        capture_output=True,
+        text=True,
+        env=env,
+        timeout=120,
+    )
+
+
+@pytest.fixture(scope="module")
+def big_run(tmp_path_factory):
+    """A run with 8000 rows and a directory with 60 runs (output far beyond a pipe's
+    64 KiB buffer), written by a child process (no run is left current here)."""
+    root = tmp_path_factory.mktemp("pipes")
+    code = (
+        "import expr_tracker as et, sys\n"
+        "root = sys.argv[1]\n"
+        "et.init(project='p', name='big', dir=root + '/one')\n"
+        "for i in range(8000): et.log({'loss': 1.0 / (i + 1), 'acc': 0.5})\n"
+        "et.finish()\n"
+        "for i in range(60):\n"
+        "    et.init(project='p', name=f'r{i:03d}', dir=root + '/many'); et.log({'loss': 1.0})\n"
+        "    et.finish()\n"
+    )
+    subprocess.run([sys.executable, "-c", code, str(root)], check=True, timeout=300)
+    return root
+
+
+ET = f"{sys.executable} -m expr_tracker.cli.main"
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize(
+    "cmd",
+    [
+        "history {one} -n 100000 | head -1",
+        "history {one} -n 100000 --format json | head -1",
+        "history {one} -n 100000 --format jsonl | head -1",
+        "history {one} -n 100000 --format csv | head -1",
+        "runs {many} | head -1",
+        "runs {many} --format json | head -1",
+        # the reader is gone before anything is written: only the exit flush can fail
+        "runs {many} | true",
+        "rules explain 'loss > 1' | true",
+    ],
+)
+def test_a_closed_pipe_exits_0_quietly(big_run, cmd):
+    cmd = cmd.format(one=big_run / "one" / "p" / "big", many=big_run / "many")
+    res = _shell(f"{ET} {cmd}")
+    assert res.stderr.splitlines()[-1] == "rc=0", res.stderr
+    assert "Error" not in res.stderr and "Exception" not in res.stderr, res.stderr
+
+
+# --------------------------------------------------------------------------- et runs, 80 cols
+
+
+def test_runs_at_80_columns_keeps_status_and_steps(tmp_path, capsys, monkeypatch):
+    root = tmp_path / "runs"
+    long_project = "a-very-long-project-name-for-the-ablation-study"
+    long_name = "an-extremely-long-run-name-lr0.001-bs256-warmup1000-seed1234567"
+    et.init(project=long_project, name=long_name, dir=str(root), tags=["t" * 40])
+    for i in range(12345):
+        et.log({"train/loss_with_a_long_name": 1.0 / (i + 1), "val/accuracy_top5": 0.5})
+    et.finish()
+    et.init(project="p", name="short", dir=str(root))
+    et.log({"loss": 1.0})
+    et.finish()
+    for width in (80, 60):
+        monkeypatch.setenv("COLUMNS", str(width))
+        assert main(["runs", str(root)]) == 0
+        out = capsys.readouterr().out
+        lines = out.splitlines()
+        assert max(len(x) for x in lines) <= width, out
+        head = next(x for x in lines if "status" in x)  # a narrow header may wrap
+        assert head.split()[:3] == ["run", "status", "steps"], out
+        # the status and the step count, whole, on the first line of each run's row
+        rows = [x for x in lines[1:] if "finished" in x]
+        assert len(rows) == 2, out
+        assert {x.split("finished")[1].split()[0] for x in rows} == {"12345", "1"}, out
+        text = "".join(x.strip() for x in lines)
+        assert long_name[-20:] in text  # wrapped, not cut
+
+
+# --------------------------------------------------------------------------- a race
+
+
+def test_history_reads_a_run_that_wrote_and_ended_since_it_looked(tmp_path, capsys, monkeypatch):
+    """`et history` found no metrics file, then read run.json: if the run wrote its rows and
+    finished in between, the rows are read (it said 'no metrics.jsonl', exit 1)."""
+    import expr_tracker.cli.history as history
+
+    run = et.init(project="p", name="r", dir=str(tmp_path / "runs"))
+    real_status = history._status
+
+    def status_after_the_run_ended(path):
+        if not (run.dir / "metrics.jsonl").exists():
+            for i in range(3):
+                et.log({"loss": float(i)})
+            et.finish()
+        return real_status(path)
+
+    monkeypatch.setattr(history, "_status", status_after_the_run_ended)
+    assert main(["history", str(run.dir), "--format", "jsonl"]) == 0
+    assert [json.loads(x)["_step"] for x in capsys.readouterr().out.splitlines()] == [0, 1, 2]
+
+
+def test_rules_unit_test_file_formats(tmp_path, capsys):
+    tests = tmp_path / "tests.yaml"
+    tests.write_text(
+        "rules:\n  high: 'loss > 4 => error: high'\n"
+        "tests:\n  - name: t\n    input_series: {loss: '1 5 1'}\n"
+        "    expected_alerts: [{rule: high, steps: [2]}]\n"
+    )
+    doc, lines, code = _json_and_jsonl(capsys, ["rules", "test", str(tests)])
+    assert code == 1 and doc == lines
+    [result] = doc
+    assert result["status"] == "FAILED" and result["tests"] == 1
+    assert "expected firing at step 2" in result["failures"][0]
+    assert main(["rules", "test", str(tests)]) == 1  # text, as before
+    assert "FAILED" in capsys.readouterr().out
