@@ -96,8 +96,8 @@ class Span:
       the enclosing span's (or the run's ``span_print_fn``); ``False`` silences this subtree.
     - ``plugins``: measurement plugins (objects with ``start(span)``/``end(span) -> dict`` or
       plain ``fn(span) -> dict``). None inherits; ``[]`` turns them off for this subtree.
-    - ``step``: only added to the record's ``args.step``; the history step is the open one
-      when the span ends.
+    - ``step``: only added to the record's ``args.step``; the history step is the one of
+      the row the next ``log()`` writes (docs/spans.md "Which row a span joins").
     - ``**attrs``: attributes for the span file (not metrics).
 
     Raises ``ValueError`` for an empty name; on entry ``RuntimeError`` when the span was
