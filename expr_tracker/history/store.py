@@ -208,6 +208,8 @@ class HistoryStore:
         self.queries = 0
         self.disk_queries = 0
         self.disk_bytes_read = 0
+        self.disk_lines_skipped = 0  # lines of the file that are not rows, met by queries
+        self.disk_lines_no_step = 0  # ... of them: objects without an integer _step
         self._memo: DecodedTail | None = None  # decoded rows of the last tail(n) query
         self.dropped: dict[str, int] = {}
         self.sink_errors = 0
@@ -965,16 +967,18 @@ class HistoryStore:
         if w is None or not w.path.exists():
             return None
         if w.dropped:
-            return JsonlReader(w.path, meta={})
+            return JsonlReader(w.path, meta={}, warner=self.warner)
         meta = w.meta()
         meta["index"] = list(meta["index"])
-        reader = JsonlReader(w.path, meta=meta)
+        reader = JsonlReader(w.path, meta=meta, warner=self.warner)
         reader.set_end(reader.offset_of_line(boundary))
         return reader
 
     def _count_disk(self, reader: JsonlReader) -> None:
         self.disk_queries += 1
         self.disk_bytes_read += reader.bytes_read
+        self.disk_lines_skipped += reader.skipped
+        self.disk_lines_no_step += reader.no_step
 
     # ------------------------------------------------------------------ lifecycle
 
@@ -1016,7 +1020,9 @@ class HistoryStore:
         the file, including a resume's prefix), ``disk_prefix_rows``, ``pending_rows``,
         ``cached_rows`` / ``cached_bytes`` (encoded bytes) and their limits, ``evicted_rows``,
         ``cache_sorted``, ``queries``, ``disk_queries`` and ``disk_bytes_read`` (what the
-        queries read from the file), ``hit_rate`` (share of queries answered from memory,
+        queries read from the file), ``disk_lines_skipped`` (lines of the file that are not
+        rows, counted each time a query meets them) and ``disk_lines_no_step`` (those of
+        them without an integer ``_step``), ``hit_rate`` (share of queries answered from memory,
         None before the first), ``dropped`` (cause -> count: ``backward_step``,
         ``bad_step``, ``empty_key``, ``reserved_key``, ``closed``, ``disk``, ``oversize``),
         ``dropped_rows`` (their sum), ``sink_errors``, ``held_span_records`` (span records
@@ -1042,6 +1048,8 @@ class HistoryStore:
             "queries": q,
             "disk_queries": self.disk_queries,
             "disk_bytes_read": self.disk_bytes_read,
+            "disk_lines_skipped": self.disk_lines_skipped,
+            "disk_lines_no_step": self.disk_lines_no_step,
             "hit_rate": (q - self.disk_queries) / q if q else None,
             "dropped": dict(self.dropped),
             "sink_errors": self.sink_errors,
