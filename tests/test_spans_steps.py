@@ -231,7 +231,9 @@ def test_pending_span_time_is_shown_in_the_open_row(tmp_path, clock):
     (row,) = et.history(1)  # a view: the open row plus what waits for the next log()
     assert row["_step"] == 0 and row["a"] == 1 and row["time_ms/s"] == 4.0
     assert et.history(1, include_open=False) == []
+    assert et.info()["spans"]["held"] == 1
     et.log({"a": 2}, step=1)  # ... which places it in step 1
+    assert et.info()["spans"]["held"] == 0
     rows = et.history(2)
     assert "time_ms/s" not in rows[0] and rows[1]["time_ms/s"] == 4.0
 

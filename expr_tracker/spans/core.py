@@ -101,7 +101,8 @@ class Span:
     - ``**attrs``: attributes for the span file (not metrics).
 
     Raises ``ValueError`` for an empty name; on entry ``RuntimeError`` when the span was
-    already started, and ``ForkedRunError`` in a forked child whose active recorder belongs
+    already started (a span from :func:`start_span` may be entered once: the block ends it),
+    and ``ForkedRunError`` in a forked child whose active recorder belongs
     to the parent process. Exceptions from the code inside are recorded and re-raised.
 
     Attributes (read-only unless noted):
