@@ -270,22 +270,29 @@ def history(
         fill_missing: absent keys become None.
         dropna: drop rows where every selected metric is missing.
         run: read a run directory or metrics file offline (no ``et.init`` needed).
-        stream: the stream to read with ``run``.
+        stream: which stream to read. Without ``run`` (or with a ``Run``): None is the
+            run's own stream, answered from memory; another name reads that stream's
+            file in the run's directory (with this process's rank suffix), as written so
+            far by the process that logs it. With a ``run`` path: None is the main stream.
 
     Returns:
         Rows oldest first, as ``output_type``; a snapshot that later logging does not change.
 
     Raises:
         NoActiveRunError: no ``run`` given and no run active.
+        FileNotFoundError: ``run`` names no run, or ``stream`` has no metrics file (yet).
         TypeError: ``n`` is not an integer, ``step_range``/``metrics`` of the wrong type.
-        ValueError: ``n`` below -1, a malformed ``step_range``, an unknown ``output_type``.
+        ValueError: ``n`` below -1, a malformed ``step_range``, an unknown ``output_type``,
+            an invalid ``stream`` name.
         ImportError: ``pandas``/``polars`` is missing (naming the extra to install).
     """
     query_history = _query_history or _load_query()
-    if run is None:
-        source: Any = _current().history
-    elif isinstance(run, Run):
-        source = run.history
+    if run is None or isinstance(run, Run):
+        live = _current() if run is None else run
+        if stream is None or stream == live.stream:
+            source: Any = live.history
+        else:  # another stream of this run: its file (written by another process)
+            source = _stream_file(live, stream)
     else:
         source = Path(run)
     return query_history(
@@ -303,6 +310,21 @@ def history(
 
 
 _query_history: Any = None
+
+
+def _stream_file(run: Run, stream: str) -> Path:
+    """The metrics file of ``stream`` beside a live run's own: same directory, same rank
+    suffix as the run's file (``metrics.<stream>[.rankN].jsonl``).
+
+    Raises ``ValueError`` for an invalid stream name and ``FileNotFoundError`` (listing the
+    files that exist) when that stream has written nothing yet.
+    """
+    from expr_tracker.history.paths import parse_metrics_name, resolve_run_path
+
+    writer = run.history.writer
+    parsed = parse_metrics_name(writer.path.name) if writer is not None else None
+    rank = parsed[1] if parsed is not None else 0
+    return resolve_run_path(run.dir, stream=stream, rank=rank)
 
 
 def _load_query() -> Any:

@@ -3,8 +3,10 @@
 The reader trusts nothing about a file (spec design.txt A.1, B.0, B.2): lines may be out of
 step order (``step_policy="allow"``), a step may span several lines (patch lines written
 after ``max_open_seconds``), another program may have written the file (no sidecar, or a
-sidecar that no longer matches), and the last line may be torn by a crash. Undecodable
-lines are skipped and counted; a last line without its newline is never returned; rows of
+sidecar that no longer matches), and the last line may be torn by a crash. Lines that are
+not rows — undecodable, not a JSON object, or without an integer ``_step`` — are skipped
+and counted (``JsonlReader.skipped``, ``JsonlReader.no_step``); a line without ``_step`` is
+also warned about once per file. A last line without its newline is never returned; rows of
 one step are merged in file order (later lines win per key).
 
 :class:`JsonlReader` is the planner over one file:
@@ -34,10 +36,27 @@ from collections.abc import Iterable, Iterator
 from pathlib import Path
 from typing import Any
 
-from expr_tracker.history.codec import decode_line
+from expr_tracker.history.codec import Warner, decode_line
 
 BLOCK = 1 << 16
 META_SCHEMA = 2  # the sidecar schema (the writer writes it, this reader understands it)
+
+#: once-only memory for "line without _step" warnings of readers given no warner
+NO_STEP_WARNER = Warner()
+
+
+def warn_no_step(warner: Warner | None, path: Any) -> None:
+    """Count a line of ``path`` without an integer ``_step``; warn once per file."""
+    (warner or NO_STEP_WARNER).warn(
+        ("no_step", str(path)),
+        "expr_tracker: %s has a line without an integer _step; such lines are not rows and "
+        "are skipped (warned once per file, counted)",
+        path,
+    )
+
+
+def _is_row(rec: Any) -> bool:
+    return isinstance(rec, dict) and type(rec.get("_step")) is int
 
 
 # --------------------------------------------------------------------------- primitives
@@ -75,7 +94,8 @@ def _lines_backward(f: Any, end: int) -> Iterator[bytes]:
 
 
 def iter_rows(path: str | os.PathLike[str], end: int | None = None) -> Iterator[dict[str, Any]]:
-    """Decoded rows of ``path`` in file order, up to byte ``end``; bad lines skipped."""
+    """Decoded rows of ``path`` in file order, up to byte ``end``; lines that are not rows
+    (undecodable, or without an integer ``_step``: warned once per file) skipped."""
     with open(path, "rb") as f:
         pos = 0
         for raw in f:
@@ -88,15 +108,17 @@ def iter_rows(path: str | os.PathLike[str], end: int | None = None) -> Iterator[
                 rec = decode_line(raw)
             except ValueError:
                 continue
-            if isinstance(rec, dict):
+            if _is_row(rec):
                 yield rec
+            elif isinstance(rec, dict):
+                warn_no_step(None, path)
 
 
 def merge_by_step(rows: Iterable[dict[str, Any]]) -> list[dict[str, Any]]:
     """Merge rows sharing a ``_step`` (later rows win per key), in order of first appearance.
 
     Every returned dict is new (the input rows are never modified). Rows without an
-    integer ``_step`` are copied as they are.
+    integer ``_step`` (readers never return one) are copied as they are.
     """
     out: list[dict[str, Any]] = []
     at: dict[int, dict[str, Any]] = {}
@@ -172,6 +194,21 @@ def _decode(raw: bytes) -> dict[str, Any] | None:
     return rec if isinstance(rec, dict) else None
 
 
+_NOT_JSON = object()  # what _decode_row returns for an undecodable line
+
+
+def _decode_row(raw: bytes) -> Any:
+    """The row of ``raw``; None for a JSON object without an integer ``_step``;
+    ``_NOT_JSON`` for anything else."""
+    try:
+        rec = decode_line(raw)
+    except ValueError:
+        return _NOT_JSON
+    if not isinstance(rec, dict):
+        return _NOT_JSON
+    return rec if type(rec.get("_step")) is int else None
+
+
 class JsonlReader:
     """Tail and step-range reads over one metrics file; see the module docstring.
 
@@ -184,10 +221,14 @@ class JsonlReader:
         meta_path: where the sidecar is (None: beside the file).
         end: read only the bytes before this offset (the cache/disk boundary of a live
             store); None is the whole file.
+        warner: where the once-per-file warning about lines without ``_step`` goes (and is
+            counted); None: a module-level one.
 
     Attributes:
         bytes_read: bytes read from the OS so far.
-        skipped: undecodable lines met so far.
+        skipped: lines met so far that are not rows (undecodable, not an object, or
+            without an integer ``_step``); never returned.
+        no_step: the part of ``skipped`` that decoded but has no integer ``_step``.
         full_scans: reads that had to scan every line (no usable sidecar, or unsorted).
         sorted: whether the planner may treat the trusted prefix as sorted by step.
 
@@ -202,10 +243,13 @@ class JsonlReader:
         meta: dict[str, Any] | None = None,
         meta_path: str | os.PathLike[str] | None = None,
         end: int | None = None,
+        warner: Warner | None = None,
     ) -> None:
         self.path = Path(path)
         self.bytes_read = 0
         self.skipped = 0
+        self.no_step = 0
+        self._warner = warner
         self.full_scans = 0
         self.index_lookups = 0
         self._end = end
@@ -342,11 +386,28 @@ class JsonlReader:
 
     # ------------------------------------------------------------------ reads
 
+    def _not_a_row(self, rec: Any) -> None:
+        self.skipped += 1
+        if rec is None:  # an object without an integer _step
+            self.no_step += 1
+            warn_no_step(self._warner, self.path)
+
+    def stats(self) -> dict[str, int]:
+        """What this reader did so far: ``bytes_read``, ``skipped`` and ``no_step`` lines
+        (see the class attributes), ``full_scans``, ``index_lookups``."""
+        return {
+            "bytes_read": self.bytes_read,
+            "skipped": self.skipped,
+            "no_step": self.no_step,
+            "full_scans": self.full_scans,
+            "index_lookups": self.index_lookups,
+        }
+
     def _rows_backward(self, f: Any, end: int) -> Iterator[dict[str, Any]]:
         for raw in _lines_backward(f, end):
-            rec = _decode(raw)
-            if rec is None:
-                self.skipped += 1
+            rec = _decode_row(raw)
+            if rec is None or rec is _NOT_JSON:
+                self._not_a_row(rec)
                 continue
             yield rec
 
@@ -407,8 +468,9 @@ class JsonlReader:
     def iter_rows(self, start: int = 0, stop: int | None = None) -> Iterator[dict[str, Any]]:
         """Decoded rows in file order from byte ``start`` up to byte ``stop`` (default: end).
 
-        Undecodable lines are skipped (counted in ``skipped``); a line without its newline
-        at the end of the file (torn by a crash, or being written) is not returned.
+        Lines that are not rows are skipped (counted in ``skipped``; those without an
+        integer ``_step`` also in ``no_step``, warned once per file); a line without its
+        newline at the end of the file (torn by a crash, or being written) is not returned.
         """
         with self._open() as f:
             end = self._file_end(f)
@@ -420,9 +482,9 @@ class JsonlReader:
                 pos += len(raw)
                 if pos > stop or not raw.endswith(b"\n"):
                     break
-                rec = _decode(raw)
-                if rec is None:
-                    self.skipped += 1
+                rec = _decode_row(raw)
+                if rec is None or rec is _NOT_JSON:
+                    self._not_a_row(rec)
                     continue
                 yield rec
 

@@ -19,6 +19,14 @@ Commit table (spec design.txt A.1, aligned with wandb)::
 ``log({})`` commits a row holding only ``_step``/``_time``. An open row idle for
 ``max_open_seconds`` is written to disk without committing (no sink sees it); data that
 arrives for that step afterwards becomes a patch line, and readers merge by step.
+
+Span time joins the row the next ``log()`` writes (docs/spans.md "Which row a span joins"):
+:meth:`HistoryStore.ingest_span` aggregates into a *pending* row, and each accepted
+``log()`` call folds it into the row it writes to, after opening that row's step and before
+merging its own metrics. Span records handed to ``ingest_span`` are held with it and get
+their ``_step`` at that fold, so a record always names the row its time was summed into.
+``commit()``, ``flush()``, ``close()`` and a hold deadline (:meth:`HistoryStore.hold_spans`)
+fold into the row open at that moment.
 """
 
 from __future__ import annotations
@@ -88,6 +96,13 @@ AGGREGATION = {
 
 _NUMERIC = (int, float)
 
+#: span records held for their step at most once ``log(step=N)`` is in use; one more folds
+#: the pending span data at once (into the open row)
+HOLD_MAX_RECORDS = 65_536
+#: the same bound before any ``log(step=N)``: the open row is then the one the next
+#: ``log()`` writes anyway, so records are released in small batches
+HOLD_RECORDS_BEFORE_STEPS = 1024
+
 
 def _changed(row: dict[str, Any], written: dict[str, Any]) -> dict[str, Any] | None:
     """The patch line for ``row`` after ``written`` reached disk: changed keys plus
@@ -106,6 +121,11 @@ def _changed(row: dict[str, Any], written: dict[str, Any]) -> dict[str, Any] | N
 
 def _same(a: Any, b: Any) -> bool:
     return a is b or (type(a) is type(b) and a == b)
+
+
+def _same_value(a: Any, b: Any) -> bool:
+    """``_same``, and NaN is the same as NaN (a value logged twice is not a conflict)."""
+    return a is b or (type(a) is type(b) and (a == b or (type(a) is float and a != a and b != b)))
 
 
 class HistoryStore:
@@ -153,6 +173,20 @@ class HistoryStore:
         self._open: dict[str, Any] = {}
         self._open_nonfinite = False
         self._agg: dict[str, list[float]] = {}
+        # span data since the last log(): it joins the row the next log() writes
+        self._pend: dict[str, Any] = {}
+        self._pagg: dict[str, list[float]] = {}
+        self._preset: set[str] | None = None  # pending keys that restarted (non-numeric)
+        self._pend_nonfinite = False
+        self._pend_since = 0.0  # monotonic time of the oldest pending span
+        self._pend_armed = False
+        self._held: list[Any] = []  # span records waiting for their step
+        self._held_bytes = 0
+        self._span_sink: Callable[[int, list[Any]], Any] | None = None
+        self._hold_seconds: float | None = None
+        self._hold_max_bytes = 64 << 20
+        self._explicit_steps = False  # a log(step=N) was accepted
+        self._hold_cap = HOLD_RECORDS_BEFORE_STEPS
         self._written_open: dict[str, Any] | None = None  # what a timeout wrote for this step
         self._gen = 0
         self._touched = 0.0
@@ -174,6 +208,8 @@ class HistoryStore:
         self.queries = 0
         self.disk_queries = 0
         self.disk_bytes_read = 0
+        self.disk_lines_skipped = 0  # lines of the file that are not rows, met by queries
+        self.disk_lines_no_step = 0  # ... of them: objects without an integer _step
         self._memo: DecodedTail | None = None  # decoded rows of the last tail(n) query
         self.dropped: dict[str, int] = {}
         self.sink_errors = 0
@@ -240,10 +276,32 @@ class HistoryStore:
                     if self._open:
                         committed = self._commit_locked()
                     self.open_step = step
+                if not self._explicit_steps:
+                    self._explicit_steps = True
+                    self._hold_cap = HOLD_MAX_RECORDS
                 if commit is None:
                     commit = False
             elif commit is None:
                 commit = True
+            pend = self._pend
+            if pend:  # span time since the last log() joins the row this call writes
+                if not self._open and self._preset is None and not self._pend_nonfinite:
+                    # the common case, inlined: swap in the pending row (see _fold_locked)
+                    self._open, self._pend = pend, self._open
+                    self._agg, self._pagg = self._pagg, self._agg
+                    held = self._held
+                    if held:
+                        self._held = []
+                        self._held_bytes = 0
+                    else:
+                        held = None
+                else:
+                    held = self._fold_locked()
+                if held is not None and self._span_sink is not None:
+                    try:
+                        self._span_sink(self.open_step, held)
+                    except Exception as exc:  # noqa: BLE001 - a span sink never breaks log()
+                        self._sink_failed(exc)
             if metrics:
                 self._merge(metrics)
             landed = self.open_step
@@ -315,12 +373,13 @@ class HistoryStore:
                 if _has_nonfinite(v):
                     self._open_nonfinite = True
             if k in open_row:
-                self.warner.warn(
-                    ("last_wins", k),
-                    "expr_tracker: %r was logged twice for one step; the last value wins "
-                    "(warned once per key)",
-                    k,
-                )
+                if not _same_value(open_row[k], v):
+                    self.warner.warn(
+                        ("last_wins", k),
+                        "expr_tracker: %r was logged twice for one step with different "
+                        "values; the last value wins (warned once per key)",
+                        k,
+                    )
                 if agg:
                     agg.pop(k, None)
             open_row[k] = v
@@ -350,13 +409,22 @@ class HistoryStore:
     #: when it grows past a bound, so unique span names cannot grow it without limit
     _kind_cache: dict[str, int] = {}
 
-    def ingest_span(self, metrics: dict[str, Any], dur_ms: float) -> int:
-        """Accumulate span/plugin metrics into the open row; returns the step they landed on.
+    def ingest_span(self, metrics: dict[str, Any], dur_ms: float, record: Any = None) -> int | None:
+        """Accumulate span/plugin metrics until the next ``log()`` places them in its row.
 
         Aggregation by measurement name (spec spans.txt "Repeated plugin measurements"): sum
         (``time_ms``, ``cpu_time_ms``, ``gpu_mem_delta_mb``, ``count`` and unknown names),
         maximum (``gpu_mem_peak_mb``, ``gpu_mem_used_mb``), duration-weighted mean
         (``cpu_percent``, ``gpu_percent``). A span never commits a step.
+
+        The metrics wait in a pending row that the next accepted ``log()`` folds into the
+        row it writes (after ``step=`` opened it); ``commit()``, ``flush()``, ``close()``
+        and the hold deadline (:meth:`hold_spans`) fold it into the row open then.
+        ``record`` (a span record: ``bytes``, or a dict) waits with them and reaches the
+        span sink with the step of that row.
+
+        Returns None when ``record`` is held, else the step open now (the one a fold would
+        use now); -1 when the store is closed (nothing is kept).
         """
         if self._fork_gen != _FORK_GEN:
             raise ForkedRunError(FORK_MESSAGE)
@@ -364,44 +432,219 @@ class HistoryStore:
         with self._lock:
             if self._closed:
                 return -1
-            open_row = self._open
+            pend = self._pend
+            if not pend:  # the first span since the last fold: start the hold deadline
+                self._pend_since = self._clock()
+                if not self._pend_armed:
+                    self._arm_pending()
+            pagg = self._pagg
             for k, v in metrics.items():
                 tv = type(v)
                 if tv is not float and tv is not int:
-                    open_row[k] = v
-                    self._agg.pop(k, None)
+                    pend[k] = v
+                    pagg.pop(k, None)
+                    if self._preset is None:  # remember that this metric restarted
+                        self._preset = set()
+                    self._preset.add(k)
                     continue
                 if v - v != 0:
-                    self._open_nonfinite = True
+                    self._pend_nonfinite = True
                 kind = kinds.get(k)
                 if kind is None:
-                    if len(kinds) >= 65536:
-                        kinds.clear()
-                    kind = kinds[k] = AGGREGATION.get(k.split("/", 1)[0], SUM)
-                cur = open_row.get(k)
+                    kind = self._kind(k)
+                cur = pend.get(k)
                 if kind == MEAN:
-                    a = self._agg.get(k)
+                    a = pagg.get(k)
                     if a is None or type(cur) not in _NUMERIC:
-                        a = self._agg[k] = [0.0, 0.0]
+                        a = pagg[k] = [0.0, 0.0]
                     if dur_ms > 0:
                         a[0] += v * dur_ms
                         a[1] += dur_ms
-                        open_row[k] = a[0] / a[1]
+                        pend[k] = a[0] / a[1]
                     elif a[1] == 0:
-                        open_row[k] = v
+                        pend[k] = v
                 # exact type checks: a bool or non-number already in the row is replaced
                 elif (tc := type(cur)) is not float and tc is not int:
-                    open_row[k] = v
+                    pend[k] = v
                 elif kind == SUM:
-                    open_row[k] = cur + v
+                    pend[k] = cur + v
                 elif v > cur or cur != cur:
-                    open_row[k] = v
-            if self.max_open_seconds is not None:
-                if self._timer_armed:  # the common case: one clock read, no call
-                    self._touched = self._clock()
+                    pend[k] = v
+            if record is None:
+                return self.open_step
+            held = self._held
+            held.append(record)
+            if type(record) is not dict:  # an encoded record (attributes, plugins, error)
+                self._held_bytes += len(record)
+            if len(held) < self._hold_cap and self._held_bytes < self._hold_max_bytes:
+                return None
+            self._emit_held_locked(self._fold_locked())  # bounded memory
+            return None
+
+    @classmethod
+    def _kind(cls, k: str) -> int:
+        kinds = cls._kind_cache
+        if len(kinds) >= 65536:
+            kinds.clear()
+        kind = kinds[k] = AGGREGATION.get(k.split("/", 1)[0], SUM)
+        return kind
+
+    # ------------------------------------------------------------------ pending span data
+
+    def hold_spans(
+        self,
+        sink: Callable[[int, list[Any]], Any],
+        *,
+        max_seconds: float | None = 5.0,
+        max_bytes: int = 64 << 20,
+    ) -> None:
+        """Hold span records passed to :meth:`ingest_span` until their row is known.
+
+        ``sink(step, records)`` receives them, in the order they were ingested, with the
+        step of the row their metrics were folded into; it is called under the store lock
+        (so records reach the span file in fold order and ``flush()`` misses none), must
+        not call back into the store, and is never called with an empty list.
+
+        ``max_seconds`` bounds how long the oldest pending span waits for a ``log()`` while
+        this store has not accepted a ``log(step=N)``: the row open then is the one the
+        next ``log()`` writes anyway. Once explicit steps are in use the bound is
+        ``max_open_seconds`` (the open row's own crash bound). None: no timed fold beyond
+        ``max_open_seconds``. Memory is bounded by ``max_bytes`` (of records held encoded,
+        i.e. those with attributes, plugin metrics or an error) and by :data:`HOLD_MAX_RECORDS`
+        records (:data:`HOLD_RECORDS_BEFORE_STEPS` before the first ``log(step=N)``); past
+        a bound the pending data is placed in the open row at once.
+        """
+        with self._lock:
+            self._span_sink = sink
+            self._hold_seconds = max_seconds
+            self._hold_max_bytes = int(max_bytes)
+
+    @property
+    def held_span_records(self) -> int:
+        """Span records waiting for the ``log()`` that fixes their step."""
+        return len(self._held)
+
+    def fold_spans(self) -> None:
+        """Place pending span data in the open row now and hand its records to the sink
+        (what ``flush()`` and a closing span recorder do). Never commits."""
+        self._check_fork()
+        with self._lock:
+            if self._pend:
+                self._emit_held_locked(self._fold_locked())
+
+    def _fold_locked(self) -> list[Any] | None:
+        """Join the pending span data into the open row; returns the held records (or None)."""
+        pend = self._pend
+        if pend:
+            if not self._open:  # the common case: the row this log() opened is empty
+                # swap, no copy: an empty open row has no aggregation state either
+                self._open, self._pend = pend, self._open
+                self._agg, self._pagg = self._pagg, self._agg
+            else:
+                self._fold_into(self._open, self._agg)
+                self._pend = {}
+                self._pagg = {}
+            if self._preset is not None:
+                self._preset = None
+            if self._pend_nonfinite:
+                self._open_nonfinite = True
+                self._pend_nonfinite = False
+        held = self._held
+        if not held:
+            return None
+        self._held = []
+        self._held_bytes = 0
+        return held
+
+    def _fold_into(self, row: dict[str, Any], agg: dict[str, list[float]]) -> None:
+        """Combine the pending row into ``row`` as if its spans had been ingested there."""
+        pagg = self._pagg
+        reset = self._preset
+        kinds = self._kind_cache
+        for k, v in self._pend.items():
+            tv = type(v)
+            if (reset is not None and k in reset) or (tv is not float and tv is not int):
+                row[k] = v  # a non-numeric value restarted this metric's aggregation
+                a = pagg.get(k)
+                if a is not None:
+                    agg[k] = list(a)
                 else:
-                    self._touch()
-            return self.open_step
+                    agg.pop(k, None)
+                continue
+            kind = kinds.get(k)
+            if kind is None:
+                kind = self._kind(k)
+            cur = row.get(k)
+            if kind == MEAN:
+                a = agg.get(k)
+                if a is None or type(cur) not in _NUMERIC:
+                    a = agg[k] = [0.0, 0.0]
+                pa = pagg.get(k)
+                if pa is not None and pa[1] > 0:
+                    a[0] += pa[0]
+                    a[1] += pa[1]
+                    row[k] = a[0] / a[1]
+                elif a[1] == 0:
+                    row[k] = v
+            elif (tc := type(cur)) is not float and tc is not int:
+                row[k] = v
+            elif kind == SUM:
+                row[k] = cur + v
+            elif v > cur or cur != cur:
+                row[k] = v
+
+    def _emit_held_locked(self, held: list[Any] | None) -> None:
+        """Hand ``held`` to the span sink with the open step. Under the store lock, so
+        records reach the span file in fold order and ``flush()``/``close()`` never miss
+        a batch another thread has folded but not yet written."""
+        if held is None or self._span_sink is None:
+            return
+        try:
+            self._span_sink(self.open_step, held)
+        except Exception as exc:  # noqa: BLE001 - a span sink never breaks log()
+            self._sink_failed(exc)
+
+    def _sink_failed(self, exc: Exception) -> None:
+        self.warner.warn(
+            ("span_sink", type(exc).__name__),
+            "expr_tracker: writing span records failed (%s: %s); ignored (warned once)",
+            type(exc).__name__,
+            exc,
+        )
+
+    def _hold_limit(self) -> float | None:
+        hold = self._hold_seconds
+        if hold is None or self._explicit_steps:
+            return self.max_open_seconds
+        if self.max_open_seconds is None:
+            return hold
+        return min(hold, self.max_open_seconds)
+
+    def _arm_pending(self) -> None:
+        limit = self._hold_limit()
+        if limit is None:
+            return
+        self._pend_armed = True
+        (self._flusher or get_flusher()).schedule(
+            ("spans", id(self)), self._pend_since + limit, self._pending_timeout
+        )
+
+    def _pending_timeout(self) -> None:
+        """Runs on the flusher thread: fold span data that waited past the hold deadline."""
+        with self._lock:
+            self._pend_armed = False
+            if self._closed or not self._pend:
+                return
+            limit = self._hold_limit()
+            if limit is None:
+                return
+            due = self._pend_since + limit
+            if self._clock() < due:
+                self._arm_pending()
+                return
+            self._emit_held_locked(self._fold_locked())
+            if self.max_open_seconds is not None:
+                self._touch()
 
     # ------------------------------------------------------------------ commit
 
@@ -453,17 +696,22 @@ class HistoryStore:
         cache.evict(flushed)
 
     def commit(self) -> dict[str, Any] | None:
-        """Commit the open row if it holds data (``finish`` and ``flush`` use this)."""
+        """Commit the open row if it holds data (``finish`` and ``flush`` use this).
+
+        Pending span data is folded into it first (it counts as data).
+        """
         self._check_fork()
         with self._lock:
-            if not self._open:
-                return None
-            row = self._commit_locked()
+            if self._pend:
+                self._emit_held_locked(self._fold_locked())
+            row = None
             upto = 0
-            if self.sinks:
-                self._fanq.append(row)
-                self._fan_seq += 1
-                upto = self._fan_seq
+            if self._open:
+                row = self._commit_locked()
+                if self.sinks:
+                    self._fanq.append(row)
+                    self._fan_seq += 1
+                    upto = self._fan_seq
         if upto:
             self._drain(upto)
         return row
@@ -560,9 +808,16 @@ class HistoryStore:
             return self._open_copy_locked()
 
     def _open_copy_locked(self) -> dict[str, Any] | None:
+        """The open row as a query shows it: with the pending span data folded in (a view:
+        the next ``log()`` decides the row that data really joins)."""
         if not self._open:
-            return None
-        row = dict(self._open)
+            if not self._pend:
+                return None
+            row = dict(self._pend)
+        else:
+            row = dict(self._open)
+            if self._pend:
+                self._fold_into(row, {k: list(a) for k, a in self._agg.items()})
         row["_step"] = self.open_step
         return row
 
@@ -712,23 +967,27 @@ class HistoryStore:
         if w is None or not w.path.exists():
             return None
         if w.dropped:
-            return JsonlReader(w.path, meta={})
+            return JsonlReader(w.path, meta={}, warner=self.warner)
         meta = w.meta()
         meta["index"] = list(meta["index"])
-        reader = JsonlReader(w.path, meta=meta)
+        reader = JsonlReader(w.path, meta=meta, warner=self.warner)
         reader.set_end(reader.offset_of_line(boundary))
         return reader
 
     def _count_disk(self, reader: JsonlReader) -> None:
         self.disk_queries += 1
         self.disk_bytes_read += reader.bytes_read
+        self.disk_lines_skipped += reader.skipped
+        self.disk_lines_no_step += reader.no_step
 
     # ------------------------------------------------------------------ lifecycle
 
     def flush(self) -> None:
         """Write every committed row (and, through ``flush_hooks``, every completed span
-        record) to disk and wait. The open row stays open."""
+        record) to disk and wait. The open row stays open; pending span data is folded
+        into it first (:meth:`fold_spans`), so its records can be written."""
         self._check_fork()
+        self.fold_spans()
         if self.writer is not None:
             self.writer.flush()
         for hook in self.flush_hooks:
@@ -738,6 +997,8 @@ class HistoryStore:
         """Commit the open row (if it holds data), flush and close the writer."""
         self._check_fork()
         with self._lock:  # commit and close in one step: nothing can slip in between
+            if self._pend:
+                self._emit_held_locked(self._fold_locked())
             row = self._commit_locked() if self._open else None
             self._closed = True
             if row is not None and self.sinks:
@@ -747,7 +1008,9 @@ class HistoryStore:
         self._drain(upto)
         if self.writer is not None:
             self.writer.close()
-        (self._flusher or get_flusher()).cancel(("open", id(self)))
+        flusher = self._flusher or get_flusher()
+        flusher.cancel(("open", id(self)))
+        flusher.cancel(("spans", id(self)))
         return row
 
     def stats(self) -> dict[str, Any]:
@@ -757,10 +1020,14 @@ class HistoryStore:
         the file, including a resume's prefix), ``disk_prefix_rows``, ``pending_rows``,
         ``cached_rows`` / ``cached_bytes`` (encoded bytes) and their limits, ``evicted_rows``,
         ``cache_sorted``, ``queries``, ``disk_queries`` and ``disk_bytes_read`` (what the
-        queries read from the file), ``hit_rate`` (share of queries answered from memory,
+        queries read from the file), ``disk_lines_skipped`` (lines of the file that are not
+        rows, counted each time a query meets them) and ``disk_lines_no_step`` (those of
+        them without an integer ``_step``), ``hit_rate`` (share of queries answered from memory,
         None before the first), ``dropped`` (cause -> count: ``backward_step``,
         ``bad_step``, ``empty_key``, ``reserved_key``, ``closed``, ``disk``, ``oversize``),
-        ``dropped_rows`` (their sum), ``sink_errors`` and the writer's own ``writer`` stats.
+        ``dropped_rows`` (their sum), ``sink_errors``, ``held_span_records`` (span records
+        waiting for the ``log()`` that fixes their step) and the writer's own ``writer``
+        stats.
         """
         c = self.cache
         w = self.writer
@@ -781,9 +1048,12 @@ class HistoryStore:
             "queries": q,
             "disk_queries": self.disk_queries,
             "disk_bytes_read": self.disk_bytes_read,
+            "disk_lines_skipped": self.disk_lines_skipped,
+            "disk_lines_no_step": self.disk_lines_no_step,
             "hit_rate": (q - self.disk_queries) / q if q else None,
             "dropped": dict(self.dropped),
             "sink_errors": self.sink_errors,
+            "held_span_records": len(self._held),
         }
         if w is not None:
             ws = w.stats()

@@ -96,12 +96,13 @@ class Span:
       the enclosing span's (or the run's ``span_print_fn``); ``False`` silences this subtree.
     - ``plugins``: measurement plugins (objects with ``start(span)``/``end(span) -> dict`` or
       plain ``fn(span) -> dict``). None inherits; ``[]`` turns them off for this subtree.
-    - ``step``: only added to the record's ``args.step``; the history step is the open one
-      when the span ends.
+    - ``step``: only added to the record's ``args.step``; the history step is the one of
+      the row the next ``log()`` writes (docs/spans.md "Which row a span joins").
     - ``**attrs``: attributes for the span file (not metrics).
 
     Raises ``ValueError`` for an empty name; on entry ``RuntimeError`` when the span was
-    already started, and ``ForkedRunError`` in a forked child whose active recorder belongs
+    already started (a span from :func:`start_span` may be entered once: the block ends it),
+    and ``ForkedRunError`` in a forked child whose active recorder belongs
     to the parent process. Exceptions from the code inside are recorded and re-raised.
 
     Attributes (read-only unless noted):
@@ -133,6 +134,7 @@ class Span:
         "_end_ns",
         "_pm",
         "_rec",
+        "_manual",
         "__weakref__",
     )
 
@@ -164,12 +166,18 @@ class Span:
         self._end_ns = 0
         self._pm: dict[str, Any] | None = None
         self._rec: Any = None  # the recorder (run) active when the span started
+        self._manual = False  # started by start_span(), not yet entered by `with`
 
     # ------------------------------------------------------------------ lifecycle
 
     def _start(self) -> Span:
         if self._start_ns:
-            raise RuntimeError(f"span {self.name!r} was already started; create a new one")
+            if self._manual and not self._end_ns:  # `with et.start_span("x"):` ends it at exit
+                self._manual = False
+                return self
+            raise RuntimeError(
+                f"span {self.name!r} was already started (or entered twice); create a new one"
+            )
         rec = _active
         if rec is not None and rec._pid != _PID:
             raise ForkedRunError(
@@ -269,6 +277,16 @@ class Span:
         """End a span opened with :func:`start_span` (a second call is ignored)."""
         self._finish(None)
 
+    def _discard(self) -> None:
+        """Take a started span off the stack without recording it (a failed use of it)."""
+        if not self._end_ns:
+            self._end_ns = self._start_ns
+            if self._plugins:
+                _end_plugins(self)  # close what the plugins opened; the result is dropped
+            stack = _stack_get()
+            if self in stack:
+                _stack_set(tuple(s for s in stack if s is not self))
+
     # ------------------------------------------------------------------ protocols
 
     async def __aenter__(self) -> Span:
@@ -294,7 +312,12 @@ class Span:
         was already started.
         """
         if self._start_ns:
-            raise TypeError("a started span cannot decorate a function")
+            if self._manual:  # @et.start_span(...): never leave it open for others to nest in
+                self._discard()
+            raise TypeError(
+                f"a started span cannot decorate a function: use @et.span({self.name!r}) "
+                "(et.start_span starts the span at once)"
+            )
         import functools
         import inspect
 
@@ -445,6 +468,11 @@ def start_span(
     """Start a span now and return it; call ``.end()`` on it later, from any scope.
 
     Takes the arguments of :func:`span`. Spans opened afterwards in the same thread/task nest
-    under it until it ends; ending out of order is allowed.
+    under it until it ends; ending out of order is allowed. ``with et.start_span("x"):``
+    (and ``async with``) also works: the block ends it. A bad argument raises before the
+    span is started (``ValueError`` for an empty name); using the returned span as a
+    decorator raises ``TypeError`` and discards it, so no later span nests under it.
     """
-    return Span(name, print_fn=print_fn, plugins=plugins, step=step, **attrs)._start()
+    s = Span(name, print_fn=print_fn, plugins=plugins, step=step, **attrs)._start()
+    s._manual = True
+    return s

@@ -6,6 +6,12 @@
 duration-weighted mean, and resets on commit), and enqueues one encoded record with
 ``writer.append(line_bytes)``. It never writes a file itself.
 
+A store with ``hold_spans`` (the :class:`~expr_tracker.history.store.HistoryStore`) places
+span time in the row the next ``log()`` writes, so a record's step is not known when the
+span ends: the record is encoded then without ``_step``, handed to ``ingest_span`` with the
+metrics, and comes back through :meth:`SpanRecorder._write_held` with the step of the row
+its time was summed into (docs/spans.md "Which row a span joins").
+
 Record format (one JSON line of ``spans[.S][.rankN].jsonl``; see docs/architecture.md)::
 
     {"_step": 42, "name": "forward/attention", "depth": 1, "start": 1754323200.123456,
@@ -37,6 +43,12 @@ _modules = sys.modules
 _NUMBER = (float, int)
 
 
+#: an encoded record starts with ``{"_step":null,`` until its step is known: cut there
+_NULL_STEP = len(b'{"_step":null,')
+#: bytes a step adds to a cut record at most (``{"_step":`` + 20 characters + ``,``)
+_STEP_ROOM = 30
+
+
 def _thread_identity() -> tuple[int, str]:
     # cached per thread: (native thread id, name at the thread's first span)
     v = _tl.v = (threading.get_native_id(), threading.current_thread().name)
@@ -61,7 +73,12 @@ class SpanRecorder:
 
     - ``store``: an object with ``ingest_span(metrics: dict[str, float], dur_ms: float) ->
       int`` (the step the metrics landed on) and an ``open_step`` attribute (read when
-      ``metrics=False``), or None (records then carry ``"_step": null``).
+      ``metrics=False``), or None (records then carry ``"_step": null``). A store that
+      also has ``hold_spans(sink, max_seconds=, max_bytes=)`` (the ``HistoryStore``) gets
+      each record with the metrics, ``ingest_span(metrics, dur_ms, record) -> None``, and
+      hands it back to ``sink(step, records)`` once the ``log()`` that places the metrics
+      fixes the step; with ``metrics=False`` records are written at once with the open
+      step.
     - ``writer``: an object with ``append(line: bytes) -> bool | None`` (one record, no
       newline; ``False`` means it was dropped, e.g. past the writer's pending-byte bound) and
       ``flush()``, or None for no span file (``spans=False``).
@@ -108,6 +125,14 @@ class SpanRecorder:
         self.identity.setdefault("pid", self._rec_pid)
         self._owns_writer = False
         self._closed = False
+        # the store fixes each record's step at the log() that places its metrics
+        self._hold = self._metrics and callable(getattr(store, "hold_spans", None))
+        if self._hold and writer is not None:
+            store.hold_spans(
+                self._write_held,
+                max_seconds=getattr(writer, "max_seconds", None),
+                max_bytes=self._max_pending,
+            )
         self._lock = threading.Lock()  # counters only, never on the fast path
         self._dropped_oversize = 0
         self._dropped_pending = 0
@@ -136,6 +161,34 @@ class SpanRecorder:
         if pm:
             pm = self._normalize_metrics(pm)
         span._pm = pm
+        writer = self._writer
+        item: Any = None  # the record: a dict, or bytes without "_step" when already encoded
+        if writer is not None:
+            parent = span.parent
+            try:
+                tid, tname = _tl.v
+            except AttributeError:
+                tid, tname = _thread_identity()
+            item = {
+                "_step": None,  # set when known: here, or at the log() that places the metrics
+                "name": path,
+                "depth": span.depth,
+                "start": self._wall0 + (start_ns - self._perf0) / 1e9,
+                "dur_ms": dur_ms,
+                "id": span.id,
+                "parent": parent.id if parent is not None else None,
+                "pid": self._rec_pid,
+                "tid": tid,
+                "thread": tname,
+            }
+            task = _task_name()  # only inside a running event loop
+            if task is not None:
+                item["task"] = task
+            if span.attrs or span.step is not None or pm or span.error:
+                # encoded now: attribute values are the user's objects and may change later
+                item = self._encode_full(item, span, span.attrs, pm)[_NULL_STEP:]
+                if not self._fits(len(item) + _STEP_ROOM, path):  # with the longest step
+                    item = None
         if self._metrics:
             m = {"time_ms/" + path: dur_ms}
             if self._count:
@@ -143,53 +196,73 @@ class SpanRecorder:
             if pm:
                 for k, v in pm.items():
                     m[k + "/" + path] = v
-            step = self._store.ingest_span(m, dur_ms)
+            if self._hold:
+                step = self._store.ingest_span(m, dur_ms, item)
+                if step is None:  # held: written with its step by the log() that places it
+                    return
+            else:
+                step = self._store.ingest_span(m, dur_ms)
         else:
             store = self._store
             step = store.open_step if store is not None else None
+        if item is None:
+            return
+        if type(item) is dict:
+            item["_step"] = step
+            line = _dumps(item)
+            if len(line) > self._max_record and not self._fits(len(line), path):
+                return
+        else:
+            line = (b'{"_step":%d,' % step if type(step) is int else b'{"_step":null,') + item
+        if writer.append(line) is False:
+            self._refused()
+
+    def _fits(self, size: int, path: str) -> bool:
+        """False (the record dropped, counted, warned once) when ``size`` bytes are over
+        ``max_record_bytes``."""
+        if size <= self._max_record:
+            return True
+        self._drop(
+            "oversize",
+            "expr_tracker: span record for %r is %d bytes, over max_record_bytes=%d; "
+            "dropped (its timing metrics still aggregate). Warned once; see stats().",
+            path,
+            size,
+            self._max_record,
+        )
+        return False
+
+    def _write_held(self, step: Any, items: Iterable[Any]) -> None:
+        """Write records now that their row's step is known (also the store's span sink).
+
+        ``items`` are record dicts (encoded here) or encoded records without their
+        ``_step`` (see ``record``)."""
         writer = self._writer
         if writer is None:
             return
-        parent = span.parent
-        try:
-            tid, tname = _tl.v
-        except AttributeError:
-            tid, tname = _thread_identity()
-        rec = {
-            "_step": step,
-            "name": path,
-            "depth": span.depth,
-            "start": self._wall0 + (start_ns - self._perf0) / 1e9,
-            "dur_ms": dur_ms,
-            "id": span.id,
-            "parent": parent.id if parent is not None else None,
-            "pid": self._rec_pid,
-            "tid": tid,
-            "thread": tname,
-        }
-        task = _task_name()  # only inside a running event loop
-        if task is not None:
-            rec["task"] = task
-        if span.attrs or span.step is not None or pm or span.error:
-            line = self._encode_full(rec, span, span.attrs, pm)
-        else:
-            line = _dumps(rec)
-        if len(line) > self._max_record:
-            self._drop(
-                "oversize",
-                "expr_tracker: span record for %r is %d bytes, over max_record_bytes=%d; "
-                "dropped (its timing metrics still aggregate). Warned once; see stats().",
-                path,
-                len(line),
-                self._max_record,
-            )
+        append = writer.append
+        limit = self._max_record
+        head = None
+        for item in items:
+            if type(item) is dict:
+                item["_step"] = step
+                line = _dumps(item)
+                if len(line) > limit and not self._fits(len(line), item["name"]):
+                    continue
+            else:
+                if head is None:
+                    head = b'{"_step":%d,' % step if type(step) is int else b'{"_step":null,'
+                line = head + item
+            if append(line) is False:
+                self._refused()
+
+    def _refused(self) -> None:
+        """The writer refused a record: closed meanwhile, or past its pending-byte bound."""
+        if self._closed:  # closed while this span was being recorded
+            self._after_close()
             return
-        if writer.append(line) is False:
-            if self._closed:  # closed while this span was being recorded
-                self._after_close()
-                return
-            with self._lock:  # the writer's max_pending_bytes (it warns once)
-                self._dropped_pending += 1
+        with self._lock:  # the writer's max_pending_bytes (it warns once)
+            self._dropped_pending += 1
 
     # ------------------------------------------------------------------ slow path
 
@@ -246,9 +319,10 @@ class SpanRecorder:
 
     def stats(self) -> dict[str, Any]:
         """Counters: ``dropped`` (total), ``dropped_oversize``, ``dropped_pending``,
-        ``dropped_after_close`` (spans that ended after :meth:`close`), and the
-        settings in effect (``metrics``, ``count``, ``max_record_bytes``, ``max_pending_bytes``,
-        ``spans_file`` whether a writer is attached, ``closed``)."""
+        ``dropped_after_close`` (spans that ended after :meth:`close`), ``held`` (records
+        waiting for the ``log()`` that fixes their step), and the settings in effect
+        (``metrics``, ``count``, ``max_record_bytes``, ``max_pending_bytes``, ``spans_file``
+        whether a writer is attached, ``closed``)."""
         self._check_fork()
         with self._lock:
             over, pend = self._dropped_oversize, self._dropped_pending
@@ -258,6 +332,7 @@ class SpanRecorder:
             "dropped_oversize": over,
             "dropped_pending": pend,
             "dropped_after_close": late,
+            "held": self._store.held_span_records if self._hold else 0,
             "metrics": self._metrics,
             "count": self._count,
             "spans_file": self._writer is not None,
@@ -273,19 +348,33 @@ class SpanRecorder:
         return out
 
     def flush(self) -> None:
-        """Write every completed span record now and wait (the open metric row stays open)."""
+        """Write every completed span record now and wait (the open metric row stays open).
+
+        Records still waiting for the ``log()`` that fixes their step are placed in the
+        open row first (``store.fold_spans()``), so they can be written.
+        """
         self._check_fork()
+        self._fold()
         if self._writer is not None:
             self._writer.flush()
 
+    def _fold(self) -> None:
+        if self._hold and self._writer is not None:
+            self._store.fold_spans()
+
     def close(self) -> dict[str, Any]:
         """Stop accepting spans (later ones only time and print) and stop being the active
-        recorder. Closes (drains) the writer when :func:`build_recorder` made it; never the
-        store. Returns :meth:`stats`."""
+        recorder. Records still waiting for their step are placed in the store's open row
+        and written; then the writer is closed (drained) when :func:`build_recorder` made
+        it; never the store. Returns :meth:`stats`."""
         self._check_fork()
         self._closed = True
         if core._active is self:
             core.set_active_recorder(None)
+        try:
+            self._fold()  # held records reach the writer before it closes
+        except Exception:  # noqa: BLE001 - closing must complete
+            log.exception("expr_tracker: placing pending span records failed")
         if self._owns_writer and self._writer is not None:
             self._writer.close()
         return self.stats()

@@ -1,0 +1,380 @@
+"""Which row a span joins (docs/spans.md): span time since the last log() joins the row the
+next log() writes, with explicit steps as with plain log(d); each span record names that row.
+
+Durations are deterministic: the span clock (``spans.core.perf_counter_ns``) is replaced by
+a counter the test advances, so no test depends on how long anything really took.
+"""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+import expr_tracker as et
+from expr_tracker.history.reader import read_rows
+from expr_tracker.history.store import HistoryStore
+from expr_tracker.spans import core, span, start_span
+
+MS = 1_000_000  # ns
+
+
+class FakeClock:
+    """``perf_counter_ns`` for spans: time moves only when the test says so."""
+
+    def __init__(self) -> None:
+        self.now = 10**12
+
+    def __call__(self) -> int:
+        return self.now
+
+    def sleep_ms(self, ms: float) -> None:
+        self.now += int(ms * MS)
+
+
+@pytest.fixture
+def clock(monkeypatch):
+    c = FakeClock()
+    monkeypatch.setattr(core, "perf_counter_ns", c)
+    return c
+
+
+def start(tmp_path, **kw):
+    return et.init(project="p", name="r", dir=str(tmp_path), **kw)
+
+
+def spans_file(run):
+    return [json.loads(x) for x in (run.dir / "spans.jsonl").read_text().splitlines()]
+
+
+def check_records_name_their_rows(run):
+    """Every record's time is in the row its ``_step`` names: per step and span path, the
+    records' durations sum to the row's ``time_ms/<path>``, and no row has time without
+    records."""
+    rows = {r["_step"]: r for r in read_rows(run.dir / "metrics.jsonl")}
+    sums: dict[tuple[int, str], float] = {}
+    for rec in spans_file(run):
+        key = (rec["_step"], rec["name"])
+        sums[key] = sums.get(key, 0.0) + rec["dur_ms"]
+    for (step, name), total in sums.items():
+        assert rows[step]["time_ms/" + name] == pytest.approx(total), (step, name)
+    for step, row in rows.items():
+        for k in row:
+            if k.startswith("time_ms/"):
+                assert (step, k[len("time_ms/") :]) in sums, (step, k)
+
+
+# ---------------------------------------------------------------- the two loops
+
+
+def test_wandb_loop_spans_then_log_with_step(tmp_path, clock):
+    """The loop users write after wandb: each row carries its own iteration's span time
+    (base code: 30/30/none, the time shifted one row)."""
+    run = start(tmp_path)
+    for i in range(3):
+        with span("work"):
+            clock.sleep_ms(10 * (i + 1))
+        et.log({"loss": 1.0 / (i + 1)}, step=i)
+    et.finish()
+    rows = read_rows(run.dir / "metrics.jsonl")
+    assert [r["_step"] for r in rows] == [0, 1, 2]
+    assert [r.get("time_ms/work") for r in rows] == [10.0, 20.0, 30.0]
+    assert [r["_step"] for r in spans_file(run)] == [0, 1, 2]
+    check_records_name_their_rows(run)
+
+
+def test_wandb_loop_starting_at_step_one(tmp_path, clock):
+    """No row of span time alone at step 0 when the loop's first step is 1."""
+    run = start(tmp_path)
+    for i in range(1, 4):
+        with span("work"):
+            clock.sleep_ms(i)
+        et.log({"i": i}, step=i)
+    et.finish()
+    rows = read_rows(run.dir / "metrics.jsonl")
+    assert [(r["_step"], r["time_ms/work"]) for r in rows] == [(1, 1.0), (2, 2.0), (3, 3.0)]
+    check_records_name_their_rows(run)
+
+
+def test_log_loop_unchanged(tmp_path, clock):
+    """Spans then log(d): the behaviour the base code already had, kept exactly."""
+    run = start(tmp_path, span_count=True)
+    for i in range(3):
+        with span("forward"):
+            with span("attention"):
+                clock.sleep_ms(i + 1)
+            clock.sleep_ms(1)
+        with span("backward"):
+            clock.sleep_ms(5)
+        et.log({"loss": i})
+    with span("tail"):  # after the last log(): the row finish() commits
+        clock.sleep_ms(7)
+    et.finish()
+    rows = read_rows(run.dir / "metrics.jsonl")
+    assert [r["_step"] for r in rows] == [0, 1, 2, 3]
+    assert [r["time_ms/forward/attention"] for r in rows[:3]] == [1.0, 2.0, 3.0]
+    assert [r["time_ms/forward"] for r in rows[:3]] == [2.0, 3.0, 4.0]
+    assert [r["count/forward/attention"] for r in rows[:3]] == [1, 1, 1]
+    assert {k: v for k, v in rows[3].items() if k != "_time"} == {
+        "time_ms/tail": 7.0,
+        "count/tail": 1,
+        "_step": 3,
+    }
+    recs = spans_file(run)
+    assert [(r["_step"], r["name"]) for r in recs[:3]] == [
+        (0, "forward/attention"),
+        (0, "forward"),
+        (0, "backward"),
+    ]
+    assert [r["_step"] for r in recs] == [0, 0, 0, 1, 1, 1, 2, 2, 2, 3]
+    check_records_name_their_rows(run)
+
+
+def test_commit_false_without_steps(tmp_path, clock):
+    """log(d) with commit=False in between: both spans join the row log(d) commits."""
+    run = start(tmp_path)
+    with span("a"):
+        clock.sleep_ms(1)
+    et.log({"x": 1}, commit=False)
+    with span("b"):
+        clock.sleep_ms(2)
+    et.log({"y": 2})
+    et.finish()
+    (row,) = read_rows(run.dir / "metrics.jsonl")
+    assert (row["_step"], row["time_ms/a"], row["time_ms/b"]) == (0, 1.0, 2.0)
+    check_records_name_their_rows(run)
+
+
+def test_several_calls_for_one_explicit_step(tmp_path, clock):
+    """log(d, step=N, commit=False) and log(d, step=N, commit=True): span time joins the
+    row of the next call, whatever its commit (base code: a row of span time alone at
+    step 0, and 3 ms in step 5 that belonged to step 6)."""
+    run = start(tmp_path)
+    with span("c"):
+        clock.sleep_ms(3)
+    et.log({"x": 3}, step=5, commit=False)
+    with span("c"):
+        clock.sleep_ms(4)
+    et.log({"y": 4}, step=5)
+    with span("c"):
+        clock.sleep_ms(5)
+    et.log({"z": 5}, step=6, commit=True)
+    with span("c"):
+        clock.sleep_ms(6)
+    et.log({"z": 6}, step=7, commit=True)
+    et.finish()
+    rows = {r["_step"]: r for r in read_rows(run.dir / "metrics.jsonl")}
+    assert sorted(rows) == [5, 6, 7]
+    assert [rows[s]["time_ms/c"] for s in (5, 6, 7)] == [7.0, 5.0, 6.0]
+    check_records_name_their_rows(run)
+
+
+def test_switching_from_plain_log_to_explicit_steps(tmp_path, clock):
+    """One rule for a run that starts with log(d) and then passes step=: the span joins
+    the row of the next log() call (base code: a row of `early` alone at step 1)."""
+    run = start(tmp_path)
+    et.log({"setup": 1})  # step 0, no step=
+    with span("early"):
+        clock.sleep_ms(1)
+    et.log({"i": 10}, step=10)
+    with span("work"):
+        clock.sleep_ms(2)
+    et.log({"i": 11}, step=11)
+    et.finish()
+    rows = {r["_step"]: r for r in read_rows(run.dir / "metrics.jsonl")}
+    assert sorted(rows) == [0, 10, 11]
+    assert rows[10]["time_ms/early"] == 1.0 and rows[11]["time_ms/work"] == 2.0
+    check_records_name_their_rows(run)
+
+
+def test_span_across_a_step_jump_and_span_open_at_log(tmp_path, clock):
+    """A span joins the row of the first log() after it ENDS, however many steps it
+    crossed; one still open when log() is called is not part of that row."""
+    run = start(tmp_path)
+    epoch = start_span("epoch")
+    for i in range(3):
+        with span("step"):
+            clock.sleep_ms(1)
+        et.log({"i": i}, step=i)
+    inner = start_span("open_at_log")
+    clock.sleep_ms(2)
+    et.log({"i": 3}, step=3)  # `open_at_log` is still running: not in row 3
+    inner.end()
+    epoch.end()
+    et.log({"i": 4}, step=4)
+    et.finish()
+    rows = {r["_step"]: r for r in read_rows(run.dir / "metrics.jsonl")}
+    assert "time_ms/epoch" not in rows[3] and "time_ms/epoch/open_at_log" not in rows[3]
+    assert rows[4]["time_ms/epoch"] == 5.0 and rows[4]["time_ms/epoch/open_at_log"] == 2.0
+    assert [rows[i]["time_ms/epoch/step"] for i in range(3)] == [1.0, 1.0, 1.0]
+    check_records_name_their_rows(run)
+
+
+def test_dropped_log_leaves_span_time_pending(tmp_path, clock):
+    run = start(tmp_path)
+    et.log({"a": 1}, step=5)
+    with span("s"):
+        clock.sleep_ms(3)
+    assert et.log({"a": 2}, step=2) == -1  # backward step, dropped (monotonic)
+    et.log({"a": 3}, step=6)
+    et.finish()
+    rows = {r["_step"]: r for r in read_rows(run.dir / "metrics.jsonl")}
+    assert "time_ms/s" not in rows[5] and rows[6]["time_ms/s"] == 3.0
+    check_records_name_their_rows(run)
+
+
+def test_pending_span_time_is_shown_in_the_open_row(tmp_path, clock):
+    start(tmp_path)
+    et.log({"a": 1}, step=0)
+    with span("s"):
+        clock.sleep_ms(4)
+    (row,) = et.history(1)  # a view: the open row plus what waits for the next log()
+    assert row["_step"] == 0 and row["a"] == 1 and row["time_ms/s"] == 4.0
+    assert et.history(1, include_open=False) == []
+    assert et.info()["spans"]["held"] == 1
+    et.log({"a": 2}, step=1)  # ... which places it in step 1
+    assert et.info()["spans"]["held"] == 0
+    rows = et.history(2)
+    assert "time_ms/s" not in rows[0] and rows[1]["time_ms/s"] == 4.0
+
+
+def test_flush_fixes_pending_records_to_the_open_row(tmp_path, clock):
+    """flush() must write completed span records, so it places pending span time in the
+    open row first; the record and the row still agree."""
+    run = start(tmp_path)
+    et.log({"a": 0}, step=0)
+    with span("s"):
+        clock.sleep_ms(2)
+    et.get_run().history.flush()
+    assert [r["_step"] for r in spans_file(run)] == [0]
+    assert run.history.held_span_records == 0
+    et.log({"a": 1}, step=1)
+    et.finish()
+    rows = read_rows(run.dir / "metrics.jsonl")
+    assert rows[0]["time_ms/s"] == 2.0 and "time_ms/s" not in rows[1]
+    check_records_name_their_rows(run)
+
+
+def test_threads_spanning_through_step_jumps_keep_records_and_rows_in_agreement(tmp_path):
+    import threading
+
+    run = start(tmp_path)
+    stop = threading.Event()
+
+    def work() -> None:
+        while not stop.is_set():
+            with span("bg"):
+                pass
+
+    threads = [threading.Thread(target=work) for _ in range(2)]
+    for t in threads:
+        t.start()
+    try:
+        for i in range(200):
+            with span("main"):
+                pass
+            et.log({"i": i}, step=i)
+    finally:
+        stop.set()
+        for t in threads:
+            t.join()
+    et.finish()
+    check_records_name_their_rows(run)
+
+
+# ---------------------------------------------------------------- the store alone
+
+
+class FakeFlusher:
+    def __init__(self) -> None:
+        self.due: dict = {}
+
+    def schedule(self, key, due, callback) -> None:
+        cur = self.due.get(key)
+        if cur is None or due < cur[0]:
+            self.due[key] = (due, callback)
+
+    def cancel(self, key) -> None:
+        self.due.pop(key, None)
+
+    def run_due(self, now: float) -> None:
+        for key, (due, cb) in list(self.due.items()):
+            if due <= now:
+                del self.due[key]
+                cb()
+
+
+def _store(now: list[float], **kw):
+    flusher = FakeFlusher()
+    store = HistoryStore(None, clock=lambda: now[0], flusher=flusher, **kw)
+    out: list[tuple[int, list]] = []
+    store.hold_spans(lambda step, recs: out.append((step, list(recs))), max_seconds=5.0)
+    return store, flusher, out
+
+
+def test_held_records_are_folded_at_the_hold_deadline():
+    """Without explicit steps the open row is the one the next log() writes, so records
+    wait at most max_seconds (the span file's max_buffer_seconds)."""
+    now = [0.0]
+    store, flusher, out = _store(now)
+    store.ingest_span({"time_ms/a": 1.0}, 1.0, b"r1")
+    now[0] = 4.0
+    flusher.run_due(now[0])
+    assert out == []
+    now[0] = 5.0
+    flusher.run_due(now[0])
+    assert out == [(0, [b"r1"])] and store.open_row()["time_ms/a"] == 1.0
+    store.ingest({})
+    assert store.tail(1)[0]["time_ms/a"] == 1.0
+
+
+def test_with_explicit_steps_the_hold_deadline_is_max_open_seconds():
+    now = [0.0]
+    store, flusher, out = _store(now, max_open_seconds=60.0)
+    store.ingest({"x": 1}, step=0)
+    store.ingest_span({"time_ms/a": 1.0}, 1.0, b"r1")
+    now[0] = 30.0
+    flusher.run_due(now[0])
+    assert out == []  # a long iteration: still waiting for log(step=1)
+    store.ingest({"x": 2}, step=1)
+    assert out == [(1, [b"r1"])]
+    store.ingest_span({"time_ms/a": 2.0}, 2.0, b"r2")
+    now[0] = 91.0
+    flusher.run_due(now[0])
+    assert out[-1] == (1, [b"r2"])  # no log() for 60 s: placed in the open row
+
+
+def test_held_records_are_bounded(monkeypatch):
+    """Few records wait before any log(step=N) (the open row is the next log()'s anyway),
+    many once explicit steps are in use; past the bound they are placed in the open row."""
+    import expr_tracker.history.store as store_mod
+
+    monkeypatch.setattr(store_mod, "HOLD_RECORDS_BEFORE_STEPS", 2)
+    monkeypatch.setattr(store_mod, "HOLD_MAX_RECORDS", 3)
+    now = [0.0]
+    store, _flusher, out = _store(now)
+    for i in range(5):
+        store.ingest_span({"time_ms/a": 1.0}, 1.0, b"r%d" % i)
+    assert [len(recs) for _, recs in out] == [2, 2] and store.held_span_records == 1
+    store.ingest({}, step=4)
+    assert out[-1] == (4, [b"r4"])
+    for i in range(7):
+        store.ingest_span({"time_ms/a": 1.0}, 1.0, b"s%d" % i)
+    assert [len(recs) for _, recs in out[3:]] == [3, 3] and store.held_span_records == 1
+
+
+def test_fold_keeps_the_aggregation_rules():
+    """Pending span data folded into a row that already holds span data of its step
+    combines as if every span had been ingested there (sum, max, weighted mean)."""
+    store = HistoryStore(None)
+    store.ingest_span({"time_ms/f": 2.0, "gpu_mem_peak_mb/f": 10.0, "cpu_percent/f": 100.0}, 2.0)
+    store.ingest({}, commit=False)  # folds into the open row
+    store.ingest_span({"time_ms/f": 3.0, "gpu_mem_peak_mb/f": 5.0, "cpu_percent/f": 50.0}, 6.0)
+    store.ingest_span({"gpu_percent/f": 7.0}, 0.0)
+    view = store.open_row()
+    store.ingest({})
+    (row,) = store.tail(1)
+    for r in (view, row):
+        assert r["time_ms/f"] == 5.0 and r["gpu_mem_peak_mb/f"] == 10.0
+        assert r["cpu_percent/f"] == pytest.approx((100 * 2 + 50 * 6) / 8)
+        assert r["gpu_percent/f"] == 7.0
