@@ -45,6 +45,7 @@ from __future__ import annotations
 import datetime as _dt
 import difflib
 import logging
+import math
 import threading
 import time
 from collections import deque
@@ -330,13 +331,21 @@ class AlertEngine:
                 t = type(value)
                 if t is not float:
                     if t is int or t is bool:
-                        value = float(value)
+                        try:
+                            value = float(value)
+                        except OverflowError:  # an int beyond the float range
+                            value = math.inf if value > 0 else -math.inf
                     elif value is None or t is str:
                         continue
                     else:
                         try:
                             value = float(value)
-                        except (TypeError, ValueError):
+                        except OverflowError:
+                            try:
+                                value = math.inf if value > 0 else -math.inf
+                            except Exception:  # noqa: BLE001 - an object that will not compare
+                                continue
+                        except Exception:  # noqa: BLE001 - not a number: not recorded
                             continue
                 s = series.get(key)
                 if s is None:
