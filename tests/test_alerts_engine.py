@@ -437,7 +437,7 @@ def test_message_renders_expr_step_run_project():
         run_info={"project": "p", "run": "r"},
     )
     (ev,) = cap.events
-    assert ev.message == "p/r step 1: loss=3 > 1.0 loss=3.0 lr=0.1"
+    assert ev.message == "p/r step 1: loss=3 > 1 loss=3.0 lr=0.1"  # 1 as written
     assert ev.metrics == {"loss": 3.0}
 
 
@@ -485,8 +485,7 @@ def test_recovery_notice_has_its_own_text():
     assert (firing.title, firing.message) == ("loss spiked", "2.5 spiked to 2.5000 at step 0")
     assert resolved.kind == "resolved" and resolved.title == "resolved: spike"
     assert (
-        resolved.message
-        == "spike resolved at step 1: loss > 1 is no longer true (loss=0.2003 > 1.0)"
+        resolved.message == "spike resolved at step 1: loss > 1 is no longer true (loss=0.2003 > 1)"
     )
     assert "spiked" not in resolved.message
 

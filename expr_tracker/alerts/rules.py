@@ -249,7 +249,7 @@ class AlertRule:
     def _auto_name(self) -> str:
         key = json.dumps(
             [
-                self.condition.to_source(),
+                self.condition.to_source(canonical=True),  # the spelling of numbers aside
                 self.level,
                 self.title,
                 self.message,
