@@ -21,6 +21,7 @@ COMMAND_MODULES = (
     "trace",
     "rules",
     "alert",
+    "alerts_cmd",
     "channels",
     "config",
     "schema",
