@@ -356,6 +356,15 @@ def test_unresolved_metrics_and_finish_warnings():
     assert "'val/accuracy'" in warning and "did you mean 'val/acc'" in warning
 
 
+def test_finish_warning_suggests_the_logged_name_with_the_same_last_part():
+    # a shipped rule set reads `loss`; the app logs `train/loss` (difflib alone misses it)
+    eng = AlertEngine([{"name": "et_nan_guard", "condition": "isnan(loss)"}])
+    eng.on_step({"_step": 0, "_time": 0.0, "train/loss": 0.5, "lr": 0.1})
+    (warning,) = eng.finish_warnings()
+    assert warning.startswith("alert rule 'et_nan_guard' reads metric 'loss', which was never")
+    assert warning.endswith("did you mean 'train/loss'?")
+
+
 def test_add_rule_at_runtime_and_duplicates():
     eng = AlertEngine(window=100)
     eng.add_rule("x > 1 => warn")

@@ -126,6 +126,17 @@ class AlertEvent:
         }
 
 
+def _close_matches(name: str, seen: list[str]) -> list[str]:
+    """Up to three logged names ``name`` may have meant: those ending in the same last path
+    part (``loss`` -> ``train/loss``, ``eval/loss``), then difflib's close matches."""
+    alt = name.replace(".", "/")
+    leaf = alt.rsplit("/", 1)[-1]
+    out = [s for s in seen if s.rsplit("/", 1)[-1] == leaf]
+    for candidate in (name, alt):
+        out += difflib.get_close_matches(candidate, seen, n=3)
+    return list(dict.fromkeys(out))[:3]
+
+
 class _Compiled:
     """A rule compiled for one engine, with its runtime state and counters."""
 
@@ -650,9 +661,7 @@ class AlertEngine:
         seen = sorted(self._seen - {"_step", "_time"})
         for name in self.unresolved_metrics():
             users = [c.rule.name for c in self._rules if name in c.expr.needs]
-            close = difflib.get_close_matches(name, seen, n=3) or difflib.get_close_matches(
-                name.replace(".", "/"), seen, n=3
-            )
+            close = _close_matches(name, seen)
             hint = f"; did you mean {', '.join(repr(c) for c in close)}?" if close else ""
             out.append(
                 f"alert rule {', '.join(map(repr, users))} reads metric {name!r}, "
