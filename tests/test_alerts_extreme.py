@@ -204,3 +204,13 @@ def test_a_diverging_run_keeps_every_rule_enabled():
     assert not any(s["disabled"] or s["errors"] for s in stats.values()), stats
     fired = {e.rule.name.split(" [")[0] for e in capture.fired()}
     assert {"isnan(loss) or isinf(loss)", "mean(loss[5]) > 10", "zscore(loss[5]) > 1.5"} <= fired
+
+
+def test_builder_numbers_beyond_the_float_range_compare_as_infinities():
+    from expr_tracker.alerts import M, make_rule
+
+    rule = make_rule(M.loss > 10**400)
+    assert rule.source == "loss > 1e999"
+    assert evaluate(rule.condition, {"loss": [BIG]}) is False
+    assert evaluate(rule.condition, {"loss": [inf]}) is False
+    assert evaluate(M.loss > -(10**400), {"loss": [-BIG]}) is True

@@ -182,3 +182,14 @@ def test_fallback_is_injectable_and_can_be_turned_off(capfd):
         d.close()
     assert shown == [(TEXT, "mem", "memory", "HTTP 400", False, True)]
     assert TEXT not in capfd.readouterr().err
+
+
+def test_et_alert_on_the_command_line_prints_outcomes_not_the_fallback(monkeypatch, capfd):
+    from expr_tracker.cli.main import main
+
+    with WebhookServer([(500, "down")]) as server:
+        monkeypatch.setenv("ET_WEBHOOK_URL", server.url)
+        assert main(["alert", TEXT, "--level", "error"]) == 1
+    out, err = capfd.readouterr()
+    assert "webhook: FAILED: HTTP 500: down" in out
+    assert "NOT DELIVERED" not in err and TEXT not in err
