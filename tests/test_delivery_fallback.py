@@ -193,3 +193,40 @@ def test_et_alert_on_the_command_line_prints_outcomes_not_the_fallback(monkeypat
     out, err = capfd.readouterr()
     assert "webhook: FAILED: HTTP 500: down" in out
     assert "NOT DELIVERED" not in err and TEXT not in err
+
+
+def test_a_channel_that_ignores_its_timeout_shows_what_waits_behind_it():
+    """A custom channel whose send never returns: once it has run longer than an attempt
+    may, the next alert shows both (on a fake clock: nothing waits for real time)."""
+    import threading
+
+    from expr_tracker.testing import FakeClock
+
+    release = threading.Event()
+    started = threading.Event()
+
+    class Stuck(InMemoryChannel):
+        def send(self, message, timeout):
+            started.set()
+            release.wait(30)
+            return super().send(message, timeout)
+
+    shown = []
+    clock = FakeClock()
+    d = Dispatcher(clock=clock, fallback=lambda m, *a, **k: shown.append((m.title, a, k)))
+    d.add_channel(Stuck("stuck"), policy=Policy(rate_limit_per_minute=None, timeout=1.0))
+    d.submit(AlertMessage("first", TEXT))
+    assert started.wait(10)
+    d.submit(AlertMessage("second"))  # not stuck yet: 0 s in flight
+    assert shown == []
+    clock.advance(5.0)  # more than (2 + 1) x timeout
+    d.submit(AlertMessage("third"))
+    assert [(t, a[0], k["final"]) for t, a, k in shown] == [
+        ("first", "stuck", False),
+        ("third", "stuck", False),
+    ]
+    assert shown[0][1][2] == "no answer for 5 s"
+    assert shown[1][1][2] == "queued behind a send with no answer for 5 s"
+    release.set()
+    d.close(5)
+    assert [t for t, *_ in shown] == ["first", "third"]  # delivered later: nothing more

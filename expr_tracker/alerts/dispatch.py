@@ -37,8 +37,9 @@ Only send failures are swallowed: counted, logged once per (channel, cause) — 
 **Console fallback**: an alert is never lost silently. When a channel gives up on a message
 (a failure that is not retried, retries spent), when an attempt times out (the first sign of
 a hanging endpoint: the message is shown at once rather than after every retry), or when the
-drain deadline abandons it, ``fallback`` (default ``print_undelivered``: stderr) shows the
-alert's text once, marked undelivered on that channel; a second channel failing the same
+drain deadline abandons it, or when a message is queued behind a send that has run longer
+than an attempt may (a channel ignoring its timeout: the one in flight is shown too),
+``fallback`` (default ``print_undelivered``: stderr) shows the alert's text once, marked undelivered on that channel; a second channel failing the same
 message adds one line. Not when a console channel took the message too (its text is on the
 terminal already). The delivery record then says ``"fallback": "console"``.
 Every outcome is recorded; error texts and answers are ``channels.base.excerpt``s: secrets
@@ -377,6 +378,7 @@ class Lane:
         self._held: list[_Item] = []  # coalesce buffer
         self._inflight: list[_Item] = []
         self._sending = False  # channel.send() running now
+        self._send_started = 0.0  # dispatcher clock when that send began
         now = dispatcher.clock()
         self._bucket = TokenBucket(policy.rate_limit_per_minute, now)
         self._dedup = _Dedup(policy.dedup_window)
@@ -635,6 +637,7 @@ class Lane:
                 attempt += 1
                 item.attempts = attempt  # counted before the send: one in flight counts
                 try:
+                    self._send_started = self.d.clock()
                     self._sending = True
                     try:
                         result = self.channel.send(message, p.timeout)
@@ -1030,6 +1033,7 @@ class Dispatcher:
             item.on_console = on_console
             if lane.put(item, direct=direct):
                 accepted.append(lane.name)
+                self._check_stuck(lane, item)
                 if ticket is not None:
                     waiting.append((lane, ticket))
             elif ticket is not None:
@@ -1213,6 +1217,23 @@ class Dispatcher:
             self.record_errors += 1
             if self.record_errors == 1:
                 log.warning("expr_tracker: cannot record an alert delivery outcome", exc_info=True)
+
+    def _check_stuck(self, lane: Lane, item: _Item) -> None:
+        """A send in flight longer than an attempt may last (``ATTEMPT_TIMEOUTS + 1`` times
+        ``timeout``: a channel that ignores its timeout) holds every message queued behind
+        it: show the one in flight and the new one now (see "Console fallback")."""
+        if not lane._sending or self.fallback is None:
+            return
+        age = self.clock() - lane._send_started
+        if age <= (ATTEMPT_TIMEOUTS + 1) * lane.policy.timeout:
+            return
+        with lane._cond:
+            stuck = [i for i in lane._inflight if i is not item]
+        for it in stuck:
+            self._fallback(lane, it, f"no answer for {age:.0f} s", final=False)
+        self._fallback(
+            lane, item, f"queued behind a send with no answer for {age:.0f} s", final=False
+        )
 
     def _fallback(self, lane: Lane, item: _Item, why: str, *, final: bool = True) -> None:
         """Show ``item`` through ``fallback`` once (see "Console fallback"); never raises."""
