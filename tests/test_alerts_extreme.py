@@ -214,3 +214,18 @@ def test_builder_numbers_beyond_the_float_range_compare_as_infinities():
     assert evaluate(rule.condition, {"loss": [BIG]}) is False
     assert evaluate(rule.condition, {"loss": [inf]}) is False
     assert evaluate(M.loss > -(10**400), {"loss": [-BIG]}) is True
+
+
+@pytest.mark.parametrize(
+    ("name", "args", "expected"),
+    [
+        ("mean", ([BIG, BIG, BIG],), BIG),  # scaled, and never rounded past the largest value
+        ("zscore", ([0.0, 4.3e-160],), 1.0),  # squares underflow: scaled up first
+        ("zscore", ([1.0, 1.0, 1.0 - 2**-53],), -math.sqrt(2)),  # a spread of one ulp
+        ("zscore", ([BIG, BIG, 1.7976931348623153e308],), -math.sqrt(2)),
+        ("std", ([0.0, 2e-160],), 1e-160),
+        ("ema", ([5e-324, 5e-324, 5e-324], 0.3), 5e-324),  # weights times values underflow
+    ],
+)
+def test_precision_at_the_ends_of_the_float_range(name, args, expected):
+    assert FUNCTIONS[name][0].impl(*args) == pytest.approx(expected, rel=1e-9, abs=0)

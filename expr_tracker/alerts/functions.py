@@ -24,7 +24,8 @@ result; only a non-finite result takes the slow path, which gives:
   - NaN when a NaN went in (it propagates; ``isnan`` sees it, a comparison is UNKNOWN);
   - the right finite value when only an intermediate overflowed (``mean``, ``median``,
     ``ema``, ``zscore``, ``slope``, ``pct_change`` of values near 1.8e308 are computed on
-    scaled values);
+    scaled values), or when squares underflow (``var``, ``std``, ``zscore`` of values
+    below 1e-125 are scaled up first);
   - the infinity the value diverges to: ``sum``/``mean``/``ema``/``slope`` when every
     infinite term pulls the same way, ``var``/``std`` when an infinity sits beside another
     value, ``zscore`` with exactly one infinite value (it tends to the z-score of the
@@ -151,25 +152,48 @@ def _mean(v):
         return s / len(v)
     k = _kind(v)
     if k == _FINITE:  # finite values whose sum overflowed: the mean lies between them
-        n = len(v)
-        return sum(x / n for x in v)
+        scale = _scale(v)
+        r = sum(x / scale for x in v) / len(v) * scale
+        return min(max(r, min(v)), max(v))  # rounding must not step outside (or to inf)
     if k == _HAS_NAN:
         return _NAN
     return None if k == _BOTH else _signed_infinity(k)
 
 
+#: below this mean square, squares of the values lose precision (subnormal): scale them
+_TINY_SQUARES = 1e-250
+#: below this magnitude a weighted sum may have lost its terms to underflow
+_TINY = 1e-290
+
+
 def _var(v):
     n = len(v)
     m = sum(v) / n
-    var = sum(map(mul, v, v)) / n - m * m
+    ss = sum(map(mul, v, v)) / n
+    var = ss - m * m
     if var - var != 0.0:  # NaN, an infinity, or an overflow: not the fast path
         return _var_special(v)
+    if ss < _TINY_SQUARES:  # tiny values: their squares underflow
+        if min(v) == max(v):
+            return 0.0
+        scale = _scale(v)
+        return _var([x / scale for x in v]) * scale * scale
     if var <= 1e-9 * m * m:  # cancellation possible: recompute with two passes
         if min(v) == max(v):
             return 0.0
-        d = [x - m for x in v]
-        var = math.fsum(map(mul, d, d)) / n
+        d, md = _centred(v)
+        e = [x - md for x in d]
+        var = math.fsum(map(mul, e, e)) / n
     return var
+
+
+def _centred(v):
+    """``v`` shifted by its first value, and the mean of that: for values close together
+    (where the one-pass variance cancels) the differences are exact (Sterbenz), so even a
+    spread of one ulp keeps its size. var and zscore do not change under a shift."""
+    c = v[0]
+    d = [x - c for x in v]
+    return d, math.fsum(d) / len(d)
 
 
 def _var_special(v):
@@ -186,9 +210,12 @@ def _var_special(v):
 
 def _std(v):
     var = _var(v)
-    if var is None:
-        return None
-    return math.sqrt(var) if var == var else var
+    if var is None or var != var:
+        return var
+    if 0.0 < var < _TINY_SQUARES:  # a variance this small lost digits: scale, then unscale
+        scale = _scale(v)
+        return math.sqrt(_var([x / scale for x in v])) * scale
+    return math.sqrt(var)
 
 
 def _median(v):
@@ -316,16 +343,24 @@ def _zscore(v):
     if n < 2:
         return None
     m = sum(v) / n
-    var = sum(map(mul, v, v)) / n - m * m
+    ss = sum(map(mul, v, v)) / n
+    var = ss - m * m
     if var - var != 0.0:  # NaN, an infinity, or an overflow
         return _zscore_special(v)
+    if ss < _TINY_SQUARES:  # tiny values: their squares underflow; z is scale free
+        if min(v) == max(v):
+            return None  # std 0
+        scale = _scale(v)
+        return _zscore([x / scale for x in v])
     if var <= 1e-9 * m * m:  # cancellation possible: exact checks
         if min(v) == max(v):
             return None  # std 0
-        d = [x - m for x in v]
-        var = math.fsum(map(mul, d, d)) / n
+        d, md = _centred(v)
+        e = [x - md for x in d]
+        var = math.fsum(map(mul, e, e)) / n
         if var <= 0.0:
             return None
+        return e[-1] / math.sqrt(var)
     return (v[-1] - m) / math.sqrt(var)
 
 
@@ -364,9 +399,13 @@ def _ema(v, alpha):
         return None
     w = _ema_weights(len(v), alpha)
     r = sum(map(mul, w, v))
-    if r - r == 0.0:
-        return r
-    return _weighted_special(v, w)
+    if r - r != 0.0:
+        return _weighted_special(v, w)
+    if -_TINY < r < _TINY:  # products may have underflowed: scale up, stay within range
+        scale = _scale(v)
+        r = sum(map(mul, w, [x / scale for x in v])) * scale
+        return min(max(r, min(v)), max(v))  # a weighted average lies between the values
+    return r
 
 
 def _increasing(v):
