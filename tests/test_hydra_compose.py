@@ -227,3 +227,20 @@ def test_a_rule_set_on_a_metric_the_run_never_logs_is_reported(tmp_path):
     lines = (tmp_path / "runs" / "app" / "own_metric" / "alerts.jsonl").read_text().splitlines()
     fired = [json.loads(x) for x in lines if json.loads(x).get("event") == "firing"]
     assert [(r["rule"], r["step"]) for r in fired] == [("et_nan_guard", 3)]
+
+
+def test_a_composed_config_with_rule_sets_passes_et_config_validate(hydra_compose, tmp_path):
+    from omegaconf import OmegaConf
+
+    from expr_tracker.spec import validate_file
+
+    cfg = hydra_compose(
+        [
+            "+tracker=default",
+            "+tracker/alerts=[nan_guard,divergence,hung_run]",
+            "tracker.alerts.guard_metric=train/loss",
+        ]
+    )
+    path = tmp_path / "composed.yaml"
+    path.write_text(OmegaConf.to_yaml(cfg.tracker, resolve=True))
+    assert validate_file(str(path)) == []
