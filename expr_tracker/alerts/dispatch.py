@@ -36,12 +36,13 @@ Only send failures are swallowed: counted, logged once per (channel, cause) — 
 
 **Console fallback**: an alert is never lost silently. When a channel gives up on a message
 (a failure that is not retried, retries spent), when an attempt times out (the first sign of
-a hanging endpoint: the message is shown at once rather than after every retry), or when the
-drain deadline abandons it, or when a message is queued behind a send that has run longer
-than an attempt may (a channel ignoring its timeout: the one in flight is shown too),
-``fallback`` (default ``print_undelivered``: stderr) shows the alert's text once, marked undelivered on that channel; a second channel failing the same
-message adds one line. Not when a console channel took the message too (its text is on the
-terminal already). The delivery record then says ``"fallback": "console"``.
+a hanging endpoint: the message is shown at once rather than after every retry), when a
+message is queued behind a send that has run longer than an attempt may (a channel ignoring
+its timeout: the one in flight is shown too), or when the drain deadline abandons it,
+``fallback`` (default ``print_undelivered``: stderr) shows the alert's text once, marked
+undelivered on that channel; a second channel failing the same message adds one line. Not
+when a console channel took the message too (its text is on the terminal already). The
+delivery record then says ``"fallback": "console"``.
 Every outcome is recorded; error texts and answers are ``channels.base.excerpt``s: secrets
 removed first, one line, at most 200 characters.
 
@@ -602,6 +603,7 @@ class Lane:
             step=top.step,
         )
         item = _Item(summary, summary=True)
+        item.on_console = any(h.on_console for h in held)
         item.tickets = [t for h in held for t in h.tickets]
         item.coalesced = len(held)
         self.counts["coalesced"] += len(held)
