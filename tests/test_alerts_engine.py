@@ -163,6 +163,58 @@ def test_notify_recovery():
     ]
 
 
+def test_no_recovery_notice_for_an_episode_whose_firing_was_suppressed():
+    """max_fires=1 with notify_recovery: episode 1 notifies firing and recovery; episode 2's
+    firing is suppressed by the cap, so its recovery must not go out either."""
+    rule = {"name": "r", "condition": "x > 1", "max_fires": 1, "notify_recovery": True}
+    cap = run([rule], {"x": [2, 0, 2, 0, 2, 0]})
+    assert [(e.kind, e.step, e.notify) for e in cap.events] == [
+        ("firing", 0, True),
+        ("resolved", 1, True),
+        ("firing", 2, False),
+        ("resolved", 3, False),
+        ("firing", 4, False),
+        ("resolved", 5, False),
+    ]
+
+
+def test_recovery_after_a_level_mode_repeat_within_max_fires_is_notified():
+    # the firing notified: its recovery does, however many repeats the cap then suppressed
+    rule = {
+        "name": "r",
+        "condition": "x > 1",
+        "mode": "level",
+        "cooldown": 0,
+        "max_fires": 2,
+        "notify_recovery": True,
+    }
+    cap = run([rule], {"x": [2, 2, 2, 0, 2, 0]})
+    assert [(e.kind, e.notify) for e in cap.events] == [
+        ("firing", True),
+        ("repeat", True),
+        ("resolved", True),
+        ("firing", False),
+        ("resolved", False),
+    ]
+
+
+def test_suppressed_episode_sends_nothing_through_a_run(tmp_path):
+    import expr_tracker as et
+
+    run_ = et.init(
+        project="p",
+        name="capped",
+        dir=str(tmp_path),
+        alert={"channels": [{"type": "memory", "name": "mem"}], "policy": {"dedup_window": 0}},
+        alert_rules=[{"name": "r", "condition": "x > 1", "max_fires": 1, "notify_recovery": True}],
+    )
+    for x in (2, 0, 2, 0):
+        et.log({"x": x})
+    mem = run_.dispatcher.lanes["mem"].channel
+    et.finish()
+    assert [m.title for m in mem.messages] == ["r", "resolved: r"]
+
+
 def test_disabled_rule_is_listed_but_not_evaluated():
     eng = AlertEngine([{"name": "r", "condition": "x > 1", "enabled": False}])
     eng.on_step({"_step": 0, "_time": 0.0, "x": 5})
@@ -304,6 +356,15 @@ def test_unresolved_metrics_and_finish_warnings():
     assert "'val/accuracy'" in warning and "did you mean 'val/acc'" in warning
 
 
+def test_finish_warning_suggests_the_logged_name_with_the_same_last_part():
+    # a shipped rule set reads `loss`; the app logs `train/loss` (difflib alone misses it)
+    eng = AlertEngine([{"name": "et_nan_guard", "condition": "isnan(loss)"}])
+    eng.on_step({"_step": 0, "_time": 0.0, "train/loss": 0.5, "lr": 0.1})
+    (warning,) = eng.finish_warnings()
+    assert warning.startswith("alert rule 'et_nan_guard' reads metric 'loss', which was never")
+    assert warning.endswith("did you mean 'train/loss'?")
+
+
 def test_add_rule_at_runtime_and_duplicates():
     eng = AlertEngine(window=100)
     eng.add_rule("x > 1 => warn")
@@ -385,7 +446,7 @@ def test_message_renders_expr_step_run_project():
         run_info={"project": "p", "run": "r"},
     )
     (ev,) = cap.events
-    assert ev.message == "p/r step 1: loss=3 > 1.0 loss=3.0 lr=0.1"
+    assert ev.message == "p/r step 1: loss=3 > 1 loss=3.0 lr=0.1"  # 1 as written
     assert ev.metrics == {"loss": 3.0}
 
 
@@ -433,8 +494,7 @@ def test_recovery_notice_has_its_own_text():
     assert (firing.title, firing.message) == ("loss spiked", "2.5 spiked to 2.5000 at step 0")
     assert resolved.kind == "resolved" and resolved.title == "resolved: spike"
     assert (
-        resolved.message
-        == "spike resolved at step 1: loss > 1 is no longer true (loss=0.2003 > 1.0)"
+        resolved.message == "spike resolved at step 1: loss > 1 is no longer true (loss=0.2003 > 1)"
     )
     assert "spiked" not in resolved.message
 

@@ -187,6 +187,64 @@ def test_to_source_round_trips(node):
     assert parse_expr(text) == node
 
 
+_SPELLED = st.sampled_from(["50", "1e-3", "0.5", ".5", "5.", "2.50", "1E3", "0", "007", "1e+2"])
+
+
+@settings(max_examples=200, deadline=None)
+@given(st.lists(st.tuples(_SPELLED, st.booleans()), min_size=1, max_size=4))
+def test_numbers_render_as_written_and_round_trip(numbers):
+    """Each number keeps its spelling (and sign) in to_source(); the text parses back to
+    the same tree, and the spelling never changes what the condition means."""
+    terms = [("-" if neg else "") + text for text, neg in numbers]
+    text = "x > " + " + ".join(terms)
+    node = parse_expr(text)
+    src = node.to_source()
+    for term in terms:
+        assert (f"({term})" if term.startswith("-") else term) in src
+    assert parse_expr(src) == node
+    assert parse_expr(src).to_source() == src
+    canonical = node.to_source(canonical=True)
+    assert parse_expr(canonical) == node
+
+
+@pytest.mark.parametrize(
+    ("text", "shown"),
+    [
+        ("loss > 50", "(loss > 50)"),
+        ("loss > 50.0", "(loss > 50.0)"),
+        ("mean(x[5]) < 1e-3", "(mean(x[5]) < 1e-3)"),
+        ("y == 0.5", "(y == 0.5)"),
+        ("z > -2.50", "(z > (-2.50))"),
+        ("z > - 3", "(z > (-3))"),
+        ("z > --3", "(z > 3)"),
+    ],
+)
+def test_to_source_keeps_numbers_as_written(text, shown):
+    assert parse_expr(text).to_source() == shown
+
+
+def test_numbers_built_in_python_render_without_a_float_suffix():
+    from expr_tracker.alerts import M
+
+    assert (M.loss > 50).to_source() == "(loss > 50)"
+    assert (M.loss < 0.5).to_source() == "(loss < 0.5)"
+    assert (M.loss > -3).to_source() == "(loss > (-3))"
+    assert (M.loss > 1e-7).to_source() == "(loss > 1e-07)"
+    assert (M.loss < 1e300).to_source() == "(loss < 1e+300)"
+    assert parse_expr((M.loss < float("inf")).to_source()) == (M.loss < float("inf")).node
+
+
+def test_spelling_does_not_change_an_auto_derived_rule_name():
+    from expr_tracker.alerts import M, make_rule
+
+    # the digest is hashed from the spelling-free form, so names stay what they were
+    text = (
+        "zscore(train/loss[50]) > 4 => error: train/loss spiked to {train/loss:.4f} at step {step}"
+    )
+    assert make_rule(text).name == "zscore(train/loss[50]) > 4 [error#ba05ff]"  # README
+    assert make_rule(M.loss > 50, level="error").name == "loss > 50 [error#dd311f]"
+
+
 # -- labels whatever the nesting, end of input, expected tokens in words -----------------------
 
 # Every label of SYNTAX_EXAMPLES hit by a condition that is not one of its examples: deeper

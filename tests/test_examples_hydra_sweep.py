@@ -39,6 +39,6 @@ def test_hydra_sweep(tmp_path):
     for r, lr in zip(runs, (0.3, 0.1, 0.03), strict=True):
         assert json.loads((r / "config.json").read_text()) == {"lr": lr, "steps": 30}
         spec = json.loads((r / "spec.json").read_text())
-        assert [rule["name"] for rule in spec["alerts"]["rules"]] == ["nan_loss"]
+        assert [rule["name"] for rule in spec["alerts"]["rules"]] == ["et_nan_guard"]
         assert spec["history"]["buffer"]["size"] == 10
         assert Path(infos[0]["hydra"]["config_dir"], "overrides.yaml").exists()

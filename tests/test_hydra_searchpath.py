@@ -67,7 +67,7 @@ def test_app_composes_tracker_group_via_plugin(app):
     assert proc.returncode == 0, proc.stderr
     out = json.loads(proc.stdout.strip().splitlines()[-1])
     assert out["buffer"] == 100
-    assert out["rules"] == ["nan_loss"]
+    assert out["rules"] == ["et_nan_guard"]
     assert (app / "runs" / "sp" / "one" / "metrics.jsonl").exists()
 
 

@@ -6,11 +6,17 @@ compare equal. Nodes are immutable (``dataclass(frozen=True, slots=True)``) and 
 
 ``node.to_source()`` renders the condition fully parenthesised; parsing that text gives
 back an equal tree (tested as a hypothesis property in ``tests/test_alerts_parse.py``).
+Numbers and durations keep the text they were written with (``50``, ``1e-3``, ``5m``), so
+every rendering shows them as the user wrote them; a number built in Python (``M.loss > 50``)
+renders as ``50``, not ``50.0``. ``to_source(canonical=True)`` renders every number as
+``repr(float)`` instead: the spelling-free form auto-derived rule names are hashed from, so
+``loss > 50`` keeps the name it always had.
 Durations are held in seconds; a window holds either a point count or a duration.
 """
 
 from __future__ import annotations
 
+import math
 import re
 from collections.abc import Iterator
 from dataclasses import dataclass, field
@@ -29,6 +35,7 @@ __all__ = [
     "Or",
     "Window",
     "format_duration",
+    "format_number",
     "render_name",
 ]
 
@@ -70,7 +77,7 @@ class Node:
 
     __slots__ = ()
 
-    def to_source(self) -> str:  # pragma: no cover - every subclass overrides
+    def to_source(self, canonical: bool = False) -> str:  # pragma: no cover - overridden
         raise NotImplementedError
 
     def children(self) -> tuple[Node, ...]:
@@ -104,15 +111,36 @@ class Node:
         return self.to_source()
 
 
+def format_number(value: float) -> str:
+    """DSL text of a number given without a spelling: ``50.0 -> "50"``, ``0.5 -> "0.5"``,
+    ``1e-07 -> "1e-07"``, infinities as ``1e999`` (read back as inf)."""
+    value = float(value)
+    if value != value:
+        raise ValueError("NaN has no DSL spelling: test for it with isnan()")
+    if value in (math.inf, -math.inf):
+        return "1e999" if value > 0 else "-1e999"
+    if value.is_integer() and abs(value) < 1e16:
+        return str(int(value))
+    return repr(value)
+
+
 @dataclass(frozen=True, slots=True)
 class Number(Node):
-    """A numeric literal (always held as float). Negative literals fold into the value."""
+    """A numeric literal (held as float). Negative literals fold into the value.
+
+    ``text``: the number as written (``"50"``, ``"1e-3"``, ``"-0.5"``), kept for display and
+    not compared (``50`` and ``50.0`` are the same condition).
+    """
 
     value: float
+    text: str = field(default="", compare=False)
 
-    def to_source(self) -> str:
-        text = repr(float(self.value))
-        return f"({text})" if self.value < 0 else text
+    def to_source(self, canonical: bool = False) -> str:
+        if canonical:
+            text = repr(float(self.value))
+            return f"({text})" if self.value < 0 else text
+        text = self.text or format_number(self.value)
+        return f"({text})" if text.startswith("-") else text
 
 
 @dataclass(frozen=True, slots=True)
@@ -122,7 +150,7 @@ class Duration(Node):
     seconds: float
     text: str = field(default="", compare=False)
 
-    def to_source(self) -> str:
+    def to_source(self, canonical: bool = False) -> str:
         return self.text or format_duration(self.seconds)
 
 
@@ -132,7 +160,7 @@ class Name(Node):
 
     name: str
 
-    def to_source(self) -> str:
+    def to_source(self, canonical: bool = False) -> str:
         return render_name(self.name)
 
 
@@ -149,7 +177,7 @@ class Window(Node):
     seconds: float | None = None
     text: str = field(default="", compare=False)
 
-    def to_source(self) -> str:
+    def to_source(self, canonical: bool = False) -> str:
         if self.size is not None:
             inner = str(self.size)
         else:
@@ -167,8 +195,8 @@ class Call(Node):
     def children(self) -> tuple[Node, ...]:
         return self.args
 
-    def to_source(self) -> str:
-        return f"{self.func}({', '.join(a.to_source() for a in self.args)})"
+    def to_source(self, canonical: bool = False) -> str:
+        return f"{self.func}({', '.join(a.to_source(canonical) for a in self.args)})"
 
 
 @dataclass(frozen=True, slots=True)
@@ -180,8 +208,8 @@ class Neg(Node):
     def children(self) -> tuple[Node, ...]:
         return (self.operand,)
 
-    def to_source(self) -> str:
-        return f"(-{self.operand.to_source()})"
+    def to_source(self, canonical: bool = False) -> str:
+        return f"(-{self.operand.to_source(canonical)})"
 
 
 class _Binary(Node):
@@ -203,8 +231,9 @@ class _Binary(Node):
     def children(self) -> tuple[Node, ...]:
         return (self.left, self.right)
 
-    def to_source(self) -> str:
-        return f"({self.left.to_source()} {self._word} {self.right.to_source()})"
+    def to_source(self, canonical: bool = False) -> str:
+        left, right = self.left.to_source(canonical), self.right.to_source(canonical)
+        return f"({left} {self._word} {right})"
 
 
 @dataclass(frozen=True, slots=True)
@@ -252,5 +281,5 @@ class Not(Node):
     def children(self) -> tuple[Node, ...]:
         return (self.operand,)
 
-    def to_source(self) -> str:
-        return f"(not {self.operand.to_source()})"
+    def to_source(self, canonical: bool = False) -> str:
+        return f"(not {self.operand.to_source(canonical)})"

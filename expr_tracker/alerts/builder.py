@@ -29,7 +29,10 @@ def _node(value) -> ast.Node:
     if isinstance(value, bool):
         raise RuleError("a bare True/False is not a condition; compare a metric instead")
     if isinstance(value, (int, float)):
-        return ast.Number(float(value))
+        try:
+            return ast.Number(float(value))
+        except OverflowError:  # an int beyond the float range compares like an infinity
+            return ast.Number(float("inf") if value > 0 else float("-inf"))
     raise RuleError(f"cannot use {type(value).__name__} in an alert expression")
 
 

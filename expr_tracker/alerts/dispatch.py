@@ -33,6 +33,16 @@ only sends):
 
 Only send failures are swallowed: counted, logged once per (channel, cause) — every time with
 ``fail_silently: false`` — and recorded as ``{"kind": "delivery", "delivered": false, ...}``.
+
+**Console fallback**: an alert is never lost silently. When a channel gives up on a message
+(a failure that is not retried, retries spent), when an attempt times out (the first sign of
+a hanging endpoint: the message is shown at once rather than after every retry), when a
+message is queued behind a send that has run longer than an attempt may (a channel ignoring
+its timeout: the one in flight is shown too), or when the drain deadline abandons it,
+``fallback`` (default ``print_undelivered``: stderr) shows the alert's text once, marked
+undelivered on that channel; a second channel failing the same message adds one line. Not
+when a console channel took the message too (its text is on the terminal already). The
+delivery record then says ``"fallback": "console"``.
 Every outcome is recorded; error texts and answers are ``channels.base.excerpt``s: secrets
 removed first, one line, at most 200 characters.
 
@@ -79,6 +89,7 @@ __all__ = [
     "Submission",
     "TokenBucket",
     "add_tap",
+    "print_undelivered",
     "remove_tap",
 ]
 
@@ -291,6 +302,8 @@ class _Item:
         "rank",
         "attempts",
         "coalesced",
+        "on_console",
+        "echoed",
     )
 
     def __init__(self, message: AlertMessage, ticket: _Ticket | None = None, summary=False) -> None:
@@ -302,6 +315,8 @@ class _Item:
         self.limited = False
         self.attempts = 0  # sends started (the one in flight included)
         self.coalesced = 0  # messages a coalesce summary stands for
+        self.on_console = False  # a console channel took the same message
+        self.echoed = False  # shown by the console fallback already
 
 
 @dataclass
@@ -364,6 +379,7 @@ class Lane:
         self._held: list[_Item] = []  # coalesce buffer
         self._inflight: list[_Item] = []
         self._sending = False  # channel.send() running now
+        self._send_started = 0.0  # dispatcher clock when that send began
         now = dispatcher.clock()
         self._bucket = TokenBucket(policy.rate_limit_per_minute, now)
         self._dedup = _Dedup(policy.dedup_window)
@@ -587,6 +603,7 @@ class Lane:
             step=top.step,
         )
         item = _Item(summary, summary=True)
+        item.on_console = any(h.on_console for h in held)
         item.tickets = [t for h in held for t in h.tickets]
         item.coalesced = len(held)
         self.counts["coalesced"] += len(held)
@@ -622,6 +639,7 @@ class Lane:
                 attempt += 1
                 item.attempts = attempt  # counted before the send: one in flight counts
                 try:
+                    self._send_started = self.d.clock()
                     self._sending = True
                     try:
                         result = self.channel.send(message, p.timeout)
@@ -642,6 +660,12 @@ class Lane:
                     if not retryable or attempt > p.max_retries:
                         self._failed(item, reason, detail, status, attempt, coalesced)
                         return
+                    if status is None and "timed out" in reason:
+                        # the first sign of a hanging endpoint: show the alert now, not
+                        # after every retry has timed out as well
+                        self.d._fallback(
+                            self, item, f"{detail} after {p.timeout:g} s; retrying", final=False
+                        )
                     delay = p.backoff(attempt, self.d.random())
                     if p.respect_retry_after and exc.retry_after is not None:
                         delay = max(0.0, float(exc.retry_after))
@@ -684,6 +708,7 @@ class Lane:
         self.counts["failed"] += 1
         self.last_error = detail
         self.d._warn_failure(self, reason, detail)
+        self.d._fallback(self, item, detail)
         self._finish(item, False, detail, status=status, attempts=attempts, coalesced=coalesced)
 
     def _finish(
@@ -718,6 +743,8 @@ class Lane:
             record["answer"] = detail
         if coalesced:
             record["coalesced"] = coalesced
+        if item.echoed:
+            record["fallback"] = "console"
         self.d._record(record)
 
     # ---------------------------------------------------------------- thread
@@ -854,6 +881,9 @@ class Dispatcher:
         warner: an object with ``warn(key, message, *args)`` (``Warner``) for once-per-cause
             logging; default: this module's logger, once per (channel, cause).
         at_exit: drain at interpreter exit (for dispatchers not closed by a run).
+        fallback: ``fallback(message, channel, kind, why, again=False, final=True)`` shows an
+            alert a channel failed to deliver (module docstring, "Console fallback");
+            ``"stderr"`` (default): ``print_undelivered``; None shows nothing.
     """
 
     def __init__(
@@ -868,6 +898,7 @@ class Dispatcher:
         drain_timeout: float = DEFAULT_DRAIN_TIMEOUT,
         warner: Any = None,
         at_exit: bool = False,
+        fallback: Callable[..., Any] | None | str = "stderr",
     ) -> None:
         self.record = record
         self.context = context
@@ -888,6 +919,9 @@ class Dispatcher:
         self.on_rank: Any = "all"
         self._closed = False
         self.record_errors = 0
+        self.fallback = print_undelivered if fallback == "stderr" else fallback
+        #: id(message) -> message, for the messages the fallback showed (bounded)
+        self._echoed: dict[int, AlertMessage] = {}
         if at_exit:
             ref = weakref.ref(self)
 
@@ -993,11 +1027,15 @@ class Dispatcher:
                 log.debug("alert tap failed", exc_info=True)
         accepted: list[str] = []
         waiting: list[tuple[Lane, _Ticket]] = []
+        on_console = any(lane.kind == "console" for lane in lanes)
         for lane in lanes:
             must_wait = wait if wait is not None else (direct and not lane.policy.async_send)
             ticket = _Ticket() if must_wait else None
-            if lane.put(_Item(message, ticket), direct=direct):
+            item = _Item(message, ticket)
+            item.on_console = on_console
+            if lane.put(item, direct=direct):
                 accepted.append(lane.name)
+                self._check_stuck(lane, item)
                 if ticket is not None:
                     waiting.append((lane, ticket))
             elif ticket is not None:
@@ -1137,10 +1175,12 @@ class Dispatcher:
                     )
                 else:
                     why = "still queued"
+                detail = f"not delivered before the drain deadline ({timeout:g} s): {why}"
+                self._fallback(lane, item, detail)
                 lane._finish(
                     item,
                     False,
-                    f"not delivered before the drain deadline ({timeout:g} s): {why}",
+                    detail,
                     attempts=item.attempts,
                     coalesced=item.coalesced,
                 )
@@ -1180,6 +1220,43 @@ class Dispatcher:
             if self.record_errors == 1:
                 log.warning("expr_tracker: cannot record an alert delivery outcome", exc_info=True)
 
+    def _check_stuck(self, lane: Lane, item: _Item) -> None:
+        """A send in flight longer than an attempt may last (``ATTEMPT_TIMEOUTS + 1`` times
+        ``timeout``: a channel that ignores its timeout) holds every message queued behind
+        it: show the one in flight and the new one now (see "Console fallback")."""
+        if not lane._sending or self.fallback is None:
+            return
+        age = self.clock() - lane._send_started
+        if age <= (ATTEMPT_TIMEOUTS + 1) * lane.policy.timeout:
+            return
+        with lane._cond:
+            stuck = [i for i in lane._inflight if i is not item]
+        for it in stuck:
+            self._fallback(lane, it, f"no answer for {age:.0f} s", final=False)
+        self._fallback(
+            lane, item, f"queued behind a send with no answer for {age:.0f} s", final=False
+        )
+
+    def _fallback(self, lane: Lane, item: _Item, why: str, *, final: bool = True) -> None:
+        """Show ``item`` through ``fallback`` once (see "Console fallback"); never raises."""
+        if self.fallback is None or lane.kind == "console":
+            return
+        message = item.message
+        with self._lock:
+            if item.echoed or item.on_console:
+                return
+            item.echoed = True
+            key = id(message)
+            again = self._echoed.get(key) is message  # another channel showed it already
+            if not again:
+                self._echoed[key] = message  # held, so its id is not reused meanwhile
+                while len(self._echoed) > 256:
+                    del self._echoed[next(iter(self._echoed))]
+        try:
+            self.fallback(message, lane.name, lane.kind, why, again=again, final=final)
+        except Exception:  # noqa: BLE001 - showing it is best effort
+            log.debug("alert console fallback failed", exc_info=True)
+
     def _warn_failure(self, lane: Lane, reason: str, detail: str) -> None:
         message = "expr_tracker: alert channel %s (%s) failed: %s"
         if not lane.policy.fail_silently:
@@ -1202,6 +1279,44 @@ class Dispatcher:
 
     def __repr__(self) -> str:
         return f"Dispatcher(channels={list(self.lanes)!r}, closed={self._closed})"
+
+
+def print_undelivered(
+    message: AlertMessage,
+    channel: str,
+    kind: str,
+    why: str,
+    *,
+    again: bool = False,
+    final: bool = True,
+) -> None:
+    """The default console fallback: the alert on stderr (as the console channel shows it),
+    under a line saying which channel did not deliver it and why (``why`` is already
+    scrubbed of secrets). ``final`` False: an attempt timed out and the channel is still
+    retrying. ``again``: the alert was shown for another channel; only one line is added."""
+    import sys
+
+    from rich.console import Console
+
+    from expr_tracker.alerts.channels.console import render_console
+
+    console = Console(file=sys.stderr, highlight=False, soft_wrap=True)
+    where = f"channel {channel!r} ({kind})"
+    if again:
+        step = f" (step {message.step})" if message.step is not None else ""
+        state = "NOT DELIVERED" if final else "not yet delivered"
+        console.print(
+            f"expr_tracker: alert {message.title!r}{step} also {state} to {where}: {why}",
+            markup=False,
+            style="yellow",
+        )
+        return
+    if final:
+        head = f"expr_tracker: alert NOT DELIVERED to {where}: {why}; shown here instead:"
+    else:
+        head = f"expr_tracker: alert not yet delivered to {where}: {why}; shown here meanwhile:"
+    console.print(head, markup=False, style="yellow")
+    console.print(render_console(message))
 
 
 def event_to_message(event: Any) -> AlertMessage:

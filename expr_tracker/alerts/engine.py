@@ -45,6 +45,7 @@ from __future__ import annotations
 import datetime as _dt
 import difflib
 import logging
+import math
 import threading
 import time
 from collections import deque
@@ -123,6 +124,17 @@ class AlertEvent:
             "tags": list(self.rule.tags),
             "channels": list(self.rule.channels) if self.rule.channels is not None else None,
         }
+
+
+def _close_matches(name: str, seen: list[str]) -> list[str]:
+    """Up to three logged names ``name`` may have meant: those ending in the same last path
+    part (``loss`` -> ``train/loss``, ``eval/loss``), then difflib's close matches."""
+    alt = name.replace(".", "/")
+    leaf = alt.rsplit("/", 1)[-1]
+    out = [s for s in seen if s.rsplit("/", 1)[-1] == leaf]
+    for candidate in (name, alt):
+        out += difflib.get_close_matches(candidate, seen, n=3)
+    return list(dict.fromkeys(out))[:3]
 
 
 class _Compiled:
@@ -330,13 +342,21 @@ class AlertEngine:
                 t = type(value)
                 if t is not float:
                     if t is int or t is bool:
-                        value = float(value)
+                        try:
+                            value = float(value)
+                        except OverflowError:  # an int beyond the float range
+                            value = math.inf if value > 0 else -math.inf
                     elif value is None or t is str:
                         continue
                     else:
                         try:
                             value = float(value)
-                        except (TypeError, ValueError):
+                        except OverflowError:
+                            try:
+                                value = math.inf if value > 0 else -math.inf
+                            except Exception:  # noqa: BLE001 - an object that will not compare
+                                continue
+                        except Exception:  # noqa: BLE001 - not a number: not recorded
                             continue
                 s = series.get(key)
                 if s is None:
@@ -641,9 +661,7 @@ class AlertEngine:
         seen = sorted(self._seen - {"_step", "_time"})
         for name in self.unresolved_metrics():
             users = [c.rule.name for c in self._rules if name in c.expr.needs]
-            close = difflib.get_close_matches(name, seen, n=3) or difflib.get_close_matches(
-                name.replace(".", "/"), seen, n=3
-            )
+            close = _close_matches(name, seen)
             hint = f"; did you mean {', '.join(repr(c) for c in close)}?" if close else ""
             out.append(
                 f"alert rule {', '.join(map(repr, users))} reads metric {name!r}, "

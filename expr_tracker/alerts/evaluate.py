@@ -477,13 +477,20 @@ def _truthy(fn):
     return truthy
 
 
+# A NaN result from operands that are not NaN is inf - inf, inf * 0, inf / inf or inf % b:
+# undefined, so UNKNOWN (a NaN operand still propagates, for isnan() to see).
+
+
 def _arith_add(lf, rf):
     def add(ctx):
         a = lf(ctx)
         if a is None:
             return None
         b = rf(ctx)
-        return None if b is None else a + b
+        if b is None:
+            return None
+        r = a + b
+        return None if r != r and a == a and b == b else r
 
     return add
 
@@ -494,7 +501,10 @@ def _arith_sub(lf, rf):
         if a is None:
             return None
         b = rf(ctx)
-        return None if b is None else a - b
+        if b is None:
+            return None
+        r = a - b
+        return None if r != r and a == a and b == b else r
 
     return sub
 
@@ -505,7 +515,10 @@ def _arith_mul(lf, rf):
         if a is None:
             return None
         b = rf(ctx)
-        return None if b is None else a * b
+        if b is None:
+            return None
+        r = a * b
+        return None if r != r and a == a and b == b else r
 
     return mul
 
@@ -518,7 +531,8 @@ def _arith_div(lf, rf):
         b = rf(ctx)
         if b is None or b == 0:
             return None
-        return a / b
+        r = a / b
+        return None if r != r and a == a and b == b else r
 
     return div
 
@@ -531,9 +545,14 @@ def _arith_mod(lf, rf):
         b = rf(ctx)
         if b is None or b == 0:
             return None
-        if a != a or b != b or a in (math.inf, -math.inf):
+        if a != a or b != b:
             return math.nan
-        return a % b
+        if a - a != 0.0:
+            return None  # inf % b: undefined
+        r = a % b
+        # a finite a modulo an infinite b is a itself, except that Python's floored modulo
+        # turns a negative a modulo +inf (or a positive one modulo -inf) into an infinity
+        return r if r - r == 0.0 else None
 
     return mod
 

@@ -17,6 +17,27 @@ Implementations receive plain Python floats and lists and return a float, a bool
 non-positive number. They never raise for those; anything they do raise is a bug that the
 engine counts per rule (DESIGN.md "Rules").
 
+Extreme values (values near the float limit, infinities, NaN) never make a function raise,
+so a diverging run cannot disable the rule meant to catch it (``tests/test_alerts_extreme.py``
+checks every function with hypothesis). Each fast path computes as usual and checks its
+result; only a non-finite result takes the slow path, which gives:
+  - NaN when a NaN went in (it propagates; ``isnan`` sees it, a comparison is UNKNOWN);
+  - the right finite value when only an intermediate overflowed (``mean``, ``median``,
+    ``ema``, ``zscore``, ``slope``, ``pct_change`` of values near 1.8e308 are computed on
+    scaled values), or when squares underflow (``var``, ``std``, ``zscore`` of values
+    below 1e-125 are scaled up first);
+  - the infinity the value diverges to: ``sum``/``mean``/``ema``/``slope`` when every
+    infinite term pulls the same way, ``var``/``std`` when an infinity sits beside another
+    value, ``zscore`` with exactly one infinite value (it tends to the z-score of the
+    window where that value is ±1 and the others 0: sqrt(n - 1) when it is the latest),
+    an overflowing true result (``sum`` of two 1e308 is +inf);
+  - UNKNOWN where the answer is undefined: ``inf - inf`` in any form (``mean`` of +inf
+    and -inf, ``diff`` of the same infinity twice), ``var`` of one infinity repeated,
+    ``zscore`` with several infinities (the limit depends on how fast each grew),
+    ``stalled`` of one infinity repeated, ``pct_change`` from an infinity to an infinity.
+A term of weight 0 (``ema`` with alpha 1, the middle point of ``slope``) ignores its
+value, infinite or not.
+
 Window functions get the window's values oldest first; those marked ``needs="times"`` or
 ``needs="steps"`` also get the matching times or steps. Times are the engine's time base:
 the monotonic commit time in a live run, the recorded ``_time`` in a replay (never the
@@ -55,53 +76,178 @@ class Signature:
     window_param: bool = False
 
 
+_INF = math.inf
+_NAN = math.nan
+#: what a window holds besides finite values (``_kind``)
+_FINITE, _POS, _NEG, _BOTH, _HAS_NAN = 0, 1, -1, 2, 3
+
+
 def _nan_in(v: list[float]) -> bool:
     s = sum(v)
-    return s != s
+    if s - s == 0.0:  # a finite sum: no NaN, no infinity
+        return False
+    for x in v:
+        if x != x:
+            return True
+    return False
+
+
+def _kind(v) -> int:
+    """The slow path's view of a window: ``_HAS_NAN``; ``_POS``/``_NEG`` when its only
+    infinities are +inf/-inf; ``_BOTH`` when it holds both; ``_FINITE`` otherwise."""
+    pos = neg = False
+    for x in v:
+        if x != x:
+            return _HAS_NAN
+        if x == _INF:
+            pos = True
+        elif x == -_INF:
+            neg = True
+    if pos and neg:
+        return _BOTH
+    return _POS if pos else (_NEG if neg else _FINITE)
+
+
+def _scale(v) -> float:
+    """A power of two near the largest magnitude of finite ``v`` (1 for all zeros): dividing
+    by it brings every value into [-2, 2], where sums of values or squares cannot
+    overflow."""
+    top = max(map(abs, v))
+    if top == 0.0:
+        return 1.0
+    return 2.0 ** (math.frexp(top)[1] - 1)
+
+
+def _signed_infinity(sign: float):
+    return _INF if sign > 0 else -_INF
+
+
+def _weighted_special(v, w):
+    """``sum(w * v)`` for a window holding NaN or an infinity, or whose finite sum
+    overflowed: NaN when it holds NaN; the infinity of the terms that diverge when they all
+    diverge the same way (terms of weight 0 do not count: ``0 * x`` is 0 for every
+    finite x), UNKNOWN when they pull both ways (``inf - inf``); for finite values the sum
+    computed on scaled values, which overflows only when the true result does."""
+    k = _kind(v)
+    if k == _HAS_NAN:
+        return _NAN
+    if k == _FINITE:
+        scale = _scale(v)
+        return sum(wi * (x / scale) for wi, x in zip(w, v, strict=True)) * scale
+    sign = 0.0
+    for wi, x in zip(w, v, strict=True):
+        if x - x != 0.0 and wi != 0.0:
+            s = math.copysign(1.0, x) * math.copysign(1.0, wi)
+            if sign and s != sign:
+                return None
+            sign = s
+    if not sign:  # every infinity has weight 0: the finite terms decide
+        return _weighted_special([x if x - x == 0.0 else 0.0 for x in v], w)
+    return _signed_infinity(sign)
 
 
 def _mean(v):
-    return sum(v) / len(v)
+    s = sum(v)
+    if s - s == 0.0:
+        return s / len(v)
+    k = _kind(v)
+    if k == _FINITE:  # finite values whose sum overflowed: the mean lies between them
+        scale = _scale(v)
+        r = sum(x / scale for x in v) / len(v) * scale
+        return min(max(r, min(v)), max(v))  # rounding must not step outside (or to inf)
+    if k == _HAS_NAN:
+        return _NAN
+    return None if k == _BOTH else _signed_infinity(k)
+
+
+#: below this mean square, squares of the values lose precision (subnormal): scale them
+_TINY_SQUARES = 1e-250
+#: below this magnitude a weighted sum may have lost its terms to underflow
+_TINY = 1e-290
 
 
 def _var(v):
     n = len(v)
     m = sum(v) / n
-    if m != m:
-        return m
-    var = sum(map(mul, v, v)) / n - m * m
+    ss = sum(map(mul, v, v)) / n
+    var = ss - m * m
+    if var - var != 0.0:  # NaN, an infinity, or an overflow: not the fast path
+        return _var_special(v)
+    if ss < _TINY_SQUARES:  # tiny values: their squares underflow
+        if min(v) == max(v):
+            return 0.0
+        scale = _scale(v)
+        return _var([x / scale for x in v]) * scale * scale
     if var <= 1e-9 * m * m:  # cancellation possible: recompute with two passes
         if min(v) == max(v):
             return 0.0
-        d = [x - m for x in v]
-        var = math.fsum(map(mul, d, d)) / n
+        d, md = _centred(v)
+        e = [x - md for x in d]
+        var = math.fsum(map(mul, e, e)) / n
     return var
+
+
+def _centred(v):
+    """``v`` shifted by its first value, and the mean of that: for values close together
+    (where the one-pass variance cancels) the differences are exact (Sterbenz), so even a
+    spread of one ulp keeps its size. var and zscore do not change under a shift."""
+    c = v[0]
+    d = [x - c for x in v]
+    return d, math.fsum(d) / len(d)
+
+
+def _var_special(v):
+    k = _kind(v)
+    if k == _HAS_NAN:
+        return _NAN
+    if k != _FINITE:
+        # an infinite value beside a finite one, or +inf beside -inf: the spread diverges;
+        # only the same infinity repeated is undefined (inf - inf)
+        return None if min(v) == max(v) else _INF
+    scale = _scale(v)
+    return _var([x / scale for x in v]) * scale * scale  # inf when the true value is
 
 
 def _std(v):
     var = _var(v)
-    return math.sqrt(var) if var == var else var
+    if var is None or var != var:
+        return var
+    if 0.0 < var < _TINY_SQUARES:  # a variance this small lost digits: scale, then unscale
+        scale = _scale(v)
+        return math.sqrt(_var([x / scale for x in v])) * scale
+    return math.sqrt(var)
 
 
 def _median(v):
     if _nan_in(v):
-        return math.nan
+        return _NAN
     s = sorted(v)
     n = len(s)
     h = n // 2
-    return s[h] if n % 2 else (s[h - 1] + s[h]) / 2.0
+    if n % 2:
+        return s[h]
+    mid = (s[h - 1] + s[h]) / 2.0
+    if mid - mid == 0.0:
+        return mid
+    if s[h - 1] == -_INF and s[h] == _INF:
+        return None  # halfway between -inf and +inf
+    return s[h - 1] / 2.0 + s[h] / 2.0  # the sum overflowed (or an infinity: itself)
 
 
 def _sum(v):
-    return float(sum(v))
+    s = float(sum(v))
+    if s == s:
+        return s  # finite, or the infinity the values (or their overflow) give
+    k = _kind(v)
+    return _NAN if k == _HAS_NAN else None  # inf - inf
 
 
 def _wmin(v):
-    return math.nan if _nan_in(v) else min(v)
+    return _NAN if _nan_in(v) else min(v)
 
 
 def _wmax(v):
-    return math.nan if _nan_in(v) else max(v)
+    return _NAN if _nan_in(v) else max(v)
 
 
 def _first(v):
@@ -116,25 +262,47 @@ def _count(v):
     return float(len(v))
 
 
+def _difference(a, b):
+    """``b - a``, UNKNOWN for the same infinity twice (``inf - inf``)."""
+    d = b - a
+    if d != d and a == a and b == b:
+        return None
+    return d
+
+
 def _diff(v):
     if len(v) < 2:
         return None
-    return v[-1] - v[0]
+    return _difference(v[0], v[-1])
 
 
 def _rate(v, t):
     if len(v) < 2:
         return None
     dt = t[-1] - t[0]
-    if dt <= 0:
+    if not dt > 0:
         return None
-    return (v[-1] - v[0]) / dt
+    d = _difference(v[0], v[-1])
+    if d is None:
+        return None
+    r = d / dt
+    return None if r != r and d == d else r
 
 
 def _pct_change(v):
-    if len(v) < 2 or v[0] == 0:
+    if len(v) < 2:
         return None
-    return (v[-1] - v[0]) / abs(v[0])
+    a, b = v[0], v[-1]
+    if a == 0:
+        return None
+    r = (b - a) / abs(a)
+    if r - r == 0.0 or r != r and (a != a or b != b):
+        return r  # finite, or NaN from a NaN value
+    if a - a != 0.0:  # from an infinity: -1 (+1 from -inf) towards a finite value
+        return None if b - b != 0.0 else -math.copysign(1.0, a)
+    if b - b != 0.0:
+        return _signed_infinity(math.copysign(1.0, b))
+    return b / abs(a) - math.copysign(1.0, a)  # b - a overflowed: divide first
 
 
 _SLOPE_WEIGHTS: dict[int, list[float]] = {}
@@ -150,14 +318,24 @@ def _slope(v, steps):
             mx = (n - 1) / 2.0
             sxx = n * (n * n - 1) / 12.0
             w = _SLOPE_WEIGHTS[n] = [(i - mx) / sxx for i in range(n)]
-        return sum(map(mul, w, v))
+        r = sum(map(mul, w, v))
+        if r - r == 0.0:
+            return r
+        return _weighted_special(v, w)
     # general case: steps are ints, so these sums are exact and sxx has no cancellation
     sx = sum(steps)
     sxx = n * sum(map(mul, steps, steps)) - sx * sx
     if sxx == 0:
         return None
-    sxy = n * math.fsum(map(mul, steps, v)) - sx * math.fsum(v)
-    return sxy / sxx
+    total = sum(v)
+    if total - total == 0.0:
+        try:
+            r = (n * math.fsum(map(mul, steps, v)) - sx * math.fsum(v)) / sxx
+        except (OverflowError, ValueError):  # a product or partial sum overflowed: the
+            r = _NAN  # weighted form below
+        if r - r == 0.0:
+            return r
+    return _weighted_special(v, [(n * s - sx) / sxx for s in steps])
 
 
 def _zscore(v):
@@ -165,17 +343,40 @@ def _zscore(v):
     if n < 2:
         return None
     m = sum(v) / n
-    if m != m:
-        return m
-    var = sum(map(mul, v, v)) / n - m * m
+    ss = sum(map(mul, v, v)) / n
+    var = ss - m * m
+    if var - var != 0.0:  # NaN, an infinity, or an overflow
+        return _zscore_special(v)
+    if ss < _TINY_SQUARES:  # tiny values: their squares underflow; z is scale free
+        if min(v) == max(v):
+            return None  # std 0
+        scale = _scale(v)
+        return _zscore([x / scale for x in v])
     if var <= 1e-9 * m * m:  # cancellation possible: exact checks
         if min(v) == max(v):
             return None  # std 0
-        d = [x - m for x in v]
-        var = math.fsum(map(mul, d, d)) / n
+        d, md = _centred(v)
+        e = [x - md for x in d]
+        var = math.fsum(map(mul, e, e)) / n
         if var <= 0.0:
             return None
+        return e[-1] / math.sqrt(var)
     return (v[-1] - m) / math.sqrt(var)
+
+
+def _zscore_special(v):
+    k = _kind(v)
+    if k == _HAS_NAN:
+        return _NAN
+    if k == _FINITE:  # zscore does not change when every value is divided by one number
+        scale = _scale(v)
+        return _zscore([x / scale for x in v])
+    infinite = [x for x in v if x - x != 0.0]
+    if len(infinite) > 1:
+        return None  # the limit depends on how fast each one grew: undefined
+    # one value grows without bound: its z-score tends to that of the window in which it
+    # is +-1 and every other value 0 (finite values vanish beside it)
+    return _zscore([0.0 if x - x == 0.0 else math.copysign(1.0, x) for x in v])
 
 
 _EMA_WEIGHTS: dict[tuple[int, float], list[float]] = {}
@@ -196,7 +397,15 @@ def _ema_weights(n: int, alpha: float) -> list[float]:
 def _ema(v, alpha):
     if alpha is None or alpha != alpha or not (0.0 < alpha <= 1.0):
         return None
-    return sum(map(mul, _ema_weights(len(v), alpha), v))
+    w = _ema_weights(len(v), alpha)
+    r = sum(map(mul, w, v))
+    if r - r != 0.0:
+        return _weighted_special(v, w)
+    if -_TINY < r < _TINY:  # products may have underflowed: scale up, stay within range
+        scale = _scale(v)
+        r = sum(map(mul, w, [x / scale for x in v])) * scale
+        return min(max(r, min(v)), max(v))  # a weighted average lies between the values
+    return r
 
 
 def _increasing(v):
@@ -214,7 +423,10 @@ def _decreasing(v):
 def _stalled(v, eps):
     if eps is None or eps != eps or _nan_in(v):
         return None
-    return max(v) - min(v) <= eps
+    hi, lo = max(v), min(v)
+    if hi == lo and hi - hi != 0.0:
+        return None  # one infinity throughout: how far it moved is undefined
+    return hi - lo <= eps
 
 
 def _isnan(x):
@@ -251,14 +463,14 @@ def _sqrt(x):
 def _smin(*xs):
     for x in xs:
         if x != x:
-            return math.nan
+            return _NAN
     return min(xs)
 
 
 def _smax(*xs):
     for x in xs:
         if x != x:
-            return math.nan
+            return _NAN
     return max(xs)
 
 

@@ -251,7 +251,8 @@ class _ToAstMethods:
     """One method per word of the language (the ``-> alias`` names of grammar.lark)."""
 
     def number(self, children):
-        return ast.Number(float(children[0]))
+        text = str(children[0])
+        return ast.Number(float(text), text)
 
     def duration(self, children):
         text = str(children[0])
@@ -282,7 +283,10 @@ class _ToAstMethods:
     def neg(self, children):
         (operand,) = children
         if type(operand) is ast.Number:
-            return ast.Number(-operand.value)
+            text = operand.text
+            if text:
+                text = text[1:] if text.startswith("-") else "-" + text
+            return ast.Number(-operand.value, text)
         return ast.Neg(operand)
 
     def pos(self, children):

@@ -249,7 +249,7 @@ class AlertRule:
     def _auto_name(self) -> str:
         key = json.dumps(
             [
-                self.condition.to_source(),
+                self.condition.to_source(canonical=True),  # the spelling of numbers aside
                 self.level,
                 self.title,
                 self.message,
@@ -446,10 +446,13 @@ class RuleState:
     ``state`` OK/PENDING/FIRING, ``streak`` consecutive True evaluations, ``fires``
     notifications sent (firing + level-mode repeats), ``last_notify`` monotonic seconds,
     ``episode`` how many times the rule entered FIRING (the current firing episode; it tells
-    one incident's notifications from the next one's, see ``event_to_message``).
+    one incident's notifications from the next one's, see ``event_to_message``),
+    ``notified`` whether the current episode sent a notification (its recovery notice goes
+    out only then: with ``max_fires`` spent, an episode whose firing was suppressed ends
+    quietly too).
     """
 
-    __slots__ = ("rule", "state", "streak", "fires", "last_notify", "episode", "lock")
+    __slots__ = ("rule", "state", "streak", "fires", "last_notify", "episode", "notified", "lock")
 
     def __init__(self, rule: AlertRule) -> None:
         self.rule = rule
@@ -458,13 +461,28 @@ class RuleState:
         self.fires = 0
         self.last_notify: float | None = None
         self.episode = 0
+        self.notified = False
         self.lock = threading.Lock()
 
     def snapshot(self) -> tuple:
-        return (self.state, self.streak, self.fires, self.last_notify, self.episode)
+        return (
+            self.state,
+            self.streak,
+            self.fires,
+            self.last_notify,
+            self.episode,
+            self.notified,
+        )
 
     def restore(self, snap: tuple) -> None:
-        self.state, self.streak, self.fires, self.last_notify, self.episode = snap
+        (
+            self.state,
+            self.streak,
+            self.fires,
+            self.last_notify,
+            self.episode,
+            self.notified,
+        ) = snap
 
     def advance(self, result: bool | None, mono: float) -> tuple[str, bool] | None:
         """Apply one evaluation result. Returns ``(event, notify)`` or ``None``.
@@ -472,7 +490,8 @@ class RuleState:
         Events: ``pending`` (OK -> PENDING), ``firing`` (-> FIRING), ``repeat`` (level mode,
         still FIRING after ``cooldown`` s), ``resolved`` (FIRING -> OK), ``cancelled``
         (PENDING -> OK). ``notify`` is True for ``firing``/``repeat`` within ``max_fires``
-        and for ``resolved`` with ``notify_recovery``.
+        and for ``resolved`` with ``notify_recovery`` when the episode it ends notified
+        (a recovery of an episode whose firing ``max_fires`` suppressed is not announced).
         """
         if result is None:
             return None
@@ -483,7 +502,8 @@ class RuleState:
                 if self.streak >= rule.for_steps:
                     self.state = FIRING
                     self.episode += 1
-                    return "firing", self._count_fire(mono)
+                    self.notified = notify = self._count_fire(mono)
+                    return "firing", notify
                 if self.state == OK:
                     self.state = PENDING
                     return "pending", False
@@ -492,12 +512,16 @@ class RuleState:
                 self.last_notify is None or mono - self.last_notify >= rule.cooldown
             ):
                 notify = self._count_fire(mono)
-                return ("repeat", True) if notify else None
+                if not notify:
+                    return None
+                self.notified = True
+                return "repeat", True
             return None
         self.streak = 0
         if self.state == FIRING:
             self.state = OK
-            return "resolved", rule.notify_recovery
+            notified, self.notified = self.notified, False
+            return "resolved", rule.notify_recovery and notified
         if self.state == PENDING:
             self.state = OK
             return "cancelled", False

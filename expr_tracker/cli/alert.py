@@ -54,7 +54,9 @@ def run(args: argparse.Namespace) -> int:
         return 2
     try:
         alerts = resolve(environ=environ).spec.alerts
-        d = build_dispatcher(alerts, environ=environ, drain_timeout=args.timeout)
+        # every outcome is printed below, with the message the person just typed: no console
+        # fallback (it would repeat the alert on stderr)
+        d = build_dispatcher(alerts, environ=environ, drain_timeout=args.timeout, fallback=None)
     except Exception as exc:  # noqa: BLE001 - SpecError / ChannelConfigError
         print(f"et alert: configuration error: {exc}", file=sys.stderr)
         return 2

@@ -23,6 +23,7 @@ COMMAND_MODULES = (
     "trace",
     "rules",
     "alert",
+    "alerts_cmd",
     "channels",
     "config",
     "schema",

@@ -119,7 +119,7 @@ def cmd_explain(args) -> int:
     info = {
         "valid": True,
         "name": rule.name,
-        "condition": rule.condition.to_source(),
+        "condition": _as_parsed(rule.condition),
         "level": rule.level,
         "message": rule.message,
         "metrics": {name: n for name, n in compiled.needs.items()},
@@ -143,6 +143,16 @@ def cmd_explain(args) -> int:
     for w in info["warnings"]:
         _out(f"WARNING: {w}")
     return EXIT_OK
+
+
+def _as_parsed(node) -> str:
+    """The condition as parsed: every operation in parentheses except the outermost one,
+    numbers and durations as written (``zscore(loss[50]) > 4``, ``(a > 1) and (b < 1e-3)``)."""
+    text = node.to_source()
+    # to_source() wraps each compound node whole, so the outermost pair is always redundant
+    if text.startswith("(") and text.endswith(")"):
+        return text[1:-1]
+    return text
 
 
 # -- lint -------------------------------------------------------------------------------------

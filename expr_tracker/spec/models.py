@@ -670,6 +670,12 @@ class AlertsSpec(BaseModel):
     rules: Annotated[list[RuleEntry], BeforeValidator(named_entries)] = Field(
         default_factory=list, description="a list, or a mapping name -> rule"
     )
+    guard_metric: _NonEmpty = Field(
+        "loss",
+        description="the metric the shipped Hydra rule sets (tracker/alerts=nan_guard, "
+        "divergence) guard: their conditions read it, so tracker.alerts.guard_metric="
+        "train/loss points them at the app's own metric name",
+    )
     notify_on: list[Literal["finish", "failure"]] = Field(default_factory=list)
 
     @field_validator("channels")

@@ -1,0 +1,282 @@
+"""``et alerts RUN``: list a run's alerts from ``alerts[.S][.rankN].jsonl``.
+
+    et alerts RUN [--since STEP] [--kind transition|delivery] [--stream S] [--rank N]
+                  [--format table|json|jsonl]
+
+RUN is a run directory (the file is chosen by exact name from ``--stream`` and ``--rank``,
+as ``et history`` does), an ``alerts*.jsonl`` file, or a ``metrics*.jsonl`` file (the alerts
+file beside it). Each record is a rule transition (``kind: transition``: rule, event, level,
+state, step, message) or a delivery outcome (``kind: delivery``: channel, delivered, error).
+
+``--since STEP`` keeps records at step STEP or later; a record without a step (a run-level
+notice such as the ``notify_on`` message) is kept when it comes after the first one kept.
+
+Formats: ``table`` (a rich table that wraps, readable at 80 columns), ``json`` (ONE JSON
+document: an array of the records), ``jsonl`` (one object per line). JSON output is strict
+(NaN and ±Infinity become ``null``). A run without alerts prints nothing (``[]`` for json)
+and exits 0; a closed pipe (``| head``) exits 0. Exit 1: no such run; 2: a usage error
+(``et alert`` sends an alert; this command lists them).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import os
+import sys
+import time
+from pathlib import Path
+from typing import IO, Any
+
+FORMATS = ("table", "json", "jsonl")
+KINDS = ("transition", "delivery")
+
+
+def register(subparsers: Any) -> None:
+    """Add the ``alerts`` sub-command to ``subparsers`` (sets ``func``)."""
+    p = subparsers.add_parser(
+        "alerts",
+        help="list a run's alerts (rule transitions and delivery outcomes)",
+        description=(
+            "List a run's alert records: rule transitions and delivery outcomes, from "
+            "alerts[.stream][.rankN].jsonl. RUN is a run directory (the file chosen by "
+            "--stream and --rank), an alerts .jsonl file or a metrics .jsonl file (the "
+            "alerts file beside it). Exit 0 (also when there are none), 1 no such run, "
+            "2 usage error."
+        ),
+    )
+    p.add_argument("run", help="run directory, or its alerts/metrics .jsonl file")
+    p.add_argument("--since", type=int, default=None, metavar="STEP", help="from step STEP on")
+    p.add_argument("--kind", choices=KINDS, default=None, help="only this kind of record")
+    p.add_argument("--stream", default=None, help="the stream (default: the main one)")
+    p.add_argument(
+        "--rank",
+        type=int,
+        default=None,
+        metavar="N",
+        help="the rank whose alerts to list (alerts[.stream].rankN.jsonl; default: rank 0)",
+    )
+    p.add_argument("--format", choices=FORMATS, default="table", help="output format")
+    p.set_defaults(func=run_alerts)
+
+
+# --------------------------------------------------------------------------- reading
+
+
+class RunNotFound(Exception):
+    """RUN names no run (the message says what was looked for)."""
+
+
+def alerts_file(run: str | os.PathLike[str], stream: str | None, rank: int | None) -> Path:
+    """The alerts file RUN names (it may not exist: a run that never alerted).
+
+    Raises ``RunNotFound`` when RUN is no run (``resolve_run_path``'s message), ``ValueError``
+    for a bad stream name or a file that is neither an alerts nor a metrics file.
+    """
+    from expr_tracker.history.paths import (
+        file_name,
+        parse_metrics_name,
+        resolve_run_path,
+        validate_stream,
+    )
+
+    p = Path(run)
+    if p.is_file():
+        if p.name.startswith("alerts") and p.name.endswith(".jsonl"):
+            return p
+        parsed = parse_metrics_name(p.name)
+        if parsed is None:
+            raise ValueError(f"{str(p)!r} is neither an alerts*.jsonl nor a metrics*.jsonl file")
+        return p.with_name(file_name("alerts", parsed[0], parsed[1]))
+    validate_stream(stream)
+    want = p / file_name("alerts", stream, rank)
+    if want.is_file():
+        return want
+    try:  # the producer must exist (its metrics, else its run.json); the error names them
+        resolve_run_path(p, stream=stream, rank=rank)
+    except FileNotFoundError as exc:
+        if not (p / file_name("run", stream, rank)).is_file():
+            raise RunNotFound(str(exc)) from None
+    return want
+
+
+def read_records(path: Path) -> tuple[list[dict[str, Any]], int]:
+    """The records of ``path`` in file order, and the number of lines that did not decode
+    (a torn last line of a live run, damage)."""
+    out: list[dict[str, Any]] = []
+    bad = 0
+    with open(path, encoding="utf-8", errors="replace") as f:
+        for line in f:
+            if not line.strip():
+                continue
+            try:
+                rec = json.loads(line)
+            except ValueError:
+                bad += 1
+                continue
+            if isinstance(rec, dict):
+                out.append(rec)
+            else:
+                bad += 1
+    return out, bad
+
+
+def select(
+    records: list[dict[str, Any]], since: int | None = None, kind: str | None = None
+) -> list[dict[str, Any]]:
+    """Records of ``kind`` from step ``since`` on (see the module docstring for records
+    without a step)."""
+    out = []
+    started = since is None
+    for rec in records:
+        step = rec.get("step")
+        if since is not None:
+            if isinstance(step, int) and not isinstance(step, bool):
+                if step < since:
+                    continue
+                started = True
+            elif not started:
+                continue
+        if kind is not None and rec.get("kind") != kind:
+            continue
+        out.append(rec)
+    return out
+
+
+# --------------------------------------------------------------------------- printing
+
+
+def _strict(v: Any) -> Any:
+    if isinstance(v, float) and not math.isfinite(v):
+        return None
+    if isinstance(v, list):
+        return [_strict(x) for x in v]
+    if isinstance(v, dict):
+        return {k: _strict(x) for k, x in v.items()}
+    return v
+
+
+def _width(out: IO[str]) -> int | None:
+    """None (the terminal's width) on a terminal, else ``$COLUMNS`` or 100."""
+    try:
+        if out.isatty():
+            return None
+    except (AttributeError, ValueError):
+        pass
+    env = os.environ.get("COLUMNS", "")
+    return int(env) if env.isdigit() and int(env) > 0 else 100
+
+
+def _clock(t: Any) -> str:
+    if not isinstance(t, (int, float)) or isinstance(t, bool) or not math.isfinite(t):
+        return ""
+    try:
+        return time.strftime("%H:%M:%S", time.localtime(t))
+    except (OverflowError, OSError, ValueError):
+        return ""
+
+
+def _row(rec: dict[str, Any]) -> tuple[str, str, str, str, str, str]:
+    """step, time, event, rule (or title), level, detail: the cells of one record."""
+    step = rec.get("step")
+    step_s = "" if step is None else str(step)
+    what = rec.get("rule") or rec.get("title") or ""
+    level = str(rec.get("level") or "")
+    if rec.get("kind") == "delivery":
+        ok = rec.get("delivered")
+        event = "delivered" if ok else "UNDELIVERED"
+        said = rec.get("answer") if ok else rec.get("error")
+        detail = f"{rec.get('channel')}: {said or ''}".rstrip(": ")
+        if rec.get("fallback"):
+            detail += f" (fallback: {rec['fallback']})"
+    else:
+        event = str(rec.get("event") or rec.get("kind") or "")
+        detail = str(rec.get("message") or "")
+    return step_s, _clock(rec.get("time")), event, str(what), level, detail
+
+
+def print_table(records: list[dict[str, Any]], out: IO[str], width: int | None = None) -> None:
+    """A rich table of ``records``: step, time, event, rule, level, detail; long cells wrap
+    so nothing is cut, down to 80 columns."""
+    from rich.console import Console
+    from rich.table import Table
+    from rich.text import Text
+
+    from expr_tracker.alerts.rules import LEVEL_STYLE
+
+    console = Console(
+        file=out, width=width or _width(out), highlight=False, soft_wrap=False, markup=False
+    )
+    table = Table(box=None, header_style="bold", pad_edge=False)
+    table.add_column("step", justify="right", no_wrap=True)
+    table.add_column("time", style="dim", no_wrap=True)
+    table.add_column("event", no_wrap=True)
+    table.add_column("rule", overflow="fold", ratio=2)
+    table.add_column("level", no_wrap=True)
+    table.add_column("detail", overflow="fold", ratio=3)
+    for rec in records:
+        step, when, event, rule, level, detail = _row(rec)
+        table.add_row(
+            step,
+            when,
+            Text(event, style="bold red" if event == "UNDELIVERED" else ""),
+            rule,
+            Text(level, style=LEVEL_STYLE.get(level, "")),
+            detail,
+        )
+    console.print(table)
+
+
+def write_records(records: list[dict[str, Any]], fmt: str, out: IO[str]) -> None:
+    if fmt == "json":
+        out.write(json.dumps(_strict(records), indent=2, default=str, allow_nan=False) + "\n")
+    elif fmt == "jsonl":
+        for rec in records:
+            out.write(json.dumps(_strict(rec), default=str, allow_nan=False) + "\n")
+    else:
+        print_table(records, out)
+    out.flush()
+
+
+# --------------------------------------------------------------------------- command
+
+
+def run_alerts(args: argparse.Namespace, out: IO[str] | None = None) -> int:
+    """The ``et alerts`` command; returns the exit code (0 ok, 1 no such run, 2 usage)."""
+    out = out or sys.stdout
+    err = sys.stderr
+    if args.rank is not None and args.rank < 0:
+        err.write(f"et alerts: --rank {args.rank} is not valid: a rank is an integer >= 0\n")
+        return 2
+    try:
+        path = alerts_file(args.run, args.stream, args.rank)
+    except RunNotFound as exc:
+        err.write(f"et alerts: {exc}\n")
+        return 1
+    except ValueError as exc:
+        err.write(f"et alerts: {exc}\n")
+        return 2
+    records: list[dict[str, Any]] = []
+    if path.is_file():
+        records, bad = read_records(path)
+        if bad:
+            err.write(f"et alerts: skipped {bad} line(s) of {path.name} that are not records\n")
+    records = select(records, args.since, args.kind)
+    if not records and args.format == "table":
+        since = f" from step {args.since}" if args.since is not None else ""
+        what = "no alerts recorded" if not path.is_file() else f"no alert records{since}"
+        err.write(f"et alerts: {what} ({path.name} in {str(path.parent)!r})\n")
+        return 0
+    try:
+        write_records(records, args.format, out)
+    except BrokenPipeError:
+        # `| head` closed the pipe: not an error. Point stdout at /dev/null so the
+        # interpreter's final flush does not complain either.
+        try:
+            devnull = os.open(os.devnull, os.O_WRONLY)
+            os.dup2(devnull, out.fileno())
+        except (OSError, ValueError, AttributeError):
+            pass
+        return 0
+    return 0
