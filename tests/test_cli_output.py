@@ -89,6 +89,7 @@ def test_every_listing_command_prints_an_array_and_jsonl_lines(runs_root, tmp_pa
     cases = [
         (["history", run, "-n", "-1"], 5),
         (["runs", str(runs_root)], 1),
+        (["alerts", run], 0),  # a run without alerts: [] and no lines
         (["rules", "check", str(rules), str(other)], 2),
         (["rules", "test", str(rules), "--run", run], 1),  # fires once, at step 0
         (["config", "show", str(spec)], None),

@@ -29,7 +29,8 @@ import time
 from pathlib import Path
 from typing import IO, Any
 
-FORMATS = ("table", "json", "jsonl")
+from expr_tracker.cli import output, runfiles
+
 KINDS = ("transition", "delivery")
 
 
@@ -49,15 +50,8 @@ def register(subparsers: Any) -> None:
     p.add_argument("run", help="run directory, or its alerts/metrics .jsonl file")
     p.add_argument("--since", type=int, default=None, metavar="STEP", help="from step STEP on")
     p.add_argument("--kind", choices=KINDS, default=None, help="only this kind of record")
-    p.add_argument("--stream", default=None, help="the stream (default: the main one)")
-    p.add_argument(
-        "--rank",
-        type=int,
-        default=None,
-        metavar="N",
-        help="the rank whose alerts to list (alerts[.stream].rankN.jsonl; default: rank 0)",
-    )
-    p.add_argument("--format", choices=FORMATS, default="table", help="output format")
+    runfiles.add_producer_options(p, "alerts", "alerts")
+    output.add_format_option(p, "table", what="alert records")
     p.set_defaults(func=run_alerts)
 
 
@@ -74,21 +68,16 @@ def alerts_file(run: str | os.PathLike[str], stream: str | None, rank: int | Non
     Raises ``RunNotFound`` when RUN is no run (``resolve_run_path``'s message), ``ValueError``
     for a bad stream name or a file that is neither an alerts nor a metrics file.
     """
-    from expr_tracker.history.paths import (
-        file_name,
-        parse_metrics_name,
-        resolve_run_path,
-        validate_stream,
-    )
+    from expr_tracker.history.paths import file_name, resolve_run_path, validate_stream
 
     p = Path(run)
     if p.is_file():
         if p.name.startswith("alerts") and p.name.endswith(".jsonl"):
             return p
-        parsed = parse_metrics_name(p.name)
-        if parsed is None:
+        beside = runfiles.producer_file(p, "alerts", stream, rank)
+        if beside is None:
             raise ValueError(f"{str(p)!r} is neither an alerts*.jsonl nor a metrics*.jsonl file")
-        return p.with_name(file_name("alerts", parsed[0], parsed[1]))
+        return beside
     validate_stream(stream)
     want = p / file_name("alerts", stream, rank)
     if want.is_file():
@@ -147,27 +136,6 @@ def select(
 # --------------------------------------------------------------------------- printing
 
 
-def _strict(v: Any) -> Any:
-    if isinstance(v, float) and not math.isfinite(v):
-        return None
-    if isinstance(v, list):
-        return [_strict(x) for x in v]
-    if isinstance(v, dict):
-        return {k: _strict(x) for k, x in v.items()}
-    return v
-
-
-def _width(out: IO[str]) -> int | None:
-    """None (the terminal's width) on a terminal, else ``$COLUMNS`` or 100."""
-    try:
-        if out.isatty():
-            return None
-    except (AttributeError, ValueError):
-        pass
-    env = os.environ.get("COLUMNS", "")
-    return int(env) if env.isdigit() and int(env) > 0 else 100
-
-
 def _clock(t: Any) -> str:
     if not isinstance(t, (int, float)) or isinstance(t, bool) or not math.isfinite(t):
         return ""
@@ -199,15 +167,13 @@ def _row(rec: dict[str, Any]) -> tuple[str, str, str, str, str, str]:
 def print_table(records: list[dict[str, Any]], out: IO[str], width: int | None = None) -> None:
     """A rich table of ``records``: step, time, event, rule, level, detail; long cells wrap
     so nothing is cut, down to 80 columns."""
-    from rich.console import Console
     from rich.table import Table
     from rich.text import Text
 
     from expr_tracker.alerts.rules import LEVEL_STYLE
+    from expr_tracker.cli.history import table_width
 
-    console = Console(
-        file=out, width=width or _width(out), highlight=False, soft_wrap=False, markup=False
-    )
+    console = output.console(out, table_width(out, width), markup=False)
     table = Table(box=None, header_style="bold", pad_edge=False)
     table.add_column("step", justify="right", no_wrap=True)
     table.add_column("time", style="dim", no_wrap=True)
@@ -228,17 +194,6 @@ def print_table(records: list[dict[str, Any]], out: IO[str], width: int | None =
     console.print(table)
 
 
-def write_records(records: list[dict[str, Any]], fmt: str, out: IO[str]) -> None:
-    if fmt == "json":
-        out.write(json.dumps(_strict(records), indent=2, default=str, allow_nan=False) + "\n")
-    elif fmt == "jsonl":
-        for rec in records:
-            out.write(json.dumps(_strict(rec), default=str, allow_nan=False) + "\n")
-    else:
-        print_table(records, out)
-    out.flush()
-
-
 # --------------------------------------------------------------------------- command
 
 
@@ -246,8 +201,10 @@ def run_alerts(args: argparse.Namespace, out: IO[str] | None = None) -> int:
     """The ``et alerts`` command; returns the exit code (0 ok, 1 no such run, 2 usage)."""
     out = out or sys.stdout
     err = sys.stderr
-    if args.rank is not None and args.rank < 0:
-        err.write(f"et alerts: --rank {args.rank} is not valid: a rank is an integer >= 0\n")
+    try:
+        runfiles.check_rank(args.rank)
+    except ValueError as exc:
+        err.write(f"et alerts: {exc}\n")
         return 2
     try:
         path = alerts_file(args.run, args.stream, args.rank)
@@ -268,15 +225,8 @@ def run_alerts(args: argparse.Namespace, out: IO[str] | None = None) -> int:
         what = "no alerts recorded" if not path.is_file() else f"no alert records{since}"
         err.write(f"et alerts: {what} ({path.name} in {str(path.parent)!r})\n")
         return 0
-    try:
-        write_records(records, args.format, out)
-    except BrokenPipeError:
-        # `| head` closed the pipe: not an error. Point stdout at /dev/null so the
-        # interpreter's final flush does not complain either.
-        try:
-            devnull = os.open(os.devnull, os.O_WRONLY)
-            os.dup2(devnull, out.fileno())
-        except (OSError, ValueError, AttributeError):
-            pass
-        return 0
+    if output.is_machine(args.format):
+        output.write_records(records, args.format, out)
+    else:
+        print_table(records, out)
     return 0

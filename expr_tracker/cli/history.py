@@ -34,6 +34,8 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import IO, Any
 
+from expr_tracker.cli import runfiles
+
 FORMATS = ("table", "json", "jsonl", "csv")
 
 
@@ -60,14 +62,7 @@ def register(subparsers: Any) -> None:
     p.add_argument(
         "--step-range", default=None, metavar="A:B", help="steps A..B-1 (either side optional)"
     )
-    p.add_argument("--stream", default=None, help="the stream to read (default: the main one)")
-    p.add_argument(
-        "--rank",
-        type=int,
-        default=None,
-        metavar="N",
-        help="the rank shard to read (metrics[.stream].rankN.jsonl; default: rank 0)",
-    )
+    runfiles.add_producer_options(p, "metrics", "metrics")
     p.add_argument(
         "--format",
         choices=FORMATS,
@@ -386,21 +381,6 @@ def _complete_end(path: Path) -> int:
 _ENDED = ("finished", "failed", "crashed")
 
 
-def _run_info_path(
-    run: str | os.PathLike[str], path: Path, stream: str | None, rank: int | None = None
-) -> Path | None:
-    """The ``run[.S][.rankN].json`` describing the writer of metrics file ``path`` (None for
-    a file whose name is not a metrics file name)."""
-    from expr_tracker.history.paths import file_name, parse_metrics_name
-
-    if Path(run).is_dir():
-        return path.with_name(file_name("run", stream, rank))
-    parsed = parse_metrics_name(path.name)
-    if parsed is None:
-        return None
-    return path.with_name(file_name("run", parsed[0], parsed[1]))
-
-
 def _status(info_path: Path | None) -> str | None:
     """The run's status (``crashed`` when run.json says running but its process is gone);
     None without a readable run.json. Never rewrites the file."""
@@ -449,8 +429,7 @@ def _history(args: argparse.Namespace, out: IO[str] | None) -> int:
         # -n not given: 20 steps, or with --step-range every step of the range
         n = check_n(args.n) if args.n is not None else (20 if bounds is None else None)
         cols = parse_columns(args.metrics)
-        if rank is not None and rank < 0:
-            raise ValueError(f"--rank {rank} is not valid: a rank is an integer >= 0")
+        runfiles.check_rank(rank)
     except (TypeError, ValueError) as exc:
         err.write(f"et history: {exc}\n")
         return 2
@@ -461,7 +440,7 @@ def _history(args: argparse.Namespace, out: IO[str] | None) -> int:
         path = None
         if isinstance(exc, FileNotFoundError) and Path(args.run).is_dir():
             want = Path(args.run) / file_name("metrics", args.stream, rank)
-            status = _status(_run_info_path(args.run, want, args.stream, rank))
+            status = _status(runfiles.producer_file(args.run, "run", args.stream, rank))
             if args.follow and status == "running":
                 # like `tail -F`: a live run that has not written a row yet will create it
                 path, waiting = want, True
@@ -488,7 +467,7 @@ def _history(args: argparse.Namespace, out: IO[str] | None) -> int:
                 f"({', '.join(shards.values())}); showing {path.name} (rank 0) — use "
                 f"--rank N for another rank\n"
             )
-    info_path = _run_info_path(args.run, path, args.stream, rank) if args.follow else None
+    info_path = runfiles.producer_file(args.run, "run", args.stream, rank) if args.follow else None
     if waiting:
         err.write(f"et history: waiting for {path.name} in {str(args.run)!r} (the run is live)\n")
         end, rows = 0, []
