@@ -85,3 +85,25 @@ def test_et_alert_for_an_off_channel_logs_why(monkeypatch, caplog):
     assert et.alert("x", channels=["notset"]) is False
     assert "channel 'notset', which is off: ET_NOTSET_URL is not set" in caplog.text
     assert "unknown channel" not in caplog.text
+
+
+def test_channels_test_config_errors_exit_2_and_still_test_the_rest(capsys):
+    """A configuration error is a usage error (exit 2, as `et alert`), also when it is one
+    channel's settings; the valid channels are still tested and listed."""
+    with WebhookServer([(200, "ok")]) as server:
+        cfg = _config(
+            f"    - {{type: webhook, name: good, url: '{server.url}'}}\n"
+            "    - {type: slack, name: badurl, url: 'ftp://example.invalid/x'}\n"
+            "    - {type: nope, name: badtype}\n"
+        )
+        assert main(["channels", "test", "--config", cfg, "--format", "json"]) == 2
+    rows = {r["channel"]: r for r in json.loads(capsys.readouterr().out)}
+    assert rows["good"]["ok"] is True and rows["notset"]["off"] is True
+    assert (
+        rows["badurl"]["ok"] is False and "alerts.channels.badurl.url" in rows["badurl"]["answer"]
+    )
+    assert "unknown channel type 'nope'" in rows["badtype"]["answer"]
+    # a file that does not load: exit 2 too
+    pathlib.Path("broken.yaml").write_text("alerts:\n  channels: [\n")
+    assert main(["channels", "test", "--config", "broken.yaml"]) == 2
+    assert "configuration error" in capsys.readouterr().err

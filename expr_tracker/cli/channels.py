@@ -10,7 +10,9 @@ that is how a checked-in channel stays quiet until its variable is set. It is li
 
 Exit 0 when every tested channel accepted the message (channels that are off do not count
 as failures); 1 when one failed, or when nothing could be tested (none configured, or every
-selected channel off); 2 on a configuration error or an unknown channel name.
+selected channel off); 2 on a configuration error (a file that does not load, or a channel
+whose settings are invalid: the other channels are still tested and listed) or an unknown
+channel name, as ``et alert`` does.
 """
 
 from __future__ import annotations
@@ -89,6 +91,7 @@ def run_test(args: argparse.Namespace) -> int:
         return 1
     failures = 0
     tested = 0
+    bad_config = 0  # channels whose settings are invalid: a configuration error, exit 2
     records = output.RecordWriter(args.format) if output.is_machine(args.format) else None
     for spec in specs:
         row = {"channel": spec.name, "type": spec.type}
@@ -103,7 +106,7 @@ def run_test(args: argparse.Namespace) -> int:
             channel = create_channel(spec, environ)
         except Exception as exc:  # noqa: BLE001 - ChannelConfigError
             row.update(ok=False, answer=f"configuration error: {exc}")
-            failures += 1
+            bad_config += 1
             _print(row, records)
             continue
         row["target"] = channel.target
@@ -130,6 +133,12 @@ def run_test(args: argparse.Namespace) -> int:
         _print(row, records)
     if records is not None:
         records.close()
+    if bad_config:
+        print(
+            f"et channels test: configuration error in {bad_config} channel(s) (see above)",
+            file=sys.stderr,
+        )
+        return 2
     if not tested:
         print("et channels test: no channel was tested: every one selected is off", file=sys.stderr)
         return 1
