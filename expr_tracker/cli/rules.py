@@ -387,6 +387,7 @@ def rule_problems(doc, section, base=(), window=DEFAULT_ALERT_WINDOW, known=None
     ``et rules check``, ``et rules test`` (inline rules) and ``et config validate``."""
     from expr_tracker.alerts import RuleError, compile_expr
     from expr_tracker.alerts.rules import entry_errors
+    from expr_tracker.cli.appconfig import interpolated_leaves, interpolation_note
 
     problems: list[dict] = []
     count = 0
@@ -400,6 +401,14 @@ def rule_problems(doc, section, base=(), window=DEFAULT_ALERT_WINDOW, known=None
     names: dict[str, tuple[int, int]] = {}
     rules = section.get("rules") if isinstance(section, dict) else None
     for rpath, (kind, value, extra), named in _rule_entries(rules, (*base, "rules")):
+        # ${...} of a Hydra group file (a shipped rule set): only the composed config says
+        # what the rule is, so it is not compiled here; a warning at each such value says so
+        held = interpolated_leaves(value) if kind in ("dict", "text") else []
+        for key_path, text in held:
+            path = (*rpath, *key_path)
+            problem("warnings", path, doc.where(path), interpolation_note(text))
+        if held:
+            continue
         if kind == "dict":
             errors = entry_errors(value, window=window, known_metrics=known)
             for exc in errors:
