@@ -34,9 +34,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import IO, Any
 
-from expr_tracker.cli import runfiles
-
-FORMATS = ("table", "json", "jsonl", "csv")
+from expr_tracker.cli import output, runfiles
 
 
 def register(subparsers: Any) -> None:
@@ -63,12 +61,7 @@ def register(subparsers: Any) -> None:
         "--step-range", default=None, metavar="A:B", help="steps A..B-1 (either side optional)"
     )
     runfiles.add_producer_options(p, "metrics", "metrics")
-    p.add_argument(
-        "--format",
-        choices=FORMATS,
-        default="table",
-        help="table (default); json: one JSON array of rows; jsonl: one row per line; csv",
-    )
+    output.add_format_option(p, "table", extra=("csv",), what="rows")
     p.add_argument(
         "-f",
         "--follow",

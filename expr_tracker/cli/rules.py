@@ -86,7 +86,7 @@ def register(subparsers) -> None:
     p.add_argument("target", metavar="RULE|FILE", help="a rule, a rules file, or a test file")
     p.add_argument("--run", metavar="DIR", help="run directory or metrics*.jsonl to replay")
     p.add_argument("-n", type=int, metavar="N", help="replay only the last N steps")
-    output.add_format_option(p, "text", what="firings (with --run)")
+    output.add_format_option(p, "text", what="firings with --run, else of test-file results")
     p.set_defaults(func=cmd_test)
 
     parser.set_defaults(func=lambda args: _usage(parser))
