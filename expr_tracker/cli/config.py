@@ -166,22 +166,10 @@ def interpolation_issues(file: str, kind: str, package: str | None = None) -> tu
     resolves; and the spec paths left unchecked for it: the value, or for a rule the whole
     rule (``alerts.rules.NAME``), whose problems are artifacts of the literal ``${...}``."""
     from expr_tracker.cli.appconfig import interpolated_leaves, interpolation_note
-    from expr_tracker.cli.rules import _Located
-    from expr_tracker.spec import SpecIssue, load_file
+    from expr_tracker.spec import SpecIssue
 
-    doc = None
-    try:
-        if Path(file).suffix.lower() == ".toml":
-            data, _ = load_file(file)
-        else:
-            doc = _Located(Path(file).read_text(encoding="utf-8"))
-            data = doc.data
-    except Exception:  # noqa: BLE001 - unreadable: the validation says why
-        return [], set()
-    prefix = tuple(package.split(".")) if package else ()
-    for key in prefix:
-        data = data.get(key) if isinstance(data, dict) else None
-    if not isinstance(data, dict):
+    doc, data, prefix = _section(file, package)
+    if data is None:
         return [], set()
     wrapped = not (kind == "run" or isinstance(data.get("alerts"), dict))
     spec_data = {"alerts": data} if wrapped else data
@@ -235,24 +223,13 @@ def rule_issues(file: str, kind: str, found: list, package: str | None = None) -
     ``file:line:column`` with its spec path (``alerts.rules.bad.condition``). Problems at a
     path that ``found`` (the spec validation's issues) already reports are left out, and so
     is everything when the file could not be read."""
-    from expr_tracker.cli.rules import DEFAULT_ALERT_WINDOW, _alert_window, _Located, rule_problems
-    from expr_tracker.spec import SpecIssue, load_file
+    from expr_tracker.cli.rules import DEFAULT_ALERT_WINDOW, _alert_window, rule_problems
+    from expr_tracker.spec import SpecIssue
 
     if any(not issue.path or issue.path == "alerts" for issue in found):
         return []  # unreadable, not a mapping, duplicate keys, or a bad alerts section
-    doc = None
-    try:
-        if Path(file).suffix.lower() == ".toml":
-            data, _ = load_file(file)
-        else:
-            doc = _Located(Path(file).read_text(encoding="utf-8"))
-            data = doc.data
-    except Exception:  # reported by the spec validation
-        return []
-    prefix = tuple(package.split(".")) if package else ()
-    for key in prefix:
-        data = data.get(key) if isinstance(data, dict) else None
-    if not isinstance(data, dict):
+    doc, data, prefix = _section(file, package)
+    if data is None:
         return []
     window = DEFAULT_ALERT_WINDOW
     if kind == "run" or isinstance(data.get("alerts"), dict):
@@ -276,6 +253,28 @@ def rule_issues(file: str, kind: str, found: list, package: str | None = None) -
         location = (file, p["line"], p["column"]) if doc is not None else None
         out.append(SpecIssue(path, p["message"], location=location))
     return out
+
+
+def _section(file: str, package: str | None) -> tuple[Any, dict | None, tuple]:
+    """``(located document or None for TOML, the spec's mapping in it, its key path)`` for
+    ``file`` and its dotted ``package``; the mapping is None when the file cannot be read
+    or the section is not a mapping (the spec validation says why)."""
+    from expr_tracker.cli.rules import _Located
+    from expr_tracker.spec import load_file
+
+    doc = None
+    try:
+        if Path(file).suffix.lower() == ".toml":
+            data, _ = load_file(file)
+        else:
+            doc = _Located(Path(file).read_text(encoding="utf-8"))
+            data = doc.data
+    except Exception:  # noqa: BLE001 - reported by the spec validation
+        return None, None, ()
+    prefix = tuple(package.split(".")) if package else ()
+    for key in prefix:
+        data = data.get(key) if isinstance(data, dict) else None
+    return doc, data if isinstance(data, dict) else None, prefix
 
 
 class _Unlocated:
