@@ -108,9 +108,11 @@ def _names(value, what: str) -> tuple[str, ...]:
         return ()
     if isinstance(value, str):
         value = [value]
+    if not isinstance(value, (list, tuple, set, frozenset)):  # an int, a bool, a mapping ...
+        raise RuleError(f"{what} must be a list of non-empty strings, got {value!r}", field=what)
     out = tuple(value)
     if not all(isinstance(v, str) and v for v in out):
-        raise RuleError(f"{what} must be a list of non-empty strings, got {value!r}")
+        raise RuleError(f"{what} must be a list of non-empty strings, got {value!r}", field=what)
     return out
 
 

@@ -318,8 +318,11 @@ def check_file(path: str, known: set[str] | None = None, package: str | None = N
 
     result = {"file": path, "errors": [], "warnings": [], "rules": 0}
 
-    def problem(bucket, line, col, message):
-        result[bucket].append({"line": line, "column": col, "message": message})
+    def problem(bucket, line, col, message, path=None):
+        record = {"line": line, "column": col, "message": message}
+        if path is not None:  # the dotted path at fault, as et.init and et config validate say
+            record["path"] = _dotted(path)
+        result[bucket].append(record)
 
     try:
         text = Path(path).read_text(encoding="utf-8")
@@ -371,11 +374,55 @@ def check_file(path: str, known: set[str] | None = None, package: str | None = N
 
     problems, result["rules"] = rule_problems(doc, section, base, window, known)
     for p in problems:
-        problem(p["severity"], p["line"], p["column"], p["message"])
+        problem(p["severity"], p["line"], p["column"], p["message"], p["path"])
 
+    # each rule entry through the spec model too (RuleSpec, what et.init validates), so a
+    # value the rule compiler would take (tags: a string, level: null, for_steps: true) is
+    # rejected here as it is there; a field the compiler already faulted is not repeated
+    faulted = {p["path"] for p in problems if p["severity"] == "errors"}
+    for message, loc in _validate_rules(section):
+        path = (*base, *loc)
+        if not any(path[: len(f)] == f or f[: len(path)] == path for f in faulted):
+            problem("errors", *doc.where(path), message, path)
     for message, loc in _validate_section(section):
-        problem("errors", *doc.where((*base, *loc)), message)
+        problem("errors", *doc.where((*base, *loc)), message, (*base, *loc))
     return _status(result)
+
+
+def _dotted(path) -> str:
+    from expr_tracker.spec.errors import join_path
+
+    out = ""
+    for part in path:
+        out = join_path(out, part)
+    return out
+
+
+def _validate_rules(section: dict):
+    """The dict entries of ``section["rules"]`` through ``RuleSpec``. Yields ``(message,
+    loc)`` with ``loc`` relative to ``section``."""
+    from pydantic import ValidationError
+
+    from expr_tracker.spec.errors import issues_from_validation_error
+    from expr_tracker.spec.models import RuleSpec
+
+    rules = section.get("rules")
+    if isinstance(rules, dict):
+        entries = [(k, v) for k, v in rules.items()]
+    elif isinstance(rules, list):
+        entries = list(enumerate(rules))
+    else:
+        return
+    for key, entry in entries:
+        if not isinstance(entry, dict):
+            continue  # one-line rules and bad entries: the rule compiler's errors
+        try:
+            RuleSpec.model_validate(entry)
+        except ValidationError as exc:
+            for issue in issues_from_validation_error(exc, entry, root=RuleSpec):
+                parts = re.findall(r"\[(\d+)\]|([^.\[\]]+)", issue.path)
+                loc = tuple(int(i) if i else name for i, name in parts)
+                yield issue.format(), ("rules", key, *loc)
 
 
 def rule_problems(doc, section, base=(), window=DEFAULT_ALERT_WINDOW, known=None):

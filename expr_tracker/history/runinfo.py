@@ -91,13 +91,20 @@ def new_run_info(
         "duration_s": None,
         "host": socket.gethostname(),
         "pid": os.getpid(),
-        "argv": list(sys.argv),
+        "argv": _argv(),
         "cwd": os.getcwd(),
         "git": git_info(),
         "python": platform.python_version(),
         "platform": platform.platform(),
         "packages": package_versions(),
     }
+
+
+def _argv() -> list[str]:
+    """``sys.argv`` with credentials hidden (a Hydra override may carry a webhook URL)."""
+    from expr_tracker.spec.errors import scrub_argv
+
+    return scrub_argv(sys.argv)
 
 
 def write_run_info(path: Path, info: dict[str, Any]) -> None:

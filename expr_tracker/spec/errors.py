@@ -36,6 +36,7 @@ __all__ = [
     "mask_url_credentials",
     "redact_config",
     "redact_options",
+    "scrub_argv",
     "suggest",
 ]
 
@@ -187,6 +188,61 @@ def mask_url_credentials(text: str) -> str:
             host = ""
         return f"{text.split('://', 1)[0]}://{host or '***'}/***"
     return text
+
+
+#: an override or option ``[+~-]key=value`` (Hydra: ``+a.b=v``, ``~a``, ``++a=v``; argparse
+#: ``--key=value``)
+_ARG_ASSIGN = re.compile(r"^(?P<key>[+~\-]*[^=\s{}\[\]'\"]+)=(?P<value>.*)$", re.DOTALL)
+#: a flag whose value is the next argument (``--token VALUE``)
+_ARG_FLAG = re.compile(r"^--?[A-Za-z][\w\-.]*$")
+#: ``key: value`` or ``key=value`` inside a Hydra dict/list literal (``{url:"...",n:1}``)
+_ARG_PAIR = re.compile(
+    r"(?P<key>[A-Za-z_][\w\-]*)(?P<sep>\s*[:=]\s*)(?P<value>\"[^\"]*\"|'[^']*'|[^,}\]\s]+)"
+)
+
+
+def _argv_secret_key(key: str) -> bool:
+    """A command-line key naming a secret: the last dotted part is a credential key
+    (``is_credential_key``: password, token, secret, api key ...) or ends in url/uri/dsn
+    (``alerts.channels.w.url``, ``db_url``); ``max_tokens`` or ``url_count`` do not."""
+    last = key.lstrip("+~-").rsplit(".", 1)[-1]
+    words = [w.lower() for w in _WORD.findall(last)]
+    return is_credential_key(last) or bool(words and words[-1] in ("url", "uri", "dsn"))
+
+
+def scrub_argv(argv: Iterable[str]) -> list[str]:
+    """``argv`` as ``run.json`` records it, credentials hidden: the value of an override or
+    option whose key names a secret (``db.password=x``, ``--api-key=x``, ``--token x``) and
+    of such a key inside a Hydra dict literal (``+a={url:"..."}``) is ``***``, and the
+    ``user:password@`` of every URL is ``***@`` (``mask_url_credentials``). Everything else
+    is kept as given."""
+    out: list[str] = []
+    hide_next = False
+    for arg in argv:
+        arg = str(arg)
+        if hide_next:
+            hide_next = False
+            if not arg.startswith("-"):
+                out.append("***")
+                continue
+        m = _ARG_ASSIGN.match(arg)
+        if m and _argv_secret_key(m.group("key")):
+            out.append(f"{m.group('key')}=***")
+            continue
+        if m is None and _ARG_FLAG.match(arg) and _argv_secret_key(arg):
+            hide_next = True
+        if m is not None:
+            value = _ARG_PAIR.sub(
+                lambda p: (
+                    f"{p.group('key')}{p.group('sep')}***"
+                    if _argv_secret_key(p.group("key"))
+                    else p.group(0)
+                ),
+                m.group("value"),
+            )
+            arg = f"{m.group('key')}={value}"
+        out.append(mask_url_credentials(arg))
+    return out
 
 
 _HOOK_WORDS = ("hook", "/bot", "robot", "/services/", "/webhooks/")

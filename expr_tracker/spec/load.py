@@ -33,6 +33,7 @@ from expr_tracker.spec.errors import (
     is_secret_key,
     issues_from_validation_error,
     join_path,
+    redact_config,
     suggest,
 )
 from expr_tracker.spec.models import (
@@ -921,12 +922,17 @@ class ResolvedSpec:
 
     def redacted(self) -> dict[str, Any]:
         """The spec as a JSON-able dict: secrets (``SecretStr`` fields, and keys matching
-        password|token|secret|webhook|url|api_key inside ``config``, ``options`` and
-        ``backends``) are ``"***"``; callables and plugin objects are their ``repr``."""
+        password|token|secret|webhook|url|api_key inside ``options`` and ``backends``) are
+        ``"***"``; ``config`` is redacted as ``config.json`` is (``redact_config``: credential
+        keys, headers, ``user:password@`` of URLs, webhook URLs); callables and plugin
+        objects are their ``repr``."""
         dumped = self.spec.model_dump()
         out = {}
         for key, value in dumped.items():
-            out[key] = _jsonable(value, free_form=key in ("config", "backends"))
+            if key == "config":  # as config.json: credentials hidden, hyper-parameters kept
+                out[key] = _jsonable(redact_config(value), free_form=False)
+            else:
+                out[key] = _jsonable(value, free_form=key == "backends")
         for section in ("spans", "alerts"):
             out[section] = _redact_options(dumped[section], section)
         return out

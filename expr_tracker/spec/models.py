@@ -442,6 +442,20 @@ PluginEntry = Annotated[
 ]
 
 
+#: smallest ``alerts.watchdog_interval``, seconds
+WATCHDOG_MIN_INTERVAL = 0.1
+
+
+def _watchdog_interval(value: float) -> float:
+    if not value >= WATCHDOG_MIN_INTERVAL:
+        raise ValueError(
+            f"must be at least {WATCHDOG_MIN_INTERVAL:g} s (100ms), e.g. 1s or 30s: the watchdog "
+            "wakes up this often to check time-based rules (no_data, age, elapsed), and a "
+            "shorter interval only burns CPU"
+        )
+    return value
+
+
 class SpansSpec(BaseModel):
     """Spans: timing regions recorded as metrics and into the span file."""
 
@@ -454,8 +468,11 @@ class SpansSpec(BaseModel):
     async_write: bool = Field(True, description="write the span file from the background flusher")
     plugins: list[PluginEntry] = Field(default_factory=list)
     buffer: BufferSpec = Field(default_factory=BufferSpec)
-    max_record_bytes: Size = Field(8 * 1024**2, description="largest span record written")
-    max_pending_bytes: Size = Field(64 * 1024**2, description="span bytes held before dropping")
+    # bounds of SpanRecorder (it raises ValueError on a count < 1): rejected here first
+    max_record_bytes: Size = Field(8 * 1024**2, ge=1, description="largest span record written")
+    max_pending_bytes: Size = Field(
+        64 * 1024**2, ge=1, description="span bytes held before dropping"
+    )
 
 
 # --- alerts -------------------------------------------------------------------------------
@@ -593,9 +610,10 @@ class RuleSpec(BaseModel):
     title: Optional[str] = None
     message: Optional[str] = None
     mode: Literal["edge", "level"] = "edge"
-    for_steps: int = Field(1, ge=1)
+    # strict: true/false is not a count (YAML reads yes/no/on/off as booleans)
+    for_steps: int = Field(1, ge=1, strict=True)
     cooldown: Duration = Field(300.0, description="seconds between re-notifications in level mode")
-    max_fires: Optional[Annotated[int, Field(ge=1)]] = None
+    max_fires: Optional[Annotated[int, Field(ge=1, strict=True)]] = None
     notify_recovery: bool = False
     channels: Optional[list[str]] = None
     tags: list[str] = Field(default_factory=list)
@@ -662,7 +680,11 @@ class AlertsSpec(BaseModel):
         description="ranks that deliver alerts (a rank, a list of ranks, or 'all'); rules are "
         "evaluated and recorded on every rank",
     )
-    watchdog_interval: Duration = Field(30.0, description="seconds between time-based checks")
+    # AlertEngine.start_watchdog needs > 0; below 0.1 s the watchdog thread only burns CPU
+    # (time-based conditions such as `no_log_for(5m)` are read at a seconds scale)
+    watchdog_interval: Annotated[Duration, AfterValidator(_watchdog_interval)] = Field(
+        30.0, description="seconds between time-based checks"
+    )
     policy: PolicySpec = Field(default_factory=PolicySpec)
     channels: Annotated[list[ChannelSpec], BeforeValidator(named_entries)] = Field(
         default_factory=list, description="a list, or a mapping name -> channel"
