@@ -217,3 +217,79 @@ def test_rule_names_rejects_non_list_with_field():
         with pytest.raises(RuleError) as info:
             make_rule({"condition": "loss > 1", "tags": bad})
         assert info.value.field == "tags"
+
+
+# --- 5. et channels test --format json with no channel ---------------------------------------
+
+
+@pytest.mark.parametrize("fmt, expected", [("json", []), ("jsonl", None)])
+def test_channels_test_json_without_channel_prints_empty_array(monkeypatch, capsys, fmt, expected):
+    import os
+
+    for var in list(os.environ):
+        if var.startswith("ET_"):
+            monkeypatch.delenv(var)
+    assert main(["channels", "test", "--format", fmt]) == 1  # nothing could be tested
+    out = capsys.readouterr()
+    if expected is None:
+        assert out.out == ""
+    else:
+        assert json.loads(out.out) == expected
+    assert "no alert channel is configured" in out.err
+
+
+# --- 6. et.init(spec=app.yaml) / ET_CONFIG read a Hydra app config's tracker: section --------
+
+APP_YAML = """\
+lr: 0.1
+model:
+  depth: 4
+tracker:
+  project: demo
+  history:
+    buffer:
+      size: 7
+  alerts:
+    rules:
+      high: {condition: "loss > 10", level: error}
+"""
+
+
+@pytest.mark.parametrize("how", ["spec", "ET_CONFIG"])
+def test_init_reads_app_config_tracker_section(tmp_path, monkeypatch, capsys, how):
+    app = tmp_path / "app.yaml"
+    app.write_text(APP_YAML)
+    assert main(["config", "validate", str(app)]) == 0
+    capsys.readouterr()
+    if how == "spec":
+        run = et.init(dir=str(tmp_path / "runs"), spec=str(app))
+    else:
+        monkeypatch.setenv("ET_CONFIG", str(app))
+        run = et.init(dir=str(tmp_path / "runs"))
+    try:
+        assert run.spec.project == "demo"
+        assert run.spec.history.buffer.size == 7
+        assert [r.name for r in run.spec.alerts.rules] == ["high"]
+    finally:
+        et.finish()
+
+
+def test_init_app_config_errors_carry_the_file_line(tmp_path, capsys):
+    app = tmp_path / "app.yaml"
+    app.write_text(APP_YAML.replace("size: 7", "size: 0"))
+    assert main(["config", "validate", str(app)]) == 1
+    validate = capsys.readouterr().out
+    with pytest.raises(SpecError) as info:
+        et.init(dir=str(tmp_path / "runs"), spec=str(app))
+    [issue] = info.value.issues
+    assert issue.path == "history.buffer.size"
+    assert issue.location == (str(app), 8, 7)
+    assert f"{app}:8:7: history.buffer.size: 0 is not valid" in validate
+
+
+def test_spec_file_without_tracker_section_unchanged(tmp_path):
+    spec = tmp_path / "spec.yaml"
+    spec.write_text("project: plain\nhistory:\n  buffer:\n    size: 3\n")
+    run = et.init(dir=str(tmp_path / "runs"), spec=str(spec))
+    assert (run.spec.project, run.spec.history.buffer.size) == ("plain", 3)
+    et.finish()

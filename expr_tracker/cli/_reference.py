@@ -24,6 +24,12 @@ a Hydra config group (`cfg.tracker`), or `et.init` keyword arguments. Unknown ke
 and accept units (`500ms`, `30s`, `5m`, `2h`). Editors validate and complete YAML files that
 start with `# yaml-language-server: $schema=<path to>/run-spec.schema.json` (`et schema`).
 
+A file given as `et.init(spec="app.yaml")` or `ET_CONFIG` may also be a Hydra app's own config
+(as `python app.py --cfg job --resolve` prints it): when its top level has a `tracker:`
+mapping, that section is the run spec and the app's other keys are not read, as
+`et config validate app.yaml` and `et rules check app.yaml` do. Hydra's `defaults:` list is not
+composed and `${...}` is not resolved from a file: pass `cfg.tracker` from the app instead.
+
 Sources, later wins: defaults < webhook environment variables < `ET_ALERT_CONFIG` file (its
 `alerts`) < `ET_CONFIG` file < `et.configure_alert()` < `et.init(spec=...)` < `et.init`
 keyword arguments. Mappings merge deeply; `alerts.rules` and `alerts.channels` merge by entry

@@ -8,7 +8,7 @@ has a ``tracker:`` mapping (no spec file has that key), else the whole file.
 
 Hydra's ``defaults:`` list is not composed: only what the file itself holds is checked, and a
 note on stderr says so. To check what the app really gets, check the composed config:
-``python app.py +tracker=default --cfg job > composed.yaml && et config validate composed.yaml``.
+``python app.py +tracker=default --cfg job --resolve > composed.yaml && et config validate composed.yaml``.
 
 Nor are OmegaConf interpolations resolved (``${oc.select:...guard_metric,loss}`` in a shipped
 rule set): only Hydra can, in the composed config. A value holding one is not checked; the
@@ -25,7 +25,7 @@ from pathlib import Path
 from typing import Any
 
 #: the section a Hydra app's config holds the tracker's spec in (``+tracker=...``)
-TRACKER_PACKAGE = "tracker"
+TRACKER_PACKAGE = "tracker"  # == expr_tracker.spec.load.APP_PACKAGE
 
 #: an OmegaConf interpolation: ``${key}``, ``${..rel}``, ``${oc.select:a.b,default}`` (one
 #: level of nesting inside, as ``${oc.select:${x},y}``)
@@ -47,7 +47,7 @@ def interpolation_note(text: str) -> str:
     """What the commands say of a value holding interpolation ``text``."""
     return (
         f"holds a Hydra/OmegaConf interpolation `{text}` that only Hydra resolves: not "
-        f"checked here; validate the composed config (python app.py --cfg job > "
+        f"checked here; validate the composed config (python app.py --cfg job --resolve > "
         f"composed.yaml; see docs/cli.md)"
     )
 
@@ -95,19 +95,15 @@ def package_of(path: str, package: str | None = None, *, note: bool = True) -> s
     is the spec). With ``note``, a file with a Hydra ``defaults:`` list gets one line on
     stderr saying the list is not composed."""
     data = _top_level(path) if (note or package is None) else None
-    if package is None and isinstance(data, dict):
-        from expr_tracker.spec import RunSpec
+    if package is None:
+        from expr_tracker.spec.load import app_package  # the rule et.init(spec=PATH) follows
 
-        if (
-            isinstance(data.get(TRACKER_PACKAGE), dict)
-            and TRACKER_PACKAGE not in RunSpec.model_fields
-        ):
-            package = TRACKER_PACKAGE
+        package = app_package(data)
     defaults = data.get("defaults") if isinstance(data, dict) else None
     if note and isinstance(defaults, list) and [d for d in defaults if d != "_self_"]:
         what = f"its {package!r} section" if package else "the file"
         sys.stderr.write(
             f"note: {path}: Hydra's defaults list is not composed; checking {what} as "
-            f"written (to check the composed config: python app.py --cfg job > composed.yaml)\n"
+            f"written (to check the composed config: python app.py --cfg job --resolve > composed.yaml)\n"
         )
     return package

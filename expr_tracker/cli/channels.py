@@ -83,6 +83,8 @@ def run_test(args: argparse.Namespace) -> int:
             return 2
         specs = [c for c in specs if c.name in args.names]
     if not specs:
+        if output.is_machine(args.format):
+            output.write_records([], args.format)  # json: `[]`, a document all the same
         print(
             "no alert channel is configured (set ET_SLACK_WEBHOOK_URL, ET_LARK_WEBHOOK_URL, "
             "..., or give --config / ET_ALERT_CONFIG)",

@@ -659,10 +659,41 @@ def _alerts_section(data: Mapping[str, Any], source: str, location_of=None) -> d
     return {"alerts": dict(data)}
 
 
+#: the section of a Hydra app's config that holds the tracker's spec (``+tracker=...``)
+APP_PACKAGE = "tracker"
+
+
+def app_package(data: Any) -> str | None:
+    """The section of a file holding the run spec, from the file's top level ``data``:
+    ``"tracker"`` when it has a top-level ``tracker:`` mapping (a Hydra app's config, as
+    ``python app.py --cfg job`` prints it; no spec has that key), else None (the file is
+    the spec). Used by ``et.init(spec=PATH)``, ``ET_CONFIG`` and the CLI commands reading
+    a file (``et config validate``, ``et rules check`` ...) alike."""
+    if (
+        isinstance(data, Mapping)
+        and isinstance(data.get(APP_PACKAGE), Mapping)
+        and APP_PACKAGE not in RunSpec.model_fields
+    ):
+        return APP_PACKAGE
+    return None
+
+
 def _file_layer(
-    path: str | os.PathLike, source: str, kind: str, package: str | None = None
+    path: str | os.PathLike,
+    source: str,
+    kind: str,
+    package: str | None = None,
+    *,
+    find_package: bool = False,
 ) -> Layer:
+    """``find_package``: with no ``package``, read a Hydra app config's ``tracker:``
+    section (``app_package``)."""
     file = os.fspath(path)
+    if kind == "run" and package is None and find_package:
+        data, locations = load_file(file, source=source)
+        package = app_package(data)
+        if package is None:
+            return Layer(source, data, locations)
     if kind == "alerts":
         probe, _ = load_file(file, source=source, package=package)
         wrapped = "alerts" in probe
@@ -695,12 +726,13 @@ def alert_config_layer(path: str | os.PathLike) -> Layer:
 
 
 def config_file_layer(path: str | os.PathLike) -> Layer:
-    """The ``ET_CONFIG`` file (a whole RunSpec), source ``"ET_CONFIG:<path>"``.
+    """The ``ET_CONFIG`` file (a whole RunSpec, or a Hydra app's config whose top-level
+    ``tracker:`` section is read: ``app_package``), source ``"ET_CONFIG:<path>"``.
 
     Raises:
         SpecError: as ``load_file``.
     """
-    return _file_layer(path, f"{CONFIG_ENV}:{os.fspath(path)}", "run")
+    return _file_layer(path, f"{CONFIG_ENV}:{os.fspath(path)}", "run", find_package=True)
 
 
 def env_layers(environ: Mapping[str, str]) -> list[Layer]:
@@ -780,7 +812,8 @@ def _omegaconf_to_dict(cfg: Any) -> tuple[dict[str, Any], str | None]:
 
 def spec_layer(spec: Any) -> Layer | None:
     """The ``spec=`` given to ``et.init``: a YAML/JSON/TOML path (``str`` or ``Path``;
-    source ``"file:<path>"``), a dict or an OmegaConf DictConfig (resolved; source
+    source ``"file:<path>"``; a Hydra app's config file gives its top-level ``tracker:``
+    section, ``app_package``), a dict or an OmegaConf DictConfig (resolved; source
     ``"spec"``), or a ``RunSpec`` (only the values set on it). None gives None.
 
     Raises:
@@ -793,7 +826,7 @@ def spec_layer(spec: Any) -> Layer | None:
         return spec
     if isinstance(spec, (str, os.PathLike)):
         path = os.fspath(spec)
-        return _file_layer(path, f"file:{path}", "run")
+        return _file_layer(path, f"file:{path}", "run", find_package=True)
     if isinstance(spec, RunSpec):
         return Layer("spec", spec.model_dump(exclude_unset=True))
     if _is_omegaconf(spec):
