@@ -90,6 +90,21 @@ class BackgroundFlusher:
         self.thread_starts = 0
         self.busy = False
 
+    def start(self) -> None:
+        """Start the thread now (writers call this when they are made, so that ``log()``
+        on the main thread never runs ``Thread.start``, whose Python-level waits a Ctrl-C
+        can leave holding a lock). ``schedule`` starts it too if it is not running."""
+        with self._lock:
+            self._start_locked()
+
+    def _start_locked(self) -> None:
+        if self._thread is None or not self._thread.is_alive():
+            self._thread = threading.Thread(
+                target=self._run, name="expr_tracker-flusher", daemon=True
+            )
+            self.thread_starts += 1
+            self._thread.start()
+
     def schedule(self, key: Hashable, due: float, callback: Callable[[], Any]) -> None:
         with self._lock:
             cur = self._due.get(key)
@@ -97,11 +112,7 @@ class BackgroundFlusher:
                 return
             self._due[key] = (due, callback)
             if self._thread is None or not self._thread.is_alive():
-                self._thread = threading.Thread(
-                    target=self._run, name="expr_tracker-flusher", daemon=True
-                )
-                self.thread_starts += 1
-                self._thread.start()
+                self._start_locked()
         self._wake.put(None)
 
     def cancel(self, key: Hashable) -> None:
@@ -270,6 +281,8 @@ class JsonlWriter:
         except OSError as exc:
             self._warn_io(exc, "open")
         self.prefix_lines = self.lines  # lines that existed before this writer
+        if async_write:
+            (self._flusher or get_flusher()).start()
 
     # ---------------------------------------------------------------- lock / open
 
