@@ -17,7 +17,6 @@ import dis
 import json
 import linecache
 import logging
-import os
 import random
 import signal
 import subprocess
