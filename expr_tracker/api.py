@@ -213,6 +213,10 @@ def info() -> dict[str, Any]:
 def finish(exit_code: int | None = None) -> None:
     """Commit the open row, flush everything and close the run. Idempotent.
 
+    Interrupted (Ctrl-C, SIGTERM), it can be called again: it completes what was left
+    and the run stays the current one until then (the exit hook completes it otherwise).
+    A call from a second thread waits for the first to complete.
+
     Order: the open row is committed (so alert rules see it), then spans, the alert engine
     and delivery (drained within its deadline) close, then the history is flushed and
     closed, ``summary.json`` and ``run.json`` written. A non-zero ``exit_code`` marks the
@@ -232,8 +236,10 @@ def finish(exit_code: int | None = None) -> None:
     try:
         run.finish(exit_code=exit_code)
     finally:
+        # an interrupted finish() keeps the run current: calling et.finish() again (or the
+        # exit hook) completes it, and et.init() refuses to start another meanwhile
         with _lock:
-            if _run is run:
+            if _run is run and run.finished:
                 _run = None
     if _signal_received is not None:  # SIGTERM arrived while finishing: honour it now
         raise SystemExit(128 + _signal_received)
@@ -461,8 +467,8 @@ def _on_sigterm(signum: int, frame: Any) -> None:
     """
     global _signal_received
     run = _run
-    if run is not None and not run.forked and run.finished:
-        # finishing already (et.finish() or the exit hook): let it complete, so the data
+    if run is not None and not run.forked and (run.finishing or run.finished):
+        # finishing now (et.finish() or the exit hook): let it complete, so the data
         # and run.json reach the disk; the process then exits with 128 + signum
         if _signal_received is None:
             _signal_received = signum

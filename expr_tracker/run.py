@@ -171,8 +171,12 @@ class Run:
         # monotonic time at run.json's started_at: duration_s never follows wall-clock jumps
         self._started_mono = time.monotonic() if started_mono is None else started_mono
         self._stats: dict[str, Callable[[], Any]] = {}
-        self._finished = False
-        self._finish_lock = threading.Lock()
+        self._finished = False  # True once finish() completed
+        self._finishing_thread: int | None = None
+        self._finish_stage = 0  # the next stage of finish() to run (see _finish_stages)
+        self._exit_code: int | None = None
+        self._close_error = False
+        self._finish_lock = threading.RLock()
         self._fork_gen = fork_generation()
         self.exception: tuple[type[BaseException], BaseException, Any] | None = None
         self.ingest = store.ingest
@@ -186,7 +190,13 @@ class Run:
 
     @property
     def finished(self) -> bool:
+        """True once :meth:`finish` completed (everything closed, ``run.json`` written)."""
         return self._finished
+
+    @property
+    def finishing(self) -> bool:
+        """True while :meth:`finish` runs (not after it was interrupted, nor once done)."""
+        return self._finishing_thread is not None
 
     def log(
         self, metrics: dict[str, Any], step: int | None = None, commit: bool | None = None
@@ -243,28 +253,52 @@ class Run:
     ) -> None:
         """Commit the open row, drain and close everything, record the final status.
 
-        Idempotent. ``exception`` (or a non-zero ``exit_code``) marks the run ``failed``.
+        Idempotent, and resumable: each stage runs to completion once; an exception that
+        interrupts one (Ctrl-C, SIGTERM's ``SystemExit``) propagates, and the next call
+        (``et.finish()`` again, or the exit hook) redoes that stage and completes the rest.
+        A second thread calling it waits until the first completes. ``finished`` turns
+        True, and ``run.json`` says ``finished``, only once the history writer is closed;
+        ``exception`` (or a non-zero ``exit_code``, or a history that failed to close)
+        marks the run ``failed``.
         """
         if self.forked:
             from expr_tracker.errors import ForkedRunError
 
             raise ForkedRunError(FORK_MESSAGE)
-        with self._finish_lock:
-            if self._finished:
+        with self._finish_lock:  # re-entrant: a closer or sink calling finish() returns
+            if self._finished or self._finishing_thread == threading.get_ident():
                 return
-            self._finished = True
-        if exception is not None:
-            self.exception = (type(exception), exception, exception.__traceback__)
-        try:
-            self.history.commit()
-        except Exception:  # noqa: BLE001
-            log.exception("expr_tracker: committing the open row at finish failed")
-        self._run_closers(self._closers)
-        try:
-            self.history.close()
-        except Exception:  # noqa: BLE001
-            log.exception("expr_tracker: closing the history failed")
-        self.summary.close()
+            try:
+                self._finishing_thread = threading.get_ident()
+                if exception is not None:
+                    self.exception = (type(exception), exception, exception.__traceback__)
+                if exit_code is not None and self._exit_code is None:
+                    self._exit_code = exit_code
+                stages = self._finish_stages()
+                while self._finish_stage < len(stages):
+                    name, fn = stages[self._finish_stage]
+                    try:
+                        fn()
+                    except Exception:  # noqa: BLE001 - finishing must always complete
+                        log.exception("expr_tracker: %s at finish failed", name)
+                        if name == "closing the history":
+                            self._close_error = True
+                    self._finish_stage += 1
+                self._finished = True
+            finally:
+                self._finishing_thread = None
+
+    def _finish_stages(self) -> list[tuple[str, Callable[[], Any]]]:
+        return [
+            ("committing the open row", self.history.commit),
+            *[(f"closing {name}", fn) for name, fn in self._closers],
+            ("closing the history", self.history.close),
+            ("saving the summary", self.summary.close),
+            ("writing run.json", self._write_final_info),
+            *[(f"closing {name}", fn) for name, fn in self._late_closers],
+        ]
+
+    def _write_final_info(self) -> None:
         info = self.info_record
         info["ended_at"] = time.time()
         info["duration_s"] = round(time.monotonic() - self._started_mono, 3)  # not wall time
@@ -274,6 +308,8 @@ class Run:
         info["steps"] = resumed_at + self.history.rows_committed
         last = (self.history.last_row or {}).get("_step")
         info["last_step"] = last if last is not None else (resumed_at - 1 if resumed_at else None)
+        writer = self.history.writer
+        exit_code = self._exit_code
         if self.exception is not None:
             etype, evalue, tb = self.exception
             info["status"] = "failed"
@@ -285,21 +321,16 @@ class Run:
         elif exit_code not in (None, 0):
             info["status"] = "failed"
             info["exit_code"] = exit_code
+        elif self._close_error or (writer is not None and not writer.closed):
+            # never "finished" while the metrics file is still open
+            info["status"] = "failed"
+            info["error"] = "the history writer could not be closed (see the log)"
         else:
             info["status"] = "finished"
         try:
             write_run_info(self._info_path, info)
         except OSError as exc:
             log.warning("expr_tracker: cannot write %s (%s)", self._info_path, exc)
-        self._run_closers(self._late_closers)
-
-    @staticmethod
-    def _run_closers(closers: list[tuple[str, Callable[[], Any]]]) -> None:
-        for name, fn in closers:
-            try:
-                fn()
-            except Exception:  # noqa: BLE001 - finishing must always complete
-                log.exception("expr_tracker: closing %s failed", name)
 
     def __repr__(self) -> str:
         return f"Run(project={self.project!r}, name={self.name!r}, dir={str(self.dir)!r})"

@@ -86,24 +86,40 @@ class RowCache:
         self.last_step: int | None = None
 
     def append(self, line: bytes, step: int) -> int:
-        """Add one row; returns its ordinal."""
+        """Add one row; returns its ordinal.
+
+        All or nothing: an exception raised at any point (a Ctrl-C on the main thread)
+        leaves the cache as it was, so ``next_ordinal`` tells whether the row is in.
+        """
         segs = self._segments
         seg = segs[-1] if segs else None
         if seg is None or len(seg.ends) >= self.segment_rows or len(seg.data) >= self.segment_bytes:
             seg = _Segment(self.next_ordinal)
-            segs.append(seg)
+            segs.append(seg)  # an empty segment left by an interrupt is reused next time
         data = seg.data
-        data += line
-        seg.ends.append(len(data))
-        seg.steps.append(step)  # ingest bounds steps to [0, 2**63-1]
-        last = self.last_step
-        if last is not None and step < last:
-            self.sorted = False
-        self.last_step = step
-        self.nbytes += len(line)
-        self.nrows += 1
+        ends = seg.ends
+        n = len(ends)
+        size = len(data)
         o = self.next_ordinal
-        self.next_ordinal = o + 1
+        try:
+            data += line
+            ends.append(len(data))
+            seg.steps.append(step)  # ingest bounds steps to [0, 2**63-1]
+            last = self.last_step
+            # the counters in one statement, the ordinal last: the commit point
+            self.sorted, self.last_step, self.nbytes, self.nrows, self.next_ordinal = (
+                self.sorted and (last is None or step >= last),
+                step,
+                self.nbytes + len(line),
+                self.nrows + 1,
+                o + 1,
+            )
+        except BaseException:
+            if self.next_ordinal == o:
+                del data[size:]
+                del ends[n:]
+                del seg.steps[n:]
+            raise
         return o
 
     def over_limit(self) -> bool:

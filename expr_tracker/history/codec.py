@@ -23,6 +23,9 @@ import enum
 import json
 import logging
 import math
+import re
+import reprlib
+import sys
 import threading
 from pathlib import PurePath
 from typing import Any
@@ -81,21 +84,99 @@ def is_finite_number(v: Any) -> bool:
     return False
 
 
+#: the largest int a float can hold (an int beyond it cannot be written as a number that
+#: readers other than Python take: it is dropped, see ``fix_int``)
+FLOAT_MAX_INT = int(sys.float_info.max)
+#: containers nested deeper than this are written as a bounded repr
+MAX_DEPTH = 32
+
+_short_repr = reprlib.Repr()
+_short_repr.maxlevel = 3
+_short_repr.maxstring = _short_repr.maxother = 80
+
+
+def _name_of(t: Any) -> str:
+    """``module.qualname`` of a class, even one without ``__module__`` or ``__qualname__``."""
+    mod = getattr(t, "__module__", None)
+    name = getattr(t, "__qualname__", None) or getattr(t, "__name__", None) or "?"
+    if type(mod) is not str or not mod:
+        return str(name)
+    return f"{mod}.{name}"
+
+
+def safe_repr(value: Any, warner: Warner | None = None, *, short: bool = False) -> str:
+    """``repr(value)`` (``short``: bounded in depth and length); a ``repr`` that raises
+    (a hostile ``__repr__``, RecursionError) gives ``<TYPE object (repr() failed)>`` with
+    one warning per type. Never raises."""
+    try:
+        return _short_repr.repr(value) if short else repr(value)
+    except Exception:  # noqa: BLE001 - a hostile __repr__
+        name = _name_of(type(value))
+        (warner or DEFAULT_WARNER).warn(
+            ("repr_failed", name),
+            "expr_tracker: repr() of a %s value raised; written as a placeholder "
+            "(warned once per type)",
+            name,
+        )
+        return f"<{name} object (repr() failed)>"
+
+
+def fix_int(value: int, warner: Warner | None = None) -> Any:
+    """An int a float can hold passes; a larger one becomes None with one warning."""
+    if -FLOAT_MAX_INT <= value <= FLOAT_MAX_INT:
+        return value
+    (warner or DEFAULT_WARNER).warn(
+        ("int_too_large",),
+        "expr_tracker: an int too large for a float (%d bits) cannot be written as a number; "
+        "dropped (warned once, counted in et.info())",
+        value.bit_length(),
+    )
+    return None
+
+
 def normalize_value(value: Any, warner: Warner | None = None, _depth: int = 0) -> Any:
     """Convert ``value`` into data ``json`` can write; see the module docstring.
 
-    Never raises: an unsupported value becomes ``repr(value)`` with one warning per type.
+    Never raises: an unsupported value becomes ``repr(value)`` with one warning per type; a
+    value whose conversion or ``repr`` raises becomes a placeholder string, a container
+    nested deeper than ``MAX_DEPTH`` its bounded repr, an int too large for a float None
+    (each with one warning per cause).
     """
     t = type(value)
     if t in _SCALARS:
+        if t is int and not -FLOAT_MAX_INT <= value <= FLOAT_MAX_INT:
+            return fix_int(value, warner)
         return value
-    if _depth > 32:
-        return repr(value)
+    try:
+        return _normalize(value, t, warner, _depth)
+    except Exception as exc:  # noqa: BLE001 - RecursionError, a raising property ...
+        name = _name_of(t)
+        (warner or DEFAULT_WARNER).warn(
+            ("unencodable", name),
+            "expr_tracker: a %s value could not be converted (%s); written as a placeholder "
+            "(warned once per type)",
+            name,
+            type(exc).__name__,
+        )
+        return f"<unencodable {name}>"
+
+
+def _normalize(value: Any, t: type, warner: Warner | None, _depth: int) -> Any:
+    if _depth > MAX_DEPTH:
+        (warner or DEFAULT_WARNER).warn(
+            ("too_deep",),
+            "expr_tracker: a value nested deeper than %d levels was written as a shortened "
+            "repr() (warned once)",
+            MAX_DEPTH,
+        )
+        return safe_repr(value, warner, short=True)
     d = _depth + 1
     # numpy / torch without importing either
-    mod = t.__module__
+    mod = getattr(t, "__module__", None)
+    if type(mod) is not str:  # a class built without a module
+        mod = ""
     if isinstance(value, type):  # a class (np.float32, torch.nn.Linear ...): its name
-        return f"{value.__module__}.{value.__qualname__}"
+        return _name_of(value)
     if mod == "numpy" or mod.startswith("numpy."):
         if t.__name__.endswith("DType") or t.__name__ == "dtype":
             return str(value)  # np.dtype("float32") -> "float32"
@@ -178,13 +259,72 @@ def normalize_value(value: Any, warner: Warner | None = None, _depth: int = 0) -
         except Exception:  # noqa: BLE001
             pass
     w = warner or DEFAULT_WARNER
+    name = _name_of(t)
     w.warn(
-        ("repr", t.__qualname__),
+        ("repr", getattr(t, "__qualname__", name)),
         "expr_tracker: cannot encode a value of type %s; writing repr() instead "
         "(warned once per type)",
-        f"{mod}.{t.__qualname__}",
+        name,
     )
-    return repr(value)
+    return safe_repr(value, w)
+
+
+_SURROGATE = re.compile("[\ud800-\udfff]")
+
+
+def _fix_str(value: str, warner: Warner | None) -> str:
+    try:
+        value.encode("utf-8")
+        return value
+    except UnicodeEncodeError:
+        (warner or DEFAULT_WARNER).warn(
+            ("lone_surrogate",),
+            "expr_tracker: a string holding a lone surrogate (not valid Unicode text) was "
+            "written with U+FFFD in its place (warned once)",
+        )
+        return _SURROGATE.sub("\ufffd", value)
+
+
+def _sanitize(value: Any, warner: Warner | None, depth: int = 0) -> Any:
+    """A normalised value with what JSON cannot hold fixed (the slow path of a row)."""
+    t = type(value)
+    if t is str:
+        return _fix_str(value, warner)
+    if t is int:
+        return fix_int(value, warner)
+    if t is list:
+        return [_sanitize(v, warner, depth + 1) for v in value]
+    if t is dict:
+        return {_fix_str(str(k), warner): _sanitize(v, warner, depth + 1) for k, v in value.items()}
+    if t in _SCALARS:
+        return value
+    return _sanitize(normalize_value(value, warner, depth), warner, depth + 1)
+
+
+def sanitize_row(row: dict[str, Any], warner: Warner | None = None) -> int:
+    """Fix, in place, the values of ``row`` that JSON cannot hold (lone surrogates in keys
+    or strings, ints too large for a float, anything not normalised), one warning per cause;
+    a metric that still cannot be encoded is removed. Returns the number removed.
+
+    The slow path of :func:`encode_row` (called once it raised); never raises.
+    """
+    dropped = 0
+    for k in list(row):
+        v = row.pop(k)
+        try:
+            key = _fix_str(k, warner) if type(k) is str else str(k)
+            v = _sanitize(v, warner)
+            encode_row({key: v})
+        except Exception:  # noqa: BLE001 - whatever is left: drop this metric only
+            (warner or DEFAULT_WARNER).warn(
+                ("unencodable_metric",),
+                "expr_tracker: a metric value that cannot be encoded as JSON was dropped "
+                "(warned once, counted in et.info())",
+            )
+            dropped += 1
+            continue
+        row[key] = v
+    return dropped
 
 
 def has_nonfinite(value: Any) -> bool:

@@ -42,10 +42,12 @@ from typing import Any
 from expr_tracker.errors import ForkedRunError
 from expr_tracker.history.cache import DecodedTail, RowCache, decode_lines
 from expr_tracker.history.codec import (
+    FLOAT_MAX_INT,
     Warner,
     _has_nonfinite,
     encode_row,
     normalize_value,
+    sanitize_row,
 )
 from expr_tracker.history.reader import JsonlReader, merge_by_step, step_key
 from expr_tracker.history.writer import BackgroundFlusher, JsonlWriter, get_flusher
@@ -368,7 +370,18 @@ class HistoryStore:
             if t is float:
                 if v - v != 0.0:
                     self._open_nonfinite = True
-            elif t is not int and t is not str and t is not bool and v is not None:
+            elif t is int:
+                if v > FLOAT_MAX_INT or v < -FLOAT_MAX_INT:
+                    self._drop(
+                        "int_too_large",
+                        "expr_tracker: %r is an int too large for a float (%d bits); no JSON "
+                        "reader outside Python takes it, so it was dropped (warned once, "
+                        "counted in et.info())",
+                        k,
+                        v.bit_length(),
+                    )
+                    continue
+            elif t is not str and t is not bool and v is not None:
                 v = normalize_value(v, self.warner)
                 if _has_nonfinite(v):
                     self._open_nonfinite = True
@@ -649,34 +662,86 @@ class HistoryStore:
     # ------------------------------------------------------------------ commit
 
     def _commit_locked(self) -> dict[str, Any]:
+        """Commit the open row: encode it, append it to the cache and the writer, open the
+        next step.
+
+        All or nothing under an exception raised at any point (Ctrl-C, SIGTERM's
+        ``SystemExit``): once the row reached the cache (``_append_locked`` puts it in both
+        or neither) the commit completes before the exception propagates, so a step is
+        never written twice; before that, the row stays open and nothing was written.
+        """
         row = self._open
         step = self.open_step
-        row["_step"] = step
-        row["_time"] = self._wall()
-        if self._written_open is None:
-            self._append_locked(encode_row(row, self._open_nonfinite), step)
-        else:
-            self._write_row_locked(row, step)
-            self._written_open = None
-        self._open = {}
-        self._open_nonfinite = False
-        if self._agg:
-            self._agg = {}
-        self._gen += 1
-        self.open_step = step + 1
-        self.rows_committed += 1
-        self.last_row = row
+        gen = self._gen
+        committed = self.rows_committed
+        mark = self.cache.next_ordinal
+        try:
+            row["_step"] = step
+            row["_time"] = self._wall()
+            if self._written_open is None:
+                self._append_locked(self._encode(row), step)
+            else:
+                self._write_row_locked(row, step)
+                self._written_open = None
+            # inline (the fast path); the same assignments as _open_step_after
+            self._open = {}
+            self._open_nonfinite = False
+            if self._agg:
+                self._agg = {}
+            self._gen = gen + 1
+            self.rows_committed = committed + 1
+            self.last_row = row
+            self.open_step = step + 1
+        except BaseException:
+            if self.cache.next_ordinal != mark and self.open_step == step:
+                self._open_step_after(row, step, gen, committed)
+            raise
         return row
 
+    def _open_step_after(self, row: dict[str, Any], step: int, gen: int, committed: int) -> None:
+        """The state after committing ``row`` at ``step`` (idempotent: plain assignments)."""
+        self._written_open = None
+        self._open = {}
+        self._open_nonfinite = False
+        self._agg = {}
+        self._gen = gen + 1
+        self.rows_committed = committed + 1
+        self.last_row = row
+        self.open_step = step + 1
+
+    def _encode(self, row: dict[str, Any]) -> bytes:
+        """``encode_row``, never raising for a value JSON cannot hold: such values are
+        converted or dropped in ``row`` itself (so the cache, the file and the sinks agree),
+        with one warning per cause, counted in ``et.info()``."""
+        try:
+            return encode_row(row, self._open_nonfinite)
+        except Exception:  # noqa: BLE001 - the slow path: a hostile value
+            dropped = sanitize_row(row, self.warner)
+            for _ in range(dropped):
+                self.dropped["unencodable"] = self.dropped.get("unencodable", 0) + 1
+            return encode_row(row, None)
+
     def _append_locked(self, line: bytes, step: int) -> None:
+        """Append to the cache and the writer: both or neither, whatever exception arrives
+        in between (the cache ordinal and the writer's count say how far it got)."""
         cache = self.cache
-        cache.append(line, step)
         w = self.writer
-        if w is not None:
-            w.append(line, step)
-            if cache.nbytes > cache.max_bytes or cache.nrows > cache.max_rows:
-                self._evict_locked()
-        elif cache.nbytes > cache.max_bytes or cache.nrows > cache.max_rows:
+        mark = cache.next_ordinal
+        queued = w.appended if w is not None else 0
+        try:
+            cache.append(line, step)
+            if w is not None:
+                w.append(line, step)
+        except BaseException:
+            in_cache = cache.next_ordinal != mark
+            in_writer = w is not None and w.appended != queued
+            if in_cache or in_writer:  # it got in somewhere: finish the other half
+                if not in_cache:
+                    cache.append(line, step)
+                if w is not None and not in_writer:
+                    w.append(line, step)
+            raise
+        if cache.nbytes > cache.max_bytes or cache.nrows > cache.max_rows:
             self._evict_locked()
 
     def _flushed_ordinal(self) -> int:
@@ -772,12 +837,12 @@ class HistoryStore:
         a patch line holding what changed since (nothing when nothing did)."""
         written = self._written_open
         if written is None:
-            self._append_locked(encode_row(row, self._open_nonfinite), step)
+            self._append_locked(self._encode(row), step)
             return
         patch = _changed(row, written)
         if patch is None:
             return
-        self._append_locked(encode_row(patch, self._open_nonfinite), step)
+        self._append_locked(self._encode(patch), step)
         self.patch_rows += 1
         if self.writer is not None:
             self.writer.mark_duplicate_steps()
@@ -786,7 +851,13 @@ class HistoryStore:
         row = dict(self._open)
         row["_step"] = self.open_step
         row["_time"] = self._wall()
-        self._write_row_locked(row, self.open_step)
+        mark = self.cache.next_ordinal
+        try:
+            self._write_row_locked(row, self.open_step)
+        except BaseException:
+            if self.cache.next_ordinal != mark:  # it was written: remember it (no repeat)
+                self._written_open = row
+            raise
         self._written_open = row
 
     def write_open_row(self) -> bool:
@@ -999,7 +1070,18 @@ class HistoryStore:
         with self._lock:  # commit and close in one step: nothing can slip in between
             if self._pend:
                 self._emit_held_locked(self._fold_locked())
-            row = self._commit_locked() if self._open else None
+            row = None
+            if self._open:
+                try:
+                    row = self._commit_locked()
+                except Exception as exc:  # noqa: BLE001 - the writer is closed regardless
+                    self._drop(
+                        "commit_failed",
+                        "expr_tracker: the open row could not be committed at close (%s: %s); "
+                        "dropped",
+                        type(exc).__name__,
+                        exc,
+                    )
             self._closed = True
             if row is not None and self.sinks:
                 self._fanq.append(row)

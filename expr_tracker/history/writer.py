@@ -38,6 +38,7 @@ import errno
 import json
 import logging
 import os
+import queue
 import socket
 import threading
 import time
@@ -71,50 +72,74 @@ class BackgroundFlusher:
 
     ``schedule(key, due, callback)`` keeps the earliest due time per key; callbacks run on
     the flusher thread, outside its lock; an exception in one is logged and ignored.
+
+    Safe against an exception raised at any point of ``schedule``/``cancel`` on the caller's
+    thread (a Ctrl-C while ``et.log()`` schedules a flush): the table is guarded by a plain
+    ``threading.Lock`` in a ``with`` block (its C-level ``__enter__``/``__exit__`` cannot be
+    split by a signal, unlike ``threading.Condition``'s, which run Python code and can leave
+    the lock held), and the thread is woken through a ``queue.SimpleQueue`` whose ``put`` is
+    one C call.
     """
 
     def __init__(self, clock: Callable[[], float] = time.monotonic) -> None:
         self._clock = clock
-        self._cond = threading.Condition(threading.Lock())
+        self._lock = threading.Lock()
+        self._wake: queue.SimpleQueue[None] = queue.SimpleQueue()
         self._due: dict[Hashable, tuple[float, Callable[[], Any]]] = {}
         self._thread: threading.Thread | None = None
         self.thread_starts = 0
         self.busy = False
 
+    def start(self) -> None:
+        """Start the thread now (writers call this when they are made, so that ``log()``
+        on the main thread never runs ``Thread.start``, whose Python-level waits a Ctrl-C
+        can leave holding a lock). ``schedule`` starts it too if it is not running."""
+        with self._lock:
+            self._start_locked()
+
+    def _start_locked(self) -> None:
+        if self._thread is None or not self._thread.is_alive():
+            self._thread = threading.Thread(
+                target=self._run, name="expr_tracker-flusher", daemon=True
+            )
+            self.thread_starts += 1
+            self._thread.start()
+
     def schedule(self, key: Hashable, due: float, callback: Callable[[], Any]) -> None:
-        with self._cond:
+        with self._lock:
             cur = self._due.get(key)
             if cur is not None and cur[0] <= due:
                 return
             self._due[key] = (due, callback)
             if self._thread is None or not self._thread.is_alive():
-                self._thread = threading.Thread(
-                    target=self._run, name="expr_tracker-flusher", daemon=True
-                )
-                self.thread_starts += 1
-                self._thread.start()
-            self._cond.notify()
+                self._start_locked()
+        self._wake.put(None)
 
     def cancel(self, key: Hashable) -> None:
-        with self._cond:
+        with self._lock:
             self._due.pop(key, None)
 
     def _run(self) -> None:
+        wake = self._wake
         while True:
-            with self._cond:
-                while True:
-                    if not self._due:
-                        self._cond.wait(30.0)
-                        if not self._due:
-                            continue
+            with self._lock:
+                timeout = 30.0
+                cb = None
+                if self._due:
                     key, (due, cb) = min(self._due.items(), key=lambda kv: kv[1][0])
                     now = self._clock()
                     if due > now:
-                        self._cond.wait(min(due - now, 30.0))
-                        continue
-                    del self._due[key]
-                    self.busy = True
-                    break
+                        timeout = min(due - now, 30.0)
+                        cb = None
+                    else:
+                        del self._due[key]
+                        self.busy = True
+            if cb is None:
+                try:
+                    wake.get(timeout=timeout)
+                except queue.Empty:
+                    pass
+                continue
             try:
                 cb()
             except Exception:  # noqa: BLE001 - the flusher must survive anything
@@ -290,6 +315,8 @@ class JsonlWriter:
         self._last_flush = -1e18
         self._scheduled = False
         self._urgent = False
+        self._over_limit = False  # max_pending_records reached with a working disk
+        self._drop_logged_at = 1  # log the pending-limit drops again at this count
         self._closed = False
         self._failing = False
         self._retry_delay = RETRY_DELAY_S  # the wait after the next failed attempt
@@ -314,6 +341,7 @@ class JsonlWriter:
         self.recreated = 0  # times the file was recreated after being deleted
         self.truncations = 0  # times the file was found shorter than written
         self.flushes = 0
+        self.batches_written = 0  # successful writes (the commit point of a flush)
         self._meta_written_at = -1e18
         self._meta_dirty = False
 
@@ -330,6 +358,8 @@ class JsonlWriter:
         except OSError as exc:
             self._warn_io(exc, "open")
         self.prefix_lines = self.lines  # lines that existed before this writer
+        if async_write:
+            (self._flusher or get_flusher()).start()
 
     # ---------------------------------------------------------------- lock / open
 
@@ -486,27 +516,46 @@ class JsonlWriter:
                 )
                 return False
             lines = self._lines
-            lines.append(line)
-            self._steps.append(step)
-            self._pending_bytes = pending
-            self.appended += 1
             count = len(lines)
+            appended = self.appended
+            try:  # all or nothing, whatever exception (a Ctrl-C) arrives in between
+                lines.append(line)
+                self._steps.append(step)
+                self.appended = appended + 1
+            except BaseException:
+                del lines[count:]
+                del self._steps[count:]
+                self.appended = appended
+                raise
+            self._pending_bytes = pending
+            count += 1
+            sync = not self.async_write
             if count == 1:
                 self._oldest = self._clock()
-            if self._scheduled and (count < self.buffer_size or self._urgent or self._failing):
-                return True  # the common case: a flush (or a retry) is already scheduled
+            elif count > self.max_pending_records:
+                if self._failing:  # memory is bounded here, not only when a retry runs
+                    self._enforce_pending_limit()
+                    return True
+                sync = True  # the disk works but the flusher fell behind: write now
+            if not sync and self._scheduled:
+                if count < self.buffer_size or self._urgent or self._failing:
+                    return True  # the common case: a flush (or a retry) is already scheduled
             now = self._clock()
             due = self._due_time(now, count)
             if not self.async_write:
-                if due > now:
+                if due > now and count <= self.max_pending_records:
                     return True
-            else:
+            elif not sync:
                 self._scheduled = True
                 self._urgent = due <= now
-        if not self.async_write:
-            self.flush()
+        if sync:
+            self.flush()  # back-pressure: the producer waits for the disk, nothing is dropped
             return True
-        (self._flusher or get_flusher()).schedule(id(self), due, self._flush_from_worker)
+        try:
+            (self._flusher or get_flusher()).schedule(id(self), due, self._flush_from_worker)
+        except BaseException:  # interrupted: let the next append schedule it again
+            self._scheduled = False
+            raise
         return True
 
     def _due_time(self, now: float, count: int) -> float:
@@ -550,21 +599,27 @@ class JsonlWriter:
         with self._io_lock:
             if only_if_due and self._failing and self._clock() < self._next_retry:
                 return not self._lines  # another thread just failed
-            with self._lock:
-                if not self._lines:
-                    return True
-                batch, steps = self._lines, self._steps
-                self._lines, self._steps = [], []
-                nbytes = self._pending_bytes
-                self._pending_bytes = 0
-                self._oldest = None
-            ok = self._write_batch(batch, steps)
+            # A batch taken for writing is on disk or back at the front of the queue, whatever
+            # exception (Ctrl-C, SIGTERM's SystemExit) arrives at any point: the write rolls
+            # the file back unless it completed, and ``batches_written`` tells which happened.
+            batch = steps = None
+            written = self.batches_written
+            try:
+                with self._lock:
+                    if not self._lines:
+                        return True
+                    batch, steps, self._lines, self._steps = self._lines, self._steps, [], []
+                    self._pending_bytes = 0
+                    self._oldest = None
+                ok = self._write_batch(batch, steps)
+            except BaseException:
+                if batch is not None and self.batches_written == written:
+                    with self._lock:
+                        self._requeue(batch, steps)
+                raise
             if not ok:
                 with self._lock:
-                    self._lines = batch + self._lines
-                    self._steps = steps + self._steps
-                    self._pending_bytes += nbytes
-                    self._oldest = self._clock()
+                    self._requeue(batch, steps)
                     self._enforce_pending_limit()
                     left = bool(self._lines)
                     if left and self.async_write and not self._closed and not self._scheduled:
@@ -579,25 +634,80 @@ class JsonlWriter:
                 self.write_meta()
             return True
 
+    def _requeue(self, batch: list[bytes], steps: list[int | None]) -> None:
+        """Put a batch that did not reach the file back at the front of the queue (one
+        assignment, so an interrupt cannot requeue it twice)."""
+        if self._lines is batch:  # interrupted before the queue was replaced
+            return
+        self._lines, self._steps = batch + self._lines, steps + self._steps
+        self._pending_bytes = sum(map(len, self._lines))
+        self._oldest = self._clock()
+
     def _enforce_pending_limit(self) -> None:
+        """Drop the oldest pending records past ``max_pending_records`` (under ``_lock``):
+        counted in ``dropped`` and logged as an error at the first drop of an outage and
+        each time the count doubles (loud, but not one line per row)."""
         over = len(self._lines) - self.max_pending_records
         if over <= 0:
             return
         del self._lines[:over]
         del self._steps[:over]
-        self._pending_bytes = sum(len(x) for x in self._lines)
+        self._pending_bytes = sum(map(len, self._lines))
         self.dropped += over
         self.flushed += over
-        log.error(
-            "expr_tracker: %s: the disk has kept failing and more than %d records were "
-            "pending; dropped the %d oldest (%d dropped so far). Fix the disk to stop the loss.",
-            self.path,
-            self.max_pending_records,
-            over,
-            self.dropped,
-        )
+        if self.dropped >= self._drop_logged_at:
+            self._drop_logged_at = self.dropped * 2
+            log.error(
+                "expr_tracker: %s: the disk has kept failing and more than %d records were "
+                "pending; dropped the oldest (%d dropped so far, counted in et.info(); logged "
+                "again when the count doubles). Fix the disk to stop the loss.",
+                self.path,
+                self.max_pending_records,
+                self.dropped,
+            )
 
     def _write_batch(self, batch: list[bytes], steps: list[int | None]) -> bool:
+        """Write one batch; True when it is on disk. Under any other exception (an
+        interrupt) the file is cut back and the bookkeeping restored before it propagates,
+        unless the batch was complete: the last statement (counting ``flushed`` and
+        ``batches_written``) is the commit point the caller checks."""
+        saved = self._file_state()
+        try:
+            return self._write_batch_inner(batch, steps)
+        except BaseException:
+            if self.batches_written == saved[0]:
+                self._restore_file_state(saved)
+            raise
+
+    def _file_state(self) -> tuple[Any, ...]:
+        return (
+            self.batches_written,
+            self.size,
+            self.lines,
+            len(self.index),
+            self.last_step,
+            self.max_step,
+            self.sorted,
+            self.has_duplicate_steps,
+            self._meta_dirty,
+        )
+
+    def _restore_file_state(self, saved: tuple[Any, ...]) -> None:
+        (
+            _,
+            self.size,
+            self.lines,
+            nindex,
+            self.last_step,
+            self.max_step,
+            self.sorted,
+            self.has_duplicate_steps,
+            self._meta_dirty,
+        ) = saved
+        del self.index[nindex:]
+        self._rollback(self.size)
+
+    def _write_batch_inner(self, batch: list[bytes], steps: list[int | None]) -> bool:
         data = b"\n".join(batch) + b"\n"
         start = self.size
         try:
@@ -644,8 +754,9 @@ class JsonlWriter:
             line_no += 1
         self.lines = line_no
         self.size = off
-        self.flushed += len(batch)
         self._meta_dirty = True
+        # the commit point (see _write_batch): one line, no call in between
+        self.flushed, self.batches_written = self.flushed + len(batch), self.batches_written + 1
         return True
 
     def _write_all(self, data: bytes) -> None:
@@ -792,18 +903,25 @@ class JsonlWriter:
                 )
             (self._flusher or get_flusher()).cancel(id(self))
             self.write_meta()
-            if self._fd is not None:
+            # forget each descriptor before closing it: a close() interrupted here and
+            # called again never closes a number the process has reused meanwhile
+            fd, self._fd = self._fd, None
+            if fd is not None:
                 try:
-                    os.close(self._fd)
+                    os.close(fd)
                 except OSError:
                     pass
-                self._fd = None
-            if self._lock_fd is not None:
+            fd, self._lock_fd = self._lock_fd, None
+            if fd is not None:
                 try:
-                    os.close(self._lock_fd)
+                    os.close(fd)
                 except OSError:
                     pass
-                self._lock_fd = None
+
+    @property
+    def closed(self) -> bool:
+        """True once ``close()`` completed (the file and the lock are released)."""
+        return self._closed and self._fd is None and self._lock_fd is None
 
     def stats(self) -> dict[str, Any]:
         return {
