@@ -345,7 +345,15 @@ class JsonlWriter:
         if self.path.exists():
             size = self.path.stat().st_size
             meta = self._read_meta()
-            size = self._repair_torn_tail(size)
+            try:
+                size = self._repair_torn_tail(size)
+            except OSError as exc:
+                # the file cannot be written now (a read-only mount): measure its complete
+                # lines without repairing it, so a resume continues after the last step on
+                # disk; the fd stays closed and the first write reopens, repairs and rescans
+                self._measure_unrepaired(size, meta)
+                self._warn_io(exc, "repair the torn last line of")
+                return
             if meta is not None and meta.get("size") == size and meta.get("schema") == META_SCHEMA:
                 self.size = size
                 self.lines = int(meta.get("lines", 0))
@@ -359,6 +367,27 @@ class JsonlWriter:
             self._fd = os.open(self.path, os.O_WRONLY | os.O_APPEND)
         # a new file is created by the first write, so a producer that records nothing
         # (a stream without spans) leaves no empty file behind
+
+    def _measure_unrepaired(self, size: int, meta: dict[str, Any] | None) -> None:
+        """Line count and steps of the complete lines of a file whose torn last line could
+        not be repaired; a last line that is a whole record without its newline counts."""
+        with open(self.path, "rb") as f:
+            f.seek(max(0, size - 1))
+            if size == 0 or f.read(1) == b"\n":
+                complete, fragment = size, b""
+            else:
+                complete = last_line_end(f, size)
+                f.seek(complete)
+                fragment = f.read(size - complete)
+        self._rescan(complete, meta)
+        try:
+            whole = isinstance(decode_line(fragment), dict) if fragment else False
+        except ValueError:
+            whole = False
+        if whole:
+            self._note_step(_step_of(fragment), self.lines, complete)
+            self.lines += 1
+        self.size = complete  # the first write finds the file longer and measures it again
 
     def _read_meta(self) -> dict[str, Any] | None:
         if self.meta_path is None or not self.meta_path.exists():
@@ -439,6 +468,8 @@ class JsonlWriter:
         with open(self.path, "rb") as f:
             f.seek(start_off)
             for raw in f:
+                if off + len(raw) > size:
+                    break  # a torn tail past ``size`` that could not be repaired
                 step = _step_of(raw)
                 self._note_step(step, line_no, off)
                 off += len(raw)
