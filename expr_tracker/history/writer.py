@@ -143,6 +143,50 @@ def _after_fork_in_child() -> None:
     global _FLUSHER, _FLUSHER_LOCK
     _FLUSHER = None
     _FLUSHER_LOCK = threading.Lock()
+    _close_inherited_locks()
+
+
+#: descriptors of the one-writer locks this process holds -> (st_dev, st_ino) of the lock file
+_LOCK_FDS: dict[int, tuple[int, int]] = {}
+
+
+def track_lock_fd(fd: int | None) -> None:
+    """Remember ``fd`` as holding a one-writer lock, so a forked child closes its copy."""
+    if fd is None:
+        return
+    try:
+        st = os.fstat(fd)
+    except OSError:
+        return
+    _LOCK_FDS[fd] = (st.st_dev, st.st_ino)
+
+
+def release_lock_fd(fd: int) -> None:
+    """Close a lock descriptor from :func:`acquire_lock` (the lock is released once no
+    descriptor of its open file is left). Never raises."""
+    _LOCK_FDS.pop(fd, None)
+    try:
+        os.close(fd)
+    except OSError:
+        pass
+
+
+def _close_inherited_locks() -> None:
+    """In a forked child: close the copies of the parent's lock descriptors, so a child that
+    outlives a killed parent does not keep the run locked. ``flock`` locks belong to the
+    open file description both descriptors share: closing the child's copy leaves the
+    parent's lock held (nothing here calls ``LOCK_UN``, which would release it for both)."""
+    for fd, ident in list(_LOCK_FDS.items()):
+        try:
+            st = os.fstat(fd)
+        except OSError:
+            continue
+        if (st.st_dev, st.st_ino) == ident:  # still the lock file, not a reused number
+            try:
+                os.close(fd)
+            except OSError:
+                pass
+    _LOCK_FDS.clear()
 
 
 if hasattr(os, "register_at_fork"):
@@ -196,7 +240,8 @@ def acquire_lock(path: str | os.PathLike[str]) -> tuple[int | None, bool]:
             os.close(fd)
             if exc.errno in (errno.EWOULDBLOCK, errno.EAGAIN, errno.EACCES):
                 raise RunLockedError(
-                    f"{path} is being written by another live process ({holder}); nothing "
+                    f"{path} is being written by another live process "
+                    f"({_describe_holder(holder, lock_path)}); nothing "
                     "of it was touched. A different experiment needs another name "
                     "(et.init(name=...)); for this same run, wait for that process to finish "
                     "(a later start resumes it); a second producer of the same experiment "
@@ -211,6 +256,7 @@ def acquire_lock(path: str | os.PathLike[str]) -> tuple[int | None, bool]:
         if not same:  # we locked a file that was removed meanwhile: not the lock any more
             os.close(fd)
             continue
+        track_lock_fd(fd)
         try:
             os.ftruncate(fd, 0)
             os.pwrite(fd, f"pid={os.getpid()} host={socket.gethostname()}\n".encode(), 0)
@@ -218,6 +264,29 @@ def acquire_lock(path: str | os.PathLike[str]) -> tuple[int | None, bool]:
             pass
         return fd, created
     raise OSError(errno.EAGAIN, f"the lock file {lock_path} keeps being replaced")
+
+
+def _describe_holder(holder: str, lock_path: Path) -> str:
+    """``pid=N host=H`` from the lock file; where that pid is dead on this host, the lock is
+    held by a process that inherited the descriptor (a forked child still running)."""
+    fields = dict(part.split("=", 1) for part in holder.split() if "=" in part)
+    try:
+        pid = int(fields.get("pid", ""))
+    except ValueError:
+        return holder
+    if fields.get("host") != socket.gethostname():
+        return holder
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return (
+            f"{holder}, which has exited: the lock is held by a process that inherited it "
+            f"from pid {pid} (a forked child still running?); find it with "
+            f"`fuser -v {lock_path}` or `lsof {lock_path}`"
+        )
+    except OSError:
+        pass
+    return holder
 
 
 # --------------------------------------------------------------------------- writer
@@ -321,6 +390,7 @@ class JsonlWriter:
             self.path.parent.mkdir(parents=True, exist_ok=True)
         except OSError as exc:
             self._warn_io(exc, "create the directory")
+        self._pid = os.getpid()  # a forked child never closes the parent's descriptors
         if lock_fd is not None:
             self._lock_fd = lock_fd
         elif lock:
@@ -704,10 +774,7 @@ class JsonlWriter:
         self._fd = None
         self.path.parent.mkdir(parents=True, exist_ok=True)
         if self._lock_fd is not None:  # the lock file went with the directory
-            try:
-                os.close(self._lock_fd)
-            except OSError:
-                pass
+            release_lock_fd(self._lock_fd)
             self._lock_fd = None
             try:
                 self._acquire_lock()
@@ -830,10 +897,8 @@ class JsonlWriter:
                     pass
                 self._fd = None
             if self._lock_fd is not None:
-                try:
-                    os.close(self._lock_fd)
-                except OSError:
-                    pass
+                if os.getpid() == self._pid:
+                    release_lock_fd(self._lock_fd)
                 self._lock_fd = None
 
     def stats(self) -> dict[str, Any]:
