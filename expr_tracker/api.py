@@ -58,8 +58,9 @@ def init(
             each; ``name`` defaults to a timestamp plus a random suffix, the same in every
             rank of one ``torchrun`` launch; an existing name is resumed, with one line on
             stderr). In a process forked from one with an active run (a DataLoader
-            worker) that names no run, ``project``, ``name`` and the run directory default
-            to the parent's run: ``et.init(stream="data0")`` joins it.
+            worker) that names no run but a stream of its own, ``project``, ``name`` and
+            the run directory default to the parent's run: ``et.init(stream="data0")``
+            joins it.
         spec: a run spec: a YAML/JSON/TOML path, a dict, or an OmegaConf DictConfig (e.g.
             ``cfg.tracker`` under Hydra; interpolations are resolved).
         config: the run's configuration (hyper-parameters), saved as ``config.json``; any
@@ -118,9 +119,13 @@ def init(
 
 
 def _joins_parent(resolved: Any, parent: Run) -> bool:
-    """A forked child (a DataLoader worker) that names no run joins the run it inherited:
-    no source gave ``name`` or ``run_dir``, and ``project``/``dir`` are the parent's or
-    defaults."""
+    """A forked child (a DataLoader worker) that names no run but a stream of its own joins
+    the run it inherited: no source gave ``name`` or ``run_dir``, ``project``/``dir`` are
+    the parent's or defaults, and the child's ``stream`` is set and not the parent's (a
+    child without a stream starts a run of its own, as before: joining would resume the
+    parent's main stream once the parent finished)."""
+    if not resolved.spec.stream or resolved.spec.stream == parent.stream:
+        return False
     src = resolved.source_of
     if src("name") != "default" or src("run_dir") != "default":
         return False

@@ -83,7 +83,9 @@ def test_a_forked_child_joins_unless_it_names_another_run(tmp_path):
         assert own == str(runs / "default" / "own")
         other = _in_fork("w", project="q", dir=str(runs))  # another project: its own run
         assert Path(other).parent == runs / "q"
-        assert "RunLockedError" in _in_fork(None)  # the parent's own stream stays its own
+        # no stream: a run of its own (joining would resume the parent's main stream)
+        alone = _in_fork(None, project="p", dir=str(runs))
+        assert Path(alone).parent == runs / "p" and alone != str(run.dir)
     finally:
         et.finish()
     assert sorted(p.name for p in run.dir.glob("metrics*.jsonl")) == [
