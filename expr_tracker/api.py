@@ -57,7 +57,10 @@ def init(
         project, name: where the run lives: ``<dir>/<project>/<name>/`` (at most 200 bytes
             each; ``name`` defaults to a timestamp plus a random suffix, the same in every
             rank of one ``torchrun`` launch; an existing name is resumed, with one line on
-            stderr).
+            stderr). In a process forked from one with an active run (a DataLoader
+            worker) that names no run but a stream of its own, ``project``, ``name`` and
+            the run directory default to the parent's run: ``et.init(stream="data0")``
+            joins it.
         spec: a run spec: a YAML/JSON/TOML path, a dict, or an OmegaConf DictConfig (e.g.
             ``cfg.tracker`` under Hydra; interpolations are resolved).
         config: the run's configuration (hyper-parameters), saved as ``config.json``; any
@@ -82,8 +85,10 @@ def init(
 
     with _lock:
         cur = _run
+        parent = None
         if cur is not None:
             if cur.forked:
+                parent = cur
                 _run = None  # inherited from the parent: drop it without touching its locks
             elif not cur.finished:
                 raise RunAlreadyActiveError(
@@ -100,6 +105,9 @@ def init(
         if config is not None:
             given["config"] = config
         resolved = resolve(spec, kwargs=given, configure_alert=_configured_alert or None)
+        if parent is not None and _joins_parent(resolved, parent):
+            given.update(project=parent.project, name=parent.name, run_dir=str(parent.dir))
+            resolved = resolve(spec, kwargs=given, configure_alert=_configured_alert or None)
         try:
             run = build(resolved)
         except SpecError as exc:
@@ -108,6 +116,26 @@ def init(
         _install_hooks()
         _finish_at_process_exit()
     return run
+
+
+def _joins_parent(resolved: Any, parent: Run) -> bool:
+    """A forked child (a DataLoader worker) that names no run but a stream of its own joins
+    the run it inherited: no source gave ``name`` or ``run_dir``, ``project``/``dir`` are
+    the parent's or defaults, and the child's ``stream`` is set and not the parent's (a
+    child without a stream starts a run of its own, as before: joining would resume the
+    parent's main stream once the parent finished)."""
+    if not resolved.spec.stream or resolved.spec.stream == parent.stream:
+        return False
+    src = resolved.source_of
+    if src("name") != "default" or src("run_dir") != "default":
+        return False
+    if src("project") != "default" and resolved.spec.project != parent.project:
+        return False
+    if src("dir") != "default":
+        expected = Path(resolved.spec.dir).expanduser() / parent.project / parent.name
+        if os.path.abspath(expected) != os.path.abspath(parent.dir):
+            return False
+    return True
 
 
 def _with_config_keys(exc: Any, spec: Any) -> Any:

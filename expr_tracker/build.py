@@ -21,7 +21,7 @@ from expr_tracker.history.codec import Warner, dumps_pretty, normalize_value
 from expr_tracker.history.paths import atomic_write, detect_rank, file_name
 from expr_tracker.history.runinfo import new_run_info, read_run_info, write_run_info
 from expr_tracker.history.store import HistoryStore
-from expr_tracker.history.writer import JsonlWriter
+from expr_tracker.history.writer import JsonlWriter, release_lock_fd
 from expr_tracker.run import Run, Summary
 
 log = logging.getLogger("expr_tracker")
@@ -298,7 +298,7 @@ class _Attempt:
         Raises:
             RunLockedError: another live process holds it (nothing was changed).
         """
-        from expr_tracker.history.writer import acquire_lock, lock_path_of
+        from expr_tracker.history.writer import acquire_lock, lock_path_of, track_lock_fd
 
         for _ in range(20):
             try:
@@ -328,6 +328,7 @@ class _Attempt:
             self.lock_fd, self.lock_created = fd, created
             self.lock_path = lock_path_of(metrics_path)
             self._guard_fd = os.dup(fd) if fd is not None else None
+            track_lock_fd(self._guard_fd)
             return
         warner.warn(
             ("lock",),
@@ -379,10 +380,7 @@ class _Attempt:
 
     def _close_guard(self) -> None:
         if self._guard_fd is not None:
-            try:
-                os.close(self._guard_fd)
-            except OSError:
-                pass
+            release_lock_fd(self._guard_fd)
             self._guard_fd = None
 
     def undo(self) -> None:
@@ -392,10 +390,7 @@ class _Attempt:
             except Exception:  # noqa: BLE001 - undo as much as possible
                 pass
         if self.lock_fd is not None and not self.lock_handed:
-            try:  # the writer never took the lock over
-                os.close(self.lock_fd)
-            except OSError:
-                pass
+            release_lock_fd(self.lock_fd)  # the writer never took the lock over
         for path, size in self.sizes.items():
             try:
                 if size is None:

@@ -25,7 +25,7 @@ def test_hydra_sweep(tmp_path):
     )
     assert proc.returncode == 0, proc.stderr
     runs = sorted((tmp_path / "runs" / "hydra_sweep").iterdir())
-    stamp = runs[0].name.split("-lr=")[0][: -len("-0")]  # sweep_a-<launch stamp>
+    stamp = runs[0].name.split("-lr=")[0][: -len("-0")]  # sweep_a-<launch stamp>-<launch id>
     assert stamp.startswith("sweep_a-")
     assert [r.name for r in runs] == [
         f"{stamp}-0-lr=0.3",

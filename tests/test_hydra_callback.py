@@ -102,8 +102,10 @@ def test_multirun_one_run_per_job_grouped(app):
     proc = _run(app, "-m", "lr=0.1,0.2", "hydra.sweep.dir=multirun/s1")
     assert proc.returncode == 0, proc.stderr
     runs = _runs(app)
-    # multirun_s1-<launch stamp>-<num>-<overrides>: one stamp for the whole sweep
-    stamps = {re.fullmatch(r"multirun_s1-(\d{8}-\d{6})-\d-lr=0\.\d", r.name)[1] for r in runs}
+    # multirun_s1-<launch stamp>-<launch id>-<num>-<overrides>: one stamp for the whole sweep
+    stamps = {
+        re.fullmatch(r"multirun_s1-(\d{8}-\d{6}-[0-9a-f]{6})-\d-lr=0\.\d", r.name)[1] for r in runs
+    }
     assert len(stamps) == 1
     (stamp,) = stamps
     assert [r.name for r in runs] == [

@@ -22,6 +22,7 @@ from omegaconf import OmegaConf  # noqa: E402
 from expr_tracker.hydra.callback import (  # noqa: E402
     _PROCESS_START,
     TrackerCallback,
+    _fallback_launch_id,
     _fallback_launch_time,
     launch_stamp,
     sweep_prefix,
@@ -59,12 +60,13 @@ def test_running_the_sweep_twice_with_the_same_sweep_dir(tmp_path):
         assert "previous_attempts" not in info and "resumed_at_step" not in info
         lines = (r / "metrics.jsonl").read_text().splitlines()
         assert [json.loads(x)["_step"] for x in lines] == list(range(30))
-    # one prefix (and one group) per sweep, readable: multirun_docs-<YYYYmmdd-HHMMSS>
+    # one prefix (and one group) per sweep: multirun_docs-<YYYYmmdd-HHMMSS>-<launch id>
     prefixes = Counter(name.rsplit("-", 2)[0] for name in infos)
     assert len(prefixes) == 2 and set(prefixes.values()) == {3}
     for prefix in prefixes:
-        stamp = prefix.removeprefix("multirun_docs-")
+        stamp, launch_id = prefix.removeprefix("multirun_docs-").rsplit("-", 1)
         datetime.strptime(stamp, "%Y%m%d-%H%M%S")
+        assert (tmp_path / "multirun" / "docs" / f".et-launch-{launch_id}").exists()
         assert {i["group"] for n, i in infos.items() if n.startswith(prefix)} == {
             f"hydra_sweep-{prefix}"
         }
@@ -75,21 +77,52 @@ def test_running_the_sweep_twice_with_the_same_sweep_dir(tmp_path):
         ]
 
 
-def test_the_stamp_is_taken_once_and_pickled_with_the_callback():
+def test_the_stamp_is_taken_once_and_pickled_with_the_callback(tmp_path):
     cb = TrackerCallback()
-    assert cb.launched_at is None
-    cb.on_multirun_start(OmegaConf.create({"hydra": {"sweep": {"dir": "nowhere/x"}}}))
+    assert cb.launched_at is None and cb.launch_id is None
+    cb.on_multirun_start(OmegaConf.create({"hydra": {"sweep": {"dir": str(tmp_path / "x")}}}))
     assert abs(cb.launched_at - time.time()) < 5
     clone = pickle.loads(pickle.dumps(cb))  # what a process-pool launcher does
-    assert clone.launched_at == cb.launched_at
+    assert clone.launched_at == cb.launched_at and clone.launch_id == cb.launch_id
 
 
-def test_a_second_launch_in_the_same_second_waits_for_the_next(tmp_path):
-    (tmp_path / "multirun.yaml").write_text("{}")  # the previous launch, just now
-    previous = os.stat(tmp_path / "multirun.yaml").st_mtime
-    cb = TrackerCallback()
-    cb.on_multirun_start(OmegaConf.create({"hydra": {"sweep": {"dir": str(tmp_path)}}}))
-    assert launch_stamp(cb.launched_at) != launch_stamp(previous)
+def test_launches_into_one_sweep_dir_get_distinct_reserved_ids(tmp_path):
+    ids = set()
+    for _ in range(20):  # in the same second, mostly
+        cb = TrackerCallback()
+        cb.on_multirun_start(OmegaConf.create({"hydra": {"sweep": {"dir": str(tmp_path)}}}))
+        ids.add(cb.launch_id)
+    assert len(ids) == 20
+    assert {p.name for p in tmp_path.iterdir()} == {f".et-launch-{i}" for i in ids}
+    assert _fallback_launch_id("") == _fallback_launch_id("")  # one per process
+    (tmp_path / "multirun.yaml").write_text("{}")
+    assert _fallback_launch_id(str(tmp_path)) == _fallback_launch_id(str(tmp_path))
+
+
+@pytest.mark.slow
+def test_three_launches_into_one_sweep_dir_at_once_share_no_run(tmp_path):
+    # the tester's repro: three sweeps into hydra.sweep.dir=multirun/same3 started together
+    # (one-second launch stamps alone gave two of them the same run names)
+    cmd = [
+        sys.executable,
+        str(ROOT / "examples" / "hydra_sweep.py"),
+        "hydra.sweep.dir=multirun/same3",
+        "steps=5",
+        "lr=0.3,0.1",
+    ]
+    procs = [
+        subprocess.Popen(cmd, cwd=tmp_path, stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+        for _ in range(3)
+    ]
+    errs = [p.communicate(timeout=180)[1].decode() for p in procs]
+    assert [p.returncode for p in procs] == [0, 0, 0], errs
+    assert not any("resuming run" in e for e in errs), errs
+    runs = sorted((tmp_path / "runs" / "hydra_sweep").iterdir())
+    assert len(runs) == 6
+    for r in runs:
+        steps = [json.loads(x)["_step"] for x in (r / "metrics.jsonl").read_text().splitlines()]
+        assert steps == list(range(5)), r.name
+        assert "previous_attempts" not in json.loads((r / "run.json").read_text())
 
 
 def test_prefix_keeps_a_time_named_sweep_dir_as_is():

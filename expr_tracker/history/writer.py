@@ -168,6 +168,50 @@ def _after_fork_in_child() -> None:
     global _FLUSHER, _FLUSHER_LOCK
     _FLUSHER = None
     _FLUSHER_LOCK = threading.Lock()
+    _close_inherited_locks()
+
+
+#: descriptors of the one-writer locks this process holds -> (st_dev, st_ino) of the lock file
+_LOCK_FDS: dict[int, tuple[int, int]] = {}
+
+
+def track_lock_fd(fd: int | None) -> None:
+    """Remember ``fd`` as holding a one-writer lock, so a forked child closes its copy."""
+    if fd is None:
+        return
+    try:
+        st = os.fstat(fd)
+    except OSError:
+        return
+    _LOCK_FDS[fd] = (st.st_dev, st.st_ino)
+
+
+def release_lock_fd(fd: int) -> None:
+    """Close a lock descriptor from :func:`acquire_lock` (the lock is released once no
+    descriptor of its open file is left). Never raises."""
+    _LOCK_FDS.pop(fd, None)
+    try:
+        os.close(fd)
+    except OSError:
+        pass
+
+
+def _close_inherited_locks() -> None:
+    """In a forked child: close the copies of the parent's lock descriptors, so a child that
+    outlives a killed parent does not keep the run locked. ``flock`` locks belong to the
+    open file description both descriptors share: closing the child's copy leaves the
+    parent's lock held (nothing here calls ``LOCK_UN``, which would release it for both)."""
+    for fd, ident in list(_LOCK_FDS.items()):
+        try:
+            st = os.fstat(fd)
+        except OSError:
+            continue
+        if (st.st_dev, st.st_ino) == ident:  # still the lock file, not a reused number
+            try:
+                os.close(fd)
+            except OSError:
+                pass
+    _LOCK_FDS.clear()
 
 
 if hasattr(os, "register_at_fork"):
@@ -221,7 +265,8 @@ def acquire_lock(path: str | os.PathLike[str]) -> tuple[int | None, bool]:
             os.close(fd)
             if exc.errno in (errno.EWOULDBLOCK, errno.EAGAIN, errno.EACCES):
                 raise RunLockedError(
-                    f"{path} is being written by another live process ({holder}); nothing "
+                    f"{path} is being written by another live process "
+                    f"({_describe_holder(holder, lock_path)}); nothing "
                     "of it was touched. A different experiment needs another name "
                     "(et.init(name=...)); for this same run, wait for that process to finish "
                     "(a later start resumes it); a second producer of the same experiment "
@@ -236,6 +281,7 @@ def acquire_lock(path: str | os.PathLike[str]) -> tuple[int | None, bool]:
         if not same:  # we locked a file that was removed meanwhile: not the lock any more
             os.close(fd)
             continue
+        track_lock_fd(fd)
         try:
             os.ftruncate(fd, 0)
             os.pwrite(fd, f"pid={os.getpid()} host={socket.gethostname()}\n".encode(), 0)
@@ -243,6 +289,29 @@ def acquire_lock(path: str | os.PathLike[str]) -> tuple[int | None, bool]:
             pass
         return fd, created
     raise OSError(errno.EAGAIN, f"the lock file {lock_path} keeps being replaced")
+
+
+def _describe_holder(holder: str, lock_path: Path) -> str:
+    """``pid=N host=H`` from the lock file; where that pid is dead on this host, the lock is
+    held by a process that inherited the descriptor (a forked child still running)."""
+    fields = dict(part.split("=", 1) for part in holder.split() if "=" in part)
+    try:
+        pid = int(fields.get("pid", ""))
+    except ValueError:
+        return holder
+    if fields.get("host") != socket.gethostname():
+        return holder
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return (
+            f"{holder}, which has exited: the lock is held by a process that inherited it "
+            f"from pid {pid} (a forked child still running?); find it with "
+            f"`fuser -v {lock_path}` or `lsof {lock_path}`"
+        )
+    except OSError:
+        pass
+    return holder
 
 
 # --------------------------------------------------------------------------- writer
@@ -349,6 +418,7 @@ class JsonlWriter:
             self.path.parent.mkdir(parents=True, exist_ok=True)
         except OSError as exc:
             self._warn_io(exc, "create the directory")
+        self._pid = os.getpid()  # a forked child never closes the parent's descriptors
         if lock_fd is not None:
             self._lock_fd = lock_fd
         elif lock:
@@ -375,7 +445,15 @@ class JsonlWriter:
         if self.path.exists():
             size = self.path.stat().st_size
             meta = self._read_meta()
-            size = self._repair_torn_tail(size)
+            try:
+                size = self._repair_torn_tail(size)
+            except OSError as exc:
+                # the file cannot be written now (a read-only mount): measure its complete
+                # lines without repairing it, so a resume continues after the last step on
+                # disk; the fd stays closed and the first write reopens, repairs and rescans
+                self._measure_unrepaired(size, meta)
+                self._warn_io(exc, "repair the torn last line of")
+                return
             if meta is not None and meta.get("size") == size and meta.get("schema") == META_SCHEMA:
                 self.size = size
                 self.lines = int(meta.get("lines", 0))
@@ -389,6 +467,27 @@ class JsonlWriter:
             self._fd = os.open(self.path, os.O_WRONLY | os.O_APPEND)
         # a new file is created by the first write, so a producer that records nothing
         # (a stream without spans) leaves no empty file behind
+
+    def _measure_unrepaired(self, size: int, meta: dict[str, Any] | None) -> None:
+        """Line count and steps of the complete lines of a file whose torn last line could
+        not be repaired; a last line that is a whole record without its newline counts."""
+        with open(self.path, "rb") as f:
+            f.seek(max(0, size - 1))
+            if size == 0 or f.read(1) == b"\n":
+                complete, fragment = size, b""
+            else:
+                complete = last_line_end(f, size)
+                f.seek(complete)
+                fragment = f.read(size - complete)
+        self._rescan(complete, meta)
+        try:
+            whole = isinstance(decode_line(fragment), dict) if fragment else False
+        except ValueError:
+            whole = False
+        if whole:
+            self._note_step(_step_of(fragment), self.lines, complete)
+            self.lines += 1
+        self.size = complete  # the first write finds the file longer and measures it again
 
     def _read_meta(self) -> dict[str, Any] | None:
         if self.meta_path is None or not self.meta_path.exists():
@@ -469,6 +568,8 @@ class JsonlWriter:
         with open(self.path, "rb") as f:
             f.seek(start_off)
             for raw in f:
+                if off + len(raw) > size:
+                    break  # a torn tail past ``size`` that could not be repaired
                 step = _step_of(raw)
                 self._note_step(step, line_no, off)
                 off += len(raw)
@@ -784,10 +885,7 @@ class JsonlWriter:
         self._fd = None
         self.path.parent.mkdir(parents=True, exist_ok=True)
         if self._lock_fd is not None:  # the lock file went with the directory
-            try:
-                os.close(self._lock_fd)
-            except OSError:
-                pass
+            release_lock_fd(self._lock_fd)
             self._lock_fd = None
             try:
                 self._acquire_lock()
@@ -912,11 +1010,9 @@ class JsonlWriter:
                 except OSError:
                     pass
             fd, self._lock_fd = self._lock_fd, None
-            if fd is not None:
-                try:
-                    os.close(fd)
-                except OSError:
-                    pass
+            if fd is not None and os.getpid() == self._pid:
+                # a forked child closed its copies at fork (the number may be reused since)
+                release_lock_fd(fd)
 
     @property
     def closed(self) -> bool:

@@ -21,12 +21,14 @@ Naming (a spec's own ``name``/``group`` wins where noted):
 - multirun: one run per job named ``<prefix>-<hydra.job.num>[-<hydra.job.override_dirname>]``
   where ``<prefix>`` is the spec's ``name`` or else the sweep's stamp: the last two parts of
   ``hydra.sweep.dir`` (``2024-05-01_12-00-00`` by default), followed by the launch time
-  (``multirun_docs-20240501-120000``) unless the directory already names this launch's time
-  (Hydra's default ``${now:...}`` directories). The launch time is taken once per sweep in
-  ``on_multirun_start`` and travels with the callback (launchers pickle it into the job
-  processes); without it, the time ``multirun.yaml`` was written into the sweep directory,
-  else the process start time. So the names are stable within one sweep, and two sweeps —
-  even into the same ``hydra.sweep.dir`` — never continue each other's runs. ``group`` is
+  unless the directory already names this launch's time (Hydra's default ``${now:...}``
+  directories), then the launch id (``multirun_docs-20240501-120000-3fa9c1``). Launch time
+  and id are taken once per sweep in ``on_multirun_start`` (the id reserved in the sweep
+  directory as ``.et-launch-<id>`` with ``O_EXCL``) and travel with the callback (launchers
+  pickle it into the job processes); without them, the time ``multirun.yaml`` was written
+  into the sweep directory (its nanoseconds give the id), else the process start. So the
+  names are stable within one sweep, and two sweeps — even into the same
+  ``hydra.sweep.dir`` in the same second — never continue each other's runs. ``group`` is
   the spec's ``group`` or else ``<hydra.job.name>-<stamp>``: every job of one sweep shares it.
   A spec ``name`` is used as given (jobs of two sweeps with the same ``tracker.name`` share
   runs: that is asking for it).
@@ -40,9 +42,9 @@ from __future__ import annotations
 
 import hashlib
 import logging
-import math
 import os
 import re
+import secrets
 import time
 from datetime import datetime
 from pathlib import Path
@@ -114,6 +116,46 @@ def _fallback_launch_time(sweep_dir: str) -> float:
     return _PROCESS_START
 
 
+_LAUNCH_FILE = ".et-launch-"
+
+
+def reserve_launch_id(sweep_dir: str) -> str:
+    """A random 6-hex-digit id of one sweep launch, reserved in ``sweep_dir`` by creating
+    ``<sweep_dir>/.et-launch-<id>`` with ``O_EXCL`` (a taken id is drawn again). Where the
+    directory cannot be written the id is only random (48 bits)."""
+    for _ in range(100):
+        launch_id = secrets.token_hex(3)
+        if not sweep_dir:
+            return launch_id
+        try:
+            Path(sweep_dir).mkdir(parents=True, exist_ok=True)
+            fd = os.open(
+                Path(sweep_dir) / f"{_LAUNCH_FILE}{launch_id}",
+                os.O_WRONLY | os.O_CREAT | os.O_EXCL,
+                0o644,
+            )
+        except FileExistsError:
+            continue
+        except OSError:
+            return launch_id
+        os.close(fd)
+        return launch_id
+    return secrets.token_hex(3)
+
+
+def _fallback_launch_id(sweep_dir: str) -> str:
+    """When ``on_multirun_start`` did not run in this callback's lineage: an id derived from
+    the nanosecond time Hydra's sweeper wrote ``<sweep_dir>/multirun.yaml`` (once per
+    launch, shared by its jobs), else from this process."""
+    seed = f"{_PROCESS_START}-{os.getpid()}"
+    if sweep_dir:
+        try:
+            seed = str(os.stat(Path(sweep_dir) / "multirun.yaml").st_mtime_ns)
+        except OSError:
+            pass
+    return hashlib.sha1(seed.encode()).hexdigest()[:6]
+
+
 def job_run_name(prefix: str, num: Any, override_dirname: str = "") -> str:
     """The run name of one multirun job: ``<prefix>-<num>[-<override_dirname>]``.
 
@@ -170,26 +212,24 @@ class TrackerCallback(Callback):
         #: epoch seconds of this sweep's launch (set in ``on_multirun_start``; pickled with
         #: the callback into job processes)
         self.launched_at: float | None = None
+        #: this launch's random id (set in ``on_multirun_start``, pickled likewise)
+        self.launch_id: str | None = None
 
     # ------------------------------------------------------------------ sweep start
 
     def on_multirun_start(self, config: DictConfig, **kwargs: Any) -> None:
-        """Take the sweep's launch time once: it makes this sweep's run names unique.
+        """Take the sweep's launch time and launch id once: they make this sweep's run names
+        unique.
 
-        The stamp has one-second resolution: when the previous launch into the same sweep
-        directory (its ``multirun.yaml``) was in this very second, wait for the next one.
+        The launch time has one-second resolution, so two launches into the same sweep
+        directory in one second (or into Hydra's default directory, named after that second)
+        would share it; the launch id tells them apart: a random suffix reserved in the sweep
+        directory with ``O_EXCL`` (``.et-launch-<id>``), so no two launches into one
+        directory ever get the same one.
         """
-        now = time.time()
+        self.launched_at = time.time()
         sweep_dir = OmegaConf.select(config, "hydra.sweep.dir", default=None)
-        if sweep_dir:
-            try:
-                previous = os.stat(Path(str(sweep_dir)) / "multirun.yaml").st_mtime
-            except OSError:
-                previous = None
-            if previous is not None and launch_stamp(previous) == launch_stamp(now):
-                time.sleep(max(0.0, math.floor(now) + 1.001 - now))
-                now = time.time()
-        self.launched_at = now
+        self.launch_id = reserve_launch_id(str(sweep_dir) if sweep_dir else "")
 
     # ------------------------------------------------------------------ job start
 
@@ -222,7 +262,9 @@ class TrackerCallback(Callback):
         sweep_dir = str(OmegaConf.select(hydra_cfg, "sweep.dir", default="") or "")
         if self.launched_at is None:
             self.launched_at = _fallback_launch_time(sweep_dir)
-        stamp = sweep_prefix(sweep_dir, self.launched_at)
+        if self.launch_id is None:
+            self.launch_id = _fallback_launch_id(sweep_dir)
+        stamp = f"{sweep_prefix(sweep_dir, self.launched_at)}-{self.launch_id}"
         job = hydra_cfg.job
         num = OmegaConf.select(job, "num", default=0)
         dirname = str(OmegaConf.select(job, "override_dirname", default="") or "")
