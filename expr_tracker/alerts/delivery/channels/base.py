@@ -42,7 +42,8 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any, ClassVar
 
-from expr_tracker.alerts.message import AlertMessage, ambiguous_authority, redact_url, scrub
+from expr_tracker.alerts.delivery.message import AlertMessage
+from expr_tracker.alerts.delivery.scrub import ambiguous_authority, redact_url, scrub
 
 __all__ = [
     "ATTEMPT_TIMEOUTS",
@@ -747,6 +748,6 @@ def check_code(
 
 def fields_list(message: AlertMessage, limit: int = 20) -> list[tuple[str, str]]:
     """``(name, value)`` display pairs of ``message.fields`` (at most ``limit``)."""
-    from expr_tracker.alerts.message import format_value
+    from expr_tracker.alerts.delivery.message import format_value
 
     return [(str(k), format_value(v)) for k, v in list(message.fields.items())[:limit]]

@@ -17,7 +17,7 @@ import hmac
 import time
 from typing import Any
 
-from expr_tracker.alerts.channels.base import (
+from expr_tracker.alerts.delivery.channels.base import (
     HttpChannel,
     HttpResponse,
     SendResult,
@@ -25,7 +25,7 @@ from expr_tracker.alerts.channels.base import (
     fields_list,
     opt_str,
 )
-from expr_tracker.alerts.message import AlertMessage
+from expr_tracker.alerts.delivery.message import AlertMessage
 
 __all__ = ["LarkChannel", "lark_card", "lark_sign", "md_escape"]
 

@@ -72,13 +72,13 @@ from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, fields
 from typing import Any
 
-from expr_tracker.alerts.channels.base import (
+from expr_tracker.alerts.delivery.channels.base import (
     ATTEMPT_TIMEOUTS,
     DeliveryError,
     SendResult,
     excerpt,
 )
-from expr_tracker.alerts.message import LEVELS, AlertMessage, normalize_level
+from expr_tracker.alerts.delivery.message import LEVELS, AlertMessage, normalize_level
 
 __all__ = [
     "DEFAULT_DRAIN_TIMEOUT",
@@ -1298,7 +1298,7 @@ def print_undelivered(
 
     from rich.console import Console
 
-    from expr_tracker.alerts.channels.console import render_console
+    from expr_tracker.alerts.delivery.channels.console import render_console
 
     console = Console(file=sys.stderr, highlight=False, soft_wrap=True)
     where = f"channel {channel!r} ({kind})"

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from expr_tracker.alerts.channels.base import (
+from expr_tracker.alerts.delivery.channels.base import (
     DeliveryError,
     HttpChannel,
     HttpResponse,
@@ -19,7 +19,7 @@ from expr_tracker.alerts.channels.base import (
     fields_list,
     opt_str,
 )
-from expr_tracker.alerts.message import AlertMessage
+from expr_tracker.alerts.delivery.message import AlertMessage
 
 __all__ = ["SlackChannel", "slack_blocks", "slack_escape"]
 
