@@ -151,7 +151,7 @@ class AlertCapture:
 @contextmanager
 def capture_alerts() -> Iterator[AlertCapture]:
     """Collect every alert message any dispatcher takes while the block runs."""
-    from expr_tracker.alerts.delivery.dispatch import add_tap, remove_tap
+    from expr_tracker.alerts.delivery.dispatcher import add_tap, remove_tap
 
     capture = AlertCapture()
     add_tap(capture._tap)

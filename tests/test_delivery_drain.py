@@ -10,7 +10,7 @@ import time
 import pytest
 
 import expr_tracker as et
-from expr_tracker.alerts.delivery.dispatch import Dispatcher, Policy
+from expr_tracker.alerts.delivery import Dispatcher, Policy
 from expr_tracker.alerts.delivery.message import AlertMessage
 from expr_tracker.testing import FakeClock, InMemoryChannel, WebhookServer
 

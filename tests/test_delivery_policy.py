@@ -6,8 +6,8 @@ import logging
 
 import pytest
 
+from expr_tracker.alerts.delivery import Dispatcher, Policy, TokenBucket, event_to_message
 from expr_tracker.alerts.delivery.channels import DeliveryError
-from expr_tracker.alerts.delivery.dispatch import Dispatcher, Policy, TokenBucket, event_to_message
 from expr_tracker.alerts.delivery.message import AlertMessage
 from expr_tracker.testing import FakeClock, InMemoryChannel
 

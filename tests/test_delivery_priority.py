@@ -10,8 +10,7 @@ import time
 import pytest
 
 import expr_tracker as et
-from expr_tracker.alerts.delivery import build_dispatcher
-from expr_tracker.alerts.delivery.dispatch import Dispatcher, Policy, TokenBucket
+from expr_tracker.alerts.delivery import Dispatcher, Policy, TokenBucket, build_dispatcher
 from expr_tracker.alerts.delivery.message import AlertMessage
 from expr_tracker.testing import FakeClock, InMemoryChannel
 

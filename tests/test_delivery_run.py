@@ -273,7 +273,7 @@ def test_hanging_channel_process_exits_within_deadline(tmp_path):
         script = textwrap.dedent(
             f"""
             import expr_tracker as et
-            from expr_tracker.alerts.delivery import dispatch
+            from expr_tracker.alerts.delivery import dispatcher as dispatch
             from expr_tracker.alerts.delivery import attach_delivery, alert
             dispatch.DEFAULT_DRAIN_TIMEOUT = 0.5
             run = et.init(project="p", name="hang", dir={str(tmp_path)!r})
@@ -297,8 +297,8 @@ def test_hanging_channel_process_exits_within_deadline(tmp_path):
 
 
 def test_close_deadline_on_fake_clock():
+    from expr_tracker.alerts.delivery import Dispatcher, Policy
     from expr_tracker.alerts.delivery.channels import DeliveryError
-    from expr_tracker.alerts.delivery.dispatch import Dispatcher, Policy
     from expr_tracker.alerts.delivery.message import AlertMessage
     from expr_tracker.testing import FakeClock
 

@@ -21,7 +21,7 @@ import threading
 from collections.abc import Iterable, Mapping
 from typing import Any
 
-from expr_tracker.alerts.delivery.dispatch import Dispatcher
+from expr_tracker.alerts.delivery.dispatcher import Dispatcher
 from expr_tracker.alerts.delivery.message import AlertMessage, normalize_level
 from expr_tracker.alerts.delivery.wiring import build_dispatcher
 

@@ -22,6 +22,7 @@ from expr_tracker.spec.models import LEVELS, level_rank, normalize_level
 __all__ = [
     "LEVELS",
     "AlertMessage",
+    "event_to_message",
     "level_rank",
     "normalize_level",
     "safe_format",
@@ -188,3 +189,63 @@ def safe_format(template: str, values: Mapping[str, Any]) -> str:
     """:func:`~expr_tracker.alerts.template.render_template` with None reading as empty
     (a webhook body or a card shows nothing for a missing field)."""
     return render_template(template, values, none="")
+
+
+def event_to_message(event: Any) -> AlertMessage:
+    """An ``AlertMessage`` for a rule event: ``AlertEvent`` from ``alerts.engine``, or any
+    object with ``rule`` (a name or an object with ``name``/``channels``/``tags``), ``level``,
+    ``title``, ``message`` and ``step`` attributes (``kind``, ``metrics``, ``observed``,
+    ``run_info``, ``episode``, ``fires`` optional).
+
+    Dedup key: ``rule:<name>:<episode>:<kind>:<level>``, plus ``:<fires>`` for a level-mode
+    ``repeat``. The rule's state machine (mode, ``cooldown``, ``max_fires``) already decides
+    when it notifies, so the channel's ``dedup_window`` must not second-guess it: a new firing
+    episode (fire -> resolve -> fire) and each level-mode repeat get a key of their own and
+    are never suppressed as duplicates of earlier notifications (the rate limit still
+    applies). An event without ``episode`` keeps ``rule:<name>:<kind>:<level>``."""
+    rule = getattr(event, "rule", None)
+    if isinstance(rule, str) or rule is None:
+        rule_name = rule
+        channels = getattr(event, "channels", None)
+        tags = getattr(event, "tags", ()) or ()
+    else:
+        rule_name = getattr(rule, "name", None)
+        channels = getattr(rule, "channels", None)
+        tags = getattr(rule, "tags", ()) or ()
+    level = getattr(event, "level", None) or getattr(rule, "level", None) or "warning"
+    kind = getattr(event, "kind", None) or "firing"
+    title = getattr(event, "title", None) or rule_name or "alert"
+    fields_: dict[str, Any] = {}
+    run_info = getattr(event, "run_info", None) or {}
+    if isinstance(run_info, Mapping):
+        for key in ("project", "run"):
+            if run_info.get(key) is not None:
+                fields_[key] = run_info[key]
+    metrics = getattr(event, "metrics", None) or {}
+    if isinstance(metrics, Mapping):
+        fields_.update({str(k): v for k, v in metrics.items()})
+    observed = getattr(event, "observed", "") or ""
+    subtitle = f"{kind}: {observed}" if observed else ("" if kind == "firing" else kind)
+    return AlertMessage(
+        title=str(title),
+        text=str(getattr(event, "message", "") or ""),
+        level=str(level),
+        subtitle=subtitle,
+        fields=fields_,
+        tags=tuple(tags),
+        source=f"rule:{rule_name}" if rule_name else "rule",
+        dedup_key=_rule_dedup_key(event, rule_name, kind, level),
+        channels=tuple(channels) if channels is not None else None,
+        step=getattr(event, "step", None),
+        rule=rule_name,
+    )
+
+
+def _rule_dedup_key(event: Any, rule_name: Any, kind: str, level: Any) -> str:
+    episode = getattr(event, "episode", None)
+    if episode is None:
+        return f"rule:{rule_name}:{kind}:{level}"
+    key = f"rule:{rule_name}:{episode}:{kind}:{level}"
+    if kind == "repeat":
+        key += f":{getattr(event, 'fires', None)}"
+    return key

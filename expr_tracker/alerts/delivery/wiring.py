@@ -34,8 +34,9 @@ from typing import Any
 
 from expr_tracker.alerts.delivery.channels import create_channel
 from expr_tracker.alerts.delivery.channels.base import config_error
-from expr_tracker.alerts.delivery.dispatch import Dispatcher, Policy, event_to_message
-from expr_tracker.alerts.delivery.message import AlertMessage
+from expr_tracker.alerts.delivery.dispatcher import Dispatcher
+from expr_tracker.alerts.delivery.message import AlertMessage, event_to_message
+from expr_tracker.alerts.delivery.policy import Policy
 
 __all__ = [
     "attach_delivery",
