@@ -17,6 +17,7 @@ _PUBLIC = {
     "AlertLog": "record",
     "AlertMessage": "message",
     "ConsoleNotifier": "record",
+    "Delivery": "wiring",
     "Dispatcher": "dispatcher",
     "Lane": "lane",
     "Policy": "policy",
@@ -28,7 +29,9 @@ _PUBLIC = {
     "event_to_message": "message",
     "finish_message": "wiring",
     "make_message": "direct",
+    "open_delivery": "wiring",
     "rank_alerts": "direct",
+    "run_end_message": "wiring",
     "standalone_dispatcher": "direct",
 }
 

@@ -1,20 +1,15 @@
 """Delivery wiring: channels and a dispatcher from an ``AlertsSpec``, and the run hooks
 (``et.alert`` itself is in ``delivery.direct``).
 
-For the runtime (``build.py`` / ``api.py``):
+For the runtime (``build.py``):
 
-- ``attach_delivery(run, alerts_spec, alerts_path) -> Dispatcher``: builds the dispatcher,
-  sets ``run.dispatcher``, registers the closer (``notify_on`` messages, then drain within
-  the deadline) and the ``delivery`` section of ``et.info()``.
+- ``open_delivery(alerts_spec, alerts_path, context=, finish=, ...) -> Delivery``: from
+  plain values, the dispatcher, its closer (the ``notify_on`` message, then the drain
+  within the deadline) and its ``delivery`` section of ``et.info()``.
+- ``attach_delivery(run, alerts_spec, alerts_path) -> Dispatcher``: the small wiring that
+  hooks a ``Delivery`` into a ``Run`` (``run.dispatcher``, the closer, the stats).
 - ``dispatcher.notify``: the ``notify(event)`` callable for ``AlertEngine`` (rule events,
   routed by the rule's ``channels`` and ``tags``, always queued).
-- ``alert(title, text="", level="warning", channels=None, tags=(), fields=None, **extra)``:
-  ``et.alert``; never raises. With an active run it goes through the run's own dispatcher
-  (its ``init(alert=...)`` configuration); on a run that does not alert (a rank outside
-  ``alerts.on_rank``, or ``alerts.enabled: false``) it sends nothing and returns False.
-  Without a run it uses one built from ``expr_tracker.spec.resolve()`` (environment,
-  ``ET_ALERT_CONFIG``, ``ET_CONFIG``, ``configure_alert``), cached on those inputs, and
-  honours that configuration's ``alerts.on_rank`` against ``RANK`` / ``LOCAL_RANK``.
 
 Routing: a message goes to the channels admitting its level (``levels`` allowlist, else
 ``min_level``) and tags (a channel with ``tags`` takes only messages carrying one of them);
@@ -29,7 +24,8 @@ import logging
 import os
 import time
 import traceback as _traceback
-from collections.abc import Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping
+from dataclasses import dataclass
 from typing import Any
 
 from expr_tracker.alerts.delivery.channels import create_channel
@@ -39,10 +35,13 @@ from expr_tracker.alerts.delivery.message import AlertMessage, event_to_message
 from expr_tracker.alerts.delivery.policy import Policy
 
 __all__ = [
+    "Delivery",
     "attach_delivery",
     "build_dispatcher",
     "event_to_message",
     "finish_message",
+    "open_delivery",
+    "run_end_message",
 ]
 
 log = logging.getLogger("expr_tracker.alerts")
@@ -156,31 +155,35 @@ def _channel_policy(spec: Any, channel: Any, channel_spec: Any = None) -> Policy
 # --------------------------------------------------------------------------- run hooks
 
 
-def finish_message(run: Any, notify_on: Iterable[str]) -> AlertMessage | None:
-    """The built-in ``notify_on`` message for ``run`` at finish, or None.
+def run_end_message(
+    notify_on: Iterable[str],
+    *,
+    project: Any = "?",
+    name: Any = "?",
+    exception: Any = None,
+    steps: int | None = None,
+    started_at: float | None = None,
+) -> AlertMessage | None:
+    """The built-in ``notify_on`` message for a run ending, or None.
 
-    ``failure`` (the run ends with an exception): level error, the exception type and message,
-    the traceback. ``finish``: level info on success (error when it failed and ``failure``
-    is not asked for). Fields: status, steps, duration_s.
+    ``exception``: the ``(type, value, traceback)`` the run failed with, or None.
+    ``failure`` (it failed): level error, the exception type and message, the traceback.
+    ``finish``: level info on success (error when it failed and ``failure`` is not asked
+    for). Fields: status, steps (``steps``, rows committed), duration_s (from ``started_at``,
+    epoch seconds).
     """
     wanted = set(notify_on or ())
     if not wanted:
         return None
-    exc = getattr(run, "exception", None)
-    project = getattr(run, "project", "?")
-    name = getattr(run, "name", "?")
     fields: dict[str, Any] = {}
-    try:
-        fields["steps"] = run.history.rows_committed
-    except Exception:  # noqa: BLE001
-        pass
-    started = (getattr(run, "info_record", None) or {}).get("started_at")
-    if started:
-        fields["duration_s"] = round(time.time() - float(started), 1)
-    if exc is not None:
+    if steps is not None:
+        fields["steps"] = steps
+    if started_at:
+        fields["duration_s"] = round(time.time() - float(started_at), 1)
+    if exception is not None:
         if not wanted & {"failure", "finish"}:
             return None
-        etype, evalue, tb = exc
+        etype, evalue, tb = exception
         text = "".join(_traceback.format_exception(etype, evalue, tb))
         fields = {"status": "failed", **fields}
         return AlertMessage(
@@ -203,35 +206,62 @@ def finish_message(run: Any, notify_on: Iterable[str]) -> AlertMessage | None:
     )
 
 
-def _open_step(run: Any) -> Any:
+def finish_message(run: Any, notify_on: Iterable[str]) -> AlertMessage | None:
+    """``run_end_message`` for ``run`` (its ``project``, ``name``, ``exception``,
+    ``history.rows_committed`` and ``info_record["started_at"]``, each when present)."""
+    steps = None
     try:
-        return run.history.open_step
+        steps = run.history.rows_committed
     except Exception:  # noqa: BLE001
-        return None
+        pass
+    return run_end_message(
+        notify_on,
+        project=getattr(run, "project", "?"),
+        name=getattr(run, "name", "?"),
+        exception=getattr(run, "exception", None),
+        steps=steps,
+        started_at=(getattr(run, "info_record", None) or {}).get("started_at"),
+    )
 
 
-def attach_delivery(
-    run: Any,
+@dataclass(frozen=True)
+class Delivery:
+    """A run's delivery, built from plain values, for the composition root to hook in.
+
+    Attributes:
+        dispatcher: the ``Dispatcher`` (``dispatcher.notify`` is the engine's ``notify``).
+        close: the closer: the ``notify_on`` message (``finish()``), then the drain within
+            the deadline (``drain_timeout``), then the alert log it opened, if any.
+        stats: the ``delivery`` section of ``et.info()``: each channel's counters and the
+            channels that are off.
+    """
+
+    dispatcher: Dispatcher
+    close: Callable[[], None]
+    stats: Callable[[], dict[str, Any]]
+
+
+def open_delivery(
     alerts_spec: Any,
     alerts_path: Any = None,
     *,
+    context: Callable[[], Mapping[str, Any]] | None = None,
+    finish: Callable[[], AlertMessage | None] | None = None,
     environ: Mapping[str, str] | None = None,
     **dispatcher_kwargs: Any,
-) -> Dispatcher:
-    """Build the run's dispatcher and hook it into the run.
+) -> Delivery:
+    """Build a run's delivery from plain values.
 
     Args:
-        run: the ``Run`` (uses ``project``, ``name``, ``history.open_step``, ``warner``,
-            ``exception``, ``add_closer``, ``add_stats``).
-        alerts_spec: the run's ``AlertsSpec``.
-        alerts_path: the run's ``alerts[.S][.rankN].jsonl`` path, or an object with
-            ``write(record)`` (the ``AlertLog`` the engine also writes transitions to), or
-            None to record nothing.
-        environ, dispatcher_kwargs: as ``build_dispatcher``.
-
-    Effects: ``run.dispatcher`` is set; a closer ``"alert delivery"`` sends the
-    ``notify_on`` message and drains within the deadline (``drain_timeout``, 10 s); a stats
-    section ``"delivery"`` lists each channel's counters.
+        alerts_spec: the run's ``AlertsSpec`` (or a mapping / None, as ``build_dispatcher``).
+        alerts_path: the run's ``alerts[.S][.rankN].jsonl`` path (an ``AlertLog`` is opened
+            on it and closed by ``close``), an object with ``write(record)`` (the
+            ``AlertLog`` the engine also writes transitions to), or None to record nothing.
+        context: ``context() -> {"project", "run", "step"}`` for each message.
+        finish: ``finish() -> AlertMessage | None``, called by ``close`` when alerts are
+            enabled: the ``notify_on`` message (``run_end_message``).
+        environ, dispatcher_kwargs: as ``build_dispatcher`` (``warner``, ``drain_timeout``,
+            ``clock``, ...).
 
     Raises:
         ChannelConfigError: as ``build_dispatcher``.
@@ -246,20 +276,15 @@ def attach_delivery(
 
         owned = AlertLog(alerts_path)
         record = owned.write
-
-    def context() -> dict[str, Any]:
-        return {"project": run.project, "run": run.name, "step": _open_step(run)}
-
-    dispatcher_kwargs.setdefault("warner", getattr(run, "warner", None))
     d = build_dispatcher(
         alerts_spec, record=record, context=context, environ=environ, **dispatcher_kwargs
     )
-    spec = _alerts_spec(alerts_spec)
+    enabled = _alerts_spec(alerts_spec).enabled
 
     def close() -> None:
         try:
-            if spec.enabled:
-                message = finish_message(run, spec.notify_on)
+            if enabled and finish is not None:
+                message = finish()
                 if message is not None:
                     d.submit(message, direct=False)
         finally:
@@ -267,8 +292,58 @@ def attach_delivery(
             if owned is not None:
                 owned.close()
 
-    run.dispatcher = d
+    def stats() -> dict[str, Any]:
+        return {"channels": d.stats(), "skipped": dict(d.skipped)}
+
+    return Delivery(d, close, stats)
+
+
+def attach_delivery(
+    run: Any,
+    alerts_spec: Any,
+    alerts_path: Any = None,
+    *,
+    environ: Mapping[str, str] | None = None,
+    **dispatcher_kwargs: Any,
+) -> Dispatcher:
+    """Build the run's delivery (``open_delivery``) and hook it into the run: the small
+    wiring left here until the composition root (``build``) does it.
+
+    Args:
+        run: the ``Run`` (uses ``project``, ``name``, ``history.open_step``, ``warner``,
+            ``exception``, ``add_closer``, ``add_stats``).
+        alerts_spec, alerts_path, environ, dispatcher_kwargs: as ``open_delivery``.
+
+    Effects: ``run.dispatcher`` is set; a closer ``"alert delivery"`` sends the
+    ``notify_on`` message and drains within the deadline (``drain_timeout``, 10 s); a stats
+    section ``"delivery"`` lists each channel's counters.
+
+    Raises:
+        ChannelConfigError: as ``build_dispatcher``.
+    """
+    spec = _alerts_spec(alerts_spec)
+
+    def context() -> dict[str, Any]:
+        return {"project": run.project, "run": run.name, "step": _open_step(run)}
+
+    dispatcher_kwargs.setdefault("warner", getattr(run, "warner", None))
+    delivery = open_delivery(
+        spec,
+        alerts_path,
+        context=context,
+        finish=lambda: finish_message(run, spec.notify_on),
+        environ=environ,
+        **dispatcher_kwargs,
+    )
+    run.dispatcher = delivery.dispatcher
     # late: after the history and run.json are on disk, so a slow endpoint never holds them
-    run.add_closer("alert delivery", close, late=True)
-    run.add_stats("delivery", lambda: {"channels": d.stats(), "skipped": dict(d.skipped)})
-    return d
+    run.add_closer("alert delivery", delivery.close, late=True)
+    run.add_stats("delivery", delivery.stats)
+    return delivery.dispatcher
+
+
+def _open_step(run: Any) -> Any:
+    try:
+        return run.history.open_step
+    except Exception:  # noqa: BLE001
+        return None
