@@ -10,7 +10,7 @@ import urllib.parse
 import pytest
 
 from expr_tracker.alerts.delivery.channels import ChannelConfigError, DeliveryError, create_channel
-from expr_tracker.alerts.delivery.channels.base import parse_retry_after
+from expr_tracker.alerts.delivery.channels.bounded_http import parse_retry_after
 from expr_tracker.alerts.delivery.message import AlertMessage
 from expr_tracker.testing import WebhookServer
 

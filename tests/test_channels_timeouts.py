@@ -12,7 +12,7 @@ import pytest
 
 from expr_tracker.alerts.delivery import Dispatcher, Policy
 from expr_tracker.alerts.delivery.channels import DeliveryError, create_channel
-from expr_tracker.alerts.delivery.channels.base import ATTEMPT_TIMEOUTS, post_json
+from expr_tracker.alerts.delivery.channels.bounded_http import ATTEMPT_TIMEOUTS, post_json
 from expr_tracker.alerts.delivery.message import AlertMessage
 
 TIMEOUT = 0.4

@@ -31,12 +31,8 @@ from collections import deque
 from collections.abc import Callable, Iterable
 from typing import Any
 
-from expr_tracker.alerts.delivery.channels.base import (
-    ATTEMPT_TIMEOUTS,
-    DeliveryError,
-    SendResult,
-    excerpt,
-)
+from expr_tracker.alerts.delivery.channels.base import DeliveryError, SendResult, excerpt
+from expr_tracker.alerts.delivery.channels.bounded_http import ATTEMPT_TIMEOUTS
 from expr_tracker.alerts.delivery.message import LEVELS, AlertMessage, normalize_level
 from expr_tracker.alerts.delivery.policy import URGENT_RANK, Dedup, Policy, Retry, TokenBucket
 from expr_tracker.alerts.delivery.stages import (

@@ -17,7 +17,8 @@ from collections.abc import Mapping
 from dataclasses import dataclass, fields
 from typing import Any
 
-from expr_tracker.alerts.delivery.channels.base import ATTEMPT_TIMEOUTS, DeliveryError
+from expr_tracker.alerts.delivery.channels.base import DeliveryError
+from expr_tracker.alerts.delivery.channels.bounded_http import ATTEMPT_TIMEOUTS
 from expr_tracker.alerts.delivery.message import LEVELS, AlertMessage
 
 __all__ = ["URGENT_LEVEL", "URGENT_RANK", "Dedup", "Policy", "Retry", "TokenBucket"]
@@ -40,7 +41,7 @@ class Policy:
     ``coalesce`` summary lists each held message's level, title, step and text (shortened),
     most severe first, and carries the highest level held.
 
-    ``timeout`` bounds one HTTP attempt in two phases (``channels.base.post_json``): connecting
+    ``timeout`` bounds one HTTP attempt in two phases (``channels.bounded_http.post_json``): connecting
     (TCP to every address, TLS handshake) within ``timeout``, then sending the
     request and reading the answer within ``timeout`` however slowly bytes arrive, so an
     attempt lasts at most ``2 * timeout`` plus DNS resolution.

@@ -12,13 +12,12 @@ from typing import Any
 
 from expr_tracker.alerts.delivery.channels.base import (
     DeliveryError,
-    HttpChannel,
-    HttpResponse,
     SendResult,
     excerpt,
     fields_list,
     opt_str,
 )
+from expr_tracker.alerts.delivery.channels.bounded_http import HttpChannel, HttpResponse
 from expr_tracker.alerts.delivery.message import AlertMessage
 
 __all__ = ["SlackChannel", "slack_blocks", "slack_escape"]
