@@ -447,7 +447,7 @@ def register_backend(kind: str, cls: type) -> type:
     ``cls`` needs ``send(message, timeout)``; returns ``cls``. Raises ``TypeError`` for a
     class without ``send`` and ``ValueError`` for a bad ``kind``.
     """
-    from expr_tracker.alerts.channels import register_backend as _register
+    from expr_tracker.alerts.delivery.channels import register_backend as _register
 
     return _register(kind, cls)
 

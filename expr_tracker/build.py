@@ -118,7 +118,7 @@ def build(resolved: Any, *, environ: dict[str, str] | None = None) -> Run:
         _build_alerts(run, spec, run_dir, stream, file_rank, rank, warner, engine)
     except BaseException as exc:
         attempt.undo()
-        from expr_tracker.alerts.channels import ChannelConfigError
+        from expr_tracker.alerts.delivery.channels import ChannelConfigError
 
         if isinstance(exc, ChannelConfigError):  # the environment changed since check()
             from expr_tracker.spec import SpecError
@@ -253,7 +253,7 @@ def _channel_issue(resolved: Any, exc: Any) -> Any:
 
 def _channel_issues(resolved: Any, env: Any) -> list[Any]:
     """Every channel's problems (``alerts.channels.channel_problems``) as SpecIssues."""
-    from expr_tracker.alerts.channels import channel_problems
+    from expr_tracker.alerts.delivery.channels import channel_problems
 
     issues = []
     for channel in resolved.spec.alerts.channels:
@@ -693,7 +693,7 @@ def _build_alerts(
     """
     if engine is None:
         return
-    from expr_tracker.alerts.record import AlertLog
+    from expr_tracker.alerts.delivery.record import AlertLog
 
     a = spec.alerts
     alerts_path = run_dir / file_name("alerts", stream, file_rank)

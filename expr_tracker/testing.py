@@ -26,14 +26,14 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from typing import Any
 
-from expr_tracker.alerts.channels.base import (
+from expr_tracker.alerts.delivery.channels.base import (
     Channel,
     DeliveryError,
     SendResult,
     opt_int,
     opt_number,
 )
-from expr_tracker.alerts.message import AlertMessage
+from expr_tracker.alerts.delivery.message import AlertMessage
 
 __all__ = ["AlertCapture", "FakeClock", "InMemoryChannel", "WebhookServer", "capture_alerts"]
 
@@ -151,7 +151,7 @@ class AlertCapture:
 @contextmanager
 def capture_alerts() -> Iterator[AlertCapture]:
     """Collect every alert message any dispatcher takes while the block runs."""
-    from expr_tracker.alerts.dispatch import add_tap, remove_tap
+    from expr_tracker.alerts.delivery.dispatcher import add_tap, remove_tap
 
     capture = AlertCapture()
     add_tap(capture._tap)

@@ -12,8 +12,8 @@ import pytest
 aiosmtpd = pytest.importorskip("aiosmtpd")
 from aiosmtpd.controller import Controller  # noqa: E402
 
-from expr_tracker.alerts.channels import ChannelConfigError, DeliveryError, create_channel  # noqa: E402
-from expr_tracker.alerts.message import AlertMessage  # noqa: E402
+from expr_tracker.alerts.delivery.channels import ChannelConfigError, DeliveryError, create_channel  # noqa: E402
+from expr_tracker.alerts.delivery.message import AlertMessage  # noqa: E402
 
 
 def free_port():

@@ -9,9 +9,9 @@ import urllib.parse
 
 import pytest
 
-from expr_tracker.alerts.channels import ChannelConfigError, DeliveryError, create_channel
-from expr_tracker.alerts.channels.base import parse_retry_after
-from expr_tracker.alerts.message import AlertMessage
+from expr_tracker.alerts.delivery.channels import ChannelConfigError, DeliveryError, create_channel
+from expr_tracker.alerts.delivery.channels.bounded_http import parse_retry_after
+from expr_tracker.alerts.delivery.message import AlertMessage
 from expr_tracker.testing import WebhookServer
 
 SECRET = "sig-SECRET-1234"

@@ -10,10 +10,10 @@ import time
 
 import pytest
 
-from expr_tracker.alerts.channels import DeliveryError, create_channel
-from expr_tracker.alerts.channels.base import ATTEMPT_TIMEOUTS, post_json
-from expr_tracker.alerts.dispatch import Dispatcher, Policy
-from expr_tracker.alerts.message import AlertMessage
+from expr_tracker.alerts.delivery import Dispatcher, Policy
+from expr_tracker.alerts.delivery.channels import DeliveryError, create_channel
+from expr_tracker.alerts.delivery.channels.bounded_http import ATTEMPT_TIMEOUTS, post_json
+from expr_tracker.alerts.delivery.message import AlertMessage
 
 TIMEOUT = 0.4
 BYTE_EVERY = 0.05

@@ -281,9 +281,9 @@ def test_configure_alert_raises_spec_error_with_the_path():
 def test_register_backend_after_the_callable_channel_is_loaded(monkeypatch):
     """The `callable` channel module, once imported, must not shadow the builtin for the
     package (register_backend and the checks call callable())."""
-    from expr_tracker.alerts import channels
-    from expr_tracker.alerts.channels import create_channel, register_backend
-    from expr_tracker.alerts.channels.console import ConsoleChannel
+    from expr_tracker.alerts.delivery import channels
+    from expr_tracker.alerts.delivery.channels import create_channel, register_backend
+    from expr_tracker.alerts.delivery.channels.console import ConsoleChannel
 
     monkeypatch.setattr(channels, "_registry", dict(channels._registry))  # leave no trace
 

@@ -253,7 +253,7 @@ def test_raw_password_that_splits_the_url_is_rejected(
 
 
 def test_scrub_and_redact_url_read_the_url_conservatively():
-    from expr_tracker.alerts.message import redact_url, scrub
+    from expr_tracker.alerts.delivery.scrub import redact_url, scrub
 
     url = "https://user:p/a#s?@x@host/path"
     assert redact_url(url) == "https://***"

@@ -10,8 +10,8 @@ import time
 import pytest
 
 import expr_tracker as et
-from expr_tracker.alerts.dispatch import Dispatcher, Policy
-from expr_tracker.alerts.message import AlertMessage
+from expr_tracker.alerts.delivery import Dispatcher, Policy
+from expr_tracker.alerts.delivery.message import AlertMessage
 from expr_tracker.testing import FakeClock, InMemoryChannel, WebhookServer
 
 
@@ -123,7 +123,7 @@ def test_drop_mode_at_drain_says_rate_limited():
 
 def test_attempt_in_flight_at_the_deadline_is_counted():
     with WebhookServer(["hang"]) as server:
-        from expr_tracker.alerts.channels import create_channel
+        from expr_tracker.alerts.delivery.channels import create_channel
 
         recs = []
         d = Dispatcher(record=recs.append)
@@ -155,7 +155,7 @@ def test_retrying_message_abandoned_at_the_deadline_keeps_its_attempts():
         def send(self, message, timeout):
             self.attempts += 1
             if self.attempts == 1:
-                from expr_tracker.alerts.channels import DeliveryError
+                from expr_tracker.alerts.delivery.channels import DeliveryError
 
                 raise DeliveryError("HTTP 503", status=503)
             release.wait(10)

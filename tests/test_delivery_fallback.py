@@ -12,9 +12,8 @@ import textwrap
 import pytest
 
 import expr_tracker as et
-from expr_tracker.alerts.delivery import alert
-from expr_tracker.alerts.dispatch import Dispatcher, Policy
-from expr_tracker.alerts.message import AlertMessage
+from expr_tracker.alerts.delivery import Dispatcher, Policy, alert
+from expr_tracker.alerts.delivery.message import AlertMessage
 from expr_tracker.testing import InMemoryChannel, WebhookServer
 
 TEXT = "loss went to 9.7e12 at step 41"  # unique: counted in stderr
@@ -104,7 +103,7 @@ def test_endpoint_hanging_past_the_drain_deadline(tmp_path):
         script = textwrap.dedent(
             f"""
             import expr_tracker as et
-            from expr_tracker.alerts import dispatch
+            from expr_tracker.alerts.delivery import dispatcher as dispatch
             from expr_tracker.alerts.delivery import attach_delivery, alert
             run = et.init(project="p", name="hang", dir={str(tmp_path)!r})
             spec = {{"channels": [{{"type": "webhook", "name": "hook", "url": {server.url!r},

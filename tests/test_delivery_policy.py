@@ -6,9 +6,9 @@ import logging
 
 import pytest
 
-from expr_tracker.alerts.channels import DeliveryError
-from expr_tracker.alerts.dispatch import Dispatcher, Policy, TokenBucket, event_to_message
-from expr_tracker.alerts.message import AlertMessage
+from expr_tracker.alerts.delivery import Dispatcher, Policy, TokenBucket, event_to_message
+from expr_tracker.alerts.delivery.channels import DeliveryError
+from expr_tracker.alerts.delivery.message import AlertMessage
 from expr_tracker.testing import FakeClock, InMemoryChannel
 
 NO_LIMIT = dict(rate_limit_per_minute=None, dedup_window=0.0, jitter=0.0)
@@ -34,7 +34,7 @@ class Scripted(InMemoryChannel):
 
 
 def _ok():
-    from expr_tracker.alerts.channels import SendResult
+    from expr_tracker.alerts.delivery.channels import SendResult
 
     return SendResult(200, "ok")
 

@@ -6,9 +6,9 @@ import logging
 
 import pytest
 
-from expr_tracker.alerts.channels import ChannelConfigError
 from expr_tracker.alerts.delivery import build_dispatcher, make_message
-from expr_tracker.alerts.message import AlertMessage
+from expr_tracker.alerts.delivery.channels import ChannelConfigError
+from expr_tracker.alerts.delivery.message import AlertMessage
 from expr_tracker.testing import FakeClock, InMemoryChannel
 
 
@@ -183,7 +183,11 @@ def test_level_aliases_and_order():
 
 
 def test_register_backend_adds_a_type():
-    from expr_tracker.alerts.channels import channel_kinds, register_backend, register_channel
+    from expr_tracker.alerts.delivery.channels import (
+        channel_kinds,
+        register_backend,
+        register_channel,
+    )
 
     class Pager(InMemoryChannel):
         kind = "pager"

@@ -81,7 +81,7 @@ def test_notify_on_failure_carries_the_traceback():
 def test_alert_without_a_run_uses_the_environment(monkeypatch):
     with WebhookServer() as server:
         monkeypatch.setenv("ET_WEBHOOK_URL", server.url)
-        from expr_tracker.alerts import delivery
+        from expr_tracker.alerts.delivery import direct as delivery
 
         assert alert("no run", level="info")
         d = delivery.standalone_dispatcher()
@@ -95,7 +95,7 @@ def fresh_standalone(monkeypatch):
     """No configure_alert values and no cached standalone dispatcher; closes what the test
     built."""
     from expr_tracker import api
-    from expr_tracker.alerts import delivery
+    from expr_tracker.alerts.delivery import direct as delivery
 
     monkeypatch.setattr(api, "_configured_alert", {})
     monkeypatch.setattr(delivery, "_standalone", None)
@@ -273,7 +273,7 @@ def test_hanging_channel_process_exits_within_deadline(tmp_path):
         script = textwrap.dedent(
             f"""
             import expr_tracker as et
-            from expr_tracker.alerts import dispatch
+            from expr_tracker.alerts.delivery import dispatcher as dispatch
             from expr_tracker.alerts.delivery import attach_delivery, alert
             dispatch.DEFAULT_DRAIN_TIMEOUT = 0.5
             run = et.init(project="p", name="hang", dir={str(tmp_path)!r})
@@ -297,9 +297,9 @@ def test_hanging_channel_process_exits_within_deadline(tmp_path):
 
 
 def test_close_deadline_on_fake_clock():
-    from expr_tracker.alerts.channels import DeliveryError
-    from expr_tracker.alerts.dispatch import Dispatcher, Policy
-    from expr_tracker.alerts.message import AlertMessage
+    from expr_tracker.alerts.delivery import Dispatcher, Policy
+    from expr_tracker.alerts.delivery.channels import DeliveryError
+    from expr_tracker.alerts.delivery.message import AlertMessage
     from expr_tracker.testing import FakeClock
 
     class Down(InMemoryChannel):

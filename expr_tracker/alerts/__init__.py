@@ -6,6 +6,7 @@ Light to import: lark loads on the first parse; rich only when the console sink 
 
 from expr_tracker.alerts.ast import Node
 from expr_tracker.alerts.builder import Expr, M
+from expr_tracker.alerts.delivery.record import AlertLog, ConsoleNotifier
 from expr_tracker.alerts.engine import AlertEngine, AlertEvent, render_template
 from expr_tracker.alerts.evaluate import UNKNOWN, CompiledExpr, EvalContext, compile_expr
 from expr_tracker.alerts.parse import (
@@ -16,7 +17,6 @@ from expr_tracker.alerts.parse import (
     parse_rule,
     split_rule,
 )
-from expr_tracker.alerts.record import AlertLog, ConsoleNotifier
 from expr_tracker.alerts.rules import AlertRule, level_rank, make_rule, normalize_level
 
 __all__ = [

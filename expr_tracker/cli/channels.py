@@ -54,9 +54,9 @@ def register(subparsers) -> None:  # noqa: ANN001
 
 
 def run_test(args: argparse.Namespace) -> int:
-    from expr_tracker.alerts.channels import DeliveryError, create_channel
-    from expr_tracker.alerts.channels.base import excerpt
-    from expr_tracker.alerts.message import AlertMessage
+    from expr_tracker.alerts.delivery.channels import DeliveryError, create_channel
+    from expr_tracker.alerts.delivery.channels.base import excerpt
+    from expr_tracker.alerts.delivery.message import AlertMessage
     from expr_tracker.spec import resolve
     from expr_tracker.spec.load import file_layer
 

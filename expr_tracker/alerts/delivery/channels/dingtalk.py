@@ -17,15 +17,9 @@ import time
 import urllib.parse
 from typing import Any
 
-from expr_tracker.alerts.channels.base import (
-    HttpChannel,
-    HttpResponse,
-    SendResult,
-    check_code,
-    fields_list,
-    opt_bool,
-)
-from expr_tracker.alerts.message import AlertMessage
+from expr_tracker.alerts.delivery.channels.base import SendResult, fields_list, opt_bool
+from expr_tracker.alerts.delivery.channels.bounded_http import HttpChannel, HttpResponse, check_code
+from expr_tracker.alerts.delivery.message import AlertMessage
 
 __all__ = ["DingTalkChannel", "dingtalk_sign", "markdown_text"]
 

@@ -20,15 +20,15 @@ import os
 from collections.abc import Mapping
 from typing import Any
 
-from expr_tracker.alerts.channels.base import (
-    HttpChannel,
+from expr_tracker.alerts.delivery.channels.base import (
     config_error,
     opt_choice,
     opt_mapping,
     opt_scalar,
     opt_str,
 )
-from expr_tracker.alerts.message import AlertMessage, safe_format
+from expr_tracker.alerts.delivery.channels.bounded_http import HttpChannel
+from expr_tracker.alerts.delivery.message import AlertMessage, safe_format
 
 __all__ = ["WebhookChannel", "render_template"]
 
@@ -97,7 +97,7 @@ class WebhookChannel(HttpChannel):
         return render_template(self.template, message)
 
     def send(self, message, timeout):  # noqa: ANN001 - see HttpChannel.send
-        from expr_tracker.alerts.channels.base import post_json
+        from expr_tracker.alerts.delivery.channels.bounded_http import post_json
 
         response = post_json(
             self.url,  # type: ignore[arg-type]

@@ -23,7 +23,7 @@ from email.message import EmailMessage
 from email.utils import formatdate, make_msgid
 from typing import Any
 
-from expr_tracker.alerts.channels.base import (
+from expr_tracker.alerts.delivery.channels.base import (
     Channel,
     DeliveryError,
     SendResult,
@@ -32,7 +32,8 @@ from expr_tracker.alerts.channels.base import (
     opt_bool,
     opt_str,
 )
-from expr_tracker.alerts.message import AlertMessage, scrub
+from expr_tracker.alerts.delivery.message import AlertMessage
+from expr_tracker.alerts.delivery.scrub import scrub
 
 __all__ = ["EmailChannel", "render_html"]
 

@@ -10,13 +10,13 @@ from __future__ import annotations
 import importlib
 from typing import Any
 
-from expr_tracker.alerts.channels.base import (
+from expr_tracker.alerts.delivery.channels.base import (
     Channel,
     DeliveryError,
     SendResult,
     config_error,
 )
-from expr_tracker.alerts.message import AlertMessage
+from expr_tracker.alerts.delivery.message import AlertMessage
 
 __all__ = ["CallableChannel"]
 

@@ -10,16 +10,15 @@ from __future__ import annotations
 
 from typing import Any
 
-from expr_tracker.alerts.channels.base import (
+from expr_tracker.alerts.delivery.channels.base import (
     DeliveryError,
-    HttpChannel,
-    HttpResponse,
     SendResult,
     excerpt,
     fields_list,
     opt_str,
 )
-from expr_tracker.alerts.message import AlertMessage
+from expr_tracker.alerts.delivery.channels.bounded_http import HttpChannel, HttpResponse
+from expr_tracker.alerts.delivery.message import AlertMessage
 
 __all__ = ["SlackChannel", "slack_blocks", "slack_escape"]
 

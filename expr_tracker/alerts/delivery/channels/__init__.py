@@ -20,7 +20,7 @@ import threading
 from collections.abc import Mapping
 from typing import Any
 
-from expr_tracker.alerts.channels.base import (
+from expr_tracker.alerts.delivery.channels.base import (
     Channel,
     ChannelConfigError,
     DeliveryError,
@@ -43,15 +43,15 @@ __all__ = [
 ]
 
 _BUILTIN = {
-    "lark": "expr_tracker.alerts.channels.lark:LarkChannel",
-    "feishu": "expr_tracker.alerts.channels.lark:LarkChannel",
-    "slack": "expr_tracker.alerts.channels.slack:SlackChannel",
-    "dingtalk": "expr_tracker.alerts.channels.dingtalk:DingTalkChannel",
-    "wecom": "expr_tracker.alerts.channels.wecom:WeComChannel",
-    "webhook": "expr_tracker.alerts.channels.webhook:WebhookChannel",
-    "email": "expr_tracker.alerts.channels.email:EmailChannel",
-    "callable": "expr_tracker.alerts.channels.callable:CallableChannel",
-    "console": "expr_tracker.alerts.channels.console:ConsoleChannel",
+    "lark": "expr_tracker.alerts.delivery.channels.lark_channel:LarkChannel",
+    "feishu": "expr_tracker.alerts.delivery.channels.lark_channel:LarkChannel",
+    "slack": "expr_tracker.alerts.delivery.channels.slack:SlackChannel",
+    "dingtalk": "expr_tracker.alerts.delivery.channels.dingtalk:DingTalkChannel",
+    "wecom": "expr_tracker.alerts.delivery.channels.wecom:WeComChannel",
+    "webhook": "expr_tracker.alerts.delivery.channels.webhook:WebhookChannel",
+    "email": "expr_tracker.alerts.delivery.channels.email:EmailChannel",
+    "callable": "expr_tracker.alerts.delivery.channels.callable:CallableChannel",
+    "console": "expr_tracker.alerts.delivery.channels.console:ConsoleChannel",
     "memory": "expr_tracker.testing:InMemoryChannel",
 }
 _registry: dict[str, Any] = {}
@@ -157,7 +157,7 @@ def create_channel(spec: Any, environ: Mapping[str, str] | None = None) -> Chann
             ) from None
         raise
     except (TypeError, ValueError) as exc:
-        from expr_tracker.alerts.message import scrub
+        from expr_tracker.alerts.delivery.scrub import scrub
 
         problem = scrub(str(exc), (url, kwargs["secret"], *_option_secrets(kwargs["options"])))
         raise config_error(name, "", problem) from None

@@ -4,20 +4,17 @@ Levels are the spec's table (``expr_tracker.spec.models``): debug < info < warni
 critical, aliases warn/err/fatal/crit, compared by severity with ``level_rank``.
 
 ``safe_format(template, values)`` fills ``{name}`` placeholders by literal key only (no
-attribute or index access), for channel templates. ``redact_url(url)`` keeps the scheme and
-host of a URL and hides the rest; ``scrub(text, secrets)`` removes secrets from any text
-before it reaches a log, an exception, stats or a record.
+attribute or index access), for channel templates. Secret scrubbing (``redact_url``,
+``scrub``) lives in ``delivery.scrub``.
 """
 
 from __future__ import annotations
 
 import hashlib
-import re
 import time
-from collections.abc import Iterable, Mapping
+from collections.abc import Mapping
 from dataclasses import dataclass, field, replace
 from typing import Any
-from urllib.parse import quote, unquote, urlsplit
 
 from expr_tracker.alerts.template import render_template
 from expr_tracker.spec.models import LEVELS, level_rank, normalize_level
@@ -25,12 +22,10 @@ from expr_tracker.spec.models import LEVELS, level_rank, normalize_level
 __all__ = [
     "LEVELS",
     "AlertMessage",
+    "event_to_message",
     "level_rank",
-    "ambiguous_authority",
     "normalize_level",
-    "redact_url",
     "safe_format",
-    "scrub",
 ]
 
 
@@ -196,101 +191,61 @@ def safe_format(template: str, values: Mapping[str, Any]) -> str:
     return render_template(template, values, none="")
 
 
-def ambiguous_authority(url: str) -> bool:
-    """True when ``urllib`` may take part of ``url``'s credentials for its host, port or path.
+def event_to_message(event: Any) -> AlertMessage:
+    """An ``AlertMessage`` for a rule event: ``AlertEvent`` from ``alerts.engine``, or any
+    object with ``rule`` (a name or an object with ``name``/``channels``/``tags``), ``level``,
+    ``title``, ``message`` and ``step`` attributes (``kind``, ``metrics``, ``observed``,
+    ``run_info``, ``episode``, ``fires`` optional).
 
-    A password holding a raw ``/``, ``?`` or ``#`` ends the authority early: in
-    ``https://user:p/a#s?@x@host/path`` urllib reads host ``user``, "port" ``p`` and the rest
-    as path and fragment. Suspect: no ``@`` in the authority urllib found, a ``:`` in it, and
-    an ``@`` after it (or an authority urllib cannot read at all). Percent-encoding the
-    password (``%2F %3F %23 %40``) removes the doubt."""
-    text = str(url)
-    try:
-        parts = urlsplit(text)
-        parts.port  # noqa: B018 - raises ValueError for a port that is not a number
-    except ValueError:
-        return True
-    if "@" in parts.netloc:
-        return False
-    rest = text.split("://", 1)[-1][len(parts.netloc) :]
-    return ":" in parts.netloc and "@" in rest
-
-
-def redact_url(url: str | None) -> str:
-    """``scheme://host[:port]/***``: a URL with its path, query and credentials hidden
-    (webhook URLs carry their token in the path or query). None or "" gives "". A URL whose
-    host cannot be told apart from its credentials (``ambiguous_authority``) gives
-    ``scheme://***``."""
-    if not url:
-        return ""
-    try:
-        parts = urlsplit(str(url))
-        scheme = parts.scheme if parts.scheme.isalnum() else ""
-        if ambiguous_authority(str(url)):
-            return f"{scheme}://***" if scheme else "***"
-        host = parts.hostname or ""
-        port = f":{parts.port}" if parts.port else ""
-    except ValueError:
-        return "***"
-    if not parts.scheme or not host:
-        return "***"
-    tail = "/***" if (parts.path not in ("", "/") or parts.query or parts.username) else ""
-    return f"{parts.scheme}://{host}{port}{tail}"
-
-
-def _credential_pieces(url: str) -> list[str]:
-    """Every text that may be the ``user:password`` of ``url``, or its password, read
-    conservatively: the text between ``://`` and each ``@`` after it (so a raw password
-    holding ``/ ? # @`` is covered however urllib splits the URL), raw and percent-decoded."""
-    if "://" not in url:
-        return []
-    after = url.split("://", 1)[1]
-    pieces: set[str] = set()
-    at = after.find("@")
-    while at != -1:
-        userinfo = after[:at]
-        password = userinfo.partition(":")[2]
-        pieces.update((userinfo, unquote(userinfo), password, unquote(password)))
-        at = after.find("@", at + 1)
-    return sorted((p for p in pieces if p), key=len, reverse=True)
+    Dedup key: ``rule:<name>:<episode>:<kind>:<level>``, plus ``:<fires>`` for a level-mode
+    ``repeat``. The rule's state machine (mode, ``cooldown``, ``max_fires``) already decides
+    when it notifies, so the channel's ``dedup_window`` must not second-guess it: a new firing
+    episode (fire -> resolve -> fire) and each level-mode repeat get a key of their own and
+    are never suppressed as duplicates of earlier notifications (the rate limit still
+    applies). An event without ``episode`` keeps ``rule:<name>:<kind>:<level>``."""
+    rule = getattr(event, "rule", None)
+    if isinstance(rule, str) or rule is None:
+        rule_name = rule
+        channels = getattr(event, "channels", None)
+        tags = getattr(event, "tags", ()) or ()
+    else:
+        rule_name = getattr(rule, "name", None)
+        channels = getattr(rule, "channels", None)
+        tags = getattr(rule, "tags", ()) or ()
+    level = getattr(event, "level", None) or getattr(rule, "level", None) or "warning"
+    kind = getattr(event, "kind", None) or "firing"
+    title = getattr(event, "title", None) or rule_name or "alert"
+    fields_: dict[str, Any] = {}
+    run_info = getattr(event, "run_info", None) or {}
+    if isinstance(run_info, Mapping):
+        for key in ("project", "run"):
+            if run_info.get(key) is not None:
+                fields_[key] = run_info[key]
+    metrics = getattr(event, "metrics", None) or {}
+    if isinstance(metrics, Mapping):
+        fields_.update({str(k): v for k, v in metrics.items()})
+    observed = getattr(event, "observed", "") or ""
+    subtitle = f"{kind}: {observed}" if observed else ("" if kind == "firing" else kind)
+    return AlertMessage(
+        title=str(title),
+        text=str(getattr(event, "message", "") or ""),
+        level=str(level),
+        subtitle=subtitle,
+        fields=fields_,
+        tags=tuple(tags),
+        source=f"rule:{rule_name}" if rule_name else "rule",
+        dedup_key=_rule_dedup_key(event, rule_name, kind, level),
+        channels=tuple(channels) if channels is not None else None,
+        step=getattr(event, "step", None),
+        rule=rule_name,
+    )
 
 
-def scrub(text: Any, secrets: Iterable[str | None]) -> str:
-    """``str(text)`` with every secret (and a URL's path, query and ``user:password@``)
-    replaced by ``***``. A secret echoed percent-encoded, and the last word of a header
-    value (``Bearer <token>``: the token alone), are removed too."""
-    out = str(text)
-    for secret in secrets:
-        if not secret:
-            continue
-        secret = str(secret)
-        forms = {secret, quote(secret, safe=""), quote(secret, safe="/:")}
-        words = secret.split()
-        if len(words) > 1 and len(words[-1]) >= 8:
-            forms.add(words[-1])
-        for form in sorted(forms, key=len, reverse=True):
-            if len(form) >= 4 and form in out:
-                out = out.replace(form, "***")
-        for piece in _credential_pieces(secret):  # before urllib's reading, which may be wrong
-            if len(piece) >= 4 and piece in out:
-                out = out.replace(piece, "***")
-        try:
-            parts = urlsplit(secret)
-        except ValueError:
-            continue
-        if parts.scheme and parts.netloc and "@" in parts.netloc:
-            userinfo = parts.netloc.rpartition("@")[0]
-            user, _, password = userinfo.partition(":")
-            for piece in (userinfo + "@", userinfo, unquote(password), password):
-                if piece and (len(piece) >= 4 or piece.endswith("@")) and piece in out:
-                    out = out.replace(piece, "***@" if piece.endswith("@") else "***")
-        if parts.scheme and parts.netloc:
-            for piece in (parts.path, parts.query):
-                if piece and len(piece) >= 4 and piece not in ("/",) and piece in out:
-                    out = out.replace(piece, "/***" if piece.startswith("/") else "***")
-            # tokens echoed on their own: any long path segment or query value
-            segments = parts.path.split("/") + re.split(r"[&=]", parts.query)
-            for segment in sorted(segments, key=len, reverse=True):
-                if len(segment) >= 8 and segment in out:
-                    out = out.replace(segment, "***")
-    return out
+def _rule_dedup_key(event: Any, rule_name: Any, kind: str, level: Any) -> str:
+    episode = getattr(event, "episode", None)
+    if episode is None:
+        return f"rule:{rule_name}:{kind}:{level}"
+    key = f"rule:{rule_name}:{episode}:{kind}:{level}"
+    if kind == "repeat":
+        key += f":{getattr(event, 'fires', None)}"
+    return key

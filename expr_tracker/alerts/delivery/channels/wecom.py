@@ -8,9 +8,10 @@ from __future__ import annotations
 
 from typing import Any
 
-from expr_tracker.alerts.channels.base import HttpChannel, HttpResponse, SendResult, check_code
-from expr_tracker.alerts.channels.dingtalk import markdown_text
-from expr_tracker.alerts.message import AlertMessage
+from expr_tracker.alerts.delivery.channels.base import SendResult
+from expr_tracker.alerts.delivery.channels.bounded_http import HttpChannel, HttpResponse, check_code
+from expr_tracker.alerts.delivery.channels.dingtalk import markdown_text
+from expr_tracker.alerts.delivery.message import AlertMessage
 
 __all__ = ["WeComChannel"]
 

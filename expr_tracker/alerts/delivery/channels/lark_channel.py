@@ -17,15 +17,9 @@ import hmac
 import time
 from typing import Any
 
-from expr_tracker.alerts.channels.base import (
-    HttpChannel,
-    HttpResponse,
-    SendResult,
-    check_code,
-    fields_list,
-    opt_str,
-)
-from expr_tracker.alerts.message import AlertMessage
+from expr_tracker.alerts.delivery.channels.base import SendResult, fields_list, opt_str
+from expr_tracker.alerts.delivery.channels.bounded_http import HttpChannel, HttpResponse, check_code
+from expr_tracker.alerts.delivery.message import AlertMessage
 
 __all__ = ["LarkChannel", "lark_card", "lark_sign", "md_escape"]
 

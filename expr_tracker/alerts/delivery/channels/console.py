@@ -9,8 +9,8 @@ from __future__ import annotations
 
 from typing import Any
 
-from expr_tracker.alerts.channels.base import Channel, SendResult, opt_choice
-from expr_tracker.alerts.message import AlertMessage, format_value
+from expr_tracker.alerts.delivery.channels.base import Channel, SendResult, opt_choice
+from expr_tracker.alerts.delivery.message import AlertMessage, format_value
 from expr_tracker.alerts.rules import LEVEL_STYLE
 
 __all__ = ["ConsoleChannel", "render_console"]

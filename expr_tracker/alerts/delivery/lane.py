@@ -1,0 +1,634 @@
+"""One channel's lane: its routing filter, bounded severity-ordered queue, the policy stages
+run on every message, its worker thread and counters.
+
+A message popped from the queue (most severe first, first in first out within a level)
+runs through the lane's stages (``delivery.stages``), a list run by a for-loop::
+
+    stages = [Deduplicate(dedup), RateLimit(bucket, on_rate_limited), Send()]
+
+Each stage is one small class (settings in ``__init__``, the work in ``__call__``). A stage
+drops a message by raising ``Drop`` (counted, recorded or just answered), holds it back by
+raising ``Hold`` (with the seconds until it may go on), or lets it pass by returning. The
+module docstring of ``delivery.dispatcher`` gives the policy in full.
+
+The lane takes its clock, sleep and randomness, and the callables it reports to (``record``
+for outcomes, ``show`` for the console fallback, ``warn`` for failures), as plain values:
+it knows nothing of the dispatcher, and a test drives it with a fake clock and no thread
+(``step()``, then ``drain(deadline)`` and ``give_up(timeout)``).
+
+Somewhat over 600 lines on purpose: the queue, the worker loop, the send with retries and
+the drain are one state machine under one lock (``_cond``); split apart, each part would
+reach into the others' state.
+"""
+
+from __future__ import annotations
+
+import logging
+import random as _random
+import threading
+import time
+from collections import deque
+from collections.abc import Callable, Iterable
+from typing import Any
+
+from expr_tracker.alerts.delivery.channels.base import DeliveryError, SendResult, excerpt
+from expr_tracker.alerts.delivery.channels.bounded_http import ATTEMPT_TIMEOUTS
+from expr_tracker.alerts.delivery.message import LEVELS, AlertMessage, normalize_level
+from expr_tracker.alerts.delivery.policy import URGENT_RANK, Dedup, Policy, Retry, TokenBucket
+from expr_tracker.alerts.delivery.stages import (
+    Deduplicate,
+    Drop,
+    Hold,
+    Item,
+    RateLimit,
+    Send,
+    summary_lines,
+)
+
+__all__ = ["EXIT", "Lane"]
+
+log = logging.getLogger("expr_tracker.alerts")
+
+#: what ``Lane.step`` returns once the lane is closed and drained
+EXIT = -1.0
+
+
+# ---------------------------------------------------------------------------- the lane
+
+
+class Lane:
+    """One channel: its routing filter, policy stages, bounded queue, worker and counters.
+
+    Args:
+        channel: anything with ``name`` and ``send(message, timeout)`` (``secrets()``,
+            ``kind``, ``target`` and ``close()`` used when present).
+        policy: the channel's ``Policy``.
+        clock: monotonic seconds (rate limit, backoff, dedup windows, drain deadline).
+        sleep: ``sleep(seconds)`` between retries and, without a thread, through waits;
+            None: an interruptible wait on the lane's condition.
+        random: ``random() -> float`` in [0, 1) for the backoff jitter.
+        record: ``record(dict)`` for every outcome (``kind: "delivery"``); never raises
+            into the lane when it is the dispatcher's.
+        show: ``show(lane, item, why, final=True)``: the console fallback for an item not
+            delivered (None: nothing is shown).
+        warn: ``warn(lane, reason, detail)`` for a send failure (None: a log warning).
+        enabled, min_level, levels, tags: the routing filter (``admits``).
+    """
+
+    def __init__(
+        self,
+        channel: Any,
+        policy: Policy,
+        *,
+        clock: Callable[[], float] = time.monotonic,
+        sleep: Callable[[float], Any] | None = None,
+        random: Callable[[], float] = _random.random,
+        record: Callable[[dict], Any] | None = None,
+        show: Callable[..., Any] | None = None,
+        warn: Callable[[Lane, str, str], Any] | None = None,
+        enabled: bool = True,
+        min_level: str | None = None,
+        levels: Iterable[str] | None = None,
+        tags: Iterable[str] | None = None,
+    ) -> None:
+        self.channel = channel
+        self.name = str(getattr(channel, "name", None) or type(channel).__name__)
+        self.kind = str(getattr(channel, "kind", type(channel).__name__))
+        self.policy = policy
+        self.clock = clock
+        self.sleep = sleep
+        self.random = random
+        self.record = record
+        self.show = show
+        self.warn = warn
+        self.enabled = bool(enabled)
+        self.min_rank = LEVELS.index(normalize_level(min_level)) if min_level else None
+        self.levels = frozenset(normalize_level(v) for v in levels) if levels else None
+        self.tags = frozenset(tags) if tags else None
+        try:
+            secrets = tuple(channel.secrets())
+        except Exception:  # noqa: BLE001 - a foreign channel without secrets()
+            secrets = ()
+        self.secrets = secrets
+        self._cond = threading.Condition(threading.Lock())
+        self._queue: deque[Item] = deque()
+        self._ranks = [0] * len(LEVELS)  # queued items per level (severity-ordered pops)
+        self._kicked = False  # put() since the worker last looked
+        self._summaries: deque[Item] = deque()
+        self.held: list[Item] = []  # the rate limit's coalesce buffer
+        self._inflight: list[Item] = []
+        self._sending = False  # channel.send() running now
+        self._send_started = 0.0  # clock when that send began
+        self.bucket = TokenBucket(policy.rate_limit_per_minute, clock())
+        self.dedup = Dedup(policy.dedup_window)
+        self.retry = Retry(policy)
+        self.stages: list[Callable[[Lane, Item, float], None]] = [
+            Deduplicate(self.dedup),
+            RateLimit(self.bucket, policy.on_rate_limited),
+            Send(),
+        ]
+        self.closing = False
+        self._deadline: float | None = None
+        self._abort = False
+        self._abandoned = False
+        self._done = False
+        self.thread: threading.Thread | None = None
+        self.counts = dict.fromkeys(
+            ("sent", "failed", "suppressed", "dropped", "retries", "rate_limited", "coalesced"), 0
+        )
+        self.last_error: str | None = None
+        self.last_status: int | None = None
+
+    # ---------------------------------------------------------------- routing
+
+    def admits(self, message: AlertMessage, explicit: bool = False) -> bool:
+        """Level filter (``levels`` allowlist, else ``min_level``) and tags filter (skipped
+        when the message named this channel explicitly)."""
+        if not self.enabled:
+            return False
+        if self.levels is not None:
+            if message.level not in self.levels:
+                return False
+        elif self.min_rank is not None and message.rank < self.min_rank:
+            return False
+        if self.tags is not None and not explicit:
+            return bool(self.tags.intersection(message.tags))
+        return True
+
+    # ---------------------------------------------------------------- producer side
+
+    def put(self, item: Item, *, direct: bool) -> bool:
+        """Enqueue ``item``; returns False when it was dropped (queue full / closed)."""
+        dropped: list[tuple[Item, str]] = []
+        accepted = True
+        with self._cond:
+            if self._done or self._abandoned:
+                dropped.append((item, "dispatcher closed"))
+                accepted = False
+            else:
+                if len(self._queue) >= self.policy.queue_size:
+                    mode = self.policy.on_queue_full
+                    if mode == "block" and direct and self.thread is not None:
+                        end = time.monotonic() + self.policy.timeout
+                        while len(self._queue) >= self.policy.queue_size and not self._done:
+                            left = end - time.monotonic()
+                            if left <= 0:
+                                break
+                            self._cond.wait(left)
+                        mode = "drop_new"
+                    elif mode == "block":
+                        mode = "drop_oldest"
+                    if len(self._queue) >= self.policy.queue_size:
+                        victim = self._victim(item, newest=mode == "drop_new")
+                        if victim is None:
+                            dropped.append((item, "dropped: queue full"))
+                            accepted = False
+                        else:
+                            why = "newest" if mode == "drop_new" else "oldest"
+                            dropped.append((victim, f"dropped: queue full ({why} least severe)"))
+                if accepted:
+                    self._queue.append(item)
+                    self._ranks[item.rank] += 1
+                    self._kicked = True
+                    self._cond.notify_all()
+        for old, why in dropped:
+            self.counts["dropped"] += 1
+            self._finish(old, False, why)
+        return accepted
+
+    def _victim(self, new: Item, *, newest: bool) -> Item | None:
+        """With the lock held and the queue full: remove and return the queued message to
+        drop for ``new`` (the oldest, or newest, of the least severe level queued), or None
+        when ``new`` itself is the one to drop."""
+        low = next(r for r, n in enumerate(self._ranks) if n)
+        if new.rank < low or (newest and new.rank == low):
+            return None
+        order = range(len(self._queue) - 1, -1, -1) if newest else range(len(self._queue))
+        index = next(i for i in order if self._queue[i].rank == low)
+        return self._take_at(index)
+
+    def _take_at(self, index: int) -> Item:
+        """With the lock held: remove and return queue item ``index``."""
+        if index == 0:
+            item = self._queue.popleft()
+        else:
+            item = self._queue[index]
+            del self._queue[index]
+        self._ranks[item.rank] -= 1
+        return item
+
+    def _top_rank(self) -> int:
+        """With the lock held: the highest level queued (-1 when empty)."""
+        for rank in range(len(self._ranks) - 1, -1, -1):
+            if self._ranks[rank]:
+                return rank
+        return -1
+
+    def check_stuck(self, item: Item) -> None:
+        """A send in flight longer than an attempt may last (``ATTEMPT_TIMEOUTS + 1`` times
+        ``timeout``: a channel that ignores its timeout) holds every message queued behind
+        it: show the one in flight and ``item`` (just queued) now (the console fallback)."""
+        if not self._sending or self.show is None:
+            return
+        age = self.clock() - self._send_started
+        if age <= (ATTEMPT_TIMEOUTS + 1) * self.policy.timeout:
+            return
+        with self._cond:
+            stuck = [i for i in self._inflight if i is not item]
+        for it in stuck:
+            self.show(self, it, f"no answer for {age:.0f} s", final=False)
+        self.show(self, item, f"queued behind a send with no answer for {age:.0f} s", final=False)
+
+    # ---------------------------------------------------------------- worker side
+
+    def _pop(self) -> Item | None:
+        """The next message: a dedup summary or the most severe queued message (the oldest
+        of its level), whichever is more severe (the summary on a tie)."""
+        with self._cond:
+            top = self._top_rank()
+            if self._summaries and self._summaries[0].rank >= top:
+                return self._summaries.popleft()
+            if top < 0:
+                return None
+            if self._queue[0].rank == top:
+                item = self._take_at(0)
+            else:
+                item = self._take_at(next(i for i, q in enumerate(self._queue) if q.rank == top))
+            self._cond.notify_all()  # a blocked producer may continue
+            return item
+
+    def push_back(self, item: Item) -> None:
+        """Return a rate-limited item to the front of its queue."""
+        with self._cond:
+            if item.summary:
+                self._summaries.appendleft(item)
+            else:
+                self._queue.appendleft(item)
+                self._ranks[item.rank] += 1
+
+    def has_work(self) -> bool:
+        return bool(self._queue or self._summaries or self.held or self.dedup.pending())
+
+    def step(self) -> float | None:
+        """Do one unit of work. Returns 0 when more may be done at once, seconds until the
+        next timed event, None when idle, or ``EXIT`` when closed and drained."""
+        if self._abort:
+            return EXIT
+        self._kicked = False
+        now = self.clock()
+        for summary in self.dedup.expired(now):
+            with self._cond:
+                self._summaries.append(Item(summary, summary=True))
+        wait_held: float | None = None
+        if self.held:
+            urgent_held = max(h.rank for h in self.held) >= URGENT_RANK
+            borrow = self.bucket.capacity if urgent_held else 0.0
+            if self.bucket.try_take(now, borrow):
+                self._send_held()
+                return 0.0
+            wait_held = self.bucket.wait_time(now, borrow)
+        item = self._pop()
+        if item is None:
+            if self.closing:
+                late = self.dedup.expired(now, everything=True)
+                if late:
+                    with self._cond:
+                        self._summaries.extend(Item(m, summary=True) for m in late)
+                    return 0.0
+                if self.held:
+                    # the drain is the last chance: what the rate limit held back goes out
+                    # now as one summary, on a borrowed token, rather than being lost
+                    self.bucket.take_anyway(now)
+                    self._send_held()
+                    return 0.0
+                return EXIT
+            waits = [w for w in (wait_held,) if w is not None]
+            expiry = self.dedup.next_expiry()
+            if expiry is not None:
+                waits.append(max(0.0, expiry - now))
+            return min(waits) if waits else None
+        try:
+            for stage in self.stages:
+                stage(self, item, now)
+        except Drop as drop:
+            self.counts[drop.counter] += 1
+            if drop.record:
+                self._finish(item, False, drop.detail)
+            else:
+                for t in item.tickets:
+                    t.resolve(False, drop.detail)
+        except Hold as hold:
+            return hold.wait
+        return 0.0
+
+    def _send_held(self) -> None:
+        held, self.held = self.held, []
+        if len(held) == 1:
+            self.deliver(held[0])
+            return
+        messages = [h.message for h in held]
+        top = max(messages, key=lambda m: m.rank)
+        lines = summary_lines(messages)
+        tags: list[str] = []
+        for m in messages:
+            tags.extend(t for t in m.tags if t not in tags)
+        summary = AlertMessage(
+            title=f"{len(messages)} alerts held back by the rate limit",
+            text="\n".join(lines),
+            level=top.level,
+            fields={k: v for k, v in top.fields.items() if k in ("project", "run", "step")},
+            tags=tuple(tags),
+            source="summary",
+            step=top.step,
+        )
+        item = Item(summary, summary=True)
+        item.on_console = any(h.on_console for h in held)
+        item.tickets = [t for h in held for t in h.tickets]
+        item.coalesced = len(held)
+        self.counts["coalesced"] += len(held)
+        self.deliver(item, coalesced=len(held))
+
+    def _sleep_until(self, target: float) -> bool:
+        """Wait until ``target`` on the lane's clock; False when the drain deadline or an
+        abort comes first."""
+        while True:
+            if self._abort:
+                return False
+            now = self.clock()
+            remaining = target - now
+            if remaining <= 0:
+                return True
+            if self.closing and self._deadline is not None and target > self._deadline:
+                return False
+            if self.sleep is not None:
+                self.sleep(remaining)
+            else:
+                with self._cond:
+                    if not self._abort:
+                        self._cond.wait(remaining)
+
+    def deliver(self, item: Item, coalesced: int = 0) -> None:
+        """Send ``item`` on this thread, retrying as ``retry`` says; record the outcome."""
+        p = self.policy
+        message = item.message
+        attempt = 0
+        with self._cond:
+            self._inflight = [item]
+        try:
+            while True:
+                attempt += 1
+                item.attempts = attempt  # counted before the send: one in flight counts
+                try:
+                    self._send_started = self.clock()
+                    self._sending = True
+                    try:
+                        result = self.channel.send(message, p.timeout)
+                    finally:
+                        self._sending = False
+                except DeliveryError as exc:
+                    status = exc.status
+                    self.last_status = status
+                    reason = excerpt(exc.reason, self.secrets)
+                    if exc.body:
+                        detail = f"{reason}: {excerpt(exc.body, self.secrets)}"
+                    else:
+                        detail = reason
+                    if self.retry.gives_up(exc, attempt):
+                        self._failed(item, reason, detail, status, attempt, coalesced)
+                        return
+                    if status is None and "timed out" in reason and self.show is not None:
+                        # the first sign of a hanging endpoint: show the alert now, not
+                        # after every retry has timed out as well
+                        self.show(
+                            self, item, f"{detail} after {p.timeout:g} s; retrying", final=False
+                        )
+                    delay = self.retry.delay(exc, attempt, self.random())
+                    self.counts["retries"] += 1
+                    if not self._sleep_until(self.clock() + delay):
+                        self._failed(
+                            item,
+                            reason,
+                            f"{detail} (retry abandoned: drain deadline)",
+                            status,
+                            attempt,
+                            coalesced,
+                        )
+                        return
+                    continue
+                except Exception as exc:  # noqa: BLE001 - a broken channel is a send failure
+                    reason = excerpt(f"{type(exc).__name__}: {exc}", self.secrets)
+                    self._failed(item, reason, reason, None, attempt, coalesced)
+                    return
+                status = getattr(result, "status", None)
+                self.last_status = status
+                if isinstance(result, SendResult):
+                    detail = excerpt(result.describe(), self.secrets)
+                else:
+                    detail = "ok"
+                if self._abandoned:
+                    return
+                self.counts["sent"] += 1
+                self._finish(
+                    item, True, detail, status=status, attempts=attempt, coalesced=coalesced
+                )
+                return
+        finally:
+            with self._cond:
+                self._inflight = []
+
+    def _failed(self, item, reason, detail, status, attempts, coalesced) -> None:  # noqa: ANN001
+        if self._abandoned:
+            return
+        self.counts["failed"] += 1
+        self.last_error = detail
+        if self.warn is not None:
+            self.warn(self, reason, detail)
+        else:
+            log.warning(
+                "expr_tracker: alert channel %s (%s) failed: %s", self.name, self.kind, detail
+            )
+        if self.show is not None:
+            self.show(self, item, detail)
+        self._finish(item, False, detail, status=status, attempts=attempts, coalesced=coalesced)
+
+    def _finish(
+        self,
+        item: Item,
+        delivered: bool,
+        detail: str,
+        *,
+        status: int | None = None,
+        attempts: int = 0,
+        coalesced: int = 0,
+    ) -> None:
+        for t in item.tickets:
+            t.resolve(delivered, detail)
+        if self.record is None:
+            return
+        m = item.message
+        record = {
+            "kind": "delivery",
+            "time": time.time(),
+            "channel": self.name,
+            "type": self.kind,
+            "rule": m.rule,
+            "source": m.source,
+            "level": m.level,
+            "step": m.step,
+            "title": m.title,
+            "delivered": delivered,
+            "error": None if delivered else detail,
+            "status": status,
+            "attempts": attempts,
+        }
+        if delivered:
+            record["answer"] = detail
+        if coalesced:
+            record["coalesced"] = coalesced
+        if item.echoed:
+            record["fallback"] = "console"
+        self.record(record)
+
+    # ---------------------------------------------------------------- thread
+
+    def start(self) -> None:
+        self.thread = threading.Thread(target=self._run, name=f"et-alert-{self.name}", daemon=True)
+        self.thread.start()
+
+    def _run(self) -> None:
+        try:
+            while True:
+                wait = self.step()
+                if wait == EXIT:
+                    break
+                if wait is None or wait > 0:
+                    with self._cond:
+                        # new work since step() looked (a rate-limited item put back in the
+                        # queue is not new work: waiting for its token must not spin)
+                        if self._kicked or self._abort:
+                            continue
+                        if self.closing and wait is None:
+                            continue
+                        self._cond.wait(wait)
+        except Exception:  # noqa: BLE001 - a worker bug must not kill the process
+            log.exception("expr_tracker: alert worker %s stopped", self.name)
+        finally:
+            self._done = True
+            with self._cond:
+                self._cond.notify_all()
+
+    # ---------------------------------------------------------------- drain
+
+    def start_drain(self, deadline: float) -> None:
+        """From now on nothing waits for a token and no retry passes ``deadline`` (lane
+        clock); the worker exits once the queue is empty. Idempotent."""
+        with self._cond:
+            self.closing = True
+            self._deadline = deadline
+            self._cond.notify_all()
+
+    def drain(self, deadline: float, *, wall_end: float | None = None) -> None:
+        """Work off the queue until it is empty or ``deadline`` (lane clock) passes: with a
+        worker thread, wait for it until ``wall_end`` (``time.monotonic()``; default: the
+        deadline's distance from now); without one, do the work on this thread."""
+        self.start_drain(deadline)
+        if self.thread is not None:
+            if wall_end is None:
+                wall_end = time.monotonic() + max(0.0, deadline - self.clock())
+            self.thread.join(max(0.0, wall_end - time.monotonic()))
+            return
+        for _ in range(100_000):
+            wait = self.step()
+            if wait == EXIT or self.clock() > deadline:
+                break
+            if wait is None:
+                break
+            if wait > 0:
+                if self.clock() + wait > deadline:
+                    break
+                self.sleep(wait)  # type: ignore[misc]
+        self._done = True
+
+    def give_up(self, timeout: float) -> int | None:
+        """After ``drain``: abandon whatever is still queued or in flight (a hanging
+        endpoint), recording each ``delivered: false`` with the reason and its attempts, and
+        showing it through the console fallback. Returns how many were abandoned, or None
+        when the lane had drained (``timeout``: the drain's, for the record's text)."""
+        still = self.thread is not None and self.thread.is_alive()
+        if not still and self.pending() == 0:
+            self._done = True
+            return None
+        sending = self._sending
+        inflight, items = self.abandon("drain deadline")
+        for item in items:
+            self.counts["failed"] += 1
+            if item in inflight:
+                why = (
+                    "the endpoint had not answered"
+                    if sending
+                    else f"waiting to retry after {item.attempts} attempt(s)"
+                )
+            else:
+                why = "still queued"
+            detail = f"not delivered before the drain deadline ({timeout:g} s): {why}"
+            if self.show is not None:
+                self.show(self, item, detail)
+            self._finish(item, False, detail, attempts=item.attempts, coalesced=item.coalesced)
+        if items:
+            log.warning(
+                "expr_tracker: %d alert(s) to channel %s not delivered before the "
+                "drain deadline (%g s); recorded as undelivered",
+                len(items),
+                self.name,
+                timeout,
+            )
+        return len(items)
+
+    def abandon(self, why: str) -> tuple[list[Item], list[Item]]:
+        """Stop for good; return (the items in flight, everything not delivered)."""
+        with self._cond:
+            self._abort = True
+            self._abandoned = True
+            inflight = list(self._inflight)
+            left = inflight + list(self._summaries) + self.held + list(self._queue)
+            self._queue.clear()
+            self._ranks = [0] * len(LEVELS)
+            self._summaries.clear()
+            self.held = []
+            self._cond.notify_all()
+        return inflight, left
+
+    def close_channel(self) -> None:
+        """Close the channel (its connections); never raises."""
+        try:
+            self.channel.close()
+        except Exception:  # noqa: BLE001
+            pass
+
+    # ---------------------------------------------------------------- reporting
+
+    @property
+    def alive(self) -> bool:
+        if self._done or self._abandoned:
+            return False
+        return self.thread.is_alive() if self.thread is not None else not self.closing
+
+    def pending(self) -> int:
+        with self._cond:
+            return len(self._queue) + len(self._summaries) + len(self.held) + len(self._inflight)
+
+    def stats(self) -> dict[str, Any]:
+        out: dict[str, Any] = {"type": self.kind, "target": _target(self.channel)}
+        out.update(self.counts)
+        out["pending"] = self.pending()
+        out["alive"] = self.alive
+        out["last_error"] = self.last_error
+        out["last_status"] = self.last_status
+        return out
+
+
+def _target(channel: Any) -> str:
+    try:
+        return str(channel.target)
+    except Exception:  # noqa: BLE001
+        return getattr(channel, "kind", "?")
