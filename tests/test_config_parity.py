@@ -289,3 +289,28 @@ def test_register_backend_after_the_callable_channel_is_loaded(monkeypatch):
 
     create_channel({"type": "callable", "options": {"fn": print}})
     assert register_backend("console_copy_for_test", ConsoleChannel) is ConsoleChannel
+
+
+def test_one_line_rule_by_name_is_saved_split_and_spec_json_reloads(tmp_path):
+    """A name-keyed rule in the one-line form keeps its level and message in spec.json, so the
+    saved spec validates and starts a run with the same rule (it was saved with the arrow in
+    `condition` and the default level, and rejected on reload)."""
+    import json
+
+    import expr_tracker as et
+
+    rules = {"r": "loss > 5 => error: loss {loss}"}
+    et.init(project="p", name="one", dir=str(tmp_path / "runs"), alerts={"rules": rules})
+    et.finish()
+    saved = tmp_path / "runs" / "p" / "one" / "spec.json"
+    [rule] = json.loads(saved.read_text())["alerts"]["rules"]
+    assert (rule["condition"], rule["level"], rule["message"]) == (
+        "loss > 5",
+        "error",
+        "loss {loss}",
+    )
+    assert file_issues(str(saved), "run") == []
+    run = et.init(spec=str(saved), name="two")
+    [again] = run.alerts.rules
+    assert (again.level, again.message) == ("error", "loss {loss}")
+    et.finish()

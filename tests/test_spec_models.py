@@ -234,7 +234,10 @@ def test_rules_and_channels_in_mapping_form():
         }
     )
     assert [r.name for r in a.rules] == ["nan_guard", "spike"]
-    assert a.rules[1].condition == "zscore(loss[50]) > 4 => error: spike"
+    # a string entry is the one-line form, split into its fields (et.init, et rules check
+    # and spec.json agree on it)
+    assert a.rules[1].condition == "zscore(loss[50]) > 4"
+    assert (a.rules[1].level, a.rules[1].message) == ("error", "spike")
     assert [(c.name, c.type) for c in a.channels] == [("team", "slack"), ("ops", "slack")]
 
 

@@ -21,6 +21,7 @@ from pathlib import Path
 
 from expr_tracker.alerts import ast
 from expr_tracker.errors import ExprTrackerError
+from expr_tracker.ruletext import split_rule
 
 __all__ = [
     "SYNTAX_EXAMPLES",
@@ -495,54 +496,6 @@ class ParsedRule:
     level: str | None
     message: str | None
     source: str
-
-
-def _top_level_positions(text: str, target: str) -> list[int]:
-    """Offsets of ``target`` outside brackets and quoted names."""
-    out: list[int] = []
-    depth = 0
-    quote = None
-    i, n = 0, len(text)
-    while i < n:
-        ch = text[i]
-        if quote is not None:
-            if ch == quote:
-                quote = None
-        elif ch in "\"'`":
-            quote = ch
-        elif ch in "([":
-            depth += 1
-        elif ch in ")]":
-            depth = max(depth - 1, 0)
-        elif depth == 0 and text.startswith(target, i):
-            out.append(i)
-            i += len(target)
-            continue
-        i += 1
-    return out
-
-
-def split_rule(text: str) -> tuple[str, str | None, str | None]:
-    """Split ``"condition => level: message"`` into its three parts (stripped; ``None`` when
-    absent). Falls back to ``"condition, level, message"`` (top-level commas, the message may
-    hold more commas) when there is no top-level ``=>``."""
-    arrows = _top_level_positions(text, "=>")
-    if arrows:
-        cut = arrows[0]
-        cond, rest = text[:cut], text[cut + 2 :]
-        level, sep, message = rest.partition(":")
-        return (
-            cond.strip(),
-            level.strip() or None,
-            message.strip() or None if sep else None,
-        )
-    commas = _top_level_positions(text, ",")
-    if commas:
-        cond = text[: commas[0]]
-        rest = text[commas[0] + 1 :]
-        level, sep, message = rest.partition(",")
-        return cond.strip(), level.strip() or None, (message.strip() or None) if sep else None
-    return text.strip(), None, None
 
 
 def parse_rule(text: str) -> ParsedRule:

@@ -419,20 +419,6 @@ def make_rule(obj, **overrides) -> AlertRule:
     if hasattr(obj, "model_dump"):  # RuleSpec (pydantic)
         data = obj.model_dump()
         data = {k: v for k, v in data.items() if v is not None or k == "max_fires"}
-        given = getattr(obj, "model_fields_set", set())
-        cond = data.get("condition")
-        if (
-            isinstance(cond, str)
-            and "level" not in given
-            and "message" not in given
-            and split_rule(cond)[1] is not None
-        ):
-            # the one-line form as the value of a name-keyed entry (`spike: "x > 1 => error:
-            # msg"`), read as `et rules check` reads it
-            data.pop("condition")
-            data.pop("source", None)
-            options = {k: v for k, v in data.items() if k in given and k != "condition"}
-            return AlertRule.parse(cond, **options, **overrides)
         return AlertRule.from_dict(data, **overrides)
     if isinstance(obj, ast.Node) or hasattr(obj, "node"):
         return AlertRule(condition=obj, **overrides)

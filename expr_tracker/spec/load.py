@@ -43,6 +43,7 @@ from expr_tracker.spec.models import (
     _is_omegaconf,
     _keep_literal,
     entry_name,
+    named_entry,
     omegaconf_to_plain,
 )
 from expr_tracker.spec.names import default_run_name
@@ -176,10 +177,7 @@ def _named_items(list_path: str, value: Any) -> list[tuple[Any, Any]]:
     if isinstance(value, Mapping):
         pairs = []
         for key, entry in value.items():
-            if isinstance(entry, Mapping):
-                entry = {"name": key, **entry} if entry.get("name") is None else dict(entry)
-            elif isinstance(entry, str):
-                entry = {"name": key, "condition": entry}
+            entry = named_entry(key, entry)
             name = entry_name(list_path, entry) if entry is not None else key
             pairs.append((name, entry))
         return pairs

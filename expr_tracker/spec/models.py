@@ -34,6 +34,7 @@ from pydantic import (
 )
 from pydantic.json_schema import SkipJsonSchema
 
+from expr_tracker.ruletext import split_rule
 from expr_tracker.spec.errors import redact_config, redact_options
 from expr_tracker.spec.units import Duration, OptionalDuration, Size
 
@@ -57,6 +58,7 @@ __all__ = [
     "entry_name",
     "level_rank",
     "named_entries",
+    "named_entry",
     "normalize_level",
     "omegaconf_to_plain",
 ]
@@ -126,25 +128,37 @@ def entry_name(list_path: str, entry: Any) -> str | None:
 
 
 def named_entries(value: Any) -> Any:
-    """Normalise a named list written as a mapping ``{name: entry}`` to a list of entries.
-
-    A mapping entry that is itself a mapping gets ``name`` filled from its key (an explicit
-    ``name`` wins); a ``None`` entry is dropped (how a later source removes an entry); a
-    string entry becomes ``{"name": key, "condition": text}``. Lists and anything else are
-    returned unchanged.
-    """
+    """Normalise a named list written as a mapping ``{name: entry}`` to a list of entries
+    (each as :func:`named_entry` makes it; a ``None`` entry is dropped: how a later source
+    removes an entry). Lists and anything else are returned unchanged."""
     if not isinstance(value, Mapping):
         return value
-    out = []
-    for key, entry in value.items():
-        if entry is None:
-            continue
-        if isinstance(entry, str):
-            out.append({"name": key, "condition": entry})
-        elif isinstance(entry, Mapping):
-            out.append({"name": key, **entry} if entry.get("name") is None else dict(entry))
-        else:
-            out.append(entry)
+    return [named_entry(key, entry) for key, entry in value.items() if entry is not None]
+
+
+def named_entry(key: Any, entry: Any) -> Any:
+    """One entry of a named list written as a mapping, with its name from ``key``.
+
+    A mapping gets ``name`` filled from the key (an explicit ``name`` wins). A string is a
+    rule in the one-line form (``"cond => level: message"``, read as ``et rules check`` and
+    ``AlertRule.parse`` read it) and becomes ``{"name": key, "condition": cond, "level":
+    level, "message": message}`` (level and message only when written). Anything else is
+    returned unchanged.
+    """
+    if isinstance(entry, str):
+        return {"name": key, **_one_line_rule(entry)}
+    if isinstance(entry, Mapping):
+        return {"name": key, **entry} if entry.get("name") is None else dict(entry)
+    return entry
+
+
+def _one_line_rule(text: str) -> dict[str, Any]:
+    cond, level, message = split_rule(text)
+    out: dict[str, Any] = {"condition": cond if level is not None else text}
+    if level is not None:
+        out["level"] = level
+    if message is not None:
+        out["message"] = message
     return out
 
 
