@@ -49,8 +49,9 @@ from expr_tracker.history.codec import (
     normalize_value,
     sanitize_row,
 )
+from expr_tracker.history.flusher import BackgroundFlusher, get_flusher
 from expr_tracker.history.reader import JsonlReader, merge_by_step, step_key
-from expr_tracker.history.writer import BackgroundFlusher, JsonlWriter, get_flusher
+from expr_tracker.history.writer import JsonlWriter
 
 log = logging.getLogger("expr_tracker")
 
