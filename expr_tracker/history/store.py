@@ -32,13 +32,14 @@ fold into the row open at that moment.
 from __future__ import annotations
 
 import logging
-import os
 import threading
 import time
 from collections import deque
 from collections.abc import Callable, Mapping
 from typing import Any
 
+from expr_tracker import _current
+from expr_tracker._current import FORK_MESSAGE
 from expr_tracker.errors import ForkedRunError
 from expr_tracker.history.cache import DecodedTail, RowCache, decode_lines
 from expr_tracker.history.codec import (
@@ -59,30 +60,6 @@ RESERVED = frozenset({"_step", "_time"})
 #: the largest step (int64, what every reader and the cache index can hold exactly)
 MAX_STEP = (1 << 63) - 1
 _DROP = object()
-
-_FORK_GEN = 0
-
-
-def _after_fork_in_child() -> None:
-    global _FORK_GEN
-    _FORK_GEN += 1
-
-
-if hasattr(os, "register_at_fork"):
-    os.register_at_fork(after_in_child=_after_fork_in_child)
-
-
-def fork_generation() -> int:
-    """Incremented in a child after each ``fork``: objects remember the one they were made in."""
-    return _FORK_GEN
-
-
-FORK_MESSAGE = (
-    "this process was forked from the one that started the run (a DataLoader worker or "
-    "multiprocessing child?); an inherited run cannot be used here — it would write into the "
-    "parent's files. Start the child's own run with et.init(..., stream='worker') (or log "
-    "from the parent only)."
-)
 
 # span/plugin measurement -> aggregation within one open row (spec spans.txt)
 SUM, MAX, MEAN = 0, 1, 2
@@ -168,7 +145,7 @@ class HistoryStore:
         self.warner = warner or Warner()
         self._flusher = flusher
         self._lock = threading.Lock()
-        self._fork_gen = _FORK_GEN
+        self._fork_gen = _current.fork_gen
         prefix = writer.prefix_lines if writer is not None else 0
         self.disk_prefix_rows = prefix
         self.cache = RowCache(cache_bytes, cache_rows, first_ordinal=prefix)
@@ -220,7 +197,7 @@ class HistoryStore:
     # ------------------------------------------------------------------ ingress
 
     def _check_fork(self) -> None:
-        if self._fork_gen != _FORK_GEN:
+        if self._fork_gen != _current.fork_gen:
             raise ForkedRunError(FORK_MESSAGE)
 
     def _drop(self, cause: str, message: str, *args: Any) -> None:
@@ -238,7 +215,7 @@ class HistoryStore:
             TypeError: ``metrics`` is not a mapping.
             ForkedRunError: called in a forked child of the process that made this store.
         """
-        if self._fork_gen != _FORK_GEN:
+        if self._fork_gen != _current.fork_gen:
             raise ForkedRunError(FORK_MESSAGE)
         if type(metrics) is not dict:
             if not isinstance(metrics, Mapping):
@@ -440,7 +417,7 @@ class HistoryStore:
         Returns None when ``record`` is held, else the step open now (the one a fold would
         use now); -1 when the store is closed (nothing is kept).
         """
-        if self._fork_gen != _FORK_GEN:
+        if self._fork_gen != _current.fork_gen:
             raise ForkedRunError(FORK_MESSAGE)
         kinds = self._kind_cache
         with self._lock:
