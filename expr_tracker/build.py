@@ -24,6 +24,7 @@ from expr_tracker.history.runinfo import new_run_info, read_run_info, write_run_
 from expr_tracker.history.store import HistoryStore
 from expr_tracker.history.writer import JsonlWriter
 from expr_tracker.run import Run, Summary
+from expr_tracker.spans.core import AGGREGATION as SPAN_AGGREGATION
 
 log = logging.getLogger("expr_tracker")
 
@@ -489,6 +490,7 @@ def _construct(
         cache_rows=h.cache.rows,
         start_step=start_step,
         warner=warner,
+        aggregation=SPAN_AGGREGATION,
     )
 
     started_mono = time.monotonic()  # the same moment as run.json's started_at
