@@ -6,7 +6,9 @@
   parent's lock stays held);
 - opening an existing file repairs a torn last line and rescans from the last trusted
   index anchor when the sidecar disagrees with the file size; a file found shorter than
-  written (truncated by another process) is repaired and rescanned the same way.
+  written (truncated by another process) is repaired and rescanned the same way
+  (:func:`repair_truncated`), and a file deleted under the writer is recreated with its
+  directory and lock (:func:`recreate`).
 
 The functions taking ``w`` update a :class:`~expr_tracker.history.writer.JsonlWriter`'s
 file state (``size``, ``lines``, steps, ``index``) in place.
@@ -319,6 +321,60 @@ def rescan(w: Any, size: int, meta: dict[str, Any] | None) -> None:
     w.lines = line_no
     w.size = off
     w._meta_dirty = True
+
+
+def recreate(w: Any) -> None:
+    """The file was unlinked under us (its run directory deleted): open a new one."""
+    lost = w.lines
+    try:
+        os.close(w._fd)
+    except OSError:
+        pass
+    w._fd = None
+    w.path.parent.mkdir(parents=True, exist_ok=True)
+    if w._lock_fd is not None:  # the lock file went with the directory
+        release_lock_fd(w._lock_fd)
+        w._lock_fd = None
+        try:
+            w._acquire_lock()
+        except RunLockedError as exc:  # another process took the path meanwhile
+            log.error("expr_tracker: %s", exc)
+    w._fd = os.open(w.path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
+    w.recreated += 1
+    size = os.fstat(w._fd).st_size
+    w.size = w.lines = 0
+    w.index = []
+    w.last_step = w.max_step = None
+    w.sorted, w.has_duplicate_steps = True, False
+    w._meta_dirty = True
+    if size:  # someone else created it meanwhile: measure what is there
+        rescan(w, repair_torn_tail(w.path, size), None)
+    w._warner.warn(
+        ("recreated", str(w.path)),
+        "expr_tracker: %s was deleted while the run was writing it (its directory was "
+        "removed?); recreated it: the %d lines the deleted file held are lost, records "
+        "still queued and later ones go to the new file (warned once)",
+        w.path,
+        lost,
+    )
+
+
+def repair_truncated(w: Any, actual: int) -> None:
+    """The file is not as long as the writer believes: repair it and rescan."""
+    believed, lines = w.size, w.lines
+    rescan(w, repair_torn_tail(w.path, actual), None)
+    w.truncations += 1
+    w._warner.warn(
+        ("truncated", str(w.path)),
+        "expr_tracker: %s was truncated by another process (%d bytes written, %d found); "
+        "repaired its last line and rescanned it (%d of %d lines left); new records "
+        "are appended after it (warned once)",
+        w.path,
+        believed,
+        actual,
+        w.lines,
+        lines,
+    )
 
 
 def step_of(raw: bytes) -> int | None:

@@ -61,10 +61,10 @@ class SpanFolding:
     def ingest_span(self, metrics: dict[str, Any], dur_ms: float, record: Any = None) -> int | None:
         """Accumulate span/plugin metrics until the next ``log()`` places them in its row.
 
-        Aggregation by measurement name (spec spans.txt "Repeated plugin measurements"): sum
-        (``time_ms``, ``cpu_time_ms``, ``gpu_mem_delta_mb``, ``count`` and unknown names),
-        maximum (``gpu_mem_peak_mb``, ``gpu_mem_used_mb``), duration-weighted mean
-        (``cpu_percent``, ``gpu_percent``). A span never commits a step.
+        Aggregation by measurement name (the part before the first ``/``), as the table
+        handed to the store says (``HistoryStore(aggregation=...)``; spec spans.txt
+        "Repeated plugin measurements"): sum (also every name not in the table), maximum,
+        or duration-weighted mean. A span never commits a step.
 
         The metrics wait in a pending row that the next accepted ``log()`` folds into the
         row it writes (after ``step=`` opened it); ``commit()``, ``flush()``, ``close()``

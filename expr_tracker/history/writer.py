@@ -39,7 +39,6 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from expr_tracker.errors import RunLockedError
 from expr_tracker.history.codec import Warner
 from expr_tracker.history.flusher import BackgroundFlusher, get_flusher
 from expr_tracker.history.paths import atomic_write
@@ -47,8 +46,10 @@ from expr_tracker.history.reader import META_SCHEMA
 from expr_tracker.history.recovery import (
     acquire_lock,
     open_existing,
+    recreate,
     release_lock_fd,
     repair_torn_tail,
+    repair_truncated,
     rescan,
 )
 
@@ -423,13 +424,13 @@ class JsonlWriter:
                 self._fd = os.open(self.path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
                 actual = os.fstat(self._fd).st_size
                 if actual < self.size:
-                    self._check_size(actual)
+                    repair_truncated(self, actual)
                 elif actual > self.size:  # created by someone else meanwhile: measure it
                     rescan(self, repair_torn_tail(self.path, actual), None)
             start = self.size
             self._write_all(data)
             if os.fstat(self._fd).st_nlink == 0:  # deleted during the write: write it again
-                self._recreate()
+                recreate(self)
                 start = self.size
                 self._write_all(data)
         except OSError as exc:
@@ -475,61 +476,9 @@ class JsonlWriter:
         """One ``fstat`` before a write: recreate a deleted file, repair a truncated one."""
         st = os.fstat(self._fd)
         if st.st_nlink == 0:
-            self._recreate()
+            recreate(self)
         elif st.st_size < self.size:
-            self._check_size(st.st_size)
-
-    def _recreate(self) -> None:
-        """The file was unlinked under us (its run directory deleted): open a new one."""
-        lost = self.lines
-        try:
-            os.close(self._fd)
-        except OSError:
-            pass
-        self._fd = None
-        self.path.parent.mkdir(parents=True, exist_ok=True)
-        if self._lock_fd is not None:  # the lock file went with the directory
-            release_lock_fd(self._lock_fd)
-            self._lock_fd = None
-            try:
-                self._acquire_lock()
-            except RunLockedError as exc:  # another process took the path meanwhile
-                log.error("expr_tracker: %s", exc)
-        self._fd = os.open(self.path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
-        self.recreated += 1
-        size = os.fstat(self._fd).st_size
-        self.size = self.lines = 0
-        self.index = []
-        self.last_step = self.max_step = None
-        self.sorted, self.has_duplicate_steps = True, False
-        self._meta_dirty = True
-        if size:  # someone else created it meanwhile: measure what is there
-            rescan(self, repair_torn_tail(self.path, size), None)
-        self._warner.warn(
-            ("recreated", str(self.path)),
-            "expr_tracker: %s was deleted while the run was writing it (its directory was "
-            "removed?); recreated it: the %d lines the deleted file held are lost, records "
-            "still queued and later ones go to the new file (warned once)",
-            self.path,
-            lost,
-        )
-
-    def _check_size(self, actual: int) -> None:
-        """The file is not as long as the writer believes: repair it and rescan."""
-        believed, lines = self.size, self.lines
-        rescan(self, repair_torn_tail(self.path, actual), None)
-        self.truncations += 1
-        self._warner.warn(
-            ("truncated", str(self.path)),
-            "expr_tracker: %s was truncated by another process (%d bytes written, %d found); "
-            "repaired its last line and rescanned it (%d of %d lines left); new records "
-            "are appended after it (warned once)",
-            self.path,
-            believed,
-            actual,
-            self.lines,
-            lines,
-        )
+            repair_truncated(self, st.st_size)
 
     def _rollback(self, size: int) -> None:
         if self._fd is None:
