@@ -18,29 +18,23 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
+from expr_tracker import _current as _state
+from expr_tracker._current import FORK_MESSAGE
 from expr_tracker.errors import (
     ForkedRunError,
     NoActiveRunError,
     RunAlreadyActiveError,
 )
-from expr_tracker.history.query import DEFAULT_N
-from expr_tracker.history.store import FORK_MESSAGE
+from expr_tracker.history.live import current_run, no_run_error
+from expr_tracker.history.live import history as history  # et.history, re-exported
 from expr_tracker.run import Run, Summary
 
 _logger = logging.getLogger("expr_tracker")
 
 _lock = threading.Lock()
-_run: Run | None = None
 _configured_alert: dict[str, Any] = {}
 _hooks_installed = False
 _prev_excepthook = None
-
-
-def _no_run() -> NoActiveRunError:
-    return NoActiveRunError(
-        "no active run: call et.init(project=..., name=...) first (or pass run=DIR to read a "
-        "finished run)"
-    )
 
 
 def init(
@@ -79,17 +73,16 @@ def init(
         RunLockedError: another live process writes the same stream and rank (nothing of
             its files was read or touched).
     """
-    global _run
     from expr_tracker.build import build
     from expr_tracker.spec import SpecError, resolve
 
     with _lock:
-        cur = _run
+        cur = _state.run
         parent = None
         if cur is not None:
             if cur.forked:
                 parent = cur
-                _run = None  # inherited from the parent: drop it without touching its locks
+                _state.run = None  # inherited from the parent: drop it without touching its locks
             elif not cur.finished:
                 raise RunAlreadyActiveError(
                     f"a run is already active ({cur.project}/{cur.name}); call et.finish() "
@@ -112,7 +105,7 @@ def init(
             run = build(resolved)
         except SpecError as exc:
             raise _with_config_keys(exc, spec) from None
-        _run = run
+        _state.run = run
         _install_hooks()
         _finish_at_process_exit()
     return run
@@ -192,24 +185,15 @@ def log(metrics: Mapping[str, Any], step: int | None = None, commit: bool | None
         TypeError: ``metrics`` is not a mapping.
         ForkedRunError: this is a forked child that inherited the run.
     """
-    run = _run
+    run = _state.run
     if run is None:
-        raise _no_run()
+        raise no_run_error()
     return run.ingest(metrics, step, commit)
 
 
 def get_run() -> Run | None:
     """The current run, or None."""
-    return _run
-
-
-def _current() -> Run:
-    run = _run
-    if run is None:
-        raise _no_run()
-    if run.forked:
-        raise ForkedRunError(FORK_MESSAGE)
-    return run
+    return _state.run
 
 
 def summary() -> Summary:
@@ -217,7 +201,7 @@ def summary() -> Summary:
 
     ``et.summary()["best_acc"] = 0.93`` is persisted to ``summary.json``.
     """
-    return _current().summary
+    return current_run().summary
 
 
 def info() -> dict[str, Any]:
@@ -235,7 +219,7 @@ def info() -> dict[str, Any]:
         NoActiveRunError: no run is active.
         ForkedRunError: this is a forked child that inherited the run.
     """
-    return _current().info()
+    return current_run().info()
 
 
 def finish(exit_code: int | None = None) -> None:
@@ -253,13 +237,12 @@ def finish(exit_code: int | None = None) -> None:
     Raises:
         ForkedRunError: this is a forked child that inherited the run (start its own).
     """
-    global _run
     with _lock:
-        run = _run
+        run = _state.run
         if run is None:
             return
         if run.forked:
-            _run = None
+            _state.run = None
             raise ForkedRunError(FORK_MESSAGE)
     try:
         run.finish(exit_code=exit_code)
@@ -267,108 +250,10 @@ def finish(exit_code: int | None = None) -> None:
         # an interrupted finish() keeps the run current: calling et.finish() again (or the
         # exit hook) completes it, and et.init() refuses to start another meanwhile
         with _lock:
-            if _run is run and run.finished:
-                _run = None
+            if _state.run is run and run.finished:
+                _state.run = None
     if _signal_received is not None:  # SIGTERM arrived while finishing: honour it now
         raise SystemExit(128 + _signal_received)
-
-
-def history(
-    n: int | None = DEFAULT_N,
-    *,
-    output_type: str = "dict",
-    metrics: Any = None,
-    step_range: Any = None,
-    include_meta: bool = True,
-    include_open: bool = True,
-    fill_missing: bool = False,
-    dropna: bool = False,
-    run: Any = None,
-    stream: str | None = None,
-) -> Any:
-    """Query a run's history (spec design.txt B.3).
-
-    Args:
-        n: the newest ``n`` steps (an int >= 0); ``-1``/None for everything. The default
-            (50) does not apply to ``step_range``: without an explicit ``n`` every step of
-            the range is returned; an explicit ``n`` picks the newest ``n`` of the range.
-        output_type: ``"dict"``/``"dicts"`` (a list of row dicts), ``"pandas"``/``"pd"``,
-            ``"polars"``.
-        metrics: column names (a list or a comma-separated string) to keep. A name found
-            in none of the rows read is logged as a warning once, with close matches.
-        step_range: ``(start, end)`` or ``"start:end"`` of integer steps, end exclusive,
-            exact by step; either side may be None/empty. A reversed range (``end <=
-            start``) selects nothing: the result is empty.
-        include_meta: keep ``_step``/``_time``.
-        include_open: include the uncommitted current step (live runs).
-        fill_missing: absent keys become None.
-        dropna: drop rows where every selected metric is missing.
-        run: read a run directory or metrics file offline (no ``et.init`` needed).
-        stream: which stream to read. Without ``run`` (or with a ``Run``): None is the
-            run's own stream, answered from memory; another name reads that stream's
-            file in the run's directory (with this process's rank suffix), as written so
-            far by the process that logs it. With a ``run`` path: None is the main stream.
-
-    Returns:
-        Rows oldest first, as ``output_type``; a snapshot that later logging does not change.
-
-    Raises:
-        NoActiveRunError: no ``run`` given and no run active.
-        FileNotFoundError: ``run`` names no run, or ``stream`` has no metrics file (yet).
-        TypeError: ``n`` is not an integer, ``step_range``/``metrics`` of the wrong type.
-        ValueError: ``n`` below -1, a malformed ``step_range``, an unknown ``output_type``,
-            an invalid ``stream`` name.
-        ImportError: ``pandas``/``polars`` is missing (naming the extra to install).
-    """
-    query_history = _query_history or _load_query()
-    if run is None or isinstance(run, Run):
-        live = _current() if run is None else run
-        if stream is None or stream == live.stream:
-            source: Any = live.history
-        else:  # another stream of this run: its file (written by another process)
-            source = _stream_file(live, stream)
-    else:
-        source = Path(run)
-    return query_history(
-        source,
-        n=n,
-        output_type=output_type,
-        metrics=metrics,
-        step_range=step_range,
-        include_meta=include_meta,
-        include_open=include_open,
-        fill_missing=fill_missing,
-        dropna=dropna,
-        stream=stream,
-    )
-
-
-_query_history: Any = None
-
-
-def _stream_file(run: Run, stream: str) -> Path:
-    """The metrics file of ``stream`` beside a live run's own: same directory, same rank
-    suffix as the run's file (``metrics.<stream>[.rankN].jsonl``).
-
-    Raises ``ValueError`` for an invalid stream name and ``FileNotFoundError`` (listing the
-    files that exist) when that stream has written nothing yet.
-    """
-    from expr_tracker.history.paths import parse_metrics_name, resolve_run_path
-
-    writer = run.history.writer
-    parsed = parse_metrics_name(writer.path.name) if writer is not None else None
-    rank = parsed[1] if parsed is not None else 0
-    return resolve_run_path(run.dir, stream=stream, rank=rank)
-
-
-def _load_query() -> Any:
-    """The query function, imported on first use (an import statement per call costs ~1 µs
-    on a path budgeted at 60)."""
-    global _query_history
-    from expr_tracker.history.query import query_history
-
-    _query_history = query_history
-    return query_history
 
 
 def configure_alert(**values: Any) -> None:
@@ -406,7 +291,7 @@ def add_alert_rule(rule: Any, **overrides: Any) -> Any:
         RuleError: syntax, unknown function, arity or window errors (at registration).
         NoActiveRunError: no run, or alerts are disabled for it (``alerts.enabled: false``).
     """
-    run = _current()
+    run = current_run()
     engine = run.alerts
     if engine is None:
         raise NoActiveRunError("alerts are disabled for this run (alerts.enabled: false)")
@@ -460,7 +345,7 @@ register_channel = register_backend
 
 
 def _excepthook(etype: type[BaseException], value: BaseException, tb: Any) -> None:
-    run = _run
+    run = _state.run
     if run is not None and not run.forked and run.exception is None:
         run.exception = (etype, value, tb)
     hook = _prev_excepthook or sys.__excepthook__
@@ -468,7 +353,7 @@ def _excepthook(etype: type[BaseException], value: BaseException, tb: Any) -> No
 
 
 def _at_exit() -> None:
-    run = _run
+    run = _state.run
     if run is None or run.forked or run.finished:
         return
     if run.exception is None and getattr(sys, "last_type", None) is not None:
@@ -494,7 +379,7 @@ def _on_sigterm(signum: int, frame: Any) -> None:
     process exits with 143 as if killed by the signal.
     """
     global _signal_received
-    run = _run
+    run = _state.run
     if run is not None and not run.forked and (run.finishing or run.finished):
         # finishing now (et.finish() or the exit hook): let it complete, so the data
         # and run.json reach the disk; the process then exits with 128 + signum

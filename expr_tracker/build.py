@@ -19,10 +19,12 @@ from typing import Any
 from expr_tracker.errors import ExprTrackerError
 from expr_tracker.history.codec import Warner, dumps_pretty, normalize_value
 from expr_tracker.history.paths import atomic_write, detect_rank, file_name
+from expr_tracker.history.recovery import release_lock_fd
 from expr_tracker.history.runinfo import new_run_info, read_run_info, write_run_info
 from expr_tracker.history.store import HistoryStore
-from expr_tracker.history.writer import JsonlWriter, release_lock_fd
+from expr_tracker.history.writer import JsonlWriter
 from expr_tracker.run import Run, Summary
+from expr_tracker.spans.core import AGGREGATION as SPAN_AGGREGATION
 
 log = logging.getLogger("expr_tracker")
 
@@ -298,7 +300,7 @@ class _Attempt:
         Raises:
             RunLockedError: another live process holds it (nothing was changed).
         """
-        from expr_tracker.history.writer import acquire_lock, lock_path_of, track_lock_fd
+        from expr_tracker.history.recovery import acquire_lock, lock_path_of, track_lock_fd
 
         for _ in range(20):
             try:
@@ -488,6 +490,7 @@ def _construct(
         cache_rows=h.cache.rows,
         start_step=start_step,
         warner=warner,
+        aggregation=SPAN_AGGREGATION,
     )
 
     started_mono = time.monotonic()  # the same moment as run.json's started_at

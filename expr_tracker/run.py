@@ -17,11 +17,12 @@ from collections.abc import Callable, Iterator, MutableMapping
 from pathlib import Path
 from typing import Any
 
+from expr_tracker._current import FORK_MESSAGE, fork_generation
 from expr_tracker.history.codec import Warner, dumps_pretty, normalize_value
+from expr_tracker.history.flusher import get_flusher
 from expr_tracker.history.paths import atomic_write
 from expr_tracker.history.runinfo import write_run_info
-from expr_tracker.history.store import FORK_MESSAGE, HistoryStore, fork_generation
-from expr_tracker.history.writer import get_flusher
+from expr_tracker.history.store import HistoryStore
 
 log = logging.getLogger("expr_tracker")
 

@@ -98,7 +98,7 @@ def test_zero_disk_reads_while_the_window_is_cached(tmp_path, monkeypatch):
     s = make_store(tmp_path)
     for i in range(5000):
         s.ingest({"loss": i * 0.5, "acc": 0.1})
-    from expr_tracker.history import store as store_mod
+    from expr_tracker.history import storeread as store_mod  # tail/step_range
 
     monkeypatch.setattr(store_mod, "JsonlReader", NoDisk)
     monkeypatch.setattr(reader_mod, "JsonlReader", NoDisk)

@@ -12,6 +12,7 @@ import pytest
 import expr_tracker as et
 from expr_tracker.history.reader import read_rows
 from expr_tracker.history.store import HistoryStore
+from expr_tracker.spans.core import AGGREGATION
 
 
 def start(run_dir, **kw):
@@ -271,7 +272,7 @@ def test_failing_sink_never_breaks_log():
 
 
 def test_ingest_span_aggregation_table():
-    store = HistoryStore(None)
+    store = HistoryStore(None, aggregation=AGGREGATION)
     store.ingest_span({"time_ms/f": 2.0, "gpu_mem_peak_mb/f": 10.0, "cpu_percent/f": 100.0}, 2.0)
     store.ingest_span({"time_ms/f": 3.0, "gpu_mem_peak_mb/f": 5.0, "cpu_percent/f": 50.0}, 6.0)
     store.ingest_span({"custom/f": 1.0, "cpu_percent/f": 0.0}, 0.0)
@@ -286,7 +287,7 @@ def test_ingest_span_aggregation_table():
 
 
 def test_log_overwrite_resets_weighted_mean():
-    store = HistoryStore(None)
+    store = HistoryStore(None, aggregation=AGGREGATION)
     store.ingest_span({"cpu_percent/f": 100.0}, 1.0)
     store.ingest({"cpu_percent/f": 7.0}, commit=False)
     store.ingest_span({"cpu_percent/f": 50.0}, 1.0)
@@ -294,7 +295,7 @@ def test_log_overwrite_resets_weighted_mean():
 
 
 def test_zero_duration_spans_keep_latest_value_when_all_zero():
-    store = HistoryStore(None)
+    store = HistoryStore(None, aggregation=AGGREGATION)
     store.ingest_span({"gpu_percent/f": 10.0}, 0.0)
     store.ingest_span({"gpu_percent/f": 20.0}, 0.0)
     assert store.open_row()["gpu_percent/f"] == 20.0

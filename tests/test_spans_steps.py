@@ -15,6 +15,7 @@ import expr_tracker as et
 from expr_tracker.history.reader import read_rows
 from expr_tracker.history.store import HistoryStore
 from expr_tracker.spans import core, span, start_span
+from expr_tracker.spans.core import AGGREGATION
 
 MS = 1_000_000  # ns
 
@@ -366,7 +367,7 @@ def test_held_records_are_bounded(monkeypatch):
 def test_fold_keeps_the_aggregation_rules():
     """Pending span data folded into a row that already holds span data of its step
     combines as if every span had been ingested there (sum, max, weighted mean)."""
-    store = HistoryStore(None)
+    store = HistoryStore(None, aggregation=AGGREGATION)
     store.ingest_span({"time_ms/f": 2.0, "gpu_mem_peak_mb/f": 10.0, "cpu_percent/f": 100.0}, 2.0)
     store.ingest({}, commit=False)  # folds into the open row
     store.ingest_span({"time_ms/f": 3.0, "gpu_mem_peak_mb/f": 5.0, "cpu_percent/f": 50.0}, 6.0)

@@ -5,7 +5,7 @@ Public: :class:`HistoryStore`, :class:`JsonlWriter`, :func:`read_history`,
 
 ``expr_tracker.history`` is both this package and the query function ``et.history(...)``
 (DESIGN.md names both): the module object is callable and forwards to
-:func:`expr_tracker.api.history`, so ``et.history(50)``, ``import expr_tracker.history``
+:func:`expr_tracker.history.live.history`, so ``et.history(50)``, ``import expr_tracker.history``
 and ``from expr_tracker.history import read_history`` all work.
 """
 
@@ -41,12 +41,12 @@ def read_history(
 class _HistoryModule(types.ModuleType):
     """This package, callable as ``et.history(n=50, ...)``."""
 
-    _fn: Any = None  # expr_tracker.api.history, bound on the first call
+    _fn: Any = None  # expr_tracker.history.live.history, bound on the first call
 
     def __call__(self, *args: Any, **kwargs: Any) -> Any:
         fn = _HistoryModule._fn
         if fn is None:
-            from expr_tracker.api import history as fn
+            from expr_tracker.history.live import history as fn
 
             _HistoryModule._fn = fn
         return fn(*args, **kwargs)
@@ -55,7 +55,7 @@ class _HistoryModule(types.ModuleType):
     def __signature__(self) -> Any:  # help() and IDEs show et.history's own signature
         import inspect
 
-        from expr_tracker.api import history
+        from expr_tracker.history.live import history
 
         return inspect.signature(history)
 

@@ -54,7 +54,7 @@ def package_versions() -> dict[str, str]:
     from importlib import metadata
 
     out: dict[str, str] = {}
-    from expr_tracker import __version__
+    from expr_tracker._version import __version__
 
     out["expr_tracker"] = __version__
     for mod, dist in (

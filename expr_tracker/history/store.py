@@ -16,31 +16,29 @@ Commit table (spec design.txt A.1, aligned with wandb)::
                                      "allow" commits the open row and opens N
     log(d, step=N, commit=True)   as above, then commit N
 
-``log({})`` commits a row holding only ``_step``/``_time``. An open row idle for
-``max_open_seconds`` is written to disk without committing (no sink sees it); data that
-arrives for that step afterwards becomes a patch line, and readers merge by step.
+``log({})`` commits a row holding only ``_step``/``_time``.
 
-Span time joins the row the next ``log()`` writes (docs/spans.md "Which row a span joins"):
-:meth:`HistoryStore.ingest_span` aggregates into a *pending* row, and each accepted
-``log()`` call folds it into the row it writes to, after opening that row's step and before
-merging its own metrics. Span records handed to ``ingest_span`` are held with it and get
-their ``_step`` at that fold, so a record always names the row its time was summed into.
-``commit()``, ``flush()``, ``close()`` and a hold deadline (:meth:`HistoryStore.hold_spans`)
-fold into the row open at that moment.
+The store is one object over one lock, written by job in four modules: this one (the
+ingress, the commit table, the cache append and the fan-out to sinks, flush and close),
+:mod:`~expr_tracker.history.spanfold` (span data: the pending row, the fold, held records,
+with the aggregation table handed in), :mod:`~expr_tracker.history.openrow` (the idle
+open row written without committing, patch lines) and
+:mod:`~expr_tracker.history.storeread` (the open row as shown, ``tail``, ``step_range``).
 """
 
 from __future__ import annotations
 
 import logging
-import os
 import threading
 import time
 from collections import deque
 from collections.abc import Callable, Mapping
 from typing import Any
 
+from expr_tracker import _current
+from expr_tracker._current import FORK_MESSAGE
 from expr_tracker.errors import ForkedRunError
-from expr_tracker.history.cache import DecodedTail, RowCache, decode_lines
+from expr_tracker.history.cache import DecodedTail, RowCache
 from expr_tracker.history.codec import (
     FLOAT_MAX_INT,
     Warner,
@@ -49,80 +47,22 @@ from expr_tracker.history.codec import (
     normalize_value,
     sanitize_row,
 )
-from expr_tracker.history.reader import JsonlReader, merge_by_step, step_key
-from expr_tracker.history.writer import BackgroundFlusher, JsonlWriter, get_flusher
+from expr_tracker.history.flusher import BackgroundFlusher, get_flusher
+from expr_tracker.history.openrow import RESERVED, OpenRowTimer
+from expr_tracker.history.spanfold import (
+    HOLD_MAX_RECORDS,
+    HOLD_RECORDS_BEFORE_STEPS,
+    SpanFolding,
+    aggregation_kinds,
+)
+from expr_tracker.history.storeread import StoreReads
+from expr_tracker.history.writer import JsonlWriter
 
 log = logging.getLogger("expr_tracker")
 
-RESERVED = frozenset({"_step", "_time"})
 #: the largest step (int64, what every reader and the cache index can hold exactly)
 MAX_STEP = (1 << 63) - 1
 _DROP = object()
-
-_FORK_GEN = 0
-
-
-def _after_fork_in_child() -> None:
-    global _FORK_GEN
-    _FORK_GEN += 1
-
-
-if hasattr(os, "register_at_fork"):
-    os.register_at_fork(after_in_child=_after_fork_in_child)
-
-
-def fork_generation() -> int:
-    """Incremented in a child after each ``fork``: objects remember the one they were made in."""
-    return _FORK_GEN
-
-
-FORK_MESSAGE = (
-    "this process was forked from the one that started the run (a DataLoader worker or "
-    "multiprocessing child?); an inherited run cannot be used here — it would write into the "
-    "parent's files. Start the child's own run with et.init(..., stream='worker') (or log "
-    "from the parent only)."
-)
-
-# span/plugin measurement -> aggregation within one open row (spec spans.txt)
-SUM, MAX, MEAN = 0, 1, 2
-AGGREGATION = {
-    "time_ms": SUM,
-    "cpu_time_ms": SUM,
-    "gpu_mem_delta_mb": SUM,
-    "count": SUM,
-    "gpu_mem_peak_mb": MAX,
-    "gpu_mem_used_mb": MAX,
-    "cpu_percent": MEAN,
-    "gpu_percent": MEAN,
-}
-
-_NUMERIC = (int, float)
-
-#: span records held for their step at most once ``log(step=N)`` is in use; one more folds
-#: the pending span data at once (into the open row)
-HOLD_MAX_RECORDS = 65_536
-#: the same bound before any ``log(step=N)``: the open row is then the one the next
-#: ``log()`` writes anyway, so records are released in small batches
-HOLD_RECORDS_BEFORE_STEPS = 1024
-
-
-def _changed(row: dict[str, Any], written: dict[str, Any]) -> dict[str, Any] | None:
-    """The patch line for ``row`` after ``written`` reached disk: changed keys plus
-    ``_step``/``_time``; None when no metric changed."""
-    patch = {
-        k: v
-        for k, v in row.items()
-        if k not in RESERVED and (k not in written or not _same(written[k], v))
-    }
-    if not patch:
-        return None
-    patch["_step"] = row["_step"]
-    patch["_time"] = row["_time"]
-    return patch
-
-
-def _same(a: Any, b: Any) -> bool:
-    return a is b or (type(a) is type(b) and a == b)
 
 
 def _same_value(a: Any, b: Any) -> bool:
@@ -130,7 +70,7 @@ def _same_value(a: Any, b: Any) -> bool:
     return a is b or (type(a) is type(b) and (a == b or (type(a) is float and a != a and b != b)))
 
 
-class HistoryStore:
+class HistoryStore(SpanFolding, OpenRowTimer, StoreReads):
     """The per-stream store; see the module docstring.
 
     Args:
@@ -155,6 +95,7 @@ class HistoryStore:
         wall_clock: Callable[[], float] = time.time,
         warner: Warner | None = None,
         flusher: BackgroundFlusher | None = None,
+        aggregation: Mapping[str, str] | None = None,
     ) -> None:
         if step_policy not in ("monotonic", "allow"):
             raise ValueError(f"step_policy {step_policy!r} is not valid: 'monotonic' or 'allow'")
@@ -167,7 +108,7 @@ class HistoryStore:
         self.warner = warner or Warner()
         self._flusher = flusher
         self._lock = threading.Lock()
-        self._fork_gen = _FORK_GEN
+        self._fork_gen = _current.fork_gen
         prefix = writer.prefix_lines if writer is not None else 0
         self.disk_prefix_rows = prefix
         self.cache = RowCache(cache_bytes, cache_rows, first_ordinal=prefix)
@@ -175,6 +116,11 @@ class HistoryStore:
         self._open: dict[str, Any] = {}
         self._open_nonfinite = False
         self._agg: dict[str, list[float]] = {}
+        # measurement name -> sum/max/mean (the span package's table), and each metric
+        # key's kind, so the hot path does one dict lookup instead of a ``split`` per
+        # call (cleared past a bound: unique span names cannot grow it without limit)
+        self._aggregation = aggregation_kinds(aggregation)
+        self._kind_cache: dict[str, int] = {}
         # span data since the last log(): it joins the row the next log() writes
         self._pend: dict[str, Any] = {}
         self._pagg: dict[str, list[float]] = {}
@@ -219,7 +165,7 @@ class HistoryStore:
     # ------------------------------------------------------------------ ingress
 
     def _check_fork(self) -> None:
-        if self._fork_gen != _FORK_GEN:
+        if self._fork_gen != _current.fork_gen:
             raise ForkedRunError(FORK_MESSAGE)
 
     def _drop(self, cause: str, message: str, *args: Any) -> None:
@@ -237,7 +183,7 @@ class HistoryStore:
             TypeError: ``metrics`` is not a mapping.
             ForkedRunError: called in a forked child of the process that made this store.
         """
-        if self._fork_gen != _FORK_GEN:
+        if self._fork_gen != _current.fork_gen:
             raise ForkedRunError(FORK_MESSAGE)
         if type(metrics) is not dict:
             if not isinstance(metrics, Mapping):
@@ -417,248 +363,6 @@ class HistoryStore:
         )
         return name or None
 
-    #: metric key -> its aggregation, so the hot path does one dict lookup instead of a
-    #: ``split`` per call; shared by all stores (it only depends on the name) and cleared
-    #: when it grows past a bound, so unique span names cannot grow it without limit
-    _kind_cache: dict[str, int] = {}
-
-    def ingest_span(self, metrics: dict[str, Any], dur_ms: float, record: Any = None) -> int | None:
-        """Accumulate span/plugin metrics until the next ``log()`` places them in its row.
-
-        Aggregation by measurement name (spec spans.txt "Repeated plugin measurements"): sum
-        (``time_ms``, ``cpu_time_ms``, ``gpu_mem_delta_mb``, ``count`` and unknown names),
-        maximum (``gpu_mem_peak_mb``, ``gpu_mem_used_mb``), duration-weighted mean
-        (``cpu_percent``, ``gpu_percent``). A span never commits a step.
-
-        The metrics wait in a pending row that the next accepted ``log()`` folds into the
-        row it writes (after ``step=`` opened it); ``commit()``, ``flush()``, ``close()``
-        and the hold deadline (:meth:`hold_spans`) fold it into the row open then.
-        ``record`` (a span record: ``bytes``, or a dict) waits with them and reaches the
-        span sink with the step of that row.
-
-        Returns None when ``record`` is held, else the step open now (the one a fold would
-        use now); -1 when the store is closed (nothing is kept).
-        """
-        if self._fork_gen != _FORK_GEN:
-            raise ForkedRunError(FORK_MESSAGE)
-        kinds = self._kind_cache
-        with self._lock:
-            if self._closed:
-                return -1
-            pend = self._pend
-            if not pend:  # the first span since the last fold: start the hold deadline
-                self._pend_since = self._clock()
-                if not self._pend_armed:
-                    self._arm_pending()
-            pagg = self._pagg
-            for k, v in metrics.items():
-                tv = type(v)
-                if tv is not float and tv is not int:
-                    pend[k] = v
-                    pagg.pop(k, None)
-                    if self._preset is None:  # remember that this metric restarted
-                        self._preset = set()
-                    self._preset.add(k)
-                    continue
-                if v - v != 0:
-                    self._pend_nonfinite = True
-                kind = kinds.get(k)
-                if kind is None:
-                    kind = self._kind(k)
-                cur = pend.get(k)
-                if kind == MEAN:
-                    a = pagg.get(k)
-                    if a is None or type(cur) not in _NUMERIC:
-                        a = pagg[k] = [0.0, 0.0]
-                    if dur_ms > 0:
-                        a[0] += v * dur_ms
-                        a[1] += dur_ms
-                        pend[k] = a[0] / a[1]
-                    elif a[1] == 0:
-                        pend[k] = v
-                # exact type checks: a bool or non-number already in the row is replaced
-                elif (tc := type(cur)) is not float and tc is not int:
-                    pend[k] = v
-                elif kind == SUM:
-                    pend[k] = cur + v
-                elif v > cur or cur != cur:
-                    pend[k] = v
-            if record is None:
-                return self.open_step
-            held = self._held
-            held.append(record)
-            if type(record) is not dict:  # an encoded record (attributes, plugins, error)
-                self._held_bytes += len(record)
-            if len(held) < self._hold_cap and self._held_bytes < self._hold_max_bytes:
-                return None
-            self._emit_held_locked(self._fold_locked())  # bounded memory
-            return None
-
-    @classmethod
-    def _kind(cls, k: str) -> int:
-        kinds = cls._kind_cache
-        if len(kinds) >= 65536:
-            kinds.clear()
-        kind = kinds[k] = AGGREGATION.get(k.split("/", 1)[0], SUM)
-        return kind
-
-    # ------------------------------------------------------------------ pending span data
-
-    def hold_spans(
-        self,
-        sink: Callable[[int, list[Any]], Any],
-        *,
-        max_seconds: float | None = 5.0,
-        max_bytes: int = 64 << 20,
-    ) -> None:
-        """Hold span records passed to :meth:`ingest_span` until their row is known.
-
-        ``sink(step, records)`` receives them, in the order they were ingested, with the
-        step of the row their metrics were folded into; it is called under the store lock
-        (so records reach the span file in fold order and ``flush()`` misses none), must
-        not call back into the store, and is never called with an empty list.
-
-        ``max_seconds`` bounds how long the oldest pending span waits for a ``log()`` while
-        this store has not accepted a ``log(step=N)``: the row open then is the one the
-        next ``log()`` writes anyway. Once explicit steps are in use the bound is
-        ``max_open_seconds`` (the open row's own crash bound). None: no timed fold beyond
-        ``max_open_seconds``. Memory is bounded by ``max_bytes`` (of records held encoded,
-        i.e. those with attributes, plugin metrics or an error) and by :data:`HOLD_MAX_RECORDS`
-        records (:data:`HOLD_RECORDS_BEFORE_STEPS` before the first ``log(step=N)``); past
-        a bound the pending data is placed in the open row at once.
-        """
-        with self._lock:
-            self._span_sink = sink
-            self._hold_seconds = max_seconds
-            self._hold_max_bytes = int(max_bytes)
-
-    @property
-    def held_span_records(self) -> int:
-        """Span records waiting for the ``log()`` that fixes their step."""
-        return len(self._held)
-
-    def fold_spans(self) -> None:
-        """Place pending span data in the open row now and hand its records to the sink
-        (what ``flush()`` and a closing span recorder do). Never commits."""
-        self._check_fork()
-        with self._lock:
-            if self._pend:
-                self._emit_held_locked(self._fold_locked())
-
-    def _fold_locked(self) -> list[Any] | None:
-        """Join the pending span data into the open row; returns the held records (or None)."""
-        pend = self._pend
-        if pend:
-            if not self._open:  # the common case: the row this log() opened is empty
-                # swap, no copy: an empty open row has no aggregation state either
-                self._open, self._pend = pend, self._open
-                self._agg, self._pagg = self._pagg, self._agg
-            else:
-                self._fold_into(self._open, self._agg)
-                self._pend = {}
-                self._pagg = {}
-            if self._preset is not None:
-                self._preset = None
-            if self._pend_nonfinite:
-                self._open_nonfinite = True
-                self._pend_nonfinite = False
-        held = self._held
-        if not held:
-            return None
-        self._held = []
-        self._held_bytes = 0
-        return held
-
-    def _fold_into(self, row: dict[str, Any], agg: dict[str, list[float]]) -> None:
-        """Combine the pending row into ``row`` as if its spans had been ingested there."""
-        pagg = self._pagg
-        reset = self._preset
-        kinds = self._kind_cache
-        for k, v in self._pend.items():
-            tv = type(v)
-            if (reset is not None and k in reset) or (tv is not float and tv is not int):
-                row[k] = v  # a non-numeric value restarted this metric's aggregation
-                a = pagg.get(k)
-                if a is not None:
-                    agg[k] = list(a)
-                else:
-                    agg.pop(k, None)
-                continue
-            kind = kinds.get(k)
-            if kind is None:
-                kind = self._kind(k)
-            cur = row.get(k)
-            if kind == MEAN:
-                a = agg.get(k)
-                if a is None or type(cur) not in _NUMERIC:
-                    a = agg[k] = [0.0, 0.0]
-                pa = pagg.get(k)
-                if pa is not None and pa[1] > 0:
-                    a[0] += pa[0]
-                    a[1] += pa[1]
-                    row[k] = a[0] / a[1]
-                elif a[1] == 0:
-                    row[k] = v
-            elif (tc := type(cur)) is not float and tc is not int:
-                row[k] = v
-            elif kind == SUM:
-                row[k] = cur + v
-            elif v > cur or cur != cur:
-                row[k] = v
-
-    def _emit_held_locked(self, held: list[Any] | None) -> None:
-        """Hand ``held`` to the span sink with the open step. Under the store lock, so
-        records reach the span file in fold order and ``flush()``/``close()`` never miss
-        a batch another thread has folded but not yet written."""
-        if held is None or self._span_sink is None:
-            return
-        try:
-            self._span_sink(self.open_step, held)
-        except Exception as exc:  # noqa: BLE001 - a span sink never breaks log()
-            self._sink_failed(exc)
-
-    def _sink_failed(self, exc: Exception) -> None:
-        self.warner.warn(
-            ("span_sink", type(exc).__name__),
-            "expr_tracker: writing span records failed (%s: %s); ignored (warned once)",
-            type(exc).__name__,
-            exc,
-        )
-
-    def _hold_limit(self) -> float | None:
-        hold = self._hold_seconds
-        if hold is None or self._explicit_steps:
-            return self.max_open_seconds
-        if self.max_open_seconds is None:
-            return hold
-        return min(hold, self.max_open_seconds)
-
-    def _arm_pending(self) -> None:
-        limit = self._hold_limit()
-        if limit is None:
-            return
-        self._pend_armed = True
-        (self._flusher or get_flusher()).schedule(
-            ("spans", id(self)), self._pend_since + limit, self._pending_timeout
-        )
-
-    def _pending_timeout(self) -> None:
-        """Runs on the flusher thread: fold span data that waited past the hold deadline."""
-        with self._lock:
-            self._pend_armed = False
-            if self._closed or not self._pend:
-                return
-            limit = self._hold_limit()
-            if limit is None:
-                return
-            due = self._pend_since + limit
-            if self._clock() < due:
-                self._arm_pending()
-                return
-            self._emit_held_locked(self._fold_locked())
-            if self.max_open_seconds is not None:
-                self._touch()
-
     # ------------------------------------------------------------------ commit
 
     def _commit_locked(self) -> dict[str, Any]:
@@ -804,252 +508,6 @@ class HistoryStore:
                             type(exc).__name__,
                             exc,
                         )
-
-    # ------------------------------------------------------------------ open-row timer
-
-    def _touch(self) -> None:
-        self._touched = self._clock()
-        if not self._timer_armed:
-            self._timer_armed = True
-            (self._flusher or get_flusher()).schedule(
-                ("open", id(self)), self._touched + self.max_open_seconds, self._open_timeout
-            )
-
-    def _open_timeout(self) -> None:
-        """Runs on the flusher thread: write an idle open row to disk without committing."""
-        with self._lock:
-            self._timer_armed = False
-            if self._closed or not self._open or self.max_open_seconds is None:
-                return
-            due = self._touched + self.max_open_seconds
-            if self._clock() < due:
-                self._timer_armed = True
-                (self._flusher or get_flusher()).schedule(
-                    ("open", id(self)), due, self._open_timeout
-                )
-                return
-            self._write_open_locked()
-        if self.writer is not None:
-            self.writer.flush()
-
-    def _write_row_locked(self, row: dict[str, Any], step: int) -> None:
-        """Append ``row`` whole, or, once this step was written early (max_open_seconds), as
-        a patch line holding what changed since (nothing when nothing did)."""
-        written = self._written_open
-        if written is None:
-            self._append_locked(self._encode(row), step)
-            return
-        patch = _changed(row, written)
-        if patch is None:
-            return
-        self._append_locked(self._encode(patch), step)
-        self.patch_rows += 1
-        if self.writer is not None:
-            self.writer.mark_duplicate_steps()
-
-    def _write_open_locked(self) -> None:
-        row = dict(self._open)
-        row["_step"] = self.open_step
-        row["_time"] = self._wall()
-        mark = self.cache.next_ordinal
-        try:
-            self._write_row_locked(row, self.open_step)
-        except BaseException:
-            if self.cache.next_ordinal != mark:  # it was written: remember it (no repeat)
-                self._written_open = row
-            raise
-        self._written_open = row
-
-    def write_open_row(self) -> bool:
-        """Write the open row to disk now, without committing it (what the timer does)."""
-        with self._lock:
-            if not self._open:
-                return False
-            self._write_open_locked()
-            return True
-
-    # ------------------------------------------------------------------ queries
-    # Query planning (spec design.txt B.0-B.2). The cache/disk boundary is the row ordinal
-    # ``cache.first_ordinal``: rows before it are on disk (evicted, or a resume's prefix),
-    # rows from it on are in memory. Every result is a list of new dicts: a snapshot.
-
-    def open_row(self) -> dict[str, Any] | None:
-        """A copy of the open row with its ``_step`` (None when it holds nothing)."""
-        with self._lock:
-            return self._open_copy_locked()
-
-    def _open_copy_locked(self) -> dict[str, Any] | None:
-        """The open row as a query shows it: with the pending span data folded in (a view:
-        the next ``log()`` decides the row that data really joins)."""
-        if not self._open:
-            if not self._pend:
-                return None
-            row = dict(self._pend)
-        else:
-            row = dict(self._open)
-            if self._pend:
-                self._fold_into(row, {k: list(a) for k, a in self._agg.items()})
-        row["_step"] = self.open_step
-        return row
-
-    def tail(self, n: int | None = 50, include_open: bool = True) -> list[dict[str, Any]]:
-        """The newest ``n`` steps (``None``/``-1``: all, in step order), oldest first.
-
-        Returns new dicts (a snapshot). Rows of one step are merged (later lines win per
-        key); the open row counts as the newest step when ``include_open``. The cache
-        answers without any IO when it holds the window; otherwise the rows before the
-        cache boundary are read backwards from the file (``disk_queries`` += 1).
-
-        Raises:
-            ForkedRunError: called in a forked child of the process that made this store.
-        """
-        self._check_fork()
-        if n is not None and n < 0:
-            n = None
-        if n == 0:
-            with self._lock:
-                self.queries += 1
-            return []
-        memo_rows = None
-        with self._lock:
-            self.queries += 1
-            cache = self.cache
-            openrow = self._open_copy_locked() if include_open else None
-            # a timed-out open row is on disk but not committed: hidden without include_open
-            hide = None if include_open or self._written_open is None else self.open_step
-            stop = cache.next_ordinal
-            if n is None:
-                start, complete, simple = cache.first_ordinal, False, False
-                want = None
-            else:
-                want = n - 1 if openrow is not None else n + (hide is not None)
-                if want <= 0:
-                    start, complete, simple = stop, True, True
-                else:
-                    start, complete, simple = cache.tail_start(want)
-                    memo = self._memo
-                    if memo is None:
-                        memo = self._memo = DecodedTail()
-                    memo_rows = memo.get(cache, start, stop)
-            lines = cache.lines(start, stop) if memo_rows is None else None
-            first = cache.first_ordinal
-            first_step = cache.first_step()
-            is_sorted = cache.sorted and (self.writer is None or self.writer.sorted)
-            disk = not complete and first > 0 and self.writer is not None
-        rows = memo_rows if memo_rows is not None else decode_lines(lines or [])
-        if disk:
-            reader = self._disk_reader(first)
-            if reader is not None:
-                if want is None:
-                    drows = list(reader.iter_rows())
-                else:
-                    drows = reader.tail_physical(want)
-                if not reader.meta and first_step is not None:  # degraded: by step
-                    drows = [r for r in drows if step_key(r) < first_step]
-                self._count_disk(reader)
-                rows = drows + rows
-                simple = False
-        if hide is not None:
-            while rows and rows[-1].get("_step") == hide:
-                rows.pop()
-        if openrow is not None:
-            rows.append(openrow)
-            if simple and len(rows) > 1 and step_key(rows[-2]) >= openrow["_step"]:
-                simple = False
-        if not simple:
-            rows = merge_by_step(rows)
-            if n is None and not is_sorted:
-                rows.sort(key=step_key)
-        if n is not None and len(rows) > n:
-            del rows[:-n]
-        return rows
-
-    def step_range(
-        self, start: int | None, end: int | None, include_open: bool = True
-    ) -> list[dict[str, Any]]:
-        """Steps ``start <= _step < end`` (None: open side), merged, in step order.
-
-        Exact by step. When the store is sorted the cache is binary-searched and the file
-        is read only for the part of the range older than the cache, through the sidecar
-        index (never a full scan); an unsorted store (``step_policy="allow"`` with
-        backward steps) walks the cache and scans the disk part once.
-
-        Raises:
-            ForkedRunError: called in a forked child of the process that made this store.
-        """
-        self._check_fork()
-        lo = -(1 << 63) if start is None else int(start)
-        hi = 1 << 63 if end is None else int(end)
-        if hi <= lo:
-            with self._lock:
-                self.queries += 1
-            return []
-        with self._lock:
-            self.queries += 1
-            cache = self.cache
-            w = self.writer
-            is_sorted = cache.sorted and (w is None or w.sorted)
-            if cache.nrows == 0:
-                lines: list[bytes] = []
-            elif cache.sorted:
-                lines = cache.lines(cache.ordinal_of_step(lo), cache.ordinal_of_step(hi))
-            else:
-                lines = [cache.lines(o, o + 1)[0] for o in cache.ordinals_in(lo, hi)]
-            first = cache.first_ordinal
-            first_step = cache.first_step()
-            disk = (
-                first > 0
-                and w is not None
-                and (not is_sorted or first_step is None or lo <= first_step)
-            )
-            openrow = None
-            hide = None
-            if lo <= self.open_step < hi:
-                if include_open:
-                    openrow = self._open_copy_locked()
-                elif self._written_open is not None:
-                    hide = self.open_step
-        rows = decode_lines(lines)
-        if disk:
-            reader = self._disk_reader(first)
-            if reader is not None:
-                drows = reader.range_rows(lo, hi)
-                if not reader.meta and first_step is not None:
-                    drows = [r for r in drows if step_key(r) < first_step]
-                self._count_disk(reader)
-                rows = drows + rows
-        if hide is not None:
-            while rows and rows[-1].get("_step") == hide:
-                rows.pop()
-        if openrow is not None:
-            rows.append(openrow)
-        rows = merge_by_step(rows)
-        rows.sort(key=step_key)
-        return rows
-
-    def _disk_reader(self, boundary: int) -> JsonlReader | None:
-        """A reader over the file's lines before ordinal ``boundary`` (None: no file).
-
-        Plans with the writer's in-memory sidecar (fresher than meta.json). When records
-        were dropped, line numbers no longer equal ordinals: the whole file is read with
-        no sidecar and the caller keeps only steps older than the cache (spec B.2).
-        """
-        w = self.writer
-        if w is None or not w.path.exists():
-            return None
-        if w.dropped:
-            return JsonlReader(w.path, meta={}, warner=self.warner)
-        meta = w.meta()
-        meta["index"] = list(meta["index"])
-        reader = JsonlReader(w.path, meta=meta, warner=self.warner)
-        reader.set_end(reader.offset_of_line(boundary))
-        return reader
-
-    def _count_disk(self, reader: JsonlReader) -> None:
-        self.disk_queries += 1
-        self.disk_bytes_read += reader.bytes_read
-        self.disk_lines_skipped += reader.skipped
-        self.disk_lines_no_step += reader.no_step
 
     # ------------------------------------------------------------------ lifecycle
 

@@ -1,13 +1,11 @@
-"""Buffered, crash-safe JSONL appends, on one reusable background thread.
-
-:class:`BackgroundFlusher` is a single daemon thread per process that runs due callbacks:
-writer flushes and the store's open-row timers. No Timer is ever created per commit.
+"""Buffered, crash-safe JSONL appends, flushed on the shared background thread.
 
 :class:`JsonlWriter` appends encoded lines to one file:
 
 - ``append(line, step)`` queues one record (bytes, no newline); the first record of a
   writer's life, a full buffer (``buffer_size``), ``buffer_interval`` after the previous
-  flush and ``max_buffer_seconds`` after the oldest pending record make a flush due;
+  flush and ``max_buffer_seconds`` after the oldest pending record make a flush due, run on
+  the process-wide :class:`~expr_tracker.history.flusher.BackgroundFlusher`;
 - a flush takes its batch and writes it in order (an I/O lock serialises flushes, so
   physical line numbers always equal the order of ``append`` calls);
 - a failed write is rolled back (the file is truncated to where it was), the batch is put
@@ -21,300 +19,46 @@ writer flushes and the store's open-row timers. No Timer is ever created per com
   writer (the run directory was deleted) is recreated with its directory, and a file that
   is shorter than the writer wrote (truncated by another process) has a torn tail repaired
   and its line count, steps and index rescanned before the batch is appended (one warning
-  each);
+  each; :mod:`~expr_tracker.history.recovery` repairs and rescans);
 - ``close`` refuses new records first (counted as ``dropped_closed``), then flushes, so a
   record accepted by ``append`` is never left behind by a concurrent close;
 - the sidecar ``*.meta.json`` (spec design.txt A.2) is written atomically (temp file +
   ``os.replace``) at most every 2 s during flushes and always on close;
-- opening an existing file repairs a torn last line and rescans from the last trusted
-  index anchor when the sidecar disagrees with the file size;
-- an exclusive ``flock`` on ``<file>.lock`` (holding the pid) keeps a second live process
-  from appending to the same file (:class:`~expr_tracker.errors.RunLockedError`).
+- opening an existing file, the one-writer lock and the repairs are in
+  :mod:`~expr_tracker.history.recovery`.
 """
 
 from __future__ import annotations
 
-import errno
 import json
 import logging
 import os
-import queue
-import socket
 import threading
 import time
-from collections.abc import Callable, Hashable
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from expr_tracker.errors import RunLockedError
-from expr_tracker.history.codec import Warner, decode_line
+from expr_tracker.history.codec import Warner
+from expr_tracker.history.flusher import BackgroundFlusher, get_flusher
 from expr_tracker.history.paths import atomic_write
-from expr_tracker.history.reader import META_SCHEMA, last_line_end
+from expr_tracker.history.reader import META_SCHEMA
+from expr_tracker.history.recovery import (
+    acquire_lock,
+    open_existing,
+    recreate,
+    release_lock_fd,
+    repair_torn_tail,
+    repair_truncated,
+    rescan,
+)
 
 log = logging.getLogger("expr_tracker")
-
-try:  # POSIX only; elsewhere the one-writer rule is not enforced
-    import fcntl
-except ImportError:  # pragma: no cover - Windows
-    fcntl = None  # type: ignore[assignment]
 
 META_MIN_INTERVAL_S = 2.0
 INDEX_EVERY = 1000
 RETRY_DELAY_S = 1.0
 RETRY_MAX_DELAY_S = 30.0
-
-
-# --------------------------------------------------------------------------- flusher
-
-
-class BackgroundFlusher:
-    """One daemon thread running scheduled callbacks at their due time (monotonic seconds).
-
-    ``schedule(key, due, callback)`` keeps the earliest due time per key; callbacks run on
-    the flusher thread, outside its lock; an exception in one is logged and ignored.
-
-    Safe against an exception raised at any point of ``schedule``/``cancel`` on the caller's
-    thread (a Ctrl-C while ``et.log()`` schedules a flush): the table is guarded by a plain
-    ``threading.Lock`` in a ``with`` block (its C-level ``__enter__``/``__exit__`` cannot be
-    split by a signal, unlike ``threading.Condition``'s, which run Python code and can leave
-    the lock held), and the thread is woken through a ``queue.SimpleQueue`` whose ``put`` is
-    one C call.
-    """
-
-    def __init__(self, clock: Callable[[], float] = time.monotonic) -> None:
-        self._clock = clock
-        self._lock = threading.Lock()
-        self._wake: queue.SimpleQueue[None] = queue.SimpleQueue()
-        self._due: dict[Hashable, tuple[float, Callable[[], Any]]] = {}
-        self._thread: threading.Thread | None = None
-        self.thread_starts = 0
-        self.busy = False
-
-    def start(self) -> None:
-        """Start the thread now (writers call this when they are made, so that ``log()``
-        on the main thread never runs ``Thread.start``, whose Python-level waits a Ctrl-C
-        can leave holding a lock). ``schedule`` starts it too if it is not running."""
-        with self._lock:
-            self._start_locked()
-
-    def _start_locked(self) -> None:
-        if self._thread is None or not self._thread.is_alive():
-            self._thread = threading.Thread(
-                target=self._run, name="expr_tracker-flusher", daemon=True
-            )
-            self.thread_starts += 1
-            self._thread.start()
-
-    def schedule(self, key: Hashable, due: float, callback: Callable[[], Any]) -> None:
-        with self._lock:
-            cur = self._due.get(key)
-            if cur is not None and cur[0] <= due:
-                return
-            self._due[key] = (due, callback)
-            if self._thread is None or not self._thread.is_alive():
-                self._start_locked()
-        self._wake.put(None)
-
-    def cancel(self, key: Hashable) -> None:
-        with self._lock:
-            self._due.pop(key, None)
-
-    def _run(self) -> None:
-        wake = self._wake
-        while True:
-            with self._lock:
-                timeout = 30.0
-                cb = None
-                if self._due:
-                    key, (due, cb) = min(self._due.items(), key=lambda kv: kv[1][0])
-                    now = self._clock()
-                    if due > now:
-                        timeout = min(due - now, 30.0)
-                        cb = None
-                    else:
-                        del self._due[key]
-                        self.busy = True
-            if cb is None:
-                try:
-                    wake.get(timeout=timeout)
-                except queue.Empty:
-                    pass
-                continue
-            try:
-                cb()
-            except Exception:  # noqa: BLE001 - the flusher must survive anything
-                log.exception("expr_tracker: background flush failed")
-            finally:
-                self.busy = False
-
-
-_FLUSHER: BackgroundFlusher | None = None
-_FLUSHER_LOCK = threading.Lock()
-
-
-def get_flusher() -> BackgroundFlusher:
-    """The process-wide flusher (a new one after ``fork``)."""
-    global _FLUSHER
-    f = _FLUSHER
-    if f is None:
-        with _FLUSHER_LOCK:
-            if _FLUSHER is None:
-                _FLUSHER = BackgroundFlusher()
-            f = _FLUSHER
-    return f
-
-
-def _after_fork_in_child() -> None:
-    global _FLUSHER, _FLUSHER_LOCK
-    _FLUSHER = None
-    _FLUSHER_LOCK = threading.Lock()
-    _close_inherited_locks()
-
-
-#: descriptors of the one-writer locks this process holds -> (st_dev, st_ino) of the lock file
-_LOCK_FDS: dict[int, tuple[int, int]] = {}
-
-
-def track_lock_fd(fd: int | None) -> None:
-    """Remember ``fd`` as holding a one-writer lock, so a forked child closes its copy."""
-    if fd is None:
-        return
-    try:
-        st = os.fstat(fd)
-    except OSError:
-        return
-    _LOCK_FDS[fd] = (st.st_dev, st.st_ino)
-
-
-def release_lock_fd(fd: int) -> None:
-    """Close a lock descriptor from :func:`acquire_lock` (the lock is released once no
-    descriptor of its open file is left). Never raises."""
-    _LOCK_FDS.pop(fd, None)
-    try:
-        os.close(fd)
-    except OSError:
-        pass
-
-
-def _close_inherited_locks() -> None:
-    """In a forked child: close the copies of the parent's lock descriptors, so a child that
-    outlives a killed parent does not keep the run locked. ``flock`` locks belong to the
-    open file description both descriptors share: closing the child's copy leaves the
-    parent's lock held (nothing here calls ``LOCK_UN``, which would release it for both)."""
-    for fd, ident in list(_LOCK_FDS.items()):
-        try:
-            st = os.fstat(fd)
-        except OSError:
-            continue
-        if (st.st_dev, st.st_ino) == ident:  # still the lock file, not a reused number
-            try:
-                os.close(fd)
-            except OSError:
-                pass
-    _LOCK_FDS.clear()
-
-
-if hasattr(os, "register_at_fork"):
-    os.register_at_fork(after_in_child=_after_fork_in_child)
-
-
-# --------------------------------------------------------------------------- lock
-
-
-def lock_path_of(path: str | os.PathLike[str]) -> Path:
-    """The one-writer lock file of a producer file: ``<path>.lock``."""
-    p = Path(path)
-    return p.with_name(p.name + ".lock")
-
-
-def acquire_lock(path: str | os.PathLike[str]) -> tuple[int | None, bool]:
-    """Take the one-writer lock of ``path``: an exclusive, non-blocking ``flock`` on
-    ``<path>.lock``, which then holds ``pid=... host=...``.
-
-    Returns ``(fd, created)``: the descriptor holding the lock (closing it releases the
-    lock) and whether this call created the lock file; ``(None, False)`` where ``flock``
-    does not exist. A lock file removed between opening and locking it (an undone attempt
-    removes the lock file it created) is opened again, so two processes never hold locks
-    on two different files of one name.
-
-    Raises:
-        RunLockedError: another live process holds the lock; nothing was written.
-        FileNotFoundError: the directory does not exist.
-        OSError: the lock file cannot be created or opened.
-    """
-    if fcntl is None:
-        return None, False
-    lock_path = lock_path_of(path)
-    for _ in range(100):
-        created = False
-        try:
-            fd = os.open(lock_path, os.O_RDWR | os.O_CREAT | os.O_EXCL, 0o644)
-            created = True
-        except FileExistsError:
-            try:
-                fd = os.open(lock_path, os.O_RDWR)
-            except FileNotFoundError:
-                continue  # removed in between: create it again
-        try:
-            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-        except OSError as exc:
-            try:
-                holder = os.pread(fd, 256, 0).decode("utf-8", "replace").strip() or "?"
-            except OSError:
-                holder = "?"
-            os.close(fd)
-            if exc.errno in (errno.EWOULDBLOCK, errno.EAGAIN, errno.EACCES):
-                raise RunLockedError(
-                    f"{path} is being written by another live process "
-                    f"({_describe_holder(holder, lock_path)}); nothing "
-                    "of it was touched. A different experiment needs another name "
-                    "(et.init(name=...)); for this same run, wait for that process to finish "
-                    "(a later start resumes it); a second producer of the same experiment "
-                    "(an evaluator, a data worker) logs to its own stream "
-                    "(et.init(stream=...))"
-                ) from None
-            raise
-        try:
-            same = os.path.samestat(os.fstat(fd), os.stat(lock_path))
-        except OSError:
-            same = False
-        if not same:  # we locked a file that was removed meanwhile: not the lock any more
-            os.close(fd)
-            continue
-        track_lock_fd(fd)
-        try:
-            os.ftruncate(fd, 0)
-            os.pwrite(fd, f"pid={os.getpid()} host={socket.gethostname()}\n".encode(), 0)
-        except OSError:
-            pass
-        return fd, created
-    raise OSError(errno.EAGAIN, f"the lock file {lock_path} keeps being replaced")
-
-
-def _describe_holder(holder: str, lock_path: Path) -> str:
-    """``pid=N host=H`` from the lock file; where that pid is dead on this host, the lock is
-    held by a process that inherited the descriptor (a forked child still running)."""
-    fields = dict(part.split("=", 1) for part in holder.split() if "=" in part)
-    try:
-        pid = int(fields.get("pid", ""))
-    except ValueError:
-        return holder
-    if fields.get("host") != socket.gethostname():
-        return holder
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return (
-            f"{holder}, which has exited: the lock is held by a process that inherited it "
-            f"from pid {pid} (a forked child still running?); find it with "
-            f"`fuser -v {lock_path}` or `lsof {lock_path}`"
-        )
-    except OSError:
-        pass
-    return holder
-
-
-# --------------------------------------------------------------------------- writer
 
 
 class JsonlWriter:
@@ -424,159 +168,20 @@ class JsonlWriter:
         elif lock:
             self._acquire_lock()
         try:
-            self._open_existing()
+            open_existing(self)
         except OSError as exc:
             self._warn_io(exc, "open")
         self.prefix_lines = self.lines  # lines that existed before this writer
         if async_write:
             (self._flusher or get_flusher()).start()
 
-    # ---------------------------------------------------------------- lock / open
+    # ---------------------------------------------------------------- lock / steps
 
     def _acquire_lock(self) -> None:
         try:
             self._lock_fd, _ = acquire_lock(self.path)  # RunLockedError propagates
         except OSError as exc:
             self._warn_io(exc, "create the lock file for")
-
-    def _open_existing(self) -> None:
-        """Repair, measure and open an existing file for appending (a new one waits for the
-        first write)."""
-        if self.path.exists():
-            size = self.path.stat().st_size
-            meta = self._read_meta()
-            try:
-                size = self._repair_torn_tail(size)
-            except OSError as exc:
-                # the file cannot be written now (a read-only mount): measure its complete
-                # lines without repairing it, so a resume continues after the last step on
-                # disk; the fd stays closed and the first write reopens, repairs and rescans
-                self._measure_unrepaired(size, meta)
-                self._warn_io(exc, "repair the torn last line of")
-                return
-            if meta is not None and meta.get("size") == size and meta.get("schema") == META_SCHEMA:
-                self.size = size
-                self.lines = int(meta.get("lines", 0))
-                self.last_step = meta.get("last_step")
-                self.max_step = meta.get("max_step")
-                self.sorted = bool(meta.get("sorted", True))
-                self.has_duplicate_steps = bool(meta.get("has_duplicate_steps", False))
-                self.index = [list(a) for a in meta.get("index", [])]
-            else:
-                self._rescan(size, meta)
-            self._fd = os.open(self.path, os.O_WRONLY | os.O_APPEND)
-        # a new file is created by the first write, so a producer that records nothing
-        # (a stream without spans) leaves no empty file behind
-
-    def _measure_unrepaired(self, size: int, meta: dict[str, Any] | None) -> None:
-        """Line count and steps of the complete lines of a file whose torn last line could
-        not be repaired; a last line that is a whole record without its newline counts."""
-        with open(self.path, "rb") as f:
-            f.seek(max(0, size - 1))
-            if size == 0 or f.read(1) == b"\n":
-                complete, fragment = size, b""
-            else:
-                complete = last_line_end(f, size)
-                f.seek(complete)
-                fragment = f.read(size - complete)
-        self._rescan(complete, meta)
-        try:
-            whole = isinstance(decode_line(fragment), dict) if fragment else False
-        except ValueError:
-            whole = False
-        if whole:
-            self._note_step(_step_of(fragment), self.lines, complete)
-            self.lines += 1
-        self.size = complete  # the first write finds the file longer and measures it again
-
-    def _read_meta(self) -> dict[str, Any] | None:
-        if self.meta_path is None or not self.meta_path.exists():
-            return None
-        try:
-            data = json.loads(self.meta_path.read_text("utf-8"))
-            return data if isinstance(data, dict) else None
-        except (OSError, ValueError):
-            return None
-
-    def _repair_torn_tail(self, size: int) -> int:
-        """Terminate or cut an unterminated last line (left by a crash). Returns the size."""
-        if size == 0:
-            return 0
-        with open(self.path, "rb") as f:
-            f.seek(size - 1)
-            if f.read(1) == b"\n":
-                return size
-            start = last_line_end(f, size)  # where the torn line begins
-            f.seek(start)
-            fragment = f.read(size - start)
-        try:
-            ok = isinstance(decode_line(fragment), dict)
-        except ValueError:
-            ok = False
-        if ok:
-            with open(self.path, "ab") as f:
-                f.write(b"\n")
-            log.warning(
-                "expr_tracker: %s ended without a newline (a crash mid-write); the last "
-                "record was complete and is kept",
-                self.path,
-            )
-            return size + 1
-        os.truncate(self.path, start)
-        log.warning(
-            "expr_tracker: repaired a torn last line in %s (%d bytes of an incomplete record "
-            "left by a crash were removed)",
-            self.path,
-            size - start,
-        )
-        return start
-
-    def _rescan(self, size: int, meta: dict[str, Any] | None) -> None:
-        """Recompute line count, steps and index from the last anchor that still fits."""
-        anchors = [list(a) for a in (meta or {}).get("index", []) if len(a) == 3]
-        start_line = start_off = 0
-        kept: list[list[int]] = []
-        trusted = (
-            meta is not None and meta.get("schema") == META_SCHEMA and meta.get("size", 0) <= size
-        )
-        if trusted and anchors:
-            with open(self.path, "rb") as f:
-                for a in anchors:
-                    if a[2] > size:
-                        break
-                    if a[2] > 0:
-                        f.seek(a[2] - 1)
-                        if f.read(1) != b"\n":
-                            break
-                    kept.append(a)
-            if kept:
-                start_line, start_off = kept[-1][1], kept[-1][2]
-                kept = kept[:-1]
-        self.index = kept
-        if trusted and kept is not None and start_line > 0:
-            self.last_step = None
-            self.max_step = meta.get("max_step")
-            self.sorted = bool(meta.get("sorted", True))
-            self.has_duplicate_steps = bool(meta.get("has_duplicate_steps", False))
-        else:
-            self.last_step = None
-            self.max_step = None
-            self.sorted = True
-            self.has_duplicate_steps = False
-        line_no = start_line
-        off = start_off
-        with open(self.path, "rb") as f:
-            f.seek(start_off)
-            for raw in f:
-                if off + len(raw) > size:
-                    break  # a torn tail past ``size`` that could not be repaired
-                step = _step_of(raw)
-                self._note_step(step, line_no, off)
-                off += len(raw)
-                line_no += 1
-        self.lines = line_no
-        self.size = off
-        self._meta_dirty = True
 
     def _note_step(self, step: int | None, line_no: int, offset: int) -> None:
         if line_no % self.index_every == 0 and step is not None:
@@ -819,13 +424,13 @@ class JsonlWriter:
                 self._fd = os.open(self.path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
                 actual = os.fstat(self._fd).st_size
                 if actual < self.size:
-                    self._check_size(actual)
+                    repair_truncated(self, actual)
                 elif actual > self.size:  # created by someone else meanwhile: measure it
-                    self._rescan(self._repair_torn_tail(actual), None)
+                    rescan(self, repair_torn_tail(self.path, actual), None)
             start = self.size
             self._write_all(data)
             if os.fstat(self._fd).st_nlink == 0:  # deleted during the write: write it again
-                self._recreate()
+                recreate(self)
                 start = self.size
                 self._write_all(data)
         except OSError as exc:
@@ -871,61 +476,9 @@ class JsonlWriter:
         """One ``fstat`` before a write: recreate a deleted file, repair a truncated one."""
         st = os.fstat(self._fd)
         if st.st_nlink == 0:
-            self._recreate()
+            recreate(self)
         elif st.st_size < self.size:
-            self._check_size(st.st_size)
-
-    def _recreate(self) -> None:
-        """The file was unlinked under us (its run directory deleted): open a new one."""
-        lost = self.lines
-        try:
-            os.close(self._fd)
-        except OSError:
-            pass
-        self._fd = None
-        self.path.parent.mkdir(parents=True, exist_ok=True)
-        if self._lock_fd is not None:  # the lock file went with the directory
-            release_lock_fd(self._lock_fd)
-            self._lock_fd = None
-            try:
-                self._acquire_lock()
-            except RunLockedError as exc:  # another process took the path meanwhile
-                log.error("expr_tracker: %s", exc)
-        self._fd = os.open(self.path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
-        self.recreated += 1
-        size = os.fstat(self._fd).st_size
-        self.size = self.lines = 0
-        self.index = []
-        self.last_step = self.max_step = None
-        self.sorted, self.has_duplicate_steps = True, False
-        self._meta_dirty = True
-        if size:  # someone else created it meanwhile: measure what is there
-            self._rescan(self._repair_torn_tail(size), None)
-        self._warner.warn(
-            ("recreated", str(self.path)),
-            "expr_tracker: %s was deleted while the run was writing it (its directory was "
-            "removed?); recreated it: the %d lines the deleted file held are lost, records "
-            "still queued and later ones go to the new file (warned once)",
-            self.path,
-            lost,
-        )
-
-    def _check_size(self, actual: int) -> None:
-        """The file is not as long as the writer believes: repair it and rescan."""
-        believed, lines = self.size, self.lines
-        self._rescan(self._repair_torn_tail(actual), None)
-        self.truncations += 1
-        self._warner.warn(
-            ("truncated", str(self.path)),
-            "expr_tracker: %s was truncated by another process (%d bytes written, %d found); "
-            "repaired its last line and rescanned it (%d of %d lines left); new records "
-            "are appended after it (warned once)",
-            self.path,
-            believed,
-            actual,
-            self.lines,
-            lines,
-        )
+            repair_truncated(self, st.st_size)
 
     def _rollback(self, size: int) -> None:
         if self._fd is None:
@@ -1035,15 +588,3 @@ class JsonlWriter:
             "recreated": self.recreated,
             "truncations": self.truncations,
         }
-
-
-def _step_of(raw: bytes) -> int | None:
-    try:
-        rec = decode_line(raw)
-    except ValueError:
-        return None
-    if isinstance(rec, dict):
-        s = rec.get("_step")
-        if type(s) is int:
-            return s
-    return None

@@ -45,6 +45,20 @@ _warner = Warner(log)
 #: plugin keys that belong to the span itself and are dropped from plugin results
 RESERVED_KEYS = ("time_ms", "count")
 
+#: how each measurement (the metric name before its first "/") combines within one history
+#: row (spec spans.txt "Repeated plugin measurements"); ``build`` hands it to the
+#: ``HistoryStore``. A name not listed sums.
+AGGREGATION = {
+    "time_ms": "sum",
+    "cpu_time_ms": "sum",
+    "gpu_mem_delta_mb": "sum",
+    "count": "sum",
+    "gpu_mem_peak_mb": "max",
+    "gpu_mem_used_mb": "max",
+    "cpu_percent": "mean",
+    "gpu_percent": "mean",
+}
+
 
 def _after_fork_in_child() -> None:
     global _PID

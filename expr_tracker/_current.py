@@ -1,0 +1,43 @@
+"""The current run and the fork state: a leaf module (it imports nothing of the project).
+
+``api`` sets :data:`run` when a run starts and clears it when the run finishes (under
+``api._lock``); ``api`` and the history package's live query (``et.history``) read it, so
+neither needs the other to find the current run.
+
+:data:`fork_gen` is incremented in a child after each ``fork``: every run object remembers
+the generation it was made in and raises ``ForkedRunError(FORK_MESSAGE)`` before touching a
+lock in a child that inherited it.
+"""
+
+from __future__ import annotations
+
+import os
+from typing import Any
+
+#: the current ``Run``, or None; read without a lock (one attribute load on the log() path)
+run: Any = None
+
+#: fork generation of this process: 0 in the process that imported the package
+fork_gen = 0
+
+
+def _after_fork_in_child() -> None:
+    global fork_gen
+    fork_gen += 1
+
+
+if hasattr(os, "register_at_fork"):
+    os.register_at_fork(after_in_child=_after_fork_in_child)
+
+
+def fork_generation() -> int:
+    """Incremented in a child after each ``fork``: objects remember the one they were made in."""
+    return fork_gen
+
+
+FORK_MESSAGE = (
+    "this process was forked from the one that started the run (a DataLoader worker or "
+    "multiprocessing child?); an inherited run cannot be used here — it would write into the "
+    "parent's files. Start the child's own run with et.init(..., stream='worker') (or log "
+    "from the parent only)."
+)

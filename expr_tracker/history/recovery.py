@@ -1,0 +1,389 @@
+"""Crash recovery of a producer file: the one-writer lock, torn-tail repair and rescan.
+
+- an exclusive ``flock`` on ``<file>.lock`` (holding the pid) keeps a second live process
+  from appending to the same file (:class:`~expr_tracker.errors.RunLockedError`); lock
+  descriptors are tracked and a forked child closes its copies (never ``LOCK_UN``, so the
+  parent's lock stays held);
+- opening an existing file repairs a torn last line and rescans from the last trusted
+  index anchor when the sidecar disagrees with the file size; a file found shorter than
+  written (truncated by another process) is repaired and rescanned the same way
+  (:func:`repair_truncated`), and a file deleted under the writer is recreated with its
+  directory and lock (:func:`recreate`).
+
+The functions taking ``w`` update a :class:`~expr_tracker.history.writer.JsonlWriter`'s
+file state (``size``, ``lines``, steps, ``index``) in place.
+"""
+
+from __future__ import annotations
+
+import errno
+import json
+import logging
+import os
+import socket
+from pathlib import Path
+from typing import Any
+
+from expr_tracker.errors import RunLockedError
+from expr_tracker.history.codec import decode_line
+from expr_tracker.history.reader import META_SCHEMA, last_line_end
+
+log = logging.getLogger("expr_tracker")
+
+try:  # POSIX only; elsewhere the one-writer rule is not enforced
+    import fcntl
+except ImportError:  # pragma: no cover - Windows
+    fcntl = None  # type: ignore[assignment]
+
+
+# --------------------------------------------------------------------------- lock
+
+#: descriptors of the one-writer locks this process holds -> (st_dev, st_ino) of the lock file
+_LOCK_FDS: dict[int, tuple[int, int]] = {}
+
+
+def track_lock_fd(fd: int | None) -> None:
+    """Remember ``fd`` as holding a one-writer lock, so a forked child closes its copy."""
+    if fd is None:
+        return
+    try:
+        st = os.fstat(fd)
+    except OSError:
+        return
+    _LOCK_FDS[fd] = (st.st_dev, st.st_ino)
+
+
+def release_lock_fd(fd: int) -> None:
+    """Close a lock descriptor from :func:`acquire_lock` (the lock is released once no
+    descriptor of its open file is left). Never raises."""
+    _LOCK_FDS.pop(fd, None)
+    try:
+        os.close(fd)
+    except OSError:
+        pass
+
+
+def _close_inherited_locks() -> None:
+    """In a forked child: close the copies of the parent's lock descriptors, so a child that
+    outlives a killed parent does not keep the run locked. ``flock`` locks belong to the
+    open file description both descriptors share: closing the child's copy leaves the
+    parent's lock held (nothing here calls ``LOCK_UN``, which would release it for both)."""
+    for fd, ident in list(_LOCK_FDS.items()):
+        try:
+            st = os.fstat(fd)
+        except OSError:
+            continue
+        if (st.st_dev, st.st_ino) == ident:  # still the lock file, not a reused number
+            try:
+                os.close(fd)
+            except OSError:
+                pass
+    _LOCK_FDS.clear()
+
+
+if hasattr(os, "register_at_fork"):
+    os.register_at_fork(after_in_child=_close_inherited_locks)
+
+
+def lock_path_of(path: str | os.PathLike[str]) -> Path:
+    """The one-writer lock file of a producer file: ``<path>.lock``."""
+    p = Path(path)
+    return p.with_name(p.name + ".lock")
+
+
+def acquire_lock(path: str | os.PathLike[str]) -> tuple[int | None, bool]:
+    """Take the one-writer lock of ``path``: an exclusive, non-blocking ``flock`` on
+    ``<path>.lock``, which then holds ``pid=... host=...``.
+
+    Returns ``(fd, created)``: the descriptor holding the lock (closing it releases the
+    lock) and whether this call created the lock file; ``(None, False)`` where ``flock``
+    does not exist. A lock file removed between opening and locking it (an undone attempt
+    removes the lock file it created) is opened again, so two processes never hold locks
+    on two different files of one name.
+
+    Raises:
+        RunLockedError: another live process holds the lock; nothing was written.
+        FileNotFoundError: the directory does not exist.
+        OSError: the lock file cannot be created or opened.
+    """
+    if fcntl is None:
+        return None, False
+    lock_path = lock_path_of(path)
+    for _ in range(100):
+        created = False
+        try:
+            fd = os.open(lock_path, os.O_RDWR | os.O_CREAT | os.O_EXCL, 0o644)
+            created = True
+        except FileExistsError:
+            try:
+                fd = os.open(lock_path, os.O_RDWR)
+            except FileNotFoundError:
+                continue  # removed in between: create it again
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except OSError as exc:
+            try:
+                holder = os.pread(fd, 256, 0).decode("utf-8", "replace").strip() or "?"
+            except OSError:
+                holder = "?"
+            os.close(fd)
+            if exc.errno in (errno.EWOULDBLOCK, errno.EAGAIN, errno.EACCES):
+                raise RunLockedError(
+                    f"{path} is being written by another live process "
+                    f"({_describe_holder(holder, lock_path)}); nothing "
+                    "of it was touched. A different experiment needs another name "
+                    "(et.init(name=...)); for this same run, wait for that process to finish "
+                    "(a later start resumes it); a second producer of the same experiment "
+                    "(an evaluator, a data worker) logs to its own stream "
+                    "(et.init(stream=...))"
+                ) from None
+            raise
+        try:
+            same = os.path.samestat(os.fstat(fd), os.stat(lock_path))
+        except OSError:
+            same = False
+        if not same:  # we locked a file that was removed meanwhile: not the lock any more
+            os.close(fd)
+            continue
+        track_lock_fd(fd)
+        try:
+            os.ftruncate(fd, 0)
+            os.pwrite(fd, f"pid={os.getpid()} host={socket.gethostname()}\n".encode(), 0)
+        except OSError:
+            pass
+        return fd, created
+    raise OSError(errno.EAGAIN, f"the lock file {lock_path} keeps being replaced")
+
+
+def _describe_holder(holder: str, lock_path: Path) -> str:
+    """``pid=N host=H`` from the lock file; where that pid is dead on this host, the lock is
+    held by a process that inherited the descriptor (a forked child still running)."""
+    fields = dict(part.split("=", 1) for part in holder.split() if "=" in part)
+    try:
+        pid = int(fields.get("pid", ""))
+    except ValueError:
+        return holder
+    if fields.get("host") != socket.gethostname():
+        return holder
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return (
+            f"{holder}, which has exited: the lock is held by a process that inherited it "
+            f"from pid {pid} (a forked child still running?); find it with "
+            f"`fuser -v {lock_path}` or `lsof {lock_path}`"
+        )
+    except OSError:
+        pass
+    return holder
+
+
+# --------------------------------------------------------------------------- open / repair / rescan
+
+
+def open_existing(w: Any) -> None:
+    """Repair, measure and open an existing file for appending (a new one waits for the
+    first write)."""
+    if w.path.exists():
+        size = w.path.stat().st_size
+        meta = read_meta(w.meta_path)
+        try:
+            size = repair_torn_tail(w.path, size)
+        except OSError as exc:
+            # the file cannot be written now (a read-only mount): measure its complete
+            # lines without repairing it, so a resume continues after the last step on
+            # disk; the fd stays closed and the first write reopens, repairs and rescans
+            measure_unrepaired(w, size, meta)
+            w._warn_io(exc, "repair the torn last line of")
+            return
+        if meta is not None and meta.get("size") == size and meta.get("schema") == META_SCHEMA:
+            w.size = size
+            w.lines = int(meta.get("lines", 0))
+            w.last_step = meta.get("last_step")
+            w.max_step = meta.get("max_step")
+            w.sorted = bool(meta.get("sorted", True))
+            w.has_duplicate_steps = bool(meta.get("has_duplicate_steps", False))
+            w.index = [list(a) for a in meta.get("index", [])]
+        else:
+            rescan(w, size, meta)
+        w._fd = os.open(w.path, os.O_WRONLY | os.O_APPEND)
+    # a new file is created by the first write, so a producer that records nothing
+    # (a stream without spans) leaves no empty file behind
+
+
+def measure_unrepaired(w: Any, size: int, meta: dict[str, Any] | None) -> None:
+    """Line count and steps of the complete lines of a file whose torn last line could
+    not be repaired; a last line that is a whole record without its newline counts."""
+    with open(w.path, "rb") as f:
+        f.seek(max(0, size - 1))
+        if size == 0 or f.read(1) == b"\n":
+            complete, fragment = size, b""
+        else:
+            complete = last_line_end(f, size)
+            f.seek(complete)
+            fragment = f.read(size - complete)
+    rescan(w, complete, meta)
+    try:
+        whole = isinstance(decode_line(fragment), dict) if fragment else False
+    except ValueError:
+        whole = False
+    if whole:
+        w._note_step(step_of(fragment), w.lines, complete)
+        w.lines += 1
+    w.size = complete  # the first write finds the file longer and measures it again
+
+
+def read_meta(meta_path: Path | None) -> dict[str, Any] | None:
+    if meta_path is None or not meta_path.exists():
+        return None
+    try:
+        data = json.loads(meta_path.read_text("utf-8"))
+        return data if isinstance(data, dict) else None
+    except (OSError, ValueError):
+        return None
+
+
+def repair_torn_tail(path: Path, size: int) -> int:
+    """Terminate or cut an unterminated last line (left by a crash). Returns the size."""
+    if size == 0:
+        return 0
+    with open(path, "rb") as f:
+        f.seek(size - 1)
+        if f.read(1) == b"\n":
+            return size
+        start = last_line_end(f, size)  # where the torn line begins
+        f.seek(start)
+        fragment = f.read(size - start)
+    try:
+        ok = isinstance(decode_line(fragment), dict)
+    except ValueError:
+        ok = False
+    if ok:
+        with open(path, "ab") as f:
+            f.write(b"\n")
+        log.warning(
+            "expr_tracker: %s ended without a newline (a crash mid-write); the last "
+            "record was complete and is kept",
+            path,
+        )
+        return size + 1
+    os.truncate(path, start)
+    log.warning(
+        "expr_tracker: repaired a torn last line in %s (%d bytes of an incomplete record "
+        "left by a crash were removed)",
+        path,
+        size - start,
+    )
+    return start
+
+
+def rescan(w: Any, size: int, meta: dict[str, Any] | None) -> None:
+    """Recompute line count, steps and index from the last anchor that still fits."""
+    anchors = [list(a) for a in (meta or {}).get("index", []) if len(a) == 3]
+    start_line = start_off = 0
+    kept: list[list[int]] = []
+    trusted = meta is not None and meta.get("schema") == META_SCHEMA and meta.get("size", 0) <= size
+    if trusted and anchors:
+        with open(w.path, "rb") as f:
+            for a in anchors:
+                if a[2] > size:
+                    break
+                if a[2] > 0:
+                    f.seek(a[2] - 1)
+                    if f.read(1) != b"\n":
+                        break
+                kept.append(a)
+        if kept:
+            start_line, start_off = kept[-1][1], kept[-1][2]
+            kept = kept[:-1]
+    w.index = kept
+    if trusted and kept is not None and start_line > 0:
+        w.last_step = None
+        w.max_step = meta.get("max_step")
+        w.sorted = bool(meta.get("sorted", True))
+        w.has_duplicate_steps = bool(meta.get("has_duplicate_steps", False))
+    else:
+        w.last_step = None
+        w.max_step = None
+        w.sorted = True
+        w.has_duplicate_steps = False
+    line_no = start_line
+    off = start_off
+    with open(w.path, "rb") as f:
+        f.seek(start_off)
+        for raw in f:
+            if off + len(raw) > size:
+                break  # a torn tail past ``size`` that could not be repaired
+            step = step_of(raw)
+            w._note_step(step, line_no, off)
+            off += len(raw)
+            line_no += 1
+    w.lines = line_no
+    w.size = off
+    w._meta_dirty = True
+
+
+def recreate(w: Any) -> None:
+    """The file was unlinked under us (its run directory deleted): open a new one."""
+    lost = w.lines
+    try:
+        os.close(w._fd)
+    except OSError:
+        pass
+    w._fd = None
+    w.path.parent.mkdir(parents=True, exist_ok=True)
+    if w._lock_fd is not None:  # the lock file went with the directory
+        release_lock_fd(w._lock_fd)
+        w._lock_fd = None
+        try:
+            w._acquire_lock()
+        except RunLockedError as exc:  # another process took the path meanwhile
+            log.error("expr_tracker: %s", exc)
+    w._fd = os.open(w.path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
+    w.recreated += 1
+    size = os.fstat(w._fd).st_size
+    w.size = w.lines = 0
+    w.index = []
+    w.last_step = w.max_step = None
+    w.sorted, w.has_duplicate_steps = True, False
+    w._meta_dirty = True
+    if size:  # someone else created it meanwhile: measure what is there
+        rescan(w, repair_torn_tail(w.path, size), None)
+    w._warner.warn(
+        ("recreated", str(w.path)),
+        "expr_tracker: %s was deleted while the run was writing it (its directory was "
+        "removed?); recreated it: the %d lines the deleted file held are lost, records "
+        "still queued and later ones go to the new file (warned once)",
+        w.path,
+        lost,
+    )
+
+
+def repair_truncated(w: Any, actual: int) -> None:
+    """The file is not as long as the writer believes: repair it and rescan."""
+    believed, lines = w.size, w.lines
+    rescan(w, repair_torn_tail(w.path, actual), None)
+    w.truncations += 1
+    w._warner.warn(
+        ("truncated", str(w.path)),
+        "expr_tracker: %s was truncated by another process (%d bytes written, %d found); "
+        "repaired its last line and rescanned it (%d of %d lines left); new records "
+        "are appended after it (warned once)",
+        w.path,
+        believed,
+        actual,
+        w.lines,
+        lines,
+    )
+
+
+def step_of(raw: bytes) -> int | None:
+    try:
+        rec = decode_line(raw)
+    except ValueError:
+        return None
+    if isinstance(rec, dict):
+        s = rec.get("_step")
+        if type(s) is int:
+            return s
+    return None

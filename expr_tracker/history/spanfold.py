@@ -1,0 +1,295 @@
+"""Span and plugin measurements within the store: the pending row, the fold, held records.
+
+Span time joins the row the next ``log()`` writes (docs/spans.md "Which row a span joins"):
+:meth:`SpanFolding.ingest_span` aggregates into a *pending* row, and each accepted ``log()``
+call folds it into the row it writes to, after opening that row's step and before merging
+its own metrics. Span records handed to ``ingest_span`` are held with it and get their
+``_step`` at that fold, so a record always names the row its time was summed into.
+``commit()``, ``flush()``, ``close()`` and a hold deadline (:meth:`SpanFolding.hold_spans`)
+fold into the row open at that moment.
+
+How each measurement combines (sum, max, duration-weighted mean) is a table handed to the
+store (``HistoryStore(aggregation=...)``): the history package knows no measurement names.
+:class:`SpanFolding` is a part of :class:`~expr_tracker.history.store.HistoryStore` (a
+mixin over its state and its one lock), kept in its own module by job.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Mapping
+from typing import Any
+
+from expr_tracker import _current
+from expr_tracker._current import FORK_MESSAGE
+from expr_tracker.errors import ForkedRunError
+from expr_tracker.history.flusher import get_flusher
+
+# how a measurement combines within one open row; which measurement (the name before the
+# first "/") uses which is the span package's table, handed to the store (spec spans.txt)
+SUM, MAX, MEAN = 0, 1, 2
+_KINDS = {"sum": SUM, "max": MAX, "mean": MEAN}
+
+
+def aggregation_kinds(table: Mapping[str, str] | None) -> dict[str, int]:
+    """``{"time_ms": "sum", "gpu_mem_peak_mb": "max", ...}`` -> the store's kind codes;
+    a name not in the table sums."""
+    kinds: dict[str, int] = {}
+    for name, how in (table or {}).items():
+        if how not in _KINDS:
+            raise ValueError(f"aggregation {how!r} of {name!r} is not valid: sum, max or mean")
+        kinds[name] = _KINDS[how]
+    return kinds
+
+
+_NUMERIC = (int, float)
+
+#: span records held for their step at most once ``log(step=N)`` is in use; one more folds
+#: the pending span data at once (into the open row)
+HOLD_MAX_RECORDS = 65_536
+#: the same bound before any ``log(step=N)``: the open row is then the one the next
+#: ``log()`` writes anyway, so records are released in small batches
+HOLD_RECORDS_BEFORE_STEPS = 1024
+
+
+class SpanFolding:
+    """The span half of :class:`~expr_tracker.history.store.HistoryStore` (its state is set
+    up by ``HistoryStore.__init__``; every method runs under, or takes, the store lock)."""
+
+    _kind_cache: dict[str, int]
+    _aggregation: dict[str, int]
+
+    def ingest_span(self, metrics: dict[str, Any], dur_ms: float, record: Any = None) -> int | None:
+        """Accumulate span/plugin metrics until the next ``log()`` places them in its row.
+
+        Aggregation by measurement name (the part before the first ``/``), as the table
+        handed to the store says (``HistoryStore(aggregation=...)``; spec spans.txt
+        "Repeated plugin measurements"): sum (also every name not in the table), maximum,
+        or duration-weighted mean. A span never commits a step.
+
+        The metrics wait in a pending row that the next accepted ``log()`` folds into the
+        row it writes (after ``step=`` opened it); ``commit()``, ``flush()``, ``close()``
+        and the hold deadline (:meth:`hold_spans`) fold it into the row open then.
+        ``record`` (a span record: ``bytes``, or a dict) waits with them and reaches the
+        span sink with the step of that row.
+
+        Returns None when ``record`` is held, else the step open now (the one a fold would
+        use now); -1 when the store is closed (nothing is kept).
+        """
+        if self._fork_gen != _current.fork_gen:
+            raise ForkedRunError(FORK_MESSAGE)
+        kinds = self._kind_cache
+        with self._lock:
+            if self._closed:
+                return -1
+            pend = self._pend
+            if not pend:  # the first span since the last fold: start the hold deadline
+                self._pend_since = self._clock()
+                if not self._pend_armed:
+                    self._arm_pending()
+            pagg = self._pagg
+            for k, v in metrics.items():
+                tv = type(v)
+                if tv is not float and tv is not int:
+                    pend[k] = v
+                    pagg.pop(k, None)
+                    if self._preset is None:  # remember that this metric restarted
+                        self._preset = set()
+                    self._preset.add(k)
+                    continue
+                if v - v != 0:
+                    self._pend_nonfinite = True
+                kind = kinds.get(k)
+                if kind is None:
+                    kind = self._kind(k)
+                cur = pend.get(k)
+                if kind == MEAN:
+                    a = pagg.get(k)
+                    if a is None or type(cur) not in _NUMERIC:
+                        a = pagg[k] = [0.0, 0.0]
+                    if dur_ms > 0:
+                        a[0] += v * dur_ms
+                        a[1] += dur_ms
+                        pend[k] = a[0] / a[1]
+                    elif a[1] == 0:
+                        pend[k] = v
+                # exact type checks: a bool or non-number already in the row is replaced
+                elif (tc := type(cur)) is not float and tc is not int:
+                    pend[k] = v
+                elif kind == SUM:
+                    pend[k] = cur + v
+                elif v > cur or cur != cur:
+                    pend[k] = v
+            if record is None:
+                return self.open_step
+            held = self._held
+            held.append(record)
+            if type(record) is not dict:  # an encoded record (attributes, plugins, error)
+                self._held_bytes += len(record)
+            if len(held) < self._hold_cap and self._held_bytes < self._hold_max_bytes:
+                return None
+            self._emit_held_locked(self._fold_locked())  # bounded memory
+            return None
+
+    def _kind(self, k: str) -> int:
+        kinds = self._kind_cache
+        if len(kinds) >= 65536:
+            kinds.clear()
+        kind = kinds[k] = self._aggregation.get(k.split("/", 1)[0], SUM)
+        return kind
+
+    # ------------------------------------------------------------------ pending span data
+
+    def hold_spans(
+        self,
+        sink: Callable[[int, list[Any]], Any],
+        *,
+        max_seconds: float | None = 5.0,
+        max_bytes: int = 64 << 20,
+    ) -> None:
+        """Hold span records passed to :meth:`ingest_span` until their row is known.
+
+        ``sink(step, records)`` receives them, in the order they were ingested, with the
+        step of the row their metrics were folded into; it is called under the store lock
+        (so records reach the span file in fold order and ``flush()`` misses none), must
+        not call back into the store, and is never called with an empty list.
+
+        ``max_seconds`` bounds how long the oldest pending span waits for a ``log()`` while
+        this store has not accepted a ``log(step=N)``: the row open then is the one the
+        next ``log()`` writes anyway. Once explicit steps are in use the bound is
+        ``max_open_seconds`` (the open row's own crash bound). None: no timed fold beyond
+        ``max_open_seconds``. Memory is bounded by ``max_bytes`` (of records held encoded,
+        i.e. those with attributes, plugin metrics or an error) and by :data:`HOLD_MAX_RECORDS`
+        records (:data:`HOLD_RECORDS_BEFORE_STEPS` before the first ``log(step=N)``); past
+        a bound the pending data is placed in the open row at once.
+        """
+        with self._lock:
+            self._span_sink = sink
+            self._hold_seconds = max_seconds
+            self._hold_max_bytes = int(max_bytes)
+
+    @property
+    def held_span_records(self) -> int:
+        """Span records waiting for the ``log()`` that fixes their step."""
+        return len(self._held)
+
+    def fold_spans(self) -> None:
+        """Place pending span data in the open row now and hand its records to the sink
+        (what ``flush()`` and a closing span recorder do). Never commits."""
+        self._check_fork()
+        with self._lock:
+            if self._pend:
+                self._emit_held_locked(self._fold_locked())
+
+    def _fold_locked(self) -> list[Any] | None:
+        """Join the pending span data into the open row; returns the held records (or None)."""
+        pend = self._pend
+        if pend:
+            if not self._open:  # the common case: the row this log() opened is empty
+                # swap, no copy: an empty open row has no aggregation state either
+                self._open, self._pend = pend, self._open
+                self._agg, self._pagg = self._pagg, self._agg
+            else:
+                self._fold_into(self._open, self._agg)
+                self._pend = {}
+                self._pagg = {}
+            if self._preset is not None:
+                self._preset = None
+            if self._pend_nonfinite:
+                self._open_nonfinite = True
+                self._pend_nonfinite = False
+        held = self._held
+        if not held:
+            return None
+        self._held = []
+        self._held_bytes = 0
+        return held
+
+    def _fold_into(self, row: dict[str, Any], agg: dict[str, list[float]]) -> None:
+        """Combine the pending row into ``row`` as if its spans had been ingested there."""
+        pagg = self._pagg
+        reset = self._preset
+        kinds = self._kind_cache
+        for k, v in self._pend.items():
+            tv = type(v)
+            if (reset is not None and k in reset) or (tv is not float and tv is not int):
+                row[k] = v  # a non-numeric value restarted this metric's aggregation
+                a = pagg.get(k)
+                if a is not None:
+                    agg[k] = list(a)
+                else:
+                    agg.pop(k, None)
+                continue
+            kind = kinds.get(k)
+            if kind is None:
+                kind = self._kind(k)
+            cur = row.get(k)
+            if kind == MEAN:
+                a = agg.get(k)
+                if a is None or type(cur) not in _NUMERIC:
+                    a = agg[k] = [0.0, 0.0]
+                pa = pagg.get(k)
+                if pa is not None and pa[1] > 0:
+                    a[0] += pa[0]
+                    a[1] += pa[1]
+                    row[k] = a[0] / a[1]
+                elif a[1] == 0:
+                    row[k] = v
+            elif (tc := type(cur)) is not float and tc is not int:
+                row[k] = v
+            elif kind == SUM:
+                row[k] = cur + v
+            elif v > cur or cur != cur:
+                row[k] = v
+
+    def _emit_held_locked(self, held: list[Any] | None) -> None:
+        """Hand ``held`` to the span sink with the open step. Under the store lock, so
+        records reach the span file in fold order and ``flush()``/``close()`` never miss
+        a batch another thread has folded but not yet written."""
+        if held is None or self._span_sink is None:
+            return
+        try:
+            self._span_sink(self.open_step, held)
+        except Exception as exc:  # noqa: BLE001 - a span sink never breaks log()
+            self._sink_failed(exc)
+
+    def _sink_failed(self, exc: Exception) -> None:
+        self.warner.warn(
+            ("span_sink", type(exc).__name__),
+            "expr_tracker: writing span records failed (%s: %s); ignored (warned once)",
+            type(exc).__name__,
+            exc,
+        )
+
+    def _hold_limit(self) -> float | None:
+        hold = self._hold_seconds
+        if hold is None or self._explicit_steps:
+            return self.max_open_seconds
+        if self.max_open_seconds is None:
+            return hold
+        return min(hold, self.max_open_seconds)
+
+    def _arm_pending(self) -> None:
+        limit = self._hold_limit()
+        if limit is None:
+            return
+        self._pend_armed = True
+        (self._flusher or get_flusher()).schedule(
+            ("spans", id(self)), self._pend_since + limit, self._pending_timeout
+        )
+
+    def _pending_timeout(self) -> None:
+        """Runs on the flusher thread: fold span data that waited past the hold deadline."""
+        with self._lock:
+            self._pend_armed = False
+            if self._closed or not self._pend:
+                return
+            limit = self._hold_limit()
+            if limit is None:
+                return
+            due = self._pend_since + limit
+            if self._clock() < due:
+                self._arm_pending()
+                return
+            self._emit_held_locked(self._fold_locked())
+            if self.max_open_seconds is not None:
+                self._touch()

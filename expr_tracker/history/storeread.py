@@ -1,0 +1,200 @@
+"""Queries over a live store: the open row as shown, ``tail(n)`` and ``step_range``.
+
+Part of :class:`~expr_tracker.history.store.HistoryStore` (a mixin over its state and its
+one lock), kept in its own module by job; ``query.py`` plans which of these (or the files)
+answers a read.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from expr_tracker.history.cache import DecodedTail, decode_lines
+from expr_tracker.history.reader import JsonlReader, merge_by_step, step_key
+
+
+class StoreReads:
+    """The read half of :class:`~expr_tracker.history.store.HistoryStore`."""
+
+    # ------------------------------------------------------------------ queries
+    # Query planning (spec design.txt B.0-B.2). The cache/disk boundary is the row ordinal
+    # ``cache.first_ordinal``: rows before it are on disk (evicted, or a resume's prefix),
+    # rows from it on are in memory. Every result is a list of new dicts: a snapshot.
+
+    def open_row(self) -> dict[str, Any] | None:
+        """A copy of the open row with its ``_step`` (None when it holds nothing)."""
+        with self._lock:
+            return self._open_copy_locked()
+
+    def _open_copy_locked(self) -> dict[str, Any] | None:
+        """The open row as a query shows it: with the pending span data folded in (a view:
+        the next ``log()`` decides the row that data really joins)."""
+        if not self._open:
+            if not self._pend:
+                return None
+            row = dict(self._pend)
+        else:
+            row = dict(self._open)
+            if self._pend:
+                self._fold_into(row, {k: list(a) for k, a in self._agg.items()})
+        row["_step"] = self.open_step
+        return row
+
+    def tail(self, n: int | None = 50, include_open: bool = True) -> list[dict[str, Any]]:
+        """The newest ``n`` steps (``None``/``-1``: all, in step order), oldest first.
+
+        Returns new dicts (a snapshot). Rows of one step are merged (later lines win per
+        key); the open row counts as the newest step when ``include_open``. The cache
+        answers without any IO when it holds the window; otherwise the rows before the
+        cache boundary are read backwards from the file (``disk_queries`` += 1).
+
+        Raises:
+            ForkedRunError: called in a forked child of the process that made this store.
+        """
+        self._check_fork()
+        if n is not None and n < 0:
+            n = None
+        if n == 0:
+            with self._lock:
+                self.queries += 1
+            return []
+        memo_rows = None
+        with self._lock:
+            self.queries += 1
+            cache = self.cache
+            openrow = self._open_copy_locked() if include_open else None
+            # a timed-out open row is on disk but not committed: hidden without include_open
+            hide = None if include_open or self._written_open is None else self.open_step
+            stop = cache.next_ordinal
+            if n is None:
+                start, complete, simple = cache.first_ordinal, False, False
+                want = None
+            else:
+                want = n - 1 if openrow is not None else n + (hide is not None)
+                if want <= 0:
+                    start, complete, simple = stop, True, True
+                else:
+                    start, complete, simple = cache.tail_start(want)
+                    memo = self._memo
+                    if memo is None:
+                        memo = self._memo = DecodedTail()
+                    memo_rows = memo.get(cache, start, stop)
+            lines = cache.lines(start, stop) if memo_rows is None else None
+            first = cache.first_ordinal
+            first_step = cache.first_step()
+            is_sorted = cache.sorted and (self.writer is None or self.writer.sorted)
+            disk = not complete and first > 0 and self.writer is not None
+        rows = memo_rows if memo_rows is not None else decode_lines(lines or [])
+        if disk:
+            reader = self._disk_reader(first)
+            if reader is not None:
+                if want is None:
+                    drows = list(reader.iter_rows())
+                else:
+                    drows = reader.tail_physical(want)
+                if not reader.meta and first_step is not None:  # degraded: by step
+                    drows = [r for r in drows if step_key(r) < first_step]
+                self._count_disk(reader)
+                rows = drows + rows
+                simple = False
+        if hide is not None:
+            while rows and rows[-1].get("_step") == hide:
+                rows.pop()
+        if openrow is not None:
+            rows.append(openrow)
+            if simple and len(rows) > 1 and step_key(rows[-2]) >= openrow["_step"]:
+                simple = False
+        if not simple:
+            rows = merge_by_step(rows)
+            if n is None and not is_sorted:
+                rows.sort(key=step_key)
+        if n is not None and len(rows) > n:
+            del rows[:-n]
+        return rows
+
+    def step_range(
+        self, start: int | None, end: int | None, include_open: bool = True
+    ) -> list[dict[str, Any]]:
+        """Steps ``start <= _step < end`` (None: open side), merged, in step order.
+
+        Exact by step. When the store is sorted the cache is binary-searched and the file
+        is read only for the part of the range older than the cache, through the sidecar
+        index (never a full scan); an unsorted store (``step_policy="allow"`` with
+        backward steps) walks the cache and scans the disk part once.
+
+        Raises:
+            ForkedRunError: called in a forked child of the process that made this store.
+        """
+        self._check_fork()
+        lo = -(1 << 63) if start is None else int(start)
+        hi = 1 << 63 if end is None else int(end)
+        if hi <= lo:
+            with self._lock:
+                self.queries += 1
+            return []
+        with self._lock:
+            self.queries += 1
+            cache = self.cache
+            w = self.writer
+            is_sorted = cache.sorted and (w is None or w.sorted)
+            if cache.nrows == 0:
+                lines: list[bytes] = []
+            elif cache.sorted:
+                lines = cache.lines(cache.ordinal_of_step(lo), cache.ordinal_of_step(hi))
+            else:
+                lines = [cache.lines(o, o + 1)[0] for o in cache.ordinals_in(lo, hi)]
+            first = cache.first_ordinal
+            first_step = cache.first_step()
+            disk = (
+                first > 0
+                and w is not None
+                and (not is_sorted or first_step is None or lo <= first_step)
+            )
+            openrow = None
+            hide = None
+            if lo <= self.open_step < hi:
+                if include_open:
+                    openrow = self._open_copy_locked()
+                elif self._written_open is not None:
+                    hide = self.open_step
+        rows = decode_lines(lines)
+        if disk:
+            reader = self._disk_reader(first)
+            if reader is not None:
+                drows = reader.range_rows(lo, hi)
+                if not reader.meta and first_step is not None:
+                    drows = [r for r in drows if step_key(r) < first_step]
+                self._count_disk(reader)
+                rows = drows + rows
+        if hide is not None:
+            while rows and rows[-1].get("_step") == hide:
+                rows.pop()
+        if openrow is not None:
+            rows.append(openrow)
+        rows = merge_by_step(rows)
+        rows.sort(key=step_key)
+        return rows
+
+    def _disk_reader(self, boundary: int) -> JsonlReader | None:
+        """A reader over the file's lines before ordinal ``boundary`` (None: no file).
+
+        Plans with the writer's in-memory sidecar (fresher than meta.json). When records
+        were dropped, line numbers no longer equal ordinals: the whole file is read with
+        no sidecar and the caller keeps only steps older than the cache (spec B.2).
+        """
+        w = self.writer
+        if w is None or not w.path.exists():
+            return None
+        if w.dropped:
+            return JsonlReader(w.path, meta={}, warner=self.warner)
+        meta = w.meta()
+        meta["index"] = list(meta["index"])
+        reader = JsonlReader(w.path, meta=meta, warner=self.warner)
+        reader.set_end(reader.offset_of_line(boundary))
+        return reader
+
+    def _count_disk(self, reader: JsonlReader) -> None:
+        self.disk_queries += 1
+        self.disk_bytes_read += reader.bytes_read
+        self.disk_lines_skipped += reader.skipped
+        self.disk_lines_no_step += reader.no_step
