@@ -153,7 +153,7 @@ def reference_markdown() -> str:
         RunSpec,
         SpansSpec,
     )
-    from expr_tracker.spec.load import ALERT_CONFIG_ENV, CONFIG_ENV, KEYWORDS, WEBHOOK_ENV
+    from expr_tracker.spec.sources import ALERT_CONFIG_ENV, CONFIG_ENV, KEYWORDS, WEBHOOK_ENV
 
     schema = run_spec_schema()
     out = [_HEADER]

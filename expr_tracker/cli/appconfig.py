@@ -25,7 +25,7 @@ from pathlib import Path
 from typing import Any
 
 #: the section a Hydra app's config holds the tracker's spec in (``+tracker=...``)
-TRACKER_PACKAGE = "tracker"  # == expr_tracker.spec.load.APP_PACKAGE
+TRACKER_PACKAGE = "tracker"  # == expr_tracker.spec.sources.APP_PACKAGE
 
 #: an OmegaConf interpolation: ``${key}``, ``${..rel}``, ``${oc.select:a.b,default}`` (one
 #: level of nesting inside, as ``${oc.select:${x},y}``)
@@ -96,7 +96,7 @@ def package_of(path: str, package: str | None = None, *, note: bool = True) -> s
     stderr saying the list is not composed."""
     data = _top_level(path) if (note or package is None) else None
     if package is None:
-        from expr_tracker.spec.load import app_package  # the rule et.init(spec=PATH) follows
+        from expr_tracker.spec.sources import app_package  # the rule et.init(spec=PATH) follows
 
         package = app_package(data)
     defaults = data.get("defaults") if isinstance(data, dict) else None

@@ -198,7 +198,7 @@ def file_issues(file: str, kind: str, environ: Any = None, package: str | None =
 
     from expr_tracker.build import check
     from expr_tracker.spec import SpecError, SpecIssue
-    from expr_tracker.spec.load import resolve_file
+    from expr_tracker.spec.resolve import resolve_file
 
     try:
         resolved = resolve_file(file, kind, package)
@@ -289,12 +289,12 @@ class _Unlocated:
 def _dotted(parts: tuple, data: Any) -> str:
     """The spec path of document keys ``parts``: list items of named lists by entry name."""
     from expr_tracker.spec.errors import join_path
-    from expr_tracker.spec.load import _item_key
+    from expr_tracker.spec.merge import item_key
 
     path, node = "", data
     for part in parts:
         if isinstance(node, list) and isinstance(part, int) and 0 <= part < len(node):
-            key, node = _item_key(path, node[part], part), node[part]
+            key, node = item_key(path, node[part], part), node[part]
         else:
             key, node = part, node.get(part) if isinstance(node, dict) else None
         path = join_path(path, key)
@@ -378,7 +378,7 @@ def show_rows(
         ValueError: a malformed override.
     """
     from expr_tracker.spec import SpecError, resolve
-    from expr_tracker.spec.load import file_layer
+    from expr_tracker.spec.sources import file_layer
 
     kwargs = parse_overrides(overrides)
     try:

@@ -205,7 +205,7 @@ class _Located:
     mapping key written twice (plain YAML keeps the last one silently)."""
 
     def __init__(self, text: str):
-        from expr_tracker.spec.load import compose_unique
+        from expr_tracker.spec.yaml import compose_unique
 
         self.root, self.data, self.duplicates = compose_unique(text)
 
@@ -314,7 +314,7 @@ def check_file(path: str, known: set[str] | None = None, package: str | None = N
     (it has an ``alerts`` section), by the default 4096 otherwise. ``package`` (dotted) is
     the section of the file that holds the rules file or run spec (``tracker`` in a Hydra
     app's config); lines and columns stay those of the file."""
-    from expr_tracker.spec.load import duplicate_key_message
+    from expr_tracker.spec.yaml import duplicate_key_message
 
     result = {"file": path, "errors": [], "warnings": [], "rules": 0}
 
@@ -798,7 +798,7 @@ def _load_unit_file(path: Path):
     warnings)``; problems are ``(line, column, message)`` in the test file, or a preformatted
     ``file:line:column: message`` string for problems inside a rule file."""
     from expr_tracker.alerts import RuleError
-    from expr_tracker.spec.load import duplicate_key_message
+    from expr_tracker.spec.yaml import duplicate_key_message
 
     errors: list = []
     warnings: list = []
