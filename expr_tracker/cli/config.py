@@ -445,7 +445,7 @@ def cmd_show(args: argparse.Namespace) -> int:
 def cmd_reference(args: argparse.Namespace) -> int:
     """Exit codes: 0 printed/written/up to date, 1 stale (``--check``) or not writable,
     2 ``--check`` without ``--output``."""
-    from expr_tracker.cli._reference import reference_markdown
+    from expr_tracker.spec.reference import reference_markdown
 
     text = reference_markdown()
     if args.output is None:
