@@ -6,8 +6,9 @@ import json
 
 import pytest
 
+from expr_tracker.alerts.unittests import expand_series
 from expr_tracker.cli.main import main
-from expr_tracker.cli.rules import expand_series, read_metrics
+from expr_tracker.cli.rules import read_metrics
 
 
 def et(capsys, *argv):

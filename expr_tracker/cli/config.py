@@ -165,8 +165,8 @@ def interpolation_issues(file: str, kind: str, package: str | None = None) -> tu
     ``file`` holding an OmegaConf interpolation ``${...}``, which only Hydra's composition
     resolves; and the spec paths left unchecked for it: the value, or for a rule the whole
     rule (``alerts.rules.NAME``), whose problems are artifacts of the literal ``${...}``."""
-    from expr_tracker.cli.appconfig import interpolated_leaves, interpolation_note
     from expr_tracker.spec import SpecIssue
+    from expr_tracker.spec.yaml import interpolated_leaves, interpolation_note
 
     doc, data, prefix = _section(file, package)
     if data is None:
@@ -219,11 +219,11 @@ def file_issues(file: str, kind: str, environ: Any = None, package: str | None =
 
 def rule_issues(file: str, kind: str, found: list, package: str | None = None) -> list:
     """Compile the alert rules of ``file`` as ``et.init`` would, with the checks of
-    ``et rules check`` (``cli.rules.rule_problems``): a ``SpecIssue`` per error, at its
+    ``et rules check`` (``alerts.rulefiles.rule_problems``): a ``SpecIssue`` per error, at its
     ``file:line:column`` with its spec path (``alerts.rules.bad.condition``). Problems at a
     path that ``found`` (the spec validation's issues) already reports are left out, and so
     is everything when the file could not be read."""
-    from expr_tracker.cli.rules import DEFAULT_ALERT_WINDOW, _alert_window, rule_problems
+    from expr_tracker.alerts.rulefiles import DEFAULT_ALERT_WINDOW, alert_window, rule_problems
     from expr_tracker.spec import SpecIssue
 
     if any(not issue.path or issue.path == "alerts" for issue in found):
@@ -234,7 +234,7 @@ def rule_issues(file: str, kind: str, found: list, package: str | None = None) -
     window = DEFAULT_ALERT_WINDOW
     if kind == "run" or isinstance(data.get("alerts"), dict):
         base, section = (*prefix, "alerts"), data.get("alerts")
-        window = _alert_window(data) if kind == "run" else window
+        window = alert_window(data) if kind == "run" else window
     else:
         base, section = prefix, data
     if not isinstance(section, dict):
@@ -259,15 +259,15 @@ def _section(file: str, package: str | None) -> tuple[Any, dict | None, tuple]:
     """``(located document or None for TOML, the spec's mapping in it, its key path)`` for
     ``file`` and its dotted ``package``; the mapping is None when the file cannot be read
     or the section is not a mapping (the spec validation says why)."""
-    from expr_tracker.cli.rules import _Located
     from expr_tracker.spec import load_file
+    from expr_tracker.spec.yaml import LocatedYaml
 
     doc = None
     try:
         if Path(file).suffix.lower() == ".toml":
             data, _ = load_file(file)
         else:
-            doc = _Located(Path(file).read_text(encoding="utf-8"))
+            doc = LocatedYaml(Path(file).read_text(encoding="utf-8"))
             data = doc.data
     except Exception:  # noqa: BLE001 - reported by the spec validation
         return None, None, ()

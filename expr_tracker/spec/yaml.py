@@ -10,6 +10,7 @@ runtime, so ``alerts/`` may use it too.
 from __future__ import annotations
 
 import os
+import re
 from collections.abc import Mapping
 from typing import Any
 
@@ -21,9 +22,13 @@ from expr_tracker.spec.models import NAMED_LISTS
 
 __all__ = [
     "DuplicateKeyError",
+    "LocatedYaml",
     "UniqueKeyLoader",
     "compose_unique",
     "duplicate_key_message",
+    "interpolated_leaves",
+    "interpolation",
+    "interpolation_note",
     "key_path",
     "load_yaml",
     "package_section",
@@ -202,3 +207,102 @@ def package_section(node: Any, data: Any, package: str | None, file: str, source
         msg = f"the section {package!r} of {file} must be a mapping, not {type(data).__name__}"
         raise SpecError([SpecIssue("", msg, source=source)])
     return node, data
+
+
+# --- one path of a document: where it is written (rule files, unit-test files) ---------
+
+
+class LocatedYaml:
+    """A YAML document and the line:column of each path in it (node marks), parsed once
+    with ``UniqueKeyLoader``: ``duplicates`` lists ``(key, mark, first_mark)`` of every
+    mapping key written twice (plain YAML keeps the last one silently)."""
+
+    def __init__(self, text: str):
+        self.root, self.data, self.duplicates = compose_unique(text)
+
+    def pair(self, path):
+        """``(key_node, value_node)`` at ``path`` (key_node ``None`` for list items)."""
+        key_node, node = None, self.root
+        for key in path:
+            if node is None:
+                return None, None
+            found = None, None
+            if node.tag.endswith(":seq") and isinstance(node.value, list):
+                if isinstance(key, int) and key < len(node.value):
+                    found = None, node.value[key]
+            elif isinstance(node.value, list):  # a mapping: the last of repeated keys wins
+                for k, v in node.value:
+                    if getattr(k, "value", None) == key:
+                        found = k, v
+                if found == (None, None) and isinstance(key, int) and key < len(node.value):
+                    found = node.value[key]  # a named list written as a mapping, by position
+            key_node, node = found
+        return key_node, node
+
+    def node(self, path):
+        return self.pair(path)[1]
+
+    def where_key(self, path) -> tuple[int, int]:
+        """line:column of the key at ``path`` (of its value when it has no key node)."""
+        key_node, _ = self.pair(path)
+        if key_node is None:
+            return self.where(path)
+        return key_node.start_mark.line + 1, key_node.start_mark.column + 1
+
+    def where(self, path, column_in_value: int | None = None) -> tuple[int, int]:
+        node = self.node(path)
+        while node is None and path:
+            path = path[:-1]
+            node = self.node(path)
+        if node is None:
+            return 1, 1
+        line, col = node.start_mark.line + 1, node.start_mark.column + 1
+        if column_in_value and getattr(node, "style", None) in (None, "", '"', "'"):
+            if getattr(node, "style", None) in ('"', "'"):
+                col += 1
+            if node.start_mark.line == node.end_mark.line:
+                col += column_in_value - 1
+        return line, col
+
+
+# --- OmegaConf interpolations left in a file (only Hydra resolves them) ----------------
+
+#: an OmegaConf interpolation: ``${key}``, ``${..rel}``, ``${oc.select:a.b,default}`` (one
+#: level of nesting inside, as ``${oc.select:${x},y}``)
+_INTERPOLATION_RE = re.compile(r"\$\{(?:[^{}]|\{[^{}]*\})*\}")
+
+
+def interpolation(value: Any) -> str | None:
+    """The first OmegaConf interpolation ``${...}`` in ``value`` when it is a string (``\\${``,
+    OmegaConf's escape, does not count); None otherwise."""
+    if not isinstance(value, str) or "${" not in value:
+        return None
+    for m in _INTERPOLATION_RE.finditer(value):
+        if not value[: m.start()].endswith("\\"):
+            return m.group(0)
+    return None
+
+
+def interpolation_note(text: str) -> str:
+    """What the commands say of a value holding interpolation ``text``."""
+    return (
+        f"holds a Hydra/OmegaConf interpolation `{text}` that only Hydra resolves: not "
+        f"checked here; validate the composed config (python app.py --cfg job --resolve > "
+        f"composed.yaml; see docs/cli.md)"
+    )
+
+
+def interpolated_leaves(data: Any, path: tuple = ()) -> list[tuple[tuple, str]]:
+    """``(key path, interpolation)`` of every string value in ``data`` (nested mappings and
+    lists) that holds an interpolation, in document order."""
+    if isinstance(data, dict):
+        items = data.items()
+    elif isinstance(data, list):
+        items = enumerate(data)
+    else:
+        text = interpolation(data)
+        return [(path, text)] if text is not None else []
+    out = []
+    for key, value in items:
+        out.extend(interpolated_leaves(value, (*path, key)))
+    return out
