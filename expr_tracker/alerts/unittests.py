@@ -8,6 +8,9 @@ from __future__ import annotations
 
 import re
 from pathlib import Path
+from typing import Any
+
+from pydantic import BaseModel, ConfigDict
 
 from expr_tracker.alerts.rulefiles import (
     build_rule,
@@ -19,7 +22,14 @@ from expr_tracker.alerts.rulefiles import (
 )
 from expr_tracker.spec.yaml import LocatedYaml
 
-__all__ = ["expand_series", "load_unit_file", "run_unit_tests"]
+__all__ = [
+    "ExpectedAlert",
+    "UnitTest",
+    "UnitTestFile",
+    "expand_series",
+    "load_unit_file",
+    "run_unit_tests",
+]
 
 
 _NUM = r"[-+]?(?:nan|inf|\d+\.?\d*(?:[eE][-+]?\d+)?|\.\d+(?:[eE][-+]?\d+)?)"
@@ -67,10 +77,91 @@ def _seconds(value, default: float) -> float:
     return default if value is None else parse(value, "interval")
 
 
+# -- the test file ------------------------------------------------------------------------------
+# Values whose checks need the file's line and column (rule files, rules, intervals, steps)
+# are checked by load_unit_file first, with promtool's aliases as fields of their own; the
+# models then give the runner typed values and name the field of anything left over.
+
+
+class ExpectedAlert(BaseModel):
+    """One expectation: the rule (``rule``, or promtool's ``alertname``, or ``name``) and the
+    steps it notifies at (``steps: [...]``, or ``step: N``; none: the rule stays quiet)."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    rule: Any = None
+    alertname: Any = None
+    name: Any = None
+    steps: list[int] | None = None
+    step: int | None = None
+
+    @property
+    def rule_name(self) -> Any:
+        return self.rule or self.alertname or self.name
+
+    def want(self) -> list[int]:
+        return _steps(self.model_dump(include=self.model_fields_set))
+
+
+class UnitTest(BaseModel):
+    """One test: input series (promtool notation, ``expand_series``) sampled every
+    ``interval``, and the alerts expected (``expected_alerts``, or ``alerts``)."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    name: Any = None
+    interval: Any = None
+    input_series: dict[str, Any] | None = None
+    expected_alerts: list[ExpectedAlert] | None = None
+    alerts: list[ExpectedAlert] | None = None
+
+    @property
+    def expected(self) -> list[ExpectedAlert]:
+        if "expected_alerts" in self.model_fields_set:
+            return self.expected_alerts or []
+        return self.alerts or []
+
+
+class UnitTestFile(BaseModel):
+    """A rule unit-test file: ``rule_files`` (relative to it) and/or inline ``rules``, the
+    default ``interval`` (or ``evaluation_interval``, which wins) and ``tests``."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    rule_files: str | list[str] | None = None
+    rules: Any = None
+    interval: Any = None
+    evaluation_interval: Any = None
+    tests: list[UnitTest]
+
+    @property
+    def default_interval(self) -> Any:
+        if "evaluation_interval" in self.model_fields_set:
+            return self.evaluation_interval
+        return self.interval
+
+
 #: Keys of a unit-test file, of one test, and of one expected alert (aliases included).
-_TEST_FILE_KEYS = ("rule_files", "rules", "interval", "evaluation_interval", "tests")
-_TEST_KEYS = ("name", "interval", "input_series", "expected_alerts", "alerts")
-_EXPECT_KEYS = ("rule", "alertname", "name", "steps", "step")
+_TEST_FILE_KEYS = tuple(UnitTestFile.model_fields)
+_TEST_KEYS = tuple(UnitTest.model_fields)
+_EXPECT_KEYS = tuple(ExpectedAlert.model_fields)
+
+
+def _model_errors(doc, data) -> list:
+    """``UnitTestFile`` over the checked file: ``(line, column, message)`` naming the field
+    of each problem the located checks left (an ``input_series`` that is not a mapping)."""
+    from pydantic import ValidationError
+
+    try:
+        UnitTestFile.model_validate(data)
+    except ValidationError as exc:
+        out = []
+        for err in exc.errors():
+            loc = tuple(err.get("loc", ()))
+            dotted = "".join(f"[{p}]" if isinstance(p, int) else f".{p}" for p in loc)
+            out.append((*doc.where(loc), f"{dotted.lstrip('.')}: {err.get('msg')}"))
+        return out
+    return []
 
 
 def _unknown_keys(doc, mapping, path, valid, what):
@@ -102,8 +193,8 @@ def _steps(exp) -> list[int]:
 
 
 def load_unit_file(path: Path):
-    """Read and check a unit-test file without running it: ``(doc, rules, errors,
-    warnings)``; problems are ``(line, column, message)`` in the test file, or a preformatted
+    """Read and check a unit-test file without running it: ``(UnitTestFile or None when
+    invalid, rules, errors, warnings)``; problems are ``(line, column, message)`` in the test file, or a preformatted
     ``file:line:column: message`` string for problems inside a rule file."""
     from expr_tracker.alerts import RuleError
     from expr_tracker.spec.yaml import duplicate_key_message
@@ -117,7 +208,7 @@ def load_unit_file(path: Path):
     spec = doc.data if doc.data is not None else {}
     if not isinstance(spec, dict):
         errors.append((1, 1, "a test file is a mapping with 'tests:' (a list)"))
-        return doc, rules, errors, warnings
+        return None, rules, errors, warnings
     errors += _unknown_keys(doc, spec, (), _TEST_FILE_KEYS, "a test file")
     if not isinstance(spec.get("tests"), list):
         errors.append((*doc.where(("tests",)), "a test file needs 'tests:' (a list)"))
@@ -216,7 +307,11 @@ def load_unit_file(path: Path):
                 errors.append(
                     (*doc.where((*epath, "steps" if "steps" in exp else "step")), str(exc))
                 )
-    return doc, rules, errors, warnings
+    if errors:
+        return None, rules, errors, warnings
+    errors += _model_errors(doc, spec)
+    model = None if errors else UnitTestFile.model_validate(spec)
+    return model, rules, errors, warnings
 
 
 def run_unit_tests(path: Path) -> tuple[list[str], list, int | None]:
@@ -236,7 +331,7 @@ def run_unit_tests(path: Path) -> tuple[list[str], list, int | None]:
         return f"{path}:{line}:{col}: {message}"
 
     try:
-        doc, rules, errors, warnings = load_unit_file(path)
+        spec, rules, errors, warnings = load_unit_file(path)
     except OSError as exc:
         return [f"cannot read: {exc.strerror or exc}"], [], None
     except yaml.YAMLError as exc:
@@ -245,28 +340,26 @@ def run_unit_tests(path: Path) -> tuple[list[str], list, int | None]:
         return [f"{where}: invalid YAML: {getattr(exc, 'problem', None) or exc}"], [], None
     if not errors and not rules:
         errors.append(f"{path}: no rules (give rule_files or rules)")
-    if errors:
+    if errors or spec is None:
         return [at(e) for e in errors], warnings, None
-    spec = doc.data
-    default_interval = _seconds(spec.get("evaluation_interval", spec.get("interval")), 1.0)
+    default_interval = _seconds(spec.default_interval, 1.0)
     by_name = {r.name: r for r in rules}
     failures: list[str] = []
-    for i, test in enumerate(spec["tests"]):
-        label = test.get("name") or f"test #{i + 1}"
+    for i, test in enumerate(spec.tests):
+        label = test.name or f"test #{i + 1}"
         try:
-            interval = _seconds(test.get("interval"), default_interval)
-            series = {k: expand_series(v) for k, v in (test.get("input_series") or {}).items()}
+            interval = _seconds(test.interval, default_interval)
+            series = {k: expand_series(v) for k, v in (test.input_series or {}).items()}
         except (ValueError, RuleError) as exc:
             failures.append(f"{label}: {exc}")
             continue
         cap = replay(rules, rows_from_series(series, interval=interval))
-        expected = test.get("expected_alerts", test.get("alerts")) or []
-        for exp in expected:
-            rname = exp.get("rule") or exp.get("alertname") or exp.get("name")
+        for exp in test.expected:
+            rname = exp.rule_name
             if rname not in by_name:
                 failures.append(f"{label}: no rule named {rname!r} (have: {', '.join(by_name)})")
                 continue
-            want = _steps(exp)
+            want = exp.want()
             got = sorted(e.step for e in cap.fired() if e.rule.name == rname and e.notify)
             if want != got:
                 diff = [f"{label}: rule {rname!r}"]
@@ -275,4 +368,4 @@ def run_unit_tests(path: Path) -> tuple[list[str], list, int | None]:
                 if not want:
                     diff.insert(1, "  expected quiet")
                 failures.append("\n".join(diff))
-    return failures, warnings, len(spec["tests"])
+    return failures, warnings, len(spec.tests)
