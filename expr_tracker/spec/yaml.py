@@ -24,6 +24,7 @@ __all__ = [
     "DuplicateKeyError",
     "LocatedYaml",
     "UniqueKeyLoader",
+    "child_nodes",
     "compose_unique",
     "duplicate_key_message",
     "interpolated_leaves",
@@ -178,6 +179,24 @@ def key_path(node: Any, data: Any, target: yaml.Mark, path: str) -> str | None:
     return None
 
 
+def child_nodes(node: Any, key: Any) -> tuple[Any, Any]:
+    """One step down a document's nodes: ``(key_node, value_node)`` of ``key`` in a mapping
+    node (the last of repeated keys wins; an int ``key`` not written there is a position,
+    for a named list written as a mapping) or of item ``key`` in a sequence node (key_node
+    None); ``(None, None)`` when there is none."""
+    found = None, None
+    if node.tag.endswith(":seq") and isinstance(node.value, list):
+        if isinstance(key, int) and key < len(node.value):
+            found = None, node.value[key]
+    elif isinstance(node.value, list):  # a mapping
+        for k, v in node.value:
+            if getattr(k, "value", None) == key:
+                found = k, v
+        if found == (None, None) and isinstance(key, int) and key < len(node.value):
+            found = node.value[key]
+    return found
+
+
 def package_section(node: Any, data: Any, package: str | None, file: str, source: str) -> tuple:
     """``(node, data)`` of the section at dotted ``package`` (``"tracker"``) of a file (a
     Hydra app's config holding the spec under ``tracker:``); unchanged without a package.
@@ -195,12 +214,7 @@ def package_section(node: Any, data: Any, package: str | None, file: str, source
             msg = f"no section {where!r} in {file} (--package {package}; keys there: {keys})"
             raise SpecError([SpecIssue("", msg, source=source)])
         data = data[key]
-        found = None
-        if isinstance(node, yaml.MappingNode):
-            for key_node, value_node in node.value:
-                if node_key(key_node) == key:
-                    found = value_node
-        node = found
+        node = child_nodes(node, key)[1] if isinstance(node, yaml.MappingNode) else None
     if data is None:
         data = {}
     if not isinstance(data, Mapping):
@@ -226,17 +240,7 @@ class LocatedYaml:
         for key in path:
             if node is None:
                 return None, None
-            found = None, None
-            if node.tag.endswith(":seq") and isinstance(node.value, list):
-                if isinstance(key, int) and key < len(node.value):
-                    found = None, node.value[key]
-            elif isinstance(node.value, list):  # a mapping: the last of repeated keys wins
-                for k, v in node.value:
-                    if getattr(k, "value", None) == key:
-                        found = k, v
-                if found == (None, None) and isinstance(key, int) and key < len(node.value):
-                    found = node.value[key]  # a named list written as a mapping, by position
-            key_node, node = found
+            key_node, node = child_nodes(node, key)
         return key_node, node
 
     def node(self, path):
