@@ -20,11 +20,11 @@ import sys
 from pathlib import Path
 
 from expr_tracker.alerts.rulefiles import check_file, lint, looks_like_file, rules_from
-from expr_tracker.alerts.unittests import expand_series, run_unit_tests
+from expr_tracker.alerts.unittests import run_unit_tests
 from expr_tracker.cli import appconfig, output
 from expr_tracker.history import read_history, resolve_run_path
 
-__all__ = ["expand_series", "read_metrics", "register"]
+__all__ = ["read_metrics", "register"]
 
 EXIT_OK, EXIT_INVALID, EXIT_USAGE, EXIT_LINT = 0, 1, 2, 3
 
