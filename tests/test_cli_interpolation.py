@@ -11,8 +11,8 @@ from pathlib import Path
 import pytest
 
 import expr_tracker
-from expr_tracker.cli.appconfig import interpolation
 from expr_tracker.cli.main import main
+from expr_tracker.spec.yaml import interpolation
 
 NAN_GUARD = Path(expr_tracker.__file__).parent / "conf" / "tracker" / "alerts" / "nan_guard.yaml"
 

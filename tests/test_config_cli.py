@@ -117,8 +117,8 @@ def test_configuration_reference_is_fresh(capsys):
 
 
 def test_reference_covers_every_field():
-    from expr_tracker.cli._reference import reference_markdown
     from expr_tracker.spec import BufferSpec, HistorySpec, PolicySpec, RuleSpec, RunSpec
+    from expr_tracker.spec.reference import reference_markdown
 
     text = reference_markdown()
     for name in RunSpec.model_fields:

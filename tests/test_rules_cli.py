@@ -6,8 +6,9 @@ import json
 
 import pytest
 
+from expr_tracker.alerts.unittests import expand_series
 from expr_tracker.cli.main import main
-from expr_tracker.cli.rules import expand_series, read_metrics
+from expr_tracker.cli.rules import read_metrics
 
 
 def et(capsys, *argv):
@@ -292,6 +293,21 @@ def test_unit_tests_reject_unknown_keys_with_suggestions(tmp_path, capsys):
     assert f"{t}:5:5: unknown key 'extra_field' in a test;" in out
     assert f"{t}:7:47: unknown key 'level' in an expected alert;" in out
     assert f"{t}:7:72: no rule named 'nann' (did you mean 'nan'?)" in out
+
+
+def test_unit_test_file_model_names_the_field(tmp_path, capsys):
+    # UnitTestFile (alerts/unittests.py) validates what the located checks leave: a series
+    # that is not a mapping is an error at its place naming the field, and nothing runs
+    write(tmp_path, "alerts.yaml", GOOD)
+    t = write(
+        tmp_path,
+        "t.yaml",
+        "rule_files: [alerts.yaml]\ntests:\n  - input_series: [1, 2]\n"
+        "    expected_alerts: [{rule: nan, steps: []}]\n",
+    )
+    code, out = et(capsys, "test", t)
+    assert code == 1 and "SUCCESS" not in out
+    assert f"{t}:3:19: tests[0].input_series: Input should be a valid dictionary" in out
 
 
 def test_unit_test_without_expectations_warns(tmp_path, capsys):

@@ -9,7 +9,7 @@ import pytest
 import yaml
 
 from expr_tracker.cli.main import main
-from expr_tracker.cli.schema import alerts_schema, render, run_spec_schema, stale_files, to_draft7
+from expr_tracker.spec.schema import alerts_schema, render, run_spec_schema, stale_files, to_draft7
 
 ROOT = Path(__file__).resolve().parents[1]
 CONF = ROOT / "expr_tracker" / "conf" / "tracker"

@@ -607,7 +607,7 @@ def test_dictconfig_nested_inside_a_dict_spec():
 
 def test_duplicate_keys_are_reported_with_line_and_column(tmp_path):
     from expr_tracker.spec import validate_file
-    from expr_tracker.spec.load import DuplicateKeyError
+    from expr_tracker.spec.yaml import DuplicateKeyError
 
     text = (
         "alerts:\n"

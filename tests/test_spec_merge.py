@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from expr_tracker.spec.load import Layer, merge, merge_layers
+from expr_tracker.spec.merge import Layer, merge, merge_layers
 
 
 def test_mappings_merge_deeply():

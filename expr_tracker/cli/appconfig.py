@@ -12,60 +12,19 @@ note on stderr says so. To check what the app really gets, check the composed co
 
 Nor are OmegaConf interpolations resolved (``${oc.select:...guard_metric,loss}`` in a shipped
 rule set): only Hydra can, in the composed config. A value holding one is not checked; the
-commands say so at its path (``interpolation``, ``interpolation_note``) instead of reporting
+commands say so at its path (``spec.yaml.interpolation``, ``interpolation_note``) instead of reporting
 the ``${...}`` text as a bad rule or value.
 """
 
 from __future__ import annotations
 
 import argparse
-import re
 import sys
 from pathlib import Path
 from typing import Any
 
 #: the section a Hydra app's config holds the tracker's spec in (``+tracker=...``)
-TRACKER_PACKAGE = "tracker"  # == expr_tracker.spec.load.APP_PACKAGE
-
-#: an OmegaConf interpolation: ``${key}``, ``${..rel}``, ``${oc.select:a.b,default}`` (one
-#: level of nesting inside, as ``${oc.select:${x},y}``)
-_INTERPOLATION_RE = re.compile(r"\$\{(?:[^{}]|\{[^{}]*\})*\}")
-
-
-def interpolation(value: Any) -> str | None:
-    """The first OmegaConf interpolation ``${...}`` in ``value`` when it is a string (``\\${``,
-    OmegaConf's escape, does not count); None otherwise."""
-    if not isinstance(value, str) or "${" not in value:
-        return None
-    for m in _INTERPOLATION_RE.finditer(value):
-        if not value[: m.start()].endswith("\\"):
-            return m.group(0)
-    return None
-
-
-def interpolation_note(text: str) -> str:
-    """What the commands say of a value holding interpolation ``text``."""
-    return (
-        f"holds a Hydra/OmegaConf interpolation `{text}` that only Hydra resolves: not "
-        f"checked here; validate the composed config (python app.py --cfg job --resolve > "
-        f"composed.yaml; see docs/cli.md)"
-    )
-
-
-def interpolated_leaves(data: Any, path: tuple = ()) -> list[tuple[tuple, str]]:
-    """``(key path, interpolation)`` of every string value in ``data`` (nested mappings and
-    lists) that holds an interpolation, in document order."""
-    if isinstance(data, dict):
-        items = data.items()
-    elif isinstance(data, list):
-        items = enumerate(data)
-    else:
-        text = interpolation(data)
-        return [(path, text)] if text is not None else []
-    out = []
-    for key, value in items:
-        out.extend(interpolated_leaves(value, (*path, key)))
-    return out
+TRACKER_PACKAGE = "tracker"  # == expr_tracker.spec.sources.APP_PACKAGE
 
 
 def add_package_option(parser: argparse.ArgumentParser) -> None:
@@ -96,7 +55,7 @@ def package_of(path: str, package: str | None = None, *, note: bool = True) -> s
     stderr saying the list is not composed."""
     data = _top_level(path) if (note or package is None) else None
     if package is None:
-        from expr_tracker.spec.load import app_package  # the rule et.init(spec=PATH) follows
+        from expr_tracker.spec.sources import app_package  # the rule et.init(spec=PATH) follows
 
         package = app_package(data)
     defaults = data.get("defaults") if isinstance(data, dict) else None

@@ -58,7 +58,7 @@ def run_test(args: argparse.Namespace) -> int:
     from expr_tracker.alerts.delivery.channels.base import excerpt
     from expr_tracker.alerts.delivery.message import AlertMessage
     from expr_tracker.spec import resolve
-    from expr_tracker.spec.load import file_layer
+    from expr_tracker.spec.sources import file_layer
 
     environ = dict(os.environ)
     package = appconfig.package_of(args.config, args.package) if args.config else None

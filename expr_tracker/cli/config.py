@@ -165,8 +165,8 @@ def interpolation_issues(file: str, kind: str, package: str | None = None) -> tu
     ``file`` holding an OmegaConf interpolation ``${...}``, which only Hydra's composition
     resolves; and the spec paths left unchecked for it: the value, or for a rule the whole
     rule (``alerts.rules.NAME``), whose problems are artifacts of the literal ``${...}``."""
-    from expr_tracker.cli.appconfig import interpolated_leaves, interpolation_note
     from expr_tracker.spec import SpecIssue
+    from expr_tracker.spec.yaml import interpolated_leaves, interpolation_note
 
     doc, data, prefix = _section(file, package)
     if data is None:
@@ -198,7 +198,7 @@ def file_issues(file: str, kind: str, environ: Any = None, package: str | None =
 
     from expr_tracker.build import check
     from expr_tracker.spec import SpecError, SpecIssue
-    from expr_tracker.spec.load import resolve_file
+    from expr_tracker.spec.resolve import resolve_file
 
     try:
         resolved = resolve_file(file, kind, package)
@@ -219,11 +219,11 @@ def file_issues(file: str, kind: str, environ: Any = None, package: str | None =
 
 def rule_issues(file: str, kind: str, found: list, package: str | None = None) -> list:
     """Compile the alert rules of ``file`` as ``et.init`` would, with the checks of
-    ``et rules check`` (``cli.rules.rule_problems``): a ``SpecIssue`` per error, at its
+    ``et rules check`` (``alerts.rulefiles.rule_problems``): a ``SpecIssue`` per error, at its
     ``file:line:column`` with its spec path (``alerts.rules.bad.condition``). Problems at a
     path that ``found`` (the spec validation's issues) already reports are left out, and so
     is everything when the file could not be read."""
-    from expr_tracker.cli.rules import DEFAULT_ALERT_WINDOW, _alert_window, rule_problems
+    from expr_tracker.alerts.rulefiles import DEFAULT_ALERT_WINDOW, alert_window, rule_problems
     from expr_tracker.spec import SpecIssue
 
     if any(not issue.path or issue.path == "alerts" for issue in found):
@@ -234,7 +234,7 @@ def rule_issues(file: str, kind: str, found: list, package: str | None = None) -
     window = DEFAULT_ALERT_WINDOW
     if kind == "run" or isinstance(data.get("alerts"), dict):
         base, section = (*prefix, "alerts"), data.get("alerts")
-        window = _alert_window(data) if kind == "run" else window
+        window = alert_window(data) if kind == "run" else window
     else:
         base, section = prefix, data
     if not isinstance(section, dict):
@@ -259,15 +259,15 @@ def _section(file: str, package: str | None) -> tuple[Any, dict | None, tuple]:
     """``(located document or None for TOML, the spec's mapping in it, its key path)`` for
     ``file`` and its dotted ``package``; the mapping is None when the file cannot be read
     or the section is not a mapping (the spec validation says why)."""
-    from expr_tracker.cli.rules import _Located
     from expr_tracker.spec import load_file
+    from expr_tracker.spec.yaml import LocatedYaml
 
     doc = None
     try:
         if Path(file).suffix.lower() == ".toml":
             data, _ = load_file(file)
         else:
-            doc = _Located(Path(file).read_text(encoding="utf-8"))
+            doc = LocatedYaml(Path(file).read_text(encoding="utf-8"))
             data = doc.data
     except Exception:  # noqa: BLE001 - reported by the spec validation
         return None, None, ()
@@ -289,12 +289,12 @@ class _Unlocated:
 def _dotted(parts: tuple, data: Any) -> str:
     """The spec path of document keys ``parts``: list items of named lists by entry name."""
     from expr_tracker.spec.errors import join_path
-    from expr_tracker.spec.load import _item_key
+    from expr_tracker.spec.merge import item_key
 
     path, node = "", data
     for part in parts:
         if isinstance(node, list) and isinstance(part, int) and 0 <= part < len(node):
-            key, node = _item_key(path, node[part], part), node[part]
+            key, node = item_key(path, node[part], part), node[part]
         else:
             key, node = part, node.get(part) if isinstance(node, dict) else None
         path = join_path(path, key)
@@ -378,7 +378,7 @@ def show_rows(
         ValueError: a malformed override.
     """
     from expr_tracker.spec import SpecError, resolve
-    from expr_tracker.spec.load import file_layer
+    from expr_tracker.spec.sources import file_layer
 
     kwargs = parse_overrides(overrides)
     try:
@@ -445,7 +445,7 @@ def cmd_show(args: argparse.Namespace) -> int:
 def cmd_reference(args: argparse.Namespace) -> int:
     """Exit codes: 0 printed/written/up to date, 1 stale (``--check``) or not writable,
     2 ``--check`` without ``--output``."""
-    from expr_tracker.cli._reference import reference_markdown
+    from expr_tracker.spec.reference import reference_markdown
 
     text = reference_markdown()
     if args.output is None:

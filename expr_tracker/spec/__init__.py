@@ -7,18 +7,7 @@ raises ``SpecError`` listing every problem. This package imports nothing from th
 """
 
 from expr_tracker.spec.errors import SpecError, SpecIssue
-from expr_tracker.spec.load import (
-    KEYWORDS,
-    Layer,
-    ResolvedSpec,
-    kwargs_to_dict,
-    load_file,
-    load_yaml,
-    merge,
-    merge_layers,
-    resolve,
-    validate_file,
-)
+from expr_tracker.spec.merge import Layer, merge, merge_layers
 from expr_tracker.spec.models import (
     LEVELS,
     AlertsSpec,
@@ -37,7 +26,10 @@ from expr_tracker.spec.models import (
     level_rank,
     normalize_level,
 )
+from expr_tracker.spec.resolve import ResolvedSpec, resolve, validate_file
+from expr_tracker.spec.sources import KEYWORDS, kwargs_to_dict, load_file
 from expr_tracker.spec.units import Duration, OptionalDuration, Size, parse_duration, parse_size
+from expr_tracker.spec.yaml import load_yaml
 
 __all__ = [
     "KEYWORDS",

@@ -5,7 +5,7 @@
 is frozen once validated. Sizes are bytes and durations seconds; both accept units
 (``"64MiB"``, ``"500ms"``, see ``expr_tracker.spec.units``).
 
-Loading, merging and provenance live in ``expr_tracker.spec.load``; nothing here imports the
+Loading, merging and provenance live in ``expr_tracker.spec`` (yaml, merge, sources, resolve); nothing here imports the
 runtime.
 """
 

@@ -65,7 +65,7 @@ def _env_names() -> tuple[str, ...]:
     """Every variable ``resolve()`` reads; the first two name files."""
     global _ENV_NAMES
     if _ENV_NAMES is None:
-        from expr_tracker.spec.load import ALERT_CONFIG_ENV, CONFIG_ENV, WEBHOOK_ENV
+        from expr_tracker.spec.sources import ALERT_CONFIG_ENV, CONFIG_ENV, WEBHOOK_ENV
 
         _ENV_NAMES = (ALERT_CONFIG_ENV, CONFIG_ENV) + tuple(name for name, _ in WEBHOOK_ENV)
     return _ENV_NAMES

@@ -140,7 +140,6 @@ def _section(
 
 def reference_markdown() -> str:
     """The whole configuration reference as Markdown text (ends with a newline)."""
-    from expr_tracker.cli.schema import run_spec_schema
     from expr_tracker.spec import (
         AlertsSpec,
         BufferSpec,
@@ -153,7 +152,8 @@ def reference_markdown() -> str:
         RunSpec,
         SpansSpec,
     )
-    from expr_tracker.spec.load import ALERT_CONFIG_ENV, CONFIG_ENV, KEYWORDS, WEBHOOK_ENV
+    from expr_tracker.spec.schema import run_spec_schema
+    from expr_tracker.spec.sources import ALERT_CONFIG_ENV, CONFIG_ENV, KEYWORDS, WEBHOOK_ENV
 
     schema = run_spec_schema()
     out = [_HEADER]
