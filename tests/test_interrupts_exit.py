@@ -15,6 +15,8 @@ import sys
 import textwrap
 from pathlib import Path
 
+import pytest
+
 import expr_tracker as et
 from expr_tracker.history.runinfo import read_run_info
 from tests.test_interrupts import Injector
@@ -81,3 +83,63 @@ def test_interrupt_at_every_point_of_an_alerting_log(tmp_path):
         assert 1 <= len(firing) <= 2 and set(firing) == {("firing", 1)}, (where, got)
         assert [t for t in got if t[0] == "resolved"] == [("resolved", 2)], (where, got)
         assert any(m.title == "r" or "blew up" in m.text for m in chan.messages), (where, got)
+
+
+def _run_child(code: str, *args: str) -> subprocess.CompletedProcess:
+    return subprocess.run(
+        [sys.executable, "-c", textwrap.dedent(code), *args],
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+
+
+@pytest.mark.parametrize("where", ["flush", "close", "_write_final_info", "save"])
+def test_second_ctrl_c_during_the_exit_hook_is_finished_anyway(tmp_path, where):
+    """An uncaught Ctrl-C, then a second one inside the exit hook's finish (raised at the
+    first call of ``where``): the exit hook redoes the interrupted stage, so every row is on
+    disk, summary.json is written and run.json says ``failed`` (the first Ctrl-C), never
+    ``running`` (before: "Exception ignored in atexit callback", run.json left running)."""
+    code = """
+    import atexit, sys, expr_tracker as et
+    run = et.init(project="p", name="x", dir=sys.argv[1], buffer_size=10_000)
+    hit = []
+    def tr(frame, ev, arg):
+        if ev == "call" and frame.f_code.co_name == sys.argv[2] and not hit:
+            hit.append(1)
+            raise KeyboardInterrupt  # the second Ctrl-C, during the at-exit finish
+    atexit.register(lambda: sys.settrace(tr))  # runs just before et's exit hook (LIFO)
+    for i in range(100):
+        et.log({"loss": float(i)})
+    et.summary()["best"] = 1
+    raise KeyboardInterrupt  # the first Ctrl-C, uncaught
+    """
+    p = _run_child(code, str(tmp_path), where)
+    assert "Exception ignored" not in p.stderr, p.stderr
+    run_dir = tmp_path / "p" / "x"
+    with open(run_dir / "metrics.jsonl", encoding="utf-8") as f:
+        assert [json.loads(line)["loss"] for line in f] == [float(i) for i in range(100)]
+    info = read_run_info(run_dir / "run.json")
+    assert info["status"] == "failed" and info["exception"]["type"] == "KeyboardInterrupt"
+    with open(run_dir / "summary.json", encoding="utf-8") as f:
+        assert json.load(f)["best"] == 1
+
+
+def test_real_sigint_during_the_exit_hook_is_held_off(tmp_path):
+    """A real SIGINT delivered while the exit hook finishes (from inside a closer) does not
+    cut the finish short: the closers after it run and run.json is written."""
+    code = """
+    import os, signal, sys, expr_tracker as et
+    run = et.init(project="p", name="x", dir=sys.argv[1])
+    seen = []
+    run.add_closer("kill", lambda: os.kill(os.getpid(), signal.SIGINT))
+    run.add_closer("after", lambda: seen.append(1) or print("after ran", flush=True))
+    for i in range(10):
+        et.log({"loss": float(i)})
+    raise KeyboardInterrupt
+    """
+    p = _run_child(code, str(tmp_path))
+    assert "after ran" in p.stdout and "Exception ignored" not in p.stderr, p.stderr
+    info = read_run_info(tmp_path / "p" / "x" / "run.json")
+    assert info["status"] == "failed" and info["exception"]["type"] == "KeyboardInterrupt"
+    assert (tmp_path / "p" / "x" / "summary.json").exists()
