@@ -143,3 +143,47 @@ def test_real_sigint_during_the_exit_hook_is_held_off(tmp_path):
     info = read_run_info(tmp_path / "p" / "x" / "run.json")
     assert info["status"] == "failed" and info["exception"]["type"] == "KeyboardInterrupt"
     assert (tmp_path / "p" / "x" / "summary.json").exists()
+
+
+def test_interrupted_drain_resumes_and_records_the_undelivered(tmp_path):
+    """A real Ctrl-C while ``Dispatcher.close`` waits on a hanging channel, caught, then
+    ``close()`` again: the drain continues within what is left of its deadline, then
+    records the message ``delivered: false`` and shows it through the console fallback
+    (before: the second close returned at once and the message vanished)."""
+    code = """
+    import json, os, signal, threading, time
+    from expr_tracker.alerts.delivery import Dispatcher, Policy
+    from expr_tracker.alerts.delivery.message import AlertMessage
+    from expr_tracker.testing import InMemoryChannel
+
+    release = threading.Event()
+
+    class Hang(InMemoryChannel):
+        def send(self, message, timeout):
+            self.attempts += 1
+            release.wait(30)
+
+    recs, shown = [], []
+    d = Dispatcher(record=recs.append, fallback=lambda m, *a, **k: shown.append(m.title))
+    ch = Hang("h")
+    d.add_channel(ch, policy=Policy(rate_limit_per_minute=None))
+    d.submit(AlertMessage("m", level="error"))
+    end = time.monotonic() + 10
+    while ch.attempts < 1 and time.monotonic() < end:
+        time.sleep(0.01)
+    threading.Timer(0.3, os.kill, (os.getpid(), signal.SIGINT)).start()
+    try:
+        d.close(timeout=1.5)
+    except KeyboardInterrupt:
+        print("interrupted", flush=True)
+    left = d.close()
+    release.set()
+    print(json.dumps({"left": left, "shown": shown,
+                      "recs": [(r["title"], r["delivered"]) for r in recs]}))
+    """
+    p = _run_child(code)
+    assert p.returncode == 0, p.stderr
+    assert "interrupted" in p.stdout, p.stdout
+    out = json.loads(p.stdout.strip().splitlines()[-1])
+    assert out["left"] == {"h": 1}
+    assert out["recs"] == [["m", False]] and out["shown"] == ["m"]
