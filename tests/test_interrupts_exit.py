@@ -187,3 +187,55 @@ def test_interrupted_drain_resumes_and_records_the_undelivered(tmp_path):
     out = json.loads(p.stdout.strip().splitlines()[-1])
     assert out["left"] == {"h": 1}
     assert out["recs"] == [["m", False]] and out["shown"] == ["m"]
+
+
+class _EnterInjector(Injector):
+    """``Injector`` that skips the return of ``Span._start``: a signal handler cannot run
+    between ``__enter__`` returning and the ``with`` block taking over (no check there)."""
+
+    def _local(self, frame, event, arg):
+        if event == "return" and frame.f_code.co_name == "_start":
+            return self._local
+        return super()._local(frame, event, arg)
+
+
+def test_ctrl_c_inside_span_enter_leaves_the_stack_as_it_was(tmp_path):
+    """A ``KeyboardInterrupt`` at any point of ``span().__enter__`` (and from a print_fn
+    on the ``->`` line) leaves no span on the stack: later spans are not nested under it
+    (before: rows got ``time_ms/fwd/fwd`` for the rest of the run)."""
+    from expr_tracker.spans import core
+
+    et.init(project="p", name="s", dir=str(tmp_path))
+
+    def enter_with_printer():
+        def pf(line):
+            raise KeyboardInterrupt
+
+        with et.span("fwd", print_fn=pf):
+            pass
+
+    def enter_at(at):
+        span = et.span("fwd")
+        inj = _EnterInjector(at, stdlib=False)
+        try:
+            inj.run(span.__enter__)
+        finally:
+            if not inj.fired:  # it completed: a with block would exit it
+                span.__exit__(None)
+
+    probe = _EnterInjector(None, stdlib=False)
+    probe.run(et.span("fwd").__enter__)
+    core._stack_get()[-1].__exit__(None)
+    cases = [enter_with_printer] + [(lambda at=at: enter_at(at)) for at in range(1, probe.count)]
+    for case in cases:
+        try:
+            case()
+        except KeyboardInterrupt:
+            pass
+        assert core._stack_get() == (), case
+        with et.span("fwd"):
+            pass
+        et.log({"i": 1})
+        (row,) = et.history(1)
+        assert "time_ms/fwd" in row and "time_ms/fwd/fwd" not in row, row
+    et.finish()
