@@ -348,11 +348,79 @@ def _excepthook(etype: type[BaseException], value: BaseException, tb: Any) -> No
     run = _state.run
     if run is not None and not run.forked and run.exception is None:
         run.exception = (etype, value, tb)
+    if run is not None and not run.forked and not run.finished and not _interactive():
+        # the process is about to exit and the exit hook to finish the run: a second
+        # Ctrl-C from here on must not cut that short (see _at_exit)
+        _hold_sigint()
     hook = _prev_excepthook or sys.__excepthook__
     hook(etype, value, tb)
 
 
+def _interactive() -> bool:
+    return bool(sys.flags.interactive) or hasattr(sys, "ps1")
+
+
+#: attempts of the at-exit finish: an interrupted stage is redone by the next one
+_EXIT_ATTEMPTS = 100
+_sigint_prev: Any = None  # the SIGINT handler _hold_sigint replaced (None: not held)
+_sigints_at_exit = 0  # SIGINTs that arrived while the exit hook finished the run
+
+
+def _sigint_at_exit(signum: int, frame: Any) -> None:
+    global _sigints_at_exit
+    _sigints_at_exit += 1  # the process is exiting: the run is finished first
+
+
+def _hold_sigint() -> None:
+    """Make SIGINT a no-op (counted) until :func:`_release_sigint`: on the main thread only,
+    and only while the exit hook finishes the run (the program is exiting anyway)."""
+    global _sigint_prev
+    if _sigint_prev is not None or threading.current_thread() is not threading.main_thread():
+        return
+    try:
+        prev = signal.getsignal(signal.SIGINT)
+        if prev is None:  # installed from C: we could not put it back
+            return
+        _sigint_prev = prev
+        signal.signal(signal.SIGINT, _sigint_at_exit)
+    except (ValueError, OSError, TypeError):  # pragma: no cover - no signals here
+        pass
+
+
+def _release_sigint() -> None:
+    global _sigint_prev
+    prev = _sigint_prev
+    if prev is None:
+        return
+    try:
+        signal.signal(signal.SIGINT, prev)
+    except (ValueError, OSError, TypeError):  # pragma: no cover
+        pass
+    _sigint_prev = None
+
+
 def _at_exit() -> None:
+    """Finish the run at interpreter exit. Nobody is left to call it again, so it must
+    complete: SIGINT is held off meanwhile, and a stage interrupted anyway (a
+    ``KeyboardInterrupt`` or ``SystemExit`` raised inside it) is redone by the next
+    attempt (``Run.finish`` resumes at the interrupted stage)."""
+    try:
+        _hold_sigint()
+        for _attempt in range(_EXIT_ATTEMPTS):
+            try:
+                _finish_at_exit()
+                return
+            except Exception:  # noqa: BLE001 - nothing may fail at interpreter exit
+                _logger.exception("expr_tracker: finishing the run at exit failed")
+                return
+            except BaseException:  # noqa: BLE001 - interrupted: resume the stage
+                continue
+        _logger.error("expr_tracker: finishing the run at exit was interrupted too often")
+    finally:
+        _release_sigint()
+
+
+def _finish_at_exit() -> None:
     run = _state.run
     if run is None or run.forked or run.finished:
         return
@@ -362,10 +430,7 @@ def _at_exit() -> None:
     if _signal_received is not None:
         run.info_record["signal"] = signal.Signals(_signal_received).name
         exit_code = 128 + _signal_received
-    try:
-        run.finish(exit_code=exit_code)
-    except Exception:  # noqa: BLE001 - nothing may fail at interpreter exit
-        _logger.exception("expr_tracker: finishing the run at exit failed")
+    run.finish(exit_code=exit_code)
 
 
 _signal_received: int | None = None

@@ -325,7 +325,7 @@ def test_events_reach_the_sinks_in_the_order_they_happened():
     step.join(5)
     assert seen == [("error", "firing"), ("critical", "firing")]
     assert notified == ["error", "critical"]
-    assert not eng._draining and not eng._pending
+    assert not eng._drain_lock.locked() and not eng._pending
 
 
 def test_evaluation_errors_are_counted_and_disable_after_ten():

@@ -231,8 +231,15 @@ class AlertEngine:
         # guards the rule table, the series and evaluation (on_step vs the watchdog); never
         # held while calling record/notify
         self._lock = threading.Lock()
+        # Interrupt safety (Ctrl-C lands anywhere): a row taken by on_step waits in _rows
+        # until it is processed completely (an interrupted one is rolled back and stays at
+        # the front, processed by the next on_step, check_time or close); an event stays
+        # at the front of _pending until it was recorded and notified (_recorded: the
+        # front one was recorded already).
+        self._rows: deque[Mapping] = deque()  # taken, not yet processed (under _lock)
         self._pending: deque[AlertEvent] = deque()  # produced under _lock, delivered in order
-        self._draining = False  # a thread is delivering _pending (guarded by _lock)
+        self._recorded: AlertEvent | None = None  # the last event recorded
+        self._drain_lock = threading.Lock()  # one thread delivers _pending at a time
         self._rules: list[_Compiled] = []
         self._by_name: dict[str, _Compiled] = {}
         self._index: dict[str, tuple[_Compiled, ...]] = {}
@@ -313,70 +320,108 @@ class AlertEngine:
         """Evaluate the rules a committed row concerns. ``row`` holds ``_step``, ``_time``
         (epoch seconds, displayed only) and metric values (float/int/bool are recorded;
         None, strings and other objects are not), each stamped with ``clock()`` read now,
-        the commit time. Never raises for bad values; call it once per commit."""
+        the commit time. Never raises for bad values; call it once per commit.
+
+        Interrupted (``KeyboardInterrupt``), the row is not lost: it is processed by the
+        next call, ``check_time`` or ``close``, and events already queued are delivered."""
         if self._closed:
             return
         with self._lock:  # series and evaluation: on_step vs the watchdog
-            ctx = self._ctx
-            self._token = tok = self._token + 1
-            step = row.get("_step")
-            now = row.get("_time")
-            if now is None:
-                now = self.wall_clock()
-            mono = self.clock()
-            ctx.now = now
-            ctx.step = step
-            ctx.mono = mono
-            ctx.last_commit_mono = mono
-            self._last_row = row
-            index = self._index
-            series = self._series
-            seen = self._seen
-            todo = []
-            for key, value in row.items():
-                rules = index.get(key)
-                if rules is None:
-                    if key not in seen:
-                        seen.add(key)
-                    continue
-                t = type(value)
-                if t is not float:
-                    if t is int or t is bool:
-                        try:
-                            value = float(value)
-                        except OverflowError:  # an int beyond the float range
-                            value = math.inf if value > 0 else -math.inf
-                    elif value is None or t is str:
-                        continue
-                    else:
-                        try:
-                            value = float(value)
-                        except OverflowError:
-                            try:
-                                value = math.inf if value > 0 else -math.inf
-                            except Exception:  # noqa: BLE001 - an object that will not compare
-                                continue
-                        except Exception:  # noqa: BLE001 - not a number: not recorded
-                            continue
-                s = series.get(key)
-                if s is None:
+            self._rows.append(row)
+            self._process_rows()
+        if self._pending:
+            self._drain()
+
+    def _process_rows(self) -> None:
+        """With ``_lock`` held: process the taken rows in order. Each is all or nothing:
+        an interrupted one is rolled back (series values, rule states, queued events) and
+        stays at the front."""
+        rows = self._rows
+        while rows:
+            row = rows[0]
+            undo: list = []
+            mark = len(self._pending)
+            try:
+                self._process_row(row, undo)
+                rows.popleft()  # the commit point
+            except BaseException:
+                if rows and rows[0] is row:  # not committed: as if never started
+                    self._undo(undo, mark)
+                raise
+
+    def _undo(self, undo: list, mark: int) -> None:
+        pending = self._pending
+        while len(pending) > mark:
+            pending.pop()
+        for obj, before in reversed(undo):
+            if type(before) is tuple:  # a rule state's snapshot
+                obj.restore(before)
+                continue
+            n = obj.count - before  # a series: drop what this row appended
+            if n > 0:
+                del obj.values[-n:]
+                del obj.times[-n:]
+                del obj.steps[-n:]
+                obj.count = before
+
+    def _process_row(self, row: Mapping, undo: list) -> None:
+        ctx = self._ctx
+        self._token = tok = self._token + 1
+        step = row.get("_step")
+        now = row.get("_time")
+        if now is None:
+            now = self.wall_clock()
+        mono = self.clock()
+        ctx.now = now
+        ctx.step = step
+        ctx.mono = mono
+        ctx.last_commit_mono = mono
+        self._last_row = row
+        index = self._index
+        series = self._series
+        seen = self._seen
+        todo = []
+        for key, value in row.items():
+            rules = index.get(key)
+            if rules is None:
+                if key not in seen:
                     seen.add(key)
-                    s = series[key] = MetricSeries(key, self._capacity.get(key, 1))
-                s.append(value, mono, step)  # the monotonic commit time
-                for c in rules:
-                    if c.mark != tok:
-                        c.mark = tok
-                        todo.append(c)
-            for c in self._always:
+                continue
+            t = type(value)
+            if t is not float:
+                if t is int or t is bool:
+                    try:
+                        value = float(value)
+                    except OverflowError:  # an int beyond the float range
+                        value = math.inf if value > 0 else -math.inf
+                elif value is None or t is str:
+                    continue
+                else:
+                    try:
+                        value = float(value)
+                    except OverflowError:
+                        try:
+                            value = math.inf if value > 0 else -math.inf
+                        except Exception:  # noqa: BLE001 - an object that will not compare
+                            continue
+                    except Exception:  # noqa: BLE001 - not a number: not recorded
+                        continue
+            s = series.get(key)
+            if s is None:
+                seen.add(key)
+                s = series[key] = MetricSeries(key, self._capacity.get(key, 1))
+            undo.append((s, s.count))
+            s.append(value, mono, step)  # the monotonic commit time
+            for c in rules:
                 if c.mark != tok:
                     c.mark = tok
                     todo.append(c)
-            if not todo:
-                return
-            events = self._evaluate(todo, ctx, mono)
-            if not events or not self._produce(events):
-                return
-        self._drain()
+        for c in self._always:
+            if c.mark != tok:
+                c.mark = tok
+                todo.append(c)
+        if todo:
+            self._pending.extend(self._evaluate(todo, ctx, mono, undo))
 
     def check_time(self) -> None:
         """Evaluate the time-based rules now (what the watchdog does every interval)."""
@@ -390,40 +435,37 @@ class AlertEngine:
             ctx.last_commit_mono = main.last_commit_mono
             ctx.start_mono = main.start_mono
             ctx.truncated = main.truncated
-            if not self._produce(self._evaluate(timed, ctx, ctx.mono)):
-                return
-        self._drain()
-
-    def _produce(self, events: list[AlertEvent]) -> bool:
-        """With ``_lock`` held: queue ``events``; True when the caller must drain the queue
-        (no other thread is delivering)."""
-        if not events:
-            return False
-        self._pending.extend(events)
-        if self._draining:
-            return False
-        self._draining = True
-        return True
+            self._process_rows()  # a row an interrupt left behind
+            self._pending.extend(self._evaluate(timed, ctx, ctx.mono))
+        if self._pending:
+            self._drain()
 
     def _drain(self) -> None:
-        """Deliver the queued events in order, outside the lock, until the queue is empty
-        (events another thread queues meanwhile included)."""
+        """Deliver the queued events in order, outside ``_lock``, until the queue is empty
+        (events another thread queues meanwhile included; a thread finding another one
+        delivering leaves its events to it). An event leaves the queue only once recorded and notified: an interrupted
+        delivery resumes at the next drain (an event interrupted right after it was
+        recorded is recorded again: at least once, never lost)."""
         pending = self._pending
-        try:
-            while True:
-                with self._lock:
-                    if not pending:
-                        self._draining = False
-                        return
-                    batch = list(pending)
-                    pending.clear()
-                self._emit(batch)
-        except BaseException:
-            with self._lock:
-                self._draining = False
-            raise
+        lock = self._drain_lock
+        while pending:
+            # another thread (or this one, re-entered from notify) delivers: it looks at the
+            # queue again after releasing the lock, so what was queued before is not left
+            if lock.locked():
+                return
+            with lock:  # a C lock in a with block: an interrupt never leaves it held
+                while pending:
+                    ev = pending[0]
+                    if self._recorded is not ev:
+                        self._emit_record(ev)
+                        self._recorded = ev
+                    self._emit_notify(ev)
+                    with self._lock:
+                        pending.popleft()
 
-    def _evaluate(self, todo, ctx: EvalContext, mono: float) -> list[AlertEvent]:
+    def _evaluate(
+        self, todo, ctx: EvalContext, mono: float, undo: list | None = None
+    ) -> list[AlertEvent]:
         events: list[AlertEvent] = []
         for c in todo:
             if c.disabled:
@@ -445,6 +487,8 @@ class AlertEngine:
                 continue
             with st.lock:
                 snap = st.snapshot()
+                if undo is not None:
+                    undo.append((st, snap))
                 change = st.advance(result is True, mono)
                 if change is None:
                     continue
@@ -557,21 +601,23 @@ class AlertEngine:
             fires=st.fires,
         )
 
-    def _emit(self, events: list[AlertEvent]) -> None:
-        record, notify, deliver = self.record, self.notify, self.deliver
-        for ev in events:
-            if record is not None:
-                try:
-                    record(ev)
-                except Exception as exc:
-                    self._delivery_errors += 1
-                    self._report(ev.rule, exc, "recording")
-            if deliver and ev.notify and notify is not None:
-                try:
-                    notify(ev)
-                except Exception as exc:
-                    self._delivery_errors += 1
-                    self._report(ev.rule, exc, "notifying")
+    def _emit_record(self, ev: AlertEvent) -> None:
+        record = self.record
+        if record is not None:
+            try:
+                record(ev)
+            except Exception as exc:
+                self._delivery_errors += 1
+                self._report(ev.rule, exc, "recording")
+
+    def _emit_notify(self, ev: AlertEvent) -> None:
+        notify = self.notify
+        if self.deliver and ev.notify and notify is not None:
+            try:
+                notify(ev)
+            except Exception as exc:
+                self._delivery_errors += 1
+                self._report(ev.rule, exc, "notifying")
 
     # -- watchdog ------------------------------------------------------------------------
     def start_watchdog(
@@ -607,7 +653,13 @@ class AlertEngine:
                 self._report(None, exc, "watchdog")
 
     def close(self, timeout: float = 1.0) -> None:
-        """Stop the watchdog (joined up to ``timeout`` s); later ``on_step`` calls do nothing."""
+        """Process what an interrupt left (a taken row, undelivered events), then stop the
+        watchdog (joined up to ``timeout`` s); later ``on_step`` calls do nothing."""
+        if not self._closed:
+            with self._lock:
+                self._process_rows()
+            if self._pending:
+                self._drain()
         self._closed = True
         self._stop.set()
         thread = self._watchdog

@@ -227,14 +227,27 @@ class Span:
                 plugins = parent._plugins_arg
         self._plugins_arg = plugins  # the effective set, inherited by children
         self.id = next(_ids)
-        _stack_set(stack + (self,))
-        if p:  # self._print stays None (from __init__) for a falsy print_fn
-            self._print = p
-            self._emit(enter_line(self, _wall()))
-        if plugins:
-            self._plugins = _start_plugins(self, plugins)
-        self._start_ns = perf_counter_ns()
+        try:  # all or nothing: interrupted (Ctrl-C), the stack is left as it was
+            _stack_set(stack + (self,))
+            if p:  # self._print stays None (from __init__) for a falsy print_fn
+                self._print = p
+                self._emit(enter_line(self, _wall()))
+            if plugins:
+                self._plugins = _start_plugins(self, plugins)
+            self._start_ns = perf_counter_ns()
+        except BaseException:
+            self._unstart(stack)
+            raise
         return self
+
+    def _unstart(self, stack: tuple[Span, ...]) -> None:
+        """Undo an interrupted ``_start``: the span is new again, ``stack`` current."""
+        _stack_set(stack)
+        self._start_ns = 0
+        self._print = None
+        if self._plugins:  # close what the plugins opened; the result is dropped
+            _end_plugins(self)
+            self._plugins = ()
 
     def __exit__(self, exc_type: Any, exc: Any = None, tb: Any = None) -> bool:
         end = perf_counter_ns()

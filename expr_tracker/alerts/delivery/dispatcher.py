@@ -194,7 +194,11 @@ class Dispatcher:
         #: ranks whose run-less ``et.alert()`` calls this dispatcher delivers
         #: (``alerts.on_rank``; a dispatcher built by hand: every rank)
         self.on_rank: Any = "all"
-        self._closed = False
+        self._closed = False  # no message is taken any more (close() began)
+        self._close_done = False  # close() completed
+        #: (timeout, deadline on the lane clock, wall end, lanes given up -> abandoned)
+        #: of the close in progress: an interrupted close() resumes with them
+        self._closing: tuple[float, float, float, dict[str, int | None]] | None = None
         self.record_errors = 0
         self.fallback = print_undelivered if fallback == "stderr" else fallback
         #: id(message) -> message, for the messages the fallback showed (bounded)
@@ -204,7 +208,7 @@ class Dispatcher:
 
             def _drain() -> None:
                 d = ref()
-                if d is not None and not d._closed:
+                if d is not None and not d._close_done:
                     d.close()
 
             atexit.register(_drain)
@@ -405,29 +409,38 @@ class Dispatcher:
         queued) and its ``attempts`` (the one in flight counted), and abandoned; worker
         threads are daemons, so a dead endpoint never holds the process. Idempotent.
 
+        Resumable: interrupted (Ctrl-C), a second call continues the drain within what is
+        left of the first call's deadline, then records and shows what is undelivered.
+
         Returns:
             channel name -> messages recorded undelivered at the deadline.
         """
         with self._lock:
-            if self._closed:
+            if self._close_done:
                 return {}
             self._closed = True
-        timeout = self.drain_timeout if timeout is None else float(timeout)
-        deadline = self.clock() + timeout
+            if self._closing is None:
+                timeout = self.drain_timeout if timeout is None else float(timeout)
+                self._closing = (
+                    timeout,
+                    self.clock() + timeout,
+                    time.monotonic() + timeout,
+                    {},
+                )
+        timeout, deadline, end, given_up = self._closing
         lanes = [lane for lane in self.lanes.values() if lane.enabled]
         for lane in lanes:  # every lane stops waiting for tokens before any is waited on
             lane.start_drain(deadline)
-        end = time.monotonic() + timeout
         for lane in lanes:
-            lane.drain(deadline, wall_end=end)
-        left_over: dict[str, int] = {}
+            if lane.name not in given_up:
+                lane.drain(deadline, wall_end=end)
         for lane in lanes:
-            abandoned = lane.give_up(timeout)
-            if abandoned is not None:
-                left_over[lane.name] = abandoned
+            if lane.name not in given_up:
+                given_up[lane.name] = lane.give_up(timeout)
         for lane in self.lanes.values():
             lane.close_channel()
-        return left_over
+        self._close_done = True
+        return {name: n for name, n in given_up.items() if n is not None}
 
     @property
     def closed(self) -> bool:

@@ -131,6 +131,8 @@ class Lane:
         self._deadline: float | None = None
         self._abort = False
         self._abandoned = False
+        self._giving_up: tuple[bool, list[Item], deque[Item], int] | None = None
+        self._gave_up = False
         self._done = False
         self.thread: threading.Thread | None = None
         self.counts = dict.fromkeys(
@@ -535,7 +537,10 @@ class Lane:
         if self.thread is not None:
             if wall_end is None:
                 wall_end = time.monotonic() + max(0.0, deadline - self.clock())
-            self.thread.join(max(0.0, wall_end - time.monotonic()))
+            # not Thread.join: a join interrupted by Ctrl-C marks a running thread stopped
+            # (CPython 3.11), and the resumed drain would give up at once
+            with self._cond:  # the worker sets _done and notifies as it exits
+                self._cond.wait_for(lambda: self._done, max(0.0, wall_end - time.monotonic()))
             return
         for _ in range(100_000):
             wait = self.step()
@@ -554,14 +559,18 @@ class Lane:
         endpoint), recording each ``delivered: false`` with the reason and its attempts, and
         showing it through the console fallback. Returns how many were abandoned, or None
         when the lane had drained (``timeout``: the drain's, for the record's text)."""
-        still = self.thread is not None and self.thread.is_alive()
-        if not still and self.pending() == 0:
-            self._done = True
-            return None
-        sending = self._sending
-        inflight, items = self.abandon("drain deadline")
-        for item in items:
-            self.counts["failed"] += 1
+        if self._giving_up is None:
+            still = self.thread is not None and not self._done  # is_alive: see drain
+            if not still and self.pending() == 0:
+                self._done = True
+                return None
+            sending = self._sending
+            inflight, items = self.abandon("drain deadline")
+            # resumable: an interrupted give_up, called again, records the rest
+            self._giving_up = (sending, inflight, deque(items), len(items))
+        sending, inflight, todo, count = self._giving_up
+        while todo:
+            item = todo[0]
             if item in inflight:
                 why = (
                     "the endpoint had not answered"
@@ -574,15 +583,18 @@ class Lane:
             if self.show is not None:
                 self.show(self, item, detail)
             self._finish(item, False, detail, attempts=item.attempts, coalesced=item.coalesced)
-        if items:
+            self.counts["failed"] += 1
+            todo.popleft()
+        if count and not self._gave_up:
+            self._gave_up = True
             log.warning(
                 "expr_tracker: %d alert(s) to channel %s not delivered before the "
                 "drain deadline (%g s); recorded as undelivered",
-                len(items),
+                count,
                 self.name,
                 timeout,
             )
-        return len(items)
+        return count
 
     def abandon(self, why: str) -> tuple[list[Item], list[Item]]:
         """Stop for good; return (the items in flight, everything not delivered)."""
