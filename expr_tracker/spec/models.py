@@ -37,6 +37,7 @@ from pydantic.json_schema import SkipJsonSchema
 from expr_tracker.ruletext import split_rule
 from expr_tracker.spec.errors import redact_config, redact_options
 from expr_tracker.spec.units import Duration, OptionalDuration, Size
+from expr_tracker.units import LEVEL_ALIASES, LEVELS, level_rank, normalize_level
 
 __all__ = [
     "LEVELS",
@@ -65,42 +66,7 @@ __all__ = [
 
 # --- levels -------------------------------------------------------------------------------
 
-#: Alert levels, least to most severe.
-LEVELS: tuple[str, ...] = ("debug", "info", "warning", "error", "critical")
-#: Accepted aliases -> canonical level name.
-LEVEL_ALIASES: dict[str, str] = {
-    "warn": "warning",
-    "err": "error",
-    "fatal": "critical",
-    "crit": "critical",
-}
-_LEVEL_RANK = {name: i for i, name in enumerate(LEVELS)}
-
-
-def normalize_level(value: Any) -> Any:
-    """Canonical level name for a level or alias, case-insensitive (``"WARN"`` -> ``"warning"``).
-
-    Values that are not strings are returned unchanged (validation then rejects them).
-    """
-    if isinstance(value, str):
-        key = value.strip().lower()
-        return LEVEL_ALIASES.get(key, key)
-    return value
-
-
-def level_rank(name: str) -> int:
-    """Severity of a level or alias: debug 0, info 1, warning 2, error 3, critical 4.
-
-    Raises:
-        ValueError: for a name that is not a level or alias.
-    """
-    key = normalize_level(name)
-    try:
-        return _LEVEL_RANK[key]
-    except (KeyError, TypeError):
-        valid = ", ".join(LEVELS) + " (aliases " + ", ".join(LEVEL_ALIASES) + ")"
-        raise ValueError(f"{name!r} is not an alert level: expected one of {valid}") from None
-
+# LEVELS, LEVEL_ALIASES, normalize_level and level_rank: the one table of expr_tracker.units
 
 #: An alert level; aliases and any case are accepted and stored as the canonical name.
 Level = Annotated[
