@@ -18,7 +18,8 @@ from pathlib import Path
 from typing import Any
 
 from expr_tracker._current import FORK_MESSAGE, fork_generation
-from expr_tracker.history.codec import Warner, dumps_pretty, normalize_value
+from expr_tracker._warn import Warner
+from expr_tracker.history.codec import dumps_pretty, normalize_value
 from expr_tracker.history.flusher import get_flusher
 from expr_tracker.history.paths import atomic_write
 from expr_tracker.history.runinfo import write_run_info

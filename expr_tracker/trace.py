@@ -39,7 +39,7 @@ from typing import Any
 
 import orjson
 
-__all__ = ["SpanFile", "build_trace", "find_span_files", "parse_range", "write_trace"]
+__all__ = ["SpanFile", "build_trace", "find_span_files", "parse_range", "rank_set", "write_trace"]
 
 _SPANS_RE = re.compile(r"^spans(?:\.([A-Za-z0-9_-]+?))??(?:\.rank(\d+))?\.jsonl$")
 _BATCH = 20_000
@@ -106,7 +106,7 @@ def find_span_files(
                 f"files: {', '.join(sorted(present))} (or * for all)"
             )
         files = [f for f in files if (f.stream or "main") in wanted]
-    wanted_ranks = _rank_set(ranks)
+    wanted_ranks = rank_set(ranks)
     if wanted_ranks is not None:
         present_ranks = {f.rank or 0 for f in files}
         missing = sorted(wanted_ranks - present_ranks)
@@ -126,7 +126,12 @@ def _rank(m: re.Match[str] | None) -> int | None:
     return int(m.group(2)) if m and m.group(2) is not None else None
 
 
-def _rank_set(ranks: Any) -> set[int] | None:
+def rank_set(ranks: Any) -> set[int] | None:
+    """The ranks ``ranks`` selects (an int, ints, or ``"0,1"``); None for all (None or ``"*"``).
+
+    Raises:
+        ValueError: for a rank that is not an integer >= 0.
+    """
     if ranks is None:
         return None
     if isinstance(ranks, str):

@@ -15,8 +15,9 @@ import pydantic
 import pytest
 
 import expr_tracker as et
+from expr_tracker._warn import Warner
 from expr_tracker.build import normalize_config
-from expr_tracker.history.codec import Warner, decode_line, encode_row, normalize_value
+from expr_tracker.history.codec import decode_line, encode_row, normalize_value
 
 
 class Color(enum.Enum):

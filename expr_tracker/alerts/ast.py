@@ -21,6 +21,8 @@ import re
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 
+from expr_tracker.units import format_duration
+
 __all__ = [
     "And",
     "BinOp",
@@ -41,7 +43,6 @@ __all__ = [
 
 _BARE_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_.@]*(/[A-Za-z0-9_.@]+)*\Z")
 _KEYWORDS = frozenset({"or", "and", "not"})
-_UNITS = (("d", 86400.0), ("h", 3600.0), ("m", 60.0), ("s", 1.0))
 
 
 def render_name(name: str) -> str:
@@ -55,21 +56,6 @@ def render_name(name: str) -> str:
         if q not in name:
             return f"{q}{name}{q}"
     raise ValueError(f"metric name {name!r} holds all three quote characters: no DSL spelling")
-
-
-def format_duration(seconds: float) -> str:
-    """Canonical DSL text of a duration in seconds (``90 -> "90s"``, ``3600 -> "1h"``)."""
-    for unit, size in _UNITS:
-        q = seconds / size
-        if q >= 1 and q == int(q):
-            return f"{int(q)}{unit}"
-    ms = seconds * 1000.0
-    if ms == int(ms):
-        return f"{int(ms)}ms"
-    text = repr(float(seconds))
-    if "e" in text or "inf" in text or "nan" in text:
-        raise ValueError(f"duration {seconds!r} s has no DSL spelling")
-    return f"{text}s"
 
 
 class Node:

@@ -30,13 +30,21 @@ stamps with the same clock: live, a monotonic clock read at commit, so a wall-cl
 from __future__ import annotations
 
 import difflib
-import math
 import operator
-from bisect import bisect_left
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 
 from expr_tracker.alerts import ast
+from expr_tracker.alerts.closures import (
+    ARITH,
+    as_truthy,
+    duration_call,
+    fused_compare,
+    fused_latest_call,
+    lookup,
+    points_call,
+    scalar_call,
+)
 from expr_tracker.alerts.functions import FUNCTIONS, TIME_BASED, Signature
 from expr_tracker.alerts.parse import RuleError
 
@@ -108,25 +116,6 @@ class CompiledExpr:
         return self.node.metrics()
 
 
-def _lookup(name: str):
-    alt = name.replace(".", "/") if "." in name else None
-    cell = [None]
-
-    def get(ctx):
-        s = cell[0]
-        if s is not None:
-            return s
-        series = ctx.series
-        s = series.get(name)
-        if s is None and alt is not None:
-            s = series.get(alt)
-        if s is not None:
-            cell[0] = s
-        return s
-
-    return get
-
-
 class _Compiler:
     def __init__(self, window: int, known: set[str] | None, text: str):
         self.window = window
@@ -174,7 +163,7 @@ class _Compiler:
         if kind == "bool":
             return fn
         if kind == "scalar":
-            return _truthy(fn)
+            return as_truthy(fn)
         raise self.error(f"expected a condition, got {_KIND_TEXT[kind]}", node)
 
     # -- leaves ------------------------------------------------------------------------
@@ -188,7 +177,7 @@ class _Compiler:
 
     def c_name(self, node: ast.Name):
         self.need(node.name, 1)
-        get = _lookup(node.name)
+        get = lookup(node.name)
 
         def latest(ctx):
             s = get(ctx)
@@ -219,7 +208,7 @@ class _Compiler:
     def c_binop(self, node: ast.BinOp):
         lf = self.scalar(node.left, f"'{node.op}'")
         rf = self.scalar(node.right, f"'{node.op}'")
-        return _ARITH[node.op](lf, rf), "scalar"
+        return ARITH[node.op](lf, rf), "scalar"
 
     def c_compare(self, node: ast.Compare):
         lf = self.scalar(node.left, f"'{node.op}'")
@@ -227,7 +216,7 @@ class _Compiler:
         if isinstance(node.left, ast.Name) and isinstance(node.right, (ast.Number, ast.Duration)):
             self.scalar(node.right, f"'{node.op}'")
             self.need(node.left.name, 1)
-            return _fused_compare(node.left.name, op, node.right), "bool"
+            return fused_compare(node.left.name, op, node.right), "bool"
         if isinstance(node.right, (ast.Number, ast.Duration)):
             c = float(
                 node.right.value if isinstance(node.right, ast.Number) else node.right.seconds
@@ -308,8 +297,8 @@ class _Compiler:
             return special(node), sig.returns
         fns = [self.scalar(a, f"{node.func}()") for a in node.args]
         if len(node.args) == 1 and isinstance(node.args[0], ast.Name):
-            return _fused_latest_call(node.args[0].name, sig.impl), sig.returns
-        return _scalar_call(sig.impl, fns), sig.returns
+            return fused_latest_call(node.args[0].name, sig.impl), sig.returns
+        return scalar_call(sig.impl, fns), sig.returns
 
     def _pick(self, node: ast.Call, sigs: tuple[Signature, ...]) -> Signature:
         for sig in sigs:
@@ -348,7 +337,7 @@ class _Compiler:
             win = ast.Window(win.name, size=2)
         extras = [self.scalar(a, f"{node.func}()") for a in node.args[1:]]
         impl = sig.impl
-        get = _lookup(win.name)
+        get = lookup(win.name)
         if win.size is not None:
             n = win.size
             if n < max(sig.min_points, 1):
@@ -365,18 +354,18 @@ class _Compiler:
                     node,
                 )
             self.need(win.name, n)
-            return _points_call(get, n, impl, sig.needs, extras), sig.returns
+            return points_call(get, n, impl, sig.needs, extras), sig.returns
         secs = float(win.seconds or 0.0)
         if not secs > 0:
             raise self.error(f"window {win.to_source()} must be longer than zero", node)
         self.need(win.name, self.window)
-        return _duration_call(get, win.name, secs, impl, sig.needs, extras), sig.returns
+        return duration_call(get, win.name, secs, impl, sig.needs, extras), sig.returns
 
     # functions that read the context rather than values
     def f_has(self, node: ast.Call):
         name = self._name_arg(node)
         self.need(name, 1)
-        get = _lookup(name)
+        get = lookup(name)
 
         def has(ctx):
             s = get(ctx)
@@ -387,7 +376,7 @@ class _Compiler:
     def f_age(self, node: ast.Call):
         name = self._name_arg(node)
         self.need(name, 1)
-        get = _lookup(name)
+        get = lookup(name)
 
         def age(ctx):
             s = get(ctx)
@@ -433,226 +422,6 @@ class _Compiler:
         return arg.name
 
 
-def _fused_compare(name, op, right):
-    """``metric <op> constant`` in one closure (the commonest rule shape)."""
-    c = float(right.value if isinstance(right, ast.Number) else right.seconds)
-    get = _lookup(name)
-
-    def cmp_metric(ctx):
-        s = get(ctx)
-        if s is None:
-            return None
-        v = s.values
-        if not v:
-            return None
-        a = v[-1]
-        if a != a:
-            return None
-        return op(a, c)
-
-    return cmp_metric
-
-
-def _fused_latest_call(name, impl):
-    """``f(metric)`` in one closure (``isnan(loss)``)."""
-    get = _lookup(name)
-
-    def call_latest(ctx):
-        s = get(ctx)
-        if s is None:
-            return None
-        v = s.values
-        return impl(v[-1]) if v else None
-
-    return call_latest
-
-
-def _truthy(fn):
-    def truthy(ctx):
-        a = fn(ctx)
-        if a is None or a != a:
-            return None
-        return a != 0
-
-    return truthy
-
-
-# A NaN result from operands that are not NaN is inf - inf, inf * 0, inf / inf or inf % b:
-# undefined, so UNKNOWN (a NaN operand still propagates, for isnan() to see).
-
-
-def _arith_add(lf, rf):
-    def add(ctx):
-        a = lf(ctx)
-        if a is None:
-            return None
-        b = rf(ctx)
-        if b is None:
-            return None
-        r = a + b
-        return None if r != r and a == a and b == b else r
-
-    return add
-
-
-def _arith_sub(lf, rf):
-    def sub(ctx):
-        a = lf(ctx)
-        if a is None:
-            return None
-        b = rf(ctx)
-        if b is None:
-            return None
-        r = a - b
-        return None if r != r and a == a and b == b else r
-
-    return sub
-
-
-def _arith_mul(lf, rf):
-    def mul(ctx):
-        a = lf(ctx)
-        if a is None:
-            return None
-        b = rf(ctx)
-        if b is None:
-            return None
-        r = a * b
-        return None if r != r and a == a and b == b else r
-
-    return mul
-
-
-def _arith_div(lf, rf):
-    def div(ctx):
-        a = lf(ctx)
-        if a is None:
-            return None
-        b = rf(ctx)
-        if b is None or b == 0:
-            return None
-        r = a / b
-        return None if r != r and a == a and b == b else r
-
-    return div
-
-
-def _arith_mod(lf, rf):
-    def mod(ctx):
-        a = lf(ctx)
-        if a is None:
-            return None
-        b = rf(ctx)
-        if b is None or b == 0:
-            return None
-        if a != a or b != b:
-            return math.nan
-        if a - a != 0.0:
-            return None  # inf % b: undefined
-        r = a % b
-        # a finite a modulo an infinite b is a itself, except that Python's floored modulo
-        # turns a negative a modulo +inf (or a positive one modulo -inf) into an infinity
-        return r if r - r == 0.0 else None
-
-    return mod
-
-
-_ARITH = {"+": _arith_add, "-": _arith_sub, "*": _arith_mul, "/": _arith_div, "%": _arith_mod}
-
-
-def _scalar_call(impl, fns):
-    if len(fns) == 1:
-        (f,) = fns
-
-        def call1(ctx):
-            a = f(ctx)
-            return None if a is None else impl(a)
-
-        return call1
-
-    def calln(ctx):
-        args = []
-        for f in fns:
-            a = f(ctx)
-            if a is None:
-                return None
-            args.append(a)
-        return impl(*args)
-
-    return calln
-
-
-def _points_call(get, n, impl, needs, extras):
-    if needs == "values" and not extras:
-
-        def window_call(ctx):
-            s = get(ctx)
-            if s is None:
-                return None
-            v = s.values
-            if len(v) < n:
-                return None
-            return impl(v[-n:])
-
-        return window_call
-
-    if len(extras) == 1 and needs == "values":
-        (ef,) = extras
-
-        def window_call_1(ctx):
-            s = get(ctx)
-            if s is None:
-                return None
-            v = s.values
-            if len(v) < n:
-                return None
-            return impl(v[-n:], ef(ctx))
-
-        return window_call_1
-
-    def window_call_x(ctx):
-        s = get(ctx)
-        if s is None:
-            return None
-        v = s.values
-        if len(v) < n:
-            return None
-        args = [v[-n:]]
-        if needs == "times":
-            args.append(s.times[-n:])
-        elif needs == "steps":
-            args.append(s.steps[-n:])
-        for f in extras:
-            args.append(f(ctx))
-        return impl(*args)
-
-    return window_call_x
-
-
-def _duration_call(get, name, secs, impl, needs, extras):
-    def duration_call(ctx):
-        s = get(ctx)
-        if s is None:
-            return None
-        times = s.times
-        i = bisect_left(times, ctx.mono - secs)
-        if i == 0 and s.dropped:
-            ctx.truncated.add(name)
-        v = s.values[i:]
-        if not v:
-            return None
-        args = [v]
-        if needs == "times":
-            args.append(times[i:])
-        elif needs == "steps":
-            args.append(s.steps[i:])
-        for f in extras:
-            args.append(f(ctx))
-        return impl(*args)
-
-    return duration_call
-
-
 def compile_expr(
     node: ast.Node,
     *,
@@ -674,7 +443,7 @@ def compile_expr(
     comp = _Compiler(int(window), known, text)
     fn, kind = comp.compile(node)
     if kind == "scalar":
-        fn = _truthy(fn)
+        fn = as_truthy(fn)
     elif kind != "bool":  # pragma: no cover - windows are rejected by c_window
         raise comp.error(f"a condition must be true/false, got {_KIND_TEXT[kind]}", node)
     return CompiledExpr(node, fn, comp.needs, comp.time_based, kind)

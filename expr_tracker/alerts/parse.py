@@ -22,6 +22,7 @@ from pathlib import Path
 from expr_tracker.alerts import ast
 from expr_tracker.errors import ExprTrackerError
 from expr_tracker.ruletext import split_rule
+from expr_tracker.units import parse_duration
 
 __all__ = [
     "SYNTAX_EXAMPLES",
@@ -241,13 +242,6 @@ def _make_transformer_base():
     return Transformer
 
 
-def _duration_seconds(text: str) -> float:
-    for unit, size in (("ms", 0.001), ("s", 1.0), ("m", 60.0), ("h", 3600.0), ("d", 86400.0)):
-        if text.endswith(unit) and text[: -len(unit)].replace(".", "", 1).isdigit():
-            return float(text[: -len(unit)]) * size
-    raise ValueError(f"not a duration: {text!r}")  # pragma: no cover - the lexer guarantees it
-
-
 class _ToAstMethods:
     """One method per word of the language (the ``-> alias`` names of grammar.lark)."""
 
@@ -257,7 +251,7 @@ class _ToAstMethods:
 
     def duration(self, children):
         text = str(children[0])
-        return ast.Duration(_duration_seconds(text), text)
+        return ast.Duration(parse_duration(text), text)
 
     def name(self, children):
         return ast.Name(str(children[0]))
@@ -272,7 +266,7 @@ class _ToAstMethods:
     def duration_window(self, children):
         target, tok = children
         text = str(tok)
-        return ast.Window(target.name, seconds=_duration_seconds(text), text=text)
+        return ast.Window(target.name, seconds=parse_duration(text), text=text)
 
     def call(self, children):
         func, args = children

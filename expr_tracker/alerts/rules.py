@@ -10,7 +10,7 @@ Every problem raises ``RuleError`` (a ``ValueError``) at construction: syntax, u
 function, arity, argument kinds, bad level/mode/for_steps/cooldown, unknown keys.
 
 Levels: debug < info < warning < error < critical, aliases warn/err/fatal/crit, compared by
-severity (``level_rank``), the table of ``expr_tracker.spec.models``.
+severity (``level_rank``), the one table of ``expr_tracker.units``.
 
 ``RuleState.advance(result, mono)`` is the state machine OK -> PENDING -> FIRING: True
 advances (``for_steps`` consecutive Trues fire), False returns to OK, UNKNOWN (``None``)
@@ -22,13 +22,14 @@ from __future__ import annotations
 import hashlib
 import json
 import math
-import re
 import threading
 from collections.abc import Mapping
 from dataclasses import dataclass, field, fields, replace
 
+from expr_tracker import units
 from expr_tracker.alerts import ast
 from expr_tracker.alerts.parse import RuleError, parse_expr, split_rule
+from expr_tracker.units import LEVEL_RANK, LEVELS
 
 __all__ = [
     "FIRING",
@@ -41,10 +42,9 @@ __all__ = [
     "level_rank",
     "make_rule",
     "normalize_level",
+    "parse_seconds",
 ]
 
-LEVELS: tuple[str, ...] = ("debug", "info", "warning", "error", "critical")
-LEVEL_ALIASES = {"warn": "warning", "err": "error", "fatal": "critical", "crit": "critical"}
 #: rich style of each level, for the console channel and ConsoleNotifier
 LEVEL_STYLE = {
     "debug": "dim",
@@ -53,40 +53,38 @@ LEVEL_STYLE = {
     "error": "bold red",
     "critical": "bold white on red",
 }
-_RANK = {name: i for i, name in enumerate(LEVELS)}
 
 OK, PENDING, FIRING = "ok", "pending", "firing"
 MODES = ("edge", "level")
 
-_DURATION = re.compile(r"^\s*(\d+(?:\.\d*)?|\.\d+)\s*(ms|s|m|h|d)?\s*$")
-_UNIT = {"ms": 0.001, "s": 1.0, "m": 60.0, "h": 3600.0, "d": 86400.0, None: 1.0}
-
 
 def normalize_level(level: str) -> str:
     """Canonical level name (``"WARN" -> "warning"``). Raises ``RuleError`` when unknown."""
-    key = str(level).strip().lower()
-    key = LEVEL_ALIASES.get(key, key)
-    if key not in _RANK:
-        valid = ", ".join(LEVELS) + " (aliases " + ", ".join(LEVEL_ALIASES) + ")"
-        raise RuleError(f"{level!r} is not an alert level: expected one of {valid}")
+    key = units.normalize_level(str(level))
+    if key not in LEVEL_RANK:
+        raise RuleError(units.level_error(level))
     return key
 
 
 def level_rank(level: str) -> int:
     """Severity of a level or alias: debug 0 ... critical 4 (``RuleError`` when unknown)."""
-    return _RANK[normalize_level(level)]
+    return LEVEL_RANK[normalize_level(level)]
 
 
-def _seconds(value, what: str) -> float:
+def parse_seconds(value, what: str) -> float:
+    """Seconds of ``value`` (a number, or a duration such as ``"30s"``, ``"5m"``; the parser
+    of ``expr_tracker.units``). Raises ``RuleError`` naming ``what``."""
     if isinstance(value, bool):
         raise RuleError(f"{what} must be a number of seconds or a duration like '5m'")
     if isinstance(value, (int, float)):
         out = float(value)
     else:
-        m = _DURATION.match(str(value))
-        if not m:
-            raise RuleError(f"{what}: {value!r} is not a duration (e.g. 300, '30s', '5m')")
-        out = float(m.group(1)) * _UNIT[m.group(2)]
+        try:
+            out = units.parse_duration(str(value))
+        except ValueError:
+            raise RuleError(
+                f"{what}: {value!r} is not a duration (e.g. 300, '30s', '5m')"
+            ) from None
     if not (out >= 0 and math.isfinite(out)):
         raise RuleError(f"{what} must be >= 0 seconds, got {value!r}")
     return out
@@ -190,7 +188,7 @@ _FIELD_CHECKS = {
     "level": normalize_level,
     "mode": _check_mode,
     "for_steps": _check_for_steps,
-    "cooldown": lambda v: _seconds(v, "cooldown"),
+    "cooldown": lambda v: parse_seconds(v, "cooldown"),
     "max_fires": _check_max_fires,
     "channels": lambda v: None if v is None else _names(v, "channels"),
     "tags": lambda v: _names(v, "tags"),

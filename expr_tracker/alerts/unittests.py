@@ -72,7 +72,7 @@ def expand_series(text) -> list[float | None]:
 
 
 def _seconds(value, default: float) -> float:
-    from expr_tracker.alerts.rules import _seconds as parse
+    from expr_tracker.alerts.rules import parse_seconds as parse
 
     return default if value is None else parse(value, "interval")
 

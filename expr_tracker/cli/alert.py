@@ -46,7 +46,7 @@ def run(args: argparse.Namespace) -> int:
     if args.config:
         environ["ET_ALERT_CONFIG"] = args.config
     try:
-        from expr_tracker.spec.models import level_rank
+        from expr_tracker.units import level_rank
 
         level_rank(args.level)
     except ValueError as exc:

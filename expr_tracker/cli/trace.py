@@ -50,12 +50,12 @@ def register(subparsers: Any) -> None:
 def run(args: argparse.Namespace) -> int:
     """Exit codes: 0 written, 1 no run / no span files / write failure, 2 a malformed range
     or ``--rank``."""
-    from expr_tracker.trace import _rank_set, parse_range, write_trace
+    from expr_tracker.trace import parse_range, rank_set, write_trace
 
     try:
         step_range = parse_range(args.step_range, int)
         time_range = parse_range(args.time_range, float)
-        _rank_set(getattr(args, "rank", None))
+        rank_set(getattr(args, "rank", None))
     except ValueError as exc:
         print(f"et trace: {exc}", file=sys.stderr)
         return 2

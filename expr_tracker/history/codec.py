@@ -26,11 +26,12 @@ import math
 import re
 import reprlib
 import sys
-import threading
 from pathlib import PurePath
 from typing import Any
 
 import orjson
+
+from expr_tracker._warn import Warner
 
 log = logging.getLogger("expr_tracker")
 
@@ -42,32 +43,6 @@ _orjson_dumps = orjson.dumps
 _orjson_loads = orjson.loads
 _json_dumps = json.dumps
 _JSONDecodeError = orjson.JSONDecodeError
-
-
-class Warner:
-    """Emits each distinct warning once (per key) and counts every occurrence.
-
-    ``warn(key, message)`` logs ``message`` the first time ``key`` is seen; ``counts``
-    maps each key to how often it happened. Thread-safe.
-    """
-
-    __slots__ = ("_seen", "counts", "_lock", "logger")
-
-    def __init__(self, logger: logging.Logger | None = None) -> None:
-        self._seen: set[Any] = set()
-        self.counts: dict[Any, int] = {}
-        self._lock = threading.Lock()
-        self.logger = logger or log
-
-    def warn(self, key: Any, message: str, *args: Any) -> bool:
-        """Count ``key``; log ``message % args`` the first time. Returns True when logged."""
-        with self._lock:
-            self.counts[key] = self.counts.get(key, 0) + 1
-            if key in self._seen:
-                return False
-            self._seen.add(key)
-        self.logger.warning(message, *args)
-        return True
 
 
 #: module-level warner for conversions that happen without a run (trace, config helpers)

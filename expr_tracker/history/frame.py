@@ -13,7 +13,7 @@ import difflib
 from collections.abc import Iterable, Mapping
 from typing import Any
 
-from expr_tracker.history.codec import Warner
+from expr_tracker._warn import Warner
 
 OUTPUT_TYPES = ("dict", "dicts", "pandas", "pd", "polars")
 

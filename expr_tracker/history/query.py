@@ -25,7 +25,7 @@ import operator
 from pathlib import Path
 from typing import Any
 
-from expr_tracker.history.codec import Warner
+from expr_tracker._warn import Warner
 from expr_tracker.history.frame import (
     OUTPUT_TYPES,
     check_output_type,

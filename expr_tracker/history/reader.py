@@ -36,7 +36,8 @@ from collections.abc import Iterable, Iterator
 from pathlib import Path
 from typing import Any
 
-from expr_tracker.history.codec import Warner, decode_line
+from expr_tracker._warn import Warner
+from expr_tracker.history.codec import decode_line
 
 BLOCK = 1 << 16
 META_SCHEMA = 2  # the sidecar schema (the writer writes it, this reader understands it)

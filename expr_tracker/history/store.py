@@ -37,11 +37,11 @@ from typing import Any
 
 from expr_tracker import _current
 from expr_tracker._current import FORK_MESSAGE
+from expr_tracker._warn import Warner
 from expr_tracker.errors import ForkedRunError
 from expr_tracker.history.cache import DecodedTail, RowCache
 from expr_tracker.history.codec import (
     FLOAT_MAX_INT,
-    Warner,
     _has_nonfinite,
     encode_row,
     normalize_value,

@@ -39,7 +39,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from expr_tracker.history.codec import Warner
+from expr_tracker._warn import Warner
 from expr_tracker.history.flusher import BackgroundFlusher, get_flusher
 from expr_tracker.history.paths import atomic_write
 from expr_tracker.history.reader import META_SCHEMA

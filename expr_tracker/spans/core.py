@@ -22,8 +22,8 @@ from time import perf_counter_ns
 from time import time as _wall
 from typing import Any
 
+from expr_tracker._warn import Warner
 from expr_tracker.errors import ForkedRunError
-from expr_tracker.history.codec import Warner
 from expr_tracker.spans.printing import enter_line, exit_line
 
 log = logging.getLogger("expr_tracker.spans")

@@ -14,7 +14,7 @@ from typing import Any
 from pydantic import BaseModel
 
 from expr_tracker.spec.errors import join_path
-from expr_tracker.spec.models import (
+from expr_tracker.spec.fields import (
     NAMED_LISTS,
     _is_omegaconf,
     entry_name,

@@ -19,14 +19,9 @@ import yaml
 from pydantic import BaseModel
 
 from expr_tracker.spec.errors import SpecError, SpecIssue, suggest
+from expr_tracker.spec.fields import _SKIP, _is_omegaconf, _keep_literal, omegaconf_to_plain
 from expr_tracker.spec.merge import Layer, Location, _copy, _nest, merge
-from expr_tracker.spec.models import (
-    _SKIP,
-    RunSpec,
-    _is_omegaconf,
-    _keep_literal,
-    omegaconf_to_plain,
-)
+from expr_tracker.spec.models import RunSpec
 from expr_tracker.spec.yaml import (
     compose_unique,
     duplicate_key_message,

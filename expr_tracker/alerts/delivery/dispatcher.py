@@ -76,6 +76,7 @@ from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
+from expr_tracker._warn import Warner
 from expr_tracker.alerts.delivery.lane import EXIT, Lane
 from expr_tracker.alerts.delivery.message import AlertMessage, event_to_message
 from expr_tracker.alerts.delivery.policy import URGENT_LEVEL, Policy, TokenBucket
@@ -187,7 +188,7 @@ class Dispatcher:
         self.warner = warner
         self.lanes: dict[str, Lane] = {}
         self._lock = threading.Lock()
-        self._warned: set[tuple[str, str]] = set()
+        self._warner = Warner(log)  # once per (channel, cause) when no ``warner`` is given
         self._unknown: set[str] = set()
         #: configured channels that are off (not lanes): name -> why ("ET_X is not set")
         self.skipped: dict[str, str] = {}
@@ -498,11 +499,8 @@ class Dispatcher:
         if self.warner is not None:
             self.warner.warn(("alert delivery",) + key, message, lane.name, lane.kind, detail)
             return
-        with self._lock:
-            if key in self._warned:
-                return
-            self._warned.add(key)
-        log.warning(
+        self._warner.warn(
+            key,
             message + " (further failures of this cause are counted, not logged)",
             lane.name,
             lane.kind,

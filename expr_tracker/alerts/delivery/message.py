@@ -17,7 +17,7 @@ from dataclasses import dataclass, field, replace
 from typing import Any
 
 from expr_tracker.alerts.template import render_template
-from expr_tracker.spec.models import LEVELS, level_rank, normalize_level
+from expr_tracker.units import LEVELS, level_rank, normalize_level
 
 __all__ = [
     "LEVELS",
