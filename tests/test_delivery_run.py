@@ -10,7 +10,8 @@ import textwrap
 import pytest
 
 import expr_tracker as et
-from expr_tracker.alerts.delivery import alert, attach_delivery
+from expr_tracker.alerts.delivery import alert
+from expr_tracker.build.alerts import attach_delivery
 from expr_tracker.testing import InMemoryChannel, WebhookServer, capture_alerts
 
 
@@ -274,7 +275,8 @@ def test_hanging_channel_process_exits_within_deadline(tmp_path):
             f"""
             import expr_tracker as et
             from expr_tracker.alerts.delivery import dispatcher as dispatch
-            from expr_tracker.alerts.delivery import attach_delivery, alert
+            from expr_tracker.alerts.delivery import alert
+            from expr_tracker.build.alerts import attach_delivery
             dispatch.DEFAULT_DRAIN_TIMEOUT = 0.5
             run = et.init(project="p", name="hang", dir={str(tmp_path)!r})
             spec = {{"channels": [{{"type": "webhook", "url": {server.url!r},
