@@ -95,10 +95,10 @@ def test_alert_without_a_run_uses_the_environment(monkeypatch):
 def fresh_standalone(monkeypatch):
     """No configure_alert values and no cached standalone dispatcher; closes what the test
     built."""
-    from expr_tracker import api
+    from expr_tracker import _current
     from expr_tracker.alerts.delivery import direct as delivery
 
-    monkeypatch.setattr(api, "_configured_alert", {})
+    monkeypatch.setattr(_current, "configured_alert", {})
     monkeypatch.setattr(delivery, "_standalone", None)
     monkeypatch.setattr(delivery, "_standalone_inputs", None)
     yield delivery
