@@ -1,8 +1,8 @@
 """The current run and the fork state: a leaf module (it imports nothing of the project).
 
 ``api`` sets :data:`run` when a run starts and clears it when the run finishes (under
-``api._lock``); ``api`` and the history package's live query (``et.history``) read it, so
-neither needs the other to find the current run.
+``api._lock``); ``api``, the history package's live query (``et.history``) and ``et.alert``
+(``alerts.delivery.direct``) read it, so none needs another to find the current run.
 
 :data:`fork_gen` is incremented in a child after each ``fork``: every run object remembers
 the generation it was made in and raises ``ForkedRunError(FORK_MESSAGE)`` before touching a
@@ -16,6 +16,11 @@ from typing import Any
 
 #: the current ``Run``, or None; read without a lock (one attribute load on the log() path)
 run: Any = None
+
+#: the alerts section given by ``et.configure_alert`` (merged over calls; replaced, never
+#: mutated, by ``api.configure_alert``): read by ``et.init`` and by the run-less
+#: ``et.alert`` dispatcher (``alerts.delivery.direct``), so neither needs ``api``
+configured_alert: dict[str, Any] = {}
 
 #: fork generation of this process: 0 in the process that imported the package
 fork_gen = 0

@@ -22,7 +22,6 @@ from expr_tracker import _current as _state
 from expr_tracker._current import FORK_MESSAGE
 from expr_tracker.errors import (
     ForkedRunError,
-    NoActiveRunError,
     RunAlreadyActiveError,
 )
 from expr_tracker.history.live import current_run, no_run_error
@@ -32,7 +31,6 @@ from expr_tracker.run import Run, Summary
 _logger = logging.getLogger("expr_tracker")
 
 _lock = threading.Lock()
-_configured_alert: dict[str, Any] = {}
 _hooks_installed = False
 _prev_excepthook = None
 
@@ -97,10 +95,10 @@ def init(
             given["name"] = name
         if config is not None:
             given["config"] = config
-        resolved = resolve(spec, kwargs=given, configure_alert=_configured_alert or None)
+        resolved = resolve(spec, kwargs=given, configure_alert=_state.configured_alert or None)
         if parent is not None and _joins_parent(resolved, parent):
             given.update(project=parent.project, name=parent.name, run_dir=str(parent.dir))
-            resolved = resolve(spec, kwargs=given, configure_alert=_configured_alert or None)
+            resolved = resolve(spec, kwargs=given, configure_alert=_state.configured_alert or None)
         try:
             run = build(resolved)
         except SpecError as exc:
@@ -272,12 +270,11 @@ def configure_alert(**values: Any) -> None:
     from expr_tracker.build import check
     from expr_tracker.spec import merge, resolve
 
-    global _configured_alert
     with _lock:
-        merged = merge(_configured_alert, values, at="alerts")
+        merged = merge(_state.configured_alert, values, at="alerts")
         # validated now, on its own (no environment, no files): errors name what was given
         check(resolve(None, configure_alert=merged, environ={}))
-        _configured_alert = merged
+        _state.configured_alert = merged
 
 
 def add_alert_rule(rule: Any, **overrides: Any) -> Any:
@@ -291,15 +288,7 @@ def add_alert_rule(rule: Any, **overrides: Any) -> Any:
         RuleError: syntax, unknown function, arity or window errors (at registration).
         NoActiveRunError: no run, or alerts are disabled for it (``alerts.enabled: false``).
     """
-    run = current_run()
-    engine = run.alerts
-    if engine is None:
-        raise NoActiveRunError("alerts are disabled for this run (alerts.enabled: false)")
-    registered = engine.add_rule(rule, **overrides)
-    sinks = run.history.sinks
-    if engine.on_step not in sinks:
-        sinks.append(engine.on_step)
-    return registered
+    return current_run().add_rule(rule, **overrides)
 
 
 def alert(

@@ -19,6 +19,7 @@ from typing import Any
 
 from expr_tracker._current import FORK_MESSAGE, fork_generation
 from expr_tracker._warn import Warner
+from expr_tracker.errors import NoActiveRunError
 from expr_tracker.history.codec import dumps_pretty, normalize_value
 from expr_tracker.history.flusher import get_flusher
 from expr_tracker.history.paths import atomic_write
@@ -218,6 +219,23 @@ class Run:
     def add_stats(self, name: str, fn: Callable[[], Any]) -> None:
         """Register a section of :meth:`info`."""
         self._stats[name] = fn
+
+    def add_rule(self, rule: Any, **overrides: Any) -> Any:
+        """Register an alert rule on this live run (``et.add_alert_rule``); returns the
+        registered ``AlertRule``. The engine sees every row committed from now on.
+
+        Raises:
+            RuleError: the rule does not compile.
+            NoActiveRunError: alerts are disabled for this run (``alerts.enabled: false``).
+        """
+        engine = self.alerts
+        if engine is None:
+            raise NoActiveRunError("alerts are disabled for this run (alerts.enabled: false)")
+        registered = engine.add_rule(rule, **overrides)
+        sinks = self.history.sinks
+        if engine.on_step not in sinks:
+            sinks.append(engine.on_step)
+        return registered
 
     def flush(self) -> None:
         """Write committed rows and completed span records to disk, and wait.

@@ -10,7 +10,8 @@ import textwrap
 import pytest
 
 import expr_tracker as et
-from expr_tracker.alerts.delivery import alert, attach_delivery
+from expr_tracker.alerts.delivery import alert
+from expr_tracker.build.alerts import attach_delivery
 from expr_tracker.testing import InMemoryChannel, WebhookServer, capture_alerts
 
 
@@ -94,10 +95,10 @@ def test_alert_without_a_run_uses_the_environment(monkeypatch):
 def fresh_standalone(monkeypatch):
     """No configure_alert values and no cached standalone dispatcher; closes what the test
     built."""
-    from expr_tracker import api
+    from expr_tracker import _current
     from expr_tracker.alerts.delivery import direct as delivery
 
-    monkeypatch.setattr(api, "_configured_alert", {})
+    monkeypatch.setattr(_current, "configured_alert", {})
     monkeypatch.setattr(delivery, "_standalone", None)
     monkeypatch.setattr(delivery, "_standalone_inputs", None)
     yield delivery
@@ -274,7 +275,8 @@ def test_hanging_channel_process_exits_within_deadline(tmp_path):
             f"""
             import expr_tracker as et
             from expr_tracker.alerts.delivery import dispatcher as dispatch
-            from expr_tracker.alerts.delivery import attach_delivery, alert
+            from expr_tracker.alerts.delivery import alert
+            from expr_tracker.build.alerts import attach_delivery
             dispatch.DEFAULT_DRAIN_TIMEOUT = 0.5
             run = et.init(project="p", name="hang", dir={str(tmp_path)!r})
             spec = {{"channels": [{{"type": "webhook", "url": {server.url!r},

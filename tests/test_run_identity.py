@@ -454,7 +454,7 @@ def test_a_failed_start_removes_only_what_it_created(tmp_path, monkeypatch):
     et.log({"o": 1})
     et.finish()
     """
-    real = build_mod._build_spans
+    real = build_mod.build_spans
 
     def spans_then_fail(*args, **kwargs):
         real(*args, **kwargs)
@@ -462,7 +462,7 @@ def test_a_failed_start_removes_only_what_it_created(tmp_path, monkeypatch):
         assert rc == 0, err
         raise RuntimeError("construction fails after another producer started")
 
-    monkeypatch.setattr(build_mod, "_build_spans", spans_then_fail)
+    monkeypatch.setattr(build_mod, "build_spans", spans_then_fail)
     with pytest.raises(RuntimeError, match="construction fails"):
         et.init(project="proj", name="r1", dir=str(runs))
     run_dir = runs / "proj" / "r1"

@@ -500,9 +500,9 @@ def test_configure_alert_validates_at_configuration_time():
         et.configure_alert(channels=[{"type": "webhok", "url": "http://127.0.0.1:9/x"}])
     with pytest.raises(SpecError, match="missing operand"):
         et.configure_alert(rules=["loss > "])
-    import expr_tracker.api as api
+    from expr_tracker import _current
 
-    assert api._configured_alert == {}  # nothing kept from calls that raised
+    assert _current.configured_alert == {}  # nothing kept from calls that raised
 
 
 def test_rule_errors_name_the_rule_and_the_hydra_key(tmp_path):

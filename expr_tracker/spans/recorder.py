@@ -31,8 +31,9 @@ from typing import Any
 
 import orjson
 
+from expr_tracker._warn import Warner
 from expr_tracker.errors import ForkedRunError
-from expr_tracker.history.codec import Warner, encode_row, has_nonfinite, normalize_value
+from expr_tracker.history.codec import encode_row, has_nonfinite, normalize_value
 from expr_tracker.spans import core
 
 log = logging.getLogger("expr_tracker.spans")
@@ -87,10 +88,12 @@ class SpanRecorder:
     - ``print_fn`` / ``plugins``: run-wide defaults for outermost spans (children inherit).
     - ``max_record_bytes`` (bytes): a longer record is dropped, counted in :meth:`stats` and
       warned about once; its metrics still aggregate. ``max_pending_bytes`` (bytes) is the
-      bound :func:`build_recorder` gives the writer; records the writer refuses are counted
+      bound ``expr_tracker.build.spans`` gives the writer; records the writer refuses are counted
       as ``dropped_pending``.
     - ``identity``: ``{"pid", "host", "stream", "rank"}``; ``pid`` is written in each record
       (default ``os.getpid()``), the rest is kept for :meth:`stats`.
+    - ``owns_writer``: :meth:`close` also closes (drains) the writer.
+    - ``warner``: the run's ``Warner`` (default: one of its own).
 
     Raises ``ValueError`` for non-positive byte limits. Methods raise ``ForkedRunError``
     when called in a forked child of the process that created the recorder.
@@ -108,6 +111,8 @@ class SpanRecorder:
         max_record_bytes: int = 8 << 20,
         max_pending_bytes: int = 64 << 20,
         identity: dict[str, Any] | None = None,
+        owns_writer: bool = False,
+        warner: Warner | None = None,
     ) -> None:
         if max_record_bytes <= 0 or max_pending_bytes <= 0:
             raise ValueError("max_record_bytes and max_pending_bytes must be positive byte counts")
@@ -123,7 +128,7 @@ class SpanRecorder:
         self._pid = os.getpid()
         self._rec_pid = self.identity.get("pid") or self._pid
         self.identity.setdefault("pid", self._rec_pid)
-        self._owns_writer = False
+        self._owns_writer = bool(owns_writer)
         self._closed = False
         # the store fixes each record's step at the log() that places its metrics
         self._hold = self._metrics and callable(getattr(store, "hold_spans", None))
@@ -138,7 +143,7 @@ class SpanRecorder:
         self._dropped_pending = 0
         self._dropped_error = 0
         self._dropped_after_close = 0
-        self._warner = Warner(log)
+        self._warner = warner if warner is not None else Warner(log)
         # wall-clock anchor: start = wall0 + (perf_ns - perf0) / 1e9 (one clock read per span)
         self._perf0 = time.perf_counter_ns()
         self._wall0 = time.time()
@@ -365,8 +370,7 @@ class SpanRecorder:
     def close(self) -> dict[str, Any]:
         """Stop accepting spans (later ones only time and print) and stop being the active
         recorder. Records still waiting for their step are placed in the store's open row
-        and written; then the writer is closed (drained) when :func:`build_recorder` made
-        it; never the store. Returns :meth:`stats`."""
+        and written; then the writer is closed (drained) when it owns it (``owns_writer``); never the store. Returns :meth:`stats`."""
         self._check_fork()
         self._closed = True
         if core._active is self:
@@ -519,65 +523,3 @@ def resolve_print(value: Any) -> Callable[[str], Any] | None:
         f"spans.print: {value!r} is not null, a bool, stdout, stderr, logging, "
         "logger:<name> or a callable"
     )
-
-
-def build_recorder(
-    *,
-    run: Any,
-    spec: Any,
-    run_dir: Any,
-    stream: str | None,
-    file_rank: int,
-    rank: int,
-    warner: Any = None,
-) -> SpanRecorder:
-    """The run's recorder from its ``spans`` spec section; makes it the active recorder.
-
-    Creates the span-file writer (``spans[.S][.rankN].jsonl`` on the shared background
-    flusher) unless ``spec.enabled`` is False, registers ``close`` as a run closer and
-    ``stats`` as the ``spans`` section of ``run.info()``. Raises ``ValueError`` for an unknown
-    plugin type or print target.
-    """
-    from pathlib import Path
-
-    from expr_tracker.history.paths import file_name
-    from expr_tracker.history.writer import JsonlWriter
-
-    plugins = resolve_plugins(spec.plugins)
-    print_fn = resolve_print(spec.print)
-    writer = None
-    if spec.enabled:
-        b = spec.buffer
-        writer = JsonlWriter(
-            Path(run_dir) / file_name("spans", stream, file_rank),
-            buffer_size=b.size,
-            interval=b.interval,
-            max_seconds=b.max_seconds,
-            max_pending_records=b.max_pending_records,
-            max_pending_bytes=int(spec.max_pending_bytes),
-            async_write=spec.async_write,
-            lock=False,  # the metrics writer's lock already guards this producer
-            warner=warner,
-        )
-    host = None
-    info = getattr(run, "info_record", None)
-    if isinstance(info, dict):
-        host = info.get("host")
-    rec = SpanRecorder(
-        run.history,
-        writer,
-        metrics=spec.metrics,
-        count=spec.count,
-        print_fn=print_fn,
-        plugins=plugins,
-        max_record_bytes=int(spec.max_record_bytes),
-        max_pending_bytes=int(spec.max_pending_bytes),
-        identity={"pid": os.getpid(), "host": host, "stream": stream, "rank": rank},
-    )
-    rec._owns_writer = writer is not None
-    if warner is not None:
-        rec._warner = warner
-    run.add_closer("spans", rec.close)
-    run.add_stats("spans", rec.stats)
-    core.set_active_recorder(rec)
-    return rec

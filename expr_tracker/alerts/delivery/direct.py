@@ -21,6 +21,7 @@ import threading
 from collections.abc import Iterable, Mapping
 from typing import Any
 
+from expr_tracker import _current
 from expr_tracker.alerts.delivery.dispatcher import Dispatcher
 from expr_tracker.alerts.delivery.message import AlertMessage, normalize_level
 from expr_tracker.alerts.delivery.wiring import build_dispatcher
@@ -107,15 +108,6 @@ def _channel_env_names(alerts: Any) -> tuple[str, ...]:
     return tuple(dict.fromkeys(out))
 
 
-def _configured_alert() -> Any:
-    try:
-        from expr_tracker import api
-
-        return getattr(api, "_configured_alert", None) or None
-    except Exception:  # noqa: BLE001
-        return None
-
-
 def standalone_dispatcher(environ: Mapping[str, str] | None = None) -> Dispatcher:
     """The process-wide dispatcher for alerts sent without a run, built from
     ``expr_tracker.spec.resolve()`` and drained at interpreter exit.
@@ -131,7 +123,7 @@ def standalone_dispatcher(environ: Mapping[str, str] | None = None) -> Dispatche
     """
     global _standalone, _standalone_inputs
     env = os.environ if environ is None else environ
-    configured = _configured_alert()
+    configured = _current.configured_alert or None
     inputs = _resolve_inputs(env)
     with _standalone_lock:
         cached, current = _standalone_inputs, _standalone
@@ -169,12 +161,7 @@ def _run_dispatcher() -> Dispatcher | str | None:
     the run does not alert (no dispatcher: a rank outside ``alerts.on_rank`` or
     ``alerts.enabled: false``); None without a live run (none, finished, or a forked child
     of a run that alerts) or once its delivery is closed."""
-    try:
-        from expr_tracker import api
-
-        run = api.get_run()
-    except Exception:  # noqa: BLE001
-        return None
+    run = _current.run
     if run is None or getattr(run, "finished", False):
         return None
     d = getattr(run, "dispatcher", None)

@@ -1,36 +1,26 @@
-"""``build(resolved) -> Run``: the only place runtime objects are constructed from a spec.
-
-Reads the validated :class:`~expr_tracker.spec.models.RunSpec` once and hands plain values
-to the runtime (the hot path never touches Pydantic): the run directory and file names,
-the one-writer lock, resume, the history store and its writer, ``run.json``,
-``config.json``, ``spec.json``, the summary, the span recorder and the alert engine.
+"""The history side of a run: its directory, the one-writer lock taken first and the undo
+of a failed attempt (:class:`Attempt`), resume, the history writer and store, ``run.json``,
+``config[.S].json``, ``spec.json`` and the summary (:func:`construct_run`).
 """
 
 from __future__ import annotations
 
 import json
-import logging
 import os
 import sys
 import time
 from pathlib import Path
 from typing import Any
 
-from expr_tracker.errors import ExprTrackerError
-from expr_tracker.history.codec import Warner, dumps_pretty, normalize_value
-from expr_tracker.history.paths import atomic_write, detect_rank, file_name
+from expr_tracker._warn import Warner
+from expr_tracker.history.codec import dumps_pretty, normalize_value
+from expr_tracker.history.paths import atomic_write, file_name
 from expr_tracker.history.recovery import release_lock_fd
 from expr_tracker.history.runinfo import new_run_info, read_run_info, write_run_info
 from expr_tracker.history.store import HistoryStore
 from expr_tracker.history.writer import JsonlWriter
 from expr_tracker.run import Run, Summary
 from expr_tracker.spans.core import AGGREGATION as SPAN_AGGREGATION
-
-log = logging.getLogger("expr_tracker")
-
-
-class ResumeError(ExprTrackerError, FileExistsError):
-    """``resume="never"`` found an existing run, or ``resume="must"`` found none."""
 
 
 def run_directory(spec: Any) -> Path:
@@ -68,202 +58,7 @@ def _resolve_omegaconf(value: Any, path: str) -> Any:
     return value
 
 
-def build(resolved: Any, *, environ: dict[str, str] | None = None) -> Run:
-    """Construct a :class:`Run` from a resolved spec (``expr_tracker.spec.resolve``).
-
-    Everything that can fail on configuration (rules, plugin types, channels) is checked
-    before anything touches the disk; if construction still fails afterwards, what this
-    attempt created is removed and the one-writer lock released, so fixing the spec and
-    calling ``et.init`` again in the same process works.
-
-    Raises:
-        SpecError: everything :func:`check` finds (plugins, rules, channels), each problem
-            with its spec path.
-        ResumeError: ``resume`` forbids what is on disk.
-        RunLockedError: another live process writes the same stream and rank.
-    """
-    spec = resolved.spec
-    env = os.environ if environ is None else environ
-    warner = Warner()
-    stream = spec.stream
-    rank = detect_rank(env)
-    file_rank = rank if spec.history.rank_aware else 0
-    run_dir = run_directory(spec)
-    metrics_path = run_dir / file_name("metrics", stream, file_rank)
-    info_path = run_dir / file_name("run", stream, file_rank)
-
-    # 1. configuration checks: nothing on disk yet; the same function as `et config validate`
-    engine = check(resolved, env, stream=stream, rank=rank)
-
-    # 2. the one-writer lock comes before anything of the run directory is read, snapshotted
-    # or undone: a refused process (RunLockedError) has touched nothing of the holder's
-    attempt = _Attempt(run_dir, stream, file_rank)
-    attempt.lock(metrics_path, warner)
-    try:
-        exists = metrics_path.exists() or info_path.exists()
-        if spec.resume == "never" and exists:
-            raise ResumeError(
-                f"resume='never' but {run_dir} already holds this run ({metrics_path.name}); "
-                "pick another name, or use resume='allow' to continue it"
-            )
-        if spec.resume == "must" and not exists:
-            raise ResumeError(
-                f"resume='must' but there is no run to continue at {run_dir} "
-                f"(no {metrics_path.name}); check project/name/dir or use resume='allow'"
-            )
-        attempt.snapshot()
-
-        # 3. construction; undone if anything fails
-        run = _construct(resolved, spec, env, warner, stream, rank, file_rank, run_dir, attempt)
-        attempt.closers.append(lambda: _undo_runtime(run, engine))
-        _build_spans(run, spec, run_dir, stream, file_rank, rank, warner)
-        _build_alerts(run, spec, run_dir, stream, file_rank, rank, warner, engine)
-    except BaseException as exc:
-        attempt.undo()
-        from expr_tracker.alerts.delivery.channels import ChannelConfigError
-
-        if isinstance(exc, ChannelConfigError):  # the environment changed since check()
-            from expr_tracker.spec import SpecError
-
-            raise SpecError([_channel_issue(resolved, exc)]) from None
-        raise
-    attempt.done()
-    if attempt.notice:
-        _announce(attempt.notice)
-    if spec.backends:
-        unknown = [b for b in spec.backends if b != "jsonl"]
-        if unknown:
-            warner.warn(
-                ("backends",),
-                "expr_tracker: backends %r are not available yet (the JSONL history is always "
-                "written); ignored",
-                unknown,
-            )
-    return run
-
-
-def _undo_runtime(run: Run, engine: Any) -> None:
-    """Stop what a failed build started (span recorder, watchdog, delivery threads)."""
-    if run.spans is not None:
-        run.spans.close()
-    if engine is not None:
-        engine.close()
-    dispatcher = run.dispatcher
-    if dispatcher is not None:
-        dispatcher.close(timeout=0.5)
-
-
-def check(
-    resolved: Any,
-    environ: Any = None,
-    *,
-    stream: str | None = None,
-    rank: int = 0,
-    channels: bool = True,
-) -> Any:
-    """Everything a spec can get wrong beyond its schema, checked with no side effect: span
-    plugins (types and options: each built-in plugin is constructed), alert rules (compiled)
-    and channels (types, options and URLs of every channel; the ones that are on built with
-    ``environ``, not started). ``et.init`` (through :func:`build`), ``et.configure_alert``
-    and ``et config validate`` all call this, so they accept and reject the same specs.
-
-    Returns the alert engine with the rules compiled (None when alerts are disabled), for
-    :func:`build` to use. ``channels=False`` skips the channels.
-
-    Raises:
-        SpecError: every problem found, each with its spec path
-            (``spans.plugins[0].options.interval``, ``alerts.rules.r.condition``,
-            ``alerts.channels.ops.options.port``), its source and ``file:line:column``.
-    """
-    from expr_tracker.spec import SpecError
-
-    spec = resolved.spec
-    env = os.environ if environ is None else environ
-    issues = _plugin_issues(resolved)
-    engine = None
-    try:
-        engine = _make_engine(resolved, stream, rank)
-    except SpecError as exc:
-        issues.extend(exc.issues)
-    if channels and spec.alerts.enabled and spec.alerts.channels:
-        issues.extend(_channel_issues(resolved, env))
-    if issues:
-        if engine is not None:
-            engine.close()
-        raise SpecError(issues)
-    return engine
-
-
-def _location(resolved: Any, path: str) -> Any:
-    """``(file, line, column)`` of ``path``, else of its nearest enclosing value, else None."""
-    locations = getattr(resolved, "locations", None) or {}
-    while path:
-        if path in locations:
-            return locations[path]
-        cut = max(path.rfind("."), path.rfind("["))
-        path = path[:cut] if cut > 0 else ""
-    return None
-
-
-def _issue(resolved: Any, path: str, message: str, **extra: Any) -> Any:
-    from expr_tracker.spec import SpecIssue
-
-    source = resolved.source_of(path) if hasattr(resolved, "source_of") else None
-    return SpecIssue(
-        path=path,
-        message=message,
-        source=source,
-        location=_location(resolved, path),
-        **extra,
-    )
-
-
-def _plugin_issues(resolved: Any) -> list[Any]:
-    """Span plugins: unknown types (with close matches), unknown options and options of the
-    wrong type, each a SpecIssue at ``spans.plugins[i].<field>`` (nothing built is kept)."""
-    entries = list(resolved.spec.spans.plugins or ())
-    if not any(getattr(e, "type", None) is not None for e in entries):
-        return []
-    from expr_tracker.spans.recorder import plugin_problems
-
-    issues = []
-    for p in plugin_problems(entries):
-        path = f"spans.plugins[{p['index']}].{p['field']}"
-        extra = {"suggestion": p.get("suggestion")}
-        if "value" in p:
-            extra["value"] = p["value"]
-        issues.append(_issue(resolved, path, p["message"], **extra))
-    return issues
-
-
-def _channel_path(name: Any, field: str | None) -> str:
-    from expr_tracker.spec.errors import join_path
-
-    path = join_path("alerts.channels", name)
-    for part in (field or "").split(".") if field else ():
-        path = join_path(path, part)
-    return path
-
-
-def _channel_issue(resolved: Any, exc: Any) -> Any:
-    """A SpecIssue for a ``ChannelConfigError`` (its text never holds a secret)."""
-    name = getattr(exc, "channel", None)
-    if name is None:
-        return _issue(resolved, "alerts.channels", str(exc))
-    return _issue(resolved, _channel_path(name, exc.field), exc.problem or str(exc))
-
-
-def _channel_issues(resolved: Any, env: Any) -> list[Any]:
-    """Every channel's problems (``alerts.channels.channel_problems``) as SpecIssues."""
-    from expr_tracker.alerts.delivery.channels import channel_problems
-
-    issues = []
-    for channel in resolved.spec.alerts.channels:
-        issues.extend(_channel_issue(resolved, exc) for exc in channel_problems(channel, env))
-    return issues
-
-
-class _Attempt:
+class Attempt:
     """What one ``build`` created, so a failed construction can be undone — and only that.
 
     :meth:`lock` takes the producer's one-writer lock first (creating the directories that
@@ -436,7 +231,7 @@ def _restore(path: Path, before: bytes | None) -> None:
         pass
 
 
-def _announce(line: str) -> None:
+def announce(line: str) -> None:
     """Print the one resume line on stderr (never breaks the run)."""
     try:
         sys.stderr.write(line + "\n")
@@ -445,7 +240,7 @@ def _announce(line: str) -> None:
         pass
 
 
-def _construct(
+def construct_run(
     resolved: Any,
     spec: Any,
     env: Any,
@@ -454,9 +249,9 @@ def _construct(
     rank: int,
     file_rank: int,
     run_dir: Path,
-    attempt: _Attempt,
+    attempt: Attempt,
 ) -> Run:
-    # the directory exists and this producer's lock is held (_Attempt.lock): reading the
+    # the directory exists and this producer's lock is held (Attempt.lock): reading the
     # previous attempt now sees a file no live process is writing
     h = spec.history
     metrics_path = run_dir / file_name("metrics", stream, file_rank)
@@ -594,139 +389,3 @@ def _resumed_summary(summary_path: Path, writer: JsonlWriter) -> dict[str, Any]:
     for row in rows:
         saved.update(row)
     return saved
-
-
-def _build_spans(
-    run: Run,
-    spec: Any,
-    run_dir: Path,
-    stream: str | None,
-    file_rank: int,
-    rank: int,
-    warner: Warner,
-) -> None:
-    """The span recorder and its writer (spans.jsonl), made the active recorder."""
-    from expr_tracker.spans.recorder import build_recorder
-
-    run.spans = build_recorder(
-        run=run,
-        spec=spec.spans,
-        run_dir=run_dir,
-        stream=stream,
-        file_rank=file_rank,
-        rank=rank,
-        warner=warner,
-    )
-    if run.spans is not None:
-        run.history.flush_hooks.append(run.spans.flush)
-
-
-def _make_engine(resolved: Any, stream: str | None, rank: int) -> Any:
-    """The alert engine with every rule compiled; no thread, no file.
-
-    Raises:
-        SpecError: listing every rule that does not compile, each with its path
-            (``alerts.rules.<name>.condition``), its source and file:line:column.
-    """
-    spec = resolved.spec
-    a = spec.alerts
-    if not a.enabled:
-        return None
-    from expr_tracker.alerts.delivery import rank_alerts
-    from expr_tracker.alerts.engine import AlertEngine
-    from expr_tracker.alerts.parse import RuleError
-
-    engine = AlertEngine(
-        (),
-        window=spec.history.alert_window,
-        run_info={"project": spec.project, "run": spec.name, "stream": stream, "rank": rank},
-        deliver=rank_alerts(a.on_rank, rank),
-    )
-    issues = []
-    for i, rule in enumerate(a.rules):
-        try:
-            engine.add_rule(rule)
-        except RuleError as exc:
-            issues.append(_rule_issue(resolved, i, rule, exc))
-    if issues:
-        from expr_tracker.spec import SpecError
-
-        raise SpecError(issues)
-    return engine
-
-
-def _rule_issue(resolved: Any, index: int, rule: Any, exc: Exception) -> Any:
-    """A SpecIssue for a rule that does not compile: where it is, where it came from."""
-    from expr_tracker.spec import SpecIssue
-    from expr_tracker.spec.errors import join_path
-
-    # the spec names entries of `alerts.rules` by name; a one-line string rule is its own name
-    name = rule if isinstance(rule, str) else getattr(rule, "name", None)
-    base = join_path("alerts.rules", name) if name else f"alerts.rules[{index}]"
-    field = getattr(exc, "field", None) or "condition"
-    if field == "expr":
-        field = "condition"
-    path = base if isinstance(rule, str) else join_path(base, field)
-    text = rule if isinstance(rule, str) else getattr(rule, field, None)
-    locations = getattr(resolved, "locations", {}) or {}
-    return SpecIssue(
-        path=path,
-        message=str(exc).replace("\n", "\n    "),
-        value=text,
-        source=resolved.source_of(path) if hasattr(resolved, "source_of") else None,
-        location=locations.get(path) or locations.get(base),
-    )
-
-
-def _build_alerts(
-    run: Run,
-    spec: Any,
-    run_dir: Path,
-    stream: str | None,
-    file_rank: int,
-    rank: int,
-    warner: Warner,
-    engine: Any,
-) -> None:
-    """Hook the alert engine (rules compiled by :func:`_make_engine`) into the run: its
-    record file, delivery, the watchdog and the row sink.
-
-    Rules on a rank that does not alert (``alerts.on_rank``) stay registered, listed and
-    evaluated, and recorded in that rank's ``alerts.rankN.jsonl``; they just do not deliver.
-    """
-    if engine is None:
-        return
-    from expr_tracker.alerts.delivery.record import AlertLog
-
-    a = spec.alerts
-    alerts_path = run_dir / file_name("alerts", stream, file_rank)
-    record = AlertLog(alerts_path)
-
-    def close() -> None:
-        engine.close()
-        for message in engine.finish_warnings():
-            log.warning("expr_tracker: %s", message)
-
-    # closers run in order: stop the engine (and its watchdog) before delivery drains, so
-    # nothing is submitted to a closed dispatcher; the record file closes last
-    run.add_closer("alerts", close)
-    engine.record = record
-    engine.notify = _delivery(run, a, alerts_path, record, engine.deliver)
-    run.add_closer("alert_log", record.close, late=True)  # after delivery records outcomes
-    engine.start_watchdog(a.watchdog_interval)
-    run.alerts = engine
-    if engine.rules:
-        run.history.sinks.append(engine.on_step)
-    run.add_stats("alerts", engine.stats)
-
-
-def _delivery(run: Run, alerts: Any, alerts_path: Path, record: Any, deliver: bool) -> Any:
-    """The callable rule events go to: the run's dispatcher (channels with their policies;
-    with no channel configured, the console and ``alerts.jsonl``). None on a rank that does
-    not alert."""
-    if not deliver:
-        return None
-    from expr_tracker.alerts.delivery import attach_delivery
-
-    dispatcher = attach_delivery(run, alerts, record)
-    return dispatcher.notify

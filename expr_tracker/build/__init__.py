@@ -1,0 +1,128 @@
+"""``build(resolved) -> Run``: the composition root, the only place runtime objects are
+constructed from a spec.
+
+Reads the validated :class:`~expr_tracker.spec.models.RunSpec` once and hands plain values
+to the runtime (the hot path never touches Pydantic):
+
+- :mod:`.check`: :func:`check`, everything a spec can get wrong beyond its schema (span
+  plugins, alert rules, channels), with no side effect; also ``et config validate``.
+- :mod:`.history`: the run directory and file names, the one-writer lock and the undo of a
+  failed attempt, resume, the history store and its writer, ``run.json``, ``config.json``,
+  ``spec.json`` and the summary.
+- :mod:`.spans`: the span recorder, its writer, plugins and print target.
+- :mod:`.alerts`: the alert engine, the alert log, the channels, policies and dispatcher.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+from typing import Any
+
+from expr_tracker._warn import Warner
+from expr_tracker.build.alerts import build_alerts
+from expr_tracker.build.check import channel_issue, check
+from expr_tracker.build.history import (
+    Attempt,
+    announce,
+    construct_run,
+    normalize_config,
+    run_directory,
+)
+from expr_tracker.build.spans import build_spans
+from expr_tracker.errors import ExprTrackerError
+from expr_tracker.history.paths import detect_rank, file_name
+from expr_tracker.run import Run
+
+__all__ = ["ResumeError", "build", "check", "normalize_config", "run_directory"]
+
+log = logging.getLogger("expr_tracker")
+
+
+class ResumeError(ExprTrackerError, FileExistsError):
+    """``resume="never"`` found an existing run, or ``resume="must"`` found none."""
+
+
+def build(resolved: Any, *, environ: dict[str, str] | None = None) -> Run:
+    """Construct a :class:`Run` from a resolved spec (``expr_tracker.spec.resolve``).
+
+    Everything that can fail on configuration (rules, plugin types, channels) is checked
+    before anything touches the disk; if construction still fails afterwards, what this
+    attempt created is removed and the one-writer lock released, so fixing the spec and
+    calling ``et.init`` again in the same process works.
+
+    Raises:
+        SpecError: everything :func:`check` finds (plugins, rules, channels), each problem
+            with its spec path.
+        ResumeError: ``resume`` forbids what is on disk.
+        RunLockedError: another live process writes the same stream and rank.
+    """
+    spec = resolved.spec
+    env = os.environ if environ is None else environ
+    warner = Warner()
+    stream = spec.stream
+    rank = detect_rank(env)
+    file_rank = rank if spec.history.rank_aware else 0
+    run_dir = run_directory(spec)
+    metrics_path = run_dir / file_name("metrics", stream, file_rank)
+    info_path = run_dir / file_name("run", stream, file_rank)
+
+    # 1. configuration checks: nothing on disk yet; the same function as `et config validate`
+    engine = check(resolved, env, stream=stream, rank=rank)
+
+    # 2. the one-writer lock comes before anything of the run directory is read, snapshotted
+    # or undone: a refused process (RunLockedError) has touched nothing of the holder's
+    attempt = Attempt(run_dir, stream, file_rank)
+    attempt.lock(metrics_path, warner)
+    try:
+        exists = metrics_path.exists() or info_path.exists()
+        if spec.resume == "never" and exists:
+            raise ResumeError(
+                f"resume='never' but {run_dir} already holds this run ({metrics_path.name}); "
+                "pick another name, or use resume='allow' to continue it"
+            )
+        if spec.resume == "must" and not exists:
+            raise ResumeError(
+                f"resume='must' but there is no run to continue at {run_dir} "
+                f"(no {metrics_path.name}); check project/name/dir or use resume='allow'"
+            )
+        attempt.snapshot()
+
+        # 3. construction; undone if anything fails
+        run = construct_run(resolved, spec, env, warner, stream, rank, file_rank, run_dir, attempt)
+        attempt.closers.append(lambda: _undo_runtime(run, engine))
+        build_spans(run, spec, run_dir, stream, file_rank, rank, warner)
+        build_alerts(run, spec, run_dir, stream, file_rank, rank, warner, engine)
+    except BaseException as exc:
+        attempt.undo()
+        from expr_tracker.alerts.delivery.channels import ChannelConfigError
+
+        if isinstance(exc, ChannelConfigError):  # the environment changed since check()
+            from expr_tracker.spec import SpecError
+
+            raise SpecError([channel_issue(resolved, exc)]) from None
+        raise
+    attempt.done()
+    if attempt.notice:
+        announce(attempt.notice)
+    if spec.backends:
+        unknown = [b for b in spec.backends if b != "jsonl"]
+        if unknown:
+            warner.warn(
+                ("backends",),
+                "expr_tracker: backends %r are not available yet (the JSONL history is always "
+                "written); ignored",
+                unknown,
+            )
+    return run
+
+
+def _undo_runtime(run: Run, engine: Any) -> None:
+    """Stop what a failed build started (span recorder, watchdog, delivery threads)."""
+    if run.spans is not None:
+        run.spans.close()
+    if engine is not None:
+        engine.close()
+    dispatcher = run.dispatcher
+    if dispatcher is not None:
+        dispatcher.close(timeout=0.5)

@@ -1,0 +1,176 @@
+"""``check(resolved)``: everything a spec can get wrong beyond its schema, with no side
+effect (span plugins, alert rules, channels), each problem a ``SpecIssue`` with its path,
+source and location. ``build``, ``et.configure_alert`` and ``et config validate`` call it.
+"""
+
+from __future__ import annotations
+
+import os
+from typing import Any
+
+
+def check(
+    resolved: Any,
+    environ: Any = None,
+    *,
+    stream: str | None = None,
+    rank: int = 0,
+    channels: bool = True,
+) -> Any:
+    """Everything a spec can get wrong beyond its schema, checked with no side effect: span
+    plugins (types and options: each built-in plugin is constructed), alert rules (compiled)
+    and channels (types, options and URLs of every channel; the ones that are on built with
+    ``environ``, not started). ``et.init`` (through :func:`build`), ``et.configure_alert``
+    and ``et config validate`` all call this, so they accept and reject the same specs.
+
+    Returns the alert engine with the rules compiled (None when alerts are disabled), for
+    :func:`build` to use. ``channels=False`` skips the channels.
+
+    Raises:
+        SpecError: every problem found, each with its spec path
+            (``spans.plugins[0].options.interval``, ``alerts.rules.r.condition``,
+            ``alerts.channels.ops.options.port``), its source and ``file:line:column``.
+    """
+    from expr_tracker.spec import SpecError
+
+    spec = resolved.spec
+    env = os.environ if environ is None else environ
+    issues = _plugin_issues(resolved)
+    engine = None
+    try:
+        engine = make_engine(resolved, stream, rank)
+    except SpecError as exc:
+        issues.extend(exc.issues)
+    if channels and spec.alerts.enabled and spec.alerts.channels:
+        issues.extend(_channel_issues(resolved, env))
+    if issues:
+        if engine is not None:
+            engine.close()
+        raise SpecError(issues)
+    return engine
+
+
+def _location(resolved: Any, path: str) -> Any:
+    """``(file, line, column)`` of ``path``, else of its nearest enclosing value, else None."""
+    locations = getattr(resolved, "locations", None) or {}
+    while path:
+        if path in locations:
+            return locations[path]
+        cut = max(path.rfind("."), path.rfind("["))
+        path = path[:cut] if cut > 0 else ""
+    return None
+
+
+def _issue(resolved: Any, path: str, message: str, **extra: Any) -> Any:
+    from expr_tracker.spec import SpecIssue
+
+    source = resolved.source_of(path) if hasattr(resolved, "source_of") else None
+    return SpecIssue(
+        path=path,
+        message=message,
+        source=source,
+        location=_location(resolved, path),
+        **extra,
+    )
+
+
+def _plugin_issues(resolved: Any) -> list[Any]:
+    """Span plugins: unknown types (with close matches), unknown options and options of the
+    wrong type, each a SpecIssue at ``spans.plugins[i].<field>`` (nothing built is kept)."""
+    entries = list(resolved.spec.spans.plugins or ())
+    if not any(getattr(e, "type", None) is not None for e in entries):
+        return []
+    from expr_tracker.spans.recorder import plugin_problems
+
+    issues = []
+    for p in plugin_problems(entries):
+        path = f"spans.plugins[{p['index']}].{p['field']}"
+        extra = {"suggestion": p.get("suggestion")}
+        if "value" in p:
+            extra["value"] = p["value"]
+        issues.append(_issue(resolved, path, p["message"], **extra))
+    return issues
+
+
+def _channel_path(name: Any, field: str | None) -> str:
+    from expr_tracker.spec.errors import join_path
+
+    path = join_path("alerts.channels", name)
+    for part in (field or "").split(".") if field else ():
+        path = join_path(path, part)
+    return path
+
+
+def channel_issue(resolved: Any, exc: Any) -> Any:
+    """A SpecIssue for a ``ChannelConfigError`` (its text never holds a secret)."""
+    name = getattr(exc, "channel", None)
+    if name is None:
+        return _issue(resolved, "alerts.channels", str(exc))
+    return _issue(resolved, _channel_path(name, exc.field), exc.problem or str(exc))
+
+
+def _channel_issues(resolved: Any, env: Any) -> list[Any]:
+    """Every channel's problems (``alerts.channels.channel_problems``) as SpecIssues."""
+    from expr_tracker.alerts.delivery.channels import channel_problems
+
+    issues = []
+    for channel in resolved.spec.alerts.channels:
+        issues.extend(channel_issue(resolved, exc) for exc in channel_problems(channel, env))
+    return issues
+
+
+def make_engine(resolved: Any, stream: str | None, rank: int) -> Any:
+    """The alert engine with every rule compiled; no thread, no file.
+
+    Raises:
+        SpecError: listing every rule that does not compile, each with its path
+            (``alerts.rules.<name>.condition``), its source and file:line:column.
+    """
+    spec = resolved.spec
+    a = spec.alerts
+    if not a.enabled:
+        return None
+    from expr_tracker.alerts.delivery import rank_alerts
+    from expr_tracker.alerts.engine import AlertEngine
+    from expr_tracker.alerts.parse import RuleError
+
+    engine = AlertEngine(
+        (),
+        window=spec.history.alert_window,
+        run_info={"project": spec.project, "run": spec.name, "stream": stream, "rank": rank},
+        deliver=rank_alerts(a.on_rank, rank),
+    )
+    issues = []
+    for i, rule in enumerate(a.rules):
+        try:
+            engine.add_rule(rule)
+        except RuleError as exc:
+            issues.append(_rule_issue(resolved, i, rule, exc))
+    if issues:
+        from expr_tracker.spec import SpecError
+
+        raise SpecError(issues)
+    return engine
+
+
+def _rule_issue(resolved: Any, index: int, rule: Any, exc: Exception) -> Any:
+    """A SpecIssue for a rule that does not compile: where it is, where it came from."""
+    from expr_tracker.spec import SpecIssue
+    from expr_tracker.spec.errors import join_path
+
+    # the spec names entries of `alerts.rules` by name; a one-line string rule is its own name
+    name = rule if isinstance(rule, str) else getattr(rule, "name", None)
+    base = join_path("alerts.rules", name) if name else f"alerts.rules[{index}]"
+    field = getattr(exc, "field", None) or "condition"
+    if field == "expr":
+        field = "condition"
+    path = base if isinstance(rule, str) else join_path(base, field)
+    text = rule if isinstance(rule, str) else getattr(rule, field, None)
+    locations = getattr(resolved, "locations", {}) or {}
+    return SpecIssue(
+        path=path,
+        message=str(exc).replace("\n", "\n    "),
+        value=text,
+        source=resolved.source_of(path) if hasattr(resolved, "source_of") else None,
+        location=locations.get(path) or locations.get(base),
+    )
