@@ -21,6 +21,7 @@ from expr_tracker.history.store import HistoryStore
 from expr_tracker.history.writer import JsonlWriter
 from expr_tracker.run import Run, Summary
 from expr_tracker.spans.core import AGGREGATION as SPAN_AGGREGATION
+from expr_tracker.spec.errors import scrub_argv
 
 
 def run_directory(spec: Any) -> Path:
@@ -290,7 +291,12 @@ def construct_run(
 
     started_mono = time.monotonic()  # the same moment as run.json's started_at
     info = new_run_info(
-        project=spec.project, name=spec.name, stream=stream, rank=rank, run_dir=run_dir
+        project=spec.project,
+        name=spec.name,
+        stream=stream,
+        rank=rank,
+        run_dir=run_dir,
+        argv=scrub_argv(sys.argv),  # a Hydra override may carry a webhook URL
     )
     writer.run_meta["started_at"] = info["started_at"]  # the sidecar's run identity (A.2)
     info["group"] = spec.group

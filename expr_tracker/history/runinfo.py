@@ -75,8 +75,16 @@ def package_versions() -> dict[str, str]:
 
 
 def new_run_info(
-    *, project: str, name: str, stream: str | None, rank: int, run_dir: Path
+    *,
+    project: str,
+    name: str,
+    stream: str | None,
+    rank: int,
+    run_dir: Path,
+    argv: list[str] | None = None,
 ) -> dict[str, Any]:
+    """A new ``run.json`` record (status ``running``). ``argv``: the command line to record
+    (the builder passes ``sys.argv`` with credentials hidden); default ``sys.argv``."""
     now = time.time()
     return {
         "status": "running",
@@ -91,20 +99,13 @@ def new_run_info(
         "duration_s": None,
         "host": socket.gethostname(),
         "pid": os.getpid(),
-        "argv": _argv(),
+        "argv": list(sys.argv if argv is None else argv),
         "cwd": os.getcwd(),
         "git": git_info(),
         "python": platform.python_version(),
         "platform": platform.platform(),
         "packages": package_versions(),
     }
-
-
-def _argv() -> list[str]:
-    """``sys.argv`` with credentials hidden (a Hydra override may carry a webhook URL)."""
-    from expr_tracker.spec.errors import scrub_argv
-
-    return scrub_argv(sys.argv)
 
 
 def write_run_info(path: Path, info: dict[str, Any]) -> None:

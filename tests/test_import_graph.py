@@ -1,0 +1,214 @@
+"""The import graph of expr_tracker keeps its direction (DESIGN.md "Dependency direction",
+docs/architecture.md "Import direction"):
+
+    cli -> api -> build -> {alerts, spans, run} -> history -> leaves
+
+Every import counts, at module level or inside a function (a function-level import that
+dodges a cycle is still an edge). The leaves import nothing from the project; ``spec``
+imports only leaves (``alerts`` reads it as a leaf: models, errors, located YAML); no module
+imports a package above it; there is no cycle among modules at module level; and no private
+name (``_x``) crosses a package (the private leaf modules ``_current``, ``_warn`` and
+``_version`` of the top package are meant to be imported)."""
+
+from __future__ import annotations
+
+import ast
+from collections import defaultdict
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+PACKAGE = ROOT / "expr_tracker"
+
+#: modules with no project imports
+LEAVES = {"_current", "_version", "_warn", "errors", "ruletext", "units"}
+
+#: group -> the groups it may import (a group is the first name under expr_tracker)
+ALLOWED: dict[str, set[str]] = {
+    "spec": LEAVES,
+    "history": LEAVES,
+    "spans": LEAVES | {"history"},
+    "run": LEAVES | {"history"},
+    "alerts": LEAVES | {"history", "spec"},
+    "trace": LEAVES | {"history"},
+    "plugins": {"spans"},
+    "testing": LEAVES | {"alerts"},
+    "build": LEAVES | {"history", "spans", "run", "alerts", "spec"},
+    "api": LEAVES | {"history", "spans", "run", "alerts", "spec", "build"},
+}
+for _leaf in LEAVES:
+    ALLOWED[_leaf] = set()
+
+
+def _module_name(path: Path) -> str:
+    parts = list(path.relative_to(ROOT).with_suffix("").parts)
+    if parts[-1] == "__init__":
+        parts = parts[:-1]
+    return ".".join(parts)
+
+
+MODULES = {_module_name(p): p for p in PACKAGE.rglob("*.py")}
+
+
+def _target(module: str, name: str | None) -> str:
+    """The project module an import refers to (``from pkg import mod`` names ``pkg.mod``)."""
+    if name and f"{module}.{name}" in MODULES:
+        return f"{module}.{name}"
+    while module not in MODULES and "." in module:
+        module = module.rsplit(".", 1)[0]
+    return module
+
+
+def _package(module: str) -> str:
+    """The package a module belongs to (a package is its own)."""
+    if MODULES[module].name == "__init__.py":
+        return module
+    return module.rpartition(".")[0]
+
+
+def _imports(name: str, path: Path):
+    """(module, imported name or None, at module level?) for each import of one module;
+    ``if TYPE_CHECKING:`` blocks are skipped (never executed)."""
+    is_package = path.name == "__init__.py"
+    todo = [(ast.parse(path.read_text(encoding="utf-8")), True)]
+    while todo:
+        node, module_level = todo.pop()
+        for child in ast.iter_child_nodes(node):
+            if isinstance(child, (ast.FunctionDef, ast.AsyncFunctionDef, ast.Lambda)):
+                todo.append((child, False))
+                continue
+            if (
+                isinstance(child, ast.If)
+                and isinstance(child.test, ast.Name)
+                and child.test.id == "TYPE_CHECKING"
+            ):
+                continue
+            if isinstance(child, ast.Import):
+                for alias in child.names:
+                    yield alias.name, None, module_level
+            elif isinstance(child, ast.ImportFrom):
+                module = child.module or ""
+                if child.level:
+                    base = name.split(".") if is_package else name.split(".")[:-1]
+                    base = base[: len(base) - child.level + 1]
+                    module = ".".join([*base, *([module] if module else [])])
+                for alias in child.names:
+                    yield module, alias.name, module_level
+            todo.append((child, module_level))
+
+
+def _edges() -> tuple[dict[str, set[str]], dict[str, set[str]], list[str]]:
+    """(every import, module-level imports, private names imported across packages)."""
+    every: dict[str, set[str]] = defaultdict(set)
+    top: dict[str, set[str]] = defaultdict(set)
+    private: list[str] = []
+    for name, path in MODULES.items():
+        here = _package(name)
+        for module, imported, module_level in _imports(name, path):
+            if module.split(".")[0] != "expr_tracker":
+                continue
+            target = _target(module, imported)
+            every[name].add(target)
+            if module_level:
+                top[name].add(target)
+            if (
+                imported
+                and imported.startswith("_")
+                and not imported.startswith("__")
+                and _package(_target(module, None)) != here
+                and imported.lstrip("_") not in {"current", "warn", "version"}
+            ):
+                private.append(f"{name}: from {module} import {imported}")
+    return every, top, private
+
+
+EVERY, MODULE_LEVEL, PRIVATE = _edges()
+
+
+def _group(module: str) -> str:
+    parts = module.split(".")
+    return parts[1] if len(parts) > 1 else "expr_tracker"
+
+
+def test_the_graph_is_read():
+    # the scan sees the edges we know exist, so a broken scan cannot pass silently
+    assert "expr_tracker.history.store" in EVERY["expr_tracker.build.history"]
+    assert "expr_tracker.build" in EVERY["expr_tracker.api"]
+
+
+def test_imports_run_one_way():
+    bad = []
+    for module, targets in sorted(EVERY.items()):
+        group = _group(module)
+        if group not in ALLOWED:
+            continue  # cli, hydra and the public door may use everything below them
+        for target in sorted(targets):
+            other = _group(target)
+            if other != group and other not in ALLOWED[group]:
+                bad.append(f"{module} imports {target} ({group} may not import {other})")
+    assert not bad, "imports against the direction:\n" + "\n".join(bad)
+
+
+def test_nothing_below_imports_cli_api_or_build():
+    for module, targets in EVERY.items():
+        if _group(module) in ("cli", "api", "build", "hydra", "expr_tracker"):
+            continue
+        for target in targets:
+            assert _group(target) not in ("cli", "api", "build", "hydra"), (module, target)
+
+
+def test_no_cycle_at_module_level():
+    index: dict[str, int] = {}
+    low: dict[str, int] = {}
+    stack: list[str] = []
+    on_stack: set[str] = set()
+    cycles: list[list[str]] = []
+    counter = [0]
+
+    def connect(v: str) -> None:
+        index[v] = low[v] = counter[0]
+        counter[0] += 1
+        stack.append(v)
+        on_stack.add(v)
+        for w in MODULE_LEVEL.get(v, ()):
+            if w == v or w not in MODULES:
+                continue
+            if w not in index:
+                connect(w)
+                low[v] = min(low[v], low[w])
+            elif w in on_stack:
+                low[v] = min(low[v], index[w])
+        if low[v] == index[v]:
+            component = []
+            while True:
+                w = stack.pop()
+                on_stack.discard(w)
+                component.append(w)
+                if w == v:
+                    break
+            if len(component) > 1:
+                cycles.append(sorted(component))
+
+    for module in sorted(MODULES):
+        if module not in index:
+            connect(module)
+    assert not cycles, f"module-level import cycles: {cycles}"
+
+
+def test_leaves_need_no_pydantic():
+    for leaf in ("_warn", "units"):
+        tree = ast.parse((PACKAGE / f"{leaf}.py").read_text(encoding="utf-8"))
+        for node in ast.walk(tree):
+            if isinstance(node, (ast.Import, ast.ImportFrom)):
+                names = [a.name for a in node.names] if isinstance(node, ast.Import) else []
+                module = getattr(node, "module", None) or ""
+                assert "pydantic" not in [module.split(".")[0], *names], leaf
+
+
+def test_no_private_name_crosses_a_package():
+    assert not PRIVATE, "private names imported across packages:\n" + "\n".join(PRIVATE)
+
+
+def test_build_modules_stay_small():
+    for path in sorted((PACKAGE / "build").glob("*.py")):
+        lines = len(path.read_text(encoding="utf-8").splitlines())
+        assert lines <= 600, f"build/{path.name} has {lines} lines"
