@@ -10,7 +10,7 @@ import logging
 import threading
 from typing import Any
 
-__all__ = ["Warner"]
+__all__ = ["Warner", "warning_label"]
 
 log = logging.getLogger("expr_tracker")
 
@@ -19,14 +19,16 @@ class Warner:
     """Emits each distinct warning once (per key) and counts every occurrence.
 
     ``warn(key, message)`` logs ``message`` the first time ``key`` is seen; ``counts``
-    maps each key to how often it happened. Thread-safe.
+    maps each key's label to how often it happened (what ``et.info()["warnings"]``
+    shows): a tuple key ``("repr", "BadRepr")`` is counted as ``"repr: BadRepr"``, any
+    other key as ``str(key)``. Thread-safe.
     """
 
     __slots__ = ("_seen", "counts", "_lock", "logger")
 
     def __init__(self, logger: logging.Logger | None = None) -> None:
-        self._seen: set[Any] = set()
-        self.counts: dict[Any, int] = {}
+        self._seen: dict[Any, str] = {}  # key -> its label
+        self.counts: dict[str, int] = {}
         self._lock = threading.Lock()
         self.logger = logger or log
 
@@ -34,12 +36,21 @@ class Warner:
         """Count ``key``; log ``message % args`` (at ``level``) the first time. Returns True
         when logged."""
         with self._lock:
-            self.counts[key] = self.counts.get(key, 0) + 1
-            if key in self._seen:
+            label = self._seen.get(key)
+            if label is not None:
+                self.counts[label] += 1
                 return False
-            self._seen.add(key)
+            label = self._seen[key] = warning_label(key)
+            self.counts[label] = self.counts.get(label, 0) + 1
         if level == logging.WARNING:
             self.logger.warning(message, *args)
         else:
             self.logger.log(level, message, *args)
         return True
+
+
+def warning_label(key: Any) -> str:
+    """The readable name of a warning key: ``("drop", "disk")`` -> ``"drop: disk"``."""
+    if type(key) is tuple:
+        return ": ".join(map(str, key))
+    return str(key)

@@ -77,7 +77,7 @@ def test_unknown_type_repr_with_one_warning(caplog):
         assert normalize_value(Opaque(), w) == "<opaque>"
         assert normalize_value(Opaque(), w) == "<opaque>"
     assert sum("cannot encode" in r.message for r in caplog.records) == 1
-    assert w.counts[("repr", "Opaque")] == 2
+    assert w.counts["repr: Opaque"] == 2
 
 
 def test_encode_row_nonfinite_and_big_ints():

@@ -51,6 +51,20 @@ HOLD_MAX_RECORDS = 65_536
 HOLD_RECORDS_BEFORE_STEPS = 1024
 
 
+def _raised_in(exc: BaseException, fn: Callable[..., Any]) -> bool:
+    """Whether ``exc`` was raised inside a call of ``fn`` (its frame is on the traceback);
+    True when ``fn`` has no Python code to look for and the traceback goes deeper."""
+    code = getattr(getattr(fn, "__func__", fn), "__code__", None)
+    tb = exc.__traceback__
+    if code is None:
+        return tb is not None and tb.tb_next is not None
+    while tb is not None:
+        if tb.tb_frame.f_code is code:
+            return True
+        tb = tb.tb_next
+    return False
+
+
 class SpanFolding:
     """The span half of :class:`~expr_tracker.history.store.HistoryStore` (its state is set
     up by ``HistoryStore.__init__``; every method runs under, or takes, the store lock)."""
@@ -127,7 +141,8 @@ class SpanFolding:
                 self._held_bytes += len(record)
             if len(held) < self._hold_cap and self._held_bytes < self._hold_max_bytes:
                 return None
-            self._emit_held_locked(self._fold_locked())  # bounded memory
+            self._fold_locked()  # bounded memory
+            self._emit_held_locked()
             return None
 
     def _kind(self, k: str) -> int:
@@ -178,10 +193,12 @@ class SpanFolding:
         self._check_fork()
         with self._lock:
             if self._pend:
-                self._emit_held_locked(self._fold_locked())
+                self._fold_locked()
+                self._emit_held_locked()
 
-    def _fold_locked(self) -> list[Any] | None:
-        """Join the pending span data into the open row; returns the held records (or None)."""
+    def _fold_locked(self) -> None:
+        """Join the pending span data into the open row (its held records stay in
+        ``_held`` until :meth:`_emit_held_locked` hands them to the sink)."""
         pend = self._pend
         if pend:
             if not self._open:  # the common case: the row this log() opened is empty
@@ -197,12 +214,6 @@ class SpanFolding:
             if self._pend_nonfinite:
                 self._open_nonfinite = True
                 self._pend_nonfinite = False
-        held = self._held
-        if not held:
-            return None
-        self._held = []
-        self._held_bytes = 0
-        return held
 
     def _fold_into(self, row: dict[str, Any], agg: dict[str, list[float]]) -> None:
         """Combine the pending row into ``row`` as if its spans had been ingested there."""
@@ -241,16 +252,33 @@ class SpanFolding:
             elif v > cur or cur != cur:
                 row[k] = v
 
-    def _emit_held_locked(self, held: list[Any] | None) -> None:
-        """Hand ``held`` to the span sink with the open step. Under the store lock, so
-        records reach the span file in fold order and ``flush()``/``close()`` never miss
-        a batch another thread has folded but not yet written."""
-        if held is None or self._span_sink is None:
+    def _emit_held_locked(self) -> None:
+        """Hand the held records to the span sink with the open step. Under the store lock,
+        so records reach the span file in fold order and ``flush()``/``close()`` never miss
+        a batch another thread has folded but not yet written.
+
+        All or nothing under an interrupt (Ctrl-C, SIGTERM's ``SystemExit``): the records
+        leave ``_held`` in the same statement that calls the sink, so one raised before the
+        sink was entered leaves them held (the next fold hands them over), and one raised
+        inside the sink leaves them with the sink, which had them.
+        """
+        held = self._held
+        if not held:
             return
-        try:
-            self._span_sink(self.open_step, held)
+        sink = self._span_sink
+        if sink is None:  # nothing will ever take them
+            self._held, self._held_bytes = [], 0
+            return
+        try:  # one statement: no signal is handled between the sink's return and the stores
+            self._held, self._held_bytes = [], (sink(self.open_step, held), 0)[1]
         except Exception as exc:  # noqa: BLE001 - a span sink never breaks log()
+            if self._held is held:
+                self._held, self._held_bytes = [], 0
             self._sink_failed(exc)
+        except BaseException as exc:
+            if self._held is held and _raised_in(exc, sink):
+                self._held, self._held_bytes = [], 0
+            raise
 
     def _sink_failed(self, exc: Exception) -> None:
         self.warner.warn(
@@ -290,6 +318,7 @@ class SpanFolding:
             if self._clock() < due:
                 self._arm_pending()
                 return
-            self._emit_held_locked(self._fold_locked())
+            self._fold_locked()
+            self._emit_held_locked()
             if self.max_open_seconds is not None:
                 self._touch()

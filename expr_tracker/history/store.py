@@ -237,19 +237,10 @@ class HistoryStore(SpanFolding, OpenRowTimer, StoreReads):
                     # the common case, inlined: swap in the pending row (see _fold_locked)
                     self._open, self._pend = pend, self._open
                     self._agg, self._pagg = self._pagg, self._agg
-                    held = self._held
-                    if held:
-                        self._held = []
-                        self._held_bytes = 0
-                    else:
-                        held = None
                 else:
-                    held = self._fold_locked()
-                if held is not None and self._span_sink is not None:
-                    try:
-                        self._span_sink(self.open_step, held)
-                    except Exception as exc:  # noqa: BLE001 - a span sink never breaks log()
-                        self._sink_failed(exc)
+                    self._fold_locked()
+                if self._held:
+                    self._emit_held_locked()
             if metrics:
                 self._merge(metrics)
             landed = self.open_step
@@ -472,7 +463,8 @@ class HistoryStore(SpanFolding, OpenRowTimer, StoreReads):
         self._check_fork()
         with self._lock:
             if self._pend:
-                self._emit_held_locked(self._fold_locked())
+                self._fold_locked()
+                self._emit_held_locked()
             row = None
             upto = 0
             if self._open:
@@ -527,7 +519,8 @@ class HistoryStore(SpanFolding, OpenRowTimer, StoreReads):
         self._check_fork()
         with self._lock:  # commit and close in one step: nothing can slip in between
             if self._pend:
-                self._emit_held_locked(self._fold_locked())
+                self._fold_locked()
+                self._emit_held_locked()
             row = None
             if self._open:
                 try:

@@ -14,7 +14,9 @@
   disk keeps failing (reset by a success); nothing (a full buffer, the store's eviction
   path through ``flush(only_if_due=True)``) retries earlier, only an explicit ``flush()``
   or ``close()``; past ``max_pending_records`` the oldest records are dropped, counted and
-  logged loudly;
+  logged loudly, but first (at most every ``PROBE_INTERVAL_S``) the oldest record is
+  tried on disk: when that works the disk is back, and the queue is written instead of
+  dropped; the steps of dropped records are kept as ranges (``stats()["dropped_steps"]``);
 - before each write the open file is checked with one ``fstat``: a file unlinked under the
   writer (the run directory was deleted) is recreated with its directory, and a file that
   is shorter than the writer wrote (truncated by another process) has a torn tail repaired
@@ -59,6 +61,12 @@ META_MIN_INTERVAL_S = 2.0
 INDEX_EVERY = 1000
 RETRY_DELAY_S = 1.0
 RETRY_MAX_DELAY_S = 30.0
+#: while the disk fails and ``max_pending_records`` is reached, ``append`` tries one record
+#: on disk at most this often before dropping the oldest (so a disk that came back stops
+#: the loss at once, and a dead one costs one failed write per interval, not per record)
+PROBE_INTERVAL_S = 0.1
+#: ``[first, last]`` ranges of dropped steps kept in ``stats()["dropped_steps"]``
+MAX_DROPPED_RANGES = 64
 
 
 class JsonlWriter:
@@ -134,6 +142,8 @@ class JsonlWriter:
         self._failing = False
         self._retry_delay = RETRY_DELAY_S  # the wait after the next failed attempt
         self._next_retry = -1e18  # monotonic: no attempt before this while failing
+        self._probe_at = -1e18  # monotonic: no probe (append at the bound) before this
+        self.dropped_steps: list[list[int]] = []  # [first, last] ranges of dropped steps
         self._fd: int | None = None
         self._lock_fd: int | None = None
 
@@ -239,6 +249,8 @@ class JsonlWriter:
             if count == 1:
                 self._oldest = self._clock()
             elif count > self.max_pending_records:
+                if self._failing and self._clock() >= self._probe_at:
+                    self._probe_locked()  # the disk may be back: try before dropping
                 if self._failing:  # memory is bounded here, not only when a retry runs
                     self._enforce_pending_limit()
                     return True
@@ -263,6 +275,28 @@ class JsonlWriter:
             self._scheduled = False
             raise
         return True
+
+    def _probe_locked(self) -> None:
+        """Under ``_lock``, at the pending bound while failing: try to write the oldest
+        record alone (one small write) unless a flush is in flight. On success the disk is
+        back (``_failing`` is cleared) and the caller flushes the queue instead of dropping;
+        on failure the retry schedule is left as it was."""
+        self._probe_at = self._clock() + PROBE_INTERVAL_S
+        if not self._io_lock.acquire(blocking=False):
+            return  # a flush is writing now: it is the probe
+        try:
+            retry = (self._retry_delay, self._next_retry)
+            written = self.batches_written
+            try:
+                ok = self._write_batch(self._lines[:1], self._steps[:1])
+            finally:
+                if self.batches_written != written:  # on disk: leave the queue (one step)
+                    self._lines, self._steps = self._lines[1:], self._steps[1:]
+                    self._pending_bytes = sum(map(len, self._lines))
+            if not ok:
+                self._retry_delay, self._next_retry = retry
+        finally:
+            self._io_lock.release()
 
     def _due_time(self, now: float, count: int) -> float:
         if self._failing:  # spaced from the last failed attempt, whatever is pending
@@ -356,6 +390,7 @@ class JsonlWriter:
         over = len(self._lines) - self.max_pending_records
         if over <= 0:
             return
+        self._note_dropped(self._steps[:over])
         del self._lines[:over]
         del self._steps[:over]
         self._pending_bytes = sum(map(len, self._lines))
@@ -371,6 +406,23 @@ class JsonlWriter:
                 self.max_pending_records,
                 self.dropped,
             )
+
+    def _note_dropped(self, steps: list[int | None]) -> None:
+        """Keep the steps of dropped records as ``[first, last]`` ranges (at most
+        ``MAX_DROPPED_RANGES``; past it the last range widens), so span records naming
+        those steps can be told apart (docs/logging.md "When the disk fails")."""
+        ranges = self.dropped_steps
+        for step in steps:
+            if step is None:
+                continue
+            if ranges and ranges[-1][0] <= step <= ranges[-1][1] + 1:
+                if step > ranges[-1][1]:
+                    ranges[-1][1] = step
+            elif len(ranges) < MAX_DROPPED_RANGES:
+                ranges.append([step, step])
+            else:
+                last = ranges[-1]
+                last[0], last[1] = min(last[0], step), max(last[1], step)
 
     def _write_batch(self, batch: list[bytes], steps: list[int | None]) -> bool:
         """Write one batch; True when it is on disk. Under any other exception (an
@@ -585,6 +637,7 @@ class JsonlWriter:
             "dropped": self.dropped,
             "dropped_oversize": self.dropped_oversize,
             "dropped_closed": self.dropped_closed,
+            "dropped_steps": [list(r) for r in self.dropped_steps],
             "recreated": self.recreated,
             "truncations": self.truncations,
         }
