@@ -119,7 +119,9 @@ def test_alert_on_a_rank_that_does_not_alert_sends_nothing(monkeypatch, caplog, 
     et.configure_alert(channels=[_callable_channel("cb", got.append)], policy=NO_RATE_LIMIT)
     run = et.init(project="proj", name="r1")
     assert run.rank == 1 and run.dispatcher is None
-    monkeypatch.setattr(fresh_standalone, "_warned", set())
+    monkeypatch.setattr(
+        fresh_standalone, "_warner", type(fresh_standalone._warner)(fresh_standalone.log)
+    )
     with caplog.at_level("INFO", logger="expr_tracker.alerts"):
         assert et.alert("incident") is False
         assert et.alert("incident again") is False
@@ -163,7 +165,9 @@ def test_runless_alert_honours_on_rank(monkeypatch, caplog, fresh_standalone):
     (one incident is not delivered once per rank); a rank it lists does."""
     got = []
     monkeypatch.setenv("RANK", "1")
-    monkeypatch.setattr(fresh_standalone, "_warned", set())
+    monkeypatch.setattr(
+        fresh_standalone, "_warner", type(fresh_standalone._warner)(fresh_standalone.log)
+    )
     et.configure_alert(channels=[_callable_channel("cb", got.append)], policy=NO_RATE_LIMIT)
     with caplog.at_level("INFO", logger="expr_tracker.alerts"):
         assert et.alert("incident") is False

@@ -22,6 +22,7 @@ from collections.abc import Iterable, Mapping
 from typing import Any
 
 from expr_tracker import _current
+from expr_tracker._warn import Warner
 from expr_tracker.alerts.delivery.dispatcher import Dispatcher
 from expr_tracker.alerts.delivery.message import AlertMessage, normalize_level
 from expr_tracker.alerts.delivery.wiring import build_dispatcher
@@ -37,14 +38,9 @@ _standalone: tuple[Any, Dispatcher] | None = None
 #: and file inputs, names of the variables its channels read, their values)
 _standalone_inputs: tuple[Any, Any, tuple[str, ...], tuple[Any, ...]] | None = None
 _standalone_lock = threading.Lock()
-_warned: set[str] = set()
+#: once per cause (a muted rank, an unusable configuration) for the run-less path
+_warner = Warner(log)
 _ENV_NAMES: tuple[str, ...] | None = None
-
-
-def _warn_once(key: str, message: str, *args: Any, level: int = logging.WARNING) -> None:
-    if key not in _warned:
-        _warned.add(key)
-        log.log(level, message, *args)
 
 
 def _fingerprint(alerts: Any) -> str:
@@ -222,7 +218,7 @@ def make_message(
     from expr_tracker.alerts.delivery.message import LEVELS
 
     if lvl not in LEVELS:
-        _warn_once(
+        _warner.warn(
             f"level:{lvl}",
             "expr_tracker: alert level %r is not one of %s; sent as 'warning'",
             level,
@@ -280,7 +276,7 @@ def alert(
         message = make_message(title, text, level, channels, tags, fields, **extra)
         target = _run_dispatcher()
         if isinstance(target, str):
-            _warn_once(
+            _warner.warn(
                 f"muted:{target}",
                 "expr_tracker: et.alert() sends nothing: %s",
                 target,
@@ -291,7 +287,7 @@ def alert(
             d = standalone_dispatcher()
             muted = _rank_muted(d)
             if muted is not None:
-                _warn_once(
+                _warner.warn(
                     f"muted:{muted}",
                     "expr_tracker: et.alert() sends nothing: %s",
                     muted,
@@ -302,7 +298,7 @@ def alert(
             d = target
         return d.submit(message, direct=True).ok
     except Exception as exc:  # noqa: BLE001 - et.alert() never raises
-        _warn_once(
+        _warner.warn(
             f"alert:{type(exc).__name__}",
             "expr_tracker: et.alert() could not send (%s: %s)",
             type(exc).__name__,

@@ -189,7 +189,6 @@ class Dispatcher:
         self.lanes: dict[str, Lane] = {}
         self._lock = threading.Lock()
         self._warner = Warner(log)  # once per (channel, cause) when no ``warner`` is given
-        self._unknown: set[str] = set()
         #: configured channels that are off (not lanes): name -> why ("ET_X is not set")
         self.skipped: dict[str, str] = {}
         #: ranks whose run-less ``et.alert()`` calls this dispatcher delivers
@@ -272,16 +271,17 @@ class Dispatcher:
             matches = [lane for lane in lanes if lane.name == wanted]
             if not matches:
                 matches = [lane for lane in lanes if lane.kind == wanted]
-            if not matches and wanted not in self._unknown:
-                self._unknown.add(wanted)
+            if not matches:
                 if wanted in self.skipped:
-                    log.warning(
+                    self._warner.warn(
+                        ("unknown channel", wanted),
                         "expr_tracker: alert for channel %r, which is off: %s",
                         wanted,
                         self.skipped[wanted],
                     )
                 else:
-                    log.warning(
+                    self._warner.warn(
+                        ("unknown channel", wanted),
                         "expr_tracker: alert for unknown channel %r (configured: %s)",
                         wanted,
                         ", ".join(list(self.lanes) + list(self.skipped)) or "none",
