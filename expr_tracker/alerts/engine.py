@@ -38,30 +38,32 @@ undo the transition (delivery retries belong to the dispatcher).
 An exception raised while evaluating a rule is a bug, not UNKNOWN: it is counted per rule,
 passed to ``on_error(rule, exc)``, and after ``max_errors`` (10) in a row the rule is
 disabled with one ``disabled`` event (DESIGN.md "Rules").
+
+Parts kept apart: ``compiled.py`` (a rule compiled for the engine, with its counters),
+``events.py`` (``AlertEvent``), ``watchdog.py`` (the ``check_time`` thread), ``finish.py``
+(finish warnings). What stays here is one algorithm: the row queue, evaluation under the
+lock with its roll-back, and the in-order drain, which share the interrupt-safety state.
 """
 
 from __future__ import annotations
 
 import datetime as _dt
-import difflib
 import logging
 import math
 import threading
 import time
 from collections import deque
 from collections.abc import Callable, Iterable, Mapping
-from dataclasses import dataclass, field
 
-from expr_tracker.alerts.evaluate import (
-    DEFAULT_WINDOW,
-    EvalContext,
-    compile_expr,
-    format_value,
-    render_observed,
-)
+from expr_tracker._warn import Warner
+from expr_tracker.alerts.compiled import CompiledRule
+from expr_tracker.alerts.evaluate import DEFAULT_WINDOW, EvalContext, format_value, render_observed
+from expr_tracker.alerts.events import AlertEvent
+from expr_tracker.alerts.finish import finish_warnings, unresolved_metrics
 from expr_tracker.alerts.parse import RuleError
-from expr_tracker.alerts.rules import FIRING, OK, AlertRule, RuleState, make_rule
+from expr_tracker.alerts.rules import FIRING, OK, AlertRule, make_rule
 from expr_tracker.alerts.template import render_template
+from expr_tracker.alerts.watchdog import Watchdog
 from expr_tracker.history.series import MetricSeries
 
 __all__ = ["AlertEngine", "AlertEvent", "render_template"]
@@ -71,112 +73,6 @@ log = logging.getLogger("expr_tracker.alerts")
 #: placeholders every template may use besides the metrics of the latest row
 RESERVED_FIELDS = ("step", "time", "run", "project", "expr", "name", "level")
 DEFAULT_MESSAGE = "{expr}"
-_EVERY_STEP_FUNCS = frozenset({"has", "step"})
-
-
-@dataclass(frozen=True, slots=True)
-class AlertEvent:
-    """One rule transition or notification.
-
-    ``kind``: pending | firing | repeat | resolved | cancelled | disabled. ``state``: the
-    rule state after it (ok | pending | firing | disabled). ``step`` and ``time`` (epoch
-    seconds) of the row evaluated (the wall clock on the watchdog). ``title``/``message``
-    are rendered; ``metrics`` maps each metric the rule reads to its latest value;
-    ``notify`` says whether channels should deliver it; ``run_info`` is the engine's.
-    ``episode``: the rule's firing episode (1 for its first entry into FIRING; a ``resolved``
-    event carries the episode it ends); ``fires``: the rule's notifications so far, this one
-    included. Together they make each notification's dedup key unique (``event_to_message``).
-    """
-
-    rule: AlertRule
-    kind: str
-    state: str
-    level: str
-    step: int | None
-    time: float
-    title: str
-    message: str
-    metrics: dict = field(default_factory=dict)
-    observed: str = ""
-    notify: bool = False
-    run_info: Mapping = field(default_factory=dict)
-    episode: int = 0
-    fires: int = 0
-
-    @property
-    def name(self) -> str:
-        return self.rule.name  # type: ignore[return-value]
-
-    def to_record(self) -> dict:
-        """The ``alerts.jsonl`` record (``kind: "transition"``)."""
-        return {
-            "kind": "transition",
-            "rule": self.rule.name,
-            "event": self.kind,
-            "level": self.level,
-            "state": self.state,
-            "step": self.step,
-            "time": self.time,
-            "title": self.title,
-            "message": self.message,
-            "notify": self.notify,
-            "metrics": self.metrics,
-            "tags": list(self.rule.tags),
-            "channels": list(self.rule.channels) if self.rule.channels is not None else None,
-        }
-
-
-def _close_matches(name: str, seen: list[str]) -> list[str]:
-    """Up to three logged names ``name`` may have meant: those ending in the same last path
-    part (``loss`` -> ``train/loss``, ``eval/loss``), then difflib's close matches."""
-    alt = name.replace(".", "/")
-    leaf = alt.rsplit("/", 1)[-1]
-    out = [s for s in seen if s.rsplit("/", 1)[-1] == leaf]
-    for candidate in (name, alt):
-        out += difflib.get_close_matches(candidate, seen, n=3)
-    return list(dict.fromkeys(out))[:3]
-
-
-class _Compiled:
-    """A rule compiled for one engine, with its runtime state and counters."""
-
-    __slots__ = (
-        "rule",
-        "fn",
-        "expr",
-        "state",
-        "mark",
-        "evaluations",
-        "errors",
-        "consecutive_errors",
-        "disabled",
-        "last_error",
-        "timed",
-        "every_step",
-        "keys",
-    )
-
-    def __init__(self, rule: AlertRule, window: int) -> None:
-        self.rule = rule
-        self.expr = compile_expr(rule.condition, window=window, text=rule.source)
-        self.fn = self.expr.fn
-        self.state = RuleState(rule)
-        self.mark = 0
-        self.evaluations = 0
-        self.errors = 0
-        self.consecutive_errors = 0
-        self.disabled = not rule.enabled
-        self.last_error: str | None = None
-        self.timed = self.expr.time_based
-        funcs = set(rule.condition.functions())
-        self.every_step = bool(funcs & _EVERY_STEP_FUNCS) or not self.expr.needs
-        keys = []
-        for name in self.expr.needs:
-            keys.append(name)
-            alt = name.replace(".", "/")
-            if alt != name:
-                keys.append(alt)
-        self.keys = tuple(keys)
 
 
 class AlertEngine:
@@ -240,11 +136,11 @@ class AlertEngine:
         self._pending: deque[AlertEvent] = deque()  # produced under _lock, delivered in order
         self._recorded: AlertEvent | None = None  # the last event recorded
         self._drain_lock = threading.Lock()  # one thread delivers _pending at a time
-        self._rules: list[_Compiled] = []
-        self._by_name: dict[str, _Compiled] = {}
-        self._index: dict[str, tuple[_Compiled, ...]] = {}
-        self._always: tuple[_Compiled, ...] = ()
-        self._timed: tuple[_Compiled, ...] = ()
+        self._rules: list[CompiledRule] = []
+        self._by_name: dict[str, CompiledRule] = {}
+        self._index: dict[str, tuple[CompiledRule, ...]] = {}
+        self._always: tuple[CompiledRule, ...] = ()
+        self._timed: tuple[CompiledRule, ...] = ()
         self._capacity: dict[str, int] = {}
         self._series: dict[str, MetricSeries] = {}
         self._seen: set[str] = set()
@@ -253,10 +149,9 @@ class AlertEngine:
         self._token = 0
         self._last_row: Mapping = {}
         self._delivery_errors = 0
-        self._warned: set[str] = set()
-        self._watchdog: threading.Thread | None = None
+        self._warner = Warner(log)  # once per (what, rule) when there is no on_error
+        self._watchdog = Watchdog()
         self._watchdog_interval: float | None = None
-        self._stop = threading.Event()
         self._closed = False
         for rule in rules:
             self.add_rule(rule)
@@ -273,7 +168,7 @@ class AlertEngine:
         identical rule is a no-op). Starts the watchdog if one was requested and this is
         the first time-based rule."""
         rule = make_rule(rule, **overrides)
-        compiled = _Compiled(rule, self.window)
+        compiled = CompiledRule(rule, self.window)
         with self._lock:
             existing = self._by_name.get(rule.name)  # type: ignore[arg-type]
             if existing is not None:
@@ -298,7 +193,7 @@ class AlertEngine:
             return True
 
     def _reindex(self) -> None:
-        index: dict[str, list[_Compiled]] = {}
+        index: dict[str, list[CompiledRule]] = {}
         capacity: dict[str, int] = {}
         for c in self._rules:
             for key in c.keys:
@@ -499,7 +394,7 @@ class AlertEngine:
                     self._report(c.rule, exc, "rendering")
         return events
 
-    def _rule_error(self, c: _Compiled, exc: BaseException, ctx) -> AlertEvent | None:
+    def _rule_error(self, c: CompiledRule, exc: BaseException, ctx) -> AlertEvent | None:
         c.errors += 1
         c.consecutive_errors += 1
         c.last_error = f"{type(exc).__name__}: {exc}"
@@ -533,24 +428,22 @@ class AlertEngine:
             except Exception:  # the hook must not break measuring
                 pass
             return
-        key = f"{what}:{rule.name if rule else ''}"
-        if key not in self._warned:
-            self._warned.add(key)
-            log.warning(
-                "alert rule %r: error while %s: %r (counted in stats)",
-                rule.name if rule else None,
-                what,
-                exc,
-            )
+        self._warner.warn(
+            f"{what}:{rule.name if rule else ''}",
+            "alert rule %r: error while %s: %r (counted in stats)",
+            rule.name if rule else None,
+            what,
+            exc,
+        )
 
-    def _values(self, c: _Compiled, ctx: EvalContext) -> dict:
+    def _values(self, c: CompiledRule, ctx: EvalContext) -> dict:
         out = {}
         for name in c.expr.needs:
             s = self._series.get(name) or self._series.get(name.replace(".", "/"))
             out[name] = s.values[-1] if s is not None and s.values else None
         return out
 
-    def _event(self, c: _Compiled, kind: str, notify: bool, ctx: EvalContext) -> AlertEvent:
+    def _event(self, c: CompiledRule, kind: str, notify: bool, ctx: EvalContext) -> AlertEvent:
         rule = c.rule
         observed = render_observed(rule.condition, ctx, window=self.window)
         values: dict = {}
@@ -635,22 +528,10 @@ class AlertEngine:
         self._watchdog_interval = float(interval)
         if self._closed or not self._timed:
             return False
-        if self._watchdog is not None and self._watchdog.is_alive():
+        if self._watchdog.running:
             return True
-        self._stop.clear()
-        thread = thread_factory(
-            target=self._watch, args=(float(interval),), name="et-alert-watchdog", daemon=True
-        )
-        self._watchdog = thread
-        thread.start()
+        self._watchdog.start(float(interval), self.check_time, self._report, thread_factory)
         return True
-
-    def _watch(self, interval: float) -> None:
-        while not self._stop.wait(interval):
-            try:
-                self.check_time()
-            except Exception as exc:  # pragma: no cover - check_time catches rule errors
-                self._report(None, exc, "watchdog")
 
     def close(self, timeout: float = 1.0) -> None:
         """Process what an interrupt left (a taken row, undelivered events), then stop the
@@ -661,26 +542,16 @@ class AlertEngine:
             if self._pending:
                 self._drain()
         self._closed = True
-        self._stop.set()
-        thread = self._watchdog
-        if thread is not None and thread is not threading.current_thread():
-            thread.join(timeout)
-        self._watchdog = None
+        self._watchdog.stop(timeout)
 
     @property
     def watchdog_running(self) -> bool:
-        return self._watchdog is not None and self._watchdog.is_alive()
+        return self._watchdog.running
 
     # -- reporting -----------------------------------------------------------------------
     def unresolved_metrics(self) -> list[str]:
         """Metric names rules read that no committed row has held (exact or ``.`` -> ``/``)."""
-        seen = self._seen
-        out: dict[str, None] = {}
-        for c in self._rules:
-            for name in c.expr.needs:
-                if name not in seen and name.replace(".", "/") not in seen:
-                    out.setdefault(name, None)
-        return list(out)
+        return unresolved_metrics(self._rules, self._seen)
 
     def stats(self) -> dict:
         """``{"rules": {name: {evaluations, fires, errors, state, disabled, level,
@@ -709,25 +580,7 @@ class AlertEngine:
         """Messages to warn about once at finish: unresolved metrics (with close matches
         among the names seen), disabled rules, truncated duration windows. Not emitted here:
         the caller decides how (``warnings.warn``/logging)."""
-        out = []
-        seen = sorted(self._seen - {"_step", "_time"})
-        for name in self.unresolved_metrics():
-            users = [c.rule.name for c in self._rules if name in c.expr.needs]
-            close = _close_matches(name, seen)
-            hint = f"; did you mean {', '.join(repr(c) for c in close)}?" if close else ""
-            out.append(
-                f"alert rule {', '.join(map(repr, users))} reads metric {name!r}, "
-                f"which was never logged, so it never fired{hint}"
-            )
-        for c in self._rules:
-            if c.disabled and c.rule.enabled:
-                out.append(f"alert rule {c.rule.name!r} was disabled after errors: {c.last_error}")
-        for name in sorted(self._ctx.truncated):
-            out.append(
-                f"a duration window over {name!r} held more than alert_window={self.window} "
-                "values and was evaluated on the most recent ones only"
-            )
-        return out
+        return finish_warnings(self._rules, self._seen, self._ctx.truncated, self.window)
 
     def firing(self) -> list[str]:
         """Names of the rules now FIRING."""
