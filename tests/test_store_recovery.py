@@ -126,7 +126,7 @@ def test_dead_disk_is_probed_at_most_once_per_interval(tmp_path):
 class StoreInjector:
     """Raise ``KeyboardInterrupt`` at the ``at``-th trace event (call, line, return) of
     the store's modules (``history/store.py`` and its mixins) on this thread, once (see
-    tests/test_interrupts.py)."""
+    tests/helpers.py)."""
 
     def __init__(self, at: int | None) -> None:
         self.at = at
