@@ -5,6 +5,7 @@ from __future__ import annotations
 import os
 
 import pytest
+from helpers import read_lines
 
 ENV_VARS = (
     "ET_CONFIG",
@@ -42,12 +43,12 @@ def run_dir(tmp_path):
     return tmp_path / "runs" / "proj" / "r1"
 
 
-def read_lines(path):
-    """Decoded rows of a JSONL file (NaN/Infinity accepted)."""
-    import json
-
-    with open(path, encoding="utf-8") as f:
-        return [json.loads(line) for line in f if line.strip()]
+@pytest.fixture
+def no_proxy(monkeypatch):
+    """No HTTP(S) proxy from the outer environment: local test servers are reached directly
+    (modules that talk to them: ``pytestmark = pytest.mark.usefixtures("no_proxy")``)."""
+    for var in ("http_proxy", "HTTP_PROXY", "https_proxy", "HTTPS_PROXY", "all_proxy", "ALL_PROXY"):
+        monkeypatch.delenv(var, raising=False)
 
 
 @pytest.fixture

@@ -16,7 +16,8 @@ import ast
 from collections import defaultdict
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parents[1]
+from helpers import ROOT
+
 PACKAGE = ROOT / "expr_tracker"
 
 #: modules with no project imports

@@ -27,8 +27,8 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
+from helpers import ROOT
 
-ROOT = Path(__file__).resolve().parents[1]
 DOCS = sorted([*(ROOT / "docs").glob("*.md"), ROOT / "README.md"])
 RUN_LANGS = {"python": "python", "py": "python", "bash": "shell", "sh": "shell", "shell": "shell"}
 SKIP = re.compile(r"^<!--\s*skip-test:(?P<reason>.*?)-->\s*$")

@@ -21,7 +21,7 @@ import threading
 from pathlib import Path
 
 import pytest
-from test_interrupts import _not_a_signal_point  # tests/ is on sys.path (rootdir)
+from helpers import not_a_signal_point
 
 import expr_tracker as et
 
@@ -126,7 +126,7 @@ def test_dead_disk_is_probed_at_most_once_per_interval(tmp_path):
 class StoreInjector:
     """Raise ``KeyboardInterrupt`` at the ``at``-th trace event (call, line, return) of
     the store's modules (``history/store.py`` and its mixins) on this thread, once (see
-    tests/test_interrupts.py)."""
+    tests/helpers.py)."""
 
     def __init__(self, at: int | None) -> None:
         self.at = at
@@ -136,7 +136,7 @@ class StoreInjector:
     def _local(self, frame, event, arg):
         if self.fired:
             return None
-        if event == "line" and _not_a_signal_point(frame):
+        if event == "line" and not_a_signal_point(frame):
             return self._local  # no signal handler runs there (the end of a with block)
         self.count += 1
         if self.count == self.at:

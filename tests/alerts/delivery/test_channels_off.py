@@ -12,11 +12,7 @@ import pytest
 from expr_tracker.cli.main import main
 from expr_tracker.testing import WebhookServer
 
-
-@pytest.fixture(autouse=True)
-def _no_proxy(monkeypatch):
-    for var in ("http_proxy", "HTTP_PROXY", "https_proxy", "HTTPS_PROXY", "all_proxy", "ALL_PROXY"):
-        monkeypatch.delenv(var, raising=False)
+pytestmark = pytest.mark.usefixtures("no_proxy")
 
 
 def _config(extra=""):

@@ -8,10 +8,9 @@ import sys
 from pathlib import Path
 
 import pytest
+from helpers import ROOT
 
 pytest.importorskip("hydra")
-
-ROOT = Path(__file__).resolve().parents[1]
 
 
 @pytest.mark.slow

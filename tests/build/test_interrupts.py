@@ -13,9 +13,7 @@
 from __future__ import annotations
 
 import collections
-import dis
 import json
-import linecache
 import logging
 import random
 import signal
@@ -24,15 +22,12 @@ import sys
 import textwrap
 import threading
 import time
-from pathlib import Path
 
 import pytest
+from helpers import Injector, count_events
 
 import expr_tracker as et
 from expr_tracker.history.runinfo import read_run_info
-
-PKG_DIR = str(Path(et.__file__).resolve().parent)
-THREADING_FILE = threading.__file__
 
 
 def file_steps(run) -> list[int]:
@@ -142,76 +137,6 @@ def test_signal_storm_loses_nothing_and_finish_completes(tmp_path, signame, buff
 
 
 # ---------------------------------------------------------------- deterministic injection
-
-
-_LINE_STARTS: dict = {}
-
-
-_NOP = dis.opmap["NOP"]
-
-
-def _not_a_signal_point(frame) -> bool:
-    """A line event no signal handler can run at (the eval loop runs them only at calls,
-    function entries and backward jumps), where raising would test what cannot happen:
-    the ``NOP`` of a ``try:`` line, and the end of a ``with`` block, where the interpreter
-    jumps back to the ``with`` line to call ``__exit__``."""
-    code = frame.f_code
-    if code.co_code[frame.f_lasti] == _NOP:
-        return True
-    starts = _LINE_STARTS.get(code)
-    if starts is None:
-        starts = _LINE_STARTS[code] = {}
-        for off, line in dis.findlinestarts(code):
-            starts.setdefault(line, off)  # where the line is entered from the top
-    if starts.get(frame.f_lineno) == frame.f_lasti:
-        return False  # entering the line from its start
-    line = linecache.getline(code.co_filename, frame.f_lineno).strip()
-    return line.startswith(("with ", "async with "))
-
-
-class Injector:
-    """Raise ``KeyboardInterrupt`` at the ``at``-th trace event (call, line or return) of
-    library code (expr_tracker and threading.py) on this thread, once.
-
-    A real signal's handler runs between bytecodes of the main thread; a line start, a
-    function entry and the moment a call returns cover every place our code can be split.
-    """
-
-    def __init__(self, at: int | None, *, stdlib: bool = True) -> None:
-        self.at = at
-        self.stdlib = stdlib  # threading.py too (its Condition/Event are not signal-safe)
-        self.count = 0
-        self.fired = False
-
-    def _local(self, frame, event, arg):
-        if self.fired:
-            return None
-        if event == "line" and _not_a_signal_point(frame):
-            return self._local
-        self.count += 1
-        if self.count == self.at:
-            self.fired = True
-            raise KeyboardInterrupt(f"injected at {frame.f_code.co_name}:{frame.f_lineno}")
-        return self._local
-
-    def _global(self, frame, event, arg):
-        f = frame.f_code.co_filename
-        if f.startswith(PKG_DIR) or (self.stdlib and f == THREADING_FILE):
-            return self._local(frame, event, arg)
-        return None
-
-    def run(self, fn, *args):
-        sys.settrace(self._global)
-        try:
-            return fn(*args)
-        finally:
-            sys.settrace(None)
-
-
-def count_events(fn, *args, stdlib: bool = True) -> int:
-    probe = Injector(None, stdlib=stdlib)
-    probe.run(fn, *args)
-    return probe.count
 
 
 def check_store(run) -> None:

@@ -3,15 +3,14 @@
 from __future__ import annotations
 
 import json
-from pathlib import Path
 
 import pytest
 import yaml
+from helpers import ROOT
 
 from expr_tracker.cli.main import main
 from expr_tracker.spec.schema import alerts_schema, render, run_spec_schema, stale_files, to_draft7
 
-ROOT = Path(__file__).resolve().parents[1]
 CONF = ROOT / "expr_tracker" / "conf" / "tracker"
 GROUP_FILES = sorted(CONF.rglob("*.yaml"))
 

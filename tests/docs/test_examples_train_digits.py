@@ -6,15 +6,14 @@ import json
 import math
 import subprocess
 import sys
-from pathlib import Path
 
 import pytest
+from helpers import ROOT
 
 pytest.importorskip("torch")
 pytest.importorskip("sklearn")
 pytest.importorskip("hydra")
 
-ROOT = Path(__file__).resolve().parent.parent
 SCRIPT = ROOT / "examples" / "train_digits.py"
 
 

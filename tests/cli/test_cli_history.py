@@ -12,17 +12,11 @@ import sys
 import time
 
 import pytest
+from helpers import strict_loads
 
 import expr_tracker as et
 from expr_tracker.cli.history import follow
 from expr_tracker.cli.main import main
-
-
-def strict_loads(line):
-    def bad(token):
-        raise ValueError(f"not strict JSON: {token}")
-
-    return json.loads(line, parse_constant=bad)
 
 
 @pytest.fixture

@@ -16,10 +16,10 @@ import textwrap
 from pathlib import Path
 
 import pytest
+from helpers import Injector
 
 import expr_tracker as et
 from expr_tracker.history.runinfo import read_run_info
-from tests.test_interrupts import Injector
 
 RULES = {"rules": {"r": "loss > 50 => error: blew up {loss}"}}
 ALERTS_DIR = str(Path(et.__file__).resolve().parent / "alerts")

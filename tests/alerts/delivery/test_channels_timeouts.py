@@ -19,10 +19,7 @@ TIMEOUT = 0.4
 BYTE_EVERY = 0.05
 
 
-@pytest.fixture(autouse=True)
-def _no_proxy(monkeypatch):
-    for var in ("http_proxy", "HTTP_PROXY", "https_proxy", "HTTPS_PROXY", "all_proxy", "ALL_PROXY"):
-        monkeypatch.delenv(var, raising=False)
+pytestmark = pytest.mark.usefixtures("no_proxy")
 
 
 class Trickler:

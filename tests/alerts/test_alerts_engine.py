@@ -22,14 +22,7 @@ from expr_tracker.alerts import (
     render_template,
 )
 from expr_tracker.alerts.testing import AlertCapture, replay, rows_from_series
-
-
-class FakeClock:
-    def __init__(self, t=0.0):
-        self.t = t
-
-    def __call__(self):
-        return self.t
+from expr_tracker.testing import FakeClock
 
 
 def run(rules, series, **kw):
@@ -286,7 +279,7 @@ def test_watchdog_waits_for_an_on_step_evaluation():
     step = threading.Thread(target=eng.on_step, args=({"_step": 1, "_time": 1000.0, "x": 5},))
     step.start()
     assert entered.wait(5)
-    clock.t = 61.0  # no_data(60s) is now true for the watchdog
+    clock.now = 61.0  # no_data(60s) is now true for the watchdog
     watchdog = threading.Thread(target=eng.check_time)
     watchdog.start()
     watchdog.join(0.2)
@@ -318,7 +311,7 @@ def test_events_reach_the_sinks_in_the_order_they_happened():
     step = threading.Thread(target=eng.on_step, args=({"_step": 1, "_time": 1000.0, "x": 5},))
     step.start()
     assert entered.wait(5)
-    clock.t = 61.0
+    clock.now = 61.0
     eng.check_time()  # returns at once: the on_step thread delivers its event, in order
     assert seen == []
     release.set()
@@ -396,10 +389,10 @@ def test_watchdog_catches_a_hung_run():
         ["no_data(60s) => critical: hung at {step}"], notify=cap, clock=clock, wall_clock=wall
     )
     eng.on_step({"_step": 7, "_time": 1000.0, "x": 1})
-    clock.t = 30.0
+    clock.now = 30.0
     eng.check_time()
     assert cap.events == []
-    clock.t = 61.0
+    clock.now = 61.0
     eng.check_time()
     assert [(e.kind, e.message) for e in cap.events] == [("firing", "hung at 7")]
 

@@ -6,11 +6,12 @@ from __future__ import annotations
 
 import argparse
 import re
-from pathlib import Path
+
+from helpers import ROOT
 
 from expr_tracker.cli.main import build_parser
 
-DOC = Path(__file__).resolve().parents[1] / "docs" / "cli.md"
+DOC = ROOT / "docs" / "cli.md"
 
 
 def _commands(parser, path=()):

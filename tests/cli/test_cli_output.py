@@ -11,16 +11,10 @@ import subprocess
 import sys
 
 import pytest
+from helpers import strict_loads
 
 import expr_tracker as et
 from expr_tracker.cli.main import main
-
-
-def strict_loads(text):
-    def bad(token):
-        raise ValueError(f"not strict JSON: {token}")
-
-    return json.loads(text, parse_constant=bad)
 
 
 @pytest.fixture

@@ -8,11 +8,11 @@ import logging
 import math
 
 import pytest
+from helpers import run_py
 
 import expr_tracker as et
 from expr_tracker.history import read_history
 from expr_tracker.history.reader import JsonlReader
-from tests.test_run_lifecycle import run_py
 
 
 def start(tmp_path, **kw):

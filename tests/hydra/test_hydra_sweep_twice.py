@@ -11,9 +11,9 @@ import sys
 import time
 from collections import Counter
 from datetime import datetime
-from pathlib import Path
 
 import pytest
+from helpers import ROOT
 
 pytest.importorskip("hydra")
 
@@ -27,8 +27,6 @@ from expr_tracker.hydra.callback import (  # noqa: E402
     launch_stamp,
     sweep_prefix,
 )
-
-ROOT = Path(__file__).resolve().parents[1]
 
 
 def _sweep(cwd):

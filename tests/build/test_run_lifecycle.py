@@ -7,30 +7,14 @@ import os
 import signal
 import subprocess
 import sys
-import textwrap
 import time
 
 import pytest
+from helpers import run_py
 
 import expr_tracker as et
 from expr_tracker.history.reader import read_rows
 from expr_tracker.history.runinfo import read_run_info
-
-
-def run_py(code: str, *args: str, timeout: float = 60, check: bool = True, env=None):
-    """Run ``code`` in a fresh interpreter; returns the CompletedProcess."""
-    full_env = dict(os.environ)
-    full_env.update(env or {})
-    p = subprocess.run(
-        [sys.executable, "-c", textwrap.dedent(code), *args],
-        capture_output=True,
-        text=True,
-        timeout=timeout,
-        env=full_env,
-    )
-    if check and p.returncode != 0:
-        raise AssertionError(f"rc={p.returncode}\nstdout={p.stdout}\nstderr={p.stderr}")
-    return p
 
 
 def start(tmp_path, **kw):

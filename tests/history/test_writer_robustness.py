@@ -12,21 +12,14 @@ import shutil
 import threading
 
 import pytest
+from helpers import run_py
 
 import expr_tracker as et
 from expr_tracker.history.reader import read_rows
 from expr_tracker.history.writer import RETRY_DELAY_S, RETRY_MAX_DELAY_S, JsonlWriter
 from expr_tracker.spans import get_active_recorder, span
 from expr_tracker.spans.recorder import SpanRecorder
-from tests.test_run_lifecycle import run_py
-
-
-class FakeClock:
-    def __init__(self) -> None:
-        self.t = 1000.0
-
-    def __call__(self) -> float:
-        return self.t
+from expr_tracker.testing import FakeClock
 
 
 def rec(i: int) -> bytes:
@@ -59,7 +52,7 @@ def test_failing_disk_retries_are_spaced_from_the_failed_attempt(tmp_path):
     break_writes(w)
     for i in range(1, 301):  # et.log() + 5 ms sleep, x300 (1.5 s): a full buffer each time
         w.append(rec(i), i)
-        clock.t += 0.005
+        clock.now += 0.005
     # before the fix: one attempt per append (300); now: the first, then one after 1 s
     assert w.write_errors == 2
     assert w.pending == 300
@@ -74,13 +67,13 @@ def test_retry_backoff_doubles_to_the_cap_and_resets_on_success(tmp_path):
     w.append(rec(0), 0)
     break_writes(w)
     attempts_at = []
-    t0 = clock.t
+    t0 = clock.now
     for i in range(1, 400):  # one append every 0.5 s for ~200 s
         before = w.write_errors
         w.append(rec(i), i)
         if w.write_errors > before:
-            attempts_at.append(clock.t - t0)
-        clock.t += 0.5
+            attempts_at.append(clock.now - t0)
+        clock.now += 0.5
     gaps = [round(b - a, 1) for a, b in zip(attempts_at, attempts_at[1:], strict=False)]
     assert gaps[:5] == [RETRY_DELAY_S, 2.0, 4.0, 8.0, 16.0]
     assert set(gaps[5:]) == {RETRY_MAX_DELAY_S}
@@ -88,11 +81,11 @@ def test_retry_backoff_doubles_to_the_cap_and_resets_on_success(tmp_path):
     assert w.flush() is True  # an explicit flush tries at once
     break_writes(w)
     w.append(rec(1000), 1000)  # fails: the delay starts again at RETRY_DELAY_S
-    clock.t += RETRY_DELAY_S - 0.1
+    clock.now += RETRY_DELAY_S - 0.1
     n = w.write_errors
     w.append(rec(1001), 1001)
     assert w.write_errors == n
-    clock.t += 0.2
+    clock.now += 0.2
     w.append(rec(1002), 1002)
     assert w.write_errors == n + 1
     heal_writes(w)
@@ -110,7 +103,7 @@ def test_flush_only_if_due_waits_but_explicit_flush_and_close_try_now(tmp_path):
         assert w.flush(only_if_due=True) is False
     assert w.write_errors == 1
     assert w.flush() is False and w.write_errors == 2  # the public flush: at once
-    clock.t += RETRY_DELAY_S * 2
+    clock.now += RETRY_DELAY_S * 2
     assert w.flush(only_if_due=True) is False and w.write_errors == 3  # due now
     heal_writes(w)
     w.close()  # close tries at once

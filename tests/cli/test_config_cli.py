@@ -4,15 +4,13 @@ from __future__ import annotations
 
 import io
 import json
-from pathlib import Path
 
 import pytest
+from helpers import ROOT
 from rich.console import Console
 
 from expr_tracker.cli.config import parse_overrides, render_table, show_rows
 from expr_tracker.cli.main import main
-
-ROOT = Path(__file__).resolve().parents[1]
 
 BAD = """\
 project: p

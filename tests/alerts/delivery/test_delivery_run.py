@@ -8,22 +8,14 @@ import sys
 import textwrap
 
 import pytest
+from helpers import alert_records as records
 
 import expr_tracker as et
 from expr_tracker.alerts.delivery import alert
 from expr_tracker.build.alerts import attach_delivery
 from expr_tracker.testing import InMemoryChannel, WebhookServer, capture_alerts
 
-
-@pytest.fixture(autouse=True)
-def _no_proxy(monkeypatch):
-    for var in ("http_proxy", "HTTP_PROXY", "https_proxy", "HTTPS_PROXY", "all_proxy", "ALL_PROXY"):
-        monkeypatch.delenv(var, raising=False)
-
-
-def records(run):
-    path = run.dir / "alerts.jsonl"
-    return [json.loads(line) for line in path.read_text().splitlines()] if path.exists() else []
+pytestmark = pytest.mark.usefixtures("no_proxy")
 
 
 def start(channels, **alerts):

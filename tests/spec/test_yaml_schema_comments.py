@@ -4,12 +4,11 @@ from __future__ import annotations
 
 import json
 import re
-from pathlib import Path
 
 import pytest
 import yaml
+from helpers import ROOT
 
-ROOT = Path(__file__).resolve().parent.parent
 FILES = sorted(
     p
     for folder in ("conf", "examples", "expr_tracker/conf")

@@ -17,10 +17,7 @@ from expr_tracker.testing import WebhookServer
 SECRET = "sig-SECRET-1234"
 
 
-@pytest.fixture(autouse=True)
-def _no_proxy(monkeypatch):
-    for var in ("http_proxy", "HTTP_PROXY", "https_proxy", "HTTPS_PROXY", "all_proxy", "ALL_PROXY"):
-        monkeypatch.delenv(var, raising=False)
+pytestmark = pytest.mark.usefixtures("no_proxy")
 
 
 def msg(**kw):

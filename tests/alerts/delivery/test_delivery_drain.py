@@ -8,22 +8,14 @@ import threading
 import time
 
 import pytest
+from helpers import alert_records as records
 
 import expr_tracker as et
 from expr_tracker.alerts.delivery import Dispatcher, Policy
 from expr_tracker.alerts.delivery.message import AlertMessage
 from expr_tracker.testing import FakeClock, InMemoryChannel, WebhookServer
 
-
-@pytest.fixture(autouse=True)
-def _no_proxy(monkeypatch):
-    for var in ("http_proxy", "HTTP_PROXY", "https_proxy", "HTTPS_PROXY", "all_proxy", "ALL_PROXY"):
-        monkeypatch.delenv(var, raising=False)
-
-
-def records(run):
-    path = run.dir / "alerts.jsonl"
-    return [json.loads(line) for line in path.read_text().splitlines()] if path.exists() else []
+pytestmark = pytest.mark.usefixtures("no_proxy")
 
 
 def _storm(server, **policy):

@@ -6,11 +6,9 @@ import importlib.util
 import json
 import subprocess
 import sys
-from pathlib import Path
 
 import pytest
-
-ROOT = Path(__file__).resolve().parent.parent
+from helpers import ROOT
 
 
 def load(name):

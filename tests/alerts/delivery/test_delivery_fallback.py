@@ -4,12 +4,12 @@ servers on 127.0.0.1: one answering 500, one that never answers."""
 
 from __future__ import annotations
 
-import json
 import subprocess
 import sys
 import textwrap
 
 import pytest
+from helpers import alert_records as records
 
 import expr_tracker as et
 from expr_tracker.alerts.delivery import Dispatcher, Policy, alert
@@ -19,15 +19,7 @@ from expr_tracker.testing import InMemoryChannel, WebhookServer
 TEXT = "loss went to 9.7e12 at step 41"  # unique: counted in stderr
 
 
-@pytest.fixture(autouse=True)
-def _no_proxy(monkeypatch):
-    for var in ("http_proxy", "HTTP_PROXY", "https_proxy", "HTTPS_PROXY", "all_proxy", "ALL_PROXY"):
-        monkeypatch.delenv(var, raising=False)
-
-
-def records(run):
-    path = run.dir / "alerts.jsonl"
-    return [json.loads(line) for line in path.read_text().splitlines()] if path.exists() else []
+pytestmark = pytest.mark.usefixtures("no_proxy")
 
 
 def start(tmp_path, channels, **policy):
