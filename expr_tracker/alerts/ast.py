@@ -5,7 +5,7 @@ Every front end (the DSL string through ``parse.parse_expr``, the ``M`` builder 
 compare equal. Nodes are immutable (``dataclass(frozen=True, slots=True)``) and hashable.
 
 ``node.to_source()`` renders the condition fully parenthesised; parsing that text gives
-back an equal tree (tested as a hypothesis property in ``tests/test_alerts_parse.py``).
+back an equal tree (tested as a hypothesis property in ``tests/alerts/test_alerts_parse.py``).
 Numbers and durations keep the text they were written with (``50``, ``1e-3``, ``5m``), so
 every rendering shows them as the user wrote them; a number built in Python (``M.loss > 50``)
 renders as ``50``, not ``50.0``. ``to_source(canonical=True)`` renders every number as

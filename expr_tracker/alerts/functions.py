@@ -18,7 +18,7 @@ non-positive number. They never raise for those; anything they do raise is a bug
 engine counts per rule (DESIGN.md "Rules").
 
 Extreme values (values near the float limit, infinities, NaN) never make a function raise,
-so a diverging run cannot disable the rule meant to catch it (``tests/test_alerts_extreme.py``
+so a diverging run cannot disable the rule meant to catch it (``tests/alerts/test_alerts_extreme.py``
 checks every function with hypothesis). Each fast path computes as usual and checks its
 result; only a non-finite result takes the slow path, which gives:
   - NaN when a NaN went in (it propagates; ``isnan`` sees it, a comparison is UNKNOWN);

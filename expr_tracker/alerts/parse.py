@@ -103,7 +103,7 @@ def _caret(text: str, column: int) -> str:
 
 
 # Typical broken conditions -> the label shown to the user. Every entry is tested
-# (tests/test_alerts_parse.py::test_every_syntax_example_is_labelled).
+# (tests/alerts/test_alerts_parse.py::test_every_syntax_example_is_labelled).
 SYNTAX_EXAMPLES: dict[str, list[str]] = {
     "missing operand": [
         "loss >",
