@@ -9,6 +9,7 @@ from __future__ import annotations
 import math
 import re
 from pathlib import Path
+from typing import Any
 
 from expr_tracker.spec.yaml import LocatedYaml
 
@@ -381,3 +382,50 @@ def rules_from(target: str) -> list:
     section = data.get("alerts", data) if isinstance(data, dict) else {}
     base = ("rules",)
     return [build_rule(k, v, x) for _, (k, v, x), _ in rule_entries(section.get("rules"), base)]
+
+
+def rule_issues(file: str, kind: str, found: list, package: str | None = None) -> list:
+    """Compile the alert rules of ``file`` as ``et.init`` would, with the checks of
+    ``et rules check`` (``alerts.rulefiles.rule_problems``): a ``SpecIssue`` per error, at its
+    ``file:line:column`` with its spec path (``alerts.rules.bad.condition``). Problems at a
+    path that ``found`` (the spec validation's issues) already reports are left out, and so
+    is everything when the file could not be read."""
+    from expr_tracker.spec import SpecIssue
+    from expr_tracker.spec.resolve import file_section, spec_path_of
+
+    if any(not issue.path or issue.path == "alerts" for issue in found):
+        return []  # unreadable, not a mapping, duplicate keys, or a bad alerts section
+    doc, data, prefix = file_section(file, package)
+    if data is None:
+        return []
+    window = DEFAULT_ALERT_WINDOW
+    if kind == "run" or isinstance(data.get("alerts"), dict):
+        base, section = (*prefix, "alerts"), data.get("alerts")
+        window = alert_window(data) if kind == "run" else window
+    else:
+        base, section = prefix, data
+    if not isinstance(section, dict):
+        return []
+    problems, _ = rule_problems(doc or _Unlocated(), section, base, window)
+    reported = {issue.path for issue in found}
+    out = []
+    for p in problems:
+        if p["severity"] != "errors":
+            continue
+        inner = p["path"][len(prefix) :]  # the path within the spec (the section)
+        parts = inner if len(base) > len(prefix) else ("alerts", *inner)
+        path = spec_path_of(parts, data if len(base) > len(prefix) else {"alerts": data})
+        if path in reported or any(r.startswith((path + ".", path + "[")) for r in reported):
+            continue
+        location = (file, p["line"], p["column"]) if doc is not None else None
+        out.append(SpecIssue(path, p["message"], location=location))
+    return out
+
+
+class _Unlocated:
+    """Stands in for a located document (TOML): no line or column for anything."""
+
+    def where(self, *args: Any) -> tuple[None, None]:
+        return None, None
+
+    where_key = where

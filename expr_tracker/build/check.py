@@ -174,3 +174,32 @@ def _rule_issue(resolved: Any, index: int, rule: Any, exc: Exception) -> Any:
         source=resolved.source_of(path) if hasattr(resolved, "source_of") else None,
         location=locations.get(path) or locations.get(base),
     )
+
+
+def check_file(file: str, kind: str, environ: Any = None, package: str | None = None) -> list:
+    """Every problem ``et.init(spec=file)`` would raise for ``file`` (an alerts file: as the
+    ``alerts`` section of a run spec), from the same checks: the schema, then
+    ``build.check`` (span plugins and their options, rules, channels with their options and
+    URLs; ``url_env``/``*_env`` variables read from ``environ``, default ``os.environ``);
+    ``package`` is the dotted section of a Hydra app's config holding the spec.
+    Rule problems are shown as ``et rules check`` shows them (the column of the error in the
+    file); with a schema error, rules are still compiled so every problem shows at once."""
+    from expr_tracker.alerts.rulefiles import rule_issues
+    from expr_tracker.spec import SpecError, SpecIssue
+    from expr_tracker.spec.resolve import resolve_file
+
+    try:
+        resolved = resolve_file(file, kind, package)
+    except SpecError as exc:
+        return exc.issues + rule_issues(file, kind, exc.issues, package)
+    try:
+        check(resolved, os.environ if environ is None else environ)
+    except SpecError as exc:
+        issues = exc.issues
+    except Exception as exc:  # noqa: BLE001 - et.init would raise it too: report, no traceback
+        return [SpecIssue("", f"cannot be checked: {type(exc).__name__}: {exc}")]
+    else:
+        return []
+    # the same problems, rules shown at their column (et rules check's wording)
+    located = {i.path: i for i in rule_issues(file, kind, [], package)}
+    return [located.get(i.path, i) if i.path.startswith("alerts.rules") else i for i in issues]

@@ -107,29 +107,16 @@ def _usage(parser: argparse.ArgumentParser) -> int:
 # ------------------------------------------------------------------ validate
 
 
-def detect_kind(path: str | Path, package: str | None = None) -> str:
-    """``"alerts"`` when the file's top-level keys (of its ``package`` section, when given)
-    are all alerts-section keys (``rules``, ``channels``, ``policy`` ...) and not run-spec
-    keys, else ``"run"`` (also when the file cannot be read: validation then reports why)."""
-    from expr_tracker.spec import AlertsSpec, RunSpec, SpecError, load_file
-
-    try:
-        data, _ = load_file(path, package=package)
-    except SpecError:
-        return "run"
-    keys = set(data)
-    if keys and keys <= set(AlertsSpec.model_fields) and not keys <= set(RunSpec.model_fields):
-        return "alerts"
-    return "run"
-
-
 def cmd_validate(args: argparse.Namespace) -> int:
     """Exit codes: 0 every file valid, 1 any problem (including a missing file)."""
+    from expr_tracker.build.check import check_file
+    from expr_tracker.spec.resolve import detect_kind, interpolation_issues
+
     failed = 0
     for file in args.files:
         package = appconfig.package_of(file, args.package)
         kind = detect_kind(file, package) if args.kind == "auto" else args.kind
-        issues = file_issues(file, kind, package=package)
+        issues = check_file(file, kind, package=package)
         # a value holding ${...} (a Hydra group file) is not checked: a warning at its path
         # says so instead of the errors its literal ${...} text makes (see appconfig)
         notes, unchecked = interpolation_issues(file, kind, package)
@@ -158,147 +145,6 @@ def _issue_line(issue: Any, file: str) -> str:
 def _under(path: str, roots: set[str]) -> bool:
     """``path`` is one of ``roots`` or inside one."""
     return any(path == r or path.startswith((r + ".", r + "[")) for r in roots)
-
-
-def interpolation_issues(file: str, kind: str, package: str | None = None) -> tuple[list, set[str]]:
-    """A ``SpecIssue`` (at the value's spec path and ``file:line:column``) for every value of
-    ``file`` holding an OmegaConf interpolation ``${...}``, which only Hydra's composition
-    resolves; and the spec paths left unchecked for it: the value, or for a rule the whole
-    rule (``alerts.rules.NAME``), whose problems are artifacts of the literal ``${...}``."""
-    from expr_tracker.spec import SpecIssue
-    from expr_tracker.spec.yaml import interpolated_leaves, interpolation_note
-
-    doc, data, prefix = _section(file, package)
-    if data is None:
-        return [], set()
-    wrapped = not (kind == "run" or isinstance(data.get("alerts"), dict))
-    spec_data = {"alerts": data} if wrapped else data
-    notes, unchecked = [], set()
-    for parts, text in interpolated_leaves(spec_data):
-        path = _dotted(parts, spec_data)
-        root = parts[:3] if parts[:2] == ("alerts", "rules") and len(parts) > 2 else parts
-        unchecked.add(_dotted(root, spec_data))
-        location = None
-        if doc is not None:
-            line, column = doc.where((*prefix, *(parts[1:] if wrapped else parts)))
-            location = (file, line, column)
-        notes.append(SpecIssue(path, interpolation_note(text), location=location))
-    return notes, unchecked
-
-
-def file_issues(file: str, kind: str, environ: Any = None, package: str | None = None) -> list:
-    """Every problem ``et.init(spec=file)`` would raise for ``file`` (an alerts file: as the
-    ``alerts`` section of a run spec), from the same checks: the schema, then
-    ``build.check`` (span plugins and their options, rules, channels with their options and
-    URLs; ``url_env``/``*_env`` variables read from ``environ``, default ``os.environ``);
-    ``package`` is the dotted section of a Hydra app's config holding the spec.
-    Rule problems are shown as ``et rules check`` shows them (the column of the error in the
-    file); with a schema error, rules are still compiled so every problem shows at once."""
-    import os
-
-    from expr_tracker.build import check
-    from expr_tracker.spec import SpecError, SpecIssue
-    from expr_tracker.spec.resolve import resolve_file
-
-    try:
-        resolved = resolve_file(file, kind, package)
-    except SpecError as exc:
-        return exc.issues + rule_issues(file, kind, exc.issues, package)
-    try:
-        check(resolved, os.environ if environ is None else environ)
-    except SpecError as exc:
-        issues = exc.issues
-    except Exception as exc:  # noqa: BLE001 - et.init would raise it too: report, no traceback
-        return [SpecIssue("", f"cannot be checked: {type(exc).__name__}: {exc}")]
-    else:
-        return []
-    # the same problems, rules shown at their column (et rules check's wording)
-    located = {i.path: i for i in rule_issues(file, kind, [], package)}
-    return [located.get(i.path, i) if i.path.startswith("alerts.rules") else i for i in issues]
-
-
-def rule_issues(file: str, kind: str, found: list, package: str | None = None) -> list:
-    """Compile the alert rules of ``file`` as ``et.init`` would, with the checks of
-    ``et rules check`` (``alerts.rulefiles.rule_problems``): a ``SpecIssue`` per error, at its
-    ``file:line:column`` with its spec path (``alerts.rules.bad.condition``). Problems at a
-    path that ``found`` (the spec validation's issues) already reports are left out, and so
-    is everything when the file could not be read."""
-    from expr_tracker.alerts.rulefiles import DEFAULT_ALERT_WINDOW, alert_window, rule_problems
-    from expr_tracker.spec import SpecIssue
-
-    if any(not issue.path or issue.path == "alerts" for issue in found):
-        return []  # unreadable, not a mapping, duplicate keys, or a bad alerts section
-    doc, data, prefix = _section(file, package)
-    if data is None:
-        return []
-    window = DEFAULT_ALERT_WINDOW
-    if kind == "run" or isinstance(data.get("alerts"), dict):
-        base, section = (*prefix, "alerts"), data.get("alerts")
-        window = alert_window(data) if kind == "run" else window
-    else:
-        base, section = prefix, data
-    if not isinstance(section, dict):
-        return []
-    problems, _ = rule_problems(doc or _Unlocated(), section, base, window)
-    reported = {issue.path for issue in found}
-    out = []
-    for p in problems:
-        if p["severity"] != "errors":
-            continue
-        inner = p["path"][len(prefix) :]  # the path within the spec (the section)
-        parts = inner if len(base) > len(prefix) else ("alerts", *inner)
-        path = _dotted(parts, data if len(base) > len(prefix) else {"alerts": data})
-        if path in reported or any(r.startswith((path + ".", path + "[")) for r in reported):
-            continue
-        location = (file, p["line"], p["column"]) if doc is not None else None
-        out.append(SpecIssue(path, p["message"], location=location))
-    return out
-
-
-def _section(file: str, package: str | None) -> tuple[Any, dict | None, tuple]:
-    """``(located document or None for TOML, the spec's mapping in it, its key path)`` for
-    ``file`` and its dotted ``package``; the mapping is None when the file cannot be read
-    or the section is not a mapping (the spec validation says why)."""
-    from expr_tracker.spec import load_file
-    from expr_tracker.spec.yaml import LocatedYaml
-
-    doc = None
-    try:
-        if Path(file).suffix.lower() == ".toml":
-            data, _ = load_file(file)
-        else:
-            doc = LocatedYaml(Path(file).read_text(encoding="utf-8"))
-            data = doc.data
-    except Exception:  # noqa: BLE001 - reported by the spec validation
-        return None, None, ()
-    prefix = tuple(package.split(".")) if package else ()
-    for key in prefix:
-        data = data.get(key) if isinstance(data, dict) else None
-    return doc, data if isinstance(data, dict) else None, prefix
-
-
-class _Unlocated:
-    """Stands in for a located document (TOML): no line or column for anything."""
-
-    def where(self, *args: Any) -> tuple[None, None]:
-        return None, None
-
-    where_key = where
-
-
-def _dotted(parts: tuple, data: Any) -> str:
-    """The spec path of document keys ``parts``: list items of named lists by entry name."""
-    from expr_tracker.spec.errors import join_path
-    from expr_tracker.spec.merge import item_key
-
-    path, node = "", data
-    for part in parts:
-        if isinstance(node, list) and isinstance(part, int) and 0 <= part < len(node):
-            key, node = item_key(path, node[part], part), node[part]
-        else:
-            key, node = part, node.get(part) if isinstance(node, dict) else None
-        path = join_path(path, key)
-    return path
 
 
 # ------------------------------------------------------------------ show

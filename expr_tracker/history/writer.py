@@ -16,7 +16,8 @@
   or ``close()``; past ``max_pending_records`` the oldest records are dropped, counted and
   logged loudly, but first (at most every ``PROBE_INTERVAL_S``) the oldest record is
   tried on disk: when that works the disk is back, and the queue is written instead of
-  dropped; the steps of dropped records are kept as ranges (``stats()["dropped_steps"]``);
+  dropped; the steps of dropped records are kept as ranges (``stats()["dropped_steps"]``)
+  (:mod:`~expr_tracker.history.pending` probes, drops and keeps the ranges);
 - before each write the open file is checked with one ``fstat``: a file unlinked under the
   writer (the run directory was deleted) is recreated with its directory, and a file that
   is shorter than the writer wrote (truncated by another process) has a torn tail repaired
@@ -44,6 +45,12 @@ from typing import Any
 from expr_tracker._warn import Warner
 from expr_tracker.history.flusher import BackgroundFlusher, get_flusher
 from expr_tracker.history.paths import atomic_write
+from expr_tracker.history.pending import (  # the constants re-exported: their old home
+    MAX_DROPPED_RANGES,  # noqa: F401
+    PROBE_INTERVAL_S,  # noqa: F401
+    enforce_limit,
+    probe,
+)
 from expr_tracker.history.reader import META_SCHEMA
 from expr_tracker.history.recovery import (
     acquire_lock,
@@ -61,12 +68,6 @@ META_MIN_INTERVAL_S = 2.0
 INDEX_EVERY = 1000
 RETRY_DELAY_S = 1.0
 RETRY_MAX_DELAY_S = 30.0
-#: while the disk fails and ``max_pending_records`` is reached, ``append`` tries one record
-#: on disk at most this often before dropping the oldest (so a disk that came back stops
-#: the loss at once, and a dead one costs one failed write per interval, not per record)
-PROBE_INTERVAL_S = 0.1
-#: ``[first, last]`` ranges of dropped steps kept in ``stats()["dropped_steps"]``
-MAX_DROPPED_RANGES = 64
 
 
 class JsonlWriter:
@@ -250,9 +251,9 @@ class JsonlWriter:
                 self._oldest = self._clock()
             elif count > self.max_pending_records:
                 if self._failing and self._clock() >= self._probe_at:
-                    self._probe_locked()  # the disk may be back: try before dropping
+                    probe(self)  # the disk may be back: try before dropping
                 if self._failing:  # memory is bounded here, not only when a retry runs
-                    self._enforce_pending_limit()
+                    enforce_limit(self)
                     return True
                 sync = True  # the disk works but the flusher fell behind: write now
             if not sync and self._scheduled:
@@ -275,28 +276,6 @@ class JsonlWriter:
             self._scheduled = False
             raise
         return True
-
-    def _probe_locked(self) -> None:
-        """Under ``_lock``, at the pending bound while failing: try to write the oldest
-        record alone (one small write) unless a flush is in flight. On success the disk is
-        back (``_failing`` is cleared) and the caller flushes the queue instead of dropping;
-        on failure the retry schedule is left as it was."""
-        self._probe_at = self._clock() + PROBE_INTERVAL_S
-        if not self._io_lock.acquire(blocking=False):
-            return  # a flush is writing now: it is the probe
-        try:
-            retry = (self._retry_delay, self._next_retry)
-            written = self.batches_written
-            try:
-                ok = self._write_batch(self._lines[:1], self._steps[:1])
-            finally:
-                if self.batches_written != written:  # on disk: leave the queue (one step)
-                    self._lines, self._steps = self._lines[1:], self._steps[1:]
-                    self._pending_bytes = sum(map(len, self._lines))
-            if not ok:
-                self._retry_delay, self._next_retry = retry
-        finally:
-            self._io_lock.release()
 
     def _due_time(self, now: float, count: int) -> float:
         if self._failing:  # spaced from the last failed attempt, whatever is pending
@@ -360,7 +339,7 @@ class JsonlWriter:
             if not ok:
                 with self._lock:
                     self._requeue(batch, steps)
-                    self._enforce_pending_limit()
+                    enforce_limit(self)
                     left = bool(self._lines)
                     if left and self.async_write and not self._closed and not self._scheduled:
                         self._scheduled = True
@@ -382,47 +361,6 @@ class JsonlWriter:
         self._lines, self._steps = batch + self._lines, steps + self._steps
         self._pending_bytes = sum(map(len, self._lines))
         self._oldest = self._clock()
-
-    def _enforce_pending_limit(self) -> None:
-        """Drop the oldest pending records past ``max_pending_records`` (under ``_lock``):
-        counted in ``dropped`` and logged as an error at the first drop of an outage and
-        each time the count doubles (loud, but not one line per row)."""
-        over = len(self._lines) - self.max_pending_records
-        if over <= 0:
-            return
-        self._note_dropped(self._steps[:over])
-        del self._lines[:over]
-        del self._steps[:over]
-        self._pending_bytes = sum(map(len, self._lines))
-        self.dropped += over
-        self.flushed += over
-        if self.dropped >= self._drop_logged_at:
-            self._drop_logged_at = self.dropped * 2
-            log.error(
-                "expr_tracker: %s: the disk has kept failing and more than %d records were "
-                "pending; dropped the oldest (%d dropped so far, counted in et.info(); logged "
-                "again when the count doubles). Fix the disk to stop the loss.",
-                self.path,
-                self.max_pending_records,
-                self.dropped,
-            )
-
-    def _note_dropped(self, steps: list[int | None]) -> None:
-        """Keep the steps of dropped records as ``[first, last]`` ranges (at most
-        ``MAX_DROPPED_RANGES``; past it the last range widens), so span records naming
-        those steps can be told apart (docs/logging.md "When the disk fails")."""
-        ranges = self.dropped_steps
-        for step in steps:
-            if step is None:
-                continue
-            if ranges and ranges[-1][0] <= step <= ranges[-1][1] + 1:
-                if step > ranges[-1][1]:
-                    ranges[-1][1] = step
-            elif len(ranges) < MAX_DROPPED_RANGES:
-                ranges.append([step, step])
-            else:
-                last = ranges[-1]
-                last[0], last[1] = min(last[0], step), max(last[1], step)
 
     def _write_batch(self, batch: list[bytes], steps: list[int | None]) -> bool:
         """Write one batch; True when it is on disk. Under any other exception (an

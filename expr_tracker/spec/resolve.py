@@ -15,6 +15,7 @@ from __future__ import annotations
 import os
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field, replace
+from pathlib import Path
 from typing import Any
 
 from pydantic import BaseModel, SecretBytes, SecretStr, ValidationError
@@ -24,10 +25,11 @@ from expr_tracker.spec.errors import (
     SpecIssue,
     is_secret_key,
     issues_from_validation_error,
+    join_path,
     redact_config,
 )
 from expr_tracker.spec.merge import Layer, Location, item_key, leaves, lookup, merge_layers, nearest
-from expr_tracker.spec.models import RunSpec
+from expr_tracker.spec.models import AlertsSpec, RunSpec
 from expr_tracker.spec.names import default_run_name
 from expr_tracker.spec.sources import (
     ALERT_CONFIG_ENV,
@@ -38,10 +40,20 @@ from expr_tracker.spec.sources import (
     configure_alert_layer,
     env_layers,
     kwargs_to_dict,
+    load_file,
     spec_layer,
 )
 
-__all__ = ["ResolvedSpec", "resolve", "resolve_file", "validate_file"]
+__all__ = [
+    "ResolvedSpec",
+    "detect_kind",
+    "file_section",
+    "interpolation_issues",
+    "resolve",
+    "resolve_file",
+    "spec_path_of",
+    "validate_file",
+]
 
 
 def _jsonable(value: Any, free_form: bool, depth: int = 0) -> Any:
@@ -297,3 +309,78 @@ def resolve_file(
         for p, _ in leaves("", model.model_dump())
     }
     return ResolvedSpec(model, final, dict(locations))
+
+
+# ------------------------------------------------------------------ one file (et config validate)
+
+
+def detect_kind(path: str | Path, package: str | None = None) -> str:
+    """``"alerts"`` when the file's top-level keys (of its ``package`` section, when given)
+    are all alerts-section keys (``rules``, ``channels``, ``policy`` ...) and not run-spec
+    keys, else ``"run"`` (also when the file cannot be read: validation then reports why)."""
+    try:
+        data, _ = load_file(path, package=package)
+    except SpecError:
+        return "run"
+    keys = set(data)
+    if keys and keys <= set(AlertsSpec.model_fields) and not keys <= set(RunSpec.model_fields):
+        return "alerts"
+    return "run"
+
+
+def interpolation_issues(file: str, kind: str, package: str | None = None) -> tuple[list, set[str]]:
+    """A ``SpecIssue`` (at the value's spec path and ``file:line:column``) for every value of
+    ``file`` holding an OmegaConf interpolation ``${...}``, which only Hydra's composition
+    resolves; and the spec paths left unchecked for it: the value, or for a rule the whole
+    rule (``alerts.rules.NAME``), whose problems are artifacts of the literal ``${...}``."""
+    from expr_tracker.spec.yaml import interpolated_leaves, interpolation_note
+
+    doc, data, prefix = file_section(file, package)
+    if data is None:
+        return [], set()
+    wrapped = not (kind == "run" or isinstance(data.get("alerts"), dict))
+    spec_data = {"alerts": data} if wrapped else data
+    notes, unchecked = [], set()
+    for parts, text in interpolated_leaves(spec_data):
+        path = spec_path_of(parts, spec_data)
+        root = parts[:3] if parts[:2] == ("alerts", "rules") and len(parts) > 2 else parts
+        unchecked.add(spec_path_of(root, spec_data))
+        location = None
+        if doc is not None:
+            line, column = doc.where((*prefix, *(parts[1:] if wrapped else parts)))
+            location = (file, line, column)
+        notes.append(SpecIssue(path, interpolation_note(text), location=location))
+    return notes, unchecked
+
+
+def file_section(file: str, package: str | None) -> tuple[Any, dict | None, tuple]:
+    """``(located document or None for TOML, the spec's mapping in it, its key path)`` for
+    ``file`` and its dotted ``package``; the mapping is None when the file cannot be read
+    or the section is not a mapping (the spec validation says why)."""
+    from expr_tracker.spec.yaml import LocatedYaml
+
+    doc = None
+    try:
+        if Path(file).suffix.lower() == ".toml":
+            data, _ = load_file(file)
+        else:
+            doc = LocatedYaml(Path(file).read_text(encoding="utf-8"))
+            data = doc.data
+    except Exception:  # noqa: BLE001 - reported by the spec validation
+        return None, None, ()
+    prefix = tuple(package.split(".")) if package else ()
+    for key in prefix:
+        data = data.get(key) if isinstance(data, dict) else None
+    return doc, data if isinstance(data, dict) else None, prefix
+
+
+def spec_path_of(parts: tuple, data: Any) -> str:
+    """The spec path of document keys ``parts``: list items of named lists by entry name."""
+    path, node = "", data
+    for part in parts:
+        if isinstance(node, list) and isinstance(part, int) and 0 <= part < len(node):
+            key, node = item_key(path, node[part], part), node[part]
+        else:
+            key, node = part, node.get(part) if isinstance(node, dict) else None
+        path = join_path(path, key)
+    return path

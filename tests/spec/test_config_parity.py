@@ -194,7 +194,7 @@ def _env(monkeypatch):
 def file_issues(file, kind):
     """What ``et config validate`` reports for ``file`` (imported here: the function is
     new, and the tests comparing against it should fail one by one without it)."""
-    from expr_tracker.cli.config import file_issues as issues
+    from expr_tracker.build.check import check_file as issues
 
     return issues(file, kind)
 
