@@ -29,7 +29,7 @@ from expr_tracker.errors import (
     RunLockedError,
 )
 from expr_tracker.history import read_history, resolve_run_path
-from expr_tracker.run import Run
+from expr_tracker.runs import Run
 from expr_tracker.spans import Span, span, start_span
 
 __all__ = [

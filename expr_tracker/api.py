@@ -26,7 +26,7 @@ from expr_tracker.errors import (
 )
 from expr_tracker.history.live import current_run, no_run_error
 from expr_tracker.history.live import history as history  # et.history, re-exported
-from expr_tracker.run import Run, Summary
+from expr_tracker.runs import Run, Summary
 
 _logger = logging.getLogger("expr_tracker")
 

@@ -32,7 +32,7 @@ from expr_tracker.build.history import (
 from expr_tracker.build.spans import build_spans
 from expr_tracker.errors import ExprTrackerError
 from expr_tracker.history.paths import detect_rank, file_name
-from expr_tracker.run import Run
+from expr_tracker.runs import Run
 
 __all__ = ["ResumeError", "build", "check", "normalize_config", "run_directory"]
 

@@ -21,7 +21,7 @@ from expr_tracker.alerts.delivery.dispatcher import Dispatcher
 from expr_tracker.alerts.delivery.message import AlertMessage
 from expr_tracker.alerts.delivery.wiring import alerts_spec_of, build_dispatcher, run_end_message
 from expr_tracker.history.paths import file_name
-from expr_tracker.run import Run
+from expr_tracker.runs import Run
 
 log = logging.getLogger("expr_tracker")
 

@@ -19,7 +19,7 @@ from expr_tracker.history.recovery import release_lock_fd
 from expr_tracker.history.runinfo import new_run_info, read_run_info, write_run_info
 from expr_tracker.history.store import HistoryStore
 from expr_tracker.history.writer import JsonlWriter
-from expr_tracker.run import Run, Summary
+from expr_tracker.runs import Run, Summary
 from expr_tracker.spans.core import AGGREGATION as SPAN_AGGREGATION
 from expr_tracker.spec.errors import scrub_argv
 

@@ -12,7 +12,7 @@ from pathlib import Path
 from typing import Any
 
 from expr_tracker._warn import Warner
-from expr_tracker.run import Run
+from expr_tracker.runs import Run
 
 
 def build_recorder(

@@ -593,7 +593,7 @@ def test_summary_survives_a_crash_and_catches_up_on_resume(tmp_path):
 
 
 def test_summary_is_saved_in_the_background_while_rows_arrive(tmp_path, monkeypatch):
-    import expr_tracker.run as run_module
+    import expr_tracker.runs as run_module
 
     monkeypatch.setattr(run_module, "SUMMARY_SAVE_INTERVAL_S", 0.05)
     run = start(tmp_path)

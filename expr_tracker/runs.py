@@ -182,6 +182,7 @@ class Run:
         self._finish_lock = threading.RLock()
         self._fork_gen = fork_generation()
         self.exception: tuple[type[BaseException], BaseException, Any] | None = None
+        self._listeners: list[Callable[[str, dict[str, Any]], Any]] = []
         self.ingest = store.ingest
 
     # ------------------------------------------------------------------ use
@@ -215,6 +216,28 @@ class Run:
         delivery: its drain may wait on a slow endpoint, which must never hold the data).
         """
         (self._late_closers if late else self._closers).append((name, fn))
+
+    def subscribe(self, fn: Callable[[str, dict[str, Any]], Any]) -> None:
+        """Call ``fn(event, payload)`` for each run event other than rows (rows reach
+        :attr:`HistoryStore.sinks`): ``"config"`` (the keys that changed), ``"summary"``
+        (keys the user assigned), ``"define_metric"`` (one definition), ``"artifact"`` (one
+        version logged or used). Mirrors subscribe here."""
+        self._listeners.append(fn)
+
+    def emit(self, event: str, payload: dict[str, Any]) -> None:
+        """Hand ``payload`` to every subscriber; a subscriber that raises is logged once per
+        event and never reaches the caller (measuring never breaks the training loop)."""
+        for fn in list(self._listeners):
+            try:
+                fn(event, payload)
+            except Exception as exc:  # noqa: BLE001
+                self.warner.warn(
+                    ("listener", event, type(exc).__name__),
+                    "expr_tracker: a %s listener failed (%s: %s); ignored",
+                    event,
+                    type(exc).__name__,
+                    exc,
+                )
 
     def add_stats(self, name: str, fn: Callable[[], Any]) -> None:
         """Register a section of :meth:`info`."""
