@@ -254,8 +254,14 @@ def finish(exit_code: int | None = None) -> None:
         raise SystemExit(128 + _signal_received)
 
 
-def configure_alert(**values: Any) -> None:
+def configure_alert(config: Any = None, /, **values: Any) -> None:
     """Alert configuration for runs started afterwards (the ``alerts`` section of the spec).
+
+    ``config``: an ``et.AlertConfig`` or a mapping of the section; ``values``: its keys
+    (``channels``, ``policy``, ``rules``, ``enabled``, ...), applied on top of ``config``.
+    Models (``et.AlertConfig``, ``et.ChannelConfig``, ``et.WebhookPolicy``) stand for the
+    fields set on them, so ``et.configure_alert(cfg)`` and ``et.configure_alert(**cfg)``
+    are the same, and unset defaults leave lower sources alone.
 
     Precedence: above ``ET_CONFIG``/``ET_ALERT_CONFIG`` and the environment, below
     ``et.init(spec=...)`` and ``et.init(alert=...)``. Calling it again merges deeply (rules
@@ -269,9 +275,19 @@ def configure_alert(**values: Any) -> None:
     """
     from expr_tracker.build import check
     from expr_tracker.spec import merge, resolve
+    from expr_tracker.spec.alerting import alerts_data
 
+    given = alerts_data(values)
+    if config is not None:
+        base = alerts_data(config)
+        if not isinstance(base, Mapping):
+            raise TypeError(
+                f"configure_alert(config): expected an et.AlertConfig or a mapping of the "
+                f"alerts section, got {type(config).__name__}"
+            )
+        given = merge(base, given, at="alerts")
     with _lock:
-        merged = merge(_state.configured_alert, values, at="alerts")
+        merged = merge(_state.configured_alert, given, at="alerts")
         # validated now, on its own (no environment, no files): errors name what was given
         check(resolve(None, configure_alert=merged, environ={}))
         _state.configured_alert = merged
@@ -289,6 +305,46 @@ def add_alert_rule(rule: Any, **overrides: Any) -> Any:
         NoActiveRunError: no run, or alerts are disabled for it (``alerts.enabled: false``).
     """
     return current_run().add_rule(rule, **overrides)
+
+
+def list_alert_rules() -> list[Any]:
+    """The current run's alert rules: a list of ``et.AlertRule`` (frozen; ``name``,
+    ``condition``, ``source``, ``level``, ``for_steps``, ``channels``, ...), in registration
+    order (the spec's rules first, then ``add_alert_rule``'s).
+
+    Returns ``[]`` when no run is active or alerts are disabled for it (like reading a
+    setting, it never raises for that). Each rule's live state (``ok``/``pending``/
+    ``firing``), evaluations and fires are in ``et.info()["alerts"]["rules"][rule.name]``.
+
+    Raises:
+        ForkedRunError: this is a forked child that inherited the run.
+    """
+    run = _state.run
+    if run is None:
+        return []
+    if run.forked:
+        raise ForkedRunError(FORK_MESSAGE)
+    return run.alert_rules()
+
+
+def remove_alert_rule(name: Any) -> Any:
+    """Remove an alert rule from the current run; returns the removed ``et.AlertRule``
+    (``et.add_alert_rule(it)`` registers it again, with a fresh state).
+
+    ``name``: the rule's name, or the ``AlertRule`` that ``add_alert_rule``/
+    ``list_alert_rules`` returned. From the next committed row on the rule is not
+    evaluated; an evaluation in progress on another thread completes first. Its pending or
+    firing state is dropped; ``alerts.jsonl`` records a ``removed`` transition, and no
+    channel is notified (the condition did not recover, so no ``resolved`` notice).
+    Alerts it raised before are still delivered.
+
+    Raises:
+        KeyError: no rule of that name on the run (the message lists the registered
+            names, with a close match).
+        NoActiveRunError: no run is active.
+        ForkedRunError: this is a forked child that inherited the run.
+    """
+    return current_run().remove_rule(name)
 
 
 def alert(

@@ -123,6 +123,18 @@ class Summary(MutableMapping):
                 )
 
 
+def _unknown_rule_message(name: Any, known: list[str], *, alerts_on: bool) -> str:
+    import difflib
+
+    if not alerts_on:
+        return f"no alert rule {name!r}: alerts are disabled for this run (alerts.enabled: false)"
+    if not known:
+        return f"no alert rule {name!r}: this run has no alert rules"
+    close = difflib.get_close_matches(str(name), known, n=1)
+    hint = f" (did you mean {close[0]!r}?)" if close else ""
+    return f"no alert rule {name!r}{hint}; registered: {', '.join(repr(k) for k in known)}"
+
+
 class Run:
     """One tracked run of this process (one stream, one rank).
 
@@ -259,6 +271,32 @@ class Run:
         if engine.on_step not in sinks:
             sinks.append(engine.on_step)
         return registered
+
+    def alert_rules(self) -> list[Any]:
+        """The alert rules registered on this run (``AlertRule`` objects, in registration
+        order); ``[]`` when alerts are disabled. Their state and counters are in
+        ``info()["alerts"]["rules"][name]``."""
+        engine = self.alerts
+        return [] if engine is None else engine.rules
+
+    def remove_rule(self, rule: Any) -> Any:
+        """Unregister an alert rule (its name, or the ``AlertRule``) from the live engine
+        (``et.remove_alert_rule``); returns the removed ``AlertRule``. Safe from any thread:
+        an evaluation in progress completes first and no later row is evaluated against
+        it; its pending/firing state is dropped and a ``removed`` transition is recorded in
+        ``alerts.jsonl`` (no channel is notified).
+
+        Raises:
+            KeyError: no rule of that name (the message lists the registered ones, with a
+                close match).
+        """
+        name = getattr(rule, "name", rule)
+        engine = self.alerts
+        removed = None if engine is None or not isinstance(name, str) else engine.remove_rule(name)
+        if removed is None:
+            known = [r.name for r in self.alert_rules()]
+            raise KeyError(_unknown_rule_message(name, known, alerts_on=engine is not None))
+        return removed
 
     def flush(self) -> None:
         """Write committed rows and completed span records to disk, and wait.

@@ -11,17 +11,20 @@ The Pydantic field types over these parsers (``Size``, ``Duration``, ``OptionalD
 live in ``expr_tracker.spec.units``.
 
 Levels: debug < info < warning < error < critical, aliases warn/err/fatal/crit, any case
-(``normalize_level``, ``level_rank``); the spec and the alerts share this one table.
+(``normalize_level``, ``level_rank``); the spec and the alerts share this one table, and
+``AlertLevel`` (public as ``et.AlertLevel``) is the enum over it.
 """
 
 from __future__ import annotations
 
+import enum
 import math
 import re
 from typing import Any
 
 __all__ = [
     "DURATION_UNITS",
+    "AlertLevel",
     "LEVELS",
     "LEVEL_ALIASES",
     "LEVEL_RANK",
@@ -178,3 +181,89 @@ def level_rank(name: str) -> int:
         return LEVEL_RANK[key]
     except (KeyError, TypeError):
         raise ValueError(level_error(name)) from None
+
+
+class AlertLevel(str, enum.Enum):
+    """An alert level, ordered by severity: DEBUG < INFO < WARNING < ERROR < CRITICAL.
+
+    Members are strings equal to their canonical name (``AlertLevel.ERROR == "error"``), so
+    one is accepted wherever a level string is (``et.alert(level=et.AlertLevel.ERROR)``, a
+    rule's ``level``, a channel's ``min_level``) and is written as that name in files.
+    ``WARN``, ``ERR``, ``FATAL`` and ``CRIT`` are aliases of ``WARNING``, ``ERROR``,
+    ``CRITICAL`` (the same members). ``AlertLevel("WARN")`` and ``AlertLevel.parse(...)``
+    accept a member, a level name or an alias in any case.
+
+    ``<``, ``<=``, ``>``, ``>=`` compare by severity, against a member or a level string
+    (``AlertLevel.CRITICAL > "warn"``, ``rule.level >= AlertLevel.ERROR``); a string that is
+    no level raises ``ValueError``. ``==`` is string equality with the canonical name
+    (``AlertLevel.WARNING == "warning"``; compare parsed values to match aliases).
+    """
+
+    DEBUG = "debug"
+    INFO = "info"
+    WARNING = "warning"
+    ERROR = "error"
+    CRITICAL = "critical"
+    # aliases (the same members), as LEVEL_ALIASES; wandb users write AlertLevel.WARN
+    WARN = "warning"
+    ERR = "error"
+    FATAL = "critical"
+    CRIT = "critical"
+
+    @classmethod
+    def _missing_(cls, value: object) -> AlertLevel:
+        key = normalize_level(value)
+        if isinstance(key, str) and key in LEVEL_RANK:
+            return cls(key)
+        raise ValueError(level_error(value))
+
+    @classmethod
+    def parse(cls, value: Any) -> AlertLevel:
+        """The member for ``value``: a member, a level name or alias in any case
+        (``"WARN"`` -> ``AlertLevel.WARNING``).
+
+        Raises:
+            ValueError: naming the value and the valid levels and aliases.
+        """
+        if isinstance(value, cls):
+            return value
+        key = normalize_level(value)
+        if not isinstance(key, str) or key not in LEVEL_RANK:
+            raise ValueError(level_error(value))
+        return cls(key)
+
+    @property
+    def rank(self) -> int:
+        """Severity: debug 0, info 1, warning 2, error 3, critical 4."""
+        return LEVEL_RANK[self.value]
+
+    def __str__(self) -> str:
+        return self.value
+
+    def __format__(self, spec: str) -> str:
+        return format(self.value, spec)
+
+    def _other_rank(self, other: Any) -> int | None:
+        if isinstance(other, AlertLevel):
+            return other.rank
+        if isinstance(other, str):
+            return level_rank(other)  # ValueError for a string that is no level
+        return None
+
+    def __lt__(self, other: Any) -> bool:
+        rank = self._other_rank(other)
+        return NotImplemented if rank is None else self.rank < rank
+
+    def __le__(self, other: Any) -> bool:
+        rank = self._other_rank(other)
+        return NotImplemented if rank is None else self.rank <= rank
+
+    def __gt__(self, other: Any) -> bool:
+        rank = self._other_rank(other)
+        return NotImplemented if rank is None else self.rank > rank
+
+    def __ge__(self, other: Any) -> bool:
+        rank = self._other_rank(other)
+        return NotImplemented if rank is None else self.rank >= rank
+
+    __hash__ = str.__hash__

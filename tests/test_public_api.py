@@ -8,6 +8,11 @@ import sys
 import expr_tracker as et
 
 PUBLIC = [
+    "AlertConfig",
+    "AlertLevel",
+    "AlertMessage",
+    "AlertRule",
+    "ChannelConfig",
     "ExprTrackerError",
     "ForkedRunError",
     "M",
@@ -16,6 +21,7 @@ PUBLIC = [
     "RunAlreadyActiveError",
     "RunLockedError",
     "Span",
+    "WebhookPolicy",
     "__version__",
     "add_alert_rule",
     "alert",
@@ -25,10 +31,12 @@ PUBLIC = [
     "history",
     "info",
     "init",
+    "list_alert_rules",
     "log",
     "read_history",
     "register_backend",
     "register_channel",
+    "remove_alert_rule",
     "resolve_run_path",
     "span",
     "start_span",

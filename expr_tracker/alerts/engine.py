@@ -182,15 +182,47 @@ class AlertEngine:
             self.start_watchdog(self._watchdog_interval)
         return rule
 
-    def remove_rule(self, name: str) -> bool:
-        """Unregister a rule by name; False when there is none."""
+    def remove_rule(self, name: str) -> AlertRule | None:
+        """Unregister a rule by name; returns the removed ``AlertRule``, None when there is
+        none.
+
+        Takes the engine lock, so an evaluation in progress (``on_step`` on the committing
+        thread, ``check_time`` on the watchdog) completes first and no later one sees the
+        rule. Its state (pending streak, firing episode) is dropped with it; events it
+        produced before are still delivered. A ``removed`` transition is recorded
+        (``alerts.jsonl``) but never notified: the condition did not recover, so no
+        ``resolved`` notice goes out."""
         with self._lock:
             compiled = self._by_name.pop(name, None)
             if compiled is None:
-                return False
+                return None
             self._rules.remove(compiled)
+            compiled.disabled = True
             self._reindex()
-            return True
+            ctx = self._ctx
+            rule = compiled.rule
+            st = compiled.state
+            if self._closed:
+                return rule
+            self._pending.append(
+                AlertEvent(
+                    rule=rule,
+                    kind="removed",
+                    state="removed",
+                    level="info",
+                    step=ctx.step,
+                    time=self.wall_clock(),
+                    title=f"alert rule removed: {rule.name}",
+                    message=f"{rule.name} was removed while {st.state}; it is no longer "
+                    f"evaluated. Condition: {rule.source}",
+                    notify=False,
+                    run_info=self.run_info,
+                    episode=st.episode,
+                    fires=st.fires,
+                )
+            )
+        self._drain()
+        return rule
 
     def _reindex(self) -> None:
         index: dict[str, list[CompiledRule]] = {}

@@ -15,8 +15,8 @@ __all__ = ["AlertEvent"]
 class AlertEvent:
     """One rule transition or notification.
 
-    ``kind``: pending | firing | repeat | resolved | cancelled | disabled. ``state``: the
-    rule state after it (ok | pending | firing | disabled). ``step`` and ``time`` (epoch
+    ``kind``: pending | firing | repeat | resolved | cancelled | disabled | removed. ``state``:
+    the rule state after it (ok | pending | firing | disabled | removed). ``step`` and ``time`` (epoch
     seconds) of the row evaluated (the wall clock on the watchdog). ``title``/``message``
     are rendered; ``metrics`` maps each metric the rule reads to its latest value;
     ``notify`` says whether channels should deliver it; ``run_info`` is the engine's.

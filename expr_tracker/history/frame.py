@@ -1,8 +1,9 @@
 """Shaping query results: column selection, then ``dict``/``dicts``/``pandas``/``polars``.
 
-``output_type="dict"`` and ``"dicts"`` are the same thing — a list of row dicts, oldest
-first — because a "dict of columns" would silently lose the row structure that patch lines
-and sparse metrics rely on; ask for ``"pandas"`` or ``"polars"`` when columns are wanted.
+``output_type="dict"``, ``"dicts"``, ``"records"`` and ``"list"`` are the same thing — a
+list of row dicts, oldest first — because a "dict of columns" would silently lose the row
+structure that patch lines and sparse metrics rely on; ask for ``"pandas"`` (``"pd"``) or
+``"polars"`` (``"pl"``) when columns are wanted. Names are case-insensitive (``"Pandas"``).
 pandas and polars are imported only when asked for; a missing one raises ``ImportError``
 naming the extra to install.
 """
@@ -15,7 +16,18 @@ from typing import Any
 
 from expr_tracker._warn import Warner
 
-OUTPUT_TYPES = ("dict", "dicts", "pandas", "pd", "polars")
+#: accepted ``output_type`` names (any case) -> the shape: "dicts", "pandas" or "polars"
+OUTPUT_TYPE_NAMES: dict[str, str] = {
+    "dict": "dicts",
+    "dicts": "dicts",
+    "records": "dicts",
+    "list": "dicts",
+    "pandas": "pandas",
+    "pd": "pandas",
+    "polars": "polars",
+    "pl": "polars",
+}
+OUTPUT_TYPES = tuple(OUTPUT_TYPE_NAMES)
 
 #: once-only memory for "this polars column became strings" (per metric name)
 _FRAME_WARNER = Warner()
@@ -23,12 +35,16 @@ META = ("_step", "_time")
 
 
 def check_output_type(output_type: str) -> str:
-    """Return ``output_type`` if valid, else raise ``ValueError`` naming the valid ones."""
-    if output_type not in OUTPUT_TYPES:
+    """The shape ``output_type`` names (``"dicts"``, ``"pandas"`` or ``"polars"``; any case,
+    see :data:`OUTPUT_TYPE_NAMES`), else ``ValueError`` naming the valid ones."""
+    shape = OUTPUT_TYPE_NAMES.get(output_type) if type(output_type) is str else None
+    if shape is None and isinstance(output_type, str):
+        shape = OUTPUT_TYPE_NAMES.get(output_type.strip().lower())
+    if shape is None:
         raise ValueError(
-            f"output_type={output_type!r} is not valid: one of {', '.join(OUTPUT_TYPES)}"
+            f"output_type={output_type!r} is not valid: one of {', '.join(OUTPUT_TYPES)} (any case)"
         )
-    return output_type
+    return shape
 
 
 def parse_columns(metrics: Any) -> list[str] | None:
@@ -154,9 +170,10 @@ def to_output(
 ) -> Any:
     """Rows (already shaped) as ``output_type``.
 
-    ``dict``/``dicts``: the list itself. ``pandas``/``pd``: a ``pandas.DataFrame`` with
+    ``dict``/``dicts``/``records``/``list``: the list itself. ``pandas``/``pd``: a
+    ``pandas.DataFrame`` with
     ``_step``/``_time`` first, then the metrics in order of first appearance (or
-    ``columns``); absent values are NaN/None. ``polars``: a ``polars.DataFrame`` with the
+    ``columns``); absent values are NaN/None. ``polars``/``pl``: a ``polars.DataFrame`` with the
     same columns (mixed int/float columns become float; other mixtures fall back to
     strings rather than failing, and a metric turned into strings that way is logged as a
     warning once per metric name, suggesting pandas).
@@ -165,11 +182,11 @@ def to_output(
         ValueError: unknown ``output_type``.
         ImportError: pandas/polars is not installed (the message names the extra).
     """
-    check_output_type(output_type)
-    if output_type in ("dict", "dicts"):
+    output_type = check_output_type(output_type)
+    if output_type == "dicts":
         return rows
     cols = _frame_columns(rows, columns, include_meta)
-    if output_type in ("pandas", "pd"):
+    if output_type == "pandas":
         try:
             import pandas as pd
         except ImportError:

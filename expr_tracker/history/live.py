@@ -60,8 +60,9 @@ def history(
         n: the newest ``n`` steps (an int >= 0); ``-1``/None for everything. The default
             (50) does not apply to ``step_range``: without an explicit ``n`` every step of
             the range is returned; an explicit ``n`` picks the newest ``n`` of the range.
-        output_type: ``"dict"``/``"dicts"`` (a list of row dicts), ``"pandas"``/``"pd"``,
-            ``"polars"``.
+        output_type: ``"dict"``/``"dicts"``/``"records"``/``"list"`` (a list of row
+            dicts, one per step), ``"pandas"``/``"pd"`` (a ``pandas.DataFrame``),
+            ``"polars"``/``"pl"`` (a ``polars.DataFrame``); any case (``"Pandas"``).
         metrics: column names (a list or a comma-separated string) to keep. A name found
             in none of the rows read is logged as a warning once, with close matches.
         step_range: ``(start, end)`` or ``"start:end"`` of integer steps, end exclusive,

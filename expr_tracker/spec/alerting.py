@@ -1,5 +1,11 @@
 """The run spec's ``alerts`` section: ``AlertsSpec``, ``PolicySpec``, ``ChannelSpec`` (with
-per-channel ``PolicyOverrides``), ``RuleSpec`` and ``effective_policy``."""
+per-channel ``PolicyOverrides``), ``RuleSpec`` and ``effective_policy``.
+
+Public at the top level as ``et.AlertConfig`` (``AlertsSpec``), ``et.ChannelConfig``
+(``ChannelSpec``) and ``et.WebhookPolicy`` (``PolicySpec``): built in Python and handed to
+``et.configure_alert(cfg)`` / ``et.configure_alert(**cfg)`` / ``et.init(alert=cfg)``, where
+:func:`alerts_data` turns them back into the values that were set on them.
+"""
 
 from __future__ import annotations
 
@@ -58,7 +64,11 @@ class PolicySpec(BaseModel):
 
     model_config = _FORBID
 
-    async_send: bool = Field(True, description="direct et.alert() calls return before sending")
+    async_send: bool = Field(
+        True,
+        description="false: et.alert() and rule alerts wait until this channel sent the "
+        "message (rule alerts on the committing thread, before et.log returns)",
+    )
     timeout: Duration = Field(
         10.0,
         description="seconds for the connection (incl. TLS) and again for the exchange "
@@ -124,6 +134,13 @@ def _check_override_nulls(value: BaseModel) -> BaseModel:
 _PolicyOverridesField = Annotated[PolicyOverrides, AfterValidator(_check_override_nulls)]
 
 
+def _policy_as_overrides(value: Any) -> Any:
+    """A ``PolicySpec`` given as a channel's ``policy``: the fields set on it override."""
+    if isinstance(value, PolicySpec):
+        return value.model_dump(exclude_unset=True)
+    return value
+
+
 class ChannelSpec(_RedactedRepr, BaseModel):
     """One alert destination. ``name`` defaults to ``type`` (give names to have several
     channels of one type). ``type``, the names and types of ``options`` and ``url`` are
@@ -147,7 +164,9 @@ class ChannelSpec(_RedactedRepr, BaseModel):
     levels: Optional[list[Level]] = Field(None, description="exact allowlist of levels")
     tags: Optional[list[str]] = Field(None, description="route only alerts carrying one of these")
     options: dict[str, Any] = Field(default_factory=dict)
-    policy: _PolicyOverridesField = Field(default_factory=PolicyOverrides)
+    policy: Annotated[_PolicyOverridesField, BeforeValidator(_policy_as_overrides)] = Field(
+        default_factory=PolicyOverrides
+    )
 
     @model_validator(mode="before")
     @classmethod
@@ -273,6 +292,16 @@ class AlertsSpec(BaseModel):
     )
     notify_on: list[Literal["finish", "failure"]] = Field(default_factory=list)
 
+    def keys(self) -> list[str]:
+        """The fields set on this object (so ``et.configure_alert(**cfg)`` and ``dict(cfg)``
+        pass on what was given, not the defaults)."""
+        return [name for name in type(self).model_fields if name in self.model_fields_set]
+
+    def __getitem__(self, key: str) -> Any:
+        if key not in type(self).model_fields:
+            raise KeyError(key)
+        return getattr(self, key)
+
     @field_validator("channels")
     @classmethod
     def _unique_channel_names(cls, value: list[ChannelSpec]) -> list[ChannelSpec]:
@@ -281,3 +310,18 @@ class AlertsSpec(BaseModel):
         if dupes:
             raise ValueError(f"channel names must be unique; repeated: {', '.join(dupes)}")
         return value
+
+
+def alerts_data(value: Any) -> Any:
+    """Alert configuration as plain data: every pydantic model in ``value`` (``AlertsSpec``,
+    ``ChannelSpec``, ``PolicySpec``, ``RuleSpec`` ..., at any depth of dicts and lists)
+    becomes the dict of the fields set on it (``model_dump(exclude_unset=True)``: defaults
+    it did not set leave lower-precedence sources alone; secrets stay ``SecretStr``).
+    Anything else is returned as it is."""
+    if isinstance(value, BaseModel):
+        return value.model_dump(exclude_unset=True)
+    if isinstance(value, Mapping):
+        return {k: alerts_data(v) for k, v in value.items()}
+    if isinstance(value, (list, tuple)):
+        return [alerts_data(v) for v in value]
+    return value

@@ -20,6 +20,7 @@ from pydantic import BaseModel
 
 from expr_tracker.spec.errors import SpecError, SpecIssue, suggest
 from expr_tracker.spec.fields import _SKIP, _is_omegaconf, _keep_literal, omegaconf_to_plain
+from expr_tracker.spec.alerting import alerts_data
 from expr_tracker.spec.merge import Layer, Location, _copy, _nest, merge
 from expr_tracker.spec.models import RunSpec
 from expr_tracker.spec.yaml import (
@@ -333,9 +334,14 @@ def env_layers(environ: Mapping[str, str]) -> list[Layer]:
 def configure_alert_layer(values: Mapping[str, Any]) -> Layer:
     """``et.configure_alert(...)`` values: the ``alerts`` section (or ``{"alerts": {...}}``).
 
+    ``values`` may be (or hold) models: an ``AlertsSpec`` (``et.AlertConfig``), channels as
+    ``ChannelSpec``, a ``PolicySpec``; each stands for the fields set on it
+    (:func:`~expr_tracker.spec.alerting.alerts_data`).
+
     Raises:
         SpecError: ``values`` is not a mapping.
     """
+    values = alerts_data(values)
     if not isinstance(values, Mapping):
         raise SpecError(
             [
@@ -468,6 +474,8 @@ def kwargs_to_dict(kwargs: Mapping[str, Any]) -> dict[str, Any]:
             value = [value]
         if isinstance(value, tuple):
             value = list(value)
+        if target == "alerts" or target.startswith("alerts."):
+            value = alerts_data(value)  # et.AlertConfig / ChannelConfig / ... as data
         pieces.append((target.count("."), _nest(target, value)))
     if issues:
         raise SpecError(issues, title="invalid et.init() arguments")

@@ -48,7 +48,8 @@ removed first, one line, at most 200 characters.
 
 Queues hold ``queue_size`` messages; when full, ``on_queue_full`` drops the oldest, drops the
 new one, or (``block``, direct ``et.alert()`` calls only, at most ``timeout`` seconds) waits.
-Rule alerts from the training thread never block. Whatever the mode, the least severe
+Rule alerts from the training thread never block on a full queue (with ``async_send: false``
+they wait for their own send, see ``notify``). Whatever the mode, the least severe
 message goes first: the oldest (``drop_oldest``) or newest (``drop_new``) queued message of the
 lowest level present is dropped when the new message is more severe than it; the new message
 is dropped when nothing queued is less severe than it (``drop_new``) or everything queued is
@@ -298,11 +299,13 @@ class Dispatcher:
         delivery problem.
 
         Args:
-            direct: a direct ``et.alert()`` call (``on_queue_full: block`` and
-                ``async_send: false`` apply); False for rule alerts from the training thread.
+            direct: a direct ``et.alert()`` call (``on_queue_full: block`` applies); False
+                for rule alerts from the committing thread (they never block on a full
+                queue).
             wait: True waits for the outcome on every routed channel (bounded by each
-                policy's longest send); None waits only where ``direct`` and
-                ``async_send: false``; False never waits.
+                policy's longest send); None waits on the channels with ``async_send:
+                false``; False never waits. A wait that is not ``direct`` ends early when
+                the rate limit holds the message back.
         """
         self._inject(message)
         lanes = self.route(message)
@@ -316,8 +319,8 @@ class Dispatcher:
         waiting: list[tuple[Lane, Ticket]] = []
         on_console = any(lane.kind == "console" for lane in lanes)
         for lane in lanes:
-            must_wait = wait if wait is not None else (direct and not lane.policy.async_send)
-            ticket = Ticket() if must_wait else None
+            must_wait = wait if wait is not None else not lane.policy.async_send
+            ticket = Ticket(settle_on_hold=not direct) if must_wait else None
             item = Item(message, ticket)
             item.on_console = on_console
             if lane.put(item, direct=direct):
@@ -356,14 +359,17 @@ class Dispatcher:
 
     def notify(self, event: Any) -> bool:
         """Adapter for ``AlertEngine(notify=...)``: turn a rule event into an ``AlertMessage``
-        routed by the rule's ``channels`` and ``tags`` and queue it (never blocks, never
-        raises). Returns whether some channel accepted it."""
+        routed by the rule's ``channels`` and ``tags`` and queue it. Never raises and never
+        blocks on a full queue; on a channel with ``async_send: false`` it waits (on the
+        committing thread, or the watchdog's) until that channel sent it, failed, dropped
+        it or the rate limit held it back, at most the policy's longest send
+        (``Policy.max_send_seconds() + 1``). Returns whether some channel accepted it."""
         try:
             message = event_to_message(event)
         except Exception:  # noqa: BLE001
             log.warning("expr_tracker: cannot turn alert event %r into a message", event)
             return False
-        return bool(self.submit(message, direct=False, wait=False).accepted)
+        return bool(self.submit(message, direct=False).accepted)
 
     # ---------------------------------------------------------------- no threads
 

@@ -320,6 +320,9 @@ class Lane:
                 for t in item.tickets:
                     t.resolve(False, drop.detail)
         except Hold as hold:
+            for t in item.tickets:
+                if t.settle_on_hold:
+                    t.resolve(False, "held back by the rate limit (sent when a token returns)")
             return hold.wait
         return 0.0
 

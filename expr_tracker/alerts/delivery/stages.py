@@ -37,14 +37,19 @@ _SUMMARY_CHARS = 2500
 
 
 class Ticket:
-    """A caller waiting for a message's outcome on one channel."""
+    """A caller waiting for a message's outcome on one channel.
 
-    __slots__ = ("event", "delivered", "detail")
+    ``settle_on_hold``: the wait ends when the rate limit holds the message back (it goes
+    out later, alone or in a summary) instead of lasting until it is sent: a rule alert's
+    wait on the committing thread (``async_send: false``) is for a send, never a token."""
 
-    def __init__(self) -> None:
+    __slots__ = ("event", "delivered", "detail", "settle_on_hold")
+
+    def __init__(self, *, settle_on_hold: bool = False) -> None:
         self.event = threading.Event()
         self.delivered: bool | None = None
         self.detail = ""
+        self.settle_on_hold = settle_on_hold
 
     def resolve(self, delivered: bool, detail: str) -> None:
         if not self.event.is_set():

@@ -329,8 +329,12 @@ def test_async_send_false_makes_direct_calls_synchronous():
     ch2 = Scripted([DeliveryError("HTTP 400", status=400)], name="s2")
     d2, _, _ = make(ch2, async_send=False)
     assert d2.submit(m("x"), direct=True).ok is False
+    # rule alerts (direct=False) wait on async_send: false channels too (issue 12) ...
     d3, _, _ = make(Scripted(name="s3"), async_send=False)
-    assert d3.submit(m("rule"), direct=False).delivered == {}  # rule alerts stay queued
+    assert d3.submit(m("rule"), direct=False).delivered == {"s3": True}
+    # ... unless told not to wait
+    d4, _, _ = make(Scripted(name="s4"), async_send=False)
+    assert d4.submit(m("rule"), direct=False, wait=False).delivered == {}
 
 
 def test_fail_silently_logs_once_per_cause_else_every_time(caplog):

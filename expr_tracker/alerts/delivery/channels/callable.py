@@ -1,8 +1,9 @@
 """A Python callable as a channel: ``fn(message: AlertMessage)``.
 
-Options: ``fn`` (a callable, from Python) or ``target`` (``"package.module:function"``,
-imported at configuration time). Whatever ``fn`` raises is a failed send (retried like a
-network error); its return value is ignored.
+Options: ``fn`` (a callable, from Python; ``handler`` is its earlier name, accepted too,
+but not both) or ``target`` (``"package.module:function"``, imported at configuration
+time). Whatever ``fn`` raises is a failed send (retried like a network error); its return
+value is ignored.
 """
 
 from __future__ import annotations
@@ -25,15 +26,29 @@ class CallableChannel(Channel):
     """Calls a function with each message."""
 
     kind = "callable"
-    option_names = frozenset({"fn", "target"})
+    option_names = frozenset({"fn", "handler", "target"})
     option_checks = {
         "fn": lambda v: None if callable(v) else "must be a callable (from Python)",
+        "handler": lambda v: None if callable(v) else "must be a callable (from Python)",
         "target": lambda v: _target_problem(v),
     }
 
+    @classmethod
+    def option_problems(cls, options: Any) -> list[tuple[str, str]]:
+        out = super().option_problems(options)
+        if options.get("fn") is not None and options.get("handler") is not None:
+            out.insert(
+                0,
+                (
+                    "options.handler",
+                    "give the callable as `fn` or as its earlier name `handler`, not both",
+                ),
+            )
+        return out
+
     def __init__(self, *args: Any, fn=None, **kwargs: Any) -> None:  # noqa: ANN001
         super().__init__(*args, **kwargs)
-        fn = fn or self.options.get("fn")
+        fn = fn or self.options.get("fn") or self.options.get("handler")
         target = self.options.get("target")
         if fn is None and target:
             fn = _import(str(target), self.name)
@@ -41,8 +56,8 @@ class CallableChannel(Channel):
             raise config_error(
                 self.name,
                 "options",
-                "a callable channel needs `fn` (a callable) or `target` "
-                "('package.module:function')",
+                "a callable channel needs `fn` (a callable; earlier name `handler`) or "
+                "`target` ('package.module:function')",
             )
         self.fn = fn
 
