@@ -18,9 +18,9 @@ from typing import Any
 import yaml
 from pydantic import BaseModel
 
+from expr_tracker.spec.alerting import alerts_data
 from expr_tracker.spec.errors import SpecError, SpecIssue, suggest
 from expr_tracker.spec.fields import _SKIP, _is_omegaconf, _keep_literal, omegaconf_to_plain
-from expr_tracker.spec.alerting import alerts_data
 from expr_tracker.spec.merge import Layer, Location, _copy, _nest, merge
 from expr_tracker.spec.models import RunSpec
 from expr_tracker.spec.yaml import (
