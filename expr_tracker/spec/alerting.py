@@ -247,6 +247,26 @@ RuleEntry = Annotated[
 ]
 
 
+def rule_entry_data(rule: Any) -> Any:
+    """A rule object as a ``rules`` entry (the spec stays plain data; duck-typed, as the
+    spec imports nothing from ``alerts``): an ``M`` expression becomes its DSL text, an
+    ``AlertRule`` (``et.AlertRule``) its field mapping. Anything else is returned as it is."""
+    if hasattr(rule, "to_source") and hasattr(rule, "node"):  # an M expression
+        return rule.to_source()
+    if hasattr(rule, "to_dict") and hasattr(rule, "for_steps"):  # an AlertRule
+        data = rule.to_dict()
+        if not data.get("condition") and hasattr(rule.condition, "to_source"):
+            data["condition"] = rule.condition.to_source()
+        return data
+    return rule
+
+
+def _rule_entries(value: Any) -> Any:
+    if isinstance(value, (list, tuple)):
+        return [rule_entry_data(v) for v in value]
+    return value
+
+
 def _on_rank(value: Any) -> Any:
     ok = (
         value == "all"
@@ -281,7 +301,9 @@ class AlertsSpec(BaseModel):
     channels: Annotated[list[ChannelSpec], BeforeValidator(named_entries)] = Field(
         default_factory=list, description="a list, or a mapping name -> channel"
     )
-    rules: Annotated[list[RuleEntry], BeforeValidator(named_entries)] = Field(
+    rules: Annotated[
+        list[RuleEntry], BeforeValidator(_rule_entries), BeforeValidator(named_entries)
+    ] = Field(
         default_factory=list, description="a list, or a mapping name -> rule"
     )
     guard_metric: _NonEmpty = Field(
