@@ -303,9 +303,7 @@ class AlertsSpec(BaseModel):
     )
     rules: Annotated[
         list[RuleEntry], BeforeValidator(_rule_entries), BeforeValidator(named_entries)
-    ] = Field(
-        default_factory=list, description="a list, or a mapping name -> rule"
-    )
+    ] = Field(default_factory=list, description="a list, or a mapping name -> rule")
     guard_metric: _NonEmpty = Field(
         "loss",
         description="the metric the shipped Hydra rule sets (tracker/alerts=nan_guard, "
