@@ -360,7 +360,7 @@ def alert(
     channels configured by ``configure_alert``/``ET_ALERT_CONFIG``/the environment).
 
     Never raises. ``level``: debug|info|warning|error|critical (aliases warn, err, fatal,
-    crit); ``channels``: names or types to use (None routes by level and tags); ``tags``:
+    crit; any case) or an ``et.AlertLevel``; ``channels``: names or types to use (None routes by level and tags); ``tags``:
     routing tags; ``fields``: name -> value; ``extra``: ``subtitle``, ``traceback``,
     ``mentions``, ``link``, ``dedup_key``, ``step``, ``source`` (``backends=`` is the old
     name of ``channels``). Returns True when some channel took the message (with
