@@ -78,6 +78,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from expr_tracker._warn import Warner
+from expr_tracker.alerts.delivery.channels.bounded_http import ATTEMPT_TIMEOUTS
 from expr_tracker.alerts.delivery.lane import EXIT, Lane
 from expr_tracker.alerts.delivery.message import AlertMessage, event_to_message
 from expr_tracker.alerts.delivery.policy import URGENT_LEVEL, Policy, TokenBucket
@@ -304,8 +305,10 @@ class Dispatcher:
                 queue).
             wait: True waits for the outcome on every routed channel (bounded by each
                 policy's longest send); None waits on the channels with ``async_send:
-                false``; False never waits. A wait that is not ``direct`` ends early when
-                the rate limit holds the message back.
+                false``; False never waits. A wait that is not ``direct`` is for one
+                attempt: it ends when the first attempt's outcome is known (a retry goes
+                on in the background) or the rate limit holds the message back, and lasts
+                at most ``ATTEMPT_TIMEOUTS * timeout + 1`` seconds per channel.
         """
         self._inject(message)
         lanes = self.route(message)
@@ -320,7 +323,7 @@ class Dispatcher:
         on_console = any(lane.kind == "console" for lane in lanes)
         for lane in lanes:
             must_wait = wait if wait is not None else not lane.policy.async_send
-            ticket = Ticket(settle_on_hold=not direct) if must_wait else None
+            ticket = Ticket(first_attempt=not direct) if must_wait else None
             item = Item(message, ticket)
             item.on_console = on_console
             if lane.put(item, direct=direct):
@@ -336,7 +339,10 @@ class Dispatcher:
             if not self.threaded:
                 self.pump()
             for lane, ticket in waiting:
-                bound = lane.policy.max_send_seconds() + 1.0
+                if ticket.first_attempt:  # one attempt (a rule alert on the training thread)
+                    bound = ATTEMPT_TIMEOUTS * lane.policy.timeout + 1.0
+                else:
+                    bound = lane.policy.max_send_seconds() + 1.0
                 ticket.event.wait(bound)
                 delivered[lane.name] = bool(ticket.delivered)
                 detail[lane.name] = ticket.detail or "no answer before the wait ended"
@@ -361,9 +367,10 @@ class Dispatcher:
         """Adapter for ``AlertEngine(notify=...)``: turn a rule event into an ``AlertMessage``
         routed by the rule's ``channels`` and ``tags`` and queue it. Never raises and never
         blocks on a full queue; on a channel with ``async_send: false`` it waits (on the
-        committing thread, or the watchdog's) until that channel sent it, failed, dropped
-        it or the rate limit held it back, at most the policy's longest send
-        (``Policy.max_send_seconds() + 1``). Returns whether some channel accepted it."""
+        committing thread, or the watchdog's) for that channel's first attempt: until it
+        sent it, the attempt failed (retries go on in the background), it dropped it or
+        the rate limit held it back, at most ``ATTEMPT_TIMEOUTS * timeout + 1`` seconds.
+        Returns whether some channel accepted it."""
         try:
             message = event_to_message(event)
         except Exception:  # noqa: BLE001

@@ -321,7 +321,7 @@ class Lane:
                     t.resolve(False, drop.detail)
         except Hold as hold:
             for t in item.tickets:
-                if t.settle_on_hold:
+                if t.first_attempt:
                     t.resolve(False, "held back by the rate limit (sent when a token returns)")
             return hold.wait
         return 0.0
@@ -409,6 +409,9 @@ class Lane:
                         )
                     delay = self.retry.delay(exc, attempt, self.random())
                     self.counts["retries"] += 1
+                    for t in item.tickets:
+                        if t.first_attempt:
+                            t.resolve(False, f"{detail}; retrying in the background")
                     if not self._sleep_until(self.clock() + delay):
                         self._failed(
                             item,

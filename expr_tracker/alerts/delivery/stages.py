@@ -39,17 +39,19 @@ _SUMMARY_CHARS = 2500
 class Ticket:
     """A caller waiting for a message's outcome on one channel.
 
-    ``settle_on_hold``: the wait ends when the rate limit holds the message back (it goes
-    out later, alone or in a summary) instead of lasting until it is sent: a rule alert's
-    wait on the committing thread (``async_send: false``) is for a send, never a token."""
+    ``first_attempt``: the wait ends at the first attempt's outcome, or when the rate limit
+    holds the message back, instead of lasting until the message is sent or given up: a
+    rule alert's wait on the committing thread (``async_send: false``) is for one send,
+    never for a token or a retry (retries and held messages go out later, in the
+    background)."""
 
-    __slots__ = ("event", "delivered", "detail", "settle_on_hold")
+    __slots__ = ("event", "delivered", "detail", "first_attempt")
 
-    def __init__(self, *, settle_on_hold: bool = False) -> None:
+    def __init__(self, *, first_attempt: bool = False) -> None:
         self.event = threading.Event()
         self.delivered: bool | None = None
         self.detail = ""
-        self.settle_on_hold = settle_on_hold
+        self.first_attempt = first_attempt
 
     def resolve(self, delivered: bool, detail: str) -> None:
         if not self.event.is_set():

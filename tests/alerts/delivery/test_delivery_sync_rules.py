@@ -4,6 +4,7 @@ channel, a callable channel; no sleeps, no polling."""
 
 from __future__ import annotations
 
+import json
 import threading
 
 import pytest
@@ -172,3 +173,41 @@ def test_callable_channel_class_directly():
         CallableChannel("cb", options={})
     with pytest.raises(ChannelConfigError, match="must be a callable"):
         CallableChannel("cb", options={"handler": "not callable"})
+
+
+def test_the_committing_thread_waits_for_one_attempt_never_for_the_retries(tmp_path):
+    """The first attempt fails; the retry is blocked inside the channel, yet et.log has
+    returned (the wait is for one attempt); the retry delivers it in the background."""
+    gate = threading.Event()
+    attempts: list[str] = []
+    retried: list[str] = []
+
+    def flaky(message):
+        attempts.append(message.title)
+        if len(attempts) == 1:
+            raise ConnectionError("endpoint restarting")
+        gate.wait(10)
+        retried.append(message.title)
+
+    policy = {"async_send": False, "backoff_initial": 0, "jitter": 0.0, "max_retries": 2}
+    run = et.init(
+        project="p",
+        dir=str(tmp_path),
+        alert={
+            "channels": [
+                {"type": "callable", "name": "cb", "options": {"fn": flaky}, "policy": policy}
+            ]
+        },
+        alert_rules=[{"name": "high", "condition": "loss > 5"}],
+    )
+    et.log({"loss": 9.0})  # returns after the failed first attempt
+    assert attempts[:1] == ["high"]
+    assert retried == []  # the retry had not completed: nobody waited for it
+    gate.set()
+    et.finish()
+    assert attempts == ["high", "high"] and retried == ["high"]
+    (outcome,) = [
+        r for r in map(json.loads, (run.dir / "alerts.jsonl").read_text().splitlines())
+        if r["kind"] == "delivery"
+    ]  # fmt: skip
+    assert outcome["delivered"] is True and outcome["attempts"] == 2
