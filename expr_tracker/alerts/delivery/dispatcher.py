@@ -305,8 +305,8 @@ class Dispatcher:
                 queue).
             wait: True waits for the outcome on every routed channel (bounded by each
                 policy's longest send); None waits on the channels with ``async_send:
-                false``; False never waits. A wait that is not ``direct`` is for one
-                attempt: it ends when the first attempt's outcome is known (a retry goes
+                false``; False never waits. That implicit wait, when not ``direct``, is
+                for one attempt: it ends when the first attempt's outcome is known (a retry goes
                 on in the background) or the rate limit holds the message back, and lasts
                 at most ``ATTEMPT_TIMEOUTS * timeout + 1`` seconds per channel.
         """
@@ -323,7 +323,8 @@ class Dispatcher:
         on_console = any(lane.kind == "console" for lane in lanes)
         for lane in lanes:
             must_wait = wait if wait is not None else not lane.policy.async_send
-            ticket = Ticket(first_attempt=not direct) if must_wait else None
+            # a rule alert waiting on an async_send: false channel waits for one attempt
+            ticket = Ticket(first_attempt=wait is None and not direct) if must_wait else None
             item = Item(message, ticket)
             item.on_console = on_console
             if lane.put(item, direct=direct):
