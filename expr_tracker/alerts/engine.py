@@ -136,6 +136,8 @@ class AlertEngine:
         self._pending: deque[AlertEvent] = deque()  # produced under _lock, delivered in order
         self._recorded: AlertEvent | None = None  # the last event recorded
         self._drain_lock = threading.Lock()  # one thread delivers _pending at a time
+        # replaced, never mutated (copy on write, under _lock): readers without the lock
+        # (rules, stats, firing, another thread's list_alert_rules) see a consistent list
         self._rules: list[CompiledRule] = []
         self._by_name: dict[str, CompiledRule] = {}
         self._index: dict[str, tuple[CompiledRule, ...]] = {}
@@ -175,7 +177,7 @@ class AlertEngine:
                 if existing.rule == rule:
                     return existing.rule
                 raise RuleError(f"duplicate alert rule name {rule.name!r}")
-            self._rules.append(compiled)
+            self._rules = [*self._rules, compiled]
             self._by_name[rule.name] = compiled  # type: ignore[index]
             self._reindex()
         if compiled.timed and self._watchdog_interval is not None:
@@ -196,7 +198,7 @@ class AlertEngine:
             compiled = self._by_name.pop(name, None)
             if compiled is None:
                 return None
-            self._rules.remove(compiled)
+            self._rules = [c for c in self._rules if c is not compiled]
             compiled.disabled = True
             self._reindex()
             ctx = self._ctx

@@ -233,3 +233,26 @@ def test_engine_remove_after_close_records_nothing():
     engine.close()
     assert engine.remove_rule(engine.rules[0].name) is not None
     assert cap.events == []
+
+
+@pytest.mark.skipif(not hasattr(__import__("os"), "fork"), reason="needs os.fork")
+def test_a_forked_child_that_inherited_the_run_gets_the_fork_error(tmp_path):
+    import os
+
+    et.init(project="p", dir=str(tmp_path), alert_rules=[{"name": "a", "condition": "x > 1"}])
+    pid = os.fork()
+    if pid == 0:  # the child: both calls raise ForkedRunError, the parent's rules stay
+        code = 0
+        for call in (et.list_alert_rules, lambda: et.remove_alert_rule("a")):
+            try:
+                call()
+                code = 1
+            except et.ForkedRunError:
+                pass
+            except BaseException:  # noqa: BLE001
+                code = 2
+        os._exit(code)
+    _, status = os.waitpid(pid, 0)
+    assert os.waitstatus_to_exitcode(status) == 0
+    assert [r.name for r in et.list_alert_rules()] == ["a"]
+    et.finish()
