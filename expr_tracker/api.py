@@ -360,10 +360,10 @@ def alert(
     channels configured by ``configure_alert``/``ET_ALERT_CONFIG``/the environment).
 
     Never raises. ``level``: debug|info|warning|error|critical (aliases warn, err, fatal,
-    crit; any case) or an ``et.AlertLevel``; ``channels``: names or types to use (None routes by level and tags); ``tags``:
-    routing tags; ``fields``: name -> value; ``extra``: ``subtitle``, ``traceback``,
-    ``mentions``, ``link``, ``dedup_key``, ``step``, ``source`` (``backends=`` is the old
-    name of ``channels``). Returns True when some channel took the message (with
+    crit; any case) or an ``et.AlertLevel``; ``channels``: names or types to use (None
+    routes by level and tags); ``tags``: routing tags; ``fields``: name -> value;
+    ``extra``: ``subtitle``, ``traceback``, ``mentions``, ``link``, ``dedup_key``, ``step``,
+    ``source`` (``backends=`` is the old name of ``channels``). Returns True when some channel took the message (with
     ``async_send: false``: delivered it). See ``expr_tracker.alerts.delivery.alert``.
     """
     from expr_tracker.alerts.delivery import alert as _alert
