@@ -17,10 +17,13 @@ from expr_tracker.api import (
     info,
     init,
     log,
+    log_artifact,
     register_backend,
     register_channel,
     summary,
+    use_artifact,
 )
+from expr_tracker.artifacts import Artifact
 from expr_tracker.errors import (
     ExprTrackerError,
     ForkedRunError,
@@ -33,6 +36,7 @@ from expr_tracker.runs import Run
 from expr_tracker.spans import Span, span, start_span
 
 __all__ = [
+    "Artifact",
     "ExprTrackerError",
     "ForkedRunError",
     "M",
@@ -51,6 +55,7 @@ __all__ = [
     "info",
     "init",
     "log",
+    "log_artifact",
     "read_history",
     "register_backend",
     "register_channel",
@@ -58,4 +63,5 @@ __all__ = [
     "span",
     "start_span",
     "summary",
+    "use_artifact",
 ]

@@ -8,6 +8,7 @@ import sys
 import expr_tracker as et
 
 PUBLIC = [
+    "Artifact",
     "ExprTrackerError",
     "ForkedRunError",
     "M",
@@ -26,6 +27,7 @@ PUBLIC = [
     "info",
     "init",
     "log",
+    "log_artifact",
     "read_history",
     "register_backend",
     "register_channel",
@@ -33,6 +35,7 @@ PUBLIC = [
     "span",
     "start_span",
     "summary",
+    "use_artifact",
 ]
 
 
