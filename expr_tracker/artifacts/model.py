@@ -95,14 +95,15 @@ class Artifact:
                     continue
                 rel = fname if rel_dir == "." else f"{rel_dir}/{fname}"
                 found.append((validate_entry_name(prefix + rel, "file name"), src.absolute()))
-        staged = Artifact.__new__(Artifact)  # check every name first: all or nothing
-        staged._files, staged._refs, staged._dirs = dict(self._files), {}, set(self._dirs)
-        for entry, _ in found:
-            staged._claim(entry)
-        for entry, src in found:
-            self._files[entry] = src
-        self._dirs = staged._dirs
-        return [entry for entry, _ in found]
+        saved = dict(self._files), set(self._dirs)
+        try:  # all or nothing
+            for entry, src in found:
+                self._claim(entry)
+                self._files[entry] = src
+        except BaseException:
+            self._files, self._dirs = saved
+            raise
+        return sorted(entry for entry, _ in found)
 
     def add_reference(self, uri: str, name: str | None = None) -> str:
         """Record ``uri`` (``s3://bucket/key``, ``https://...``, a path) by name, never
