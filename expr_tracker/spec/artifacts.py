@@ -10,7 +10,7 @@ from expr_tracker.spec.fields import _FORBID
 
 
 class ArtifactsSpec(BaseModel):
-    """Artifacts: versioned files in ``<dir>/<project>/artifacts/`` (docs/artifacts.md)."""
+    """Artifacts: versioned files per project, in ``<dir>/<project>/artifacts/``."""
 
     model_config = _FORBID
 
