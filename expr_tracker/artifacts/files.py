@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import contextlib
 import errno
-import fcntl
 import hashlib
 import json
 import os
@@ -13,6 +12,11 @@ import stat
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
+
+try:  # POSIX; elsewhere nothing is locked (and no staging directory is ever taken as stale)
+    import fcntl
+except ImportError:  # pragma: no cover - Windows
+    fcntl = None  # type: ignore[assignment]
 
 CHUNK = 1 << 20
 #: os.link errors that mean "this file system cannot link these two paths": copy instead
@@ -141,15 +145,23 @@ def locked(path: str | os.PathLike[str]) -> Iterator[int]:
     kernel drops it when the process dies, so a killed holder never blocks the next one."""
     fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o644)
     try:
-        fcntl.flock(fd, fcntl.LOCK_EX)
+        hold(fd)
         yield fd
     finally:
         os.close(fd)  # releases the lock
 
 
+def hold(fd: int) -> None:
+    """Take an exclusive ``flock`` on ``fd``, waiting for it (released when ``fd`` closes)."""
+    if fcntl is not None:
+        fcntl.flock(fd, fcntl.LOCK_EX)
+
+
 def try_lock(path: str | os.PathLike[str]) -> int | None:
     """An exclusive ``flock`` on an existing ``path`` without waiting: the descriptor (close
     it to release), or None when another process holds it or the file is gone."""
+    if fcntl is None:  # pragma: no cover - cannot tell: treat the writer as alive
+        return None
     try:
         fd = os.open(path, os.O_RDWR)
     except OSError:

@@ -32,6 +32,7 @@ class RunArtifacts:
         self.logged = 0
         self.used = 0
         self.lineage_errors = 0
+        self.rewritten = 0  # linked files of earlier versions found rewritten in place
 
     def log_artifact(
         self,
@@ -49,6 +50,13 @@ class RunArtifacts:
         version, new = self.store.log(
             artifact, aliases=aliases, metadata=merged, run=self._identity()
         )
+        for notice in self.store.notices:
+            self.rewritten += 1
+            self.run.warner.warn(
+                ("artifacts", "rewritten", version.name),
+                "expr_tracker: %s",
+                notice,
+            )
         self.logged += 1
         self._record("logged", version, new=new)
         return version
@@ -77,6 +85,7 @@ class RunArtifacts:
             "logged": self.logged,
             "used": self.used,
             "lineage_errors": self.lineage_errors,
+            "rewritten_in_place": self.rewritten,
             "store": str(self.store.root),
             "mode": self.store.mode,
         }

@@ -50,6 +50,7 @@ from expr_tracker.artifacts.files import (
     append_line,
     copy_hashed,
     hash_file,
+    hold,
     locked,
     read_lines,
     try_lock,
@@ -97,6 +98,8 @@ class ArtifactStore:
             raise ValueError(f"artifacts mode {mode!r} is not valid: use 'link' or 'copy'")
         self.root = Path(root)
         self.mode = mode
+        #: warnings of the last :meth:`log` (a linked earlier version rewritten in place)
+        self.notices: list[str] = []
 
     # ------------------------------------------------------------------ reading
 
@@ -218,6 +221,7 @@ class ArtifactStore:
                 and nothing is left but, after a kill, a staging directory that the next
                 publisher of this artifact removes.
         """
+        self.notices = []
         aliases = validate_aliases(aliases)
         name = validate_name(artifact.name)
         files, refs = artifact.files, artifact.references
@@ -240,13 +244,15 @@ class ArtifactStore:
         lock_fd = None
         try:
             lock_fd = os.open(lock_path, os.O_RDWR | os.O_CREAT | os.O_EXCL, 0o644)
-            import fcntl
-
-            fcntl.flock(lock_fd, fcntl.LOCK_EX)
+            hold(lock_fd)
             staging.mkdir()
-            entries = self._stage(files, staging)
+            entries, deferred = self._stage(files, staging)
             references = [{"name": k, "uri": refs[k]} for k in sorted(refs)]
             digest = version_digest(entries, references)
+            if deferred and not self._has_digest(name, digest):
+                self.notices = self._rewritten(name, files, entries, deferred)
+                self._copy_deferred(files, staging, entries, deferred)
+                digest = version_digest(entries, references)
             with locked(adir / ".lock"):
                 return self._publish(
                     artifact,
@@ -273,8 +279,20 @@ class ArtifactStore:
                     os.unlink(lock_path)
                 os.close(lock_fd)
 
-    def _stage(self, files: dict[str, Path], staging: Path) -> list[dict[str, Any]]:
-        entries = []
+    def _stage(
+        self, files: dict[str, Path], staging: Path
+    ) -> tuple[list[dict[str, Any]], list[int]]:
+        """Link or copy every file into ``staging``, hashing it; returns (the manifest
+        entries, the indexes of entries deferred).
+
+        In ``link`` mode a source that already has other hard links (``st_nlink > 1``: most
+        likely an earlier version of this store) is not linked again: it is only hashed here
+        and copied by :meth:`_copy_deferred` when its version turns out to be new. Linking it
+        would tie the new version to the old one, and a source rewritten in place (what
+        ``torch.save`` to the same path does) would change both.
+        """
+        entries: list[dict[str, Any]] = []
+        deferred: list[int] = []
         made: set[Path] = set()
         for name in sorted(files):
             src = files[name]
@@ -285,6 +303,11 @@ class ArtifactStore:
             try:
                 how = "copy"
                 if self.mode == "link":
+                    if os.stat(src).st_nlink > 1:
+                        size, sha = hash_file(src)
+                        deferred.append(len(entries))
+                        entries.append({"name": name, "size": size, "sha256": sha})
+                        continue
                     try:
                         os.link(src, dst)
                         how = "link"
@@ -303,17 +326,65 @@ class ArtifactStore:
                         "nothing was published"
                     ) from exc
                 raise
-            st = dst.stat()
-            entries.append(
-                {
-                    "name": name,
-                    "size": size,
-                    "sha256": sha,
-                    "stored": how,
-                    "mtime_ns": st.st_mtime_ns,
-                }
-            )
-        return entries
+            entries.append(_entry(name, size, sha, how, dst))
+        return entries, deferred
+
+    def _copy_deferred(
+        self,
+        files: dict[str, Path],
+        staging: Path,
+        entries: list[dict[str, Any]],
+        deferred: list[int],
+    ) -> None:
+        for i in deferred:
+            name = entries[i]["name"]
+            dst = staging / name
+            size, sha = copy_hashed(files[name], dst)  # what is stored is what is hashed
+            os.chmod(dst, READ_ONLY)
+            entries[i] = _entry(name, size, sha, "copy", dst)
+
+    def _has_version(self, name: str, version: int) -> bool:
+        with contextlib.suppress(Exception):
+            item = self.catalog().get(name)
+            return item is not None and version in item["versions"]
+        return False
+
+    def _has_digest(self, name: str, digest: str) -> bool:
+        item = self.catalog().get(name)
+        return item is not None and any(
+            rec.get("digest") == digest for rec in item["versions"].values()
+        )
+
+    def _rewritten(
+        self, name: str, files: dict[str, Path], entries: list[dict[str, Any]], deferred: list[int]
+    ) -> list[str]:
+        """Notices for files of the newest version that are the same file (inode) as a
+        source now and no longer hold what was logged: rewritten in place since."""
+        item = self.catalog().get(name)
+        if item is None:
+            return []
+        newest = max(item["versions"])
+        try:
+            prev = json.loads((self.root / name / manifest_name(newest)).read_text("utf-8"))
+        except (OSError, ValueError):
+            return []
+        logged = {f["name"]: f for f in prev.get("files", [])}
+        out = []
+        for i in deferred:
+            fname = entries[i]["name"]
+            old = logged.get(fname)
+            if old is None or old.get("stored") != "link":
+                continue
+            with contextlib.suppress(OSError):
+                same = os.path.samefile(files[fname], self.root / name / f"v{newest}" / fname)
+                if same and old.get("sha256") != entries[i]["sha256"]:
+                    out.append(
+                        f"{name}:v{newest} file {fname!r} is a hard link of {str(files[fname])!r}, "
+                        "which was rewritten in place since it was logged: the stored "
+                        f"{name}:v{newest} changed with it. Use artifacts.mode: copy for files "
+                        "saved again under the same name (this version is a copy)"
+                    )
+        return out
 
     def _publish(
         self,
@@ -386,7 +457,9 @@ class ArtifactStore:
             )
             committed = True
         finally:
-            if not committed:  # undo: nothing of this version stays
+            # undo: nothing of this version stays (unless its index line made it: an
+            # interrupt between the append and `committed = True`)
+            if not committed and not self._has_version(name, version):
                 with contextlib.suppress(OSError):
                     if vdir.exists():
                         _rmtree(vdir)
@@ -461,6 +534,16 @@ class ArtifactStore:
                         p.unlink()
                     os.close(fd)
         return removed
+
+
+def _entry(name: str, size: int, sha: str, how: str, dst: Path) -> dict[str, Any]:
+    return {
+        "name": name,
+        "size": size,
+        "sha256": sha,
+        "stored": how,
+        "mtime_ns": dst.stat().st_mtime_ns,
+    }
 
 
 def _rmtree(path: Path) -> None:

@@ -126,6 +126,7 @@ def test_run_methods_and_no_run(tmp_path, data):
         "logged": 1,
         "used": 1,
         "lineage_errors": 0,
+        "rewritten_in_place": 0,
         "store": None,
         "mode": "link",
     }
@@ -166,3 +167,41 @@ def test_a_bad_mode_is_a_spec_error(tmp_path):
     assert "artifacts.mode" in msg and "symlink" in msg and "link" in msg and "copy" in msg
     with pytest.raises(SpecError, match="artifacts.dir"):
         et.init(project="p", name="r", dir=str(tmp_path / "runs"), artifacts={"dir": "x"})
+
+
+def test_a_checkpoint_rewritten_in_place_warns_and_later_versions_are_copies(tmp_path, caplog):
+    import os
+
+    run = et.init(project="p", name="r", dir=str(tmp_path / "runs"))
+    ckpt = tmp_path / "ckpt.pt"
+    ckpt.write_bytes(b"epoch-1")
+    v1 = et.log_artifact(ckpt, type="model")
+    assert os.stat(v1.get_path("ckpt.pt")).st_ino == os.stat(ckpt).st_ino  # linked
+    with open(ckpt, "wb") as f:  # torch.save(model, "ckpt.pt"): the same inode, rewritten
+        f.write(b"epoch-2")
+    with caplog.at_level("WARNING", logger="expr_tracker"):
+        v2 = et.log_artifact(ckpt, type="model")
+    assert "ckpt.pt:v1 file 'ckpt.pt' is a hard link" in caplog.text
+    assert "artifacts.mode: copy" in caplog.text
+    assert run.info()["artifacts"]["rewritten_in_place"] == 1
+    assert v2.manifest["files"][0]["stored"] == "copy"
+    assert os.stat(v2.get_path("ckpt.pt")).st_ino != os.stat(ckpt).st_ino
+    with open(ckpt, "wb") as f:
+        f.write(b"epoch-3")
+    v3 = et.log_artifact(ckpt, type="model")
+    assert v3.version == 3 and v3.manifest["files"][0]["stored"] == "copy"
+    assert v2.verify() and v2.get_path("ckpt.pt").read_bytes() == b"epoch-2"
+    with pytest.raises(et.ExprTrackerError, match="no longer matches"):
+        v1.verify()  # the one version a hard link cannot protect
+
+
+def test_relogging_linked_files_costs_no_copy(tmp_path, data, monkeypatch):
+    from expr_tracker.artifacts import store as store_mod
+
+    et.init(project="p", name="r", dir=str(tmp_path / "runs"))
+    v1 = et.log_artifact(data)
+    copies = []
+    real = store_mod.copy_hashed
+    monkeypatch.setattr(store_mod, "copy_hashed", lambda a, b: copies.append(a) or real(a, b))
+    assert et.log_artifact(data).version == v1.version
+    assert copies == []  # the sources are v1's links: hashed, found identical, nothing copied
