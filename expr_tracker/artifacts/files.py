@@ -142,13 +142,15 @@ def read_lines(path: str | os.PathLike[str]) -> list[dict[str, Any]]:
 @contextlib.contextmanager
 def locked(path: str | os.PathLike[str]) -> Iterator[int]:
     """Hold an exclusive ``flock`` on ``path`` (created when missing) for the block; the
-    kernel drops it when the process dies, so a killed holder never blocks the next one."""
-    fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o644)
+    kernel drops it when the process dies, so a killed holder never blocks the next one. The
+    descriptor belongs to a file object, so an interrupt that skips the ``finally`` still
+    closes it (and releases the lock) once the exception is handled."""
+    f = open(path, "a+b")  # noqa: SIM115 - closed below, or by its refcount when interrupted
     try:
-        hold(fd)
-        yield fd
+        hold(f.fileno())
+        yield f.fileno()
     finally:
-        os.close(fd)  # releases the lock
+        f.close()  # releases the lock
 
 
 def hold(fd: int) -> None:

@@ -241,10 +241,12 @@ class ArtifactStore:
         token = f"{STAGING_PREFIX}{os.getpid()}-{uuid.uuid4().hex[:12]}"
         staging = adir / token
         lock_path = adir / f"{token}.lock"
-        lock_fd = None
+        lock_file = None
         try:
-            lock_fd = os.open(lock_path, os.O_RDWR | os.O_CREAT | os.O_EXCL, 0o644)
-            hold(lock_fd)
+            # a file object: closed (its flock released) even when an interrupt skips the
+            # finally below; created before the directory (see clean_staging)
+            lock_file = open(lock_path, "xb")  # noqa: SIM115
+            hold(lock_file.fileno())
             staging.mkdir()
             entries, deferred = self._stage(files, staging)
             references = [{"name": k, "uri": refs[k]} for k in sorted(refs)]
@@ -274,10 +276,10 @@ class ArtifactStore:
             with contextlib.suppress(OSError):
                 if staging.exists():
                     _rmtree(staging)
-            if lock_fd is not None:
+            if lock_file is not None:
                 with contextlib.suppress(OSError):
                     os.unlink(lock_path)
-                os.close(lock_fd)
+                lock_file.close()
 
     def _stage(
         self, files: dict[str, Path], staging: Path
