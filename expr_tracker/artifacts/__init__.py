@@ -13,6 +13,8 @@ Imports only leaves and ``history`` (``atomic_write``, ``normalize_value``).
 
 from __future__ import annotations
 
+from typing import Any
+
 from expr_tracker.artifacts.errors import (
     ArtifactCorruptedError,
     ArtifactError,
@@ -20,10 +22,7 @@ from expr_tracker.artifacts.errors import (
     ArtifactNotFoundError,
     ArtifactTypeError,
 )
-from expr_tracker.artifacts.lineage import read_lineage
 from expr_tracker.artifacts.model import Artifact, ArtifactVersion
-from expr_tracker.artifacts.run_artifacts import RunArtifacts
-from expr_tracker.artifacts.store import MODES, ArtifactStore
 
 __all__ = [
     "MODES",
@@ -38,3 +37,22 @@ __all__ = [
     "RunArtifacts",
     "read_lineage",
 ]
+
+#: names imported on first use, so ``import expr_tracker`` (which needs ``Artifact``) stays fast
+_LAZY = {
+    "MODES": "expr_tracker.artifacts.store",
+    "ArtifactStore": "expr_tracker.artifacts.store",
+    "RunArtifacts": "expr_tracker.artifacts.run_artifacts",
+    "read_lineage": "expr_tracker.artifacts.lineage",
+}
+
+
+def __getattr__(name: str) -> Any:
+    module = _LAZY.get(name)
+    if module is None:
+        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+    import importlib
+
+    value = getattr(importlib.import_module(module), name)
+    globals()[name] = value
+    return value

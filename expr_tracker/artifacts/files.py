@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import contextlib
 import errno
-import hashlib
 import json
 import os
 import stat
@@ -35,6 +34,8 @@ READ_ONLY = stat.S_IRUSR | stat.S_IRGRP | stat.S_IROTH
 
 def hash_file(path: str | os.PathLike[str]) -> tuple[int, str]:
     """(size in bytes, sha256 hex) of a file's content. Raises ``OSError``."""
+    import hashlib
+
     h = hashlib.sha256()
     size = 0
     with open(path, "rb") as f:
@@ -50,6 +51,8 @@ def hash_file(path: str | os.PathLike[str]) -> tuple[int, str]:
 def copy_hashed(src: str | os.PathLike[str], dst: str | os.PathLike[str]) -> tuple[int, str]:
     """Copy ``src`` to a new file ``dst`` (which must not exist) in one pass that also
     hashes it; returns (size, sha256 hex) of what was written. Raises ``OSError``."""
+    import hashlib
+
     h = hashlib.sha256()
     size = 0
     with open(src, "rb") as fin:

@@ -14,7 +14,6 @@ from expr_tracker.artifacts.errors import (
     ArtifactNameError,
     ArtifactNotFoundError,
 )
-from expr_tracker.artifacts.files import hash_file, link_or_copy
 from expr_tracker.artifacts.names import validate_entry_name, validate_name, validate_type
 
 
@@ -264,6 +263,8 @@ class ArtifactVersion:
         """
         if root is None:
             return self.path
+        from expr_tracker.artifacts.files import link_or_copy
+
         out = Path(root)
         for name in self.files():
             dst = out / name
@@ -288,6 +289,8 @@ class ArtifactVersion:
         """The cheap integrity check ``use_artifact`` runs: every stored file exists with its
         recorded size; a file whose modification time changed since it was logged is
         re-hashed. Raises :class:`ArtifactCorruptedError` naming the files that differ."""
+        from expr_tracker.artifacts.files import hash_file
+
         bad = []
         for name, entry in self._files.items():
             p = self.path / name
@@ -309,6 +312,8 @@ class ArtifactVersion:
         Raises:
             ArtifactCorruptedError: naming every file missing or changed.
         """
+        from expr_tracker.artifacts.files import hash_file
+
         bad = []
         for name, entry in self._files.items():
             try:
