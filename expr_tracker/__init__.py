@@ -19,11 +19,14 @@ from expr_tracker.api import (
     init,
     list_alert_rules,
     log,
+    log_artifact,
     register_backend,
     register_channel,
     remove_alert_rule,
     summary,
+    use_artifact,
 )
+from expr_tracker.artifacts import Artifact
 from expr_tracker.errors import (
     ExprTrackerError,
     ForkedRunError,
@@ -50,6 +53,7 @@ __all__ = [
     "AlertLevel",
     "AlertMessage",
     "AlertRule",
+    "Artifact",
     "ChannelConfig",
     "ExprTrackerError",
     "ForkedRunError",
@@ -71,6 +75,7 @@ __all__ = [
     "init",
     "list_alert_rules",
     "log",
+    "log_artifact",
     "read_history",
     "register_backend",
     "register_channel",
@@ -79,6 +84,7 @@ __all__ = [
     "span",
     "start_span",
     "summary",
+    "use_artifact",
 ]
 
 

@@ -189,6 +189,57 @@ def log(metrics: Mapping[str, Any], step: int | None = None, commit: bool | None
     return run.ingest(metrics, step, commit)
 
 
+def log_artifact(
+    artifact_or_path: Any,
+    name: str | None = None,
+    type: str | None = None,  # noqa: A002 - wandb's keyword
+    aliases: Any = None,
+    metadata: Mapping[str, Any] | None = None,
+) -> Any:
+    """Store an artifact as the next version of ``name`` in ``<dir>/<project>/artifacts/``
+    and record it in the run's ``artifacts.jsonl`` (docs/artifacts.md).
+
+    ``artifact_or_path``: an ``et.Artifact``, or a file or directory path (an artifact named
+    after the path's last part, type ``dataset``). ``name``/``type`` override the artifact's;
+    ``aliases``: a list of strings (``latest`` always follows the newest version);
+    ``metadata``: merged over the artifact's. Identical contents (the same digest) return
+    the existing version, with the aliases moved onto it.
+
+    Returns the ``ArtifactVersion`` (``name``, ``version`` int, ``digest``, ``type``,
+    ``aliases``, ``metadata``, ``path``, ``files()``, ``get_path()``, ``download()``).
+
+    Raises:
+        NoActiveRunError: no run is active.
+        ArtifactNameError: a bad name, type, file name or alias (it says what is valid).
+        ArtifactError: an empty artifact, an unreadable source, a store that cannot be
+            written (read-only, full disk): nothing is published then.
+    """
+    run = _state.run
+    if run is None:
+        raise no_run_error()
+    return run.log_artifact(artifact_or_path, name, type, aliases, metadata)
+
+
+def use_artifact(artifact: Any, type: str | None = None) -> Any:  # noqa: A002
+    """A stored version of the current project's artifact, recorded as used by the run.
+
+    ``artifact``: ``"name"`` or ``"name:latest"`` (the newest), ``"name:v3"``,
+    ``"name:<alias>"``, or an ``ArtifactVersion``. ``type``: the type it must have. The
+    stored files are checked cheaply (sizes; a changed modification time re-hashes that
+    file); ``version.verify()`` re-hashes everything.
+
+    Raises:
+        NoActiveRunError: no run is active.
+        ArtifactNotFoundError: no such artifact, version or alias.
+        ArtifactTypeError: the version's type is not ``type``.
+        ArtifactCorruptedError: a stored file is missing or changed since it was logged.
+    """
+    run = _state.run
+    if run is None:
+        raise no_run_error()
+    return run.use_artifact(artifact, type)
+
+
 def get_run() -> Run | None:
     """The current run, or None."""
     return _state.run

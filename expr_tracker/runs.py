@@ -147,6 +147,7 @@ class Run:
         config: the normalised run config (what ``config.json`` holds).
         spans: the span recorder, or None when spans are disabled.
         alerts: the alert engine, or None when no rule is registered.
+        artifacts: what ``log_artifact``/``use_artifact`` delegate to (set by build).
     """
 
     def __init__(
@@ -181,6 +182,7 @@ class Run:
         self.spans: Any = None
         self.alerts: Any = None
         self.dispatcher: Any = None
+        self.artifacts: Any = None  # expr_tracker.artifacts.RunArtifacts, attached by build
         self._closers: list[tuple[str, Callable[[], Any]]] = []
         self._late_closers: list[tuple[str, Callable[[], Any]]] = []
         # monotonic time at run.json's started_at: duration_s never follows wall-clock jumps
@@ -219,6 +221,36 @@ class Run:
     ) -> int:
         """Log ``metrics`` (see :meth:`HistoryStore.ingest`); returns the step they landed on."""
         return self.history.ingest(metrics, step, commit)
+
+    def log_artifact(
+        self,
+        artifact_or_path: Any,
+        name: str | None = None,
+        type: str | None = None,  # noqa: A002 - wandb's keyword
+        aliases: Any = None,
+        metadata: dict[str, Any] | None = None,
+    ) -> Any:
+        """Log an ``et.Artifact`` or a file/directory path as the next version of an
+        artifact of this run's project; see :func:`expr_tracker.api.log_artifact`."""
+        return self._artifacts().log_artifact(artifact_or_path, name, type, aliases, metadata)
+
+    def use_artifact(self, artifact: Any, type: str | None = None) -> Any:  # noqa: A002
+        """A stored version (``"name"``, ``"name:v3"``, ``"name:<alias>"``), recorded as used
+        by this run; see :func:`expr_tracker.api.use_artifact`."""
+        return self._artifacts().use_artifact(artifact, type)
+
+    def _artifacts(self) -> Any:
+        if self.forked:
+            from expr_tracker.errors import ForkedRunError
+
+            raise ForkedRunError(FORK_MESSAGE)
+        if self._finished or self.artifacts is None:
+            raise NoActiveRunError(
+                f"run {self.project}/{self.name} "
+                + ("has finished" if self._finished else "has no artifact store")
+                + "; artifacts are logged and used by a live run (et.init)"
+            )
+        return self.artifacts
 
     def add_closer(self, name: str, fn: Callable[[], Any], *, late: bool = False) -> None:
         """Register ``fn`` to run at finish, in registration order.

@@ -12,6 +12,7 @@ PUBLIC = [
     "AlertLevel",
     "AlertMessage",
     "AlertRule",
+    "Artifact",
     "ChannelConfig",
     "ExprTrackerError",
     "ForkedRunError",
@@ -33,6 +34,7 @@ PUBLIC = [
     "init",
     "list_alert_rules",
     "log",
+    "log_artifact",
     "read_history",
     "register_backend",
     "register_channel",
@@ -41,6 +43,7 @@ PUBLIC = [
     "span",
     "start_span",
     "summary",
+    "use_artifact",
 ]
 
 

@@ -11,6 +11,7 @@ to the runtime (the hot path never touches Pydantic):
   ``spec.json`` and the summary.
 - :mod:`.spans`: the span recorder, its writer, plugins and print target.
 - :mod:`.alerts`: the alert engine, the alert log, the channels, policies and dispatcher.
+- :mod:`.artifacts`: the project's artifact store and the run's lineage (``run.artifacts``).
 """
 
 from __future__ import annotations
@@ -21,6 +22,7 @@ from typing import Any
 
 from expr_tracker._warn import Warner
 from expr_tracker.build.alerts import build_alerts
+from expr_tracker.build.artifacts import build_artifacts
 from expr_tracker.build.check import channel_issue, check
 from expr_tracker.build.history import (
     Attempt,
@@ -93,6 +95,7 @@ def build(resolved: Any, *, environ: dict[str, str] | None = None) -> Run:
         attempt.closers.append(lambda: _undo_runtime(run, engine))
         build_spans(run, spec, run_dir, stream, file_rank, rank, warner)
         build_alerts(run, spec, run_dir, stream, file_rank, rank, warner, engine)
+        build_artifacts(run, spec, run_dir, stream, file_rank)
     except BaseException as exc:
         attempt.undo()
         from expr_tracker.alerts.delivery.channels import ChannelConfigError

@@ -24,6 +24,7 @@ COMMAND_MODULES = (
     "rules",
     "alert",
     "alerts_cmd",
+    "artifacts",
     "channels",
     "config",
     "schema",

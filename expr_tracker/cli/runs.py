@@ -67,7 +67,12 @@ def find_runs(root: str | os.PathLike[str], max_depth: int = MAX_DEPTH) -> list[
             continue
         if len(p.parts) - base >= max_depth:
             dirnames[:] = []
-        dirnames[:] = [d for d in dirnames if not d.startswith(".")]
+        # a project's artifact store holds files, not runs (a stored metrics.jsonl is data)
+        dirnames[:] = [
+            d
+            for d in dirnames
+            if not d.startswith(".") and not (d == "artifacts" and (p / d / "index.jsonl").exists())
+        ]
     return found
 
 

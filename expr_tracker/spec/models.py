@@ -30,6 +30,7 @@ from expr_tracker.spec.alerting import (
     RuleSpec,
     effective_policy,
 )
+from expr_tracker.spec.artifacts import ArtifactsSpec
 from expr_tracker.spec.fields import (
     _FORBID,
     NAMED_LISTS,
@@ -60,6 +61,7 @@ __all__ = [
     "LEVEL_ALIASES",
     "NAMED_LISTS",
     "AlertsSpec",
+    "ArtifactsSpec",
     "BufferSpec",
     "CacheSpec",
     "ChannelSpec",
@@ -108,4 +110,5 @@ class RunSpec(_RedactedRepr, BaseModel):
     history: HistorySpec = Field(default_factory=HistorySpec)
     spans: SpansSpec = Field(default_factory=SpansSpec)
     alerts: AlertsSpec = Field(default_factory=AlertsSpec)
+    artifacts: ArtifactsSpec = Field(default_factory=ArtifactsSpec)
     backends: list[Union[str, dict[str, Any]]] = Field(default_factory=list)

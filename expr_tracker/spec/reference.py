@@ -152,6 +152,7 @@ def reference_markdown() -> str:
         RunSpec,
         SpansSpec,
     )
+    from expr_tracker.spec.models import ArtifactsSpec
     from expr_tracker.spec.schema import run_spec_schema
     from expr_tracker.spec.sources import ALERT_CONFIG_ENV, CONFIG_ENV, KEYWORDS, WEBHOOK_ENV
 
@@ -192,6 +193,13 @@ def reference_markdown() -> str:
         "A list of rules, or a mapping `name: rule` (the key fills `name`). An entry may also "
         "be the one-line string form `condition => level: message`. `expr` is accepted for "
         "`condition`.",
+    )
+    out += _section(
+        "artifacts",
+        ArtifactsSpec,
+        schema,
+        "artifacts.",
+        "How `et.log_artifact` stores files; see [artifacts](artifacts.md).",
     )
     out += [
         "## et.init keyword arguments",

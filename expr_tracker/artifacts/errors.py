@@ -1,0 +1,28 @@
+"""Errors of the artifacts package (all :class:`~expr_tracker.errors.ExprTrackerError`)."""
+
+from __future__ import annotations
+
+from expr_tracker.errors import ExprTrackerError
+
+
+class ArtifactError(ExprTrackerError):
+    """An artifact could not be logged or read: the store is not writable, the disk is full,
+    a file cannot be read. Nothing half-done is left behind when it is raised."""
+
+
+class ArtifactNameError(ArtifactError, ValueError):
+    """A name (artifact, file inside an artifact, alias, type) that is not valid: the
+    message names the field, the value and what is valid."""
+
+
+class ArtifactNotFoundError(ArtifactError, LookupError):
+    """No such artifact, version or alias in the project's store."""
+
+
+class ArtifactTypeError(ArtifactError, ValueError):
+    """``use_artifact(..., type=...)`` asked for another type than the version has."""
+
+
+class ArtifactCorruptedError(ArtifactError):
+    """A stored file no longer matches its manifest (size or sha256): the file was edited
+    or removed after it was logged (with ``mode: link`` the store shares the source file)."""

@@ -1,0 +1,198 @@
+"""``RunArtifacts``: what ``build`` attaches to a run as ``run.artifacts``. ``Run.log_artifact``
+and ``Run.use_artifact`` (and ``et.log_artifact``/``et.use_artifact``) delegate here: the
+store call, the lineage line, the ``"artifact"`` event, the counters in ``et.info()``."""
+
+from __future__ import annotations
+
+import os
+import threading
+import time
+from pathlib import Path
+from typing import Any
+
+from expr_tracker.artifacts.errors import ArtifactError, ArtifactTypeError
+from expr_tracker.artifacts.lineage import append_lineage, current_step
+from expr_tracker.artifacts.model import Artifact, ArtifactVersion, check_metadata
+from expr_tracker.artifacts.names import parse_ref, validate_name, validate_type
+from expr_tracker.artifacts.store import ArtifactStore
+
+
+class RunArtifacts:
+    """A run's view of its project's :class:`ArtifactStore`.
+
+    ``run`` is duck-typed: ``project``, ``name``, ``stream``, ``rank``, ``dir``,
+    ``history`` (for the step), ``emit(event, payload)`` and ``warner``.
+    """
+
+    def __init__(self, run: Any, store: ArtifactStore, lineage_path: Path) -> None:
+        self.run = run
+        self.store = store
+        self.lineage_path = lineage_path
+        self._lock = threading.Lock()  # one lineage append at a time
+        self.logged = 0
+        self.used = 0
+        self.lineage_errors = 0
+        self.rewritten = 0  # linked files of earlier versions found rewritten in place
+
+    def log_artifact(
+        self,
+        artifact_or_path: Artifact | str | os.PathLike[str],
+        name: str | None = None,
+        type: str | None = None,  # noqa: A002 - wandb's keyword
+        aliases: Any = None,
+        metadata: dict[str, Any] | None = None,
+    ) -> ArtifactVersion:
+        """See :func:`expr_tracker.api.log_artifact`."""
+        artifact = as_artifact(artifact_or_path, name, type)
+        merged = None
+        if metadata is not None:
+            merged = {**artifact.metadata, **check_metadata(metadata)}
+        version, new = self.store.log(
+            artifact, aliases=aliases, metadata=merged, run=self._identity()
+        )
+        for notice in self.store.notices:
+            self.rewritten += 1
+            self.run.warner.warn(
+                ("artifacts", "rewritten", version.name),
+                "expr_tracker: %s",
+                notice,
+            )
+        self.logged += 1
+        self._record("logged", version, new=new)
+        return version
+
+    def use_artifact(self, ref: str | ArtifactVersion, type: str | None = None) -> ArtifactVersion:  # noqa: A002
+        """See :func:`expr_tracker.api.use_artifact`."""
+        if isinstance(ref, ArtifactVersion):
+            ref = ref.qualified_name
+        name, selector = parse_ref(ref)
+        if type is not None:
+            validate_type(type, "type")
+        version = self.store.get(name, selector)
+        if type is not None and version.type != type:
+            raise ArtifactTypeError(
+                f"artifact {version.qualified_name} has type {version.type!r}, not {type!r} "
+                f"(use_artifact({ref!r}, type={version.type!r}), or no type= to take any)"
+            )
+        version.check()
+        self.used += 1
+        self._record("used", version)
+        return version
+
+    def stats(self) -> dict[str, Any]:
+        """``et.info()["artifacts"]``: versions logged and used, lineage lines that failed."""
+        return {
+            "logged": self.logged,
+            "used": self.used,
+            "lineage_errors": self.lineage_errors,
+            "rewritten_in_place": self.rewritten,
+            "store": str(self.store.root),
+            "mode": self.store.mode,
+        }
+
+    def _identity(self) -> dict[str, Any]:
+        run = self.run
+        return {
+            "project": run.project,
+            "name": run.name,
+            "stream": run.stream,
+            "rank": run.rank,
+            "dir": str(Path(run.dir).absolute()),
+        }
+
+    def _record(self, action: str, version: ArtifactVersion, *, new: bool | None = None) -> None:
+        step = current_step(self.run)
+        line: dict[str, Any] = {
+            "action": action,
+            "name": version.name,
+            "version": version.version,
+            "digest": version.digest,
+            "type": version.type,
+            "aliases": list(version.aliases),
+            "step": step,
+            "time": time.time(),
+            "path": str(version.path),
+        }
+        if new is not None:
+            line["new"] = new
+        try:
+            with self._lock:
+                self.lineage_path.parent.mkdir(parents=True, exist_ok=True)
+                append_lineage(self.lineage_path, line)
+        except OSError as exc:
+            # the version is complete and returned; the lineage line is measurement
+            self.lineage_errors += 1
+            self.run.warner.warn(
+                ("artifacts", "lineage", type(exc).__name__),
+                "expr_tracker: cannot write %s (%s); artifact lineage is not recorded",
+                self.lineage_path,
+                exc,
+            )
+        self.run.emit(
+            "artifact",
+            {
+                "action": action,
+                "name": version.name,
+                "version": version.version,
+                "type": version.type,
+                "digest": version.digest,
+                "path": str(version.path),
+                "aliases": list(version.aliases),
+                "metadata": dict(version.metadata),
+                "step": step,
+            },
+        )
+
+
+def as_artifact(
+    artifact_or_path: Any,
+    name: str | None = None,
+    type: str | None = None,  # noqa: A002
+) -> Artifact:
+    """An :class:`Artifact` as given (``name``/``type`` override its own), or one made from a
+    file or directory path (``name`` defaults to the path's last part, ``type`` to
+    ``dataset``).
+
+    Raises:
+        ArtifactNameError: a bad name or type (for a path whose last part is not a valid
+            name, the message asks for ``name=``).
+        ArtifactError: a path that is neither a file nor a directory; another object.
+    """
+    if isinstance(artifact_or_path, Artifact):
+        art = artifact_or_path
+        if name is None and type is None:
+            return art
+        copy = Artifact(
+            validate_name(name) if name is not None else art.name,
+            validate_type(type) if type is not None else art.type,
+            art.description,
+            art.metadata,
+        )
+        for entry, src in art.files.items():
+            copy.add_file(src, entry)
+        for entry, uri in art.references.items():
+            copy.add_reference(uri, entry)
+        return copy
+    if not isinstance(artifact_or_path, (str, os.PathLike)):
+        raise ArtifactError(
+            "log_artifact takes an et.Artifact or a path to a file or directory, not "
+            f"{artifact_or_path.__class__.__name__}"
+        )
+    path = Path(artifact_or_path)
+    if not path.exists():
+        raise ArtifactError(f"log_artifact: {str(path)!r} does not exist")
+    if name is None:
+        from expr_tracker.artifacts.errors import ArtifactNameError
+
+        try:
+            name = validate_name(path.resolve().name, "artifact name (from the path)")
+        except ArtifactNameError as exc:
+            raise ArtifactNameError(f"{exc}; pass name= to log_artifact") from None
+    art = Artifact(name, type if type is not None else "dataset")
+    if path.is_dir():
+        art.add_dir(path)
+    elif path.is_file():
+        art.add_file(path)
+    else:
+        raise ArtifactError(f"log_artifact: {str(path)!r} is not a regular file or directory")
+    return art

@@ -1,0 +1,553 @@
+"""The per-project artifact store: ``<dir>/<project>/artifacts/``.
+
+Layout::
+
+    artifacts/
+      index.jsonl                 the commit log: one line per published version
+                                  ({"kind": "version", ...}) or alias move ({"kind": "alias"})
+      .index.lock                 flock: one appender at a time
+      <name>/
+        .lock                     flock: one publisher of this artifact at a time
+        v1/                       the files, exactly as named in the artifact
+        v1.manifest.json          per file name, size, sha256; references; digest; type ...
+        .staging-<pid>-<hex>/     a version being written (never listed; removed when stale)
+        .staging-<pid>-<hex>.lock flock held by its writer while it lives
+
+Publishing a version (:meth:`ArtifactStore.log`): the files are staged (hard-linked or
+copied, and hashed) into a staging directory beside the versions, without any lock held.
+Then, under the artifact's lock: a version with the same digest is returned as it is (new
+aliases are recorded); otherwise leftovers of a crashed publisher (version directories or
+manifests the index does not list) are removed, the next number taken, the manifest
+written, the staging directory renamed to ``v<N>`` and, last, one line appended to the
+index under its lock. That line is the commit point: readers list only what the index
+lists, so a process killed at any moment leaves no half version, and a failure (a full
+disk) undoes what it made before raising. Aliases live in the index too (a version line
+carries the aliases given with it; a later alias line moves one), so a version and its
+aliases are committed by one append.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import difflib
+import json
+import os
+import re
+import shutil
+import time
+import uuid
+from pathlib import Path
+from typing import Any
+
+from expr_tracker.artifacts.errors import (
+    ArtifactCorruptedError,
+    ArtifactError,
+    ArtifactNotFoundError,
+)
+from expr_tracker.artifacts.files import (
+    LINK_FALLBACK,
+    READ_ONLY,
+    append_line,
+    copy_hashed,
+    hash_file,
+    hold,
+    locked,
+    read_lines,
+    try_lock,
+)
+from expr_tracker.artifacts.model import Artifact, ArtifactVersion
+from expr_tracker.artifacts.names import VERSION_RE, validate_aliases, validate_name
+from expr_tracker.history.paths import atomic_write
+
+MODES = ("link", "copy")
+INDEX = "index.jsonl"
+STAGING_PREFIX = ".staging-"
+_MANIFEST_RE = re.compile(r"^v([0-9]+)\.manifest\.json$")
+MANIFEST_FORMAT = 1
+#: seconds before an abandoned staging directory or lock file may be removed
+STALE_AFTER_S = 60.0
+
+
+def manifest_name(version: int) -> str:
+    return f"v{version}.manifest.json"
+
+
+def version_digest(files: list[dict[str, Any]], references: list[dict[str, Any]]) -> str:
+    """sha256 (hex) over the manifest entries sorted by name: the compact JSON of
+    ``[["file", name, size, sha256] | ["ref", name, uri], ...]``. Type, metadata, time and
+    the logging run are not part of it: the digest is the content."""
+    import hashlib
+
+    entries = [["file", f["name"], f["size"], f["sha256"]] for f in files]
+    entries += [["ref", r["name"], r["uri"]] for r in references]
+    entries.sort(key=lambda e: e[1])
+    blob = json.dumps(entries, separators=(",", ":"), ensure_ascii=False).encode("utf-8")
+    return hashlib.sha256(blob).hexdigest()
+
+
+class ArtifactStore:
+    """The artifacts of one project under ``root`` (``<dir>/<project>/artifacts``).
+
+    ``mode``: ``link`` (hard-link files when the file system allows, copy otherwise) or
+    ``copy`` (always copy; stored copies are made read-only). Reading needs no lock;
+    writing is safe across threads and processes of one host (``flock``).
+    """
+
+    def __init__(self, root: str | os.PathLike[str], mode: str = "link") -> None:
+        if mode not in MODES:
+            raise ValueError(f"artifacts mode {mode!r} is not valid: use 'link' or 'copy'")
+        self.root = Path(root)
+        self.mode = mode
+        #: warnings of the last :meth:`log` (a linked earlier version rewritten in place)
+        self.notices: list[str] = []
+
+    # ------------------------------------------------------------------ reading
+
+    def records(self) -> list[dict[str, Any]]:
+        """The index's committed lines, in order (a torn last line is skipped)."""
+        return read_lines(self.root / INDEX)
+
+    def catalog(self) -> dict[str, dict[str, Any]]:
+        """name -> {"versions": {N: index line}, "aliases": {alias: N}} from the index.
+        The first line of a version wins; an alias points where it was last given."""
+        out: dict[str, dict[str, Any]] = {}
+        for rec in self.records():
+            name = rec.get("name")
+            version = rec.get("version")
+            if not isinstance(name, str) or type(version) is not int:
+                continue
+            item = out.setdefault(name, {"versions": {}, "aliases": {}})
+            if rec.get("kind") == "version":
+                item["versions"].setdefault(version, rec)
+                for alias in rec.get("aliases") or ():
+                    item["aliases"][alias] = version
+            elif rec.get("kind") == "alias" and isinstance(rec.get("alias"), str):
+                item["aliases"][rec["alias"]] = version
+        # an alias given with a version that never made it (cannot happen) points nowhere
+        for item in out.values():
+            item["aliases"] = {a: v for a, v in item["aliases"].items() if v in item["versions"]}
+        return {k: out[k] for k in sorted(out) if out[k]["versions"]}
+
+    def names(self) -> list[str]:
+        """The names of the artifacts with at least one version, sorted."""
+        return list(self.catalog())
+
+    def get(self, name: str, selector: str = "latest") -> ArtifactVersion:
+        """The version ``selector`` (``latest``, ``v<N>`` or an alias) of ``name``.
+
+        Raises:
+            ArtifactNotFoundError: no such artifact, version or alias (the message lists
+                what exists and close names).
+            ArtifactCorruptedError: the index lists it but its manifest is gone.
+        """
+        validate_name(name)
+        catalog = self.catalog()
+        item = catalog.get(name)
+        if item is None:
+            close = difflib.get_close_matches(name, list(catalog), n=3)
+            hint = f"; did you mean {', '.join(map(repr, close))}?" if close else ""
+            have = ", ".join(list(catalog)[:20]) or "none"
+            raise ArtifactNotFoundError(
+                f"no artifact {name!r} in {self.root} (artifacts here: {have}){hint}"
+            )
+        versions = item["versions"]
+        newest = max(versions)
+        m = VERSION_RE.match(selector)
+        if selector == "latest":
+            version = newest
+        elif m:
+            version = int(m.group(1))
+            if version not in versions:
+                raise ArtifactNotFoundError(
+                    f"artifact {name!r} has no version v{version} (versions: "
+                    f"{', '.join(f'v{v}' for v in sorted(versions))})"
+                )
+        elif selector in item["aliases"]:
+            version = item["aliases"][selector]
+        else:
+            have = ", ".join(sorted(item["aliases"])) or "none"
+            raise ArtifactNotFoundError(
+                f"artifact {name!r} has no alias {selector!r} (aliases: latest, {have}; or "
+                f"a version v1..v{newest})"
+            )
+        return self._version(name, version, item, newest)
+
+    def _version(self, name: str, version: int, item: dict[str, Any], newest: int):
+        adir = self.root / name
+        try:
+            manifest = json.loads((adir / manifest_name(version)).read_text(encoding="utf-8"))
+        except (OSError, ValueError) as exc:
+            raise ArtifactCorruptedError(
+                f"{name}:v{version} is in the index of {self.root} but its manifest cannot "
+                f"be read ({exc})"
+            ) from None
+        aliases = (["latest"] if version == newest else []) + sorted(
+            a for a, v in item["aliases"].items() if v == version
+        )
+        return ArtifactVersion(adir / f"v{version}", manifest, aliases, self.mode)
+
+    def versions(self, name: str) -> list[ArtifactVersion]:
+        """Every version of ``name``, oldest first ([] for an unknown name)."""
+        item = self.catalog().get(name)
+        if item is None:
+            return []
+        newest = max(item["versions"])
+        out = []
+        for v in sorted(item["versions"]):
+            with contextlib.suppress(ArtifactCorruptedError):
+                out.append(self._version(name, v, item, newest))
+        return out
+
+    # ------------------------------------------------------------------ writing
+
+    def log(
+        self,
+        artifact: Artifact,
+        *,
+        aliases: Any = None,
+        metadata: dict[str, Any] | None = None,
+        run: dict[str, Any] | None = None,
+    ) -> tuple[ArtifactVersion, bool]:
+        """Publish ``artifact`` as its next version; returns (the version, True), or (the
+        existing version with the same digest, False) with ``aliases`` moved onto it.
+
+        ``metadata`` (already JSON-able) replaces the artifact's; ``run`` (identity of the
+        logging run) is recorded in the manifest and the index.
+
+        Raises:
+            ArtifactNameError: a bad alias.
+            ArtifactError: an empty artifact, a source file that cannot be read, a store
+                that cannot be written (read-only, full disk). Nothing is published then
+                and nothing is left but, after a kill, a staging directory that the next
+                publisher of this artifact removes.
+        """
+        self.notices = []
+        aliases = validate_aliases(aliases)
+        name = validate_name(artifact.name)
+        files, refs = artifact.files, artifact.references
+        if not files and not refs:
+            raise ArtifactError(
+                f"artifact {name!r} is empty: add files with add_file/add_dir or URIs with "
+                "add_reference before logging it"
+            )
+        adir = self.root / name
+        try:
+            adir.mkdir(parents=True, exist_ok=True)
+        except OSError as exc:
+            raise ArtifactError(
+                f"cannot create the artifact store {adir} ({exc}); nothing was logged"
+            ) from exc
+        self.clean_staging(name)
+        token = f"{STAGING_PREFIX}{os.getpid()}-{uuid.uuid4().hex[:12]}"
+        staging = adir / token
+        lock_path = adir / f"{token}.lock"
+        lock_file = None
+        try:
+            # a file object: closed (its flock released) even when an interrupt skips the
+            # finally below; created before the directory (see clean_staging)
+            lock_file = open(lock_path, "xb")  # noqa: SIM115
+            hold(lock_file.fileno())
+            staging.mkdir()
+            entries, deferred = self._stage(files, staging)
+            references = [{"name": k, "uri": refs[k]} for k in sorted(refs)]
+            digest = version_digest(entries, references)
+            if deferred and not self._has_digest(name, digest):
+                self.notices = self._rewritten(name, files, entries, deferred)
+                self._copy_deferred(files, staging, entries, deferred)
+                digest = version_digest(entries, references)
+            with locked(adir / ".lock"):
+                return self._publish(
+                    artifact,
+                    name,
+                    adir,
+                    staging,
+                    entries,
+                    references,
+                    digest,
+                    aliases,
+                    metadata,
+                    run,
+                )
+        except OSError as exc:
+            raise ArtifactError(
+                f"cannot log artifact {name!r} to {self.root}: {exc}; nothing was published"
+            ) from exc
+        finally:
+            with contextlib.suppress(OSError):
+                if staging.exists():
+                    _rmtree(staging)
+            if lock_file is not None:
+                with contextlib.suppress(OSError):
+                    os.unlink(lock_path)
+                lock_file.close()
+
+    def _stage(
+        self, files: dict[str, Path], staging: Path
+    ) -> tuple[list[dict[str, Any]], list[int]]:
+        """Link or copy every file into ``staging``, hashing it; returns (the manifest
+        entries, the indexes of entries deferred).
+
+        In ``link`` mode a source that already has other hard links (``st_nlink > 1``: most
+        likely an earlier version of this store) is not linked again: it is only hashed here
+        and copied by :meth:`_copy_deferred` when its version turns out to be new. Linking it
+        would tie the new version to the old one, and a source rewritten in place (what
+        ``torch.save`` to the same path does) would change both.
+        """
+        entries: list[dict[str, Any]] = []
+        deferred: list[int] = []
+        made: set[Path] = set()
+        for name in sorted(files):
+            src = files[name]
+            dst = staging / name
+            if dst.parent not in made:
+                dst.parent.mkdir(parents=True, exist_ok=True)
+                made.add(dst.parent)
+            try:
+                how = "copy"
+                if self.mode == "link":
+                    if os.stat(src).st_nlink > 1:
+                        size, sha = hash_file(src)
+                        deferred.append(len(entries))
+                        entries.append({"name": name, "size": size, "sha256": sha})
+                        continue
+                    try:
+                        os.link(src, dst)
+                        how = "link"
+                    except OSError as exc:
+                        if exc.errno not in LINK_FALLBACK:
+                            raise
+                if how == "link":
+                    size, sha = hash_file(dst)
+                else:
+                    size, sha = copy_hashed(src, dst)
+                    os.chmod(dst, READ_ONLY)  # a copy is the store's own: keep it from edits
+            except FileNotFoundError as exc:
+                if not Path(src).exists():
+                    raise ArtifactError(
+                        f"artifact file {name!r}: the source {str(src)!r} no longer exists; "
+                        "nothing was published"
+                    ) from exc
+                raise
+            entries.append(_entry(name, size, sha, how, dst))
+        return entries, deferred
+
+    def _copy_deferred(
+        self,
+        files: dict[str, Path],
+        staging: Path,
+        entries: list[dict[str, Any]],
+        deferred: list[int],
+    ) -> None:
+        for i in deferred:
+            name = entries[i]["name"]
+            dst = staging / name
+            size, sha = copy_hashed(files[name], dst)  # what is stored is what is hashed
+            os.chmod(dst, READ_ONLY)
+            entries[i] = _entry(name, size, sha, "copy", dst)
+
+    def _has_version(self, name: str, version: int) -> bool:
+        with contextlib.suppress(Exception):
+            item = self.catalog().get(name)
+            return item is not None and version in item["versions"]
+        return False
+
+    def _has_digest(self, name: str, digest: str) -> bool:
+        item = self.catalog().get(name)
+        return item is not None and any(
+            rec.get("digest") == digest for rec in item["versions"].values()
+        )
+
+    def _rewritten(
+        self, name: str, files: dict[str, Path], entries: list[dict[str, Any]], deferred: list[int]
+    ) -> list[str]:
+        """Notices for files of the newest version that are the same file (inode) as a
+        source now and no longer hold what was logged: rewritten in place since."""
+        item = self.catalog().get(name)
+        if item is None:
+            return []
+        newest = max(item["versions"])
+        try:
+            prev = json.loads((self.root / name / manifest_name(newest)).read_text("utf-8"))
+        except (OSError, ValueError):
+            return []
+        logged = {f["name"]: f for f in prev.get("files", [])}
+        out = []
+        for i in deferred:
+            fname = entries[i]["name"]
+            old = logged.get(fname)
+            if old is None or old.get("stored") != "link":
+                continue
+            with contextlib.suppress(OSError):
+                same = os.path.samefile(files[fname], self.root / name / f"v{newest}" / fname)
+                if same and old.get("sha256") != entries[i]["sha256"]:
+                    out.append(
+                        f"{name}:v{newest} file {fname!r} is a hard link of {str(files[fname])!r}, "
+                        "which was rewritten in place since it was logged: the stored "
+                        f"{name}:v{newest} changed with it. Use artifacts.mode: copy for files "
+                        "saved again under the same name (this version is a copy)"
+                    )
+        return out
+
+    def _publish(
+        self,
+        artifact: Artifact,
+        name: str,
+        adir: Path,
+        staging: Path,
+        entries: list[dict[str, Any]],
+        references: list[dict[str, Any]],
+        digest: str,
+        aliases: list[str],
+        metadata: dict[str, Any] | None,
+        run: dict[str, Any] | None,
+    ) -> tuple[ArtifactVersion, bool]:
+        """Under the artifact's lock: dedupe by digest, or number, rename and commit."""
+        item = self.catalog().get(name) or {"versions": {}, "aliases": {}}
+        for version, rec in sorted(item["versions"].items()):
+            if rec.get("digest") == digest:
+                moves = [a for a in aliases if item["aliases"].get(a) != version]
+                for alias in moves:
+                    self._append(
+                        {
+                            "kind": "alias",
+                            "name": name,
+                            "alias": alias,
+                            "version": version,
+                            "time": time.time(),
+                            "run": run,
+                        }
+                    )
+                return self.get(name, f"v{version}"), False
+        self._remove_orphans(adir, set(item["versions"]))
+        version = max(item["versions"], default=0) + 1
+        now = time.time()
+        manifest = {
+            "format": MANIFEST_FORMAT,
+            "name": name,
+            "version": version,
+            "type": artifact.type,
+            "description": artifact.description,
+            "metadata": artifact.metadata if metadata is None else metadata,
+            "digest": digest,
+            "size": sum(e["size"] for e in entries),
+            "created_at": now,
+            "mode": self.mode,
+            "run": run,
+            "files": entries,
+            "references": references,
+        }
+        vdir = adir / f"v{version}"
+        mpath = adir / manifest_name(version)
+        committed = False
+        try:
+            atomic_write(mpath, json.dumps(manifest, indent=1, ensure_ascii=False, default=str))
+            os.rename(staging, vdir)
+            self._append(
+                {
+                    "kind": "version",
+                    "name": name,
+                    "version": version,
+                    "digest": digest,
+                    "type": artifact.type,
+                    "size": manifest["size"],
+                    "files": len(entries),
+                    "references": len(references),
+                    "aliases": aliases,
+                    "created_at": now,
+                    "run": run,
+                }
+            )
+            committed = True
+        finally:
+            # undo: nothing of this version stays (unless its index line made it: an
+            # interrupt between the append and `committed = True`)
+            if not committed and not self._has_version(name, version):
+                with contextlib.suppress(OSError):
+                    if vdir.exists():
+                        _rmtree(vdir)
+                with contextlib.suppress(OSError):
+                    mpath.unlink()
+        newest_item = {
+            "versions": {**item["versions"], version: {}},
+            "aliases": {**item["aliases"], **dict.fromkeys(aliases, version)},
+        }
+        return self._version(name, version, newest_item, max(newest_item["versions"])), True
+
+    def _append(self, record: dict[str, Any]) -> None:
+        with locked(self.root / ".index.lock"):
+            append_line(self.root / INDEX, record, sync=True)
+
+    def _remove_orphans(self, adir: Path, indexed: set[int]) -> None:
+        """Under the artifact's lock: version directories and manifests the index does not
+        list were left by a publisher killed between its rename and its index line."""
+        for p in adir.iterdir():
+            m = VERSION_RE.match(p.name) if p.is_dir() else _MANIFEST_RE.match(p.name)
+            if m and int(m.group(1)) not in indexed:
+                if p.is_dir():
+                    _rmtree(p)
+                else:
+                    p.unlink()
+
+    def clean_staging(self, name: str, min_age_s: float = STALE_AFTER_S) -> int:
+        """Remove the staging directories of ``name`` whose writer is gone; returns how many.
+
+        A writer creates its lock file, takes the ``flock``, then makes its directory, and
+        holds the lock until the directory is renamed or removed. A staging directory is
+        stale when its lock can be taken, or when its lock file is missing and the directory
+        is older than ``min_age_s``; a lock file is removed only when it can be taken and is
+        older than ``min_age_s`` (so the instant between a writer's create and its ``flock``
+        is never mistaken for a dead writer).
+        """
+        adir = self.root / name
+        try:
+            children = list(adir.iterdir())
+        except OSError:
+            return 0
+        now = time.time()
+
+        def old(p: Path) -> bool:
+            try:
+                return now - p.stat().st_mtime >= min_age_s
+            except OSError:
+                return False
+
+        removed = 0
+        for p in children:
+            if not p.name.startswith(STAGING_PREFIX) or p.name.endswith(".lock"):
+                continue
+            lock_path = p.with_name(p.name + ".lock")
+            fd = try_lock(lock_path)
+            if fd is None and (lock_path.exists() or not old(p)):
+                continue  # its writer is alive (or just starting)
+            try:
+                with contextlib.suppress(OSError):
+                    _rmtree(p)
+                    removed += 1
+            finally:
+                if fd is not None:
+                    os.close(fd)
+        for p in children:  # lock files of writers that are gone
+            if p.name.startswith(STAGING_PREFIX) and p.name.endswith(".lock") and old(p):
+                if p.with_name(p.name[: -len(".lock")]).exists():
+                    continue
+                fd = try_lock(p)
+                if fd is not None:
+                    with contextlib.suppress(OSError):
+                        p.unlink()
+                    os.close(fd)
+        return removed
+
+
+def _entry(name: str, size: int, sha: str, how: str, dst: Path) -> dict[str, Any]:
+    return {
+        "name": name,
+        "size": size,
+        "sha256": sha,
+        "stored": how,
+        "mtime_ns": dst.stat().st_mtime_ns,
+    }
+
+
+def _rmtree(path: Path) -> None:
+    """Remove a directory tree, read-only stored copies included."""
+    shutil.rmtree(path)

@@ -1,0 +1,24 @@
+"""Artifacts of a run: the project's store and the run's lineage file, attached as
+``run.artifacts`` (``Run.log_artifact``/``use_artifact`` delegate to it). Nothing is created
+on disk until the run logs or uses an artifact."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+from expr_tracker.artifacts import ArtifactStore, RunArtifacts
+from expr_tracker.history.paths import file_name
+
+
+def store_root(run_dir: Path) -> Path:
+    """The project's store, beside the run: ``<dir>/<project>/artifacts`` (with ``run_dir=``,
+    ``artifacts/`` beside the run directory)."""
+    return Path(run_dir).absolute().parent / "artifacts"
+
+
+def build_artifacts(run: Any, spec: Any, run_dir: Path, stream: str | None, file_rank: int) -> None:
+    """Attach ``run.artifacts`` (a :class:`RunArtifacts`) and its ``et.info()`` section."""
+    store = ArtifactStore(store_root(run_dir), mode=spec.artifacts.mode)
+    run.artifacts = RunArtifacts(run, store, run_dir / file_name("artifacts", stream, file_rank))
+    run.add_stats("artifacts", run.artifacts.stats)

@@ -1,0 +1,141 @@
+"""Names that could escape the store, hide in it or collide with it are refused, with an
+error naming the field, the value and what is valid."""
+
+from __future__ import annotations
+
+import pytest
+
+import expr_tracker as et
+from expr_tracker.artifacts import ArtifactNameError
+from expr_tracker.artifacts.names import (
+    parse_ref,
+    validate_alias,
+    validate_aliases,
+    validate_entry_name,
+    validate_name,
+)
+
+BAD_NAMES = [
+    "",
+    "..",
+    ".",
+    ".hidden",
+    "a/b",
+    "/abs",
+    "a\\b",
+    "a\0b",
+    "x" * 129,
+    "a b",
+    "a:b",
+    "index.jsonl",
+    3,
+    None,
+]
+
+
+@pytest.mark.parametrize("value", BAD_NAMES)
+def test_bad_artifact_names_are_refused(value):
+    with pytest.raises(ArtifactNameError) as err:
+        validate_name(value)
+    msg = str(err.value)
+    assert msg.startswith("artifact name ") and repr(value) in msg and "valid:" in msg
+
+
+@pytest.mark.parametrize("value", ["digits", "model-v2", "a.b_c", "_x", "9", "x" * 128])
+def test_good_artifact_names(value):
+    assert validate_name(value) == value
+
+
+def test_artifact_constructor_names_the_field():
+    with pytest.raises(ArtifactNameError, match=r"artifact name '\.\./up'"):
+        et.Artifact("../up")
+    with pytest.raises(ArtifactNameError, match=r"artifact type 'a/b'"):
+        et.Artifact("ok", type="a/b")
+
+
+BAD_ENTRIES = [
+    "",
+    "/etc/passwd",
+    "../x",
+    "a/../../x",
+    "a//b",
+    "./a",
+    "a/.",
+    "a\\b",
+    "a\nb",
+    "a\0b",
+    "x" * 1025,
+    "a/" + "y" * 256,
+    "a/",
+]
+
+
+@pytest.mark.parametrize("value", BAD_ENTRIES)
+def test_bad_file_names_inside_an_artifact(value, tmp_path):
+    with pytest.raises(ArtifactNameError) as err:
+        validate_entry_name(value)
+    assert repr(value) in str(err.value) and "valid:" in str(err.value)
+    src = tmp_path / "f"
+    src.write_text("x")
+    art = et.Artifact("a")
+    with pytest.raises(ArtifactNameError):
+        art.add_file(src, name=value)
+    assert art.files == {}
+
+
+@pytest.mark.parametrize("value", ["a", "data/train.csv", ".gitignore", "a/.b/c", "ü/名前.txt"])
+def test_good_file_names(value):
+    assert validate_entry_name(value) == value
+
+
+def test_aliases():
+    assert validate_aliases(["best", "latest", "best", "prod"]) == ["best", "prod"]
+    assert validate_aliases("best") == ["best"]
+    for bad in ("latest", "v3", "../x", ""):
+        with pytest.raises(ArtifactNameError, match="alias"):
+            validate_alias(bad)
+    with pytest.raises(ArtifactNameError, match=r"aliases\[1\] 'v2'"):
+        validate_aliases(["ok", "v2"])
+    with pytest.raises(ArtifactNameError, match="a list of alias strings"):
+        validate_aliases(3)
+
+
+def test_parse_ref():
+    assert parse_ref("ds") == ("ds", "latest")
+    assert parse_ref("ds:latest") == ("ds", "latest")
+    assert parse_ref("ds:v12") == ("ds", "v12")
+    assert parse_ref("ds:best") == ("ds", "best")
+    for bad in ("team/ds:v1", "ds:", "ds:a:b", ":v1", "../ds"):
+        with pytest.raises(ArtifactNameError):
+            parse_ref(bad)
+
+
+def test_duplicate_and_conflicting_names_in_one_artifact(tmp_path):
+    f = tmp_path / "f"
+    f.write_text("x")
+    art = et.Artifact("a")
+    art.add_file(f, name="d/x")
+    with pytest.raises(ArtifactNameError, match="already in artifact"):
+        art.add_file(f, name="d/x")
+    with pytest.raises(ArtifactNameError, match="is a directory"):
+        art.add_file(f, name="d")
+    with pytest.raises(ArtifactNameError, match="needs 'd/x' to be a directory"):
+        art.add_reference("s3://b/k", name="d/x/y")
+    (tmp_path / "tree" / "x").mkdir(parents=True)
+    (tmp_path / "tree" / "x" / "y").write_text("y")
+    (tmp_path / "tree" / "z").write_text("z")
+    with pytest.raises(ArtifactNameError):  # d/x/y under the file d/x: nothing added
+        art.add_dir(tmp_path / "tree", name="d")
+    assert sorted(art.files) == ["d/x"]
+    assert art.add_dir(tmp_path / "tree", name="e") == ["e/x/y", "e/z"]
+    assert sorted(art.files) == ["d/x", "e/x/y", "e/z"]
+
+
+def test_reference_names(tmp_path):
+    art = et.Artifact("a")
+    assert art.add_reference("s3://bucket/dir/file.parquet?versionId=3") == "file.parquet"
+    assert art.add_reference("https://host/x/", name="site") == "site"
+    with pytest.raises(ArtifactNameError, match="pass name="):
+        art.add_reference("s3://")
+    with pytest.raises(ArtifactNameError, match="reference uri"):
+        art.add_reference("")

@@ -1,0 +1,207 @@
+"""et.log_artifact / et.use_artifact through a run: lineage lines with steps, the "artifact"
+event, Run methods, paths as artifacts, errors, the spec section."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+import expr_tracker as et
+from expr_tracker.artifacts import ArtifactNameError, ArtifactTypeError, ArtifactVersion
+from expr_tracker.errors import NoActiveRunError
+from expr_tracker.spec import SpecError
+
+
+@pytest.fixture
+def data(tmp_path):
+    d = tmp_path / "data"
+    (d / "sub").mkdir(parents=True)
+    (d / "train.csv").write_text("x,y\n1,2\n")
+    (d / "sub" / "labels.txt").write_text("a\n")
+    return d
+
+
+def _lineage(run_dir, name="artifacts.jsonl"):
+    return [json.loads(x) for x in (run_dir / name).read_text().splitlines()]
+
+
+def test_log_and_use_record_lineage_with_the_step(tmp_path, data):
+    run = et.init(project="p", name="r", dir=str(tmp_path / "runs"))
+    events = []
+    run.subscribe(lambda event, payload: events.append((event, payload)))
+    et.log({"loss": 1.0})
+    et.log({"loss": 0.5})
+    v = et.log_artifact(data, aliases=["best"], metadata={"rows": 1})
+    assert isinstance(v, ArtifactVersion)
+    assert (v.name, v.version, v.type, v.aliases) == ("data", 1, "dataset", ["latest", "best"])
+    assert v.path == tmp_path / "runs" / "p" / "artifacts" / "data" / "v1"
+    assert v.files() == ["sub/labels.txt", "train.csv"]
+    et.log({"loss": 0.25}, commit=False)  # open row at step 2 with data
+    u = et.use_artifact("data:best", type="dataset")
+    assert u.digest == v.digest and u.metadata == {"rows": 1}
+    et.log({"loss": 0.1})
+    et.finish()
+    lines = _lineage(run.dir)
+    assert [(x["action"], x["name"], x["version"], x["step"]) for x in lines] == [
+        ("logged", "data", 1, 2),
+        ("used", "data", 1, 2),
+    ]
+    assert lines[0]["new"] is True and lines[0]["digest"] == v.digest
+    assert lines[0]["path"] == str(v.path)
+    assert [e for e, _ in events] == ["artifact", "artifact"]
+    payload = events[0][1]
+    assert set(payload) == {
+        "action",
+        "name",
+        "version",
+        "type",
+        "digest",
+        "path",
+        "aliases",
+        "metadata",
+        "step",
+    }
+    assert payload == {
+        "action": "logged",
+        "name": "data",
+        "version": 1,
+        "type": "dataset",
+        "digest": v.digest,
+        "path": str(v.path),
+        "aliases": ["latest", "best"],
+        "metadata": {"rows": 1},
+        "step": 2,
+    }
+    assert events[1][1]["action"] == "used" and isinstance(events[1][1]["version"], int)
+    manifest = json.loads((v.path.parent / "v1.manifest.json").read_text())
+    assert manifest["run"]["name"] == "r" and manifest["run"]["dir"] == str(run.dir.absolute())
+
+
+def test_identical_contents_return_the_existing_version(tmp_path, data):
+    run = et.init(project="p", name="r", dir=str(tmp_path / "runs"))
+    v1 = et.log_artifact(data)
+    v1b = et.log_artifact(data, aliases=["again"])
+    assert v1b.version == v1.version == 1 and "again" in v1b.aliases
+    assert [x["new"] for x in _lineage(run.dir)] == [True, False]
+
+
+def test_a_file_path_and_name_type_overrides(tmp_path, data):
+    et.init(project="p", name="r", dir=str(tmp_path / "runs"))
+    v = et.log_artifact(data / "train.csv")
+    assert (v.name, v.files()) == ("train.csv", ["train.csv"])
+    art = et.Artifact("weights", type="model")
+    art.add_file(data / "train.csv", name="w.bin")
+    v2 = et.log_artifact(art, name="weights-small", type="checkpoint")
+    assert (v2.name, v2.type) == ("weights-small", "checkpoint")
+    assert art.name == "weights"  # the artifact given is not changed
+    bad = tmp_path / "has space"
+    bad.mkdir()
+    (bad / "f").write_text("f")
+    with pytest.raises(ArtifactNameError, match="pass name="):
+        et.log_artifact(bad)
+    assert et.log_artifact(bad, name="spaced").name == "spaced"
+
+
+def test_type_mismatch_and_unknown_names(tmp_path, data):
+    et.init(project="p", name="r", dir=str(tmp_path / "runs"))
+    et.log_artifact(data, type="dataset")
+    with pytest.raises(ArtifactTypeError, match=r"data:v1 has type 'dataset', not 'model'"):
+        et.use_artifact("data", type="model")
+    with pytest.raises(et.ExprTrackerError, match="no artifact 'dat'"):
+        et.use_artifact("dat")
+    with pytest.raises(ArtifactNameError, match=r"artifact name '\.\./x'"):
+        et.use_artifact("../x")
+
+
+def test_run_methods_and_no_run(tmp_path, data):
+    with pytest.raises(NoActiveRunError):
+        et.log_artifact(data)
+    with pytest.raises(NoActiveRunError):
+        et.use_artifact("data")
+    run = et.init(project="p", name="r", dir=str(tmp_path / "runs"))
+    v = run.log_artifact(data)
+    assert run.use_artifact(v).version == 1  # a version object is accepted too
+    assert et.info()["artifacts"] | {"store": None} == {
+        "logged": 1,
+        "used": 1,
+        "lineage_errors": 0,
+        "rewritten_in_place": 0,
+        "store": None,
+        "mode": "link",
+    }
+    et.finish()
+    with pytest.raises(NoActiveRunError, match="has finished"):
+        run.use_artifact("data")
+
+
+def test_streams_and_ranks_keep_their_own_lineage_file(tmp_path, data, monkeypatch):
+    runs = str(tmp_path / "runs")
+    et.init(project="p", name="r", dir=runs, stream="eval")
+    et.log_artifact(data)
+    et.finish()
+    monkeypatch.setenv("RANK", "2")
+    run = et.init(project="p", name="r", dir=runs)
+    et.use_artifact("data")
+    et.finish()
+    assert [x["action"] for x in _lineage(run.dir, "artifacts.eval.jsonl")] == ["logged"]
+    assert [x["action"] for x in _lineage(run.dir, "artifacts.rank2.jsonl")] == ["used"]
+    from expr_tracker.artifacts import read_lineage
+
+    recs = read_lineage(run.dir)
+    assert sorted((r["stream"] or "", r["rank"]) for r in recs) == [("", 2), ("eval", 0)]
+
+
+def test_copy_mode_from_the_spec(tmp_path, data):
+    import os
+
+    et.init(project="p", name="r", dir=str(tmp_path / "runs"), artifacts={"mode": "copy"})
+    v = et.log_artifact(data)
+    assert os.stat(v.get_path("train.csv")).st_ino != os.stat(data / "train.csv").st_ino
+
+
+def test_a_bad_mode_is_a_spec_error(tmp_path):
+    with pytest.raises(SpecError) as err:
+        et.init(project="p", name="r", dir=str(tmp_path / "runs"), artifacts={"mode": "symlink"})
+    msg = str(err.value)
+    assert "artifacts.mode" in msg and "symlink" in msg and "link" in msg and "copy" in msg
+    with pytest.raises(SpecError, match="artifacts.dir"):
+        et.init(project="p", name="r", dir=str(tmp_path / "runs"), artifacts={"dir": "x"})
+
+
+def test_a_checkpoint_rewritten_in_place_warns_and_later_versions_are_copies(tmp_path, caplog):
+    import os
+
+    run = et.init(project="p", name="r", dir=str(tmp_path / "runs"))
+    ckpt = tmp_path / "ckpt.pt"
+    ckpt.write_bytes(b"epoch-1")
+    v1 = et.log_artifact(ckpt, type="model")
+    assert os.stat(v1.get_path("ckpt.pt")).st_ino == os.stat(ckpt).st_ino  # linked
+    with open(ckpt, "wb") as f:  # torch.save(model, "ckpt.pt"): the same inode, rewritten
+        f.write(b"epoch-2")
+    with caplog.at_level("WARNING", logger="expr_tracker"):
+        v2 = et.log_artifact(ckpt, type="model")
+    assert "ckpt.pt:v1 file 'ckpt.pt' is a hard link" in caplog.text
+    assert "artifacts.mode: copy" in caplog.text
+    assert run.info()["artifacts"]["rewritten_in_place"] == 1
+    assert v2.manifest["files"][0]["stored"] == "copy"
+    assert os.stat(v2.get_path("ckpt.pt")).st_ino != os.stat(ckpt).st_ino
+    with open(ckpt, "wb") as f:
+        f.write(b"epoch-3")
+    v3 = et.log_artifact(ckpt, type="model")
+    assert v3.version == 3 and v3.manifest["files"][0]["stored"] == "copy"
+    assert v2.verify() and v2.get_path("ckpt.pt").read_bytes() == b"epoch-2"
+    with pytest.raises(et.ExprTrackerError, match="no longer matches"):
+        v1.verify()  # the one version a hard link cannot protect
+
+
+def test_relogging_linked_files_costs_no_copy(tmp_path, data, monkeypatch):
+    from expr_tracker.artifacts import store as store_mod
+
+    et.init(project="p", name="r", dir=str(tmp_path / "runs"))
+    v1 = et.log_artifact(data)
+    copies = []
+    real = store_mod.copy_hashed
+    monkeypatch.setattr(store_mod, "copy_hashed", lambda a, b: copies.append(a) or real(a, b))
+    assert et.log_artifact(data).version == v1.version
+    assert copies == []  # the sources are v1's links: hashed, found identical, nothing copied

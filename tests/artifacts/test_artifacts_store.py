@@ -1,0 +1,280 @@
+"""The per-project store: versions and dedup by digest, hard links vs copies, references,
+aliases, the index as the commit log (torn lines, leftovers of a killed publisher, stale
+staging directories), integrity checks."""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import shutil
+
+import pytest
+
+import expr_tracker as et
+from expr_tracker.artifacts import (
+    ArtifactCorruptedError,
+    ArtifactError,
+    ArtifactNotFoundError,
+    ArtifactStore,
+)
+from expr_tracker.artifacts.store import version_digest
+
+
+def _tree(root, files):
+    for name, data in files.items():
+        p = root / name
+        p.parent.mkdir(parents=True, exist_ok=True)
+        p.write_bytes(data)
+    return root
+
+
+def _art(name, src, **kw):
+    a = et.Artifact(name, **kw)
+    a.add_dir(src)
+    return a
+
+
+@pytest.fixture
+def store(tmp_path):
+    return ArtifactStore(tmp_path / "proj" / "artifacts")
+
+
+def test_versions_count_up_and_identical_contents_dedupe(tmp_path, store):
+    src = _tree(tmp_path / "src", {"a.txt": b"one", "d/b.bin": b"\0" * 10})
+    v1, new1 = store.log(_art("ds", src))
+    v1b, new1b = store.log(_art("ds", src), aliases=["best"])
+    assert (v1.version, new1, v1b.version, new1b) == (1, True, 1, False)
+    assert v1b.aliases == ["latest", "best"]  # the new alias went onto the existing version
+    (src / "a.txt").unlink()  # a new inode: the linked v1 keeps its content
+    (src / "a.txt").write_bytes(b"two")
+    v2, new2 = store.log(_art("ds", src))
+    assert (v2.version, new2) == (2, True) and v2.digest != v1.digest
+    assert (v2.path / "a.txt").read_bytes() == b"two" and (v1.path / "a.txt").read_bytes() == b"one"
+    assert store.get("ds").version == 2
+    assert store.get("ds", "v1").digest == v1.digest
+    assert store.get("ds", "best").version == 1
+    assert [v.version for v in store.versions("ds")] == [1, 2]
+    assert v1.files() == ["a.txt", "d/b.bin"] and v1.size == 13
+    # back to v1's contents: v1 again, not v3
+    (src / "a.txt").unlink()
+    (src / "a.txt").write_bytes(b"one")
+    assert store.log(_art("ds", src))[0].version == 1
+
+
+def test_manifest_and_digest(tmp_path, store):
+    src = _tree(tmp_path / "src", {"a.txt": b"one"})
+    art = _art("ds", src, type="dataset", description="d", metadata={"rows": 1})
+    art.add_reference("s3://bucket/key.csv")
+    v, _ = store.log(art, run={"project": "proj", "name": "r"})
+    m = json.loads((store.root / "ds" / "v1.manifest.json").read_text())
+    sha = hashlib.sha256(b"one").hexdigest()
+    assert m["files"][0] | {"mtime_ns": 0} == {
+        "name": "a.txt",
+        "size": 3,
+        "sha256": sha,
+        "stored": "link",
+        "mtime_ns": 0,
+    }
+    assert m["references"] == [{"name": "key.csv", "uri": "s3://bucket/key.csv"}]
+    assert (m["type"], m["description"], m["metadata"], m["run"]["name"]) == (
+        "dataset",
+        "d",
+        {"rows": 1},
+        "r",
+    )
+    entries = [["file", "a.txt", 3, sha], ["ref", "key.csv", "s3://bucket/key.csv"]]
+    blob = json.dumps(entries, separators=(",", ":")).encode()
+    assert m["digest"] == v.digest == hashlib.sha256(blob).hexdigest()
+    assert version_digest(m["files"], m["references"]) == v.digest
+    # type and metadata are not the content
+    other = _art("ds", src, type="model", metadata={"rows": 2})
+    other.add_reference("s3://bucket/key.csv")
+    assert store.log(other)[0].version == 1
+
+
+def test_link_mode_shares_the_inode(tmp_path, store):
+    src = _tree(tmp_path / "src", {"big.bin": os.urandom(4096)})
+    v, _ = store.log(_art("ds", src))
+    stored, orig = os.stat(v.get_path("big.bin")), os.stat(src / "big.bin")
+    assert stored.st_ino == orig.st_ino and orig.st_nlink == 2
+    assert v.manifest["files"][0]["stored"] == "link"
+
+
+def test_copy_mode_copies_and_protects(tmp_path):
+    store = ArtifactStore(tmp_path / "artifacts", mode="copy")
+    src = _tree(tmp_path / "src", {"big.bin": os.urandom(4096)})
+    v, _ = store.log(_art("ds", src))
+    stored, orig = os.stat(v.get_path("big.bin")), os.stat(src / "big.bin")
+    assert stored.st_ino != orig.st_ino and orig.st_nlink == 1 and stored.st_nlink == 1
+    assert stored.st_mode & 0o222 == 0  # read-only copy
+    assert v.get_path("big.bin").read_bytes() == (src / "big.bin").read_bytes()
+    assert v.manifest["files"][0]["stored"] == "copy"
+    (src / "big.bin").write_bytes(b"edited in place")  # the store does not follow
+    assert v.verify()
+
+
+def test_link_mode_falls_back_to_a_copy_across_devices(tmp_path):
+    shm = "/dev/shm"
+    if not os.path.isdir(shm) or os.stat(shm).st_dev == os.stat(tmp_path).st_dev:
+        pytest.skip("needs /dev/shm on another device")
+    src = tmp_path / "unused"
+    import tempfile
+
+    with tempfile.TemporaryDirectory(dir=shm) as d:
+        src = _tree(__import__("pathlib").Path(d), {"x.bin": b"abc" * 100})
+        v, _ = ArtifactStore(tmp_path / "artifacts").log(_art("ds", src))
+        assert v.manifest["files"][0]["stored"] == "copy"
+        assert os.stat(v.get_path("x.bin")).st_ino != os.stat(src / "x.bin").st_ino
+    assert v.verify()  # the source is gone; the copy stays
+
+
+def test_references_are_recorded_never_copied(tmp_path, store):
+    local = _tree(tmp_path / "elsewhere", {"huge.bin": b"z" * 1000})
+    art = et.Artifact("refs")
+    art.add_reference(str(local / "huge.bin"))
+    art.add_reference("s3://bucket/a/b.parquet", name="b")
+    v, _ = store.log(art)
+    assert v.files() == [] and v.size == 0
+    assert v.references() == {"huge.bin": str(local / "huge.bin"), "b": "s3://bucket/a/b.parquet"}
+    assert v.get_path("b") == "s3://bucket/a/b.parquet"
+    assert list(v.path.iterdir()) == []  # nothing copied
+    assert os.stat(local / "huge.bin").st_nlink == 1  # nor linked
+    assert v.download(tmp_path / "dl") == tmp_path / "dl"
+
+
+def test_aliases_move_and_latest_follows_the_newest(tmp_path, store):
+    src = tmp_path / "f"
+    versions = []
+    for i in range(3):
+        src.unlink(missing_ok=True)
+        src.write_text(str(i))
+        a = et.Artifact("m", type="model")
+        a.add_file(src)
+        versions.append(store.log(a, aliases=["best"] if i < 2 else ["prod"])[0])
+    assert store.get("m", "best").version == 2
+    assert store.get("m", "prod").version == 3
+    assert store.get("m").aliases == ["latest", "prod"]
+    assert store.get("m", "v1").aliases == []
+    # re-logging v1's contents moves "best" back to v1; latest stays v3
+    src.unlink()
+    src.write_text("0")
+    a = et.Artifact("m", type="model")
+    a.add_file(src)
+    assert store.log(a, aliases=["best"])[0].aliases == ["best"]
+    assert store.get("m", "best").version == 1 and store.get("m").version == 3
+    kinds = [r["kind"] for r in store.records()]
+    assert kinds == ["version", "version", "version", "alias"]
+
+
+def test_get_errors_name_what_exists(tmp_path, store):
+    src = _tree(tmp_path / "src", {"a": b"a"})
+    store.log(_art("digits", src), aliases=["best"])
+    with pytest.raises(ArtifactNotFoundError, match=r"no artifact 'digit'.*did you mean 'digits'"):
+        store.get("digit")
+    with pytest.raises(ArtifactNotFoundError, match=r"no version v7 \(versions: v1\)"):
+        store.get("digits", "v7")
+    with pytest.raises(ArtifactNotFoundError, match=r"no alias 'prod' \(aliases: latest, best"):
+        store.get("digits", "prod")
+    v = store.get("digits")
+    with pytest.raises(ArtifactNotFoundError, match=r"has no file 'b'; it has: a"):
+        v.get_path("b")
+
+
+def test_empty_artifact_and_missing_source(tmp_path, store):
+    with pytest.raises(ArtifactError, match="is empty"):
+        store.log(et.Artifact("e"))
+    f = tmp_path / "f"
+    f.write_text("x")
+    a = et.Artifact("gone")
+    a.add_file(f)
+    f.unlink()
+    with pytest.raises(ArtifactError, match="no longer exists; nothing was published"):
+        store.log(a)
+    assert store.records() == [] and not any(
+        p.name.startswith(".staging") and p.is_dir() for p in (store.root / "gone").iterdir()
+    )
+
+
+def test_torn_index_line_is_ignored_and_repaired(tmp_path, store):
+    src = _tree(tmp_path / "src", {"a": b"a"})
+    store.log(_art("ds", src))
+    with open(store.root / "index.jsonl", "ab") as f:
+        f.write(b'{"kind":"version","name":"ds","vers')  # a writer killed mid-line
+    assert [v.version for v in store.versions("ds")] == [1]
+    (src / "a").unlink()
+    (src / "a").write_bytes(b"b")
+    assert store.log(_art("ds", src))[0].version == 2
+    lines = (store.root / "index.jsonl").read_bytes().splitlines()
+    assert len(lines) == 2 and all(json.loads(x)["kind"] == "version" for x in lines)
+
+
+def test_leftovers_of_a_killed_publisher_are_never_listed_and_removed(tmp_path, store):
+    src = _tree(tmp_path / "src", {"a": b"a"})
+    store.log(_art("ds", src))
+    adir = store.root / "ds"
+    # killed after its rename, before its index line: v2 exists on disk, not in the index
+    shutil.copytree(adir / "v1", adir / "v2")
+    shutil.copy(adir / "v1.manifest.json", adir / "v2.manifest.json")
+    staging = adir / ".staging-999999-dead"
+    staging.mkdir()
+    (staging / "half").write_bytes(b"h")
+    os.utime(staging, (1, 1))  # long abandoned (no lock file: its writer is gone)
+    fresh = adir / ".staging-999998-young"
+    fresh.mkdir()  # no lock file yet, but young: a writer may be between create and flock
+    assert [v.version for v in store.versions("ds")] == [1]
+    assert store.get("ds").version == 1
+    (src / "a").unlink()
+    (src / "a").write_bytes(b"new")
+    v, _ = store.log(_art("ds", src))
+    assert v.version == 2 and (v.path / "a").read_bytes() == b"new"
+    assert not staging.exists() and fresh.exists()
+    assert store.get("ds", "v2").verify()
+
+
+def test_a_live_writers_staging_is_kept(tmp_path, store):
+    from expr_tracker.artifacts.files import locked
+
+    adir = store.root / "ds"
+    adir.mkdir(parents=True)
+    staging = adir / ".staging-1-live"
+    staging.mkdir()
+    with locked(adir / ".staging-1-live.lock"):
+        assert store.clean_staging("ds", min_age_s=0) == 0
+        assert staging.exists()
+    assert store.clean_staging("ds", min_age_s=0) == 1
+    assert not staging.exists()
+    assert not (adir / ".staging-1-live.lock").exists()
+
+
+def test_in_place_edit_of_a_linked_source_is_detected(tmp_path, store):
+    src = _tree(tmp_path / "src", {"ckpt.pt": b"epoch-1"})
+    v, _ = store.log(_art("ckpt", src))
+    with open(src / "ckpt.pt", "r+b") as f:  # same size, same inode: what torch.save does
+        f.write(b"epoch-2")
+    os.utime(src / "ckpt.pt", ns=(1, 1))
+    v = store.get("ckpt")
+    with pytest.raises(ArtifactCorruptedError, match=r"ckpt:v1 .*ckpt.pt \(content changed\)"):
+        v.check()
+    with pytest.raises(ArtifactCorruptedError, match="mode: copy"):
+        v.verify()
+    (v.path / "ckpt.pt").unlink()  # a stored file removed by hand
+    with pytest.raises(ArtifactCorruptedError, match="missing"):
+        store.get("ckpt").check()
+
+
+def test_download(tmp_path, store):
+    src = _tree(tmp_path / "src", {"a.txt": b"a", "d/b.txt": b"b"})
+    v, _ = store.log(_art("ds", src))
+    assert v.download() == v.path
+    root = tmp_path / "out"
+    (root / "d").mkdir(parents=True)
+    (root / "d" / "b.txt").write_text("old")
+    assert v.download(root) == root
+    assert (root / "a.txt").read_bytes() == b"a" and (root / "d" / "b.txt").read_bytes() == b"b"
+    assert sorted(p.name for p in root.rglob("*")) == ["a.txt", "b.txt", "d"]
+
+
+def test_unknown_mode_is_refused(tmp_path):
+    with pytest.raises(ValueError, match="'link' or 'copy'"):
+        ArtifactStore(tmp_path, mode="symlink")

@@ -1,0 +1,143 @@
+"""`et artifacts list` and `et artifacts show`: tables, json, jsonl, lineage, errors."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+import expr_tracker as et
+from expr_tracker.cli.main import main
+
+
+@pytest.fixture
+def runs(tmp_path):
+    runs = tmp_path / "runs"
+    src = tmp_path / "data"
+    src.mkdir()
+    (src / "train.csv").write_text("x\n1\n")
+    et.init(project="p", name="maker", dir=str(runs))
+    et.log({"loss": 1.0})
+    et.log_artifact(src, aliases=["best"])
+    (src / "train.csv").unlink()
+    (src / "train.csv").write_text("x\n1\n2\n")
+    et.log_artifact(src)
+    m = et.Artifact("model", type="model", metadata={"acc": 0.9})
+    m.add_file(src / "train.csv", name="w/weights.bin")
+    m.add_reference("s3://bucket/big.ckpt")
+    et.log_artifact(m)
+    et.finish()
+    et.init(project="p", name="user", dir=str(runs), stream="eval")
+    et.log({"acc": 0.5})
+    et.log({"acc": 0.6})
+    et.use_artifact("data:best")
+    et.finish()
+    return runs
+
+
+def et_cli(capsys, *argv):
+    code = main(["artifacts", *map(str, argv)])
+    out = capsys.readouterr()
+    return code, out.out, out.err
+
+
+def test_list_table(runs, capsys, monkeypatch):
+    monkeypatch.setenv("COLUMNS", "80")
+    code, out, _ = et_cli(capsys, "list", runs)
+    assert code == 0
+    lines = out.splitlines()
+    assert lines[0].split() == ["name", "versions", "latest", "type", "size", "aliases"]
+    assert lines[1].split() == ["data", "2", "v2", "dataset", "6", "B", "best→v1"]
+    assert lines[2].split()[:5] == ["model", "1", "v1", "model", "6"]
+    # the project directory and the store directory name the same thing
+    assert et_cli(capsys, "list", runs / "p")[1] == out
+    assert et_cli(capsys, "list", runs / "p" / "artifacts")[1] == out
+
+
+def test_list_json_and_jsonl(runs, capsys):
+    code, out, _ = et_cli(capsys, "list", runs, "--format", "json")
+    records = json.loads(out)
+    assert code == 0 and [r["name"] for r in records] == ["data", "model"]
+    assert records[0] | {"created_at": 0, "path": ""} == {
+        "project": "p",
+        "name": "data",
+        "versions": 2,
+        "latest": 2,
+        "type": "dataset",
+        "size": 6,
+        "aliases": {"best": 1},
+        "created_at": 0,
+        "path": "",
+    }
+    code, out, _ = et_cli(capsys, "list", runs, "--format", "jsonl")
+    assert [json.loads(x)["name"] for x in out.splitlines()] == ["data", "model"]
+
+
+def test_list_without_artifacts_and_a_missing_dir(tmp_path, capsys):
+    (tmp_path / "empty").mkdir()
+    assert et_cli(capsys, "list", tmp_path / "empty")[:2] == (
+        0,
+        f"no artifacts under {tmp_path / 'empty'}\n",
+    )
+    assert et_cli(capsys, "list", tmp_path / "empty", "--format", "json")[1] == "[]\n"
+    code, _, err = et_cli(capsys, "list", tmp_path / "nope")
+    assert code == 1 and "is not a directory" in err
+
+
+def test_show_text_with_lineage(runs, capsys, monkeypatch):
+    monkeypatch.setenv("COLUMNS", "100")
+    code, out, _ = et_cli(capsys, "show", "data:best", "--project-dir", runs)
+    assert code == 0
+    assert "data:v1  (p)" in out and "latest" not in out.split("aliases:")[1].splitlines()[0]
+    assert "train.csv" in out and "link" in out
+    lineage = out[out.index("action") :].splitlines()[1:]
+    assert [line.split()[:4] for line in lineage] == [
+        ["maker", "main", "logged", "1"],
+        ["user", "eval", "used", "2"],
+    ]
+    code, out, _ = et_cli(capsys, "show", "model", "--project-dir", runs / "p")
+    assert "reference s3://bucket/big.ckpt" in out and "metadata.acc:" in out
+    assert "no run recorded using it" not in out and "maker" in out
+
+
+def test_show_json(runs, capsys):
+    code, out, _ = et_cli(capsys, "show", "data", "--project-dir", runs, "--format", "json")
+    doc = json.loads(out)
+    assert code == 0 and (doc["name"], doc["version"], doc["aliases"]) == ("data", 2, ["latest"])
+    assert [f["name"] for f in doc["files"]] == ["train.csv"]
+    assert [(x["run"], x["action"], x["version"]) for x in doc["lineage"]] == [
+        ("maker", "logged", 2)
+    ]
+    code, out, _ = et_cli(capsys, "show", "data:v1", "--project-dir", runs, "--format", "jsonl")
+    assert len(out.splitlines()) == 1 and json.loads(out)["version"] == 1
+
+
+def test_show_errors(runs, capsys, tmp_path):
+    code, _, err = et_cli(capsys, "show", "nope", "--project-dir", runs)
+    assert code == 1 and "no artifact 'nope'" in err and "projects with artifacts: p" in err
+    code, _, err = et_cli(capsys, "show", "data:v9", "--project-dir", runs)
+    assert code == 1 and "no version v9 (versions: v1, v2)" in err
+    code, _, err = et_cli(capsys, "show", "../x", "--project-dir", runs)
+    assert code == 2 and "artifact name '../x'" in err
+    # the same name in two projects: which one is a usage error
+    src = tmp_path / "d2"
+    src.mkdir()
+    (src / "f").write_text("f")
+    et.init(project="q", name="r", dir=str(runs))
+    et.log_artifact(src, name="data")
+    et.finish()
+    code, _, err = et_cli(capsys, "show", "data", "--project-dir", runs)
+    assert code == 2 and "several projects (p, q)" in err
+    assert et_cli(capsys, "show", "data", "--project-dir", runs / "q")[0] == 0
+
+
+def test_et_runs_does_not_list_the_store(runs, capsys):
+    src = runs.parent / "looks-like-a-run"
+    src.mkdir()
+    (src / "metrics.jsonl").write_text('{"_step": 0}\n')
+    et.init(project="p", name="third", dir=str(runs))
+    et.log_artifact(src)
+    et.finish()
+    assert main(["runs", str(runs), "--format", "json"]) == 0
+    names = sorted(r["run"] for r in json.loads(capsys.readouterr().out))
+    assert names == ["p/maker", "p/third", "p/user"]
