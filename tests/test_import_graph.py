@@ -28,13 +28,16 @@ ALLOWED: dict[str, set[str]] = {
     "spec": LEAVES,
     "history": LEAVES,
     "spans": LEAVES | {"history"},
-    "runs": LEAVES | {"history"},
+    "runconfig": LEAVES | {"history"},
+    "runs": LEAVES | {"history", "runconfig"},
+    "proxies": LEAVES,
+    "wandb_compat": LEAVES | {"spec", "runconfig"},
     "alerts": LEAVES | {"history", "spec"},
     "trace": LEAVES | {"history"},
     "plugins": {"spans"},
     "testing": LEAVES | {"alerts"},
-    "build": LEAVES | {"history", "spans", "runs", "alerts", "spec"},
-    "api": LEAVES | {"history", "spans", "runs", "alerts", "spec", "build"},
+    "build": LEAVES | {"history", "spans", "runs", "runconfig", "alerts", "spec"},
+    "api": LEAVES | {"history", "spans", "runs", "alerts", "spec", "build", "wandb_compat"},
 }
 for _leaf in LEAVES:
     ALLOWED[_leaf] = set()

@@ -8,6 +8,7 @@ import sys
 import expr_tracker as et
 
 PUBLIC = [
+    "ConfigChangeError",
     "ExprTrackerError",
     "ForkedRunError",
     "M",
@@ -19,7 +20,9 @@ PUBLIC = [
     "__version__",
     "add_alert_rule",
     "alert",
+    "config",
     "configure_alert",
+    "define_metric",
     "finish",
     "get_run",
     "history",
@@ -30,6 +33,7 @@ PUBLIC = [
     "register_backend",
     "register_channel",
     "resolve_run_path",
+    "run",
     "span",
     "start_span",
     "summary",

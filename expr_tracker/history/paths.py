@@ -8,6 +8,7 @@ Layout (DESIGN.md "Files and names"): ``<dir>/<project>/<name>/`` holds, per pro
     spans[.S][.rankN].jsonl          summary[.S][.rankN].json
     alerts[.S][.rankN].jsonl         run[.S][.rankN].json
     config[.S].json                  spec.json   (once per run)
+    metric_defs[.S][.rankN].json     (define_metric: definitions and summary state)
 """
 
 from __future__ import annotations
@@ -33,6 +34,7 @@ KINDS = {
     "alerts": "jsonl",
     "run": "json",
     "config": "json",
+    "metric_defs": "json",
 }
 
 
