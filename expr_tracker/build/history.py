@@ -332,6 +332,10 @@ def construct_run(
 
     if file_rank == 0:
         config_path = run_dir / file_name("config", stream)
+        if resumed or previous is not None:
+            # a resumed run keeps what earlier attempts added (et.config.update); the
+            # values given now win
+            config = {**_read_json(config_path), **config}
         attempt.write_shared(config_path, redact_config(config), warner)
         spec_path = run_dir / "spec.json"
         if not stream or not spec_path.exists():
