@@ -59,13 +59,21 @@ def init(
             mapping, an OmegaConf container, a dataclass or a pydantic model.
         **kwargs: any spec field by its flat keyword name (``dir``, ``run_dir``, ``stream``,
             ``resume``, ``step_policy``, ``cache_bytes``, ``buffer_size``, ``spans``,
-            ``span_metrics``, ``alert_rules`` ...); see ``docs/configuration.md``.
+            ``span_metrics``, ``alert_rules``, ``entity``, ``job_type``, ``mode`` ...); see
+            ``docs/configuration.md``. wandb's keywords are accepted too
+            (``expr_tracker.wandb_compat``, docs/coming-from-wandb.md): ``id`` (the run's
+            name), ``mode="disabled"`` (a no-op run), ``reinit`` (True: finish the current
+            run first; ``"create_new"``: an independent run; ``"return_previous"``),
+            ``resume=True|"auto"``, ``allow_val_change``, ``config_include_keys``,
+            ``config_exclude_keys``; the rest (``settings``, ``save_code`` ...) are
+            ignored with one warning each.
 
     Sources, later wins: defaults < webhook environment variables < ``ET_ALERT_CONFIG`` <
     ``ET_CONFIG`` < ``et.configure_alert()`` < ``spec`` < keyword arguments.
 
     Raises:
-        RunAlreadyActiveError: a run is active in this process (call ``et.finish()`` first).
+        RunAlreadyActiveError: a run is active in this process (call ``et.finish()`` first,
+            or pass ``reinit``).
         SpecError: the spec is invalid (every problem listed, with its path and source).
         ResumeError: ``resume`` forbids what is on disk.
         RunLockedError: another live process writes the same stream and rank (nothing of

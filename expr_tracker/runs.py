@@ -205,6 +205,13 @@ class Run:
         """
         # everything was done by __new__ (the factory returned an assembled run)
 
+    def __reduce_ex__(self, protocol: Any) -> Any:
+        # copy/pickle would call Run.__new__, which builds a new run: refuse instead
+        raise TypeError(
+            "a Run cannot be copied or pickled (it owns open files and a lock); pass "
+            "run.dir, run.name or run.config.as_dict() instead"
+        )
+
     @classmethod
     def _assemble(cls, **parts: Any) -> Run:
         """A run from the parts build/ made (the composition root's constructor)."""

@@ -189,3 +189,14 @@ def test_disabled_with_block_and_independent(tmp_path):
     other.log({"x": 1})
     other.finish()
     assert run.finished and other.finished and os.listdir(tmp_path) == []
+
+
+def test_a_run_cannot_be_copied_or_pickled(tmp_path):
+    import copy
+    import pickle
+
+    run = et.init(project="p", name="r")
+    for attempt in (lambda: copy.copy(run), lambda: copy.deepcopy(run), lambda: pickle.dumps(run)):
+        with pytest.raises(TypeError, match="cannot be copied"):
+            attempt()
+    assert sorted(os.listdir(tmp_path / "runs" / "p")) == ["r"]  # no second run was built
