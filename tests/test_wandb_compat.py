@@ -139,3 +139,11 @@ def test_omegaconf_config_with_exclude_keys():
     cfg = OmegaConf.create({"lr": 0.1, "base": 2, "derived": "${base}", "tracker": {"x": 1}})
     run = et.init(project="p", name="r", config=cfg, config_exclude_keys=["tracker"])
     assert run.config == {"lr": 0.1, "base": 2, "derived": 2}
+
+
+def test_hostile_id_and_bad_field_types_are_spec_errors(tmp_path):
+    with pytest.raises(SpecError, match="name: '../escape' is not valid"):
+        et.init(project="p", id="../escape")
+    with pytest.raises(SpecError, match="entity"):
+        et.init(project="p", name="r", entity=5)
+    assert not (tmp_path / "escape").exists() and not (tmp_path / "runs").exists()
