@@ -12,6 +12,8 @@ medians over the repeats. Sections:
 - ``log_wide``: ``log()`` of 30 floats
 - ``log_nan``: ``log()`` of 3 floats one of which is NaN (the standard-json fallback)
 - ``log_numpy``: ``log()`` of 3 NumPy float32 scalars (the conversion path)
+- ``log_defined``: ``log()`` of 3 floats after ``define_metric("loss", summary="min,mean")``
+  (the summary aggregates one key; the two others cost one dict lookup each)
 
 Timing uses ``time.perf_counter_ns`` around each call (the timer's own ~50 ns included).
 """
@@ -27,7 +29,7 @@ import sys
 import tempfile
 import time
 
-SECTIONS = ("log", "log_commit_false", "log_wide", "log_nan", "log_numpy")
+SECTIONS = ("log", "log_commit_false", "log_wide", "log_nan", "log_numpy", "log_defined")
 WARMUP = 1000
 
 
@@ -36,6 +38,8 @@ def child(section: str, n: int) -> dict:
 
     root = tempfile.mkdtemp(prefix="bench_log_")
     et.init(project="bench", name=section, dir=root)
+    if section == "log_defined":
+        et.define_metric("loss", summary="min,mean")
     log = et.log
     if section == "log_numpy":
         import numpy as np

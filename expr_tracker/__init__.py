@@ -3,6 +3,10 @@
 ``import expr_tracker as et``; ``et.init(...)``, ``et.log({...})``, ``et.history(50)``,
 ``with et.span("forward"):``, ``et.finish()``. Heavy dependencies (torch, pandas, hydra)
 are imported only by the functions that need them.
+
+wandb-style: ``et.run`` is the current :class:`Run` or None, ``et.config`` and
+``et.summary`` follow the current run, so ``import expr_tracker as wandb`` works for the
+common calls (docs/coming-from-wandb.md).
 """
 
 from expr_tracker import history  # the package, callable: et.history(n=50, ...)
@@ -13,6 +17,7 @@ from expr_tracker.api import (
     add_alert_rule,
     alert,
     configure_alert,
+    define_metric,
     finish,
     get_run,
     info,
@@ -23,11 +28,11 @@ from expr_tracker.api import (
     register_backend,
     register_channel,
     remove_alert_rule,
-    summary,
     use_artifact,
 )
 from expr_tracker.artifacts import Artifact
 from expr_tracker.errors import (
+    ConfigChangeError,
     ExprTrackerError,
     ForkedRunError,
     NoActiveRunError,
@@ -35,6 +40,7 @@ from expr_tracker.errors import (
     RunLockedError,
 )
 from expr_tracker.history import read_history, resolve_run_path
+from expr_tracker.proxies import config, summary
 from expr_tracker.runs import Run
 from expr_tracker.spans import Span, span, start_span
 from expr_tracker.units import AlertLevel
@@ -55,6 +61,7 @@ __all__ = [
     "AlertRule",
     "Artifact",
     "ChannelConfig",
+    "ConfigChangeError",
     "ExprTrackerError",
     "ForkedRunError",
     "M",
@@ -67,7 +74,9 @@ __all__ = [
     "__version__",
     "add_alert_rule",
     "alert",
+    "config",
     "configure_alert",
+    "define_metric",
     "finish",
     "get_run",
     "history",
@@ -81,6 +90,7 @@ __all__ = [
     "register_channel",
     "remove_alert_rule",
     "resolve_run_path",
+    "run",
     "span",
     "start_span",
     "summary",
@@ -88,7 +98,14 @@ __all__ = [
 ]
 
 
-def __getattr__(name: str):  # noqa: ANN202 - PEP 562
+def __getattr__(name: str) -> object:  # PEP 562
+    """``et.run``: the current :class:`Run`, or None (none started, or it finished); the
+    names in ``_LAZY`` are imported on first use."""
+    if name == "run":
+        from expr_tracker import _current
+
+        run = _current.run
+        return None if run is None or run.finished else run
     target = _LAZY.get(name)
     if target is None:
         raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
@@ -100,4 +117,4 @@ def __getattr__(name: str):  # noqa: ANN202 - PEP 562
 
 
 def __dir__() -> list[str]:
-    return sorted(set(globals()) | set(_LAZY))
+    return sorted(set(globals()) | set(_LAZY) | {"run"})

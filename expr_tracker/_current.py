@@ -22,6 +22,14 @@ run: Any = None
 #: ``et.alert`` dispatcher (``alerts.delivery.direct``), so neither needs ``api``
 configured_alert: dict[str, Any] = {}
 
+#: ``new_run(project, name, kwargs) -> Run``: builds an independent run (``et.Run(...)``);
+#: set by api (spec resolved, then build/), so runs.py needs neither
+new_run: Any = None
+
+#: ``end_run(run, exception)``: finish ``run`` and stop it being the current one (the end of
+#: a ``with et.init(...)`` block); set by api
+end_run: Any = None
+
 #: fork generation of this process: 0 in the process that imported the package
 fork_gen = 0
 

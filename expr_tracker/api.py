@@ -59,21 +59,31 @@ def init(
             mapping, an OmegaConf container, a dataclass or a pydantic model.
         **kwargs: any spec field by its flat keyword name (``dir``, ``run_dir``, ``stream``,
             ``resume``, ``step_policy``, ``cache_bytes``, ``buffer_size``, ``spans``,
-            ``span_metrics``, ``alert_rules`` ...); see ``docs/configuration.md``.
+            ``span_metrics``, ``alert_rules``, ``entity``, ``job_type``, ``mode`` ...); see
+            ``docs/configuration.md``. wandb's keywords are accepted too
+            (``expr_tracker.wandb_compat``, docs/coming-from-wandb.md): ``id`` (the run's
+            name), ``mode="disabled"`` (a no-op run), ``reinit`` (True: finish the current
+            run first; ``"create_new"``: an independent run; ``"return_previous"``),
+            ``resume=True|"auto"``, ``allow_val_change``, ``config_include_keys``,
+            ``config_exclude_keys``; the rest (``settings``, ``save_code`` ...) are
+            ignored with one warning each.
 
     Sources, later wins: defaults < webhook environment variables < ``ET_ALERT_CONFIG`` <
     ``ET_CONFIG`` < ``et.configure_alert()`` < ``spec`` < keyword arguments.
 
     Raises:
-        RunAlreadyActiveError: a run is active in this process (call ``et.finish()`` first).
+        RunAlreadyActiveError: a run is active in this process (call ``et.finish()`` first,
+            or pass ``reinit``).
         SpecError: the spec is invalid (every problem listed, with its path and source).
         ResumeError: ``resume`` forbids what is on disk.
         RunLockedError: another live process writes the same stream and rank (nothing of
             its files was read or touched).
     """
-    from expr_tracker.build import build
-    from expr_tracker.spec import SpecError, resolve
+    from expr_tracker.wandb_compat import wandb_init_call
 
+    call = wandb_init_call(project, name, config, kwargs)  # wandb's keywords mapped
+    if call.reinit == "create_new":
+        return _independent_run(spec, call)
     with _lock:
         cur = _state.run
         parent = None
@@ -82,31 +92,83 @@ def init(
                 parent = cur
                 _state.run = None  # inherited from the parent: drop it without touching its locks
             elif not cur.finished:
-                raise RunAlreadyActiveError(
-                    f"a run is already active ({cur.project}/{cur.name}); call et.finish() "
-                    "before et.init() again"
-                )
-        given = dict(kwargs)
+                if call.reinit == "return_previous":
+                    return cur
+                if call.reinit != "finish_previous":
+                    raise RunAlreadyActiveError(
+                        f"a run is already active ({cur.project}/{cur.name}); call "
+                        "et.finish() before et.init() again (or pass reinit=True to finish it "
+                        "first, reinit='create_new' for an independent run)"
+                    )
+                cur.finish()
+                _state.run = None
+        given = call.given
         if "alert_rules" in given:
             given["alert_rules"] = _rules_as_data(given["alert_rules"])
-        if project is not None:
-            given["project"] = project
-        if name is not None:
-            given["name"] = name
-        if config is not None:
-            given["config"] = config
-        resolved = resolve(spec, kwargs=given, configure_alert=_state.configured_alert or None)
-        if parent is not None and _joins_parent(resolved, parent):
-            given.update(project=parent.project, name=parent.name, run_dir=str(parent.dir))
-            resolved = resolve(spec, kwargs=given, configure_alert=_state.configured_alert or None)
-        try:
-            run = build(resolved)
-        except SpecError as exc:
-            raise _with_config_keys(exc, spec) from None
+        run = _resolve_and_build(spec, given, parent)
+        if call.allow_val_change:
+            run.config.allow_changes()
         _state.run = run
         _install_hooks()
         _finish_at_process_exit()
     return run
+
+
+def _resolve_and_build(
+    spec: Any, given: dict[str, Any], parent: Run | None = None, *, independent: bool = False
+) -> Run:
+    """Resolve the spec from its sources and build the run (under ``_lock``)."""
+    from expr_tracker.build import build
+    from expr_tracker.spec import SpecError, resolve
+
+    resolved = resolve(spec, kwargs=given, configure_alert=_state.configured_alert or None)
+    if parent is not None and _joins_parent(resolved, parent):
+        given.update(project=parent.project, name=parent.name, run_dir=str(parent.dir))
+        resolved = resolve(spec, kwargs=given, configure_alert=_state.configured_alert or None)
+    try:
+        return build(resolved, independent=independent)
+    except SpecError as exc:
+        raise _with_config_keys(exc, spec) from None
+
+
+#: runs made by et.Run(...) / reinit="create_new", finished at process exit if still open
+_independent_runs: list[Run] = []
+
+
+def _independent_run(spec: Any, call: Any) -> Run:
+    """An independent run (``et.Run(...)``, ``et.init(reinit="create_new")``): built like
+    the current one, never made current; its span recorder is not the active one."""
+    given = call.given
+    if "alert_rules" in given:
+        given["alert_rules"] = _rules_as_data(given["alert_rules"])
+    with _lock:  # resolve + build serialised with et.init
+        run = _resolve_and_build(spec, given, independent=True)
+        if call.allow_val_change:
+            run.config.allow_changes()
+        _independent_runs[:] = [r for r in _independent_runs if not r.finished]
+        _independent_runs.append(run)
+        _install_hooks()
+        _finish_at_process_exit()
+    return run
+
+
+def _new_run(project: str | None, name: str | None, kwargs: dict[str, Any]) -> Run:
+    """``et.Run(project, name, **kwargs)`` (registered in ``_current.new_run``)."""
+    from expr_tracker.wandb_compat import wandb_init_call
+
+    kwargs = dict(kwargs)
+    spec = kwargs.pop("spec", None)
+    config = kwargs.pop("config", None)
+    kwargs.pop("reinit", None)  # an independent run replaces nothing
+    return _independent_run(spec, wandb_init_call(project, name, config, kwargs))
+
+
+def _end_run(run: Run, exception: BaseException | None) -> None:
+    """The end of ``with et.init(...) as run:`` (registered in ``_current.end_run``)."""
+    if run is _state.run:
+        _finish_current(run, exception=exception)
+    else:
+        run.finish(exception=exception)
 
 
 def _joins_parent(resolved: Any, parent: Run) -> bool:
@@ -240,6 +302,27 @@ def use_artifact(artifact: Any, type: str | None = None) -> Any:  # noqa: A002
     return run.use_artifact(artifact, type)
 
 
+def define_metric(
+    name: str,
+    step_metric: str | None = None,
+    summary: str | None = None,
+    hidden: bool | None = None,
+    goal: str | None = None,
+    step_sync: bool | None = None,
+    overwrite: bool | None = None,
+    **kwargs: Any,
+) -> Any:
+    """``define_metric`` on the current run: see :meth:`Run.define_metric`.
+
+    Raises:
+        NoActiveRunError: no run is active.
+        ValueError / TypeError: a bad name or value.
+    """
+    return current_run().define_metric(
+        name, step_metric, summary, hidden, goal, step_sync, overwrite, **kwargs
+    )
+
+
 def get_run() -> Run | None:
     """The current run, or None."""
     return _state.run
@@ -271,7 +354,7 @@ def info() -> dict[str, Any]:
     return current_run().info()
 
 
-def finish(exit_code: int | None = None) -> None:
+def finish(exit_code: int | None = None, quiet: bool | None = None) -> None:
     """Commit the open row, flush everything and close the run. Idempotent.
 
     Interrupted (Ctrl-C, SIGTERM), it can be called again: it completes what was left
@@ -281,7 +364,8 @@ def finish(exit_code: int | None = None) -> None:
     Order: the open row is committed (so alert rules see it), then spans, the alert engine
     and delivery (drained within its deadline) close, then the history is flushed and
     closed, ``summary.json`` and ``run.json`` written. A non-zero ``exit_code`` marks the
-    run ``failed`` in ``run.json``.
+    run ``failed`` in ``run.json``. ``quiet`` (wandb's) is accepted; nothing is printed at
+    the end of a run anyway.
 
     Raises:
         ForkedRunError: this is a forked child that inherited the run (start its own).
@@ -293,8 +377,17 @@ def finish(exit_code: int | None = None) -> None:
         if run.forked:
             _state.run = None
             raise ForkedRunError(FORK_MESSAGE)
+    _finish_current(run, exit_code, quiet=quiet)
+
+
+def _finish_current(
+    run: Run,
+    exit_code: int | None = None,
+    exception: BaseException | None = None,
+    quiet: bool | None = None,
+) -> None:
     try:
-        run.finish(exit_code=exit_code)
+        run.finish(exit_code=exit_code, exception=exception, quiet=quiet)
     finally:
         # an interrupted finish() keeps the run current: calling et.finish() again (or the
         # exit hook) completes it, and et.init() refuses to start another meanwhile
@@ -517,16 +610,16 @@ def _at_exit() -> None:
 
 
 def _finish_at_exit() -> None:
-    run = _state.run
-    if run is None or run.forked or run.finished:
-        return
-    if run.exception is None and getattr(sys, "last_type", None) is not None:
-        run.exception = (sys.last_type, sys.last_value, sys.last_traceback)
-    exit_code = None
-    if _signal_received is not None:
-        run.info_record["signal"] = signal.Signals(_signal_received).name
-        exit_code = 128 + _signal_received
-    run.finish(exit_code=exit_code)
+    for run in [_state.run, *_independent_runs]:
+        if run is None or run.forked or run.finished:
+            continue
+        if run.exception is None and getattr(sys, "last_type", None) is not None:
+            run.exception = (sys.last_type, sys.last_value, sys.last_traceback)
+        exit_code = None
+        if _signal_received is not None:
+            run.info_record["signal"] = signal.Signals(_signal_received).name
+            exit_code = 128 + _signal_received
+        run.finish(exit_code=exit_code)
 
 
 _signal_received: int | None = None
@@ -582,3 +675,8 @@ def _install_hooks() -> None:
                 signal.signal(signal.SIGTERM, _on_sigterm)
         except (ValueError, OSError):  # pragma: no cover - no signals here
             pass
+
+
+# et.Run(...) and the end of a `with` block reach api through the leaf (runs.py is below api)
+_state.new_run = _new_run
+_state.end_run = _end_run

@@ -25,3 +25,8 @@ class ForkedRunError(ExprTrackerError, RuntimeError):
 
 class RunLockedError(ExprTrackerError, RuntimeError):
     """Another live process is writing the same producer file (stream and rank)."""
+
+
+class ConfigChangeError(ExprTrackerError, ValueError):
+    """A config key was changed to a different value without ``allow_val_change=True``
+    (``et.config.update(..., allow_val_change=True)`` or ``et.init(allow_val_change=True)``)."""

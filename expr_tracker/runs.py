@@ -13,18 +13,21 @@ import logging
 import threading
 import time
 import traceback
-from collections.abc import Callable, Iterator, MutableMapping
+from collections.abc import Callable, Iterator, Mapping, MutableMapping
 from pathlib import Path
 from typing import Any
 
+from expr_tracker import _current
 from expr_tracker._current import FORK_MESSAGE, fork_generation
 from expr_tracker._warn import Warner
-from expr_tracker.errors import NoActiveRunError
+from expr_tracker.errors import ExprTrackerError, NoActiveRunError
 from expr_tracker.history.codec import dumps_pretty, normalize_value
 from expr_tracker.history.flusher import get_flusher
+from expr_tracker.history.metricdefs import MetricDef, MetricDefs
 from expr_tracker.history.paths import atomic_write
 from expr_tracker.history.runinfo import write_run_info
 from expr_tracker.history.store import HistoryStore
+from expr_tracker.runconfig import RunConfig
 
 log = logging.getLogger("expr_tracker")
 
@@ -51,6 +54,8 @@ class Summary(MutableMapping):
         initial: dict[str, Any] | None = None,
         *,
         clock: Callable[[], float] = time.monotonic,
+        defs_path: Path | None = None,
+        defs: MetricDefs | None = None,
     ) -> None:
         self.path = path
         self._last: dict[str, Any] = dict(initial or {})
@@ -59,15 +64,31 @@ class Summary(MutableMapping):
         self._clock = clock
         self._save_scheduled = False
         self._failed = False
+        #: the run's define_metric definitions and the state of their aggregations
+        self.defs = defs if defs is not None else MetricDefs()
+        self._defs_path = defs_path
+        self._aggregating = self.defs.aggregating  # the row path calls defs.update() then
+        #: called with ``{key: value}`` after user assignments (the run's "summary" event)
+        self.on_assign: Callable[[dict[str, Any]], Any] | None = None
 
     def on_row(self, row: dict[str, Any]) -> None:
         with self._lock:
             self._last.update(row)
+            if self._aggregating:
+                self.defs.update(row)
         if not self._save_scheduled and self.path is not None:
             self._save_scheduled = True
             get_flusher().schedule(
                 ("summary", id(self)), self._clock() + SUMMARY_SAVE_INTERVAL_S, self._save_due
             )
+
+    def define(self, name: str, **options: Any) -> MetricDef:
+        """Record one ``define_metric`` (see :meth:`Run.define_metric`) and save it."""
+        with self._lock:
+            d = self.defs.define(name, **options)
+            self._aggregating = self.defs.aggregating
+        self.save()
+        return d
 
     def _save_due(self) -> None:
         self._save_scheduled = False
@@ -81,11 +102,23 @@ class Summary(MutableMapping):
     def __getitem__(self, key: str) -> Any:
         if key in self._assigned:
             return self._assigned[key]
+        if self.defs.aggregating or self.defs.definitions():
+            return self.to_dict()[key]  # as saved: aggregations, `none` metrics left out
         return self._last[key]
 
     def __setitem__(self, key: str, value: Any) -> None:
+        self.update({key: value})
+
+    def update(self, other: Any = (), /, **kwargs: Any) -> None:  # type: ignore[override]
+        """Assign several keys (they win over logged values); one ``"summary"`` event."""
+        changes = {str(k): normalize_value(v) for k, v in dict(other, **kwargs).items()}
+        if not changes:
+            return
         with self._lock:
-            self._assigned[str(key)] = normalize_value(value)
+            self._assigned.update(changes)
+        hook = self.on_assign
+        if hook is not None:
+            hook(changes)
 
     def __delitem__(self, key: str) -> None:
         with self._lock:
@@ -101,8 +134,10 @@ class Summary(MutableMapping):
         return len(self.to_dict())
 
     def to_dict(self) -> dict[str, Any]:
+        """The summary as saved: last values (defined metrics as their aggregations,
+        ``none`` metrics left out), then the user's assignments, which win."""
         with self._lock:
-            return {**self._last, **self._assigned}
+            return {**self.defs.apply(self._last), **self._assigned}
 
     def __repr__(self) -> str:
         return f"Summary({self.to_dict()!r})"
@@ -112,6 +147,10 @@ class Summary(MutableMapping):
             return
         try:
             atomic_write(self.path, dumps_pretty(self.to_dict()))
+            if self._defs_path is not None and (self.defs.definitions() or self.defs.state):
+                with self._lock:
+                    defs = dumps_pretty(self.defs.to_json())
+                atomic_write(self._defs_path, defs)
             self._failed = False
         except OSError as exc:
             if not self._failed:  # once per outage, not every 2 s
@@ -138,19 +177,62 @@ def _unknown_rule_message(name: Any, known: list[str], *, alerts_on: bool) -> st
 class Run:
     """One tracked run of this process (one stream, one rank).
 
+    ``et.init(...)`` returns the current run; ``et.Run(project=..., **init keywords)``
+    builds an independent one (not the current run: its own files, lock, summary and
+    config; ``et.span``/``et.alert`` keep going to the current run). ``with et.init(...)
+    as run:`` finishes the run when the block ends (``failed``, with the exception
+    recorded, when it raises).
+
     Attributes:
-        project, name, stream, rank: identity.
+        project, name, stream, rank: identity; ``id`` is the name (the run directory's).
         dir: the run directory (``Path``).
         spec: the validated, frozen ``RunSpec``.
         history: the :class:`HistoryStore` (``run.history.flush()`` waits for the write).
         summary: the :class:`Summary`.
-        config: the normalised run config (what ``config.json`` holds).
+        config: the :class:`~expr_tracker.runconfig.RunConfig` (what ``config.json`` holds).
         spans: the span recorder, or None when spans are disabled.
         alerts: the alert engine, or None when no rule is registered.
         artifacts: what ``log_artifact``/``use_artifact`` delegate to (set by build).
+        step, tags, notes, group, entity, job_type, url, start_time, resumed: see the
+            properties.
     """
 
-    def __init__(
+    def __new__(cls, project: str | None = None, name: str | None = None, **kwargs: Any) -> Run:
+        # et.Run(...) builds through the factory api registers (spec resolved, then build/);
+        # build itself makes its runs with Run._assemble, which skips this
+        factory = _current.new_run
+        if factory is None:  # pragma: no cover - expr_tracker/__init__ imports api
+            raise ExprTrackerError("import expr_tracker before creating a Run")
+        return factory(project, name, kwargs)
+
+    def __init__(self, project: str | None = None, name: str | None = None, **kwargs: Any):
+        """An independent run: ``et.Run(project="p", name="eval", config={...})``.
+
+        Takes the keywords of ``et.init`` (spec fields and the wandb ones). The run is not
+        the current one (``et.run``/``et.log`` do not see it): call ``run.log``,
+        ``run.finish`` (or use ``with``). It is finished at process exit if still open.
+
+        Raises:
+            SpecError, ResumeError, RunLockedError: as ``et.init`` (a second run of the
+                same name, stream and rank in this process is refused by the lock).
+        """
+        # everything was done by __new__ (the factory returned an assembled run)
+
+    def __reduce_ex__(self, protocol: Any) -> Any:
+        # copy/pickle would call Run.__new__, which builds a new run: refuse instead
+        raise TypeError(
+            "a Run cannot be copied or pickled (it owns open files and a lock); pass "
+            "run.dir, run.name or run.config.as_dict() instead"
+        )
+
+    @classmethod
+    def _assemble(cls, **parts: Any) -> Run:
+        """A run from the parts build/ made (the composition root's constructor)."""
+        self = object.__new__(cls)
+        self._setup(**parts)
+        return self
+
+    def _setup(
         self,
         *,
         spec: Any,
@@ -160,9 +242,9 @@ class Run:
         rank: int,
         store: HistoryStore,
         summary: Summary,
-        config: dict[str, Any],
+        config: RunConfig,
         info: dict[str, Any],
-        info_path: Path,
+        info_path: Path | None,
         warner: Warner,
         started_mono: float | None = None,
     ) -> None:
@@ -198,6 +280,165 @@ class Run:
         self.exception: tuple[type[BaseException], BaseException, Any] | None = None
         self._listeners: list[Callable[[str, dict[str, Any]], Any]] = []
         self.ingest = store.ingest
+        self.independent = False  # et.Run(...): not the current run
+        config.connect(self.emit)
+        self.quiet = False
+        summary.on_assign = self._summary_assigned
+
+    # ------------------------------------------------------------------ wandb-style identity
+
+    @property
+    def id(self) -> str:
+        """The run's identifier: its name (the run directory's name); ``et.init(id=X)``
+        continues the run named X."""
+        return self.name
+
+    @property
+    def step(self) -> int:
+        """The step the next plain ``log()`` writes (the open step)."""
+        return self.history.open_step
+
+    @property
+    def entity(self) -> str | None:
+        return self.spec.entity
+
+    @property
+    def job_type(self) -> str | None:
+        return self.spec.job_type
+
+    @property
+    def group(self) -> str | None:
+        return self.spec.group
+
+    @property
+    def tags(self) -> tuple[str, ...]:
+        """The run's tags; assigning a sequence rewrites ``run.json``."""
+        return tuple(self.info_record.get("tags") or ())
+
+    @tags.setter
+    def tags(self, value: Any) -> None:
+        if isinstance(value, str) or not all(isinstance(t, str) for t in value):
+            raise TypeError(f"tags must be a sequence of strings, got {value!r}")
+        self._set_info("tags", list(value))
+
+    @property
+    def notes(self) -> str | None:
+        """The run's notes; assigning a string rewrites ``run.json``."""
+        return self.info_record.get("notes")
+
+    @notes.setter
+    def notes(self, value: str | None) -> None:
+        if value is not None and not isinstance(value, str):
+            raise TypeError(f"notes must be a string or None, got {type(value).__name__}")
+        self._set_info("notes", value)
+
+    @property
+    def url(self) -> None:
+        """Always None: runs are local files (their place is :attr:`dir`)."""
+        return None
+
+    @property
+    def start_time(self) -> float:
+        """When this attempt of the run started, epoch seconds (``run.json``'s
+        ``started_at``)."""
+        return float(self.info_record.get("started_at") or 0.0)
+
+    @property
+    def resumed(self) -> bool:
+        """True when this attempt continues a run that existed on disk."""
+        return "resumed_at_step" in self.info_record
+
+    @property
+    def offline(self) -> bool:
+        return True
+
+    @property
+    def disabled(self) -> bool:
+        return False
+
+    def _set_info(self, key: str, value: Any) -> None:
+        self.info_record[key] = value
+        if self._info_path is not None and not self._finished:
+            try:
+                write_run_info(self._info_path, self.info_record)
+            except OSError as exc:
+                self.warner.warn(
+                    ("run.json",), "expr_tracker: cannot write %s (%s)", self._info_path, exc
+                )
+
+    def _summary_assigned(self, changes: dict[str, Any]) -> None:
+        self.emit("summary", {"changes": changes})
+
+    # ------------------------------------------------------------------ define_metric
+
+    def define_metric(
+        self,
+        name: str,
+        step_metric: str | None = None,
+        summary: str | None = None,
+        hidden: bool | None = None,
+        goal: str | None = None,
+        step_sync: bool | None = None,
+        overwrite: bool | None = None,
+        **ignored: Any,
+    ) -> MetricDef:
+        """Say how a metric is summarised and which metric is its x axis (wandb's
+        ``define_metric``).
+
+        Args:
+            name: a metric name, or a glob (``"val/*"``, fnmatch rules; an exact definition
+                wins over a glob, the latest glob over earlier ones).
+            step_metric: the metric this one is plotted against (``"iter"``); recorded for
+                readers: ``et.history(..., output_type="pandas", index=True)`` indexes by
+                it, and mirrors pass it on.
+            summary: ``"min"``, ``"max"``, ``"mean"``, ``"first"``, ``"last"``, ``"best"``
+                (with ``goal``), ``"copy"`` (the plain last value, the default) or
+                ``"none"`` (left out of the summary); a comma list gives several
+                (``"min,max"``). ``summary.json`` then holds ``{"min": ..., "max": ...}``
+                for the metric, aggregated over the numeric, finite values committed
+                since the definition (a resumed run continues the saved aggregation).
+                A value assigned to ``run.summary`` wins.
+            hidden: recorded (mirrors hide it); goal: ``"minimize"``/``"maximize"``
+                (``best``); step_sync: recorded (the x value is not filled in here: log
+                it with the metric); overwrite: ``False`` keeps the earlier definition's
+                values for arguments left None.
+
+        Returns the definition in force. Emits the ``"define_metric"`` event.
+
+        Raises:
+            ValueError / TypeError: a bad name or value (naming what is valid).
+        """
+        if ignored:
+            self.warner.warn(
+                ("define_metric_kwargs", tuple(sorted(ignored))),
+                "expr_tracker: define_metric(%s) is not used here; ignored",
+                ", ".join(sorted(ignored)),
+            )
+        d = self.summary.define(
+            name,
+            step_metric=step_metric,
+            summary=summary,
+            hidden=hidden,
+            goal=goal,
+            step_sync=step_sync,
+            overwrite=overwrite,
+        )
+        payload = d.to_json()
+        del payload["step_sync"]
+        self.emit("define_metric", payload)
+        return d
+
+    # ------------------------------------------------------------------ with
+
+    def __enter__(self) -> Run:
+        return self
+
+    def __exit__(self, etype: Any, value: Any, tb: Any) -> None:
+        end = _current.end_run
+        if end is not None:
+            end(self, value if isinstance(value, BaseException) else None)
+        else:  # pragma: no cover - api registers end_run on import
+            self.finish(exception=value if isinstance(value, BaseException) else None)
 
     # ------------------------------------------------------------------ use
 
@@ -363,8 +604,11 @@ class Run:
         self,
         exit_code: int | None = None,
         exception: BaseException | None = None,
+        quiet: bool | None = None,
     ) -> None:
         """Commit the open row, drain and close everything, record the final status.
+
+        ``quiet`` (wandb's) is accepted: a run prints no end-of-run summary here anyway.
 
         Idempotent, and resumable: each stage runs to completion once; an exception that
         interrupts one (Ctrl-C, SIGTERM's ``SystemExit``) propagates, and the next call
@@ -383,6 +627,8 @@ class Run:
                 return
             try:
                 self._finishing_thread = threading.get_ident()
+                if quiet is not None:
+                    self.quiet = bool(quiet)
                 if exception is not None:
                     self.exception = (type(exception), exception, exception.__traceback__)
                 if exit_code is not None and self._exit_code is None:
@@ -447,3 +693,62 @@ class Run:
 
     def __repr__(self) -> str:
         return f"Run(project={self.project!r}, name={self.name!r}, dir={str(self.dir)!r})"
+
+
+class DisabledRun(Run):
+    """``mode="disabled"``: a run that writes nothing and creates no directory.
+
+    ``log`` counts steps and returns them (nothing is kept: ``et.history()`` is empty),
+    ``config`` and ``summary`` (and ``define_metric``) work in memory, ``finish`` only
+    marks it finished; alert rules are not evaluated and ``et.alert`` sends nothing.
+    ``dir`` is where the run would live (not created).
+    """
+
+    def _setup(self, **parts: Any) -> None:
+        super()._setup(**parts)
+        self._step_counter = 0
+        self._count_lock = threading.Lock()
+        self.ingest = self._ingest_nothing
+
+    @property
+    def disabled(self) -> bool:
+        return True
+
+    @property
+    def step(self) -> int:
+        return self._step_counter
+
+    def _ingest_nothing(
+        self, metrics: Any, step: int | None = None, commit: bool | None = None
+    ) -> int:
+        if not isinstance(metrics, Mapping):
+            raise TypeError(
+                f"log() takes a mapping of metric names to values, got {type(metrics).__name__}"
+            )
+        with self._count_lock:
+            if type(step) is int and step > self._step_counter:
+                self._step_counter = step
+            landed = self._step_counter
+            if commit or (commit is None and step is None):
+                self._step_counter += 1
+            return landed
+
+    def log(self, metrics: Any, step: int | None = None, commit: bool | None = None) -> int:
+        return self._ingest_nothing(metrics, step, commit)
+
+    def add_rule(self, rule: Any, **overrides: Any) -> Any:
+        """Nothing is evaluated in a disabled run; returns None."""
+        return None
+
+    def flush(self) -> None:
+        return None
+
+    def finish(
+        self,
+        exit_code: int | None = None,
+        exception: BaseException | None = None,
+        quiet: bool | None = None,
+    ) -> None:
+        if exit_code is not None:
+            self._exit_code = exit_code
+        self._finished = True

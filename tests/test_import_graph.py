@@ -28,14 +28,18 @@ ALLOWED: dict[str, set[str]] = {
     "spec": LEAVES,
     "history": LEAVES,
     "spans": LEAVES | {"history"},
-    "runs": LEAVES | {"history"},
+    "runconfig": LEAVES | {"history"},
+    "runs": LEAVES | {"history", "runconfig"},
+    "proxies": LEAVES,
+    "wandb_compat": LEAVES | {"spec", "runconfig"},
     "alerts": LEAVES | {"history", "spec"},
     "trace": LEAVES | {"history"},
     "artifacts": LEAVES | {"history"},
     "plugins": {"spans"},
     "testing": LEAVES | {"alerts"},
-    "build": LEAVES | {"history", "spans", "runs", "alerts", "artifacts", "spec"},
-    "api": LEAVES | {"history", "spans", "runs", "alerts", "artifacts", "spec", "build"},
+    "build": LEAVES | {"history", "spans", "runs", "runconfig", "alerts", "artifacts", "spec"},
+    "api": LEAVES
+    | {"history", "spans", "runs", "alerts", "artifacts", "spec", "build", "wandb_compat"},
 }
 for _leaf in LEAVES:
     ALLOWED[_leaf] = set()

@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import logging
 import os
+import time
 from typing import Any
 
 from expr_tracker._warn import Warner
@@ -36,7 +37,14 @@ from expr_tracker.errors import ExprTrackerError
 from expr_tracker.history.paths import detect_rank, file_name
 from expr_tracker.runs import Run
 
-__all__ = ["ResumeError", "build", "check", "normalize_config", "run_directory"]
+__all__ = [
+    "ResumeError",
+    "build",
+    "build_disabled",
+    "check",
+    "normalize_config",
+    "run_directory",
+]
 
 log = logging.getLogger("expr_tracker")
 
@@ -45,8 +53,14 @@ class ResumeError(ExprTrackerError, FileExistsError):
     """``resume="never"`` found an existing run, or ``resume="must"`` found none."""
 
 
-def build(resolved: Any, *, environ: dict[str, str] | None = None) -> Run:
+def build(
+    resolved: Any, *, environ: dict[str, str] | None = None, independent: bool = False
+) -> Run:
     """Construct a :class:`Run` from a resolved spec (``expr_tracker.spec.resolve``).
+
+    ``mode: disabled`` gives a :class:`~expr_tracker.runs.DisabledRun` (nothing touches
+    the disk). ``independent`` (``et.Run(...)``): the run's span recorder is not made the
+    active one (``et.span`` keeps reporting to the current run).
 
     Everything that can fail on configuration (rules, plugin types, channels) is checked
     before anything touches the disk; if construction still fails afterwards, what this
@@ -61,6 +75,8 @@ def build(resolved: Any, *, environ: dict[str, str] | None = None) -> Run:
     """
     spec = resolved.spec
     env = os.environ if environ is None else environ
+    if spec.mode == "disabled":
+        return build_disabled(resolved, env)
     warner = Warner()
     stream = spec.stream
     rank = detect_rank(env)
@@ -93,7 +109,8 @@ def build(resolved: Any, *, environ: dict[str, str] | None = None) -> Run:
         # 3. construction; undone if anything fails
         run = construct_run(resolved, spec, env, warner, stream, rank, file_rank, run_dir, attempt)
         attempt.closers.append(lambda: _undo_runtime(run, engine))
-        build_spans(run, spec, run_dir, stream, file_rank, rank, warner)
+        run.independent = independent
+        build_spans(run, spec, run_dir, stream, file_rank, rank, warner, activate=not independent)
         build_alerts(run, spec, run_dir, stream, file_rank, rank, warner, engine)
         build_artifacts(run, spec, run_dir, stream, file_rank)
     except BaseException as exc:
@@ -118,6 +135,42 @@ def build(resolved: Any, *, environ: dict[str, str] | None = None) -> Run:
                 unknown,
             )
     return run
+
+
+def build_disabled(resolved: Any, environ: Any = None) -> Run:
+    """The no-op run of ``mode: disabled``: config, summary and ``define_metric`` in memory,
+    no directory, no file, no lock, no thread."""
+    from expr_tracker.history.store import HistoryStore
+    from expr_tracker.runconfig import RunConfig
+    from expr_tracker.runs import DisabledRun, Summary
+
+    spec = resolved.spec
+    warner = Warner()
+    info = {
+        "status": "disabled",
+        "project": spec.project,
+        "name": spec.name,
+        "stream": spec.stream,
+        "started_at": time.time(),
+        "group": spec.group,
+        "tags": list(spec.tags),
+        "notes": spec.notes,
+        "entity": spec.entity,
+        "job_type": spec.job_type,
+    }
+    return DisabledRun._assemble(
+        spec=spec,
+        resolved=resolved,
+        run_dir=run_directory(spec),
+        stream=spec.stream,
+        rank=detect_rank(os.environ if environ is None else environ),
+        store=HistoryStore(None, max_open_seconds=None, warner=warner),
+        summary=Summary(None),
+        config=RunConfig(normalize_config(spec.config, warner)),
+        info=info,
+        info_path=None,
+        warner=warner,
+    )
 
 
 def _undo_runtime(run: Run, engine: Any) -> None:

@@ -14,11 +14,13 @@ from typing import Any
 
 from expr_tracker._warn import Warner
 from expr_tracker.history.codec import dumps_pretty, normalize_value
+from expr_tracker.history.metricdefs import MetricDefs
 from expr_tracker.history.paths import atomic_write, file_name
 from expr_tracker.history.recovery import release_lock_fd
 from expr_tracker.history.runinfo import new_run_info, read_run_info, write_run_info
 from expr_tracker.history.store import HistoryStore
 from expr_tracker.history.writer import JsonlWriter
+from expr_tracker.runconfig import RunConfig
 from expr_tracker.runs import Run, Summary
 from expr_tracker.spans.core import AGGREGATION as SPAN_AGGREGATION
 from expr_tracker.spec.errors import scrub_argv
@@ -72,7 +74,7 @@ class Attempt:
     """
 
     APPEND_ONLY = ("metrics", "spans", "alerts")
-    SMALL = ("meta", "summary", "run")
+    SMALL = ("meta", "summary", "run", "metric_defs")
 
     def __init__(self, run_dir: Path, stream: str | None, file_rank: int) -> None:
         self.run_dir = run_dir
@@ -302,6 +304,8 @@ def construct_run(
     info["group"] = spec.group
     info["tags"] = list(spec.tags)
     info["notes"] = spec.notes
+    info["entity"] = spec.entity
+    info["job_type"] = spec.job_type
     if resumed or previous is not None:
         attempts = list((previous or {}).get("previous_attempts", []))
         if previous is not None:
@@ -318,15 +322,21 @@ def construct_run(
         warner.warn(("run.json",), "expr_tracker: cannot write %s (%s)", info_path, exc)
 
     config = normalize_config(spec.config, warner)
+    config_path = None
     # run-level files: rank 0 only (the other ranks keep their run/summary/shard files and
     # never overwrite rank 0's). config[.S].json by rank 0 of each stream; spec.json by rank 0
     # of the main stream, or by rank 0 of another stream while the run has none yet
     # credentials hidden on disk (a Hydra app's whole cfg may carry the tracker's webhook
     # URL); hyper-parameters kept as they are (redact_config)
-    if file_rank == 0:
-        from expr_tracker.spec.errors import redact_config
+    from expr_tracker.spec.errors import redact_config
 
-        attempt.write_shared(run_dir / file_name("config", stream), redact_config(config), warner)
+    if file_rank == 0:
+        config_path = run_dir / file_name("config", stream)
+        if resumed or previous is not None:
+            # a resumed run keeps what earlier attempts added (et.config.update); the
+            # values given now win
+            config = {**_read_json(config_path), **config}
+        attempt.write_shared(config_path, redact_config(config), warner)
         spec_path = run_dir / "spec.json"
         if not stream or not spec_path.exists():
             try:
@@ -335,12 +345,19 @@ def construct_run(
                 warner.warn(("spec.json",), "expr_tracker: cannot write spec.json (%s)", exc)
             else:
                 attempt.write_shared(spec_path, redacted, warner)
+    # later changes (et.config.update) rewrite the same file, atomically
+    run_config = RunConfig(config, path=config_path, redact=redact_config, warn=warner.warn)
 
     summary_path = run_dir / file_name("summary", stream, file_rank)
-    summary = Summary(summary_path, _resumed_summary(summary_path, writer) if resumed else None)
+    defs_path = run_dir / file_name("metric_defs", stream, file_rank)
+    defs = MetricDefs()
+    initial = None
+    if resumed:
+        initial = _resumed_summary(summary_path, defs_path, defs, writer)
+    summary = Summary(summary_path, initial, defs_path=defs_path, defs=defs)
     store.sinks.append(summary.on_row)
 
-    return Run(
+    return Run._assemble(
         spec=spec,
         resolved=resolved,
         run_dir=run_dir,
@@ -348,7 +365,7 @@ def construct_run(
         rank=rank,
         store=store,
         summary=summary,
-        config=config,
+        config=run_config,
         info=info,
         info_path=info_path,
         warner=warner,
@@ -374,24 +391,39 @@ def _resume_line(
     )
 
 
-def _resumed_summary(summary_path: Path, writer: JsonlWriter) -> dict[str, Any]:
+def _resumed_summary(
+    summary_path: Path, defs_path: Path, defs: MetricDefs, writer: JsonlWriter
+) -> dict[str, Any]:
     """The summary of a resumed run: ``summary.json`` as last saved, caught up with the rows
     the file holds after the step it had seen (a crash leaves it up to one save interval
-    behind); rebuilt from the whole file when it is missing or unreadable."""
+    behind); rebuilt from the whole file when it is missing or unreadable. ``defs`` takes
+    the saved ``define_metric`` definitions and aggregation state, caught up the same way
+    from the step they had seen."""
     from expr_tracker.history.reader import JsonlReader
 
-    try:
-        saved = json.loads(summary_path.read_text("utf-8"))
-        if not isinstance(saved, dict):
-            saved = {}
-    except (OSError, ValueError):
-        saved = {}
+    saved = _read_json(summary_path)
+    defs.load(_read_json(defs_path))
     seen = saved.get("_step")
     start = seen + 1 if type(seen) is int else None
+    defs_start = defs.step + 1 if defs.step is not None else None
+    if defs.aggregating and (start is None or (defs_start is not None and defs_start < start)):
+        start = defs_start
     try:
         rows = JsonlReader(writer.path, meta=writer.meta()).read_range(start, None)
     except OSError:
         rows = []
     for row in rows:
-        saved.update(row)
+        step = row.get("_step")
+        if type(seen) is not int or (type(step) is int and step > seen):
+            saved.update(row)
+        if defs.aggregating and (defs.step is None or (type(step) is int and step > defs.step)):
+            defs.update(row)
     return saved
+
+
+def _read_json(path: Path) -> dict[str, Any]:
+    try:
+        data = json.loads(path.read_text("utf-8"))
+    except (OSError, ValueError):
+        return {}
+    return data if isinstance(data, dict) else {}

@@ -75,9 +75,12 @@ def build_spans(
     file_rank: int,
     rank: int,
     warner: Warner,
+    *,
+    activate: bool = True,
 ) -> None:
     """The span recorder and its writer (spans.jsonl), hooked into the run (closer
-    ``spans``, stats section ``spans``, a history flush hook) and made the active recorder."""
+    ``spans``, stats section ``spans``, a history flush hook) and made the active recorder
+    (not with ``activate=False``: an independent ``et.Run``, whose spans are not recorded)."""
     from expr_tracker.spans import core
 
     info = run.info_record
@@ -93,6 +96,7 @@ def build_spans(
     )
     run.add_closer("spans", rec.close)
     run.add_stats("spans", rec.stats)
-    core.set_active_recorder(rec)
+    if activate:
+        core.set_active_recorder(rec)
     run.spans = rec
     run.history.flush_hooks.append(rec.flush)

@@ -53,6 +53,7 @@ def history(
     dropna: bool = False,
     run: Any = None,
     stream: str | None = None,
+    index: Any = None,
 ) -> Any:
     """Query a run's history (spec design.txt B.3).
 
@@ -77,6 +78,12 @@ def history(
             run's own stream, answered from memory; another name reads that stream's
             file in the run's directory (with this process's rank suffix), as written so
             far by the process that logs it. With a ``run`` path: None is the main stream.
+        index: index a pandas frame by this metric (a polars frame gets it as its first
+            column); ``True``: by the ``step_metric`` that ``define_metric`` recorded for
+            the selected ``metrics`` (``history(metrics=["val/loss"], index=True,
+            output_type="pandas")`` is indexed by ``iter`` after
+            ``define_metric("val/loss", step_metric="iter")``). The column is read even
+            when ``metrics`` does not list it.
 
     Returns:
         Rows oldest first, as ``output_type``; a snapshot that later logging does not change.
@@ -85,14 +92,18 @@ def history(
         NoActiveRunError: no ``run`` given and no run active.
         FileNotFoundError: ``run`` names no run, or ``stream`` has no metrics file (yet).
         TypeError: ``n`` is not an integer, ``step_range``/``metrics`` of the wrong type.
-        ValueError: ``n`` below -1, a malformed ``step_range``, an unknown ``output_type``,
+        ValueError: ``index`` with a list output or naming no column read, ``index=True``
+            without one shared step metric;
+            ``n`` below -1, a malformed ``step_range``, an unknown ``output_type``,
             an invalid ``stream`` name.
         ImportError: ``pandas``/``polars`` is missing (naming the extra to install).
     """
+    step_metrics = None
     if run is None or isinstance(getattr(run, "history", None), HistoryStore):  # a Run
         live = current_run() if run is None else run
         if stream is None or stream == live.stream:
             source: Any = live.history
+            step_metrics = live.summary.defs.step_metric_of
         else:  # another stream of this run: its file (written by another process)
             source = _stream_file(live, stream)
     else:
@@ -108,6 +119,8 @@ def history(
         fill_missing=fill_missing,
         dropna=dropna,
         stream=stream,
+        index=index,
+        step_metrics=step_metrics,
     )
 
 

@@ -9,6 +9,7 @@ Layout (DESIGN.md "Files and names"): ``<dir>/<project>/<name>/`` holds, per pro
     alerts[.S][.rankN].jsonl         run[.S][.rankN].json
     config[.S].json                  spec.json   (once per run)
     artifacts[.S][.rankN].jsonl      (artifacts logged and used: expr_tracker.artifacts)
+    metric_defs[.S][.rankN].json     (define_metric: definitions and summary state)
 """
 
 from __future__ import annotations
@@ -35,6 +36,7 @@ KINDS = {
     "run": "json",
     "config": "json",
     "artifacts": "jsonl",
+    "metric_defs": "json",
 }
 
 

@@ -35,6 +35,7 @@ from expr_tracker.history.frame import (
     unknown_columns,
     unknown_message,
 )
+from expr_tracker.history.metricdefs import index_column, index_frame, read_step_metrics
 from expr_tracker.history.paths import resolve_run_path
 from expr_tracker.history.reader import JsonlReader
 from expr_tracker.history.store import HistoryStore
@@ -190,8 +191,16 @@ def query_history(
     fill_missing: bool = False,
     dropna: bool = False,
     stream: str | None = None,
+    index: Any = None,
+    step_metrics: Any = None,
 ) -> Any:
     """Rows of a run as ``output_type``; see :func:`expr_tracker.history` for the arguments.
+
+    ``index``: a metric name to index a pandas frame by (a polars frame gets it as its
+    first column), or True for the ``step_metric`` that ``define_metric`` recorded for
+    the selected ``metrics``: looked up with ``step_metrics(name)`` (a live run's), else
+    in ``metric_defs*.json`` beside the file read. The index column is read even when
+    ``metrics`` does not list it.
 
     ``source`` is a live store, a run directory (the file is chosen by
     :func:`resolve_run_path` with ``stream``) or a metrics file.
@@ -216,6 +225,13 @@ def query_history(
     # the default n (not an explicit one) does not cut a step range: every step of it
     n = None if bounds is not None and n is DEFAULT_N else check_n(n)
     cols = parse_columns(metrics)
+    index_name = asked = None
+    if index is not None and index is not False:
+        if step_metrics is None and index is True and not isinstance(source, HistoryStore):
+            step_metrics = read_step_metrics(resolve_run_path(source, stream=stream))
+        index_name = index_column(index, cols, step_metrics or (lambda name: None))
+        if cols is not None and index_name not in cols:
+            asked, cols = cols, [*cols, index_name]
     if isinstance(source, HistoryStore):
         if bounds is None:
             rows = source.tail(n, include_open=include_open)
@@ -234,5 +250,8 @@ def query_history(
         rows = rows[-n:] if n else []
     if cols:
         warn_unknown_metrics(rows, cols, warner, scope)
+    if dropna and asked:  # the index column added here does not keep a row
+        rows = [r for r in rows if any(r.get(c) is not None for c in asked)]
     rows = shape(rows, cols, include_meta=include_meta, fill_missing=fill_missing, dropna=dropna)
-    return to_output(rows, output_type, cols, include_meta)
+    result = to_output(rows, output_type, cols, include_meta)
+    return result if index_name is None else index_frame(result, index_name)

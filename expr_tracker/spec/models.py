@@ -102,6 +102,17 @@ class RunSpec(_RedactedRepr, BaseModel):
     group: Optional[str] = None
     tags: list[str] = Field(default_factory=list)
     notes: Optional[str] = None
+    entity: Optional[str] = Field(
+        None, description="who the run belongs to (a team or user; recorded in run.json)"
+    )
+    job_type: Optional[str] = Field(
+        None, description="what kind of job this is (train, eval ...; recorded in run.json)"
+    )
+    mode: Literal["offline", "online", "disabled"] = Field(
+        "offline",
+        description="disabled: a no-op run that writes nothing; online is offline here "
+        "(local files only)",
+    )
     stream: Optional[Annotated[str, AfterValidator(_stream_name)]] = Field(
         None, description="producer name: letters, digits, '_' and '-'"
     )

@@ -1,0 +1,82 @@
+"""A nanoGPT-style script written for wandb, with only its import changed
+(``import expr_tracker as wandb``), trains a tiny torch model in a real subprocess; the
+run's files hold what wandb would have recorded (issue 12, "Done when")."""
+
+from __future__ import annotations
+
+import ast
+import json
+import re
+import subprocess
+import sys
+
+import pytest
+from helpers import ROOT
+
+pytest.importorskip("torch")
+
+SCRIPT = ROOT / "examples" / "nanogpt_wandb.py"
+
+
+def test_the_script_is_a_wandb_script_but_for_its_import():
+    code = SCRIPT.read_text()
+    docstring = ast.get_docstring(ast.parse(code), clean=False)
+    body = code.replace(docstring, "")
+    ours = [line for line in body.splitlines() if "expr_tracker" in line]
+    assert len(ours) == 1 and ours[0].startswith("import expr_tracker as wandb")
+    calls = set(re.findall(r"\bwandb\.(\w+(?:\.\w+)?)", code))
+    assert {
+        "init",
+        "config.learning_rate",
+        "define_metric",
+        "log",
+        "run.summary",
+        "summary",
+    } <= calls
+    assert {"run.name", "run.id", "finish"} <= calls
+
+
+@pytest.mark.slow
+def test_nanogpt_style_training_is_tracked(tmp_path):
+    p = subprocess.run(
+        [sys.executable, str(SCRIPT), "max_iters=40", "eval_interval=10"],
+        cwd=tmp_path,
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    assert p.returncode == 0, p.stdout + p.stderr
+    run_dir = tmp_path / "runs" / "nanogpt" / "tiny-shakespeare"
+    assert "run tiny-shakespeare (id tiny-shakespeare)" in p.stdout
+
+    rows = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
+    assert [r["iter"] for r in rows] == [0, 10, 20, 30, 40]
+    assert [r["_step"] for r in rows] == [0, 1, 2, 3, 4]
+    for r in rows:
+        assert {"train/loss", "val/loss", "lr", "mfu"} <= set(r)
+    assert rows[-1]["train/loss"] < rows[0]["train/loss"]  # it learned
+
+    summary = json.loads((run_dir / "summary.json").read_text())
+    val = [r["val/loss"] for r in rows]
+    assert summary["val/loss"] == {"min": min(val)}  # define_metric("val/loss", summary="min")
+    assert summary["best_val_loss"] == min(val)  # wandb.run.summary[...] = ...
+    assert summary["n_params"] > 0  # wandb.summary[...] = ...
+    assert summary["train/loss"] == rows[-1]["train/loss"]  # no definition: the last value
+
+    config = json.loads((run_dir / "config.json").read_text())
+    assert config["learning_rate"] == 3e-3 and config["max_iters"] == 40
+    assert config["wandb_project"] == "nanogpt"
+
+    info = json.loads((run_dir / "run.json").read_text())
+    assert info["status"] == "finished" and info["steps"] == 5
+    defs = json.loads((run_dir / "metric_defs.json").read_text())
+    assert defs["definitions"] == [
+        {
+            "name": "val/loss",
+            "step_metric": None,
+            "summary": "min",
+            "hidden": None,
+            "goal": None,
+            "step_sync": None,
+        }
+    ]
