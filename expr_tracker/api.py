@@ -87,6 +87,7 @@ def init(
                     "before et.init() again"
                 )
         given = dict(kwargs)
+        objects = _backend_objects(given)  # objects with init/log/finish: not spec data
         if "alert_rules" in given:
             given["alert_rules"] = _rules_as_data(given["alert_rules"])
         if project is not None:
@@ -100,13 +101,24 @@ def init(
             given.update(project=parent.project, name=parent.name, run_dir=str(parent.dir))
             resolved = resolve(spec, kwargs=given, configure_alert=_state.configured_alert or None)
         try:
-            run = build(resolved)
+            run = build(resolved, backend_objects=objects)
         except SpecError as exc:
             raise _with_config_keys(exc, spec) from None
         _state.run = run
         _install_hooks()
         _finish_at_process_exit()
     return run
+
+
+def _backend_objects(given: dict[str, Any]) -> list[Any]:
+    """Take the backend objects (anything but names and mappings) out of
+    ``given["backends"]``, so the spec stays JSON-able; returns them."""
+    backends = given.get("backends")
+    if backends is None or isinstance(backends, (str, Mapping)):
+        return []
+    items = list(backends) if isinstance(backends, (list, tuple)) else [backends]
+    given["backends"] = [b for b in items if isinstance(b, (str, Mapping))]
+    return [b for b in items if not isinstance(b, (str, Mapping))]
 
 
 def _joins_parent(resolved: Any, parent: Run) -> bool:
