@@ -24,7 +24,7 @@ from typing import Any
 
 from expr_tracker._warn import Warner
 
-__all__ = ["MAX_CONSECUTIVE_FAILURES", "BackendUnavailable", "Mirror"]
+__all__ = ["MAX_CONSECUTIVE_FAILURES", "BackendOff", "BackendUnavailable", "Mirror"]
 
 log = logging.getLogger("expr_tracker")
 
@@ -34,7 +34,12 @@ MAX_CONSECUTIVE_FAILURES = 20
 _FINISH = "__finish__"  # queue item (_FINISH, exit_code): the last one the thread handles
 
 
-class BackendUnavailable(Exception):
+class BackendOff(Exception):
+    """Raised by a backend's call to turn its mirror off for good (said once with the
+    message; later rows are dropped and counted as ``backend_off``)."""
+
+
+class BackendUnavailable(BackendOff):
     """A built-in backend's library is not installed (raised by its ``init``)."""
 
     def __init__(self, library: str, extra: str) -> None:
@@ -179,6 +184,9 @@ class Mirror:
         except BackendUnavailable as exc:
             self._off(str(exc), ("backend", self.label, "missing"))
             return
+        except BackendOff as exc:
+            self._off(str(exc), ("backend", self.label, "off"))
+            return
         except Exception as exc:  # noqa: BLE001
             self._off(f"init failed ({type(exc).__name__}: {exc})", ("backend", self.label, "init"))
             return
@@ -206,6 +214,10 @@ class Mirror:
         metrics = {k: v for k, v in row.items() if k != "_step" and k != "_time"}
         try:
             self.backend.log(metrics, step)
+        except BackendOff as exc:
+            self._count_drop("backend_off")
+            self._off(str(exc), ("backend", self.label, "off"))
+            return
         except Exception as exc:  # noqa: BLE001
             self.failures += 1
             self._count_drop("log_failed")
@@ -225,6 +237,8 @@ class Mirror:
         try:
             self.backend.event(event, payload)
             self.events_sent += 1
+        except BackendOff as exc:
+            self._off(str(exc), ("backend", self.label, "off"))
         except Exception as exc:  # noqa: BLE001
             self.failures += 1
             self._fail(event, exc)
@@ -235,6 +249,8 @@ class Mirror:
         try:
             self.backend.finish(exit_code)
             self.finished = True
+        except BackendOff as exc:
+            self._off(str(exc), ("backend", self.label, "off"))
         except Exception as exc:  # noqa: BLE001
             self.failures += 1
             self._fail("finish", exc)

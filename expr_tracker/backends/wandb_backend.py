@@ -14,7 +14,8 @@ What it does with each call (docs/mirrors.md):
 - events: ``config`` -> ``run.config.update(allow_val_change=True)``; ``summary`` ->
   ``run.summary.update``; ``define_metric`` -> ``run.define_metric``; ``artifact`` -> a
   wandb ``Artifact`` holding ``file://`` references to the version directory (checksummed,
-  never copied), logged with its aliases, or used.
+  never copied), logged with its aliases, or used (online only: wandb records no use of an
+  artifact in offline mode, so a use is not mirrored there).
 - ``finish``: ``run.finish(exit_code=)``.
 """
 
@@ -108,6 +109,8 @@ class WandbBackend:
         if path:
             art.add_reference("file://" + os.path.abspath(str(path)), checksum=True)
         if payload.get("action") == "used":
+            if getattr(self.run, "offline", False):
+                return  # wandb cannot record a use offline ("Cannot use artifact when in offline mode")
             self.run.use_artifact(art)
         else:
             self.run.log_artifact(art, aliases=list(payload.get("aliases") or []) or None)
