@@ -12,7 +12,8 @@ What it does with each call (docs/mirrors.md):
   these. ``reinit="create_new"`` leaves the user's own ``wandb.run`` alone.
 - ``log``: ``run.log(metrics, step=<_step>, commit=True)``: our step is wandb's step.
 - events: ``config`` -> ``run.config.update(allow_val_change=True)``; ``summary`` ->
-  ``run.summary.update``; ``define_metric`` -> ``run.define_metric``; ``artifact`` -> a
+  ``run.summary.update``; ``define_metric`` -> ``run.define_metric`` (name, step_metric,
+  summary, hidden: wandb 0.31 takes no ``goal``); ``artifact`` -> a
   wandb ``Artifact`` holding ``file://`` references to the version directory (checksummed,
   never copied), logged with its aliases, or used (online only: wandb records no use of an
   artifact in offline mode, so a use is not mirrored there).
@@ -86,9 +87,10 @@ class WandbBackend:
         elif event == "summary":
             run.summary.update(payload.get("changes") or {})
         elif event == "define_metric":
+            # wandb 0.31's define_metric has no ``goal`` (it is not mirrored)
             kw = {
                 k: payload[k]
-                for k in ("step_metric", "summary", "goal", "hidden")
+                for k in ("step_metric", "summary", "hidden")
                 if payload.get(k) is not None
             }
             run.define_metric(payload["name"], **kw)

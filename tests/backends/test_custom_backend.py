@@ -72,7 +72,7 @@ def test_every_row_once_in_order_with_span_metrics(run_dir):
     assert [s for s, _ in rows] == list(range(201))
     on_disk = read_lines(run_dir / "metrics.jsonl")
     assert len(on_disk) == 201
-    for (step, metrics), disk in zip(rows, on_disk):
+    for (step, metrics), disk in zip(rows, on_disk, strict=True):
         assert step == disk["_step"]
         assert metrics == {k: v for k, v in disk.items() if k not in ("_step", "_time")}
     assert all("time_ms/fwd" in m for _, m in rows[:200])
@@ -309,3 +309,20 @@ def test_bad_backends_are_configuration_errors(run_dir):
     with pytest.raises(TypeError, match="pass an instance"):
         et.init(project="proj", name="r1", backends=[Recorder])
     assert not run_dir.exists()  # refused before anything touched the disk
+
+
+def test_spans_survive_a_library_half_imported_by_a_mirror(run_dir, monkeypatch):
+    # a mirror imports its library on its own thread; meanwhile sys.modules may hold a
+    # partially initialised asyncio, which the span recorder peeks at for task names
+    import sys
+    import types
+
+    et.init(project="proj", name="r1")
+    monkeypatch.setitem(sys.modules, "asyncio", types.ModuleType("asyncio"))
+    with et.span("fwd"):
+        pass
+    et.log({"a": 1})
+    monkeypatch.undo()
+    et.finish()
+    (row,) = read_lines(run_dir / "metrics.jsonl")
+    assert "time_ms/fwd" in row
