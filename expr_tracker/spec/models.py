@@ -132,7 +132,7 @@ class RunSpec(_RedactedRepr, BaseModel):
     backend_kwargs: Annotated[dict[str, dict[str, Any]], BeforeValidator(check_backend_kwargs)] = (
         Field(
             default_factory=dict,
-            description="init keywords per backend: {wandb: {entity: ...}, trackio: {...}}",
+            description="init keywords per backend: {wandb: {entity: ...}, trackio: {...}} (docs/mirrors.md)",
         )
     )
     backend_on_rank: Annotated[Union[int, list[int], Literal["all"]], BeforeValidator(_on_rank)] = (
@@ -142,5 +142,7 @@ class RunSpec(_RedactedRepr, BaseModel):
         10_000, ge=1, description="rows a mirror holds while its backend is busy; more are dropped"
     )
     backend_finish_timeout: Duration = Field(
-        30.0, ge=0, description="seconds finish() waits for each mirror to drain"
+        30.0,
+        ge=0,
+        description="seconds finish() waits for the mirrors to drain (one deadline for all; docs/mirrors.md)",
     )
