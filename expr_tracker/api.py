@@ -112,13 +112,19 @@ def init(
 
 def _backend_objects(given: dict[str, Any]) -> list[Any]:
     """Take the backend objects (anything but names and mappings) out of
-    ``given["backends"]``, so the spec stays JSON-able; returns them."""
+    ``given["backends"]``, so the spec stays JSON-able; returns them. Objects alone leave
+    the backends other sources name in place (objects are added to them)."""
     backends = given.get("backends")
     if backends is None or isinstance(backends, (str, Mapping)):
         return []
     items = list(backends) if isinstance(backends, (list, tuple)) else [backends]
-    given["backends"] = [b for b in items if isinstance(b, (str, Mapping))]
-    return [b for b in items if not isinstance(b, (str, Mapping))]
+    objects = [b for b in items if not isinstance(b, (str, Mapping))]
+    names = [b for b in items if isinstance(b, (str, Mapping))]
+    if objects and not names:
+        del given["backends"]
+    else:
+        given["backends"] = names
+    return objects
 
 
 def _joins_parent(resolved: Any, parent: Run) -> bool:

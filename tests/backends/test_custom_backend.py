@@ -4,6 +4,7 @@ stream and rank; failures, a slow backend and the finish deadline never break tr
 
 from __future__ import annotations
 
+import json
 import logging
 import threading
 
@@ -311,18 +312,33 @@ def test_bad_backends_are_configuration_errors(run_dir):
     assert not run_dir.exists()  # refused before anything touched the disk
 
 
-def test_spans_survive_a_library_half_imported_by_a_mirror(run_dir, monkeypatch):
+def test_spans_survive_a_library_half_imported_by_a_mirror(run_dir):
     # a mirror imports its library on its own thread; meanwhile sys.modules may hold a
     # partially initialised asyncio, which the span recorder peeks at for task names
     import sys
     import types
 
     et.init(project="proj", name="r1")
-    monkeypatch.setitem(sys.modules, "asyncio", types.ModuleType("asyncio"))
-    with et.span("fwd"):
-        pass
+    real = sys.modules["asyncio"]
+    sys.modules["asyncio"] = types.ModuleType("asyncio")
+    try:
+        with et.span("fwd"):
+            pass
+    finally:
+        sys.modules["asyncio"] = real
     et.log({"a": 1})
-    monkeypatch.undo()
     et.finish()
     (row,) = read_lines(run_dir / "metrics.jsonl")
     assert "time_ms/fwd" in row
+
+
+def test_objects_are_added_to_the_backends_a_spec_file_names(tmp_path, run_dir):
+    spec = tmp_path / "run.yaml"
+    spec.write_text("backends: [jsonl]\nbackend_queue_size: 7\n")
+    rec = Recorder()
+    run = et.init(project="proj", name="r1", spec=str(spec), backends=[rec])
+    et.log({"a": 1})
+    et.finish()
+    assert run.spec.backends == ["jsonl"] and run.spec.backend_queue_size == 7
+    assert rec.rows() == [(0, {"a": 1})]
+    assert json.loads((run_dir / "spec.json").read_text())["backends"] == ["jsonl"]
