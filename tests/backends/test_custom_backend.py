@@ -342,3 +342,90 @@ def test_objects_are_added_to_the_backends_a_spec_file_names(tmp_path, run_dir):
     assert run.spec.backends == ["jsonl"] and run.spec.backend_queue_size == 7
     assert rec.rows() == [(0, {"a": 1})]
     assert json.loads((run_dir / "spec.json").read_text())["backends"] == ["jsonl"]
+
+
+def test_ctrl_c_while_finish_waits_for_a_mirror_then_finish_again(tmp_path):
+    # a real SIGINT (in a child: it must reach a thread blocked in the mirror's wait)
+    from helpers import run_py
+
+    p = run_py(
+        """
+        import json, os, signal, threading
+        import expr_tracker as et
+
+        class Blocking:
+            def __init__(self):
+                self.release, self.entered, self.rows, self.code = (
+                    threading.Event(), threading.Event(), [], None)
+            def init(self, **info):
+                pass
+            def log(self, metrics, step):
+                self.entered.set()
+                self.release.wait(60)
+                self.rows.append(step)
+            def finish(self, exit_code):
+                self.code = exit_code
+
+        b = Blocking()
+        run = et.init(project="proj", name="r1", backends=[b], backend_finish_timeout=60)
+        et.log({"a": 0})
+        assert b.entered.wait(10)
+        path = run.dir / "run.json"
+
+        def interrupt():
+            while '"finished"' not in path.read_text():  # finish() reached the mirrors
+                threading.Event().wait(0.01)
+            threading.Event().wait(0.1)
+            os.kill(os.getpid(), signal.SIGINT)
+
+        threading.Thread(target=interrupt, daemon=True).start()
+        try:
+            et.finish()
+            out = {"interrupted": False}
+        except KeyboardInterrupt:
+            out = {"interrupted": True, "finished_then": run.finished}
+        b.release.set()
+        et.finish()  # resumes at the interrupted stage
+        out.update(finished=run.finished, code=b.code, rows=b.rows)
+        print(json.dumps(out))
+        """,
+        timeout=60,
+    )
+    out = json.loads(p.stdout.strip().splitlines()[-1])
+    assert out == {
+        "interrupted": True,
+        "finished_then": False,
+        "finished": True,
+        "code": 0,
+        "rows": [0],
+    }
+
+
+def test_a_stuck_backend_does_not_hold_the_process_past_the_deadline(tmp_path):
+    from helpers import run_py
+
+    p = run_py(
+        """
+        import threading
+        import expr_tracker as et
+
+        class Stuck:
+            def init(self, **info):
+                pass
+            def log(self, metrics, step):
+                threading.Event().wait()  # forever
+            def finish(self):
+                pass
+
+        et.init(project="proj", name="r1", backends=[Stuck()], backend_finish_timeout=0.5)
+        for i in range(50):
+            et.log({"a": i})
+        # no et.finish(): the exit hook finishes the run
+        """,
+        timeout=60,
+    )
+    assert "did not drain within 0.5 s" in p.stderr
+    rows = read_lines(tmp_path / "runs" / "proj" / "r1" / "metrics.jsonl")
+    assert [r["a"] for r in rows] == list(range(50))
+    info = json.loads((tmp_path / "runs" / "proj" / "r1" / "run.json").read_text())
+    assert info["status"] == "finished"
