@@ -12,7 +12,8 @@ What it does with each call (docs/mirrors.md):
   these. ``reinit="create_new"`` leaves the user's own ``wandb.run`` alone.
 - ``log``: ``run.log(metrics, step=<_step>, commit=True)``: our step is wandb's step.
 - events: ``config`` -> ``run.config.update(allow_val_change=True)``; ``summary`` ->
-  ``run.summary.update``; ``define_metric`` -> ``run.define_metric`` (name, step_metric,
+  ``run.summary.update`` (the final summary without the metrics wandb was logged: it
+  summarises those itself, honouring the mirrored ``define_metric``); ``define_metric`` -> ``run.define_metric`` (name, step_metric,
   summary, hidden: wandb 0.31 takes no ``goal``); ``artifact`` -> a
   wandb ``Artifact`` holding ``file://`` references to the version directory (checksummed,
   never copied), logged with its aliases, or used (online only: wandb records no use of an
@@ -47,6 +48,7 @@ class WandbBackend:
         self.kwargs = dict(kwargs or {})
         self.run: Any = None
         self._wandb: Any = None
+        self._logged: set[str] = set()  # metric names wandb summarises itself
 
     def init(self, **info: Any) -> None:
         try:
@@ -78,6 +80,7 @@ class WandbBackend:
         self.run = wandb.init(**kw)
 
     def log(self, metrics: dict[str, Any], step: int, commit: bool = True) -> None:
+        self._logged.update(metrics)
         self.run.log(metrics, step=step, commit=commit)
 
     def on_event(self, event: str, payload: dict[str, Any]) -> None:
@@ -85,7 +88,13 @@ class WandbBackend:
         if event == "config":
             run.config.update(payload.get("changes") or {}, allow_val_change=True)
         elif event == "summary":
-            run.summary.update(payload.get("changes") or {})
+            changes = payload.get("changes") or {}
+            if payload.get("final"):
+                # wandb keeps the last value (or the define_metric aggregate) of what it was
+                # logged itself; overwriting those would replace its {"max": ...} summaries
+                changes = {k: v for k, v in changes.items() if k not in self._logged}
+            if changes:
+                run.summary.update(changes)
         elif event == "define_metric":
             # wandb 0.31's define_metric has no ``goal`` (it is not mirrored)
             kw = {

@@ -80,6 +80,7 @@ run.emit("define_metric", {"name": "acc", "step_metric": None, "summary": "max",
                            "hidden": False, "goal": "maximize"})
 run.emit("config", {"changes": {"bs": 32}})
 run.emit("summary", {"changes": {"best": 0.9}})
+et.summary()["final_only"] = 7   # reaches wandb with the final summary
 os.makedirs("ds/v1")
 with open("ds/v1/data.txt", "w") as f:
     f.write("hello")
@@ -135,7 +136,12 @@ def test_wandb_offline_files_hold_our_rows(tmp_path):
     summary = {}
     for s in of_kind(records, "summary"):
         summary.update(items(s.update))
-    assert summary["best"] == 0.9 and summary["loss"] == 1.0 / 40
+    assert summary["best"] == 0.9 and summary["final_only"] == 7
+    assert summary["loss"] == 1.0 / 40  # wandb's own summary of what it was logged
+    # our updates (top-level keys) never overwrite the metrics wandb summarises itself
+    assigned = {u.key for s in of_kind(records, "summary") for u in s.update if u.key}
+    assert {"best", "final_only"} <= assigned
+    assert not assigned & {"loss", "acc", "tag", "time_ms/fwd"}
     (metric,) = of_kind(records, "metric")
     assert metric.name == "acc" and metric.summary.max
     (artifact,) = of_kind(records, "artifact")
