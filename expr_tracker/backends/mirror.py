@@ -31,6 +31,10 @@ log = logging.getLogger("expr_tracker")
 #: log calls failing in a row before a backend is given up (its later rows are dropped)
 MAX_CONSECUTIVE_FAILURES = 20
 
+#: seconds the thread waits after a wake-up before it drains, so rows arrive in batches and
+#: a fast training loop pays for a wake-up (a futex call) at most every few ms, not per row
+BATCH_DELAY_S = 0.005
+
 _FINISH = "__finish__"  # queue item (_FINISH, exit_code): the last one the thread handles
 
 
@@ -87,6 +91,7 @@ class Mirror:
         self._closed = False
         self._refused: str | None = None  # why put() refuses rows: "backend_off", "closed"
         self._warned_full = False
+        self._full = 0  # rows dropped because the queue was full
         self._thread: threading.Thread | None = None
         # counters (written by one thread each: put() under the store's fan-out lock, the
         # rest by the mirror thread or close())
@@ -113,7 +118,12 @@ class Mirror:
         """The row sink (``HistoryStore.sinks``): O(1), never blocks, never raises."""
         rows = self._rows
         if len(rows) >= self._max:
-            self._refuse(1)
+            if self._refused is None:  # full (the common drop: a slow backend)
+                self._full += 1
+                if not self._warned_full:
+                    self._refuse(1)
+            else:
+                self._refuse(1)
             return
         rows.append(row)
         self.queued += 1
@@ -134,8 +144,9 @@ class Mirror:
 
     def _refuse(self, is_row: int) -> None:
         cause = self._refused or "queue_full"
-        key = cause if is_row else f"{cause}_events"
-        self.dropped[key] = self.dropped.get(key, 0) + 1
+        if not (is_row and cause == "queue_full"):  # full rows: counted in put() (_full)
+            key = cause if is_row else f"{cause}_events"
+            self.dropped[key] = self.dropped.get(key, 0) + 1
         if cause == "queue_full" and not self._warned_full:
             self._warned_full = True
             self.warner.warn(
@@ -154,6 +165,7 @@ class Mirror:
             self._init()
             rows = self._rows
             wake = self._wake
+            sleep = time.sleep
             while True:
                 if not rows:
                     self._sleeping = True
@@ -161,6 +173,8 @@ class Mirror:
                         self._sleeping = False
                         continue
                     wake.get()
+                    if not self._closed:
+                        sleep(BATCH_DELAY_S)
                     continue
                 item = rows.popleft()
                 if type(item) is dict:
@@ -337,10 +351,13 @@ class Mirror:
         ``closed``; ``*_events`` for run events), ``pending`` (rows and events waiting),
         ``failures`` (calls that raised), ``events_sent``, ``alive`` (None until ``init``
         returned), ``finished``, ``last_error``, ``run`` (the backend run's name)."""
+        dropped = dict(self.dropped)
+        if self._full:
+            dropped["queue_full"] = self._full
         return {
             "queued": self.queued,
             "sent": self.sent,
-            "dropped": dict(self.dropped),
+            "dropped": dropped,
             "pending": len(self._rows),
             "failures": self.failures,
             "events_sent": self.events_sent,
