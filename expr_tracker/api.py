@@ -60,6 +60,8 @@ def init(
         **kwargs: any spec field by its flat keyword name (``dir``, ``run_dir``, ``stream``,
             ``resume``, ``step_policy``, ``cache_bytes``, ``buffer_size``, ``spans``,
             ``span_metrics``, ``alert_rules`` ...); see ``docs/configuration.md``.
+            ``backends`` may also hold objects with ``init``/``log``/``finish`` (added to
+            the backends the spec names; docs/mirrors.md).
 
     Sources, later wins: defaults < webhook environment variables < ``ET_ALERT_CONFIG`` <
     ``ET_CONFIG`` < ``et.configure_alert()`` < ``spec`` < keyword arguments.
