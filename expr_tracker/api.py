@@ -72,6 +72,7 @@ def init(
         ResumeError: ``resume`` forbids what is on disk.
         RunLockedError: another live process writes the same stream and rank (nothing of
             its files was read or touched).
+        TypeError: an object in ``backends`` lacks ``init``/``log``/``finish``.
     """
     from expr_tracker.build import build
     from expr_tracker.spec import SpecError, resolve

@@ -181,3 +181,26 @@ def test_missing_libraries_warn_once_and_training_goes_on(tmp_path):
         assert f"pip install 'expr-tracker[{kind}]'" in stats[kind]["last_error"]
         assert p.stderr.count(f"pip install 'expr-tracker[{kind}]'") == 1
     assert len(read_lines(tmp_path / "runs" / "proj" / "r1" / "metrics.jsonl")) == 20
+
+
+def test_wandb_init_failing_turns_the_mirror_off(tmp_path):
+    p = run_py(
+        """
+        import json
+        import expr_tracker as et
+        run = et.init(project="proj", name="r1", backends=["wandb"],
+                      backend_kwargs={"wandb": {"mode": "bogus"}})
+        for i in range(20):
+            et.log({"a": i})
+        et.finish()
+        print(json.dumps(run.info()["backends"]))
+        """,
+        env=_env(tmp_path),
+        timeout=120,
+    )
+    stats = json.loads(p.stdout.strip().splitlines()[-1])["wandb"]
+    assert stats["alive"] is False and stats["sent"] == 0
+    assert stats["last_error"].startswith("init failed") and "bogus" in stats["last_error"]
+    assert sum(stats["dropped"].values()) == 20
+    assert p.stderr.count("the wandb mirror is off") == 1
+    assert len(read_lines(tmp_path / "runs" / "proj" / "r1" / "metrics.jsonl")) == 20
