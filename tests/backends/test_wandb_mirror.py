@@ -95,6 +95,9 @@ ev = et.init(project="proj", name="r1", stream="eval", backends=[{"type": "wandb
 et.log({"val": 0.5})
 et.finish(exit_code=3)
 out["eval"] = ev.info()["backends"]
+et.init(project="proj", name="r1", backends=["wandb"])   # resumed: the same wandb run id
+et.log({"loss": 0.01})
+et.finish()
 print(json.dumps(out))
 """
 
@@ -110,17 +113,20 @@ def test_wandb_offline_files_hold_our_rows(tmp_path):
     assert main["alive"] is True and main["finished"] is True
 
     files = sorted((tmp_path / "wb" / "wandb").glob("offline-run-*/run-*.wandb"))
-    by_name = {}
+    by_name, resumed = {}, None
     for f in files:
         records = wandb_records(f)
         (run_rec,) = of_kind(records, "run")
+        if run_rec.display_name == "r1" and "r1" in by_name:
+            resumed = (run_rec, records)  # the later attempt (files sort by start time)
+            continue
         by_name[run_rec.display_name] = (run_rec, records)
     assert set(by_name) == {"users-own", "r1", "r1.eval"}
 
     run_rec, records = by_name["r1"]
     assert run_rec.project == "proj" and run_rec.run_group == "r1"
     assert list(run_rec.tags) == ["t1"]
-    ours = read_lines(tmp_path / "runs" / "proj" / "r1" / "metrics.jsonl")
+    ours = read_lines(tmp_path / "runs" / "proj" / "r1" / "metrics.jsonl")[:40]  # + 1 resumed
     history = [items(h.item) for h in of_kind(records, "history")]
     assert [h["_step"] for h in history] == [r["_step"] for r in ours] == list(range(40))
     for h, r in zip(history, ours, strict=True):
@@ -152,6 +158,9 @@ def test_wandb_offline_files_hold_our_rows(tmp_path):
     assert any(ref.startswith("file://") and ref.endswith("data.txt") for ref in refs)
     (exit_rec,) = of_kind(records, "exit")
     assert exit_rec.exit_code == 0
+
+    assert resumed is not None and resumed[0].run_id == run_rec.run_id  # the same wandb run
+    assert [items(h.item)["_step"] for h in of_kind(resumed[1], "history")] == [40]
 
     ev_rec, ev_records = by_name["r1.eval"]
     assert ev_rec.run_group == "r1" and ev_rec.run_id != run_rec.run_id
