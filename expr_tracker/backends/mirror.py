@@ -188,7 +188,10 @@ class Mirror:
                 elif self.alive and not self._abandoned:
                     self._event(*item)
         except BaseException as exc:  # noqa: BLE001 - the thread must never die silently
-            self._fail("thread", exc)
+            self._off(
+                f"its thread stopped ({type(exc).__name__}: {exc})",
+                ("backend", self.label, "thread"),
+            )
         finally:
             self._done.set()
 
