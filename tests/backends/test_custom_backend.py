@@ -429,3 +429,23 @@ def test_a_stuck_backend_does_not_hold_the_process_past_the_deadline(tmp_path):
     assert [r["a"] for r in rows] == list(range(50))
     info = json.loads((tmp_path / "runs" / "proj" / "r1" / "run.json").read_text())
     assert info["status"] == "finished"
+
+
+class Exiting(Recorder):
+    def log(self, metrics, step):
+        if step == 2:
+            raise SystemExit(3)  # not an Exception: stops the mirror's thread
+        super().log(metrics, step)
+
+
+def test_a_backend_stopping_its_thread_turns_the_mirror_off(run_dir):
+    b = Exiting()
+    run = et.init(project="proj", name="r1", backends=[b])
+    for i in range(10):
+        et.log({"a": i})
+    et.finish()
+    stats = run.info()["backends"]["Exiting"]
+    assert stats["alive"] is False and "SystemExit" in stats["last_error"]
+    assert stats["sent"] == 2 and b.rows() == [(0, {"a": 0}), (1, {"a": 1})]
+    assert stats["queued"] + stats["dropped"].get("backend_off", 0) >= 10
+    assert len(read_lines(run_dir / "metrics.jsonl")) == 10
