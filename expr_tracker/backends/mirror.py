@@ -105,6 +105,7 @@ class Mirror:
         self.last_error: str | None = None
         self._consecutive = 0
         self._initialised = False
+        self._inflight = False  # a row is being handed to the backend
 
     # ------------------------------------------------------------------ feeding
 
@@ -179,7 +180,9 @@ class Mirror:
                 item = rows.popleft()
                 if type(item) is dict:
                     if self.alive and not self._abandoned:
+                        self._inflight = True
                         self._send(item)
+                        self._inflight = False
                     else:
                         self._count_drop("finish_timeout" if self._abandoned else "backend_off")
                 elif item[0] == _FINISH:
@@ -188,6 +191,8 @@ class Mirror:
                 elif self.alive and not self._abandoned:
                     self._event(*item)
         except BaseException as exc:  # noqa: BLE001 - the thread must never die silently
+            if self._inflight:
+                self._count_drop("log_failed")
             self._off(
                 f"its thread stopped ({type(exc).__name__}: {exc})",
                 ("backend", self.label, "thread"),
@@ -319,9 +324,8 @@ class Mirror:
     def wait_closed(self, exit_code: int, timeout: float) -> bool:
         """Wait up to ``timeout`` seconds for :meth:`begin_close`'s ``finish``; past it, what
         is left is counted as dropped and said once (see :meth:`close`)."""
-        if self._thread is None or self._done.is_set():
-            return True
-        if self._done.wait(max(0.0, timeout)):
+        if self._thread is None or self._done.is_set() or self._done.wait(max(0.0, timeout)):
+            self._count_leftovers()
             return True
         if self._abandoned:
             return False
@@ -347,6 +351,16 @@ class Mirror:
             left,
         )
         return False
+
+    def _count_leftovers(self) -> None:
+        """Rows a stopped thread left in the queue (it never got to them): dropped."""
+        while True:
+            try:
+                item = self._rows.popleft()
+            except IndexError:
+                return
+            if type(item) is dict:
+                self._count_drop("backend_off")
 
     def stats(self) -> dict[str, Any]:
         """``et.info()["backends"][label]``: ``queued`` (rows accepted), ``sent``, ``dropped``

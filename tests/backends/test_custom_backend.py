@@ -447,5 +447,6 @@ def test_a_backend_stopping_its_thread_turns_the_mirror_off(run_dir):
     stats = run.info()["backends"]["Exiting"]
     assert stats["alive"] is False and "SystemExit" in stats["last_error"]
     assert stats["sent"] == 2 and b.rows() == [(0, {"a": 0}), (1, {"a": 1})]
-    assert stats["queued"] + stats["dropped"].get("backend_off", 0) >= 10
+    assert stats["queued"] == 10 and stats["dropped"] == {"log_failed": 1, "backend_off": 7}
+    assert stats["pending"] == 0
     assert len(read_lines(run_dir / "metrics.jsonl")) == 10
