@@ -66,7 +66,9 @@ def init(
             run first; ``"create_new"``: an independent run; ``"return_previous"``),
             ``resume=True|"auto"``, ``allow_val_change``, ``config_include_keys``,
             ``config_exclude_keys``; the rest (``settings``, ``save_code`` ...) are
-            ignored with one warning each.
+            ignored with one warning each. ``backends`` may also hold objects with
+            ``init``/``log``/``finish`` (added to the backends the spec names;
+            docs/mirrors.md).
 
     Sources, later wins: defaults < webhook environment variables < ``ET_ALERT_CONFIG`` <
     ``ET_CONFIG`` < ``et.configure_alert()`` < ``spec`` < keyword arguments.
@@ -78,6 +80,7 @@ def init(
         ResumeError: ``resume`` forbids what is on disk.
         RunLockedError: another live process writes the same stream and rank (nothing of
             its files was read or touched).
+        TypeError: an object in ``backends`` lacks ``init``/``log``/``finish``.
     """
     from expr_tracker.wandb_compat import wandb_init_call
 
@@ -105,7 +108,8 @@ def init(
         given = call.given
         if "alert_rules" in given:
             given["alert_rules"] = _rules_as_data(given["alert_rules"])
-        run = _resolve_and_build(spec, given, parent)
+        objects = _backend_objects(given)  # objects with init/log/finish: not spec data
+        run = _resolve_and_build(spec, given, parent, backend_objects=objects)
         if call.allow_val_change:
             run.config.allow_changes()
         _state.run = run
@@ -115,7 +119,12 @@ def init(
 
 
 def _resolve_and_build(
-    spec: Any, given: dict[str, Any], parent: Run | None = None, *, independent: bool = False
+    spec: Any,
+    given: dict[str, Any],
+    parent: Run | None = None,
+    *,
+    independent: bool = False,
+    backend_objects: Any = (),
 ) -> Run:
     """Resolve the spec from its sources and build the run (under ``_lock``)."""
     from expr_tracker.build import build
@@ -126,7 +135,7 @@ def _resolve_and_build(
         given.update(project=parent.project, name=parent.name, run_dir=str(parent.dir))
         resolved = resolve(spec, kwargs=given, configure_alert=_state.configured_alert or None)
     try:
-        return build(resolved, independent=independent)
+        return build(resolved, independent=independent, backend_objects=backend_objects)
     except SpecError as exc:
         raise _with_config_keys(exc, spec) from None
 
@@ -141,8 +150,9 @@ def _independent_run(spec: Any, call: Any) -> Run:
     given = call.given
     if "alert_rules" in given:
         given["alert_rules"] = _rules_as_data(given["alert_rules"])
+    objects = _backend_objects(given)  # objects with init/log/finish: not spec data
     with _lock:  # resolve + build serialised with et.init
-        run = _resolve_and_build(spec, given, independent=True)
+        run = _resolve_and_build(spec, given, independent=True, backend_objects=objects)
         if call.allow_val_change:
             run.config.allow_changes()
         _independent_runs[:] = [r for r in _independent_runs if not r.finished]
@@ -169,6 +179,23 @@ def _end_run(run: Run, exception: BaseException | None) -> None:
         _finish_current(run, exception=exception)
     else:
         run.finish(exception=exception)
+
+
+def _backend_objects(given: dict[str, Any]) -> list[Any]:
+    """Take the backend objects (anything but names and mappings) out of
+    ``given["backends"]``, so the spec stays JSON-able; returns them. Objects alone leave
+    the backends other sources name in place (objects are added to them)."""
+    backends = given.get("backends")
+    if backends is None or isinstance(backends, (str, Mapping)):
+        return []
+    items = list(backends) if isinstance(backends, (list, tuple)) else [backends]
+    objects = [b for b in items if not isinstance(b, (str, Mapping))]
+    names = [b for b in items if isinstance(b, (str, Mapping))]
+    if objects and not names:
+        del given["backends"]
+    else:
+        given["backends"] = names
+    return objects
 
 
 def _joins_parent(resolved: Any, parent: Run) -> bool:

@@ -457,6 +457,16 @@ class Run:
         """True while :meth:`finish` runs (not after it was interrupted, nor once done)."""
         return self._finishing_thread is not None
 
+    @property
+    def exit_code(self) -> int | None:
+        """The exit code the run ends with, for mirrors: the code given to ``finish()``,
+        else 1 after an exception, else 0 once finishing (None before ``finish()``)."""
+        if self._exit_code is not None:
+            return self._exit_code
+        if self.exception is not None:
+            return 1
+        return 0 if (self._finishing_thread is not None or self._finished) else None
+
     def log(
         self, metrics: dict[str, Any], step: int | None = None, commit: bool | None = None
     ) -> int:

@@ -12,6 +12,7 @@ to the runtime (the hot path never touches Pydantic):
 - :mod:`.spans`: the span recorder, its writer, plugins and print target.
 - :mod:`.alerts`: the alert engine, the alert log, the channels, policies and dispatcher.
 - :mod:`.artifacts`: the project's artifact store and the run's lineage (``run.artifacts``).
+- :mod:`.backends`: the mirrors (wandb, trackio, backend objects), started last.
 """
 
 from __future__ import annotations
@@ -24,6 +25,7 @@ from typing import Any
 from expr_tracker._warn import Warner
 from expr_tracker.build.alerts import build_alerts
 from expr_tracker.build.artifacts import build_artifacts
+from expr_tracker.build.backends import build_backends
 from expr_tracker.build.check import channel_issue, check
 from expr_tracker.build.history import (
     Attempt,
@@ -54,7 +56,11 @@ class ResumeError(ExprTrackerError, FileExistsError):
 
 
 def build(
-    resolved: Any, *, environ: dict[str, str] | None = None, independent: bool = False
+    resolved: Any,
+    *,
+    environ: dict[str, str] | None = None,
+    independent: bool = False,
+    backend_objects: Any = (),
 ) -> Run:
     """Construct a :class:`Run` from a resolved spec (``expr_tracker.spec.resolve``).
 
@@ -65,14 +71,20 @@ def build(
     Everything that can fail on configuration (rules, plugin types, channels) is checked
     before anything touches the disk; if construction still fails afterwards, what this
     attempt created is removed and the one-writer lock released, so fixing the spec and
-    calling ``et.init`` again in the same process works.
+    calling ``et.init`` again in the same process works. ``backend_objects`` are mirrored
+    besides the spec's ``backends`` (objects with init/log/finish, from ``et.init``).
 
     Raises:
         SpecError: everything :func:`check` finds (plugins, rules, channels), each problem
             with its spec path.
         ResumeError: ``resume`` forbids what is on disk.
         RunLockedError: another live process writes the same stream and rank.
+        TypeError: a backend object lacks init/log/finish.
     """
+    from expr_tracker.backends.protocol import adapt
+
+    for obj in backend_objects:  # before anything touches the disk
+        adapt(obj)
     spec = resolved.spec
     env = os.environ if environ is None else environ
     if spec.mode == "disabled":
@@ -125,15 +137,16 @@ def build(
     attempt.done()
     if attempt.notice:
         announce(attempt.notice)
-    if spec.backends:
-        unknown = [b for b in spec.backends if b != "jsonl"]
-        if unknown:
-            warner.warn(
-                ("backends",),
-                "expr_tracker: backends %r are not available yet (the JSONL history is always "
-                "written); ignored",
-                unknown,
-            )
+    # mirrors start last, once the run exists on disk; a backend never fails the start
+    try:
+        build_backends(run, spec, rank, warner, backend_objects)
+    except Exception as exc:  # noqa: BLE001
+        warner.warn(
+            ("backends", type(exc).__name__),
+            "expr_tracker: the mirrors could not be started (%s: %s); the run goes on without",
+            type(exc).__name__,
+            exc,
+        )
     return run
 
 

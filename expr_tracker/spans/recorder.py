@@ -62,7 +62,10 @@ def _task_name() -> str | None:
     aio = _modules.get("asyncio")
     if aio is None:
         return None
-    loop = aio._get_running_loop()
+    # getattr: another thread may be importing asyncio right now (a mirror importing its
+    # library), leaving a partially initialised module in sys.modules
+    running = getattr(aio, "_get_running_loop", None)
+    loop = running() if running is not None else None
     if loop is None:
         return None
     task = aio.current_task(loop)

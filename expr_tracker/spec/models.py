@@ -28,6 +28,7 @@ from expr_tracker.spec.alerting import (
     PolicyOverrides,
     PolicySpec,
     RuleSpec,
+    _on_rank,
     effective_policy,
 )
 from expr_tracker.spec.artifacts import ArtifactsSpec
@@ -46,6 +47,12 @@ from expr_tracker.spec.fields import (
     named_entry,
     omegaconf_to_plain,
 )
+from expr_tracker.spec.mirroring import (
+    backends_as_list,
+    check_backend_entry,
+    check_backend_kwargs,
+    redact_backend_kwargs,
+)
 from expr_tracker.spec.recording import (
     BufferSpec,
     CacheSpec,
@@ -54,6 +61,7 @@ from expr_tracker.spec.recording import (
     SpansSpec,
 )
 from expr_tracker.spec.redact import redact_config, redact_options
+from expr_tracker.spec.units import Duration
 from expr_tracker.units import LEVEL_ALIASES, LEVELS, level_rank, normalize_level
 
 __all__ = [
@@ -91,7 +99,11 @@ class RunSpec(_RedactedRepr, BaseModel):
     ``config`` and ``backends``)."""
 
     model_config = _FORBID
-    __redacted_fields__ = {"config": redact_config, "backends": redact_options}
+    __redacted_fields__ = {
+        "config": redact_config,
+        "backends": redact_options,
+        "backend_kwargs": redact_backend_kwargs,
+    }
 
     project: Annotated[str, AfterValidator(_fs_name)] = "default"
     name: Optional[_FsName] = Field(
@@ -122,4 +134,29 @@ class RunSpec(_RedactedRepr, BaseModel):
     spans: SpansSpec = Field(default_factory=SpansSpec)
     alerts: AlertsSpec = Field(default_factory=AlertsSpec)
     artifacts: ArtifactsSpec = Field(default_factory=ArtifactsSpec)
-    backends: list[Union[str, dict[str, Any]]] = Field(default_factory=list)
+    # mirrors (spec/mirroring.py; docs/mirrors.md)
+    backends: Annotated[
+        list[Annotated[Union[str, dict[str, Any]], AfterValidator(check_backend_entry)]],
+        BeforeValidator(backends_as_list),
+    ] = Field(
+        default_factory=list,
+        description="mirrors: wandb, trackio (jsonl: the local files, always written), or "
+        "{type: wandb, <init keywords>}",
+    )
+    backend_kwargs: Annotated[dict[str, dict[str, Any]], BeforeValidator(check_backend_kwargs)] = (
+        Field(
+            default_factory=dict,
+            description="init keywords per backend: {wandb: {entity: ...}, trackio: {...}} (docs/mirrors.md)",
+        )
+    )
+    backend_on_rank: Annotated[Union[int, list[int], Literal["all"]], BeforeValidator(_on_rank)] = (
+        Field(0, description="ranks that mirror (a rank, a list of ranks, or 'all')")
+    )
+    backend_queue_size: int = Field(
+        10_000, ge=1, description="rows a mirror holds while its backend is busy; more are dropped"
+    )
+    backend_finish_timeout: Duration = Field(
+        30.0,
+        ge=0,
+        description="seconds finish() waits for the mirrors to drain (one deadline for all; docs/mirrors.md)",
+    )

@@ -118,7 +118,7 @@ class ResolvedSpec:
             if key == "config":  # as config.json: credentials hidden, hyper-parameters kept
                 out[key] = _jsonable(redact_config(value), free_form=False)
             else:
-                out[key] = _jsonable(value, free_form=key == "backends")
+                out[key] = _jsonable(value, free_form=key in ("backends", "backend_kwargs"))
         for section in ("spans", "alerts"):
             out[section] = _redact_options(dumped[section], section)
         return out

@@ -510,7 +510,9 @@ def test_redacted_hides_every_secret_and_renders_objects():
     r = resolve(
         {
             "config": {"lr": 0.1, "api_key": "SECRETKEY", "nested": {"db_password": "SECRETPW"}},
-            "backends": [{"type": "wandb", "token": "SECRETTOKEN"}],
+            # wandb.init takes its key in settings (an unknown init keyword is an error)
+            "backends": [{"type": "wandb", "settings": {"api_key": "SECRETTOKEN"}}],
+            "backend_kwargs": {"trackio": {"webhook_url": "https://SECRETHOOK"}},
             "alerts": {
                 "channels": [
                     {
@@ -535,7 +537,8 @@ def test_redacted_hides_every_secret_and_renders_objects():
     assert channels["email"]["url_env"] == "MY_URL"
     assert channels["email"]["options"] == {"host": "smtp", "password": "***", "Webhook": "***"}
     assert red["config"] == {"lr": 0.1, "api_key": "***", "nested": {"db_password": "***"}}
-    assert red["backends"] == [{"type": "wandb", "token": "***"}]
+    assert red["backends"] == [{"type": "wandb", "settings": {"api_key": "***"}}]
+    assert red["backend_kwargs"] == {"trackio": {"webhook_url": "***"}}
     assert red["spans"]["plugins"][0] == {"type": "p", "options": {"token": "***"}}
     assert red["spans"]["plugins"][1] == "Plugin()"
     assert red["spans"]["print"] == repr(print)
