@@ -710,7 +710,9 @@ class DisabledRun(Run):
 
     ``log`` counts steps and returns them (nothing is kept: ``et.history()`` is empty),
     ``config`` and ``summary`` (and ``define_metric``) work in memory, ``finish`` only
-    marks it finished; alert rules are not evaluated and ``et.alert`` sends nothing.
+    marks it finished; alert rules are not evaluated and ``et.alert`` sends nothing;
+    ``log_artifact`` stores nothing (returns None), ``use_artifact`` raises
+    ``NoActiveRunError`` (there is no store to read).
     ``dir`` is where the run would live (not created).
     """
 
@@ -748,6 +750,10 @@ class DisabledRun(Run):
 
     def add_rule(self, rule: Any, **overrides: Any) -> Any:
         """Nothing is evaluated in a disabled run; returns None."""
+        return None
+
+    def log_artifact(self, artifact_or_path: Any, *args: Any, **kwargs: Any) -> Any:
+        """Nothing is stored in a disabled run (training code runs unchanged); returns None."""
         return None
 
     def flush(self) -> None:

@@ -177,7 +177,14 @@ def test_disabled_run_writes_nothing(tmp_path):
     with et.span("s"):
         pass
     assert et.alert("t") is False
+    data = tmp_path.parent / f"{tmp_path.name}-data.txt"
+    data.write_text("x")
+    assert et.log_artifact(str(data), name="data") is None  # training code runs unchanged
+    assert et.list_alert_rules() == [] and et.add_alert_rule("x > 1 => warn: x") is None
+    with pytest.raises(et.NoActiveRunError, match="no artifact store"):
+        et.use_artifact("data")
     et.finish()
+    data.unlink()
     assert run.finished and et.run is None
     assert os.listdir(tmp_path) == []  # no runs/ directory at all
 

@@ -23,10 +23,8 @@ LINEAGE_RE = re.compile(r"^artifacts(?:\.([A-Za-z0-9_-]+?))??(?:\.rank(\d+))?\.j
 def current_step(run: Any) -> int | None:
     """The step the run's next ``log()`` writes (the open row's step), None when unknown.
 
-    The one place that knows where the step lives: switch it here if ``Run`` grows a
-    ``step`` property."""
-    store = getattr(run, "history", None)
-    step = getattr(store, "open_step", None)
+    The one place that knows where the step lives (``Run.step``, the open row's step)."""
+    step = getattr(run, "step", None)
     return step if type(step) is int else None
 
 
