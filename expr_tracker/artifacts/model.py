@@ -266,6 +266,10 @@ class ArtifactVersion:
         from expr_tracker.artifacts.files import link_or_copy
 
         out = Path(root)
+        try:  # root exists afterwards, also for a version of references only
+            out.mkdir(parents=True, exist_ok=True)
+        except OSError as exc:
+            raise ArtifactError(f"cannot download {self.qualified_name} to {out}: {exc}") from exc
         for name in self.files():
             dst = out / name
             tmp = dst.with_name(f".{dst.name}.{os.getpid()}.download")

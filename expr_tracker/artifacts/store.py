@@ -311,7 +311,10 @@ class ArtifactStore:
                         entries.append({"name": name, "size": size, "sha256": sha})
                         continue
                     try:
-                        os.link(src, dst)
+                        # the file a symbolic link names: os.link links the link itself
+                        # (a relative one dangles in the store, an absolute one stores
+                        # nothing but a pointer back to the source)
+                        os.link(os.path.realpath(src), dst)
                         how = "link"
                     except OSError as exc:
                         if exc.errno not in LINK_FALLBACK:

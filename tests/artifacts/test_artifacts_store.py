@@ -278,3 +278,27 @@ def test_download(tmp_path, store):
 def test_unknown_mode_is_refused(tmp_path):
     with pytest.raises(ValueError, match="'link' or 'copy'"):
         ArtifactStore(tmp_path, mode="symlink")
+
+
+def test_symbolic_links_to_files_store_the_file_not_the_link(tmp_path, store):
+    # os.link links a symbolic link itself: a relative one dangled inside the store (the log
+    # failed), an absolute one stored only a pointer back to the source
+    src = _tree(tmp_path / "src", {"real/a.txt": b"a", "b.txt": b"b"})
+    (src / "rel.txt").symlink_to("real/a.txt")
+    (src / "abs.txt").symlink_to(tmp_path / "src" / "b.txt")
+    v, _ = store.log(_art("ds", src))
+    assert v.files() == ["abs.txt", "b.txt", "real/a.txt", "rel.txt"]
+    for name, data in [("rel.txt", b"a"), ("abs.txt", b"b")]:
+        p = v.get_path(name)
+        assert not p.is_symlink() and p.read_bytes() == data
+    (src / "b.txt").unlink()  # the source goes: the stored version keeps its content
+    assert v.get_path("abs.txt").read_bytes() == b"b" and v.verify()
+
+
+def test_download_of_references_only_makes_the_directory(tmp_path, store):
+    a = et.Artifact("refs")
+    a.add_reference("s3://bucket/k/model.pt")
+    v, _ = store.log(a)
+    out = v.download(tmp_path / "dl")
+    assert out.is_dir() and list(out.iterdir()) == []
+    assert v.get_path("model.pt") == "s3://bucket/k/model.pt"
