@@ -16,7 +16,7 @@ from typing import Any
 from expr_tracker.artifacts.errors import ArtifactNameError
 
 #: artifact names, aliases and types: a letter, digit or ``_`` first, then also ``.`` and ``-``
-WORD_RE = re.compile(r"^[A-Za-z0-9_][A-Za-z0-9_.-]*$")
+WORD_RE = re.compile(r"^[A-Za-z0-9_][A-Za-z0-9_.-]*\Z")  # \Z: "$" takes a final "\n"
 MAX_NAME = 128
 MAX_TYPE = 64
 #: a file name inside an artifact: at most this many characters in all, 255 bytes a part
@@ -25,7 +25,7 @@ MAX_PART_BYTES = 255
 #: names the store uses itself, at the level of artifact directories
 RESERVED_NAMES = frozenset({"index.jsonl"})
 #: ``v3``: a version, never an alias
-VERSION_RE = re.compile(r"^v([0-9]+)$")
+VERSION_RE = re.compile(r"^v([0-9]+)\Z")
 _CONTROL = re.compile(r"[\x00-\x1f\x7f]")
 
 WORD_RULE = "letters, digits, '_', '.' and '-', starting with a letter, digit or '_'"

@@ -139,3 +139,16 @@ def test_reference_names(tmp_path):
         art.add_reference("s3://")
     with pytest.raises(ArtifactNameError, match="reference uri"):
         art.add_reference("")
+
+
+@pytest.mark.parametrize("value", ["ok\n", "best\n"])
+def test_a_trailing_newline_is_not_a_valid_word(value, tmp_path):
+    # re's "$" also matches before a final "\n": "ok\n" became a store directory
+    with pytest.raises(ArtifactNameError, match="name"):
+        validate_name(value)
+    with pytest.raises(ArtifactNameError, match="alias"):
+        validate_alias(value)
+    with pytest.raises(ArtifactNameError, match="type"):
+        et.Artifact("ok", type=value)
+    with pytest.raises(ArtifactNameError):
+        parse_ref("ok:v1\n")
