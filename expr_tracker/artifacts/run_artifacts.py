@@ -43,6 +43,7 @@ class RunArtifacts:
         metadata: dict[str, Any] | None = None,
     ) -> ArtifactVersion:
         """See :func:`expr_tracker.api.log_artifact`."""
+        self._check_not_in_run_dir()
         artifact = as_artifact(artifact_or_path, name, type)
         merged = None
         if metadata is not None:
@@ -78,6 +79,17 @@ class RunArtifacts:
         self.used += 1
         self._record("used", version)
         return version
+
+    def _check_not_in_run_dir(self) -> None:
+        """A run directory named ``artifacts`` is where the project's store would go: its
+        versions would mix with the run's files (an artifact ``metrics.jsonl`` takes the
+        run's metric file) and ``et runs`` would take the run for the store."""
+        if Path(self.run.dir).absolute() == self.store.root.absolute():
+            raise ArtifactError(
+                f"cannot log an artifact from a run whose directory is the project's "
+                f"artifact store ({self.store.root}): the run is named 'artifacts'; give "
+                "the run another name (or run_dir=); nothing was logged"
+            )
 
     def stats(self) -> dict[str, Any]:
         """``et.info()["artifacts"]``: versions logged and used, lineage lines that failed."""

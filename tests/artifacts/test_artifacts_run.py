@@ -205,3 +205,17 @@ def test_relogging_linked_files_costs_no_copy(tmp_path, data, monkeypatch):
     monkeypatch.setattr(store_mod, "copy_hashed", lambda a, b: copies.append(a) or real(a, b))
     assert et.log_artifact(data).version == v1.version
     assert copies == []  # the sources are v1's links: hashed, found identical, nothing copied
+
+
+def test_a_run_named_artifacts_cannot_log_into_its_own_directory(tmp_path, data):
+    # its directory is the project's store: an artifact "metrics.jsonl" took the run's
+    # metric file and `et runs` no longer listed the run
+    et.init(project="p", name="artifacts", dir=str(tmp_path / "runs"))
+    et.log({"a": 1})
+    with pytest.raises(et.ExprTrackerError, match="named 'artifacts'"):
+        et.log_artifact(data / "train.csv", name="metrics.jsonl")
+    et.log({"a": 2})
+    et.finish()
+    run_dir = tmp_path / "runs" / "p" / "artifacts"
+    assert not (run_dir / "index.jsonl").exists()
+    assert (run_dir / "metrics.jsonl").is_file()
