@@ -51,15 +51,16 @@ class Artifact:
 
     # ------------------------------------------------------------------ building
 
-    def add_file(self, path: str | os.PathLike[str], name: str | None = None) -> str:
+    def add_file(self, local_path: str | os.PathLike[str], name: str | None = None) -> str:
         """Add one file as ``name`` (default: the file's own name); returns the name.
+        ``local_path`` is wandb's keyword (``add_file(local_path="model.pt")``).
 
         Raises:
-            ArtifactError: ``path`` is not a file.
+            ArtifactError: ``local_path`` is not a file.
             ArtifactNameError: a bad ``name``, or one already in the artifact (or a
                 directory of it).
         """
-        src = Path(path)
+        src = Path(local_path)
         if not src.is_file():
             what = "a directory (use add_dir)" if src.is_dir() else "missing"
             raise ArtifactError(f"add_file: {str(src)!r} is not a file ({what})")
@@ -68,18 +69,18 @@ class Artifact:
         self._files[entry] = src.absolute()
         return entry
 
-    def add_dir(self, path: str | os.PathLike[str], name: str | None = None) -> list[str]:
-        """Add every regular file under directory ``path`` (symbolic links to files are
-        followed, links to directories are not), named by its path relative to ``path``,
+    def add_dir(self, local_path: str | os.PathLike[str], name: str | None = None) -> list[str]:
+        """Add every regular file under directory ``local_path`` (symbolic links to files
+        are followed, links to directories are not), named by its path relative to it,
         under the prefix ``name`` when given (``add_dir("out", name="ckpt")`` adds
         ``ckpt/model.pt``). Other special files (sockets, FIFOs) are skipped. Returns the
         names added, sorted.
 
         Raises:
-            ArtifactError: ``path`` is not a directory.
+            ArtifactError: ``local_path`` is not a directory.
             ArtifactNameError: a bad prefix or file name (nothing is added then).
         """
-        root = Path(path)
+        root = Path(local_path)
         if not root.is_dir():
             raise ArtifactError(f"add_dir: {str(root)!r} is not a directory")
         prefix = validate_entry_name(name, "name") + "/" if name is not None else ""

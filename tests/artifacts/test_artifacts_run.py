@@ -219,3 +219,17 @@ def test_a_run_named_artifacts_cannot_log_into_its_own_directory(tmp_path, data)
     run_dir = tmp_path / "runs" / "p" / "artifacts"
     assert not (run_dir / "index.jsonl").exists()
     assert (run_dir / "metrics.jsonl").is_file()
+
+
+def test_wandb_style_keywords_of_add_file_and_add_dir(tmp_path, data):
+    # wandb's own docs write add_file(local_path=...): it raised TypeError here
+    import expr_tracker as wandb
+
+    run = wandb.init(project="p", name="r", dir=str(tmp_path / "runs"))
+    artifact = wandb.Artifact(name="model", type="model")
+    assert artifact.add_file(local_path=str(data / "train.csv")) == "train.csv"
+    assert artifact.add_dir(local_path=str(data / "sub"), name="labels") == ["labels/labels.txt"]
+    run.log_artifact(artifact, aliases=["best"])
+    used = run.use_artifact("model:best", type="model")
+    assert used.files() == ["labels/labels.txt", "train.csv"]
+    wandb.finish()
