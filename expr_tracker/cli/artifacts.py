@@ -238,6 +238,10 @@ def run_show(args: argparse.Namespace, out: IO[str] | None = None) -> int:
     return 0
 
 
+#: files (and references) the text of `et artifacts show` lists; json and jsonl list all
+SHOW_FILES = 200
+
+
 def _when(t: Any) -> str:
     return time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(t)) if isinstance(t, float) else ""
 
@@ -271,12 +275,20 @@ def _print_show(doc: dict[str, Any], out: IO[str]) -> None:
     files.add_column("size", justify="right", no_wrap=True)
     files.add_column("sha256", no_wrap=True)
     files.add_column("stored", no_wrap=True)
-    for f in doc["files"]:
-        files.add_row(f["name"], _size(f["size"]), f["sha256"][:16], f.get("stored", ""))
-    for r in doc["references"]:
-        files.add_row(r["name"], "", "", f"reference {r['uri']}")
+    rows = [
+        (f["name"], _size(f["size"]), f["sha256"][:16], f.get("stored", "")) for f in doc["files"]
+    ]
+    rows += [(r["name"], "", "", f"reference {r['uri']}") for r in doc["references"]]
+    for row in rows[:SHOW_FILES]:
+        files.add_row(*row)
     console.print()
     console.print(files, markup=False)
+    if len(rows) > SHOW_FILES:  # a dataset of a million files: a table of them helps no one
+        console.print(
+            f"... and {len(rows) - SHOW_FILES} more (--format json lists them all)",
+            markup=False,
+            highlight=False,
+        )
     console.print()
     if not doc["lineage"]:
         console.print("lineage: no run recorded logging or using it", markup=False)

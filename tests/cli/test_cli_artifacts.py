@@ -141,3 +141,24 @@ def test_et_runs_does_not_list_the_store(runs, capsys):
     assert main(["runs", str(runs), "--format", "json"]) == 0
     names = sorted(r["run"] for r in json.loads(capsys.readouterr().out))
     assert names == ["p/maker", "p/third", "p/user"]
+
+
+def test_show_text_lists_the_first_files_of_a_huge_artifact(tmp_path, capsys, monkeypatch):
+    # 30000 files took rich ~12 s to lay out (and flooded the terminal); json lists them all
+    from expr_tracker.cli import artifacts as cli_artifacts
+
+    monkeypatch.setattr(cli_artifacts, "SHOW_FILES", 3)
+    src = tmp_path / "ds"
+    src.mkdir()
+    for i in range(5):
+        (src / f"{i}.txt").write_text(str(i))
+    et.init(project="p", name="r", dir=str(tmp_path / "runs"))
+    et.log_artifact(src)
+    et.finish()
+    code, out, _ = et_cli(capsys, "show", "ds", "--project-dir", tmp_path / "runs" / "p")
+    assert code == 0 and "2.txt" in out and "3.txt" not in out
+    assert "... and 2 more (--format json lists them all)" in out
+    code, out, _ = et_cli(
+        capsys, "show", "ds", "--format", "json", "--project-dir", tmp_path / "runs"
+    )
+    assert len(json.loads(out)["files"]) == 5
