@@ -355,10 +355,22 @@ class ArtifactStore:
         return False
 
     def _has_digest(self, name: str, digest: str) -> bool:
+        """Whether an intact version of ``name`` holds ``digest``."""
         item = self.catalog().get(name)
         return item is not None and any(
-            rec.get("digest") == digest for rec in item["versions"].values()
+            rec.get("digest") == digest and self._intact(name, version)
+            for version, rec in item["versions"].items()
         )
+
+    def _intact(self, name: str, version: int) -> bool:
+        """Whether ``name:v<version>`` still holds what was logged (the cheap check of
+        ``use_artifact``). A linked version whose source was edited in place does not: the
+        same contents logged again must not return it (a new version is stored instead)."""
+        try:
+            self.get(name, f"v{version}").check()
+        except (ArtifactError, OSError):
+            return False
+        return True
 
     def _rewritten(
         self, name: str, files: dict[str, Path], entries: list[dict[str, Any]], deferred: list[int]
@@ -406,8 +418,11 @@ class ArtifactStore:
     ) -> tuple[ArtifactVersion, bool]:
         """Under the artifact's lock: dedupe by digest, or number, rename and commit."""
         item = self.catalog().get(name) or {"versions": {}, "aliases": {}}
+        changed = []  # versions of this digest whose files no longer hold it
         for version, rec in sorted(item["versions"].items()):
-            if rec.get("digest") == digest:
+            if rec.get("digest") == digest and not self._intact(name, version):
+                changed.append(f"{name}:v{version}")
+            elif rec.get("digest") == digest:
                 moves = [a for a in aliases if item["aliases"].get(a) != version]
                 for alias in moves:
                     self._append(
@@ -421,6 +436,17 @@ class ArtifactStore:
                         }
                     )
                 return self.get(name, f"v{version}"), False
+        if any("stored" not in e for e in entries):  # deferred, not copied: see log()
+            raise ArtifactError(
+                f"{', '.join(changed) or name} changed on disk while these same contents were "
+                "logged; nothing was published: log it again"
+            )
+        if changed:
+            self.notices.append(
+                f"{', '.join(changed)} logged these same contents, but its files changed since "
+                "(a hard-linked source edited in place): storing them as a new version. Use "
+                "artifacts.mode: copy for files edited in place"
+            )
         self._remove_orphans(adir, set(item["versions"]))
         version = max(item["versions"], default=0) + 1
         now = time.time()

@@ -302,3 +302,23 @@ def test_download_of_references_only_makes_the_directory(tmp_path, store):
     out = v.download(tmp_path / "dl")
     assert out.is_dir() and list(out.iterdir()) == []
     assert v.get_path("model.pt") == "s3://bucket/k/model.pt"
+
+
+def test_same_contents_never_return_a_version_whose_files_changed(tmp_path, store):
+    # v1 hard-links a/ckpt.pt; editing it in place changes v1; the original contents logged
+    # again from a fresh file returned v1 (holding the edit), and every use of it then failed
+    a = _tree(tmp_path / "a", {"ckpt.pt": b"AAAA"})
+    v1, _ = store.log(_art("ck", a))
+    with open(a / "ckpt.pt", "r+b") as f:  # in place, as torch.save does
+        f.write(b"BBBB")
+    b = _tree(tmp_path / "b", {"ckpt.pt": b"AAAA"})
+    v2, new = store.log(_art("ck", b))
+    assert (v2.version, new) == (2, True) and v2.digest == v1.digest
+    assert v2.get_path("ckpt.pt").read_bytes() == b"AAAA" and v2.verify()
+    assert any("ck:v1" in n for n in store.notices)
+    # b/ckpt.pt is now linked by v2 (st_nlink 2): logged again, it is v2, no copy
+    v2b, new = store.log(_art("ck", b))
+    assert (v2b.version, new) == (2, False) and store.notices == []
+    with pytest.raises(ArtifactCorruptedError):
+        store.get("ck", "v1").check()
+    assert store.get("ck").version == 2
