@@ -496,10 +496,12 @@ class Run:
 
             raise ForkedRunError(FORK_MESSAGE)
         if self._finished or self.artifacts is None:
+            why = "has finished" if self._finished else "has no artifact store"
+            if not self._finished and self.disabled:
+                why += " (mode='disabled' reads and writes no files)"
             raise NoActiveRunError(
-                f"run {self.project}/{self.name} "
-                + ("has finished" if self._finished else "has no artifact store")
-                + "; artifacts are logged and used by a live run (et.init)"
+                f"run {self.project}/{self.name} {why}; artifacts are logged and used by a "
+                "live run (et.init)"
             )
         return self.artifacts
 

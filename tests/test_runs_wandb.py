@@ -181,7 +181,7 @@ def test_disabled_run_writes_nothing(tmp_path):
     data.write_text("x")
     assert et.log_artifact(str(data), name="data") is None  # training code runs unchanged
     assert et.list_alert_rules() == [] and et.add_alert_rule("x > 1 => warn: x") is None
-    with pytest.raises(et.NoActiveRunError, match="no artifact store"):
+    with pytest.raises(et.NoActiveRunError, match=r"no artifact store \(mode='disabled'"):
         et.use_artifact("data")
     et.finish()
     data.unlink()
