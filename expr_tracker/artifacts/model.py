@@ -4,6 +4,7 @@
 from __future__ import annotations
 
 import os
+import uuid
 from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
@@ -273,7 +274,8 @@ class ArtifactVersion:
             raise ArtifactError(f"cannot download {self.qualified_name} to {out}: {exc}") from exc
         for name in self.files():
             dst = out / name
-            tmp = dst.with_name(f".{dst.name}.{os.getpid()}.download")
+            # a short name: the file's own may already be at the 255-byte limit
+            tmp = dst.with_name(f".et-download-{os.getpid()}-{uuid.uuid4().hex[:12]}")
             try:
                 dst.parent.mkdir(parents=True, exist_ok=True)
                 if tmp.exists():

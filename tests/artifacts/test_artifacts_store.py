@@ -322,3 +322,16 @@ def test_same_contents_never_return_a_version_whose_files_changed(tmp_path, stor
     with pytest.raises(ArtifactCorruptedError):
         store.get("ck", "v1").check()
     assert store.get("ck").version == 2
+
+
+def test_download_a_file_name_at_the_255_byte_limit(tmp_path, store):
+    # the temporary name was the file's own plus ".<pid>.download": over 255 bytes
+    src = tmp_path / "src.bin"
+    src.write_bytes(b"x")
+    long = "é" * 125 + ".bin"  # 254 bytes: a valid name
+    a = et.Artifact("long")
+    a.add_file(src, name=f"d/{long}")
+    v, _ = store.log(a)
+    out = v.download(tmp_path / "dl")
+    assert (out / "d" / long).read_bytes() == b"x"
+    assert sorted(p.name for p in (out / "d").iterdir()) == [long]  # no temporary left
