@@ -10,7 +10,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from expr_tracker.artifacts.errors import ArtifactError, ArtifactTypeError
+from expr_tracker.artifacts.errors import ArtifactError, ArtifactNotFoundError, ArtifactTypeError
 from expr_tracker.artifacts.lineage import append_lineage, current_step
 from expr_tracker.artifacts.model import Artifact, ArtifactVersion, check_metadata
 from expr_tracker.artifacts.names import parse_ref, validate_name, validate_type
@@ -65,6 +65,13 @@ class RunArtifacts:
     def use_artifact(self, ref: str | ArtifactVersion, type: str | None = None) -> ArtifactVersion:  # noqa: A002
         """See :func:`expr_tracker.api.use_artifact`."""
         if isinstance(ref, ArtifactVersion):
+            # the same name and number in this project's store may be other contents
+            store = Path(ref.path).absolute().parent.parent
+            if store != self.store.root.absolute():
+                raise ArtifactNotFoundError(
+                    f"{ref.qualified_name} is a version of the store {store}, not of this run's "
+                    f"project ({self.store.root}); use_artifact reads the run's own project"
+                )
             ref = ref.qualified_name
         name, selector = parse_ref(ref)
         if type is not None:

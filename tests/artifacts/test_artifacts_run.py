@@ -233,3 +233,21 @@ def test_wandb_style_keywords_of_add_file_and_add_dir(tmp_path, data):
     used = run.use_artifact("model:best", type="model")
     assert used.files() == ["labels/labels.txt", "train.csv"]
     wandb.finish()
+
+
+def test_a_version_object_of_another_project_is_not_taken_by_its_name(tmp_path):
+    # use_artifact(v) looked up "data:v1" in the current project: other contents, silently
+    from expr_tracker.artifacts import ArtifactNotFoundError
+
+    runs = str(tmp_path / "runs")
+    (tmp_path / "a.txt").write_text("A")
+    (tmp_path / "b.txt").write_text("B")
+    et.init(project="A", name="r", dir=runs)
+    va = et.log_artifact(tmp_path / "a.txt", name="data")
+    et.finish()
+    et.init(project="B", name="r", dir=runs)
+    vb = et.log_artifact(tmp_path / "b.txt", name="data")
+    with pytest.raises(ArtifactNotFoundError, match="not of this run's project"):
+        et.use_artifact(va)
+    assert et.use_artifact(vb).digest == vb.digest  # its own project's version: fine
+    et.finish()
