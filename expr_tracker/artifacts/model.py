@@ -74,8 +74,9 @@ class Artifact:
         """Add every regular file under directory ``local_path`` (symbolic links to files
         are followed, links to directories are not), named by its path relative to it,
         under the prefix ``name`` when given (``add_dir("out", name="ckpt")`` adds
-        ``ckpt/model.pt``). Other special files (sockets, FIFOs) are skipped. Returns the
-        names added, sorted.
+        ``ckpt/model.pt``). Other special files (sockets, FIFOs) are skipped, and so is a
+        project's artifact store below (``artifacts/`` with its ``index.jsonl``). Returns
+        the names added, sorted.
 
         Raises:
             ArtifactError: ``local_path`` is not a directory.
@@ -87,8 +88,10 @@ class Artifact:
         prefix = validate_entry_name(name, "name") + "/" if name is not None else ""
         found: list[tuple[str, Path]] = []
         for dirpath, dirnames, filenames in os.walk(root):
-            dirnames.sort()
             base = Path(dirpath)
+            # a project's artifact store below (logging "." beside ./runs) is left out: each
+            # version would hold the previous ones, and the store's live index and locks
+            dirnames[:] = sorted(d for d in dirnames if not is_store(base / d))
             rel_dir = base.relative_to(root).as_posix()
             for fname in sorted(filenames):
                 src = base / fname
@@ -164,6 +167,11 @@ class Artifact:
             f"Artifact({self.name!r}, type={self.type!r}, files={len(self._files)}, "
             f"references={len(self._refs)})"
         )
+
+
+def is_store(path: Path) -> bool:
+    """Whether ``path`` is a project's artifact store (``artifacts/`` holding its index)."""
+    return path.name == "artifacts" and (path / "index.jsonl").is_file()
 
 
 def type_name(value: Any) -> str:

@@ -251,3 +251,16 @@ def test_a_version_object_of_another_project_is_not_taken_by_its_name(tmp_path):
         et.use_artifact(va)
     assert et.use_artifact(vb).digest == vb.digest  # its own project's version: fine
     et.finish()
+
+
+def test_logging_the_working_directory_leaves_the_store_out(tmp_path, monkeypatch):
+    # log_artifact(".") beside ./runs stored the store in itself: v2 held v1, v3 held v2 ...
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "train.py").write_text("print(1)\n")
+    et.init(project="p", name="r")
+    v1 = et.log_artifact(".", name="code")
+    v2 = et.log_artifact(".", name="code")
+    et.finish()
+    for v in (v1, v2):
+        assert "train.py" in v.files()
+        assert not [f for f in v.files() if f.startswith("runs/p/artifacts/")]
