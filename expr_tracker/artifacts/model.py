@@ -116,10 +116,14 @@ class Artifact:
         Raises:
             ArtifactNameError: an empty URI, a control character in it, or a bad name.
         """
-        if not isinstance(uri, str) or not uri or any(ord(c) < 32 for c in uri):
+        if (
+            not isinstance(uri, str)
+            or not uri
+            or any(ord(c) < 32 or 0xD800 <= ord(c) <= 0xDFFF for c in uri)
+        ):
             raise ArtifactNameError(
                 f"reference uri {uri!r} is not valid: use a non-empty string without "
-                "control characters (s3://bucket/key, https://host/path, /data/x)"
+                "control characters or lone surrogates (s3://bucket/key, https://host/path, /data/x)"
             )
         if name is None:
             tail = uri.split("?", 1)[0].split("#", 1)[0].rstrip("/").rsplit("/", 1)[-1]

@@ -126,12 +126,16 @@ def validate_entry_name(value: Any, field: str = "file name") -> str:
         raise _bad(field, value, "holds a control character", valid)
     if "\\" in value:
         raise _bad(field, value, "holds '\\'", valid)
+    try:
+        value.encode("utf-8")
+    except UnicodeEncodeError:  # a file named in another encoding, read by os.walk
+        raise _bad(field, value, "not valid UTF-8 (rename the file)", valid) from None
     if value.startswith("/"):
         raise _bad(field, value, "an absolute path", valid)
     for part in value.split("/"):
         if part in ("", ".", ".."):
             raise _bad(field, value, f"has the part {part!r}", valid)
-        if len(part.encode("utf-8", "surrogateescape")) > MAX_PART_BYTES:
+        if len(part.encode("utf-8")) > MAX_PART_BYTES:
             raise _bad(field, value, f"a part is over {MAX_PART_BYTES} bytes", valid)
     return value
 

@@ -272,6 +272,11 @@ class ArtifactStore:
             raise ArtifactError(
                 f"cannot log artifact {name!r} to {self.root}: {exc}; nothing was published"
             ) from exc
+        except UnicodeEncodeError as exc:  # the manifest is UTF-8: a lone surrogate fails
+            raise ArtifactError(
+                f"cannot log artifact {name!r}: its description or metadata holds a string "
+                f"that is not valid UTF-8 ({exc}); nothing was published"
+            ) from exc
         finally:
             with contextlib.suppress(OSError):
                 if staging.exists():

@@ -3,6 +3,8 @@ error naming the field, the value and what is valid."""
 
 from __future__ import annotations
 
+import os
+
 import pytest
 
 import expr_tracker as et
@@ -152,3 +154,26 @@ def test_a_trailing_newline_is_not_a_valid_word(value, tmp_path):
         et.Artifact("ok", type=value)
     with pytest.raises(ArtifactNameError):
         parse_ref("ok:v1\n")
+
+
+def test_strings_that_are_not_utf8_are_named_not_a_unicode_error(tmp_path):
+    # a file named in Latin-1 (os.walk gives a lone surrogate) raised UnicodeEncodeError
+    d = tmp_path / "d"
+    d.mkdir()
+    (d / "ok.txt").write_text("y")
+    with pytest.raises(ArtifactNameError, match="not valid UTF-8"):
+        validate_entry_name("caf\udce9.txt")
+    with pytest.raises(ArtifactNameError, match="surrogates"):
+        et.Artifact("x").add_reference("s3://b/caf\udce9")
+    et.init(project="p", name="r", dir=str(tmp_path / "runs"))
+    with pytest.raises(et.ExprTrackerError, match="not valid UTF-8"):
+        et.log_artifact(d, metadata={"s": "caf\udce9"})
+    assert et.log({"a": 1}) == 0  # et.log goes on
+    assert et.log_artifact(d).version == 1  # and nothing was left half-done
+    et.finish()
+    raw = bytes(tmp_path / "raw")
+    os.makedirs(raw)
+    with open(raw + b"/caf\xe9.txt", "wb") as f:
+        f.write(b"x")
+    with pytest.raises(ArtifactNameError, match="not valid UTF-8"):
+        et.Artifact("raw").add_dir(tmp_path / "raw")
