@@ -34,6 +34,7 @@ import json
 import os
 import re
 import shutil
+import threading
 import time
 import uuid
 from pathlib import Path
@@ -98,8 +99,20 @@ class ArtifactStore:
             raise ValueError(f"artifacts mode {mode!r} is not valid: use 'link' or 'copy'")
         self.root = Path(root)
         self.mode = mode
-        #: warnings of the last :meth:`log` (a linked earlier version rewritten in place)
-        self.notices: list[str] = []
+        self._local = threading.local()
+
+    @property
+    def notices(self) -> list[str]:
+        """Warnings of this thread's last :meth:`log` (a linked earlier version rewritten in
+        place); per thread, so a log in another thread never resets them."""
+        notices = getattr(self._local, "notices", None)
+        if notices is None:
+            notices = self._local.notices = []
+        return notices
+
+    @notices.setter
+    def notices(self, value: list[str]) -> None:
+        self._local.notices = value
 
     # ------------------------------------------------------------------ reading
 

@@ -335,3 +335,34 @@ def test_download_a_file_name_at_the_255_byte_limit(tmp_path, store):
     out = v.download(tmp_path / "dl")
     assert (out / "d" / long).read_bytes() == b"x"
     assert sorted(p.name for p in (out / "d").iterdir()) == [long]  # no temporary left
+
+
+def test_notices_belong_to_the_thread_that_logged(tmp_path, store, monkeypatch):
+    # one store per run, shared by its threads: a log in another thread reset the notices
+    # of a log in flight, and its warning was lost
+    import threading
+
+    a = _tree(tmp_path / "a", {"ckpt.pt": b"AAAA"})
+    store.log(_art("ck", a))
+    with open(a / "ckpt.pt", "r+b") as f:
+        f.write(b"BBBB")  # in place: the next log of a/ warns
+    other = _tree(tmp_path / "o", {"x.txt": b"x"})
+    publish = ArtifactStore._publish
+    in_publish, go_on = threading.Event(), threading.Event()
+
+    def slow_publish(self, artifact, *args, **kw):
+        if artifact.name == "ck":
+            in_publish.set()
+            go_on.wait(10)
+        return publish(self, artifact, *args, **kw)
+
+    monkeypatch.setattr(ArtifactStore, "_publish", slow_publish)
+    seen = []
+    t = threading.Thread(target=lambda: (store.log(_art("ck", a)), seen.extend(store.notices)))
+    t.start()
+    assert in_publish.wait(10)
+    store.log(_art("other", other))  # this thread's log, meanwhile
+    assert store.notices == []
+    go_on.set()
+    t.join(10)
+    assert len(seen) == 1 and "rewritten in place" in seen[0]
