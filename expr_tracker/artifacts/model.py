@@ -63,7 +63,10 @@ class Artifact:
         """
         src = Path(local_path)
         if not src.is_file():
-            what = "a directory (use add_dir)" if src.is_dir() else "missing"
+            if src.is_dir():
+                what = "a directory (use add_dir)"
+            else:
+                what = "not a regular file" if os.path.lexists(src) else "missing"
             raise ArtifactError(f"add_file: {str(src)!r} is not a file ({what})")
         entry = validate_entry_name(src.name if name is None else name, "name")
         self._claim(entry)

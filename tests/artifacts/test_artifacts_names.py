@@ -177,3 +177,12 @@ def test_strings_that_are_not_utf8_are_named_not_a_unicode_error(tmp_path):
         f.write(b"x")
     with pytest.raises(ArtifactNameError, match="not valid UTF-8"):
         et.Artifact("raw").add_dir(tmp_path / "raw")
+
+
+def test_add_file_of_a_fifo_says_what_it_is(tmp_path):
+    fifo = tmp_path / "fifo"
+    os.mkfifo(fifo)
+    with pytest.raises(et.ExprTrackerError, match="not a regular file"):
+        et.Artifact("x").add_file(fifo)  # it said "missing"
+    with pytest.raises(et.ExprTrackerError, match="missing"):
+        et.Artifact("x").add_file(tmp_path / "nope")
