@@ -525,15 +525,32 @@ class ArtifactStore:
             append_line(self.root / INDEX, record, sync=True)
 
     def _remove_orphans(self, adir: Path, indexed: set[int]) -> None:
-        """Under the artifact's lock: version directories and manifests the index does not
-        list were left by a publisher killed between its rename and its index line."""
+        """Under the artifact's lock: the version directory and manifest the index does not
+        list, left by a publisher killed between its rename and its index line.
+
+        Such a leftover is always the next number (``max(indexed) + 1``: the number is taken
+        under this lock, and the next publisher removes it before taking its own). Other
+        unlisted versions mean the index lost lines (deleted, truncated, edited): they are
+        complete versions, so nothing is removed and nothing is published.
+        """
+        leftover = max(indexed, default=0) + 1
+        found: dict[int, list[Path]] = {}
         for p in adir.iterdir():
             m = VERSION_RE.match(p.name) if p.is_dir() else _MANIFEST_RE.match(p.name)
             if m and int(m.group(1)) not in indexed:
-                if p.is_dir():
-                    _rmtree(p)
-                else:
-                    p.unlink()
+                found.setdefault(int(m.group(1)), []).append(p)
+        unlisted = sorted(v for v in found if v != leftover)
+        if unlisted:
+            raise ArtifactError(
+                f"{adir} holds versions the index {self.root / INDEX} does not list "
+                f"({', '.join(f'v{v}' for v in sorted(found))}): was the index deleted or edited? "
+                "Restore it, or move those versions away; nothing was published"
+            )
+        for p in found.get(leftover, ()):
+            if p.is_dir():
+                _rmtree(p)
+            else:
+                p.unlink()
 
     def clean_staging(self, name: str, min_age_s: float = STALE_AFTER_S) -> int:
         """Remove the staging directories of ``name`` whose writer is gone; returns how many.

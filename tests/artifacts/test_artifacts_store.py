@@ -366,3 +366,20 @@ def test_notices_belong_to_the_thread_that_logged(tmp_path, store, monkeypatch):
     go_on.set()
     t.join(10)
     assert len(seen) == 1 and "rewritten in place" in seen[0]
+
+
+def test_a_lost_index_never_deletes_the_versions_on_disk(tmp_path, store):
+    # index.jsonl deleted: the next log took every version as a crash leftover and removed
+    # them all, then published its own as v1
+    src = _tree(tmp_path / "src", {"a.txt": b"1"})
+    store.log(_art("ds", src))
+    (src / "a.txt").unlink()
+    (src / "a.txt").write_bytes(b"2")
+    store.log(_art("ds", src))
+    (store.root / "index.jsonl").unlink()
+    other = _tree(tmp_path / "other", {"b.txt": b"3"})
+    with pytest.raises(ArtifactError, match=r"does not list \(v1, v2\)"):
+        store.log(_art("ds", other))
+    left = sorted(p.name for p in (store.root / "ds").iterdir() if not p.name.startswith("."))
+    assert left == ["v1", "v1.manifest.json", "v2", "v2.manifest.json"]
+    assert (store.root / "ds" / "v2" / "a.txt").read_bytes() == b"2"
