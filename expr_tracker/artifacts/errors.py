@@ -20,7 +20,9 @@ class ArtifactNotFoundError(ArtifactError, LookupError):
 
 
 class ArtifactTypeError(ArtifactError, ValueError):
-    """``use_artifact(..., type=...)`` asked for another type than the version has."""
+    """``use_artifact(..., type=...)`` asked for another type than the version has, or
+    ``log_artifact`` logged a type other than the one the name already has (one type per
+    artifact name)."""
 
 
 class ArtifactCorruptedError(ArtifactError):

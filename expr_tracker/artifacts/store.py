@@ -44,6 +44,7 @@ from expr_tracker.artifacts.errors import (
     ArtifactCorruptedError,
     ArtifactError,
     ArtifactNotFoundError,
+    ArtifactTypeError,
 )
 from expr_tracker.artifacts.files import (
     LINK_FALLBACK,
@@ -243,6 +244,7 @@ class ArtifactStore:
                 f"artifact {name!r} is empty: add files with add_file/add_dir or URIs with "
                 "add_reference before logging it"
             )
+        self._check_type(self.catalog().get(name), name, artifact.type)  # early: no copy
         adir = self.root / name
         try:
             adir.mkdir(parents=True, exist_ok=True)
@@ -372,6 +374,25 @@ class ArtifactStore:
             return item is not None and version in item["versions"]
         return False
 
+    @staticmethod
+    def _check_type(item: dict[str, Any] | None, name: str, type_: str) -> None:
+        """One type per artifact name (as in wandb): the newest version's type is the one.
+
+        Raises:
+            ArtifactTypeError: ``type_`` differs; the message names both and the way out.
+        """
+        versions = (item or {}).get("versions") or {}
+        if not versions:
+            return
+        newest = versions[max(versions)]
+        have = newest.get("type")
+        if have is not None and have != type_:
+            raise ArtifactTypeError(
+                f"artifact {name!r} has type {have!r} (v{max(versions)}); a version of type "
+                f"{type_!r} cannot be logged under the same name: use type={have!r} or "
+                "another name; nothing was published"
+            )
+
     def _has_digest(self, name: str, digest: str) -> bool:
         """Whether an intact version of ``name`` holds ``digest``."""
         item = self.catalog().get(name)
@@ -436,6 +457,7 @@ class ArtifactStore:
     ) -> tuple[ArtifactVersion, bool]:
         """Under the artifact's lock: dedupe by digest, or number, rename and commit."""
         item = self.catalog().get(name) or {"versions": {}, "aliases": {}}
+        self._check_type(item, name, artifact.type)
         changed = []  # versions of this digest whose files no longer hold it
         for version, rec in sorted(item["versions"].items()):
             if rec.get("digest") == digest and not self._intact(name, version):

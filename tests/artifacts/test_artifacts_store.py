@@ -17,6 +17,7 @@ from expr_tracker.artifacts import (
     ArtifactError,
     ArtifactNotFoundError,
     ArtifactStore,
+    ArtifactTypeError,
 )
 from expr_tracker.artifacts.store import version_digest
 
@@ -60,6 +61,19 @@ def test_versions_count_up_and_identical_contents_dedupe(tmp_path, store):
     (src / "a.txt").unlink()
     (src / "a.txt").write_bytes(b"one")
     assert store.log(_art("ds", src))[0].version == 1
+
+
+def test_one_type_per_artifact_name(tmp_path, store):
+    src = _tree(tmp_path / "src", {"a.txt": b"one"})
+    store.log(_art("ds", src, type="dataset"))
+    for contents in (b"one", b"two"):  # the same contents (dedup) and new ones alike
+        (src / "a.txt").unlink()
+        (src / "a.txt").write_bytes(contents)
+        with pytest.raises(ArtifactTypeError, match="has type 'dataset'.*'model'"):
+            store.log(_art("ds", src, type="model"))
+    assert [v.version for v in store.versions("ds")] == [1]
+    assert not [p for p in (store.root / "ds").iterdir() if p.name.startswith(".staging")]
+    assert store.log(_art("ds", src, type="dataset"))[0].version == 2
 
 
 def test_manifest_and_digest(tmp_path, store):
