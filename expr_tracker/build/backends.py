@@ -140,6 +140,12 @@ def build_backends(
         mirrors.append(make(backend, label_for(backend.label)))
 
     live = [m for m in mirrors if m.alive is not False]
+    if live:
+        # imported here, not by a backend's init on the mirror thread: it registers a
+        # threading exit hook when imported, which fails once the interpreter shuts down, and
+        # a short script can end while a mirror is still importing its library (wandb imports
+        # ThreadPoolExecutor); the run is then finished at exit and the mirror must start
+        import concurrent.futures.thread  # noqa: F401
     for mirror in live:
         mirror.start()
         run.history.sinks.append(mirror.put)
