@@ -109,7 +109,11 @@ def build_backends(
             kwargs.update({k: v for k, v in entry.items() if k != "type"})
         entries.append((kind, kwargs))
     adapted = [adapt(obj) for obj in objects]  # TypeError before anything starts
-    if not (entries or adapted) or not mirrors_on_rank(spec.backend_on_rank, rank):
+    if not (entries or adapted):
+        return []
+    if not mirrors_on_rank(spec.backend_on_rank, rank):
+        # the same code runs on every rank: et.info()["backends"] is there, with no mirror
+        run.add_stats("backends", dict)
         return []
     info = backend_identity(run, rank)
     mirrors: list[Mirror] = []
