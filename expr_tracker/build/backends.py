@@ -132,14 +132,20 @@ def build_backends(
             backend, dict(info), label=label, queue_size=spec.backend_queue_size, warner=warner
         )
 
+    seen: dict[str, int] = {}
     for kind, kwargs in entries:
         label = label_for(kind)
+        nth = seen[kind] = seen.get(kind, -1) + 1
         if not _available(kind):  # the library has the backend's name
             mirror = make(None, label)
             mirror.disable(f"{kind} is not installed; pip install 'expr-tracker[{kind}]'")
             mirrors.append(mirror)
             continue
-        mirrors.append(make(adapt(_BUILTIN[kind](kwargs)), label))
+        mirror = make(adapt(_BUILTIN[kind](kwargs)), label)
+        if nth:  # a second wandb entry (another entity, say) is a backend run of its own
+            key = f"{mirror.info['id']}\0{nth}"
+            mirror.info["id"] = hashlib.sha256(key.encode()).hexdigest()[:16]
+        mirrors.append(mirror)
     for backend in adapted:
         mirrors.append(make(backend, label_for(backend.label)))
 

@@ -240,3 +240,30 @@ def test_a_script_without_finish_mirrors_everything_before_wandb_tears_down(tmp_
     records = wandb_records(f)
     assert [items(h.item)["_step"] for h in of_kind(records, "history")] == list(range(5))
     assert of_kind(records, "exit")[0].exit_code == 1
+
+
+@pytest.mark.slow
+def test_two_wandb_entries_are_two_wandb_runs(tmp_path):
+    # backends: [{type: wandb, ...}, {type: wandb, ...}] (two entities, say): each its own
+    # id, so neither is refused as "run ID ... is in use"
+    p = run_py(
+        """
+        import json
+        import expr_tracker as et
+        run = et.init(project="proj", name="r1",
+                      backends=[{"type": "wandb", "tags": ["a"]}, {"type": "wandb", "tags": ["b"]}])
+        for i in range(3):
+            et.log({"loss": 1.0 / (i + 1)})
+        et.finish()
+        print(json.dumps(run.info()["backends"]))
+        """,
+        env=_env(tmp_path),
+        timeout=120,
+    )
+    stats = json.loads(p.stdout.strip().splitlines()[-1])
+    assert [s["sent"] for s in stats.values()] == [3, 3], stats
+    ids = {
+        of_kind(wandb_records(f), "run")[0].run_id
+        for f in (tmp_path / "wb" / "wandb").glob("offline-run-*/run-*.wandb")
+    }
+    assert len(ids) == 2
