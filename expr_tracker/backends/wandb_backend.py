@@ -25,6 +25,7 @@ from __future__ import annotations
 
 import os
 import re
+import sys
 from typing import Any
 
 from expr_tracker.backends.mirror import BackendUnavailable
@@ -32,6 +33,26 @@ from expr_tracker.backends.mirror import BackendUnavailable
 __all__ = ["WandbBackend"]
 
 _ARTIFACT_NAME = re.compile(r"[^A-Za-z0-9_.\-]")
+
+
+def _one_traceback(before: Any) -> None:
+    """The first ``wandb.init`` of a process wraps ``sys.excepthook`` in one that prints the
+    traceback, then calls the hook it replaced (ours, which prints it again): keep wandb's
+    record of the exit code (its service teardown reads it), drop its second print."""
+    hooks = getattr(sys.excepthook, "__self__", None)
+    if (
+        before is sys.__excepthook__
+        or getattr(hooks, "_orig_excepthook", None) is not before
+        or not hasattr(hooks, "exit_code")
+    ):
+        return
+
+    def excepthook(etype: Any, value: Any, tb: Any) -> None:
+        hooks.exit_code = 255 if issubclass(etype, KeyboardInterrupt) else 1
+        hooks.exception = value
+        before(etype, value, tb)
+
+    sys.excepthook = excepthook
 
 
 class WandbBackend:
@@ -77,7 +98,9 @@ class WandbBackend:
         elif settings is not None:
             kw["settings"] = settings
         kw.update(user)
+        before = sys.excepthook
         self.run = wandb.init(**kw)
+        _one_traceback(before)
 
     def log(self, metrics: dict[str, Any], step: int, commit: bool = True) -> None:
         self._logged.update(metrics)

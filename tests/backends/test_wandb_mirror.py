@@ -236,6 +236,7 @@ def test_a_script_without_finish_mirrors_everything_before_wandb_tears_down(tmp_
         check=False,
     )
     assert p.returncode == 1 and "the wandb mirror" not in p.stderr, p.stderr
+    assert p.stderr.count("RuntimeError: boom") == 1, p.stderr  # wandb's hook prints it too
     (f,) = (tmp_path / "wb" / "wandb").glob("offline-run-*/run-*.wandb")
     records = wandb_records(f)
     assert [items(h.item)["_step"] for h in of_kind(records, "history")] == list(range(5))
