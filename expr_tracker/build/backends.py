@@ -107,6 +107,9 @@ def build_backends(
         kwargs = dict(spec.backend_kwargs.get(kind) or {})
         if isinstance(entry, dict):
             kwargs.update({k: v for k, v in entry.items() if k != "type"})
+        if kind == "wandb" and spec.mode == "offline" and "mode" in spec.model_fields_set:
+            # et.init(mode="offline") as a wandb user writes it: no network for the mirror
+            kwargs.setdefault("mode", "offline")
         entries.append((kind, kwargs))
     adapted = [adapt(obj) for obj in objects]  # TypeError before anything starts
     if not (entries or adapted):
