@@ -5,8 +5,8 @@ background thread, never on the thread that logs:
 
 - ``init(**info)``: once, before any row. ``info`` holds ``project``, ``name`` (the backend
   run's name: ``<run>``, ``<run>.<stream>``, ``<run>.rank<N>``), ``group`` (the run name),
-  ``config`` (dict), ``tags`` (list), ``notes``, ``run_name``, ``stream`` (str or None),
-  ``rank`` (int), ``run_dir`` (str), ``resumed`` (bool), ``id`` (a stable id for this
+  ``config`` (dict), ``tags`` (list), ``notes``, ``entity``, ``job_type``, ``run_name``,
+  ``stream`` (str or None), ``rank`` (int), ``run_dir`` (str), ``resumed`` (bool), ``id`` (a stable id for this
   stream and rank of this run: 16 hex digits). A method that takes no ``**kwargs`` is handed
   only the keywords it names.
 - ``log(metrics, step=N)``: once per committed row, in commit order. ``metrics`` is the row
@@ -76,7 +76,9 @@ def _params(fn: Callable[..., Any]) -> tuple[frozenset[str], bool]:
 
 
 #: the keywords a backend's ``init`` may name (see the module docstring)
-INFO_KEYS = "project name group config tags notes run_name stream rank run_dir resumed id".split()
+INFO_KEYS = (
+    "project name group config tags notes entity job_type run_name stream rank run_dir resumed id"
+).split()
 
 
 def _check_call(fn: Callable[..., Any], what: str, how: str, *args: Any, **kwargs: Any) -> None:

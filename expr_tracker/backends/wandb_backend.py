@@ -6,7 +6,8 @@ a :class:`BackendUnavailable` (one warning naming ``pip install 'expr-tracker[wa
 What it does with each call (docs/mirrors.md):
 
 - ``init``: ``wandb.init(project=, name=, group=<run name>, id=<stable id>,
-  resume="allow", reinit="create_new", config=, tags=, notes=, dir=<run directory>
+  resume="allow", reinit="create_new", config=, tags=, notes=, entity=, job_type= (when
+  the run has them), dir=<run directory>
   unless ``WANDB_DIR`` or a ``dir`` keyword says otherwise, settings={"console": "off"})``,
   with the spec's ``backend_kwargs.wandb`` (and a ``{type: wandb, ...}`` entry's keys) over
   these. ``reinit="create_new"`` leaves the user's own ``wandb.run`` alone.
@@ -89,6 +90,9 @@ class WandbBackend:
             "notes": info.get("notes"),
             "settings": {"console": "off"},
         }
+        for key in ("entity", "job_type"):  # et.init(entity=, job_type=) as wandb takes them
+            if info.get(key) is not None:
+                kw[key] = info[key]
         if not os.environ.get("WANDB_DIR") and "dir" not in self.kwargs:
             kw["dir"] = info["run_dir"]
         user = dict(self.kwargs)

@@ -67,6 +67,8 @@ def backend_identity(run: Run, rank: int) -> dict[str, Any]:
         "config": dict(run.config or {}),
         "tags": list(run.spec.tags or []),
         "notes": run.spec.notes,
+        "entity": run.spec.entity,
+        "job_type": run.spec.job_type,
         "run_name": name,
         "stream": run.stream,
         "rank": rank,

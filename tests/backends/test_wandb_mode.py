@@ -57,3 +57,29 @@ def test_mode_offline_reaches_the_wandb_mirror(tmp_path, fake_wandb, given, mode
     assert run.info()["backends"]["wandb"]["sent"] == 1
     (kw,) = fake_wandb
     assert kw.get("mode") == mode
+
+
+def test_entity_and_job_type_reach_the_wandb_mirror(tmp_path, fake_wandb):
+    # wandb.init(entity="team") rewritten as et.init(entity="team", backends=["wandb"]): the
+    # mirror must not log to the default entity instead
+    et.init(
+        project="p",
+        name="r",
+        dir=str(tmp_path),
+        backends=["wandb"],
+        entity="team",
+        job_type="train",
+    )
+    et.finish()
+    et.init(
+        project="p",
+        name="r2",
+        dir=str(tmp_path),
+        backends=["wandb"],
+        entity="team",
+        backend_kwargs={"wandb": {"entity": "other"}},
+    )
+    et.finish()
+    first, second = fake_wandb
+    assert (first["entity"], first["job_type"]) == ("team", "train")
+    assert second["entity"] == "other" and second.get("job_type") is None
