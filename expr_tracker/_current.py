@@ -30,6 +30,11 @@ new_run: Any = None
 #: a ``with et.init(...)`` block); set by api
 end_run: Any = None
 
+#: ``exit_hook_first()``: makes the at-exit finish of the runs run before the ``atexit``
+#: hooks registered since (a mirror calls it when its backend's ``init`` registered some:
+#: wandb tears its service down in one, which must come after the mirrors drained); set by api
+exit_hook_first: Any = None
+
 #: fork generation of this process: 0 in the process that imported the package
 fork_gen = 0
 

@@ -687,6 +687,15 @@ def _finish_at_process_exit() -> None:
     util.Finalize(None, _at_exit, exitpriority=10)
 
 
+def _exit_hook_first() -> None:
+    """Register the exit hook again, so it runs before the ``atexit`` hooks registered since
+    it was (they run last-in first-out): a backend's ``init`` registers such hooks on the
+    mirror's thread (wandb: the teardown of its service), and the runs must be finished, their
+    mirrors drained, before those run. A second call of ``_at_exit`` finds the runs finished."""
+    if _hooks_installed:
+        atexit.register(_at_exit)
+
+
 def _install_hooks() -> None:
     global _hooks_installed, _prev_excepthook
     if _hooks_installed:
@@ -707,3 +716,4 @@ def _install_hooks() -> None:
 # et.Run(...) and the end of a `with` block reach api through the leaf (runs.py is below api)
 _state.new_run = _new_run
 _state.end_run = _end_run
+_state.exit_hook_first = _exit_hook_first

@@ -14,6 +14,7 @@ for them within a deadline, and counts what it could not send as dropped.
 
 from __future__ import annotations
 
+import atexit
 import logging
 import queue
 import threading
@@ -22,6 +23,7 @@ from collections import deque
 from collections.abc import Callable
 from typing import Any
 
+from expr_tracker import _current
 from expr_tracker._warn import Warner
 
 __all__ = ["MAX_CONSECUTIVE_FAILURES", "BackendOff", "BackendUnavailable", "Mirror"]
@@ -36,6 +38,12 @@ MAX_CONSECUTIVE_FAILURES = 20
 BATCH_DELAY_S = 0.005
 
 _FINISH = "__finish__"  # queue item (_FINISH, exit_code): the last one the thread handles
+
+
+def _atexit_hooks() -> int | None:
+    """How many ``atexit`` hooks are registered (None where the interpreter does not say)."""
+    count = getattr(atexit, "_ncallbacks", None)
+    return count() if callable(count) else None
 
 
 class BackendOff(Exception):
@@ -201,6 +209,7 @@ class Mirror:
             self._done.set()
 
     def _init(self) -> None:
+        hooks = _atexit_hooks()
         try:
             self.backend.init(self.info)
         except BackendUnavailable as exc:
@@ -214,6 +223,12 @@ class Mirror:
             return
         self._initialised = True
         self.alive = True
+        if hooks is None or _atexit_hooks() != hooks:
+            # the backend registered exit hooks of its own (wandb: its service's teardown):
+            # the run's exit finish, which drains this mirror, must run before them
+            first = _current.exit_hook_first
+            if first is not None:
+                first()
 
     def _off(self, reason: str, key: Any) -> None:
         self.alive = False

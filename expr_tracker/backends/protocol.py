@@ -5,8 +5,8 @@ background thread, never on the thread that logs:
 
 - ``init(**info)``: once, before any row. ``info`` holds ``project``, ``name`` (the backend
   run's name: ``<run>``, ``<run>.<stream>``, ``<run>.rank<N>``), ``group`` (the run name),
-  ``config`` (dict), ``tags`` (list), ``notes``, ``run_name``, ``stream`` (str or None),
-  ``rank`` (int), ``run_dir`` (str), ``resumed`` (bool), ``id`` (a stable id for this
+  ``config`` (dict), ``tags`` (list), ``notes``, ``entity``, ``job_type``, ``run_name``,
+  ``stream`` (str or None), ``rank`` (int), ``run_dir`` (str), ``resumed`` (bool), ``id`` (a stable id for this
   stream and rank of this run: 16 hex digits). A method that takes no ``**kwargs`` is handed
   only the keywords it names.
 - ``log(metrics, step=N)``: once per committed row, in commit order. ``metrics`` is the row
@@ -27,7 +27,7 @@ import inspect
 from collections.abc import Callable
 from typing import Any, Protocol, runtime_checkable
 
-__all__ = ["Adapted", "Backend", "adapt", "is_backend", "label_of"]
+__all__ = ["INFO_KEYS", "Adapted", "Backend", "adapt", "is_backend", "label_of"]
 
 
 @runtime_checkable
@@ -75,6 +75,26 @@ def _params(fn: Callable[..., Any]) -> tuple[frozenset[str], bool]:
     return frozenset(names), var_kw
 
 
+#: the keywords a backend's ``init`` may name (see the module docstring)
+INFO_KEYS = (
+    "project name group config tags notes entity job_type run_name stream rank run_dir resumed id"
+).split()
+
+
+def _check_call(fn: Callable[..., Any], what: str, how: str, *args: Any, **kwargs: Any) -> None:
+    """Raise TypeError when ``fn`` cannot be called the way the mirror will call it."""
+    try:
+        sig = inspect.signature(fn)
+    except (TypeError, ValueError):
+        return  # unreadable (a builtin): taken as accepting anything
+    try:
+        sig.bind(*args, **kwargs)
+    except TypeError as exc:
+        raise TypeError(
+            f"a backend's {what} must accept being called as {how}; {what}{sig} cannot ({exc})"
+        ) from None
+
+
 class Adapted:
     """A backend object with the calls a mirror makes, its signatures read once.
 
@@ -95,6 +115,32 @@ class Adapted:
         on_event = getattr(obj, "on_event", None)
         self._on_event = on_event if callable(on_event) else None
         self._log = obj.log
+        self._check()
+
+    def _check(self) -> None:
+        """Each method callable as the mirror will call it (TypeError naming what is not)."""
+        obj, label = self.obj, type(self.obj).__name__
+        names = INFO_KEYS if self._init_names is None else self._init_names & set(INFO_KEYS)
+        _check_call(
+            obj.init,
+            f"{label}.init",
+            f"init(**info) with info keys among {', '.join(INFO_KEYS)}",
+            **dict.fromkeys(names),
+        )
+        if self._log_commit:
+            _check_call(self._log, f"{label}.log", "log(metrics, step=N)", {}, step=0, commit=True)
+        elif self._log_step:
+            _check_call(self._log, f"{label}.log", "log(metrics, step=N)", {}, step=0)
+        else:
+            _check_call(self._log, f"{label}.log", "log(metrics, step=N)", {})
+        if self._finish_code:
+            _check_call(
+                obj.finish, f"{label}.finish", "finish(exit_code=N) or finish()", exit_code=0
+            )
+        else:
+            _check_call(obj.finish, f"{label}.finish", "finish(exit_code=N) or finish()")
+        if self._on_event is not None:
+            _check_call(self._on_event, f"{label}.on_event", "on_event(event, payload)", "", {})
 
     def init(self, info: dict[str, Any]) -> None:
         if self._init_names is not None:
@@ -128,6 +174,11 @@ def adapt(obj: Any) -> Adapted:
     """
     if not is_backend(obj):
         missing = [m for m in ("init", "log", "finish") if not callable(getattr(obj, m, None))]
-        what = "a class (pass an instance)" if isinstance(obj, type) else f"missing {missing}"
-        raise TypeError(f"a backend needs init/log/finish methods; {type(obj).__name__} is {what}")
+        if isinstance(obj, type):
+            raise TypeError(f"backends: the class {obj.__name__} was given; pass an instance")
+        raise TypeError(
+            f"backends: {repr(obj)[:80]} ({type(obj).__name__}) lacks {', '.join(missing)}; an "
+            "entry is a backend name (jsonl, trackio, wandb) or an object with init, log and "
+            "finish methods"
+        )
     return Adapted(obj)

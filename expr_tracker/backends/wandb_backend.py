@@ -6,7 +6,8 @@ a :class:`BackendUnavailable` (one warning naming ``pip install 'expr-tracker[wa
 What it does with each call (docs/mirrors.md):
 
 - ``init``: ``wandb.init(project=, name=, group=<run name>, id=<stable id>,
-  resume="allow", reinit="create_new", config=, tags=, notes=, dir=<run directory>
+  resume="allow", reinit="create_new", config=, tags=, notes=, entity=, job_type= (when
+  the run has them), dir=<run directory>
   unless ``WANDB_DIR`` or a ``dir`` keyword says otherwise, settings={"console": "off"})``,
   with the spec's ``backend_kwargs.wandb`` (and a ``{type: wandb, ...}`` entry's keys) over
   these. ``reinit="create_new"`` leaves the user's own ``wandb.run`` alone.
@@ -25,6 +26,7 @@ from __future__ import annotations
 
 import os
 import re
+import sys
 from typing import Any
 
 from expr_tracker.backends.mirror import BackendUnavailable
@@ -32,6 +34,26 @@ from expr_tracker.backends.mirror import BackendUnavailable
 __all__ = ["WandbBackend"]
 
 _ARTIFACT_NAME = re.compile(r"[^A-Za-z0-9_.\-]")
+
+
+def _one_traceback(before: Any) -> None:
+    """The first ``wandb.init`` of a process wraps ``sys.excepthook`` in one that prints the
+    traceback, then calls the hook it replaced (ours, which prints it again): keep wandb's
+    record of the exit code (its service teardown reads it), drop its second print."""
+    hooks = getattr(sys.excepthook, "__self__", None)
+    if (
+        before is sys.__excepthook__
+        or getattr(hooks, "_orig_excepthook", None) is not before
+        or not hasattr(hooks, "exit_code")
+    ):
+        return
+
+    def excepthook(etype: Any, value: Any, tb: Any) -> None:
+        hooks.exit_code = 255 if issubclass(etype, KeyboardInterrupt) else 1
+        hooks.exception = value
+        before(etype, value, tb)
+
+    sys.excepthook = excepthook
 
 
 class WandbBackend:
@@ -68,6 +90,9 @@ class WandbBackend:
             "notes": info.get("notes"),
             "settings": {"console": "off"},
         }
+        for key in ("entity", "job_type"):  # et.init(entity=, job_type=) as wandb takes them
+            if info.get(key) is not None:
+                kw[key] = info[key]
         if not os.environ.get("WANDB_DIR") and "dir" not in self.kwargs:
             kw["dir"] = info["run_dir"]
         user = dict(self.kwargs)
@@ -77,7 +102,9 @@ class WandbBackend:
         elif settings is not None:
             kw["settings"] = settings
         kw.update(user)
+        before = sys.excepthook
         self.run = wandb.init(**kw)
+        _one_traceback(before)
 
     def log(self, metrics: dict[str, Any], step: int, commit: bool = True) -> None:
         self._logged.update(metrics)

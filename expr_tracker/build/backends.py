@@ -67,6 +67,8 @@ def backend_identity(run: Run, rank: int) -> dict[str, Any]:
         "config": dict(run.config or {}),
         "tags": list(run.spec.tags or []),
         "notes": run.spec.notes,
+        "entity": run.spec.entity,
+        "job_type": run.spec.job_type,
         "run_name": name,
         "stream": run.stream,
         "rank": rank,
@@ -107,9 +109,16 @@ def build_backends(
         kwargs = dict(spec.backend_kwargs.get(kind) or {})
         if isinstance(entry, dict):
             kwargs.update({k: v for k, v in entry.items() if k != "type"})
+        if kind == "wandb" and spec.mode == "offline" and "mode" in spec.model_fields_set:
+            # et.init(mode="offline") as a wandb user writes it: no network for the mirror
+            kwargs.setdefault("mode", "offline")
         entries.append((kind, kwargs))
     adapted = [adapt(obj) for obj in objects]  # TypeError before anything starts
-    if not (entries or adapted) or not mirrors_on_rank(spec.backend_on_rank, rank):
+    if not (entries or adapted):
+        return []
+    if not mirrors_on_rank(spec.backend_on_rank, rank):
+        # the same code runs on every rank: et.info()["backends"] is there, with no mirror
+        run.add_stats("backends", dict)
         return []
     info = backend_identity(run, rank)
     mirrors: list[Mirror] = []
@@ -128,18 +137,30 @@ def build_backends(
             backend, dict(info), label=label, queue_size=spec.backend_queue_size, warner=warner
         )
 
+    seen: dict[str, int] = {}
     for kind, kwargs in entries:
         label = label_for(kind)
+        nth = seen[kind] = seen.get(kind, -1) + 1
         if not _available(kind):  # the library has the backend's name
             mirror = make(None, label)
             mirror.disable(f"{kind} is not installed; pip install 'expr-tracker[{kind}]'")
             mirrors.append(mirror)
             continue
-        mirrors.append(make(adapt(_BUILTIN[kind](kwargs)), label))
+        mirror = make(adapt(_BUILTIN[kind](kwargs)), label)
+        if nth:  # a second wandb entry (another entity, say) is a backend run of its own
+            key = f"{mirror.info['id']}\0{nth}"
+            mirror.info["id"] = hashlib.sha256(key.encode()).hexdigest()[:16]
+        mirrors.append(mirror)
     for backend in adapted:
         mirrors.append(make(backend, label_for(backend.label)))
 
     live = [m for m in mirrors if m.alive is not False]
+    if live:
+        # imported here, not by a backend's init on the mirror thread: it registers a
+        # threading exit hook when imported, which fails once the interpreter shuts down, and
+        # a short script can end while a mirror is still importing its library (wandb imports
+        # ThreadPoolExecutor); the run is then finished at exit and the mirror must start
+        import concurrent.futures.thread  # noqa: F401
     for mirror in live:
         mirror.start()
         run.history.sinks.append(mirror.put)

@@ -175,7 +175,7 @@ def test_backend_on_rank_default_leaves_other_ranks_out(tmp_path):
     run.log({"a": 1})
     run.finish()
     assert rec.info is None and rec.calls == []
-    assert "backends" not in run.info()
+    assert run.info()["backends"] == {}  # there on every rank (torchrun runs one script)
     listed = Recorder()
     spec = resolve(kwargs={"project": "p", "name": "n2", "backend_on_rank": [0, 2]}, environ={})
     run = build(spec, environ={"RANK": "2"}, backend_objects=[listed])
@@ -305,11 +305,49 @@ def test_bad_backends_are_configuration_errors(run_dir):
     assert "entity" in str(err.value)
     with pytest.raises(SpecError, match="backend_on_rank"):
         et.init(project="proj", name="r1", backend_on_rank="some")
-    with pytest.raises(TypeError, match="init/log/finish"):
+    with pytest.raises(TypeError, match="init, log and finish"):
         et.init(project="proj", name="r1", backends=[object()])
     with pytest.raises(TypeError, match="pass an instance"):
         et.init(project="proj", name="r1", backends=[Recorder])
     assert not run_dir.exists()  # refused before anything touched the disk
+
+
+class WeirdLog(Recorder):
+    def log(self):  # takes no row
+        pass
+
+
+class WeirdFinish(Recorder):
+    def finish(self, a, b):  # needs arguments no mirror gives
+        pass
+
+
+class WeirdInit(Recorder):
+    def init(self, project, api_key):  # api_key is not one of the init keywords
+        pass
+
+
+class WeirdEvent(Recorder):
+    def on_event(self, event):
+        pass
+
+
+def test_unusable_signatures_are_refused_at_init(run_dir):
+    cases = [
+        (WeirdLog(), "WeirdLog.log", "log(metrics, step=N)"),
+        (WeirdFinish(), "WeirdFinish.finish", "finish(exit_code=N)"),
+        (WeirdInit(), "WeirdInit.init", "api_key"),
+        (WeirdEvent(), "WeirdEvent.on_event", "on_event(event, payload)"),
+    ]
+    for obj, what, how in cases:
+        with pytest.raises(TypeError) as err:
+            et.init(project="proj", name="r1", backends=[obj])
+        assert what in str(err.value) and how in str(err.value), str(err.value)
+    for given in (3, [None]):
+        with pytest.raises(TypeError) as err:
+            et.init(project="proj", name="r1", backends=given)
+        assert "backends" in str(err.value) and "jsonl, trackio, wandb" in str(err.value)
+    assert not run_dir.exists()
 
 
 def test_spans_survive_a_library_half_imported_by_a_mirror(run_dir):

@@ -213,3 +213,58 @@ def test_wandb_init_failing_turns_the_mirror_off(tmp_path):
     assert sum(stats["dropped"].values()) == 20
     assert p.stderr.count("the wandb mirror is off") == 1
     assert len(read_lines(tmp_path / "runs" / "proj" / "r1" / "metrics.jsonl")) == 20
+
+
+@pytest.mark.slow
+def test_a_script_without_finish_mirrors_everything_before_wandb_tears_down(tmp_path):
+    # wandb registers the teardown of its service at exit when its first run starts (on the
+    # mirror's thread, after et.init registered the exit finish): the exit finish must still
+    # come first, or every row and the finish fail with "Connection lost"
+    p = run_py(
+        """
+        import time
+        import expr_tracker as et
+        run = et.init(project="proj", name="r1", backends=["wandb"])
+        while run.info()["backends"]["wandb"]["alive"] is None:
+            time.sleep(0.05)
+        for i in range(5):
+            et.log({"loss": 1.0 / (i + 1)})
+        raise RuntimeError("boom")
+        """,
+        env=_env(tmp_path),
+        timeout=120,
+        check=False,
+    )
+    assert p.returncode == 1 and "the wandb mirror" not in p.stderr, p.stderr
+    assert p.stderr.count("RuntimeError: boom") == 1, p.stderr  # wandb's hook prints it too
+    (f,) = (tmp_path / "wb" / "wandb").glob("offline-run-*/run-*.wandb")
+    records = wandb_records(f)
+    assert [items(h.item)["_step"] for h in of_kind(records, "history")] == list(range(5))
+    assert of_kind(records, "exit")[0].exit_code == 1
+
+
+@pytest.mark.slow
+def test_two_wandb_entries_are_two_wandb_runs(tmp_path):
+    # backends: [{type: wandb, ...}, {type: wandb, ...}] (two entities, say): each its own
+    # id, so neither is refused as "run ID ... is in use"
+    p = run_py(
+        """
+        import json
+        import expr_tracker as et
+        run = et.init(project="proj", name="r1",
+                      backends=[{"type": "wandb", "tags": ["a"]}, {"type": "wandb", "tags": ["b"]}])
+        for i in range(3):
+            et.log({"loss": 1.0 / (i + 1)})
+        et.finish()
+        print(json.dumps(run.info()["backends"]))
+        """,
+        env=_env(tmp_path),
+        timeout=120,
+    )
+    stats = json.loads(p.stdout.strip().splitlines()[-1])
+    assert [s["sent"] for s in stats.values()] == [3, 3], stats
+    ids = {
+        of_kind(wandb_records(f), "run")[0].run_id
+        for f in (tmp_path / "wb" / "wandb").glob("offline-run-*/run-*.wandb")
+    }
+    assert len(ids) == 2

@@ -44,6 +44,23 @@ def test_default_overrides_without_plus(hydra_compose):
     assert resolve(cfg.tracker, environ={}).spec.history.buffer.size == 100
 
 
+def test_mirror_settings_override_without_plus(hydra_compose):
+    cfg = hydra_compose(
+        [
+            "+tracker=default",
+            "tracker.backends=[wandb,trackio]",
+            "tracker.backend_on_rank=all",
+            "tracker.backend_queue_size=10",
+            "tracker.backend_finish_timeout=5s",
+            "+tracker.backend_kwargs.wandb.entity=team",
+        ]
+    )
+    spec = resolve(cfg.tracker, environ={}).spec
+    assert spec.backends == ["wandb", "trackio"] and spec.backend_on_rank == "all"
+    assert (spec.backend_queue_size, spec.backend_finish_timeout) == (10, 5.0)
+    assert spec.backend_kwargs == {"wandb": {"entity": "team"}}
+
+
 @pytest.mark.parametrize(
     "sets, names",
     [
