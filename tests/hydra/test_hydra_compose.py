@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+from pathlib import Path
 
 import pytest
 
@@ -59,6 +60,30 @@ def test_mirror_settings_override_without_plus(hydra_compose):
     assert spec.backends == ["wandb", "trackio"] and spec.backend_on_rank == "all"
     assert (spec.backend_queue_size, spec.backend_finish_timeout) == (10, 5.0)
     assert spec.backend_kwargs == {"wandb": {"entity": "team"}}
+
+
+def test_default_yaml_lists_every_spec_key():
+    """`tracker/default.yaml` promises every tunable key can be overridden without `+`:
+    each field of the spec models is listed (but the user's own `config`, and the delivery
+    `alerts.policy`, whose values would shadow ET_ALERT_CONFIG's)."""
+    import yaml
+
+    data = yaml.safe_load(
+        (Path(et.__file__).parent / "conf" / "tracker" / "default.yaml").read_text()
+    )
+    missing = []
+
+    def walk(model, values, prefix):
+        for key, field in model.model_fields.items():
+            if f"{prefix}{key}" in ("config", "alerts.policy"):
+                continue
+            if key not in values:
+                missing.append(prefix + key)
+            elif hasattr(field.annotation, "model_fields") and isinstance(values[key], dict):
+                walk(field.annotation, values[key], f"{prefix}{key}.")
+
+    walk(RunSpec, data, "")
+    assert missing == []
 
 
 @pytest.mark.parametrize(
