@@ -101,8 +101,8 @@ def test_manifest_and_digest(tmp_path, store):
     blob = json.dumps(entries, separators=(",", ":")).encode()
     assert m["digest"] == v.digest == hashlib.sha256(blob).hexdigest()
     assert version_digest(m["files"], m["references"]) == v.digest
-    # type and metadata are not the content
-    other = _art("ds", src, type="model", metadata={"rows": 2})
+    # metadata is not the content (the type is one per name: test_one_type_per_artifact_name)
+    other = _art("ds", src, type="dataset", metadata={"rows": 2})
     other.add_reference("s3://bucket/key.csv")
     assert store.log(other)[0].version == 1
 

@@ -184,7 +184,7 @@ def test_hydra_multirun_without_the_callback_gives_each_job_its_own_run(tmp_path
 # ---------------------------------------------------------------- torchrun
 
 TORCHRUN_SCRIPT = """
-import sys, time
+import os, sys, time
 import torch.distributed as dist
 import expr_tracker as et
 
@@ -196,7 +196,7 @@ run = et.init(project="p", dir=sys.argv[1], config={"rank": rank})
 et.log({"rank": rank})
 dist.barrier()
 et.finish()
-print("NAME", rank, run.name, flush=True)
+os.write(1, f"NAME {rank} {run.name}\\n".encode())  # one write: ranks share the pipe
 dist.destroy_process_group()
 """
 
