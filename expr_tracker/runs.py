@@ -70,6 +70,7 @@ class Summary(MutableMapping):
         self._aggregating = self.defs.aggregating  # the row path calls defs.update() then
         #: called with ``{key: value}`` after user assignments (the run's "summary" event)
         self.on_assign: Callable[[dict[str, Any]], Any] | None = None
+        self._fork_gen = fork_generation()  # a forked child reads, never assigns
 
     def on_row(self, row: dict[str, Any]) -> None:
         with self._lock:
@@ -110,7 +111,12 @@ class Summary(MutableMapping):
         self.update({key: value})
 
     def update(self, other: Any = (), /, **kwargs: Any) -> None:  # type: ignore[override]
-        """Assign several keys (they win over logged values); one ``"summary"`` event."""
+        """Assign several keys (they win over logged values); one ``"summary"`` event.
+
+        Raises:
+            ForkedRunError: in a forked child that inherited the run (reads work there).
+        """
+        self._check_not_forked()
         changes = {str(k): normalize_value(v) for k, v in dict(other, **kwargs).items()}
         if not changes:
             return
@@ -121,6 +127,7 @@ class Summary(MutableMapping):
             hook(changes)
 
     def __delitem__(self, key: str) -> None:
+        self._check_not_forked()
         with self._lock:
             found = self._assigned.pop(key, _MISSING) is not _MISSING
             found = self._last.pop(key, _MISSING) is not _MISSING or found
@@ -132,6 +139,12 @@ class Summary(MutableMapping):
 
     def __len__(self) -> int:
         return len(self.to_dict())
+
+    def _check_not_forked(self) -> None:
+        if self._fork_gen != fork_generation():
+            from expr_tracker.errors import ForkedRunError
+
+            raise ForkedRunError(FORK_MESSAGE)
 
     def to_dict(self) -> dict[str, Any]:
         """The summary as saved: last values (defined metrics as their aggregations,
