@@ -265,7 +265,7 @@ class Run:
         self.resolved = resolved
         self.dir = run_dir
         self.project = spec.project
-        self.name = spec.name
+        self._name: str = spec.name
         self.stream = stream
         self.rank = rank
         self.history = store
@@ -304,7 +304,32 @@ class Run:
     def id(self) -> str:
         """The run's identifier: its name (the run directory's name); ``et.init(id=X)``
         continues the run named X."""
-        return self.name
+        return self._name
+
+    @property
+    def name(self) -> str:
+        """The run's name: its identity and its directory's name (``runs/<project>/<name>``).
+
+        Assigning (wandb's ``run.name = "..."``, a display name) keeps the identity — the
+        run stays in its directory, ``run.name`` and ``run.id`` do not change, so
+        ``et.init(id=run.id)`` still continues it — and records the value as
+        ``display_name`` in ``run.json``, with one warning.
+        """
+        return self._name
+
+    @name.setter
+    def name(self, value: Any) -> None:
+        if not isinstance(value, str):
+            raise TypeError(f"run.name must be a string, got {type(value).__name__}")
+        self.warner.warn(
+            ("display_name",),
+            "expr_tracker: run.name = %r: a run's name is its directory (%s) and stays %r; "
+            "the value is recorded as display_name in run.json",
+            value,
+            self.dir,
+            self._name,
+        )
+        self._set_info("display_name", value)
 
     @property
     def step(self) -> int:

@@ -55,6 +55,24 @@ def test_resumed_by_id():
     assert run.resumed and run.id == "abc" and run.step == 1
 
 
+def test_assigning_run_name_keeps_the_identity_and_records_a_display_name(caplog):
+    # wandb scripts rename the run for its UI: `wandb.run.name = f"lr{lr}-{wandb.run.id}"`;
+    # the id saved for resuming must stay the one et.init(id=...) continues
+    run = et.init(project="p", name="r")
+    with caplog.at_level("WARNING", logger="expr_tracker"):
+        et.run.name = f"lr0.1-{et.run.id}"
+    assert (run.name, run.id, run.dir.name) == ("r", "r", "r")
+    assert _info(run)["display_name"] == "lr0.1-r" and "display_name" in caplog.text
+    with pytest.raises(TypeError, match="string"):
+        run.name = 5
+    run_id = run.id
+    et.finish()
+    assert _info(run)["display_name"] == "lr0.1-r"
+    again = et.init(project="p", id=run_id, resume="must")
+    assert again.dir == run.dir and again.resumed
+    et.finish()
+
+
 def test_with_block_finishes_the_run():
     with et.init(project="p", name="r") as run:
         assert et.run is run
