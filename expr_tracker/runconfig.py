@@ -20,6 +20,7 @@ values, bound to no file and no run.
 
 from __future__ import annotations
 
+import json
 import threading
 from collections.abc import Callable, Iterator, Mapping
 from pathlib import Path
@@ -59,6 +60,17 @@ def config_mapping(value: Any) -> dict[str, Any]:
         f"a config must be a mapping, an argparse.Namespace, a dataclass or a pydantic model, "
         f"not {type(value).__name__}"
     )
+
+
+def _same(old: Any, new: Any) -> bool:
+    """Equal JSON data; NaN equals NaN (``update(args)`` again with a NaN default is no
+    change)."""
+    if old == new:
+        return True
+    try:
+        return json.dumps(old, sort_keys=True) == json.dumps(new, sort_keys=True)
+    except (TypeError, ValueError):
+        return False
 
 
 def _detached(data: dict[str, Any], allow_val_change: bool) -> RunConfig:
@@ -160,7 +172,7 @@ class RunConfig:
                 old = self._data.get(k, _MISSING)
                 if old is _MISSING:
                     changes[k] = v
-                elif only_new or old == v:
+                elif only_new or _same(old, v):
                     continue
                 elif not allow:
                     raise ConfigChangeError(

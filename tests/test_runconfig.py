@@ -7,6 +7,7 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import json
+import math
 import os
 import signal
 import subprocess
@@ -64,6 +65,16 @@ def test_changing_a_value_needs_allow_val_change():
         et.config.lr = 0.3
     et.config.update({"lr": 0.2}, allow_val_change=True)
     assert et.config.lr == 0.2 and _config_json(run) == {"lr": 0.2}
+
+
+def test_the_same_nan_again_is_no_change():
+    # `wandb.config.update(args)` twice, args holding a NaN default: NaN != NaN
+    run = et.init(project="p", name="r", config={"clip": float("nan"), "m": {"w": [float("nan")]}})
+    et.config.update({"clip": float("nan"), "m": {"w": [float("nan")]}})
+    et.config.setdefaults({"clip": 1.0})
+    with pytest.raises(et.ConfigChangeError, match="'clip'"):
+        et.config.update({"clip": 1.0})
+    assert math.isnan(run.config.clip)
 
 
 def test_init_allow_val_change_is_the_run_default():
