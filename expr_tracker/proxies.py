@@ -11,7 +11,7 @@ function it replaces).
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+from collections.abc import Iterator, Mapping
 from typing import Any
 
 from expr_tracker import _current
@@ -108,6 +108,10 @@ class SummaryProxy(_Proxy):
     def __call__(self) -> Any:
         return self._target()
 
+
+# a mapping to every consumer (config=et.config, config.update(et.config)), as the
+# RunConfig it forwards to
+Mapping.register(ConfigProxy)
 
 config = ConfigProxy()
 summary = SummaryProxy()

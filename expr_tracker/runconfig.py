@@ -39,8 +39,9 @@ _OWN = frozenset({"_data", "_lock", "_path", "_redact", "_emit", "_allow", "_war
 
 def config_mapping(value: Any) -> dict[str, Any]:
     """The top-level keys of a config given in any form wandb or we accept: a mapping
-    (an OmegaConf DictConfig too), an ``argparse.Namespace``, a dataclass, a pydantic
-    model, or any object with ``__dict__``; values are kept as given.
+    (an OmegaConf DictConfig too, a run's config: ``run.config``, ``et.config``), an
+    ``argparse.Namespace``, a dataclass, a pydantic model, or any object with
+    ``__dict__``; values are kept as given.
 
     Raises:
         TypeError: another type (naming the accepted ones).
@@ -270,3 +271,7 @@ class RunConfig:
 
     def __repr__(self) -> str:
         return f"RunConfig({self.as_dict()!r})"
+
+
+# a Mapping to every consumer: config=run.config, config.update(other.config)
+Mapping.register(RunConfig)

@@ -97,6 +97,21 @@ def test_values_are_stored_as_json_data_and_credentials_hidden_on_disk():
     assert "secret" in et.config.webhook_url  # in memory the value is kept
 
 
+def test_a_runs_config_is_taken_as_a_config():
+    # an eval run configured from the training run: config=wandb.config, update(run.config)
+    main = et.init(project="p", name="train", config={"lr": 0.1, "bs": 4})
+    ev = et.Run(project="p", name="eval", config=et.config, config_exclude_keys=["bs"])
+    assert ev.config.as_dict() == {"lr": 0.1}
+    for source in (main.config, et.config):
+        other = RunConfig()
+        other.update(source)  # was silently nothing (RunConfig) / TypeError (et.config)
+        assert other.as_dict() == {"lr": 0.1, "bs": 4}
+    again = et.Run(project="p", name="eval2", config=main.config)
+    assert json.loads((again.dir / "config.json").read_text()) == {"lr": 0.1, "bs": 4}
+    ev.finish()
+    again.finish()
+
+
 def test_config_mapping_rejects_other_types():
     with pytest.raises(TypeError, match="mapping, an argparse.Namespace"):
         config_mapping(42)
