@@ -661,14 +661,16 @@ def _on_sigterm(signum: int, frame: Any) -> None:
     """
     global _signal_received
     run = _state.run
-    if run is not None and not run.forked and (run.finishing or run.finished):
+    if run is not None and not run.forked and run.finishing:
         # finishing now (et.finish() or the exit hook): let it complete, so the data
         # and run.json reach the disk; the process then exits with 128 + signum
         if _signal_received is None:
             _signal_received = signum
         return
-    if run is None or run.forked:
-        signal.signal(signum, signal.SIG_DFL)
+    # the current run (also one finished by run.finish(), current until the next et.init)
+    # and the independent ones (et.Run): the exit hook finishes those still open
+    if not any(r is not None and not r.forked for r in (run, *_independent_runs)):
+        signal.signal(signum, signal.SIG_DFL)  # no run: as if nobody handled it
         os.kill(os.getpid(), signum)
         return
     _signal_received = signum

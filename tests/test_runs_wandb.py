@@ -5,6 +5,9 @@ from __future__ import annotations
 
 import json
 import os
+import signal
+import subprocess
+import sys
 import threading
 
 import pytest
@@ -225,3 +228,44 @@ def test_a_run_cannot_be_copied_or_pickled(tmp_path):
         with pytest.raises(TypeError, match="cannot be copied"):
             attempt()
     assert sorted(os.listdir(tmp_path / "runs" / "p")) == ["r"]  # no second run was built
+
+
+SIGTERM_AFTER_RUN_FINISH = """
+import sys, time, expr_tracker as et
+mode = sys.argv[2]
+if mode == "finished":  # wandb style: run.finish(), then post-processing
+    run = et.init(project="p", name="r", dir=sys.argv[1])
+    run.log({"a": 1})
+    run.finish()
+else:  # only an independent run (the earlier expr_tracker's et.Run)
+    run = et.Run(project="p", name="r", dir=sys.argv[1])
+    run.define_metric("a", summary="min")
+    run.log({"a": 1})
+    run.summary["best"] = 1
+print("ready", flush=True)
+time.sleep(30)
+print("SIGTERM was ignored", flush=True)
+"""
+
+
+@pytest.mark.parametrize("mode", ["finished", "independent"])
+def test_sigterm_with_a_finished_or_an_independent_run(tmp_path, mode):
+    # SIGTERM after run.finish() was swallowed (the process went on); with only an
+    # independent run open, the process died without finishing it (run.json "running")
+    p = subprocess.Popen(
+        [sys.executable, "-c", SIGTERM_AFTER_RUN_FINISH, str(tmp_path / "runs"), mode],
+        stdout=subprocess.PIPE,
+        text=True,
+    )
+    assert p.stdout.readline().strip() == "ready"
+    p.send_signal(signal.SIGTERM)
+    assert p.wait(timeout=30) == 128 + signal.SIGTERM
+    assert "ignored" not in p.stdout.read()
+    run_dir = tmp_path / "runs" / "p" / "r"
+    info = json.loads((run_dir / "run.json").read_text())
+    if mode == "finished":
+        assert info["status"] == "finished"
+    else:
+        assert info["status"] == "failed" and info["signal"] == "SIGTERM"
+        summary = json.loads((run_dir / "summary.json").read_text())
+        assert summary["a"] == {"min": 1} and summary["best"] == 1
