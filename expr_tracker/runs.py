@@ -40,7 +40,8 @@ SUMMARY_SAVE_INTERVAL_S = 2.0
 
 
 class Summary(MutableMapping):
-    """The last value of every metric plus what the user assigns (``summary["best"] = 0.9``).
+    """The last value of every metric plus what the user assigns (``summary["best"] = 0.9``,
+    or as an attribute: ``summary.best = 0.9``, as wandb allows).
 
     Persisted to ``summary[.S][.rankN].json`` on the background flusher at most every
     :data:`SUMMARY_SAVE_INTERVAL_S` seconds while rows arrive, on ``flush()`` and at finish,
@@ -99,6 +100,24 @@ class Summary(MutableMapping):
         """Save now and stop the background saves."""
         get_flusher().cancel(("summary", id(self)))
         self.save()
+
+    #: attributes of the object itself; any other attribute is a summary key (wandb's
+    #: ``run.summary.best_acc = 0.9``, ``run.summary.loss``)
+    _OWN_ATTRS = frozenset({"path", "defs", "on_assign"})
+
+    def __getattr__(self, key: str) -> Any:  # only reached when no attribute is found
+        if key.startswith("_") or key in self._OWN_ATTRS:
+            raise AttributeError(key)
+        try:
+            return self[key]
+        except KeyError:
+            raise AttributeError(f"the summary has no key {key!r}") from None
+
+    def __setattr__(self, key: str, value: Any) -> None:
+        if key.startswith("_") or key in self._OWN_ATTRS or hasattr(type(self), key):
+            object.__setattr__(self, key, value)
+        else:
+            self.update({key: value})
 
     def __getitem__(self, key: str) -> Any:
         if key in self._assigned:

@@ -125,3 +125,20 @@ def test_pickled_or_copied_config_is_a_detached_snapshot():
     et.finish()
     with pytest.raises(et.NoActiveRunError):
         pickle.dumps(et.config)
+
+
+def test_summary_attribute_access_is_a_summary_key():
+    # wandb scripts write `wandb.run.summary.best_acc = 0.9` (was a Python attribute on
+    # the Summary object: silently missing from summary.json) and read `wandb.summary.loss`
+    run = et.init(project="p", name="r")
+    et.log({"loss": 0.5})
+    et.run.summary.best_acc = 0.9
+    et.summary.epochs = 3
+    assert et.summary.loss == 0.5 and run.summary.best_acc == 0.9
+    assert run.summary["epochs"] == 3
+    with pytest.raises(AttributeError, match="nope"):
+        _ = et.summary.nope
+    assert not hasattr(run.summary, "nope")
+    et.finish()
+    saved = json.loads((run.dir / "summary.json").read_text())
+    assert saved["best_acc"] == 0.9 and saved["epochs"] == 3 and saved["loss"] == 0.5
