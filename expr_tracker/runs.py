@@ -10,6 +10,7 @@ then drains and closes everything, and records the final status in ``run.json``.
 from __future__ import annotations
 
 import logging
+import numbers
 import threading
 import time
 import traceback
@@ -192,6 +193,22 @@ class Summary(MutableMapping):
                     self.path,
                     exc,
                 )
+
+
+def _exit_code_arg(exit_code: Any) -> int | None:
+    """``finish(exit_code=)``: an integer (0: success) or None.
+
+    Raises:
+        TypeError: another type (a string, a float, a bool), naming the value.
+    """
+    if exit_code is None:
+        return None
+    if isinstance(exit_code, bool) or not isinstance(exit_code, numbers.Integral):
+        raise TypeError(
+            f"finish(exit_code={exit_code!r}): exit_code must be an int (0 for success, "
+            "non-zero marks the run failed) or None"
+        )
+    return int(exit_code)
 
 
 def _unknown_rule_message(name: Any, known: list[str], *, alerts_on: bool) -> str:
@@ -684,7 +701,11 @@ class Run:
         True, and ``run.json`` says ``finished``, only once the history writer is closed;
         ``exception`` (or a non-zero ``exit_code``, or a history that failed to close)
         marks the run ``failed``.
+
+        Raises:
+            TypeError: ``exit_code`` is not an int or None (nothing is finished then).
         """
+        exit_code = _exit_code_arg(exit_code)
         if self.forked:
             from expr_tracker.errors import ForkedRunError
 
@@ -822,6 +843,7 @@ class DisabledRun(Run):
         exception: BaseException | None = None,
         quiet: bool | None = None,
     ) -> None:
+        exit_code = _exit_code_arg(exit_code)
         if exit_code is not None:
             self._exit_code = exit_code
         self._finished = True

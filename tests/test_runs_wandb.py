@@ -269,3 +269,15 @@ def test_sigterm_with_a_finished_or_an_independent_run(tmp_path, mode):
         assert info["status"] == "failed" and info["signal"] == "SIGTERM"
         summary = json.loads((run_dir / "summary.json").read_text())
         assert summary["a"] == {"min": 1} and summary["best"] == 1
+
+
+@pytest.mark.parametrize("bad", ["1", 2.5, True, [1]])
+def test_finish_exit_code_must_be_an_int(bad):
+    # a string or a float was recorded as run.json's exit_code as given (and reached the
+    # mirrors' finish); the error names the keyword and the value, the run stays open
+    run = et.init(project="p", name="r")
+    with pytest.raises(TypeError, match=r"exit_code=.*must be an int"):
+        et.finish(exit_code=bad)
+    assert et.run is run and not run.finished
+    et.finish(exit_code=3)
+    assert _info(run)["status"] == "failed" and _info(run)["exit_code"] == 3
