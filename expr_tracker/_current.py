@@ -30,6 +30,10 @@ new_run: Any = None
 #: a ``with et.init(...)`` block); set by api
 end_run: Any = None
 
+#: ``after_finish()``: called when a ``Run.finish()`` call completed (a SIGTERM that arrived
+#: while it ran is honoured then); set by api
+after_finish: Any = None
+
 #: fork generation of this process: 0 in the process that imported the package
 fork_gen = 0
 

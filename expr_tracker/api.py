@@ -620,6 +620,8 @@ def _at_exit() -> None:
     complete: SIGINT is held off meanwhile, and a stage interrupted anyway (a
     ``KeyboardInterrupt`` or ``SystemExit`` raised inside it) is redone by the next
     attempt (``Run.finish`` resumes at the interrupted stage)."""
+    global _exiting
+    _exiting = True
     try:
         _hold_sigint()
         for _attempt in range(_EXIT_ATTEMPTS):
@@ -634,6 +636,22 @@ def _at_exit() -> None:
         _logger.error("expr_tracker: finishing the run at exit was interrupted too often")
     finally:
         _release_sigint()
+
+
+def _after_finish() -> None:
+    """A ``Run.finish()`` completed: a SIGTERM that arrived while it ran (deferred so the
+    data reached the disk) ends the process now, as ``et.finish()`` does; not in the exit
+    hook (the process is exiting) nor on another thread (SystemExit would end that thread
+    only)."""
+    if (
+        _signal_received is not None
+        and not _exiting
+        and threading.current_thread() is threading.main_thread()
+    ):
+        raise SystemExit(128 + _signal_received)
+
+
+_exiting = False  # the exit hook is finishing the runs
 
 
 def _finish_at_exit() -> None:
@@ -709,3 +727,4 @@ def _install_hooks() -> None:
 # et.Run(...) and the end of a `with` block reach api through the leaf (runs.py is below api)
 _state.new_run = _new_run
 _state.end_run = _end_run
+_state.after_finish = _after_finish

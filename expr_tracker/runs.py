@@ -734,6 +734,9 @@ class Run:
                 self._finished = True
             finally:
                 self._finishing_thread = None
+        after = _current.after_finish
+        if after is not None:  # a SIGTERM deferred while this ran exits now
+            after()
 
     def _finish_stages(self) -> list[tuple[str, Callable[[], Any]]]:
         return [

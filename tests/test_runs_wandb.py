@@ -240,6 +240,12 @@ if mode == "finished":  # wandb style: run.finish(), then post-processing
     run = et.init(project="p", name="r", dir=sys.argv[1])
     run.log({"a": 1})
     run.finish()
+elif mode == "finishing":  # SIGTERM while run.finish() (not et.finish()) drains
+    run = et.init(project="p", name="r", dir=sys.argv[1])
+    run.log({"a": 1})
+    run.add_closer("slow", lambda: time.sleep(2))
+    print("ready", flush=True)
+    run.finish()
 else:  # only an independent run (the earlier expr_tracker's et.Run)
     run = et.Run(project="p", name="r", dir=sys.argv[1])
     run.define_metric("a", summary="min")
@@ -251,10 +257,11 @@ print("SIGTERM was ignored", flush=True)
 """
 
 
-@pytest.mark.parametrize("mode", ["finished", "independent"])
+@pytest.mark.parametrize("mode", ["finished", "finishing", "independent"])
 def test_sigterm_with_a_finished_or_an_independent_run(tmp_path, mode):
-    # SIGTERM after run.finish() was swallowed (the process went on); with only an
-    # independent run open, the process died without finishing it (run.json "running")
+    # SIGTERM after run.finish() was swallowed (the process went on), and so was one that
+    # arrived while run.finish() ran; with only an independent run open, the process died
+    # without finishing it (run.json "running")
     p = subprocess.Popen(
         [sys.executable, "-c", SIGTERM_AFTER_RUN_FINISH, str(tmp_path / "runs"), mode],
         stdout=subprocess.PIPE,
@@ -266,7 +273,7 @@ def test_sigterm_with_a_finished_or_an_independent_run(tmp_path, mode):
     assert "ignored" not in p.stdout.read()
     run_dir = tmp_path / "runs" / "p" / "r"
     info = json.loads((run_dir / "run.json").read_text())
-    if mode == "finished":
+    if mode in ("finished", "finishing"):
         assert info["status"] == "finished"
     else:
         assert info["status"] == "failed" and info["signal"] == "SIGTERM"
