@@ -34,6 +34,9 @@ end_run: Any = None
 #: hooks registered since (a mirror calls it when its backend's ``init`` registered some:
 #: wandb tears its service down in one, which must come after the mirrors drained); set by api
 exit_hook_first: Any = None
+#: ``after_finish()``: called when a ``Run.finish()`` call completed (a SIGTERM that arrived
+#: while it ran is honoured then); set by api
+after_finish: Any = None
 
 #: fork generation of this process: 0 in the process that imported the package
 fork_gen = 0

@@ -620,6 +620,8 @@ def _at_exit() -> None:
     complete: SIGINT is held off meanwhile, and a stage interrupted anyway (a
     ``KeyboardInterrupt`` or ``SystemExit`` raised inside it) is redone by the next
     attempt (``Run.finish`` resumes at the interrupted stage)."""
+    global _exiting
+    _exiting = True
     try:
         _hold_sigint()
         for _attempt in range(_EXIT_ATTEMPTS):
@@ -634,6 +636,22 @@ def _at_exit() -> None:
         _logger.error("expr_tracker: finishing the run at exit was interrupted too often")
     finally:
         _release_sigint()
+
+
+def _after_finish() -> None:
+    """A ``Run.finish()`` completed: a SIGTERM that arrived while it ran (deferred so the
+    data reached the disk) ends the process now, as ``et.finish()`` does; not in the exit
+    hook (the process is exiting) nor on another thread (SystemExit would end that thread
+    only)."""
+    if (
+        _signal_received is not None
+        and not _exiting
+        and threading.current_thread() is threading.main_thread()
+    ):
+        raise SystemExit(128 + _signal_received)
+
+
+_exiting = False  # the exit hook is finishing the runs
 
 
 def _finish_at_exit() -> None:
@@ -661,14 +679,16 @@ def _on_sigterm(signum: int, frame: Any) -> None:
     """
     global _signal_received
     run = _state.run
-    if run is not None and not run.forked and (run.finishing or run.finished):
+    if run is not None and not run.forked and run.finishing:
         # finishing now (et.finish() or the exit hook): let it complete, so the data
         # and run.json reach the disk; the process then exits with 128 + signum
         if _signal_received is None:
             _signal_received = signum
         return
-    if run is None or run.forked:
-        signal.signal(signum, signal.SIG_DFL)
+    # the current run (also one finished by run.finish(), current until the next et.init)
+    # and the independent ones (et.Run): the exit hook finishes those still open
+    if not any(r is not None and not r.forked for r in (run, *_independent_runs)):
+        signal.signal(signum, signal.SIG_DFL)  # no run: as if nobody handled it
         os.kill(os.getpid(), signum)
         return
     _signal_received = signum
@@ -717,3 +737,4 @@ def _install_hooks() -> None:
 _state.new_run = _new_run
 _state.end_run = _end_run
 _state.exit_hook_first = _exit_hook_first
+_state.after_finish = _after_finish

@@ -11,7 +11,7 @@ function it replaces).
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+from collections.abc import Iterator, Mapping
 from typing import Any
 
 from expr_tracker import _current
@@ -21,14 +21,14 @@ from expr_tracker.errors import ForkedRunError, NoActiveRunError
 __all__ = ["ConfigProxy", "SummaryProxy", "config", "summary"]
 
 
-def _run(what: str) -> Any:
+def _run(what: str, write: bool = False) -> Any:
     run = _current.run
     if run is None or run.finished:
         raise NoActiveRunError(
             f"et.{what} needs an active run: call et.init(project=..., name=...) first "
             f"(et.{what} then follows the current run)"
         )
-    if run.forked:
+    if write and run.forked:  # reads are fine: the values the parent held at the fork
         raise ForkedRunError(FORK_MESSAGE)
     return run
 
@@ -39,8 +39,8 @@ class _Proxy:
     __slots__ = ()
     _attr = ""
 
-    def _target(self) -> Any:
-        return getattr(_run(self._attr), self._attr)
+    def _target(self, write: bool = False) -> Any:
+        return getattr(_run(self._attr, write), self._attr)
 
     def __getattr__(self, key: str) -> Any:
         if key.startswith("__"):
@@ -48,16 +48,16 @@ class _Proxy:
         return getattr(self._target(), key)
 
     def __setattr__(self, key: str, value: Any) -> None:
-        setattr(self._target(), key, value)
+        setattr(self._target(write=True), key, value)
 
     def __getitem__(self, key: str) -> Any:
         return self._target()[key]
 
     def __setitem__(self, key: str, value: Any) -> None:
-        self._target()[key] = value
+        self._target(write=True)[key] = value
 
     def __delitem__(self, key: str) -> None:
-        del self._target()[key]
+        del self._target(write=True)[key]
 
     def __contains__(self, key: object) -> bool:
         return key in self._target()
@@ -79,7 +79,7 @@ class _Proxy:
 
     def __repr__(self) -> str:
         run = _current.run
-        if run is None or run.finished or run.forked:
+        if run is None or run.finished:
             return f"<et.{self._attr}: no active run>"
         return repr(getattr(run, self._attr))
 
@@ -90,6 +90,11 @@ class ConfigProxy(_Proxy):
 
     __slots__ = ()
     _attr = "config"
+
+    def __reduce__(self) -> Any:
+        # pickle / copy: a detached snapshot of the current run's config (a spawned
+        # DataLoader worker has no run to follow)
+        return self._target().__reduce__()
 
 
 class SummaryProxy(_Proxy):
@@ -103,6 +108,10 @@ class SummaryProxy(_Proxy):
     def __call__(self) -> Any:
         return self._target()
 
+
+# a mapping to every consumer (config=et.config, config.update(et.config)), as the
+# RunConfig it forwards to
+Mapping.register(ConfigProxy)
 
 config = ConfigProxy()
 summary = SummaryProxy()

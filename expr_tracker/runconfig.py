@@ -11,29 +11,37 @@ process that wrote it at start (rank 0), then handed to the run's listeners as t
 Changing a key to a different value raises :class:`~expr_tracker.errors.ConfigChangeError`
 unless ``allow_val_change`` (per call, or for the run: ``et.init(allow_val_change=True)``),
 as in wandb: a hyper-parameter that silently changes mid-run makes the record lie.
+
+A forked child that inherited the run (a DataLoader worker) reads the config; a change
+there raises :class:`~expr_tracker.errors.ForkedRunError` (it would rewrite the parent's
+``config.json``). A pickled or copied config is a detached snapshot: the same keys and
+values, bound to no file and no run.
 """
 
 from __future__ import annotations
 
+import json
 import threading
 from collections.abc import Callable, Iterator, Mapping
 from pathlib import Path
 from typing import Any
 
-from expr_tracker.errors import ConfigChangeError
+from expr_tracker._current import FORK_MESSAGE, fork_generation
+from expr_tracker.errors import ConfigChangeError, ForkedRunError
 from expr_tracker.history.codec import dumps_pretty, normalize_value
 from expr_tracker.history.paths import atomic_write
 
 __all__ = ["RunConfig", "config_mapping"]
 
 _MISSING = object()
-_OWN = frozenset({"_data", "_lock", "_path", "_redact", "_emit", "_allow", "_warn"})
+_OWN = frozenset({"_data", "_lock", "_path", "_redact", "_emit", "_allow", "_warn", "_gen"})
 
 
 def config_mapping(value: Any) -> dict[str, Any]:
     """The top-level keys of a config given in any form wandb or we accept: a mapping
-    (an OmegaConf DictConfig too), an ``argparse.Namespace``, a dataclass, a pydantic
-    model, or any object with ``__dict__``; values are kept as given.
+    (an OmegaConf DictConfig too, a run's config: ``run.config``, ``et.config``), an
+    ``argparse.Namespace``, a dataclass, a pydantic model, or any object with
+    ``__dict__``; values are kept as given.
 
     Raises:
         TypeError: another type (naming the accepted ones).
@@ -53,6 +61,22 @@ def config_mapping(value: Any) -> dict[str, Any]:
         f"a config must be a mapping, an argparse.Namespace, a dataclass or a pydantic model, "
         f"not {type(value).__name__}"
     )
+
+
+def _same(old: Any, new: Any) -> bool:
+    """Equal JSON data; NaN equals NaN (``update(args)`` again with a NaN default is no
+    change)."""
+    if old == new:
+        return True
+    try:
+        return json.dumps(old, sort_keys=True) == json.dumps(new, sort_keys=True)
+    except (TypeError, ValueError):
+        return False
+
+
+def _detached(data: dict[str, Any], allow_val_change: bool) -> RunConfig:
+    """A config bound to no file and no run (what a pickled config becomes)."""
+    return RunConfig(data, allow_val_change=allow_val_change)
 
 
 def _plain(value: Any) -> Any:
@@ -94,6 +118,15 @@ class RunConfig:
         set_(self, "_emit", emit)
         set_(self, "_allow", bool(allow_val_change))
         set_(self, "_warn", warn)
+        set_(self, "_gen", fork_generation())
+
+    def __reduce__(self) -> Any:
+        # pickle / copy / deepcopy: a detached snapshot (no file, no run, a fresh lock)
+        return (_detached, (self.as_dict(), self._allow))
+
+    def _check_not_forked(self) -> None:
+        if self._gen != fork_generation() and (self._path is not None or self._emit is not None):
+            raise ForkedRunError(FORK_MESSAGE)
 
     def connect(self, emit: Callable[[str, dict[str, Any]], Any]) -> None:
         """Send the ``"config"`` events to ``emit`` (the run's), unless already connected."""
@@ -130,6 +163,7 @@ class RunConfig:
         self._apply(missing, False, only_new=True)
 
     def _apply(self, given: dict[str, Any], allow: bool, only_new: bool = False) -> None:
+        self._check_not_forked()
         if not given:
             return
         plain = {str(k): _plain(v) for k, v in given.items()}
@@ -139,7 +173,7 @@ class RunConfig:
                 old = self._data.get(k, _MISSING)
                 if old is _MISSING:
                     changes[k] = v
-                elif only_new or old == v:
+                elif only_new or _same(old, v):
                     continue
                 elif not allow:
                     raise ConfigChangeError(
@@ -179,6 +213,7 @@ class RunConfig:
         self.update({key: value})
 
     def __delitem__(self, key: str) -> None:
+        self._check_not_forked()
         with self._lock:
             del self._data[key]
             self._save_locked()
@@ -236,3 +271,7 @@ class RunConfig:
 
     def __repr__(self) -> str:
         return f"RunConfig({self.as_dict()!r})"
+
+
+# a Mapping to every consumer: config=run.config, config.update(other.config)
+Mapping.register(RunConfig)

@@ -10,6 +10,7 @@ then drains and closes everything, and records the final status in ``run.json``.
 from __future__ import annotations
 
 import logging
+import numbers
 import threading
 import time
 import traceback
@@ -40,7 +41,8 @@ SUMMARY_SAVE_INTERVAL_S = 2.0
 
 
 class Summary(MutableMapping):
-    """The last value of every metric plus what the user assigns (``summary["best"] = 0.9``).
+    """The last value of every metric plus what the user assigns (``summary["best"] = 0.9``,
+    or as an attribute: ``summary.best = 0.9``, as wandb allows).
 
     Persisted to ``summary[.S][.rankN].json`` on the background flusher at most every
     :data:`SUMMARY_SAVE_INTERVAL_S` seconds while rows arrive, on ``flush()`` and at finish,
@@ -70,6 +72,7 @@ class Summary(MutableMapping):
         self._aggregating = self.defs.aggregating  # the row path calls defs.update() then
         #: called with ``{key: value}`` after user assignments (the run's "summary" event)
         self.on_assign: Callable[[dict[str, Any]], Any] | None = None
+        self._fork_gen = fork_generation()  # a forked child reads, never assigns
 
     def on_row(self, row: dict[str, Any]) -> None:
         with self._lock:
@@ -99,6 +102,24 @@ class Summary(MutableMapping):
         get_flusher().cancel(("summary", id(self)))
         self.save()
 
+    #: attributes of the object itself; any other attribute is a summary key (wandb's
+    #: ``run.summary.best_acc = 0.9``, ``run.summary.loss``)
+    _OWN_ATTRS = frozenset({"path", "defs", "on_assign"})
+
+    def __getattr__(self, key: str) -> Any:  # only reached when no attribute is found
+        if key.startswith("_") or key in self._OWN_ATTRS:
+            raise AttributeError(key)
+        try:
+            return self[key]
+        except KeyError:
+            raise AttributeError(f"the summary has no key {key!r}") from None
+
+    def __setattr__(self, key: str, value: Any) -> None:
+        if key.startswith("_") or key in self._OWN_ATTRS or hasattr(type(self), key):
+            object.__setattr__(self, key, value)
+        else:
+            self.update({key: value})
+
     def __getitem__(self, key: str) -> Any:
         if key in self._assigned:
             return self._assigned[key]
@@ -110,7 +131,12 @@ class Summary(MutableMapping):
         self.update({key: value})
 
     def update(self, other: Any = (), /, **kwargs: Any) -> None:  # type: ignore[override]
-        """Assign several keys (they win over logged values); one ``"summary"`` event."""
+        """Assign several keys (they win over logged values); one ``"summary"`` event.
+
+        Raises:
+            ForkedRunError: in a forked child that inherited the run (reads work there).
+        """
+        self._check_not_forked()
         changes = {str(k): normalize_value(v) for k, v in dict(other, **kwargs).items()}
         if not changes:
             return
@@ -121,6 +147,7 @@ class Summary(MutableMapping):
             hook(changes)
 
     def __delitem__(self, key: str) -> None:
+        self._check_not_forked()
         with self._lock:
             found = self._assigned.pop(key, _MISSING) is not _MISSING
             found = self._last.pop(key, _MISSING) is not _MISSING or found
@@ -132,6 +159,12 @@ class Summary(MutableMapping):
 
     def __len__(self) -> int:
         return len(self.to_dict())
+
+    def _check_not_forked(self) -> None:
+        if self._fork_gen != fork_generation():
+            from expr_tracker.errors import ForkedRunError
+
+            raise ForkedRunError(FORK_MESSAGE)
 
     def to_dict(self) -> dict[str, Any]:
         """The summary as saved: last values (defined metrics as their aggregations,
@@ -160,6 +193,22 @@ class Summary(MutableMapping):
                     self.path,
                     exc,
                 )
+
+
+def _exit_code_arg(exit_code: Any) -> int | None:
+    """``finish(exit_code=)``: an integer (0: success) or None.
+
+    Raises:
+        TypeError: another type (a string, a float, a bool), naming the value.
+    """
+    if exit_code is None:
+        return None
+    if isinstance(exit_code, bool) or not isinstance(exit_code, numbers.Integral):
+        raise TypeError(
+            f"finish(exit_code={exit_code!r}): exit_code must be an int (0 for success, "
+            "non-zero marks the run failed) or None"
+        )
+    return int(exit_code)
 
 
 def _unknown_rule_message(name: Any, known: list[str], *, alerts_on: bool) -> str:
@@ -252,7 +301,7 @@ class Run:
         self.resolved = resolved
         self.dir = run_dir
         self.project = spec.project
-        self.name = spec.name
+        self._name: str = spec.name
         self.stream = stream
         self.rank = rank
         self.history = store
@@ -291,7 +340,32 @@ class Run:
     def id(self) -> str:
         """The run's identifier: its name (the run directory's name); ``et.init(id=X)``
         continues the run named X."""
-        return self.name
+        return self._name
+
+    @property
+    def name(self) -> str:
+        """The run's name: its identity and its directory's name (``runs/<project>/<name>``).
+
+        Assigning (wandb's ``run.name = "..."``, a display name) keeps the identity — the
+        run stays in its directory, ``run.name`` and ``run.id`` do not change, so
+        ``et.init(id=run.id)`` still continues it — and records the value as
+        ``display_name`` in ``run.json``, with one warning.
+        """
+        return self._name
+
+    @name.setter
+    def name(self, value: Any) -> None:
+        if not isinstance(value, str):
+            raise TypeError(f"run.name must be a string, got {type(value).__name__}")
+        self.warner.warn(
+            ("display_name",),
+            "expr_tracker: run.name = %r: a run's name is its directory (%s) and stays %r; "
+            "the value is recorded as display_name in run.json",
+            value,
+            self.dir,
+            self._name,
+        )
+        self._set_info("display_name", value)
 
     @property
     def step(self) -> int:
@@ -629,7 +703,11 @@ class Run:
         True, and ``run.json`` says ``finished``, only once the history writer is closed;
         ``exception`` (or a non-zero ``exit_code``, or a history that failed to close)
         marks the run ``failed``.
+
+        Raises:
+            TypeError: ``exit_code`` is not an int or None (nothing is finished then).
         """
+        exit_code = _exit_code_arg(exit_code)
         if self.forked:
             from expr_tracker.errors import ForkedRunError
 
@@ -658,6 +736,9 @@ class Run:
                 self._finished = True
             finally:
                 self._finishing_thread = None
+        after = _current.after_finish
+        if after is not None:  # a SIGTERM deferred while this ran exits now
+            after()
 
     def _finish_stages(self) -> list[tuple[str, Callable[[], Any]]]:
         return [
@@ -767,6 +848,7 @@ class DisabledRun(Run):
         exception: BaseException | None = None,
         quiet: bool | None = None,
     ) -> None:
+        exit_code = _exit_code_arg(exit_code)
         if exit_code is not None:
             self._exit_code = exit_code
         self._finished = True

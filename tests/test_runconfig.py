@@ -7,6 +7,7 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import json
+import math
 import os
 import signal
 import subprocess
@@ -66,6 +67,16 @@ def test_changing_a_value_needs_allow_val_change():
     assert et.config.lr == 0.2 and _config_json(run) == {"lr": 0.2}
 
 
+def test_the_same_nan_again_is_no_change():
+    # `wandb.config.update(args)` twice, args holding a NaN default: NaN != NaN
+    run = et.init(project="p", name="r", config={"clip": float("nan"), "m": {"w": [float("nan")]}})
+    et.config.update({"clip": float("nan"), "m": {"w": [float("nan")]}})
+    et.config.setdefaults({"clip": 1.0})
+    with pytest.raises(et.ConfigChangeError, match="'clip'"):
+        et.config.update({"clip": 1.0})
+    assert math.isnan(run.config.clip)
+
+
 def test_init_allow_val_change_is_the_run_default():
     et.init(project="p", name="r", config={"lr": 0.1}, allow_val_change=True)
     et.config.lr = 0.5
@@ -84,6 +95,21 @@ def test_values_are_stored_as_json_data_and_credentials_hidden_on_disk():
     assert et.config.optim == {"name": "adam", "betas": [0.9, 0.99]}
     assert "secret" not in (run.dir / "config.json").read_text()
     assert "secret" in et.config.webhook_url  # in memory the value is kept
+
+
+def test_a_runs_config_is_taken_as_a_config():
+    # an eval run configured from the training run: config=wandb.config, update(run.config)
+    main = et.init(project="p", name="train", config={"lr": 0.1, "bs": 4})
+    ev = et.Run(project="p", name="eval", config=et.config, config_exclude_keys=["bs"])
+    assert ev.config.as_dict() == {"lr": 0.1}
+    for source in (main.config, et.config):
+        other = RunConfig()
+        other.update(source)  # was silently nothing (RunConfig) / TypeError (et.config)
+        assert other.as_dict() == {"lr": 0.1, "bs": 4}
+    again = et.Run(project="p", name="eval2", config=main.config)
+    assert json.loads((again.dir / "config.json").read_text()) == {"lr": 0.1, "bs": 4}
+    ev.finish()
+    again.finish()
 
 
 def test_config_mapping_rejects_other_types():

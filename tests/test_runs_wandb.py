@@ -5,6 +5,9 @@ from __future__ import annotations
 
 import json
 import os
+import signal
+import subprocess
+import sys
 import threading
 
 import pytest
@@ -53,6 +56,24 @@ def test_resumed_by_id():
     et.finish()
     run = et.init(project="p", id="abc", resume="must")
     assert run.resumed and run.id == "abc" and run.step == 1
+
+
+def test_assigning_run_name_keeps_the_identity_and_records_a_display_name(caplog):
+    # wandb scripts rename the run for its UI: `wandb.run.name = f"lr{lr}-{wandb.run.id}"`;
+    # the id saved for resuming must stay the one et.init(id=...) continues
+    run = et.init(project="p", name="r")
+    with caplog.at_level("WARNING", logger="expr_tracker"):
+        et.run.name = f"lr0.1-{et.run.id}"
+    assert (run.name, run.id, run.dir.name) == ("r", "r", "r")
+    assert _info(run)["display_name"] == "lr0.1-r" and "display_name" in caplog.text
+    with pytest.raises(TypeError, match="string"):
+        run.name = 5
+    run_id = run.id
+    et.finish()
+    assert _info(run)["display_name"] == "lr0.1-r"
+    again = et.init(project="p", id=run_id, resume="must")
+    assert again.dir == run.dir and again.resumed
+    et.finish()
 
 
 def test_with_block_finishes_the_run():
@@ -127,8 +148,11 @@ def test_two_independent_runs_without_a_current_one():
 
 def test_independent_run_of_the_same_name_is_refused_by_the_lock():
     et.init(project="p", name="r")
-    with pytest.raises(et.RunLockedError):
+    # the message says the holder is this process (it said "another live process")
+    with pytest.raises(et.RunLockedError, match=r"a run open in this process.*run\.finish\(\)"):
         et.Run(project="p", name="r")
+    et.finish()
+    et.Run(project="p", name="r").finish()  # once finished, the same name is free
 
 
 def test_independent_run_in_a_with_block_and_at_exit(tmp_path):
@@ -207,3 +231,63 @@ def test_a_run_cannot_be_copied_or_pickled(tmp_path):
         with pytest.raises(TypeError, match="cannot be copied"):
             attempt()
     assert sorted(os.listdir(tmp_path / "runs" / "p")) == ["r"]  # no second run was built
+
+
+SIGTERM_AFTER_RUN_FINISH = """
+import sys, time, expr_tracker as et
+mode = sys.argv[2]
+if mode == "finished":  # wandb style: run.finish(), then post-processing
+    run = et.init(project="p", name="r", dir=sys.argv[1])
+    run.log({"a": 1})
+    run.finish()
+elif mode == "finishing":  # SIGTERM while run.finish() (not et.finish()) drains
+    run = et.init(project="p", name="r", dir=sys.argv[1])
+    run.log({"a": 1})
+    run.add_closer("slow", lambda: time.sleep(2))
+    print("ready", flush=True)
+    run.finish()
+else:  # only an independent run (the earlier expr_tracker's et.Run)
+    run = et.Run(project="p", name="r", dir=sys.argv[1])
+    run.define_metric("a", summary="min")
+    run.log({"a": 1})
+    run.summary["best"] = 1
+print("ready", flush=True)
+time.sleep(30)
+print("SIGTERM was ignored", flush=True)
+"""
+
+
+@pytest.mark.parametrize("mode", ["finished", "finishing", "independent"])
+def test_sigterm_with_a_finished_or_an_independent_run(tmp_path, mode):
+    # SIGTERM after run.finish() was swallowed (the process went on), and so was one that
+    # arrived while run.finish() ran; with only an independent run open, the process died
+    # without finishing it (run.json "running")
+    p = subprocess.Popen(
+        [sys.executable, "-c", SIGTERM_AFTER_RUN_FINISH, str(tmp_path / "runs"), mode],
+        stdout=subprocess.PIPE,
+        text=True,
+    )
+    assert p.stdout.readline().strip() == "ready"
+    p.send_signal(signal.SIGTERM)
+    assert p.wait(timeout=30) == 128 + signal.SIGTERM
+    assert "ignored" not in p.stdout.read()
+    run_dir = tmp_path / "runs" / "p" / "r"
+    info = json.loads((run_dir / "run.json").read_text())
+    if mode in ("finished", "finishing"):
+        assert info["status"] == "finished"
+    else:
+        assert info["status"] == "failed" and info["signal"] == "SIGTERM"
+        summary = json.loads((run_dir / "summary.json").read_text())
+        assert summary["a"] == {"min": 1} and summary["best"] == 1
+
+
+@pytest.mark.parametrize("bad", ["1", 2.5, True, [1]])
+def test_finish_exit_code_must_be_an_int(bad):
+    # a string or a float was recorded as run.json's exit_code as given (and reached the
+    # mirrors' finish); the error names the keyword and the value, the run stays open
+    run = et.init(project="p", name="r")
+    with pytest.raises(TypeError, match=r"exit_code=.*must be an int"):
+        et.finish(exit_code=bad)
+    assert et.run is run and not run.finished
+    et.finish(exit_code=3)
+    assert _info(run)["status"] == "failed" and _info(run)["exit_code"] == 3

@@ -128,6 +128,13 @@ def acquire_lock(path: str | os.PathLike[str]) -> tuple[int | None, bool]:
                 holder = "?"
             os.close(fd)
             if exc.errno in (errno.EWOULDBLOCK, errno.EAGAIN, errno.EACCES):
+                if _held_here(holder):
+                    raise RunLockedError(
+                        f"{path} is being written by a run open in this process (pid="
+                        f"{os.getpid()}: the current run, or an et.Run); nothing of it was "
+                        "touched. Finish that run first (run.finish()), or give this one "
+                        "another name (name=...) or its own stream (stream=...)"
+                    ) from None
                 raise RunLockedError(
                     f"{path} is being written by another live process "
                     f"({_describe_holder(holder, lock_path)}); nothing "
@@ -153,6 +160,12 @@ def acquire_lock(path: str | os.PathLike[str]) -> tuple[int | None, bool]:
             pass
         return fd, created
     raise OSError(errno.EAGAIN, f"the lock file {lock_path} keeps being replaced")
+
+
+def _held_here(holder: str) -> bool:
+    """True when the lock file names this very process (``pid=N host=H``)."""
+    fields = dict(part.split("=", 1) for part in holder.split() if "=" in part)
+    return fields.get("pid") == str(os.getpid()) and fields.get("host") == socket.gethostname()
 
 
 def _describe_holder(holder: str, lock_path: Path) -> str:
