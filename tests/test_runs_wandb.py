@@ -243,8 +243,8 @@ if mode == "finished":  # wandb style: run.finish(), then post-processing
 elif mode == "finishing":  # SIGTERM while run.finish() (not et.finish()) drains
     run = et.init(project="p", name="r", dir=sys.argv[1])
     run.log({"a": 1})
-    run.add_closer("slow", lambda: time.sleep(2))
-    print("ready", flush=True)
+    # "ready" from inside finish(): the signal surely arrives while it runs
+    run.add_closer("slow", lambda: (print("ready", flush=True), time.sleep(2)))
     run.finish()
 else:  # only an independent run (the earlier expr_tracker's et.Run)
     run = et.Run(project="p", name="r", dir=sys.argv[1])
