@@ -87,6 +87,32 @@ def test_instance_logs_rows_at_accelerate_steps_config_and_finishes():
     tracker.finish()  # a second finish (end_training twice) does nothing
 
 
+@pytest.mark.parametrize("form", ["path", "dict", "DictConfig"])
+def test_spec_in_every_form_and_init_keywords_reach_the_run(form, tmp_path):
+    from accelerate import Accelerator
+
+    spec = {"tags": ["accel"], "alerts": {"rules": ["loss > 100 => error: exploded"]}}
+    if form == "path":
+        (tmp_path / "tracker.yaml").write_text(
+            "tags: [accel]\nalerts:\n  rules: ['loss > 100 => error: exploded']\n"
+        )
+        spec = str(tmp_path / "tracker.yaml")
+    elif form == "DictConfig":
+        spec = pytest.importorskip("omegaconf").OmegaConf.create(spec)
+    tracker = ExprTrackerTracker(project="acc", name=form, spec=spec, notes="n", dir="out")
+    accelerator = Accelerator(cpu=True, log_with=tracker)
+    accelerator.init_trackers("acc")
+    run = tracker.tracker
+    assert run.tags == ("accel",) and run.notes == "n"
+    assert [r.source for r in et.list_alert_rules()] == ["loss > 100"]
+    accelerator.log({"loss": 1000.0}, step=3)
+    accelerator.end_training()
+    fired = [a for a in read_lines(run.dir / "alerts.jsonl") if a.get("state") == "firing"]
+    assert [a["step"] for a in fired] == [3]  # the rule saw accelerate's step
+    assert run.dir.resolve() == (tmp_path / "out" / "acc" / form).resolve()
+    assert _status(run.dir) == "finished"
+
+
 def test_log_without_step_takes_the_runs_next_step_and_log_kwargs():
     from accelerate import Accelerator
 
