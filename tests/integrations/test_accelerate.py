@@ -242,6 +242,9 @@ def test_an_exception_in_the_loop_marks_the_run_failed(tmp_path):
     assert [r["_step"] for r in read_lines(run_dir / "metrics.jsonl")] == [0, 1, 2]
     info = json.loads((run_dir / "run.json").read_text())
     assert info["status"] == "failed"
+    assert (
+        info["exception"]["type"] == "RuntimeError" and info["exception"]["message"] == "diverged"
+    )
 
 
 def test_importing_expr_tracker_imports_no_framework_and_a_missing_one_names_the_extra():
