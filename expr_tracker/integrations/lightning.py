@@ -262,7 +262,12 @@ class ExprTrackerLogger(Logger):
         state = self.__dict__.copy()
         state["_run"] = None
         state["_owned"] = False
+        del state["_warner"]
         return state
+
+    def __setstate__(self, state: dict[str, Any]) -> None:
+        self.__dict__.update(state)
+        self._warner = Warner(log)
 
     def __repr__(self) -> str:
         run = self._run

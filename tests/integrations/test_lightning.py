@@ -145,7 +145,10 @@ def test_steps_behind_the_run_shift_with_one_warning(tmp_path, caplog):
         logger.log_metrics({"a": 3.0}, step=1)
     et.finish()
     rows = read_lines(run.dir / "metrics.jsonl")
-    assert [(r["_step"], r.get("a"), r.get("b")) for r in rows[5:]] == [(5, 1.0, 2.0), (6, 3.0, None)]
+    assert [(r["_step"], r.get("a"), r.get("b")) for r in rows[5:]] == [
+        (5, 1.0, 2.0),
+        (6, 3.0, None),
+    ]
     assert sum("shifted" in m for m in caplog.messages) == 1
 
 
@@ -162,7 +165,12 @@ def test_log_hyperparams_takes_a_namespace_and_relogs(tmp_path):
 
 @pytest.mark.parametrize(
     ("status", "expected"),
-    [("success", "finished"), ("finished", "finished"), ("failed", "failed"), ("aborted", "failed")],
+    [
+        ("success", "finished"),
+        ("finished", "finished"),
+        ("failed", "failed"),
+        ("aborted", "failed"),
+    ],
 )
 def test_finalize_status_maps_onto_run_status(tmp_path, status, expected):
     logger = ExprTrackerLogger(project="lit", name=status, save_dir=tmp_path / "runs")
@@ -184,16 +192,13 @@ def test_a_failing_bad_value_never_breaks_training(tmp_path, caplog):
 
 
 def test_an_exception_in_training_step_marks_the_run_failed(tmp_path):
-    code = (
-        MODEL_SRC
-        + textwrap.dedent(
-            """
+    code = MODEL_SRC + textwrap.dedent(
+        """
             import sys
             from expr_tracker.integrations.lightning import ExprTrackerLogger
             logger = ExprTrackerLogger(project="lit", name="boom", save_dir=sys.argv[1])
             trainer(logger).fit(Tiny(fail_at=3), loader(), loader())
             """
-        )
     )
     p = run_py(code, str(tmp_path / "runs"), check=False, timeout=120)
     assert p.returncode == 1, p.stderr
@@ -239,3 +244,54 @@ def test_rank_nonzero_logs_nothing(tmp_path, monkeypatch):
     logger.finalize("success")
     assert logger.version == "r1" and logger.log_dir is None
     assert not (tmp_path / "runs").exists() and et.get_run() is None
+
+
+def test_checkpoints_land_in_the_run_directory(tmp_path):
+    logger = ExprTrackerLogger(project="lit", name="ckpt", save_dir=tmp_path / "runs")
+    trainer(logger, enable_checkpointing=True, max_epochs=1).fit(Tiny(), loader(), loader())  # noqa: F821
+    run_dir = tmp_path / "runs" / "lit" / "ckpt"
+    assert [p.name for p in (run_dir / "checkpoints").iterdir()] == ["epoch=0-step=5.ckpt"]
+
+
+def test_the_logger_pickles_without_its_run(tmp_path):
+    import pickle
+
+    logger = ExprTrackerLogger(project="lit", name="pickled", save_dir=tmp_path / "runs")
+    logger.log_metrics({"x": 1.0}, step=0)
+    copy = pickle.loads(pickle.dumps(logger))
+    assert copy._run is None and copy._project == "lit"
+    logger.finalize("success")
+
+
+def test_a_pytorch_lightning_trainer_takes_it(tmp_path):
+    pl = pytest.importorskip("pytorch_lightning")
+    import torch
+
+    class PlTiny(pl.LightningModule):
+        def __init__(self):
+            super().__init__()
+            self.layer = torch.nn.Linear(4, 1)
+
+        def training_step(self, batch, batch_idx):
+            x, y = batch
+            loss = torch.nn.functional.mse_loss(self.layer(x), y)
+            self.log("train_loss", loss)
+            return loss
+
+        def configure_optimizers(self):
+            return torch.optim.SGD(self.parameters(), lr=0.1)
+
+    logger = ExprTrackerLogger(project="lit", name="pl", save_dir=tmp_path / "runs")
+    pl.Trainer(
+        accelerator="cpu",
+        max_epochs=1,
+        limit_train_batches=3,
+        log_every_n_steps=1,
+        enable_checkpointing=False,
+        enable_progress_bar=False,
+        enable_model_summary=False,
+        logger=logger,
+    ).fit(PlTiny(), loader())  # noqa: F821
+    run_dir = tmp_path / "runs" / "lit" / "pl"
+    assert [r["_step"] for r in read_lines(run_dir / "metrics.jsonl")] == [0, 1, 2]
+    assert _run_json(run_dir)["status"] == "finished"
