@@ -34,7 +34,7 @@ MODEL_SRC = textwrap.dedent(
             if self.hparams.fail_at is not None and self.global_step == self.hparams.fail_at:
                 raise RuntimeError("boom in training_step")
             x, y = batch
-            with et.span("forward"):
+            with et.span("forward", batch=batch_idx, global_step=self.global_step):
                 loss = torch.nn.functional.mse_loss(self.layer(x), y)
             self.log("train_loss", loss)
             return loss
@@ -94,6 +94,10 @@ def test_fit_logs_rows_config_and_finishes(tmp_path):
     assert [r["epoch"] for r in rows if "val_loss" in r] == [0, 1]
     # the span in training_step lands on the step Lightning logs that batch at
     assert all(r["time_ms/forward"] > 0 for r in rows)
+    spans = read_lines(run_dir / "spans.jsonl")
+    assert (
+        [s["_step"] for s in spans] == [s["args"]["global_step"] for s in spans] == list(range(10))
+    )
 
     config = json.loads((run_dir / "config.json").read_text())
     assert config["lr"] == 0.05 and config["width"] == 4 and config["fail_at"] is None
@@ -295,3 +299,13 @@ def test_a_pytorch_lightning_trainer_takes_it(tmp_path):
     run_dir = tmp_path / "runs" / "lit" / "pl"
     assert [r["_step"] for r in read_lines(run_dir / "metrics.jsonl")] == [0, 1, 2]
     assert _run_json(run_dir)["status"] == "finished"
+
+
+def test_spans_between_logged_steps_sum_into_the_logged_row(tmp_path):
+    logger = ExprTrackerLogger(
+        project="lit", name="every5", save_dir=tmp_path / "runs", span_count=True
+    )
+    trainer(logger, log_every_n_steps=5).fit(Tiny(), loader(), loader())  # noqa: F821
+    rows = read_lines(tmp_path / "runs" / "lit" / "every5" / "metrics.jsonl")
+    assert [(r["_step"], r["count/forward"]) for r in rows] == [(4, 5), (9, 5)]
+    assert all("train_loss" in r and "val_loss" in r for r in rows)
