@@ -108,12 +108,12 @@ class ExprTrackerLogger(Logger):
             self._run, self._owned = current, False
             return current
         kwargs = dict(self._init_kwargs)
-        name = self._name
-        if run is not None:  # ours, finished by finalize(): continue it
-            name = run.name
-            kwargs["resume"] = "allow"
+        project, name = self._project, self._name
+        if run is not None:  # finished (by finalize, or by its owner): continue it
+            project, name = run.project, run.name
+            kwargs.update(run_dir=str(run.dir), resume="allow")
             kwargs.pop("id", None)
-        self._run = api.init(self._project, name, spec=self._spec, **kwargs)
+        self._run = api.init(project, name, spec=self._spec, **kwargs)
         self._owned = True
         return self._run
 

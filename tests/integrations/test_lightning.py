@@ -136,6 +136,12 @@ def test_joins_the_users_run_and_never_finishes_it(tmp_path):
     assert sum("val_loss" in r for r in rows) == 2
     assert rows[0]["setup"] == 1 and rows[-1]["after"] == 2
     assert _run_json(run.dir)["status"] == "finished"
+    # the user's run finished: a later trainer.test() continues it, in its directory
+    t = trainer(logger)  # noqa: F821
+    t.test(Tiny(), loader())  # noqa: F821
+    assert logger.log_dir == str(run.dir)
+    assert sum("test_loss" in r for r in read_lines(run.dir / "metrics.jsonl")) == 1
+    assert _run_json(run.dir)["status"] == "finished"
 
 
 def test_steps_behind_the_run_shift_with_one_warning(tmp_path, caplog):
