@@ -40,6 +40,7 @@ ALLOWED: dict[str, set[str]] = {
     "testing": LEAVES | {"alerts"},
     "build": LEAVES
     | {"history", "spans", "runs", "runconfig", "alerts", "artifacts", "spec", "backends"},
+    "integrations": LEAVES | {"api", "runs", "spec", "history"},
     "api": LEAVES
     | {
         "history",
@@ -52,7 +53,6 @@ ALLOWED: dict[str, set[str]] = {
         "wandb_compat",
         "backends",
     },
-    "integrations": LEAVES | {"api", "runs", "spec", "history"},
 }
 for _leaf in LEAVES:
     ALLOWED[_leaf] = set()

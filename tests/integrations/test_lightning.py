@@ -1,0 +1,317 @@
+"""ExprTrackerLogger under a real Lightning Trainer on the CPU (a Linear layer, random data)."""
+
+from __future__ import annotations
+
+import json
+import logging
+import textwrap
+
+import pytest
+from helpers import read_lines, run_py
+
+pytest.importorskip("lightning")
+pytestmark = pytest.mark.slow
+
+import expr_tracker as et  # noqa: E402
+
+#: the tiny model, shared with the subprocess tests
+MODEL_SRC = textwrap.dedent(
+    """
+    import torch
+    import lightning as L
+    from torch.utils.data import DataLoader, TensorDataset
+
+    import expr_tracker as et
+
+
+    class Tiny(L.LightningModule):
+        def __init__(self, lr=0.05, width=4, fail_at=None):
+            super().__init__()
+            self.save_hyperparameters()
+            self.layer = torch.nn.Linear(width, 1)
+
+        def training_step(self, batch, batch_idx):
+            if self.hparams.fail_at is not None and self.global_step == self.hparams.fail_at:
+                raise RuntimeError("boom in training_step")
+            x, y = batch
+            with et.span("forward", batch=batch_idx, global_step=self.global_step):
+                loss = torch.nn.functional.mse_loss(self.layer(x), y)
+            self.log("train_loss", loss)
+            return loss
+
+        def validation_step(self, batch, batch_idx):
+            x, y = batch
+            self.log("val_loss", torch.nn.functional.mse_loss(self.layer(x), y), on_epoch=True)
+
+        def test_step(self, batch, batch_idx):
+            x, y = batch
+            self.log("test_loss", torch.nn.functional.mse_loss(self.layer(x), y))
+
+        def configure_optimizers(self):
+            return torch.optim.SGD(self.parameters(), lr=self.hparams.lr)
+
+
+    def loader():
+        g = torch.Generator().manual_seed(0)
+        ds = TensorDataset(torch.randn(40, 4, generator=g), torch.randn(40, 1, generator=g))
+        return DataLoader(ds, batch_size=4)
+
+
+    def trainer(logger, **kw):
+        opts = dict(
+            accelerator="cpu", max_epochs=2, limit_train_batches=5, limit_val_batches=2,
+            log_every_n_steps=1, enable_checkpointing=False, enable_progress_bar=False,
+            enable_model_summary=False, logger=logger,
+        )
+        opts.update(kw)
+        return L.Trainer(**opts)
+    """
+)
+exec(MODEL_SRC)  # noqa: S102 - defines Tiny, loader, trainer for the in-process tests
+
+from expr_tracker.integrations.lightning import ExprTrackerLogger  # noqa: E402
+
+
+def _run_json(run_dir):
+    return json.loads((run_dir / "run.json").read_text())
+
+
+def test_fit_logs_rows_config_and_finishes(tmp_path):
+    logger = ExprTrackerLogger(project="lit", name="fit", save_dir=tmp_path / "runs")
+    trainer(logger).fit(Tiny(lr=0.05), loader(), loader())  # noqa: F821
+
+    run_dir = tmp_path / "runs" / "lit" / "fit"
+    assert logger.log_dir == str(run_dir)
+    assert (logger.name, logger.version) == ("lit", "fit")
+    assert logger.save_dir == str(tmp_path / "runs")
+    assert logger.root_dir == str(tmp_path / "runs" / "lit")
+
+    rows = read_lines(run_dir / "metrics.jsonl")
+    assert [r["_step"] for r in rows] == list(range(10))  # one row per Lightning step
+    assert all("train_loss" in r for r in rows)
+    # validation and epoch metrics land at the same step as that step's train metrics
+    assert [r["_step"] for r in rows if "val_loss" in r] == [4, 9]
+    assert [r["epoch"] for r in rows if "val_loss" in r] == [0, 1]
+    # the span in training_step lands on the step Lightning logs that batch at
+    assert all(r["time_ms/forward"] > 0 for r in rows)
+    spans = read_lines(run_dir / "spans.jsonl")
+    assert (
+        [s["_step"] for s in spans] == [s["args"]["global_step"] for s in spans] == list(range(10))
+    )
+
+    config = json.loads((run_dir / "config.json").read_text())
+    assert config["lr"] == 0.05 and config["width"] == 4 and config["fail_at"] is None
+    info = _run_json(run_dir)
+    assert info["status"] == "finished"
+    assert et.get_run() is None or et.get_run().finished
+
+
+def test_test_after_fit_continues_the_run(tmp_path, capsys):
+    logger = ExprTrackerLogger(project="lit", name="fit-test", dir=str(tmp_path / "runs"))
+    t = trainer(logger)  # noqa: F821
+    model = Tiny()  # noqa: F821
+    t.fit(model, loader(), loader())  # noqa: F821
+    t.test(model, loader())  # noqa: F821
+    run_dir = tmp_path / "runs" / "lit" / "fit-test"
+    rows = read_lines(run_dir / "metrics.jsonl")
+    assert [r["_step"] for r in rows if "test_loss" in r] == [10]
+    assert len([r for r in rows if "train_loss" in r]) == 10
+    assert _run_json(run_dir)["status"] == "finished"
+
+
+def test_joins_the_users_run_and_never_finishes_it(tmp_path):
+    run = et.init(project="lit", name="mine", dir=str(tmp_path / "runs"), config={"batch": 4})
+    et.log({"setup": 1})  # the user's own row, before Lightning's steps
+    logger = ExprTrackerLogger(project="ignored")
+    trainer(logger).fit(Tiny(), loader(), loader())  # noqa: F821
+    assert logger.experiment is run
+    assert not run.finished  # finalize("success") only flushed it
+    assert dict(run.config.items())["batch"] == 4 and run.config.lr == 0.05
+    et.log({"after": 2})
+    et.finish()
+    rows = read_lines(run.dir / "metrics.jsonl")
+    steps = [r["_step"] for r in rows]
+    assert steps == sorted(set(steps))  # nothing dropped, nothing twice
+    assert sum("train_loss" in r for r in rows) == 10
+    assert sum("val_loss" in r for r in rows) == 2
+    assert rows[0]["setup"] == 1 and rows[-1]["after"] == 2
+    assert _run_json(run.dir)["status"] == "finished"
+    # the user's run finished: a later trainer.test() continues it, in its directory
+    t = trainer(logger)  # noqa: F821
+    t.test(Tiny(), loader())  # noqa: F821
+    assert logger.log_dir == str(run.dir)
+    assert sum("test_loss" in r for r in read_lines(run.dir / "metrics.jsonl")) == 1
+    assert _run_json(run.dir)["status"] == "finished"
+
+
+def test_steps_behind_the_run_shift_with_one_warning(tmp_path, caplog):
+    run = et.init(project="lit", name="ahead", dir=str(tmp_path / "runs"))
+    for i in range(5):
+        et.log({"user": i})
+    logger = ExprTrackerLogger()
+    with caplog.at_level(logging.WARNING, logger="expr_tracker"):
+        logger.log_metrics({"a": 1.0}, step=0)
+        logger.log_metrics({"b": 2.0}, step=0)
+        logger.log_metrics({"a": 3.0}, step=1)
+    et.finish()
+    rows = read_lines(run.dir / "metrics.jsonl")
+    assert [(r["_step"], r.get("a"), r.get("b")) for r in rows[5:]] == [
+        (5, 1.0, 2.0),
+        (6, 3.0, None),
+    ]
+    assert sum("shifted" in m for m in caplog.messages) == 1
+
+
+def test_log_hyperparams_takes_a_namespace_and_relogs(tmp_path):
+    from argparse import Namespace
+
+    logger = ExprTrackerLogger(project="lit", name="hp", save_dir=tmp_path / "runs")
+    logger.log_hyperparams(Namespace(lr=0.1, layers=2))
+    logger.log_hyperparams({"lr": 0.2})  # Lightning re-logs: a changed value is accepted
+    assert logger.experiment.config.as_dict() == {"lr": 0.2, "layers": 2}
+    logger.finalize("success")
+    assert _run_json(tmp_path / "runs" / "lit" / "hp")["status"] == "finished"
+
+
+@pytest.mark.parametrize(
+    ("status", "expected"),
+    [
+        ("success", "finished"),
+        ("finished", "finished"),
+        ("failed", "failed"),
+        ("aborted", "failed"),
+    ],
+)
+def test_finalize_status_maps_onto_run_status(tmp_path, status, expected):
+    logger = ExprTrackerLogger(project="lit", name=status, save_dir=tmp_path / "runs")
+    logger.log_metrics({"x": 1.0}, step=0)
+    logger.finalize(status)
+    info = _run_json(tmp_path / "runs" / "lit" / status)
+    assert info["status"] == expected
+    assert logger.version == status  # reading it does not continue the finished run
+    assert _run_json(tmp_path / "runs" / "lit" / status)["status"] == expected
+
+
+def test_a_failing_bad_value_never_breaks_training(tmp_path, caplog):
+    logger = ExprTrackerLogger(project="lit", name="bad", save_dir=tmp_path / "runs")
+    with caplog.at_level(logging.WARNING, logger="expr_tracker"):
+        logger.log_hyperparams(object())  # not a mapping: warned, not raised
+        logger.log_hyperparams(object())
+    assert sum("log_hyperparams failed" in m for m in caplog.messages) == 1
+    logger.finalize("success")
+
+
+def test_an_exception_in_training_step_marks_the_run_failed(tmp_path):
+    code = MODEL_SRC + textwrap.dedent(
+        """
+            import sys
+            from expr_tracker.integrations.lightning import ExprTrackerLogger
+            logger = ExprTrackerLogger(project="lit", name="boom", save_dir=sys.argv[1])
+            trainer(logger).fit(Tiny(fail_at=3), loader(), loader())
+            """
+    )
+    p = run_py(code, str(tmp_path / "runs"), check=False, timeout=120)
+    assert p.returncode == 1, p.stderr
+    assert "boom in training_step" in p.stderr
+    run_dir = tmp_path / "runs" / "lit" / "boom"
+    info = _run_json(run_dir)
+    assert info["status"] == "failed"
+    assert info["exception"]["type"] == "RuntimeError"
+    rows = read_lines(run_dir / "metrics.jsonl")
+    assert [r["_step"] for r in rows] == [0, 1, 2]  # every step before the failure
+
+
+def test_importing_expr_tracker_imports_no_lightning():
+    p = run_py(
+        "import sys, expr_tracker\n"
+        "assert not any(m.split('.')[0] in ('lightning', 'pytorch_lightning') for m in sys.modules)"
+    )
+    assert p.returncode == 0
+
+
+def test_a_missing_lightning_names_the_extra():
+    p = run_py(
+        """
+        import sys
+        for name in ("lightning", "pytorch_lightning", "lightning_fabric"):
+            sys.modules[name] = None  # as if not installed
+        try:
+            import expr_tracker.integrations.lightning
+        except ImportError as exc:
+            print(exc)
+        """
+    )
+    assert "pip install 'expr-tracker[lightning]'" in p.stdout
+
+
+def test_rank_nonzero_logs_nothing(tmp_path, monkeypatch):
+    from lightning.fabric.utilities.rank_zero import rank_zero_only
+
+    monkeypatch.setattr(rank_zero_only, "rank", 1)
+    logger = ExprTrackerLogger(project="lit", name="r1", save_dir=tmp_path / "runs")
+    logger.log_hyperparams({"lr": 1})
+    logger.log_metrics({"x": 1.0}, step=0)
+    logger.finalize("success")
+    assert logger.version == "r1" and logger.log_dir is None
+    assert not (tmp_path / "runs").exists() and et.get_run() is None
+
+
+def test_checkpoints_land_in_the_run_directory(tmp_path):
+    logger = ExprTrackerLogger(project="lit", name="ckpt", save_dir=tmp_path / "runs")
+    trainer(logger, enable_checkpointing=True, max_epochs=1).fit(Tiny(), loader(), loader())  # noqa: F821
+    run_dir = tmp_path / "runs" / "lit" / "ckpt"
+    assert [p.name for p in (run_dir / "checkpoints").iterdir()] == ["epoch=0-step=5.ckpt"]
+
+
+def test_the_logger_pickles_without_its_run(tmp_path):
+    import pickle
+
+    logger = ExprTrackerLogger(project="lit", name="pickled", save_dir=tmp_path / "runs")
+    logger.log_metrics({"x": 1.0}, step=0)
+    copy = pickle.loads(pickle.dumps(logger))
+    assert copy._run is None and copy._project == "lit"
+    logger.finalize("success")
+
+
+def test_a_pytorch_lightning_trainer_takes_it(tmp_path):
+    pl = pytest.importorskip("pytorch_lightning")
+    import torch
+
+    class PlTiny(pl.LightningModule):
+        def __init__(self):
+            super().__init__()
+            self.layer = torch.nn.Linear(4, 1)
+
+        def training_step(self, batch, batch_idx):
+            x, y = batch
+            loss = torch.nn.functional.mse_loss(self.layer(x), y)
+            self.log("train_loss", loss)
+            return loss
+
+        def configure_optimizers(self):
+            return torch.optim.SGD(self.parameters(), lr=0.1)
+
+    logger = ExprTrackerLogger(project="lit", name="pl", save_dir=tmp_path / "runs")
+    pl.Trainer(
+        accelerator="cpu",
+        max_epochs=1,
+        limit_train_batches=3,
+        log_every_n_steps=1,
+        enable_checkpointing=False,
+        enable_progress_bar=False,
+        enable_model_summary=False,
+        logger=logger,
+    ).fit(PlTiny(), loader())  # noqa: F821
+    run_dir = tmp_path / "runs" / "lit" / "pl"
+    assert [r["_step"] for r in read_lines(run_dir / "metrics.jsonl")] == [0, 1, 2]
+    assert _run_json(run_dir)["status"] == "finished"
+
+
+def test_spans_between_logged_steps_sum_into_the_logged_row(tmp_path):
+    logger = ExprTrackerLogger(
+        project="lit", name="every5", save_dir=tmp_path / "runs", span_count=True
+    )
+    trainer(logger, log_every_n_steps=5).fit(Tiny(), loader(), loader())  # noqa: F821
+    rows = read_lines(tmp_path / "runs" / "lit" / "every5" / "metrics.jsonl")
+    assert [(r["_step"], r["count/forward"]) for r in rows] == [(4, 5), (9, 5)]
+    assert all("train_loss" in r and "val_loss" in r for r in rows)
