@@ -25,8 +25,8 @@ What lands where:
   time from the user's code (a collator, ``compute_loss``) and ``et.log(d, commit=False)``
   land on the step being trained; evaluation rows at the step of the training row merge into it.
 - After training, ``trainer.evaluate()`` logs into the current run if there is one, else it
-  reopens the callback's run (``resume="must"``, ``step_policy="allow"``) and finishes it
-  again in ``on_evaluate``: the row lands at ``global_step``, the step of the last training
+  reopens the callback's run (``resume="must"``, ``step_policy="allow"``, alert rules off:
+  they watched training) and finishes it again in ``on_evaluate``: the row lands at ``global_step``, the step of the last training
   row, as a second line that readers merge by step (a key logged twice: the later value wins).
 - A ``train()`` that raises never reaches ``on_train_end``: the exception propagates, and the
   exit hook marks the run ``failed`` (the next ``train()`` on the same callback marks it
@@ -80,7 +80,21 @@ _MAPPED_BY_INIT = frozenset(
     }
 )
 #: keywords the callback sets itself when it reopens its run after training
-_REOPEN_DROPS = frozenset({"project", "name", "id", "dir", "run_dir", "resume", "config", "reinit"})
+_REOPEN_DROPS = frozenset(
+    {
+        "project",
+        "name",
+        "id",
+        "dir",
+        "run_dir",
+        "resume",
+        "config",
+        "reinit",
+        "alert",
+        "alerts",
+        "alert_rules",
+    }
+)
 
 
 def _is_secret(key: Any) -> bool:
@@ -251,6 +265,9 @@ class ExprTrackerCallback(TrainerCallback):
             run_dir=str(run.dir),
             resume="must",
             step_policy="allow",
+            # the rules watched training; in this attempt a rule on a training metric
+            # would only report that metric as never logged
+            alerts={"enabled": False},
         )
         self.run = api.init(spec=self.spec, **kwargs)
         self._owned = True
