@@ -124,6 +124,7 @@ SLOW_DOCS = {
     "getting-started.md",
     "history.md",
     "hydra.md",
+    "integrations.md",
     "streams.md",
 }
 
