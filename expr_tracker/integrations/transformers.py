@@ -127,7 +127,8 @@ class ExprTrackerCallback(TrainerCallback):
             as given; they win over the spec, as keyword arguments always do.
 
     Raises (at construction, so the script fails before the model trains):
-        TypeError: ``project`` is not a string, ``log_config``/``rank_zero_only`` not a bool.
+        TypeError: ``spec`` is no path, dict or DictConfig; ``project`` is not a string;
+            ``log_config``/``rank_zero_only`` is not a bool.
         SpecError: the spec or a spec keyword is invalid (a missing file, a bad value, an
             unknown key), each problem named with its path and what is valid. Keywords that
             only ``et.init`` maps (wandb's) are checked by ``et.init`` when training starts.
@@ -202,8 +203,18 @@ class ExprTrackerCallback(TrainerCallback):
 
     def _log(self, metrics: dict[str, Any], step: int) -> None:
         run = self.run
-        if run is not None and not run.finished:
-            run.log(metrics, step=step)
+        if run is None or run.finished:
+            return
+        if run.log(metrics, step=step) < 0 and metrics:
+            self._warner.warn(
+                ("row_dropped", run.name),
+                "expr_tracker: the Trainer's row at step %d was dropped: run %s is already "
+                "at step %d (a plain et.log() inside the training loop commits the step "
+                "early: log with commit=False there). Warned once.",
+                step,
+                run.name,
+                run.step,
+            )
 
     @staticmethod
     def _current() -> Any:

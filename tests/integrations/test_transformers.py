@@ -241,6 +241,21 @@ def test_spans_and_user_metrics_land_on_the_trainers_steps(tmp_path):
     assert {s["_step"] for s in spans if s["name"] == "compute"} == set(range(1, 11))
 
 
+class PlainLogTrainer(Trainer):
+    def compute_loss(self, model, inputs, *args, **kwargs):
+        if model.training:
+            et.log({"mine": 1.0})  # commits the step being trained: the Trainer's row is late
+        return super().compute_loss(model, inputs, *args, **kwargs)
+
+
+def test_a_plain_log_inside_the_loop_is_explained(tmp_path, caplog):
+    cb = ExprTrackerCallback(project="hf", name="plain")
+    with caplog.at_level(logging.WARNING, logger="expr_tracker"):
+        trainer(tmp_path, cb, trainer_cls=PlainLogTrainer, eval_strategy="no").train()
+    hints = [r.getMessage() for r in caplog.records if "log with commit=False" in r.getMessage()]
+    assert len(hints) == 1 and "row at step 2 was dropped" in hints[0]
+
+
 class FailingTrainer(Trainer):
     def compute_loss(self, model, inputs, *args, **kwargs):
         if model.training and self.state.global_step == 4:
