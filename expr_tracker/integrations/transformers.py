@@ -168,6 +168,7 @@ class ExprTrackerCallback(TrainerCallback):
         self._owned = False  # started by this callback (so it finishes it)
         self._training = False  # between on_train_begin and on_train_end
         self._close_after_eval = False  # a run (re)opened for an evaluate() after training
+        self._ahead_until = 0  # the run's step when training began (rows behind it: dropped)
         self._warner = Warner(log)
 
     def _check(self) -> None:
@@ -205,7 +206,7 @@ class ExprTrackerCallback(TrainerCallback):
         run = self.run
         if run is None or run.finished:
             return
-        if run.log(metrics, step=step) < 0 and metrics:
+        if run.log(metrics, step=step) < 0 and metrics and step >= self._ahead_until:
             self._warner.warn(
                 ("row_dropped", run.name),
                 "expr_tracker: the Trainer's row at step %d was dropped: run %s is already "
@@ -235,6 +236,23 @@ class ExprTrackerCallback(TrainerCallback):
         if self.log_config:
             self._guarded("recording the config", self._record_config, args, model)
         run = self.run
+        self._ahead_until = run.step  # rows behind it are dropped: explained here, once
+        if self._owned and run.resumed and run.step > state.global_step + 1:
+            # the same name again (a rerun, or a resume from an earlier checkpoint)
+            self._warner.warn(
+                ("resumed_ahead", run.name),
+                "expr_tracker: run %s already holds steps up to %d (et.init continues a run "
+                "of the same name), ahead of the Trainer's global_step %d: the Trainer's rows "
+                "for steps %d-%d are dropped and the earlier attempt's kept. Give the run a new "
+                "name (or resume='never'), resume training from the checkpoint of that step "
+                "(trainer.train(resume_from_checkpoint=...)), or pass step_policy='allow' to "
+                "log those steps again",
+                run.name,
+                run.step - 1,
+                state.global_step,
+                state.global_step + 1,
+                run.step - 1,
+            )
         if not self._owned and run.step > state.global_step + 1:
             self._warner.warn(
                 ("joined_ahead", run.name),

@@ -256,6 +256,23 @@ def test_a_plain_log_inside_the_loop_is_explained(tmp_path, caplog):
     assert len(hints) == 1 and "row at step 2 was dropped" in hints[0]
 
 
+def test_the_same_name_again_explains_the_dropped_rows(tmp_path, caplog):
+    # a script run twice: et.init continues the run of that name, which is ahead of the
+    # Trainer's global_step 0; the warning names that cause, not a plain et.log() in the loop
+    trainer(tmp_path, ExprTrackerCallback(project="hf", name="again"), eval_strategy="no").train()
+    first = rows_by_step(tmp_path / "runs" / "hf" / "again")
+    cb = ExprTrackerCallback(project="hf", name="again")
+    with caplog.at_level(logging.WARNING, logger="expr_tracker"):
+        trainer(tmp_path, cb, eval_strategy="no", seed=1).train()
+    messages = [r.getMessage() for r in caplog.records]
+    ahead = [m for m in messages if "already holds steps up to 10" in m]
+    assert len(ahead) == 1 and "resume_from_checkpoint" in ahead[0], messages
+    assert "steps 1-10 are dropped" in ahead[0]
+    assert not [m for m in messages if "commit=False" in m], messages
+    assert rows_by_step(cb.run.dir) == first  # the earlier attempt's rows are kept
+    assert status_of(cb.run.dir) == "finished"
+
+
 class FailingTrainer(Trainer):
     def compute_loss(self, model, inputs, *args, **kwargs):
         if model.training and self.state.global_step == 4:
