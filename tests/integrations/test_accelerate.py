@@ -178,6 +178,18 @@ def test_joins_the_users_run_and_never_finishes_it(caplog):
     assert _status(run.dir) == "finished"
 
 
+def test_the_docs_example_runs_twice():
+    # a user runs the example script again: its assertions hold for the second launch too
+    from accelerate.state import AcceleratorState
+
+    text = (ROOT / "docs" / "integrations.md").read_text()
+    section = text.split("## Accelerate", 1)[1]
+    code = section.split("```python\n", 1)[1].split("```", 1)[0]
+    for _ in range(2):
+        exec(compile(code, "docs/integrations.md", "exec"), {"__name__": "__main__"})
+        AcceleratorState._reset_state(True)
+
+
 def test_a_bad_log_call_warns_once_and_training_goes_on(caplog):
     from accelerate import Accelerator
 
