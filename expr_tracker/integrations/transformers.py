@@ -167,6 +167,7 @@ class ExprTrackerCallback(TrainerCallback):
         self.run: Any = None
         self._owned = False  # started by this callback (so it finishes it)
         self._training = False  # between on_train_begin and on_train_end
+        self._in_step = False  # between on_step_begin and on_step_end
         self._close_after_eval = False  # a run (re)opened for an evaluate() after training
         self._ahead_until = 0  # the run's step when training began (rows behind it: dropped)
         self._warner = Warner(log)
@@ -330,12 +331,25 @@ class ExprTrackerCallback(TrainerCallback):
     def on_step_begin(self, args: Any, state: Any, control: Any, **kwargs: Any) -> None:
         """Open row ``global_step + 1``: the step this optimizer step produces."""
         if self._training:
+            self._in_step = True
             self._guarded("opening the step", self._log, {}, state.global_step + 1)
 
     def on_step_end(self, args: Any, state: Any, control: Any, **kwargs: Any) -> None:
         """Place the span time of the step just trained in its row (``global_step``)."""
         if self._training:
+            self._in_step = False
             self._guarded("closing the step", self._log, {}, state.global_step)
+
+    def on_prediction_step(self, args: Any, state: Any, control: Any, **kwargs: Any) -> None:
+        """An evaluation or prediction while an optimizer step is open: the ``train()`` that
+        opened it raised and the program went on (evaluation never runs inside a step), so
+        that training is over: its run is finished as ``failed`` and the evaluation is
+        logged as one after training (its row at ``global_step`` is not dropped)."""
+        if self._training and self._in_step:
+            self._training = self._in_step = False
+            run = self.run
+            if run is not None and self._owned and not run.finished:
+                self._guarded("finishing the failed run", self._finish, 1)
 
     def on_log(self, args: Any, state: Any, control: Any, logs: Any = None, **kwargs: Any) -> None:
         """Log the Trainer's row at ``state.global_step`` under its own names."""

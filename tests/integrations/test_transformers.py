@@ -293,6 +293,22 @@ def test_a_failed_train_then_a_new_train_marks_the_first_failed(tmp_path):
     assert sorted(rows_by_step(first.dir))[:2] == [2, 4]
 
 
+def test_evaluate_after_a_caught_failure_lands_and_the_training_is_failed(tmp_path, caplog):
+    # a notebook: train() raises in step 5 (row 5 opened), the user evaluates what was trained
+    cb = ExprTrackerCallback(project="hf", name="nb")
+    tr = trainer(tmp_path, cb, trainer_cls=FailingTrainer, eval_strategy="no")
+    with pytest.raises(RuntimeError, match="boom"):
+        tr.train()
+    with caplog.at_level(logging.WARNING, logger="expr_tracker"):
+        metrics = tr.evaluate()
+    assert not [r for r in caplog.records if "dropped" in r.getMessage()]
+    rows = rows_by_step(cb.run.dir)
+    assert rows[4]["eval_loss"] == metrics["eval_loss"] and rows[4]["loss"] > 0
+    info = json.loads((cb.run.dir / "run.json").read_text())
+    assert [a["status"] for a in info["previous_attempts"]] == ["failed"]
+    assert et.run is None and cb.run.finished
+
+
 FAILING_SCRIPT = """
 import os, sys
 sys.path.insert(0, {tests!r})
