@@ -252,10 +252,24 @@ class SpanFolding:
             elif v > cur or cur != cur:
                 row[k] = v
 
-    def _emit_held_locked(self) -> None:
-        """Hand the held records to the span sink with the open step. Under the store lock,
-        so records reach the span file in fold order and ``flush()``/``close()`` never miss
-        a batch another thread has folded but not yet written.
+    def _drop_pending_spans(self, step: int) -> None:
+        """A ``log(step=N)`` was dropped (behind the open step): the span data pending for
+        it is dropped with it (counted in ``dropped["span_metrics"]``), never summed into a
+        later row it was not measured for; its held records still reach the span file (the
+        time was spent), naming ``N``, the step they were measured for."""
+        self.dropped["span_metrics"] = self.dropped.get("span_metrics", 0) + 1
+        self._pend = {}
+        self._pagg = {}
+        self._preset = None
+        self._pend_nonfinite = False
+        if self._held:
+            self._emit_held_locked(step)
+
+    def _emit_held_locked(self, step: int | None = None) -> None:
+        """Hand the held records to the span sink with the open step (or ``step``). Under
+        the store lock, so records reach the span file in fold order and
+        ``flush()``/``close()`` never miss a batch another thread has folded but not yet
+        written.
 
         All or nothing under an interrupt (Ctrl-C, SIGTERM's ``SystemExit``): the records
         leave ``_held`` in the same statement that calls the sink, so one raised before the
@@ -270,7 +284,10 @@ class SpanFolding:
             self._held, self._held_bytes = [], 0
             return
         try:  # one statement: no signal is handled between the sink's return and the stores
-            self._held, self._held_bytes = [], (sink(self.open_step, held), 0)[1]
+            self._held, self._held_bytes = (
+                [],
+                (sink(self.open_step if step is None else step, held), 0)[1],
+            )
         except Exception as exc:  # noqa: BLE001 - a span sink never breaks log()
             if self._held is held:
                 self._held, self._held_bytes = [], 0

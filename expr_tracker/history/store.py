@@ -220,6 +220,8 @@ class HistoryStore(SpanFolding, OpenRowTimer, StoreReads):
                             step,
                             cur,
                         )
+                        if self._pend:  # the span time measured for the dropped row
+                            self._drop_pending_spans(step)
                         return -1
                     if self._open:
                         committed = self._commit_locked()

@@ -211,12 +211,32 @@ def test_span_across_a_step_jump_and_span_open_at_log(tmp_path, clock):
     check_records_name_their_rows(run)
 
 
-def test_dropped_log_leaves_span_time_pending(tmp_path, clock):
+def test_a_backward_step_drops_its_span_time_with_it(tmp_path, clock):
+    # the span time measured for a dropped log(step=N) (a rerun continuing a run from step
+    # 0, a second Trainer) was summed into the next accepted row, which never ran it
     run = start(tmp_path)
     et.log({"a": 1}, step=5)
     with span("s"):
         clock.sleep_ms(3)
     assert et.log({"a": 2}, step=2) == -1  # backward step, dropped (monotonic)
+    with span("s"):
+        clock.sleep_ms(1)
+    et.log({"a": 3}, step=6)
+    info = run.info()["history"]["dropped"]
+    et.finish()
+    rows = {r["_step"]: r for r in read_rows(run.dir / "metrics.jsonl")}
+    assert "time_ms/s" not in rows[5] and rows[6]["time_ms/s"] == 1.0
+    assert info == {"backward_step": 1, "span_metrics": 1}
+    # the record stays in the timeline, naming the step it was measured for
+    assert [(r["_step"], r["dur_ms"]) for r in spans_file(run)] == [(2, 3.0), (6, 1.0)]
+
+
+def test_a_bad_step_leaves_span_time_waiting(tmp_path, clock):
+    run = start(tmp_path)
+    et.log({"a": 1}, step=5)
+    with span("s"):
+        clock.sleep_ms(3)
+    assert et.log({"a": 2}, step="x") == -1  # not a step: the call is dropped
     et.log({"a": 3}, step=6)
     et.finish()
     rows = {r["_step"]: r for r in read_rows(run.dir / "metrics.jsonl")}
