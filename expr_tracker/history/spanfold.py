@@ -283,11 +283,11 @@ class SpanFolding:
         if sink is None:  # nothing will ever take them
             self._held, self._held_bytes = [], 0
             return
-        try:  # one statement: no signal is handled between the sink's return and the stores
-            self._held, self._held_bytes = (
-                [],
-                (sink(self.open_step if step is None else step, held), 0)[1],
-            )
+        at = self.open_step if step is None else step
+        # one statement, on one line: no signal is handled between the sink's return and the
+        # stores (a line event inside a statement split over lines would be such a point)
+        try:
+            self._held, self._held_bytes = [], (sink(at, held), 0)[1]
         except Exception as exc:  # noqa: BLE001 - a span sink never breaks log()
             if self._held is held:
                 self._held, self._held_bytes = [], 0
