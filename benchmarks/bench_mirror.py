@@ -18,14 +18,10 @@ the committing thread. Timing uses ``time.perf_counter_ns`` around each call.
 
 from __future__ import annotations
 
-import argparse
-import json
-import os
-import statistics
-import subprocess
-import sys
 import tempfile
 import time
+
+import harness  # benchmarks/harness.py: the fresh-process driver
 
 SECTIONS = ("none", "fast", "slow")
 WARMUP = 1000
@@ -86,36 +82,16 @@ def child(section: str, n: int) -> dict:
     }
 
 
+def _line(sec: str, m: dict) -> str:
+    return (
+        f"{sec:<6} p50 {m['p50_us']:6.2f} µs  p99 {m['p99_us']:7.2f} µs  "
+        f"finish {m['finish_ms']:8.1f} ms  mirrored {m['sent']:>8,.0f}  "
+        f"dropped {m['dropped']:>8,.0f}"
+    )
+
+
 def main() -> None:
-    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--n", type=int, default=100_000)
-    ap.add_argument("--repeat", type=int, default=3)
-    ap.add_argument("--sections", default=",".join(SECTIONS))
-    ap.add_argument("--child", help=argparse.SUPPRESS)
-    args = ap.parse_args()
-    if args.child:
-        print(json.dumps(child(args.child, args.n)))
-        return
-    report = {"python": sys.version.split()[0], "cpus": os.cpu_count(), "sections": {}}
-    for sec in args.sections.split(","):
-        runs = []
-        for _ in range(args.repeat):
-            out = subprocess.run(
-                [sys.executable, __file__, "--child", sec, "--n", str(args.n)],
-                capture_output=True,
-                text=True,
-                check=True,
-            )
-            runs.append(json.loads(out.stdout.strip().splitlines()[-1]))
-        merged = {k: statistics.median(r[k] for r in runs) for k in runs[0]}
-        report["sections"][sec] = merged
-        print(
-            f"{sec:<6} p50 {merged['p50_us']:6.2f} µs  p99 {merged['p99_us']:7.2f} µs  "
-            f"finish {merged['finish_ms']:8.1f} ms  mirrored {merged['sent']:>8,.0f}  "
-            f"dropped {merged['dropped']:>8,.0f}",
-            flush=True,
-        )
-    print(json.dumps(report))
+    harness.run(__file__, __doc__, SECTIONS, child, _line)
 
 
 if __name__ == "__main__":

@@ -1,0 +1,53 @@
+"""The fresh-process driver shared by the per-call benchmarks (bench_log.py, bench_mirror.py).
+
+Each section runs ``--repeat`` times, each time in a fresh interpreter (``script --child
+SECTION --n N`` prints one JSON object), and the per-key median of those runs is reported:
+one line per section (``line(section, medians)``), then the whole report as JSON.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import statistics
+import subprocess
+import sys
+from collections.abc import Callable, Sequence
+from typing import Any
+
+
+def run(
+    script: str,
+    doc: str,
+    sections: Sequence[str],
+    child: Callable[[str, int], dict[str, Any]],
+    line: Callable[[str, dict[str, Any]], str],
+) -> None:
+    """Parse the command line of ``script`` and run its sections (or, with ``--child``, the
+    one section in this process)."""
+    ap = argparse.ArgumentParser(description=doc.splitlines()[0])
+    ap.add_argument("--n", type=int, default=100_000)
+    ap.add_argument("--repeat", type=int, default=3)
+    ap.add_argument("--sections", default=",".join(sections))
+    ap.add_argument("--child", help=argparse.SUPPRESS)
+    args = ap.parse_args()
+    if args.child:
+        print(json.dumps(child(args.child, args.n)))
+        return
+    report: dict[str, Any] = {"python": sys.version.split()[0], "cpus": os.cpu_count()}
+    report["sections"] = {}
+    for sec in args.sections.split(","):
+        runs = []
+        for _ in range(args.repeat):
+            out = subprocess.run(
+                [sys.executable, script, "--child", sec, "--n", str(args.n)],
+                capture_output=True,
+                text=True,
+                check=True,
+            )
+            runs.append(json.loads(out.stdout.strip().splitlines()[-1]))
+        merged = {k: statistics.median(r[k] for r in runs) for k in runs[0]}
+        report["sections"][sec] = merged
+        print(line(sec, merged), flush=True)
+    print(json.dumps(report))
