@@ -36,6 +36,7 @@ ALLOWED: dict[str, set[str]] = {
     "alerts": LEAVES | {"history", "spec"},
     "trace": LEAVES | {"history"},
     "artifacts": LEAVES | {"history"},
+    "query": LEAVES | {"history"},
     "plugins": {"spans"},
     "integrations": LEAVES | {"api", "runs", "spec", "history"},
     "testing": LEAVES | {"alerts"},
@@ -52,6 +53,7 @@ ALLOWED: dict[str, set[str]] = {
         "build",
         "wandb_compat",
         "backends",
+        "query",
     },
 }
 for _leaf in LEAVES:

@@ -20,22 +20,21 @@ first three that are not span timings.
 from __future__ import annotations
 
 import argparse
-import os
-import re
 import sys
 import time
 from pathlib import Path
 from typing import IO, Any
 
 from expr_tracker.cli import output
+from expr_tracker.history.rundirs import (
+    find_runs,
+    producer_infos,
+    producer_status,
+    worst_status,
+)
 
-MAX_DEPTH = 4
 MAIN_WORDS = ("loss", "acc", "score", "reward", "f1", "auc", "ppl", "perplexity", "bleu", "map")
 SPAN_GROUPS = ("time_ms/", "count/", "cpu_", "gpu_")
-#: ``run[.S][.rankN].json``: one per producer (stream and rank)
-RUN_FILE_RE = re.compile(r"^run(?:\.([A-Za-z0-9_-]+?))??(?:\.rank(\d+))?\.json$")
-#: a run's combined status is the worst of its producers' (a higher number is worse)
-SEVERITY = {"finished": 0, "running": 1, "failed": 2, "crashed": 3}
 
 
 def register(subparsers: Any) -> None:
@@ -49,31 +48,6 @@ def register(subparsers: Any) -> None:
     p.add_argument("--metrics", default=None, metavar="A,B", help="metrics to show")
     output.add_format_option(p, "table", what="runs, with each producer's status")
     p.set_defaults(func=run_runs)
-
-
-def find_runs(root: str | os.PathLike[str], max_depth: int = MAX_DEPTH) -> list[Path]:
-    """Directories under ``root`` (itself included) that hold a run: a ``run*.json`` of any
-    producer (stream, rank) or a metrics file of any producer."""
-    from expr_tracker.history.paths import parse_metrics_name
-
-    root = Path(root)
-    found: list[Path] = []
-    base = len(root.parts)
-    for dirpath, dirnames, filenames in os.walk(root):
-        p = Path(dirpath)
-        if any(RUN_FILE_RE.match(f) or parse_metrics_name(f) for f in filenames):
-            found.append(p)
-            dirnames[:] = []  # a run does not hold runs
-            continue
-        if len(p.parts) - base >= max_depth:
-            dirnames[:] = []
-        # a project's artifact store holds files, not runs (a stored metrics.jsonl is data)
-        dirnames[:] = [
-            d
-            for d in dirnames
-            if not d.startswith(".") and not (d == "artifacts" and (p / d / "index.jsonl").exists())
-        ]
-    return found
 
 
 def _main_metrics(rows: list[dict[str, Any]], wanted: list[str] | None) -> list[str]:
@@ -101,18 +75,11 @@ def describe_run(
     else from the lowest rank's shard of the main stream, else from the first metrics file.
     """
     from expr_tracker.history.reader import JsonlReader
-    from expr_tracker.history.runinfo import read_run_info
 
-    producers: dict[str, dict[str, Any]] = {}
-    for q in sorted(run_dir.iterdir()):
-        if RUN_FILE_RE.match(q.name) and q.is_file():
-            producers[q.name] = read_run_info(q, repair=False) or {}
-    statuses = {
-        k: v.get("status") if isinstance(v.get("status"), str) else "unknown"
-        for k, v in producers.items()
-    }
+    producers = producer_infos(run_dir)
+    statuses = {k: producer_status(v) for k, v in producers.items()}
     info = producers.get("run.json") or next(iter(producers.values()), {})
-    status = max(statuses.values(), key=lambda st: SEVERITY.get(st, -1), default="unknown")
+    status = worst_status(statuses.values())
     path = _main_metrics_file(run_dir)
     rows: list[dict[str, Any]] = []
     max_step = None
