@@ -20,6 +20,7 @@ import sys
 COMMAND_MODULES = (
     "runs",
     "history",
+    "query",
     "trace",
     "rules",
     "alert",
