@@ -9,8 +9,10 @@ wandb-style: ``et.run`` is the current :class:`Run` or None, ``et.config`` and
 common calls (docs/coming-from-wandb.md).
 """
 
-from expr_tracker import history  # the package, callable: et.history(n=50, ...)
-from expr_tracker import query  # the package, callable: et.query(sql, dir=...)
+from expr_tracker import (
+    history,  # the package, callable: et.history(n=50, ...)
+    query,  # the package, callable: et.query(sql, dir=...)
+)
 from expr_tracker._version import __version__
 from expr_tracker.alerts.builder import M
 from expr_tracker.alerts.rules import AlertRule

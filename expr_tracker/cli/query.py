@@ -31,6 +31,7 @@ import csv
 import datetime as _dt
 import decimal
 import json
+import math
 import os
 import sys
 import tempfile
@@ -278,12 +279,12 @@ def csv_value(v: Any) -> Any:
 
 def cell_value(v: Any) -> str:
     """A table cell for people: floats to 6 significant digits (``nan``, ``inf``,
-    ``-inf`` shown as such), lists and structs as JSON."""
+    ``-inf`` shown as such; see :func:`_short_float`), lists and structs as JSON."""
     if v is None:
         return "NULL"
     t = type(v)
     if t is float:
-        return f"{v:.6g}"
+        return _short_float(v)
     if t is bool:
         return "true" if v else "false"
     if isinstance(v, (list, tuple, dict)):
@@ -291,7 +292,15 @@ def cell_value(v: Any) -> str:
     if t in (int, str):
         return str(v)
     j = json_value(v)
-    return f"{j:.6g}" if type(j) is float else str(j)
+    return _short_float(j) if type(j) is float else str(j)
+
+
+def _short_float(v: float) -> str:
+    """6 significant digits; a large number (an epoch time) keeps its integer part and two
+    decimals instead (``1796157260.38``, not ``1.79616e+09``)."""
+    if math.isfinite(v) and 1e6 <= abs(v) < 1e15:
+        return f"{v:.2f}"
+    return f"{v:.6g}"
 
 
 def _rows(reader: Any, names: list[str]) -> Iterator[list[Any]]:
@@ -356,7 +365,7 @@ def _write_table(reader: Any, names: list[str], max_rows: int, sink: _Sink) -> N
     from rich.text import Text
 
     from expr_tracker.cli import output
-    from expr_tracker.cli.history import table_width
+    from expr_tracker.cli.history import cell_len, table_width
 
     shown: list[list[Any]] = []
     total = 0
@@ -372,14 +381,25 @@ def _write_table(reader: Any, names: list[str], max_rows: int, sink: _Sink) -> N
     console = output.console(
         f, table_width(f) if not to_file else 200, no_color=to_file, force_terminal=False
     )
-    table = Table(box=None, header_style="bold", pad_edge=False)
-    for name, num in zip(names, numeric, strict=True):
-        table.add_column(Text(name), justify="right" if num else "left", overflow="fold")
-    for row in shown:
-        table.add_row(
-            *(Text("NULL", style="dim") if v is None else Text(cell_value(v)) for v in row)
-        )
-    console.print(table)
+    cells = [[cell_value(v) for v in row] for row in shown]
+    need = sum(
+        max([cell_len(n), *(max(map(cell_len, c[i].splitlines() or [""])) for c in cells)])
+        for i, n in enumerate(names)
+    ) + 2 * max(len(names) - 1, 0)
+    if need > console.width and shown:
+        _print_vertical(console, names, shown, cells)
+    else:
+        table = Table(box=None, header_style="bold", pad_edge=False)
+        for name, num in zip(names, numeric, strict=True):
+            table.add_column(Text(name), justify="right" if num else "left", overflow="fold")
+        for row, texts in zip(shown, cells, strict=True):
+            table.add_row(
+                *(
+                    Text(t, style="dim") if v is None else Text(t)
+                    for v, t in zip(row, texts, strict=True)
+                )
+            )
+        console.print(table)
     rows = "row" if total == 1 else "rows"
     if total > len(shown):
         console.print(
@@ -391,6 +411,21 @@ def _write_table(reader: Any, names: list[str], max_rows: int, sink: _Sink) -> N
         )
     else:
         console.print(Text(f"{total} {rows}", style="dim"))
+
+
+def _print_vertical(console: Any, names: list[str], rows: list[list[Any]], cells: list) -> None:
+    """Rows too wide for the terminal, one block per row: ``column  value`` lines."""
+    from rich.table import Table
+    from rich.text import Text
+
+    for i, (row, texts) in enumerate(zip(rows, cells, strict=True)):
+        console.print(Text(f"-[ row {i + 1} ]-", style="bold"))
+        table = Table(box=None, show_header=False, pad_edge=False)
+        table.add_column(no_wrap=True, style="bold")
+        table.add_column(overflow="fold")
+        for name, v, t in zip(names, row, texts, strict=True):
+            table.add_row(Text(name), Text(t, style="dim") if v is None else Text(t))
+        console.print(table)
 
 
 def _print_schema(

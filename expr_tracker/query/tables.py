@@ -244,14 +244,17 @@ def column_type(values: Iterable[Any]) -> str:
 
 
 def _flat_columns(prefix: str, dicts: list[dict[str, Any]], taken: set[str]) -> list[tuple]:
-    """``(column name, type, [value per row])`` for the flattened keys of ``dicts``. Keys
-    that differ only in case (DuckDB names are case-insensitive) get ``#2``, ``#3`` ..."""
+    """``(column name, type, [value per row])`` for the flattened keys of ``dicts``, sorted
+    ignoring case. Keys that differ only in case (DuckDB names are case-insensitive) are
+    told apart: the lowercase one (else the first) keeps its name, the others get ``#2``,
+    ``#3`` ..."""
     flats = [flatten(d) for d in dicts]
     keys: dict[str, None] = {}
     for f in flats:
         keys.update(dict.fromkeys(f))
     cols = []
-    for key in sorted(keys):
+    # case-insensitive order; of keys that differ only in case, the lowercase one first
+    for key in sorted(keys, key=lambda k: (k.lower(), k != k.lower(), k)):
         name = f"{prefix}.{key}"
         n = 1
         while name.lower() in taken:
@@ -346,7 +349,7 @@ def runs_table(producers: Sequence[Any], stats: dict[int, tuple[Any, Any]]) -> A
             "group": info.get("group"),
             "notes": info.get("notes"),
             "job_type": info.get("job_type"),
-            "path": str(p.run_dir),
+            "path": str(Path(p.run_dir).absolute()),
             "config": None if config is None else json_text(config),
             "summary": None if summary is None else json_text(summary),
         }

@@ -1,0 +1,202 @@
+"""``et query "SQL" [DIR]``: formats, round trips of NaN/±inf, errors, ``--schema``."""
+
+from __future__ import annotations
+
+import csv
+import io
+import json
+import math
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+pytest.importorskip("duckdb")
+pytest.importorskip("pyarrow")
+
+import expr_tracker as et  # noqa: E402
+from expr_tracker.cli.main import main  # noqa: E402
+from expr_tracker.history.codec import decode_line  # noqa: E402
+
+SQL = "SELECT run, step, metric, value, text FROM metrics ORDER BY run, step, metric"
+
+
+@pytest.fixture
+def runs(tmp_path):
+    root = tmp_path / "runs"
+    for name, lr in (("a", 0.1), ("b'q", 0.01)):
+        run = et.init(project="p", name=name, dir=str(root), config={"lr": lr}, reinit="create_new")
+        run.log({"loss": 1.0 / 3, "x": float("nan")})
+        run.log({"loss": float("inf"), "x": float("-inf"), "s": "hi ✓"})
+        run.finish()
+    return root
+
+
+def cli(capsys, *argv):
+    code = main(["query", *map(str, argv)])
+    out, err = capsys.readouterr()
+    return code, out, err
+
+
+def _same(a, b):
+    if isinstance(a, float) and isinstance(b, float) and math.isnan(a) and math.isnan(b):
+        return True
+    return a == b
+
+
+def _rows_equal(got, want):
+    assert len(got) == len(want)
+    for g, w in zip(got, want, strict=True):
+        assert g.keys() == w.keys()
+        assert all(_same(g[k], w[k]) for k in g), (g, w)
+
+
+def test_table_shows_nan_inf_and_null_visibly(runs, capsys, monkeypatch):
+    monkeypatch.setenv("COLUMNS", "120")
+    code, out, _ = cli(capsys, SQL, runs)
+    assert code == 0
+    lines = out.splitlines()
+    assert lines[0].split() == ["run", "step", "metric", "value", "text"]
+    body = "\n".join(lines[1:])
+    assert "nan" in body and " inf" in body and "-inf" in body and "NULL" in body
+    assert "0.333333" in body and "hi ✓" in body
+    assert lines[-1].strip() == "10 rows"
+
+
+def test_table_shows_the_first_max_rows_and_counts_all(runs, capsys):
+    code, out, _ = cli(capsys, SQL, runs, "--max-rows", "3")
+    assert code == 0
+    assert len(out.splitlines()) == 1 + 3 + 1
+    assert "10 rows, the first 3 shown" in out
+
+
+def test_jsonl_and_json_round_trip_nan_and_inf(runs, capsys):
+    want = et.query(SQL, runs, output_type="dicts")
+    code, out, _ = cli(capsys, SQL, runs, "--format", "jsonl")
+    assert code == 0
+    got = [decode_line(line) for line in out.splitlines()]
+    _rows_equal(got, want)
+    assert '"value":NaN' in out and '"value":Infinity' in out and '"value":-Infinity' in out
+    code, out, _ = cli(capsys, SQL, runs, "--format", "json")
+    assert code == 0 and out.startswith("[\n") and out.endswith("\n]\n")
+    _rows_equal(json.loads(out), want)
+
+
+def test_csv_round_trips_through_pandas(runs, capsys):
+    pd = pytest.importorskip("pandas")
+    code, out, _ = cli(capsys, SQL, runs, "--format", "csv")
+    assert code == 0
+    df = pd.read_csv(io.StringIO(out))
+    want = et.query(SQL, runs)
+    assert list(df.columns) == list(want.columns)
+    pd.testing.assert_series_equal(df["value"], want["value"])
+    assert df["value"].isin([math.inf, -math.inf]).sum() == 4
+    rows = list(csv.reader(io.StringIO(out)))
+    assert rows[1][3] == repr(1.0 / 3)  # every digit
+    assert {r[3] for r in rows[1:]} >= {"nan", "inf", "-inf", ""}
+
+
+def test_parquet_needs_o_and_round_trips(runs, capsys, tmp_path):
+    code, out, err = cli(capsys, SQL, runs, "--format", "parquet")
+    assert code == 2 and "-o" in err and out == ""
+    import pyarrow.parquet as pq
+
+    dest = tmp_path / "out.parquet"
+    code, out, err = cli(capsys, SQL, runs, "--format", "parquet", "-o", dest)
+    assert code == 0, err
+    got = pq.read_table(dest).to_pylist()
+    _rows_equal(got, et.query(SQL, runs, output_type="dicts"))
+    assert [p.name for p in tmp_path.iterdir() if p.name.startswith(".out")] == []
+
+
+def test_o_writes_csv_and_json_to_a_file(runs, capsys, tmp_path):
+    for fmt in ("csv", "json", "jsonl", "table"):
+        dest = tmp_path / f"out.{fmt}"
+        code, out, _ = cli(capsys, SQL, runs, "--format", fmt, "-o", dest)
+        assert code == 0 and out == ""
+        assert dest.read_text(encoding="utf-8").strip()
+    assert not [p for p in tmp_path.iterdir() if p.name.endswith(".tmp")]
+
+
+def test_bad_sql_exits_2_with_one_screen_naming_the_views(runs, capsys, tmp_path):
+    dest = tmp_path / "never.csv"
+    code, out, err = cli(capsys, "SELECT nope FROM metrics", runs, "--format", "csv", "-o", dest)
+    assert code == 2 and out == ""
+    assert "nope" in err
+    for view in ("runs(", "metrics(", "spans(", "alerts(", "artifacts("):
+        assert view in err
+    assert "et query --schema" in err  # the long views are cut
+    assert len(err.splitlines()) <= 25
+    assert not dest.exists()
+    assert [p for p in tmp_path.iterdir() if p.name.startswith(".never")] == []
+
+
+def test_schema_lists_every_view_and_its_columns(runs, capsys):
+    code, out, _ = cli(capsys, "--schema", runs)
+    assert code == 0
+    for view in ("runs", "metrics", "spans", "alerts", "artifacts"):
+        assert f"{view} (" in out
+    assert "config.lr" in out and "DOUBLE" in out
+    code, out, _ = cli(capsys, "--schema", runs, "--format", "jsonl")
+    recs = [json.loads(x) for x in out.splitlines()]
+    assert {"view": "metrics", "column": "value", "type": "DOUBLE"} in recs
+    assert {"view": "runs", "column": "config.lr", "type": "DOUBLE"} in recs
+
+
+def test_usage_errors(runs, capsys, tmp_path):
+    code, _, err = cli(capsys)
+    assert code == 2 and "SQL" in err
+    code, _, err = cli(capsys, "--schema", "SELECT 1", runs)
+    assert code == 2 and "--schema" in err
+    code, _, err = cli(capsys, "SELECT 1", tmp_path / "nope")
+    assert code == 1 and "nope" in err
+    code, _, err = cli(capsys, "SELECT 1", runs, "--max-rows", "-1")
+    assert code == 2 and "--max-rows" in err
+
+
+def test_an_empty_dir_and_a_statement_without_rows(tmp_path, capsys):
+    (tmp_path / "empty").mkdir()
+    code, out, _ = cli(capsys, "SELECT * FROM metrics", tmp_path / "empty")
+    assert code == 0 and out.splitlines()[-1].strip() == "0 rows"
+    code, out, _ = cli(capsys, "SELECT * FROM runs", tmp_path / "empty", "--format", "json")
+    assert code == 0 and out == "[]\n"
+    code, out, _ = cli(capsys, "SELECT * FROM spans", tmp_path / "empty", "--format", "jsonl")
+    assert code == 0 and out == ""
+
+
+def test_lists_and_timestamps_in_every_format(runs, capsys):
+    sql = "SELECT tags, started, [1.5, 'nan'::DOUBLE] AS l FROM runs ORDER BY run"
+    code, out, _ = cli(capsys, sql, runs, "--format", "jsonl")
+    assert code == 0
+    rec = decode_line(out.splitlines()[0])
+    assert rec["tags"] is None or isinstance(rec["tags"], list)
+    assert isinstance(rec["started"], str) and "T" in rec["started"]
+    assert rec["l"][0] == 1.5 and math.isnan(rec["l"][1])
+    code, out, _ = cli(capsys, sql, runs, "--format", "csv")
+    assert code == 0 and "[1.5,NaN]" in out
+
+
+def test_the_command_runs_in_a_fresh_process(runs):
+    env = {**os.environ, "COLUMNS": "100"}
+    sql = "SELECT count(*) AS n FROM metrics"
+    p = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "expr_tracker.cli.main",
+            "query",
+            sql,
+            str(runs),
+            "--format",
+            "json",
+        ],
+        capture_output=True,
+        text=True,
+        env=env,
+        cwd=Path(runs).parent,
+        timeout=120,
+    )
+    assert p.returncode == 0, p.stderr
+    assert json.loads(p.stdout) == [{"n": 10}]

@@ -1,0 +1,546 @@
+"""The DuckDB views of ``expr_tracker.query.views.connect``: runs written by the real API
+(and a few files written by hand where the API cannot write them: patch lines, a torn
+tail, a crashed run), read through the real cache, DuckDB and pyarrow."""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+import shutil
+import socket
+import subprocess
+import sys
+import textwrap
+import time
+from pathlib import Path
+
+import pytest
+
+pytest.importorskip("duckdb")
+pytest.importorskip("pyarrow")
+
+import expr_tracker as et  # noqa: E402
+from expr_tracker.query.views import (  # noqa: E402
+    BASE_COLUMNS,
+    VIEWS,
+    connect,
+    describe,
+    path_literal,
+    sql_literal,
+)
+
+
+def make_run(root, project, name, rows, *, config=None, **kw):
+    """A finished run under ``root`` that logged ``rows`` (one et.log each)."""
+    run = et.init(
+        project=project, name=name, dir=str(root), config=config, reinit="create_new", **kw
+    )
+    for r in rows:
+        run.log(r)
+    run.finish()
+    return run
+
+
+def q(con, sql, *params):
+    return con.execute(sql, list(params)).fetchall() if params else con.execute(sql).fetchall()
+
+
+@pytest.fixture
+def cache(tmp_path):
+    return tmp_path / "cache"
+
+
+# --------------------------------------------------------------------------- literals
+
+
+def test_sql_literal_quotes_and_refuses_other_types():
+    assert sql_literal("a'b") == "'a''b'"
+    assert sql_literal(None) == "NULL"
+    assert sql_literal(3) == "3"
+    with pytest.raises(TypeError, match="no SQL literal"):
+        sql_literal(1.5)
+    with pytest.raises(TypeError):
+        sql_literal(True)
+
+
+def test_path_literal_escapes_glob_characters(tmp_path):
+    import duckdb
+
+    assert path_literal(tmp_path / "a[1]" / "p") == sql_literal(str(tmp_path / "a[[]1]" / "p"))
+    assert path_literal(tmp_path / "a*?" / "p") == sql_literal(str(tmp_path / "a[*][?]" / "p"))
+    assert path_literal(Path("/x\\[y/p")) is None  # not expressible: the caller falls back
+    # and DuckDB reads exactly that file, not its glob matches
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    for d, v in (("r[1]", 1), ("r1", 2), ("r*", 3), ("rx", 4)):
+        (tmp_path / d).mkdir()
+        pq.write_table(pa.table({"x": [v]}), tmp_path / d / "p.parquet")
+    con = duckdb.connect()
+    for d, v in (("r[1]", 1), ("r*", 3)):
+        lit = path_literal(tmp_path / d / "p.parquet")
+        assert q(con, f"SELECT x FROM read_parquet([{lit}])") == [(v,)]
+
+
+# --------------------------------------------------------------------------- empty
+
+
+def test_an_empty_dir_has_every_view_with_its_columns(tmp_path, cache):
+    (tmp_path / "runs").mkdir()
+    con = connect(tmp_path / "runs", cache_dir=cache)
+    cols = describe(con)
+    assert list(cols) == list(VIEWS)
+    for view in VIEWS:
+        assert [c for c, _ in cols[view]] == [c for c, _ in BASE_COLUMNS[view]], view
+        assert [t for _, t in cols[view]] == [t for _, t in BASE_COLUMNS[view]], view
+        assert q(con, f"SELECT count(*) FROM {view}") == [(0,)]
+
+
+def test_a_missing_dir_is_an_error_naming_it(tmp_path):
+    with pytest.raises(FileNotFoundError, match="nope"):
+        connect(tmp_path / "nope")
+
+
+# --------------------------------------------------------------------------- metrics values
+
+
+def test_metric_values_keep_nan_inf_strings_bools_and_json(tmp_path, cache):
+    make_run(
+        tmp_path / "runs",
+        "p",
+        "r",
+        [
+            {"a": 1.5, "b": float("nan"), "c": float("inf"), "d": float("-inf")},
+            {"a": 2, "s": "hi", "flag": True, "l": [1, 2.5], "n": None, "big": 2**62},
+        ],
+    )
+    con = connect(tmp_path / "runs", cache_dir=cache)
+    rows = {
+        (step, metric): (value, text)
+        for step, metric, value, text in q(con, "SELECT step, metric, value, text FROM metrics")
+    }
+    assert rows[(0, "a")] == (1.5, None)
+    assert math.isnan(rows[(0, "b")][0])
+    assert rows[(0, "c")] == (math.inf, None)
+    assert rows[(0, "d")] == (-math.inf, None)
+    assert rows[(1, "a")] == (2.0, None)
+    assert rows[(1, "s")] == (None, "hi")
+    assert rows[(1, "flag")] == (1.0, None)
+    assert json.loads(rows[(1, "l")][1]) == [1, 2.5]
+    assert rows[(1, "big")] == (float(2**62), None)
+    # NaN is a value, not NULL: SQL can tell them apart
+    assert q(con, "SELECT count(*) FROM metrics WHERE isnan(value)") == [(1,)]
+    assert q(con, "SELECT count(*) FROM metrics WHERE value IS NULL AND metric = 'b'") == [(0,)]
+    ident = q(con, "SELECT DISTINCT project, run, name, stream, rank FROM metrics")
+    assert ident == [("p", "p/r", "r", None, 0)]
+
+
+def test_a_torn_last_line_is_not_read_until_complete(tmp_path, cache):
+    run = make_run(tmp_path / "runs", "p", "r", [{"a": 1.0}, {"a": 2.0}])
+    path = Path(run.dir) / "metrics.jsonl"
+    with open(path, "ab") as f:
+        f.write(b'{"a":3.0,"_st')
+    con = connect(tmp_path / "runs", cache_dir=cache)
+    assert q(con, "SELECT step, value FROM metrics ORDER BY step") == [(0, 1.0), (1, 2.0)]
+    with open(path, "ab") as f:
+        f.write(b'ep":2,"_time":1.0}\n')
+    con = connect(tmp_path / "runs", cache_dir=cache)
+    assert q(con, "SELECT step, value FROM metrics ORDER BY step") == [
+        (0, 1.0),
+        (1, 2.0),
+        (2, 3.0),
+    ]
+
+
+# --------------------------------------------------------------------------- patch lines
+
+
+def _write_lines(path: Path, rows: list[dict]) -> None:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text("".join(json.dumps(r) + "\n" for r in rows))
+
+
+def test_patch_lines_later_line_wins_per_metric(tmp_path, cache):
+    # a long step written as its open row, then a patch line with more and newer values
+    _write_lines(
+        tmp_path / "runs" / "p" / "long" / "metrics.jsonl",
+        [
+            {"a": 0.0, "_step": 0, "_time": 10.0},
+            {"a": 1.0, "b": 5.0, "_step": 1, "_time": 11.0},
+            {"b": 6.0, "c": "x", "_step": 1, "_time": 12.0},
+            {"a": 2.0, "_step": 2, "_time": 13.0},
+        ],
+    )
+    con = connect(tmp_path / "runs", cache_dir=cache)
+    got = q(con, "SELECT step, metric, value, text, time FROM metrics ORDER BY step, metric")
+    assert got == [
+        (0, "a", 0.0, None, 10.0),
+        (1, "a", 1.0, None, 11.0),
+        (1, "b", 6.0, None, 12.0),
+        (1, "c", None, "x", 12.0),
+        (2, "a", 2.0, None, 13.0),
+    ]
+    dup = "SELECT run, step, metric, count(*) FROM metrics GROUP BY ALL HAVING count(*) > 1"
+    assert q(con, dup) == []
+
+
+def test_patch_lines_from_a_real_open_row_written_to_disk(tmp_path, cache):
+    run = et.init(project="p", name="open", dir=str(tmp_path / "runs"), reinit="create_new")
+    run.log({"a": 0.0})
+    run.log({"a": 1.0}, commit=False)
+    assert run.history.write_open_row()  # as max_open_seconds does for a long step
+    run.log({"a": 1.5, "b": 2.0})  # the rest of step 1: a patch line
+    run.log({"a": 3.0})
+    run.finish()
+    lines = (Path(run.dir) / "metrics.jsonl").read_text().splitlines()
+    assert [json.loads(x)["_step"] for x in lines].count(1) == 2  # really two lines
+    con = connect(tmp_path / "runs", cache_dir=cache)
+    got = q(con, "SELECT step, metric, value FROM metrics ORDER BY step, metric")
+    assert got == [(0, "a", 0.0), (1, "a", 1.5), (1, "b", 2.0), (2, "a", 3.0)]
+
+
+# --------------------------------------------------------------------------- identity
+
+
+HOSTILE = [
+    "a'b",
+    'q"x; DROP VIEW metrics; --',
+    "r[1]",
+    "r1",
+    "ü*?",
+    "x'); SELECT 1; --",
+]
+
+
+def test_hostile_names_neither_break_nor_inject_nor_merge(tmp_path, cache):
+    root = tmp_path / "runs"
+    project = "p'; --"
+    for i, name in enumerate(HOSTILE):
+        rows = [{"m'\"; --": float(i), "ok": float(k)} for k in range(i + 1)]
+        make_run(root, project, name, rows, config={"k'\"": i})
+    con = connect(root, cache_dir=cache)
+    got = dict(q(con, "SELECT name, count(*) FROM metrics WHERE metric = 'ok' GROUP BY name"))
+    assert got == {name: i + 1 for i, name in enumerate(HOSTILE)}
+    got = dict(
+        q(con, "SELECT run, max(value) FROM metrics WHERE metric = $1 GROUP BY run", "m'\"; --")
+    )
+    assert got == {f"{project}/{name}": float(i) for i, name in enumerate(HOSTILE)}
+    assert sorted(r[0] for r in q(con, "SELECT name FROM runs")) == sorted(HOSTILE)
+    assert dict(q(con, 'SELECT name, "config.k\'""" FROM runs')) == {
+        name: i for i, name in enumerate(HOSTILE)
+    }
+    # every view is still there (no statement was injected)
+    assert list(describe(con)) == list(VIEWS)
+
+
+def test_a_folder_name_with_a_backslash_and_a_glob_character_reads_its_own_files(tmp_path, cache):
+    root = tmp_path / "a\\[b"
+    make_run(root, "p", "r", [{"x": 1.0}, {"x": 2.0}])
+    # its glob reading would be "a" + any of "\\[b" + ...: a sibling that would match it
+    make_run(tmp_path / "ab", "p", "r", [{"x": 9.0}])
+    con = connect(root, cache_dir=None)  # the cache beside the run: its path has both
+    assert q(con, "SELECT value FROM metrics ORDER BY step") == [(1.0,), (2.0,)]
+    assert q(con, "SELECT count(*) FROM spans") == [(0,)]
+
+
+def test_streams_and_rank_shards_are_separate_producers(tmp_path, cache):
+    root = tmp_path / "runs"
+    main = et.init(project="p", name="dist", dir=str(root), reinit="create_new")
+    for i in range(3):
+        main.log({"loss": float(i)})
+    ev = et.init(project="p", name="dist", dir=str(root), stream="eval", reinit="create_new")
+    ev.log({"loss": 10.0})
+    ev.finish()
+    main.finish()
+    # rank 1's shard of the same run, as torchrun's second process writes it
+    code = textwrap.dedent(
+        f"""
+        import expr_tracker as et
+        run = et.init(project="p", name="dist", dir={str(root)!r})
+        for i in range(5):
+            et.log({{"loss": 100.0 + i}})
+        et.finish()
+        """
+    )
+    env = {**os.environ, "RANK": "1", "WORLD_SIZE": "2"}
+    subprocess.run([sys.executable, "-c", code], check=True, timeout=60, env=env)
+    assert (Path(main.dir) / "metrics.rank1.jsonl").exists()
+    con = connect(root, cache_dir=cache)
+    got = q(
+        con,
+        "SELECT stream, rank, count(*), max(value) FROM metrics GROUP BY ALL ORDER BY ALL",
+    )
+    assert got == [("eval", 0, 1, 10.0), (None, 0, 3, 2.0), (None, 1, 5, 104.0)]
+    runs = q(con, "SELECT stream, rank, steps, status, run_status FROM runs ORDER BY ALL")
+    assert runs == [
+        ("eval", 0, 1, "finished", "finished"),
+        (None, 0, 3, "finished", "finished"),
+        (None, 1, 5, "finished", "finished"),
+    ]
+    assert q(con, "SELECT DISTINCT run FROM metrics") == [("p/dist",)]
+
+
+def test_a_copied_run_is_a_second_run_not_more_rows_of_the_first(tmp_path, cache):
+    root = tmp_path / "runs"
+    run = make_run(root / "a", "p", "r", [{"x": 1.0}, {"x": 2.0}])
+    shutil.copytree(run.dir, root / "b" / "p" / "r")
+    con = connect(root, cache_dir=cache)
+    got = q(con, "SELECT run, count(*) FROM metrics GROUP BY run")
+    assert len(got) == 2 and all(n == 2 for _, n in got)
+    assert q(con, "SELECT count(DISTINCT run) FROM runs") == [(2,)]
+
+
+# --------------------------------------------------------------------------- runs
+
+
+def _dead_pid() -> int:
+    p = subprocess.Popen([sys.executable, "-c", "pass"])
+    p.wait()
+    return p.pid
+
+
+def test_a_running_run_whose_process_died_reads_crashed(tmp_path, cache):
+    root = tmp_path / "runs"
+    ok = make_run(root, "p", "dead", [{"x": 1.0}])
+    info_path = Path(ok.dir) / "run.json"
+    info = json.loads(info_path.read_text())
+    info.update(status="running", pid=_dead_pid(), host=socket.gethostname(), ended_at=None)
+    info_path.write_text(json.dumps(info))
+    before = info_path.read_bytes()
+    # a rank shard of another run: finished main producer, dead rank 1
+    two = make_run(root, "p", "two", [{"x": 1.0}])
+    shard = dict(json.loads((Path(two.dir) / "run.json").read_text()))
+    shard.update(status="running", rank=1, pid=_dead_pid(), host=socket.gethostname())
+    (Path(two.dir) / "run.rank1.json").write_text(json.dumps(shard))
+    con = connect(root, cache_dir=cache)
+    got = q(con, "SELECT name, rank, status, run_status, ended_at FROM runs ORDER BY name, rank")
+    assert got == [
+        ("dead", 0, "crashed", "crashed", None),
+        ("two", 0, "finished", "crashed", got[1][4]),
+        ("two", 1, "crashed", "crashed", got[2][4]),
+    ]
+    assert info_path.read_bytes() == before  # judging only reads
+    # the same judgment as et runs
+    from expr_tracker.cli.runs import describe_run
+
+    assert describe_run(Path(ok.dir))["status"] == "crashed"
+    assert describe_run(Path(two.dir))["status"] == "crashed"
+
+
+def test_runs_flattens_config_and_summary_with_types(tmp_path, cache):
+    root = tmp_path / "runs"
+    make_run(
+        root,
+        "p",
+        "a",
+        [{"loss": 0.5}],
+        config={
+            "lr": 1,
+            "bs": 32,
+            "opt": {"name": "adam", "betas": [0.9, 0.99]},
+            "flag": True,
+            "mixed": 1,
+            "LR": "upper",
+            "maybe": None,
+        },
+        tags=["x", "y"],
+        group="sweep",
+        notes="n'1",
+        job_type="train",
+    )
+    make_run(
+        root,
+        "p",
+        "b",
+        [{"loss": float("nan")}],
+        config={"lr": 0.5, "bs": 64, "opt": {"name": "sgd"}, "flag": False, "mixed": "two"},
+    )
+    con = connect(root, cache_dir=cache)
+    types = dict(describe(con)["runs"])
+    assert types["config.lr"] == "DOUBLE"
+    assert types["config.bs"] == "BIGINT"
+    assert types["config.flag"] == "BOOLEAN"
+    assert types["config.opt.name"] == "VARCHAR"
+    assert types["config.opt.betas"] == "VARCHAR"
+    assert types["config.mixed"] == "VARCHAR"
+    assert types["summary.loss"] == "DOUBLE"
+    # keys that differ only in case stay two columns (DuckDB names ignore case)
+    assert {"config.lr", "config.LR#2"} <= set(types)
+    rows = q(
+        con,
+        'SELECT name, "config.lr", "config.bs", "config.flag", "config.opt.name", '
+        '"config.opt.betas", "config.mixed", "config.LR#2", "config.maybe", "summary.loss", '
+        'tags, "group", notes, job_type, steps, status FROM runs ORDER BY name',
+    )
+    a, b = rows
+    assert a[:10] == ("a", 1.0, 32, True, "adam", "[0.9,0.99]", "1", "upper", None, 0.5)
+    assert a[10:] == (["x", "y"], "sweep", "n'1", "train", 1, "finished")
+    assert b[:9] == ("b", 0.5, 64, False, "sgd", None, "two", None, None)
+    assert math.isnan(b[9])
+    full = json.loads(q(con, "SELECT config FROM runs WHERE name = 'a'")[0][0])
+    assert full["opt"] == {"name": "adam", "betas": [0.9, 0.99]}
+    times = q(con, "SELECT started_at, ended_at, duration_s, started FROM runs WHERE name='a'")
+    started_at, ended_at, duration, started = times[0]
+    assert ended_at >= started_at and duration == pytest.approx(ended_at - started_at)
+    assert abs(started.timestamp() - started_at) < 1e-3 or started.tzinfo is None
+
+
+def test_runs_has_host_pid_git_and_path(tmp_path, cache):
+    run = make_run(tmp_path / "runs", "p", "g", [{"x": 1.0}])
+    info_path = Path(run.dir) / "run.json"
+    info = json.loads(info_path.read_text())
+    info["git"] = {"commit": "abc123", "dirty": True}
+    info_path.write_text(json.dumps(info))
+    con = connect(tmp_path / "runs", cache_dir=cache)
+    got = q(con, "SELECT host, pid, git_commit, git_dirty, path FROM runs")
+    assert got == [
+        (socket.gethostname(), os.getpid(), "abc123", True, str(Path(run.dir).absolute()))
+    ]
+
+
+# --------------------------------------------------------------------------- spans
+
+
+def test_spans_view(tmp_path, cache):
+    et.init(project="p", name="sp", dir=str(tmp_path / "runs"))  # et.span: the current run
+    for _ in range(3):
+        with et.span("fwd"), et.span("inner"):
+            pass
+        et.log({"x": 1.0})
+    et.finish()
+    con = connect(tmp_path / "runs", cache_dir=cache)
+    got = q(
+        con,
+        "SELECT run, name, depth, count(*), count(DISTINCT step), min(dur_ms) >= 0 "
+        "FROM spans GROUP BY ALL ORDER BY name",
+    )
+    assert got == [("p/sp", "fwd", 0, 3, 3, True), ("p/sp", "fwd/inner", 1, 3, 3, True)]
+    assert q(con, "SELECT DISTINCT thread FROM spans") == [("MainThread",)]
+
+
+# --------------------------------------------------------------------------- alerts, artifacts
+
+
+def test_alerts_view_holds_transitions_and_deliveries(tmp_path, cache):
+    run = et.init(
+        project="p",
+        name="al",
+        dir=str(tmp_path / "runs"),
+        reinit="create_new",
+        alert_rules=["loss > 1 => warning: high loss"],
+    )
+    for v in (0.5, 2.0, float("nan"), 0.1):
+        run.log({"loss": v})
+    run.finish()
+    path = Path(run.dir) / "alerts.jsonl"
+    with open(path, "ab") as f:
+        f.write(b'{"kind": "transition", "rule": "tor')  # a torn last line
+    recs = [json.loads(x) for x in path.read_text().splitlines()[:-1]]
+    con = connect(tmp_path / "runs", cache_dir=cache)
+    got = q(con, "SELECT kind, rule, level, step, record FROM alerts ORDER BY line")
+    assert len(got) == len(recs) and any(k == "transition" for k, *_ in got)
+    assert [json.loads(r[4]) for r in got] == recs
+    firing = q(
+        con,
+        "SELECT step, json_extract(metrics, '$.loss')::DOUBLE FROM alerts WHERE event = 'firing'",
+    )
+    assert firing and firing[0][1] == 2.0
+    per_rule = q(con, "SELECT rule, count(*) FROM alerts WHERE kind = 'transition' GROUP BY rule")
+    assert per_rule and per_rule[0][0].startswith("loss")
+
+
+def test_alerts_with_odd_values_become_null_and_keep_the_record(tmp_path, cache):
+    run = make_run(tmp_path / "runs", "p", "odd", [{"x": 1.0}])
+    recs = [
+        {
+            "kind": "transition",
+            "rule": "r",
+            "step": "seven",
+            "time": "later",
+            "metrics": {"x": float("nan")},
+        },
+        {"kind": "delivery", "delivered": "yes", "attempts": 2**70, "status": 500},
+    ]
+    (Path(run.dir) / "alerts.jsonl").write_text("".join(json.dumps(r) + "\n" for r in recs))
+    con = connect(tmp_path / "runs", cache_dir=cache)
+    got = q(
+        con, "SELECT step, time, metrics, delivered, attempts, status FROM alerts ORDER BY line"
+    )
+    assert got == [(None, None, '{"x":NaN}', None, None, None), (None, None, None, None, None, 500)]
+    assert (
+        q(con, "SELECT json_extract(metrics, '$.x')::DOUBLE FROM alerts WHERE line = 0")[0][0] != 0
+    )
+
+
+def test_artifacts_view_holds_logged_and_used(tmp_path, cache):
+    root = tmp_path / "runs"
+    data = tmp_path / "data.txt"
+    data.write_text("hello")
+    et.init(project="p", name="writer", dir=str(root))
+    et.log({"x": 1.0})
+    et.log_artifact(str(data), name="ds", type="dataset", aliases=["best"])
+    et.finish()
+    et.init(project="p", name="reader", dir=str(root))
+    et.use_artifact("ds:latest")
+    et.finish()
+    con = connect(root, cache_dir=cache)
+    got = q(
+        con,
+        "SELECT run, action, name, version, type, list_contains(aliases, 'best'), digest "
+        "FROM artifacts ORDER BY action",
+    )
+    assert [g[:6] for g in got] == [
+        ("p/writer", "logged", "ds", got[0][3], "dataset", True),
+        ("p/reader", "used", "ds", got[0][3], "dataset", True),
+    ]
+    assert got[0][6] == got[1][6] and got[0][6]
+
+
+# --------------------------------------------------------------------------- a live run
+
+
+LIVE_WRITER = """
+import sys, time
+import expr_tracker as et
+run = et.init(project="p", name="live", dir=sys.argv[1],
+              history={"buffer": {"size": 1, "interval": 0.01}})
+n = int(sys.argv[2])
+for i in range(n):
+    et.log({"a": float(i), "b": float(-i), "s": "x" * (i % 50)})
+    if i % 20 == 0:
+        time.sleep(0.005)
+et.finish()
+"""
+
+
+def test_a_live_run_is_queryable_while_it_writes(tmp_path, cache):
+    root = tmp_path / "runs"
+    n = 4000
+    proc = subprocess.Popen([sys.executable, "-c", LIVE_WRITER, str(root), str(n)])
+    try:
+        counts = []
+        deadline = time.monotonic() + 120
+        while time.monotonic() < deadline:
+            if not (root / "p" / "live" / "metrics.jsonl").exists():
+                time.sleep(0.05)
+                continue
+            con = connect(root, cache_dir=cache)
+            (total, dups, max_step) = q(
+                con,
+                "SELECT count(*), count(*) - count(DISTINCT (run, step, metric)), "
+                "coalesce(max(step), -1) FROM metrics",
+            )[0]
+            con.close()
+            assert dups == 0
+            assert total <= 3 * n
+            assert total == 3 * (max_step + 1)  # only whole rows: never half a line
+            counts.append(total)
+            if proc.poll() is not None and total == 3 * n:
+                break
+        assert proc.wait(timeout=60) == 0
+    finally:
+        proc.kill()
+    assert counts == sorted(counts)  # never goes down
+    assert counts[-1] == 3 * n
+    assert len(set(counts)) > 2  # it did see the run part-written
