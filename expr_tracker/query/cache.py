@@ -85,8 +85,6 @@ MAX_PARTS = 16
 SMALL_PART_ROWS = 1_000_000
 #: a replaced part is deleted by a refresh at least this long after it was replaced
 GRACE_S = 600.0
-#: Parquet compression of the parts
-COMPRESSION = "zstd"
 
 _KINDS = ("metrics", "spans")
 _temp_root: Path | None = None
@@ -254,8 +252,9 @@ def _fresh_manifest(src: Path, kind: str, st: os.stat_result) -> dict[str, Any]:
 
 
 def _blocks(fd: int, start: int, end: int):
-    """``(offset, lines)`` of complete lines in ``[start, end)``, a block at a time; the
-    bytes after the last newline are not yielded."""
+    """``(offset, chunk)``: complete lines of ``[start, end)`` (``chunk`` ends with a newline;
+    ``offset`` is where it ends), a block at a time; the bytes after the last newline are
+    not yielded."""
     pos = start
     carry = b""
     while pos < end:
@@ -269,7 +268,7 @@ def _blocks(fd: int, start: int, end: int):
             carry = buf
             continue
         carry = buf[cut + 1 :]
-        yield pos - len(carry), buf[:cut].split(b"\n")
+        yield pos - len(carry), buf[: cut + 1]
 
 
 def _new_part_name(first_line: int) -> str:
@@ -287,17 +286,17 @@ def _append(fd: int, d: Path, kind: str, m: dict[str, Any], end: int) -> None:
     covered = m["covered"]
     lines = m["lines"]
     try:
-        for new_covered, block in _blocks(fd, covered, end):
+        for new_covered, chunk in _blocks(fd, covered, end):
             if kind == "metrics":
-                table, steps = scan.decode_metrics(block, lines)
+                table, steps = scan.decode_metrics_block(chunk, lines)
                 _track_steps(m, steps)
             else:
-                table = scan.decode_spans(block, lines)
-            lines += len(block)
+                table = scan.decode_spans(chunk[:-1].split(b"\n"), lines)
+            lines += chunk.count(b"\n")
             covered = new_covered
             if table.num_rows:
                 if writer is None:
-                    writer = pq.ParquetWriter(tmp, scan.schema(kind), compression=COMPRESSION)
+                    writer = pq.ParquetWriter(tmp, scan.schema(kind), **scan.WRITE_OPTIONS[kind])
                 writer.write_table(table)
                 rows += table.num_rows
         if writer is not None:
@@ -316,20 +315,24 @@ def _append(fd: int, d: Path, kind: str, m: dict[str, Any], end: int) -> None:
     m["rows"] += rows
 
 
-def _track_steps(m: dict[str, Any], steps: list[int | None]) -> None:
-    if not m["merged"]:
+def _track_steps(m: dict[str, Any], steps: Any) -> None:
+    """Keep ``monotonic`` (the steps of the lines with rows strictly increase, none missing)
+    and ``max_step`` up to date from ``steps`` (int64 ``pyarrow.Array``)."""
+    import pyarrow.compute as pc
+
+    if not m["monotonic"] or len(steps) == 0:
+        return
+    if steps.null_count:
+        m["monotonic"] = False
         return
     mx = m["max_step"]
-    mono = m["monotonic"]
-    for s in steps:
-        if s is None:
-            continue
-        if mx is not None and s <= mx:
-            mono = False
-        else:
-            mx = s
-    m["max_step"] = mx
-    m["monotonic"] = mono
+    if mx is not None and steps[0].as_py() <= mx:
+        m["monotonic"] = False
+        return
+    if len(steps) > 1 and not pc.all(pc.greater(steps[1:], steps[:-1])).as_py():
+        m["monotonic"] = False
+        return
+    m["max_step"] = steps[len(steps) - 1].as_py()
 
 
 def _exact_merged(d: Path, m: dict[str, Any]) -> bool:
@@ -375,7 +378,7 @@ def _compact(d: Path, kind: str, m: dict[str, Any], now: float) -> None:
     tmp = d / f".tmp-{os.getpid()}-{secrets.token_hex(4)}.parquet"
     rows = 0
     try:
-        with pq.ParquetWriter(tmp, scan.schema(kind), compression=COMPRESSION) as w:
+        with pq.ParquetWriter(tmp, scan.schema(kind), **scan.WRITE_OPTIONS[kind]) as w:
             for p in run:
                 f = pq.ParquetFile(d / p["file"])
                 for g in range(f.num_row_groups):
