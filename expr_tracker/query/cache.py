@@ -291,7 +291,7 @@ def _append(fd: int, d: Path, kind: str, m: dict[str, Any], end: int) -> None:
                 table, steps = scan.decode_metrics_block(chunk, lines)
                 _track_steps(m, steps)
             else:
-                table = scan.decode_spans(chunk[:-1].split(b"\n"), lines)
+                table = scan.decode_spans_block(chunk, lines)
             lines += chunk.count(b"\n")
             covered = new_covered
             if table.num_rows:

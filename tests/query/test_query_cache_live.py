@@ -131,7 +131,6 @@ print(c.rows, c.covered)
 """
 
 
-@pytest.mark.slow
 def test_two_processes_refreshing_at_once(tmp_path):
     src = tmp_path / "metrics.jsonl"
     with open(src, "wb") as f:
@@ -362,3 +361,60 @@ def test_memory_is_bounded_by_the_block(tmp_path):
         qcache.BLOCK_BYTES = old
     assert pq.ParquetFile(c.parts[0]).num_row_groups == 3
     assert c.rows == 6000 and c.merged is False  # the same _step in every line
+
+
+def _random_span(rnd, i, plain):
+    rec = {
+        "_step": i // 2,
+        "name": rnd.choice(["fwd", "fwd/inner", "q'\";x", "ünï"]),
+        "depth": rnd.randint(0, 3),
+        "start": 1.7e9 + i * 0.001,
+        "dur_ms": rnd.random() * 10,
+        "id": i + 1,
+        "parent": None if i % 3 == 0 else i,
+        "pid": 7,
+        "tid": 8,
+        "thread": "MainThread",
+    }
+    if rnd.random() < 0.2:
+        rec["task"] = "Task-1"
+    if rnd.random() < 0.1:
+        rec["error"] = "ValueError"
+    if rnd.random() < 0.2:
+        del rec["_step"]
+    if not plain:
+        k = rnd.random()
+        if k < 0.2:
+            rec["args"] = {"n": rnd.randint(0, 9), "x": math.nan}
+        elif k < 0.3:
+            rec["metrics"] = {"m": 1.5}
+        elif k < 0.4:
+            rec["depth"] = rnd.choice([1.0, True, 2**40])
+        elif k < 0.5:
+            rec["error"] = {"type": "E"}
+        elif k < 0.6:
+            rec["id"] = 2**70
+        elif k < 0.7:
+            rec["start"] = rnd.choice([3, math.inf])
+    return rec
+
+
+@pytest.mark.parametrize("seed", range(4))
+def test_vectorised_and_line_by_line_span_decoders_agree(seed):
+    rnd = random.Random(seed)
+    plain = seed % 2 == 0
+    lines = [json.dumps(_random_span(rnd, i, plain)).encode() for i in range(300)]
+    chunk = b"\n".join(lines) + b"\n"
+    if plain:
+        assert scan._fast_spans(chunk, 5) is not None
+    fast = scan.decode_spans_block(chunk, 5)
+    slow = scan.decode_spans(lines, 5)
+    assert fast.schema == slow.schema == scan.schema("spans")
+
+    def norm(t):
+        return [
+            {k: (v.hex() if isinstance(v, float) else v) for k, v in r.items()}
+            for r in t.to_pylist()
+        ]
+
+    assert norm(fast) == norm(slow)
