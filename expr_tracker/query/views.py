@@ -166,15 +166,23 @@ SPANS_IDENTITY = ("project", "run", "stream", "rank")
 
 
 class _Sources:
-    """The FROM clause for a set of Parquet parts: ``read_parquet([...])``, or a registered
-    pyarrow dataset for paths DuckDB's globbing cannot name."""
+    """The FROM clause for a set of Parquet parts: ``read_parquet([...])``. A path DuckDB's
+    globbing cannot name (a backslash and a glob character) is read through a symbolic link
+    of a plain name in a folder of this process (:func:`_plain_link`); where no link can be
+    made, through a registered pyarrow dataset."""
 
     def __init__(self, con: Any) -> None:
         self.con = con
         self.count = 0
 
     def __call__(self, parts: Sequence[Path]) -> str:
-        literals = [path_literal(Path(p)) for p in parts]
+        literals = []
+        for part in parts:
+            lit = path_literal(Path(part))
+            if lit is None:
+                link = _plain_link(Path(part))
+                lit = path_literal(link) if link is not None else None
+            literals.append(lit)
         if all(lit is not None for lit in literals):
             return f"read_parquet([{', '.join(literals)}])"  # type: ignore[arg-type]
         import pyarrow.dataset as ds
@@ -183,6 +191,32 @@ class _Sources:
         name = f"_et_parts_{self.count}"
         self.con.register(name, ds.dataset([os.path.abspath(p) for p in parts], format="parquet"))
         return quote_ident(name)
+
+
+_link_dir: Path | None = None
+
+
+def _plain_link(part: Path) -> Path | None:
+    """A symbolic link to ``part`` named by the digest of its path, in a temporary folder
+    of this process (removed at exit); None when links cannot be made."""
+    global _link_dir
+    import hashlib
+    import tempfile
+
+    try:
+        if _link_dir is None:
+            import atexit
+            import shutil
+
+            _link_dir = Path(tempfile.mkdtemp(prefix="et-query-links-"))
+            atexit.register(shutil.rmtree, _link_dir, True)
+        target = os.path.abspath(part)
+        link = _link_dir / (hashlib.sha256(os.fsencode(target)).hexdigest()[:32] + ".parquet")
+        if not link.is_symlink():
+            os.symlink(target, link)
+        return link
+    except OSError:
+        return None
 
 
 def metrics_select(p: Any, parts: Sequence[Path], merged: bool, source: Any) -> str:
@@ -267,6 +301,7 @@ def connect(
     cdir = Path(cache_dir) if cache_dir is not None else None
     producers = discover(root)
     con = duckdb.connect(":memory:")
+    _nan_aware(con)
     source = _Sources(con)
     metric_selects: list[str] = []
     span_selects: list[str] = []
@@ -291,6 +326,18 @@ def connect(
         con.register(f"_et_{name}", table)
         con.execute(f"CREATE VIEW {name} AS SELECT * FROM _et_{name}")
     return con
+
+
+def _nan_aware(con: Any) -> None:
+    """Make DuckDB read NaN in the Parquet parts. Parquet's min/max statistics leave NaN out
+    (as the format says), and DuckDB (by default) takes them to mean the column holds none:
+    ``WHERE isnan(value)`` or ``WHERE value > 1e9`` then skip the row groups holding NaN.
+    ``parquet_can_have_nan`` (DuckDB 2) tells it they may; a DuckDB without that setting
+    gets no filter pushdown at all (slower, still right)."""
+    try:
+        con.execute("SET parquet_can_have_nan = true")
+    except Exception:  # noqa: BLE001 - an older DuckDB: no such setting
+        con.execute("SET disabled_optimizers = 'filter_pushdown,statistics_propagation'")
 
 
 def _refresh(refresh: Any, source: Path, kind: str, cache_dir: Path | None) -> Any:
