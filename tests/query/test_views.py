@@ -572,3 +572,44 @@ def test_filters_on_value_see_nan_as_an_in_memory_table_does(tmp_path, cache):
         assert got == want, where
     assert q(con, "SELECT min(step) FROM metrics WHERE isnan(value)") == [(2,)]
     assert math.isnan(q(con, "SELECT max(value) FROM metrics")[0][0])
+
+
+def test_two_queries_at_once_agree(tmp_path, cache):
+    import threading
+
+    for i in range(3):
+        make_run(tmp_path / "runs", "p", f"r{i}", [{"a": float(k)} for k in range(50)])
+    sql = "SELECT run, count(*), sum(value) FROM metrics GROUP BY run ORDER BY run"
+    want = [(f"p/r{i}", 50, float(sum(range(50)))) for i in range(3)]
+    results, errors = [], []
+
+    def worker():
+        try:
+            for _ in range(3):
+                con = connect(tmp_path / "runs", cache_dir=cache)
+                results.append(q(con, sql))
+                con.close()
+        except Exception as exc:  # noqa: BLE001 - reported below
+            errors.append(exc)
+
+    threads = [threading.Thread(target=worker) for _ in range(4)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert errors == []
+    assert len(results) == 12 and all(r == want for r in results)
+
+
+def test_a_rewritten_file_is_read_again_not_served_from_the_cache(tmp_path, cache):
+    path = tmp_path / "runs" / "p" / "r" / "metrics.jsonl"
+    _write_lines(path, [{"a": float(i), "_step": i, "_time": 1.0} for i in range(10)])
+    con = connect(tmp_path / "runs", cache_dir=cache)
+    assert q(con, "SELECT count(*), sum(value) FROM metrics") == [(10, 45.0)]
+    # rewritten shorter (a rerun from scratch), then longer with other values
+    _write_lines(path, [{"a": 100.0, "_step": 0, "_time": 1.0}])
+    con = connect(tmp_path / "runs", cache_dir=cache)
+    assert q(con, "SELECT count(*), sum(value) FROM metrics") == [(1, 100.0)]
+    _write_lines(path, [{"a": -1.0, "_step": i, "_time": 1.0} for i in range(12)])
+    con = connect(tmp_path / "runs", cache_dir=cache)
+    assert q(con, "SELECT count(*), sum(value) FROM metrics") == [(12, -12.0)]
