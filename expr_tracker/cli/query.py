@@ -33,8 +33,8 @@ import decimal
 import json
 import math
 import os
+import secrets
 import sys
-import tempfile
 from collections.abc import Iterator
 from pathlib import Path
 from typing import IO, Any
@@ -202,10 +202,11 @@ class _Sink:
     def _temp(self) -> Path:
         if self.tmp is None:
             assert self.path is not None
-            parent = self.path.parent
-            fd, name = tempfile.mkstemp(prefix=f".{self.path.name}.", suffix=".tmp", dir=parent)
-            os.close(fd)
-            self.tmp = Path(name)
+            # created like any file (permissions from the umask, not mkstemp's 0600)
+            tmp = self.path.parent / f".{self.path.name}.{secrets.token_hex(6)}.tmp"
+            with open(tmp, "xb"):
+                pass
+            self.tmp = tmp
         return self.tmp
 
     def commit(self) -> None:

@@ -377,9 +377,7 @@ def _identity(p: Any) -> dict[str, Any]:
     return {"project": p.project, "run": p.run_id, "stream": p.stream, "rank": p.rank}
 
 
-def _lines_table(
-    producers: Sequence[Any], attr: str, columns: Sequence[tuple[str, str]], renames: dict
-) -> Any:
+def _lines_table(producers: Sequence[Any], attr: str, columns: Sequence[tuple[str, str]]) -> Any:
     rows = []
     own = {name for name, _ in IDENTITY} | {"line", "record"}
     for p in producers:
@@ -389,7 +387,7 @@ def _lines_table(
             for name, sql_type in columns:
                 if name in own:
                     continue
-                row[name] = _coerce(rec.get(renames.get(name, name)), sql_type)
+                row[name] = _coerce(rec.get(name), sql_type)
             row["line"] = line
             row["record"] = text
             rows.append(row)
@@ -399,10 +397,10 @@ def _lines_table(
 def alerts_table(producers: Sequence[Any]) -> Any:
     """The ``alerts`` view's table: one row per line of every producer's ``alerts*.jsonl``
     (``kind``: ``transition`` or ``delivery``); ``metrics`` as JSON text."""
-    return _lines_table(producers, "alerts", ALERTS_COLUMNS, {})
+    return _lines_table(producers, "alerts", ALERTS_COLUMNS)
 
 
 def artifacts_table(producers: Sequence[Any]) -> Any:
     """The ``artifacts`` view's table: one row per lineage line of every producer's
     ``artifacts*.jsonl`` (``action``: ``logged`` or ``used``; ``name``: the artifact's)."""
-    return _lines_table(producers, "artifacts", ARTIFACTS_COLUMNS, {})
+    return _lines_table(producers, "artifacts", ARTIFACTS_COLUMNS)

@@ -200,3 +200,18 @@ def test_the_command_runs_in_a_fresh_process(runs):
     )
     assert p.returncode == 0, p.stderr
     assert json.loads(p.stdout) == [{"n": 10}]
+
+
+def test_o_into_a_missing_folder_exits_1_and_files_get_ordinary_permissions(runs, capsys, tmp_path):
+    code, out, err = cli(
+        capsys, "SELECT 1 AS x", runs, "--format", "csv", "-o", tmp_path / "no" / "x.csv"
+    )
+    assert code == 1 and "cannot write" in err
+    dest = tmp_path / "x.csv"
+    old = os.umask(0o022)
+    try:
+        assert cli(capsys, "SELECT 1 AS x", runs, "--format", "csv", "-o", dest)[0] == 0
+    finally:
+        os.umask(old)
+    assert dest.stat().st_mode & 0o777 == 0o644
+    assert dest.read_text() == "x\n1\n"
