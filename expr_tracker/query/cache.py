@@ -11,9 +11,9 @@ Location (the first that can be written):
    file name>/`` (a hidden folder: run discovery, ``et runs`` and resume never look in it);
 2. ``$XDG_CACHE_HOME/expr_tracker/query/<digest>/`` (default ``~/.cache``) when the run
    directory cannot be written (a read-only mount, someone else's run);
-3. a temporary directory of this process (``<tmp>/et-query-*/<digest>/``), with one warning,
-   when nothing else can be written: queries still answer, the cache just does not outlive
-   the process.
+3. a temporary directory of this process (``<tmp>/et-query-*/<digest>/``, removed at exit),
+   with one warning, when nothing else can be written: queries still answer, the cache just
+   does not outlive the process.
 
 ``<digest>`` is the SHA-256 (32 hex digits) of the source's absolute, resolved path.
 
@@ -145,7 +145,11 @@ def _usable(d: Path) -> int | None:
 def _temp_dir() -> Path:
     global _temp_root, _warned_temp
     if _temp_root is None:
+        import atexit
+        import shutil
+
         _temp_root = Path(tempfile.mkdtemp(prefix="et-query-"))
+        atexit.register(shutil.rmtree, _temp_root, True)
     if not _warned_temp:
         _warned_temp = True
         log.warning(
