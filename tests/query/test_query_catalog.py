@@ -161,7 +161,7 @@ def test_stream_and_rank_suffixes_together(tmp_path):
 
 
 def test_hostile_run_names_kept_exactly(tmp_path):
-    name = "it's \"x\"; drop ☃"
+    name = 'it\'s "x"; drop ☃'
     _run(tmp_path / "runs", "pr'oj", name, steps=1)
     [p] = discover(tmp_path / "runs")
     assert (p.project, p.name, p.run_id) == ("pr'oj", name, f"pr'oj/{name}")
