@@ -31,7 +31,7 @@ inode changed), truncated below ``covered``, or its covered bytes no longer matc
 fingerprint (a resumed run whose repair rewrote covered bytes, a user edit). An edit that
 keeps size, inode and every fingerprinted byte is not detected (nothing short of re-reading
 the whole file would be). Otherwise only the bytes appended since the last refresh are read,
-into one new part (a row group per block of at most 8 MiB of lines, so a refresh's memory is
+into one new part (a row group per block of at most 4 MiB of lines, so a refresh's memory is
 bounded by the block, not by the file).
 
 Compaction: when a source has more than 16 parts (a live run queried every second adds one
@@ -78,7 +78,7 @@ CACHE_DIR_NAME = ".et-cache"
 MANIFEST = "manifest.json"
 LOCK = "lock"
 #: bytes of lines decoded at once (one row group per block)
-BLOCK_BYTES = 8 << 20
+BLOCK_BYTES = 4 << 20
 #: more parts than this trigger compaction
 MAX_PARTS = 16
 #: parts with fewer rows than this are merged by compaction
