@@ -11,9 +11,9 @@ Location (the first that can be written):
    file name>/`` (a hidden folder: run discovery, ``et runs`` and resume never look in it);
 2. ``$XDG_CACHE_HOME/expr_tracker/query/<digest>/`` (default ``~/.cache``) when the run
    directory cannot be written (a read-only mount, someone else's run);
-3. a temporary directory of this process (``<tmp>/et-query-*/<digest>/``), with one warning,
-   when nothing else can be written: queries still answer, the cache just does not outlive
-   the process.
+3. a temporary directory of this process (``<tmp>/et-query-*/<digest>/``, removed at exit),
+   with one warning, when nothing else can be written: queries still answer, the cache just
+   does not outlive the process.
 
 ``<digest>`` is the SHA-256 (32 hex digits) of the source's absolute, resolved path.
 
@@ -31,7 +31,7 @@ inode changed), truncated below ``covered``, or its covered bytes no longer matc
 fingerprint (a resumed run whose repair rewrote covered bytes, a user edit). An edit that
 keeps size, inode and every fingerprinted byte is not detected (nothing short of re-reading
 the whole file would be). Otherwise only the bytes appended since the last refresh are read,
-into one new part (a row group per block of at most 8 MiB of lines, so a refresh's memory is
+into one new part (a row group per block of at most 4 MiB of lines, so a refresh's memory is
 bounded by the block, not by the file).
 
 Compaction: when a source has more than 16 parts (a live run queried every second adds one
@@ -78,7 +78,7 @@ CACHE_DIR_NAME = ".et-cache"
 MANIFEST = "manifest.json"
 LOCK = "lock"
 #: bytes of lines decoded at once (one row group per block)
-BLOCK_BYTES = 8 << 20
+BLOCK_BYTES = 4 << 20
 #: more parts than this trigger compaction
 MAX_PARTS = 16
 #: parts with fewer rows than this are merged by compaction
@@ -145,7 +145,11 @@ def _usable(d: Path) -> int | None:
 def _temp_dir() -> Path:
     global _temp_root, _warned_temp
     if _temp_root is None:
+        import atexit
+        import shutil
+
         _temp_root = Path(tempfile.mkdtemp(prefix="et-query-"))
+        atexit.register(shutil.rmtree, _temp_root, True)
     if not _warned_temp:
         _warned_temp = True
         log.warning(

@@ -280,7 +280,7 @@ def _random_value(rnd):
 @pytest.mark.parametrize("seed", range(6))
 def test_vectorised_and_line_by_line_decoders_agree(seed):
     rnd = random.Random(seed)
-    names = ["loss", "acc", "q'\";x", "ünï/☃", "x" * 300, "lr"]
+    names = ["loss", "acc", "q'\";x", "ünï/☃", "x" * 300, "lr", "", "a.b", "new\nline", "tab\t\\"]
     plain = seed % 2 == 0  # half the blocks take the vectorised path
     lines = []
     for i in range(300):
