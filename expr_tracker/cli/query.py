@@ -445,6 +445,7 @@ def _print_schema(
         for r in records:
             w.writerow([r["view"], r["column"], r["type"]])
     else:
+        from rich.table import Table
         from rich.text import Text
 
         from expr_tracker.cli import output
@@ -455,7 +456,11 @@ def _print_schema(
             if i:
                 console.print()
             console.print(Text(f"{view} ({len(cols)} columns)", style="bold"))
+            table = Table(box=None, show_header=False, pad_edge=False, padding=(0, 2, 0, 2))
+            table.add_column(overflow="fold")
+            table.add_column(style="dim", no_wrap=True)
             for c, t in cols:
-                console.print(Text(f"  {c}  {t}"))
+                table.add_row(Text(c), Text(t))
+            console.print(table)
     sink.commit()
     return 0

@@ -613,3 +613,24 @@ def test_a_rewritten_file_is_read_again_not_served_from_the_cache(tmp_path, cach
     _write_lines(path, [{"a": -1.0, "_step": i, "_time": 1.0} for i in range(12)])
     con = connect(tmp_path / "runs", cache_dir=cache)
     assert q(con, "SELECT count(*), sum(value) FROM metrics") == [(12, -12.0)]
+
+
+def test_an_empty_run_and_a_run_of_rank_shards_only(tmp_path, cache):
+    root = tmp_path / "runs"
+    empty = et.init(project="p", name="empty", dir=str(root), reinit="create_new")
+    empty.finish()
+    shards = root / "p" / "shards"
+    for rank in (1, 2):
+        _write_lines(
+            shards / f"metrics.rank{rank}.jsonl",
+            [{"loss": float(rank * 10 + i), "_step": i, "_time": 1.0} for i in range(rank + 1)],
+        )
+    con = connect(root, cache_dir=cache)
+    got = q(con, "SELECT name, rank, steps, status FROM runs ORDER BY name, rank")
+    assert got == [
+        ("empty", 0, 0, "finished"),
+        ("shards", 1, 2, "unknown"),
+        ("shards", 2, 3, "unknown"),
+    ]
+    got = q(con, "SELECT run, rank, count(*), max(value) FROM metrics GROUP BY ALL ORDER BY ALL")
+    assert got == [("p/shards", 1, 2, 11.0), ("p/shards", 2, 3, 22.0)]
