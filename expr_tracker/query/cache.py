@@ -340,27 +340,27 @@ def _track_steps(m: dict[str, Any], steps: Any) -> None:
 
 
 def _exact_merged(d: Path, m: dict[str, Any]) -> bool:
-    """True when no ``step`` occurs in two lines of the parts (read back when the steps
-    were not increasing)."""
+    """True when no ``step`` occurs in two lines of the parts (read back, a row group at a
+    time, when the steps were not increasing). The rows of one line are consecutive and
+    never split between row groups."""
+    import pyarrow as pa
     import pyarrow.compute as pc
     import pyarrow.parquet as pq
 
     seen: set[Any] = set()
     for p in m["parts"]:
-        t = pq.read_table(d / p["file"], columns=["step", "line"])
-        if not t.num_rows:
-            continue
-        line = t.column("line")
-        # the first row of each line (rows of one line are consecutive)
-        starts = pc.not_equal(line.slice(1), line.slice(0, len(line) - 1))
-        import pyarrow as pa
-
-        mask = pa.concat_arrays([pa.array([True]), starts.combine_chunks()])
-        per_line = t.column("step").filter(mask).to_pylist()
-        for s in per_line:
-            if s in seen:
-                return False
-            seen.add(s)
+        f = pq.ParquetFile(d / p["file"])
+        for g in range(f.num_row_groups):
+            t = f.read_row_group(g, columns=["step", "line"])
+            if not t.num_rows:
+                continue
+            line = t.column("line").combine_chunks()
+            starts = pc.not_equal(line.slice(1), line.slice(0, len(line) - 1))
+            mask = pa.concat_arrays([pa.array([True]), starts])
+            for s in t.column("step").combine_chunks().filter(mask).to_pylist():
+                if s in seen:
+                    return False
+                seen.add(s)
     return True
 
 
