@@ -10,7 +10,9 @@ Location (the first that can be written):
 1. with ``cache_dir=``: ``<cache_dir>/<digest>/``; otherwise ``<run_dir>/.et-cache/<source
    file name>/`` (a hidden folder: run discovery, ``et runs`` and resume never look in it);
 2. ``$XDG_CACHE_HOME/expr_tracker/query/<digest>/`` (default ``~/.cache``) when the run
-   directory cannot be written (a read-only mount, someone else's run);
+   directory cannot be written (a read-only mount, someone else's run) — unless the cache
+   already there is trusted (see below) and covers every complete line: then it is used
+   as it is, read-only, without the lock (the same for a read-only ``cache_dir=``);
 3. a temporary directory of this process (``<tmp>/et-query-*/<digest>/``, removed at exit),
    with one warning, when nothing else can be written: queries still answer, the cache just
    does not outlive the process.
@@ -162,20 +164,49 @@ def _temp_dir() -> Path:
     return _temp_root
 
 
-def _open_cache(src: Path, cache_dir: str | os.PathLike[str] | None) -> tuple[Path, int]:
+def _open_cache(
+    src: Path, cache_dir: str | os.PathLike[str] | None, sfd: int, kind: str
+) -> tuple[Path, int | None, CachedSource | None]:
+    """``(folder, lock descriptor, None)`` of the first writable location, or ``(folder,
+    None, current)`` when the preferred folder cannot be written but already holds a cache
+    covering every complete line of the source (someone else's run, a read-only mount)."""
     digest = _digest(src.resolve())
-    candidates = [cache_location(src, cache_dir)]
+    first = cache_location(src, cache_dir)
+    candidates = [first]
     if cache_dir is None:
         candidates.append(_xdg_root() / digest)
     for d in candidates:
         fd = _usable(d)
         if fd is not None:
-            return d, fd
+            return d, fd, None
+        if d == first:
+            current = _current_read_only(src, sfd, kind, d)
+            if current is not None:
+                return d, None, current
     d = _temp_dir() / digest
     fd = _usable(d)
     if fd is None:  # pragma: no cover - the temp dir we just made is not writable
         raise OSError(errno.EACCES, f"no writable folder for the query cache of {src}")
-    return d, fd
+    return d, fd, None
+
+
+def _current_read_only(src: Path, sfd: int, kind: str, d: Path) -> CachedSource | None:
+    """The cache in ``d`` (not writable here) when it is trusted and nothing but a torn
+    tail follows what it covers; else None. Read without the lock: the manifest is replaced
+    atomically and replaced parts outlive it by ``GRACE_S``."""
+    m = _load_manifest(d)
+    if m is None:
+        return None
+    try:
+        st = os.fstat(sfd)
+        if not _trusted(m, src, kind, st, sfd, d):
+            return None
+        tail = st.st_size - m["covered"]
+        if tail > (1 << 20) or b"\n" in os.pread(sfd, tail, m["covered"]):
+            return None
+    except OSError:
+        return None
+    return _result(src, kind, d, m)
 
 
 # --------------------------------------------------------------------------- fingerprint
@@ -452,7 +483,10 @@ def refresh(
     src = Path(source).absolute()
     sfd = os.open(src, os.O_RDONLY)  # FileNotFoundError names the path
     try:
-        d, lock_fd = _open_cache(src, cache_dir)
+        d, lock_fd, current = _open_cache(src, cache_dir, sfd, kind)
+        if current is not None:
+            return current
+        assert lock_fd is not None
         try:
             if fcntl is not None:
                 fcntl.flock(lock_fd, fcntl.LOCK_EX)
@@ -497,6 +531,10 @@ def _refresh_locked(src: Path, sfd: int, kind: str, d: Path) -> CachedSource:
         _collect_garbage(d, m, now)
     if changed:
         _write_manifest(d, m)
+    return _result(src, kind, d, m)
+
+
+def _result(src: Path, kind: str, d: Path, m: dict[str, Any]) -> CachedSource:
     return CachedSource(
         source=src,
         kind=kind,
