@@ -45,7 +45,23 @@ processes refreshing one source at once serialize and both end with the same, co
 Parts and the manifest are written to temporary names and renamed into place. A part
 replaced by compaction or a rebuild is not deleted at once: it is listed in the manifest's
 ``garbage`` and removed by a later refresh once it was replaced at least 10 minutes ago, so
-a query (DuckDB) still reading the previous manifest's parts never sees one vanish.
+a query (DuckDB) still reading the previous manifest's parts never sees one vanish (a query
+running longer than that across a compaction could). Leftover ``.tmp-*`` files of a refresh
+that died are removed by the next one; parts no manifest lists, after 10 minutes. ``flock``
+is advisory and local: on a network file system without working ``flock``, two hosts
+refreshing one run's cache at the same moment are not serialized (point ``cache_dir=`` at a
+local folder there).
+
+Merged steps (metrics): ``CachedSource.merged`` is True while the ``_step`` of the lines that
+gave rows strictly increase (checked per block); when they do not, the parts' ``step`` per
+line are read back once per refresh with new lines to tell a patch line (the same step in
+two lines: ``merged`` False for good) from steps merely out of order.
+
+Size and speed (this machine, 2 shared cores): 100,000 lines of 5 random float metrics
+(17.7 MB of JSONL) give ~3.6 MB of parts; a first build decodes ~160,000-350,000 such lines
+a second once pyarrow is warm (a process's first refresh also pays pyarrow's one-time
+import of pandas, ~0.5-0.9 s); a refresh with nothing new takes ~0.5 ms; the peak RSS of a
+refresh stays ~215 MiB for a 1,000,000-line file as for a 100,000-line one.
 """
 
 from __future__ import annotations
