@@ -72,6 +72,7 @@ import json
 import logging
 import os
 import secrets
+import stat
 import tempfile
 import time
 from dataclasses import dataclass
@@ -489,8 +490,8 @@ def refresh(
     docstring). Safe to call while another process appends to ``source`` and while another
     process refreshes the same source.
 
-    Raises ``ValueError`` for another ``kind``, ``FileNotFoundError`` when ``source`` does
-    not exist, ``ImportError`` (naming ``pip install 'expr-tracker[query]'``) without
+    Raises ``ValueError`` for another ``kind`` or a ``source`` that is not a regular file,
+    ``FileNotFoundError`` when ``source`` does not exist, ``ImportError`` (naming ``pip install 'expr-tracker[query]'``) without
     pyarrow.
     """
     if kind not in _KINDS:
@@ -499,6 +500,8 @@ def refresh(
     src = Path(source).absolute()
     sfd = os.open(src, os.O_RDONLY)  # FileNotFoundError names the path
     try:
+        if not stat.S_ISREG(os.fstat(sfd).st_mode):
+            raise ValueError(f"source {str(src)!r} is not a regular file (a JSONL file is)")
         d, lock_fd, current = _open_cache(src, cache_dir, sfd, kind)
         if current is not None:
             return current
