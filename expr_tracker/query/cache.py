@@ -10,7 +10,9 @@ Location (the first that can be written):
 1. with ``cache_dir=``: ``<cache_dir>/<digest>/``; otherwise ``<run_dir>/.et-cache/<source
    file name>/`` (a hidden folder: run discovery, ``et runs`` and resume never look in it);
 2. ``$XDG_CACHE_HOME/expr_tracker/query/<digest>/`` (default ``~/.cache``) when the run
-   directory cannot be written (a read-only mount, someone else's run);
+   directory cannot be written (a read-only mount, someone else's run) — unless the cache
+   already there is trusted (see below) and covers every complete line: then it is used
+   as it is, read-only, without the lock (the same for a read-only ``cache_dir=``);
 3. a temporary directory of this process (``<tmp>/et-query-*/<digest>/``, removed at exit),
    with one warning, when nothing else can be written: queries still answer, the cache just
    does not outlive the process.
@@ -43,7 +45,23 @@ processes refreshing one source at once serialize and both end with the same, co
 Parts and the manifest are written to temporary names and renamed into place. A part
 replaced by compaction or a rebuild is not deleted at once: it is listed in the manifest's
 ``garbage`` and removed by a later refresh once it was replaced at least 10 minutes ago, so
-a query (DuckDB) still reading the previous manifest's parts never sees one vanish.
+a query (DuckDB) still reading the previous manifest's parts never sees one vanish (a query
+running longer than that across a compaction could). Leftover ``.tmp-*`` files of a refresh
+that died are removed by the next one; parts no manifest lists, after 10 minutes. ``flock``
+is advisory and local: on a network file system without working ``flock``, two hosts
+refreshing one run's cache at the same moment are not serialized (point ``cache_dir=`` at a
+local folder there).
+
+Merged steps (metrics): ``CachedSource.merged`` is True while the ``_step`` of the lines that
+gave rows strictly increase (checked per block); when they do not, the parts' ``step`` per
+line are read back once per refresh with new lines to tell a patch line (the same step in
+two lines: ``merged`` False for good) from steps merely out of order.
+
+Size and speed (this machine, 2 shared cores): 100,000 lines of 5 random float metrics
+(17.7 MB of JSONL) give ~3.6 MB of parts; a first build decodes ~160,000-350,000 such lines
+a second once pyarrow is warm (a process's first refresh also pays pyarrow's one-time
+import of pandas, ~0.5-0.9 s); a refresh with nothing new takes ~0.5 ms; the peak RSS of a
+refresh stays ~215 MiB for a 1,000,000-line file as for a 100,000-line one.
 """
 
 from __future__ import annotations
@@ -54,6 +72,7 @@ import json
 import logging
 import os
 import secrets
+import stat
 import tempfile
 import time
 from dataclasses import dataclass
@@ -162,20 +181,49 @@ def _temp_dir() -> Path:
     return _temp_root
 
 
-def _open_cache(src: Path, cache_dir: str | os.PathLike[str] | None) -> tuple[Path, int]:
+def _open_cache(
+    src: Path, cache_dir: str | os.PathLike[str] | None, sfd: int, kind: str
+) -> tuple[Path, int | None, CachedSource | None]:
+    """``(folder, lock descriptor, None)`` of the first writable location, or ``(folder,
+    None, current)`` when the preferred folder cannot be written but already holds a cache
+    covering every complete line of the source (someone else's run, a read-only mount)."""
     digest = _digest(src.resolve())
-    candidates = [cache_location(src, cache_dir)]
+    first = cache_location(src, cache_dir)
+    candidates = [first]
     if cache_dir is None:
         candidates.append(_xdg_root() / digest)
     for d in candidates:
         fd = _usable(d)
         if fd is not None:
-            return d, fd
+            return d, fd, None
+        if d == first:
+            current = _current_read_only(src, sfd, kind, d)
+            if current is not None:
+                return d, None, current
     d = _temp_dir() / digest
     fd = _usable(d)
     if fd is None:  # pragma: no cover - the temp dir we just made is not writable
         raise OSError(errno.EACCES, f"no writable folder for the query cache of {src}")
-    return d, fd
+    return d, fd, None
+
+
+def _current_read_only(src: Path, sfd: int, kind: str, d: Path) -> CachedSource | None:
+    """The cache in ``d`` (not writable here) when it is trusted and nothing but a torn
+    tail follows what it covers; else None. Read without the lock: the manifest is replaced
+    atomically and replaced parts outlive it by ``GRACE_S``."""
+    m = _load_manifest(d)
+    if m is None:
+        return None
+    try:
+        st = os.fstat(sfd)
+        if not _trusted(m, src, kind, st, sfd, d):
+            return None
+        tail = st.st_size - m["covered"]
+        if tail > (1 << 20) or b"\n" in os.pread(sfd, tail, m["covered"]):
+            return None
+    except OSError:
+        return None
+    return _result(src, kind, d, m)
 
 
 # --------------------------------------------------------------------------- fingerprint
@@ -340,27 +388,27 @@ def _track_steps(m: dict[str, Any], steps: Any) -> None:
 
 
 def _exact_merged(d: Path, m: dict[str, Any]) -> bool:
-    """True when no ``step`` occurs in two lines of the parts (read back when the steps
-    were not increasing)."""
+    """True when no ``step`` occurs in two lines of the parts (read back, a row group at a
+    time, when the steps were not increasing). The rows of one line are consecutive and
+    never split between row groups."""
+    import pyarrow as pa
     import pyarrow.compute as pc
     import pyarrow.parquet as pq
 
     seen: set[Any] = set()
     for p in m["parts"]:
-        t = pq.read_table(d / p["file"], columns=["step", "line"])
-        if not t.num_rows:
-            continue
-        line = t.column("line")
-        # the first row of each line (rows of one line are consecutive)
-        starts = pc.not_equal(line.slice(1), line.slice(0, len(line) - 1))
-        import pyarrow as pa
-
-        mask = pa.concat_arrays([pa.array([True]), starts.combine_chunks()])
-        per_line = t.column("step").filter(mask).to_pylist()
-        for s in per_line:
-            if s in seen:
-                return False
-            seen.add(s)
+        f = pq.ParquetFile(d / p["file"])
+        for g in range(f.num_row_groups):
+            t = f.read_row_group(g, columns=["step", "line"])
+            if not t.num_rows:
+                continue
+            line = t.column("line").combine_chunks()
+            starts = pc.not_equal(line.slice(1), line.slice(0, len(line) - 1))
+            mask = pa.concat_arrays([pa.array([True]), starts])
+            for s in t.column("step").combine_chunks().filter(mask).to_pylist():
+                if s in seen:
+                    return False
+                seen.add(s)
     return True
 
 
@@ -442,8 +490,8 @@ def refresh(
     docstring). Safe to call while another process appends to ``source`` and while another
     process refreshes the same source.
 
-    Raises ``ValueError`` for another ``kind``, ``FileNotFoundError`` when ``source`` does
-    not exist, ``ImportError`` (naming ``pip install 'expr-tracker[query]'``) without
+    Raises ``ValueError`` for another ``kind`` or a ``source`` that is not a regular file,
+    ``FileNotFoundError`` when ``source`` does not exist, ``ImportError`` (naming ``pip install 'expr-tracker[query]'``) without
     pyarrow.
     """
     if kind not in _KINDS:
@@ -452,7 +500,12 @@ def refresh(
     src = Path(source).absolute()
     sfd = os.open(src, os.O_RDONLY)  # FileNotFoundError names the path
     try:
-        d, lock_fd = _open_cache(src, cache_dir)
+        if not stat.S_ISREG(os.fstat(sfd).st_mode):
+            raise ValueError(f"source {str(src)!r} is not a regular file (a JSONL file is)")
+        d, lock_fd, current = _open_cache(src, cache_dir, sfd, kind)
+        if current is not None:
+            return current
+        assert lock_fd is not None
         try:
             if fcntl is not None:
                 fcntl.flock(lock_fd, fcntl.LOCK_EX)
@@ -497,6 +550,10 @@ def _refresh_locked(src: Path, sfd: int, kind: str, d: Path) -> CachedSource:
         _collect_garbage(d, m, now)
     if changed:
         _write_manifest(d, m)
+    return _result(src, kind, d, m)
+
+
+def _result(src: Path, kind: str, d: Path, m: dict[str, Any]) -> CachedSource:
     return CachedSource(
         source=src,
         kind=kind,

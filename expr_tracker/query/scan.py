@@ -5,27 +5,37 @@ Metrics (LONG: one row per (line, metric))::
     step BIGINT, time DOUBLE, metric VARCHAR, value DOUBLE, text VARCHAR, line BIGINT
 
 - keys starting with ``_`` (``_step``, ``_time`` ...) are not metrics; a line holding only
-  those (a ``log({})`` commit) gives no row;
-- ``float`` -> ``value`` (NaN and ±inf kept bit-for-bit as IEEE doubles), ``text`` NULL;
+  those (a ``log({})`` commit) gives no row; metric names are kept exactly (quotes, unicode,
+  newlines, any length);
+- ``float`` -> ``value`` (NaN and ±inf kept as IEEE doubles), ``text`` NULL;
 - ``int`` -> ``value`` as a double, ``text`` NULL — except an int a double cannot hold
   exactly (beyond 2**53): ``value`` is the nearest double and ``text`` the exact decimal
   digits, so nothing is lost;
 - ``bool`` -> 1.0 / 0.0; ``str`` -> ``text`` (``value`` NULL); ``None``, lists and dicts ->
-  ``text`` holding compact JSON (``null``, ``[1,2]``; NaN inside written as ``NaN``),
-  ``value`` NULL;
+  ``text`` holding compact JSON (``null``, ``[1,2]``; NaN/±inf inside written ``NaN`` /
+  ``Infinity``), ``value`` NULL;
 - ``step`` is ``_step`` (NULL when absent or not an int64), ``time`` is ``_time`` (NULL when
-  absent); ``line`` the 0-based line number in the source.
+  absent or not a number); ``line`` the 0-based line number in the source (every
+  newline-terminated line counts, blank or broken ones included).
 
 Spans: ``step, name, depth, start, dur_ms, id, parent, pid, tid, thread, task, error, args,
-metrics, line`` (``args``/``metrics`` compact JSON or NULL; a field of the wrong type reads
-NULL, a non-string ``error`` its compact JSON).
+metrics, line`` (``step`` from ``_step``; ``args``/``metrics`` compact JSON or NULL; an int
+``start``/``dur_ms`` reads as a double; any other field of the wrong type reads NULL, a
+non-string ``error`` its compact JSON).
 
-An int beyond 64 bits (which orjson reads as a float) is read exactly: a block holding a run
-of 20 digits decodes those lines with ``json``.
+A line that is not JSON or not an object gives no row (it keeps its line number).
 
-A line that is not JSON or not an object gives no row (it keeps its line number). Lines are
-decoded with orjson, falling back to the standard ``json`` module for a line holding
-``NaN`` / ``Infinity`` tokens (:func:`expr_tracker.history.codec.decode_line`).
+Two decoders give the same rows (tests check it on random blocks):
+
+- vectorised (:func:`decode_metrics_block`, :func:`decode_spans_block`): the block is parsed
+  by ``pyarrow.json`` (C++, full-precision doubles, NaN/Infinity accepted) when it is plain:
+  metrics lines of numbers, bools and strings only, an int ``_step`` in every line, no
+  ``null`` token, no finite number beyond 2**53; span lines without ``args``/``metrics`` and
+  with every field of its type. About 250,000 metrics lines (5 floats each) a second here.
+- line by line (:func:`decode_metrics`, :func:`decode_spans`) otherwise: orjson, with the
+  standard ``json`` module for a line holding ``NaN``/``Infinity``
+  (:func:`expr_tracker.history.codec.decode_line`) or a run of 20 digits (an int beyond 64
+  bits, which orjson would read as a float). About 60,000 metrics lines a second.
 """
 
 from __future__ import annotations
@@ -41,8 +51,11 @@ from expr_tracker.history.codec import decode_line
 __all__ = [
     "METRICS_FIELDS",
     "SPANS_FIELDS",
+    "WRITE_OPTIONS",
     "decode_metrics",
+    "decode_metrics_block",
     "decode_spans",
+    "decode_spans_block",
     "schema",
 ]
 

@@ -269,6 +269,8 @@ def test_bad_kind_and_missing_source(tmp_path):
         refresh(tmp_path / "x.jsonl", "alerts")
     with pytest.raises(FileNotFoundError):
         refresh(tmp_path / "missing.jsonl", "metrics")
+    with pytest.raises(ValueError, match="not a regular file"):
+        refresh(tmp_path, "metrics")
 
 
 def test_default_location_and_cache_dir(tmp_path):
@@ -335,3 +337,18 @@ def test_cache_dir_keys_each_source(tmp_path):
     assert [r["value"] for r in read_parts(ca)] == [0.0]
     assert [r["value"] for r in read_parts(cb)] == [1.0]
     assert not (a.parent / ".et-cache").exists()
+
+
+def test_merged_checked_exactly_across_row_groups_and_refreshes(tmp_path, monkeypatch):
+    monkeypatch.setattr(qcache, "BLOCK_BYTES", 100)  # a row group every few lines
+    src = tmp_path / "metrics.jsonl"
+    steps = list(range(40))
+    random_order = steps[20:] + steps[:20]  # out of order, each step once
+    write(src, *({"a": float(s), "_step": s} for s in random_order))
+    c = refresh(src, "metrics")
+    assert pq.ParquetFile(c.parts[0]).num_row_groups > 3
+    assert c.merged is True
+    write(src, {"b": 1.0, "_step": 41}, {"_step": 5})  # a commit line only: no rows
+    assert refresh(src, "metrics").merged is True
+    write(src, {"b": 2.0, "_step": 3})  # step 3 again, with a row: a patch line
+    assert refresh(src, "metrics").merged is False

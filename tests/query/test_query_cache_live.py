@@ -225,6 +225,35 @@ def test_read_only_run_dir(tmp_path):
         os.chmod(src.parent, 0o755)
     assert c.cache_dir.parent == tmp_path / "xdg" / "expr_tracker" / "query"
     assert not (src.parent / ".et-cache").exists()
+    assert cached(c) == expected(src)
+    # a current cache in a run dir this process cannot write is used as it is
+    own = refresh(src, "metrics")
+    assert own.cache_dir == src.parent / ".et-cache" / "metrics.jsonl"
+    os.chmod(own.cache_dir, 0o555)
+    try:
+        assert refresh(src, "metrics") == own
+    finally:
+        os.chmod(own.cache_dir, 0o755)
+
+
+def test_current_cache_of_an_unwritable_run_dir_is_used_read_only(tmp_path, monkeypatch):
+    src = tmp_path / "run" / "metrics.jsonl"
+    src.parent.mkdir()
+    src.write_bytes(b'{"a":1.0,"_step":0}\n')
+    owner = refresh(src, "metrics")  # the run's owner built it
+    # this process cannot write the run dir (simulated: chmod is no barrier to root)
+    real = qcache._usable
+    monkeypatch.setattr(qcache, "_usable", lambda d: None if ".et-cache" in d.parts else real(d))
+    with open(src, "ab") as f:
+        f.write(b'{"a":2.0,"_st')  # a torn tail does not make it stale
+    c = refresh(src, "metrics")
+    assert c == owner
+    with open(src, "ab") as f:
+        f.write(b'ep":1}\n')  # a new complete line: stale, so our own cache under XDG
+    c = refresh(src, "metrics")
+    assert c.cache_dir.parent == tmp_path / "xdg" / "expr_tracker" / "query"
+    assert cached(c) == expected(src)
+    assert [p.name for p in owner.cache_dir.glob("part-*")] == [owner.parts[0].name]
 
 
 def test_hidden_cache_trips_nothing(tmp_path, capsys):
