@@ -97,7 +97,7 @@ def run_compare(args: argparse.Namespace, out: IO[str] | None = None) -> int:
     from expr_tracker.cli.history import table_width
 
     console = output.console(out, table_width(out, args.width), markup=False, emoji=False)
-    console.print(compare_table(result))
+    console.print(compare_table(result, console.width))
     if any(r["best"] for r in result["summary"]):
         console.print("* best value (min/max: the metric's define_metric goal, else its name)")
     return 0
@@ -158,28 +158,27 @@ def _identity_cell(key: str, v: Any) -> str:
     return _json(v)
 
 
-def compare_table(result: dict[str, Any]) -> Any:
-    """A rich ``Table`` of a :func:`compare_runs` result: a column per run; sections run,
-    config, summary. Every cell is a ``Text`` (never markup); missing keys read
-    ``(missing)``, a JSON null ``null``."""
+def compare_table(result: dict[str, Any], width: int = 200) -> Any:
+    """A rich ``Table`` of a :func:`compare_runs` result, ``width`` terminal cells wide at
+    most: a column per run; sections run, config, summary. Every cell is a ``Text`` (never
+    markup); missing keys read ``(missing)``, a JSON null ``null``. The key column takes
+    up to a third of the width, the runs share the rest; a cell too long ends in ``…``."""
+    from rich.cells import cell_len
     from rich.table import Table
     from rich.text import Text
 
-    table = Table(box=None, header_style="bold", pad_edge=False, show_edge=False)
-    table.add_column(Text("key"), overflow="ellipsis", no_wrap=True, min_width=8, ratio=None)
+    n = len(result["runs"])
+    missing = Text("(missing)", style="dim italic")
+    heads = []
     for r in result["runs"]:
         head = r["run"] + (f" [{r['stream']}]" if r["stream"] else "")
         head += f" rank{r['rank']}" if r["rank"] else ""
-        table.add_column(Text(_cut(_plain(head))), overflow="ellipsis", no_wrap=True)
-    n = len(result["runs"])
-    missing = Text("(missing)", style="dim italic")
+        heads.append(Text(_cut(_plain(head)), style="bold"))
+    rows: list[tuple[Text, list[Text]]] = []
 
-    def section(title: str, rows: list[tuple[Text, list[Text]]], empty: str) -> None:
-        table.add_row(Text(title, style="bold underline"), *[Text("")] * n)
-        if not rows:
-            table.add_row(Text(empty, style="dim"), *[Text("")] * n)
-        for key, cells in rows:
-            table.add_row(key, *cells)
+    def section(title: str, body: list[tuple[Text, list[Text]]], empty: str) -> None:
+        rows.append((Text(title, style="bold underline"), [Text("")] * n))
+        rows.extend(body or [(Text(empty, style="dim"), [Text("")] * n)])
 
     ident = []
     for row in result["identity"]:
@@ -207,4 +206,21 @@ def compare_table(result: dict[str, Any]) -> Any:
         key = row["metric"] + (f" ({row['goal']})" if row["goal"] else "")
         summary.append((Text(_cut(_plain(key))), cells))
     section("summary", summary, "(no summary values)")
+
+    # widths: what the content needs, squeezed to fit (rich alone may squeeze a column to 0)
+    need = [max(cell_len(k.plain) for k, _ in rows)]
+    for i in range(n):
+        need.append(max(cell_len(heads[i].plain), *(cell_len(c[i].plain) for _, c in rows)))
+    room = max(width - 2 * n, n + 1)  # two cells between columns
+    key_w = min(need[0], max(8, room // 3))
+    widths = [key_w, *need[1:]]
+    while sum(widths) > room and max(widths[1:]) > 1:
+        widest = max(range(1, n + 1), key=lambda j: widths[j])
+        widths[widest] -= 1
+    table = Table(box=None, pad_edge=False, show_edge=False, show_header=True)
+    table.add_column(Text("key", style="bold"), overflow="ellipsis", no_wrap=True, width=widths[0])
+    for i in range(n):
+        table.add_column(heads[i], overflow="ellipsis", no_wrap=True, width=widths[i + 1])
+    for key, cells in rows:
+        table.add_row(key, *cells)
     return table

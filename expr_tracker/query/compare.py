@@ -365,7 +365,8 @@ def _best(values: list[Any], missing: list[int], goal: str | None) -> list[int]:
     if len(cands) < 2:
         return []
     target = min(v for _, v in cands) if goal == "min" else max(v for _, v in cands)
-    return [i for i, v in cands if v == target]
+    best = [i for i, v in cands if v == target]
+    return [] if len(best) == len(cands) else best  # all the same: none is better
 
 
 # ---------------------------------------------------------------------------- public
@@ -410,7 +411,7 @@ def compare_runs(
         (highest step + 1 of the compared metrics file), ``duration_s`` (seconds; a running
         run's up to its last row), ``tags``, ``group``, ``git.commit``, ``git.dirty``.
         ``best`` lists the runs holding the best value (ties: all; NaN never; none when
-        fewer than two runs have a number or the direction is unknown). ``goal`` comes from
+        fewer than two runs have a number, when all are equal or the direction is unknown). ``goal`` comes from
         a ``define_metric(goal=...)`` of the runs, else from the name (see
         :func:`goal_from_name`).
 
