@@ -1,0 +1,512 @@
+"""The per-producer columnar cache: Parquet parts covering a JSONL file's complete lines.
+
+:func:`refresh` makes the cache of one source (``metrics*.jsonl`` or ``spans*.jsonl``) cover
+every complete line now in it and returns a :class:`CachedSource` listing the Parquet parts
+(schemas: :mod:`expr_tracker.query.scan`). The JSONL stays the truth; the cache is a
+disposable index of it.
+
+Location (the first that can be written):
+
+1. with ``cache_dir=``: ``<cache_dir>/<digest>/``; otherwise ``<run_dir>/.et-cache/<source
+   file name>/`` (a hidden folder: run discovery, ``et runs`` and resume never look in it);
+2. ``$XDG_CACHE_HOME/expr_tracker/query/<digest>/`` (default ``~/.cache``) when the run
+   directory cannot be written (a read-only mount, someone else's run);
+3. a temporary directory of this process (``<tmp>/et-query-*/<digest>/``), with one warning,
+   when nothing else can be written: queries still answer, the cache just does not outlive
+   the process.
+
+``<digest>`` is the SHA-256 (32 hex digits) of the source's absolute, resolved path.
+
+Files of one source's cache: ``manifest.json`` (what is covered), ``lock`` (``flock``),
+``part-<first line>-<random>.parquet`` (never reused names), ``.tmp-*`` while written.
+
+What the manifest records, and when it is trusted: the source's absolute path, device and
+inode, ``covered`` (bytes of the source covered: always the end of a complete line; a torn
+last line is never covered, it is picked up once its newline is written), ``lines``
+(complete lines covered, numbered 0.. in the ``line`` column) and a fingerprint of the
+covered prefix (SHA-256 of its first and last 4 KiB and of eight 256-byte samples at fixed
+fractions of it). A refresh rebuilds the cache from scratch when the manifest is missing,
+of another version or unreadable, a part is missing, the source was replaced (device or
+inode changed), truncated below ``covered``, or its covered bytes no longer match the
+fingerprint (a resumed run whose repair rewrote covered bytes, a user edit). An edit that
+keeps size, inode and every fingerprinted byte is not detected (nothing short of re-reading
+the whole file would be). Otherwise only the bytes appended since the last refresh are read,
+into one new part (a row group per block of at most 8 MiB of lines, so a refresh's memory is
+bounded by the block, not by the file).
+
+Compaction: when a source has more than 16 parts (a live run queried every second adds one
+per query), the trailing parts of fewer than 1,000,000 rows each are merged into one,
+streamed row group by row group.
+
+Concurrency: a refresh holds an exclusive ``flock`` on ``lock`` for its whole duration, so two
+processes refreshing one source at once serialize and both end with the same, correct cache.
+Parts and the manifest are written to temporary names and renamed into place. A part
+replaced by compaction or a rebuild is not deleted at once: it is listed in the manifest's
+``garbage`` and removed by a later refresh once it was replaced at least 10 minutes ago, so
+a query (DuckDB) still reading the previous manifest's parts never sees one vanish.
+"""
+
+from __future__ import annotations
+
+import errno
+import hashlib
+import json
+import logging
+import os
+import secrets
+import tempfile
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from expr_tracker.query import scan
+
+log = logging.getLogger("expr_tracker")
+
+try:
+    import fcntl
+except ImportError:  # pragma: no cover - Windows: no lock, one refresher at a time
+    fcntl = None  # type: ignore[assignment]
+
+__all__ = ["CachedSource", "cache_location", "refresh"]
+
+#: manifest format version; another version is rebuilt
+VERSION = 1
+#: the default cache folder inside a run directory
+CACHE_DIR_NAME = ".et-cache"
+MANIFEST = "manifest.json"
+LOCK = "lock"
+#: bytes of lines decoded at once (one row group per block)
+BLOCK_BYTES = 8 << 20
+#: more parts than this trigger compaction
+MAX_PARTS = 16
+#: parts with fewer rows than this are merged by compaction
+SMALL_PART_ROWS = 1_000_000
+#: a replaced part is deleted by a refresh at least this long after it was replaced
+GRACE_S = 600.0
+#: Parquet compression of the parts
+COMPRESSION = "zstd"
+
+_KINDS = ("metrics", "spans")
+_temp_root: Path | None = None
+_warned_temp = False
+
+
+@dataclass(frozen=True)
+class CachedSource:
+    """What a refresh covers. ``parts``: Parquet files (absolute paths) that together hold
+    every complete line of ``source[:covered]``; ``covered`` in bytes; ``rows`` in the parts;
+    ``merged`` (metrics): False when some ``_step`` may occur in more than one line (patch
+    lines of a long step: readers then keep, per (step, metric), the value of the largest
+    ``line``); always True for spans. ``lines``: complete lines covered (0-based ``line``
+    numbers below it); ``cache_dir``: where the parts live."""
+
+    source: Path
+    kind: str
+    parts: tuple[Path, ...]
+    covered: int
+    rows: int
+    merged: bool
+    lines: int = 0
+    cache_dir: Path | None = None
+
+
+def _digest(source: Path) -> str:
+    return hashlib.sha256(os.fsencode(str(source))).hexdigest()[:32]
+
+
+def _xdg_root() -> Path:
+    base = os.environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache")
+    return Path(base) / "expr_tracker" / "query"
+
+
+def cache_location(
+    source: str | os.PathLike[str], cache_dir: str | os.PathLike[str] | None = None
+) -> Path:
+    """The preferred cache folder of ``source`` (it may not be writable: :func:`refresh`
+    then falls back as the module docstring says)."""
+    src = Path(source).absolute()
+    if cache_dir is not None:
+        return Path(cache_dir).absolute() / _digest(src.resolve())
+    return src.parent / CACHE_DIR_NAME / src.name
+
+
+def _usable(d: Path) -> int | None:
+    """Create ``d`` and open its lock file; the lock descriptor, or None when ``d`` cannot
+    be written."""
+    try:
+        d.mkdir(parents=True, exist_ok=True)
+        if not os.access(d, os.W_OK | os.X_OK):
+            return None
+        return os.open(d / LOCK, os.O_RDWR | os.O_CREAT, 0o644)
+    except OSError:
+        return None
+
+
+def _temp_dir() -> Path:
+    global _temp_root, _warned_temp
+    if _temp_root is None:
+        _temp_root = Path(tempfile.mkdtemp(prefix="et-query-"))
+    if not _warned_temp:
+        _warned_temp = True
+        log.warning(
+            "expr_tracker: the query cache cannot be written beside the runs nor under %s; "
+            "using a temporary folder for this process (%s): queries work, but the next "
+            "process decodes the JSONL again",
+            _xdg_root(),
+            _temp_root,
+        )
+    return _temp_root
+
+
+def _open_cache(src: Path, cache_dir: str | os.PathLike[str] | None) -> tuple[Path, int]:
+    digest = _digest(src.resolve())
+    candidates = [cache_location(src, cache_dir)]
+    if cache_dir is None:
+        candidates.append(_xdg_root() / digest)
+    for d in candidates:
+        fd = _usable(d)
+        if fd is not None:
+            return d, fd
+    d = _temp_dir() / digest
+    fd = _usable(d)
+    if fd is None:  # pragma: no cover - the temp dir we just made is not writable
+        raise OSError(errno.EACCES, f"no writable folder for the query cache of {src}")
+    return d, fd
+
+
+# --------------------------------------------------------------------------- fingerprint
+
+_EDGE = 4096
+_SAMPLE = 256
+_SAMPLES = 8
+
+
+def _fingerprint(fd: int, covered: int) -> str:
+    h = hashlib.sha256()
+    h.update(str(covered).encode())
+    h.update(os.pread(fd, min(covered, _EDGE), 0))
+    start = max(0, covered - _EDGE)
+    h.update(os.pread(fd, covered - start, start))
+    if covered > 2 * _EDGE:
+        for k in range(1, _SAMPLES + 1):
+            off = covered * k // (_SAMPLES + 1)
+            h.update(os.pread(fd, min(_SAMPLE, covered - off), off))
+    return h.hexdigest()
+
+
+# --------------------------------------------------------------------------- manifest
+
+
+def _load_manifest(d: Path) -> dict[str, Any] | None:
+    try:
+        m = json.loads((d / MANIFEST).read_text("utf-8"))
+    except (OSError, ValueError):
+        return None
+    return m if isinstance(m, dict) and m.get("version") == VERSION else None
+
+
+def _write_manifest(d: Path, m: dict[str, Any]) -> None:
+    tmp = d / f".tmp-manifest-{os.getpid()}-{secrets.token_hex(4)}.json"
+    tmp.write_text(json.dumps(m), "utf-8")
+    os.replace(tmp, d / MANIFEST)
+
+
+def _trusted(
+    m: dict[str, Any] | None, src: Path, kind: str, st: os.stat_result, fd: int, d: Path
+) -> bool:
+    if m is None or m.get("kind") != kind or m.get("source") != str(src):
+        return False
+    if m.get("dev") != st.st_dev or m.get("ino") != st.st_ino:
+        return False
+    covered = m.get("covered")
+    if not isinstance(covered, int) or covered > st.st_size:
+        return False
+    if any(not (d / p["file"]).is_file() for p in m.get("parts", [])):
+        return False
+    try:
+        return _fingerprint(fd, covered) == m.get("fingerprint")
+    except OSError:
+        return False
+
+
+def _fresh_manifest(src: Path, kind: str, st: os.stat_result) -> dict[str, Any]:
+    return {
+        "version": VERSION,
+        "kind": kind,
+        "source": str(src),
+        "dev": st.st_dev,
+        "ino": st.st_ino,
+        "covered": 0,
+        "lines": 0,
+        "rows": 0,
+        "fingerprint": None,
+        "max_step": None,
+        "monotonic": True,
+        "merged": True,
+        "parts": [],
+        "garbage": [],
+    }
+
+
+# --------------------------------------------------------------------------- reading
+
+
+def _blocks(fd: int, start: int, end: int):
+    """``(offset, lines)`` of complete lines in ``[start, end)``, a block at a time; the
+    bytes after the last newline are not yielded."""
+    pos = start
+    carry = b""
+    while pos < end:
+        data = os.pread(fd, min(BLOCK_BYTES, end - pos), pos)
+        if not data:
+            break
+        pos += len(data)
+        buf = carry + data if carry else data
+        cut = buf.rfind(b"\n")
+        if cut < 0:
+            carry = buf
+            continue
+        carry = buf[cut + 1 :]
+        yield pos - len(carry), buf[:cut].split(b"\n")
+
+
+def _new_part_name(first_line: int) -> str:
+    return f"part-{first_line:012d}-{secrets.token_hex(4)}.parquet"
+
+
+def _append(fd: int, d: Path, kind: str, m: dict[str, Any], end: int) -> None:
+    """Decode the complete lines of ``[m["covered"], end)`` into one new part; update ``m``."""
+    import pyarrow.parquet as pq
+
+    writer = None
+    tmp = d / f".tmp-{os.getpid()}-{secrets.token_hex(4)}.parquet"
+    first = m["lines"]
+    rows = 0
+    covered = m["covered"]
+    lines = m["lines"]
+    try:
+        for new_covered, block in _blocks(fd, covered, end):
+            if kind == "metrics":
+                table, steps = scan.decode_metrics(block, lines)
+                _track_steps(m, steps)
+            else:
+                table = scan.decode_spans(block, lines)
+            lines += len(block)
+            covered = new_covered
+            if table.num_rows:
+                if writer is None:
+                    writer = pq.ParquetWriter(tmp, scan.schema(kind), compression=COMPRESSION)
+                writer.write_table(table)
+                rows += table.num_rows
+        if writer is not None:
+            writer.close()
+            writer = None
+            name = _new_part_name(first)
+            os.replace(tmp, d / name)
+            m["parts"].append({"file": name, "rows": rows, "first_line": first, "lines": lines})
+    finally:
+        if writer is not None:
+            writer.close()
+        if tmp.exists():
+            tmp.unlink()
+    m["covered"] = covered
+    m["lines"] = lines
+    m["rows"] += rows
+
+
+def _track_steps(m: dict[str, Any], steps: list[int | None]) -> None:
+    if not m["merged"]:
+        return
+    mx = m["max_step"]
+    mono = m["monotonic"]
+    for s in steps:
+        if s is None:
+            continue
+        if mx is not None and s <= mx:
+            mono = False
+        else:
+            mx = s
+    m["max_step"] = mx
+    m["monotonic"] = mono
+
+
+def _exact_merged(d: Path, m: dict[str, Any]) -> bool:
+    """True when no ``step`` occurs in two lines of the parts (read back when the steps
+    were not increasing)."""
+    import pyarrow.compute as pc
+    import pyarrow.parquet as pq
+
+    seen: set[Any] = set()
+    for p in m["parts"]:
+        t = pq.read_table(d / p["file"], columns=["step", "line"])
+        if not t.num_rows:
+            continue
+        line = t.column("line")
+        # the first row of each line (rows of one line are consecutive)
+        starts = pc.not_equal(line.slice(1), line.slice(0, len(line) - 1))
+        import pyarrow as pa
+
+        mask = pa.concat_arrays([pa.array([True]), starts.combine_chunks()])
+        per_line = t.column("step").filter(mask).to_pylist()
+        for s in per_line:
+            if s in seen:
+                return False
+            seen.add(s)
+    return True
+
+
+# --------------------------------------------------------------------------- compaction
+
+
+def _compact(d: Path, kind: str, m: dict[str, Any], now: float) -> None:
+    import pyarrow.parquet as pq
+
+    parts = m["parts"]
+    if len(parts) <= MAX_PARTS:
+        return
+    i = len(parts)
+    while i > 0 and parts[i - 1]["rows"] < SMALL_PART_ROWS:
+        i -= 1
+    run = parts[i:]
+    if len(run) < 2:
+        return
+    tmp = d / f".tmp-{os.getpid()}-{secrets.token_hex(4)}.parquet"
+    rows = 0
+    try:
+        with pq.ParquetWriter(tmp, scan.schema(kind), compression=COMPRESSION) as w:
+            for p in run:
+                f = pq.ParquetFile(d / p["file"])
+                for g in range(f.num_row_groups):
+                    t = f.read_row_group(g)
+                    rows += t.num_rows
+                    w.write_table(t)
+        name = _new_part_name(run[0]["first_line"])
+        os.replace(tmp, d / name)
+    finally:
+        if tmp.exists():
+            tmp.unlink()
+    merged_part = {
+        "file": name,
+        "rows": rows,
+        "first_line": run[0]["first_line"],
+        "lines": run[-1]["lines"],
+    }
+    m["parts"] = parts[:i] + [merged_part]
+    m["garbage"].extend({"file": p["file"], "replaced_at": now} for p in run)
+
+
+def _collect_garbage(d: Path, m: dict[str, Any], now: float) -> None:
+    keep = []
+    for g in m.get("garbage", []):
+        if now - g.get("replaced_at", 0) >= GRACE_S:
+            try:
+                (d / g["file"]).unlink()
+            except FileNotFoundError:
+                pass
+            except OSError:
+                keep.append(g)
+        else:
+            keep.append(g)
+    m["garbage"] = keep
+    # leftovers of a refresh that died (we hold the lock: nobody else writes here)
+    listed = {p["file"] for p in m["parts"]} | {g["file"] for g in keep}
+    for q in d.iterdir():
+        n = q.name
+        if n.startswith(".tmp-") or (n.startswith("part-") and n not in listed):
+            try:
+                if now - q.stat().st_mtime >= GRACE_S or n.startswith(".tmp-"):
+                    q.unlink()
+            except OSError:
+                pass
+
+
+# --------------------------------------------------------------------------- refresh
+
+
+def refresh(
+    source: str | os.PathLike[str], kind: str, *, cache_dir: str | os.PathLike[str] | None = None
+) -> CachedSource:
+    """Make the cache of ``source`` cover every complete line now in it.
+
+    ``kind``: ``"metrics"`` or ``"spans"``. Reads only the bytes appended since the last
+    refresh; rebuilds when the cached prefix no longer matches the file (see the module
+    docstring). Safe to call while another process appends to ``source`` and while another
+    process refreshes the same source.
+
+    Raises ``ValueError`` for another ``kind``, ``FileNotFoundError`` when ``source`` does
+    not exist, ``ImportError`` (naming ``pip install 'expr-tracker[query]'``) without
+    pyarrow.
+    """
+    if kind not in _KINDS:
+        raise ValueError(f"kind={kind!r} is not valid: use 'metrics' or 'spans'")
+    _need_pyarrow()
+    src = Path(source).absolute()
+    sfd = os.open(src, os.O_RDONLY)  # FileNotFoundError names the path
+    try:
+        d, lock_fd = _open_cache(src, cache_dir)
+        try:
+            if fcntl is not None:
+                fcntl.flock(lock_fd, fcntl.LOCK_EX)
+            return _refresh_locked(src, sfd, kind, d)
+        finally:
+            os.close(lock_fd)  # releases the flock
+    finally:
+        os.close(sfd)
+
+
+def _refresh_locked(src: Path, sfd: int, kind: str, d: Path) -> CachedSource:
+    st = os.fstat(sfd)
+    now = time.time()
+    m = _load_manifest(d)
+    changed = False
+    if not _trusted(m, src, kind, st, sfd, d):
+        old = m
+        m = _fresh_manifest(src, kind, st)
+        if old is not None:
+            m["garbage"] = list(old.get("garbage", []))
+            m["garbage"].extend(
+                {"file": p["file"], "replaced_at": now} for p in old.get("parts", [])
+            )
+        changed = True
+    assert m is not None
+    end = st.st_size
+    if end > m["covered"]:
+        before = m["covered"]
+        _append(sfd, d, kind, m, end)
+        if m["covered"] != before:
+            changed = True
+            m["fingerprint"] = _fingerprint(sfd, m["covered"])
+            if kind == "metrics" and m["merged"] and not m["monotonic"]:
+                m["merged"] = _exact_merged(d, m)
+    if m["fingerprint"] is None:
+        m["fingerprint"] = _fingerprint(sfd, m["covered"])
+        changed = True
+    if len(m["parts"]) > MAX_PARTS:
+        _compact(d, kind, m, now)
+        changed = True
+    if m["garbage"] or changed:
+        _collect_garbage(d, m, now)
+    if changed:
+        _write_manifest(d, m)
+    return CachedSource(
+        source=src,
+        kind=kind,
+        parts=tuple(d / p["file"] for p in m["parts"]),
+        covered=m["covered"],
+        rows=m["rows"],
+        merged=bool(m["merged"]) if kind == "metrics" else True,
+        lines=m["lines"],
+        cache_dir=d,
+    )
+
+
+def _need_pyarrow() -> None:
+    try:
+        import pyarrow  # noqa: F401
+        import pyarrow.parquet  # noqa: F401
+    except ImportError as exc:
+        raise ImportError(
+            "the query cache needs pyarrow: pip install 'expr-tracker[query]'"
+        ) from exc

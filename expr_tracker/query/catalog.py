@@ -1,0 +1,181 @@
+"""Runs and their producers under a folder: what ``et query`` reads and how it names it.
+
+A *producer* is one writer of a run: a (stream, rank) pair, with its files
+``metrics[.S][.rankN].jsonl``, ``spans...``, ``alerts...``, ``artifacts...`` (JSONL),
+``run[.S][.rankN].json``, ``summary[.S][.rankN].json`` and its stream's ``config[.S].json``.
+Run directories are found with :func:`expr_tracker.history.rundirs.find_runs` (hidden
+folders such as the query cache ``.et-cache`` are never searched).
+
+Identity of a run directory (the same for all its producers):
+
+- ``project`` / ``name``: from the first ``run*.json`` that names them (the main stream's
+  rank 0 first), else from the ``"run"`` block of a ``metrics*.meta.json``, else the
+  parent folder's name / the run directory's name;
+- ``run_id`` is ``"project/name"`` (``name`` alone without a project). When two run
+  directories under the searched root have the same ``project/name`` (a copied tree, a
+  Hydra multirun whose jobs share a name), each of them gets its path relative to the root
+  instead (``"copy-a/proj/run1"``; the absolute path when the root is that run itself), so
+  two runs are never merged.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from expr_tracker.history.rundirs import find_runs
+from expr_tracker.history.runinfo import read_run_info
+
+__all__ = ["Producer", "discover"]
+
+_SUFFIX = r"(?:\.([A-Za-z0-9_-]+?))??(?:\.rank(\d+))?"
+#: per-producer files: kind -> pattern (group 1: stream, group 2: rank)
+_PRODUCER_FILES = {
+    "metrics": re.compile(rf"^metrics{_SUFFIX}\.jsonl$"),
+    "spans": re.compile(rf"^spans{_SUFFIX}\.jsonl$"),
+    "alerts": re.compile(rf"^alerts{_SUFFIX}\.jsonl$"),
+    "artifacts": re.compile(rf"^artifacts{_SUFFIX}\.jsonl$"),
+    "run_file": re.compile(rf"^run{_SUFFIX}\.json$"),
+    "summary": re.compile(rf"^summary{_SUFFIX}\.json$"),
+}
+_META_RE = re.compile(rf"^metrics{_SUFFIX}\.meta\.json$")
+_CONFIG_RE = re.compile(r"^config(?:\.([A-Za-z0-9_-]+))?\.json$")
+_FIELDS = ("metrics", "spans", "alerts", "run_file", "summary", "artifacts")
+
+
+@dataclass(frozen=True)
+class Producer:
+    """One writer of a run: a (stream, rank) pair and the paths of its files (None when
+    absent). ``stream`` None is the main stream; ``rank`` 0.. comes from the ``.rankN``
+    file-name suffix. ``qualifier``: the run directory's path (relative to the searched
+    root) when another run directory there has the same ``project/name``; it then replaces
+    ``project/name`` as :attr:`run_id`."""
+
+    run_dir: Path
+    project: str | None
+    name: str
+    stream: str | None
+    rank: int
+    metrics: Path | None = None
+    spans: Path | None = None
+    alerts: Path | None = None
+    run_file: Path | None = None
+    summary: Path | None = None
+    config: Path | None = None
+    artifacts: Path | None = None
+    qualifier: str | None = None
+
+    @property
+    def run_id(self) -> str:
+        """The ``run`` column everywhere: ``"project/name"`` (``name`` without a project), or
+        the run directory's path relative to the root when that is ambiguous."""
+        if self.qualifier is not None:
+            return self.qualifier
+        return f"{self.project}/{self.name}" if self.project else self.name
+
+
+def _str_or_none(v: Any) -> str | None:
+    return v if isinstance(v, str) and v else None
+
+
+def _identity(run_dir: Path, files: dict[tuple[str | None, int], dict[str, Path]]) -> tuple:
+    """``(project, name)`` of a run directory; see the module docstring."""
+    keys = sorted(files, key=lambda k: (k[0] or "", k[1]))
+    for key in keys:
+        rf = files[key].get("run_file")
+        if rf is not None:
+            info = read_run_info(rf, repair=False) or {}
+            name = _str_or_none(info.get("name"))
+            if name is not None:
+                return _str_or_none(info.get("project")), name
+    for key in keys:
+        meta = files[key].get("meta")
+        if meta is not None:
+            try:
+                block = json.loads(meta.read_text("utf-8")).get("run")
+            except (OSError, ValueError, AttributeError):
+                continue
+            if isinstance(block, dict) and _str_or_none(block.get("name")):
+                return _str_or_none(block.get("project")), block["name"]
+    parent = run_dir.parent.name
+    return (parent or None), (run_dir.name or str(run_dir))
+
+
+def _producers_of(run_dir: Path) -> list[Producer]:
+    files: dict[tuple[str | None, int], dict[str, Path]] = {}
+    configs: dict[str | None, Path] = {}
+    try:
+        entries = sorted(os.listdir(run_dir))
+    except OSError:
+        return []
+    for fname in entries:
+        path = run_dir / fname
+        m = _META_RE.match(fname)
+        if m:
+            files.setdefault((m.group(1), int(m.group(2) or 0)), {})["meta"] = path
+            continue
+        m = _CONFIG_RE.match(fname)
+        if m:
+            configs[m.group(1)] = path
+            continue
+        for field, rx in _PRODUCER_FILES.items():
+            m = rx.match(fname)
+            if m:
+                if path.is_file():
+                    files.setdefault((m.group(1), int(m.group(2) or 0)), {})[field] = path
+                break
+    # a metrics sidecar alone is no producer
+    files = {k: v for k, v in files.items() if any(f in v for f in _FIELDS)}
+    project, name = _identity(run_dir, files)
+    return [
+        Producer(
+            run_dir=run_dir,
+            project=project,
+            name=name,
+            stream=stream,
+            rank=rank,
+            config=configs.get(stream),
+            **{f: fs.get(f) for f in _FIELDS},
+        )
+        for (stream, rank), fs in files.items()
+    ]
+
+
+def discover(root: str | os.PathLike[str]) -> list[Producer]:
+    """Every producer of every run under ``root`` (``root`` itself may be a run directory),
+    sorted by ``(project, name, stream or "", rank)`` then by run directory.
+
+    Raises ``FileNotFoundError`` when ``root`` is not a directory.
+    """
+    root = Path(root)
+    if not root.is_dir():
+        raise FileNotFoundError(f"no run directory or folder of runs at {str(root)!r}")
+    producers: list[Producer] = []
+    for run_dir in find_runs(root):
+        producers.extend(_producers_of(run_dir))
+    # the same project/name in two run directories: qualify both by their path
+    dirs_of: dict[str, set[Path]] = {}
+    for p in producers:
+        dirs_of.setdefault(p.run_id, set()).add(p.run_dir)
+    ambiguous = {rid for rid, dirs in dirs_of.items() if len(dirs) > 1}
+    if ambiguous:
+        out = []
+        for p in producers:
+            if p.run_id in ambiguous:
+                rel = os.path.relpath(p.run_dir, root)
+                q = str(p.run_dir.absolute()) if rel == "." else Path(rel).as_posix()
+                p = _replace(p, qualifier=q)
+            out.append(p)
+        producers = out
+    producers.sort(key=lambda p: (p.project or "", p.name, p.stream or "", p.rank, str(p.run_dir)))
+    return producers
+
+
+def _replace(p: Producer, **changes: Any) -> Producer:
+    from dataclasses import replace
+
+    return replace(p, **changes)
