@@ -20,19 +20,15 @@ import math
 import os
 import re
 from collections.abc import Iterable, Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
 from expr_tracker.errors import ExprTrackerError
 from expr_tracker.history.metricdefs import MetricDefs
 from expr_tracker.history.paths import file_name, validate_stream
-from expr_tracker.history.rundirs import (
-    find_runs,
-    producer_infos,
-    producer_status,
-    worst_status,
-)
+from expr_tracker.history.rundirs import producer_infos, producer_status, worst_status
+from expr_tracker.query.catalog import Producer, discover
 
 __all__ = ["CompareError", "IDENTITY_KEYS", "compare_runs", "flatten", "goal_from_name"]
 
@@ -43,13 +39,6 @@ SPAN_PREFIXES = ("time_ms/", "count/")
 #: words of a metric's last name part that say lower is better / higher is better
 MIN_WORDS = ("loss", "err", "error", "ppl", "perplexity", "mse", "mae", "rmse", "wer", "cer")
 MAX_WORDS = ("acc", "accuracy", "f1", "auc", "score", "reward", "bleu", "precision", "recall")
-
-#: a producer's file: (kind, stream, rank) groups ("metrics.meta.json" is no stream "meta")
-_FILE_RE = re.compile(
-    r"^(?:run|summary|metric_defs|metrics|spans|alerts)"
-    r"(?:\.([A-Za-z0-9_-]+?))??(?:\.rank(\d+))?\.(?:json|jsonl)$"
-)
-_EXT = {"run": ".json", "summary": ".json", "metric_defs": ".json"}
 
 
 class CompareError(ExprTrackerError, ValueError):
@@ -63,7 +52,9 @@ class _Run:
     given: str
     project: str | None
     name: str
+    run_id: str  # as the ``run`` column of ``et query`` names it
     rel: str | None  # path relative to root, posix, when under root
+    producers: tuple[Producer, ...]
 
 
 def flatten(value: Any, prefix: tuple[str, ...] = ()) -> dict[tuple[str, ...], Any]:
@@ -95,22 +86,6 @@ def goal_from_name(name: str) -> str | None:
 # ---------------------------------------------------------------------------- resolving
 
 
-def _is_run_dir(p: Path) -> bool:
-    return p.is_dir() and p.resolve() in {q.resolve() for q in find_runs(p, max_depth=0)}
-
-
-def _identity(p: Path) -> tuple[str | None, str]:
-    """(project, name) of a run directory: from its ``run*.json`` (the main one first),
-    else the parent folder's and its own name."""
-    infos = producer_infos(p)
-    for info in sorted(infos.items(), key=lambda kv: kv[0] != "run.json"):
-        d = info[1]
-        if isinstance(d.get("name"), str) and d["name"]:
-            proj = d.get("project")
-            return (proj if isinstance(proj, str) and proj else p.parent.name), d["name"]
-    return p.parent.name or None, p.name
-
-
 def _rel(p: Path, root: Path) -> str | None:
     try:
         return p.resolve().relative_to(root.resolve()).as_posix()
@@ -118,16 +93,34 @@ def _rel(p: Path, root: Path) -> str | None:
         return None
 
 
+def _runs_of(producers: list[Producer], root: Path, given: str = "") -> list[_Run]:
+    """Producers grouped by run directory (in discovery order)."""
+    by_dir: dict[Path, list[Producer]] = {}
+    for prod in producers:
+        by_dir.setdefault(prod.run_dir, []).append(prod)
+    return [
+        _Run(d, given, ps[0].project, ps[0].name, ps[0].run_id, _rel(d, root), tuple(ps))
+        for d, ps in by_dir.items()
+    ]
+
+
+def _index(root: Path) -> list[_Run] | None:
+    try:
+        return _runs_of(discover(root), root)
+    except FileNotFoundError:
+        return None
+
+
 def _resolve(given: str | os.PathLike[str], root: Path, index: list[_Run] | None) -> _Run:
     text = os.fspath(given)
     p = Path(text)
     if p.is_dir():
-        if not _is_run_dir(p):
+        found = [r for r in _runs_of(discover(p), root, text) if r.path == p]
+        if not found:
             raise CompareError(
                 f"run {text!r} is a directory but not a run (no run*.json or metrics*.jsonl in it)"
             )
-        project, name = _identity(p)
-        return _Run(p, text, project, name, _rel(p, root))
+        return found[0]
     if index is None:
         raise CompareError(
             f"run {text!r}: no such run directory, and {str(root)!r} is not a folder"
@@ -137,18 +130,20 @@ def _resolve(given: str | os.PathLike[str], root: Path, index: list[_Run] | None
     if exact:
         hits = exact
     elif "/" in want:
-        hits = [r for r in index if want in (r.rel, f"{r.project}/{r.name}")]
+        hits = [r for r in index if want in (r.run_id, f"{r.project}/{r.name}")]
     else:
-        hits = [r for r in index if want in (r.name, r.rel)]
+        hits = [r for r in index if want in (r.name, r.run_id)]
     if len(hits) == 1:
-        return _Run(hits[0].path, text, hits[0].project, hits[0].name, hits[0].rel)
+        return replace(hits[0], given=text)
     if len(hits) > 1:
         cands = ", ".join(sorted(str(r.rel or r.path) for r in hits))
         raise CompareError(
             f"run {text!r} is ambiguous under {str(root)!r}: it names {len(hits)} runs ({cands});"
             " give the run folder's path under it (as listed) or the run directory's path"
         )
-    names = sorted({x for r in index for x in (r.rel, f"{r.project}/{r.name}", r.name) if x})
+    names = sorted(
+        {x for r in index for x in (r.rel, r.run_id, f"{r.project}/{r.name}", r.name) if x}
+    )
     close = difflib.get_close_matches(want, names, n=5, cutoff=0.5)
     hint = f"; close matches: {', '.join(close)}" if close else ""
     raise CompareError(
@@ -157,70 +152,49 @@ def _resolve(given: str | os.PathLike[str], root: Path, index: list[_Run] | None
     )
 
 
-def _index(root: Path) -> list[_Run] | None:
-    if not root.is_dir():
-        return None
-    out = []
-    for p in find_runs(root):
-        project, name = _identity(p)
-        out.append(_Run(p, "", project, name, _rel(p, root)))
-    return out
-
-
 # ---------------------------------------------------------------------------- reading
 
 
-def _producers(run_dir: Path) -> dict[str | None, set[int]]:
-    """{stream: {ranks}} of a run directory, from the names of its producer files."""
-    found: dict[str | None, set[int]] = {}
-    for q in run_dir.iterdir():
-        m = _FILE_RE.match(q.name)
-        if not m or not q.is_file():
-            continue
-        kind = q.name.split(".", 1)[0]
-        if not q.name.endswith(_EXT.get(kind, ".jsonl")):
-            continue
-        found.setdefault(m.group(1), set()).add(int(m.group(2) or 0))
-    return found
-
-
-def _pick_producer(
-    run: _Run, label: str, stream: str | None, rank: int | None
-) -> tuple[str | None, int]:
-    found = _producers(run.path)
-    if stream not in found:
-        names = ", ".join(sorted("(main)" if s is None else s for s in found)) or "none"
+def _pick_producer(run: _Run, label: str, stream: str | None, rank: int | None) -> Producer:
+    ranks = sorted(p.rank for p in run.producers if p.stream == stream)
+    if not ranks:
+        streams = {p.stream for p in run.producers}
+        names = ", ".join(sorted("(main)" if x is None else x for x in streams)) or "none"
         raise CompareError(
             f"run {label!r} has no {'main stream' if stream is None else f'stream {stream!r}'}"
             f" (streams there: {names}); pick one with --stream"
         )
-    ranks = sorted(found[stream])
-    if rank is None:
-        return stream, ranks[0]
-    if rank not in ranks:
+    if rank is not None and rank not in ranks:
         raise CompareError(
             f"run {label!r} has no rank {rank} in "
             f"{'the main stream' if stream is None else f'stream {stream!r}'} "
             f"(ranks there: {', '.join(map(str, ranks))})"
         )
-    return stream, rank
+    want = ranks[0] if rank is None else rank
+    return next(p for p in run.producers if p.stream == stream and p.rank == want)
 
 
-def _read_json(path: Path, warnings: list[str], label: str) -> Any:
-    """The parsed file (NaN/Infinity accepted); None when absent; None and a warning when
-    unreadable."""
+def _read_object(path: Path | None, warnings: list[str], label: str) -> dict[str, Any] | None:
+    """The JSON object in ``path`` (NaN/Infinity accepted); None when there is no file, and
+    None with a warning when it is unreadable or not an object (a torn write)."""
+    if path is None:
+        return None
     try:
         text = path.read_text("utf-8")
     except FileNotFoundError:
         return None
     except OSError as exc:
-        warnings.append(f"{label}: {path.name} unreadable: {exc}")
+        warnings.append(f"{label}: {path.name} unreadable ({exc}); left out")
         return None
     try:
-        return json.loads(text)
+        value = json.loads(text)
     except ValueError as exc:
         warnings.append(f"{label}: {path.name} is not valid JSON ({exc}); left out")
         return None
+    if not isinstance(value, dict):
+        warnings.append(f"{label}: {path.name} is not a JSON object; left out")
+        return None
+    return value
 
 
 def _num(v: Any) -> bool:
@@ -246,13 +220,14 @@ def _steps_and_last_time(metrics: Path) -> tuple[int | None, float | None]:
     return (max(ints) + 1 if ints else None), (last_time if _num(last_time) else None)
 
 
-def _identity_values(
-    run_dir: Path, stream: str | None, rank: int, warnings: list[str], label: str
-) -> dict[str, Any]:
+def _identity_values(run_dir: Path, prod: Producer) -> dict[str, Any]:
     infos = producer_infos(run_dir)
     status = worst_status(producer_status(v) for v in infos.values())
-    info = infos.get(file_name("run", stream, rank)) or {}
-    steps, last_time = _steps_and_last_time(run_dir / file_name("metrics", stream, rank))
+    info = infos.get(prod.run_file.name) if prod.run_file is not None else None
+    info = info or {}
+    steps, last_time = (None, None)
+    if prod.metrics is not None:
+        steps, last_time = _steps_and_last_time(prod.metrics)
     if steps is None and type(info.get("steps")) is int:
         steps = info["steps"]
     started, ended = info.get("started_at"), info.get("ended_at")
@@ -444,7 +419,7 @@ def compare_runs(
                 f"run {r.given!r} is the same run as {seen[key]!r} ({r.path}); give each run once"
             )
         seen[key] = r.given
-    ids = [f"{r.project}/{r.name}" if r.project else r.name for r in resolved]
+    ids = [r.run_id for r in resolved]
     if len(set(ids)) < len(ids):  # copied trees: same identity, different folders
         ids = [r.rel or str(r.path) for r in resolved]
     if len(set(ids)) < len(ids):
@@ -452,36 +427,31 @@ def compare_runs(
     warnings: list[str] = []
     runs_out, configs, idents, summaries, defs = [], [], [], [], []
     for r, label in zip(resolved, ids, strict=True):
-        s, k = _pick_producer(r, label, stream, rank)
+        prod = _pick_producer(r, label, stream, rank)
         runs_out.append(
             {
                 "run": label,
                 "path": str(r.path),
                 "project": r.project,
                 "name": r.name,
-                "stream": s,
-                "rank": k,
+                "stream": prod.stream,
+                "rank": prod.rank,
             }
         )
-        config = _read_json(r.path / file_name("config", s), warnings, label)
-        if config is not None and not isinstance(config, dict):
-            warnings.append(f"{label}: {file_name('config', s)} is not an object; left out")
-            config = None
+        config = _read_object(prod.config, warnings, label)
         configs.append(flatten(config) if config else {})
-        ident = _identity_values(r.path, s, k, warnings, label)
+        ident = _identity_values(r.path, prod)
         idents.append({(key,): v for key, v in ident.items()})
-        summary = _read_json(r.path / file_name("summary", s, k), warnings, label)
-        if summary is not None and not isinstance(summary, dict):
-            warnings.append(f"{label}: {file_name('summary', s, k)} is not an object; left out")
-            summary = None
+        summary = _read_object(prod.summary, warnings, label)
         summaries.append(flatten(summary) if summary else {})
         d = MetricDefs()
-        raw = _read_json(r.path / file_name("metric_defs", s, k), warnings, label)
-        if isinstance(raw, dict):
+        defs_path = r.path / file_name("metric_defs", prod.stream, prod.rank)
+        raw = _read_object(defs_path, warnings, label)
+        if raw:
             try:
                 d.load(raw)
-            except (ValueError, TypeError, KeyError) as exc:
-                warnings.append(f"{label}: {file_name('metric_defs', s, k)} unusable ({exc})")
+            except (ValueError, TypeError, KeyError, AttributeError) as exc:
+                warnings.append(f"{label}: {defs_path.name} unusable ({exc}); goals by name")
         defs.append(d)
     summary_rows = []
     for key in _summary_keys(summaries, metrics):
