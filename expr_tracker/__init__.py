@@ -10,6 +10,7 @@ common calls (docs/coming-from-wandb.md).
 """
 
 from expr_tracker import history  # the package, callable: et.history(n=50, ...)
+from expr_tracker import query  # the package, callable: et.query(sql, dir=...)
 from expr_tracker._version import __version__
 from expr_tracker.alerts.builder import M
 from expr_tracker.alerts.rules import AlertRule
@@ -36,6 +37,7 @@ from expr_tracker.errors import (
     ExprTrackerError,
     ForkedRunError,
     NoActiveRunError,
+    QueryError,
     RunAlreadyActiveError,
     RunLockedError,
 )
@@ -66,6 +68,7 @@ __all__ = [
     "ForkedRunError",
     "M",
     "NoActiveRunError",
+    "QueryError",
     "Run",
     "RunAlreadyActiveError",
     "RunLockedError",
@@ -85,6 +88,7 @@ __all__ = [
     "list_alert_rules",
     "log",
     "log_artifact",
+    "query",
     "read_history",
     "register_backend",
     "register_channel",

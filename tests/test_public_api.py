@@ -19,6 +19,7 @@ PUBLIC = [
     "ForkedRunError",
     "M",
     "NoActiveRunError",
+    "QueryError",
     "Run",
     "RunAlreadyActiveError",
     "RunLockedError",
@@ -38,6 +39,7 @@ PUBLIC = [
     "list_alert_rules",
     "log",
     "log_artifact",
+    "query",
     "read_history",
     "register_backend",
     "register_channel",
@@ -79,7 +81,8 @@ def test_documented_import_paths():
 def test_import_stays_light():
     code = (
         "import sys, expr_tracker\n"
-        "heavy = {'torch', 'pandas', 'polars', 'hydra', 'numpy', 'pydantic', 'lark', 'pynvml'}\n"
+        "heavy = {'torch', 'pandas', 'polars', 'hydra', 'numpy', 'pydantic', 'lark', 'pynvml',\n"
+        "        'duckdb', 'pyarrow'}\n"
         "print(sorted(heavy & set(sys.modules)))\n"
     )
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
@@ -97,3 +100,15 @@ def test_history_is_both_the_package_and_the_query_function():
     import inspect
 
     assert list(inspect.signature(et.history).parameters)[:2] == ["n", "output_type"]
+
+
+def test_query_is_both_the_package_and_the_sql_function():
+    import importlib
+    import inspect
+
+    module = importlib.import_module("expr_tracker.query")
+    assert et.query is module and callable(et.query)
+    assert list(inspect.signature(et.query).parameters)[:2] == ["sql", "dir"]
+    from expr_tracker.query.views import connect  # the package's modules import as usual
+
+    assert callable(connect)

@@ -21,6 +21,7 @@ COMMAND_MODULES = (
     "runs",
     "compare",
     "history",
+    "query",
     "trace",
     "rules",
     "alert",

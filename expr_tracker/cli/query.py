@@ -1,0 +1,425 @@
+"""``et query "SQL" [DIR]``: SQL over every run under DIR, answered by DuckDB.
+
+The views (``runs``, ``metrics``, ``spans``, ``alerts``, ``artifacts``) are those of
+``et.query`` (docs/query.md); ``et query --schema [DIR]`` lists them with their columns.
+
+Output formats (``--format``):
+
+- ``table`` (default): a rich table of the first ``--max-rows`` rows (100), then the row
+  count. NULL prints ``NULL``; NaN and ±inf print ``nan``, ``inf``, ``-inf``; floats to 6
+  significant digits (use csv or json for every digit).
+- ``csv``: a header, then one line per row; NULL is an empty cell, NaN/±inf are ``nan``,
+  ``inf``, ``-inf``; floats with every digit (``repr``); lists and structs as JSON.
+- ``json`` (one array, a row per line) and ``jsonl`` (one object per line): NaN and ±inf
+  are written ``NaN``, ``Infinity``, ``-Infinity``, as the run's own files write them
+  (``json.loads`` and our readers take them back), so a value round-trips; NULL is
+  ``null``. (Other ``et`` commands write strict JSON with ``null`` for them.)
+- ``parquet``: needs ``-o FILE``; the result's own types, NaN/±inf intact.
+
+``-o FILE`` writes to FILE instead of stdout (through a temporary file beside it, renamed
+when complete). Rows are streamed: ``csv``, ``json``, ``jsonl`` and ``parquet`` never hold
+the whole result in memory.
+
+Exit codes: 0 ok; 1 DIR does not exist, a missing dependency or a write failure; 2 bad SQL
+(DuckDB's message and the views with their columns on stderr) or a usage error.
+"""
+
+from __future__ import annotations
+
+import argparse
+import csv
+import datetime as _dt
+import decimal
+import json
+import os
+import sys
+import tempfile
+from collections.abc import Iterator
+from pathlib import Path
+from typing import IO, Any
+
+FORMATS = ("table", "csv", "json", "jsonl", "parquet")
+#: columns of a view shown per line in an error message (the rest: et query --schema)
+ERROR_COLUMNS = 14
+
+
+def register(subparsers: Any) -> None:
+    """Add the ``query`` sub-command to ``subparsers`` (sets ``func``)."""
+    p = subparsers.add_parser(
+        "query",
+        help="SQL over every run under a directory (DuckDB): runs, metrics, spans, alerts, "
+        "artifacts",
+        description=(
+            "Run SQL (DuckDB's dialect) over the views runs, metrics, spans, alerts and "
+            "artifacts of every run under DIR (default ./runs). Quote dotted column names: "
+            'SELECT "config.lr" FROM runs. `et query --schema [DIR]` lists the views.'
+        ),
+    )
+    p.add_argument("sql", nargs="?", default=None, help="the SQL (quote it for the shell)")
+    p.add_argument("dir", nargs="?", default=None, help="folder of runs, or a run (default ./runs)")
+    p.add_argument(
+        "--schema", action="store_true", help="list the views and their columns, then exit"
+    )
+    p.add_argument(
+        "--format",
+        choices=FORMATS,
+        default="table",
+        help="table (default); csv; json: one array; jsonl: one object per line (both keep "
+        "NaN/Infinity as our files do); parquet (needs -o)",
+    )
+    p.add_argument("-o", "--output", default=None, metavar="FILE", help="write to FILE")
+    p.add_argument(
+        "--cache-dir",
+        default=None,
+        metavar="D",
+        help="where the columnar cache lives (default: beside each run)",
+    )
+    p.add_argument(
+        "--max-rows",
+        type=int,
+        default=100,
+        metavar="N",
+        help="table: rows shown (default 100; the count of all rows is printed)",
+    )
+    p.set_defaults(func=run_query)
+
+
+class UsageError(Exception):
+    """A bad combination of arguments (exit 2)."""
+
+
+def run_query(args: argparse.Namespace, out: IO[str] | None = None) -> int:
+    """The ``et query`` command; returns the exit code (see the module doc)."""
+    out = out or sys.stdout
+    try:
+        sql, root = _parse(args)
+    except UsageError as exc:
+        sys.stderr.write(f"et query: {exc}\n")
+        return 2
+    if not root.exists():
+        sys.stderr.write(f"et query: {str(root)!r} does not exist (a folder of runs, or a run)\n")
+        return 1
+    try:
+        from expr_tracker.query.api import execute, missing_file
+        from expr_tracker.query.views import connect, describe, import_duckdb
+
+        duckdb = import_duckdb()
+    except ImportError as exc:
+        sys.stderr.write(f"et query: {exc}\n")
+        return 1
+    if sql is None:
+        con = connect(root, cache_dir=args.cache_dir)
+        try:
+            return _print_schema(describe(con), args, out)
+        finally:
+            con.close()
+    for attempt in (1, 2):
+        con = connect(root, cache_dir=args.cache_dir)
+        sink = _Sink(args.output, out, binary=args.format == "parquet")
+        try:
+            rel = execute(con, sql)
+            _write(rel, args, sink)
+            sink.commit()
+            return 0
+        except duckdb.Error as exc:
+            sink.abort()
+            if attempt == 1 and missing_file(exc) and not sink.wrote_stdout:
+                continue  # a cache part replaced under the query: refresh once more
+            return _sql_error(exc, con)
+        except OSError as exc:
+            sink.abort()
+            if isinstance(exc, BrokenPipeError):
+                raise
+            sys.stderr.write(f"et query: cannot write {args.output or 'stdout'}: {exc}\n")
+            return 1
+        finally:
+            con.close()
+    return 1  # pragma: no cover
+
+
+def _parse(args: argparse.Namespace) -> tuple[str | None, Path]:
+    if args.schema:
+        if args.sql is not None and args.dir is not None:
+            raise UsageError("--schema takes only DIR, not SQL")
+        dir_ = args.dir if args.dir is not None else args.sql
+        if args.format == "parquet":
+            raise UsageError("--schema prints table, csv, json or jsonl, not parquet")
+        return None, Path(dir_ if dir_ is not None else "runs")
+    if args.sql is None or not args.sql.strip():
+        raise UsageError('give the SQL to run, e.g. et query "SELECT * FROM runs" [DIR]')
+    if args.format == "parquet" and not args.output:
+        raise UsageError("--format parquet needs -o FILE (Parquet is binary, not for a terminal)")
+    if args.max_rows < 0:
+        raise UsageError(f"--max-rows must be 0 or more, not {args.max_rows}")
+    return args.sql, Path(args.dir if args.dir is not None else "runs")
+
+
+def _sql_error(exc: Exception, con: Any) -> int:
+    from expr_tracker.errors import format_query_error
+    from expr_tracker.query.views import describe
+
+    try:
+        views = describe(con)
+    except Exception:  # noqa: BLE001 - the message matters more than the listing
+        views = {}
+    lines = str(exc).rstrip().splitlines()
+    if len(lines) > 12:
+        lines = [*lines[:12], f"... ({len(lines) - 12} more lines)"]
+    text = format_query_error("\n".join(lines), views, max_columns=ERROR_COLUMNS)
+    sys.stderr.write(f"et query: {text}\n")
+    return 2
+
+
+# --------------------------------------------------------------------------- sinks
+
+
+class _Sink:
+    """Where the output goes: ``out`` (stdout), or ``path`` through a temporary file
+    beside it that :meth:`commit` renames into place (:meth:`abort` removes it)."""
+
+    def __init__(self, path: str | None, out: IO[str], binary: bool = False) -> None:
+        self.path = Path(path) if path else None
+        self.out = out
+        self.binary = binary
+        self.tmp: Path | None = None
+        self._file: Any = None
+        self.wrote_stdout = False
+
+    def text(self) -> IO[str]:
+        """The text stream to write to (opened on first use)."""
+        if self.path is None:
+            self.wrote_stdout = True
+            return self.out
+        if self._file is None:
+            self._file = open(self._temp(), "w", encoding="utf-8", newline="")  # noqa: SIM115
+        return self._file
+
+    def binary_path(self) -> Path:
+        """The temporary file a binary writer (Parquet) writes to."""
+        return self._temp()
+
+    def _temp(self) -> Path:
+        if self.tmp is None:
+            assert self.path is not None
+            parent = self.path.parent
+            fd, name = tempfile.mkstemp(prefix=f".{self.path.name}.", suffix=".tmp", dir=parent)
+            os.close(fd)
+            self.tmp = Path(name)
+        return self.tmp
+
+    def commit(self) -> None:
+        if self._file is not None:
+            self._file.close()
+        if self.path is not None:
+            if self.tmp is None:  # nothing written: an empty file
+                self.text()
+                self._file.close()
+            os.replace(self.tmp, self.path)  # type: ignore[arg-type]
+        else:
+            self.out.flush()
+
+    def abort(self) -> None:
+        if self._file is not None:
+            self._file.close()
+        if self.tmp is not None:
+            try:
+                self.tmp.unlink()
+            except OSError:
+                pass
+
+
+# --------------------------------------------------------------------------- values
+
+
+def json_value(v: Any) -> Any:
+    """A result value as JSON data: floats stay floats (NaN/±inf included), decimals become
+    floats, dates and times ISO 8601 text, lists and structs recursively; other values
+    their ``str()``."""
+    if v is None or type(v) in (bool, int, float, str):
+        return v
+    if isinstance(v, decimal.Decimal):
+        return float(v)
+    if isinstance(v, (_dt.datetime, _dt.date, _dt.time)):
+        return v.isoformat()
+    if isinstance(v, _dt.timedelta):
+        return v.total_seconds()
+    if isinstance(v, dict):
+        return {str(k): json_value(x) for k, x in v.items()}
+    if isinstance(v, (list, tuple)):
+        return [json_value(x) for x in v]
+    if isinstance(v, (bytes, bytearray)):
+        return bytes(v).decode("utf-8", errors="backslashreplace")
+    return str(v)
+
+
+def json_dumps(v: Any) -> str:
+    """Compact JSON with ``NaN``/``Infinity``/``-Infinity`` for non-finite floats (as the
+    run's files write them) and ASCII escapes."""
+    return json.dumps(json_value(v), separators=(",", ":"), allow_nan=True)
+
+
+def csv_value(v: Any) -> Any:
+    """A CSV cell: NULL empty, floats with every digit (``nan``/``inf``/``-inf``),
+    booleans ``true``/``false``, lists and structs as JSON."""
+    if v is None:
+        return ""
+    t = type(v)
+    if t is float:
+        return repr(v)
+    if t is bool:
+        return "true" if v else "false"
+    if t in (int, str):
+        return v
+    if isinstance(v, (list, tuple, dict)):
+        return json_dumps(v)
+    j = json_value(v)
+    return repr(j) if type(j) is float else j
+
+
+def cell_value(v: Any) -> str:
+    """A table cell for people: floats to 6 significant digits (``nan``, ``inf``,
+    ``-inf`` shown as such), lists and structs as JSON."""
+    if v is None:
+        return "NULL"
+    t = type(v)
+    if t is float:
+        return f"{v:.6g}"
+    if t is bool:
+        return "true" if v else "false"
+    if isinstance(v, (list, tuple, dict)):
+        return json_dumps(v)
+    if t in (int, str):
+        return str(v)
+    j = json_value(v)
+    return f"{j:.6g}" if type(j) is float else str(j)
+
+
+def _rows(reader: Any, names: list[str]) -> Iterator[list[Any]]:
+    """Each row of a record batch reader as a list of Python values (column order)."""
+    for batch in reader:
+        cols = [c.to_pylist() for c in batch.columns]
+        yield from zip(*cols, strict=True) if cols else ([] for _ in range(batch.num_rows))
+
+
+# --------------------------------------------------------------------------- writers
+
+
+def _write(rel: Any, args: argparse.Namespace, sink: _Sink) -> None:
+    from expr_tracker.query.api import arrow_reader, unique_names
+
+    if rel is None:  # a statement without a result (CREATE, SET ...)
+        if args.format == "table":
+            sink.text().write("ok\n")
+        return
+    reader = arrow_reader(rel)
+    names = list(reader.schema.names)
+    if args.format == "parquet":
+        _write_parquet(reader, unique_names(names), sink.binary_path())
+    elif args.format == "csv":
+        w = csv.writer(sink.text(), lineterminator="\n")
+        w.writerow(names)
+        for row in _rows(reader, names):
+            w.writerow([csv_value(v) for v in row])
+    elif args.format in ("json", "jsonl"):
+        keys = unique_names(names)
+        f = sink.text()
+        first = True
+        for row in _rows(reader, names):
+            obj = json.dumps(
+                {k: json_value(v) for k, v in zip(keys, row, strict=True)},
+                separators=(",", ":"),
+                allow_nan=True,
+            )
+            if args.format == "jsonl":
+                f.write(obj + "\n")
+            else:
+                f.write(("[\n" if first else ",\n") + obj)
+            first = False
+        if args.format == "json":
+            f.write("[]\n" if first else "\n]\n")
+    else:
+        _write_table(reader, names, args.max_rows, sink)
+
+
+def _write_parquet(reader: Any, names: list[str], path: Path) -> None:
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    schema = pa.schema([f.with_name(n) for f, n in zip(reader.schema, names, strict=True)])
+    with pq.ParquetWriter(path, schema) as writer:
+        for batch in reader:
+            writer.write_batch(pa.RecordBatch.from_arrays(batch.columns, schema=schema))
+
+
+def _write_table(reader: Any, names: list[str], max_rows: int, sink: _Sink) -> None:
+    from rich.table import Table
+    from rich.text import Text
+
+    from expr_tracker.cli import output
+    from expr_tracker.cli.history import table_width
+
+    shown: list[list[Any]] = []
+    total = 0
+    for row in _rows(reader, names):
+        if len(shown) < max_rows:
+            shown.append(list(row))
+        total += 1
+    numeric = [
+        str(f.type).startswith(("int", "uint", "float", "double", "decimal")) for f in reader.schema
+    ]
+    f = sink.text()
+    to_file = sink.path is not None
+    console = output.console(
+        f, table_width(f) if not to_file else 200, no_color=to_file, force_terminal=False
+    )
+    table = Table(box=None, header_style="bold", pad_edge=False)
+    for name, num in zip(names, numeric, strict=True):
+        table.add_column(Text(name), justify="right" if num else "left", overflow="fold")
+    for row in shown:
+        table.add_row(
+            *(Text("NULL", style="dim") if v is None else Text(cell_value(v)) for v in row)
+        )
+    console.print(table)
+    rows = "row" if total == 1 else "rows"
+    if total > len(shown):
+        console.print(
+            Text(
+                f"{total} {rows}, the first {len(shown)} shown (--max-rows N; --format csv "
+                "or json for all)",
+                style="dim",
+            )
+        )
+    else:
+        console.print(Text(f"{total} {rows}", style="dim"))
+
+
+def _print_schema(
+    views: dict[str, list[tuple[str, str]]], args: argparse.Namespace, out: IO[str]
+) -> int:
+    records = [{"view": v, "column": c, "type": t} for v, cols in views.items() for c, t in cols]
+    sink = _Sink(args.output, out)
+    f = sink.text()
+    if args.format in ("json", "jsonl"):
+        from expr_tracker.cli import output
+
+        output.write_records(records, args.format, f)
+    elif args.format == "csv":
+        w = csv.writer(f, lineterminator="\n")
+        w.writerow(["view", "column", "type"])
+        for r in records:
+            w.writerow([r["view"], r["column"], r["type"]])
+    else:
+        from rich.text import Text
+
+        from expr_tracker.cli import output
+        from expr_tracker.cli.history import table_width
+
+        console = output.console(f, table_width(f) if sink.path is None else 200)
+        for i, (view, cols) in enumerate(views.items()):
+            if i:
+                console.print()
+            console.print(Text(f"{view} ({len(cols)} columns)", style="bold"))
+            for c, t in cols:
+                console.print(Text(f"  {c}  {t}"))
+    sink.commit()
+    return 0

@@ -1,0 +1,311 @@
+"""DuckDB views over every run under a directory: ``runs``, ``metrics``, ``spans``,
+``alerts``, ``artifacts`` (docs/query.md lists their columns).
+
+:func:`connect` finds the producers under a folder (:func:`expr_tracker.query.catalog.discover`:
+one per run, stream and rank), brings each one's columnar cache up to date with its JSONL
+(:func:`expr_tracker.query.cache.refresh`: only appended bytes are read) and opens an
+in-memory DuckDB connection with the five views registered:
+
+- ``metrics`` and ``spans`` read the cache's Parquet parts, a ``UNION ALL`` of one
+  ``SELECT`` per producer that adds its identity (project, run, stream, rank) as constants.
+  Identity is never taken from the data, so two producers never merge. A metrics cache
+  whose steps each occur in one line (``merged``) is read as it is; otherwise (patch
+  lines of a long step) each (step, metric) keeps the value of its latest line.
+- ``runs``, ``alerts`` and ``artifacts`` come from small files read in Python
+  (:mod:`expr_tracker.query.tables`) into Arrow tables.
+
+Each view exists, with its columns, even when no run has such files. Identity values and
+file paths are written into the view text as SQL string literals (quotes doubled), file
+paths with DuckDB's glob characters escaped, so no run name can change the SQL.
+
+duckdb and pyarrow are imported inside the functions (the ``[query]`` extra).
+"""
+
+from __future__ import annotations
+
+import os
+import re
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+from expr_tracker.query.tables import (
+    ALERTS_COLUMNS,
+    ARTIFACTS_COLUMNS,
+    RUNS_COLUMNS,
+    alerts_table,
+    artifacts_table,
+    runs_table,
+)
+
+INSTALL_HINT = "pip install 'expr-tracker[query]'"
+
+#: the views, in the order listings show them
+VIEWS = ("runs", "metrics", "spans", "alerts", "artifacts")
+
+#: the ``metrics`` view (long: one row per step and metric)
+METRICS_COLUMNS: tuple[tuple[str, str], ...] = (
+    ("project", "VARCHAR"),
+    ("run", "VARCHAR"),
+    ("name", "VARCHAR"),
+    ("stream", "VARCHAR"),
+    ("rank", "INTEGER"),
+    ("step", "BIGINT"),
+    ("time", "DOUBLE"),
+    ("metric", "VARCHAR"),
+    ("value", "DOUBLE"),
+    ("text", "VARCHAR"),
+)
+
+#: the ``spans`` view (one row per span record); ``name`` is the span's path (``fwd/inner``)
+SPANS_COLUMNS: tuple[tuple[str, str], ...] = (
+    ("project", "VARCHAR"),
+    ("run", "VARCHAR"),
+    ("stream", "VARCHAR"),
+    ("rank", "INTEGER"),
+    ("step", "BIGINT"),
+    ("name", "VARCHAR"),
+    ("depth", "INTEGER"),
+    ("start", "DOUBLE"),
+    ("dur_ms", "DOUBLE"),
+    ("thread", "VARCHAR"),
+    ("error", "VARCHAR"),
+    ("args", "VARCHAR"),
+    ("id", "BIGINT"),
+    ("parent", "BIGINT"),
+    ("pid", "BIGINT"),
+    ("tid", "BIGINT"),
+    ("task", "VARCHAR"),
+    ("metrics", "VARCHAR"),
+    ("line", "BIGINT"),
+)
+
+#: the columns of each view that exist whatever the runs hold (``runs`` gains ``config.*``
+#: and ``summary.*`` columns from the runs' files)
+BASE_COLUMNS: dict[str, tuple[tuple[str, str], ...]] = {
+    "runs": RUNS_COLUMNS,
+    "metrics": METRICS_COLUMNS,
+    "spans": SPANS_COLUMNS,
+    "alerts": ALERTS_COLUMNS,
+    "artifacts": ARTIFACTS_COLUMNS,
+}
+
+
+def import_duckdb() -> Any:
+    """``duckdb`` (and check ``pyarrow``), or ImportError naming the extra to install."""
+    try:
+        import duckdb
+        import pyarrow  # noqa: F401
+    except ImportError as exc:
+        raise ImportError(
+            f"et.query needs duckdb and pyarrow ({exc.name} is missing): {INSTALL_HINT}"
+        ) from exc
+    return duckdb
+
+
+def sql_literal(value: Any) -> str:
+    """``value`` as a SQL literal: NULL, an int, or a string with its quotes doubled.
+
+    Raises:
+        TypeError: any other type (only identity values and paths go into view text).
+    """
+    if value is None:
+        return "NULL"
+    if type(value) is int:
+        return str(value)
+    if type(value) is str:
+        return "'" + value.replace("'", "''") + "'"
+    raise TypeError(f"no SQL literal for a {type(value).__name__}: {value!r}")
+
+
+def quote_ident(name: str) -> str:
+    """``name`` as a SQL identifier: double-quoted, its double quotes doubled."""
+    return '"' + name.replace('"', '""') + '"'
+
+
+_GLOB = re.compile(r"[*?\[]")
+
+
+def path_literal(path: Path) -> str | None:
+    """An absolute file path as a literal DuckDB's ``read_parquet`` reads as exactly that
+    file: its glob characters (``*``, ``?``, ``[``) each inside a character class. None
+    when that cannot be said (a path holding both a backslash and a glob character)."""
+    text = os.path.abspath(path)
+    if _GLOB.search(text):
+        if "\\" in text:
+            return None
+        text = _GLOB.sub(lambda m: f"[{m.group(0)}]", text)
+    return sql_literal(text)
+
+
+def _null_select(columns: Sequence[tuple[str, str]]) -> str:
+    cols = ", ".join(f"CAST(NULL AS {t}) AS {quote_ident(n)}" for n, t in columns)
+    return f"SELECT {cols} WHERE false"
+
+
+def _select_list(p: Any, columns: Sequence[tuple[str, str]], identity: Sequence[str]) -> str:
+    """The select list of one producer: its ``identity`` columns as constants, the others
+    cast from the part's columns of the same name, in ``columns`` order."""
+    values = {
+        "project": p.project,
+        "run": p.run_id,
+        "name": p.name,
+        "stream": p.stream,
+        "rank": p.rank,
+    }
+    out = []
+    for n, t in columns:
+        expr = sql_literal(values[n]) if n in identity else quote_ident(n)
+        out.append(f"CAST({expr} AS {t}) AS {quote_ident(n)}")
+    return ", ".join(out)
+
+
+#: the identity columns each producer adds as constants
+METRICS_IDENTITY = ("project", "run", "name", "stream", "rank")
+SPANS_IDENTITY = ("project", "run", "stream", "rank")
+
+
+class _Sources:
+    """The FROM clause for a set of Parquet parts: ``read_parquet([...])``, or a registered
+    pyarrow dataset for paths DuckDB's globbing cannot name."""
+
+    def __init__(self, con: Any) -> None:
+        self.con = con
+        self.count = 0
+
+    def __call__(self, parts: Sequence[Path]) -> str:
+        literals = [path_literal(Path(p)) for p in parts]
+        if all(lit is not None for lit in literals):
+            return f"read_parquet([{', '.join(literals)}])"  # type: ignore[arg-type]
+        import pyarrow.dataset as ds
+
+        self.count += 1
+        name = f"_et_parts_{self.count}"
+        self.con.register(name, ds.dataset([os.path.abspath(p) for p in parts], format="parquet"))
+        return quote_ident(name)
+
+
+def metrics_select(p: Any, parts: Sequence[Path], merged: bool, source: Any) -> str:
+    """One producer's ``SELECT`` of the ``metrics`` view. Not ``merged``: per (step, metric)
+    only the row of the largest ``line`` (a later patch line wins); rows without a step are
+    never merged with each other."""
+    cols = _select_list(p, METRICS_COLUMNS, METRICS_IDENTITY)
+    src = source(parts)
+    if not merged:
+        src = (
+            f"(SELECT * FROM {src} QUALIFY row_number() OVER (PARTITION BY step, metric, "
+            f"CASE WHEN step IS NULL THEN line END ORDER BY line DESC) = 1)"
+        )
+    return f"SELECT {cols} FROM {src}"
+
+
+def spans_select(p: Any, parts: Sequence[Path], source: Any) -> str:
+    """One producer's ``SELECT`` of the ``spans`` view."""
+    cols = _select_list(p, SPANS_COLUMNS, SPANS_IDENTITY)
+    return f"SELECT {cols} FROM {source(parts)}"
+
+
+def _union(selects: list[str], columns: Sequence[tuple[str, str]]) -> str:
+    return "\nUNION ALL\n".join(selects) if selects else _null_select(columns)
+
+
+def _parts_stats(parts: Sequence[Path]) -> tuple[Any, Any]:
+    """(max step, max time) over Parquet parts, from their footers' statistics; (None,
+    None) when a part has none (then the ``runs`` view falls back to the meta file)."""
+    import pyarrow.parquet as pq
+
+    best_step = best_time = None
+    for part in parts:
+        try:
+            meta = pq.read_metadata(part)
+        except (OSError, ValueError):
+            return None, None
+        names = meta.schema.names
+        for rg in range(meta.num_row_groups):
+            group = meta.row_group(rg)
+            for col, which in (("step", 0), ("time", 1)):
+                if col not in names:
+                    continue
+                st = group.column(names.index(col)).statistics
+                if st is None or not st.has_min_max:
+                    if col == "step" and group.num_rows:
+                        return None, None
+                    continue
+                if which == 0:
+                    best_step = st.max if best_step is None else max(best_step, st.max)
+                else:
+                    best_time = st.max if best_time is None else max(best_time, st.max)
+    return best_step, best_time
+
+
+def connect(
+    root: str | os.PathLike[str], *, cache_dir: str | os.PathLike[str] | None = None
+) -> Any:
+    """An in-memory DuckDB connection with the views ``runs``, ``metrics``, ``spans``,
+    ``alerts`` and ``artifacts`` over every run under ``root`` (``root`` may be one run
+    directory). Each producer's cache is refreshed first, so the views hold every complete
+    line written before this call (a torn last line is left for the next call).
+
+    ``cache_dir``: where the columnar cache lives (default: beside each run, see
+    :mod:`expr_tracker.query.cache`).
+
+    Returns:
+        ``duckdb.DuckDBPyConnection`` (close it when done; the views read the cache files
+        lazily, at query time).
+
+    Raises:
+        ImportError: duckdb or pyarrow is not installed (names the extra to install).
+        FileNotFoundError: ``root`` does not exist.
+    """
+    duckdb = import_duckdb()
+    from expr_tracker.query.cache import refresh
+    from expr_tracker.query.catalog import discover
+
+    root = Path(root)
+    if not root.exists():
+        raise FileNotFoundError(f"dir {str(root)!r} does not exist (a folder of runs or a run)")
+    cdir = Path(cache_dir) if cache_dir is not None else None
+    producers = discover(root)
+    con = duckdb.connect(":memory:")
+    source = _Sources(con)
+    metric_selects: list[str] = []
+    span_selects: list[str] = []
+    stats: dict[int, tuple[Any, Any]] = {}
+    for i, p in enumerate(producers):
+        if p.metrics is not None:
+            cached = _refresh(refresh, p.metrics, "metrics", cdir)
+            if cached is not None and cached.parts:
+                metric_selects.append(metrics_select(p, cached.parts, cached.merged, source))
+                stats[i] = _parts_stats(cached.parts)
+        if p.spans is not None:
+            cached = _refresh(refresh, p.spans, "spans", cdir)
+            if cached is not None and cached.parts:
+                span_selects.append(spans_select(p, cached.parts, source))
+    con.execute(f"CREATE VIEW metrics AS {_union(metric_selects, METRICS_COLUMNS)}")
+    con.execute(f"CREATE VIEW spans AS {_union(span_selects, SPANS_COLUMNS)}")
+    for name, table in (
+        ("runs", runs_table(producers, stats)),
+        ("alerts", alerts_table(producers)),
+        ("artifacts", artifacts_table(producers)),
+    ):
+        con.register(f"_et_{name}", table)
+        con.execute(f"CREATE VIEW {name} AS SELECT * FROM _et_{name}")
+    return con
+
+
+def _refresh(refresh: Any, source: Path, kind: str, cache_dir: Path | None) -> Any:
+    """The producer's cache, None when its file vanished since it was found (a run being
+    deleted): that producer then has no rows, like a run without the file."""
+    try:
+        return refresh(source, kind, cache_dir=cache_dir)
+    except FileNotFoundError:
+        return None
+
+
+def describe(con: Any) -> dict[str, list[tuple[str, str]]]:
+    """Each view's columns as (name, DuckDB type), in :data:`VIEWS` order."""
+    out: dict[str, list[tuple[str, str]]] = {}
+    for view in VIEWS:
+        rows = con.execute(f"DESCRIBE {view}").fetchall()
+        out[view] = [(r[0], str(r[1])) for r in rows]
+    return out
