@@ -136,6 +136,15 @@ def spawn_measured(cmd: list[str]) -> tuple[float, float, str]:
         return wall, rss_mb, out.read()
 
 
+def gen_command(data: Path, i: int, first: int, count: int, steps: int) -> list[str]:
+    """The child command writing steps ``first``.. (``count`` of them) of run ``i`` of a
+    data set of ``steps`` steps."""
+    return [
+        *(sys.executable, __file__, "--data", str(data), "--child-generate", str(i)),
+        *("--first", str(first), "--count", str(count), "--steps", str(steps)),
+    ]
+
+
 def run_ok(run_dir: Path, steps: int) -> bool:
     try:
         info = json.loads((run_dir / "run.json").read_text("utf-8"))
@@ -184,20 +193,7 @@ def ensure_data(data: Path, runs: int, steps: int, jobs: int) -> dict[str, Any]:
     while pending or active:
         while pending and len(active) < jobs:
             i = pending.pop(0)
-            cmd = [
-                sys.executable,
-                __file__,
-                "--data",
-                str(data),
-                "--child-generate",
-                str(i),
-                "--first",
-                "0",
-                "--count",
-                str(steps),
-                "--steps",
-                str(steps),
-            ]
+            cmd = gen_command(data, i, 0, steps, steps)
             active.append((i, subprocess.Popen(cmd, stderr=subprocess.PIPE, text=True)))
         i, proc = active.pop(0)
         _, err = proc.communicate()
@@ -220,20 +216,7 @@ def append_steps(data: Path, manifest: dict[str, Any], i: int = 0) -> None:
     records it so the data set stays valid for the next call."""
     name = run_name(i)
     first = manifest["steps"] + manifest["appended"].get(name, 0)
-    cmd = [
-        sys.executable,
-        __file__,
-        "--data",
-        str(data),
-        "--child-generate",
-        str(i),
-        "--first",
-        str(first),
-        "--count",
-        str(APPEND_STEPS),
-        "--steps",
-        str(manifest["steps"]),
-    ]
+    cmd = gen_command(data, i, first, APPEND_STEPS, manifest["steps"])
     spawn_measured(cmd)
     manifest["appended"][name] = manifest["appended"].get(name, 0) + APPEND_STEPS
     on_disk = {k: v for k, v in manifest.items() if k != "generated_s"}

@@ -330,3 +330,22 @@ def test_a_live_run_compares_while_it_writes():
     assert row(res, "identity", "status")["values"] == ["finished", "running"]
     assert row(res, "config", "lr")["missing"] == [0]
     et.finish()
+
+
+def test_an_empty_run_compares_and_nothing_is_written(tmp_path):
+    make_run("empty", config={"lr": 1})  # init + finish, no row
+    make_run("full", config={"lr": 2}, rows=[{"loss": 1.0}])
+
+    def tree():
+        return {
+            (str(p), p.stat().st_size, p.stat().st_mtime_ns) for p in (tmp_path / "runs").rglob("*")
+        }
+
+    before = tree()
+    res = compare_runs(["empty", "full"], include_equal=True)
+    assert tree() == before  # only read: no cache, no repaired file
+    assert row(res, "config", "lr")["values"] == [1, 2]
+    loss = row(res, "summary", "loss")
+    assert loss["missing"] == [0] and loss["best"] == []
+    steps = row(res, "identity", "steps")["values"]
+    assert steps[1] == 1 and steps[0] in (0, None)
