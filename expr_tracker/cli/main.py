@@ -19,6 +19,7 @@ import sys
 #: command modules, in the order ``et --help`` lists them; a missing module is skipped
 COMMAND_MODULES = (
     "runs",
+    "compare",
     "history",
     "query",
     "trace",

@@ -1,0 +1,226 @@
+"""``et compare RUN RUN...``: runs side by side (see ``expr_tracker.query.compare``).
+
+One table, a column per run: the identity keys that differ (status, steps, duration, tags,
+group, git commit), the config keys that differ (``--all``: every key), and the summary
+values (``--metrics`` picks them), the best run of a metric with a known direction marked
+``*``. All text is printed literally (no rich markup); long values end in ``…``.
+
+``--format json``/``jsonl``: :func:`~expr_tracker.query.compare.compare_runs`'s dict, with
+NaN and ±inf written as the run files write them (``NaN``, ``Infinity``, ``-Infinity``): a
+compare must show a NaN, and strict JSON has no way to.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import sys
+from typing import IO, Any
+
+from expr_tracker.cli import output
+
+#: the longest cell shown before it is cut with an ellipsis (terminal cells)
+MAX_CELL = 60
+
+
+def register(subparsers: Any) -> None:
+    """Add the ``compare`` sub-command to ``subparsers`` (sets ``func``)."""
+    p = subparsers.add_parser(
+        "compare",
+        help="runs side by side: config and identity differences, summaries",
+        description="Compare two or more runs: the config and identity keys that differ, "
+        "and their summaries side by side (best run of a metric marked *).",
+    )
+    p.add_argument(
+        "runs",
+        nargs="+",
+        metavar="RUN",
+        help="a run directory, or project/name or name of a run under --dir (at least two)",
+    )
+    p.add_argument("--dir", default="runs", help="where names are looked up (default ./runs)")
+    p.add_argument(
+        "--metrics",
+        default=None,
+        metavar="A,B",
+        help="summary keys to show: names or globs (default: every numeric key but "
+        "time_ms/* and count/*)",
+    )
+    p.add_argument(
+        "--all", action="store_true", help="also list config and identity keys that are equal"
+    )
+    p.add_argument("--stream", default=None, help="compare this stream (default: the main one)")
+    p.add_argument(
+        "--rank", type=int, default=None, help="compare this rank (default 0, or the lowest)"
+    )
+    p.add_argument("--width", type=int, default=None, help="table width (default: the terminal)")
+    p.add_argument(
+        "--format",
+        choices=("table", "json", "jsonl"),
+        default="table",
+        help="table (default); json: one JSON document (an object: runs, identity, config, "
+        "summary), NaN/inf as NaN/Infinity; jsonl: the same object on one line",
+    )
+    p.set_defaults(func=run_compare)
+
+
+def run_compare(args: argparse.Namespace, out: IO[str] | None = None) -> int:
+    """The ``et compare`` command; returns the exit code (0 ok, 1 a run or metric not
+    found or not comparable, 2 fewer than two runs)."""
+    from expr_tracker.query.compare import CompareError, compare_runs
+
+    out = out or sys.stdout
+    if len(args.runs) < 2:
+        sys.stderr.write(f"et compare: give at least two runs (got {len(args.runs)})\n")
+        return 2
+    metrics = None
+    if args.metrics is not None:
+        metrics = [m.strip() for m in args.metrics.split(",") if m.strip()]
+    try:
+        result = compare_runs(
+            args.runs,
+            root=args.dir,
+            metrics=metrics,
+            include_equal=args.all,
+            stream=args.stream,
+            rank=args.rank,
+        )
+    except CompareError as exc:
+        sys.stderr.write(f"et compare: {exc}\n")
+        return 1
+    for w in result["warnings"]:
+        sys.stderr.write(f"et compare: warning: {w}\n")
+    if output.is_machine(args.format):
+        indent = 2 if args.format == "json" else None
+        out.write(json.dumps(result, indent=indent, default=str, allow_nan=True) + "\n")
+        return 0
+    from expr_tracker.cli.history import table_width
+
+    console = output.console(out, table_width(out, args.width), markup=False, emoji=False)
+    console.print(compare_table(result, console.width))
+    if any(r["best"] for r in result["summary"]):
+        console.print("* best value (min/max: the metric's define_metric goal, else its name)")
+    return 0
+
+
+def _plain(text: str) -> str:
+    """``text`` with control characters escaped (a name cannot move the cursor)."""
+    if text.isprintable():
+        return text
+    return "".join(c if c.isprintable() else repr(c)[1:-1] for c in text)
+
+
+def _cut(text: str) -> str:
+    from rich.cells import cell_len
+
+    if cell_len(text) <= MAX_CELL:
+        return text
+    while cell_len(text) > MAX_CELL - 1:
+        text = text[:-1]
+    return text + "…"
+
+
+def _json(v: Any) -> str:
+    """A value as JSON, as the run files hold it (strings quoted, NaN as NaN)."""
+    return json.dumps(v, ensure_ascii=False, separators=(",", ":"), default=str, allow_nan=True)
+
+
+def _number(v: Any) -> str:
+    if type(v) is float:
+        if math.isnan(v):
+            return "NaN"
+        if math.isinf(v):
+            return "inf" if v > 0 else "-inf"
+        return f"{v:.6g}"
+    if type(v) is int:
+        return str(v)
+    return _json(v)
+
+
+def _duration(s: Any) -> str:
+    if type(s) not in (int, float) or not math.isfinite(s):
+        return ""
+    if s < 60:
+        return f"{s:.3g}s"
+    s = int(s)
+    return f"{s // 3600}:{s // 60 % 60:02d}:{s % 60:02d}"
+
+
+def _identity_cell(key: str, v: Any) -> str:
+    if v is None:
+        return ""
+    if key == "duration_s":
+        return _duration(v)
+    if key == "tags" and isinstance(v, list):
+        return ", ".join(str(t) for t in v)
+    if isinstance(v, str):
+        return v
+    return _json(v)
+
+
+def compare_table(result: dict[str, Any], width: int = 200) -> Any:
+    """A rich ``Table`` of a :func:`compare_runs` result, ``width`` terminal cells wide at
+    most: a column per run; sections run, config, summary. Every cell is a ``Text`` (never
+    markup); missing keys read ``(missing)``, a JSON null ``null``. The key column takes
+    up to a third of the width, the runs share the rest; a cell too long ends in ``…``."""
+    from rich.cells import cell_len
+    from rich.table import Table
+    from rich.text import Text
+
+    n = len(result["runs"])
+    missing = Text("(missing)", style="dim italic")
+    heads = []
+    for r in result["runs"]:
+        head = r["run"] + (f" [{r['stream']}]" if r["stream"] else "")
+        head += f" rank{r['rank']}" if r["rank"] else ""
+        heads.append(Text(_cut(_plain(head)), style="bold"))
+    rows: list[tuple[Text, list[Text]]] = []
+
+    def section(title: str, body: list[tuple[Text, list[Text]]], empty: str) -> None:
+        rows.append((Text(title, style="bold underline"), [Text("")] * n))
+        rows.extend(body or [(Text(empty, style="dim"), [Text("")] * n)])
+
+    ident = []
+    for row in result["identity"]:
+        cells = [Text(_cut(_plain(_identity_cell(row["key"], v)))) for v in row["values"]]
+        ident.append((Text(_cut(_plain(row["key"]))), cells))
+    section("run", ident, "(identity the same)")
+    config = []
+    for row in result["config"]:
+        cells = [
+            missing.copy() if i in row["missing"] else Text(_cut(_plain(_json(v))))
+            for i, v in enumerate(row["values"])
+        ]
+        config.append((Text(_cut(_plain(row["key"]))), cells))
+    section("config", config, "(no config differences)")
+    summary = []
+    for row in result["summary"]:
+        cells = []
+        for i, v in enumerate(row["values"]):
+            if i in row["missing"]:
+                cells.append(missing.copy())
+            elif i in row["best"]:
+                cells.append(Text(_cut(_plain(_number(v))) + " *", style="bold green"))
+            else:
+                cells.append(Text(_cut(_plain(_number(v)))))
+        key = row["metric"] + (f" ({row['goal']})" if row["goal"] else "")
+        summary.append((Text(_cut(_plain(key))), cells))
+    section("summary", summary, "(no summary values)")
+
+    # widths: what the content needs, squeezed to fit (rich alone may squeeze a column to 0)
+    need = [max(cell_len(k.plain) for k, _ in rows)]
+    for i in range(n):
+        need.append(max(cell_len(heads[i].plain), *(cell_len(c[i].plain) for _, c in rows)))
+    room = max(width - 2 * n, n + 1)  # two cells between columns
+    key_w = min(need[0], max(8, room // 3))
+    widths = [key_w, *need[1:]]
+    while sum(widths) > room and max(widths[1:]) > 1:
+        widest = max(range(1, n + 1), key=lambda j: widths[j])
+        widths[widest] -= 1
+    table = Table(box=None, pad_edge=False, show_edge=False, show_header=True)
+    table.add_column(Text("key", style="bold"), overflow="ellipsis", no_wrap=True, width=widths[0])
+    for i in range(n):
+        table.add_column(heads[i], overflow="ellipsis", no_wrap=True, width=widths[i + 1])
+    for key, cells in rows:
+        table.add_row(key, *cells)
+    return table

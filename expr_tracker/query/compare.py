@@ -1,0 +1,483 @@
+"""Runs side by side: what differs in their config and identity, and their summaries.
+
+:func:`compare_runs` reads only small per-run files (``config[.S].json``,
+``summary[.S][.rankN].json``, ``metric_defs[.S][.rankN].json``, every ``run*.json`` and the
+tail of the compared metrics file); it needs neither DuckDB nor pyarrow and never writes.
+``et compare`` (``expr_tracker/cli/compare.py``) prints its result.
+
+A RUN is a run directory's path, or ``project/name`` or ``name`` of a run under ``root``
+(``project/name`` also matches the run folder's path relative to ``root``). Each run is
+compared through one producer: the main stream's rank 0 unless ``stream``/``rank`` say
+otherwise (a run holding only rank shards: its lowest rank).
+"""
+
+from __future__ import annotations
+
+import difflib
+import fnmatch
+import json
+import math
+import os
+import re
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass, replace
+from pathlib import Path
+from typing import Any
+
+from expr_tracker.errors import ExprTrackerError
+from expr_tracker.history.metricdefs import MetricDefs
+from expr_tracker.history.paths import file_name, validate_stream
+from expr_tracker.history.rundirs import producer_infos, producer_status, worst_status
+from expr_tracker.query.catalog import Producer, discover
+
+__all__ = ["CompareError", "IDENTITY_KEYS", "compare_runs", "flatten", "goal_from_name"]
+
+#: the identity rows, in the order shown
+IDENTITY_KEYS = ("status", "steps", "duration_s", "tags", "group", "git.commit", "git.dirty")
+#: summary keys left out by default (span timings and counts); ``metrics=`` can pick them
+SPAN_PREFIXES = ("time_ms/", "count/")
+#: words of a metric's last name part that say lower is better / higher is better
+MIN_WORDS = ("loss", "err", "error", "ppl", "perplexity", "mse", "mae", "rmse", "wer", "cer")
+MAX_WORDS = ("acc", "accuracy", "f1", "auc", "score", "reward", "bleu", "precision", "recall")
+
+
+class CompareError(ExprTrackerError, ValueError):
+    """Runs that cannot be compared: a RUN that names no run or several, a run given twice,
+    fewer than two runs, a stream or rank a run lacks, ``metrics=`` that match nothing."""
+
+
+@dataclass(frozen=True)
+class _Run:
+    path: Path
+    given: str
+    project: str | None
+    name: str
+    run_id: str  # as the ``run`` column of ``et query`` names it
+    rel: str | None  # path relative to root, posix, when under root
+    producers: tuple[Producer, ...]
+
+
+def flatten(value: Any, prefix: tuple[str, ...] = ()) -> dict[tuple[str, ...], Any]:
+    """Nested dicts -> ``{("model", "depth"): 3, ...}``: one entry per leaf; a list, a
+    scalar or an empty dict is a leaf. The key is a tuple, so ``{"a.b": 1}`` and
+    ``{"a": {"b": 1}}`` stay two keys (both shown as ``a.b``)."""
+    out: dict[tuple[str, ...], Any] = {}
+    if isinstance(value, Mapping) and (value or not prefix):
+        for k, v in value.items():
+            out.update(flatten(v, (*prefix, str(k))))
+    else:
+        out[prefix] = value
+    return out
+
+
+def goal_from_name(name: str) -> str | None:
+    """``"min"`` when the last part of a metric name says lower is better (loss, err, ppl,
+    mse ...), ``"max"`` when it says higher is better (acc, f1, auc, score, reward ...),
+    None when it says neither or both (``"val/acc_loss"``)."""
+    leaf = name.rsplit("/", 1)[-1].lower()
+    words = [w for w in re.split(r"[^a-z0-9]+", leaf) if w]
+    lo = any(w.startswith(m) for w in words for m in MIN_WORDS)
+    hi = any(w.startswith(m) for w in words for m in MAX_WORDS)
+    if lo == hi:
+        return None
+    return "min" if lo else "max"
+
+
+# ---------------------------------------------------------------------------- resolving
+
+
+def _rel(p: Path, root: Path) -> str | None:
+    try:
+        return p.resolve().relative_to(root.resolve()).as_posix()
+    except ValueError:
+        return None
+
+
+def _runs_of(producers: list[Producer], root: Path, given: str = "") -> list[_Run]:
+    """Producers grouped by run directory (in discovery order)."""
+    by_dir: dict[Path, list[Producer]] = {}
+    for prod in producers:
+        by_dir.setdefault(prod.run_dir, []).append(prod)
+    return [
+        _Run(d, given, ps[0].project, ps[0].name, ps[0].run_id, _rel(d, root), tuple(ps))
+        for d, ps in by_dir.items()
+    ]
+
+
+def _index(root: Path) -> list[_Run] | None:
+    try:
+        return _runs_of(discover(root), root)
+    except FileNotFoundError:
+        return None
+
+
+def _resolve(given: str | os.PathLike[str], root: Path, index: list[_Run] | None) -> _Run:
+    text = os.fspath(given)
+    p = Path(text)
+    if p.is_dir():
+        found = [r for r in _runs_of(discover(p), root, text) if r.path == p]
+        if not found:
+            raise CompareError(
+                f"run {text!r} is a directory but not a run (no run*.json or metrics*.jsonl in it)"
+            )
+        return found[0]
+    if index is None:
+        raise CompareError(
+            f"run {text!r}: no such run directory, and {str(root)!r} is not a folder"
+        )
+    want = text.strip("/")
+    exact = [r for r in index if r.rel == want]  # the folder's own path wins over an identity
+    if exact:
+        hits = exact
+    elif "/" in want:
+        hits = [r for r in index if want in (r.run_id, f"{r.project}/{r.name}")]
+    else:
+        hits = [r for r in index if want in (r.name, r.run_id)]
+    if len(hits) == 1:
+        return replace(hits[0], given=text)
+    if len(hits) > 1:
+        cands = ", ".join(sorted(str(r.rel or r.path) for r in hits))
+        raise CompareError(
+            f"run {text!r} is ambiguous under {str(root)!r}: it names {len(hits)} runs ({cands});"
+            " give the run folder's path under it (as listed) or the run directory's path"
+        )
+    names = sorted(
+        {x for r in index for x in (r.rel, r.run_id, f"{r.project}/{r.name}", r.name) if x}
+    )
+    close = difflib.get_close_matches(want, names, n=5, cutoff=0.5)
+    hint = f"; close matches: {', '.join(close)}" if close else ""
+    raise CompareError(
+        f"run {text!r}: no such run directory, and no run of that name under {str(root)!r} "
+        f"({len(index)} runs there){hint}"
+    )
+
+
+# ---------------------------------------------------------------------------- reading
+
+
+def _pick_producer(run: _Run, label: str, stream: str | None, rank: int | None) -> Producer:
+    ranks = sorted(p.rank for p in run.producers if p.stream == stream)
+    if not ranks:
+        streams = {p.stream for p in run.producers}
+        names = ", ".join(sorted("(main)" if x is None else x for x in streams)) or "none"
+        raise CompareError(
+            f"run {label!r} has no {'main stream' if stream is None else f'stream {stream!r}'}"
+            f" (streams there: {names}); pick one with --stream"
+        )
+    if rank is not None and rank not in ranks:
+        raise CompareError(
+            f"run {label!r} has no rank {rank} in "
+            f"{'the main stream' if stream is None else f'stream {stream!r}'} "
+            f"(ranks there: {', '.join(map(str, ranks))})"
+        )
+    want = ranks[0] if rank is None else rank
+    return next(p for p in run.producers if p.stream == stream and p.rank == want)
+
+
+def _read_object(path: Path | None, warnings: list[str], label: str) -> dict[str, Any] | None:
+    """The JSON object in ``path`` (NaN/Infinity accepted); None when there is no file, and
+    None with a warning when it is unreadable or not an object (a torn write)."""
+    if path is None:
+        return None
+    try:
+        text = path.read_text("utf-8")
+    except FileNotFoundError:
+        return None
+    except OSError as exc:
+        warnings.append(f"{label}: {path.name} unreadable ({exc}); left out")
+        return None
+    try:
+        value = json.loads(text)
+    except ValueError as exc:
+        warnings.append(f"{label}: {path.name} is not valid JSON ({exc}); left out")
+        return None
+    if not isinstance(value, dict):
+        warnings.append(f"{label}: {path.name} is not a JSON object; left out")
+        return None
+    return value
+
+
+def _num(v: Any) -> bool:
+    return isinstance(v, (int, float)) and not isinstance(v, bool)
+
+
+def _steps_and_last_time(metrics: Path) -> tuple[int | None, float | None]:
+    """(highest step + 1, the last row's ``_time``) of a metrics file; (None, None) without
+    one. Reads the sidecar and the file's tail only."""
+    from expr_tracker.history.reader import JsonlReader
+
+    if not metrics.is_file():
+        return None, None
+    reader = JsonlReader(metrics)
+    try:
+        rows = reader.tail(1)
+    except OSError:
+        rows = []
+    meta_max = (reader.meta or {}).get("max_step") if reader.meta else None
+    cands = [r.get("_step") for r in rows] + [meta_max]
+    ints = [s for s in cands if type(s) is int]
+    last_time = rows[-1].get("_time") if rows else None
+    return (max(ints) + 1 if ints else None), (last_time if _num(last_time) else None)
+
+
+def _identity_values(run_dir: Path, prod: Producer) -> dict[str, Any]:
+    infos = producer_infos(run_dir)
+    status = worst_status(producer_status(v) for v in infos.values())
+    info = infos.get(prod.run_file.name) if prod.run_file is not None else None
+    info = info or {}
+    steps, last_time = (None, None)
+    if prod.metrics is not None:
+        steps, last_time = _steps_and_last_time(prod.metrics)
+    if steps is None and type(info.get("steps")) is int:
+        steps = info["steps"]
+    started, ended = info.get("started_at"), info.get("ended_at")
+    if not _num(ended) and producer_status(info) == "running":
+        ended = last_time
+    # to the millisecond, as run.json's duration_s (finer differences are noise)
+    duration = round(ended - started, 3) if _num(started) and _num(ended) else None
+    git = info.get("git") if isinstance(info.get("git"), dict) else {}
+    return {
+        "status": status,
+        "steps": steps,
+        "duration_s": duration,
+        "tags": info.get("tags"),
+        "group": info.get("group"),
+        "git.commit": git.get("commit"),
+        "git.dirty": git.get("dirty"),
+    }
+
+
+def _same(values: Sequence[Any], missing: Sequence[bool]) -> bool:
+    """Every run has the key and all values are the same JSON value (``1`` and ``1.0``,
+    ``true`` and ``1`` differ; NaN equals NaN)."""
+    if any(missing):
+        return all(missing)
+    texts = {json.dumps(v, sort_keys=True, default=repr) for v in values}
+    return len(texts) == 1
+
+
+def _rows(tables: list[dict[tuple[str, ...], Any]], include_equal: bool) -> list[dict[str, Any]]:
+    keys: dict[tuple[str, ...], None] = {}
+    for t in tables:
+        keys.update(dict.fromkeys(t))
+    out = []
+    for k in keys:
+        missing = [k not in t for t in tables]
+        values = [t.get(k) for t in tables]
+        equal = _same(values, missing)
+        if equal and not include_equal:
+            continue
+        out.append(
+            {
+                "key": ".".join(k),
+                "path": list(k),
+                "values": values,
+                "missing": [i for i, m in enumerate(missing) if m],
+                "equal": equal,
+            }
+        )
+    return out
+
+
+def _summary_keys(
+    summaries: list[dict[tuple[str, ...], Any]], metrics: Sequence[str] | None
+) -> list[tuple[str, ...]]:
+    keys: dict[tuple[str, ...], None] = {}
+    for s in summaries:
+        keys.update(dict.fromkeys(k for k in s if not k[0].startswith("_")))
+    if metrics is None:
+        return [
+            k
+            for k in keys
+            if not k[0].startswith(SPAN_PREFIXES) and any(_num(s.get(k, None)) for s in summaries)
+        ]
+    picked: dict[tuple[str, ...], None] = {}
+    unmatched = []
+    for pat in metrics:
+        hits = [
+            k
+            for k in keys
+            if fnmatch.fnmatchcase(".".join(k), pat) or fnmatch.fnmatchcase(k[0], pat)
+        ]
+        if not hits:
+            unmatched.append(pat)
+        picked.update(dict.fromkeys(hits))
+    if unmatched:
+        names = sorted({".".join(k) for k in keys} | {k[0] for k in keys})
+        hints = []
+        for pat in unmatched:
+            close = difflib.get_close_matches(pat, names, n=5, cutoff=0.5)
+            hints.append(f"{pat!r}" + (f" (close: {', '.join(close)})" if close else ""))
+        raise CompareError(
+            f"metrics: {', '.join(hints)} match no summary key of these runs; summary keys: "
+            f"{', '.join(names[:30]) or 'none'}{' ...' if len(names) > 30 else ''}"
+        )
+    return list(picked)
+
+
+def _goal(key: tuple[str, ...], defs: list[MetricDefs]) -> tuple[str | None, str | None]:
+    goals = set()
+    for d in defs:
+        found = d.lookup(key[0])
+        if found is not None and found.goal:
+            goals.add("min" if found.goal == "minimize" else "max")
+    if len(goals) == 1:
+        return goals.pop(), "define_metric"
+    if len(goals) > 1:
+        return None, "define_metric (runs disagree)"
+    g = goal_from_name(key[0])
+    return g, ("name" if g else None)
+
+
+def _best(values: list[Any], missing: list[int], goal: str | None) -> list[int]:
+    if goal is None:
+        return []
+    cands = [
+        (i, v)
+        for i, v in enumerate(values)
+        if i not in missing and _num(v) and not (isinstance(v, float) and math.isnan(v))
+    ]
+    if len(cands) < 2:
+        return []
+    target = min(v for _, v in cands) if goal == "min" else max(v for _, v in cands)
+    best = [i for i, v in cands if v == target]
+    return [] if len(best) == len(cands) else best  # all the same: none is better
+
+
+# ---------------------------------------------------------------------------- public
+
+
+def compare_runs(
+    runs: Iterable[str | os.PathLike[str]],
+    *,
+    root: str | os.PathLike[str] = "runs",
+    metrics: Sequence[str] | None = None,
+    include_equal: bool = False,
+    stream: str | None = None,
+    rank: int | None = None,
+) -> dict[str, Any]:
+    """Compare two or more runs: config differences, identity differences, summaries.
+
+    Args:
+        runs: each a run directory's path, or ``project/name`` / ``name`` of a run under
+            ``root``.
+        root: where names are looked up (default ``./runs``).
+        metrics: summary keys to show, names or globs (``"val/*"``); a pattern also matches
+            a nested summary's top key (``"val/acc"`` picks ``val/acc.max``). Default: every
+            numeric summary key but span timings (``time_ms/...``, ``count/...``).
+        include_equal: also list config and identity keys whose values are equal.
+        stream, rank: the producer compared in each run (default: the main stream, rank 0,
+            or the lowest rank present).
+
+    Returns:
+        A dict of plain values (``json.dumps`` writes it; NaN/±inf stay floats)::
+
+            {"root": str, "stream": str | None,
+             "runs": [{"run": label, "path", "project", "name", "stream", "rank"}],
+             "identity": [row], "config": [row],
+             "summary": [{"metric", "path", "values", "missing", "goal": "min"|"max"|None,
+                          "goal_from": "define_metric"|"name"|None, "best": [index]}],
+             "warnings": [str]}
+
+        A row is ``{"key": "model.depth", "path": ["model", "depth"], "values": [one per
+        run], "missing": [indexes of runs without the key], "equal": bool}``; a missing
+        key's value is None there (a null value is None and not missing). Identity keys:
+        ``status`` (the worst of all the run's producers, as ``et runs``), ``steps``
+        (highest step + 1 of the compared metrics file), ``duration_s`` (seconds; a running
+        run's up to its last row), ``tags``, ``group``, ``git.commit``, ``git.dirty``.
+        ``best`` lists the runs holding the best value (ties: all; NaN never; none when
+        fewer than two runs have a number, when all are equal or the direction is unknown). ``goal`` comes from
+        a ``define_metric(goal=...)`` of the runs, else from the name (see
+        :func:`goal_from_name`).
+
+    Raises:
+        CompareError: fewer than two runs, a run given twice, a RUN that names no run (with
+            close matches) or several (listing them), a stream or rank a run lacks,
+            ``metrics`` patterns that match no summary key.
+    """
+    root_p = Path(root)
+    given = [os.fspath(r) for r in runs]
+    if len(given) < 2:
+        raise CompareError(f"compare needs at least two runs, got {len(given)}: {given!r}")
+    try:
+        validate_stream(stream)
+    except ValueError as exc:
+        raise CompareError(f"stream {stream!r}: {exc}") from None
+    if rank is not None and (type(rank) is not int or rank < 0):
+        raise CompareError(f"rank={rank!r} is not valid: an integer >= 0")
+    if metrics is not None:
+        metrics = [m.strip() for m in metrics if m and m.strip()]
+        if not metrics:
+            raise CompareError("metrics: empty; give names or globs such as 'loss,val/*'")
+    index = None if all(Path(g).is_dir() for g in given) else _index(root_p)
+    resolved = [_resolve(g, root_p, index) for g in given]
+    seen: dict[Path, str] = {}
+    for r in resolved:
+        key = r.path.resolve()
+        if key in seen:
+            raise CompareError(
+                f"run {r.given!r} is the same run as {seen[key]!r} ({r.path}); give each run once"
+            )
+        seen[key] = r.given
+    ids = [r.run_id for r in resolved]
+    if len(set(ids)) < len(ids):  # copied trees: same identity, different folders
+        ids = [r.rel or str(r.path) for r in resolved]
+    if len(set(ids)) < len(ids):
+        ids = [str(r.path) for r in resolved]
+    warnings: list[str] = []
+    runs_out, configs, idents, summaries, defs = [], [], [], [], []
+    for r, label in zip(resolved, ids, strict=True):
+        prod = _pick_producer(r, label, stream, rank)
+        runs_out.append(
+            {
+                "run": label,
+                "path": str(r.path),
+                "project": r.project,
+                "name": r.name,
+                "stream": prod.stream,
+                "rank": prod.rank,
+            }
+        )
+        config = _read_object(prod.config, warnings, label)
+        configs.append(flatten(config) if config else {})
+        ident = _identity_values(r.path, prod)
+        idents.append({(key,): v for key, v in ident.items()})
+        summary = _read_object(prod.summary, warnings, label)
+        summaries.append(flatten(summary) if summary else {})
+        d = MetricDefs()
+        defs_path = r.path / file_name("metric_defs", prod.stream, prod.rank)
+        raw = _read_object(defs_path, warnings, label)
+        if raw:
+            try:
+                d.load(raw)
+            except (ValueError, TypeError, KeyError, AttributeError) as exc:
+                warnings.append(f"{label}: {defs_path.name} unusable ({exc}); goals by name")
+        defs.append(d)
+    summary_rows = []
+    for key in _summary_keys(summaries, metrics):
+        missing = [i for i, s in enumerate(summaries) if key not in s]
+        values = [s.get(key) for s in summaries]
+        goal, source = _goal(key, defs)
+        summary_rows.append(
+            {
+                "metric": ".".join(key),
+                "path": list(key),
+                "values": values,
+                "missing": missing,
+                "goal": goal,
+                "goal_from": source,
+                "best": _best(values, missing, goal),
+            }
+        )
+    identity_rows = _rows(idents, include_equal)
+    for row in identity_rows:
+        row["missing"] = []  # every run has every identity key (None: not known)
+    return {
+        "root": str(root_p),
+        "stream": stream,
+        "runs": runs_out,
+        "identity": identity_rows,
+        "config": _rows(configs, include_equal),
+        "summary": summary_rows,
+        "warnings": warnings,
+    }

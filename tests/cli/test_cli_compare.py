@@ -1,0 +1,126 @@
+"""`et compare`: the table (literal text, fitted to the width, best marked, missing apart from
+null), --format json/jsonl (NaN/inf as the run files write them), exit codes and messages,
+and the real console script in a fresh process."""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+import subprocess
+import sys
+
+import pytest
+from helpers import ROOT
+
+import expr_tracker as et
+from expr_tracker.cli.main import main
+
+
+@pytest.fixture
+def two_runs(tmp_path):
+    root = tmp_path / "runs"
+    long = "x" * 300
+    for name, lr, loss in (("a", 0.1, 0.5), ("b", 0.01, float("nan")), ("c", 0.2, 0.7)):
+        et.init(
+            project="p",
+            name=name,
+            dir=str(root),
+            config={
+                "lr": lr,
+                "opt": {"name": "[red]adam[/red]" if name != "b" else "[bold]sgd"},
+                "long": long + name,
+                "x": None,
+                **({"only_a": 1} if name == "a" else {}),
+            },
+        )
+        for _ in range(3):
+            et.log({"loss": loss, "val/acc": 0.5 + lr, "inf": float("-inf")})
+        et.finish()
+    return root
+
+
+def test_table_prints_text_literally_fits_the_width_and_marks_the_best(two_runs, capsys):
+    assert main(["compare", "a", "b", "c", "--dir", str(two_runs), "--width", "80"]) == 0
+    out = capsys.readouterr().out
+    lines = out.splitlines()
+    assert all(len(line) <= 80 for line in lines), out
+    assert '"[red]adam[/red]"' in out  # markup never interpreted
+    assert '"[bold]sgd"' in out
+    assert "…" in next(line for line in lines if line.startswith("long"))
+    only_a = next(line for line in lines if line.startswith("only_a"))
+    assert only_a.split()[1:] == ["1", "(missing)", "(missing)"]
+    assert "x " not in out.split("summary")[0].replace("(missing)", "")  # x equal: not shown
+    loss = next(line for line in lines if line.startswith("loss (min)"))
+    assert "0.5 *" in loss and "NaN" in loss  # NaN shown, never best
+    acc = next(line for line in lines if line.startswith("val/acc (max)"))
+    assert "0.7 *" in acc and "0.6 " in acc
+    assert "-inf" in next(line for line in lines if line.startswith("inf"))
+    assert "* best value" in out
+    # --all shows equal keys; a null is null, not missing
+    assert main(["compare", "a", "b", "--dir", str(two_runs), "--all", "--width", "100"]) == 0
+    out = capsys.readouterr().out
+    x = next(line for line in out.splitlines() if line.startswith("x "))
+    assert x.split()[1:] == ["null", "null"]
+
+
+def test_narrow_terminal_keeps_every_run_column(two_runs, capsys):
+    assert main(["compare", "a", "b", "--dir", str(two_runs), "--width", "40"]) == 0
+    out = capsys.readouterr().out
+    assert all(len(line) <= 40 for line in out.splitlines()), out
+    assert "p/a" in out and "p/b" in out
+
+
+def test_json_keeps_nan_and_inf_and_jsonl_is_one_line(two_runs, capsys):
+    args = ["compare", "p/a", "p/b", "c", "--dir", str(two_runs)]
+    assert main([*args, "--format", "json"]) == 0
+    text = capsys.readouterr().out
+    assert "NaN" in text and "-Infinity" in text
+    doc = json.loads(text)
+    assert [r["run"] for r in doc["runs"]] == ["p/a", "p/b", "p/c"]
+    loss = next(r for r in doc["summary"] if r["metric"] == "loss")
+    assert loss["values"][0] == 0.5 and math.isnan(loss["values"][1]) and loss["best"] == [0]
+    assert next(r for r in doc["config"] if r["key"] == "only_a")["missing"] == [1, 2]
+    assert main([*args, "--format", "jsonl"]) == 0
+    lines = capsys.readouterr().out.splitlines()
+    assert len(lines) == 1
+    assert json.dumps(json.loads(lines[0]), sort_keys=True) == json.dumps(doc, sort_keys=True)
+
+
+def test_metrics_option_picks_globs(two_runs, capsys):
+    args = ["compare", "a", "b", "--dir", str(two_runs), "--metrics", "val/*", "--format", "json"]
+    assert main(args) == 0
+    assert [r["metric"] for r in json.loads(capsys.readouterr().out)["summary"]] == ["val/acc"]
+
+
+def test_errors_name_the_problem_and_exit_1_or_2(two_runs, capsys):
+    d = str(two_runs)
+    assert main(["compare", "a", "--dir", d]) == 2
+    assert "at least two runs" in capsys.readouterr().err
+    assert main(["compare", "a", "bb", "--dir", d]) == 1
+    err = capsys.readouterr().err
+    assert err.startswith("et compare: run 'bb'") and "close matches" in err
+    assert main(["compare", "a", "p/a", "--dir", d]) == 1
+    assert "same run" in capsys.readouterr().err
+    assert main(["compare", "a", "b", "--dir", d, "--metrics", "nope"]) == 1
+    assert "'nope'" in capsys.readouterr().err
+    assert main(["compare", "a", "b", "--dir", d, "--stream", "../x"]) == 1
+    assert "stream" in capsys.readouterr().err
+    with pytest.raises(SystemExit) as exc:
+        main(["compare", "a", "b", "--format", "yaml"])
+    assert exc.value.code == 2
+
+
+def test_the_console_script_in_a_fresh_process(two_runs):
+    env = dict(os.environ, PYTHONPATH=str(ROOT), COLUMNS="80")
+    p = subprocess.run(
+        [sys.executable, "-m", "expr_tracker.cli.main", "compare", "a", "b"],
+        cwd=two_runs.parent,
+        capture_output=True,
+        text=True,
+        env=env,
+        timeout=60,
+    )
+    assert p.returncode == 0, p.stderr
+    assert "lr" in p.stdout and "0.01" in p.stdout and p.stderr == ""
+    assert "\x1b[" not in p.stdout  # piped: no colour codes
