@@ -20,6 +20,7 @@ import sys
 COMMAND_MODULES = (
     "runs",
     "history",
+    "plot",
     "trace",
     "rules",
     "alert",
