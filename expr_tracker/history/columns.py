@@ -23,6 +23,7 @@ from typing import Any
 __all__ = ["Column", "MetricColumns", "read_columns", "to_float"]
 
 NAN = float("nan")
+_NEW = object()  # MetricColumns._known's answer for a key not met yet
 
 
 def to_float(v: Any) -> float | None:
@@ -107,40 +108,56 @@ class MetricColumns:
         self.since = since
         self.names: dict[str, bool] = {}
         self.columns: dict[str, Column] = {}
+        self._known: dict[str, Column | None] = {}  # every key met -> its column or None
         self.rows = 0
         self.first_time: float | None = None
 
     def add_rows(self, rows: Iterable[dict[str, Any]]) -> None:
         """Take rows (dicts with an int ``_step``; others are ignored)."""
-        names = self.names
-        columns = self.columns
+        known = self._known
         since = self.since
         for rec in rows:
             step = rec.get("_step")
             if type(step) is not int:
                 continue
             t = rec.get("_time")
-            t = float(t) if type(t) is float or type(t) is int else NAN
+            if type(t) is not float:
+                t = float(t) if type(t) is int else NAN
             if self.first_time is None and t == t:
                 self.first_time = t
             if since is not None and step < since:
                 continue
             self.rows += 1
             for k, v in rec.items():
-                sel = names.get(k)
-                if sel is None:
-                    if k.startswith("_"):
+                col = known.get(k, _NEW)
+                if col is None:
+                    continue  # a name not selected (or _step, _time)
+                if col is _NEW:
+                    col = self._learn(k)
+                    if col is None:
                         continue
-                    sel = names[k] = bool(self.select(k))
-                    if sel:
-                        columns[k] = Column(k)
-                if not sel:
-                    continue
-                f = to_float(v)
-                if f is None:
-                    columns[k].skipped += 1
+                if type(v) is not float:
+                    v = to_float(v)
+                    if v is None:
+                        col.skipped += 1
+                        continue
+                steps = col.steps
+                if steps and steps[-1] >= step:
+                    col.add(step, t, v)  # a patch line, or a step out of order
                 else:
-                    columns[k].add(step, t, f)
+                    steps.append(step)
+                    col.times.append(t)
+                    col.values.append(v)
+
+    def _learn(self, name: str) -> Column | None:
+        """The column of a name met for the first time (None: not selected)."""
+        col = None
+        if not name.startswith("_"):
+            self.names[name] = True
+            if self.select(name):
+                col = self.columns[name] = Column(name)
+        self._known[name] = col
+        return col
 
 
 def read_columns(
