@@ -407,7 +407,7 @@ class SeriesView:
     skipped: int = 0  # values that are not numbers
     no_time: int = 0  # points without _time (--x time)
     last: float | None = None
-    last_x: float | None = None
+    last_x: float = 0.0
 
 
 def _xy(col: Any, x_mode: str, t0: float | None) -> tuple[Any, Any, int]:
@@ -476,7 +476,7 @@ def series_view(
 def _tick_label(v: float, integer: bool) -> str:
     if integer:
         n = round(v)
-        if abs(n) >= 100_000:
+        if abs(n) >= 10_000_000:
             for div, suffix in ((1e9, "G"), (1e6, "M"), (1e3, "k")):
                 if abs(n) >= div:
                     return f"{n / div:.4g}{suffix}"
@@ -560,8 +560,8 @@ def _legend_line(v: SeriesView, sample: str, colour: int | None, integer_x: bool
     mark = f"\x1b[38;5;{colour}m{sample}\x1b[0m" if colour is not None else sample
     parts = [f"{v.points} points"]
     if v.last is not None:
-        at = _tick_label(v.last_x, integer_x) if v.last_x is not None else "?"
-        parts.append(f"last {v.last:.6g} at {'step ' if integer_x else ''}{at}")
+        where = f"step {int(v.last_x)}" if integer_x else f"{v.last_x:.6g} s"
+        parts.append(f"last {v.last:.6g} at {where}")
     names = {
         "nan": ("NaN", NAN_MARK, "top"),
         "+inf": ("+inf", POS_INF_MARK, "top"),

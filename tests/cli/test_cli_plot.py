@@ -319,3 +319,16 @@ def test_follow_ctrl_c_exits_130(tmp_path):
     assert proc.returncode == 130, err
     assert "Traceback" not in err
     assert "5 points" in out and "6 points" in out  # the appended row was drawn
+
+
+def test_follow_on_a_terminal_replaces_frames_and_restores_the_cursor(runs):
+    from expr_tracker.cli.plot import run_plot
+
+    _root, a, _b = runs  # finished: one draw, then it stops by itself
+    out = _Tty()
+    args = _args(str(a), "loss", "-f", "--interval", "0.01", "--width", "60", "--height", "10")
+    assert run_plot(args, out) == 0
+    text = out.getvalue()
+    assert text.startswith("\x1b[?25l\x1b[H\x1b[2J")  # cursor hidden, screen redrawn
+    assert text.endswith("\x1b[?25h")  # and shown again
+    assert "a/loss: 300 points" in text
