@@ -260,8 +260,11 @@ def open_runs(args: argparse.Namespace, names: list[str]) -> list[RunSource]:
     labels = _labels([d for _, d, _ in picked])
     out = []
     for (path, _run_dir, info), label in zip(picked, labels, strict=True):
-        if path.name != "metrics.jsonl":
-            label += f" ({path.name})"
+        if path.name != "metrics.jsonl":  # another stream or rank: st[data], st[rank1]
+            inner = path.name
+            if inner.startswith("metrics.") and inner.endswith(".jsonl"):
+                inner = inner[len("metrics.") : -len(".jsonl")]
+            label += f"[{inner}]"
         out.append(RunSource(_printable(label), path, info))
     return out
 
@@ -773,7 +776,8 @@ def _plot(args: argparse.Namespace, out: IO[str]) -> int:
         read_all(src, select, args.since)
     problems = missing_patterns(patterns, sources)
     if problems:
-        if not args.follow:
+        live = [s for s in sources if _status(s.info) == "running"]
+        if not (args.follow and live):  # no row can come that would have it
             raise PlotError("; ".join(problems))
         for p in problems:  # a live run may log it later
             sys.stderr.write(f"et plot: warning: {p} (yet; waiting)\n")

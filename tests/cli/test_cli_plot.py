@@ -128,6 +128,8 @@ def test_default_metrics_globs_and_unknown_metric(runs, capsys):
     assert "unknown metric 'los' (did you mean 'loss'?)" in err and "acc" in err
     code, _, err = plot(capsys, str(a), "val/*")
     assert code == 1 and "pattern 'val/*' matches no metric" in err
+    code, _, err = plot(capsys, str(a), "los", "-f")  # the run ended: no row can bring it
+    assert code == 1 and "unknown metric 'los'" in err
 
 
 def test_unknown_and_ambiguous_runs(runs, capsys, tmp_path):
@@ -332,3 +334,22 @@ def test_follow_on_a_terminal_replaces_frames_and_restores_the_cursor(runs):
     assert text.startswith("\x1b[?25l\x1b[H\x1b[2J")  # cursor hidden, screen redrawn
     assert text.endswith("\x1b[?25h")  # and shown again
     assert "a/loss: 300 points" in text
+
+
+def test_stream_and_rank_files(tmp_path, capsys):
+    root = tmp_path / "runs"
+    _run(root, "st", [{"loss": float(i)} for i in range(20)])
+    run = et.init(project="p", name="st", dir=str(root), stream="data")
+    for i in range(10):
+        et.log({"thr": 2.0 * i})
+    et.finish()
+    code, out, err = plot(capsys, str(run.dir), "thr", "--stream", "data", "--width", "50")
+    assert code == 0, err
+    assert "st[data]/thr: 10 points, last 18 at step 9" in out
+    code, _, err = plot(capsys, str(run.dir), "thr")  # the main stream has no thr
+    assert code == 1 and "unknown metric 'thr'" in err and "loss" in err
+    code, _, err = plot(capsys, str(run.dir), "--stream", "../x")
+    assert code == 2 and "stream '../x' is not valid" in err
+    (run.dir / "metrics.rank1.jsonl").write_text('{"loss": 5.0, "_step": 0}\n')
+    code, out, err = plot(capsys, str(run.dir), "loss", "--rank", "1", "--width", "50")
+    assert code == 0 and "st[rank1]/loss: 1 points" in out
