@@ -36,6 +36,7 @@ from __future__ import annotations
 import argparse
 import difflib
 import fnmatch
+import math
 import os
 import shutil
 import sys
@@ -488,13 +489,23 @@ def _tick_label(v: float, integer: bool) -> str:
 
 
 def _x_ticks(lo: float, hi: float, width: int, integer: bool) -> tuple[list[float], list[str]]:
-    """Evenly spread tick positions from ``lo`` to ``hi`` (both included) and their labels."""
+    """Tick positions and labels for ``[lo, hi]``: both ends (so the labels span the data),
+    and between them the multiples of a round step (1, 2, 2.5 or 5 times a power of ten;
+    a whole number for steps) that keep their distance from the ends."""
     if hi <= lo:
         return [lo], [_tick_label(lo, integer)]
     k = max(2, min(8, width // 12))
-    pos = [lo + (hi - lo) * i / (k - 1) for i in range(k)]
+    raw = (hi - lo) / (k - 1)
+    power = 10.0 ** math.floor(math.log10(raw))
+    step = next(m * power for m in (1, 2, 2.5, 5, 10) if m * power >= raw)
     if integer:
-        pos = sorted({float(round(p)) for p in pos})
+        step = max(1.0, float(round(step)))
+    pos = [lo]
+    t = math.ceil((lo + 0.75 * step) / step) * step
+    while t < hi - 0.75 * step:
+        pos.append(t)
+        t += step
+    pos.append(hi)
     return pos, [_tick_label(p, integer) for p in pos]
 
 
