@@ -15,8 +15,8 @@ What is drawn, and what is not hidden:
 - A long series is cut to the chart's width by M4 (``history/downsample.py``): per column
   the first, last, lowest and highest value, so spikes stay visible.
 - NaN and ±inf cannot be placed on a y axis: each is marked on the chart's edge (NaN ``✗``
-  and +inf ``▲`` on the top edge, -inf ``▼`` on the bottom one, at its x), and the legend
-  under the chart counts them. Values that are not numbers (strings, lists) are counted
+  and +inf ``▲`` on the top edge, -inf ``▼`` on the bottom one, at its x; the line is broken
+  there), and the legend under the chart counts them. Values that are not numbers (strings, lists) are counted
   there too; with ``--log-y``, so are the values <= 0 that a log axis cannot show.
 - ``--smooth ALPHA`` draws the exponential moving average ``s = ALPHA * y + (1 - ALPHA) *
   s_prev`` (pandas' ``ewm(alpha=ALPHA, adjust=False)``; 1 is the raw series, smaller is
@@ -406,6 +406,7 @@ class SeriesView:
     xs: list[float] = field(default_factory=list)
     ys: list[float] = field(default_factory=list)
     marks: dict[str, list[float]] = field(default_factory=dict)  # "nan"/"+inf"/"-inf" -> xs
+    breaks: list[int] = field(default_factory=list)  # i: no line from xs[i - 1] to xs[i]
     counts: dict[str, int] = field(default_factory=dict)  # "nan"/"+inf"/"-inf" -> total
     nonpositive: int = 0  # finite values <= 0 left out on a log axis
     skipped: int = 0  # values that are not numbers
@@ -457,13 +458,18 @@ def series_view(
             ys = [ys[i] for i in keep]
     idx = m4(xs, ys, buckets, lo, hi) if len(xs) else []
     seen: set[tuple[str, int]] = set()
+    gap = False
     for i in idx:
         y = ys[i]
         x = float(xs[i])
         if y - y == 0:
+            if gap and view.xs:
+                view.breaks.append(len(view.xs))  # no line across a NaN/inf
+            gap = False
             view.xs.append(x)
             view.ys.append(y)
             continue
+        gap = True
         kind = "nan" if y != y else ("+inf" if y > 0 else "-inf")
         view.counts[kind] = view.counts.get(kind, 0) + 1
         key = (kind, bucket_index(x, lo, hi, buckets))
@@ -548,6 +554,8 @@ def render_chart(
         if v.xs:
             s = fig.signal(v.xs, v.ys, marker=plt.marker(symbol, pixel=pixel))
             s.lines(True)
+            for i in v.breaks:
+                s.line(i, False)
             fig.draw(s)
         for kind, mark, y in (
             ("nan", NAN_MARK, y_hi),

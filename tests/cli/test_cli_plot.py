@@ -95,6 +95,7 @@ def test_points_drawn_equal_the_downsampled_count(tmp_path):
     assert len(view.xs) == len(finite) <= 4 * buckets
     assert 9.0 + math.sin(4321 / 50.0) in view.ys  # the spike survives
     assert view.counts == {"nan": 1} and view.marks["nan"] == [777.0]
+    assert [view.xs[i] for i in view.breaks] == [min(x for x in view.xs if x > 777)]
     assert view.points == 20_000
 
 
