@@ -354,3 +354,37 @@ def test_stream_and_rank_files(tmp_path, capsys):
     (run.dir / "metrics.rank1.jsonl").write_text('{"loss": 5.0, "_step": 0}\n')
     code, out, err = plot(capsys, str(run.dir), "loss", "--rank", "1", "--width", "50")
     assert code == 0 and "st[rank1]/loss: 1 points" in out
+
+
+def test_a_rewritten_file_is_read_again_and_appends_are_read_alone(tmp_path):
+    from expr_tracker.cli.plot import RunSource, poll, read_all
+
+    p = tmp_path / "metrics.jsonl"
+    p.write_text("".join(json.dumps({"a": float(i), "_step": i}) + "\n" for i in range(10)))
+    src = RunSource("r", p, None)
+    select = lambda n: n == "a"  # noqa: E731
+    read_all(src, select, None)
+    assert len(src.columns.columns["a"]) == 10 and src.offset == p.stat().st_size
+    with p.open("a") as f:
+        f.write(json.dumps({"a": 10.0, "_step": 10}) + "\n" + '{"a": 11.0, "_st')  # torn
+    assert poll(src, select, None)
+    assert list(src.columns.columns["a"].steps)[-1] == 10  # the torn line waits
+    with p.open("a") as f:
+        f.write('ep": 11}\n')
+    assert poll(src, select, None) and len(src.columns.columns["a"]) == 12
+    p.write_text(json.dumps({"a": 5.0, "_step": 0}) + "\n")  # rewritten, shorter
+    assert poll(src, select, None)
+    assert list(src.columns.columns["a"].values) == [5.0]
+
+
+def test_runs_without_a_main_metrics_file(tmp_path, capsys):
+    root = tmp_path / "runs"
+    empty = et.init(project="p", name="empty", dir=str(root))
+    et.finish()  # no row: no metrics file
+    code, out, err = plot(capsys, str(empty.dir))
+    assert code == 1 and out == "" and "no metrics.jsonl" in err
+    shards = root / "p" / "shards"
+    shards.mkdir()
+    (shards / "metrics.rank1.jsonl").write_text('{"loss": 1.0, "_step": 0}\n')
+    code, _, err = plot(capsys, str(shards))
+    assert code == 1 and "only rank shards" in err and "--rank 1" in err
