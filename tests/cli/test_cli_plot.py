@@ -277,7 +277,7 @@ WRITER = """
 import sys, time
 import expr_tracker as et
 et.init(project="p", name="live", dir=sys.argv[1], max_buffer_seconds=0.05)
-for i in range(40):
+for i in range(80):
     et.log({"loss": 1.0 / (i + 1)})
     time.sleep(0.05)
 et.finish()
@@ -300,28 +300,44 @@ def test_follow_redraws_while_a_run_writes_and_exits_when_it_ends(tmp_path):
     assert proc.returncode == 0, err
     assert writer.returncode == 0
     frames = [f for f in re.split(r"(?m)^\s+loss\s*$", out) if f.strip()]
-    assert len(frames) >= 3, out  # it redrew as rows landed
+    assert len(frames) >= 2, out  # it redrew as rows landed
     counts = [int(m) for m in re.findall(r"live/loss: (\d+) points", out)]
-    assert counts == sorted(counts) and counts[0] < 40 and counts[-1] == 40  # output grew
-    assert _tick_line(frames[-1])[-1] == "39"  # the final draw spans every step
-    assert re.findall(r"last \S+ at step (\d+)", out)[-1] == "39"
+    assert counts == sorted(counts) and counts[0] < 80 and counts[-1] == 80  # output grew
+    assert _tick_line(frames[-1])[-1] == "79"  # the final draw spans every step
+    assert re.findall(r"last \S+ at step (\d+)", out)[-1] == "79"
 
 
 @pytest.mark.slow
 def test_follow_ctrl_c_exits_130(tmp_path):
+    import queue
+    import threading
+
     p = tmp_path / "metrics.jsonl"  # a bare file: no run.json says it ended, so it waits
     p.write_text("".join(json.dumps({"loss": float(i), "_step": i}) + "\n" for i in range(5)))
     proc = _et_plot(str(p), "loss", "-f", "--interval", "0.05", "--width", "50", "--height", "8")
-    time.sleep(1.5)
+    lines: queue.Queue = queue.Queue()
+    threading.Thread(target=lambda: [lines.put(x) for x in proc.stdout], daemon=True).start()
+
+    def wait_for(text: str) -> None:
+        deadline = time.monotonic() + 30
+        while time.monotonic() < deadline:
+            try:
+                if text in lines.get(timeout=1):
+                    return
+            except queue.Empty:
+                continue
+        raise AssertionError(f"{text!r} never drawn")
+
+    wait_for("loss: 5 points")  # the first frame
     assert proc.poll() is None  # still following
     with p.open("a") as f:
         f.write(json.dumps({"loss": 9.0, "_step": 5}) + "\n")
-    time.sleep(1.0)
+    wait_for("loss: 6 points")  # the appended row was drawn
     proc.send_signal(signal.SIGINT)
-    out, err = proc.communicate(timeout=20)
+    proc.wait(timeout=20)
+    err = proc.stderr.read()
     assert proc.returncode == 130, err
     assert "Traceback" not in err
-    assert "5 points" in out and "6 points" in out  # the appended row was drawn
 
 
 def test_follow_on_a_terminal_replaces_frames_and_restores_the_cursor(runs):
