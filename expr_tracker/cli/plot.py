@@ -162,7 +162,6 @@ class RunSource:
     columns: Any = None  # history.columns.MetricColumns
     offset: int = 0
     carry: bytes = b""
-    ended: bool = False
 
 
 def _printable(text: str) -> str:
@@ -287,8 +286,9 @@ def _split_args(args: argparse.Namespace) -> tuple[list[str], list[str]]:
     known: list[Path] | None = None
     while pos:
         a = pos[0]
-        if Path(a).exists():
-            runs.append(pos.pop(0))
+        p = Path(a)
+        if (p.is_file() and p.suffix == ".jsonl") or (p.is_dir() and find_runs(p, max_depth=0)):
+            runs.append(pos.pop(0))  # a metrics file or a run directory (not any path)
             continue
         if known is None:
             known = find_runs(root) if root.is_dir() else []

@@ -133,6 +133,15 @@ def test_default_metrics_globs_and_unknown_metric(runs, capsys):
     assert code == 1 and "unknown metric 'los'" in err
 
 
+def test_a_metric_named_like_a_folder_is_a_metric(runs, capsys, tmp_path, monkeypatch):
+    _root, a, _b = runs
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "acc").mkdir()  # a folder that is no run
+    code, out, err = plot(capsys, str(a), "acc", "--width", "50", "--height", "8")
+    assert code == 0, err
+    assert "a/acc: 300 points" in out
+
+
 def test_unknown_and_ambiguous_runs(runs, capsys, tmp_path):
     root, _a, _b = runs
     code, out, err = plot(capsys, "aa", "--dir", str(root))
