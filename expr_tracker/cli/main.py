@@ -22,6 +22,7 @@ COMMAND_MODULES = (
     "compare",
     "history",
     "query",
+    "plot",
     "trace",
     "rules",
     "alert",

@@ -1,0 +1,878 @@
+"""``et plot RUN [METRIC ...]``: a run's metrics as charts in the terminal (plotext).
+
+One chart per metric, with every run given overlaid on it (``et plot a b loss``,
+``et plot --runs a,b loss``). RUN is a run directory, a metrics file, or a run's name under
+``--dir`` (default ``./runs``: ``project/name``, or ``name`` alone when it is unique there).
+Without ``--runs``, the leading arguments that name a run are runs and the rest metrics;
+with ``--runs``, every argument is a metric. A METRIC is a name or a glob (``'train/*'``,
+quoted so the shell leaves it alone); none: the run's main metrics, as ``et runs`` picks
+them.
+
+What is drawn, and what is not hidden:
+
+- x is the step (``--x time``: seconds since the run's first row); ``--since STEP`` starts
+  there.
+- A long series is cut to the chart's width by M4 (``history/downsample.py``): per column
+  the first, last, lowest and highest value, so spikes stay visible.
+- NaN and ±inf cannot be placed on a y axis: each is marked on the chart's edge (NaN ``✗``
+  and +inf ``▲`` on the top edge, -inf ``▼`` on the bottom one, at its x; the line is broken
+  there), and the legend under the chart counts them. Values that are not numbers (strings, lists) are counted
+  there too; with ``--log-y``, so are the values <= 0 that a log axis cannot show.
+- ``--smooth ALPHA`` draws the exponential moving average ``s = ALPHA * y + (1 - ALPHA) *
+  s_prev`` (pandas' ``ewm(alpha=ALPHA, adjust=False)``; 1 is the raw series, smaller is
+  smoother) instead of the raw line — the terminal has no faint colour to keep both
+  readable; the legend's ``last`` is still the raw last value. NaN/inf are not averaged in
+  (they are marked as above).
+
+``--follow`` redraws as the runs write (only the bytes appended since the last poll are
+read), until every run's ``run.json`` says it ended (a final draw, exit 0) or Ctrl-C (exit
+130, the cursor shown again). On a terminal each frame replaces the last; piped, frames
+follow one another. Colours only on a terminal, and never with ``--no-color`` or
+``NO_COLOR`` set.
+"""
+
+from __future__ import annotations
+
+import argparse
+import difflib
+import fnmatch
+import math
+import os
+import shutil
+import sys
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import IO, Any
+
+from expr_tracker.cli import runfiles
+
+PLOT_EXTRA = "pip install 'expr-tracker[plot]'"
+#: series colours (xterm 256-colour codes of the 16 basic colours, readable on dark and light)
+PALETTE = (12, 10, 9, 14, 13, 11, 6, 5)
+#: markers telling series apart without colour
+PLAIN_MARKERS = ("•", "+", "x", "o", "*", "#", "@", "%")
+NAN_MARK, POS_INF_MARK, NEG_INF_MARK = "✗", "▲", "▼"
+_ENDED = ("finished", "failed", "crashed")
+
+
+class PlotError(Exception):
+    """A problem to report on stderr with exit code ``code`` (1: not found, 2: usage)."""
+
+    def __init__(self, message: str, code: int = 1) -> None:
+        super().__init__(message)
+        self.code = code
+
+
+def register(subparsers: Any) -> None:
+    """Add the ``plot`` sub-command to ``subparsers`` (sets ``func``)."""
+    p = subparsers.add_parser(
+        "plot",
+        help="chart a run's metrics in the terminal (several runs overlaid; --follow a live run)",
+        description=(
+            "Chart metrics of one or more runs in the terminal, one chart per metric. RUN: a "
+            "run directory, a metrics file or a run name under --dir; METRIC: names or globs "
+            "('train/*'); default: the run's main metrics. Needs the plot extra: "
+            f"{PLOT_EXTRA}."
+        ),
+    )
+    p.add_argument("args", nargs="*", metavar="RUN [METRIC]", help="runs, then metrics")
+    p.add_argument(
+        "--runs",
+        default=None,
+        metavar="A,B",
+        help="runs to overlay (then every positional argument is a metric)",
+    )
+    p.add_argument("--dir", default="runs", help="where run names are looked up (default ./runs)")
+    p.add_argument("--since", type=int, default=None, metavar="STEP", help="from step STEP on")
+    p.add_argument(
+        "--x",
+        choices=("step", "time"),
+        default="step",
+        help="x axis: step (default) or time (seconds since the run's first row)",
+    )
+    p.add_argument(
+        "--smooth",
+        type=float,
+        default=None,
+        metavar="ALPHA",
+        help="draw the EMA of each series (0 < ALPHA <= 1; smaller is smoother)",
+    )
+    p.add_argument("--log-y", action="store_true", help="logarithmic y axis")
+    p.add_argument(
+        "--width", type=int, default=None, help="chart width in cells (default: the terminal's)"
+    )
+    p.add_argument(
+        "--height",
+        type=int,
+        default=None,
+        help="height of each chart in lines (default: the terminal's height shared by the charts)",
+    )
+    runfiles.add_producer_options(p, "metrics", "metrics")
+    p.add_argument(
+        "-f",
+        "--follow",
+        action="store_true",
+        help="redraw while the runs write, until they end (or Ctrl-C)",
+    )
+    p.add_argument(
+        "--interval",
+        type=float,
+        default=1.0,
+        help="seconds between redraws with --follow (default 1)",
+    )
+    p.add_argument("--no-color", action="store_true", help="no colours (also: NO_COLOR set)")
+    p.set_defaults(func=run_plot)
+
+
+# --------------------------------------------------------------------------- plotext
+
+
+def load_plotext() -> Any:
+    """The plotext module (>= 6: ``plotext.figure.signal``).
+
+    Raises:
+        PlotError: plotext is missing or too old; the message names the extra to install.
+    """
+    try:
+        import plotext
+    except ImportError:
+        raise PlotError(f"et plot needs plotext, which is not installed: {PLOT_EXTRA}") from None
+    fig = getattr(plotext, "figure", None)
+    if fig is None or not hasattr(fig, "signal"):
+        version = getattr(plotext, "__version__", "?")
+        raise PlotError(
+            f"et plot needs plotext >= 6 (found {version}, whose API differs): "
+            f"pip install -U 'expr-tracker[plot]'"
+        )
+    return plotext
+
+
+# --------------------------------------------------------------------------- runs
+
+
+@dataclass
+class RunSource:
+    """One run to draw: its label, its metrics file, its ``run*.json`` (or None), the
+    columns read so far and where reading stopped."""
+
+    label: str
+    path: Path
+    info: Path | None
+    columns: Any = None  # history.columns.MetricColumns
+    offset: int = 0
+    carry: bytes = b""
+
+
+def _printable(text: str) -> str:
+    """``text`` with control characters escaped (a metric or run name cannot move the
+    cursor or change colours)."""
+    if text.isprintable():
+        return text
+    return "".join(c if c.isprintable() else ascii(c)[1:-1] for c in text)
+
+
+def resolve_run(arg: str, root: Path, known: list[Path] | None) -> Path:
+    """The run directory or metrics file ``arg`` names: a path, else ``project/name`` or
+    a unique ``name`` under ``root``.
+
+    Raises:
+        PlotError: no such run (close names listed) or an ambiguous name.
+    """
+    p = Path(arg)
+    if p.exists():
+        return p
+    runs = known if known is not None else []
+    rel = {}
+    for d in runs:
+        try:
+            rel[d.relative_to(root).as_posix()] = d
+        except ValueError:
+            continue
+    if arg.strip("/") in rel:
+        return rel[arg.strip("/")]
+    named = [d for d in runs if d.name == arg]
+    if len(named) == 1:
+        return named[0]
+    if len(named) > 1:
+        raise PlotError(
+            f"run {arg!r} is ambiguous under {str(root)!r}: "
+            + ", ".join(sorted(k for k, d in rel.items() if d.name == arg))
+            + " — give project/name"
+        )
+    close = difflib.get_close_matches(arg, list(rel) + [d.name for d in runs], n=3, cutoff=0.5)
+    hint = f" (did you mean {' or '.join(repr(c) for c in close)}?)" if close else ""
+    where = (
+        f"no path {arg!r} and no run of that name under {str(root)!r}"
+        if root.is_dir()
+        else f"no path {arg!r} (and {str(root)!r}, where run names are looked up, is no directory)"
+    )
+    raise PlotError(f"unknown run: {where}{hint}")
+
+
+def _labels(paths: list[Path]) -> list[str]:
+    """Short distinct labels: the fewest trailing path parts that tell the runs apart."""
+    parts = [p.resolve().parts for p in paths]
+    for k in range(1, max((len(x) for x in parts), default=1) + 1):
+        labels = ["/".join(x[-k:]) for x in parts]
+        if len(set(labels)) == len(labels):
+            return labels
+    return [str(p) for p in paths]
+
+
+def _status(info: Path | None) -> str | None:
+    from expr_tracker.history.runinfo import read_run_info
+
+    if info is None:
+        return None
+    data = read_run_info(info, repair=False)
+    st = data.get("status") if data else None
+    return st if isinstance(st, str) else None
+
+
+def open_runs(args: argparse.Namespace, names: list[str]) -> list[RunSource]:
+    """The runs ``names`` name, with their metrics files (for ``--stream``/``--rank``)."""
+    from expr_tracker.history.paths import file_name, resolve_run_path
+    from expr_tracker.history.rundirs import find_runs
+
+    root = Path(args.dir)
+    known: list[Path] | None = None
+    picked: list[tuple[Path, Path, Path | None]] = []
+    for name in names:
+        if known is None and not Path(name).exists():
+            known = find_runs(root) if root.is_dir() else []
+        run = resolve_run(name, root, known)
+        info = runfiles.producer_file(run, "run", args.stream, args.rank)
+        try:
+            path = resolve_run_path(run, stream=args.stream, rank=args.rank)
+        except ValueError as exc:
+            raise PlotError(str(exc), 2) from None
+        except FileNotFoundError as exc:
+            # a live run that has not written a row yet: wait for its file (--follow)
+            if args.follow and run.is_dir() and _status(info) == "running":
+                path = run / file_name("metrics", args.stream, args.rank)
+            else:
+                raise PlotError(str(exc)) from None
+        if any(path.resolve() == q.resolve() for q, _, _ in picked):
+            continue  # the same run twice
+        run_dir = run if run.is_dir() else run.parent
+        picked.append((path, run_dir, info if info is not None and info.exists() else None))
+    labels = _labels([d for _, d, _ in picked])
+    out = []
+    for (path, _run_dir, info), label in zip(picked, labels, strict=True):
+        if path.name != "metrics.jsonl":  # another stream or rank: st[data], st[rank1]
+            inner = path.name
+            if inner.startswith("metrics.") and inner.endswith(".jsonl"):
+                inner = inner[len("metrics.") : -len(".jsonl")]
+            label += f"[{inner}]"
+        out.append(RunSource(_printable(label), path, info))
+    return out
+
+
+def _split_args(args: argparse.Namespace) -> tuple[list[str], list[str]]:
+    """(runs, metric patterns) from the positional arguments and ``--runs``."""
+    from expr_tracker.history.rundirs import find_runs
+
+    pos = list(args.args)
+    if args.runs is not None:
+        runs = [r.strip() for r in args.runs.split(",") if r.strip()]
+        if not runs:
+            raise PlotError("--runs names no run (give A,B)", 2)
+        return runs, pos
+    if not pos:
+        raise PlotError("give a run: et plot RUN [METRIC ...] (or --runs A,B)", 2)
+    runs = [pos.pop(0)]
+    root = Path(args.dir)
+    known: list[Path] | None = None
+    while pos:
+        a = pos[0]
+        p = Path(a)
+        if (p.is_file() and p.suffix == ".jsonl") or (p.is_dir() and find_runs(p, max_depth=0)):
+            runs.append(pos.pop(0))  # a metrics file or a run directory (not any path)
+            continue
+        if known is None:
+            known = find_runs(root) if root.is_dir() else []
+        rel = set()
+        for d in known:
+            try:
+                rel.add(d.relative_to(root).as_posix())
+            except ValueError:
+                pass
+        if a.strip("/") in rel or sum(d.name == a for d in known) == 1:
+            runs.append(pos.pop(0))
+            continue
+        break
+    return runs, pos
+
+
+# --------------------------------------------------------------------------- metrics
+
+
+def _is_glob(pattern: str) -> bool:
+    return any(c in pattern for c in "*?[")
+
+
+def _selector(patterns: list[str]) -> Any:
+    exact = {p for p in patterns if not _is_glob(p)}
+    globs = [p for p in patterns if _is_glob(p)]
+
+    def select(name: str) -> bool:
+        return name in exact or any(fnmatch.fnmatchcase(name, g) for g in globs)
+
+    return select
+
+
+def default_metrics(sources: list[RunSource]) -> list[str]:
+    """The main metrics of each run (as ``et runs`` picks them), in order, each once."""
+    from expr_tracker.cli.runs import _main_metrics
+    from expr_tracker.history.reader import JsonlReader
+
+    names: dict[str, None] = {}
+    for src in sources:
+        try:
+            rows = JsonlReader(src.path).tail(100)
+        except OSError:
+            continue
+        for m in _main_metrics(rows, None):
+            names.setdefault(m, None)
+    return list(names)
+
+
+def chart_metrics(patterns: list[str], sources: list[RunSource]) -> list[str]:
+    """The metrics to chart, in the order of the patterns (a glob's matches in order of
+    first appearance over the runs)."""
+    seen: dict[str, None] = {}
+    for pat in patterns:
+        for src in sources:
+            for name in src.columns.names:
+                if name in src.columns.columns and (
+                    name == pat or (_is_glob(pat) and fnmatch.fnmatchcase(name, pat))
+                ):
+                    seen.setdefault(name, None)
+    return list(seen)
+
+
+def missing_patterns(patterns: list[str], sources: list[RunSource]) -> list[str]:
+    """A message per pattern that matches no metric of any run (close names listed)."""
+    known: dict[str, None] = {}
+    for src in sources:
+        for name in src.columns.names:
+            known.setdefault(name, None)
+    out = []
+    for pat in patterns:
+        if _is_glob(pat):
+            if not any(fnmatch.fnmatchcase(n, pat) for n in known):
+                out.append(f"pattern {pat!r} matches no metric")
+        elif pat not in known:
+            close = difflib.get_close_matches(pat, list(known), n=3, cutoff=0.6)
+            hint = f" (did you mean {' or '.join(repr(c) for c in close)}?)" if close else ""
+            out.append(f"unknown metric {pat!r}{hint}")
+    if out:
+        names = [n for n in known if not n.startswith(("time_ms/", "count/"))] or list(known)
+        listed = ", ".join(_printable(n) for n in names[:12])
+        more = f" and {len(names) - 12} more" if len(names) > 12 else ""
+        out[-1] += f"; metrics in the run{'s' if len(sources) > 1 else ''}: " + (
+            f"{listed}{more}" if names else "none (no rows yet)"
+        )
+    return [_printable(m) for m in out]
+
+
+# --------------------------------------------------------------------------- series
+
+
+def ema(values: Any, alpha: float) -> list[float]:
+    """The exponential moving average of ``values``: ``s = alpha * y + (1 - alpha) *
+    s_prev``, starting at the first finite value (pandas ``ewm(alpha, adjust=False)``);
+    a non-finite value is not averaged in and stays as it is."""
+    out: list[float] = []
+    s = None
+    b = 1.0 - alpha
+    for y in values:
+        if y - y != 0:  # NaN or inf: marked, not averaged
+            out.append(y)
+            continue
+        s = y if s is None else alpha * y + b * s
+        out.append(s)
+    return out
+
+
+@dataclass
+class SeriesView:
+    """What one series of one chart draws: the downsampled finite points and the x of
+    each non-finite point (one per chart column), with totals for the legend."""
+
+    label: str
+    points: int = 0  # points of the series in the range (finite or not)
+    xs: list[float] = field(default_factory=list)
+    ys: list[float] = field(default_factory=list)
+    marks: dict[str, list[float]] = field(default_factory=dict)  # "nan"/"+inf"/"-inf" -> xs
+    breaks: list[int] = field(default_factory=list)  # i: no line from xs[i - 1] to xs[i]
+    counts: dict[str, int] = field(default_factory=dict)  # "nan"/"+inf"/"-inf" -> total
+    nonpositive: int = 0  # finite values <= 0 left out on a log axis
+    skipped: int = 0  # values that are not numbers
+    no_time: int = 0  # points without _time (--x time)
+    last: float | None = None
+    last_x: float = 0.0
+
+
+def _xy(col: Any, x_mode: str, t0: float | None) -> tuple[Any, Any, int]:
+    """x and y sequences of a column (for ``time``: seconds since ``t0``, points without a
+    time left out and counted)."""
+    if x_mode == "step":
+        return col.steps, col.values, 0
+    base = t0 if t0 is not None else 0.0
+    xs, ys = [], []
+    for t, v in zip(col.times, col.values, strict=True):
+        if t == t:
+            xs.append(t - base)
+            ys.append(v)
+    return xs, ys, len(col) - len(xs)
+
+
+def series_view(
+    label: str,
+    col: Any,
+    *,
+    x_mode: str,
+    t0: float | None,
+    buckets: int,
+    lo: float,
+    hi: float,
+    smooth: float | None,
+    log_y: bool,
+) -> SeriesView:
+    """The :class:`SeriesView` of a column, cut to ``buckets`` columns over ``[lo, hi]``."""
+    from expr_tracker.history.downsample import bucket_index, m4
+
+    view = SeriesView(label, skipped=col.skipped)
+    xs, ys, view.no_time = _xy(col, x_mode, t0)
+    if len(ys):
+        view.last, view.last_x = ys[-1], xs[-1]
+    if smooth is not None:
+        ys = ema(ys, smooth)
+    if log_y:
+        keep = [i for i, y in enumerate(ys) if not (y <= 0)]  # NaN/inf kept: marked
+        view.nonpositive = len(ys) - len(keep)
+        if view.nonpositive:
+            xs = [xs[i] for i in keep]
+            ys = [ys[i] for i in keep]
+    idx = m4(xs, ys, buckets, lo, hi) if len(xs) else []
+    seen: set[tuple[str, int]] = set()
+    gap = False
+    for i in idx:
+        y = ys[i]
+        x = float(xs[i])
+        if y - y == 0:
+            if gap and view.xs:
+                view.breaks.append(len(view.xs))  # no line across a NaN/inf
+            gap = False
+            view.xs.append(x)
+            view.ys.append(y)
+            continue
+        gap = True
+        kind = "nan" if y != y else ("+inf" if y > 0 else "-inf")
+        view.counts[kind] = view.counts.get(kind, 0) + 1
+        key = (kind, bucket_index(x, lo, hi, buckets))
+        if key not in seen:  # one mark per chart column
+            seen.add(key)
+            view.marks.setdefault(kind, []).append(x)
+    view.points = len(xs)  # [lo, hi] is the range of every series of the chart
+    return view
+
+
+# --------------------------------------------------------------------------- drawing
+
+
+def _tick_label(v: float, integer: bool) -> str:
+    if integer:
+        n = round(v)
+        if abs(n) >= 10_000_000:
+            for div, suffix in ((1e9, "G"), (1e6, "M"), (1e3, "k")):
+                if abs(n) >= div:
+                    return f"{n / div:.4g}{suffix}"
+        return str(n)
+    return f"{v:.4g}"
+
+
+def _x_ticks(lo: float, hi: float, width: int, integer: bool) -> tuple[list[float], list[str]]:
+    """Tick positions and labels for ``[lo, hi]``: both ends (so the labels span the data),
+    and between them the multiples of a round step (1, 2, 2.5 or 5 times a power of ten;
+    a whole number for steps) that keep their distance from the ends."""
+    if hi <= lo:
+        return [lo], [_tick_label(lo, integer)]
+    k = max(2, min(8, width // 12))
+    raw = (hi - lo) / (k - 1)
+    power = 10.0 ** math.floor(math.log10(raw))
+    step = next(m * power for m in (1, 2, 2.5, 5, 10) if m * power >= raw)
+    if integer:
+        step = max(1.0, float(round(step)))
+    pos = [lo]
+    t = math.ceil((lo + 0.75 * step) / step) * step
+    while t < hi - 0.75 * step:
+        pos.append(t)
+        t += step
+    pos.append(hi)
+    return pos, [_tick_label(p, integer) for p in pos]
+
+
+def render_chart(
+    plt: Any,
+    title: str,
+    views: list[SeriesView],
+    *,
+    width: int,
+    height: int,
+    lo: float,
+    hi: float,
+    x_label: str,
+    integer_x: bool,
+    log_y: bool,
+    color: bool,
+) -> str:
+    """One chart (plotext) and its legend, as text (ANSI colours only when ``color``)."""
+    fig = plt.figure
+    fig.clear()
+    plt.terminal.limit(False, False)
+    fig.plot_size(width, height)
+    fig.theme("simple" if color else "colorless")
+    finite = [y for v in views for y in v.ys]
+    if finite:
+        y_lo, y_hi = min(finite), max(finite)
+    else:
+        y_lo, y_hi = (1.0, 10.0) if log_y else (0.0, 1.0)
+    if y_hi <= y_lo:
+        pad = abs(y_lo) * 0.1 if y_lo else 1.0
+        y_lo, y_hi = (y_lo / 2, y_hi * 2) if log_y else (y_lo - pad, y_hi + pad)
+    x_lo, x_hi = (lo, hi) if hi > lo else (lo - 1, hi + 1)
+    many = len(views) > 1
+    legend = []
+    for n, v in enumerate(views):
+        colour = PALETTE[n % len(PALETTE)]
+        symbol = "braille" if color or not many else PLAIN_MARKERS[n % len(PLAIN_MARKERS)]
+        sample = "⣿" if symbol == "braille" else symbol
+        pixel = colour if color else None
+        if v.xs:
+            s = fig.signal(v.xs, v.ys, marker=plt.marker(symbol, pixel=pixel))
+            s.lines(True)
+            for i in v.breaks:
+                s.line(i, False)
+            fig.draw(s)
+        for kind, mark, y in (
+            ("nan", NAN_MARK, y_hi),
+            ("+inf", POS_INF_MARK, y_hi),
+            ("-inf", NEG_INF_MARK, y_lo),
+        ):
+            xs = v.marks.get(kind)
+            if xs:
+                fig.draw(fig.signal(xs, [y] * len(xs), marker=plt.marker(mark, pixel=pixel)))
+        legend.append(_legend_line(v, sample, colour if color else None, integer_x))
+    fig.ruler("x").lim(x_lo, x_hi)
+    fig.ruler("y").lim(y_lo, y_hi)
+    if log_y:
+        fig.ruler("y").scale("log")
+    pos, labels = _x_ticks(lo, hi, width, integer_x)
+    fig.ruler("x").ticks(pos, labels)
+    fig.title(title)
+    fig.label(x_label, "x")
+    text = fig.build().string(colorless=not color).rstrip("\n")
+    return text + "\n" + "\n".join(legend) + "\n"
+
+
+def _legend_line(v: SeriesView, sample: str, colour: int | None, integer_x: bool) -> str:
+    mark = f"\x1b[38;5;{colour}m{sample}\x1b[0m" if colour is not None else sample
+    parts = [f"{v.points} points"]
+    if v.last is not None:
+        where = f"step {int(v.last_x)}" if integer_x else f"{v.last_x:.6g} s"
+        parts.append(f"last {v.last:.6g} at {where}")
+    names = {
+        "nan": ("NaN", NAN_MARK, "top"),
+        "+inf": ("+inf", POS_INF_MARK, "top"),
+        "-inf": ("-inf", NEG_INF_MARK, "bottom"),
+    }
+    for kind, (name, m, edge) in names.items():
+        if v.counts.get(kind):
+            parts.append(f"{v.counts[kind]} {name} ({m} on the {edge} edge)")
+    if v.nonpositive:
+        parts.append(f"{v.nonpositive} values <= 0 not drawn (log axis)")
+    if v.skipped:
+        parts.append(f"{v.skipped} non-numeric values not drawn")
+    if v.no_time:
+        parts.append(f"{v.no_time} points without _time not drawn")
+    return f" {mark} {v.label}: " + ", ".join(parts)
+
+
+# --------------------------------------------------------------------------- frames
+
+
+@dataclass
+class Layout:
+    width: int
+    height: int | None  # per chart; None: share the terminal's height
+
+
+def frame(
+    plt: Any,
+    sources: list[RunSource],
+    patterns: list[str],
+    args: argparse.Namespace,
+    layout: Layout,
+    color: bool,
+) -> str:
+    """Every chart of the current data, as text."""
+    metrics = chart_metrics(patterns, sources)
+    if not metrics:
+        return "(no data to plot yet)\n"
+    width = layout.width
+    nlines = len(sources) + 1
+    if layout.height is not None:
+        height = layout.height
+    else:
+        rows = shutil.get_terminal_size((100, 30)).lines
+        height = max(10, (rows - 1) // len(metrics) - nlines)
+    charts = []
+    integer_x = args.x == "step"
+    buckets = max(1, width - 8)
+    for metric in metrics:
+        cols = []
+        for src in sources:
+            col = src.columns.columns.get(metric)
+            if col is not None:
+                cols.append((src, col.ordered()))
+        lo = hi = None
+        for src, col in cols:
+            xs, _, _ = _xy(col, args.x, src.columns.first_time)
+            if len(xs):
+                a, b = (xs[0], xs[-1]) if args.x == "step" else (min(xs), max(xs))
+                lo = a if lo is None else min(lo, a)
+                hi = b if hi is None else max(hi, b)
+        if lo is None:
+            lo = hi = float(args.since or 0)
+        views = [
+            series_view(
+                f"{src.label}/{_printable(metric)}",
+                col,
+                x_mode=args.x,
+                t0=src.columns.first_time,
+                buckets=buckets,
+                lo=float(lo),
+                hi=float(hi),
+                smooth=args.smooth,
+                log_y=args.log_y,
+            )
+            for src, col in cols
+        ]
+        title = _printable(metric)
+        if args.smooth is not None:
+            title += f" (EMA alpha={args.smooth:g})"
+        charts.append(
+            render_chart(
+                plt,
+                title,
+                views,
+                width=width,
+                height=height,
+                lo=float(lo),
+                hi=float(hi),
+                x_label="step" if integer_x else "seconds since the run's first row",
+                integer_x=integer_x,
+                log_y=args.log_y,
+                color=color,
+            )
+        )
+    return "".join(charts)
+
+
+# --------------------------------------------------------------------------- reading
+
+
+def _complete_end(path: Path) -> int:
+    from expr_tracker.cli.history import _complete_end as end
+
+    return end(path)
+
+
+def read_all(src: RunSource, select: Any, since: int | None) -> None:
+    """Read ``src``'s metrics file up to its last complete line."""
+    from expr_tracker.history.columns import MetricColumns, read_columns
+
+    src.columns = MetricColumns(select, since)
+    src.offset, src.carry = 0, b""
+    if not src.path.is_file():
+        return
+    end = _complete_end(src.path)
+    read_columns(src.path, select, since=since, end=end, into=src.columns)
+    src.offset = end
+
+
+def poll(src: RunSource, select: Any, since: int | None) -> bool:
+    """Take the lines appended to ``src``'s file since the last read; True when some came.
+    A file that shrank (rewritten) is read again from its start."""
+    from expr_tracker.history.codec import decode_line
+
+    try:
+        size = os.stat(src.path).st_size
+    except OSError:
+        return False
+    if size < src.offset:
+        read_all(src, select, since)
+        return True
+    if size == src.offset:
+        return False
+    with open(src.path, "rb") as f:
+        f.seek(src.offset)
+        data = f.read(size - src.offset)
+    src.offset += len(data)
+    parts = (src.carry + data).split(b"\n")
+    src.carry = parts.pop()
+    rows = []
+    for raw in parts:
+        try:
+            rec = decode_line(raw)
+        except ValueError:
+            continue
+        if isinstance(rec, dict):
+            rows.append(rec)
+    src.columns.add_rows(rows)
+    return bool(rows)
+
+
+# --------------------------------------------------------------------------- command
+
+
+def _use_color(args: argparse.Namespace, out: Any) -> bool:
+    if args.no_color or os.environ.get("NO_COLOR", ""):
+        return False
+    try:
+        return bool(out.isatty())
+    except (AttributeError, ValueError):
+        return False
+
+
+def run_plot(args: argparse.Namespace, out: IO[str] | None = None) -> int:
+    """The ``et plot`` command; returns the exit code (0 ok, 1 not found or nothing to
+    plot, 2 usage, 130 Ctrl-C while following)."""
+    out = out or sys.stdout
+    try:
+        return _plot(args, out)
+    except PlotError as exc:
+        sys.stderr.write(f"et plot: {exc}\n")
+        return exc.code
+
+
+def _check(args: argparse.Namespace) -> None:
+    if args.smooth is not None and not (0 < args.smooth <= 1):
+        raise PlotError(f"--smooth {args.smooth:g} is not valid: 0 < ALPHA <= 1 (1: raw)", 2)
+    if args.since is not None and args.since < 0:
+        raise PlotError(f"--since {args.since} is not valid: a step >= 0", 2)
+    if args.width is not None and args.width < 30:
+        raise PlotError(f"--width {args.width} is not valid: at least 30 cells", 2)
+    if args.height is not None and args.height < 6:
+        raise PlotError(f"--height {args.height} is not valid: at least 6 lines", 2)
+    if args.interval <= 0:
+        raise PlotError(f"--interval {args.interval:g} is not valid: seconds > 0", 2)
+    try:
+        runfiles.check_rank(args.rank)
+    except ValueError as exc:
+        raise PlotError(str(exc), 2) from None
+
+
+def _plot(args: argparse.Namespace, out: IO[str]) -> int:
+    _check(args)
+    plt = load_plotext()
+    run_names, patterns = _split_args(args)
+    sources = open_runs(args, run_names)
+    if args.follow and not patterns:
+        patterns = _wait_for_defaults(sources, args.interval)
+    elif not patterns:
+        patterns = default_metrics(sources)
+        if not patterns:
+            raise PlotError(
+                "nothing to plot: no numeric metric in the newest rows of "
+                + ", ".join(repr(str(s.path)) for s in sources)
+            )
+    select = _selector(patterns)
+    for src in sources:
+        read_all(src, select, args.since)
+    problems = missing_patterns(patterns, sources)
+    if problems:
+        live = [s for s in sources if _status(s.info) == "running"]
+        if not (args.follow and live):  # no row can come that would have it
+            raise PlotError("; ".join(problems))
+        for p in problems:  # a live run may log it later
+            sys.stderr.write(f"et plot: warning: {p} (yet; waiting)\n")
+    color = _use_color(args, out)
+
+    def layout() -> Layout:
+        width = args.width or shutil.get_terminal_size((100, 30)).columns
+        return Layout(max(30, width), args.height)
+
+    if not args.follow:
+        out.write(frame(plt, sources, patterns, args, layout(), color))
+        out.flush()
+        return 0
+    return _follow(plt, sources, patterns, select, args, layout, color, out)
+
+
+def _wait_for_defaults(sources: list[RunSource], interval: float) -> list[str]:
+    """--follow without metrics: the main metrics once some run has rows."""
+    while True:
+        names = default_metrics(sources)
+        if names or all(_status(s.info) in _ENDED for s in sources if s.info):
+            if not names:
+                raise PlotError("nothing to plot: the runs ended without a numeric metric")
+            return names
+        time.sleep(interval)
+
+
+def _follow(
+    plt: Any,
+    sources: list[RunSource],
+    patterns: list[str],
+    select: Any,
+    args: argparse.Namespace,
+    layout: Any,
+    color: bool,
+    out: IO[str],
+) -> int:
+    tty = False
+    try:
+        tty = bool(out.isatty())
+    except (AttributeError, ValueError):
+        pass
+
+    def draw() -> None:
+        text = frame(plt, sources, patterns, args, layout(), color)
+        if tty:
+            out.write("\x1b[H\x1b[2J" + text)
+        else:
+            out.write(text + "\n")
+        out.flush()
+
+    if tty:
+        out.write("\x1b[?25l")  # hide the cursor while frames replace each other
+    try:
+        draw()
+        watched = [s for s in sources if s.info is not None]
+        while True:
+            time.sleep(args.interval)
+            got = False
+            for src in sources:
+                got = poll(src, select, args.since) or got
+            if got:
+                draw()
+                continue
+            if watched and all(_status(s.info) in _ENDED for s in watched):
+                # read once more: a run closes its metrics file before run.json says ended
+                if any([poll(src, select, args.since) for src in sources]):
+                    draw()
+                break
+        return 0
+    except KeyboardInterrupt:
+        return 130
+    finally:
+        if tty:
+            out.write("\x1b[?25h")
+        try:
+            out.flush()
+        except (OSError, ValueError):
+            pass

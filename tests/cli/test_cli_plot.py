@@ -1,0 +1,415 @@
+"""`et plot`: charts rendered to a fixed-size terminal (plotext's own string output), checked
+for their axes (tick labels spanning the steps), their series (labels, the number of points
+drawn equals the downsampled count, NaN/inf marks), overlays, errors, colours, and
+``--follow`` against a run another process is still writing."""
+
+from __future__ import annotations
+
+import argparse
+import io
+import json
+import math
+import os
+import re
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+import expr_tracker as et
+from expr_tracker.cli.main import main
+from expr_tracker.cli.plot import ema, series_view
+from expr_tracker.history.columns import read_columns
+from expr_tracker.history.downsample import m4
+
+pytest.importorskip("plotext")
+
+
+def _run(root: Path, name: str, rows: list[dict], project: str = "p") -> Path:
+    run = et.init(project=project, name=name, dir=str(root))
+    for r in rows:
+        et.log(r)
+    et.finish()
+    return run.dir
+
+
+@pytest.fixture
+def runs(tmp_path):
+    root = tmp_path / "runs"
+    a = [{"loss": 1.0 / (i + 1), "acc": i / 300, "lr": 3e-4} for i in range(300)]
+    a[100]["loss"] = float("nan")
+    a[150]["loss"] = float("inf")
+    a[200]["loss"] = float("-inf")
+    a[250]["loss"] = float("inf")
+    b = [{"loss": 2.0 / (i + 1), "acc": i / 250} for i in range(200)]
+    return root, _run(root, "a", a), _run(root, "b", b)
+
+
+def plot(capsys, *args: str) -> tuple[int, str, str]:
+    code = main(["plot", *args])
+    cap = capsys.readouterr()
+    return code, cap.out, cap.err
+
+
+def _tick_line(out: str) -> list[str]:
+    """The labels under the x axis of the first chart."""
+    lines = out.splitlines()
+    i = next(k for k, line in enumerate(lines) if line.lstrip().startswith("└"))
+    return lines[i + 1].split()
+
+
+def test_axes_series_and_nonfinite_marks(runs, capsys):
+    _root, a, _b = runs
+    code, out, err = plot(capsys, str(a), "loss", "--width", "80", "--height", "16")
+    assert code == 0, err
+    assert "\x1b" not in out  # not a terminal: no colours
+    lines = out.splitlines()
+    assert lines[0].strip() == "loss"  # the title
+    ticks = _tick_line(out)
+    assert ticks[0] == "0" and ticks[-1] == "299"  # the ticks span the step range
+    assert [int(t) for t in ticks] == sorted(int(t) for t in ticks)
+    assert "step" in out
+    chart = "\n".join(lines[: lines.index(next(x for x in lines if x.lstrip().startswith("└")))])
+    assert "✗" in chart and "▲" in chart and "▼" in chart  # marks on the chart itself
+    legend = next(x for x in lines if "a/loss" in x)
+    assert "300 points" in legend
+    assert "1 NaN" in legend and "2 +inf" in legend and "1 -inf" in legend
+    assert len(lines[1]) <= 80  # fits the width asked for
+
+
+def test_points_drawn_equal_the_downsampled_count(tmp_path):
+    rows = [{"x": math.sin(i / 50.0) + (9.0 if i == 4321 else 0.0)} for i in range(20_000)]
+    rows[777]["x"] = float("nan")
+    run = _run(tmp_path / "runs", "big", rows)
+    col = read_columns(run / "metrics.jsonl", lambda n: n == "x").columns["x"]
+    buckets = 70
+    view = series_view(
+        "big/x", col, x_mode="step", t0=None, buckets=buckets, lo=0.0, hi=19_999.0,
+        smooth=None, log_y=False,
+    )  # fmt: skip
+    idx = m4(col.steps, col.values, buckets, 0, 19_999)
+    finite = [i for i in idx if math.isfinite(col.values[i])]
+    assert len(view.xs) == len(finite) <= 4 * buckets
+    assert 9.0 + math.sin(4321 / 50.0) in view.ys  # the spike survives
+    assert view.counts == {"nan": 1} and view.marks["nan"] == [777.0]
+    assert [view.xs[i] for i in view.breaks] == [min(x for x in view.xs if x > 777)]
+    assert view.points == 20_000
+
+
+def test_two_runs_overlaid(runs, capsys):
+    root, a, b = runs
+    for args in (
+        [str(a), str(b), "loss"],
+        ["--runs", "p/a,p/b", "--dir", str(root), "loss"],
+        ["a", "b", "loss", "--dir", str(root)],
+    ):
+        code, out, err = plot(capsys, *args, "--width", "70", "--height", "14")
+        assert code == 0, err
+        assert out.count("\n loss\n") == 0 and out.splitlines()[0].strip() == "loss"
+        legend = [x for x in out.splitlines() if x.startswith(" ") and "/loss:" in x]
+        assert [x.split()[1] for x in legend] == ["a/loss:", "b/loss:"]
+        assert legend[0].split()[0] != legend[1].split()[0]  # without colour: two markers
+        assert _tick_line(out)[-1] == "299"  # the longer run sets the range
+        assert "200 points" in legend[1]
+
+
+def test_default_metrics_globs_and_unknown_metric(runs, capsys):
+    root, a, _b = runs
+    code, out, _ = plot(capsys, str(a), "--width", "60", "--height", "10")
+    assert code == 0
+    titles = [x.strip() for x in out.splitlines() if x.strip() in ("loss", "acc", "lr")]
+    assert titles == ["loss", "acc"]  # et runs' main metrics: not lr
+    code, out, _ = plot(capsys, str(a), "l*", "--width", "60", "--height", "10")
+    assert [x.strip() for x in out.splitlines() if x.strip() in ("loss", "lr")] == ["loss", "lr"]
+    code, out, err = plot(capsys, str(a), "los")
+    assert code == 1 and out == ""
+    assert "unknown metric 'los' (did you mean 'loss'?)" in err and "acc" in err
+    code, _, err = plot(capsys, str(a), "val/*")
+    assert code == 1 and "pattern 'val/*' matches no metric" in err
+    code, _, err = plot(capsys, str(a), "los", "-f")  # the run ended: no row can bring it
+    assert code == 1 and "unknown metric 'los'" in err
+
+
+def test_a_metric_named_like_a_folder_is_a_metric(runs, capsys, tmp_path, monkeypatch):
+    _root, a, _b = runs
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "acc").mkdir()  # a folder that is no run
+    code, out, err = plot(capsys, str(a), "acc", "--width", "50", "--height", "8")
+    assert code == 0, err
+    assert "a/acc: 300 points" in out
+
+
+def test_unknown_and_ambiguous_runs(runs, capsys, tmp_path):
+    root, _a, _b = runs
+    code, out, err = plot(capsys, "aa", "--dir", str(root))
+    assert code == 1 and out == ""
+    assert "unknown run" in err and "did you mean" in err
+    _run(root, "a", [{"loss": 1.0}], project="q")  # q/a beside p/a
+    code, _, err = plot(capsys, "a", "--dir", str(root))
+    assert code == 1 and "ambiguous" in err and "p/a" in err and "q/a" in err
+    assert plot(capsys, "q/a", "--dir", str(root), "--width", "40", "--height", "8")[0] == 0
+    code, _, err = plot(capsys, str(tmp_path / "nowhere"))
+    assert code == 1 and "unknown run" in err
+
+
+def test_usage_errors(runs, capsys):
+    _root, a, _b = runs
+    for bad, word in (
+        (["--smooth", "0"], "--smooth"),
+        (["--smooth", "1.5"], "--smooth"),
+        (["--since", "-1"], "--since"),
+        (["--width", "5"], "--width"),
+        (["--rank", "-2"], "--rank"),
+    ):
+        code, _, err = plot(capsys, str(a), "loss", *bad)
+        assert code == 2 and word in err
+    code, _, err = plot(capsys)
+    assert code == 2 and "give a run" in err
+
+
+def test_since_time_axis_smooth_and_log(runs, capsys):
+    _root, a, _b = runs
+    code, out, _ = plot(capsys, str(a), "acc", "--since", "120", "--width", "60", "--height", "10")
+    assert code == 0
+    assert _tick_line(out)[0] == "120" and _tick_line(out)[-1] == "299"
+    assert "180 points" in out
+    code, out, _ = plot(capsys, str(a), "acc", "--x", "time", "--width", "60", "--height", "10")
+    assert code == 0 and "seconds since the run's first row" in out
+    code, out, _ = plot(capsys, str(a), "loss", "--smooth", "0.1", "--width", "60")
+    assert code == 0 and "loss (EMA alpha=0.1)" in out
+    code, out, err = plot(capsys, str(a), "acc", "--log-y", "--width", "60", "--height", "10")
+    assert code == 0, err
+    assert "1 values <= 0 not drawn (log axis)" in out  # acc is 0.0 at step 0
+
+
+def test_ema_matches_pandas():
+    pd = pytest.importorskip("pandas")
+    values = [3.0, 1.0, 4.0, 1.0, 5.0, 9.0, 2.0, 6.0]
+    want = pd.Series(values).ewm(alpha=0.3, adjust=False).mean().tolist()
+    assert ema(values, 0.3) == pytest.approx(want)
+    out = ema([1.0, float("nan"), 3.0], 0.5)  # NaN is not averaged in, and stays marked
+    assert out[0] == 1.0 and math.isnan(out[1]) and out[2] == 2.0
+    assert ema(values, 1.0) == values
+
+
+class _Tty(io.StringIO):
+    def isatty(self) -> bool:
+        return True
+
+
+def _args(*argv: str) -> argparse.Namespace:
+    from expr_tracker.cli.main import build_parser
+
+    return build_parser().parse_args(["plot", *argv])
+
+
+def test_colours_only_on_a_terminal_and_never_with_no_color(runs, monkeypatch):
+    from expr_tracker.cli.plot import run_plot
+
+    _root, a, _b = runs
+    monkeypatch.delenv("NO_COLOR", raising=False)
+    out = _Tty()
+    assert run_plot(_args(str(a), "loss", "--width", "60", "--height", "10"), out) == 0
+    assert "\x1b[38;5;" in out.getvalue()
+    out = _Tty()
+    assert run_plot(_args(str(a), "loss", "--width", "60", "--no-color"), out) == 0
+    assert "\x1b" not in out.getvalue()
+    monkeypatch.setenv("NO_COLOR", "1")
+    out = _Tty()
+    assert run_plot(_args(str(a), "loss", "--width", "60"), out) == 0
+    assert "\x1b" not in out.getvalue() and "loss" in out.getvalue()
+
+
+def test_missing_plotext_names_the_extra(runs, capsys, monkeypatch):
+    _root, a, _b = runs
+    monkeypatch.setitem(sys.modules, "plotext", None)
+    code, out, err = plot(capsys, str(a), "loss")
+    assert code == 1 and out == ""
+    assert "pip install 'expr-tracker[plot]'" in err
+
+
+def test_hostile_names_and_values(tmp_path, capsys):
+    name = "x\x1b[31m'\";red"
+    rows = [{name: float(i), "text": "s", "big": i} for i in range(10)]
+    rows.append({name: "not a number"})
+    run = _run(tmp_path / "runs", "h", rows)
+    code, out, err = plot(capsys, str(run), "x*", "big", "--width", "60", "--height", "10")
+    assert code == 0, err
+    assert "\x1b" not in out  # the escape is shown escaped, never sent to the terminal
+    assert "x\\x1b[31m'\";red" in out
+    assert "1 non-numeric values not drawn" in out
+    code, out, err = plot(capsys, str(run), "text")
+    assert code == 0 and "10 non-numeric values not drawn" in out
+    # another writer's file: an int beyond the float range is marked as +inf, not lost
+    raw = tmp_path / "metrics.jsonl"
+    raw.write_text(
+        "".join(f'{{"big": {10**400 if i == 3 else i}, "_step": {i}}}\n' for i in range(6))
+    )
+    code, out, err = plot(capsys, str(raw), "big", "--width", "60", "--height", "10")
+    assert code == 0, err
+    assert "6 points" in out and "1 +inf" in out
+
+
+def test_patch_lines_torn_line_and_unsorted_steps(tmp_path):
+    p = tmp_path / "metrics.jsonl"
+    lines = [
+        {"a": 1.0, "_step": 0, "_time": 10.0},
+        {"a": 2.0, "_step": 1, "_time": 11.0},
+        {"b": 5.0, "_step": 1, "_time": 11.5},  # a patch line adding b to step 1
+        {"a": 3.0, "_step": 1, "_time": 12.0},  # a patch line replacing a of step 1
+        {"a": 0.5, "_step": 5, "_time": 13.0},
+        {"a": 9.0, "_step": 3, "_time": 14.0},  # out of step order
+    ]
+    p.write_text("".join(json.dumps(x) + "\n" for x in lines) + '{"a": 7, "_st')
+    cols = read_columns(p, lambda n: True)
+    a = cols.columns["a"].ordered()
+    assert list(a.steps) == [0, 1, 3, 5] and list(a.values) == [1.0, 3.0, 9.0, 0.5]
+    assert list(cols.columns["b"].steps) == [1] and cols.first_time == 10.0
+    late = read_columns(p, lambda n: n == "a", since=3)
+    assert sorted(late.columns["a"].steps) == [3, 5] and late.first_time == 10.0
+
+
+def _et_plot(*args: str) -> subprocess.Popen:
+    return subprocess.Popen(
+        [sys.executable, "-m", "expr_tracker.cli.main", "plot", *args],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        env={**os.environ, "PYTHONUNBUFFERED": "1"},
+    )
+
+
+WRITER = """
+import sys, time
+import expr_tracker as et
+et.init(project="p", name="live", dir=sys.argv[1], max_buffer_seconds=0.05)
+for i in range(80):
+    et.log({"loss": 1.0 / (i + 1)})
+    time.sleep(0.05)
+et.finish()
+"""
+
+
+@pytest.mark.slow
+def test_follow_redraws_while_a_run_writes_and_exits_when_it_ends(tmp_path):
+    root = tmp_path / "runs"
+    writer = subprocess.Popen([sys.executable, "-c", WRITER, str(root)])
+    run = root / "p" / "live"
+    deadline = time.monotonic() + 30
+    while not (run / "run.json").exists() and time.monotonic() < deadline:
+        time.sleep(0.02)
+    proc = _et_plot(str(run), "loss", "-f", "--interval", "0.1", "--width", "60", "--height", "10")
+    try:
+        out, err = proc.communicate(timeout=60)
+    finally:
+        writer.wait(timeout=60)
+    assert proc.returncode == 0, err
+    assert writer.returncode == 0
+    frames = [f for f in re.split(r"(?m)^\s+loss\s*$", out) if f.strip()]
+    assert len(frames) >= 2, out  # it redrew as rows landed
+    counts = [int(m) for m in re.findall(r"live/loss: (\d+) points", out)]
+    assert counts == sorted(counts) and counts[0] < 80 and counts[-1] == 80  # output grew
+    assert _tick_line(frames[-1])[-1] == "79"  # the final draw spans every step
+    assert re.findall(r"last \S+ at step (\d+)", out)[-1] == "79"
+
+
+@pytest.mark.slow
+def test_follow_ctrl_c_exits_130(tmp_path):
+    import queue
+    import threading
+
+    p = tmp_path / "metrics.jsonl"  # a bare file: no run.json says it ended, so it waits
+    p.write_text("".join(json.dumps({"loss": float(i), "_step": i}) + "\n" for i in range(5)))
+    proc = _et_plot(str(p), "loss", "-f", "--interval", "0.05", "--width", "50", "--height", "8")
+    lines: queue.Queue = queue.Queue()
+    threading.Thread(target=lambda: [lines.put(x) for x in proc.stdout], daemon=True).start()
+
+    def wait_for(text: str) -> None:
+        deadline = time.monotonic() + 30
+        while time.monotonic() < deadline:
+            try:
+                if text in lines.get(timeout=1):
+                    return
+            except queue.Empty:
+                continue
+        raise AssertionError(f"{text!r} never drawn")
+
+    wait_for("loss: 5 points")  # the first frame
+    assert proc.poll() is None  # still following
+    with p.open("a") as f:
+        f.write(json.dumps({"loss": 9.0, "_step": 5}) + "\n")
+    wait_for("loss: 6 points")  # the appended row was drawn
+    proc.send_signal(signal.SIGINT)
+    proc.wait(timeout=20)
+    err = proc.stderr.read()
+    assert proc.returncode == 130, err
+    assert "Traceback" not in err
+
+
+def test_follow_on_a_terminal_replaces_frames_and_restores_the_cursor(runs):
+    from expr_tracker.cli.plot import run_plot
+
+    _root, a, _b = runs  # finished: one draw, then it stops by itself
+    out = _Tty()
+    args = _args(str(a), "loss", "-f", "--interval", "0.01", "--width", "60", "--height", "10")
+    assert run_plot(args, out) == 0
+    text = out.getvalue()
+    assert text.startswith("\x1b[?25l\x1b[H\x1b[2J")  # cursor hidden, screen redrawn
+    assert text.endswith("\x1b[?25h")  # and shown again
+    assert "a/loss: 300 points" in text
+
+
+def test_stream_and_rank_files(tmp_path, capsys):
+    root = tmp_path / "runs"
+    _run(root, "st", [{"loss": float(i)} for i in range(20)])
+    run = et.init(project="p", name="st", dir=str(root), stream="data")
+    for i in range(10):
+        et.log({"thr": 2.0 * i})
+    et.finish()
+    code, out, err = plot(capsys, str(run.dir), "thr", "--stream", "data", "--width", "50")
+    assert code == 0, err
+    assert "st[data]/thr: 10 points, last 18 at step 9" in out
+    code, _, err = plot(capsys, str(run.dir), "thr")  # the main stream has no thr
+    assert code == 1 and "unknown metric 'thr'" in err and "loss" in err
+    code, _, err = plot(capsys, str(run.dir), "--stream", "../x")
+    assert code == 2 and "stream '../x' is not valid" in err
+    (run.dir / "metrics.rank1.jsonl").write_text('{"loss": 5.0, "_step": 0}\n')
+    code, out, err = plot(capsys, str(run.dir), "loss", "--rank", "1", "--width", "50")
+    assert code == 0 and "st[rank1]/loss: 1 points" in out
+
+
+def test_a_rewritten_file_is_read_again_and_appends_are_read_alone(tmp_path):
+    from expr_tracker.cli.plot import RunSource, poll, read_all
+
+    p = tmp_path / "metrics.jsonl"
+    p.write_text("".join(json.dumps({"a": float(i), "_step": i}) + "\n" for i in range(10)))
+    src = RunSource("r", p, None)
+    select = lambda n: n == "a"  # noqa: E731
+    read_all(src, select, None)
+    assert len(src.columns.columns["a"]) == 10 and src.offset == p.stat().st_size
+    with p.open("a") as f:
+        f.write(json.dumps({"a": 10.0, "_step": 10}) + "\n" + '{"a": 11.0, "_st')  # torn
+    assert poll(src, select, None)
+    assert list(src.columns.columns["a"].steps)[-1] == 10  # the torn line waits
+    with p.open("a") as f:
+        f.write('ep": 11}\n')
+    assert poll(src, select, None) and len(src.columns.columns["a"]) == 12
+    p.write_text(json.dumps({"a": 5.0, "_step": 0}) + "\n")  # rewritten, shorter
+    assert poll(src, select, None)
+    assert list(src.columns.columns["a"].values) == [5.0]
+
+
+def test_runs_without_a_main_metrics_file(tmp_path, capsys):
+    root = tmp_path / "runs"
+    empty = et.init(project="p", name="empty", dir=str(root))
+    et.finish()  # no row: no metrics file
+    code, out, err = plot(capsys, str(empty.dir))
+    assert code == 1 and out == "" and "no metrics.jsonl" in err
+    shards = root / "p" / "shards"
+    shards.mkdir()
+    (shards / "metrics.rank1.jsonl").write_text('{"loss": 1.0, "_step": 0}\n')
+    code, _, err = plot(capsys, str(shards))
+    assert code == 1 and "only rank shards" in err and "--rank 1" in err
