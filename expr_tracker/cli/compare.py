@@ -5,9 +5,9 @@ group, git commit), the config keys that differ (``--all``: every key), and the 
 values (``--metrics`` picks them), the best run of a metric with a known direction marked
 ``*``. All text is printed literally (no rich markup); long values end in ``…``.
 
-``--format json``/``jsonl``: :func:`~expr_tracker.query.compare.compare_runs`'s dict, with
-NaN and ±inf written as the run files write them (``NaN``, ``Infinity``, ``-Infinity``): a
-compare must show a NaN, and strict JSON has no way to.
+``--format json``/``jsonl``: :func:`~expr_tracker.query.compare.compare_runs`'s dict as
+strict JSON, as every ``et`` command writes it: NaN and ±inf become ``null`` (the table shows
+them; ``compare_runs`` keeps them).
 """
 
 from __future__ import annotations
@@ -59,7 +59,7 @@ def register(subparsers: Any) -> None:
         choices=("table", "json", "jsonl"),
         default="table",
         help="table (default); json: one JSON document (an object: runs, identity, config, "
-        "summary), NaN/inf as NaN/Infinity; jsonl: the same object on one line",
+        "summary), strict JSON (NaN/inf as null); jsonl: the same object on one line",
     )
     p.set_defaults(func=run_compare)
 
@@ -92,7 +92,7 @@ def run_compare(args: argparse.Namespace, out: IO[str] | None = None) -> int:
         sys.stderr.write(f"et compare: warning: {w}\n")
     if output.is_machine(args.format):
         indent = 2 if args.format == "json" else None
-        out.write(json.dumps(result, indent=indent, default=str, allow_nan=True) + "\n")
+        out.write(json.dumps(output.strict(result), indent=indent, default=str) + "\n")
         return 0
     from expr_tracker.cli.history import table_width
 

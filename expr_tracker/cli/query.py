@@ -10,10 +10,10 @@ Output formats (``--format``):
   significant digits (use csv or json for every digit).
 - ``csv``: a header, then one line per row; NULL is an empty cell, NaN/±inf are ``nan``,
   ``inf``, ``-inf``; floats with every digit (``repr``); lists and structs as JSON.
-- ``json`` (one array, a row per line) and ``jsonl`` (one object per line): NaN and ±inf
-  are written ``NaN``, ``Infinity``, ``-Infinity``, as the run's own files write them
-  (``json.loads`` and our readers take them back), so a value round-trips; NULL is
-  ``null``. (Other ``et`` commands write strict JSON with ``null`` for them.)
+- ``json`` (one array, a row per line) and ``jsonl`` (one object per line): strict JSON,
+  as every ``et`` command writes it (``jq`` reads it): NaN and ±inf become ``null``, like
+  NULL. To keep them apart use ``csv`` or ``parquet``, or ask SQL
+  (``isnan(value)``, ``isinf(value)``).
 - ``parquet``: needs ``-o FILE``; the result's own types, NaN/±inf intact.
 
 ``-o FILE`` writes to FILE instead of stdout (through a temporary file beside it, renamed
@@ -38,6 +38,8 @@ import sys
 from collections.abc import Iterator
 from pathlib import Path
 from typing import IO, Any
+
+from expr_tracker.cli import output
 
 FORMATS = ("table", "csv", "json", "jsonl", "parquet")
 #: columns of a view shown per line in an error message (the rest: et query --schema)
@@ -65,8 +67,8 @@ def register(subparsers: Any) -> None:
         "--format",
         choices=FORMATS,
         default="table",
-        help="table (default); csv; json: one array; jsonl: one object per line (both keep "
-        "NaN/Infinity as our files do); parquet (needs -o)",
+        help="table (default); csv; json: one array; jsonl: one object per line (both strict "
+        "JSON: NaN/Infinity as null); parquet (needs -o)",
     )
     p.add_argument("-o", "--output", default=None, metavar="FILE", help="write to FILE")
     p.add_argument(
@@ -336,9 +338,9 @@ def _write(rel: Any, args: argparse.Namespace, sink: _Sink) -> None:
         first = True
         for row in _rows(reader, names):
             obj = json.dumps(
-                {k: json_value(v) for k, v in zip(keys, row, strict=True)},
+                output.strict({k: json_value(v) for k, v in zip(keys, row, strict=True)}),
                 separators=(",", ":"),
-                allow_nan=True,
+                allow_nan=False,
             )
             if args.format == "jsonl":
                 f.write(obj + "\n")
@@ -365,7 +367,6 @@ def _write_table(reader: Any, names: list[str], max_rows: int, sink: _Sink) -> N
     from rich.table import Table
     from rich.text import Text
 
-    from expr_tracker.cli import output
     from expr_tracker.cli.history import cell_len, table_width
 
     shown: list[list[Any]] = []
@@ -436,8 +437,6 @@ def _print_schema(
     sink = _Sink(args.output, out)
     f = sink.text()
     if args.format in ("json", "jsonl"):
-        from expr_tracker.cli import output
-
         output.write_records(records, args.format, f)
     elif args.format == "csv":
         w = csv.writer(f, lineterminator="\n")
@@ -448,7 +447,6 @@ def _print_schema(
         from rich.table import Table
         from rich.text import Text
 
-        from expr_tracker.cli import output
         from expr_tracker.cli.history import table_width
 
         console = output.console(f, table_width(f) if sink.path is None else 200)

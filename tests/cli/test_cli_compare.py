@@ -5,7 +5,6 @@ and the real console script in a fresh process."""
 from __future__ import annotations
 
 import json
-import math
 import os
 import subprocess
 import sys
@@ -71,15 +70,16 @@ def test_narrow_terminal_keeps_every_run_column(two_runs, capsys):
     assert "p/a" in out and "p/b" in out
 
 
-def test_json_keeps_nan_and_inf_and_jsonl_is_one_line(two_runs, capsys):
+def test_json_is_strict_with_nan_and_inf_as_null_and_jsonl_is_one_line(two_runs, capsys):
     args = ["compare", "p/a", "p/b", "c", "--dir", str(two_runs)]
     assert main([*args, "--format", "json"]) == 0
     text = capsys.readouterr().out
-    assert "NaN" in text and "-Infinity" in text
-    doc = json.loads(text)
+    assert "NaN" not in text and "Infinity" not in text  # strict JSON: jq reads it
+    doc = json.loads(text, parse_constant=lambda c: 1 / 0)
     assert [r["run"] for r in doc["runs"]] == ["p/a", "p/b", "p/c"]
     loss = next(r for r in doc["summary"] if r["metric"] == "loss")
-    assert loss["values"][0] == 0.5 and math.isnan(loss["values"][1]) and loss["best"] == [0]
+    assert loss["values"][0] == 0.5 and loss["values"][1] is None and loss["best"] == [0]
+    assert 1 not in loss["missing"]  # null for a NaN, yet the run has the key
     assert next(r for r in doc["config"] if r["key"] == "only_a")["missing"] == [1, 2]
     assert main([*args, "--format", "jsonl"]) == 0
     lines = capsys.readouterr().out.splitlines()

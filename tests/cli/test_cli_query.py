@@ -13,12 +13,13 @@ from pathlib import Path
 
 import pytest
 
+from expr_tracker.cli import output
+
 pytest.importorskip("duckdb")
 pytest.importorskip("pyarrow")
 
 import expr_tracker as et  # noqa: E402
 from expr_tracker.cli.main import main  # noqa: E402
-from expr_tracker.history.codec import decode_line  # noqa: E402
 
 SQL = "SELECT run, step, metric, value, text FROM metrics ORDER BY run, step, metric"
 
@@ -72,13 +73,21 @@ def test_table_shows_the_first_max_rows_and_counts_all(runs, capsys):
     assert "10 rows, the first 3 shown" in out
 
 
-def test_jsonl_and_json_round_trip_nan_and_inf(runs, capsys):
-    want = et.query(SQL, runs, output_type="dicts")
+def test_jsonl_and_json_are_strict_json_with_nan_and_inf_as_null(runs, capsys):
+    """The house rule (docs/cli.md "Output for scripts"): json/jsonl are strict JSON, so
+    ``jq`` and JSON.parse read them; NaN/±inf become null (csv/parquet keep them)."""
+    want = output.strict(et.query(SQL, runs, output_type="dicts"))
     code, out, _ = cli(capsys, SQL, runs, "--format", "jsonl")
     assert code == 0
-    got = [decode_line(line) for line in out.splitlines()]
+    strict = {"NaN": None, "Infinity": None, "-Infinity": None}
+    got = [
+        json.loads(line, parse_constant=lambda c: strict[c] or 1 / 0) for line in out.splitlines()
+    ]
     _rows_equal(got, want)
-    assert '"value":NaN' in out and '"value":Infinity' in out and '"value":-Infinity' in out
+    assert "NaN" not in out and "Infinity" not in out
+    assert sum(r["value"] is None for r in got) > sum(
+        r["value"] is None for r in et.query(SQL, runs, output_type="dicts")
+    )
     code, out, _ = cli(capsys, SQL, runs, "--format", "json")
     assert code == 0 and out.startswith("[\n") and out.endswith("\n]\n")
     _rows_equal(json.loads(out), want)
@@ -170,10 +179,10 @@ def test_lists_and_timestamps_in_every_format(runs, capsys):
     sql = "SELECT tags, started, [1.5, 'nan'::DOUBLE] AS l FROM runs ORDER BY run"
     code, out, _ = cli(capsys, sql, runs, "--format", "jsonl")
     assert code == 0
-    rec = decode_line(out.splitlines()[0])
+    rec = json.loads(out.splitlines()[0])
     assert rec["tags"] is None or isinstance(rec["tags"], list)
     assert isinstance(rec["started"], str) and "T" in rec["started"]
-    assert rec["l"][0] == 1.5 and math.isnan(rec["l"][1])
+    assert rec["l"] == [1.5, None]
     code, out, _ = cli(capsys, sql, runs, "--format", "csv")
     assert code == 0 and "[1.5,NaN]" in out
 
