@@ -16,6 +16,7 @@ from expr_tracker.artifacts.errors import (
     ArtifactNotFoundError,
 )
 from expr_tracker.artifacts.names import validate_entry_name, validate_name, validate_type
+from expr_tracker.history.paths import QUERY_CACHE_DIR
 
 
 class Artifact:
@@ -77,8 +78,9 @@ class Artifact:
         """Add every regular file under directory ``local_path`` (symbolic links to files
         are followed, links to directories are not), named by its path relative to it,
         under the prefix ``name`` when given (``add_dir("out", name="ckpt")`` adds
-        ``ckpt/model.pt``). Other special files (sockets, FIFOs) are skipped, and so is a
-        project's artifact store below (``artifacts/`` with its ``index.jsonl``). Returns
+        ``ckpt/model.pt``). Other special files (sockets, FIFOs) are skipped, and so are a
+        project's artifact store below (``artifacts/`` with its ``index.jsonl``) and a run's
+        query cache (``.et-cache/``: derived from the run's JSONL, rebuilt on demand). Returns
         the names added, sorted.
 
         Raises:
@@ -94,7 +96,9 @@ class Artifact:
             base = Path(dirpath)
             # a project's artifact store below (logging "." beside ./runs) is left out: each
             # version would hold the previous ones, and the store's live index and locks
-            dirnames[:] = sorted(d for d in dirnames if not is_store(base / d))
+            dirnames[:] = sorted(
+                d for d in dirnames if d != QUERY_CACHE_DIR and not is_store(base / d)
+            )
             rel_dir = base.relative_to(root).as_posix()
             for fname in sorted(filenames):
                 src = base / fname

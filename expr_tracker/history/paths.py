@@ -40,6 +40,11 @@ KINDS = {
 }
 
 
+#: the folder of a run's query cache (derived Parquet parts, rebuilt from the JSONL when
+#: missing: see expr_tracker.query.cache); copying or archiving a run may leave it out
+QUERY_CACHE_DIR = ".et-cache"
+
+
 def atomic_write(path: str | os.PathLike[str], data: bytes | str) -> None:
     """Replace ``path`` with ``data`` atomically (a temporary file beside it + ``os.replace``).
 

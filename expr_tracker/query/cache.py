@@ -79,6 +79,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from expr_tracker.history.paths import QUERY_CACHE_DIR
 from expr_tracker.query import scan
 
 log = logging.getLogger("expr_tracker")
@@ -93,7 +94,7 @@ __all__ = ["CachedSource", "cache_location", "refresh"]
 #: manifest format version; another version is rebuilt
 VERSION = 1
 #: the default cache folder inside a run directory
-CACHE_DIR_NAME = ".et-cache"
+CACHE_DIR_NAME = QUERY_CACHE_DIR
 MANIFEST = "manifest.json"
 LOCK = "lock"
 #: bytes of lines decoded at once (one row group per block)

@@ -352,3 +352,18 @@ def test_merged_checked_exactly_across_row_groups_and_refreshes(tmp_path, monkey
     assert refresh(src, "metrics").merged is True
     write(src, {"b": 2.0, "_step": 3})  # step 3 again, with a row: a patch line
     assert refresh(src, "metrics").merged is False
+
+
+def test_an_artifact_of_a_run_dir_leaves_its_query_cache_out(tmp_path):
+    """``Artifact.add_dir(run_dir)`` after a query: the derived ``.et-cache/`` is not copied
+    into the artifact (it is rebuilt from the JSONL; its parts would change every version)."""
+    import expr_tracker as et
+    from expr_tracker.query.cache import refresh
+
+    run = tmp_path / "run"
+    run.mkdir()
+    (run / "metrics.jsonl").write_text('{"loss":1.0,"_step":0,"_time":1.0}\n')
+    refresh(run / "metrics.jsonl", "metrics")
+    assert (run / ".et-cache").is_dir()
+    names = et.Artifact("run-files", type="run").add_dir(run)
+    assert names == ["metrics.jsonl"]
