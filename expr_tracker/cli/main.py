@@ -21,6 +21,7 @@ COMMAND_MODULES = (
     "runs",
     "history",
     "trace",
+    "export",
     "rules",
     "alert",
     "alerts_cmd",

@@ -61,6 +61,25 @@ _EXTENSIONS = {"parquet": "parquet", "csv": "csv", "jsonl": "jsonl"}
 _INSTALL = "pip install 'expr-tracker[query]'"
 
 
+#: output suffix -> format, when no format is given
+SUFFIX_FORMATS = {
+    ".parquet": "parquet",
+    ".pq": "parquet",
+    ".csv": "csv",
+    ".jsonl": "jsonl",
+    ".ndjson": "jsonl",
+}
+
+
+def format_for(path: str | os.PathLike[str]) -> str:
+    """The format of ``path``'s suffix (:data:`SUFFIX_FORMATS`), else ``"parquet"``."""
+    lower = os.fspath(path).lower()
+    for suffix, name in SUFFIX_FORMATS.items():
+        if lower.endswith(suffix):
+            return name
+    return "parquet"
+
+
 class ExportError(ValueError):
     """Bad export arguments or a source that cannot be exported (message names the argument,
     the bad value and what would be valid)."""
@@ -282,11 +301,12 @@ def _ordered_batches(src: _Source, pa: Any, tmpdir: str) -> Iterator[Any]:
     )
     try:
         files = [str(p) for p in src.cached.parts]
-        rel = con.execute(
-            "SELECT step, time, metric, value, text, line FROM read_parquet(?) ORDER BY step, line",
-            [files],
+        rel = con.sql(
+            "SELECT step, time, metric, value, text, line FROM read_parquet($files) "
+            "ORDER BY step, line",
+            params={"files": files},
         )
-        yield from rel.fetch_record_batch(BATCH_ROWS)
+        yield from rel.to_arrow_reader(BATCH_ROWS)
     finally:
         con.close()
 
@@ -328,6 +348,14 @@ def _finish(tbl: Any, pa: Any, pc: Any, value_set: Any, need_merge: bool) -> Any
     import numpy as np
 
     tbl = tbl.combine_chunks()
+    if need_merge and tbl.num_rows:
+        # one time per step: its last line's (later lines win, as for every key)
+        steps = tbl.column("step").to_numpy()
+        new = np.concatenate(([True], steps[1:] != steps[:-1]))
+        gid = np.cumsum(new) - 1
+        last = np.concatenate((np.flatnonzero(new)[1:] - 1, [len(steps) - 1]))
+        i = tbl.schema.get_field_index("time")
+        tbl = tbl.set_column(i, "time", tbl.column("time").take(pa.array(last[gid])))
     m = pc.index_in(tbl.column("metric"), value_set=value_set)
     keep = pc.is_valid(m)
     if not pc.all(keep).as_py():
@@ -448,9 +476,13 @@ def _wide_rows(
         value = tbl.column("value")
         text = tbl.column("text")
         if any_text:
-            text_cell = pc.if_else(pc.equal(text, "null"), pa.scalar(None, pa.string()), text)
-            cell = pc.coalesce(text_cell, _json_number_text(pa, pc, value))
-            cell = pc.if_else(pc.equal(text, "null"), pa.scalar(None, pa.string()), cell)
+            # a JSON null is an empty cell; else the string, or the number as text
+            json_null = pc.fill_null(pc.equal(text, "null"), False)
+            cell = pc.if_else(
+                json_null,
+                pa.scalar(None, pa.string()),
+                pc.coalesce(text, _json_number_text(pa, pc, value)),
+            )
         rowpos = np.arange(len(steps))
         present = np.unique(mi)
         arrays = [
@@ -493,11 +525,17 @@ def _write(path: Path, fmt: str, schema: Any, batches: Iterator[Any], tmpdir: st
     pa = _need_pyarrow()
     rows = 0
 
+    failed: list[BaseException] = []
+
     def counted() -> Iterator[Any]:
         nonlocal rows
-        for b in batches:
-            rows += b.num_rows
-            yield b
+        try:
+            for b in batches:
+                rows += b.num_rows
+                yield b
+        except BaseException as exc:  # DuckDB wraps it; the caller gets it back as it was
+            failed.append(exc)
+            raise
 
     if fmt == "parquet":
         import pyarrow.parquet as pq
@@ -506,6 +544,14 @@ def _write(path: Path, fmt: str, schema: Any, batches: Iterator[Any], tmpdir: st
             for b in counted():
                 if b.num_rows:
                     w.write_batch(b)
+        return rows
+    if fmt == "jsonl":
+        import pyarrow.compute as pc
+
+        with open(path, "wb") as f:
+            for b in counted():
+                if b.num_rows:
+                    _write_json_lines(f, b, pa, pc)
         return rows
     duckdb = _need_duckdb()
     con = duckdb.connect(
@@ -520,26 +566,85 @@ def _write(path: Path, fmt: str, schema: Any, batches: Iterator[Any], tmpdir: st
         reader = pa.RecordBatchReader.from_batches(schema, counted())
         con.register("export_rows", reader)
         target = str(path).replace("'", "''")
-        if fmt == "csv":
-            exprs = []
-            for f in schema:
-                q = _quote_ident(f.name)
-                if pa.types.is_floating(f.type):
-                    # NaN as "NaN": pandas, polars and DuckDB all read NaN/inf/-inf as floats
-                    exprs.append(
-                        f"CASE WHEN isnan({q}) THEN 'NaN' ELSE CAST({q} AS VARCHAR) END AS {q}"
-                    )
-                else:
-                    exprs.append(q)
+        exprs = []
+        for f in schema:
+            q = _quote_ident(f.name)
+            if pa.types.is_floating(f.type):
+                # NaN as "NaN": pandas, polars and DuckDB all read NaN/inf/-inf as floats
+                exprs.append(
+                    f"CASE WHEN isnan({q}) THEN 'NaN' ELSE CAST({q} AS VARCHAR) END AS {q}"
+                )
+            else:
+                exprs.append(q)
+        try:
             con.execute(
                 f"COPY (SELECT {', '.join(exprs)} FROM export_rows) TO '{target}' "
                 "(FORMAT csv, HEADER true)"
             )
-        else:
-            con.execute(f"COPY (SELECT * FROM export_rows) TO '{target}' (FORMAT json)")
+        except duckdb.Error:
+            if failed:  # our reading failed (or was interrupted): that, not DuckDB's wrapper
+                raise failed[0] from None
+            raise
     finally:
         con.close()
     return rows
+
+
+#: JSON escapes of the control characters other than the short ones below
+_CONTROL = [chr(c) for c in range(0x20) if chr(c) not in "\b\f\n\r\t"]
+
+
+def _json_strings(pa: Any, pc: Any, arr: Any) -> Any:
+    """A string array as JSON string literals (``"..."``, escaped), NULL as ``null``."""
+    s = pc.replace_substring(arr, "\\", "\\\\")
+    s = pc.replace_substring(s, '"', '\\"')
+    if pc.any(pc.match_substring_regex(s, "[\\x00-\\x1f]")).as_py():
+        for ch, esc in (("\n", "\\n"), ("\r", "\\r"), ("\t", "\\t"), ("\b", "\\b"), ("\f", "\\f")):
+            s = pc.replace_substring(s, ch, esc)
+        for ch in _CONTROL:
+            s = pc.replace_substring(s, ch, f"\\u{ord(ch):04x}")
+    s = pc.binary_join_element_wise('"', s, '"', "")
+    return pc.fill_null(s, "null")
+
+
+def _json_numbers(pa: Any, pc: Any, arr: Any) -> Any:
+    """A float64 array as JSON number text: the shortest repr that reads back as the same
+    double, always with a ``.`` or an exponent (``3.0``, ``1e+20``), ``NaN``, ``Infinity``,
+    ``-Infinity`` as our JSONL files write them; NULL as ``null``."""
+    s = pc.cast(arr, pa.string())
+    s = pc.replace_substring_regex(s, r"^(-?[0-9]+)$", r"\1.0")
+    s = pc.if_else(pc.equal(s, "nan"), "NaN", s)
+    s = pc.if_else(pc.equal(s, "inf"), "Infinity", s)
+    s = pc.if_else(pc.equal(s, "-inf"), "-Infinity", s)
+    return pc.fill_null(s, "null")
+
+
+def _write_json_lines(f: Any, batch: Any, pa: Any, pc: Any) -> None:
+    """One JSON object per row of ``batch`` (keys in column order), built column-wise."""
+    import json
+
+    import numpy as np
+
+    pieces: list[Any] = []
+    for i, fld in enumerate(batch.schema):
+        col = batch.column(i)
+        key = json.dumps(fld.name, ensure_ascii=False)
+        pieces.append(("{" if i == 0 else ",") + key + ":")
+        if pa.types.is_floating(fld.type):
+            pieces.append(_json_numbers(pa, pc, col))
+        elif pa.types.is_integer(fld.type):
+            pieces.append(pc.fill_null(pc.cast(col, pa.string()), "null"))
+        else:
+            pieces.append(_json_strings(pa, pc, col))
+    pieces.append("}\n")
+    lines = pc.binary_join_element_wise(*pieces, "")
+    if isinstance(lines, pa.ChunkedArray):
+        lines = lines.combine_chunks()
+    lines = lines.cast(pa.large_string())
+    offsets = np.frombuffer(lines.buffers()[1], dtype=np.int64)
+    start = int(offsets[lines.offset])
+    end = int(offsets[lines.offset + len(lines)])
+    f.write(memoryview(lines.buffers()[2])[start:end])
 
 
 # -- files and renames ------------------------------------------------------------------------
@@ -596,7 +701,7 @@ def export_runs(
     source: str | os.PathLike[str],
     path: str | os.PathLike[str],
     *,
-    format: str = "parquet",  # noqa: A002 - the CLI's name
+    format: str | None = None,  # noqa: A002 - the CLI's name
     layout: str = "wide",
     metrics: str | Sequence[str] | None = None,
     stream: str | Sequence[str] | None = None,
@@ -610,7 +715,8 @@ def export_runs(
     Args:
         source: a run directory, or a folder of runs (searched as ``et runs`` does).
         path: the output file (one run, ``partition`` false) or directory (partitioned).
-        format: ``"parquet"`` (zstd), ``"csv"`` (header; NaN as ``NaN``, ±inf as
+        format: default: from ``path``'s suffix (:data:`SUFFIX_FORMATS`), else parquet.
+            ``"parquet"`` (zstd), ``"csv"`` (header; NaN as ``NaN``, ±inf as
             ``inf``/``-inf``; NULL as an empty field) or ``"jsonl"`` (one object per row;
             ``NaN``, ``Infinity``, ``-Infinity`` as in our own files).
         layout: ``"wide"`` (one row per step, one column per metric) or ``"long"`` (one row per
@@ -635,6 +741,8 @@ def export_runs(
         OSError: reading the runs or writing ``path`` failed.
     """
     t0 = _time.perf_counter()
+    if format is None:
+        format = format_for(path)  # noqa: A001
     if format not in FORMATS:
         raise ExportError(f"format={format!r} is not valid: use one of {', '.join(FORMATS)}")
     if layout not in LAYOUTS:
