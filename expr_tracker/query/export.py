@@ -516,26 +516,15 @@ def _wide_rows(
 # -- sinks ------------------------------------------------------------------------------------
 
 
-def _quote_ident(name: str) -> str:
-    return '"' + name.replace('"', '""') + '"'
-
-
-def _write(path: Path, fmt: str, schema: Any, batches: Iterator[Any], tmpdir: str) -> int:
+def _write(path: Path, fmt: str, schema: Any, batches: Iterator[Any]) -> int:
     """Write ``batches`` (all of ``schema``) to ``path``; returns the rows written."""
-    pa = _need_pyarrow()
     rows = 0
-
-    failed: list[BaseException] = []
 
     def counted() -> Iterator[Any]:
         nonlocal rows
-        try:
-            for b in batches:
-                rows += b.num_rows
-                yield b
-        except BaseException as exc:  # DuckDB wraps it; the caller gets it back as it was
-            failed.append(exc)
-            raise
+        for b in batches:
+            rows += b.num_rows
+            yield b
 
     if fmt == "parquet":
         import pyarrow.parquet as pq
@@ -545,106 +534,14 @@ def _write(path: Path, fmt: str, schema: Any, batches: Iterator[Any], tmpdir: st
                 if b.num_rows:
                     w.write_batch(b)
         return rows
-    if fmt == "jsonl":
-        import pyarrow.compute as pc
+    from expr_tracker.query.textrows import RowRenderer
 
-        with open(path, "wb") as f:
-            for b in counted():
-                if b.num_rows:
-                    _write_json_lines(f, b, pa, pc)
-        return rows
-    duckdb = _need_duckdb()
-    con = duckdb.connect(
-        config={
-            "memory_limit": DUCKDB_MEMORY_LIMIT,
-            "threads": DUCKDB_THREADS,
-            "temp_directory": tmpdir,
-            "preserve_insertion_order": True,
-        }
-    )
-    try:
-        reader = pa.RecordBatchReader.from_batches(schema, counted())
-        con.register("export_rows", reader)
-        target = str(path).replace("'", "''")
-        exprs = []
-        for f in schema:
-            q = _quote_ident(f.name)
-            if pa.types.is_floating(f.type):
-                # NaN as "NaN": pandas, polars and DuckDB all read NaN/inf/-inf as floats
-                exprs.append(
-                    f"CASE WHEN isnan({q}) THEN 'NaN' ELSE CAST({q} AS VARCHAR) END AS {q}"
-                )
-            else:
-                exprs.append(q)
-        try:
-            con.execute(
-                f"COPY (SELECT {', '.join(exprs)} FROM export_rows) TO '{target}' "
-                "(FORMAT csv, HEADER true)"
-            )
-        except duckdb.Error:
-            if failed:  # our reading failed (or was interrupted): that, not DuckDB's wrapper
-                raise failed[0] from None
-            raise
-    finally:
-        con.close()
+    renderer = RowRenderer(schema, fmt)
+    with open(path, "wb") as f:
+        f.write(renderer.header())
+        for b in counted():
+            f.write(renderer.render(b))
     return rows
-
-
-#: JSON escapes of the control characters other than the short ones below
-_CONTROL = [chr(c) for c in range(0x20) if chr(c) not in "\b\f\n\r\t"]
-
-
-def _json_strings(pa: Any, pc: Any, arr: Any) -> Any:
-    """A string array as JSON string literals (``"..."``, escaped), NULL as ``null``."""
-    s = pc.replace_substring(arr, "\\", "\\\\")
-    s = pc.replace_substring(s, '"', '\\"')
-    if pc.any(pc.match_substring_regex(s, "[\\x00-\\x1f]")).as_py():
-        for ch, esc in (("\n", "\\n"), ("\r", "\\r"), ("\t", "\\t"), ("\b", "\\b"), ("\f", "\\f")):
-            s = pc.replace_substring(s, ch, esc)
-        for ch in _CONTROL:
-            s = pc.replace_substring(s, ch, f"\\u{ord(ch):04x}")
-    s = pc.binary_join_element_wise('"', s, '"', "")
-    return pc.fill_null(s, "null")
-
-
-def _json_numbers(pa: Any, pc: Any, arr: Any) -> Any:
-    """A float64 array as JSON number text: the shortest repr that reads back as the same
-    double, always with a ``.`` or an exponent (``3.0``, ``1e+20``), ``NaN``, ``Infinity``,
-    ``-Infinity`` as our JSONL files write them; NULL as ``null``."""
-    s = pc.cast(arr, pa.string())
-    s = pc.replace_substring_regex(s, r"^(-?[0-9]+)$", r"\1.0")
-    s = pc.if_else(pc.equal(s, "nan"), "NaN", s)
-    s = pc.if_else(pc.equal(s, "inf"), "Infinity", s)
-    s = pc.if_else(pc.equal(s, "-inf"), "-Infinity", s)
-    return pc.fill_null(s, "null")
-
-
-def _write_json_lines(f: Any, batch: Any, pa: Any, pc: Any) -> None:
-    """One JSON object per row of ``batch`` (keys in column order), built column-wise."""
-    import json
-
-    import numpy as np
-
-    pieces: list[Any] = []
-    for i, fld in enumerate(batch.schema):
-        col = batch.column(i)
-        key = json.dumps(fld.name, ensure_ascii=False)
-        pieces.append(("{" if i == 0 else ",") + key + ":")
-        if pa.types.is_floating(fld.type):
-            pieces.append(_json_numbers(pa, pc, col))
-        elif pa.types.is_integer(fld.type):
-            pieces.append(pc.fill_null(pc.cast(col, pa.string()), "null"))
-        else:
-            pieces.append(_json_strings(pa, pc, col))
-    pieces.append("}\n")
-    lines = pc.binary_join_element_wise(*pieces, "")
-    if isinstance(lines, pa.ChunkedArray):
-        lines = lines.combine_chunks()
-    lines = lines.cast(pa.large_string())
-    offsets = np.frombuffer(lines.buffers()[1], dtype=np.int64)
-    start = int(offsets[lines.offset])
-    end = int(offsets[lines.offset + len(lines)])
-    f.write(memoryview(lines.buffers()[2])[start:end])
 
 
 # -- files and renames ------------------------------------------------------------------------
@@ -819,7 +716,7 @@ def export_runs(
                 d = tmp / partition_dir(s.producer)
                 d.mkdir(parents=True, exist_ok=True)
                 rows += _write(
-                    d / producer_file_name(s.producer, format), format, schema, rows_of(s), tmpdir
+                    d / producer_file_name(s.producer, format), format, schema, rows_of(s)
                 )
                 files += 1
         else:
@@ -829,7 +726,7 @@ def export_runs(
                 for s in sources:
                     yield from rows_of(s)
 
-            rows = _write(tmp, format, schema, chained(), tmpdir)
+            rows = _write(tmp, format, schema, chained())
             files = 1
         size = _tree_size(tmp)
         _put_in_place(tmp, out, overwrite)
