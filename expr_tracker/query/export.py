@@ -126,7 +126,7 @@ class _Source:
     cached: Any  # query.cache.CachedSource
     files: list[Any] = field(default_factory=list)  # open pyarrow ParquetFile objects
     in_order: bool = True  # lines and steps non-decreasing over the parts, in order
-    stats: dict[str, list[bool]] = field(default_factory=dict)  # metric -> [has text, has num]
+    stats: dict[str, list[bool]] = field(default_factory=dict)  # metric -> [has text]
 
 
 def _need_pyarrow() -> Any:
@@ -207,43 +207,54 @@ def _select_producers(producers: list[Any], stream: Any, rank: Any) -> list[Any]
 
 
 def _scan(src: _Source, pa: Any, pq: Any, pc: Any) -> None:
-    """One pass over the cheap columns: is the file in (step, line) order, and which
-    metrics hold text, numbers."""
+    """One pass over the cheap columns: is the file in (step, line) order, which metrics
+    does it hold, and which of them hold text. The ``text`` column is read only in row
+    groups whose statistics say it holds a value (most runs log numbers only)."""
     import numpy as np
 
     last_step = None
     last_line = None
     stats = src.stats
     for pf in src.files:
-        for b in pf.iter_batches(
-            batch_size=BATCH_ROWS, columns=["step", "metric", "value", "text", "line"]
-        ):
-            if b.num_rows == 0:
-                continue
-            steps = b.column("step").to_numpy(zero_copy_only=False)
-            lines = b.column("line").to_numpy(zero_copy_only=False)
-            if src.in_order:
-                if last_step is not None and (steps[0] < last_step or lines[0] < last_line):
-                    src.in_order = False
-                elif len(steps) > 1 and (
-                    bool(np.any(np.diff(steps) < 0)) or bool(np.any(np.diff(lines) < 0))
-                ):
-                    src.in_order = False
-                last_step, last_line = steps[-1], lines[-1]
-            text = b.column("text")
-            is_text = pc.fill_null(pc.not_equal(text, "null"), False)
-            is_num = pc.is_valid(b.column("value"))
-            t = pa.table({"m": b.column("metric"), "t": is_text, "n": is_num})
-            agg = t.group_by("m").aggregate([("t", "any"), ("n", "any")])
-            for m, ht, hn in zip(
-                agg.column("m").to_pylist(),
-                agg.column("t_any").to_pylist(),
-                agg.column("n_any").to_pylist(),
-                strict=True,
-            ):
-                cur = stats.setdefault(m, [False, False])
-                cur[0] = cur[0] or bool(ht)
-                cur[1] = cur[1] or bool(hn)
+        md = pf.metadata
+        text_i = pf.schema_arrow.get_field_index("text")
+        for rg in range(md.num_row_groups):
+            meta = md.row_group(rg)
+            st = meta.column(text_i).statistics
+            need_text = st is None or not st.has_null_count or st.null_count < meta.num_rows
+            cols = ["step", "line", "metric", *(["text"] if need_text else [])]
+            for b in pf.iter_batches(batch_size=BATCH_ROWS, row_groups=[rg], columns=cols):
+                if b.num_rows == 0:
+                    continue
+                steps = b.column("step").to_numpy(zero_copy_only=False)
+                lines = b.column("line").to_numpy(zero_copy_only=False)
+                if src.in_order:
+                    if last_step is not None and (steps[0] < last_step or lines[0] < last_line):
+                        src.in_order = False
+                    elif len(steps) > 1 and (
+                        bool(np.any(np.diff(steps) < 0)) or bool(np.any(np.diff(lines) < 0))
+                    ):
+                        src.in_order = False
+                    last_step, last_line = steps[-1], lines[-1]
+                # per metric, through the dictionary (no string hashing): any text at all
+                metric = b.column("metric")
+                if not pa.types.is_dictionary(metric.type):
+                    metric = pc.dictionary_encode(metric)
+                idx = metric.indices.to_numpy(zero_copy_only=False)
+                names = metric.dictionary.to_pylist()
+                if need_text:
+                    is_text = pc.fill_null(pc.not_equal(b.column("text"), "null"), False)
+                    has_text = np.bincount(idx, weights=_bools(is_text), minlength=len(names)) > 0
+                else:
+                    has_text = np.zeros(len(names), dtype=bool)
+                for j in np.unique(idx):
+                    cur = stats.setdefault(names[j], [False])
+                    cur[0] = cur[0] or bool(has_text[j])
+
+
+def _bools(arr: Any) -> Any:
+    """A null-free boolean Arrow array as a numpy float array (0.0/1.0)."""
+    return arr.to_numpy(zero_copy_only=False).astype("float64")
 
 
 def _select_metrics(
@@ -324,11 +335,16 @@ def _merged_batches(
     for b in _ordered_batches(src, pa, tmpdir):
         if b.num_rows == 0:
             continue
-        tbl = (
-            pa.Table.from_batches([b])
-            if carry is None
-            else pa.concat_tables([carry, pa.Table.from_batches([b])])
-        )
+        # the metric name -> its index in ``metrics`` (NULL: not selected), batch by batch
+        # (each part's dictionary is its own)
+        metric = b.column("metric")
+        if pa.types.is_dictionary(metric.type):
+            m = pc.index_in(metric.dictionary, value_set=value_set).take(metric.indices)
+        else:
+            m = pc.index_in(metric, value_set=value_set)
+        i = b.schema.get_field_index("metric")
+        t = pa.Table.from_batches([b]).remove_column(i).append_column("m", m)
+        tbl = t if carry is None else pa.concat_tables([carry, t])
         # steps are sorted: the rows of the last step may continue in the next batch
         steps = tbl.column("step").to_numpy()
         cut = int(np.searchsorted(steps, steps[-1], side="left"))
@@ -356,14 +372,11 @@ def _finish(tbl: Any, pa: Any, pc: Any, value_set: Any, need_merge: bool) -> Any
         last = np.concatenate((np.flatnonzero(new)[1:] - 1, [len(steps) - 1]))
         i = tbl.schema.get_field_index("time")
         tbl = tbl.set_column(i, "time", tbl.column("time").take(pa.array(last[gid])))
-    m = pc.index_in(tbl.column("metric"), value_set=value_set)
-    keep = pc.is_valid(m)
+    keep = pc.is_valid(tbl.column("m"))
     if not pc.all(keep).as_py():
         tbl = tbl.filter(keep)
-        m = m.filter(keep)
     if tbl.num_rows == 0:
         return None
-    tbl = tbl.append_column("m", m)
     if need_merge:
         steps = tbl.column("step").to_numpy()
         mi = tbl.column("m").to_numpy().astype(np.int64)
@@ -430,13 +443,14 @@ def _wide_schema(pa: Any, with_run: bool, columns: list[str], is_text: list[bool
 def _long_rows(
     src: _Source, pa: Any, pc: Any, metrics: list[str], schema: Any, with_run: bool, tmpdir: str
 ) -> Iterator[Any]:
+    value_set = pa.array(metrics, pa.string())
     for tbl in _merged_batches(src, pa, pc, metrics, tmpdir):
         n = tbl.num_rows
         arrays = [
             *_identity_arrays(pa, src.producer, n, with_run),
             tbl.column("step"),
             tbl.column("time"),
-            tbl.column("metric"),
+            value_set.take(tbl.column("m")),
             tbl.column("value"),
             tbl.column("text"),
         ]
@@ -680,16 +694,15 @@ def export_runs(
     for p in producers:
         cached = refresh(p.metrics, "metrics", cache_dir=Path(cache_dir) if cache_dir else None)
         # open now: the parts of this snapshot stay readable even if a later refresh replaces them
-        files = [pq.ParquetFile(str(f)) for f in cached.parts]
+        files = [pq.ParquetFile(str(f), read_dictionary=["metric"]) for f in cached.parts]
         sources.append(_Source(producer=p, cached=cached, files=files))
     for s in sources:
         _scan(s, pa, pq, pc)
     stats: dict[str, list[bool]] = {}
     for s in sources:
-        for m, (ht, hn) in s.stats.items():
-            cur = stats.setdefault(m, [False, False])
+        for m, (ht,) in s.stats.items():
+            cur = stats.setdefault(m, [False])
             cur[0] = cur[0] or ht
-            cur[1] = cur[1] or hn
     chosen = _select_metrics(stats, patterns, metrics)
     with_run = not partition
     if layout == "wide":

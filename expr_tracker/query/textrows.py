@@ -66,13 +66,18 @@ class RowRenderer:
         pa, pc = self.pa, self.pc
         s = pc.cast(arr, pa.string())
         if pa.types.is_floating(arr.type):
-            s = pc.replace_substring_regex(s, r"^(-?[0-9]+)$", r"\1.0")
-            nan, inf, ninf = (
-                ("NaN", "Infinity", "-Infinity") if self.fmt == "jsonl" else ("NaN", "inf", "-inf")
-            )
-            s = pc.if_else(pc.equal(s, "nan"), nan, s)
-            s = pc.if_else(pc.equal(s, "inf"), inf, s)
-            s = pc.if_else(pc.equal(s, "-inf"), ninf, s)
+            # Arrow writes 3.0 as "3": add ".0" (checked first: most floats are not integral)
+            if pc.any(pc.equal(arr, pc.floor(arr))).as_py():
+                s = pc.replace_substring_regex(s, r"^(-?[0-9]+)$", r"\1.0")
+            if not pc.all(pc.is_finite(arr)).as_py():
+                nan, inf, ninf = (
+                    ("NaN", "Infinity", "-Infinity")
+                    if self.fmt == "jsonl"
+                    else ("NaN", "inf", "-inf")
+                )
+                s = pc.if_else(pc.equal(s, "nan"), nan, s)
+                s = pc.if_else(pc.equal(s, "inf"), inf, s)
+                s = pc.if_else(pc.equal(s, "-inf"), ninf, s)
         return s
 
     def _strings(self, arr: Any) -> Any:
@@ -143,41 +148,36 @@ class RowRenderer:
         pa, pc = self.pa, self.pc
         if batch.num_rows == 0:
             return b""
-        pieces: list[Any] = []  # str (a constant) or a string array (one per row)
-        pending = ""  # text waiting to be folded into the next piece
-        n_cols = batch.num_columns
-        for i in range(n_cols):
+        # items: [kind, ...]: ["const", text] | ["gath", distinct rendered, index] | ["arr", rendered]
+        items: list[list[Any]] = []
+        for i in range(batch.num_columns):
             arr = batch.column(i)
-            lead = pending + self.lead[i]
-            pending = ""
-            tail = self.end if i == n_cols - 1 else ""
             g = self._gathered(arr)
             if g is None:
-                if lead:
-                    pieces.append(lead)
-                pieces.append(self._render(arr))
-                pending = tail
+                items.append(["arr", self._render(arr)])
                 continue
             distinct, idx = g
             rendered = self._render(distinct)
             if len(distinct) == 1:
-                pending = lead + rendered[0].as_py() + tail
-                continue
-            if lead or tail:
-                rendered = pc.binary_join_element_wise(lead, rendered, tail, "")
-            pieces.append(rendered.take(idx))
-        if pending:
-            pieces.append(pending)
+                items.append(["const", rendered[0].as_py()])
+            else:
+                items.append(["gath", rendered, idx])
+        if self.fmt == "csv":
+            pieces = self._fold(items, [""] * len(items), "\n", sep=",")
+            sep = ","
+        else:
+            pieces = self._fold(items, self.lead, self.end, sep="")
+            sep = ""
         if len(pieces) == 1:
             only = pieces[0]
             if isinstance(only, str):  # every column constant: one text, repeated
                 return (only * batch.num_rows).encode("utf-8")
             lines = only
         else:
-            arrays = [p for p in pieces if not isinstance(p, str)]
-            if not arrays:
-                return ("".join(pieces) * batch.num_rows).encode("utf-8")
-            lines = pc.binary_join_element_wise(*pieces, "")
+            lines = pc.binary_join_element_wise(
+                *(pa.scalar(p, pa.string()) if isinstance(p, str) else p for p in pieces),
+                pa.scalar(sep, pa.string()),
+            )
         if isinstance(lines, pa.ChunkedArray):
             lines = lines.combine_chunks()
         lines = lines.cast(pa.large_string())
@@ -185,6 +185,48 @@ class RowRenderer:
         start = int(offsets[lines.offset])
         end = int(offsets[lines.offset + len(lines)])
         return bytes(memoryview(lines.buffers()[2])[start:end])
+
+    def _fold(self, items: list[list[Any]], leads: list[str], end: str, sep: str) -> list[Any]:
+        """The pieces of a row, joined by ``sep``: constant text (each column's lead, the
+        line end, constant columns) folded into the distinct values of a gathered
+        neighbour wherever there is one, so few pieces remain (joining is per piece)."""
+        pc = self.pc
+        # 1. leads and the end as constants of their own, consecutive constants merged
+        seq: list[list[Any]] = []
+        for lead, item in zip(leads, items, strict=True):
+            if lead:
+                seq.append(["const", lead])
+            seq.append(item)
+        if not sep:
+            seq.append(["const", end])
+        merged: list[list[Any]] = []
+        for item in seq:
+            if item[0] == "const" and merged and merged[-1][0] == "const":
+                # with a separator (CSV), two constant columns still need it between them
+                merged[-1] = ["const", merged[-1][1] + sep + item[1]]
+            else:
+                merged.append(item)
+        if sep:  # CSV: the line end follows the last column, without a separator
+            last = merged[-1]
+            if last[0] == "const":
+                last[1] = last[1] + end
+            else:  # a gathered column takes it into its distinct values
+                last[1] = pc.binary_join_element_wise(last[1], end, "")
+        # 2. JSON: a constant goes into the gathered item before it, else the one after it
+        if not sep:
+            out: list[list[Any]] = []
+            for item in merged:
+                if item[0] == "const" and out and out[-1][0] == "gath":
+                    out[-1][1] = pc.binary_join_element_wise(out[-1][1], item[1], "")
+                elif item[0] == "gath" and out and out[-1][0] == "const":
+                    text = out.pop()[1]
+                    out.append(["gath", pc.binary_join_element_wise(text, item[1], ""), item[2]])
+                else:
+                    out.append(item)
+            merged = out
+        return [
+            item[1] if item[0] in ("const", "arr") else item[1].take(item[2]) for item in merged
+        ]
 
 
 def _bits(arr: Any, n: int) -> Any:
