@@ -10,10 +10,12 @@ Location (the first that can be written):
 1. with ``cache_dir=``: ``<cache_dir>/<digest>/``; otherwise ``<run_dir>/.et-cache/<source
    file name>/`` (a hidden folder: run discovery, ``et runs`` and resume never look in it);
 2. ``$XDG_CACHE_HOME/expr_tracker/query/<digest>/`` (default ``~/.cache``) when the run
-   directory cannot be written (a read-only mount, someone else's run);
-3. a temporary directory of this process (``<tmp>/et-query-*/<digest>/``), with one warning,
-   when nothing else can be written: queries still answer, the cache just does not outlive
-   the process.
+   directory cannot be written (a read-only mount, someone else's run) — unless the cache
+   already there is trusted (see below) and covers every complete line: then it is used
+   as it is, read-only, without the lock (the same for a read-only ``cache_dir=``);
+3. a temporary directory of this process (``<tmp>/et-query-*/<digest>/``, removed at exit),
+   with one warning, when nothing else can be written: queries still answer, the cache just
+   does not outlive the process.
 
 ``<digest>`` is the SHA-256 (32 hex digits) of the source's absolute, resolved path.
 
@@ -31,7 +33,7 @@ inode changed), truncated below ``covered``, or its covered bytes no longer matc
 fingerprint (a resumed run whose repair rewrote covered bytes, a user edit). An edit that
 keeps size, inode and every fingerprinted byte is not detected (nothing short of re-reading
 the whole file would be). Otherwise only the bytes appended since the last refresh are read,
-into one new part (a row group per block of at most 8 MiB of lines, so a refresh's memory is
+into one new part (a row group per block of at most 4 MiB of lines, so a refresh's memory is
 bounded by the block, not by the file).
 
 Compaction: when a source has more than 16 parts (a live run queried every second adds one
@@ -78,15 +80,13 @@ CACHE_DIR_NAME = ".et-cache"
 MANIFEST = "manifest.json"
 LOCK = "lock"
 #: bytes of lines decoded at once (one row group per block)
-BLOCK_BYTES = 8 << 20
+BLOCK_BYTES = 4 << 20
 #: more parts than this trigger compaction
 MAX_PARTS = 16
 #: parts with fewer rows than this are merged by compaction
 SMALL_PART_ROWS = 1_000_000
 #: a replaced part is deleted by a refresh at least this long after it was replaced
 GRACE_S = 600.0
-#: Parquet compression of the parts
-COMPRESSION = "zstd"
 
 _KINDS = ("metrics", "spans")
 _temp_root: Path | None = None
@@ -147,7 +147,11 @@ def _usable(d: Path) -> int | None:
 def _temp_dir() -> Path:
     global _temp_root, _warned_temp
     if _temp_root is None:
+        import atexit
+        import shutil
+
         _temp_root = Path(tempfile.mkdtemp(prefix="et-query-"))
+        atexit.register(shutil.rmtree, _temp_root, True)
     if not _warned_temp:
         _warned_temp = True
         log.warning(
@@ -160,20 +164,49 @@ def _temp_dir() -> Path:
     return _temp_root
 
 
-def _open_cache(src: Path, cache_dir: str | os.PathLike[str] | None) -> tuple[Path, int]:
+def _open_cache(
+    src: Path, cache_dir: str | os.PathLike[str] | None, sfd: int, kind: str
+) -> tuple[Path, int | None, CachedSource | None]:
+    """``(folder, lock descriptor, None)`` of the first writable location, or ``(folder,
+    None, current)`` when the preferred folder cannot be written but already holds a cache
+    covering every complete line of the source (someone else's run, a read-only mount)."""
     digest = _digest(src.resolve())
-    candidates = [cache_location(src, cache_dir)]
+    first = cache_location(src, cache_dir)
+    candidates = [first]
     if cache_dir is None:
         candidates.append(_xdg_root() / digest)
     for d in candidates:
         fd = _usable(d)
         if fd is not None:
-            return d, fd
+            return d, fd, None
+        if d == first:
+            current = _current_read_only(src, sfd, kind, d)
+            if current is not None:
+                return d, None, current
     d = _temp_dir() / digest
     fd = _usable(d)
     if fd is None:  # pragma: no cover - the temp dir we just made is not writable
         raise OSError(errno.EACCES, f"no writable folder for the query cache of {src}")
-    return d, fd
+    return d, fd, None
+
+
+def _current_read_only(src: Path, sfd: int, kind: str, d: Path) -> CachedSource | None:
+    """The cache in ``d`` (not writable here) when it is trusted and nothing but a torn
+    tail follows what it covers; else None. Read without the lock: the manifest is replaced
+    atomically and replaced parts outlive it by ``GRACE_S``."""
+    m = _load_manifest(d)
+    if m is None:
+        return None
+    try:
+        st = os.fstat(sfd)
+        if not _trusted(m, src, kind, st, sfd, d):
+            return None
+        tail = st.st_size - m["covered"]
+        if tail > (1 << 20) or b"\n" in os.pread(sfd, tail, m["covered"]):
+            return None
+    except OSError:
+        return None
+    return _result(src, kind, d, m)
 
 
 # --------------------------------------------------------------------------- fingerprint
@@ -254,8 +287,9 @@ def _fresh_manifest(src: Path, kind: str, st: os.stat_result) -> dict[str, Any]:
 
 
 def _blocks(fd: int, start: int, end: int):
-    """``(offset, lines)`` of complete lines in ``[start, end)``, a block at a time; the
-    bytes after the last newline are not yielded."""
+    """``(offset, chunk)``: complete lines of ``[start, end)`` (``chunk`` ends with a newline;
+    ``offset`` is where it ends), a block at a time; the bytes after the last newline are
+    not yielded."""
     pos = start
     carry = b""
     while pos < end:
@@ -269,7 +303,7 @@ def _blocks(fd: int, start: int, end: int):
             carry = buf
             continue
         carry = buf[cut + 1 :]
-        yield pos - len(carry), buf[:cut].split(b"\n")
+        yield pos - len(carry), buf[: cut + 1]
 
 
 def _new_part_name(first_line: int) -> str:
@@ -287,17 +321,17 @@ def _append(fd: int, d: Path, kind: str, m: dict[str, Any], end: int) -> None:
     covered = m["covered"]
     lines = m["lines"]
     try:
-        for new_covered, block in _blocks(fd, covered, end):
+        for new_covered, chunk in _blocks(fd, covered, end):
             if kind == "metrics":
-                table, steps = scan.decode_metrics(block, lines)
+                table, steps = scan.decode_metrics_block(chunk, lines)
                 _track_steps(m, steps)
             else:
-                table = scan.decode_spans(block, lines)
-            lines += len(block)
+                table = scan.decode_spans_block(chunk, lines)
+            lines += chunk.count(b"\n")
             covered = new_covered
             if table.num_rows:
                 if writer is None:
-                    writer = pq.ParquetWriter(tmp, scan.schema(kind), compression=COMPRESSION)
+                    writer = pq.ParquetWriter(tmp, scan.schema(kind), **scan.WRITE_OPTIONS[kind])
                 writer.write_table(table)
                 rows += table.num_rows
         if writer is not None:
@@ -316,44 +350,48 @@ def _append(fd: int, d: Path, kind: str, m: dict[str, Any], end: int) -> None:
     m["rows"] += rows
 
 
-def _track_steps(m: dict[str, Any], steps: list[int | None]) -> None:
-    if not m["merged"]:
+def _track_steps(m: dict[str, Any], steps: Any) -> None:
+    """Keep ``monotonic`` (the steps of the lines with rows strictly increase, none missing)
+    and ``max_step`` up to date from ``steps`` (int64 ``pyarrow.Array``)."""
+    import pyarrow.compute as pc
+
+    if not m["monotonic"] or len(steps) == 0:
+        return
+    if steps.null_count:
+        m["monotonic"] = False
         return
     mx = m["max_step"]
-    mono = m["monotonic"]
-    for s in steps:
-        if s is None:
-            continue
-        if mx is not None and s <= mx:
-            mono = False
-        else:
-            mx = s
-    m["max_step"] = mx
-    m["monotonic"] = mono
+    if mx is not None and steps[0].as_py() <= mx:
+        m["monotonic"] = False
+        return
+    if len(steps) > 1 and not pc.all(pc.greater(steps[1:], steps[:-1])).as_py():
+        m["monotonic"] = False
+        return
+    m["max_step"] = steps[len(steps) - 1].as_py()
 
 
 def _exact_merged(d: Path, m: dict[str, Any]) -> bool:
-    """True when no ``step`` occurs in two lines of the parts (read back when the steps
-    were not increasing)."""
+    """True when no ``step`` occurs in two lines of the parts (read back, a row group at a
+    time, when the steps were not increasing). The rows of one line are consecutive and
+    never split between row groups."""
+    import pyarrow as pa
     import pyarrow.compute as pc
     import pyarrow.parquet as pq
 
     seen: set[Any] = set()
     for p in m["parts"]:
-        t = pq.read_table(d / p["file"], columns=["step", "line"])
-        if not t.num_rows:
-            continue
-        line = t.column("line")
-        # the first row of each line (rows of one line are consecutive)
-        starts = pc.not_equal(line.slice(1), line.slice(0, len(line) - 1))
-        import pyarrow as pa
-
-        mask = pa.concat_arrays([pa.array([True]), starts.combine_chunks()])
-        per_line = t.column("step").filter(mask).to_pylist()
-        for s in per_line:
-            if s in seen:
-                return False
-            seen.add(s)
+        f = pq.ParquetFile(d / p["file"])
+        for g in range(f.num_row_groups):
+            t = f.read_row_group(g, columns=["step", "line"])
+            if not t.num_rows:
+                continue
+            line = t.column("line").combine_chunks()
+            starts = pc.not_equal(line.slice(1), line.slice(0, len(line) - 1))
+            mask = pa.concat_arrays([pa.array([True]), starts])
+            for s in t.column("step").combine_chunks().filter(mask).to_pylist():
+                if s in seen:
+                    return False
+                seen.add(s)
     return True
 
 
@@ -375,7 +413,7 @@ def _compact(d: Path, kind: str, m: dict[str, Any], now: float) -> None:
     tmp = d / f".tmp-{os.getpid()}-{secrets.token_hex(4)}.parquet"
     rows = 0
     try:
-        with pq.ParquetWriter(tmp, scan.schema(kind), compression=COMPRESSION) as w:
+        with pq.ParquetWriter(tmp, scan.schema(kind), **scan.WRITE_OPTIONS[kind]) as w:
             for p in run:
                 f = pq.ParquetFile(d / p["file"])
                 for g in range(f.num_row_groups):
@@ -445,7 +483,10 @@ def refresh(
     src = Path(source).absolute()
     sfd = os.open(src, os.O_RDONLY)  # FileNotFoundError names the path
     try:
-        d, lock_fd = _open_cache(src, cache_dir)
+        d, lock_fd, current = _open_cache(src, cache_dir, sfd, kind)
+        if current is not None:
+            return current
+        assert lock_fd is not None
         try:
             if fcntl is not None:
                 fcntl.flock(lock_fd, fcntl.LOCK_EX)
@@ -490,6 +531,10 @@ def _refresh_locked(src: Path, sfd: int, kind: str, d: Path) -> CachedSource:
         _collect_garbage(d, m, now)
     if changed:
         _write_manifest(d, m)
+    return _result(src, kind, d, m)
+
+
+def _result(src: Path, kind: str, d: Path, m: dict[str, Any]) -> CachedSource:
     return CachedSource(
         source=src,
         kind=kind,

@@ -171,6 +171,16 @@ def discover(root: str | os.PathLike[str]) -> list[Producer]:
                 p = _replace(p, qualifier=q)
             out.append(p)
         producers = out
+        # a relative path that reads like another run's project/name: absolute paths
+        dirs_of = {}
+        for p in producers:
+            dirs_of.setdefault(p.run_id, set()).add(p.run_dir)
+        clash = {rid for rid, dirs in dirs_of.items() if len(dirs) > 1}
+        if clash:
+            producers = [
+                _replace(p, qualifier=str(p.run_dir.absolute())) if p.run_id in clash else p
+                for p in producers
+            ]
     producers.sort(key=lambda p: (p.project or "", p.name, p.stream or "", p.rank, str(p.run_dir)))
     return producers
 

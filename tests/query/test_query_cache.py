@@ -306,3 +306,47 @@ def test_compaction_keeps_every_row(tmp_path, monkeypatch):
     c = refresh(src, "metrics")
     left = {p.name for p in c.cache_dir.glob("part-*")}
     assert left == {p.name for p in c.parts}
+
+
+def test_edits_of_first_or_last_covered_line_of_a_big_file_rebuild(tmp_path):
+    src = tmp_path / "metrics.jsonl"
+    write(src, *({"a": float(i), "_step": i} for i in range(5000)))
+    assert src.stat().st_size > 16 * 4096
+    c0 = refresh(src, "metrics")
+    for old, new in ((b'"a": 0.0,', b'"a": 9.0,'), (b'"a": 4999.0,', b'"a": 4999.5,')):
+        data = src.read_bytes()
+        assert old in data
+        src.write_bytes(data.replace(old, new))  # same inode
+        c = refresh(src, "metrics")
+        same_rows(read_parts(c), expected_metric_rows(src))
+    # the parts of the first build are still there for a reader of the old manifest
+    assert all(p.exists() for p in c0.parts)
+
+
+def test_cache_dir_keys_each_source(tmp_path):
+    a = tmp_path / "a" / "metrics.jsonl"
+    b = tmp_path / "b" / "metrics.jsonl"
+    for i, p in enumerate((a, b)):
+        p.parent.mkdir()
+        write(p, {"v": float(i), "_step": 0})
+    ca = refresh(a, "metrics", cache_dir=tmp_path / "cc")
+    cb = refresh(b, "metrics", cache_dir=tmp_path / "cc")
+    assert ca.cache_dir != cb.cache_dir and ca.cache_dir.parent == cb.cache_dir.parent
+    assert [r["value"] for r in read_parts(ca)] == [0.0]
+    assert [r["value"] for r in read_parts(cb)] == [1.0]
+    assert not (a.parent / ".et-cache").exists()
+
+
+def test_merged_checked_exactly_across_row_groups_and_refreshes(tmp_path, monkeypatch):
+    monkeypatch.setattr(qcache, "BLOCK_BYTES", 100)  # a row group every few lines
+    src = tmp_path / "metrics.jsonl"
+    steps = list(range(40))
+    random_order = steps[20:] + steps[:20]  # out of order, each step once
+    write(src, *({"a": float(s), "_step": s} for s in random_order))
+    c = refresh(src, "metrics")
+    assert pq.ParquetFile(c.parts[0]).num_row_groups > 3
+    assert c.merged is True
+    write(src, {"b": 1.0, "_step": 41}, {"_step": 5})  # a commit line only: no rows
+    assert refresh(src, "metrics").merged is True
+    write(src, {"b": 2.0, "_step": 3})  # step 3 again, with a row: a patch line
+    assert refresh(src, "metrics").merged is False

@@ -112,3 +112,57 @@ def test_hydra_multirun_nested_dirs_with_same_name(tmp_path):
 def test_missing_root_is_an_error(tmp_path):
     with pytest.raises(FileNotFoundError, match="nope"):
         discover(tmp_path / "nope")
+
+
+def _bare_run(d, project, name):
+    d.mkdir(parents=True)
+    (d / "run.json").write_text(
+        json.dumps({"status": "finished", "project": project, "name": name})
+    )
+
+
+def test_qualified_id_never_collides_with_another_run(tmp_path):
+    # two copies of x/y (qualified as "p/r1" and "q/r1") and a third run whose own id is p/r1
+    _bare_run(tmp_path / "p" / "r1", "x", "y")
+    _bare_run(tmp_path / "q" / "r1", "x", "y")
+    _bare_run(tmp_path / "z" / "other", "p", "r1")
+    prods = discover(tmp_path)
+    ids = [p.run_id for p in prods]
+    assert len(set(ids)) == 3
+    by_dir = {p.run_dir: p.run_id for p in prods}
+    assert by_dir[tmp_path / "q" / "r1"] == "q/r1"
+    assert by_dir[tmp_path / "z" / "other"] == str((tmp_path / "z" / "other").absolute())
+
+
+def test_stream_and_rank_suffixes_together(tmp_path):
+    d = tmp_path / "p" / "r"
+    d.mkdir(parents=True)
+    for f in (
+        "metrics.eval.rank1.jsonl",
+        "spans.eval.rank1.jsonl",
+        "run.eval.rank1.json",
+        "config.eval.json",
+        "metrics.rank2.jsonl",
+        "alerts.jsonl",
+        "artifacts.jsonl",
+        "metrics.meta.json",
+        "metric_defs.json",
+        "metrics.jsonl.lock",
+    ):
+        (d / f).write_text("{}\n")
+    prods = discover(tmp_path)
+    keys = [(p.stream, p.rank) for p in prods]
+    assert keys == [(None, 0), (None, 2), ("eval", 1)]
+    main, r2, ev = prods
+    assert main.alerts == d / "alerts.jsonl" and main.artifacts == d / "artifacts.jsonl"
+    assert main.metrics is None and r2.metrics == d / "metrics.rank2.jsonl"
+    assert ev.metrics == d / "metrics.eval.rank1.jsonl" and ev.config == d / "config.eval.json"
+    assert ev.run_file == d / "run.eval.rank1.json" and ev.spans == d / "spans.eval.rank1.jsonl"
+
+
+def test_hostile_run_names_kept_exactly(tmp_path):
+    name = 'it\'s "x"; drop ☃'
+    _run(tmp_path / "runs", "pr'oj", name, steps=1)
+    [p] = discover(tmp_path / "runs")
+    assert (p.project, p.name, p.run_id) == ("pr'oj", name, f"pr'oj/{name}")
+    assert p.metrics is not None and p.metrics.is_file()
