@@ -124,9 +124,22 @@ def hive_unescape(text: str) -> str | None:
 class _Source:
     producer: Any  # query.catalog.Producer
     cached: Any  # query.cache.CachedSource
-    files: list[Any] = field(default_factory=list)  # open pyarrow ParquetFile objects
     in_order: bool = True  # lines and steps non-decreasing over the parts, in order
     stats: dict[str, list[bool]] = field(default_factory=dict)  # metric -> [has text]
+
+
+def _parts(src: _Source) -> Iterator[Any]:
+    """The cache parts of one refresh, opened one at a time (a folder of many runs must not
+    hold a file descriptor per part). A part that a later refresh replaces stays on disk
+    for 10 minutes (query.cache), so the snapshot stays readable while we export it."""
+    import pyarrow.parquet as pq
+
+    for path in src.cached.parts:
+        pf = pq.ParquetFile(str(path), read_dictionary=["metric"])
+        try:
+            yield pf
+        finally:
+            pf.close()
 
 
 def _need_pyarrow() -> Any:
@@ -215,7 +228,7 @@ def _scan(src: _Source, pa: Any, pq: Any, pc: Any) -> None:
     last_step = None
     last_line = None
     stats = src.stats
-    for pf in src.files:
+    for pf in _parts(src):
         md = pf.metadata
         text_i = pf.schema_arrow.get_field_index("text")
         for rg in range(md.num_row_groups):
@@ -298,7 +311,7 @@ def _ordered_batches(src: _Source, pa: Any, tmpdir: str) -> Iterator[Any]:
     """Record batches ``step, time, metric, value, text, line`` in (step, line) order."""
     cols = ["step", "time", "metric", "value", "text", "line"]
     if src.in_order:
-        for pf in src.files:
+        for pf in _parts(src):
             yield from pf.iter_batches(batch_size=BATCH_ROWS, columns=cols)
         return
     duckdb = _need_duckdb()
@@ -693,9 +706,7 @@ def export_runs(
     sources: list[_Source] = []
     for p in producers:
         cached = refresh(p.metrics, "metrics", cache_dir=Path(cache_dir) if cache_dir else None)
-        # open now: the parts of this snapshot stay readable even if a later refresh replaces them
-        files = [pq.ParquetFile(str(f), read_dictionary=["metric"]) for f in cached.parts]
-        sources.append(_Source(producer=p, cached=cached, files=files))
+        sources.append(_Source(producer=p, cached=cached))
     for s in sources:
         _scan(s, pa, pq, pc)
     stats: dict[str, list[bool]] = {}

@@ -621,3 +621,27 @@ def test_a_live_run_exports_a_consistent_prefix(tmp_path):
     finally:
         proc.kill()
         proc.wait()
+
+
+def test_many_runs_export_within_a_small_file_descriptor_limit(tmp_path):
+    """Parts are opened one at a time: 80 runs export under a limit of 48 open files."""
+    root = tmp_path / "many"
+    for i in range(80):
+        run = root / "p" / f"r{i:02d}"
+        run.mkdir(parents=True)
+        rows = [{"_step": s, "_time": float(s), "loss": i + s / 10} for s in range(3)]
+        (run / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
+    code = f"""
+import resource
+resource.setrlimit(resource.RLIMIT_NOFILE, (48, 48))
+from expr_tracker.query.export import export_runs
+res = export_runs({str(root)!r}, {str(tmp_path / "out")!r}, cache_dir={str(tmp_path / "c")!r})
+assert res["runs"] == 80 and res["rows"] == 240, res
+"""
+    p = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+    assert p.returncode == 0, p.stderr
+    got = duckdb.execute(
+        "SELECT count(DISTINCT run), count(*) FROM read_parquet(?, hive_partitioning=true)",
+        [hive_glob(tmp_path / "out", "parquet")],
+    ).fetchone()
+    assert got == (80, 240)
