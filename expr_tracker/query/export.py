@@ -604,8 +604,9 @@ def _put_in_place(tmp: Path, path: Path, overwrite: bool) -> None:
 
 
 def producer_file_name(p: Any, fmt: str) -> str:
-    """The file of one producer inside a run's partition: ``metrics[.S][.rankN].<ext>``."""
-    parts = ["metrics"]
+    """The file of one producer inside a run's partition: ``part[.S][.rankN].<ext>`` (never
+    ``metrics*.jsonl``: an export kept under a runs folder must not look like a run)."""
+    parts = ["part"]
     if p.stream:
         parts.append(p.stream)
     if p.rank:
@@ -694,6 +695,7 @@ def export_runs(
         raise ExportError(f"no metrics files under {str(src_path)!r} (metrics[.S][.rankN].jsonl)")
     producers = _select_producers(producers, stream, rank)
     run_dirs = {p.run_dir.resolve() for p in producers}
+    _check_output(out, run_dirs)
     one_run = src_path.resolve() in run_dirs and len(run_dirs) == 1
     if partition is None:
         partition = not one_run
@@ -772,6 +774,19 @@ def export_runs(
         "columns": schema.names,
         "seconds": _time.perf_counter() - t0,
     }
+
+
+def _check_output(out: Path, run_dirs: set[Path]) -> None:
+    """Refuse an output that would replace or sit among the files it is made from: a run
+    directory being exported, a folder holding one, or a file directly inside one (with
+    --overwrite, ``-o RUN/metrics.jsonl`` would replace the run's own history)."""
+    target = out.resolve()
+    for d in run_dirs:
+        if target == d or target in d.parents or target.parent == d:
+            raise ExportError(
+                f"-o {out}: the output would be written over or inside the run directory {d} "
+                "being exported; choose a path outside it"
+            )
 
 
 def _tree_size(p: Path) -> int:

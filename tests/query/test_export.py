@@ -487,7 +487,7 @@ def test_a_run_exports_partitioned_on_request(sweep, tmp_path):
     out = tmp_path / "one"
     export_runs(run_dir, out, partition=True, format="csv")
     assert [p.relative_to(out).as_posix() for p in out.rglob("*.csv")] == [
-        "project=p2/run=p2%2F2024/metrics.csv"
+        "project=p2/run=p2%2F2024/part.csv"
     ]
 
 
@@ -645,3 +645,21 @@ assert res["runs"] == 80 and res["rows"] == 240, res
         [hive_glob(tmp_path / "out", "parquet")],
     ).fetchone()
     assert got == (80, 240)
+
+
+def test_the_output_never_replaces_or_joins_the_runs_it_reads(sweep, tmp_path):
+    run_dir = next(p.run_dir for p in discover(sweep) if p.project == "p2")
+    before = (run_dir / "metrics.jsonl").read_bytes()
+    for target in (run_dir / "metrics.jsonl", run_dir, sweep, run_dir / "new.parquet"):
+        with pytest.raises(ExportError, match="over or inside the run directory"):
+            export_runs(run_dir, target, overwrite=True, format="jsonl")
+    assert (run_dir / "metrics.jsonl").read_bytes() == before
+    # an export kept under the runs folder is not taken for a run by the next export
+    export_runs(sweep, sweep / "exported", format="jsonl")
+    try:
+        res = export_runs(sweep, tmp_path / "again", format="jsonl")
+        assert res["runs"] == 2
+    finally:
+        import shutil
+
+        shutil.rmtree(sweep / "exported")
