@@ -237,6 +237,8 @@ def _scan(src: _Source, pa: Any, pq: Any, pc: Any) -> None:
             need_text = st is None or not st.has_null_count or st.null_count < meta.num_rows
             cols = ["step", "line", "metric", *(["text"] if need_text else [])]
             for b in pf.iter_batches(batch_size=BATCH_ROWS, row_groups=[rg], columns=cols):
+                if b.column("step").null_count:  # lines without an int _step: not rows
+                    b = b.filter(pc.is_valid(b.column("step")))
                 if b.num_rows == 0:
                     continue
                 steps = b.column("step").to_numpy(zero_copy_only=False)
@@ -327,7 +329,7 @@ def _ordered_batches(src: _Source, pa: Any, tmpdir: str) -> Iterator[Any]:
         files = [str(p) for p in src.cached.parts]
         rel = con.sql(
             "SELECT step, time, metric, value, text, line FROM read_parquet($files) "
-            "ORDER BY step, line",
+            "WHERE step IS NOT NULL ORDER BY step, line",
             params={"files": files},
         )
         yield from rel.to_arrow_reader(BATCH_ROWS)
@@ -346,6 +348,8 @@ def _merged_batches(
     need_merge = not src.cached.merged
     carry = None
     for b in _ordered_batches(src, pa, tmpdir):
+        if b.column("step").null_count:  # a line without an int _step is no row (as et.history)
+            b = b.filter(pc.is_valid(b.column("step")))
         if b.num_rows == 0:
             continue
         # the metric name -> its index in ``metrics`` (NULL: not selected), batch by batch

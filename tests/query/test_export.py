@@ -571,12 +571,17 @@ def test_an_empty_run_exports_its_header(tmp_path):
     ]
 
 
-def test_a_torn_last_line_is_not_exported(tmp_path):
+@pytest.mark.parametrize("order", ["sorted", "shuffled"])
+def test_a_torn_last_line_and_lines_without_a_step_are_not_exported(tmp_path, order):
     run = tmp_path / "p" / "r"
     run.mkdir(parents=True)
-    (run / "metrics.jsonl").write_text('{"_step":0,"a":1}\n{"_step":1,"a":2}\n{"_step":2,"a"')
+    first = '{"_step":3,"a":0}\n' if order == "shuffled" else ""
+    (run / "metrics.jsonl").write_text(
+        first + '{"_step":0,"a":1}\n{"a":9}\n{"_step":"x","a":8}\n{"_step":1,"a":2}\n{"_step":2,"a"'
+    )
     export_runs(run, tmp_path / "o.parquet")
-    assert [r["step"] for r in pq.read_table(tmp_path / "o.parquet").to_pylist()] == [0, 1]
+    got = [(r["step"], r["a"]) for r in pq.read_table(tmp_path / "o.parquet").to_pylist()]
+    assert got == ([(0, 1.0), (1, 2.0), (3, 0.0)] if order == "shuffled" else [(0, 1.0), (1, 2.0)])
 
 
 WRITER = """
