@@ -326,11 +326,24 @@ def _ordered_batches(src: _Source, pa: Any, tmpdir: str) -> Iterator[Any]:
         }
     )
     try:
-        files = [str(p) for p in src.cached.parts]
+        # the parts reach DuckDB as an Arrow stream, not as paths: a run directory named
+        # with [, * or ? would be a glob pattern to read_parquet
+        first = next(iter(_parts(src)), None)
+        if first is None:
+            return
+        schema = first.schema_arrow
+        first.close()
+
+        def parts() -> Iterator[Any]:
+            for pf in _parts(src):
+                yield from pf.iter_batches(batch_size=BATCH_ROWS, columns=cols)
+
+        con.register(
+            "parts",
+            pa.RecordBatchReader.from_batches(pa.schema([schema.field(c) for c in cols]), parts()),
+        )
         rel = con.sql(
-            "SELECT step, time, metric, value, text, line FROM read_parquet($files) "
-            "WHERE step IS NOT NULL ORDER BY step, line",
-            params={"files": files},
+            f"SELECT {', '.join(cols)} FROM parts WHERE step IS NOT NULL ORDER BY step, line"
         )
         yield from rel.to_arrow_reader(BATCH_ROWS)
     finally:

@@ -511,10 +511,11 @@ def test_an_interrupted_export_leaves_no_file(sweep, tmp_path, monkeypatch):
     assert list(tmp_path.iterdir()) == []
 
 
-def test_out_of_order_steps_are_sorted_and_merged(tmp_path):
+@pytest.mark.parametrize("name", ["r", "r[a]*?{b}"])
+def test_out_of_order_steps_are_sorted_and_merged(tmp_path, name):
     """A file written with step_policy="allow" (steps out of order, one step on two
-    non-adjacent lines) goes through DuckDB's sort."""
-    run = tmp_path / "p" / "r"
+    non-adjacent lines) goes through DuckDB's sort (also from a folder named like a glob)."""
+    run = tmp_path / "p" / name
     run.mkdir(parents=True)
     lines = [
         {"_step": 5, "_time": 5.0, "a": 5.0},
