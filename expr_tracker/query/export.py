@@ -606,11 +606,35 @@ def _remove(p: Path) -> None:
 
 
 def _put_in_place(tmp: Path, path: Path, overwrite: bool) -> None:
+    """Move the finished ``tmp`` to ``path``. Without ``overwrite`` a ``path`` that appeared
+    meanwhile is never replaced (a file is linked into place, which fails if one exists)."""
+    if not overwrite:
+        if tmp.is_file():
+            try:
+                os.link(tmp, path)
+            except FileExistsError:
+                raise ExportError(
+                    f"{path} appeared during the export; pass --overwrite to replace it"
+                ) from None
+            except OSError:  # no hard links here (some network file systems): rename
+                if os.path.lexists(path):
+                    raise ExportError(
+                        f"{path} appeared during the export; pass --overwrite to replace it"
+                    ) from None
+                os.rename(tmp, path)
+                return
+            tmp.unlink()
+            return
+        try:
+            os.rename(tmp, path)  # a directory: fails onto an existing non-empty one
+        except OSError:
+            raise ExportError(
+                f"{path} appeared during the export; pass --overwrite to replace it"
+            ) from None
+        return
     if not os.path.lexists(path):
         os.rename(tmp, path)
         return
-    if not overwrite:  # appeared while we wrote
-        raise ExportError(f"{path} appeared during the export; pass --overwrite to replace it")
     if tmp.is_file() and path.is_file():
         os.replace(tmp, path)
         return

@@ -669,3 +669,30 @@ def test_the_output_never_replaces_or_joins_the_runs_it_reads(sweep, tmp_path):
         import shutil
 
         shutil.rmtree(sweep / "exported")
+
+
+@pytest.mark.parametrize("partition", [False, True])
+def test_a_path_that_appears_during_the_export_is_not_replaced(
+    sweep, tmp_path, monkeypatch, partition
+):
+    from expr_tracker.query import export as mod
+
+    run_dir = next(p.run_dir for p in discover(sweep) if p.project == "p2")
+    out = tmp_path / "o.parquet"
+    real = mod._write
+
+    def racing(*a, **k):
+        n = real(*a, **k)
+        if partition:
+            out.mkdir(exist_ok=True)
+            (out / "theirs.txt").write_text("theirs")
+        else:
+            out.write_text("theirs")
+        return n
+
+    monkeypatch.setattr(mod, "_write", racing)
+    with pytest.raises(ExportError, match="appeared during the export"):
+        export_runs(run_dir, out, partition=partition)
+    theirs = out / "theirs.txt" if partition else out
+    assert theirs.read_text() == "theirs"
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["o.parquet"]
