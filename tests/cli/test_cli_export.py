@@ -47,11 +47,15 @@ def test_a_folder_to_a_partitioned_directory_json_summary(runs, tmp_path, capsys
     assert main(args) == 0
     res = json.loads(capsys.readouterr().out)
     assert res["partitioned"] and res["runs"] == 2 and res["rows"] == 12 and res["files"] == 2
-    got = duckdb.execute(
-        "SELECT run, count(*), count(*) FILTER (WHERE isnan(value)) FROM read_parquet(?, "
-        "hive_partitioning=true) GROUP BY run ORDER BY run",
-        [str(out / "**" / "*.parquet")],
-    ).fetchall()
+    got = (
+        duckdb.connect()
+        .execute(
+            "SELECT run, count(*), count(*) FILTER (WHERE isnan(value)) FROM read_parquet(?, "
+            "hive_partitioning=true) GROUP BY run ORDER BY run",
+            [str(out / "**" / "*.parquet")],
+        )
+        .fetchall()
+    )
     assert got == [("proj/a", 6, 1), ("proj/b c", 6, 1)]
 
 

@@ -397,10 +397,14 @@ def test_hostile_names_round_trip_through_the_partition_path(sweep, tmp_path):
     assert any(HOSTILE_NAME in r for r in runs)
     dirs = {d.name for d in out.glob("project=*/run=*")}
     assert {hive_unescape(d.split("=", 1)[1]) for d in dirs} == runs
-    got = duckdb.execute(
-        "SELECT DISTINCT project, run FROM read_parquet(?, hive_partitioning=true)",
-        [hive_glob(out, "parquet")],
-    ).fetchall()
+    got = (
+        duckdb.connect()
+        .execute(
+            "SELECT DISTINCT project, run FROM read_parquet(?, hive_partitioning=true)",
+            [hive_glob(out, "parquet")],
+        )
+        .fetchall()
+    )
     assert sorted(got) == sorted({(p.project, p.run_id) for p in discover(sweep)})
 
 
@@ -662,10 +666,14 @@ assert res["runs"] == 80 and res["rows"] == 240, res
 """
     p = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
     assert p.returncode == 0, p.stderr
-    got = duckdb.execute(
-        "SELECT count(DISTINCT run), count(*) FROM read_parquet(?, hive_partitioning=true)",
-        [hive_glob(tmp_path / "out", "parquet")],
-    ).fetchone()
+    got = (
+        duckdb.connect()
+        .execute(
+            "SELECT count(DISTINCT run), count(*) FROM read_parquet(?, hive_partitioning=true)",
+            [hive_glob(tmp_path / "out", "parquet")],
+        )
+        .fetchone()
+    )
     assert got == (80, 240)
 
 
