@@ -45,7 +45,23 @@ processes refreshing one source at once serialize and both end with the same, co
 Parts and the manifest are written to temporary names and renamed into place. A part
 replaced by compaction or a rebuild is not deleted at once: it is listed in the manifest's
 ``garbage`` and removed by a later refresh once it was replaced at least 10 minutes ago, so
-a query (DuckDB) still reading the previous manifest's parts never sees one vanish.
+a query (DuckDB) still reading the previous manifest's parts never sees one vanish (a query
+running longer than that across a compaction could). Leftover ``.tmp-*`` files of a refresh
+that died are removed by the next one; parts no manifest lists, after 10 minutes. ``flock``
+is advisory and local: on a network file system without working ``flock``, two hosts
+refreshing one run's cache at the same moment are not serialized (point ``cache_dir=`` at a
+local folder there).
+
+Merged steps (metrics): ``CachedSource.merged`` is True while the ``_step`` of the lines that
+gave rows strictly increase (checked per block); when they do not, the parts' ``step`` per
+line are read back once per refresh with new lines to tell a patch line (the same step in
+two lines: ``merged`` False for good) from steps merely out of order.
+
+Size and speed (this machine, 2 shared cores): 100,000 lines of 5 random float metrics
+(17.7 MB of JSONL) give ~3.6 MB of parts; a first build decodes ~160,000-350,000 such lines
+a second once pyarrow is warm (a process's first refresh also pays pyarrow's one-time
+import of pandas, ~0.5-0.9 s); a refresh with nothing new takes ~0.5 ms; the peak RSS of a
+refresh stays ~215 MiB for a 1,000,000-line file as for a 100,000-line one.
 """
 
 from __future__ import annotations
@@ -56,6 +72,7 @@ import json
 import logging
 import os
 import secrets
+import stat
 import tempfile
 import time
 from dataclasses import dataclass
@@ -473,8 +490,8 @@ def refresh(
     docstring). Safe to call while another process appends to ``source`` and while another
     process refreshes the same source.
 
-    Raises ``ValueError`` for another ``kind``, ``FileNotFoundError`` when ``source`` does
-    not exist, ``ImportError`` (naming ``pip install 'expr-tracker[query]'``) without
+    Raises ``ValueError`` for another ``kind`` or a ``source`` that is not a regular file,
+    ``FileNotFoundError`` when ``source`` does not exist, ``ImportError`` (naming ``pip install 'expr-tracker[query]'``) without
     pyarrow.
     """
     if kind not in _KINDS:
@@ -483,6 +500,8 @@ def refresh(
     src = Path(source).absolute()
     sfd = os.open(src, os.O_RDONLY)  # FileNotFoundError names the path
     try:
+        if not stat.S_ISREG(os.fstat(sfd).st_mode):
+            raise ValueError(f"source {str(src)!r} is not a regular file (a JSONL file is)")
         d, lock_fd, current = _open_cache(src, cache_dir, sfd, kind)
         if current is not None:
             return current

@@ -269,6 +269,8 @@ def test_bad_kind_and_missing_source(tmp_path):
         refresh(tmp_path / "x.jsonl", "alerts")
     with pytest.raises(FileNotFoundError):
         refresh(tmp_path / "missing.jsonl", "metrics")
+    with pytest.raises(ValueError, match="not a regular file"):
+        refresh(tmp_path, "metrics")
 
 
 def test_default_location_and_cache_dir(tmp_path):
