@@ -24,6 +24,7 @@ COMMAND_MODULES = (
     "query",
     "plot",
     "trace",
+    "export",
     "rules",
     "alert",
     "alerts_cmd",

@@ -1,0 +1,96 @@
+"""``et export``: runs' metrics -> Parquet, CSV or JSONL (wide or long, partitioned by run)."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from typing import Any
+
+
+def register(subparsers: Any) -> None:
+    """Add the ``export`` sub-command to ``subparsers`` (sets ``func``)."""
+    p = subparsers.add_parser(
+        "export",
+        help="export runs' metrics to Parquet, CSV or JSONL (wide or long)",
+        description=(
+            "Export the metrics of one run directory (to one file) or of every run under a "
+            "folder (to a directory partitioned Hive-style: PATH/project=P/run=R/...), "
+            "streaming with bounded memory. Written under a temporary name beside PATH and "
+            "renamed when complete. See docs/export.md."
+        ),
+    )
+    p.add_argument("source", metavar="RUN|DIR", help="a run directory or a folder of runs")
+    p.add_argument("-o", "--output", required=True, metavar="PATH", help="output file or folder")
+    p.add_argument(
+        "--format",
+        choices=("parquet", "csv", "jsonl"),
+        default=None,
+        help="default: from PATH's suffix (.parquet, .csv, .jsonl), else parquet",
+    )
+    p.add_argument(
+        "--layout",
+        choices=("wide", "long"),
+        default="wide",
+        help="wide: a row per step, a column per metric (default); long: a row per metric value",
+    )
+    p.add_argument(
+        "--metrics",
+        default=None,
+        metavar="A,B",
+        help="metric names or globs (train/*); default all",
+    )
+    p.add_argument(
+        "--stream", default=None, metavar="S", help="streams: a,b ('main' is the default stream)"
+    )
+    p.add_argument("--rank", default=None, metavar="N", help="ranks: N or N,M (default: all)")
+    part = p.add_mutually_exclusive_group()
+    part.add_argument(
+        "--partition",
+        dest="partition",
+        action="store_true",
+        default=None,
+        help="write PATH/project=P/run=R/... even for one run (default for a folder of runs)",
+    )
+    part.add_argument(
+        "--no-partition",
+        dest="partition",
+        action="store_false",
+        help="one file (a single run only)",
+    )
+    p.add_argument("--overwrite", action="store_true", help="replace an existing PATH")
+    p.add_argument("--cache-dir", default=None, metavar="DIR", help="columnar cache location")
+    p.add_argument("--json", action="store_true", help="print the summary as JSON")
+    p.set_defaults(func=run)
+
+
+def run(args: argparse.Namespace) -> int:
+    """Exit codes: 0 written, 1 a bad source/argument, an existing PATH or a failed write."""
+    from expr_tracker.query.export import ExportError, export_runs
+
+    try:
+        res = export_runs(
+            args.source,
+            args.output,
+            format=args.format,
+            layout=args.layout,
+            metrics=args.metrics,
+            stream=args.stream,
+            rank=args.rank,
+            partition=args.partition,
+            overwrite=args.overwrite,
+            cache_dir=args.cache_dir,
+        )
+    except (ExportError, ImportError, OSError) as exc:
+        print(f"et export: {exc}", file=sys.stderr)
+        return 1
+    if args.json:
+        print(json.dumps(res))
+        return 0
+    where = "files" if res["files"] != 1 else "file"
+    print(
+        f"wrote {res['path']}: {res['rows']} rows ({res['layout']}, {len(res['columns'])} "
+        f"columns) from {res['producers']} producer(s) of {res['runs']} run(s), "
+        f"{res['files']} {res['format']} {where}, {res['bytes']} bytes in {res['seconds']:.2f} s"
+    )
+    return 0
