@@ -220,17 +220,20 @@ def _plain_link(part: Path) -> Path | None:
 
 
 def metrics_select(p: Any, parts: Sequence[Path], merged: bool, source: Any) -> str:
-    """One producer's ``SELECT`` of the ``metrics`` view. Not ``merged``: per (step, metric)
-    only the row of the largest ``line`` (a later patch line wins); rows without a step are
-    never merged with each other."""
+    """One producer's ``SELECT`` of the ``metrics`` view, as ``et.history`` reads the file:
+    lines without an integer ``_step`` are left out, and when not ``merged`` (a step in
+    several lines) per (step, metric) only the row of the largest ``line`` is kept (a later
+    patch line wins) and every row of the step carries the time of its last line."""
     cols = _select_list(p, METRICS_COLUMNS, METRICS_IDENTITY)
     src = source(parts)
     if not merged:
         src = (
-            f"(SELECT * FROM {src} QUALIFY row_number() OVER (PARTITION BY step, metric, "
-            f"CASE WHEN step IS NULL THEN line END ORDER BY line DESC) = 1)"
+            f"(SELECT * REPLACE (max_by(time, line) OVER (PARTITION BY step) AS time) "
+            f"FROM {src} WHERE step IS NOT NULL "
+            f"QUALIFY row_number() OVER (PARTITION BY step, metric ORDER BY line DESC) = 1)"
         )
-    return f"SELECT {cols} FROM {src}"
+        return f"SELECT {cols} FROM {src}"
+    return f"SELECT {cols} FROM {src} WHERE step IS NOT NULL"
 
 
 def spans_select(p: Any, parts: Sequence[Path], source: Any) -> str:

@@ -176,11 +176,13 @@ def test_patch_lines_later_line_wins_per_metric(tmp_path, cache):
     got = q(con, "SELECT step, metric, value, text, time FROM metrics ORDER BY step, metric")
     assert got == [
         (0, "a", 0.0, None, 10.0),
-        (1, "a", 1.0, None, 11.0),
+        (1, "a", 1.0, None, 12.0),  # a step's time is its last line's, as et.history says
         (1, "b", 6.0, None, 12.0),
         (1, "c", None, "x", 12.0),
         (2, "a", 2.0, None, 13.0),
     ]
+    hist = et.history(run=str(tmp_path / "runs" / "p" / "long"), output_type="records")
+    assert [r["_time"] for r in hist] == [10.0, 12.0, 13.0]
     dup = "SELECT run, step, metric, count(*) FROM metrics GROUP BY ALL HAVING count(*) > 1"
     assert q(con, dup) == []
 
@@ -634,3 +636,23 @@ def test_an_empty_run_and_a_run_of_rank_shards_only(tmp_path, cache):
     ]
     got = q(con, "SELECT run, rank, count(*), max(value) FROM metrics GROUP BY ALL ORDER BY ALL")
     assert got == [("p/shards", 1, 2, 11.0), ("p/shards", 2, 3, 22.0)]
+
+
+@pytest.mark.parametrize("patched", [False, True])
+def test_lines_without_a_step_are_left_out_as_et_history_does(tmp_path, cache, patched):
+    """A line with no integer ``_step`` is not a row for ``et.history`` (warned once), so
+    the ``metrics`` view leaves it out too, whether or not the file has patch lines."""
+    rows = [
+        {"a": 0.0, "_step": 0, "_time": 10.0},
+        {"a": 9.0, "_time": 10.5},  # no step
+        {"a": 8.0, "_step": "1", "_time": 10.6},  # not an int
+        {"a": 1.0, "_step": 1, "_time": 11.0},
+    ]
+    if patched:
+        rows.append({"b": 2.0, "_step": 1, "_time": 12.0})
+    _write_lines(tmp_path / "runs" / "p" / "nostep" / "metrics.jsonl", rows)
+    con = connect(tmp_path / "runs", cache_dir=cache)
+    got = q(con, "SELECT step, metric, value FROM metrics ORDER BY step, metric")
+    hist = et.history(run=str(tmp_path / "runs" / "p" / "nostep"), output_type="records")
+    want = [(r["_step"], k, v) for r in hist for k, v in sorted(r.items()) if k[0] != "_"]
+    assert got == want
