@@ -104,20 +104,28 @@ def run_query(args: argparse.Namespace, out: IO[str] | None = None) -> int:
         return 1
     try:
         from expr_tracker.query.api import execute, missing_file
-        from expr_tracker.query.views import connect, describe, import_duckdb
+        from expr_tracker.query.views import connect, describe, import_duckdb, no_runs_note
 
         duckdb = import_duckdb()
     except ImportError as exc:
         sys.stderr.write(f"et query: {exc}\n")
         return 1
-    if sql is None:
+    try:
         con = connect(root, cache_dir=args.cache_dir)
+    except FileNotFoundError as exc:  # DIR is a file, or vanished
+        sys.stderr.write(f"et query: {exc}\n")
+        return 1
+    note = no_runs_note(con, root)
+    if note:
+        sys.stderr.write(f"et query: {note}\n")
+    if sql is None:
         try:
             return _print_schema(describe(con), args, out)
         finally:
             con.close()
     for attempt in (1, 2):
-        con = connect(root, cache_dir=args.cache_dir)
+        if attempt == 2:
+            con = connect(root, cache_dir=args.cache_dir)
         sink = _Sink(args.output, out, binary=args.format == "parquet")
         try:
             rel = execute(con, sql)

@@ -17,8 +17,9 @@ from typing import Any
 from expr_tracker.history.paths import parse_metrics_name
 from expr_tracker.history.runinfo import read_run_info
 
-#: how deep below the searched folder runs are looked for
-MAX_DEPTH = 4
+#: how deep below the searched folder runs are looked for: 6 reaches the runs of a Hydra
+#: multirun whose jobs change directory (``multirun/<date>/<time>/<job>/runs/<project>/<name>``)
+MAX_DEPTH = 6
 #: ``run[.S][.rankN].json``: one per producer (stream and rank)
 RUN_FILE_RE = re.compile(r"^run(?:\.([A-Za-z0-9_-]+?))??(?:\.rank(\d+))?\.json$")
 #: a run's combined status is the worst of its producers' (a higher number is worse)

@@ -77,9 +77,9 @@ def query(
             # compacting it): refresh again, once
             if attempt == 1 and missing_file(exc):
                 continue
-            raise query_error(con, exc, sql) from None
+            raise query_error(con, exc, sql, dir) from None
         except duckdb.Error as exc:
-            raise query_error(con, exc, sql) from None
+            raise query_error(con, exc, sql, dir) from None
         finally:
             con.close()
     raise AssertionError("unreachable")  # pragma: no cover
@@ -98,15 +98,20 @@ def execute(con: Any, sql: str, params: Any = None) -> Any:
     return con.sql(sql, params=params)
 
 
-def query_error(con: Any, exc: Exception, sql: str) -> QueryError:
-    """A :class:`QueryError` for DuckDB's ``exc``, listing the views of ``con``."""
-    from expr_tracker.query.views import describe
+def query_error(con: Any, exc: Exception, sql: str, root: Any = None) -> QueryError:
+    """A :class:`QueryError` for DuckDB's ``exc``, listing the views of ``con`` (and saying
+    so when no run was found under ``root``)."""
+    from expr_tracker.query.views import describe, no_runs_note
 
+    message = str(exc)
     try:
         views = describe(con)
+        note = no_runs_note(con, root) if root is not None else None
     except Exception:  # noqa: BLE001 - the message matters more than the listing
-        views = {}
-    return QueryError(str(exc), sql, views)
+        views, note = {}, None
+    if note:
+        message = f"{message.rstrip()}\n({note})"
+    return QueryError(message, sql, views)
 
 
 def arrow_table(rel: Any) -> Any:

@@ -352,6 +352,19 @@ def _refresh(refresh: Any, source: Path, kind: str, cache_dir: Path | None) -> A
         return None
 
 
+def no_runs_note(con: Any, root: str | os.PathLike[str]) -> str | None:
+    """A note for a connection of :func:`connect` that found no run under ``root`` (None
+    when it found some): where runs are looked for, so an empty answer is not a mystery."""
+    from expr_tracker.history.rundirs import MAX_DEPTH
+
+    if con.execute("SELECT count(*) FROM _et_runs").fetchall()[0][0]:
+        return None
+    return (
+        f"no runs under {str(root)!r} (a run is a folder holding a run*.json or "
+        f"metrics*.jsonl, searched down to {MAX_DEPTH} folders below it)"
+    )
+
+
 def describe(con: Any) -> dict[str, list[tuple[str, str]]]:
     """Each view's columns as (name, DuckDB type), in :data:`VIEWS` order."""
     out: dict[str, list[tuple[str, str]]] = {}

@@ -224,3 +224,21 @@ def test_o_into_a_missing_folder_exits_1_and_files_get_ordinary_permissions(runs
         os.umask(old)
     assert dest.stat().st_mode & 0o777 == 0o644
     assert dest.read_text() == "x\n1\n"
+
+
+def test_dir_that_is_a_metrics_file_is_a_clean_error(runs, capsys):
+    code, out, err = cli(capsys, "SELECT count(*) FROM metrics", runs / "p" / "a" / "metrics.jsonl")
+    assert code == 1 and out == ""
+    assert "is a file" in err and str(runs / "p" / "a") in err
+
+
+def test_no_runs_found_says_where_runs_are_looked_for(tmp_path, capsys):
+    (tmp_path / "empty").mkdir()
+    code, out, err = cli(
+        capsys, "SELECT count(*) AS n FROM metrics", tmp_path / "empty", "--format", "csv"
+    )
+    assert code == 0 and out.splitlines() == ["n", "0"]
+    assert "no runs under" in err and "6 folders below" in err
+    # a column of runs that do not exist: the error says no run was found
+    code, _, err = cli(capsys, 'SELECT "config.lr" FROM runs', tmp_path / "empty")
+    assert code == 2 and "no runs under" in err

@@ -179,3 +179,10 @@ def test_import_expr_tracker_imports_neither_duckdb_nor_pyarrow():
     code = "import sys, expr_tracker; print(sorted({'duckdb', 'pyarrow'} & set(sys.modules)))"
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
     assert out.stdout.strip() == "[]"
+
+
+def test_query_error_over_no_runs_says_none_were_found(tmp_path):
+    (tmp_path / "multirun").mkdir()
+    with pytest.raises(et.QueryError) as info:
+        et.query('SELECT "config.lr" FROM runs', tmp_path / "multirun")
+    assert "no runs under" in str(info.value) and "6 folders below" in info.value.message
