@@ -57,6 +57,8 @@ def query(
         ValueError: a bad ``output_type`` or an empty ``sql``.
         QueryError: DuckDB rejected or failed the SQL (its message, then the views and
             their columns).
+        TypeError: ``dir`` or ``cache_dir`` is not a path, or ``params`` is not a list,
+            tuple or dict.
         FileNotFoundError: ``dir`` does not exist.
         ImportError: duckdb/pyarrow (or the output's library) is missing, naming
             ``pip install 'expr-tracker[query]'``.
@@ -64,6 +66,10 @@ def query(
     kind = check_output_type(output_type)
     if not isinstance(sql, str) or not sql.strip():
         raise ValueError(f"sql must be a non-empty string of SQL, not {sql!r}")
+    check_path("dir", dir)
+    if cache_dir is not None:
+        check_path("cache_dir", cache_dir)
+    check_params(params)
     _check_output_library(kind)
     from expr_tracker.query.views import connect, import_duckdb
 
@@ -83,6 +89,24 @@ def query(
         finally:
             con.close()
     raise AssertionError("unreachable")  # pragma: no cover
+
+
+def check_path(field: str, value: Any) -> None:
+    """TypeError naming ``field`` when ``value`` is not a path (a str or os.PathLike)."""
+    if not isinstance(value, (str, os.PathLike)):
+        raise TypeError(
+            f"{field} must be a path (a str or os.PathLike, e.g. 'runs'), not {value!r}"
+        )
+
+
+def check_params(params: Any) -> None:
+    """TypeError naming ``params`` unless it is None, a list/tuple (for ``?``) or a dict
+    (for ``$name``); a string would be taken as a sequence of its characters."""
+    if params is not None and not isinstance(params, (list, tuple, dict)):
+        raise TypeError(
+            "params must be a list or tuple (values for ?) or a dict (values for $name), "
+            f"not {params!r}"
+        )
 
 
 def missing_file(exc: Exception) -> bool:
