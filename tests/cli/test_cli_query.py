@@ -242,3 +242,22 @@ def test_no_runs_found_says_where_runs_are_looked_for(tmp_path, capsys):
     # a column of runs that do not exist: the error says no run was found
     code, _, err = cli(capsys, 'SELECT "config.lr" FROM runs', tmp_path / "empty")
     assert code == 2 and "no runs under" in err
+
+
+def test_parquet_of_an_interval_is_a_clean_error_and_leaves_no_file(runs, tmp_path, capsys):
+    dest = tmp_path / "out" / "d.parquet"
+    dest.parent.mkdir()
+    sql = "SELECT run, ended - started AS d FROM runs"
+    code, _, err = cli(capsys, sql, runs, "--format", "parquet", "-o", dest)
+    assert code == 2 and "'d'" in err and "INTERVAL" in err and "epoch(" in err
+    assert list(dest.parent.iterdir()) == []
+
+
+def test_json_sum_of_integers_is_an_int_and_an_interval_seconds(runs, capsys):
+    sql = "SELECT sum(steps) AS s, INTERVAL 90 SECOND AS iv, 1.25::DECIMAL(5, 2) AS d FROM runs"
+    code, out, _ = cli(capsys, sql, runs, "--format", "jsonl")
+    assert code == 0
+    row = json.loads(out)
+    assert row == {"s": 4, "iv": 90.0, "d": 1.25} and type(row["s"]) is int
+    code, out, _ = cli(capsys, sql, runs, "--format", "csv")
+    assert out.splitlines()[1] == "4,90.0,1.25"
