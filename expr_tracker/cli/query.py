@@ -147,6 +147,9 @@ def run_query(args: argparse.Namespace, out: IO[str] | None = None) -> int:
                 raise
             sys.stderr.write(f"et query: cannot write {args.output or 'stdout'}: {exc}\n")
             return 1
+        except BaseException:  # Ctrl-C or a bug: no half-written temporary file stays
+            sink.abort()
+            raise
         finally:
             con.close()
     return 1  # pragma: no cover

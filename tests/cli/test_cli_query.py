@@ -261,3 +261,17 @@ def test_json_sum_of_integers_is_an_int_and_an_interval_seconds(runs, capsys):
     assert row == {"s": 4, "iv": 90.0, "d": 1.25} and type(row["s"]) is int
     code, out, _ = cli(capsys, sql, runs, "--format", "csv")
     assert out.splitlines()[1] == "4,90.0,1.25"
+
+
+def test_ctrl_c_while_writing_o_file_leaves_no_temporary_file(runs, tmp_path, capsys, monkeypatch):
+    import expr_tracker.cli.query as cq
+
+    def interrupted(rel, args, sink):
+        sink.text().write("run,step\n")
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(cq, "_write", interrupted)
+    dest = tmp_path / "out" / "m.csv"
+    dest.parent.mkdir()
+    code = main(["query", "SELECT * FROM metrics", str(runs), "--format", "csv", "-o", str(dest)])
+    assert code == 130 and list(dest.parent.iterdir()) == []
