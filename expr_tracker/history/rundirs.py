@@ -29,12 +29,26 @@ SEVERITY = {"finished": 0, "running": 1, "failed": 2, "crashed": 3}
 def find_runs(root: str | os.PathLike[str], max_depth: int = MAX_DEPTH) -> list[Path]:
     """Directories under ``root`` (itself included) that hold a run: a ``run*.json`` of any
     producer (stream, rank) or a metrics file of any producer. Hidden folders and a
-    project's artifact store are not searched; a run does not hold runs."""
+    project's artifact store are not searched; a run does not hold runs. Symbolic links to
+    folders are followed (a folder of hand-picked runs linked from elsewhere); a folder
+    reached twice (two links, a link cycle) is searched once, by its first path in name
+    order."""
     root = Path(root)
     found: list[Path] = []
     base = len(root.parts)
-    for dirpath, dirnames, filenames in os.walk(root):
+    seen: set[tuple[int, int]] = set()
+    for dirpath, dirnames, filenames in os.walk(root, followlinks=True):
         p = Path(dirpath)
+        dirnames.sort()
+        try:
+            st = os.stat(dirpath)
+        except OSError:
+            dirnames[:] = []
+            continue
+        if (st.st_dev, st.st_ino) in seen:
+            dirnames[:] = []
+            continue
+        seen.add((st.st_dev, st.st_ino))
         if any(RUN_FILE_RE.match(f) or parse_metrics_name(f) for f in filenames):
             found.append(p)
             dirnames[:] = []  # a run does not hold runs

@@ -184,3 +184,18 @@ def test_root_that_is_a_file_names_its_run(tmp_path):
     with pytest.raises(FileNotFoundError, match="is a file") as info:
         discover(metrics)
     assert str(metrics.parent) in str(info.value)
+
+
+def test_symlinked_runs_are_found_once_and_a_link_cycle_ends(tmp_path):
+    # a folder of hand-picked runs linked from the sweep: a link to one run, a link to the
+    # whole sweep (which holds that run too) and a link back up (a cycle)
+    for n in ("a", "b"):
+        _run(tmp_path / "sweep", "p", n, steps=1)
+    picked = tmp_path / "picked"
+    picked.mkdir()
+    (picked / "a").symlink_to(tmp_path / "sweep" / "p" / "a")
+    (picked / "all").symlink_to(tmp_path / "sweep")
+    (picked / "up").symlink_to(tmp_path)
+    prods = discover(picked)
+    assert [p.run_id for p in prods] == ["p/a", "p/b"]
+    assert prods[0].run_dir == picked / "a"
