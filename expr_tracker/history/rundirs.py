@@ -66,9 +66,14 @@ def find_runs(root: str | os.PathLike[str], max_depth: int = MAX_DEPTH) -> list[
 
 def producer_infos(run_dir: str | os.PathLike[str]) -> dict[str, dict[str, Any]]:
     """Each producer's ``run[.S][.rankN].json`` of ``run_dir`` (file name -> its content,
-    ``{}`` when unreadable), by file name; a dead ``running`` producer reads ``crashed``."""
+    ``{}`` when unreadable), by file name; a dead ``running`` producer reads ``crashed``.
+    A run directory that is gone (deleted since it was found) has none."""
     out: dict[str, dict[str, Any]] = {}
-    for q in sorted(Path(run_dir).iterdir()):
+    try:
+        entries = sorted(Path(run_dir).iterdir())
+    except OSError:
+        return out
+    for q in entries:
         if RUN_FILE_RE.match(q.name) and q.is_file():
             out[q.name] = read_run_info(q, repair=False) or {}
     return out

@@ -682,3 +682,28 @@ def test_an_unreadable_metrics_file_leaves_out_that_run_only(tmp_path, monkeypat
     runs = et.query("SELECT run, status FROM runs ORDER BY run", root, output_type="dicts")
     assert [r["run"] for r in runs] == ["p/mine", "p/theirs"]
     assert "cannot read" in caplog.text and str(theirs) in caplog.text
+
+
+def test_a_run_deleted_while_the_views_are_built_is_left_out(tmp_path, monkeypatch):
+    # `rm -rf` of an old run while a dashboard queries in a loop: the run vanishes between
+    # its discovery and the reading of its files
+    import expr_tracker.query.cache as cache
+
+    root = tmp_path / "runs"
+    make_run(root, "p", "keep", [{"loss": 1.0}])
+    make_run(root, "p", "gone", [{"loss": 2.0}])
+    real = cache.refresh
+    gone = root / "p" / "gone"
+
+    def refresh(source, kind, **kw):
+        if Path(source).parent == gone:
+            shutil.rmtree(gone)
+        return real(source, kind, **kw)
+
+    monkeypatch.setattr(cache, "refresh", refresh)
+    rows = et.query(
+        "SELECT run, count(*) AS n FROM metrics GROUP BY run", root, output_type="dicts"
+    )
+    assert rows == [{"run": "p/keep", "n": 1}]
+    runs = et.query("SELECT run, status FROM runs ORDER BY run", root, output_type="dicts")
+    assert [r["run"] for r in runs] in (["p/keep"], ["p/gone", "p/keep"])
