@@ -638,10 +638,51 @@ def _put_in_place(tmp: Path, path: Path, overwrite: bool) -> None:
     if tmp.is_file() and path.is_file():
         os.replace(tmp, path)
         return
+    _check_replaceable(path)  # again: it may have changed during the export
     old = path.with_name(f".{path.name}.{os.getpid()}.old")
     os.rename(path, old)
     os.rename(tmp, path)
     _remove(old)
+
+
+def _foreign_entry(path: Path) -> Path | None:
+    """The first entry of the directory ``path`` that is not part of an export's layout
+    (``project=P/run=R/part*.<parquet|csv|jsonl>``), else None."""
+    exts = tuple("." + e for e in _EXTENSIONS.values())
+    for level, pattern in enumerate(("project=", "run=")):
+        dirs = [path] if level == 0 else [d for d in path.iterdir()]
+        for d in dirs:
+            for entry in d.iterdir():
+                if entry.is_symlink() or not entry.is_dir() or not entry.name.startswith(pattern):
+                    return entry
+                if level == 1:
+                    for f in entry.iterdir():
+                        name = f.name
+                        if (
+                            f.is_symlink()
+                            or not f.is_file()
+                            or not name.startswith("part")
+                            or not name.endswith(exts)
+                        ):
+                            return f
+    return None
+
+
+def _check_replaceable(path: Path) -> None:
+    """With --overwrite, an existing directory is replaced only when it holds an earlier
+    export and nothing else: a folder of the user's own files is never deleted."""
+    if path.is_symlink() or not path.is_dir():
+        return  # a file (or a link: the link is replaced, never what it points to)
+    try:
+        foreign = _foreign_entry(path)
+    except OSError as exc:
+        raise ExportError(f"-o {path}: cannot check what the directory holds ({exc})") from None
+    if foreign is not None:
+        raise ExportError(
+            f"-o {path} --overwrite: the directory holds {foreign}, which is not part of an "
+            "earlier export (project=P/run=R/part*.parquet|csv|jsonl); --overwrite replaces only "
+            "an earlier export: choose another -o, or move those files away"
+        )
 
 
 def producer_file_name(p: Any, fmt: str) -> str:
@@ -720,10 +761,17 @@ def export_runs(
             f"source {str(src_path)!r} does not exist (give a run directory or a folder of runs)"
         )
     out = Path(path)
+    if out.name in ("", ".."):
+        raise ExportError(
+            f"-o {os.fspath(path)!r} names no file or folder of its own (it is '.', '..' or '/'); "
+            "give a new name, e.g. -o ./export"
+        )
     if os.path.lexists(out) and not overwrite:
         raise ExportError(
             f"{out} exists; pass --overwrite (overwrite=True) to replace it, or choose another -o"
         )
+    if overwrite:
+        _check_replaceable(out)
     pa = _need_pyarrow()
     import pyarrow.compute as pc
     import pyarrow.parquet as pq

@@ -482,10 +482,44 @@ def test_an_existing_path_is_refused_without_overwrite(sweep, tmp_path):
     export_runs(sweep, d)
     with pytest.raises(ExportError, match="exists"):
         export_runs(sweep, d)
-    (d / "stale.txt").write_text("old")
+    stale = d / "project=old" / "run=gone" / "part.csv"
+    stale.parent.mkdir(parents=True)
+    stale.write_text("old")
     export_runs(sweep, d, overwrite=True, layout="long")
-    assert not (d / "stale.txt").exists()  # replaced whole, not merged into
+    assert not stale.exists()  # an earlier export is replaced whole, not merged into
     assert [p.name for p in tmp_path.iterdir() if p.name.startswith(".")] == []
+
+
+@pytest.mark.parametrize("partitioned", [True, False])
+def test_overwrite_never_deletes_a_directory_of_user_files(sweep, tmp_path, partitioned):
+    run_dir = next(p.run_dir for p in discover(sweep) if p.project == "p2")
+    d = tmp_path / "mydata"
+    export_runs(sweep, d)  # an earlier export...
+    (d / "thesis.tex").write_text("precious")  # ...that now holds a file of the user's
+    (d / "project=p2" / "notes.txt").write_text("mine")
+    with pytest.raises(ExportError, match=r"mydata --overwrite.*thesis\.tex.*not part of an"):
+        export_runs(sweep if partitioned else run_dir, d, overwrite=True)
+    (d / "thesis.tex").unlink()
+    with pytest.raises(ExportError, match=r"notes\.txt"):
+        export_runs(sweep if partitioned else run_dir, d, overwrite=True)
+    assert (d / "project=p2" / "notes.txt").read_text() == "mine"
+    plain = tmp_path / "plain"
+    plain.mkdir()
+    (plain / "a.txt").write_text("keep")
+    with pytest.raises(ExportError, match="a.txt"):
+        export_runs(sweep if partitioned else run_dir, plain, overwrite=True)
+    assert (plain / "a.txt").read_text() == "keep"
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["mydata", "plain"]
+
+
+def test_an_output_naming_the_current_folder_is_a_clear_error(sweep, tmp_path, monkeypatch):
+    work = tmp_path / "work"
+    work.mkdir()
+    monkeypatch.chdir(work)
+    for target in (".", "./", "..", "sub/.."):
+        with pytest.raises(ExportError, match="names no file or folder of its own"):
+            export_runs(sweep, target, overwrite=True)
+    assert list(work.iterdir()) == []
 
 
 def test_bad_arguments_name_the_argument_and_what_is_valid(sweep, tmp_path):
