@@ -571,9 +571,14 @@ def _write(path: Path, fmt: str, schema: Any, batches: Iterator[Any]) -> int:
             yield b
 
     if fmt == "parquet":
+        import pyarrow as pa
         import pyarrow.parquet as pq
 
-        with pq.ParquetWriter(str(path), schema, compression="zstd") as w:
+        # no min/max statistics on the metric values: Parquet's leave NaN out, and DuckDB
+        # (by default) takes them to mean a row group holds no NaN, so `WHERE isnan(v)` or
+        # `WHERE v > 1e9` on the export would skip the row groups that hold NaN
+        stats = [f.name for f in schema if f.name == "time" or not pa.types.is_floating(f.type)]
+        with pq.ParquetWriter(str(path), schema, compression="zstd", write_statistics=stats) as w:
             for b in counted():
                 if b.num_rows:
                     w.write_batch(b)

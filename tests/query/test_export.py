@@ -754,3 +754,24 @@ def test_a_path_that_appears_during_the_export_is_not_replaced(
     theirs = out / "theirs.txt" if partition else out
     assert theirs.read_text() == "theirs"
     assert sorted(p.name for p in tmp_path.iterdir()) == ["o.parquet"]
+
+
+def test_duckdb_finds_every_nan_in_an_export_with_its_default_settings(tmp_path):
+    """Parquet's min/max statistics leave NaN out, and DuckDB by default takes them to mean a
+    row group holds no NaN: the export writes none on the metric values, so a plain
+    `WHERE isnan(x)` over the export counts every NaN."""
+    r = _run(tmp_path / "runs", "p", "diverged")
+    for step in range(40):
+        r.log({"loss": float("nan") if step >= 25 else 1.0 / (step + 1)})
+    r.finish()
+    for layout, col in (("wide", '"loss"'), ("long", "value")):
+        out = tmp_path / f"{layout}.parquet"
+        export_runs(r.dir, out, layout=layout)
+        con = duckdb.connect()
+        q = f"SELECT count(*) FROM read_parquet('{out}') WHERE "
+        assert con.sql(q + f"isnan({col})").fetchall()[0][0] == 15, layout
+        assert con.sql(q + f"{col} > 1e9").fetchall()[0][0] == 15, layout  # NaN sorts above all
+        d = tmp_path / f"{layout}-dir"
+        export_runs(tmp_path / "runs", d, layout=layout)
+        q = f"SELECT count(*) FROM read_parquet('{d}/**/*.parquet') WHERE isnan({col})"
+        assert con.sql(q).fetchall()[0][0] == 15, layout
