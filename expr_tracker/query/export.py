@@ -601,6 +601,8 @@ def _temp_beside(path: Path) -> Path:
 
 
 def _remove(p: Path) -> None:
+    if not os.path.lexists(p):  # (unlink on a read-only mount fails with EROFS, not ENOENT)
+        return
     if p.is_dir() and not p.is_symlink():
         shutil.rmtree(p, ignore_errors=True)
     else:
@@ -850,6 +852,13 @@ def export_runs(
             files = 1
         size = _tree_size(tmp)
         _put_in_place(tmp, out, overwrite)
+    except OSError as exc:  # a full disk, a read-only folder: say where
+        _remove(tmp)
+        why = exc.strerror or str(exc)
+        msg = f"export to {out} failed: {why}" + (
+            f" ({exc.filename})" if exc.filename and exc.strerror else ""
+        )
+        raise (OSError(exc.errno, msg) if exc.errno else OSError(msg)) from exc
     except BaseException:
         _remove(tmp)
         raise

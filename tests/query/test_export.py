@@ -6,6 +6,7 @@ from __future__ import annotations
 import json
 import math
 import os
+import re
 import subprocess
 import sys
 import textwrap
@@ -775,3 +776,58 @@ def test_duckdb_finds_every_nan_in_an_export_with_its_default_settings(tmp_path)
         export_runs(tmp_path / "runs", d, layout=layout)
         q = f"SELECT count(*) FROM read_parquet('{d}/**/*.parquet') WHERE isnan({col})"
         assert con.sql(q).fetchall()[0][0] == 15, layout
+
+
+def test_a_full_disk_names_the_output_and_leaves_nothing(sweep, tmp_path, monkeypatch):
+    import errno
+
+    from expr_tracker.query import export as export_mod
+
+    real_write = export_mod._write
+
+    def full(path, fmt, schema, batches):
+        real_write(path, fmt, schema, batches)  # a partial file is on disk...
+        raise OSError(errno.ENOSPC, "No space left on device")  # ...then the disk is full
+
+    monkeypatch.setattr(export_mod, "_write", full)
+    out_dir = tmp_path / "out"
+    out_dir.mkdir()
+    for target in (out_dir / "one.csv", out_dir / "many"):
+        with pytest.raises(
+            OSError, match=re.escape(f"export to {target} failed: No space left")
+        ) as ei:
+            export_runs(sweep if target.name == "many" else _p2(sweep), target)
+        assert ei.value.errno == errno.ENOSPC
+    assert list(out_dir.iterdir()) == []
+
+
+def test_a_read_only_mount_names_the_output(sweep, tmp_path, monkeypatch):
+    """On a read-only mount even unlink of a missing file fails (EROFS, not ENOENT): the
+    export's clean-up must not hide the real error, which names the output."""
+    import errno
+
+    ro = tmp_path / "ro"
+    ro.mkdir()
+
+    real = {}
+    for name in ("unlink", "mkdir"):
+        real["PosixPath." + name] = getattr(Path, name)
+
+    def patched(name):
+        def f(self, *a, **k):
+            if ro in self.parents:
+                raise OSError(errno.EROFS, "Read-only file system", str(self))
+            return real["PosixPath." + name](self, *a, **k)
+
+        return f
+
+    for name in ("unlink", "mkdir"):
+        monkeypatch.setattr(Path, name, patched(name))
+    with pytest.raises(
+        OSError, match=re.escape(f"export to {ro / 'x'} failed: Read-only file system")
+    ):
+        export_runs(sweep, ro / "x")
+
+
+def _p2(sweep: Path) -> Path:
+    return next(p.run_dir for p in discover(sweep) if p.project == "p2")
