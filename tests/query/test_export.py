@@ -831,3 +831,18 @@ def test_a_read_only_mount_names_the_output(sweep, tmp_path, monkeypatch):
 
 def _p2(sweep: Path) -> Path:
     return next(p.run_dir for p in discover(sweep) if p.project == "p2")
+
+
+def test_an_output_inside_another_run_directory_is_refused(tmp_path):
+    runs = tmp_path / "runs"
+    for name in ("a", "b"):
+        r = _run(runs, "p", name)
+        r.log({"loss": 1.0})
+        r.finish()
+    b = runs / "p" / "b"
+    before = {f.name: f.read_bytes() for f in b.iterdir() if f.is_file()}
+    for name in ("metrics.jsonl", "config.json", "new.parquet"):
+        with pytest.raises(ExportError, match="inside the run directory"):
+            export_runs(runs / "p" / "a", b / name, overwrite=True)
+    assert {f.name: f.read_bytes() for f in b.iterdir() if f.is_file()} == before
+    export_runs(runs / "p" / "a", runs / "a.parquet")  # beside the runs: fine
