@@ -351,7 +351,7 @@ def compare_runs(
     runs: Iterable[str | os.PathLike[str]],
     *,
     root: str | os.PathLike[str] = "runs",
-    metrics: Sequence[str] | None = None,
+    metrics: str | Sequence[str] | None = None,
     include_equal: bool = False,
     stream: str | None = None,
     rank: int | None = None,
@@ -362,8 +362,8 @@ def compare_runs(
         runs: each a run directory's path, or ``project/name`` / ``name`` of a run under
             ``root``.
         root: where names are looked up (default ``./runs``).
-        metrics: summary keys to show, names or globs (``"val/*"``); a pattern also matches
-            a nested summary's top key (``"val/acc"`` picks ``val/acc.max``). Default: every
+        metrics: summary keys to show, names or globs (``"val/*"``), a list or ``"a,b"``;
+            a pattern also matches a nested summary's top key (``"val/acc"`` picks ``val/acc.max``). Default: every
             numeric summary key but span timings (``time_ms/...``, ``count/...``).
         include_equal: also list config and identity keys whose values are equal.
         stream, rank: the producer compared in each run (default: the main stream, rank 0,
@@ -395,8 +395,21 @@ def compare_runs(
             close matches) or several (listing them), a stream or rank a run lacks,
             ``metrics`` patterns that match no summary key.
     """
+    if not isinstance(root, (str, os.PathLike)):
+        raise CompareError(f"root={root!r} is not valid: give a folder's path (default 'runs')")
     root_p = Path(root)
-    given = [os.fspath(r) for r in runs]
+    if isinstance(runs, (str, bytes, os.PathLike)):
+        raise CompareError(
+            f"runs={runs!r} is one value: give a list of two or more runs (run directories, "
+            "project/name or name)"
+        )
+    given = []
+    for r in runs:
+        if not isinstance(r, (str, os.PathLike)):
+            raise CompareError(
+                f"runs: {r!r} is not a run: give run directories, project/name or name (strings)"
+            )
+        given.append(os.fspath(r))
     if len(given) < 2:
         raise CompareError(f"compare needs at least two runs, got {len(given)}: {given!r}")
     try:
@@ -406,6 +419,13 @@ def compare_runs(
     if rank is not None and (type(rank) is not int or rank < 0):
         raise CompareError(f"rank={rank!r} is not valid: an integer >= 0")
     if metrics is not None:
+        if isinstance(metrics, str):  # "loss,val/*", as on the command line
+            metrics = metrics.split(",")
+        for m in metrics:
+            if not isinstance(m, str):
+                raise CompareError(
+                    f"metrics: {m!r} is not a name or glob: give strings such as 'loss', 'val/*'"
+                )
         metrics = [m.strip() for m in metrics if m and m.strip()]
         if not metrics:
             raise CompareError("metrics: empty; give names or globs such as 'loss,val/*'")

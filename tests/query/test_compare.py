@@ -349,3 +349,23 @@ def test_an_empty_run_compares_and_nothing_is_written(tmp_path):
     assert loss["missing"] == [0] and loss["best"] == []
     steps = row(res, "identity", "steps")["values"]
     assert steps[1] == 1 and steps[0] in (0, None)
+
+
+def test_wrong_types_name_the_argument_and_a_metrics_string_is_a_list():
+    make_run("a", rows=[{"train/loss": 1.0, "val/acc": 0.5}])
+    make_run("b", rows=[{"train/loss": 2.0, "val/acc": 0.7}])
+    # "train/*" was taken letter by letter ('t', 'r', ... match no summary key)
+    res = compare_runs(["a", "b"], metrics="train/*")
+    assert keys(res, "summary") == ["train/loss"] and row(res, "summary", "train/loss")["best"] == [
+        0
+    ]
+    both = compare_runs(["a", "b"], metrics="val/acc, train/loss")
+    assert sorted(keys(both, "summary")) == ["train/loss", "val/acc"]
+    with pytest.raises(CompareError, match=r"runs='a' is one value: give a list of two or more"):
+        compare_runs("a")  # was: "run 'a'" ... looked up letter by letter
+    with pytest.raises(CompareError, match=r"runs: 3 is not a run"):
+        compare_runs(["a", 3])  # was a TypeError
+    with pytest.raises(CompareError, match=r"metrics: 1 is not a name or glob"):
+        compare_runs(["a", "b"], metrics=[1])  # was an AttributeError
+    with pytest.raises(CompareError, match=r"root=5 is not valid"):
+        compare_runs(["a", "b"], root=5)
