@@ -164,6 +164,13 @@ def _as_list(value: Any, name: str) -> list[str] | None:
     if isinstance(value, str):
         items = [v.strip() for v in value.split(",")]
     else:
+        ok = isinstance(value, (list, tuple, set, frozenset))
+        ok = ok and all(isinstance(v, str) or (name == "rank" and _is_int(v)) for v in value)
+        if not ok:
+            what = "numbers" if name == "rank" else "names"
+            raise ExportError(
+                f"{name}={value!r} is not valid: give a string 'a,b' or a list of {what}"
+            )
         items = [str(v) for v in value]
     items = [v for v in items if v]
     if not items:
@@ -171,10 +178,16 @@ def _as_list(value: Any, name: str) -> list[str] | None:
     return items
 
 
+def _is_int(v: Any) -> bool:
+    return isinstance(v, int) and not isinstance(v, bool)
+
+
 def _rank_filter(rank: Any) -> set[int] | None:
     if rank is None:
         return None
-    if isinstance(rank, int) and not isinstance(rank, bool):
+    if _is_int(rank):
+        if rank < 0:
+            raise ExportError(f"rank={rank!r}: ranks are 0 or more")
         return {rank}
     out = set()
     for item in _as_list(rank, "rank") or []:
@@ -761,6 +774,11 @@ def export_runs(
         raise ExportError(f"format={format!r} is not valid: use one of {', '.join(FORMATS)}")
     if layout not in LAYOUTS:
         raise ExportError(f"layout={layout!r} is not valid: use one of {', '.join(LAYOUTS)}")
+    for name, flag in (("partition", partition), ("overwrite", overwrite)):
+        if flag is not None and not isinstance(flag, bool):
+            raise ExportError(f"{name}={flag!r} is not valid: use True or False")
+    if cache_dir is not None and not isinstance(cache_dir, (str, os.PathLike)):
+        raise ExportError(f"cache_dir={cache_dir!r} is not valid: give a folder's path")
     patterns = _as_list(metrics, "metrics")
     src_path = Path(source)
     if not src_path.exists():

@@ -846,3 +846,26 @@ def test_an_output_inside_another_run_directory_is_refused(tmp_path):
             export_runs(runs / "p" / "a", b / name, overwrite=True)
     assert {f.name: f.read_bytes() for f in b.iterdir() if f.is_file()} == before
     export_runs(runs / "p" / "a", runs / "a.parquet")  # beside the runs: fine
+
+
+def test_wrong_types_for_every_keyword_name_it_and_what_is_valid(sweep, tmp_path):
+    out = tmp_path / "o"
+    cases = {
+        "metrics": (5, "metrics=5 is not valid: give a string 'a,b' or a list of names"),
+        "stream": (5, "stream=5 is not valid: give a string 'a,b' or a list of names"),
+        "rank": (1.5, "rank=1.5 is not valid: give a string 'a,b' or a list of numbers"),
+        "partition": ("no", "partition='no' is not valid: use True or False"),
+        "overwrite": ("no", "overwrite='no' is not valid: use True or False"),
+        "cache_dir": (5, "cache_dir=5 is not valid: give a folder's path"),
+    }
+    for name, (bad, msg) in cases.items():
+        with pytest.raises(ExportError, match=re.escape(msg)):
+            export_runs(sweep, out, **{name: bad})
+    with pytest.raises(ExportError, match=r"rank=True is not valid"):
+        export_runs(sweep, out, rank=True)
+    with pytest.raises(ExportError, match=r"metrics=\['a', 3\] is not valid"):
+        export_runs(sweep, out, metrics=["a", 3])
+    with pytest.raises(ExportError, match=r"rank=-1: ranks are 0 or more"):
+        export_runs(sweep, out, rank=-1)
+    assert not out.exists()
+    assert export_runs(sweep, out, rank=[0, 1], overwrite=False)["files"] >= 1
