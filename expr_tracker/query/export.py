@@ -795,8 +795,6 @@ def export_runs(
         raise ExportError(
             f"{out} exists; pass --overwrite (overwrite=True) to replace it, or choose another -o"
         )
-    if overwrite:
-        _check_replaceable(out)
     pa = _need_pyarrow()
     import pyarrow.compute as pc
     import pyarrow.parquet as pq
@@ -810,6 +808,8 @@ def export_runs(
     producers = _select_producers(producers, stream, rank)
     run_dirs = {p.run_dir.resolve() for p in producers}
     _check_output(out, run_dirs)
+    if overwrite:
+        _check_replaceable(out)
     one_run = src_path.resolve() in run_dirs and len(run_dirs) == 1
     if partition is None:
         partition = not one_run
