@@ -231,7 +231,7 @@ def _identity_values(run_dir: Path, prod: Producer) -> dict[str, Any]:
     if steps is None and type(info.get("steps")) is int:
         steps = info["steps"]
     started, ended = info.get("started_at"), info.get("ended_at")
-    if not _num(ended) and producer_status(info) == "running":
+    if not _num(ended):  # running, or killed before it could write ended_at: its last row
         ended = last_time
     # to the millisecond, as run.json's duration_s (finer differences are noise)
     duration = round(ended - started, 3) if _num(started) and _num(ended) else None
@@ -384,7 +384,8 @@ def compare_runs(
         key's value is None there (a null value is None and not missing). Identity keys:
         ``status`` (the worst of all the run's producers, as ``et runs``), ``steps``
         (highest step + 1 of the compared metrics file), ``duration_s`` (seconds; a running
-        run's up to its last row), ``tags``, ``group``, ``git.commit``, ``git.dirty``.
+        run's, or a killed one's, up to its last row), ``tags``, ``group``, ``git.commit``,
+        ``git.dirty``.
         ``best`` lists the runs holding the best value (ties: all; NaN never; none when
         fewer than two runs have a number, when all are equal or the direction is unknown). ``goal`` comes from
         a ``define_metric(goal=...)`` of the runs, else from the name (see

@@ -369,3 +369,27 @@ def test_wrong_types_name_the_argument_and_a_metrics_string_is_a_list():
         compare_runs(["a", "b"], metrics=[1])  # was an AttributeError
     with pytest.raises(CompareError, match=r"root=5 is not valid"):
         compare_runs(["a", "b"], root=5)
+
+
+def test_a_killed_run_has_a_duration_up_to_its_last_row(tmp_path):
+    """A run killed (SIGKILL, OOM) never writes ended_at: its duration is up to its last row
+    (as for a running run); it was empty for the very runs a sweep's user looks into."""
+    import subprocess
+    import sys
+
+    make_run("fin", rows=[{"loss": 1.0}, {"loss": 0.5}])
+    code = (
+        "import os, signal, expr_tracker as et\n"
+        "et.init(project='p', name='dead', dir='runs')\n"
+        "for s in range(3):\n"
+        "    et.log({'loss': 0.1})\n"
+        "et.get_run().flush()\n"
+        "os.kill(os.getpid(), signal.SIGKILL)\n"
+    )
+    subprocess.run([sys.executable, "-c", code], timeout=60)
+    rows = [json.loads(line) for line in Path("runs/p/dead/metrics.jsonl").read_text().splitlines()]
+    started = json.loads(Path("runs/p/dead/run.json").read_text())["started_at"]
+    res = compare_runs(["fin", "dead"])
+    assert row(res, "identity", "status")["values"] == ["finished", "crashed"]
+    got = row(res, "identity", "duration_s")["values"][1]
+    assert got == round(rows[-1]["_time"] - started, 3)
