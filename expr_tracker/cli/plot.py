@@ -352,21 +352,25 @@ def chart_metrics(patterns: list[str], sources: list[RunSource]) -> list[str]:
     return list(seen)
 
 
-def missing_patterns(patterns: list[str], sources: list[RunSource]) -> list[str]:
-    """A message per pattern that matches no metric of any run (close names listed)."""
+def missing_patterns(
+    patterns: list[str], sources: list[RunSource], since: int | None = None
+) -> list[str]:
+    """A message per pattern that matches no metric of any run (close names listed; with
+    ``since``, of the rows from that step on)."""
     known: dict[str, None] = {}
     for src in sources:
         for name in src.columns.names:
             known.setdefault(name, None)
     out = []
+    where = f" from step {since} on" if since is not None else ""
     for pat in patterns:
         if _is_glob(pat):
             if not any(fnmatch.fnmatchcase(n, pat) for n in known):
-                out.append(f"pattern {pat!r} matches no metric")
+                out.append(f"pattern {pat!r} matches no metric{where}")
         elif pat not in known:
             close = difflib.get_close_matches(pat, list(known), n=3, cutoff=0.6)
             hint = f" (did you mean {' or '.join(repr(c) for c in close)}?)" if close else ""
-            out.append(f"unknown metric {pat!r}{hint}")
+            out.append(f"unknown metric {pat!r}{where}{hint}")
     if out:
         names = [n for n in known if not n.startswith(("time_ms/", "count/"))] or list(known)
         listed = ", ".join(_printable(n) for n in names[:12])
@@ -793,10 +797,12 @@ def _plot(args: argparse.Namespace, out: IO[str]) -> int:
     select = _selector(patterns)
     for src in sources:
         read_all(src, select, args.since)
-    problems = missing_patterns(patterns, sources)
+    problems = missing_patterns(patterns, sources, args.since)
     if problems:
         live = [s for s in sources if _status(s.info) == "running"]
         if not (args.follow and live):  # no row can come that would have it
+            if args.since is not None and not any(s.columns.rows for s in sources):
+                raise PlotError(_nothing_since(sources, args.since))
             raise PlotError("; ".join(problems))
         for p in problems:  # a live run may log it later
             sys.stderr.write(f"et plot: warning: {p} (yet; waiting)\n")
@@ -811,6 +817,22 @@ def _plot(args: argparse.Namespace, out: IO[str]) -> int:
         out.flush()
         return 0
     return _follow(plt, sources, patterns, select, args, layout, color, out)
+
+
+def _nothing_since(sources: list[RunSource], since: int) -> str:
+    """The error for a ``--since`` beyond every run's last step (not an unknown metric)."""
+    from expr_tracker.history.reader import JsonlReader
+
+    parts = []
+    for src in sources:
+        try:
+            rows = JsonlReader(src.path).tail_rows(1) if src.path.is_file() else []
+        except OSError:
+            rows = []
+        step = rows[-1].get("_step") if rows else None
+        last = f"its last step is {step}" if type(step) is int else "it has no rows"
+        parts.append(f"{src.label}: {last}")
+    return f"nothing to plot from step {since} on (--since {since}): " + "; ".join(parts)
 
 
 def _wait_for_defaults(sources: list[RunSource], interval: float) -> list[str]:

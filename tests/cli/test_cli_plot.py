@@ -413,3 +413,14 @@ def test_runs_without_a_main_metrics_file(tmp_path, capsys):
     (shards / "metrics.rank1.jsonl").write_text('{"loss": 1.0, "_step": 0}\n')
     code, _, err = plot(capsys, str(shards))
     assert code == 1 and "only rank shards" in err and "--rank 1" in err
+
+
+def test_since_beyond_the_last_step_says_so_not_unknown_metric(runs, capsys):
+    _root, a, b = runs  # a: steps 0..299, b: 0..199
+    code, out, err = plot(capsys, str(a), str(b), "loss", "--since", "5000")
+    assert code == 1 and out == ""
+    assert "unknown metric" not in err and "no rows yet" not in err
+    assert "nothing to plot from step 5000 on" in err
+    assert "a: its last step is 299" in err and "b: its last step is 199" in err
+    code, _, err = plot(capsys, str(b), "lr", "--since", "10")  # lr: a's only, not b's
+    assert code == 1 and "unknown metric 'lr' from step 10 on" in err
