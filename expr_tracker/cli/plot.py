@@ -772,8 +772,10 @@ def _check(args: argparse.Namespace) -> None:
         raise PlotError(f"--width {args.width} is not valid: at least 30 cells", 2)
     if args.height is not None and args.height < 6:
         raise PlotError(f"--height {args.height} is not valid: at least 6 lines", 2)
-    if args.interval <= 0:
-        raise PlotError(f"--interval {args.interval:g} is not valid: seconds > 0", 2)
+    if not (0 < args.interval <= 86400):  # NaN too: time.sleep would raise
+        raise PlotError(
+            f"--interval {args.interval:g} is not valid: seconds, > 0 and at most 86400", 2
+        )
     try:
         runfiles.check_rank(args.rank)
     except ValueError as exc:

@@ -163,6 +163,9 @@ def test_usage_errors(runs, capsys):
         (["--since", "-1"], "--since"),
         (["--width", "5"], "--width"),
         (["--rank", "-2"], "--rank"),
+        (["-f", "--interval", "0"], "--interval 0 "),
+        (["-f", "--interval", "nan"], "--interval nan "),  # was a ValueError from sleep
+        (["-f", "--interval", "inf"], "--interval inf "),  # was an OverflowError
     ):
         code, _, err = plot(capsys, str(a), "loss", *bad)
         assert code == 2 and word in err
