@@ -476,8 +476,10 @@ def series_view(
         gap = True
         kind = "nan" if y != y else ("+inf" if y > 0 else "-inf")
         view.counts[kind] = view.counts.get(kind, 0) + 1
-        key = (kind, bucket_index(x, lo, hi, buckets))
-        if key not in seen:  # one mark per chart column
+        # a few marks per chart column: ``buckets`` is a bit less than the plot area's
+        # cells, so one per bucket left some cells of a run of NaNs blank (as if finite)
+        key = (kind, bucket_index(x, lo, hi, 4 * buckets))
+        if key not in seen:
             seen.add(key)
             view.marks.setdefault(kind, []).append(x)
     view.points = len(xs)  # [lo, hi] is the range of every series of the chart

@@ -427,3 +427,19 @@ def test_since_beyond_the_last_step_says_so_not_unknown_metric(runs, capsys):
     assert "a: its last step is 299" in err and "b: its last step is 199" in err
     code, _, err = plot(capsys, str(b), "lr", "--since", "10")  # lr: a's only, not b's
     assert code == 1 and "unknown metric 'lr' from step 10 on" in err
+
+
+@pytest.mark.parametrize("width", [40, 70, 80, 123])
+def test_a_run_of_nans_is_marked_in_every_cell_it_covers(tmp_path, capsys, width):
+    root = tmp_path / "runs"
+    rows = [{"x": float("nan"), "y": 1.0 if i < 2500 else float("nan")} for i in range(5000)]
+    run = _run(root, "n", rows)
+    code, out, err = plot(capsys, str(run), "x", "y", "--width", str(width), "--height", "8")
+    assert code == 0, err
+    tops = [line for line in out.splitlines() if "┤" in line and "✗" in line]
+    assert len(tops) == 2  # one top edge per chart
+    x_cells = tops[0].split("┤", 1)[1].rstrip().rstrip("│")
+    assert x_cells == "✗" * len(x_cells)  # all NaN: no blank cell, not even the last
+    y_cells = tops[1].split("┤", 1)[1].rstrip().rstrip("│")
+    half = y_cells.lstrip(" ")
+    assert half == "✗" * len(half) and abs(len(half) - len(y_cells) / 2) <= 1
