@@ -403,7 +403,7 @@ def ema(values: Any, alpha: float) -> list[float]:
 @dataclass
 class SeriesView:
     """What one series of one chart draws: the downsampled finite points and the x of
-    each non-finite point (one per chart column), with totals for the legend."""
+    each non-finite point (a few per chart column), with totals for the legend."""
 
     label: str
     points: int = 0  # points of the series in the range (finite or not)
