@@ -850,6 +850,23 @@ def _wait_for_defaults(sources: list[RunSource], interval: float) -> list[str]:
         time.sleep(interval)
 
 
+def _screen(text: str, rows: int, first: bool) -> str:
+    """A ``--follow`` frame for a terminal of ``rows`` lines: drawn from the top-left corner
+    over the last one (each line cleared to its end, the rest of the screen below), so it
+    does not flicker; the first frame clears the screen. A frame taller than the terminal
+    is cut to it, with a last line saying so: written whole, its top would scroll out of
+    sight and every redraw would push a screenful into the scrollback."""
+    lines = text.rstrip("\n").split("\n")
+    rows = max(2, rows)
+    if len(lines) > rows - 1:
+        more = len(lines) - (rows - 2)
+        lines = lines[: rows - 2] + [
+            f"({more} more lines below: give fewer metrics or a smaller --height)"
+        ]
+    body = "\x1b[K\n".join(lines) + "\x1b[K\x1b[J"
+    return ("\x1b[H\x1b[2J" if first else "\x1b[H") + body
+
+
 def _follow(
     plt: Any,
     sources: list[RunSource],
@@ -866,10 +883,14 @@ def _follow(
     except (AttributeError, ValueError):
         pass
 
+    first = True
+
     def draw() -> None:
+        nonlocal first
         text = frame(plt, sources, patterns, args, layout(), color)
         if tty:
-            out.write("\x1b[H\x1b[2J" + text)
+            out.write(_screen(text, shutil.get_terminal_size((100, 30)).lines, first))
+            first = False
         else:
             out.write(text + "\n")
         out.flush()
@@ -897,7 +918,7 @@ def _follow(
         return 130
     finally:
         if tty:
-            out.write("\x1b[?25h")
+            out.write("\n\x1b[?25h")  # below the last frame's last line
         try:
             out.flush()
         except (OSError, ValueError):

@@ -443,3 +443,30 @@ def test_a_run_of_nans_is_marked_in_every_cell_it_covers(tmp_path, capsys, width
     y_cells = tops[1].split("┤", 1)[1].rstrip().rstrip("│")
     half = y_cells.lstrip(" ")
     assert half == "✗" * len(half) and abs(len(half) - len(y_cells) / 2) <= 1
+
+
+def test_follow_on_a_small_terminal_keeps_each_frame_on_the_screen(runs, monkeypatch):
+    import shutil
+
+    from expr_tracker.cli.plot import run_plot
+
+    _root, a, _b = runs
+    monkeypatch.setattr(
+        shutil, "get_terminal_size", lambda fallback=None: os.terminal_size((80, 24))
+    )
+    out = _Tty()
+    args = _args(str(a), "loss", "acc", "lr", "-f", "--interval", "0.01")
+    assert run_plot(args, out) == 0
+    frames = out.getvalue().split("\x1b[H")[1:]
+    assert frames
+    for f in frames:
+        shown = re.sub(r"\x1b\[[0-9;?]*[A-Za-z]", "", f)
+        # 23 lines at most (the cursor ends on the 24th): a taller frame scrolls its top out
+        # of sight and pushes a screenful into the scrollback on every redraw
+        assert len(shown.rstrip("\n").split("\n")) <= 23
+        assert "loss" in shown.split("\n")[0]  # the first chart's title stays in sight
+        assert "more lines below" in shown  # and it says what was cut
+    from expr_tracker.cli.plot import _screen
+
+    redraw = _screen("a\nb\n", 24, first=False)  # no blank screen between frames: no flicker
+    assert redraw == "\x1b[Ha\x1b[K\nb\x1b[K\x1b[J"
