@@ -162,6 +162,7 @@ class RunSource:
     columns: Any = None  # history.columns.MetricColumns
     offset: int = 0
     carry: bytes = b""
+    inode: tuple[int, int] | None = None  # (st_dev, st_ino) of the file read
 
 
 def _printable(text: str) -> str:
@@ -705,6 +706,11 @@ def read_all(src: RunSource, select: Any, since: int | None) -> None:
     src.offset, src.carry = 0, b""
     if not src.path.is_file():
         return
+    try:
+        st = os.stat(src.path)
+        src.inode = (st.st_dev, st.st_ino)
+    except OSError:
+        return
     end = _complete_end(src.path)
     read_columns(src.path, select, since=since, end=end, into=src.columns)
     src.offset = end
@@ -712,16 +718,22 @@ def read_all(src: RunSource, select: Any, since: int | None) -> None:
 
 def poll(src: RunSource, select: Any, since: int | None) -> bool:
     """Take the lines appended to ``src``'s file since the last read; True when some came.
-    A file that shrank (rewritten) is read again from its start."""
+    A file that shrank (rewritten) or is another file now (replaced) is read again from
+    its start."""
     from expr_tracker.history.codec import decode_line
 
     try:
-        size = os.stat(src.path).st_size
+        st = os.stat(src.path)
     except OSError:
         return False
-    if size < src.offset:
+    size = st.st_size
+    if size < src.offset or (src.inode is not None and (st.st_dev, st.st_ino) != src.inode):
+        # rewritten, or replaced by another file (a run deleted and started again): its
+        # bytes at our offset are not the continuation of what was read
         read_all(src, select, since)
         return True
+    if src.inode is None:  # a file that appeared after the first read
+        src.inode = (st.st_dev, st.st_ino)
     if size == src.offset:
         return False
     with open(src.path, "rb") as f:

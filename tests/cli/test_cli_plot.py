@@ -470,3 +470,22 @@ def test_follow_on_a_small_terminal_keeps_each_frame_on_the_screen(runs, monkeyp
 
     redraw = _screen("a\nb\n", 24, first=False)  # no blank screen between frames: no flicker
     assert redraw == "\x1b[Ha\x1b[K\nb\x1b[K\x1b[J"
+
+
+def test_follow_reads_a_replaced_file_from_its_start(tmp_path):
+    from expr_tracker.cli.plot import RunSource, poll, read_all
+
+    p = tmp_path / "metrics.jsonl"
+    p.write_text("".join(json.dumps({"a": float(i), "_step": i}) + "\n" for i in range(10)))
+    src = RunSource("r", p, None)
+    select = lambda n: n == "a"  # noqa: E731
+    read_all(src, select, None)
+    # the run deleted and started again (another file, longer than what was read): its
+    # bytes at the old offset are not a continuation
+    new = tmp_path / "new.jsonl"
+    new.write_text("".join(json.dumps({"a": 100.0 + i, "_step": i}) + "\n" for i in range(30)))
+    os.replace(new, p)
+    assert poll(src, select, None)
+    col = src.columns.columns["a"]
+    assert list(col.values) == [100.0 + i for i in range(30)]
+    assert list(col.steps) == list(range(30))
