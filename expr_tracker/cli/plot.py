@@ -211,14 +211,16 @@ def resolve_run(arg: str, root: Path, known: list[Path] | None) -> Path:
     raise PlotError(f"unknown run: {where}{hint}")
 
 
-def _labels(paths: list[Path]) -> list[str]:
-    """Short distinct labels: the fewest trailing path parts that tell the runs apart."""
+def _labels(paths: list[Path], suffixes: list[str] | None = None) -> list[str]:
+    """Short distinct labels: the fewest trailing path parts that, with each run's suffix
+    (``[rank1]``, ``[data]``), tell the runs apart."""
+    ends = suffixes or [""] * len(paths)
     parts = [p.resolve().parts for p in paths]
     for k in range(1, max((len(x) for x in parts), default=1) + 1):
-        labels = ["/".join(x[-k:]) for x in parts]
+        labels = ["/".join(x[-k:]) + e for x, e in zip(parts, ends, strict=True)]
         if len(set(labels)) == len(labels):
             return labels
-    return [str(p) for p in paths]
+    return [str(p) + e for p, e in zip(paths, ends, strict=True)]
 
 
 def _status(info: Path | None) -> str | None:
@@ -258,16 +260,20 @@ def open_runs(args: argparse.Namespace, names: list[str]) -> list[RunSource]:
             continue  # the same run twice
         run_dir = run if run.is_dir() else run.parent
         picked.append((path, run_dir, info if info is not None and info.exists() else None))
-    labels = _labels([d for _, d, _ in picked])
-    out = []
-    for (path, _run_dir, info), label in zip(picked, labels, strict=True):
+    suffixes = []
+    for path, _, _ in picked:
+        inner = ""
         if path.name != "metrics.jsonl":  # another stream or rank: st[data], st[rank1]
             inner = path.name
             if inner.startswith("metrics.") and inner.endswith(".jsonl"):
                 inner = inner[len("metrics.") : -len(".jsonl")]
-            label += f"[{inner}]"
-        out.append(RunSource(_printable(label), path, info))
-    return out
+            inner = f"[{inner}]"
+        suffixes.append(inner)
+    labels = _labels([d for _, d, _ in picked], suffixes)
+    return [
+        RunSource(_printable(label), path, info)
+        for (path, _, info), label in zip(picked, labels, strict=True)
+    ]
 
 
 def _split_args(args: argparse.Namespace) -> tuple[list[str], list[str]]:

@@ -489,3 +489,17 @@ def test_follow_reads_a_replaced_file_from_its_start(tmp_path):
     col = src.columns.columns["a"]
     assert list(col.values) == [100.0 + i for i in range(30)]
     assert list(col.steps) == list(range(30))
+
+
+def test_rank_shards_of_one_run_overlaid_get_short_labels(tmp_path, capsys):
+    root = tmp_path / "runs"
+    run = _run(root, "job", [{"loss": 1.0 / (i + 1)} for i in range(20)])
+    (run / "metrics.rank1.jsonl").write_text(
+        "".join(json.dumps({"loss": 2.0 / (i + 1), "_step": i}) + "\n" for i in range(20))
+    )
+    code, out, err = plot(
+        capsys, str(run / "metrics.rank1.jsonl"), str(run), "loss", "--width", "60"
+    )
+    assert code == 0, err
+    legend = [line.split(":")[0].split()[-1] for line in out.splitlines() if "points" in line]
+    assert legend == ["job[rank1]/loss", "job/loss"]  # not the whole path of each
