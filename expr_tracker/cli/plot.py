@@ -585,6 +585,9 @@ def render_chart(
         fig.ruler("y").scale("log")
     pos, labels = _x_ticks(lo, hi, width, integer_x)
     fig.ruler("x").ticks(pos, labels)
+    if len(title) > width:  # plotext drops a title wider than the chart: cut its middle
+        head = (width - 1) // 2
+        title = title[:head] + "…" + title[len(title) - (width - 1 - head) :]
     fig.title(title)
     fig.label(x_label, "x")
     text = fig.build().string(colorless=not color).rstrip("\n")

@@ -503,3 +503,13 @@ def test_rank_shards_of_one_run_overlaid_get_short_labels(tmp_path, capsys):
     assert code == 0, err
     legend = [line.split(":")[0].split()[-1] for line in out.splitlines() if "points" in line]
     assert legend == ["job[rank1]/loss", "job/loss"]  # not the whole path of each
+
+
+def test_a_metric_name_wider_than_the_chart_keeps_a_title(tmp_path, capsys):
+    name = "train/" + "x" * 100 + "/loss"
+    run = _run(tmp_path / "runs", "long", [{name: float(i)} for i in range(10)])
+    code, out, err = plot(capsys, str(run), name, "--width", "40", "--height", "8")
+    assert code == 0, err
+    title = out.splitlines()[0].strip()
+    assert title.startswith("train/xxx") and title.endswith("xx/loss") and "…" in title
+    assert len(title) <= 40
