@@ -276,13 +276,42 @@ def open_runs(args: argparse.Namespace, names: list[str]) -> list[RunSource]:
     ]
 
 
+def _split_runs(text: str, root: Path) -> list[str]:
+    """The runs of ``--runs A,B``; a run whose name has a comma (``lr=0.1,bs=32``) stays
+    whole: the longest run of comma-separated pieces that names a run is taken."""
+    from expr_tracker.history.rundirs import find_runs
+
+    pieces = text.split(",")
+    known: list[Path] | None = None
+    out = []
+    i = 0
+    while i < len(pieces):
+        take = 1
+        if len(pieces) - i > 1:
+            if known is None:
+                known = find_runs(root) if root.is_dir() else []
+            for j in range(len(pieces), i + 1, -1):
+                name = ",".join(pieces[i:j]).strip()
+                try:
+                    resolve_run(name, root, known)
+                except PlotError:
+                    continue
+                take = j - i
+                break
+        name = ",".join(pieces[i : i + take]).strip()
+        if name:
+            out.append(name)
+        i += take
+    return out
+
+
 def _split_args(args: argparse.Namespace) -> tuple[list[str], list[str]]:
     """(runs, metric patterns) from the positional arguments and ``--runs``."""
     from expr_tracker.history.rundirs import find_runs
 
     pos = list(args.args)
     if args.runs is not None:
-        runs = [r.strip() for r in args.runs.split(",") if r.strip()]
+        runs = _split_runs(args.runs, Path(args.dir))
         if not runs:
             raise PlotError("--runs names no run (give A,B)", 2)
         return runs, pos

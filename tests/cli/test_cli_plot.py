@@ -513,3 +513,17 @@ def test_a_metric_name_wider_than_the_chart_keeps_a_title(tmp_path, capsys):
     title = out.splitlines()[0].strip()
     assert title.startswith("train/xxx") and title.endswith("xx/loss") and "…" in title
     assert len(title) <= 40
+
+
+def test_runs_option_keeps_names_with_commas_whole(tmp_path, capsys):
+    root = tmp_path / "runs"
+    for lr in (0.1, 0.01):
+        _run(root, f"lr={lr},bs=32", [{"loss": lr * i} for i in range(20)], project="sw")
+    code, out, err = plot(
+        capsys, "--dir", str(root), "--runs", "sw/lr=0.1,bs=32,lr=0.01,bs=32", "loss",
+        "--width", "60",
+    )  # fmt: skip
+    assert code == 0, err
+    assert "lr=0.1,bs=32/loss: 20 points" in out and "lr=0.01,bs=32/loss: 20 points" in out
+    code, _, err = plot(capsys, "--dir", str(root), "--runs", "sw/lr=0.1,bs=32,nope", "loss")
+    assert code == 1 and "unknown run" in err and "'nope'" in err
