@@ -3,8 +3,8 @@
 One chart per metric, with every run given overlaid on it (``et plot a b loss``,
 ``et plot --runs a,b loss``). RUN is a run directory, a metrics file, or a run's name under
 ``--dir`` (default ``./runs``: ``project/name``, or ``name`` alone when it is unique there).
-Without ``--runs``, the leading arguments that name a run are runs and the rest metrics;
-with ``--runs``, every argument is a metric. A METRIC is a name or a glob (``'train/*'``,
+Without ``--runs``, the leading arguments that name a run are runs and the rest metrics (a
+metric of the first run is a metric, also when a run has its name); with ``--runs``, every argument is a metric. A METRIC is a name or a glob (``'train/*'``,
 quoted so the shell leaves it alone); none: the run's main metrics, as ``et runs`` picks
 them.
 
@@ -320,6 +320,7 @@ def _split_args(args: argparse.Namespace) -> tuple[list[str], list[str]]:
     runs = [pos.pop(0)]
     root = Path(args.dir)
     known: list[Path] | None = None
+    first_metrics: set[str] | None = None  # read only when a name is both
     while pos:
         a = pos[0]
         p = Path(a)
@@ -335,10 +336,28 @@ def _split_args(args: argparse.Namespace) -> tuple[list[str], list[str]]:
             except ValueError:
                 pass
         if a.strip("/") in rel or sum(d.name == a for d in known) == 1:
+            if first_metrics is None:
+                first_metrics = _metric_names(runs[0], root, known, args)
+            if a in first_metrics:  # `et plot RUN m`: the metric m, not also a run named m
+                break
             runs.append(pos.pop(0))
             continue
         break
     return runs, pos
+
+
+def _metric_names(arg: str, root: Path, known: list[Path], args: argparse.Namespace) -> set[str]:
+    """Every metric name in the metrics file of the run ``arg`` names (empty when it
+    cannot be read: the error comes later)."""
+    from expr_tracker.history.columns import read_columns
+    from expr_tracker.history.paths import resolve_run_path
+
+    try:
+        run = resolve_run(arg, root, known)
+        path = resolve_run_path(run, stream=args.stream, rank=args.rank)
+        return set(read_columns(path, lambda name: False).names)
+    except (PlotError, ValueError, OSError):
+        return set()
 
 
 # --------------------------------------------------------------------------- metrics

@@ -527,3 +527,21 @@ def test_runs_option_keeps_names_with_commas_whole(tmp_path, capsys):
     assert "lr=0.1,bs=32/loss: 20 points" in out and "lr=0.01,bs=32/loss: 20 points" in out
     code, _, err = plot(capsys, "--dir", str(root), "--runs", "sw/lr=0.1,bs=32,nope", "loss")
     assert code == 1 and "unknown run" in err and "'nope'" in err
+
+
+def test_a_metric_that_is_also_a_run_name_is_a_metric(tmp_path, capsys):
+    root = tmp_path / "runs"
+    run = _run(root, "mixed", [{"m": float(i), "b": float(i % 2)} for i in range(20)])
+    _run(root, "m", [{"loss": 1.0}], project="q")  # runs named like the metrics
+    _run(root, "b", [{"loss": 1.0}], project="q")
+    other = _run(root, "other", [{"m": 2.0 * i} for i in range(5)])
+    code, out, err = plot(
+        capsys, str(run), "m", "b", "--dir", str(root), "--width", "50", "--height", "8"
+    )
+    assert code == 0, err
+    legend = [line.split(":")[0].split()[-1] for line in out.splitlines() if "points" in line]
+    assert legend == ["mixed/m", "mixed/b"]  # not the runs q/m and q/b
+    # a run that is no metric is still a run
+    code, out, err = plot(capsys, str(run), "p/other", "m", "--dir", str(root), "--width", "50")
+    assert code == 0 and "other/m: 5 points" in out and "mixed/m: 20 points" in out
+    assert other.exists()
