@@ -39,6 +39,7 @@ import fnmatch
 import math
 import os
 import shutil
+import signal
 import sys
 import time
 from dataclasses import dataclass, field
@@ -936,6 +937,24 @@ def _screen(text: str, rows: int, first: bool) -> str:
     return ("\x1b[H\x1b[2J" if first else "\x1b[H") + body
 
 
+class _Terminated(Exception):
+    """SIGTERM while following (raised by the handler :func:`_on_sigterm_raise` installs)."""
+
+
+def _on_sigterm_raise() -> Any:
+    """Make SIGTERM raise :class:`_Terminated` (so the cursor is shown again before the
+    process ends); the previous handler, or None where no handler can be installed (not
+    the main thread)."""
+
+    def handler(signum: int, frame: Any) -> None:
+        raise _Terminated()
+
+    try:
+        return signal.signal(signal.SIGTERM, handler)
+    except ValueError:
+        return None
+
+
 def _follow(
     plt: Any,
     sources: list[RunSource],
@@ -964,8 +983,10 @@ def _follow(
             out.write(text + "\n")
         out.flush()
 
+    previous = None
     if tty:
         out.write("\x1b[?25l")  # hide the cursor while frames replace each other
+        previous = _on_sigterm_raise()  # `timeout 60 et plot -f`: the cursor comes back too
     try:
         draw()
         watched = [s for s in sources if s.info is not None]
@@ -985,7 +1006,11 @@ def _follow(
         return 0
     except KeyboardInterrupt:
         return 130
+    except _Terminated:
+        return 128 + signal.SIGTERM
     finally:
+        if previous is not None:
+            signal.signal(signal.SIGTERM, previous)
         if tty:
             out.write("\n\x1b[?25h")  # below the last frame's last line
         try:

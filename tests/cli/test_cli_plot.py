@@ -545,3 +545,46 @@ def test_a_metric_that_is_also_a_run_name_is_a_metric(tmp_path, capsys):
     code, out, err = plot(capsys, str(run), "p/other", "m", "--dir", str(root), "--width", "50")
     assert code == 0 and "other/m: 5 points" in out and "mixed/m: 20 points" in out
     assert other.exists()
+
+
+def test_follow_on_a_terminal_shows_the_cursor_again_on_sigterm(tmp_path):
+    import pty
+    import threading
+
+    p = tmp_path / "metrics.jsonl"  # a bare file: followed until stopped
+    p.write_text("".join(json.dumps({"loss": float(i), "_step": i}) + "\n" for i in range(5)))
+    master, slave = pty.openpty()
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "expr_tracker.cli.main", "plot", str(p), "loss", "-f"]
+        + ["--interval", "0.05", "--width", "50", "--height", "8"],
+        stdout=slave,
+        stderr=subprocess.PIPE,
+        env={**os.environ, "PYTHONUNBUFFERED": "1"},
+    )
+    os.close(slave)
+    got = bytearray()
+    seen = threading.Event()
+
+    def read() -> None:
+        while True:
+            try:
+                data = os.read(master, 4096)
+            except OSError:
+                return
+            if not data:
+                return
+            got.extend(data)
+            if b"loss: 5 points" in got:
+                seen.set()
+
+    threading.Thread(target=read, daemon=True).start()
+    assert seen.wait(30), bytes(got)
+    assert b"\x1b[?25l" in got  # the cursor is hidden while following
+    proc.send_signal(signal.SIGTERM)  # `timeout 60 et plot -f`, a process manager
+    proc.wait(timeout=20)
+    time.sleep(0.2)
+    err = proc.stderr.read().decode()
+    assert proc.returncode == 128 + signal.SIGTERM, err
+    assert "Traceback" not in err
+    assert got.rstrip(b"\r\n").endswith(b"\x1b[?25h")  # and shown again
+    os.close(master)
