@@ -256,6 +256,15 @@ def open_runs(args: argparse.Namespace, names: list[str]) -> list[RunSource]:
             if args.follow and run.is_dir() and _status(info) == "running":
                 path = run / file_name("metrics", args.stream, args.rank)
             else:
+                inside = find_runs(run) if run.is_dir() else []
+                if inside and run not in inside:  # a project (or runs) directory
+                    names = sorted(d.relative_to(run).as_posix() for d in inside)
+                    more = f" and {len(names) - 5} more" if len(names) > 5 else ""
+                    listed = ", ".join(_printable(n) for n in names[:5]) + more
+                    raise PlotError(
+                        f"{str(run)!r} is no run but holds {len(names)} runs: {listed}; give "
+                        "one, or several (et plot RUN1 RUN2 METRIC, or --runs A,B)"
+                    ) from None
                 raise PlotError(str(exc)) from None
         if any(path.resolve() == q.resolve() for q, _, _ in picked):
             continue  # the same run twice

@@ -588,3 +588,10 @@ def test_follow_on_a_terminal_shows_the_cursor_again_on_sigterm(tmp_path):
     assert "Traceback" not in err
     assert got.rstrip(b"\r\n").endswith(b"\x1b[?25h")  # and shown again
     os.close(master)
+
+
+def test_a_project_directory_lists_its_runs(runs, capsys):
+    root, _a, _b = runs
+    code, out, err = plot(capsys, str(root / "p"), "loss")
+    assert code == 1 and out == ""
+    assert "is no run but holds 2 runs: a, b" in err and "--runs" in err
