@@ -288,7 +288,7 @@ def open_runs(args: argparse.Namespace, names: list[str]) -> list[RunSource]:
 
 def _split_runs(text: str, root: Path) -> list[str]:
     """The runs of ``--runs A,B``; a run whose name has a comma (``lr=0.1,bs=32``) stays
-    whole: the longest run of comma-separated pieces that names a run is taken."""
+    whole: a piece that names no run is joined with the next ones until they name one."""
     from expr_tracker.history.rundirs import find_runs
 
     pieces = text.split(",")
@@ -300,7 +300,7 @@ def _split_runs(text: str, root: Path) -> list[str]:
         if len(pieces) - i > 1:
             if known is None:
                 known = find_runs(root) if root.is_dir() else []
-            for j in range(len(pieces), i + 1, -1):
+            for j in range(i + 1, len(pieces) + 1):
                 name = ",".join(pieces[i:j]).strip()
                 try:
                     resolve_run(name, root, known)
