@@ -378,7 +378,7 @@ def _is_glob(pattern: str) -> bool:
 
 
 def _selector(patterns: list[str]) -> Any:
-    exact = {p for p in patterns if not _is_glob(p)}
+    exact = set(patterns)  # also 'grad[3]': a name with glob characters is itself too
     globs = [p for p in patterns if _is_glob(p)]
 
     def select(name: str) -> bool:
@@ -430,7 +430,7 @@ def missing_patterns(
     where = f" from step {since} on" if since is not None else ""
     for pat in patterns:
         if _is_glob(pat):
-            if not any(fnmatch.fnmatchcase(n, pat) for n in known):
+            if pat not in known and not any(fnmatch.fnmatchcase(n, pat) for n in known):
                 out.append(f"pattern {pat!r} matches no metric{where}")
         elif pat not in known:
             close = difflib.get_close_matches(pat, list(known), n=3, cutoff=0.6)

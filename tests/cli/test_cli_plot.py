@@ -595,3 +595,13 @@ def test_a_project_directory_lists_its_runs(runs, capsys):
     code, out, err = plot(capsys, str(root / "p"), "loss")
     assert code == 1 and out == ""
     assert "is no run but holds 2 runs: a, b" in err and "--runs" in err
+
+
+def test_a_metric_name_with_glob_characters_is_plotted_by_its_name(tmp_path, capsys):
+    rows = [{"grad[3]": float(i), "grad[x]": 2.0 * i, "g": 1.0} for i in range(10)]
+    run = _run(tmp_path / "runs", "br", rows)
+    code, out, err = plot(capsys, str(run), "grad[3]", "--width", "50", "--height", "8")
+    assert code == 0, err
+    assert "br/grad[3]: 10 points, last 9 at step 9" in out and "grad[x]" not in out
+    code, out, err = plot(capsys, str(run), "grad*", "--width", "50", "--height", "8")
+    assert code == 0 and "grad[3]: 10 points" in out and "grad[x]: 10 points" in out
