@@ -38,10 +38,12 @@ import difflib
 import fnmatch
 import math
 import os
+import re
 import shutil
 import signal
 import sys
 import time
+import unicodedata
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import IO, Any
@@ -929,20 +931,42 @@ def _wait_for_defaults(sources: list[RunSource], interval: float) -> list[str]:
         time.sleep(interval)
 
 
-def _screen(text: str, rows: int, first: bool) -> str:
-    """A ``--follow`` frame for a terminal of ``rows`` lines: drawn from the top-left corner
-    over the last one (each line cleared to its end, the rest of the screen below), so it
-    does not flicker; the first frame clears the screen. A frame taller than the terminal
-    is cut to it, with a last line saying so: written whole, its top would scroll out of
-    sight and every redraw would push a screenful into the scrollback."""
+_ANSI = re.compile(r"\x1b\[[0-9;?]*[A-Za-z]")
+
+
+def _cells(line: str) -> int:
+    """The terminal columns ``line`` takes (colour codes none, wide characters two)."""
+    plain = _ANSI.sub("", line)
+    return sum(
+        0 if unicodedata.combining(c) else 2 if unicodedata.east_asian_width(c) in "WF" else 1
+        for c in plain
+    )
+
+
+def _screen(text: str, rows: int, first: bool, cols: int = 0) -> str:
+    """A ``--follow`` frame for a terminal of ``rows`` lines and ``cols`` columns: drawn
+    from the top-left corner over the last one (each line cleared before it is written,
+    the rest of the screen after), so it does not flicker; the first frame clears the
+    screen. A frame taller than the terminal (a line wider than it counts as the lines it
+    wraps to) is cut to it, with a last line saying so: written whole, its top would scroll
+    out of sight and every redraw would push a screenful into the scrollback."""
     lines = text.rstrip("\n").split("\n")
-    rows = max(2, rows)
-    if len(lines) > rows - 1:
-        more = len(lines) - (rows - 2)
-        lines = lines[: rows - 2] + [
-            f"({more} more lines below: give fewer metrics or a smaller --height)"
-        ]
-    body = "\x1b[K\n".join(lines) + "\x1b[K\x1b[J"
+    room = max(2, rows) - 1  # the cursor ends on the line below the frame
+
+    def height(line: str) -> int:
+        return max(1, -(-_cells(line) // cols)) if cols > 0 else 1
+
+    if sum(height(line) for line in lines) > room:
+        kept: list[str] = []
+        used = 0
+        for line in lines:
+            if used + height(line) > room - 1:
+                break
+            kept.append(line)
+            used += height(line)
+        note = f"({len(lines) - len(kept)} more lines: fewer metrics or a smaller --height)"
+        lines = kept + [note[: cols - 1] if cols > 1 else note]
+    body = "".join(f"\x1b[K{line}\n" for line in lines) + "\x1b[J"
     return ("\x1b[H\x1b[2J" if first else "\x1b[H") + body
 
 
@@ -986,7 +1010,8 @@ def _follow(
         nonlocal first
         text = frame(plt, sources, patterns, args, layout(), color)
         if tty:
-            out.write(_screen(text, shutil.get_terminal_size((100, 30)).lines, first))
+            size = shutil.get_terminal_size((100, 30))
+            out.write(_screen(text, size.lines, first, size.columns))
             first = False
         else:
             out.write(text + "\n")
@@ -1021,7 +1046,7 @@ def _follow(
         if previous is not None:
             signal.signal(signal.SIGTERM, previous)
         if tty:
-            out.write("\n\x1b[?25h")  # below the last frame's last line
+            out.write("\x1b[?25h")  # the frame's last line ends with a newline
         try:
             out.flush()
         except (OSError, ValueError):

@@ -463,13 +463,19 @@ def test_follow_on_a_small_terminal_keeps_each_frame_on_the_screen(runs, monkeyp
         shown = re.sub(r"\x1b\[[0-9;?]*[A-Za-z]", "", f)
         # 23 lines at most (the cursor ends on the 24th): a taller frame scrolls its top out
         # of sight and pushes a screenful into the scrollback on every redraw
-        assert len(shown.rstrip("\n").split("\n")) <= 23
+        lines = shown.rstrip("\n").split("\n")
+        assert sum(max(1, -(-len(line) // 80)) for line in lines) <= 23  # wrapped lines too
         assert "loss" in shown.split("\n")[0]  # the first chart's title stays in sight
-        assert "more lines below" in shown  # and it says what was cut
+        assert "more lines: fewer metrics" in shown  # and it says what was cut
     from expr_tracker.cli.plot import _screen
 
     redraw = _screen("a\nb\n", 24, first=False)  # no blank screen between frames: no flicker
-    assert redraw == "\x1b[Ha\x1b[K\nb\x1b[K\x1b[J"
+    assert redraw == "\x1b[H\x1b[Ka\n\x1b[Kb\n\x1b[J"
+    # a line wider than the terminal wraps: it counts as the lines it takes
+    wide = _screen("\n".join(["x" * 100] * 10), 10, first=True, cols=40)
+    shown = re.sub(r"\x1b\[[0-9;?]*[A-Za-z]", "", wide).rstrip("\n").split("\n")
+    assert shown[:2] == ["x" * 100] * 2 and shown[2].startswith("(8 more lines")
+    assert sum(-(-len(line) // 40) for line in shown) <= 9
 
 
 def test_follow_reads_a_replaced_file_from_its_start(tmp_path):
