@@ -560,7 +560,9 @@ def _tick_label(v: float, integer: bool) -> str:
     if integer:
         n = round(v)
         if abs(n) >= 10_000_000:
-            for div, suffix in ((1e9, "G"), (1e6, "M"), (1e3, "k")):
+            if abs(n) >= 1e15:  # past T: 2.5e+16, not 2.5e+07G
+                return f"{n:.4g}"
+            for div, suffix in ((1e12, "T"), (1e9, "G"), (1e6, "M"), (1e3, "k")):
                 if abs(n) >= div:
                     return f"{n / div:.4g}{suffix}"
         return str(n)
@@ -613,10 +615,25 @@ def render_chart(
         y_lo, y_hi = min(finite), max(finite)
     else:
         y_lo, y_hi = (1.0, 10.0) if log_y else (0.0, 1.0)
+    clip = not math.isfinite(y_hi - y_lo)  # -1e308 .. 1e308: plotext's scaling overflows
+    if clip:  # (to NaN ticks, or a C++ bad_alloc that aborts): draw within +-8e307
+        y_lo, y_hi = max(y_lo, -8e307), min(y_hi, 8e307)
+    if log_y and y_lo < y_hi < y_lo * 1.001:  # too narrow for plotext's log axis (below)
+        y_lo, y_hi = y_lo / 1.01, y_hi * 1.01
     if y_hi <= y_lo:
         pad = abs(y_lo) * 0.1 if y_lo else 1.0
         y_lo, y_hi = (y_lo / 2, y_hi * 2) if log_y else (y_lo - pad, y_hi + pad)
+        y_lo, y_hi = max(y_lo, -sys.float_info.max), min(y_hi, sys.float_info.max)  # 1e308
+    if log_y and y_hi > 1e308:  # plotext's log ticks (10 ** x) overflow past 1e308
+        clip = True
+        y_hi = 1e308
+        y_lo = min(y_lo, 1e307)
     x_lo, x_hi = (lo, hi) if hi > lo else (lo - 1, hi + 1)
+    if log_y:
+        # plotext pads a data range narrower than about 1e-5 of its values (a constant lr
+        # of 3e-4) by +-1 before taking its log: log10(<= 0), a math domain error. Two
+        # blank points at the axis' ends (widened above) keep the data range as wide.
+        fig.draw(fig.signal([x_lo, x_lo], [y_lo, y_hi], marker=plt.marker(" ")))
     many = len(views) > 1
     legend = []
     for n, v in enumerate(views):
@@ -625,7 +642,8 @@ def render_chart(
         sample = "⣿" if symbol == "braille" else symbol
         pixel = colour if color else None
         if v.xs:
-            s = fig.signal(v.xs, v.ys, marker=plt.marker(symbol, pixel=pixel))
+            ys = [min(max(y, y_lo), y_hi) for y in v.ys] if clip else v.ys
+            s = fig.signal(v.xs, ys, marker=plt.marker(symbol, pixel=pixel))
             s.lines(True)
             for i in v.breaks:
                 s.line(i, False)

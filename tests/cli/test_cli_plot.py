@@ -611,3 +611,42 @@ def test_a_metric_name_with_glob_characters_is_plotted_by_its_name(tmp_path, cap
     assert "br/grad[3]: 10 points, last 9 at step 9" in out and "grad[x]" not in out
     code, out, err = plot(capsys, str(run), "grad*", "--width", "50", "--height", "8")
     assert code == 0 and "grad[3]: 10 points" in out and "grad[x]: 10 points" in out
+
+
+def _write(path: Path, rows: list[dict]) -> Path:
+    path.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    return path
+
+
+def test_log_y_of_a_constant_or_nearly_constant_series(tmp_path, capsys):
+    # plotext pads such a data range by +-1 and took log10 of <= 0: a math domain error
+    p = _write(
+        tmp_path / "metrics.jsonl",
+        [{"lr": 3e-4, "acc": 1.0 + i * 1e-15, "_step": i} for i in range(50)],
+    )
+    code, out, err = plot(capsys, str(p), "lr", "acc", "--log-y", "--width", "60", "--height", "10")
+    assert code == 0, err
+    assert "/lr: 50 points, last 0.0003 at step 49" in out
+    row = next(line for line in out.splitlines() if "┤⠠⠤" in line)  # the line's row
+    assert row.lstrip().startswith("3.0e-4┤")  # drawn at its value
+    assert "/acc: 50 points, last 1 at step 49" in out
+
+
+def test_values_near_the_float_limits(tmp_path, capsys):
+    rows = [
+        {"x": 1e308 if i % 2 else -1e308, "c": 1.7e308, "tiny": 5e-324 * (i + 1), "_step": i}
+        for i in range(50)
+    ]
+    p = _write(tmp_path / "metrics.jsonl", rows)
+    for extra in ([], ["--log-y"]):  # the range overflowed plotext's scaling (NaN ticks)
+        code, out, err = plot(capsys, str(p), "x", "c", "tiny", "--width", "60", *extra)
+        assert code == 0, err
+        assert "/x: " in out and "/c: 50 points, last 1.7e+308" in out and "/tiny: 50" in out
+
+
+def test_step_ticks_of_huge_steps(tmp_path, capsys):
+    p = _write(tmp_path / "metrics.jsonl", [{"a": 1.0, "_step": i * 10**15} for i in range(50)])
+    code, out, err = plot(capsys, str(p), "a", "--width", "60", "--height", "8")
+    assert code == 0, err
+    assert _tick_line(out)[-1] == "4.9e+16"  # not 4.9e+07G
+    assert "G" not in " ".join(_tick_line(out))
