@@ -4,9 +4,9 @@ One chart per metric, with every run given overlaid on it (``et plot a b loss``,
 ``et plot --runs a,b loss``). RUN is a run directory, a metrics file, or a run's name under
 ``--dir`` (default ``./runs``: ``project/name``, or ``name`` alone when it is unique there).
 Without ``--runs``, the leading arguments that name a run are runs and the rest metrics (a
-metric of the first run is a metric, also when a run has its name); with ``--runs``, every argument is a metric. A METRIC is a name or a glob (``'train/*'``,
-quoted so the shell leaves it alone); none: the run's main metrics, as ``et runs`` picks
-them.
+metric of the first run is a metric, also when a run has its name); with ``--runs``, every
+argument is a metric. A METRIC is a name or a glob (``'train/*'``, quoted so the shell
+leaves it alone); none: the run's main metrics, as ``et runs`` picks them.
 
 What is drawn, and what is not hidden:
 
