@@ -807,7 +807,7 @@ def poll(src: RunSource, select: Any, since: int | None) -> bool:
     """Take the lines appended to ``src``'s file since the last read; True when some came.
     A file that shrank (rewritten) or is another file now (replaced) is read again from
     its start."""
-    from expr_tracker.history.codec import decode_line
+    from expr_tracker.history.reader import decode_appended
 
     try:
         st = os.stat(src.path)
@@ -827,16 +827,7 @@ def poll(src: RunSource, select: Any, since: int | None) -> bool:
         f.seek(src.offset)
         data = f.read(size - src.offset)
     src.offset += len(data)
-    parts = (src.carry + data).split(b"\n")
-    src.carry = parts.pop()
-    rows = []
-    for raw in parts:
-        try:
-            rec = decode_line(raw)
-        except ValueError:
-            continue
-        if isinstance(rec, dict):
-            rows.append(rec)
+    rows, src.carry = decode_appended(src.carry, data)
     src.columns.add_rows(rows)
     return bool(rows)
 
