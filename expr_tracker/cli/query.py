@@ -104,14 +104,21 @@ def run_query(args: argparse.Namespace, out: IO[str] | None = None) -> int:
         return 1
     try:
         from expr_tracker.query.api import execute, missing_file
-        from expr_tracker.query.views import connect, describe, import_duckdb, no_runs_note
+        from expr_tracker.query.views import (
+            connect,
+            describe,
+            import_duckdb,
+            no_runs_note,
+            referenced_views,
+        )
 
         duckdb = import_duckdb()
     except ImportError as exc:
         sys.stderr.write(f"et query: {exc}\n")
         return 1
+    views = None if sql is None else referenced_views(sql)
     try:
-        con = connect(root, cache_dir=args.cache_dir)
+        con = connect(root, cache_dir=args.cache_dir, views=views)
     except FileNotFoundError as exc:  # DIR is a file, or vanished
         sys.stderr.write(f"et query: {exc}\n")
         return 1
@@ -125,7 +132,7 @@ def run_query(args: argparse.Namespace, out: IO[str] | None = None) -> int:
             con.close()
     for attempt in (1, 2):
         if attempt == 2:
-            con = connect(root, cache_dir=args.cache_dir)
+            con = connect(root, cache_dir=args.cache_dir, views=views)
         sink = _Sink(args.output, out, binary=args.format == "parquet")
         try:
             rel = execute(con, sql)
@@ -136,7 +143,7 @@ def run_query(args: argparse.Namespace, out: IO[str] | None = None) -> int:
             sink.abort()
             if attempt == 1 and missing_file(exc) and not sink.wrote_stdout:
                 continue  # a cache part replaced under the query: refresh once more
-            return _sql_error(exc, con)
+            return _sql_error(exc, con, root, args.cache_dir)
         except ResultError as exc:
             sink.abort()
             sys.stderr.write(f"et query: {exc}\n")
@@ -172,12 +179,12 @@ def _parse(args: argparse.Namespace) -> tuple[str | None, Path]:
     return args.sql, Path(args.dir if args.dir is not None else "runs")
 
 
-def _sql_error(exc: Exception, con: Any) -> int:
+def _sql_error(exc: Exception, con: Any, root: Path, cache_dir: Any) -> int:
     from expr_tracker.errors import format_query_error
-    from expr_tracker.query.views import describe
+    from expr_tracker.query.api import all_views
 
     try:
-        views = describe(con)
+        views = all_views(con, root, cache_dir)
     except Exception:  # noqa: BLE001 - the message matters more than the listing
         views = {}
     lines = str(exc).rstrip().splitlines()

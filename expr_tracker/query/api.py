@@ -71,11 +71,11 @@ def query(
         check_path("cache_dir", cache_dir)
     check_params(params)
     _check_output_library(kind)
-    from expr_tracker.query.views import connect, import_duckdb
+    from expr_tracker.query.views import connect, import_duckdb, referenced_views
 
     duckdb = import_duckdb()
     for attempt in (1, 2):
-        con = connect(dir, cache_dir=cache_dir)
+        con = connect(dir, cache_dir=cache_dir, views=referenced_views(sql))
         try:
             return convert(execute(con, sql, params), kind)
         except duckdb.IOException as exc:
@@ -83,9 +83,9 @@ def query(
             # compacting it): refresh again, once
             if attempt == 1 and missing_file(exc):
                 continue
-            raise query_error(con, exc, sql, dir) from None
+            raise query_error(con, exc, sql, dir, cache_dir) from None
         except duckdb.Error as exc:
-            raise query_error(con, exc, sql, dir) from None
+            raise query_error(con, exc, sql, dir, cache_dir) from None
         finally:
             con.close()
     raise AssertionError("unreachable")  # pragma: no cover
@@ -122,20 +122,38 @@ def execute(con: Any, sql: str, params: Any = None) -> Any:
     return con.sql(sql, params=params)
 
 
-def query_error(con: Any, exc: Exception, sql: str, root: Any = None) -> QueryError:
-    """A :class:`QueryError` for DuckDB's ``exc``, listing the views of ``con`` (and saying
-    so when no run was found under ``root``)."""
-    from expr_tracker.query.views import describe, no_runs_note
+def query_error(
+    con: Any, exc: Exception, sql: str, root: Any = None, cache_dir: Any = None
+) -> QueryError:
+    """A :class:`QueryError` for DuckDB's ``exc``, listing every view with its columns (of
+    ``con``, or of a full connection over ``root`` when ``con`` has only the views the query
+    named) and saying so when no run was found under ``root``."""
+    from expr_tracker.query.views import no_runs_note
 
     message = str(exc)
     try:
-        views = describe(con)
+        views = all_views(con, root, cache_dir)
         note = no_runs_note(con, root) if root is not None else None
     except Exception:  # noqa: BLE001 - the message matters more than the listing
         views, note = {}, None
     if note:
         message = f"{message.rstrip()}\n({note})"
     return QueryError(message, sql, views)
+
+
+def all_views(con: Any, root: Any = None, cache_dir: Any = None) -> dict[str, Any]:
+    """Every view's columns (:func:`~expr_tracker.query.views.describe`): of ``con`` when it
+    has them all, else of a full connection over ``root`` (an error message lists them)."""
+    from expr_tracker.query.views import VIEWS, connect, describe
+
+    views = describe(con)
+    if len(views) == len(VIEWS) or root is None:
+        return views
+    full = connect(root, cache_dir=cache_dir)
+    try:
+        return describe(full)
+    finally:
+        full.close()
 
 
 def arrow_table(rel: Any) -> Any:

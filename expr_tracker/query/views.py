@@ -276,8 +276,26 @@ def _parts_stats(parts: Sequence[Path]) -> tuple[Any, Any]:
     return best_step, best_time
 
 
+#: SQL that can see every view without naming one (catalog functions, SHOW, DESCRIBE, ...)
+_CATALOG_SQL = re.compile(
+    r"information_schema|duckdb_\w+|\bpragma\b|\bshow\b|\bdescribe\b|\bsummarize\b", re.I
+)
+
+
+def referenced_views(sql: str) -> set[str]:
+    """The views ``sql`` may read: those whose name appears in it as a word (any case,
+    quoted or not), or every view for SQL that lists the catalog (``SHOW TABLES``,
+    ``information_schema``, ``duckdb_views()``, ``DESCRIBE``). Over-inclusion only costs time."""
+    if _CATALOG_SQL.search(sql):
+        return set(VIEWS)
+    return {v for v in VIEWS if re.search(rf"\b{v}\b", sql, re.I)}
+
+
 def connect(
-    root: str | os.PathLike[str], *, cache_dir: str | os.PathLike[str] | None = None
+    root: str | os.PathLike[str],
+    *,
+    cache_dir: str | os.PathLike[str] | None = None,
+    views: Any = None,
 ) -> Any:
     """An in-memory DuckDB connection with the views ``runs``, ``metrics``, ``spans``,
     ``alerts`` and ``artifacts`` over every run under ``root`` (``root`` may be one run
@@ -286,6 +304,12 @@ def connect(
 
     ``cache_dir``: where the columnar cache lives (default: beside each run, see
     :mod:`expr_tracker.query.cache`).
+
+    ``views``: the names of the views to build (None: all; :func:`referenced_views` of a
+    query gives the ones it reads). Only those exist in the connection; ``metrics`` and
+    ``spans`` caches are refreshed only when a built view reads them (``runs`` reads the
+    metrics caches for its ``steps``). A repeated aggregate over ``metrics`` so skips reading
+    every run's config, summary, alerts and lineage (and pyarrow's import of pandas).
 
     Returns:
         ``duckdb.DuckDBPyConnection`` (close it when done; the views read the cache files
@@ -303,6 +327,9 @@ def connect(
     if not root.exists():
         raise FileNotFoundError(f"dir {str(root)!r} does not exist (a folder of runs or a run)")
     cdir = Path(cache_dir) if cache_dir is not None else None
+    wanted = set(VIEWS) if views is None else set(views) & set(VIEWS)
+    need_metrics = bool(wanted & {"metrics", "runs"})
+    need_spans = "spans" in wanted
     producers = discover(root)
     con = duckdb.connect(":memory:")
     _nan_aware(con)
@@ -311,24 +338,28 @@ def connect(
     span_selects: list[str] = []
     stats: dict[int, tuple[Any, Any]] = {}
     for i, p in enumerate(producers):
-        if p.metrics is not None:
+        if p.metrics is not None and need_metrics:
             cached = _refresh(refresh, p.metrics, "metrics", cdir)
             if cached is not None and cached.parts:
                 metric_selects.append(metrics_select(p, cached.parts, cached.merged, source))
                 stats[i] = _parts_stats(cached.parts)
-        if p.spans is not None:
+        if p.spans is not None and need_spans:
             cached = _refresh(refresh, p.spans, "spans", cdir)
             if cached is not None and cached.parts:
                 span_selects.append(spans_select(p, cached.parts, source))
-    con.execute(f"CREATE VIEW metrics AS {_union(metric_selects, METRICS_COLUMNS)}")
-    con.execute(f"CREATE VIEW spans AS {_union(span_selects, SPANS_COLUMNS)}")
-    for name, table in (
-        ("runs", runs_table(producers, stats)),
-        ("alerts", alerts_table(producers)),
-        ("artifacts", artifacts_table(producers)),
+    con.execute(f"CREATE TABLE _et_found AS SELECT {len(producers)}::BIGINT AS producers")
+    if "metrics" in wanted:
+        con.execute(f"CREATE VIEW metrics AS {_union(metric_selects, METRICS_COLUMNS)}")
+    if "spans" in wanted:
+        con.execute(f"CREATE VIEW spans AS {_union(span_selects, SPANS_COLUMNS)}")
+    for name, build in (
+        ("runs", lambda: runs_table(producers, stats)),
+        ("alerts", lambda: alerts_table(producers)),
+        ("artifacts", lambda: artifacts_table(producers)),
     ):
-        con.register(f"_et_{name}", table)
-        con.execute(f"CREATE VIEW {name} AS SELECT * FROM _et_{name}")
+        if name in wanted:
+            con.register(f"_et_{name}", build())
+            con.execute(f"CREATE VIEW {name} AS SELECT * FROM _et_{name}")
     return con
 
 
@@ -372,7 +403,7 @@ def no_runs_note(con: Any, root: str | os.PathLike[str]) -> str | None:
     when it found some): where runs are looked for, so an empty answer is not a mystery."""
     from expr_tracker.history.rundirs import MAX_DEPTH
 
-    if con.execute("SELECT count(*) FROM _et_runs").fetchall()[0][0]:
+    if con.execute("SELECT producers FROM _et_found").fetchall()[0][0]:
         return None
     return (
         f"no runs under {str(root)!r} (a run is a folder holding a run*.json or "
@@ -381,9 +412,11 @@ def no_runs_note(con: Any, root: str | os.PathLike[str]) -> str | None:
 
 
 def describe(con: Any) -> dict[str, list[tuple[str, str]]]:
-    """Each view's columns as (name, DuckDB type), in :data:`VIEWS` order."""
+    """Each view's columns as (name, DuckDB type), in :data:`VIEWS` order (the views built
+    in ``con``: see :func:`connect`'s ``views``)."""
+    built = {r[0] for r in con.execute("SELECT view_name FROM duckdb_views()").fetchall()}
     out: dict[str, list[tuple[str, str]]] = {}
-    for view in VIEWS:
+    for view in (v for v in VIEWS if v in built):
         rows = con.execute(f"DESCRIBE {view}").fetchall()
         out[view] = [(r[0], str(r[1])) for r in rows]
     return out

@@ -203,3 +203,54 @@ def test_wrong_types_name_the_keyword_and_the_value(tmp_path, kwargs, field):
     kwargs.setdefault("dir", tmp_path / "runs")
     with pytest.raises(TypeError, match=rf"^{field} must be .*not {kwargs[field]!r}"):
         et.query("SELECT ? AS a, ? AS b", **kwargs)
+
+
+@pytest.mark.parametrize(
+    ("sql", "want"),
+    [
+        ("SELECT * FROM metrics", {"metrics"}),
+        ('SELECT "config.lr" FROM RUNS JOIN "metrics" USING (run)', {"runs", "metrics"}),
+        ("select count(*) from spans where name = 'alerts'", {"spans", "alerts"}),  # over: ok
+        ("SELECT 1", set()),
+        ("SHOW TABLES", {"runs", "metrics", "spans", "alerts", "artifacts"}),
+        (
+            "SELECT * FROM information_schema.columns",
+            {"runs", "metrics", "spans", "alerts", "artifacts"},
+        ),
+        ("SELECT * FROM duckdb_views()", {"runs", "metrics", "spans", "alerts", "artifacts"}),
+        ("SELECT * FROM metrics_x", set()),
+    ],
+)
+def test_a_query_builds_the_views_it_names(sql, want):
+    from expr_tracker.query.views import referenced_views
+
+    assert referenced_views(sql) == want
+
+
+def test_a_metrics_query_leaves_the_small_views_out_yet_sees_every_row(runs):
+    """A repeated aggregate over ``metrics`` builds no ``runs``/``alerts``/``artifacts``
+    table (their files are not read), and answers exactly as with every view built."""
+    from expr_tracker.query.views import connect
+
+    sql = "SELECT run, metric, count(*) AS n FROM metrics GROUP BY ALL ORDER BY ALL"
+    part = connect(runs, views={"metrics"})
+    full = connect(runs)
+    try:
+        built = {r[0] for r in part.execute("SELECT view_name FROM duckdb_views()").fetchall()}
+        assert {"metrics"} <= built and not built & {"runs", "alerts", "artifacts", "spans"}
+        assert part.execute(sql).fetchall() == full.execute(sql).fetchall()
+    finally:
+        part.close()
+        full.close()
+    assert et.query(sql, runs, output_type="dicts") == et.query(
+        sql + " -- runs alerts artifacts spans", runs, output_type="dicts"
+    )
+
+
+def test_a_bad_metrics_query_still_lists_every_view_and_the_config_columns(runs):
+    with pytest.raises(QueryError) as err:
+        et.query("SELECT nope FROM metrics", runs, output_type="dicts")
+    assert set(err.value.views) == {"runs", "metrics", "spans", "alerts", "artifacts"}
+    assert "config.lr" in [c for c, _ in err.value.views["runs"]]
+    rows = et.query("SHOW TABLES", runs, output_type="dicts")
+    assert {"runs", "metrics", "spans", "alerts", "artifacts"} <= {r["name"] for r in rows}
