@@ -91,8 +91,8 @@ except ImportError:  # pragma: no cover - Windows: no lock, one refresher at a t
 
 __all__ = ["CachedSource", "cache_location", "refresh"]
 
-#: manifest format version; another version is rebuilt
-VERSION = 1
+#: manifest format version; another version is rebuilt (2: no statistics on `value`)
+VERSION = 2
 #: the default cache folder inside a run directory
 CACHE_DIR_NAME = QUERY_CACHE_DIR
 MANIFEST = "manifest.json"

@@ -332,7 +332,6 @@ def connect(
     need_spans = "spans" in wanted
     producers = discover(root)
     con = duckdb.connect(":memory:")
-    _nan_aware(con)
     source = _Sources(con)
     metric_selects: list[str] = []
     span_selects: list[str] = []
@@ -361,18 +360,6 @@ def connect(
             con.register(f"_et_{name}", build())
             con.execute(f"CREATE VIEW {name} AS SELECT * FROM _et_{name}")
     return con
-
-
-def _nan_aware(con: Any) -> None:
-    """Make DuckDB read NaN in the Parquet parts. Parquet's min/max statistics leave NaN out
-    (as the format says), and DuckDB (by default) takes them to mean the column holds none:
-    ``WHERE isnan(value)`` or ``WHERE value > 1e9`` then skip the row groups holding NaN.
-    ``parquet_can_have_nan`` (DuckDB 2) tells it they may; a DuckDB without that setting
-    gets no filter pushdown at all (slower, still right)."""
-    try:
-        con.execute("SET parquet_can_have_nan = true")
-    except Exception:  # noqa: BLE001 - an older DuckDB: no such setting
-        con.execute("SET disabled_optimizers = 'filter_pushdown,statistics_propagation'")
 
 
 _unreadable = Warner()

@@ -707,3 +707,30 @@ def test_a_run_deleted_while_the_views_are_built_is_left_out(tmp_path, monkeypat
     assert rows == [{"run": "p/keep", "n": 1}]
     runs = et.query("SELECT run, status FROM runs ORDER BY run", root, output_type="dicts")
     assert [r["run"] for r in runs] in (["p/keep"], ["p/gone", "p/keep"])
+
+
+def test_ungrouped_aggregates_and_nan_filters_read_the_values_not_statistics(tmp_path, cache):
+    """DuckDB answered ``SELECT max(value) FROM metrics`` with NaN from the parts' Parquet
+    statistics (with ``parquet_can_have_nan``), and without that setting ``WHERE
+    isnan(value)`` skipped the row groups holding NaN: the parts carry no statistics on
+    ``value``, so both read the values."""
+    import math
+
+    rows = [{"a": float(i), "b": -float(i), "_step": i, "_time": 10.0 + i} for i in range(300)]
+    rows[150]["a"] = float("nan")
+    _write_lines(tmp_path / "runs" / "p" / "r" / "metrics.jsonl", rows[:100])
+    con = connect(tmp_path / "runs", cache_dir=cache)
+    assert q(con, "SELECT max(value), min(value), max(time), max(step) FROM metrics") == [
+        (99.0, -99.0, 109.0, 99)
+    ]
+    con.close()
+    _write_lines(tmp_path / "runs" / "p" / "r" / "metrics.jsonl", rows)  # rewritten: rebuilt
+    con = connect(tmp_path / "runs", cache_dir=cache)
+    got = q(con, "SELECT max(value) FILTER (WHERE metric = 'b'), max(time) FROM metrics")
+    assert got == [(0.0, 309.0)]
+    (mx,) = q(con, "SELECT max(value) FROM metrics WHERE metric = 'a'")[0]
+    assert math.isnan(mx)  # NaN sorts above every number in DuckDB
+    assert q(con, "SELECT step FROM metrics WHERE isnan(value)") == [(150,)]
+    # DuckDB orders NaN above every number: the filter must see it, not skip its row group
+    assert q(con, "SELECT step FROM metrics WHERE value > 1e9") == [(150,)]
+    con.close()
