@@ -163,7 +163,12 @@ def run_row(run_id: str, prods: list[Producer], cache_dir: Path | None, con: Any
         c = _cached(p, "metrics", cache_dir)
         if c is None:
             continue
-        s, t = con.execute(f"SELECT max(step), max(time) FROM {_Source(con)(c.parts)}").fetchone()
+        # FILTER: DuckDB 2.0.1 answers max(time) of one Parquet file from its statistics
+        # as NaN when parquet_can_have_nan is set; a filter makes it read the values
+        s, t = con.execute(
+            f"SELECT max(step), max(time) FILTER (WHERE isfinite(time)) "
+            f"FROM {_Source(con)(c.parts)}"
+        ).fetchone()
         if s is not None and (max_step is None or s > max_step):
             max_step = s
         if t is not None and (max_time is None or t > max_time):
@@ -222,7 +227,7 @@ def jsonable(v: Any) -> Any:
         return "NaN" if v != v else ("Infinity" if v > 0 else "-Infinity")
     if isinstance(v, dict):
         return {str(k): jsonable(x) for k, x in v.items()}
-    if isinstance(v, list):
+    if isinstance(v, (list, tuple)):
         return [jsonable(x) for x in v]
     return v
 

@@ -74,7 +74,7 @@ def _static(name: str) -> bytes:
 
 
 def _dumps(obj: Any) -> bytes:
-    return json.dumps(obj, allow_nan=False, separators=(",", ":")).encode("utf-8")
+    return json.dumps(data.jsonable(obj), allow_nan=False, separators=(",", ":")).encode("utf-8")
 
 
 def create_app(root: str | os.PathLike[str], *, cache_dir: str | os.PathLike[str] | None = None):
@@ -183,7 +183,7 @@ def create_app(root: str | os.PathLike[str], *, cache_dir: str | os.PathLike[str
             return as_json({"error": str(exc)}, 400)
         fname = "trace.json"
         return respond(
-            _dumps(data.jsonable(trace)),
+            _dumps(trace),
             "application/json",
             headers={"Content-Disposition": f'attachment; filename="{fname}"'},
         )

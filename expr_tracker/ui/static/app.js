@@ -1,5 +1,5 @@
 // et ui: the page. Every text from runs, metrics and config goes into the DOM as text
-// (textContent, never innerHTML) and into Plotly (which renders a subset of HTML in titles,
+// (text nodes, never parsed as HTML) and into Plotly (which renders a subset of HTML in titles,
 // legends and hover text) with <, > and & escaped.
 "use strict";
 
@@ -350,7 +350,10 @@ async function runPage(run, me) {
           for (const t of traces) {
             let s = chart.series.find((x) => x.producer === t.producer);
             if (!s) { s = { ...t, x: [], y: [], step: [], nonfinite: [], label: multi ? `${metric} (${t.producer})` : metric }; chart.series.push(s); }
-            s.x.push(...t.x); s.y.push(...t.y); s.step.push(...t.step); s.nonfinite.push(...t.nonfinite);
+            // a chart loaded after the step the poll asks from already has some: skip them
+            const last = s.step.length ? s.step[s.step.length - 1] : -1;
+            t.step.forEach((st, i) => { if (st > last) { s.x.push(t.x[i]); s.y.push(t.y[i]); s.step.push(st); } });
+            s.nonfinite.push(...t.nonfinite.filter((p) => p.step > last));
           }
           if (chart.div.dataset.loaded) draw(chart, opts);
         }
