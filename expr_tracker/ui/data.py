@@ -266,7 +266,7 @@ def run_detail(catalog: Catalog, run_id: str) -> dict:
         "step_metrics": step_metrics,
         "x_options": sorted(set(step_metrics.values())),
         "config": flatten(_read_json(main.config) or {}),
-        "summary": flatten(_read_json(main.summary) or {}),
+        "summary": [kv for kv in flatten(_read_json(main.summary) or {}) if kv[0][:1] != "_"],
         "alerts": alert_events(prods),
         "has_spans": any(p.spans is not None for p in prods),
     }

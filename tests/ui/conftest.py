@@ -63,14 +63,29 @@ def env() -> dict[str, str]:
     return e
 
 
+CRASHER = textwrap.dedent(
+    """
+    import os, sys, expr_tracker as et
+    run = et.init(project="demo", name="gamma", dir=sys.argv[1], tags=["base"])
+    for i in range(5):
+        et.log({"train/loss": 1.0})
+    run.flush()
+    os._exit(1)  # killed: no finish, run.json still says running
+    """
+)
+
+
 def write_runs(root: Path) -> None:
     subprocess.run([sys.executable, "-c", WRITER, str(root)], check=True, env=env(), timeout=120)
+    p = subprocess.run([sys.executable, "-c", CRASHER, str(root)], env=env(), timeout=120)
+    assert p.returncode == 1
 
 
 @pytest.fixture(scope="session")
 def ui_runs(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    """A folder with runs demo/alpha (hostile metric names, NaN, inf, spans, config) and
-    demo/beta, written by ``et.log`` in a subprocess."""
+    """A folder with runs demo/alpha (hostile metric names, NaN, inf, spans, config, alerts),
+    demo/beta and demo/gamma (crashed: its process died without finishing), written by
+    ``et.log`` in subprocesses."""
     root = tmp_path_factory.mktemp("ui") / "runs"
     write_runs(root)
     return root

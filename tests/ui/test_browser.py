@@ -47,7 +47,7 @@ def browser():
 
 @pytest.fixture
 def page(browser):
-    ctx = browser.new_context(viewport={"width": 1280, "height": 900})
+    ctx = browser.new_context(viewport={"width": 1200, "height": 720})
     pg = ctx.new_page()
     pg.dialogs = []  # type: ignore[attr-defined]
     pg.errors = []  # type: ignore[attr-defined]
@@ -78,10 +78,10 @@ def page(browser):
     ctx.close()
 
 
-def shot(pg, name: str) -> None:
+def shot(pg, name: str, locator=None) -> None:
     ARTIFACTS.mkdir(parents=True, exist_ok=True)
     path = ARTIFACTS / f"{name}.png"
-    pg.screenshot(path=str(path), full_page=False)
+    (locator or pg).screenshot(path=str(path))
     if os.environ.get("ET_UPDATE_DOCS_SCREENSHOTS") == "1":
         DOCS_IMG.mkdir(parents=True, exist_ok=True)
         shutil.copyfile(path, DOCS_IMG / f"ui-{name}.png")
@@ -112,18 +112,25 @@ def test_runs_table(page, ui_server):
     page.goto(ui_server.url + "/")
     page.wait_for_selector("#runs-body tr")
     rows = page.locator("#runs-body tr")
-    assert rows.count() == 2
-    texts = {rows.nth(i).get_attribute("data-run"): rows.nth(i).inner_text() for i in range(2)}
-    assert set(texts) == {"demo/alpha", "demo/beta"}
+    assert rows.count() == 3
+    texts = {rows.nth(i).get_attribute("data-run"): rows.nth(i).inner_text() for i in range(3)}
+    assert set(texts) == {"demo/alpha", "demo/beta", "demo/gamma"}
     assert "finished" in texts["demo/alpha"] and "40" in texts["demo/alpha"]
+    assert "crashed" in texts["demo/gamma"]
     assert HOSTILE_IMG in texts["demo/alpha"]  # the tag shows as text
     assert page.locator("#runs-body img").count() == 0
     page.fill("#filter-text", "beta")
     assert page.locator("#runs-body tr").count() == 1
     page.fill("#filter-text", "")
     page.select_option("#filter-tag", "base")
-    assert page.locator("#runs-body tr").count() == 1
+    assert page.locator("#runs-body tr").count() == 2
+    page.select_option("#filter-status", "crashed")
+    assert page.locator("#runs-body tr").get_attribute("data-run") == "demo/gamma"
     page.select_option("#filter-tag", "")
+    page.select_option("#filter-status", "")
+    page.select_option("#filter-group", "g1")
+    assert page.locator("#runs-body tr").get_attribute("data-run") == "demo/alpha"
+    page.select_option("#filter-group", "")
     shot(page, "runs")
 
 
@@ -158,6 +165,18 @@ def test_run_page_charts(page, ui_server):
     assert "fwd" in page.locator("#spans").inner_text()
     href = page.get_attribute("#trace-link", "href")
     assert href.startswith("/api/trace?")
+    page.uncheck("#log-y")
+    page.locator("#smooth").fill("0")
+    page.wait_for_function(
+        "() => document.querySelector('div.chart').layout.yaxis.type === 'linear'"
+    )
+    shot(page, "chart-nan", page.locator('section[data-group="train"]'))
+    page.goto(page.url.replace("demo%2Falpha", "demo%2Fbeta"))
+    page.wait_for_function(
+        "() => document.getElementById('run-title')?.textContent === 'demo/beta'"
+    )
+    wait_chart(page, "train/loss")
+    assert len(chart_data(page, "train/loss")[0]["x"]) == 25
     shot(page, "run")
 
 

@@ -50,7 +50,9 @@ def test_runs_endpoint(client):
     r = client.get("/api/runs")
     assert r.status_code == 200
     runs = {x["run"]: x for x in r.json()["runs"]}
-    assert set(runs) == {"demo/alpha", "demo/beta"}
+    assert set(runs) == {"demo/alpha", "demo/beta", "demo/gamma"}
+    assert runs["demo/gamma"]["status"] == "crashed" and runs["demo/gamma"]["steps"] == 5
+    assert runs["demo/beta"]["status"] == "finished"
     a = runs["demo/alpha"]
     assert a["status"] == "finished" and a["steps"] == 40 and a["group"] == "g1"
     assert a["tags"] == ["base", HOSTILE_IMG] and a["duration_s"] >= 0
@@ -240,7 +242,7 @@ def test_real_uvicorn_on_loopback(ui_server):
     import httpx
 
     r = httpx.get(ui_server.url + "/api/runs", timeout=30)
-    assert r.status_code == 200 and len(r.json()["runs"]) == 2
+    assert r.status_code == 200 and len(r.json()["runs"]) == 3
     r = httpx.get(
         ui_server.url + "/api/series", params={"run": "demo/beta", "metric": "train/loss"}
     )

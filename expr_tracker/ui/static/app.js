@@ -71,8 +71,7 @@ function fmtValue(v) {
 function main() { return document.getElementById("main"); }
 
 function setMain(...children) {
-  const m = main();
-  m.replaceChildren(...children);
+  main().replaceChildren(...children.filter((c) => c !== null && c !== undefined));
 }
 
 function showError(err) {
@@ -94,6 +93,7 @@ function stopPolling() {
 function route() {
   stopPolling();
   page += 1;
+  window.scrollTo(0, 0);
   const h = location.hash.replace(/^#/, "") || "/";
   const [path, query] = h.split("?");
   const params = new URLSearchParams(query || "");
@@ -113,7 +113,7 @@ async function runsPage(me) {
   try { data = await api("runs"); } catch (e) { return showError(e); }
   if (me !== page) return;
   document.getElementById("root").textContent = data.root;
-  const runs = data.runs;
+  let runs = data.runs;
   const uniq = (xs) => [...new Set(xs)].sort();
   const statuses = uniq(runs.map((r) => r.status));
   const tags = uniq(runs.flatMap((r) => r.tags));
@@ -165,8 +165,19 @@ async function runsPage(me) {
     compareBtn.disabled = runsState.selected.size < 2;
   }
   draw();
-  // status and steps change while runs write: reload the table now and then
-  pollTimer = setTimeout(() => { if (me === page) runsPage(me); }, 5000);
+  // status and steps change while runs write: reload the rows now and then (the filters,
+  // their focus and the selection stay)
+  async function refresh() {
+    if (me !== page) return;
+    try {
+      const fresh = await api("runs");
+      if (me !== page) return;
+      runs = fresh.runs;
+      draw();
+    } catch (e) { /* the next refresh tries again */ }
+    if (me === page) pollTimer = setTimeout(refresh, 5000);
+  }
+  pollTimer = setTimeout(refresh, 5000);
 }
 
 // ------------------------------------------------------------------------- charts
@@ -423,8 +434,15 @@ async function comparePage(runs, me) {
   const labels = d.runs.map((r) => r.run);
   const table = (id, rows) => el("table", { id },
     el("thead", {}, el("tr", {}, el("th", {}, "key"), labels.map((l) => el("th", {}, l)))),
-    el("tbody", {}, rows.map((r) => el("tr", { class: r.equal === false || (r.equal === undefined && r.best && r.best.length) ? "differs" : "" },
-      el("td", {}, r.key || r.metric), r.values.map((v, i) => el("td", {}, r.missing.includes(i) ? "—" : fmtValue(v)))))));
+    el("tbody", {}, rows.map((r) => el("tr", { class: differs(r) ? "differs" : "" },
+      el("td", {}, r.key || r.metric),
+      r.values.map((v, i) => el("td", { class: r.best && r.best.includes(i) ? "best" : "" },
+        r.missing.includes(i) ? "—" : fmtValue(v)))))));
+  function differs(r) {
+    if (r.equal !== undefined) return !r.equal;
+    const seen = r.values.map((v, i) => (r.missing.includes(i) ? "\u0000missing" : JSON.stringify(v)));
+    return new Set(seen).size > 1;
+  }
   const chartsBox = el("div", { class: "charts", id: "charts" });
   setMain(
     el("h2", {}, "Compare"),
