@@ -15,6 +15,7 @@ lists the point in ``nonfinite`` as ``{"x", "step", "kind": "nan"|"inf"|"-inf"}`
 
 from __future__ import annotations
 
+import itertools
 import json
 import math
 import os
@@ -87,21 +88,36 @@ class Catalog:
 # ----------------------------------------------------------------------------- DuckDB
 
 
+_base: Any = None
+_base_lock = threading.Lock()
+
+
 def connect() -> Any:
-    duckdb = import_duckdb()
-    con = duckdb.connect(":memory:")
-    try:
-        con.execute("SET parquet_can_have_nan = true")
-    except Exception:  # noqa: BLE001 - older DuckDB: no pushdown, still right
-        con.execute("SET disabled_optimizers = 'filter_pushdown,statistics_propagation'")
-    return con
+    """A DuckDB connection (a cursor of one in-memory database of this process: opening a
+    database costs milliseconds, a cursor nothing) that reads NaN in Parquet parts."""
+    global _base
+    with _base_lock:
+        if _base is None:
+            duckdb = import_duckdb()
+            base = duckdb.connect(":memory:")
+            try:
+                base.execute("SET GLOBAL parquet_can_have_nan = true")
+            except Exception:  # noqa: BLE001 - older DuckDB: no pushdown, still right
+                base.execute(
+                    "SET GLOBAL disabled_optimizers = 'filter_pushdown,statistics_propagation'"
+                )
+            _base = base
+        return _base.cursor()
+
+
+_names = itertools.count(1)
 
 
 class _Source:
     """FROM text for Parquet parts (a pyarrow dataset where a path literal cannot be made)."""
 
     def __init__(self, con: Any) -> None:
-        self.con, self.n = con, 0
+        self.con = con
 
     def __call__(self, parts: Sequence[Path]) -> str:
         lits = [path_literal(Path(p)) for p in parts]
@@ -109,8 +125,7 @@ class _Source:
             return f"read_parquet([{', '.join(lits)}])"  # type: ignore[arg-type]
         import pyarrow.dataset as ds
 
-        self.n += 1
-        name = f"_ui_parts_{self.n}"
+        name = f"_ui_parts_{next(_names)}"
         self.con.register(name, ds.dataset([os.path.abspath(p) for p in parts], format="parquet"))
         return name
 
@@ -350,13 +365,17 @@ def series(
     width: int = 1000,
     lo: float | None = None,
     hi: float | None = None,
+    sql_min: int = 100_000,
 ) -> dict:
     """One metric of a run, one trace per producer holding it, downsampled to ``width``
     buckets over ``[lo, hi]`` (default: all of it).
 
     Returns ``{"metric", "x", "traces": [{"producer", "x", "y", "step", "nonfinite",
     "total"}]}``: ``total`` counts the points in range before downsampling; ``x`` is the
-    step, epoch seconds (``time``) or the step metric's value.
+    step, epoch seconds (``time``) or the step metric's value. Up to ``sql_min`` points are
+    cut by :func:`expr_tracker.history.downsample.m4`; more by the same M4 in DuckDB (the
+    rows never leave it; first and last by step, a tie for min or max may pick another of
+    the equal points).
     """
     if not 1 <= width <= MAX_WIDTH:
         raise BadRequest(f"width={width} is not valid: 1..{MAX_WIDTH}")
@@ -377,22 +396,54 @@ def series(
                 where.append(f"{xexpr} >= {lo!r}")
             if hi is not None:
                 where.append(f"{xexpr} <= {hi!r}")
-            q = (
+            sel = (
                 f"WITH src AS ({sql}) SELECT {xexpr} AS x, m.value AS y, m.step AS step "
-                f"FROM src m{join} WHERE {' AND '.join(where)} ORDER BY m.step"
+                f"FROM src m{join} WHERE {' AND '.join(where)}"
             )
-            cols = con.execute(q).fetchnumpy()
-            xs, ys, steps = cols["x"], cols["y"], cols["step"]
-            n = len(xs)
+            pts = f"WITH pts AS ({sel}) "
+            n, xmin, xmax = con.execute(f"{pts}SELECT count(*), min(x), max(x) FROM pts").fetchone()
             if n == 0:
                 continue
-            idx = m4(xs, ys, width, lo, hi)
-            traces.append(_trace(p, xs, ys, steps, idx, n))
+            if n <= sql_min:
+                cols = con.execute(f"{pts}SELECT x, y, step FROM pts ORDER BY step").fetchnumpy()
+                xs, ys, steps = cols["x"], cols["y"], cols["step"]
+                idx = m4(xs, ys, width, lo, hi)
+            else:
+                a = float(xmin) if lo is None else lo
+                b = float(xmax) if hi is None else hi
+                cols = _m4_sql(con, pts, width, a, b)
+                xs, ys, steps = cols["x"], cols["y"], cols["step"]
+                idx = list(range(len(xs)))
+            traces.append(_trace(p, xs, ys, steps, idx, int(n)))
     finally:
         con.close()
     if not traces and metric not in _metric_names(catalog, prods):
         raise NotFound(f"run {run_id!r} has no metric {metric!r}")
     return {"metric": metric, "x": x, "traces": traces}
+
+
+def _m4_sql(con: Any, pts: str, width: int, lo: float, hi: float) -> dict:
+    """M4 of the rows of the CTE ``pts`` (x, y, step; ``pts`` is its ``WITH`` clause) over
+    ``[lo, hi]`` in ``width`` buckets, bucketed as
+    :func:`~expr_tracker.history.downsample.m4` does, plus every non-finite ``y``, in one
+    scan; ``{"x", "y", "step"}`` lists ordered by step."""
+    scale = width / (hi - lo) if hi > lo else 0.0
+    bucket = f"LEAST(CAST(floor((x - {lo!r}) * {scale!r}) AS BIGINT), {width - 1})"
+    row = "{'x': x, 'y': y, 's': step}"
+    fin = "FILTER (WHERE isfinite(y))"
+    q = (
+        f"{pts}SELECT arg_min({row}, step) {fin}, arg_max({row}, step) {fin}, "
+        f"arg_min({row}, y) {fin}, arg_max({row}, y) {fin}, "
+        f"list({row}) FILTER (WHERE NOT isfinite(y)) "
+        f"FROM pts WHERE x BETWEEN {lo!r} AND {hi!r} GROUP BY {bucket}"
+    )
+    keep: dict[int, tuple[float, float]] = {}
+    for first, last, lo_pt, hi_pt, bad in con.execute(q).fetchall():
+        for pt in (first, last, lo_pt, hi_pt, *(bad or ())):
+            if pt is not None:
+                keep[pt["s"]] = (pt["x"], pt["y"])
+    steps = sorted(keep)
+    return {"x": [keep[st][0] for st in steps], "y": [keep[st][1] for st in steps], "step": steps}
 
 
 def _metric_names(catalog: Catalog, prods: list[Producer]) -> set[str]:

@@ -249,3 +249,30 @@ def test_real_uvicorn_on_loopback(ui_server):
     (t,) = r.json()["traces"]
     assert len(t["x"]) == 25 and math.isclose(t["y"][0], 100.0)
     assert "server" not in r.headers
+
+
+def test_sql_m4_matches_m4(long_run, tmp_path):
+    """Above ``sql_min`` points the same M4 runs in DuckDB: the points kept are m4's (a
+    series without ties), the spike, dip and non-finite points likewise."""
+    from expr_tracker.ui import data
+
+    cat = data.Catalog(long_run, tmp_path)
+    for width, lo, hi in [
+        (50, None, None),
+        (7, 100.0, 4000.0),
+        (4000, None, None),
+        (1, None, None),
+    ]:
+        kw = {"width": width, "lo": lo, "hi": hi}
+        py = data.series(cat, "p/long", "x/half", **kw)["traces"][0]
+        sql = data.series(cat, "p/long", "x/half", sql_min=0, **kw)["traces"][0]
+        assert sql == py, (width, lo, hi)
+        py = data.series(cat, "p/long", "loss", **kw)["traces"][0]
+        sql = data.series(cat, "p/long", "loss", sql_min=0, **kw)["traces"][0]
+        assert sql["nonfinite"] == py["nonfinite"] and sql["total"] == py["total"]
+        ys = [y for y in sql["y"] if y is not None]
+        assert (min(ys), max(ys)) == (
+            min(y for y in py["y"] if y is not None),
+            max(y for y in py["y"] if y is not None),
+        )
+        assert sql["step"][0] == py["step"][0] and sql["step"][-1] == py["step"][-1]

@@ -340,8 +340,10 @@ async function runPage(run, me) {
 
   async function loadAll(list) {
     const queue = [...list];
+    // the first chart alone (nothing competes with it), then the rest two at a time
+    if (queue.length) { const c = queue.shift(); try { await load(c); } catch (e) { c.div.textContent = String(e.message || e); } }
     const worker = async () => { while (queue.length) { const c = queue.shift(); try { await load(c); } catch (e) { c.div.textContent = String(e.message || e); } } };
-    await Promise.all([worker(), worker(), worker()]);
+    await Promise.all([worker(), worker()]);
   }
   function reloadAll() { for (const c of charts.values()) { c.range = null; c.uirev += 1; } loadAll([...charts.values()]); }
   function redrawAll() { for (const c of charts.values()) if (c.div.dataset.loaded) draw(c, opts); }
