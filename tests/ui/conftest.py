@@ -1,84 +1,10 @@
-"""Fixtures of the ``et ui`` tests: run folders written by ``et.log`` in subprocesses and a
-real ``et ui`` server (uvicorn) on 127.0.0.1 at a free port."""
+"""Fixtures of the ``et ui`` tests (helpers in ui_support.py)."""
 
 from __future__ import annotations
 
-import os
-import socket
-import subprocess
-import sys
-import textwrap
-import time
 from pathlib import Path
 
 import pytest
-
-pytest.importorskip("starlette", reason="et ui needs the ui extra (starlette)")
-pytest.importorskip("uvicorn", reason="et ui needs the ui extra (uvicorn)")
-pytest.importorskip("plotly", reason="et ui needs the ui extra (plotly)")
-pytest.importorskip("duckdb", reason="et ui reads through the query extra (duckdb)")
-
-from helpers import ROOT  # noqa: E402
-
-HOSTILE = "<script>alert(1)</script>"
-HOSTILE_IMG = "<img src=x onerror=alert(2)>"
-
-WRITER = textwrap.dedent(
-    """
-    import sys, time, expr_tracker as et
-    HOSTILE, HOSTILE_IMG = {hostile!r}, {img!r}
-    et.init(project="demo", name="alpha", dir=sys.argv[1], config={{"lr": 0.1, "model": {{"depth": 4}}, "note": HOSTILE}},
-            tags=["base", HOSTILE_IMG], group="g1", alert_rules=["train/loss > 30 => warning: loss high {{train/loss}}"])
-    for i in range(40):
-        with et.span("fwd"):
-            pass
-        v = float(i)
-        if i == 10: v = float("nan")
-        if i == 20: v = float("inf")
-        et.log({{"train/loss": v, "eval/acc": i / 40, HOSTILE: i, HOSTILE_IMG: -i}})
-    et.finish()
-    et.init(project="demo", name="beta", dir=sys.argv[1], config={{"lr": 0.2, "model": {{"depth": 4}}}}, tags=["other"])
-    for i in range(25):
-        et.log({{"train/loss": 100.0 / (i + 1), "eval/acc": 0.5}})
-    et.finish()
-    """
-).format(hostile=HOSTILE, img=HOSTILE_IMG)
-
-LIVE_WRITER = textwrap.dedent(
-    """
-    import sys, time, expr_tracker as et
-    run = et.init(project="demo", name="live", dir=sys.argv[1])
-    for i in range(int(sys.argv[2])):
-        et.log({"train/loss": 1.0 / (i + 1)})
-        run.flush()
-        time.sleep(float(sys.argv[3]))
-    et.finish()
-    """
-)
-
-
-def env() -> dict[str, str]:
-    e = dict(os.environ)
-    e["PYTHONPATH"] = os.pathsep.join([str(ROOT), e.get("PYTHONPATH", "")])
-    return e
-
-
-CRASHER = textwrap.dedent(
-    """
-    import os, sys, expr_tracker as et
-    run = et.init(project="demo", name="gamma", dir=sys.argv[1], tags=["base"])
-    for i in range(5):
-        et.log({"train/loss": 1.0})
-    run.flush()
-    os._exit(1)  # killed: no finish, run.json still says running
-    """
-)
-
-
-def write_runs(root: Path) -> None:
-    subprocess.run([sys.executable, "-c", WRITER, str(root)], check=True, env=env(), timeout=120)
-    p = subprocess.run([sys.executable, "-c", CRASHER, str(root)], env=env(), timeout=120)
-    assert p.returncode == 1
 
 
 @pytest.fixture(scope="session")
@@ -86,61 +12,18 @@ def ui_runs(tmp_path_factory: pytest.TempPathFactory) -> Path:
     """A folder with runs demo/alpha (hostile metric names, NaN, inf, spans, config, alerts),
     demo/beta and demo/gamma (crashed: its process died without finishing), written by
     ``et.log`` in subprocesses."""
+    from ui_support import write_runs  # skips without the extras
+
     root = tmp_path_factory.mktemp("ui") / "runs"
     write_runs(root)
     return root
 
 
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
-class Server:
-    def __init__(self, root: Path, cache_dir: Path) -> None:
-        self.port = free_port()
-        self.url = f"http://127.0.0.1:{self.port}"
-        self.proc = subprocess.Popen(
-            [
-                sys.executable,
-                "-m",
-                "expr_tracker.cli.main",
-                "ui",
-                str(root),
-                "--port",
-                str(self.port),
-                "--cache-dir",
-                str(cache_dir),
-            ],
-            env=env(),
-            stdout=subprocess.PIPE,
-            stderr=subprocess.STDOUT,
-        )
-        deadline = time.monotonic() + 60
-        while time.monotonic() < deadline:
-            if self.proc.poll() is not None:
-                raise RuntimeError(f"et ui exited: {self.proc.stdout.read().decode()}")  # type: ignore[union-attr]
-            try:
-                with socket.create_connection(("127.0.0.1", self.port), timeout=0.5):
-                    return
-            except OSError:
-                time.sleep(0.1)
-        self.close()
-        raise RuntimeError("et ui did not start listening within 60 s")
-
-    def close(self) -> None:
-        self.proc.terminate()
-        try:
-            self.proc.wait(timeout=10)
-        except subprocess.TimeoutExpired:
-            self.proc.kill()
-            self.proc.wait()
-
-
 @pytest.fixture(scope="session")
 def ui_server(ui_runs: Path, tmp_path_factory: pytest.TempPathFactory):
     """A real ``et ui`` (uvicorn) serving ``ui_runs`` on 127.0.0.1."""
+    from ui_support import Server
+
     s = Server(ui_runs, tmp_path_factory.mktemp("ui-cache"))
     yield s
     s.close()

@@ -13,8 +13,8 @@ import sys
 from pathlib import Path
 
 import pytest
-from conftest import HOSTILE, HOSTILE_IMG, LIVE_WRITER, Server, env
 from helpers import ROOT
+from ui_support import HOSTILE, HOSTILE_IMG, LIVE_WRITER, Server, env
 
 CHROMIUM = shutil.which("chromium") or shutil.which("chromium-browser")
 if CHROMIUM is None:

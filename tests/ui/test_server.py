@@ -11,12 +11,13 @@ import sys
 import textwrap
 
 import pytest
-from conftest import HOSTILE, HOSTILE_IMG, env
-from starlette.testclient import TestClient
+from ui_support import HOSTILE, HOSTILE_IMG, env
 
 from expr_tracker.cli.ui import _loopback
 from expr_tracker.ui import server
 from expr_tracker.ui.server import create_app
+
+TestClient = pytest.importorskip("starlette.testclient").TestClient
 
 LONG = textwrap.dedent(
     """
