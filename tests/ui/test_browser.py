@@ -35,6 +35,8 @@ ARGS = [
 ]
 ARTIFACTS = ROOT / "test-artifacts" / "ui"
 DOCS_IMG = ROOT / "docs" / "img"
+#: the screenshots docs/ui.md shows
+DOCS_SHOTS = {"runs", "run", "chart-nan", "compare"}
 
 
 @pytest.fixture(scope="module")
@@ -82,7 +84,7 @@ def shot(pg, name: str, locator=None) -> None:
     ARTIFACTS.mkdir(parents=True, exist_ok=True)
     path = ARTIFACTS / f"{name}.png"
     (locator or pg).screenshot(path=str(path))
-    if os.environ.get("ET_UPDATE_DOCS_SCREENSHOTS") == "1":
+    if os.environ.get("ET_UPDATE_DOCS_SCREENSHOTS") == "1" and name in DOCS_SHOTS:
         DOCS_IMG.mkdir(parents=True, exist_ok=True)
         shutil.copyfile(path, DOCS_IMG / f"ui-{name}.png")
 
