@@ -167,6 +167,17 @@ def test_run_page_charts(page, ui_server):
     assert "fwd" in page.locator("#spans").inner_text()
     href = page.get_attribute("#trace-link", "href")
     assert href.startswith("/api/trace?")
+    # a define_metric step metric as the x axis
+    page.select_option("#x-axis", "epoch")
+    page.wait_for_function(
+        """() => { const d = document.querySelector('div.chart[data-metric="eval/acc"]');
+                   return d.data && Math.max(...d.data[0].x) === 3.9; }"""
+    )
+    page.select_option("#x-axis", "step")
+    page.wait_for_function(
+        """() => { const d = document.querySelector('div.chart[data-metric="eval/acc"]');
+                   return d.data && Math.max(...d.data[0].x) === 39; }"""
+    )
     page.uncheck("#log-y")
     page.locator("#smooth").fill("0")
     page.wait_for_function(

@@ -23,6 +23,7 @@ LONG = textwrap.dedent(
     """
     import sys, expr_tracker as et
     et.init(project="p", name="long", dir=sys.argv[1])
+    et.define_metric("loss", step_metric="x/half")
     for i in range(5000):
         v = 1.0
         if i == 1234: v = 1000.0       # a spike
@@ -250,6 +251,13 @@ def test_real_uvicorn_on_loopback(ui_server):
     (t,) = r.json()["traces"]
     assert len(t["x"]) == 25 and math.isclose(t["y"][0], 100.0)
     assert "server" not in r.headers
+
+
+def test_step_metric_is_an_x_option(long_run, tmp_path):
+    c = TestClient(create_app(long_run, cache_dir=tmp_path))
+    d = c.get("/api/run", params={"run": "p/long"}).json()
+    assert d["step_metrics"] == {"loss": "x/half"} and d["x_options"] == ["x/half"]
+    assert d["steps"] == 5000 and d["status"] == "finished"
 
 
 def test_sql_m4_matches_m4(long_run, tmp_path):

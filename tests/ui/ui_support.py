@@ -27,13 +27,14 @@ WRITER = textwrap.dedent(
     HOSTILE, HOSTILE_IMG = {hostile!r}, {img!r}
     et.init(project="demo", name="alpha", dir=sys.argv[1], config={{"lr": 0.1, "model": {{"depth": 4}}, "note": HOSTILE}},
             tags=["base", HOSTILE_IMG], group="g1", alert_rules=["train/loss > 30 => warning: loss high {{train/loss}}"])
+    et.define_metric("eval/*", step_metric="epoch")
     for i in range(40):
         with et.span("fwd"):
             pass
         v = float(i)
         if i == 10: v = float("nan")
         if i == 20: v = float("inf")
-        et.log({{"train/loss": v, "eval/acc": i / 40, HOSTILE: i, HOSTILE_IMG: -i}})
+        et.log({{"train/loss": v, "eval/acc": i / 40, HOSTILE: i, HOSTILE_IMG: -i, "epoch": i / 10}})
     et.finish()
     et.init(project="demo", name="beta", dir=sys.argv[1], config={{"lr": 0.2, "model": {{"depth": 4}}}}, tags=["other"])
     for i in range(25):
