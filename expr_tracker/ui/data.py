@@ -213,12 +213,16 @@ def run_row(run_id: str, prods: list[Producer], cache_dir: Path | None, con: Any
 
 
 def runs_list(catalog: Catalog) -> list[dict]:
-    """Every run under the folder (see :func:`run_row`), newest start first."""
+    """Every run under the folder (see :func:`run_row`), newest start first; a run
+    deleted since it was found is left out."""
     con = connect()
     try:
-        rows = [
-            run_row(rid, prods, catalog.cache_dir, con) for rid, prods in catalog.runs().items()
-        ]
+        rows = []
+        for rid, prods in catalog.runs().items():
+            try:
+                rows.append(run_row(rid, prods, catalog.cache_dir, con))
+            except FileNotFoundError:  # deleted since it was found: not listed
+                continue
     finally:
         con.close()
     rows.sort(key=lambda r: (-(r["started_at"] or 0.0), r["run"]))

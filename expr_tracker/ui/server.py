@@ -127,6 +127,8 @@ def create_app(root: str | os.PathLike[str], *, cache_dir: str | os.PathLike[str
                 return as_json(fn(request))
             except data.NotFound as exc:
                 return as_json({"error": str(exc)}, 404)
+            except FileNotFoundError as exc:  # a run deleted while it was read
+                return as_json({"error": f"gone: {exc}"}, 404)
             except data.BadRequest as exc:
                 return as_json({"error": str(exc)}, 400)
 
@@ -177,7 +179,7 @@ def create_app(root: str | os.PathLike[str], *, cache_dir: str | os.PathLike[str
         try:
             run = q_str(request, "run")
             trace = data.trace_json(catalog, run, q_int(request, "start"), q_int(request, "stop"))
-        except data.NotFound as exc:
+        except (data.NotFound, FileNotFoundError) as exc:
             return as_json({"error": str(exc)}, 404)
         except (data.BadRequest, ValueError) as exc:
             return as_json({"error": str(exc)}, 400)

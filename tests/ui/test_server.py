@@ -285,3 +285,19 @@ def test_sql_m4_matches_m4(long_run, tmp_path):
             max(y for y in py["y"] if y is not None),
         )
         assert sql["step"][0] == py["step"][0] and sql["step"][-1] == py["step"][-1]
+
+
+def test_a_run_deleted_while_served(tmp_path, ui_runs):
+    import shutil
+
+    root = tmp_path / "runs"
+    shutil.copytree(ui_runs, root, ignore=shutil.ignore_patterns(".et-cache"))
+    c = TestClient(create_app(root, cache_dir=tmp_path / "cache"))
+    assert c.get("/api/run", params={"run": "demo/beta"}).status_code == 200
+    shutil.rmtree(root / "demo" / "beta")
+    for path in ("run", "series", "points"):
+        r = c.get(f"/api/{path}", params={"run": "demo/beta", "metric": "train/loss"})
+        assert r.status_code == 404, (path, r.text)
+    r = c.get("/api/runs")
+    assert r.status_code == 200
+    assert "demo/beta" not in [x["run"] for x in r.json()["runs"]]
