@@ -14,7 +14,15 @@ from pathlib import Path
 
 import pytest
 from helpers import ROOT
-from ui_support import HOSTILE, HOSTILE_IMG, LIVE_WRITER, Server, env
+from ui_support import (
+    HOSTILE,
+    HOSTILE_IMG,
+    HOSTILE_RUN,
+    LIVE_WRITER,
+    Server,
+    env,
+    write_rank_runs,
+)
 
 CHROMIUM = shutil.which("chromium") or shutil.which("chromium-browser")
 if CHROMIUM is None:
@@ -261,3 +269,24 @@ def test_page_loads_nothing_outside(page, ui_server):
     page.goto(ui_server.url + "/#/run?run=demo%2Fbeta")
     wait_chart(page, "eval/acc")
     assert Path(ui_server.url)  # the gate in the fixture fails on any request elsewhere
+
+
+def test_hostile_run_name_with_ranks(page, tmp_path):
+    root = tmp_path / "runs"
+    write_rank_runs(root)
+    server = Server(root, tmp_path / "cache")
+    try:
+        page.goto(server.url + "/")
+        page.wait_for_selector("#runs-body tr")
+        link = page.locator("#runs-body a")
+        assert link.inner_text() == f"p;'q/{HOSTILE_RUN}"
+        assert page.locator("#runs-body img").count() == 0
+        link.click()
+        data = wait_chart(page, "loss")
+        raw = [t for t in data if t["role"] == "raw"]
+        assert [t["name"] for t in raw] == ["loss (main)", "loss (main/rank1)"]
+        assert page.locator("#run-title").inner_text() == f"p;'q/{HOSTILE_RUN}"
+        assert page.locator("main img").count() == 0
+        page.wait_for_timeout(300)
+    finally:
+        server.close()

@@ -11,7 +11,7 @@ import sys
 import textwrap
 
 import pytest
-from ui_support import HOSTILE, HOSTILE_IMG, env
+from ui_support import HOSTILE, HOSTILE_IMG, HOSTILE_RUN, env, write_rank_runs
 
 from expr_tracker.cli.ui import _loopback
 from expr_tracker.ui import server
@@ -301,3 +301,22 @@ def test_a_run_deleted_while_served(tmp_path, ui_runs):
     r = c.get("/api/runs")
     assert r.status_code == 200
     assert "demo/beta" not in [x["run"] for x in r.json()["runs"]]
+
+
+def test_hostile_run_name_and_rank_shards(tmp_path):
+    root = tmp_path / "runs"
+    write_rank_runs(root)
+    c = TestClient(create_app(root, cache_dir=tmp_path / "cache"))
+    (run,) = c.get("/api/runs").json()["runs"]
+    assert run["run"] == f"p;'q/{HOSTILE_RUN}" and run["producers"] == ["main", "main/rank1"]
+    assert run["steps"] == 30
+    traces = c.get("/api/series", params={"run": run["run"], "metric": "loss"}).json()["traces"]
+    assert [(t["producer"], t["y"][0], len(t["x"])) for t in traces] == [
+        ("main", 0.0, 30),
+        ("main/rank1", 100.0, 30),
+    ]
+    pts = c.get("/api/points", params={"run": run["run"], "after": 27}).json()["metrics"]["loss"]
+    assert [(t["producer"], t["step"]) for t in pts] == [
+        ("main", [28, 29]),
+        ("main/rank1", [28, 29]),
+    ]

@@ -125,3 +125,26 @@ class Server:
         except subprocess.TimeoutExpired:
             self.proc.kill()
             self.proc.wait()
+
+
+HOSTILE_RUN = "<img src=x onerror=alert(3)>'\""
+
+RANK_WRITER = textwrap.dedent(
+    """
+    import sys, expr_tracker as et
+    et.init(project="p;'q", name=sys.argv[2], dir=sys.argv[1])
+    for i in range(30):
+        et.log({"loss": float(i) + int(sys.argv[3])})
+    et.finish()
+    """
+)
+
+
+def write_rank_runs(root: Path) -> None:
+    """One run named :data:`HOSTILE_RUN` in project ``p;'q``, written by ranks 0 and 1
+    (``RANK``; rank 1's files carry ``.rank1``), rank r logging ``loss = i + 100 r``."""
+    for rank in (0, 1):
+        e = env()
+        e["RANK"] = str(rank)
+        cmd = [sys.executable, "-c", RANK_WRITER, str(root), HOSTILE_RUN, str(100 * rank)]
+        subprocess.run(cmd, check=True, env=e, timeout=120)
