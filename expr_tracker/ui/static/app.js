@@ -259,7 +259,16 @@ function figure(chart, opts) {
   return { data: traces, layout };
 }
 
-function draw(chart, opts) {
+// plotly.min.js loads async (the data is fetched meanwhile); charts wait for it
+const plotlyReady = new Promise((resolve, reject) => {
+  if (window.Plotly) return resolve();
+  const tag = document.getElementById("plotly-js");
+  tag.addEventListener("load", () => resolve());
+  tag.addEventListener("error", () => reject(new Error("plotly.js did not load")));
+});
+
+async function draw(chart, opts) {
+  await plotlyReady;
   const f = figure(chart, opts);
   return Plotly.react(chart.div, f.data, f.layout, { responsive: true, displaylogo: false });
 }
