@@ -43,8 +43,11 @@ SECURITY_HEADERS = {
 
 
 def import_web() -> tuple[Any, Any]:
-    """(starlette, uvicorn) or ImportError naming the extra."""
+    """(starlette, uvicorn) or ImportError naming the extra (also when duckdb or pyarrow,
+    which the data goes through, is missing)."""
     try:
+        import duckdb  # noqa: F401
+        import pyarrow  # noqa: F401
         import starlette  # noqa: F401
         import uvicorn
         from starlette import applications

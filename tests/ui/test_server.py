@@ -220,6 +220,10 @@ def test_missing_extra_names_it(monkeypatch):
     monkeypatch.setitem(sys.modules, "uvicorn", None)
     with pytest.raises(ImportError, match=r"expr-tracker\[ui\]"):
         server.import_web()
+    monkeypatch.delitem(sys.modules, "uvicorn")
+    monkeypatch.setitem(sys.modules, "duckdb", None)
+    with pytest.raises(ImportError, match=r"expr-tracker\[ui\]"):
+        server.import_web()
     monkeypatch.setitem(sys.modules, "plotly", None)
     with pytest.raises(ImportError, match=r"expr-tracker\[ui\]"):
         server.plotly_js()
