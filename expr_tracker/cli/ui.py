@@ -29,7 +29,7 @@ def register(subparsers: Any) -> None:
         default="127.0.0.1",
         help="address to bind (default 127.0.0.1; another one exposes the runs to the network)",
     )
-    p.add_argument("--port", type=int, default=8050, help="port (default 8050; 0: any free)")
+    p.add_argument("--port", type=int, default=8050, help="port (default 8050)")
     p.add_argument(
         "--cache-dir", default=None, help="where the columnar cache lives (default: beside runs)"
     )
@@ -52,8 +52,8 @@ def run_ui(args: argparse.Namespace) -> int:
             f"et ui: DIR {args.dir!r} is not a folder (a folder of runs or a run)", file=sys.stderr
         )
         return 2
-    if not 0 <= args.port <= 65535:
-        print(f"et ui: --port {args.port} is not valid: 0..65535", file=sys.stderr)
+    if not 1 <= args.port <= 65535:
+        print(f"et ui: --port {args.port} is not valid: 1..65535", file=sys.stderr)
         return 2
     try:
         from expr_tracker.ui.server import import_web, plotly_js

@@ -290,3 +290,37 @@ def test_hostile_run_name_with_ranks(page, tmp_path):
         page.wait_for_timeout(300)
     finally:
         server.close()
+
+
+LONG = """
+import sys, expr_tracker as et
+et.init(project="p", name="long", dir=sys.argv[1])
+for i in range(20000):
+    et.log({"loss": 1000.0 if i == 12345 else (i % 10) / 10})
+et.finish()
+"""
+
+
+def test_long_series_downsampled_and_requeried_on_zoom(page, tmp_path):
+    root = tmp_path / "runs"
+    subprocess.run([sys.executable, "-c", LONG, str(root)], check=True, env=env(), timeout=120)
+    server = Server(root, tmp_path / "cache")
+    try:
+        page.goto(server.url + "/#/run?run=p%2Flong")
+        (raw,) = [t for t in wait_chart(page, "loss") if t["role"] == "raw"]
+        width = page.evaluate("document.querySelector('div.chart').clientWidth")
+        assert len(raw["x"]) <= 4 * width < 20000  # cut for the pixels
+        assert max(raw["y"]) == 1000.0 and raw["x"][0] == 0 and raw["x"][-1] == 19999
+        # zoom: the page asks the server for the range, at full resolution there
+        page.evaluate(
+            "Plotly.relayout(document.querySelector('div.chart'), {'xaxis.range': [12300, 12400]})"
+        )
+        page.wait_for_function(
+            """() => { const x = document.querySelector('div.chart').data[0].x;
+                       return x.length === 101 && x[0] === 12300 && x[100] === 12400; }""",
+            timeout=30_000,
+        )
+        (zoomed,) = [t for t in chart_data(page, "loss") if t["role"] == "raw"]
+        assert zoomed["y"][45] == 1000.0  # step 12345
+    finally:
+        server.close()

@@ -242,6 +242,14 @@ def test_cli_checks(tmp_path):
         timeout=60,
     )
     assert p.returncode == 2 and "nope" in p.stderr and "not a folder" in p.stderr
+    p = subprocess.run(
+        [sys.executable, "-m", "expr_tracker.cli.main", "ui", str(tmp_path), "--port", "0"],
+        env=env(),
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert p.returncode == 2 and "--port 0 is not valid: 1..65535" in p.stderr
 
 
 def test_real_uvicorn_on_loopback(ui_server):
