@@ -65,7 +65,7 @@ def test_run_endpoint(client):
     assert set(d["metrics"]) >= {"train/loss", "eval/acc", HOSTILE, HOSTILE_IMG, "time_ms/fwd"}
     assert ["model.depth", 4] in d["config"] and ["note", HOSTILE] in d["config"]
     events = [(a["event"], a["step"]) for a in d["alerts"]]
-    assert [s for _, s in events] == [20, 21, 31]
+    assert events == [("firing", 20), ("resolved", 21), ("firing", 31)]
     assert all(a["message"] for a in d["alerts"] if a["event"] != "resolved")
 
 
