@@ -332,3 +332,25 @@ def test_hostile_run_name_and_rank_shards(tmp_path):
         ("main", [28, 29]),
         ("main/rank1", [28, 29]),
     ]
+
+
+def test_web_stack_imported_only_when_serving():
+    code = (
+        "import sys, expr_tracker, expr_tracker.ui.data, expr_tracker.ui.server\n"
+        "from expr_tracker.cli.main import build_parser\n"
+        "build_parser().parse_args(['ui', '--help'])\n"
+    )
+    check = (
+        "import sys, runpy\n"
+        "try:\n"
+        f"    exec({code!r})\n"
+        "except SystemExit:\n"
+        "    pass\n"
+        "heavy = [m for m in ('starlette', 'uvicorn', 'plotly', 'duckdb', 'pyarrow') if m in sys.modules]\n"
+        "print(heavy)\n"
+    )
+    p = subprocess.run(
+        [sys.executable, "-c", check], env=env(), capture_output=True, text=True, timeout=60
+    )
+    assert p.returncode == 0, p.stderr
+    assert p.stdout.strip().splitlines()[-1] == "[]"
