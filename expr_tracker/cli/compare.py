@@ -15,6 +15,7 @@ from __future__ import annotations
 import argparse
 import json
 import math
+import re
 import sys
 from typing import IO, Any
 
@@ -22,6 +23,12 @@ from expr_tracker.cli import output
 
 #: the longest cell shown before it is cut with an ellipsis (terminal cells)
 MAX_CELL = 60
+#: the narrowest table (--width) that still shows a key and a value side by side
+MIN_WIDTH = 20
+#: a value this short is never cut to fit runs beside each other (they go below instead)
+SHORT_CELL = 16
+#: a number cell (never cut either: 1152921504606846976 and ...977 differ in the last digit)
+_NUMBER = re.compile(r"-?[0-9][0-9.eE+-]*")
 
 
 def register(subparsers: Any) -> None:
@@ -72,6 +79,12 @@ def run_compare(args: argparse.Namespace, out: IO[str] | None = None) -> int:
     out = out or sys.stdout
     if len(args.runs) < 2:
         sys.stderr.write(f"et compare: give at least two runs (got {len(args.runs)})\n")
+        return 2
+    if args.width is not None and args.width < MIN_WIDTH:
+        sys.stderr.write(
+            f"et compare: --width {args.width} is too narrow: give {MIN_WIDTH} or more "
+            "(a narrow table continues below, a block of runs at a time)\n"
+        )
         return 2
     metrics = None
     if args.metrics is not None:
@@ -162,7 +175,8 @@ def compare_table(result: dict[str, Any], width: int = 200) -> Any:
     """A rich ``Table`` of a :func:`compare_runs` result, ``width`` terminal cells wide at
     most: a column per run; sections run, config, summary. Every cell is a ``Text`` (never
     markup); missing keys read ``(missing)``, a JSON null ``null``. The key column takes
-    up to a third of the width, the runs share the rest; a cell too long ends in ``…``."""
+    up to a third of the width; runs that do not fit beside each other continue in another
+    table below (a rich ``Group``), each with the key column; a cell too long ends in ``…``."""
     from rich.cells import cell_len
     from rich.table import Table
     from rich.text import Text
@@ -205,22 +219,63 @@ def compare_table(result: dict[str, Any], width: int = 200) -> Any:
                 cells.append(Text(_cut(_plain(_number(v)))))
         key = row["metric"] + (f" ({row['goal']})" if row["goal"] else "")
         summary.append((Text(_cut(_plain(key))), cells))
+    summary_at = len(rows)
     section("summary", summary, "(no summary values)")
 
-    # widths: what the content needs, squeezed to fit (rich alone may squeeze a column to 0)
+    # widths: what the content needs. When the runs do not fit beside each other, long
+    # text (a path, a long config value) is cut first, down to a floor that keeps the run's
+    # name, its summary values (numbers, best marks), its numbers and short values whole; runs that
+    # still do not fit go to the next block below (each with the key column), so a column
+    # is never squeezed to "0.…" or a header to "sweep/l…"
     need = [max(cell_len(k.plain) for k, _ in rows)]
+    floor = []
     for i in range(n):
-        need.append(max(cell_len(heads[i].plain), *(cell_len(c[i].plain) for _, c in rows)))
-    room = max(width - 2 * n, n + 1)  # two cells between columns
-    key_w = min(need[0], max(8, room // 3))
-    widths = [key_w, *need[1:]]
-    while sum(widths) > room and max(widths[1:]) > 1:
-        widest = max(range(1, n + 1), key=lambda j: widths[j])
-        widths[widest] -= 1
-    table = Table(box=None, pad_edge=False, show_edge=False, show_header=True)
-    table.add_column(Text("key", style="bold"), overflow="ellipsis", no_wrap=True, width=widths[0])
+        cells = [cell_len(c[i].plain) for _, c in rows]
+        need.append(max(cell_len(heads[i].plain), *cells))
+        keep = [cell_len(c.plain) for c in (row[i] for _, row in rows[summary_at:])]
+        short = [
+            cell_len(c[i].plain)
+            for _, c in rows
+            if cell_len(c[i].plain) <= SHORT_CELL or _NUMBER.fullmatch(c[i].plain)
+        ]
+        floor.append(max(cell_len(heads[i].plain), *keep, *short))
+    key_w = min(need[0], max(8, width // 3, width - 2 - min(max(need[1:]), MAX_CELL)))
+    room = max(width - key_w - 2, 1)  # for the run columns beside the key, two cells apart
+    blocks: list[list[int]] = [[]]
+    used = 0
     for i in range(n):
-        table.add_column(heads[i], overflow="ellipsis", no_wrap=True, width=widths[i + 1])
-    for key, cells in rows:
-        table.add_row(key, *cells)
-    return table
+        w = min(floor[i], room)
+        if blocks[-1] and used + 2 + w > room + 2:
+            blocks.append([])
+            used = 0
+        blocks[-1].append(i)
+        used += w + 2
+    widths = {}
+    for block in blocks:  # from the floors, the narrowest column grows first up to its need
+        cur = {i: min(floor[i], room) for i in block}
+        spare = room + 2 - sum(w + 2 for w in cur.values())
+        while spare > 0:
+            grow = [i for i in block if cur[i] < min(need[i + 1], room)]
+            if not grow:
+                break
+            j = min(grow, key=lambda i: cur[i])
+            cur[j] += 1
+            spare -= 1
+        widths.update(cur)
+    tables = []
+    for block in blocks:
+        table = Table(box=None, pad_edge=False, show_edge=False, show_header=True)
+        table.add_column(Text("key", style="bold"), overflow="ellipsis", no_wrap=True, width=key_w)
+        for i in block:
+            table.add_column(heads[i], overflow="ellipsis", no_wrap=True, width=widths[i])
+        for key, cells in rows:
+            table.add_row(key, *(cells[i] for i in block))
+        tables.append(table)
+    if len(tables) == 1:
+        return tables[0]
+    from rich.console import Group
+
+    parts: list[Any] = []
+    for k, t in enumerate(tables):
+        parts += [Text(""), t] if k else [t]
+    return Group(*parts)

@@ -68,6 +68,7 @@ def run(args: argparse.Namespace) -> int:
     """Exit codes: 0 written, 1 a bad source/argument, an existing PATH or a failed write."""
     from expr_tracker.query.export import ExportError, export_runs
 
+    restore = _sigterm_as_exit()
     try:
         res = export_runs(
             args.source,
@@ -84,6 +85,8 @@ def run(args: argparse.Namespace) -> int:
     except (ExportError, ImportError, OSError) as exc:
         print(f"et export: {exc}", file=sys.stderr)
         return 1
+    finally:
+        restore()
     if args.json:
         print(json.dumps(res))
         return 0
@@ -94,3 +97,24 @@ def run(args: argparse.Namespace) -> int:
         f"{res['files']} {res['format']} {where}, {res['bytes']} bytes in {res['seconds']:.2f} s"
     )
     return 0
+
+
+def _sigterm_as_exit() -> Any:
+    """SIGTERM (``kill``, SLURM, Kubernetes) raises ``SystemExit(143)`` while the export runs,
+    so that its half-written temporary file or folder is removed as on Ctrl-C (a leftover
+    ``.PATH.<pid>.partial`` folder is read by a ``**`` glob over its parent). Returns the
+    function that puts the previous handler back."""
+    import signal
+    import threading
+
+    if threading.current_thread() is not threading.main_thread():
+        return lambda: None
+
+    def on_term(signum: int, frame: Any) -> None:
+        raise SystemExit(128 + signum)
+
+    try:
+        old = signal.signal(signal.SIGTERM, on_term)
+    except (ValueError, OSError):  # pragma: no cover - no signals here
+        return lambda: None
+    return lambda: signal.signal(signal.SIGTERM, old)

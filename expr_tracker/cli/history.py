@@ -315,7 +315,7 @@ def follow(
     writing before ``done()`` turns true (the run closes its metrics file before
     ``run.json`` says finished).
     """
-    from expr_tracker.history.codec import decode_line
+    from expr_tracker.history.reader import decode_appended
 
     carry = b""
     finishing = False
@@ -337,16 +337,7 @@ def follow(
                 f.seek(offset)
                 data = f.read(size - offset)
             offset += len(data)
-            parts = (carry + data).split(b"\n")
-            carry = parts.pop()
-            rows = []
-            for raw in parts:
-                try:
-                    rec = decode_line(raw)
-                except ValueError:
-                    continue
-                if isinstance(rec, dict):
-                    rows.append(rec)
+            rows, carry = decode_appended(carry, data)
             if rows:
                 on_rows(rows)
             continue

@@ -3,10 +3,10 @@
 One chart per metric, with every run given overlaid on it (``et plot a b loss``,
 ``et plot --runs a,b loss``). RUN is a run directory, a metrics file, or a run's name under
 ``--dir`` (default ``./runs``: ``project/name``, or ``name`` alone when it is unique there).
-Without ``--runs``, the leading arguments that name a run are runs and the rest metrics;
-with ``--runs``, every argument is a metric. A METRIC is a name or a glob (``'train/*'``,
-quoted so the shell leaves it alone); none: the run's main metrics, as ``et runs`` picks
-them.
+Without ``--runs``, the leading arguments that name a run are runs and the rest metrics (a
+metric of the first run is a metric, also when a run has its name); with ``--runs``, every
+argument is a metric. A METRIC is a name or a glob (``'train/*'``, quoted so the shell
+leaves it alone); none: the run's main metrics, as ``et runs`` picks them.
 
 What is drawn, and what is not hidden:
 
@@ -38,9 +38,12 @@ import difflib
 import fnmatch
 import math
 import os
+import re
 import shutil
+import signal
 import sys
 import time
+import unicodedata
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import IO, Any
@@ -162,6 +165,7 @@ class RunSource:
     columns: Any = None  # history.columns.MetricColumns
     offset: int = 0
     carry: bytes = b""
+    inode: tuple[int, int] | None = None  # (st_dev, st_ino) of the file read
 
 
 def _printable(text: str) -> str:
@@ -210,14 +214,16 @@ def resolve_run(arg: str, root: Path, known: list[Path] | None) -> Path:
     raise PlotError(f"unknown run: {where}{hint}")
 
 
-def _labels(paths: list[Path]) -> list[str]:
-    """Short distinct labels: the fewest trailing path parts that tell the runs apart."""
+def _labels(paths: list[Path], suffixes: list[str] | None = None) -> list[str]:
+    """Short distinct labels: the fewest trailing path parts that, with each run's suffix
+    (``[rank1]``, ``[data]``), tell the runs apart."""
+    ends = suffixes or [""] * len(paths)
     parts = [p.resolve().parts for p in paths]
     for k in range(1, max((len(x) for x in parts), default=1) + 1):
-        labels = ["/".join(x[-k:]) for x in parts]
+        labels = ["/".join(x[-k:]) + e for x, e in zip(parts, ends, strict=True)]
         if len(set(labels)) == len(labels):
             return labels
-    return [str(p) for p in paths]
+    return [str(p) + e for p, e in zip(paths, ends, strict=True)]
 
 
 def _status(info: Path | None) -> str | None:
@@ -252,20 +258,62 @@ def open_runs(args: argparse.Namespace, names: list[str]) -> list[RunSource]:
             if args.follow and run.is_dir() and _status(info) == "running":
                 path = run / file_name("metrics", args.stream, args.rank)
             else:
+                inside = find_runs(run) if run.is_dir() else []
+                if inside and run not in inside:  # a project (or runs) directory
+                    names = sorted(d.relative_to(run).as_posix() for d in inside)
+                    more = f" and {len(names) - 5} more" if len(names) > 5 else ""
+                    listed = ", ".join(_printable(n) for n in names[:5]) + more
+                    raise PlotError(
+                        f"{str(run)!r} is no run but holds {len(names)} runs: {listed}; give "
+                        "one, or several (et plot RUN1 RUN2 METRIC, or --runs A,B)"
+                    ) from None
                 raise PlotError(str(exc)) from None
         if any(path.resolve() == q.resolve() for q, _, _ in picked):
             continue  # the same run twice
         run_dir = run if run.is_dir() else run.parent
         picked.append((path, run_dir, info if info is not None and info.exists() else None))
-    labels = _labels([d for _, d, _ in picked])
-    out = []
-    for (path, _run_dir, info), label in zip(picked, labels, strict=True):
+    suffixes = []
+    for path, _, _ in picked:
+        inner = ""
         if path.name != "metrics.jsonl":  # another stream or rank: st[data], st[rank1]
             inner = path.name
             if inner.startswith("metrics.") and inner.endswith(".jsonl"):
                 inner = inner[len("metrics.") : -len(".jsonl")]
-            label += f"[{inner}]"
-        out.append(RunSource(_printable(label), path, info))
+            inner = f"[{inner}]"
+        suffixes.append(inner)
+    labels = _labels([d for _, d, _ in picked], suffixes)
+    return [
+        RunSource(_printable(label), path, info)
+        for (path, _, info), label in zip(picked, labels, strict=True)
+    ]
+
+
+def _split_runs(text: str, root: Path) -> list[str]:
+    """The runs of ``--runs A,B``; a run whose name has a comma (``lr=0.1,bs=32``) stays
+    whole: a piece that names no run is joined with the next ones until they name one."""
+    from expr_tracker.history.rundirs import find_runs
+
+    pieces = text.split(",")
+    known: list[Path] | None = None
+    out = []
+    i = 0
+    while i < len(pieces):
+        take = 1
+        if len(pieces) - i > 1:
+            if known is None:
+                known = find_runs(root) if root.is_dir() else []
+            for j in range(i + 1, len(pieces) + 1):
+                name = ",".join(pieces[i:j]).strip()
+                try:
+                    resolve_run(name, root, known)
+                except PlotError:
+                    continue
+                take = j - i
+                break
+        name = ",".join(pieces[i : i + take]).strip()
+        if name:
+            out.append(name)
+        i += take
     return out
 
 
@@ -275,7 +323,7 @@ def _split_args(args: argparse.Namespace) -> tuple[list[str], list[str]]:
 
     pos = list(args.args)
     if args.runs is not None:
-        runs = [r.strip() for r in args.runs.split(",") if r.strip()]
+        runs = _split_runs(args.runs, Path(args.dir))
         if not runs:
             raise PlotError("--runs names no run (give A,B)", 2)
         return runs, pos
@@ -284,6 +332,7 @@ def _split_args(args: argparse.Namespace) -> tuple[list[str], list[str]]:
     runs = [pos.pop(0)]
     root = Path(args.dir)
     known: list[Path] | None = None
+    first_metrics: set[str] | None = None  # read only when a name is both
     while pos:
         a = pos[0]
         p = Path(a)
@@ -299,10 +348,28 @@ def _split_args(args: argparse.Namespace) -> tuple[list[str], list[str]]:
             except ValueError:
                 pass
         if a.strip("/") in rel or sum(d.name == a for d in known) == 1:
+            if first_metrics is None:
+                first_metrics = _metric_names(runs[0], root, known, args)
+            if a in first_metrics:  # `et plot RUN m`: the metric m, not also a run named m
+                break
             runs.append(pos.pop(0))
             continue
         break
     return runs, pos
+
+
+def _metric_names(arg: str, root: Path, known: list[Path], args: argparse.Namespace) -> set[str]:
+    """Every metric name in the metrics file of the run ``arg`` names (empty when it
+    cannot be read: the error comes later)."""
+    from expr_tracker.history.columns import read_columns
+    from expr_tracker.history.paths import resolve_run_path
+
+    try:
+        run = resolve_run(arg, root, known)
+        path = resolve_run_path(run, stream=args.stream, rank=args.rank)
+        return set(read_columns(path, lambda name: False).names)
+    except (PlotError, ValueError, OSError):
+        return set()
 
 
 # --------------------------------------------------------------------------- metrics
@@ -313,7 +380,7 @@ def _is_glob(pattern: str) -> bool:
 
 
 def _selector(patterns: list[str]) -> Any:
-    exact = {p for p in patterns if not _is_glob(p)}
+    exact = set(patterns)  # also 'grad[3]': a name with glob characters is itself too
     globs = [p for p in patterns if _is_glob(p)]
 
     def select(name: str) -> bool:
@@ -352,21 +419,25 @@ def chart_metrics(patterns: list[str], sources: list[RunSource]) -> list[str]:
     return list(seen)
 
 
-def missing_patterns(patterns: list[str], sources: list[RunSource]) -> list[str]:
-    """A message per pattern that matches no metric of any run (close names listed)."""
+def missing_patterns(
+    patterns: list[str], sources: list[RunSource], since: int | None = None
+) -> list[str]:
+    """A message per pattern that matches no metric of any run (close names listed; with
+    ``since``, of the rows from that step on)."""
     known: dict[str, None] = {}
     for src in sources:
         for name in src.columns.names:
             known.setdefault(name, None)
     out = []
+    where = f" from step {since} on" if since is not None else ""
     for pat in patterns:
         if _is_glob(pat):
-            if not any(fnmatch.fnmatchcase(n, pat) for n in known):
-                out.append(f"pattern {pat!r} matches no metric")
+            if pat not in known and not any(fnmatch.fnmatchcase(n, pat) for n in known):
+                out.append(f"pattern {pat!r} matches no metric{where}")
         elif pat not in known:
             close = difflib.get_close_matches(pat, list(known), n=3, cutoff=0.6)
             hint = f" (did you mean {' or '.join(repr(c) for c in close)}?)" if close else ""
-            out.append(f"unknown metric {pat!r}{hint}")
+            out.append(f"unknown metric {pat!r}{where}{hint}")
     if out:
         names = [n for n in known if not n.startswith(("time_ms/", "count/"))] or list(known)
         listed = ", ".join(_printable(n) for n in names[:12])
@@ -399,7 +470,7 @@ def ema(values: Any, alpha: float) -> list[float]:
 @dataclass
 class SeriesView:
     """What one series of one chart draws: the downsampled finite points and the x of
-    each non-finite point (one per chart column), with totals for the legend."""
+    each non-finite point (a few per chart column), with totals for the legend."""
 
     label: str
     points: int = 0  # points of the series in the range (finite or not)
@@ -472,8 +543,10 @@ def series_view(
         gap = True
         kind = "nan" if y != y else ("+inf" if y > 0 else "-inf")
         view.counts[kind] = view.counts.get(kind, 0) + 1
-        key = (kind, bucket_index(x, lo, hi, buckets))
-        if key not in seen:  # one mark per chart column
+        # a few marks per chart column: ``buckets`` is a bit less than the plot area's
+        # cells, so one per bucket left some cells of a run of NaNs blank (as if finite)
+        key = (kind, bucket_index(x, lo, hi, 4 * buckets))
+        if key not in seen:
             seen.add(key)
             view.marks.setdefault(kind, []).append(x)
     view.points = len(xs)  # [lo, hi] is the range of every series of the chart
@@ -487,7 +560,9 @@ def _tick_label(v: float, integer: bool) -> str:
     if integer:
         n = round(v)
         if abs(n) >= 10_000_000:
-            for div, suffix in ((1e9, "G"), (1e6, "M"), (1e3, "k")):
+            if abs(n) >= 1e15:  # past T: 2.5e+16, not 2.5e+07G
+                return f"{n:.4g}"
+            for div, suffix in ((1e12, "T"), (1e9, "G"), (1e6, "M"), (1e3, "k")):
                 if abs(n) >= div:
                     return f"{n / div:.4g}{suffix}"
         return str(n)
@@ -540,10 +615,25 @@ def render_chart(
         y_lo, y_hi = min(finite), max(finite)
     else:
         y_lo, y_hi = (1.0, 10.0) if log_y else (0.0, 1.0)
+    clip = not math.isfinite(y_hi - y_lo)  # -1e308 .. 1e308: plotext's scaling overflows
+    if clip:  # (to NaN ticks, or a C++ bad_alloc that aborts): draw within +-8e307
+        y_lo, y_hi = max(y_lo, -8e307), min(y_hi, 8e307)
+    if log_y and y_lo < y_hi < y_lo * 1.001:  # too narrow for plotext's log axis (below)
+        y_lo, y_hi = y_lo / 1.01, y_hi * 1.01
     if y_hi <= y_lo:
         pad = abs(y_lo) * 0.1 if y_lo else 1.0
         y_lo, y_hi = (y_lo / 2, y_hi * 2) if log_y else (y_lo - pad, y_hi + pad)
+        y_lo, y_hi = max(y_lo, -sys.float_info.max), min(y_hi, sys.float_info.max)  # 1e308
+    if log_y and y_hi > 1e308:  # plotext's log ticks (10 ** x) overflow past 1e308
+        clip = True
+        y_hi = 1e308
+        y_lo = min(y_lo, 1e307)
     x_lo, x_hi = (lo, hi) if hi > lo else (lo - 1, hi + 1)
+    if log_y:
+        # plotext pads a data range narrower than about 1e-5 of its values (a constant lr
+        # of 3e-4) by +-1 before taking its log: log10(<= 0), a math domain error. Two
+        # blank points at the axis' ends (widened above) keep the data range as wide.
+        fig.draw(fig.signal([x_lo, x_lo], [y_lo, y_hi], marker=plt.marker(" ")))
     many = len(views) > 1
     legend = []
     for n, v in enumerate(views):
@@ -552,7 +642,8 @@ def render_chart(
         sample = "⣿" if symbol == "braille" else symbol
         pixel = colour if color else None
         if v.xs:
-            s = fig.signal(v.xs, v.ys, marker=plt.marker(symbol, pixel=pixel))
+            ys = [min(max(y, y_lo), y_hi) for y in v.ys] if clip else v.ys
+            s = fig.signal(v.xs, ys, marker=plt.marker(symbol, pixel=pixel))
             s.lines(True)
             for i in v.breaks:
                 s.line(i, False)
@@ -572,6 +663,9 @@ def render_chart(
         fig.ruler("y").scale("log")
     pos, labels = _x_ticks(lo, hi, width, integer_x)
     fig.ruler("x").ticks(pos, labels)
+    if len(title) > width:  # plotext drops a title wider than the chart: cut its middle
+        head = (width - 1) // 2
+        title = title[:head] + "…" + title[len(title) - (width - 1 - head) :]
     fig.title(title)
     fig.label(x_label, "x")
     text = fig.build().string(colorless=not color).rstrip("\n")
@@ -699,6 +793,11 @@ def read_all(src: RunSource, select: Any, since: int | None) -> None:
     src.offset, src.carry = 0, b""
     if not src.path.is_file():
         return
+    try:
+        st = os.stat(src.path)
+        src.inode = (st.st_dev, st.st_ino)
+    except OSError:
+        return
     end = _complete_end(src.path)
     read_columns(src.path, select, since=since, end=end, into=src.columns)
     src.offset = end
@@ -706,32 +805,29 @@ def read_all(src: RunSource, select: Any, since: int | None) -> None:
 
 def poll(src: RunSource, select: Any, since: int | None) -> bool:
     """Take the lines appended to ``src``'s file since the last read; True when some came.
-    A file that shrank (rewritten) is read again from its start."""
-    from expr_tracker.history.codec import decode_line
+    A file that shrank (rewritten) or is another file now (replaced) is read again from
+    its start."""
+    from expr_tracker.history.reader import decode_appended
 
     try:
-        size = os.stat(src.path).st_size
+        st = os.stat(src.path)
     except OSError:
         return False
-    if size < src.offset:
+    size = st.st_size
+    if size < src.offset or (src.inode is not None and (st.st_dev, st.st_ino) != src.inode):
+        # rewritten, or replaced by another file (a run deleted and started again): its
+        # bytes at our offset are not the continuation of what was read
         read_all(src, select, since)
         return True
+    if src.inode is None:  # a file that appeared after the first read
+        src.inode = (st.st_dev, st.st_ino)
     if size == src.offset:
         return False
     with open(src.path, "rb") as f:
         f.seek(src.offset)
         data = f.read(size - src.offset)
     src.offset += len(data)
-    parts = (src.carry + data).split(b"\n")
-    src.carry = parts.pop()
-    rows = []
-    for raw in parts:
-        try:
-            rec = decode_line(raw)
-        except ValueError:
-            continue
-        if isinstance(rec, dict):
-            rows.append(rec)
+    rows, src.carry = decode_appended(src.carry, data)
     src.columns.add_rows(rows)
     return bool(rows)
 
@@ -768,8 +864,10 @@ def _check(args: argparse.Namespace) -> None:
         raise PlotError(f"--width {args.width} is not valid: at least 30 cells", 2)
     if args.height is not None and args.height < 6:
         raise PlotError(f"--height {args.height} is not valid: at least 6 lines", 2)
-    if args.interval <= 0:
-        raise PlotError(f"--interval {args.interval:g} is not valid: seconds > 0", 2)
+    if not (0 < args.interval <= 86400):  # NaN too: time.sleep would raise
+        raise PlotError(
+            f"--interval {args.interval:g} is not valid: seconds, > 0 and at most 86400", 2
+        )
     try:
         runfiles.check_rank(args.rank)
     except ValueError as exc:
@@ -793,10 +891,12 @@ def _plot(args: argparse.Namespace, out: IO[str]) -> int:
     select = _selector(patterns)
     for src in sources:
         read_all(src, select, args.since)
-    problems = missing_patterns(patterns, sources)
+    problems = missing_patterns(patterns, sources, args.since)
     if problems:
         live = [s for s in sources if _status(s.info) == "running"]
         if not (args.follow and live):  # no row can come that would have it
+            if args.since is not None and not any(s.columns.rows for s in sources):
+                raise PlotError(_nothing_since(sources, args.since))
             raise PlotError("; ".join(problems))
         for p in problems:  # a live run may log it later
             sys.stderr.write(f"et plot: warning: {p} (yet; waiting)\n")
@@ -813,6 +913,22 @@ def _plot(args: argparse.Namespace, out: IO[str]) -> int:
     return _follow(plt, sources, patterns, select, args, layout, color, out)
 
 
+def _nothing_since(sources: list[RunSource], since: int) -> str:
+    """The error for a ``--since`` beyond every run's last step (not an unknown metric)."""
+    from expr_tracker.history.reader import JsonlReader
+
+    parts = []
+    for src in sources:
+        try:
+            rows = JsonlReader(src.path).tail_rows(1) if src.path.is_file() else []
+        except OSError:
+            rows = []
+        step = rows[-1].get("_step") if rows else None
+        last = f"its last step is {step}" if type(step) is int else "it has no rows"
+        parts.append(f"{src.label}: {last}")
+    return f"nothing to plot from step {since} on (--since {since}): " + "; ".join(parts)
+
+
 def _wait_for_defaults(sources: list[RunSource], interval: float) -> list[str]:
     """--follow without metrics: the main metrics once some run has rows."""
     while True:
@@ -822,6 +938,63 @@ def _wait_for_defaults(sources: list[RunSource], interval: float) -> list[str]:
                 raise PlotError("nothing to plot: the runs ended without a numeric metric")
             return names
         time.sleep(interval)
+
+
+_ANSI = re.compile(r"\x1b\[[0-9;?]*[A-Za-z]")
+
+
+def _cells(line: str) -> int:
+    """The terminal columns ``line`` takes (colour codes none, wide characters two)."""
+    plain = _ANSI.sub("", line)
+    return sum(
+        0 if unicodedata.combining(c) else 2 if unicodedata.east_asian_width(c) in "WF" else 1
+        for c in plain
+    )
+
+
+def _screen(text: str, rows: int, first: bool, cols: int = 0) -> str:
+    """A ``--follow`` frame for a terminal of ``rows`` lines and ``cols`` columns: drawn
+    from the top-left corner over the last one (each line cleared before it is written,
+    the rest of the screen after), so it does not flicker; the first frame clears the
+    screen. A frame taller than the terminal (a line wider than it counts as the lines it
+    wraps to) is cut to it, with a last line saying so: written whole, its top would scroll
+    out of sight and every redraw would push a screenful into the scrollback."""
+    lines = text.rstrip("\n").split("\n")
+    room = max(2, rows) - 1  # the cursor ends on the line below the frame
+
+    def height(line: str) -> int:
+        return max(1, -(-_cells(line) // cols)) if cols > 0 else 1
+
+    if sum(height(line) for line in lines) > room:
+        kept: list[str] = []
+        used = 0
+        for line in lines:
+            if used + height(line) > room - 1:
+                break
+            kept.append(line)
+            used += height(line)
+        note = f"({len(lines) - len(kept)} more lines: fewer metrics or a smaller --height)"
+        lines = kept + [note[: cols - 1] if cols > 1 else note]
+    body = "".join(f"\x1b[K{line}\n" for line in lines) + "\x1b[J"
+    return ("\x1b[H\x1b[2J" if first else "\x1b[H") + body
+
+
+class _Terminated(Exception):
+    """SIGTERM while following (raised by the handler :func:`_on_sigterm_raise` installs)."""
+
+
+def _on_sigterm_raise() -> Any:
+    """Make SIGTERM raise :class:`_Terminated` (so the cursor is shown again before the
+    process ends); the previous handler, or None where no handler can be installed (not
+    the main thread)."""
+
+    def handler(signum: int, frame: Any) -> None:
+        raise _Terminated()
+
+    try:
+        return signal.signal(signal.SIGTERM, handler)
+    except ValueError:
+        return None
 
 
 def _follow(
@@ -840,16 +1013,23 @@ def _follow(
     except (AttributeError, ValueError):
         pass
 
+    first = True
+
     def draw() -> None:
+        nonlocal first
         text = frame(plt, sources, patterns, args, layout(), color)
         if tty:
-            out.write("\x1b[H\x1b[2J" + text)
+            size = shutil.get_terminal_size((100, 30))
+            out.write(_screen(text, size.lines, first, size.columns))
+            first = False
         else:
             out.write(text + "\n")
         out.flush()
 
+    previous = None
     if tty:
         out.write("\x1b[?25l")  # hide the cursor while frames replace each other
+        previous = _on_sigterm_raise()  # `timeout 60 et plot -f`: the cursor comes back too
     try:
         draw()
         watched = [s for s in sources if s.info is not None]
@@ -869,9 +1049,13 @@ def _follow(
         return 0
     except KeyboardInterrupt:
         return 130
+    except _Terminated:
+        return 128 + signal.SIGTERM
     finally:
+        if previous is not None:
+            signal.signal(signal.SIGTERM, previous)
         if tty:
-            out.write("\x1b[?25h")
+            out.write("\x1b[?25h")  # the frame's last line ends with a newline
         try:
             out.flush()
         except (OSError, ValueError):

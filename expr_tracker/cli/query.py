@@ -104,20 +104,28 @@ def run_query(args: argparse.Namespace, out: IO[str] | None = None) -> int:
         return 1
     try:
         from expr_tracker.query.api import execute, missing_file
-        from expr_tracker.query.views import connect, describe, import_duckdb
+        from expr_tracker.query.views import connect, describe, import_duckdb, no_runs_note
 
         duckdb = import_duckdb()
     except ImportError as exc:
         sys.stderr.write(f"et query: {exc}\n")
         return 1
-    if sql is None:
+    try:
         con = connect(root, cache_dir=args.cache_dir)
+    except FileNotFoundError as exc:  # DIR is a file, or vanished
+        sys.stderr.write(f"et query: {exc}\n")
+        return 1
+    note = no_runs_note(con, root)
+    if note:
+        sys.stderr.write(f"et query: {note}\n")
+    if sql is None:
         try:
             return _print_schema(describe(con), args, out)
         finally:
             con.close()
     for attempt in (1, 2):
-        con = connect(root, cache_dir=args.cache_dir)
+        if attempt == 2:
+            con = connect(root, cache_dir=args.cache_dir)
         sink = _Sink(args.output, out, binary=args.format == "parquet")
         try:
             rel = execute(con, sql)
@@ -129,12 +137,19 @@ def run_query(args: argparse.Namespace, out: IO[str] | None = None) -> int:
             if attempt == 1 and missing_file(exc) and not sink.wrote_stdout:
                 continue  # a cache part replaced under the query: refresh once more
             return _sql_error(exc, con)
+        except ResultError as exc:
+            sink.abort()
+            sys.stderr.write(f"et query: {exc}\n")
+            return 2
         except OSError as exc:
             sink.abort()
             if isinstance(exc, BrokenPipeError):
                 raise
             sys.stderr.write(f"et query: cannot write {args.output or 'stdout'}: {exc}\n")
             return 1
+        except BaseException:  # Ctrl-C or a bug: no half-written temporary file stays
+            sink.abort()
+            raise
         finally:
             con.close()
     return 1  # pragma: no cover
@@ -237,16 +252,22 @@ class _Sink:
 
 def json_value(v: Any) -> Any:
     """A result value as JSON data: floats stay floats (NaN/±inf included), decimals become
-    floats, dates and times ISO 8601 text, lists and structs recursively; other values
-    their ``str()``."""
+    floats (a decimal without a fraction, as DuckDB's HUGEINT ``sum()`` of integers, an
+    int), dates and times ISO 8601 text, intervals seconds (a month counted as 30 days, as
+    DuckDB's ``epoch()`` does), lists and structs recursively; other values their
+    ``str()``."""
     if v is None or type(v) in (bool, int, float, str):
         return v
     if isinstance(v, decimal.Decimal):
+        if v.is_finite() and v.as_tuple().exponent >= 0:  # type: ignore[operator]
+            return int(v)
         return float(v)
     if isinstance(v, (_dt.datetime, _dt.date, _dt.time)):
         return v.isoformat()
     if isinstance(v, _dt.timedelta):
         return v.total_seconds()
+    if type(v).__name__ == "MonthDayNano":  # pyarrow's interval (DuckDB's INTERVAL)
+        return (v.months * 30 + v.days) * 86400 + v.nanoseconds / 1e9
     if isinstance(v, dict):
         return {str(k): json_value(x) for k, x in v.items()}
     if isinstance(v, (list, tuple)):
@@ -353,12 +374,26 @@ def _write(rel: Any, args: argparse.Namespace, sink: _Sink) -> None:
         _write_table(reader, names, args.max_rows, sink)
 
 
+class ResultError(Exception):
+    """The result cannot be written in the format asked for (exit 2)."""
+
+
 def _write_parquet(reader: Any, names: list[str], path: Path) -> None:
     import pyarrow as pa
     import pyarrow.parquet as pq
 
     schema = pa.schema([f.with_name(n) for f, n in zip(reader.schema, names, strict=True)])
-    with pq.ParquetWriter(path, schema) as writer:
+    bad = [f"{f.name!r} ({f.type})" for f in schema if "interval" in str(f.type)]
+    if bad:
+        raise ResultError(
+            f"Parquet cannot hold the INTERVAL column {', '.join(bad)}: give it in seconds "
+            "in the SQL (epoch(ended - started)), or use --format csv or json"
+        )
+    try:
+        writer = pq.ParquetWriter(path, schema)
+    except (pa.ArrowNotImplementedError, pa.ArrowInvalid) as exc:
+        raise ResultError(f"Parquet cannot hold this result: {exc}") from None
+    with writer:
         for batch in reader:
             writer.write_batch(pa.RecordBatch.from_arrays(batch.columns, schema=schema))
 

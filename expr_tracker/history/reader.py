@@ -115,6 +115,24 @@ def iter_rows(path: str | os.PathLike[str], end: int | None = None) -> Iterator[
                 warn_no_step(None, path)
 
 
+def decode_appended(carry: bytes, data: bytes) -> tuple[list[dict[str, Any]], bytes]:
+    """The complete lines of ``carry + data`` (bytes appended to a JSONL file since the last
+    read) decoded: ``(records, new_carry)``, where ``new_carry`` is the unfinished last line
+    to prepend next time. Undecodable lines and lines that are not JSON objects are skipped
+    (``et history --follow`` and ``et plot --follow`` read a live file this way)."""
+    parts = (carry + data).split(b"\n")
+    new_carry = parts.pop()
+    rows = []
+    for raw in parts:
+        try:
+            rec = decode_line(raw)
+        except ValueError:
+            continue
+        if isinstance(rec, dict):
+            rows.append(rec)
+    return rows, new_carry
+
+
 def merge_by_step(rows: Iterable[dict[str, Any]]) -> list[dict[str, Any]]:
     """Merge rows sharing a ``_step`` (later rows win per key), in order of first appearance.
 

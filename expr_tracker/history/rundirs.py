@@ -17,8 +17,9 @@ from typing import Any
 from expr_tracker.history.paths import parse_metrics_name
 from expr_tracker.history.runinfo import read_run_info
 
-#: how deep below the searched folder runs are looked for
-MAX_DEPTH = 4
+#: how deep below the searched folder runs are looked for: 6 reaches the runs of a Hydra
+#: multirun whose jobs change directory (``multirun/<date>/<time>/<job>/runs/<project>/<name>``)
+MAX_DEPTH = 6
 #: ``run[.S][.rankN].json``: one per producer (stream and rank)
 RUN_FILE_RE = re.compile(r"^run(?:\.([A-Za-z0-9_-]+?))??(?:\.rank(\d+))?\.json$")
 #: a run's combined status is the worst of its producers' (a higher number is worse)
@@ -28,12 +29,26 @@ SEVERITY = {"finished": 0, "running": 1, "failed": 2, "crashed": 3}
 def find_runs(root: str | os.PathLike[str], max_depth: int = MAX_DEPTH) -> list[Path]:
     """Directories under ``root`` (itself included) that hold a run: a ``run*.json`` of any
     producer (stream, rank) or a metrics file of any producer. Hidden folders and a
-    project's artifact store are not searched; a run does not hold runs."""
+    project's artifact store are not searched; a run does not hold runs. Symbolic links to
+    folders are followed (a folder of hand-picked runs linked from elsewhere); a folder
+    reached twice (two links, a link cycle) is searched once, by its first path in name
+    order."""
     root = Path(root)
     found: list[Path] = []
     base = len(root.parts)
-    for dirpath, dirnames, filenames in os.walk(root):
+    seen: set[tuple[int, int]] = set()
+    for dirpath, dirnames, filenames in os.walk(root, followlinks=True):
         p = Path(dirpath)
+        dirnames.sort()
+        try:
+            st = os.stat(dirpath)
+        except OSError:
+            dirnames[:] = []
+            continue
+        if (st.st_dev, st.st_ino) in seen:
+            dirnames[:] = []
+            continue
+        seen.add((st.st_dev, st.st_ino))
         if any(RUN_FILE_RE.match(f) or parse_metrics_name(f) for f in filenames):
             found.append(p)
             dirnames[:] = []  # a run does not hold runs
@@ -51,9 +66,14 @@ def find_runs(root: str | os.PathLike[str], max_depth: int = MAX_DEPTH) -> list[
 
 def producer_infos(run_dir: str | os.PathLike[str]) -> dict[str, dict[str, Any]]:
     """Each producer's ``run[.S][.rankN].json`` of ``run_dir`` (file name -> its content,
-    ``{}`` when unreadable), by file name; a dead ``running`` producer reads ``crashed``."""
+    ``{}`` when unreadable), by file name; a dead ``running`` producer reads ``crashed``.
+    A run directory that is gone (deleted since it was found) has none."""
     out: dict[str, dict[str, Any]] = {}
-    for q in sorted(Path(run_dir).iterdir()):
+    try:
+        entries = sorted(Path(run_dir).iterdir())
+    except OSError:
+        return out
+    for q in entries:
         if RUN_FILE_RE.match(q.name) and q.is_file():
             out[q.name] = read_run_info(q, repair=False) or {}
     return out

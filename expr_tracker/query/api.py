@@ -57,6 +57,8 @@ def query(
         ValueError: a bad ``output_type`` or an empty ``sql``.
         QueryError: DuckDB rejected or failed the SQL (its message, then the views and
             their columns).
+        TypeError: ``dir`` or ``cache_dir`` is not a path, or ``params`` is not a list,
+            tuple or dict.
         FileNotFoundError: ``dir`` does not exist.
         ImportError: duckdb/pyarrow (or the output's library) is missing, naming
             ``pip install 'expr-tracker[query]'``.
@@ -64,6 +66,10 @@ def query(
     kind = check_output_type(output_type)
     if not isinstance(sql, str) or not sql.strip():
         raise ValueError(f"sql must be a non-empty string of SQL, not {sql!r}")
+    check_path("dir", dir)
+    if cache_dir is not None:
+        check_path("cache_dir", cache_dir)
+    check_params(params)
     _check_output_library(kind)
     from expr_tracker.query.views import connect, import_duckdb
 
@@ -77,12 +83,30 @@ def query(
             # compacting it): refresh again, once
             if attempt == 1 and missing_file(exc):
                 continue
-            raise query_error(con, exc, sql) from None
+            raise query_error(con, exc, sql, dir) from None
         except duckdb.Error as exc:
-            raise query_error(con, exc, sql) from None
+            raise query_error(con, exc, sql, dir) from None
         finally:
             con.close()
     raise AssertionError("unreachable")  # pragma: no cover
+
+
+def check_path(field: str, value: Any) -> None:
+    """TypeError naming ``field`` when ``value`` is not a path (a str or os.PathLike)."""
+    if not isinstance(value, (str, os.PathLike)):
+        raise TypeError(
+            f"{field} must be a path (a str or os.PathLike, e.g. 'runs'), not {value!r}"
+        )
+
+
+def check_params(params: Any) -> None:
+    """TypeError naming ``params`` unless it is None, a list/tuple (for ``?``) or a dict
+    (for ``$name``); a string would be taken as a sequence of its characters."""
+    if params is not None and not isinstance(params, (list, tuple, dict)):
+        raise TypeError(
+            "params must be a list or tuple (values for ?) or a dict (values for $name), "
+            f"not {params!r}"
+        )
 
 
 def missing_file(exc: Exception) -> bool:
@@ -98,15 +122,20 @@ def execute(con: Any, sql: str, params: Any = None) -> Any:
     return con.sql(sql, params=params)
 
 
-def query_error(con: Any, exc: Exception, sql: str) -> QueryError:
-    """A :class:`QueryError` for DuckDB's ``exc``, listing the views of ``con``."""
-    from expr_tracker.query.views import describe
+def query_error(con: Any, exc: Exception, sql: str, root: Any = None) -> QueryError:
+    """A :class:`QueryError` for DuckDB's ``exc``, listing the views of ``con`` (and saying
+    so when no run was found under ``root``)."""
+    from expr_tracker.query.views import describe, no_runs_note
 
+    message = str(exc)
     try:
         views = describe(con)
+        note = no_runs_note(con, root) if root is not None else None
     except Exception:  # noqa: BLE001 - the message matters more than the listing
-        views = {}
-    return QueryError(str(exc), sql, views)
+        views, note = {}, None
+    if note:
+        message = f"{message.rstrip()}\n({note})"
+    return QueryError(message, sql, views)
 
 
 def arrow_table(rel: Any) -> Any:

@@ -162,7 +162,9 @@ def _usable(d: Path) -> int | None:
         return None
 
 
-def _temp_dir() -> Path:
+def _temp_dir(tried: str) -> Path:
+    """This process's temporary cache root (warned once); ``tried``: where the cache could
+    not be written, for the warning."""
     global _temp_root, _warned_temp
     if _temp_root is None:
         import atexit
@@ -173,10 +175,10 @@ def _temp_dir() -> Path:
     if not _warned_temp:
         _warned_temp = True
         log.warning(
-            "expr_tracker: the query cache cannot be written beside the runs nor under %s; "
+            "expr_tracker: the query cache cannot be written %s; "
             "using a temporary folder for this process (%s): queries work, but the next "
             "process decodes the JSONL again",
-            _xdg_root(),
+            tried,
             _temp_root,
         )
     return _temp_root
@@ -201,7 +203,12 @@ def _open_cache(
             current = _current_read_only(src, sfd, kind, d)
             if current is not None:
                 return d, None, current
-    d = _temp_dir() / digest
+    tried = (
+        f"under cache_dir {str(cache_dir)!r}"
+        if cache_dir is not None
+        else f"beside the runs nor under {_xdg_root()}"
+    )
+    d = _temp_dir(tried) / digest
     fd = _usable(d)
     if fd is None:  # pragma: no cover - the temp dir we just made is not writable
         raise OSError(errno.EACCES, f"no writable folder for the query cache of {src}")

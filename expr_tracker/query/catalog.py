@@ -152,6 +152,11 @@ def discover(root: str | os.PathLike[str]) -> list[Producer]:
     Raises ``FileNotFoundError`` when ``root`` is not a directory.
     """
     root = Path(root)
+    if root.is_file():
+        raise FileNotFoundError(
+            f"{str(root)!r} is a file: give a folder of runs or a run directory "
+            f"(this file's run: {str(root.parent)!r})"
+        )
     if not root.is_dir():
         raise FileNotFoundError(f"no run directory or folder of runs at {str(root)!r}")
     producers: list[Producer] = []

@@ -231,7 +231,7 @@ def _identity_values(run_dir: Path, prod: Producer) -> dict[str, Any]:
     if steps is None and type(info.get("steps")) is int:
         steps = info["steps"]
     started, ended = info.get("started_at"), info.get("ended_at")
-    if not _num(ended) and producer_status(info) == "running":
+    if not _num(ended):  # running, or killed before it could write ended_at: its last row
         ended = last_time
     # to the millisecond, as run.json's duration_s (finer differences are noise)
     duration = round(ended - started, 3) if _num(started) and _num(ended) else None
@@ -351,7 +351,7 @@ def compare_runs(
     runs: Iterable[str | os.PathLike[str]],
     *,
     root: str | os.PathLike[str] = "runs",
-    metrics: Sequence[str] | None = None,
+    metrics: str | Sequence[str] | None = None,
     include_equal: bool = False,
     stream: str | None = None,
     rank: int | None = None,
@@ -362,8 +362,8 @@ def compare_runs(
         runs: each a run directory's path, or ``project/name`` / ``name`` of a run under
             ``root``.
         root: where names are looked up (default ``./runs``).
-        metrics: summary keys to show, names or globs (``"val/*"``); a pattern also matches
-            a nested summary's top key (``"val/acc"`` picks ``val/acc.max``). Default: every
+        metrics: summary keys to show, names or globs (``"val/*"``), a list or ``"a,b"``;
+            a pattern also matches a nested summary's top key (``"val/acc"`` picks ``val/acc.max``). Default: every
             numeric summary key but span timings (``time_ms/...``, ``count/...``).
         include_equal: also list config and identity keys whose values are equal.
         stream, rank: the producer compared in each run (default: the main stream, rank 0,
@@ -384,7 +384,8 @@ def compare_runs(
         key's value is None there (a null value is None and not missing). Identity keys:
         ``status`` (the worst of all the run's producers, as ``et runs``), ``steps``
         (highest step + 1 of the compared metrics file), ``duration_s`` (seconds; a running
-        run's up to its last row), ``tags``, ``group``, ``git.commit``, ``git.dirty``.
+        run's, or a killed one's, up to its last row), ``tags``, ``group``, ``git.commit``,
+        ``git.dirty``.
         ``best`` lists the runs holding the best value (ties: all; NaN never; none when
         fewer than two runs have a number, when all are equal or the direction is unknown). ``goal`` comes from
         a ``define_metric(goal=...)`` of the runs, else from the name (see
@@ -395,8 +396,21 @@ def compare_runs(
             close matches) or several (listing them), a stream or rank a run lacks,
             ``metrics`` patterns that match no summary key.
     """
+    if not isinstance(root, (str, os.PathLike)):
+        raise CompareError(f"root={root!r} is not valid: give a folder's path (default 'runs')")
     root_p = Path(root)
-    given = [os.fspath(r) for r in runs]
+    if isinstance(runs, (str, bytes, os.PathLike)):
+        raise CompareError(
+            f"runs={runs!r} is one value: give a list of two or more runs (run directories, "
+            "project/name or name)"
+        )
+    given = []
+    for r in runs:
+        if not isinstance(r, (str, os.PathLike)):
+            raise CompareError(
+                f"runs: {r!r} is not a run: give run directories, project/name or name (strings)"
+            )
+        given.append(os.fspath(r))
     if len(given) < 2:
         raise CompareError(f"compare needs at least two runs, got {len(given)}: {given!r}")
     try:
@@ -406,6 +420,13 @@ def compare_runs(
     if rank is not None and (type(rank) is not int or rank < 0):
         raise CompareError(f"rank={rank!r} is not valid: an integer >= 0")
     if metrics is not None:
+        if isinstance(metrics, str):  # "loss,val/*", as on the command line
+            metrics = metrics.split(",")
+        for m in metrics:
+            if not isinstance(m, str):
+                raise CompareError(
+                    f"metrics: {m!r} is not a name or glob: give strings such as 'loss', 'val/*'"
+                )
         metrics = [m.strip() for m in metrics if m and m.strip()]
         if not metrics:
             raise CompareError("metrics: empty; give names or globs such as 'loss,val/*'")

@@ -164,6 +164,13 @@ def _as_list(value: Any, name: str) -> list[str] | None:
     if isinstance(value, str):
         items = [v.strip() for v in value.split(",")]
     else:
+        ok = isinstance(value, (list, tuple, set, frozenset))
+        ok = ok and all(isinstance(v, str) or (name == "rank" and _is_int(v)) for v in value)
+        if not ok:
+            what = "numbers" if name == "rank" else "names"
+            raise ExportError(
+                f"{name}={value!r} is not valid: give a string 'a,b' or a list of {what}"
+            )
         items = [str(v) for v in value]
     items = [v for v in items if v]
     if not items:
@@ -171,10 +178,16 @@ def _as_list(value: Any, name: str) -> list[str] | None:
     return items
 
 
+def _is_int(v: Any) -> bool:
+    return isinstance(v, int) and not isinstance(v, bool)
+
+
 def _rank_filter(rank: Any) -> set[int] | None:
     if rank is None:
         return None
-    if isinstance(rank, int) and not isinstance(rank, bool):
+    if _is_int(rank):
+        if rank < 0:
+            raise ExportError(f"rank={rank!r}: ranks are 0 or more")
         return {rank}
     out = set()
     for item in _as_list(rank, "rank") or []:
@@ -309,12 +322,20 @@ def _column_names(metrics: list[str]) -> list[str]:
 # -- the row stream ---------------------------------------------------------------------------
 
 
+def _part_batches(pf: Any, cols: list[str]) -> Iterator[Any]:
+    """The batches of one cache part, a row group at a time: one ``iter_batches`` over a
+    whole file keeps allocating (pyarrow 26: +32 MB per ~20M rows read, freed only when the
+    reader ends), which put a 10M-step export past its 500 MB budget."""
+    for rg in range(pf.metadata.num_row_groups):
+        yield from pf.iter_batches(batch_size=BATCH_ROWS, row_groups=[rg], columns=cols)
+
+
 def _ordered_batches(src: _Source, pa: Any, tmpdir: str) -> Iterator[Any]:
     """Record batches ``step, time, metric, value, text, line`` in (step, line) order."""
     cols = ["step", "time", "metric", "value", "text", "line"]
     if src.in_order:
         for pf in _parts(src):
-            yield from pf.iter_batches(batch_size=BATCH_ROWS, columns=cols)
+            yield from _part_batches(pf, cols)
         return
     duckdb = _need_duckdb()
     con = duckdb.connect(
@@ -336,7 +357,7 @@ def _ordered_batches(src: _Source, pa: Any, tmpdir: str) -> Iterator[Any]:
 
         def parts() -> Iterator[Any]:
             for pf in _parts(src):
-                yield from pf.iter_batches(batch_size=BATCH_ROWS, columns=cols)
+                yield from _part_batches(pf, cols)
 
         con.register(
             "parts",
@@ -571,9 +592,14 @@ def _write(path: Path, fmt: str, schema: Any, batches: Iterator[Any]) -> int:
             yield b
 
     if fmt == "parquet":
+        import pyarrow as pa
         import pyarrow.parquet as pq
 
-        with pq.ParquetWriter(str(path), schema, compression="zstd") as w:
+        # no min/max statistics on the metric values: Parquet's leave NaN out, and DuckDB
+        # (by default) takes them to mean a row group holds no NaN, so `WHERE isnan(v)` or
+        # `WHERE v > 1e9` on the export would skip the row groups that hold NaN
+        stats = [f.name for f in schema if f.name == "time" or not pa.types.is_floating(f.type)]
+        with pq.ParquetWriter(str(path), schema, compression="zstd", write_statistics=stats) as w:
             for b in counted():
                 if b.num_rows:
                     w.write_batch(b)
@@ -596,6 +622,8 @@ def _temp_beside(path: Path) -> Path:
 
 
 def _remove(p: Path) -> None:
+    if not os.path.lexists(p):  # (unlink on a read-only mount fails with EROFS, not ENOENT)
+        return
     if p.is_dir() and not p.is_symlink():
         shutil.rmtree(p, ignore_errors=True)
     else:
@@ -638,10 +666,51 @@ def _put_in_place(tmp: Path, path: Path, overwrite: bool) -> None:
     if tmp.is_file() and path.is_file():
         os.replace(tmp, path)
         return
+    _check_replaceable(path)  # again: it may have changed during the export
     old = path.with_name(f".{path.name}.{os.getpid()}.old")
     os.rename(path, old)
     os.rename(tmp, path)
     _remove(old)
+
+
+def _foreign_entry(path: Path) -> Path | None:
+    """The first entry of the directory ``path`` that is not part of an export's layout
+    (``project=P/run=R/part*.<parquet|csv|jsonl>``), else None."""
+    exts = tuple("." + e for e in _EXTENSIONS.values())
+    for level, pattern in enumerate(("project=", "run=")):
+        dirs = [path] if level == 0 else [d for d in path.iterdir()]
+        for d in dirs:
+            for entry in d.iterdir():
+                if entry.is_symlink() or not entry.is_dir() or not entry.name.startswith(pattern):
+                    return entry
+                if level == 1:
+                    for f in entry.iterdir():
+                        name = f.name
+                        if (
+                            f.is_symlink()
+                            or not f.is_file()
+                            or not name.startswith("part")
+                            or not name.endswith(exts)
+                        ):
+                            return f
+    return None
+
+
+def _check_replaceable(path: Path) -> None:
+    """With --overwrite, an existing directory is replaced only when it holds an earlier
+    export and nothing else: a folder of the user's own files is never deleted."""
+    if path.is_symlink() or not path.is_dir():
+        return  # a file (or a link: the link is replaced, never what it points to)
+    try:
+        foreign = _foreign_entry(path)
+    except OSError as exc:
+        raise ExportError(f"-o {path}: cannot check what the directory holds ({exc})") from None
+    if foreign is not None:
+        raise ExportError(
+            f"-o {path} --overwrite: the directory holds {foreign}, which is not part of an "
+            "earlier export (project=P/run=R/part*.parquet|csv|jsonl); --overwrite replaces only "
+            "an earlier export: choose another -o, or move those files away"
+        )
 
 
 def producer_file_name(p: Any, fmt: str) -> str:
@@ -713,6 +782,11 @@ def export_runs(
         raise ExportError(f"format={format!r} is not valid: use one of {', '.join(FORMATS)}")
     if layout not in LAYOUTS:
         raise ExportError(f"layout={layout!r} is not valid: use one of {', '.join(LAYOUTS)}")
+    for name, flag in (("partition", partition), ("overwrite", overwrite)):
+        if flag is not None and not isinstance(flag, bool):
+            raise ExportError(f"{name}={flag!r} is not valid: use True or False")
+    if cache_dir is not None and not isinstance(cache_dir, (str, os.PathLike)):
+        raise ExportError(f"cache_dir={cache_dir!r} is not valid: give a folder's path")
     patterns = _as_list(metrics, "metrics")
     src_path = Path(source)
     if not src_path.exists():
@@ -720,6 +794,11 @@ def export_runs(
             f"source {str(src_path)!r} does not exist (give a run directory or a folder of runs)"
         )
     out = Path(path)
+    if out.name in ("", ".."):
+        raise ExportError(
+            f"-o {os.fspath(path)!r} names no file or folder of its own (it is '.', '..' or '/'); "
+            "give a new name, e.g. -o ./export"
+        )
     if os.path.lexists(out) and not overwrite:
         raise ExportError(
             f"{out} exists; pass --overwrite (overwrite=True) to replace it, or choose another -o"
@@ -737,6 +816,8 @@ def export_runs(
     producers = _select_producers(producers, stream, rank)
     run_dirs = {p.run_dir.resolve() for p in producers}
     _check_output(out, run_dirs)
+    if overwrite:
+        _check_replaceable(out)
     one_run = src_path.resolve() in run_dirs and len(run_dirs) == 1
     if partition is None:
         partition = not one_run
@@ -797,6 +878,13 @@ def export_runs(
             files = 1
         size = _tree_size(tmp)
         _put_in_place(tmp, out, overwrite)
+    except OSError as exc:  # a full disk, a read-only folder: say where
+        _remove(tmp)
+        why = exc.strerror or str(exc)
+        msg = f"export to {out} failed: {why}" + (
+            f" ({exc.filename})" if exc.filename and exc.strerror else ""
+        )
+        raise (OSError(exc.errno, msg) if exc.errno else OSError(msg)) from exc
     except BaseException:
         _remove(tmp)
         raise
@@ -828,6 +916,14 @@ def _check_output(out: Path, run_dirs: set[Path]) -> None:
                 f"-o {out}: the output would be written over or inside the run directory {d} "
                 "being exported; choose a path outside it"
             )
+    from expr_tracker.query.catalog import _producers_of
+
+    if target.parent.is_dir() and _producers_of(target.parent):
+        # another run's folder: --overwrite would replace its metrics.jsonl or config.json
+        raise ExportError(
+            f"-o {out}: the output would be written inside the run directory {target.parent}; "
+            "choose a path outside it"
+        )
 
 
 def _tree_size(p: Path) -> int:

@@ -377,21 +377,9 @@ def _fast_metrics(chunk: bytes, first_line: int) -> tuple[Any, Any] | None:
     return table.combine_chunks(), steps
 
 
-#: the JSON fields of a span line the vectorised path reads, with their types
-_SPAN_JSON = (
-    ("_step", "int64"),
-    ("name", "string"),
-    ("depth", "int32"),
-    ("start", "float64"),
-    ("dur_ms", "float64"),
-    ("id", "int64"),
-    ("parent", "int64"),
-    ("pid", "int64"),
-    ("tid", "int64"),
-    ("thread", "string"),
-    ("task", "string"),
-    ("error", "string"),
-)
+#: the JSON fields of a span line the vectorised path reads, with their types: the part's
+#: fields from ``step`` (read as ``_step``) to ``error``
+_SPAN_JSON = (("_step", "int64"), *SPANS_FIELDS[1 : [k for k, _ in SPANS_FIELDS].index("args")])
 
 
 def decode_spans_block(chunk: bytes, first_line: int) -> Any:

@@ -29,6 +29,7 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
+from expr_tracker._warn import Warner
 from expr_tracker.query.tables import (
     ALERTS_COLUMNS,
     ARTIFACTS_COLUMNS,
@@ -343,13 +344,40 @@ def _nan_aware(con: Any) -> None:
         con.execute("SET disabled_optimizers = 'filter_pushdown,statistics_propagation'")
 
 
+_unreadable = Warner()
+
+
 def _refresh(refresh: Any, source: Path, kind: str, cache_dir: Path | None) -> Any:
     """The producer's cache, None when its file vanished since it was found (a run being
-    deleted): that producer then has no rows, like a run without the file."""
+    deleted) or cannot be read (a colleague's run without read permission; warned once per
+    file): that producer then has no rows, like a run without the file, and the other runs
+    still answer."""
     try:
         return refresh(source, kind, cache_dir=cache_dir)
     except FileNotFoundError:
         return None
+    except PermissionError as exc:
+        _unreadable.warn(
+            str(source),
+            "expr_tracker: cannot read %s (%s): its rows are left out of the %s view",
+            source,
+            exc.strerror or exc,
+            kind,
+        )
+        return None
+
+
+def no_runs_note(con: Any, root: str | os.PathLike[str]) -> str | None:
+    """A note for a connection of :func:`connect` that found no run under ``root`` (None
+    when it found some): where runs are looked for, so an empty answer is not a mystery."""
+    from expr_tracker.history.rundirs import MAX_DEPTH
+
+    if con.execute("SELECT count(*) FROM _et_runs").fetchall()[0][0]:
+        return None
+    return (
+        f"no runs under {str(root)!r} (a run is a folder holding a run*.json or "
+        f"metrics*.jsonl, searched down to {MAX_DEPTH} folders below it)"
+    )
 
 
 def describe(con: Any) -> dict[str, list[tuple[str, str]]]:

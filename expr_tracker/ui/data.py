@@ -15,6 +15,7 @@ lists the point in ``nonfinite`` as ``{"x", "step", "kind": "nan"|"inf"|"-inf"}`
 
 from __future__ import annotations
 
+import dataclasses
 import itertools
 import json
 import math
@@ -53,6 +54,37 @@ def producer_label(p: Producer) -> str:
     return base if p.rank == 0 else f"{base}/rank{p.rank}"
 
 
+#: the file fields of a Producer
+FILE_FIELDS = ("metrics", "spans", "alerts", "run_file", "summary", "config", "artifacts")
+
+
+def _inside(path: Path, root_real: str) -> bool:
+    real = os.path.realpath(path)
+    return real == root_real or real.startswith(root_real.rstrip(os.sep) + os.sep)
+
+
+def contained(p: Producer, root: Path) -> Producer | None:
+    """``p`` as served from ``root``: None when its run directory resolves outside ``root``
+    (a symbolic link out of it), and without the files that resolve outside (a linked
+    ``metrics.jsonl``). Discovery follows links, as ``et runs`` does; the dashboard serves
+    only what lies inside the folder it was given."""
+    root_real = os.path.realpath(root)
+    if not _inside(p.run_dir, root_real):
+        return None
+    outside = {
+        f: None
+        for f in FILE_FIELDS
+        if getattr(p, f) is not None and not _inside(getattr(p, f), root_real)
+    }
+    return dataclasses.replace(p, **outside) if outside else p
+
+
+def _gone(prods: list[Producer]) -> None:
+    """FileNotFoundError when the run's directory was deleted since it was found."""
+    if not prods[0].run_dir.is_dir():
+        raise FileNotFoundError(f"run directory {str(prods[0].run_dir)!r} is gone")
+
+
 class Catalog:
     """The runs under ``root``, re-discovered at most every :data:`DISCOVER_TTL` seconds."""
 
@@ -70,7 +102,9 @@ class Catalog:
             if now - self._at > DISCOVER_TTL:
                 runs: dict[str, list[Producer]] = {}
                 for p in discover(self.root):
-                    runs.setdefault(p.run_id, []).append(p)
+                    q = contained(p, self.root)
+                    if q is not None:
+                        runs.setdefault(q.run_id, []).append(q)
                 self._runs, self._at = runs, now
             return self._runs
 
@@ -168,7 +202,8 @@ def _num(v: Any) -> float | None:
 
 
 def run_row(run_id: str, prods: list[Producer], cache_dir: Path | None, con: Any) -> dict:
-    """One line of the runs table."""
+    """One line of the runs table (FileNotFoundError: the run was deleted)."""
+    _gone(prods)
     main = prods[0]
     infos = producer_infos(main.run_dir)
     status = worst_status(producer_status(v) for v in infos.values())
@@ -526,6 +561,7 @@ def new_points(catalog: Catalog, run_id: str, after: int, x: str = "step") -> di
                 )
     finally:
         con.close()
+    _gone(prods)
     status = worst_status(producer_status(v) for v in producer_infos(prods[0].run_dir).values())
     return {"max_step": max_step, "reset": reset, "metrics": out, "status": status}
 

@@ -124,3 +124,30 @@ def test_the_console_script_in_a_fresh_process(two_runs):
     assert p.returncode == 0, p.stderr
     assert "lr" in p.stdout and "0.01" in p.stdout and p.stderr == ""
     assert "\x1b[" not in p.stdout  # piped: no colour codes
+
+
+def test_a_sweep_wider_than_the_terminal_continues_below_never_squeezed(tmp_path, capsys):
+    """Six runs at 80 columns: the runs that do not fit go to another block below (with the
+    key column), so every run's name, every value and the best marks are shown whole; the
+    table was squeezed to headers all reading `sweep/l…`, `0.0003` as `0.00…` and the best
+    `0.123456 *` cut to `0.123456…`."""
+    root = tmp_path / "runs"
+    lrs = (0.1, 0.03, 0.01, 0.003, 0.001, 0.0003)
+    for lr in lrs:
+        et.init(project="sweep", name=f"lr-{lr}-bs-64", config={"lr": lr}, dir=str(root))
+        for s in range(3):
+            et.log({"train/loss": 0.123456 / lr / (s + 1), "val/accuracy": 0.9 - lr})
+        et.finish()
+    names = [f"lr-{lr}-bs-64" for lr in lrs]
+    assert main(["compare", *names, "--dir", str(root), "--width", "80"]) == 0
+    out = capsys.readouterr().out
+    assert all(len(line) <= 80 for line in out.splitlines()), out
+    assert "…" not in out, out
+    for lr, name in zip(lrs, names, strict=True):
+        assert f"sweep/{name}" in out
+        assert f" {lr} " in out
+    assert "0.41152 *" in out  # best loss: lr 0.1, its last step
+    assert "0.8997 *" in out  # best accuracy: lr 0.0003
+    assert out.count("key ") == 3  # three blocks of two runs
+    assert main(["compare", *names[:2], "--dir", str(root), "--width", "5"]) == 2
+    assert "--width 5 is too narrow: give 20 or more" in capsys.readouterr().err

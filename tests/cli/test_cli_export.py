@@ -123,3 +123,41 @@ def test_ctrl_c_mid_export_leaves_no_file(tmp_path):
     assert len(lines) == 300000
     last = json.loads(lines[-1])
     assert last["step"] == 299999 and math.isclose(last["a"], 299999 * 0.5)
+
+
+@pytest.mark.parametrize("partition", ["--partition", "--no-partition"])
+def test_sigterm_mid_export_leaves_no_temporary(runs, tmp_path, partition):
+    """SIGTERM (kill, SLURM, Kubernetes) while the export is written: exit 143 and the
+    half-written `.PATH.<pid>.partial` is removed, as on Ctrl-C (a `**` glob over the parent
+    folder reads a leftover one). The export is held just before its rename."""
+    out_dir = tmp_path / "exports"
+    out_dir.mkdir()
+    code = (
+        "import sys, time\n"
+        "from expr_tracker.query import export\n"
+        "from expr_tracker.cli.main import main\n"
+        "size = export._tree_size\n"
+        "def held(p):\n"
+        "    print('written', flush=True)\n"
+        "    time.sleep(60)\n"
+        "    return size(p)\n"
+        "export._tree_size = held\n"
+        "sys.exit(main(sys.argv[1:]))\n"
+    )
+    src = runs / "proj" / "a"
+    before = (src / "metrics.jsonl").read_bytes()
+    args = ["export", str(src), "-o", str(out_dir / "a.csv"), partition]
+    proc = subprocess.Popen(
+        [sys.executable, "-c", code, *args], stdout=subprocess.PIPE, stderr=subprocess.PIPE
+    )
+    try:
+        assert proc.stdout.readline() == b"written\n"
+        assert [p.name.endswith(".partial") for p in out_dir.iterdir()] == [True]
+        proc.send_signal(signal.SIGTERM)
+        _, err = proc.communicate(timeout=60)
+    finally:
+        proc.kill()
+        proc.wait()
+    assert proc.returncode == 143, err
+    assert list(out_dir.iterdir()) == []
+    assert (src / "metrics.jsonl").read_bytes() == before  # the run untouched

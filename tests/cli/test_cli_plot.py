@@ -163,6 +163,9 @@ def test_usage_errors(runs, capsys):
         (["--since", "-1"], "--since"),
         (["--width", "5"], "--width"),
         (["--rank", "-2"], "--rank"),
+        (["-f", "--interval", "0"], "--interval 0 "),
+        (["-f", "--interval", "nan"], "--interval nan "),  # was a ValueError from sleep
+        (["-f", "--interval", "inf"], "--interval inf "),  # was an OverflowError
     ):
         code, _, err = plot(capsys, str(a), "loss", *bad)
         assert code == 2 and word in err
@@ -413,3 +416,237 @@ def test_runs_without_a_main_metrics_file(tmp_path, capsys):
     (shards / "metrics.rank1.jsonl").write_text('{"loss": 1.0, "_step": 0}\n')
     code, _, err = plot(capsys, str(shards))
     assert code == 1 and "only rank shards" in err and "--rank 1" in err
+
+
+def test_since_beyond_the_last_step_says_so_not_unknown_metric(runs, capsys):
+    _root, a, b = runs  # a: steps 0..299, b: 0..199
+    code, out, err = plot(capsys, str(a), str(b), "loss", "--since", "5000")
+    assert code == 1 and out == ""
+    assert "unknown metric" not in err and "no rows yet" not in err
+    assert "nothing to plot from step 5000 on" in err
+    assert "a: its last step is 299" in err and "b: its last step is 199" in err
+    code, _, err = plot(capsys, str(b), "lr", "--since", "10")  # lr: a's only, not b's
+    assert code == 1 and "unknown metric 'lr' from step 10 on" in err
+
+
+@pytest.mark.parametrize("width", [40, 70, 80, 123])
+def test_a_run_of_nans_is_marked_in_every_cell_it_covers(tmp_path, capsys, width):
+    root = tmp_path / "runs"
+    rows = [{"x": float("nan"), "y": 1.0 if i < 2500 else float("nan")} for i in range(5000)]
+    run = _run(root, "n", rows)
+    code, out, err = plot(capsys, str(run), "x", "y", "--width", str(width), "--height", "8")
+    assert code == 0, err
+    tops = [line for line in out.splitlines() if "┤" in line and "✗" in line]
+    assert len(tops) == 2  # one top edge per chart
+    x_cells = tops[0].split("┤", 1)[1].rstrip().rstrip("│")
+    assert x_cells == "✗" * len(x_cells)  # all NaN: no blank cell, not even the last
+    y_cells = tops[1].split("┤", 1)[1].rstrip().rstrip("│")
+    half = y_cells.lstrip(" ")
+    assert half == "✗" * len(half) and abs(len(half) - len(y_cells) / 2) <= 1
+
+
+def test_follow_on_a_small_terminal_keeps_each_frame_on_the_screen(runs, monkeypatch):
+    import shutil
+
+    from expr_tracker.cli.plot import run_plot
+
+    _root, a, _b = runs
+    monkeypatch.setattr(
+        shutil, "get_terminal_size", lambda fallback=None: os.terminal_size((80, 24))
+    )
+    out = _Tty()
+    args = _args(str(a), "loss", "acc", "lr", "-f", "--interval", "0.01")
+    assert run_plot(args, out) == 0
+    frames = out.getvalue().split("\x1b[H")[1:]
+    assert frames
+    for f in frames:
+        shown = re.sub(r"\x1b\[[0-9;?]*[A-Za-z]", "", f)
+        # 23 lines at most (the cursor ends on the 24th): a taller frame scrolls its top out
+        # of sight and pushes a screenful into the scrollback on every redraw
+        lines = shown.rstrip("\n").split("\n")
+        assert sum(max(1, -(-len(line) // 80)) for line in lines) <= 23  # wrapped lines too
+        assert "loss" in shown.split("\n")[0]  # the first chart's title stays in sight
+        assert "more lines: fewer metrics" in shown  # and it says what was cut
+    from expr_tracker.cli.plot import _screen
+
+    redraw = _screen("a\nb\n", 24, first=False)  # no blank screen between frames: no flicker
+    assert redraw == "\x1b[H\x1b[Ka\n\x1b[Kb\n\x1b[J"
+    # a line wider than the terminal wraps: it counts as the lines it takes
+    wide = _screen("\n".join(["x" * 100] * 10), 10, first=True, cols=40)
+    shown = re.sub(r"\x1b\[[0-9;?]*[A-Za-z]", "", wide).rstrip("\n").split("\n")
+    assert shown[:2] == ["x" * 100] * 2 and shown[2].startswith("(8 more lines")
+    assert sum(-(-len(line) // 40) for line in shown) <= 9
+
+
+def test_follow_reads_a_replaced_file_from_its_start(tmp_path):
+    from expr_tracker.cli.plot import RunSource, poll, read_all
+
+    p = tmp_path / "metrics.jsonl"
+    p.write_text("".join(json.dumps({"a": float(i), "_step": i}) + "\n" for i in range(10)))
+    src = RunSource("r", p, None)
+    select = lambda n: n == "a"  # noqa: E731
+    read_all(src, select, None)
+    # the run deleted and started again (another file, longer than what was read): its
+    # bytes at the old offset are not a continuation
+    new = tmp_path / "new.jsonl"
+    new.write_text("".join(json.dumps({"a": 100.0 + i, "_step": i}) + "\n" for i in range(30)))
+    os.replace(new, p)
+    assert poll(src, select, None)
+    col = src.columns.columns["a"]
+    assert list(col.values) == [100.0 + i for i in range(30)]
+    assert list(col.steps) == list(range(30))
+
+
+def test_rank_shards_of_one_run_overlaid_get_short_labels(tmp_path, capsys):
+    root = tmp_path / "runs"
+    run = _run(root, "job", [{"loss": 1.0 / (i + 1)} for i in range(20)])
+    (run / "metrics.rank1.jsonl").write_text(
+        "".join(json.dumps({"loss": 2.0 / (i + 1), "_step": i}) + "\n" for i in range(20))
+    )
+    code, out, err = plot(
+        capsys, str(run / "metrics.rank1.jsonl"), str(run), "loss", "--width", "60"
+    )
+    assert code == 0, err
+    legend = [line.split(":")[0].split()[-1] for line in out.splitlines() if "points" in line]
+    assert legend == ["job[rank1]/loss", "job/loss"]  # not the whole path of each
+
+
+def test_a_metric_name_wider_than_the_chart_keeps_a_title(tmp_path, capsys):
+    name = "train/" + "x" * 100 + "/loss"
+    run = _run(tmp_path / "runs", "long", [{name: float(i)} for i in range(10)])
+    code, out, err = plot(capsys, str(run), name, "--width", "40", "--height", "8")
+    assert code == 0, err
+    title = out.splitlines()[0].strip()
+    assert title.startswith("train/xxx") and title.endswith("xx/loss") and "…" in title
+    assert len(title) <= 40
+
+
+def test_runs_option_keeps_names_with_commas_whole(tmp_path, capsys):
+    root = tmp_path / "runs"
+    for lr in (0.1, 0.01):
+        _run(root, f"lr={lr},bs=32", [{"loss": lr * i} for i in range(20)], project="sw")
+    code, out, err = plot(
+        capsys, "--dir", str(root), "--runs", "sw/lr=0.1,bs=32,lr=0.01,bs=32", "loss",
+        "--width", "60",
+    )  # fmt: skip
+    assert code == 0, err
+    assert "lr=0.1,bs=32/loss: 20 points" in out and "lr=0.01,bs=32/loss: 20 points" in out
+    code, _, err = plot(capsys, "--dir", str(root), "--runs", "sw/lr=0.1,bs=32,nope", "loss")
+    assert code == 1 and "unknown run" in err and "'nope'" in err
+
+
+def test_a_metric_that_is_also_a_run_name_is_a_metric(tmp_path, capsys):
+    root = tmp_path / "runs"
+    run = _run(root, "mixed", [{"m": float(i), "b": float(i % 2)} for i in range(20)])
+    _run(root, "m", [{"loss": 1.0}], project="q")  # runs named like the metrics
+    _run(root, "b", [{"loss": 1.0}], project="q")
+    other = _run(root, "other", [{"m": 2.0 * i} for i in range(5)])
+    code, out, err = plot(
+        capsys, str(run), "m", "b", "--dir", str(root), "--width", "50", "--height", "8"
+    )
+    assert code == 0, err
+    legend = [line.split(":")[0].split()[-1] for line in out.splitlines() if "points" in line]
+    assert legend == ["mixed/m", "mixed/b"]  # not the runs q/m and q/b
+    # a run that is no metric is still a run
+    code, out, err = plot(capsys, str(run), "p/other", "m", "--dir", str(root), "--width", "50")
+    assert code == 0 and "other/m: 5 points" in out and "mixed/m: 20 points" in out
+    assert other.exists()
+
+
+def test_follow_on_a_terminal_shows_the_cursor_again_on_sigterm(tmp_path):
+    import pty
+    import threading
+
+    p = tmp_path / "metrics.jsonl"  # a bare file: followed until stopped
+    p.write_text("".join(json.dumps({"loss": float(i), "_step": i}) + "\n" for i in range(5)))
+    master, slave = pty.openpty()
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "expr_tracker.cli.main", "plot", str(p), "loss", "-f"]
+        + ["--interval", "0.05", "--width", "50", "--height", "8"],
+        stdout=slave,
+        stderr=subprocess.PIPE,
+        env={**os.environ, "PYTHONUNBUFFERED": "1"},
+    )
+    os.close(slave)
+    got = bytearray()
+    seen = threading.Event()
+
+    def read() -> None:
+        while True:
+            try:
+                data = os.read(master, 4096)
+            except OSError:
+                return
+            if not data:
+                return
+            got.extend(data)
+            if b"loss: 5 points" in got:
+                seen.set()
+
+    threading.Thread(target=read, daemon=True).start()
+    assert seen.wait(30), bytes(got)
+    assert b"\x1b[?25l" in got  # the cursor is hidden while following
+    proc.send_signal(signal.SIGTERM)  # `timeout 60 et plot -f`, a process manager
+    proc.wait(timeout=20)
+    time.sleep(0.2)
+    err = proc.stderr.read().decode()
+    assert proc.returncode == 128 + signal.SIGTERM, err
+    assert "Traceback" not in err
+    assert got.rstrip(b"\r\n").endswith(b"\x1b[?25h")  # and shown again
+    os.close(master)
+
+
+def test_a_project_directory_lists_its_runs(runs, capsys):
+    root, _a, _b = runs
+    code, out, err = plot(capsys, str(root / "p"), "loss")
+    assert code == 1 and out == ""
+    assert "is no run but holds 2 runs: a, b" in err and "--runs" in err
+
+
+def test_a_metric_name_with_glob_characters_is_plotted_by_its_name(tmp_path, capsys):
+    rows = [{"grad[3]": float(i), "grad[x]": 2.0 * i, "g": 1.0} for i in range(10)]
+    run = _run(tmp_path / "runs", "br", rows)
+    code, out, err = plot(capsys, str(run), "grad[3]", "--width", "50", "--height", "8")
+    assert code == 0, err
+    assert "br/grad[3]: 10 points, last 9 at step 9" in out and "grad[x]" not in out
+    code, out, err = plot(capsys, str(run), "grad*", "--width", "50", "--height", "8")
+    assert code == 0 and "grad[3]: 10 points" in out and "grad[x]: 10 points" in out
+
+
+def _write(path: Path, rows: list[dict]) -> Path:
+    path.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    return path
+
+
+def test_log_y_of_a_constant_or_nearly_constant_series(tmp_path, capsys):
+    # plotext pads such a data range by +-1 and took log10 of <= 0: a math domain error
+    p = _write(
+        tmp_path / "metrics.jsonl",
+        [{"lr": 3e-4, "acc": 1.0 + i * 1e-15, "_step": i} for i in range(50)],
+    )
+    code, out, err = plot(capsys, str(p), "lr", "acc", "--log-y", "--width", "60", "--height", "10")
+    assert code == 0, err
+    assert "/lr: 50 points, last 0.0003 at step 49" in out
+    row = next(line for line in out.splitlines() if "┤⠠⠤" in line)  # the line's row
+    assert row.lstrip().startswith("3.0e-4┤")  # drawn at its value
+    assert "/acc: 50 points, last 1 at step 49" in out
+
+
+def test_values_near_the_float_limits(tmp_path, capsys):
+    rows = [
+        {"x": 1e308 if i % 2 else -1e308, "c": 1.7e308, "tiny": 5e-324 * (i + 1), "_step": i}
+        for i in range(50)
+    ]
+    p = _write(tmp_path / "metrics.jsonl", rows)
+    for extra in ([], ["--log-y"]):  # the range overflowed plotext's scaling (NaN ticks)
+        code, out, err = plot(capsys, str(p), "x", "c", "tiny", "--width", "60", *extra)
+        assert code == 0, err
+        assert "/x: " in out and "/c: 50 points, last 1.7e+308" in out and "/tiny: 50" in out
+
+
+def test_step_ticks_of_huge_steps(tmp_path, capsys):
+    p = _write(tmp_path / "metrics.jsonl", [{"a": 1.0, "_step": i * 10**15} for i in range(50)])
+    code, out, err = plot(capsys, str(p), "a", "--width", "60", "--height", "8")
+    assert code == 0, err
+    assert _tick_line(out)[-1] == "4.9e+16"  # not 4.9e+07G
+    assert "G" not in " ".join(_tick_line(out))

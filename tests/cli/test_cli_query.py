@@ -224,3 +224,54 @@ def test_o_into_a_missing_folder_exits_1_and_files_get_ordinary_permissions(runs
         os.umask(old)
     assert dest.stat().st_mode & 0o777 == 0o644
     assert dest.read_text() == "x\n1\n"
+
+
+def test_dir_that_is_a_metrics_file_is_a_clean_error(runs, capsys):
+    code, out, err = cli(capsys, "SELECT count(*) FROM metrics", runs / "p" / "a" / "metrics.jsonl")
+    assert code == 1 and out == ""
+    assert "is a file" in err and str(runs / "p" / "a") in err
+
+
+def test_no_runs_found_says_where_runs_are_looked_for(tmp_path, capsys):
+    (tmp_path / "empty").mkdir()
+    code, out, err = cli(
+        capsys, "SELECT count(*) AS n FROM metrics", tmp_path / "empty", "--format", "csv"
+    )
+    assert code == 0 and out.splitlines() == ["n", "0"]
+    assert "no runs under" in err and "6 folders below" in err
+    # a column of runs that do not exist: the error says no run was found
+    code, _, err = cli(capsys, 'SELECT "config.lr" FROM runs', tmp_path / "empty")
+    assert code == 2 and "no runs under" in err
+
+
+def test_parquet_of_an_interval_is_a_clean_error_and_leaves_no_file(runs, tmp_path, capsys):
+    dest = tmp_path / "out" / "d.parquet"
+    dest.parent.mkdir()
+    sql = "SELECT run, ended - started AS d FROM runs"
+    code, _, err = cli(capsys, sql, runs, "--format", "parquet", "-o", dest)
+    assert code == 2 and "'d'" in err and "INTERVAL" in err and "epoch(" in err
+    assert list(dest.parent.iterdir()) == []
+
+
+def test_json_sum_of_integers_is_an_int_and_an_interval_seconds(runs, capsys):
+    sql = "SELECT sum(steps) AS s, INTERVAL 90 SECOND AS iv, 1.25::DECIMAL(5, 2) AS d FROM runs"
+    code, out, _ = cli(capsys, sql, runs, "--format", "jsonl")
+    assert code == 0
+    row = json.loads(out)
+    assert row == {"s": 4, "iv": 90.0, "d": 1.25} and type(row["s"]) is int
+    code, out, _ = cli(capsys, sql, runs, "--format", "csv")
+    assert out.splitlines()[1] == "4,90.0,1.25"
+
+
+def test_ctrl_c_while_writing_o_file_leaves_no_temporary_file(runs, tmp_path, capsys, monkeypatch):
+    import expr_tracker.cli.query as cq
+
+    def interrupted(rel, args, sink):
+        sink.text().write("run,step\n")
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(cq, "_write", interrupted)
+    dest = tmp_path / "out" / "m.csv"
+    dest.parent.mkdir()
+    code = main(["query", "SELECT * FROM metrics", str(runs), "--format", "csv", "-o", str(dest)])
+    assert code == 130 and list(dest.parent.iterdir()) == []

@@ -349,3 +349,47 @@ def test_an_empty_run_compares_and_nothing_is_written(tmp_path):
     assert loss["missing"] == [0] and loss["best"] == []
     steps = row(res, "identity", "steps")["values"]
     assert steps[1] == 1 and steps[0] in (0, None)
+
+
+def test_wrong_types_name_the_argument_and_a_metrics_string_is_a_list():
+    make_run("a", rows=[{"train/loss": 1.0, "val/acc": 0.5}])
+    make_run("b", rows=[{"train/loss": 2.0, "val/acc": 0.7}])
+    # "train/*" was taken letter by letter ('t', 'r', ... match no summary key)
+    res = compare_runs(["a", "b"], metrics="train/*")
+    assert keys(res, "summary") == ["train/loss"] and row(res, "summary", "train/loss")["best"] == [
+        0
+    ]
+    both = compare_runs(["a", "b"], metrics="val/acc, train/loss")
+    assert sorted(keys(both, "summary")) == ["train/loss", "val/acc"]
+    with pytest.raises(CompareError, match=r"runs='a' is one value: give a list of two or more"):
+        compare_runs("a")  # was: "run 'a'" ... looked up letter by letter
+    with pytest.raises(CompareError, match=r"runs: 3 is not a run"):
+        compare_runs(["a", 3])  # was a TypeError
+    with pytest.raises(CompareError, match=r"metrics: 1 is not a name or glob"):
+        compare_runs(["a", "b"], metrics=[1])  # was an AttributeError
+    with pytest.raises(CompareError, match=r"root=5 is not valid"):
+        compare_runs(["a", "b"], root=5)
+
+
+def test_a_killed_run_has_a_duration_up_to_its_last_row(tmp_path):
+    """A run killed (SIGKILL, OOM) never writes ended_at: its duration is up to its last row
+    (as for a running run); it was empty for the very runs a sweep's user looks into."""
+    import subprocess
+    import sys
+
+    make_run("fin", rows=[{"loss": 1.0}, {"loss": 0.5}])
+    code = (
+        "import os, signal, expr_tracker as et\n"
+        "et.init(project='p', name='dead', dir='runs')\n"
+        "for s in range(3):\n"
+        "    et.log({'loss': 0.1})\n"
+        "et.get_run().flush()\n"
+        "os.kill(os.getpid(), signal.SIGKILL)\n"
+    )
+    subprocess.run([sys.executable, "-c", code], timeout=60)
+    rows = [json.loads(line) for line in Path("runs/p/dead/metrics.jsonl").read_text().splitlines()]
+    started = json.loads(Path("runs/p/dead/run.json").read_text())["started_at"]
+    res = compare_runs(["fin", "dead"])
+    assert row(res, "identity", "status")["values"] == ["finished", "crashed"]
+    got = row(res, "identity", "duration_s")["values"][1]
+    assert got == round(rows[-1]["_time"] - started, 3)

@@ -6,6 +6,7 @@ from __future__ import annotations
 import json
 import math
 import os
+import re
 import subprocess
 import sys
 import textwrap
@@ -482,10 +483,44 @@ def test_an_existing_path_is_refused_without_overwrite(sweep, tmp_path):
     export_runs(sweep, d)
     with pytest.raises(ExportError, match="exists"):
         export_runs(sweep, d)
-    (d / "stale.txt").write_text("old")
+    stale = d / "project=old" / "run=gone" / "part.csv"
+    stale.parent.mkdir(parents=True)
+    stale.write_text("old")
     export_runs(sweep, d, overwrite=True, layout="long")
-    assert not (d / "stale.txt").exists()  # replaced whole, not merged into
+    assert not stale.exists()  # an earlier export is replaced whole, not merged into
     assert [p.name for p in tmp_path.iterdir() if p.name.startswith(".")] == []
+
+
+@pytest.mark.parametrize("partitioned", [True, False])
+def test_overwrite_never_deletes_a_directory_of_user_files(sweep, tmp_path, partitioned):
+    run_dir = next(p.run_dir for p in discover(sweep) if p.project == "p2")
+    d = tmp_path / "mydata"
+    export_runs(sweep, d)  # an earlier export...
+    (d / "thesis.tex").write_text("precious")  # ...that now holds a file of the user's
+    (d / "project=p2" / "notes.txt").write_text("mine")
+    with pytest.raises(ExportError, match=r"mydata --overwrite.*thesis\.tex.*not part of an"):
+        export_runs(sweep if partitioned else run_dir, d, overwrite=True)
+    (d / "thesis.tex").unlink()
+    with pytest.raises(ExportError, match=r"notes\.txt"):
+        export_runs(sweep if partitioned else run_dir, d, overwrite=True)
+    assert (d / "project=p2" / "notes.txt").read_text() == "mine"
+    plain = tmp_path / "plain"
+    plain.mkdir()
+    (plain / "a.txt").write_text("keep")
+    with pytest.raises(ExportError, match="a.txt"):
+        export_runs(sweep if partitioned else run_dir, plain, overwrite=True)
+    assert (plain / "a.txt").read_text() == "keep"
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["mydata", "plain"]
+
+
+def test_an_output_naming_the_current_folder_is_a_clear_error(sweep, tmp_path, monkeypatch):
+    work = tmp_path / "work"
+    work.mkdir()
+    monkeypatch.chdir(work)
+    for target in (".", "./", "..", "sub/.."):
+        with pytest.raises(ExportError, match="names no file or folder of its own"):
+            export_runs(sweep, target, overwrite=True)
+    assert list(work.iterdir()) == []
 
 
 def test_bad_arguments_name_the_argument_and_what_is_valid(sweep, tmp_path):
@@ -720,3 +755,117 @@ def test_a_path_that_appears_during_the_export_is_not_replaced(
     theirs = out / "theirs.txt" if partition else out
     assert theirs.read_text() == "theirs"
     assert sorted(p.name for p in tmp_path.iterdir()) == ["o.parquet"]
+
+
+def test_duckdb_finds_every_nan_in_an_export_with_its_default_settings(tmp_path):
+    """Parquet's min/max statistics leave NaN out, and DuckDB by default takes them to mean a
+    row group holds no NaN: the export writes none on the metric values, so a plain
+    `WHERE isnan(x)` over the export counts every NaN."""
+    r = _run(tmp_path / "runs", "p", "diverged")
+    for step in range(40):
+        r.log({"loss": float("nan") if step >= 25 else 1.0 / (step + 1)})
+    r.finish()
+    for layout, col in (("wide", '"loss"'), ("long", "value")):
+        out = tmp_path / f"{layout}.parquet"
+        export_runs(r.dir, out, layout=layout)
+        con = duckdb.connect()
+        q = f"SELECT count(*) FROM read_parquet('{out}') WHERE "
+        assert con.sql(q + f"isnan({col})").fetchall()[0][0] == 15, layout
+        assert con.sql(q + f"{col} > 1e9").fetchall()[0][0] == 15, layout  # NaN sorts above all
+        d = tmp_path / f"{layout}-dir"
+        export_runs(tmp_path / "runs", d, layout=layout)
+        q = f"SELECT count(*) FROM read_parquet('{d}/**/*.parquet') WHERE isnan({col})"
+        assert con.sql(q).fetchall()[0][0] == 15, layout
+
+
+def test_a_full_disk_names_the_output_and_leaves_nothing(sweep, tmp_path, monkeypatch):
+    import errno
+
+    from expr_tracker.query import export as export_mod
+
+    real_write = export_mod._write
+
+    def full(path, fmt, schema, batches):
+        real_write(path, fmt, schema, batches)  # a partial file is on disk...
+        raise OSError(errno.ENOSPC, "No space left on device")  # ...then the disk is full
+
+    monkeypatch.setattr(export_mod, "_write", full)
+    out_dir = tmp_path / "out"
+    out_dir.mkdir()
+    for target in (out_dir / "one.csv", out_dir / "many"):
+        with pytest.raises(
+            OSError, match=re.escape(f"export to {target} failed: No space left")
+        ) as ei:
+            export_runs(sweep if target.name == "many" else _p2(sweep), target)
+        assert ei.value.errno == errno.ENOSPC
+    assert list(out_dir.iterdir()) == []
+
+
+def test_a_read_only_mount_names_the_output(sweep, tmp_path, monkeypatch):
+    """On a read-only mount even unlink of a missing file fails (EROFS, not ENOENT): the
+    export's clean-up must not hide the real error, which names the output."""
+    import errno
+
+    ro = tmp_path / "ro"
+    ro.mkdir()
+
+    real = {}
+    for name in ("unlink", "mkdir"):
+        real["PosixPath." + name] = getattr(Path, name)
+
+    def patched(name):
+        def f(self, *a, **k):
+            if ro in self.parents:
+                raise OSError(errno.EROFS, "Read-only file system", str(self))
+            return real["PosixPath." + name](self, *a, **k)
+
+        return f
+
+    for name in ("unlink", "mkdir"):
+        monkeypatch.setattr(Path, name, patched(name))
+    with pytest.raises(
+        OSError, match=re.escape(f"export to {ro / 'x'} failed: Read-only file system")
+    ):
+        export_runs(sweep, ro / "x")
+
+
+def _p2(sweep: Path) -> Path:
+    return next(p.run_dir for p in discover(sweep) if p.project == "p2")
+
+
+def test_an_output_inside_another_run_directory_is_refused(tmp_path):
+    runs = tmp_path / "runs"
+    for name in ("a", "b"):
+        r = _run(runs, "p", name)
+        r.log({"loss": 1.0})
+        r.finish()
+    b = runs / "p" / "b"
+    before = {f.name: f.read_bytes() for f in b.iterdir() if f.is_file()}
+    for name in ("metrics.jsonl", "config.json", "new.parquet"):
+        with pytest.raises(ExportError, match="inside the run directory"):
+            export_runs(runs / "p" / "a", b / name, overwrite=True)
+    assert {f.name: f.read_bytes() for f in b.iterdir() if f.is_file()} == before
+    export_runs(runs / "p" / "a", runs / "a.parquet")  # beside the runs: fine
+
+
+def test_wrong_types_for_every_keyword_name_it_and_what_is_valid(sweep, tmp_path):
+    out = tmp_path / "o"
+    cases = {
+        "metrics": (5, "metrics=5 is not valid: give a string 'a,b' or a list of names"),
+        "stream": (5, "stream=5 is not valid: give a string 'a,b' or a list of names"),
+        "rank": (1.5, "rank=1.5 is not valid: give a string 'a,b' or a list of numbers"),
+        "partition": ("no", "partition='no' is not valid: use True or False"),
+        "overwrite": ("no", "overwrite='no' is not valid: use True or False"),
+        "cache_dir": (5, "cache_dir=5 is not valid: give a folder's path"),
+    }
+    for name, (bad, msg) in cases.items():
+        with pytest.raises(ExportError, match=re.escape(msg)):
+            export_runs(sweep, out, **{name: bad})
+    with pytest.raises(ExportError, match=r"rank=True is not valid"):
+        export_runs(sweep, out, rank=True)
+    with pytest.raises(ExportError, match=r"metrics=\['a', 3\] is not valid"):
+        export_runs(sweep, out, metrics=["a", 3])
+    with pytest.raises(ExportError, match=r"rank=-1: ranks are 0 or more"):
+        export_runs(sweep, out, rank=-1)
+    assert not out.exists()
+    assert export_runs(sweep, out, rank=[0, 1], overwrite=False)["files"] >= 1

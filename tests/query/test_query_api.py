@@ -179,3 +179,27 @@ def test_import_expr_tracker_imports_neither_duckdb_nor_pyarrow():
     code = "import sys, expr_tracker; print(sorted({'duckdb', 'pyarrow'} & set(sys.modules)))"
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
     assert out.stdout.strip() == "[]"
+
+
+def test_query_error_over_no_runs_says_none_were_found(tmp_path):
+    (tmp_path / "multirun").mkdir()
+    with pytest.raises(et.QueryError) as info:
+        et.query('SELECT "config.lr" FROM runs', tmp_path / "multirun")
+    assert "no runs under" in str(info.value) and "6 folders below" in info.value.message
+
+
+@pytest.mark.parametrize(
+    ("kwargs", "field"),
+    [
+        ({"params": 5}, "params"),
+        ({"params": "ab"}, "params"),  # not taken as the sequence ('a', 'b')
+        ({"dir": None}, "dir"),
+        ({"dir": 5}, "dir"),
+        ({"cache_dir": 5}, "cache_dir"),
+    ],
+)
+def test_wrong_types_name_the_keyword_and_the_value(tmp_path, kwargs, field):
+    (tmp_path / "runs").mkdir()
+    kwargs.setdefault("dir", tmp_path / "runs")
+    with pytest.raises(TypeError, match=rf"^{field} must be .*not {kwargs[field]!r}"):
+        et.query("SELECT ? AS a, ? AS b", **kwargs)

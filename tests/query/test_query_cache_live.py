@@ -447,3 +447,17 @@ def test_vectorised_and_line_by_line_span_decoders_agree(seed):
         ]
 
     assert norm(fast) == norm(slow)
+
+
+def test_an_unwritable_cache_dir_is_named_in_the_warning(tmp_path, monkeypatch, caplog):
+    src = tmp_path / "run" / "metrics.jsonl"
+    src.parent.mkdir()
+    src.write_bytes(b'{"a":1.0,"_step":0}\n')
+    blocked = tmp_path / "not-a-folder"
+    blocked.write_bytes(b"")
+    monkeypatch.setattr(qcache, "_warned_temp", False)
+    with caplog.at_level(logging.WARNING, logger="expr_tracker"):
+        c = refresh(src, "metrics", cache_dir=blocked)
+    assert cached(c) == expected(src)
+    assert f"under cache_dir {str(blocked)!r}" in caplog.text
+    assert "beside the runs" not in caplog.text

@@ -166,3 +166,36 @@ def test_hostile_run_names_kept_exactly(tmp_path):
     [p] = discover(tmp_path / "runs")
     assert (p.project, p.name, p.run_id) == ("pr'oj", name, f"pr'oj/{name}")
     assert p.metrics is not None and p.metrics.is_file()
+
+
+def test_hydra_multirun_with_chdir_is_found_from_the_multirun_folder(tmp_path):
+    # hydra.job.chdir=true: each job's ./runs is inside its job folder, six folders below
+    # multirun/ (<date>/<time>/<job>/runs/<project>/<name>); et query multirun finds them all
+    for n in range(3):
+        job = tmp_path / "multirun" / "2026-12-01" / "20-00-00" / str(n)
+        _run(job / "runs", "sweep", f"job{n}", steps=1)
+    prods = discover(tmp_path / "multirun")
+    assert sorted(p.run_id for p in prods) == [f"sweep/job{n}" for n in range(3)]
+
+
+def test_root_that_is_a_file_names_its_run(tmp_path):
+    _run(tmp_path, "p", "r", steps=1)
+    metrics = tmp_path / "p" / "r" / "metrics.jsonl"
+    with pytest.raises(FileNotFoundError, match="is a file") as info:
+        discover(metrics)
+    assert str(metrics.parent) in str(info.value)
+
+
+def test_symlinked_runs_are_found_once_and_a_link_cycle_ends(tmp_path):
+    # a folder of hand-picked runs linked from the sweep: a link to one run, a link to the
+    # whole sweep (which holds that run too) and a link back up (a cycle)
+    for n in ("a", "b"):
+        _run(tmp_path / "sweep", "p", n, steps=1)
+    picked = tmp_path / "picked"
+    picked.mkdir()
+    (picked / "a").symlink_to(tmp_path / "sweep" / "p" / "a")
+    (picked / "all").symlink_to(tmp_path / "sweep")
+    (picked / "up").symlink_to(tmp_path)
+    prods = discover(picked)
+    assert [p.run_id for p in prods] == ["p/a", "p/b"]
+    assert prods[0].run_dir == picked / "a"

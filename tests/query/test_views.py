@@ -656,3 +656,54 @@ def test_lines_without_a_step_are_left_out_as_et_history_does(tmp_path, cache, p
     hist = et.history(run=str(tmp_path / "runs" / "p" / "nostep"), output_type="records")
     want = [(r["_step"], k, v) for r in hist for k, v in sorted(r.items()) if k[0] != "_"]
     assert got == want
+
+
+def test_an_unreadable_metrics_file_leaves_out_that_run_only(tmp_path, monkeypatch, caplog):
+    # a colleague's run in a shared folder, its metrics file without read permission (as
+    # root permissions do not stop a read, so the open is made to fail as it would)
+    import expr_tracker.query.cache as cache
+
+    root = tmp_path / "runs"
+    make_run(root, "p", "mine", [{"loss": 1.0}, {"loss": 2.0}])
+    make_run(root, "p", "theirs", [{"loss": 5.0}])
+    real = cache.refresh
+    theirs = root / "p" / "theirs" / "metrics.jsonl"
+
+    def refresh(source, kind, **kw):
+        if Path(source) == theirs:
+            raise PermissionError(13, "Permission denied", str(source))
+        return real(source, kind, **kw)
+
+    monkeypatch.setattr(cache, "refresh", refresh)
+    rows = et.query(
+        "SELECT run, count(*) AS n FROM metrics GROUP BY run", root, output_type="dicts"
+    )
+    assert rows == [{"run": "p/mine", "n": 2}]
+    runs = et.query("SELECT run, status FROM runs ORDER BY run", root, output_type="dicts")
+    assert [r["run"] for r in runs] == ["p/mine", "p/theirs"]
+    assert "cannot read" in caplog.text and str(theirs) in caplog.text
+
+
+def test_a_run_deleted_while_the_views_are_built_is_left_out(tmp_path, monkeypatch):
+    # `rm -rf` of an old run while a dashboard queries in a loop: the run vanishes between
+    # its discovery and the reading of its files
+    import expr_tracker.query.cache as cache
+
+    root = tmp_path / "runs"
+    make_run(root, "p", "keep", [{"loss": 1.0}])
+    make_run(root, "p", "gone", [{"loss": 2.0}])
+    real = cache.refresh
+    gone = root / "p" / "gone"
+
+    def refresh(source, kind, **kw):
+        if Path(source).parent == gone:
+            shutil.rmtree(gone)
+        return real(source, kind, **kw)
+
+    monkeypatch.setattr(cache, "refresh", refresh)
+    rows = et.query(
+        "SELECT run, count(*) AS n FROM metrics GROUP BY run", root, output_type="dicts"
+    )
+    assert rows == [{"run": "p/keep", "n": 1}]
+    runs = et.query("SELECT run, status FROM runs ORDER BY run", root, output_type="dicts")
+    assert [r["run"] for r in runs] in (["p/keep"], ["p/gone", "p/keep"])

@@ -354,3 +354,25 @@ def test_web_stack_imported_only_when_serving():
     )
     assert p.returncode == 0, p.stderr
     assert p.stdout.strip().splitlines()[-1] == "[]"
+
+
+def test_a_linked_file_out_of_dir_is_not_read(tmp_path, ui_runs):
+    """Discovery follows links (as ``et runs``); the dashboard reads only what resolves
+    inside its folder: a ``metrics.jsonl`` linking out of it is left out, a run folder
+    linked from inside the folder to inside it is served."""
+    import shutil
+
+    root = tmp_path / "served"
+    run = root / "demo" / "linked"
+    run.mkdir(parents=True)
+    os.symlink(ui_runs / "demo" / "beta" / "metrics.jsonl", run / "metrics.jsonl")
+    inside = root / "demo" / "copy"
+    shutil.copytree(ui_runs / "demo" / "beta", inside, ignore=shutil.ignore_patterns(".et-cache"))
+    os.symlink(inside, root / "alias")
+    c = TestClient(create_app(root, cache_dir=tmp_path / "c"))
+    runs = {r["run"]: r for r in c.get("/api/runs").json()["runs"]}
+    assert runs.get("demo/linked", {}).get("steps") is None  # its linked file is not read
+    r = c.get("/api/series", params={"run": "demo/linked", "metric": "train/loss"})
+    assert r.status_code == 404
+    served = [r for r in runs.values() if r["steps"] == 25]
+    assert len(served) == 1  # the copy, reached twice (itself and the alias), served once
