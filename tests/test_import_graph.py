@@ -37,6 +37,7 @@ ALLOWED: dict[str, set[str]] = {
     "trace": LEAVES | {"history"},
     "artifacts": LEAVES | {"history"},
     "query": LEAVES | {"history"},
+    "ui": LEAVES | {"history", "query", "trace"},
     "plugins": {"spans"},
     "integrations": LEAVES | {"api", "runs", "spec", "history"},
     "testing": LEAVES | {"alerts"},

@@ -23,6 +23,7 @@ COMMAND_MODULES = (
     "history",
     "query",
     "plot",
+    "ui",
     "trace",
     "export",
     "rules",

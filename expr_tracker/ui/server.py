@@ -1,0 +1,226 @@
+"""The ``et ui`` web server: a Starlette app serving the page (static files of this package
+and plotly's bundled ``plotly.min.js``: no CDN, works offline) and read-only JSON endpoints
+(:mod:`expr_tracker.ui.data`). Only GET (and HEAD); nothing is written but the columnar
+cache. Starlette, uvicorn and plotly are imported when the app is made (the ``[ui]`` extra).
+
+Endpoints (every run is named by its ``run`` id from ``/api/runs``, looked up, never a path):
+
+- ``/api/runs``: every run (status, steps, duration, start, tags, group).
+- ``/api/run?run=ID``: a run's metrics, x-axis options, config, summary, alerts.
+- ``/api/series?run=ID&metric=M&x=step|time|METRIC&width=W[&lo=&hi=]``: one metric,
+  downsampled to ``W`` buckets over the x range ``[lo, hi]``.
+- ``/api/points?run=ID&after=STEP&x=...``: rows with a step above ``STEP`` (live polling).
+- ``/api/spans?run=ID[&start=&stop=]``: mean ms per span path over a step range.
+- ``/api/trace?run=ID[&start=&stop=]``: the Chrome Trace JSON (download, for Perfetto).
+- ``/api/compare?run=A&run=B...``: config/summary differences and the metrics of the runs.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from importlib import resources
+from pathlib import Path
+from typing import Any
+
+from expr_tracker.ui import data
+
+INSTALL_HINT = "pip install 'expr-tracker[ui]'"
+
+_STATIC = ("app.js", "style.css")
+_TYPES = {".js": "text/javascript; charset=utf-8", ".css": "text/css; charset=utf-8"}
+#: headers of every response: no framing, no sniffing, scripts only from this server
+SECURITY_HEADERS = {
+    "X-Content-Type-Options": "nosniff",
+    "X-Frame-Options": "DENY",
+    "Referrer-Policy": "no-referrer",
+    "Content-Security-Policy": (
+        "default-src 'self'; script-src 'self' 'unsafe-eval'; style-src 'self' 'unsafe-inline'; "
+        "img-src 'self' data: blob:; connect-src 'self'; object-src 'none'; base-uri 'none'; "
+        "frame-ancestors 'none'"
+    ),
+}
+
+
+def import_web() -> tuple[Any, Any]:
+    """(starlette, uvicorn) or ImportError naming the extra (also when duckdb or pyarrow,
+    which the data goes through, is missing)."""
+    try:
+        import duckdb  # noqa: F401
+        import pyarrow  # noqa: F401
+        import starlette  # noqa: F401
+        import uvicorn
+        from starlette import applications
+    except ImportError as exc:
+        raise ImportError(
+            f"et ui needs starlette and uvicorn ({exc.name} is missing): {INSTALL_HINT}"
+        ) from exc
+    return applications, uvicorn
+
+
+def plotly_js() -> bytes:
+    """plotly.js as bundled by the plotly Python package (ImportError naming the extra)."""
+    try:
+        import plotly
+    except ImportError as exc:
+        raise ImportError(f"et ui needs plotly (its bundled plotly.js): {INSTALL_HINT}") from exc
+    path = Path(plotly.__file__).parent / "package_data" / "plotly.min.js"
+    if path.is_file():
+        return path.read_bytes()
+    from plotly.offline import get_plotlyjs
+
+    return get_plotlyjs().encode("utf-8")
+
+
+def _static(name: str) -> bytes:
+    return resources.files("expr_tracker.ui").joinpath("static", name).read_bytes()
+
+
+def _dumps(obj: Any) -> bytes:
+    return json.dumps(data.jsonable(obj), allow_nan=False, separators=(",", ":")).encode("utf-8")
+
+
+def create_app(root: str | os.PathLike[str], *, cache_dir: str | os.PathLike[str] | None = None):
+    """The Starlette app serving the runs under ``root``.
+
+    Raises:
+        ImportError: starlette, uvicorn or plotly missing (names the extra).
+        FileNotFoundError: ``root`` is not a folder.
+    """
+    import_web()
+    from starlette.applications import Starlette
+    from starlette.responses import Response
+    from starlette.routing import Route
+
+    root = Path(root)
+    if not root.is_dir():
+        raise FileNotFoundError(f"DIR {str(root)!r} is not a folder (a folder of runs or a run)")
+    catalog = data.Catalog(root, cache_dir)
+    assets = {name: _static(name) for name in _STATIC}
+    assets["plotly.min.js"] = plotly_js()
+    index = _static("index.html")
+
+    def respond(body: bytes, media: str, status: int = 200, headers: dict | None = None):
+        h = dict(SECURITY_HEADERS)
+        h["Cache-Control"] = "no-store"
+        h.update(headers or {})
+        return Response(body, status_code=status, media_type=media, headers=h)
+
+    def as_json(obj: Any, status: int = 200) -> Any:
+        return respond(_dumps(obj), "application/json", status)
+
+    def q_int(request: Any, name: str, default: int | None = None) -> int | None:
+        v = request.query_params.get(name)
+        if v is None or v == "":
+            return default
+        try:
+            return int(v)
+        except ValueError:
+            raise data.BadRequest(f"{name}={v!r} is not an integer") from None
+
+    def q_str(request: Any, name: str) -> str:
+        v = request.query_params.get(name)
+        if not v:
+            raise data.BadRequest(f"missing query parameter {name!r}")
+        return v
+
+    def endpoint(fn: Any) -> Any:
+        def handler(request: Any) -> Any:
+            try:
+                return as_json(fn(request))
+            except data.NotFound as exc:
+                return as_json({"error": str(exc)}, 404)
+            except FileNotFoundError as exc:  # a run deleted while it was read
+                return as_json({"error": f"gone: {exc}"}, 404)
+            except data.BadRequest as exc:
+                return as_json({"error": str(exc)}, 400)
+
+        return handler
+
+    def page(request: Any) -> Any:
+        return respond(index, "text/html; charset=utf-8")
+
+    def static(request: Any) -> Any:
+        name = request.path_params["name"]
+        body = assets.get(name)
+        if body is None:
+            return respond(b"not found", "text/plain", 404)
+        return respond(body, _TYPES[Path(name).suffix], headers={"Cache-Control": "max-age=3600"})
+
+    def api_runs(request: Any) -> Any:
+        return {"root": str(root), "runs": data.runs_list(catalog)}
+
+    def api_run(request: Any) -> Any:
+        return data.run_detail(catalog, q_str(request, "run"))
+
+    def api_series(request: Any) -> Any:
+        qp = request.query_params
+        return data.series(
+            catalog,
+            q_str(request, "run"),
+            q_str(request, "metric"),
+            x=qp.get("x") or "step",
+            width=q_int(request, "width", 1000),  # type: ignore[arg-type]
+            lo=data.parse_float("lo", qp.get("lo")),
+            hi=data.parse_float("hi", qp.get("hi")),
+        )
+
+    def api_points(request: Any) -> Any:
+        return data.new_points(
+            catalog,
+            q_str(request, "run"),
+            q_int(request, "after", -1),  # type: ignore[arg-type]
+            request.query_params.get("x") or "step",
+        )
+
+    def api_spans(request: Any) -> Any:
+        return data.span_breakdown(
+            catalog, q_str(request, "run"), q_int(request, "start"), q_int(request, "stop")
+        )
+
+    def api_trace(request: Any) -> Any:
+        try:
+            run = q_str(request, "run")
+            trace = data.trace_json(catalog, run, q_int(request, "start"), q_int(request, "stop"))
+        except (data.NotFound, FileNotFoundError) as exc:
+            return as_json({"error": str(exc)}, 404)
+        except (data.BadRequest, ValueError) as exc:
+            return as_json({"error": str(exc)}, 400)
+        fname = "trace.json"
+        return respond(
+            _dumps(trace),
+            "application/json",
+            headers={"Content-Disposition": f'attachment; filename="{fname}"'},
+        )
+
+    def api_compare(request: Any) -> Any:
+        return data.compare(catalog, request.query_params.getlist("run"))
+
+    routes = [
+        Route("/", page, methods=["GET"]),
+        Route("/static/{name}", static, methods=["GET"]),
+        Route("/api/runs", endpoint(api_runs), methods=["GET"]),
+        Route("/api/run", endpoint(api_run), methods=["GET"]),
+        Route("/api/series", endpoint(api_series), methods=["GET"]),
+        Route("/api/points", endpoint(api_points), methods=["GET"]),
+        Route("/api/spans", endpoint(api_spans), methods=["GET"]),
+        Route("/api/trace", api_trace, methods=["GET"]),
+        Route("/api/compare", endpoint(api_compare), methods=["GET"]),
+    ]
+    app = Starlette(routes=routes)
+    app.state.catalog = catalog
+    return app
+
+
+def serve(
+    root: str | os.PathLike[str],
+    host: str = "127.0.0.1",
+    port: int = 8050,
+    *,
+    cache_dir: str | os.PathLike[str] | None = None,
+    log_level: str = "warning",
+) -> None:
+    """Serve the dashboard until interrupted (uvicorn)."""
+    _, uvicorn = import_web()
+    app = create_app(root, cache_dir=cache_dir)
+    uvicorn.run(app, host=host, port=port, log_level=log_level, server_header=False)

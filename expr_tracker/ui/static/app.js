@@ -1,0 +1,489 @@
+// et ui: the page. Every text from runs, metrics and config goes into the DOM as text
+// (text nodes, never parsed as HTML) and into Plotly (which renders a subset of HTML in titles,
+// legends and hover text) with <, > and & escaped.
+"use strict";
+
+const POLL_MS = 2000;
+const COLORS = ["#1f77b4", "#ff7f0e", "#2ca02c", "#d62728", "#9467bd", "#8c564b", "#e377c2",
+  "#7f7f7f", "#bcbd22", "#17becf"];
+let pollTimer = null;
+let page = 0; // bumped on every navigation: late answers of a left page are dropped
+
+// ------------------------------------------------------------------------- helpers
+
+function el(tag, attrs, ...children) {
+  const e = document.createElement(tag);
+  for (const [k, v] of Object.entries(attrs || {})) {
+    if (v === undefined || v === null) continue;
+    if (k === "class") e.className = v;
+    else if (k === "on") for (const [ev, fn] of Object.entries(v)) e.addEventListener(ev, fn);
+    else if (k in e && typeof v !== "string") e[k] = v;
+    else e.setAttribute(k, v);
+  }
+  for (const c of children.flat()) {
+    if (c === undefined || c === null) continue;
+    e.appendChild(typeof c === "object" ? c : document.createTextNode(String(c)));
+  }
+  return e;
+}
+
+// text for Plotly: it renders <b>, <br>, entities... in titles, names and hover text
+function esc(s) {
+  return String(s).replace(/&/g, "&amp;").replace(/</g, "&lt;").replace(/>/g, "&gt;");
+}
+
+function qs(params) {
+  const u = new URLSearchParams();
+  for (const [k, v] of Object.entries(params)) {
+    if (v === undefined || v === null || v === "") continue;
+    if (Array.isArray(v)) v.forEach((x) => u.append(k, x));
+    else u.append(k, v);
+  }
+  return u.toString();
+}
+
+async function api(path, params) {
+  const r = await fetch(`/api/${path}?${qs(params || {})}`);
+  const body = await r.json();
+  if (!r.ok) throw new Error(body.error || `HTTP ${r.status}`);
+  return body;
+}
+
+function fmtDuration(s) {
+  if (s === null || s === undefined) return "";
+  s = Math.max(0, s);
+  const h = Math.floor(s / 3600), m = Math.floor((s % 3600) / 60), sec = Math.floor(s % 60);
+  return h ? `${h}h${String(m).padStart(2, "0")}m` : m ? `${m}m${String(sec).padStart(2, "0")}s` : `${(s).toFixed(1)}s`;
+}
+
+function fmtTime(t) {
+  if (t === null || t === undefined) return "";
+  return new Date(t * 1000).toISOString().replace("T", " ").slice(0, 19);
+}
+
+function fmtValue(v) {
+  if (v === null) return "null";
+  if (typeof v === "object") return JSON.stringify(v);
+  if (typeof v === "number" && !Number.isInteger(v)) return String(Number(v.toPrecision(6)));
+  return String(v);
+}
+
+function main() { return document.getElementById("main"); }
+
+function setMain(...children) {
+  main().replaceChildren(...children.filter((c) => c !== null && c !== undefined));
+}
+
+function showError(err) {
+  setMain(el("p", { class: "error" }, String(err.message || err)));
+}
+
+function statusCell(st) {
+  return el("td", { class: `status-${st}` }, st);
+}
+
+function stopPolling() {
+  if (pollTimer) clearTimeout(pollTimer);
+  pollTimer = null;
+  document.getElementById("live").textContent = "";
+}
+
+// ------------------------------------------------------------------------- router
+
+function route() {
+  stopPolling();
+  page += 1;
+  window.scrollTo(0, 0);
+  const h = location.hash.replace(/^#/, "") || "/";
+  const [path, query] = h.split("?");
+  const params = new URLSearchParams(query || "");
+  if (path === "/run") return runPage(params.get("run"), page);
+  if (path === "/compare") return comparePage(params.getAll("run"), page);
+  return runsPage(page);
+}
+
+function runLink(run) { return "#/run?" + qs({ run }); }
+
+// ------------------------------------------------------------------------- runs page
+
+const runsState = { text: "", status: "", tag: "", group: "", selected: new Set() };
+
+async function runsPage(me) {
+  let data;
+  try { data = await api("runs"); } catch (e) { return showError(e); }
+  if (me !== page) return;
+  document.getElementById("root").textContent = data.root;
+  let runs = data.runs;
+  const uniq = (xs) => [...new Set(xs)].sort();
+  const statuses = uniq(runs.map((r) => r.status));
+  const tags = uniq(runs.flatMap((r) => r.tags));
+  const groups = uniq(runs.map((r) => r.group).filter((g) => g));
+  const select = (key, label, values) => el("label", {}, label + " ",
+    el("select", { id: `filter-${key}`, on: { change: (e) => { runsState[key] = e.target.value; draw(); } } },
+      el("option", { value: "" }, "all"),
+      values.map((v) => el("option", { value: v, selected: runsState[key] === v }, v))));
+  const compareBtn = el("button", { id: "compare", on: { click: () => {
+    location.hash = "#/compare?" + qs({ run: [...runsState.selected] });
+  } } }, "Compare selected");
+  const tbody = el("tbody", { id: "runs-body" });
+  const count = el("span", { class: "muted", id: "runs-count" });
+  setMain(
+    el("h2", {}, "Runs"),
+    el("div", { class: "filters" },
+      el("input", { id: "filter-text", type: "search", placeholder: "filter by name, project, tag…",
+        value: runsState.text, on: { input: (e) => { runsState.text = e.target.value; draw(); } } }),
+      select("status", "status", statuses), select("tag", "tag", tags), select("group", "group", groups),
+      compareBtn, count),
+    el("table", { id: "runs" },
+      el("thead", {}, el("tr", {}, ["", "run", "status", "steps", "duration", "started", "tags", "group"]
+        .map((h) => el("th", {}, h)))),
+      tbody));
+
+  function visible(r) {
+    const t = runsState.text.toLowerCase();
+    if (t && ![r.run, r.project || "", r.name, r.group || "", ...r.tags].some((s) => s.toLowerCase().includes(t))) return false;
+    if (runsState.status && r.status !== runsState.status) return false;
+    if (runsState.tag && !r.tags.includes(runsState.tag)) return false;
+    if (runsState.group && r.group !== runsState.group) return false;
+    return true;
+  }
+  function draw() {
+    const shown = runs.filter(visible);
+    tbody.replaceChildren(...shown.map((r) => el("tr", { "data-run": r.run },
+      el("td", {}, el("input", { type: "checkbox", checked: runsState.selected.has(r.run), on: { change: (e) => {
+        if (e.target.checked) runsState.selected.add(r.run); else runsState.selected.delete(r.run);
+        compareBtn.disabled = runsState.selected.size < 2;
+      } } })),
+      el("td", {}, el("a", { href: runLink(r.run) }, r.run)),
+      statusCell(r.status),
+      el("td", { class: "num" }, r.steps ?? ""),
+      el("td", { class: "num" }, fmtDuration(r.duration_s)),
+      el("td", {}, fmtTime(r.started_at)),
+      el("td", {}, r.tags.map((t) => el("span", { class: "tag" }, t))),
+      el("td", {}, r.group || ""))));
+    count.textContent = `${shown.length} of ${runs.length} runs`;
+    compareBtn.disabled = runsState.selected.size < 2;
+  }
+  draw();
+  // status and steps change while runs write: reload the rows now and then (the filters,
+  // their focus and the selection stay)
+  async function refresh() {
+    if (me !== page) return;
+    try {
+      const fresh = await api("runs");
+      if (me !== page) return;
+      runs = fresh.runs;
+      draw();
+    } catch (e) { /* the next refresh tries again */ }
+    if (me === page) pollTimer = setTimeout(refresh, 5000);
+  }
+  pollTimer = setTimeout(refresh, 5000);
+}
+
+// ------------------------------------------------------------------------- charts
+
+function ema(ys, w) {
+  const out = new Array(ys.length);
+  let s = null;
+  for (let i = 0; i < ys.length; i++) {
+    const y = ys[i];
+    if (y === null || !Number.isFinite(y)) { out[i] = null; continue; }
+    s = s === null ? y : w * s + (1 - w) * y;
+    out[i] = s;
+  }
+  return out;
+}
+
+function xOut(x, mode) { return mode === "time" ? new Date(x * 1000) : x; }
+
+function xIn(v, mode) {
+  if (mode !== "time") return Number(v);
+  if (typeof v === "number") return v / 1000;
+  return Date.parse(String(v).replace(" ", "T") + "Z") / 1000;
+}
+
+// the Plotly figure of one chart: per series the raw line (faint when smoothing), the EMA,
+// non-finite points as marks on a second y axis (0..1: NaN mid, +inf top, -inf bottom),
+// alert events as marks at the top with their message
+function figure(chart, opts) {
+  const traces = [];
+  const nonfinite = { x: [], y: [], text: [] };
+  chart.series.forEach((s, i) => {
+    const color = COLORS[i % COLORS.length];
+    const smooth = opts.smooth > 0;
+    traces.push({
+      type: "scatter", mode: s.x.length < 60 ? "lines+markers" : "lines",
+      name: esc(s.label), x: s.x.map((x) => xOut(x, opts.x)), y: s.y,
+      line: { color, width: smooth ? 1 : 1.5 }, marker: { size: 4 },
+      opacity: smooth ? 0.25 : 1, connectgaps: false, showlegend: !smooth,
+      meta: { role: "raw", series: s.label },
+    });
+    if (smooth) {
+      traces.push({
+        type: "scatter", mode: "lines", name: esc(s.label), x: s.x.map((x) => xOut(x, opts.x)),
+        y: ema(s.y, opts.smooth), line: { color, width: 2 }, meta: { role: "smooth", series: s.label },
+      });
+    }
+    for (const p of s.nonfinite) {
+      nonfinite.x.push(xOut(p.x, opts.x));
+      nonfinite.y.push(p.kind === "nan" ? 0.5 : p.kind === "inf" ? 0.97 : 0.03);
+      nonfinite.text.push(esc(`${s.label}: ${p.kind === "nan" ? "NaN" : p.kind === "inf" ? "+inf" : "-inf"} at step ${p.step}`));
+    }
+  });
+  if (nonfinite.x.length) {
+    traces.push({ type: "scatter", mode: "markers", name: "NaN/±inf", x: nonfinite.x, y: nonfinite.y,
+      yaxis: "y2", text: nonfinite.text, hoverinfo: "text",
+      marker: { symbol: "x", size: 9, color: "#d62728" }, meta: { role: "nonfinite" } });
+  }
+  const alerts = (chart.alerts || []).filter((a) => a.x !== null && a.x !== undefined);
+  if (alerts.length) {
+    traces.push({ type: "scatter", mode: "markers", name: "alerts", yaxis: "y2",
+      x: alerts.map((a) => xOut(a.x, opts.x)), y: alerts.map(() => 1.0),
+      text: alerts.map((a) => esc(`${a.event || a.state || ""} ${a.rule || ""}: ${a.message || ""}`)),
+      hoverinfo: "text",
+      marker: { symbol: alerts.map((a) => (a.event === "resolved" || a.state === "ok") ? "triangle-up" : "triangle-down"),
+        size: 11, color: alerts.map((a) => (a.event === "resolved" || a.state === "ok") ? "#2ca02c" : "#ff7f0e") },
+      meta: { role: "alerts" } });
+  }
+  const layout = {
+    title: { text: esc(chart.title), font: { size: 13 } },
+    margin: { l: 50, r: 10, t: 30, b: 35 },
+    showlegend: chart.series.length > 1 || nonfinite.x.length > 0 || alerts.length > 0,
+    legend: { orientation: "h", y: -0.2, font: { size: 10 } },
+    xaxis: { type: opts.x === "time" ? "date" : "linear", title: { text: opts.x === "step" || opts.x === "time" ? "" : esc(opts.x) } },
+    yaxis: { type: opts.log ? "log" : "linear" },
+    yaxis2: { overlaying: "y", range: [0, 1.02], visible: false, fixedrange: true },
+    uirevision: chart.uirev,
+  };
+  if (chart.range) { layout.xaxis.range = chart.range.map((v) => xOut(v, opts.x)); layout.xaxis.autorange = false; }
+  return { data: traces, layout };
+}
+
+// plotly.min.js loads async (the data is fetched meanwhile); charts wait for it
+const plotlyReady = new Promise((resolve, reject) => {
+  if (window.Plotly) return resolve();
+  const tag = document.getElementById("plotly-js");
+  tag.addEventListener("load", () => resolve());
+  tag.addEventListener("error", () => reject(new Error("plotly.js did not load")));
+});
+
+async function draw(chart, opts) {
+  await plotlyReady;
+  const f = figure(chart, opts);
+  return Plotly.react(chart.div, f.data, f.layout, { responsive: true, displaylogo: false });
+}
+
+function chartWidth(div) { return Math.max(100, Math.min(4000, Math.round(div.clientWidth || 560))); }
+
+// ------------------------------------------------------------------------- run page
+
+async function runPage(run, me) {
+  if (!run) return showError("no run given");
+  let d;
+  try { d = await api("run", { run }); } catch (e) { return showError(e); }
+  if (me !== page) return;
+  const opts = { x: "step", smooth: 0, log: false };
+  const charts = new Map(); // metric -> chart
+  const multi = d.producers.length > 1;
+  let maxStep = d.steps === null ? -1 : d.steps - 1;
+
+  const statusEl = el("span", { id: "run-status", class: `status-${d.status}` }, d.status);
+  const stepsEl = el("span", { id: "run-steps" }, d.steps ?? 0);
+  const xSelect = el("select", { id: "x-axis", on: { change: (e) => { opts.x = e.target.value; reloadAll(); } } },
+    el("option", { value: "step" }, "step"), el("option", { value: "time" }, "wall time"),
+    d.x_options.map((m) => el("option", { value: m }, m)));
+  const smoothVal = el("span", {}, "0");
+  const smooth = el("input", { id: "smooth", type: "range", min: "0", max: "0.99", step: "0.01", value: "0",
+    on: { input: (e) => { opts.smooth = Number(e.target.value); smoothVal.textContent = e.target.value; redrawAll(); } } });
+  const log = el("input", { id: "log-y", type: "checkbox", on: { change: (e) => { opts.log = e.target.checked; redrawAll(); } } });
+  const chartsBox = el("div", { id: "charts" });
+
+  // groups by the prefix before the first "/"
+  const groups = new Map();
+  function groupOf(m) { const i = m.indexOf("/"); return i > 0 ? m.slice(0, i) : ""; }
+  function addChart(metric) {
+    if (charts.has(metric)) return charts.get(metric);
+    const g = groupOf(metric);
+    if (!groups.has(g)) {
+      const box = el("div", { class: "charts" });
+      const sec = el("section", { class: "group", "data-group": g }, el("h3", {}, g || "(no prefix)"), box);
+      groups.set(g, box);
+      const keys = [...groups.keys()].sort();
+      const after = keys.indexOf(g) + 1 < keys.length ? chartsBox.querySelector(`section[data-group="${CSS.escape(keys[keys.indexOf(g) + 1])}"]`) : null;
+      chartsBox.insertBefore(sec, after);
+    }
+    const div = el("div", { class: "chart", "data-metric": metric });
+    groups.get(g).appendChild(div);
+    const chart = { metric, title: metric, div, series: [], range: null, uirev: 1, alerts: [] };
+    charts.set(metric, chart);
+    return chart;
+  }
+
+  function alertsFor(metric) {
+    const mine = d.alerts.filter((a) => a.metrics.includes(metric));
+    const list = mine.length ? mine : d.alerts.filter((a) => a.metrics.length === 0);
+    return list.map((a) => ({ ...a, x: opts.x === "step" ? a.step : opts.x === "time" ? a.time : null }));
+  }
+
+  async function load(chart) {
+    const params = { run, metric: chart.metric, x: opts.x, width: chartWidth(chart.div) };
+    if (chart.range) { params.lo = chart.range[0]; params.hi = chart.range[1]; }
+    const r = await api("series", params);
+    if (me !== page) return;
+    chart.series = r.traces.map((t) => ({ ...t, label: multi ? `${chart.metric} (${t.producer})` : chart.metric }));
+    chart.alerts = alertsFor(chart.metric);
+    await draw(chart, opts);
+    if (!chart.hooked) {
+      chart.hooked = true;
+      chart.div.on("plotly_relayout", (ev) => {
+        if (ev["xaxis.autorange"]) { chart.range = null; load(chart); return; }
+        const a = ev["xaxis.range[0]"] ?? (ev["xaxis.range"] || [])[0];
+        const b = ev["xaxis.range[1]"] ?? (ev["xaxis.range"] || [])[1];
+        if (a === undefined || b === undefined) return;
+        chart.range = [xIn(a, opts.x), xIn(b, opts.x)];
+        load(chart); // re-query the zoomed range at full resolution for the pixels
+      });
+    }
+    chart.div.dataset.loaded = "1";
+  }
+
+  async function loadAll(list) {
+    const queue = [...list];
+    // the first chart alone (nothing competes with it), then the rest two at a time
+    if (queue.length) { const c = queue.shift(); try { await load(c); } catch (e) { c.div.textContent = String(e.message || e); } }
+    const worker = async () => { while (queue.length) { const c = queue.shift(); try { await load(c); } catch (e) { c.div.textContent = String(e.message || e); } } };
+    await Promise.all([worker(), worker()]);
+  }
+  function reloadAll() { for (const c of charts.values()) { c.range = null; c.uirev += 1; } loadAll([...charts.values()]); }
+  function redrawAll() { for (const c of charts.values()) if (c.div.dataset.loaded) draw(c, opts); }
+
+  // live: ask only for the steps after the last one seen
+  async function poll() {
+    if (me !== page) return;
+    try {
+      const r = await api("points", { run, after: maxStep, x: opts.x });
+      if (me !== page) return;
+      statusEl.textContent = r.status; statusEl.className = `status-${r.status}`;
+      if (r.reset) { maxStep = r.max_step; reloadAll(); }
+      else {
+        for (const [metric, traces] of Object.entries(r.metrics)) {
+          let chart = charts.get(metric);
+          if (!chart) { chart = addChart(metric); load(chart); continue; }
+          for (const t of traces) {
+            let s = chart.series.find((x) => x.producer === t.producer);
+            if (!s) { s = { ...t, x: [], y: [], step: [], nonfinite: [], label: multi ? `${metric} (${t.producer})` : metric }; chart.series.push(s); }
+            // a chart loaded after the step the poll asks from already has some: skip them
+            const last = s.step.length ? s.step[s.step.length - 1] : -1;
+            t.step.forEach((st, i) => { if (st > last) { s.x.push(t.x[i]); s.y.push(t.y[i]); s.step.push(st); } });
+            s.nonfinite.push(...t.nonfinite.filter((p) => p.step > last));
+          }
+          if (chart.div.dataset.loaded) draw(chart, opts);
+        }
+        if (r.max_step > maxStep) { maxStep = r.max_step; stepsEl.textContent = maxStep + 1; }
+      }
+      document.getElementById("live").textContent = r.status === "running" ? "● live" : "";
+    } catch (e) { /* the next poll tries again */ }
+    if (me === page) pollTimer = setTimeout(poll, POLL_MS);
+  }
+
+  // span breakdown and trace link
+  const spanStart = el("input", { id: "span-start", type: "number", placeholder: "from step" });
+  const spanStop = el("input", { id: "span-stop", type: "number", placeholder: "to step (excl.)" });
+  const spanBody = el("tbody");
+  const traceLink = el("a", { id: "trace-link", download: "trace.json" }, "Download Chrome trace (open in ui.perfetto.dev)");
+  async function loadSpans() {
+    const p = { run, start: spanStart.value, stop: spanStop.value };
+    traceLink.href = "/api/trace?" + qs(p);
+    try {
+      const r = await api("spans", p);
+      spanBody.replaceChildren(...r.rows.map((s) => el("tr", {}, el("td", {}, s.name),
+        el("td", { class: "num" }, s.count), el("td", { class: "num" }, fmtValue(s.mean_ms)),
+        el("td", { class: "num" }, fmtValue(s.total_ms)), el("td", { class: "num" }, fmtValue(s.max_ms)))));
+    } catch (e) { spanBody.replaceChildren(el("tr", {}, el("td", { class: "error" }, String(e.message)))); }
+  }
+
+  const kv = (id, title, rows) => el("div", {}, el("h3", {}, title),
+    rows.length ? el("table", { id }, el("tbody", {}, rows.map(([k, v]) => el("tr", {}, el("td", {}, k), el("td", {}, fmtValue(v))))))
+      : el("p", { class: "muted" }, "none"));
+
+  setMain(
+    el("h2", { id: "run-title" }, d.run),
+    el("div", { class: "controls" },
+      el("span", {}, "status: ", statusEl), el("span", {}, "steps: ", stepsEl),
+      el("span", {}, "duration: " + fmtDuration(d.duration_s)), el("span", {}, "started: " + fmtTime(d.started_at)),
+      d.tags.length ? el("span", {}, "tags: ", d.tags.map((t) => el("span", { class: "tag" }, t))) : null,
+      d.group ? el("span", {}, "group: " + d.group) : null),
+    el("div", { class: "controls" },
+      el("label", {}, "x axis ", xSelect),
+      el("label", {}, "smoothing ", smooth, " ", smoothVal),
+      el("label", {}, log, " log y")),
+    d.metrics.length ? null : el("p", { class: "muted" }, "no metrics yet"),
+    chartsBox,
+    el("div", { class: "tables" },
+      kv("config", "Config", d.config), kv("summary", "Summary", d.summary),
+      el("div", {}, el("h3", {}, "Alerts"), d.alerts.length ? el("table", { id: "alerts" },
+        el("thead", {}, el("tr", {}, ["step", "rule", "event", "level", "message"].map((h) => el("th", {}, h)))),
+        el("tbody", {}, d.alerts.map((a) => el("tr", {}, el("td", { class: "num" }, a.step ?? ""), el("td", {}, a.rule || ""),
+          el("td", {}, a.event || a.state || ""), el("td", {}, a.level || ""), el("td", {}, a.message || "")))))
+        : el("p", { class: "muted" }, "none"))),
+    d.has_spans ? el("div", {}, el("h3", {}, "Span breakdown"),
+      el("div", { class: "controls" }, spanStart, spanStop, el("button", { on: { click: loadSpans } }, "Apply"), traceLink),
+      el("table", { id: "spans" }, el("thead", {}, el("tr", {}, ["span", "count", "mean ms", "total ms", "max ms"].map((h) => el("th", {}, h)))), spanBody))
+      : null);
+  for (const m of d.metrics) addChart(m);
+  if (d.has_spans) loadSpans();
+  await loadAll([...charts.values()]);
+  if (me === page) pollTimer = setTimeout(poll, POLL_MS);
+}
+
+// ------------------------------------------------------------------------- compare page
+
+async function comparePage(runs, me) {
+  let d;
+  try { d = await api("compare", { run: runs }); } catch (e) { return showError(e); }
+  if (me !== page) return;
+  const labels = d.runs.map((r) => r.run);
+  const table = (id, rows) => el("table", { id },
+    el("thead", {}, el("tr", {}, el("th", {}, "key"), labels.map((l) => el("th", {}, l)))),
+    el("tbody", {}, rows.map((r) => el("tr", { class: differs(r) ? "differs" : "" },
+      el("td", {}, r.key || r.metric),
+      r.values.map((v, i) => el("td", { class: r.best && r.best.includes(i) ? "best" : "" },
+        r.missing.includes(i) ? "—" : fmtValue(v)))))));
+  function differs(r) {
+    if (r.equal !== undefined) return !r.equal;
+    const seen = r.values.map((v, i) => (r.missing.includes(i) ? "\u0000missing" : JSON.stringify(v)));
+    return new Set(seen).size > 1;
+  }
+  const chartsBox = el("div", { class: "charts", id: "charts" });
+  setMain(
+    el("h2", {}, "Compare"),
+    el("p", {}, labels.map((l, i) => el("span", {}, i ? ", " : "", el("a", { href: runLink(l) }, l)))),
+    el("h3", {}, "Config (differences highlighted)"), table("compare-config", d.config),
+    el("h3", {}, "Identity"), table("compare-identity", d.identity),
+    el("h3", {}, "Summary"), table("compare-summary", d.summary),
+    el("h3", {}, "Metrics"), chartsBox);
+  const opts = { x: "step", smooth: 0, log: false };
+  const queue = d.metrics.map((m) => {
+    const div = el("div", { class: "chart", "data-metric": m });
+    chartsBox.appendChild(div);
+    return { metric: m, title: m, div, series: [], range: null, uirev: 1 };
+  });
+  const worker = async () => {
+    while (queue.length) {
+      const chart = queue.shift();
+      for (const run of labels) {
+        try {
+          const r = await api("series", { run, metric: chart.metric, width: chartWidth(chart.div) });
+          for (const t of r.traces) chart.series.push({ ...t, label: t.producer === "main" ? run : `${run} (${t.producer})` });
+        } catch (e) { /* this run lacks the metric */ }
+      }
+      if (me !== page) return;
+      await draw(chart, opts);
+      chart.div.dataset.loaded = "1";
+    }
+  };
+  await Promise.all([worker(), worker(), worker()]);
+}
+
+window.addEventListener("hashchange", route);
+route();

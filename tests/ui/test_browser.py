@@ -1,0 +1,326 @@
+"""``et ui`` in a real headless Chromium (Debian's ``chromium``, driven by Playwright): the
+runs table, a chart's point count read from the Plotly graph div, live points of a run still
+writing, the compare view and hostile metric names rendered as text with no dialog fired.
+Screenshots go to ``test-artifacts/ui/`` (and with ``ET_UPDATE_DOCS_SCREENSHOTS=1`` also to
+``docs/img/``)."""
+
+from __future__ import annotations
+
+import os
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+from helpers import ROOT
+from ui_support import (
+    HOSTILE,
+    HOSTILE_IMG,
+    HOSTILE_RUN,
+    LIVE_WRITER,
+    Server,
+    env,
+    write_rank_runs,
+)
+
+CHROMIUM = shutil.which("chromium") or shutil.which("chromium-browser")
+if CHROMIUM is None:
+    pytest.skip("no chromium installed (apt-get install chromium)", allow_module_level=True)
+sync_api = pytest.importorskip("playwright.sync_api", reason="playwright is not installed")
+
+pytestmark = pytest.mark.slow
+
+ARGS = [
+    "--headless",
+    "--no-sandbox",
+    "--disable-gpu",
+    "--disable-quic",
+    "--no-first-run",
+    "--disable-background-networking",
+    "--disable-component-update",
+    "--disable-sync",
+]
+ARTIFACTS = ROOT / "test-artifacts" / "ui"
+DOCS_IMG = ROOT / "docs" / "img"
+#: the screenshots docs/ui.md shows
+DOCS_SHOTS = {"runs", "run", "chart-nan", "compare"}
+
+
+@pytest.fixture(scope="module")
+def browser():
+    with sync_api.sync_playwright() as pw:
+        b = pw.chromium.launch(executable_path=CHROMIUM, args=ARGS, headless=True)
+        yield b
+        b.close()
+
+
+@pytest.fixture
+def page(browser):
+    ctx = browser.new_context(viewport={"width": 1200, "height": 720})
+    pg = ctx.new_page()
+    pg.dialogs = []  # type: ignore[attr-defined]
+    pg.errors = []  # type: ignore[attr-defined]
+
+    def on_dialog(d):
+        pg.dialogs.append(d.message)  # type: ignore[attr-defined]
+        d.dismiss()
+
+    pg.on("dialog", on_dialog)
+    pg.on("pageerror", lambda e: pg.errors.append(str(e)))  # type: ignore[attr-defined]
+    # nothing but the server: a request elsewhere (a CDN) fails the test
+    outside: list[str] = []
+    pg.outside = outside  # type: ignore[attr-defined]
+
+    def gate(route):
+        url = route.request.url
+        if url.startswith("http://127.0.0.1:"):
+            route.continue_()
+        else:
+            outside.append(url)
+            route.abort()
+
+    pg.route("**/*", gate)
+    yield pg
+    assert pg.errors == [], pg.errors  # type: ignore[attr-defined]
+    assert pg.dialogs == [], pg.dialogs  # type: ignore[attr-defined]
+    assert outside == [], outside
+    ctx.close()
+
+
+def shot(pg, name: str, locator=None) -> None:
+    ARTIFACTS.mkdir(parents=True, exist_ok=True)
+    path = ARTIFACTS / f"{name}.png"
+    (locator or pg).screenshot(path=str(path))
+    if os.environ.get("ET_UPDATE_DOCS_SCREENSHOTS") == "1" and name in DOCS_SHOTS:
+        DOCS_IMG.mkdir(parents=True, exist_ok=True)
+        shutil.copyfile(path, DOCS_IMG / f"ui-{name}.png")
+
+
+def chart_data(pg, metric: str):
+    """The Plotly traces of the chart of ``metric`` (name, role, x and y) from the page."""
+    return pg.evaluate(
+        """(m) => {
+            const d = [...document.querySelectorAll('div.chart')].find((e) => e.dataset.metric === m);
+            if (!d || !d.data) return null;
+            return d.data.map((t) => ({name: t.name, role: t.meta && t.meta.role, x: Array.from(t.x, Number), y: Array.from(t.y)}));
+        }""",
+        metric,
+    )
+
+
+def wait_chart(pg, metric: str):
+    pg.wait_for_function(
+        """(m) => [...document.querySelectorAll('div.chart')].some((e) => e.dataset.metric === m && e.dataset.loaded)""",
+        arg=metric,
+        timeout=30_000,
+    )
+    return chart_data(pg, metric)
+
+
+def test_runs_table(page, ui_server):
+    page.goto(ui_server.url + "/")
+    page.wait_for_selector("#runs-body tr")
+    rows = page.locator("#runs-body tr")
+    assert rows.count() == 3
+    texts = {rows.nth(i).get_attribute("data-run"): rows.nth(i).inner_text() for i in range(3)}
+    assert set(texts) == {"demo/alpha", "demo/beta", "demo/gamma"}
+    assert "finished" in texts["demo/alpha"] and "40" in texts["demo/alpha"]
+    assert "crashed" in texts["demo/gamma"]
+    assert HOSTILE_IMG in texts["demo/alpha"]  # the tag shows as text
+    assert page.locator("#runs-body img").count() == 0
+    page.fill("#filter-text", "beta")
+    assert page.locator("#runs-body tr").count() == 1
+    page.fill("#filter-text", "")
+    page.select_option("#filter-tag", "base")
+    assert page.locator("#runs-body tr").count() == 2
+    page.select_option("#filter-status", "crashed")
+    assert page.locator("#runs-body tr").get_attribute("data-run") == "demo/gamma"
+    page.select_option("#filter-tag", "")
+    page.select_option("#filter-status", "")
+    page.select_option("#filter-group", "g1")
+    assert page.locator("#runs-body tr").get_attribute("data-run") == "demo/alpha"
+    page.select_option("#filter-group", "")
+    shot(page, "runs")
+
+
+def test_run_page_charts(page, ui_server):
+    page.goto(ui_server.url + "/#/run?run=demo%2Falpha")
+    data = wait_chart(page, "train/loss")
+    raw = [t for t in data if t["role"] == "raw"]
+    assert len(raw) == 1 and len(raw[0]["x"]) == 40  # every step of a short series
+    assert raw[0]["y"][10] is None and raw[0]["y"][20] is None  # NaN, inf: gaps in the line
+    marks = [t for t in data if t["role"] == "nonfinite"]
+    assert len(marks) == 1 and sorted(marks[0]["x"]) == [10.0, 20.0]  # ... drawn as marks
+    alerts = [t for t in data if t["role"] == "alerts"]
+    # loss > 30: fires at step 20 (inf), resolves at 21, fires again at 31
+    assert alerts and alerts[0]["x"] == [20.0, 21.0, 31.0]
+    # groups by prefix: train, eval, time_ms (spans)
+    groups = page.eval_on_selector_all("section.group", "els => els.map(e => e.dataset.group)")
+    assert {"train", "eval", "time_ms"} <= set(groups)
+    # smoothing keeps the raw series, faint, and adds the EMA
+    page.locator("#smooth").fill("0.6")
+    page.wait_for_function(
+        """() => [...document.querySelectorAll('div.chart')].some(
+              (e) => e.dataset.metric === 'train/loss' && e.data.some((t) => t.meta.role === 'smooth'))"""
+    )
+    data = chart_data(page, "train/loss")
+    assert {t["role"] for t in data} >= {"raw", "smooth"}
+    page.check("#log-y")
+    page.wait_for_function(
+        """() => document.querySelector('div.chart').layout.yaxis.type === 'log'"""
+    )
+    assert page.locator("#config").inner_text().count("model.depth") == 1
+    page.wait_for_selector("#spans tbody tr")
+    assert "fwd" in page.locator("#spans").inner_text()
+    href = page.get_attribute("#trace-link", "href")
+    assert href.startswith("/api/trace?")
+    # a define_metric step metric as the x axis
+    page.select_option("#x-axis", "epoch")
+    page.wait_for_function(
+        """() => { const d = document.querySelector('div.chart[data-metric="eval/acc"]');
+                   return d.data && Math.max(...d.data[0].x) === 3.9; }"""
+    )
+    page.select_option("#x-axis", "step")
+    page.wait_for_function(
+        """() => { const d = document.querySelector('div.chart[data-metric="eval/acc"]');
+                   return d.data && Math.max(...d.data[0].x) === 39; }"""
+    )
+    page.uncheck("#log-y")
+    page.locator("#smooth").fill("0")
+    page.wait_for_function(
+        "() => document.querySelector('div.chart').layout.yaxis.type === 'linear'"
+    )
+    shot(page, "chart-nan", page.locator('section[data-group="train"]'))
+    page.goto(page.url.replace("demo%2Falpha", "demo%2Fbeta"))
+    page.wait_for_function(
+        "() => document.getElementById('run-title')?.textContent === 'demo/beta'"
+    )
+    wait_chart(page, "train/loss")
+    assert len(chart_data(page, "train/loss")[0]["x"]) == 25
+    shot(page, "run")
+
+
+def test_hostile_names_render_as_text(page, ui_server):
+    page.goto(ui_server.url + "/#/run?run=demo%2Falpha")
+    for name in (HOSTILE, HOSTILE_IMG):
+        data = wait_chart(page, name)
+        assert len(data[0]["x"]) == 40
+    # the chart titles hold the names as text; no element came from them
+    titles = page.eval_on_selector_all("div.chart .gtitle", "els => els.map(e => e.textContent)")
+    assert HOSTILE in titles and HOSTILE_IMG in titles
+    assert page.locator("main script").count() == 0
+    assert page.locator("main img").count() == 0
+    assert HOSTILE in page.locator("#config").inner_text()
+    page.wait_for_timeout(300)  # an onerror would fire by now
+
+
+def test_compare_view(page, ui_server):
+    page.goto(ui_server.url + "/")
+    page.wait_for_selector("#runs-body tr")
+    for run in ("demo/alpha", "demo/beta"):
+        page.locator(f'#runs-body tr[data-run="{run}"] input[type=checkbox]').check()
+    page.click("#compare")
+    data = wait_chart(page, "train/loss")
+    names = sorted(t["name"] for t in data if t["role"] == "raw")
+    assert names == ["demo/alpha", "demo/beta"]
+    assert sorted(len(t["x"]) for t in data if t["role"] == "raw") == [25, 40]
+    differs = page.locator("#compare-config tr.differs").all_inner_texts()
+    assert any(t.startswith("lr") for t in differs)
+    assert not any(t.startswith("model.depth") for t in differs)
+    shot(page, "compare")
+
+
+def test_live_run_gets_new_points(page, tmp_path):
+    root = tmp_path / "runs"
+    writer = subprocess.Popen(
+        [sys.executable, "-c", LIVE_WRITER, str(root), "400", "0.05"], env=env()
+    )
+    try:
+        metrics = root / "demo" / "live" / "metrics.jsonl"
+        page.wait_for_timeout(100)
+        for _ in range(300):
+            if metrics.exists() and metrics.stat().st_size > 0:
+                break
+            page.wait_for_timeout(50)
+        server = Server(root, tmp_path / "cache")
+        try:
+            page.goto(server.url + "/#/run?run=demo%2Flive")
+            first = len(wait_chart(page, "train/loss")[0]["x"])
+            # more points arrive without a reload (the page polls for steps after its last)
+            page.wait_for_function(
+                """(n) => { const d = document.querySelector('div.chart[data-metric="train/loss"]');
+                            return d.data[0].x.length > n + 5; }""",
+                arg=first,
+                timeout=30_000,
+            )
+            xs = chart_data(page, "train/loss")[0]["x"]
+            assert xs == sorted(xs) and len(set(xs)) == len(xs)  # no step twice
+            assert page.locator("#run-status").inner_text() == "running"
+            shot(page, "live")
+        finally:
+            server.close()
+    finally:
+        writer.kill()
+        writer.wait()
+
+
+def test_page_loads_nothing_outside(page, ui_server):
+    page.goto(ui_server.url + "/#/run?run=demo%2Fbeta")
+    wait_chart(page, "eval/acc")
+    assert Path(ui_server.url)  # the gate in the fixture fails on any request elsewhere
+
+
+def test_hostile_run_name_with_ranks(page, tmp_path):
+    root = tmp_path / "runs"
+    write_rank_runs(root)
+    server = Server(root, tmp_path / "cache")
+    try:
+        page.goto(server.url + "/")
+        page.wait_for_selector("#runs-body tr")
+        link = page.locator("#runs-body a")
+        assert link.inner_text() == f"p;'q/{HOSTILE_RUN}"
+        assert page.locator("#runs-body img").count() == 0
+        link.click()
+        data = wait_chart(page, "loss")
+        raw = [t for t in data if t["role"] == "raw"]
+        assert [t["name"] for t in raw] == ["loss (main)", "loss (main/rank1)"]
+        assert page.locator("#run-title").inner_text() == f"p;'q/{HOSTILE_RUN}"
+        assert page.locator("main img").count() == 0
+        page.wait_for_timeout(300)
+    finally:
+        server.close()
+
+
+LONG = """
+import sys, expr_tracker as et
+et.init(project="p", name="long", dir=sys.argv[1])
+for i in range(20000):
+    et.log({"loss": 1000.0 if i == 12345 else (i % 10) / 10})
+et.finish()
+"""
+
+
+def test_long_series_downsampled_and_requeried_on_zoom(page, tmp_path):
+    root = tmp_path / "runs"
+    subprocess.run([sys.executable, "-c", LONG, str(root)], check=True, env=env(), timeout=120)
+    server = Server(root, tmp_path / "cache")
+    try:
+        page.goto(server.url + "/#/run?run=p%2Flong")
+        (raw,) = [t for t in wait_chart(page, "loss") if t["role"] == "raw"]
+        width = page.evaluate("document.querySelector('div.chart').clientWidth")
+        assert len(raw["x"]) <= 4 * width < 20000  # cut for the pixels
+        assert max(raw["y"]) == 1000.0 and raw["x"][0] == 0 and raw["x"][-1] == 19999
+        # zoom: the page asks the server for the range, at full resolution there
+        page.evaluate(
+            "Plotly.relayout(document.querySelector('div.chart'), {'xaxis.range': [12300, 12400]})"
+        )
+        page.wait_for_function(
+            """() => { const x = document.querySelector('div.chart').data[0].x;
+                       return x.length === 101 && x[0] === 12300 && x[100] === 12400; }""",
+            timeout=30_000,
+        )
+        (zoomed,) = [t for t in chart_data(page, "loss") if t["role"] == "raw"]
+        assert zoomed["y"][45] == 1000.0  # step 12345
+    finally:
+        server.close()
