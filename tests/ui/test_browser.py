@@ -265,6 +265,57 @@ def test_live_run_gets_new_points(page, tmp_path):
         writer.wait()
 
 
+RANK_LIVE = """
+import os, sys, time, expr_tracker as et
+run = et.init(project="demo", name="ranks", dir=sys.argv[1])
+for i in range(40):
+    et.log({"loss": float(i)})
+    run.flush()
+    time.sleep(float(sys.argv[2]))
+et.finish()
+"""
+
+
+def test_live_run_of_two_ranks_keeps_every_point(page, tmp_path):
+    # torchrun: rank 1 lags rank 0; the page polled every producer from the run's highest
+    # step, so rank 1's rows in between never reached the chart. At the end each rank's
+    # line has every step, and the status turns to finished by itself.
+    root = tmp_path / "runs"
+    procs = []
+    for rank, pause in ((0, "0.05"), (1, "0.15")):
+        e = env()
+        e["RANK"] = str(rank)
+        procs.append(subprocess.Popen([sys.executable, "-c", RANK_LIVE, str(root), pause], env=e))
+    try:
+        files = [root / "demo" / "ranks" / n for n in ("metrics.jsonl", "metrics.rank1.jsonl")]
+        for _ in range(400):
+            if all(f.exists() and f.stat().st_size > 0 for f in files):
+                break
+            page.wait_for_timeout(50)
+        server = Server(root, tmp_path / "cache")
+        try:
+            page.goto(server.url + "/#/run?run=demo%2Franks")
+            wait_chart(page, "loss")
+            for p in procs:
+                p.wait(timeout=60)
+            page.wait_for_function(
+                "() => document.getElementById('run-status').textContent === 'finished'",
+                timeout=30_000,
+            )
+            page.wait_for_timeout(2500)  # one more poll after the last rows
+            raw = {t["name"]: t for t in chart_data(page, "loss") if t["role"] == "raw"}
+            assert sorted(raw) == ["loss (main)", "loss (main/rank1)"]
+            for t in raw.values():
+                assert t["x"] == [float(i) for i in range(40)], t["name"]
+                assert t["y"] == [float(i) for i in range(40)], t["name"]
+        finally:
+            server.close()
+    finally:
+        for p in procs:
+            p.kill()
+            p.wait()
+
+
 def test_page_loads_nothing_outside(page, ui_server):
     page.goto(ui_server.url + "/#/run?run=demo%2Fbeta")
     wait_chart(page, "eval/acc")

@@ -286,6 +286,10 @@ async function runPage(run, me) {
   const charts = new Map(); // metric -> chart
   const multi = d.producers.length > 1;
   let maxStep = d.steps === null ? -1 : d.steps - 1;
+  // live polling asks each producer (rank, stream) from its own last step: a rank that lags
+  // the others, or a stream that stopped, loses nothing; one step is asked again (a metric
+  // logged later at the same step), the series keep only steps they do not have yet
+  let lastBy = { ...(d.producer_steps || {}) };
 
   const statusEl = el("span", { id: "run-status", class: `status-${d.status}` }, d.status);
   const stepsEl = el("span", { id: "run-steps" }, d.steps ?? 0);
@@ -361,11 +365,13 @@ async function runPage(run, me) {
   async function poll() {
     if (me !== page) return;
     try {
-      const r = await api("points", { run, after: maxStep, x: opts.x });
+      const since = Object.entries(lastBy).map(([p, st]) => `${p}:${st - 1}`);
+      const r = await api("points", { run, after: -1, since, x: opts.x });
       if (me !== page) return;
       statusEl.textContent = r.status; statusEl.className = `status-${r.status}`;
-      if (r.reset) { maxStep = r.max_step; reloadAll(); }
+      if (r.reset) { lastBy = { ...r.max_steps }; maxStep = r.max_step; stepsEl.textContent = maxStep + 1; reloadAll(); }
       else {
+        for (const [p, st] of Object.entries(r.max_steps || {})) lastBy[p] = Math.max(lastBy[p] ?? -1, st);
         for (const [metric, traces] of Object.entries(r.metrics)) {
           let chart = charts.get(metric);
           if (!chart) { chart = addChart(metric); load(chart); continue; }
