@@ -437,3 +437,24 @@ def test_points_leave_out_a_non_finite_x(tmp_path):
     (t,) = r["metrics"]["val/acc"]
     assert all(isinstance(v, float) for v in t["x"])
     assert t["step"] == s["traces"][0]["step"] and 10 not in t["step"] and 20 not in t["step"]
+
+
+def test_cli_port_in_use_is_one_clear_line(tmp_path):
+    # uvicorn's "ERROR: [Errno 98] ..." came after "serving at ...", exit status 3
+    import socket
+
+    with socket.socket() as busy:
+        busy.bind(("127.0.0.1", 0))
+        busy.listen()
+        port = busy.getsockname()[1]
+        p = subprocess.run(
+            [sys.executable, "-m", "expr_tracker.cli.main", "ui", str(tmp_path)]
+            + ["--port", str(port)],
+            env=env(),
+            capture_output=True,
+            text=True,
+            timeout=60,
+        )
+    assert p.returncode == 1 and "serving" not in p.stderr, p.stderr
+    assert f"cannot listen on 127.0.0.1:{port}" in p.stderr and "in use" in p.stderr
+    assert "Traceback" not in p.stderr and "--port" in p.stderr
