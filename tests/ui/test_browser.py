@@ -375,3 +375,55 @@ def test_long_series_downsampled_and_requeried_on_zoom(page, tmp_path):
         assert zoomed["y"][45] == 1000.0  # step 12345
     finally:
         server.close()
+
+
+SPREAD = """
+import sys, time, expr_tracker as et
+et.init(project="p", name="spread", dir=sys.argv[1])
+for i in range(50):
+    et.log({"loss": float(i)})
+    time.sleep(0.02)
+et.finish()
+"""
+
+
+def test_zoom_on_wall_time_outside_utc(browser, tmp_path):
+    # Plotly answers a date axis' zoom as local-time text; the page read it as UTC, so in
+    # New York a zoom asked for a range five hours away and the chart went empty
+    root = tmp_path / "runs"
+    subprocess.run([sys.executable, "-c", SPREAD, str(root)], check=True, env=env(), timeout=120)
+    server = Server(root, tmp_path / "cache")
+    ctx = browser.new_context(
+        viewport={"width": 1200, "height": 720}, timezone_id="America/New_York"
+    )
+    try:
+        pg = ctx.new_page()
+        errors: list[str] = []
+        pg.on("pageerror", lambda e: errors.append(str(e)))
+        pg.goto(server.url + "/#/run?run=p%2Fspread")
+        wait_chart(pg, "loss")
+        pg.select_option("#x-axis", "time")
+        pg.wait_for_function(
+            """() => { const d = document.querySelector('div.chart');
+                       return d.data[0].x[0] instanceof Date && d.data[0].x.length === 50; }""",
+            timeout=30_000,
+        )
+        want = pg.evaluate(
+            """() => { const d = document.querySelector('div.chart'), ax = d._fullLayout.xaxis;
+                const [a, b] = ax.range.map((r) => ax.r2l(r));
+                const lo = ax.l2r(a + 0.3 * (b - a)), hi = ax.l2r(a + 0.6 * (b - a));
+                const inside = d.data[0].x.filter((x) => { const l = ax.d2l(x);
+                    return l >= ax.r2l(lo) && l <= ax.r2l(hi); }).length;
+                Plotly.relayout(d, {'xaxis.range[0]': lo, 'xaxis.range[1]': hi});
+                return inside; }"""
+        )
+        assert 5 <= want <= 25
+        pg.wait_for_function(
+            "(n) => document.querySelector('div.chart').data[0].x.length === n",
+            arg=want,
+            timeout=30_000,
+        )
+        assert errors == []
+    finally:
+        ctx.close()
+        server.close()

@@ -196,10 +196,17 @@ function ema(ys, w) {
 
 function xOut(x, mode) { return mode === "time" ? new Date(x * 1000) : x; }
 
+// a zoomed range back to x: Plotly shows a Date in the browser's local time and answers a
+// date axis' range as local-time text ("2026-12-01 17:02:47.7719"), so it is read as local
+// time (read as UTC, every zoom outside UTC asked for a range hours away: an empty chart)
 function xIn(v, mode) {
   if (mode !== "time") return Number(v);
   if (typeof v === "number") return v / 1000;
-  return Date.parse(String(v).replace(" ", "T") + "Z") / 1000;
+  const m = /^(-?\d+)-(\d\d)-(\d\d)(?:[ T](\d\d)(?::(\d\d)(?::(\d\d(?:\.\d*)?))?)?)?$/.exec(String(v).trim());
+  if (!m) return Date.parse(String(v)) / 1000;
+  const sec = Number(m[6] || 0);
+  const whole = new Date(Number(m[1]), Number(m[2]) - 1, Number(m[3]), Number(m[4] || 0), Number(m[5] || 0), Math.floor(sec));
+  return whole.getTime() / 1000 + (sec - Math.floor(sec));
 }
 
 // the Plotly figure of one chart: per series the raw line (faint when smoothing), the EMA,
