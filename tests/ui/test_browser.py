@@ -427,3 +427,38 @@ def test_zoom_on_wall_time_outside_utc(browser, tmp_path):
     finally:
         ctx.close()
         server.close()
+
+
+def test_runs_table_filters_follow_new_statuses(page, tmp_path):
+    # opened while a sweep runs: the status filter offered "running" only, and after the runs
+    # finished "finished" could not be chosen without a reload
+    root = tmp_path / "runs"
+    writer = subprocess.Popen(
+        [sys.executable, "-c", LIVE_WRITER, str(root), "60", "0.05"], env=env()
+    )
+    try:
+        metrics = root / "demo" / "live" / "metrics.jsonl"
+        for _ in range(400):
+            if metrics.exists() and metrics.stat().st_size > 0:
+                break
+            page.wait_for_timeout(50)
+        server = Server(root, tmp_path / "cache")
+        try:
+            page.goto(server.url + "/")
+            page.wait_for_selector("#runs-body tr")
+            page.fill("#filter-text", "live")
+            writer.wait(timeout=60)
+            page.wait_for_function(
+                "() => document.querySelector('#runs-body tr td.status-finished') !== null",
+                timeout=30_000,
+            )
+            opts = page.eval_on_selector_all("#filter-status option", "os => os.map(o => o.value)")
+            assert opts == ["", "finished"]
+            page.select_option("#filter-status", "finished", timeout=5_000)
+            assert page.locator("#runs-body tr").count() == 1
+            assert page.input_value("#filter-text") == "live"  # the filters stay
+        finally:
+            server.close()
+    finally:
+        writer.kill()
+        writer.wait()

@@ -115,13 +115,22 @@ async function runsPage(me) {
   document.getElementById("root").textContent = data.root;
   let runs = data.runs;
   const uniq = (xs) => [...new Set(xs)].sort();
-  const statuses = uniq(runs.map((r) => r.status));
-  const tags = uniq(runs.flatMap((r) => r.tags));
-  const groups = uniq(runs.map((r) => r.group).filter((g) => g));
-  const select = (key, label, values) => el("label", {}, label + " ",
-    el("select", { id: `filter-${key}`, on: { change: (e) => { runsState[key] = e.target.value; draw(); } } },
-      el("option", { value: "" }, "all"),
-      values.map((v) => el("option", { value: v, selected: runsState[key] === v }, v))));
+  // the choices of each filter, from the runs as they are now (plus the one chosen)
+  const choices = {
+    status: () => uniq(runs.map((r) => r.status)),
+    tag: () => uniq(runs.flatMap((r) => r.tags)),
+    group: () => uniq(runs.map((r) => r.group).filter((g) => g)),
+  };
+  const options = (key) => {
+    const values = choices[key]();
+    if (runsState[key] && !values.includes(runsState[key])) values.push(runsState[key]);
+    return [el("option", { value: "" }, "all"),
+      ...values.map((v) => el("option", { value: v, selected: runsState[key] === v }, v))];
+  };
+  const selects = {};
+  const select = (key, label) => el("label", {}, label + " ",
+    selects[key] = el("select", { id: `filter-${key}`, on: { change: (e) => { runsState[key] = e.target.value; draw(); } } },
+      options(key)));
   const compareBtn = el("button", { id: "compare", on: { click: () => {
     location.hash = "#/compare?" + qs({ run: [...runsState.selected] });
   } } }, "Compare selected");
@@ -132,7 +141,7 @@ async function runsPage(me) {
     el("div", { class: "filters" },
       el("input", { id: "filter-text", type: "search", placeholder: "filter by name, project, tag…",
         value: runsState.text, on: { input: (e) => { runsState.text = e.target.value; draw(); } } }),
-      select("status", "status", statuses), select("tag", "tag", tags), select("group", "group", groups),
+      select("status", "status"), select("tag", "tag"), select("group", "group"),
       compareBtn, count),
     el("table", { id: "runs" },
       el("thead", {}, el("tr", {}, ["", "run", "status", "steps", "duration", "started", "tags", "group"]
@@ -173,6 +182,10 @@ async function runsPage(me) {
       const fresh = await api("runs");
       if (me !== page) return;
       runs = fresh.runs;
+      // a status, tag or group that appeared since (a sweep's runs finishing) can be chosen
+      for (const [key, sel] of Object.entries(selects)) {
+        if (document.activeElement !== sel) sel.replaceChildren(...options(key));
+      }
       draw();
     } catch (e) { /* the next refresh tries again */ }
     if (me === page) pollTimer = setTimeout(refresh, 5000);
