@@ -462,3 +462,35 @@ def test_runs_table_filters_follow_new_statuses(page, tmp_path):
     finally:
         writer.kill()
         writer.wait()
+
+
+def test_run_deleted_while_its_page_is_open(page, tmp_path):
+    # the page kept saying "running" (and "● live") for a run whose folder was removed
+    root = tmp_path / "runs"
+    writer = subprocess.Popen(
+        [sys.executable, "-c", LIVE_WRITER, str(root), "2000", "0.05"], env=env()
+    )
+    try:
+        metrics = root / "demo" / "live" / "metrics.jsonl"
+        for _ in range(400):
+            if metrics.exists() and metrics.stat().st_size > 0:
+                break
+            page.wait_for_timeout(50)
+        server = Server(root, tmp_path / "cache")
+        try:
+            page.goto(server.url + "/#/run?run=demo%2Flive")
+            wait_chart(page, "train/loss")
+            assert page.locator("#run-status").inner_text() == "running"
+            writer.kill()
+            writer.wait()
+            shutil.rmtree(root / "demo" / "live")
+            page.wait_for_function(
+                "() => document.getElementById('run-status').textContent === 'deleted'",
+                timeout=30_000,
+            )
+            assert page.locator("#live").inner_text() == ""
+        finally:
+            server.close()
+    finally:
+        writer.kill()
+        writer.wait()

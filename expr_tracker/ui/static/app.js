@@ -45,7 +45,7 @@ function qs(params) {
 async function api(path, params) {
   const r = await fetch(`/api/${path}?${qs(params || {})}`);
   const body = await r.json();
-  if (!r.ok) throw new Error(body.error || `HTTP ${r.status}`);
+  if (!r.ok) { const e = new Error(body.error || `HTTP ${r.status}`); e.status = r.status; throw e; }
   return body;
 }
 
@@ -408,7 +408,13 @@ async function runPage(run, me) {
         if (r.max_step > maxStep) { maxStep = r.max_step; stepsEl.textContent = maxStep + 1; }
       }
       document.getElementById("live").textContent = r.status === "running" ? "● live" : "";
-    } catch (e) { /* the next poll tries again */ }
+    } catch (e) {
+      // the run deleted while its page is open: say so (a run written again there comes back)
+      if (e.status === 404) {
+        statusEl.textContent = "deleted"; statusEl.className = "status-deleted";
+        document.getElementById("live").textContent = "";
+      } /* else the server is away (restarting): the next poll tries again */
+    }
     if (me === page) pollTimer = setTimeout(poll, POLL_MS);
   }
 
