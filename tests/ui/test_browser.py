@@ -494,3 +494,35 @@ def test_run_deleted_while_its_page_is_open(page, tmp_path):
     finally:
         writer.kill()
         writer.wait()
+
+
+def test_compare_zoom_asks_the_range_again(page, tmp_path):
+    # the compare charts kept the series cut for the full width: zooming into a long run
+    # showed a handful of points, not its steps
+    root = tmp_path / "runs"
+    subprocess.run([sys.executable, "-c", LONG, str(root)], check=True, env=env(), timeout=120)
+    short = (
+        "import sys, expr_tracker as et\n"
+        "et.init(project='p', name='short', dir=sys.argv[1])\n"
+        "for i in range(12340, 12350): et.log({'loss': 0.5}, step=i)\n"
+    )
+    subprocess.run([sys.executable, "-c", short, str(root)], check=True, env=env(), timeout=120)
+    server = Server(root, tmp_path / "cache")
+    try:
+        page.goto(server.url + "/#/compare?run=p%2Flong&run=p%2Fshort")
+        data = wait_chart(page, "loss")
+        assert sorted(t["name"] for t in data if t["role"] == "raw") == ["p/long", "p/short"]
+        page.evaluate(
+            "Plotly.relayout(document.querySelector('div.chart'), {'xaxis.range': [12300, 12400]})"
+        )
+        page.wait_for_function(
+            """() => { const t = document.querySelector('div.chart').data
+                         .find((t) => t.name === 'p/long' && t.meta.role === 'raw');
+                       return t && t.x.length === 101 && t.x[0] === 12300; }""",
+            timeout=30_000,
+        )
+        raw = {t["name"]: t for t in chart_data(page, "loss") if t["role"] == "raw"}
+        assert raw["p/long"]["y"][45] == 1000.0  # step 12345, the spike
+        assert raw["p/short"]["x"] == [float(s) for s in range(12340, 12350)]
+    finally:
+        server.close()

@@ -500,18 +500,37 @@ async function comparePage(runs, me) {
     chartsBox.appendChild(div);
     return { metric: m, title: m, div, series: [], range: null, uirev: 1 };
   });
+  async function load(chart) {
+    const series = [];
+    for (const run of labels) {
+      const params = { run, metric: chart.metric, width: chartWidth(chart.div) };
+      if (chart.range) { params.lo = chart.range[0]; params.hi = chart.range[1]; }
+      try {
+        const r = await api("series", params);
+        for (const t of r.traces) series.push({ ...t, label: t.producer === "main" ? run : `${run} (${t.producer})` });
+      } catch (e) { /* this run lacks the metric */ }
+    }
+    if (me !== page) return;
+    chart.series = series;
+    await draw(chart, opts);
+    if (!chart.hooked) {
+      chart.hooked = true;
+      // zoom: every run's series asked again for the range (a long run shows its detail)
+      chart.div.on("plotly_relayout", (ev) => {
+        if (ev["xaxis.autorange"]) { chart.range = null; load(chart); return; }
+        const a = ev["xaxis.range[0]"] ?? (ev["xaxis.range"] || [])[0];
+        const b = ev["xaxis.range[1]"] ?? (ev["xaxis.range"] || [])[1];
+        if (a === undefined || b === undefined) return;
+        chart.range = [xIn(a, opts.x), xIn(b, opts.x)];
+        load(chart);
+      });
+    }
+    chart.div.dataset.loaded = "1";
+  }
   const worker = async () => {
     while (queue.length) {
-      const chart = queue.shift();
-      for (const run of labels) {
-        try {
-          const r = await api("series", { run, metric: chart.metric, width: chartWidth(chart.div) });
-          for (const t of r.traces) chart.series.push({ ...t, label: t.producer === "main" ? run : `${run} (${t.producer})` });
-        } catch (e) { /* this run lacks the metric */ }
-      }
       if (me !== page) return;
-      await draw(chart, opts);
-      chart.div.dataset.loaded = "1";
+      await load(queue.shift());
     }
   };
   await Promise.all([worker(), worker(), worker()]);
