@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import ipaddress
+import socket
 import sys
 from pathlib import Path
 from typing import Any
@@ -45,6 +46,24 @@ def _loopback(host: str) -> bool:
         return False
 
 
+def _cannot_listen(host: str, port: int) -> str | None:
+    """Why ``host:port`` cannot be listened on (the port in use, an address not of this
+    machine, a name that does not resolve), or None: checked before serving so that the
+    user reads one line rather than uvicorn's error after "serving ..."."""
+    try:
+        infos = socket.getaddrinfo(host, port, type=socket.SOCK_STREAM, flags=socket.AI_PASSIVE)
+    except OSError as exc:
+        return f"cannot resolve --host {host!r}: {exc.strerror or exc}"
+    family, kind, proto, _, addr = infos[0]
+    try:
+        with socket.socket(family, kind, proto) as s:
+            s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)  # as uvicorn binds
+            s.bind(addr)
+    except OSError as exc:
+        return f"cannot listen on {host}:{port}: {exc.strerror or exc}"
+    return None
+
+
 def run_ui(args: argparse.Namespace) -> int:
     root = Path(args.dir)
     if not root.is_dir():
@@ -65,6 +84,10 @@ def run_ui(args: argparse.Namespace) -> int:
         return 1
     from expr_tracker.ui.server import serve
 
+    why = _cannot_listen(args.host, args.port)
+    if why is not None:
+        print(f"et ui: {why} (another --port, or --host)", file=sys.stderr)
+        return 1
     if not _loopback(args.host):
         print(
             f"et ui: warning: binding {args.host}: anyone who can reach this address can read "

@@ -209,6 +209,7 @@ def run_row(run_id: str, prods: list[Producer], cache_dir: Path | None, con: Any
     status = worst_status(producer_status(v) for v in infos.values())
     info = infos.get(main.run_file.name, {}) if main.run_file is not None else {}
     max_step = max_time = None
+    producer_steps: dict[str, int] = {}
     for p in prods:
         c = _cached(p, "metrics", cache_dir)
         if c is None:
@@ -219,6 +220,8 @@ def run_row(run_id: str, prods: list[Producer], cache_dir: Path | None, con: Any
             f"SELECT max(step), max(time) FILTER (WHERE isfinite(time)) "
             f"FROM {_Source(con)(c.parts)}"
         ).fetchone()
+        if s is not None:
+            producer_steps[producer_label(p)] = int(s)
         if s is not None and (max_step is None or s > max_step):
             max_step = s
         if t is not None and (max_time is None or t > max_time):
@@ -244,6 +247,7 @@ def run_row(run_id: str, prods: list[Producer], cache_dir: Path | None, con: Any
         "tags": [str(t) for t in tags] if isinstance(tags, list) else [],
         "group": group if isinstance(group, str) else None,
         "producers": [producer_label(p) for p in prods],
+        "producer_steps": producer_steps,
     }
 
 
@@ -523,26 +527,42 @@ def _trace(p: Producer, xs: Any, ys: Any, steps: Any, idx: list[int], total: int
     }
 
 
-def new_points(catalog: Catalog, run_id: str, after: int, x: str = "step") -> dict:
+def new_points(
+    catalog: Catalog,
+    run_id: str,
+    after: int,
+    x: str = "step",
+    since: dict[str, int] | None = None,
+) -> dict:
     """Rows of every metric with a step above ``after`` (a live page's poll), per metric
-    and producer: ``{"max_step", "reset", "metrics": {metric: [trace]}}``. ``reset``: more
-    than :data:`MAX_NEW_ROWS` new rows (the page reloads its charts instead)."""
+    and producer: ``{"max_step", "max_steps", "reset", "metrics": {metric: [trace]}}``.
+    ``since`` maps a producer label to its own last step (a rank or stream that lags the
+    others, or a stream that stopped, is asked from where it is, not from the run's
+    highest step); producers not in it use ``after``. ``max_steps``: each producer's
+    highest step (as far as read). ``reset``: more than :data:`MAX_NEW_ROWS` new rows
+    (the page reloads its charts instead; ``max_steps`` are then the producers' last
+    steps, so the next poll asks only for what comes after the reload). Rows whose x is
+    not finite (a NaN step metric) are left out, as :func:`series` leaves them out."""
     prods = catalog.get(run_id)
+    since = since or {}
     con = connect()
     out: dict[str, list[dict]] = {}
-    max_step = after
+    max_steps: dict[str, int] = {}
     reset = False
     try:
         for p in prods:
             sql = _metrics_sql(con, p, catalog.cache_dir)
             if sql is None:
                 continue
+            label = producer_label(p)
+            start = int(since.get(label, after))
+            max_steps[label] = start
             xexpr, join = _xsql(x)
             q = (
                 f"WITH src AS ({sql}) SELECT m.metric AS metric, {xexpr} AS x, m.value AS y, "
-                f"m.step AS step FROM src m{join} WHERE m.step > {int(after)} "
-                f"AND m.value IS NOT NULL AND {xexpr} IS NOT NULL ORDER BY m.metric, m.step "
-                f"LIMIT {MAX_NEW_ROWS + 1}"
+                f"m.step AS step FROM src m{join} WHERE m.step > {start} "
+                f"AND m.value IS NOT NULL AND {xexpr} IS NOT NULL AND isfinite({xexpr}) "
+                f"ORDER BY m.metric, m.step LIMIT {MAX_NEW_ROWS + 1}"
             )
             rows = con.execute(q).fetchall()
             if len(rows) > MAX_NEW_ROWS:
@@ -551,7 +571,7 @@ def new_points(catalog: Catalog, run_id: str, after: int, x: str = "step") -> di
             by: dict[str, list[tuple]] = {}
             for r in rows:
                 by.setdefault(r[0], []).append(r)
-                max_step = max(max_step, int(r[3]))
+                max_steps[label] = max(max_steps[label], int(r[3]))
             for m, rs in by.items():
                 xs = [r[1] for r in rs]
                 ys = [r[2] for r in rs]
@@ -559,11 +579,27 @@ def new_points(catalog: Catalog, run_id: str, after: int, x: str = "step") -> di
                 out.setdefault(m, []).append(
                     _trace(p, xs, ys, steps, list(range(len(rs))), len(rs))
                 )
+        if reset:  # the page reloads everything: the next poll starts at each one's end
+            out = {}
+            for p in prods:
+                sql = _metrics_sql(con, p, catalog.cache_dir)
+                if sql is None:
+                    continue
+                (top,) = con.execute(f"SELECT max(step) FROM ({sql})").fetchone()
+                if top is not None:
+                    max_steps[producer_label(p)] = int(top)
     finally:
         con.close()
     _gone(prods)
     status = worst_status(producer_status(v) for v in producer_infos(prods[0].run_dir).values())
-    return {"max_step": max_step, "reset": reset, "metrics": out, "status": status}
+    max_step = max([after, *max_steps.values()])
+    return {
+        "max_step": max_step,
+        "max_steps": max_steps,
+        "reset": reset,
+        "metrics": out,
+        "status": status,
+    }
 
 
 # ----------------------------------------------------------------------------- spans

@@ -9,7 +9,8 @@ Endpoints (every run is named by its ``run`` id from ``/api/runs``, looked up, n
 - ``/api/run?run=ID``: a run's metrics, x-axis options, config, summary, alerts.
 - ``/api/series?run=ID&metric=M&x=step|time|METRIC&width=W[&lo=&hi=]``: one metric,
   downsampled to ``W`` buckets over the x range ``[lo, hi]``.
-- ``/api/points?run=ID&after=STEP&x=...``: rows with a step above ``STEP`` (live polling).
+- ``/api/points?run=ID&after=STEP[&since=PRODUCER:STEP...]&x=...``: rows with a step above
+  ``STEP`` (or the producer's own step in ``since``; live polling).
 - ``/api/spans?run=ID[&start=&stop=]``: mean ms per span path over a step range.
 - ``/api/trace?run=ID[&start=&stop=]``: the Chrome Trace JSON (download, for Perfetto).
 - ``/api/compare?run=A&run=B...``: config/summary differences and the metrics of the runs.
@@ -166,11 +167,21 @@ def create_app(root: str | os.PathLike[str], *, cache_dir: str | os.PathLike[str
         )
 
     def api_points(request: Any) -> Any:
+        since: dict[str, int] = {}
+        for v in request.query_params.getlist("since"):
+            label, sep, step = v.rpartition(":")
+            try:
+                since[label] = int(step)
+            except ValueError:
+                raise data.BadRequest(f"since={v!r} is not PRODUCER:STEP") from None
+            if not sep or not label:
+                raise data.BadRequest(f"since={v!r} is not PRODUCER:STEP")
         return data.new_points(
             catalog,
             q_str(request, "run"),
             q_int(request, "after", -1),  # type: ignore[arg-type]
             request.query_params.get("x") or "step",
+            since,
         )
 
     def api_spans(request: Any) -> Any:

@@ -265,6 +265,57 @@ def test_live_run_gets_new_points(page, tmp_path):
         writer.wait()
 
 
+RANK_LIVE = """
+import os, sys, time, expr_tracker as et
+run = et.init(project="demo", name="ranks", dir=sys.argv[1])
+for i in range(40):
+    et.log({"loss": float(i)})
+    run.flush()
+    time.sleep(float(sys.argv[2]))
+et.finish()
+"""
+
+
+def test_live_run_of_two_ranks_keeps_every_point(page, tmp_path):
+    # torchrun: rank 1 lags rank 0; the page polled every producer from the run's highest
+    # step, so rank 1's rows in between never reached the chart. At the end each rank's
+    # line has every step, and the status turns to finished by itself.
+    root = tmp_path / "runs"
+    procs = []
+    for rank, pause in ((0, "0.05"), (1, "0.15")):
+        e = env()
+        e["RANK"] = str(rank)
+        procs.append(subprocess.Popen([sys.executable, "-c", RANK_LIVE, str(root), pause], env=e))
+    try:
+        files = [root / "demo" / "ranks" / n for n in ("metrics.jsonl", "metrics.rank1.jsonl")]
+        for _ in range(400):
+            if all(f.exists() and f.stat().st_size > 0 for f in files):
+                break
+            page.wait_for_timeout(50)
+        server = Server(root, tmp_path / "cache")
+        try:
+            page.goto(server.url + "/#/run?run=demo%2Franks")
+            wait_chart(page, "loss")
+            for p in procs:
+                p.wait(timeout=60)
+            page.wait_for_function(
+                "() => document.getElementById('run-status').textContent === 'finished'",
+                timeout=30_000,
+            )
+            page.wait_for_timeout(2500)  # one more poll after the last rows
+            raw = {t["name"]: t for t in chart_data(page, "loss") if t["role"] == "raw"}
+            assert sorted(raw) == ["loss (main)", "loss (main/rank1)"]
+            for t in raw.values():
+                assert t["x"] == [float(i) for i in range(40)], t["name"]
+                assert t["y"] == [float(i) for i in range(40)], t["name"]
+        finally:
+            server.close()
+    finally:
+        for p in procs:
+            p.kill()
+            p.wait()
+
+
 def test_page_loads_nothing_outside(page, ui_server):
     page.goto(ui_server.url + "/#/run?run=demo%2Fbeta")
     wait_chart(page, "eval/acc")
@@ -322,5 +373,156 @@ def test_long_series_downsampled_and_requeried_on_zoom(page, tmp_path):
         )
         (zoomed,) = [t for t in chart_data(page, "loss") if t["role"] == "raw"]
         assert zoomed["y"][45] == 1000.0  # step 12345
+    finally:
+        server.close()
+
+
+SPREAD = """
+import sys, time, expr_tracker as et
+et.init(project="p", name="spread", dir=sys.argv[1])
+for i in range(50):
+    et.log({"loss": float(i)})
+    time.sleep(0.02)
+et.finish()
+"""
+
+
+def test_zoom_on_wall_time_outside_utc(browser, tmp_path):
+    # Plotly answers a date axis' zoom as local-time text; the page read it as UTC, so in
+    # New York a zoom asked for a range five hours away and the chart went empty
+    root = tmp_path / "runs"
+    subprocess.run([sys.executable, "-c", SPREAD, str(root)], check=True, env=env(), timeout=120)
+    server = Server(root, tmp_path / "cache")
+    ctx = browser.new_context(
+        viewport={"width": 1200, "height": 720}, timezone_id="America/New_York"
+    )
+    try:
+        pg = ctx.new_page()
+        errors: list[str] = []
+        pg.on("pageerror", lambda e: errors.append(str(e)))
+        pg.goto(server.url + "/#/run?run=p%2Fspread")
+        wait_chart(pg, "loss")
+        pg.select_option("#x-axis", "time")
+        pg.wait_for_function(
+            """() => { const d = document.querySelector('div.chart');
+                       return d.data[0].x[0] instanceof Date && d.data[0].x.length === 50; }""",
+            timeout=30_000,
+        )
+        want = pg.evaluate(
+            """() => { const d = document.querySelector('div.chart'), ax = d._fullLayout.xaxis;
+                const [a, b] = ax.range.map((r) => ax.r2l(r));
+                const lo = ax.l2r(a + 0.3 * (b - a)), hi = ax.l2r(a + 0.6 * (b - a));
+                const inside = d.data[0].x.filter((x) => { const l = ax.d2l(x);
+                    return l >= ax.r2l(lo) && l <= ax.r2l(hi); }).length;
+                Plotly.relayout(d, {'xaxis.range[0]': lo, 'xaxis.range[1]': hi});
+                return inside; }"""
+        )
+        assert 5 <= want <= 25
+        pg.wait_for_function(
+            "(n) => document.querySelector('div.chart').data[0].x.length === n",
+            arg=want,
+            timeout=30_000,
+        )
+        assert errors == []
+    finally:
+        ctx.close()
+        server.close()
+
+
+def test_runs_table_filters_follow_new_statuses(page, tmp_path):
+    # opened while a sweep runs: the status filter offered "running" only, and after the runs
+    # finished "finished" could not be chosen without a reload
+    root = tmp_path / "runs"
+    writer = subprocess.Popen(
+        [sys.executable, "-c", LIVE_WRITER, str(root), "60", "0.05"], env=env()
+    )
+    try:
+        metrics = root / "demo" / "live" / "metrics.jsonl"
+        for _ in range(400):
+            if metrics.exists() and metrics.stat().st_size > 0:
+                break
+            page.wait_for_timeout(50)
+        server = Server(root, tmp_path / "cache")
+        try:
+            page.goto(server.url + "/")
+            page.wait_for_selector("#runs-body tr")
+            page.fill("#filter-text", "live")
+            writer.wait(timeout=60)
+            page.wait_for_function(
+                "() => document.querySelector('#runs-body tr td.status-finished') !== null",
+                timeout=30_000,
+            )
+            opts = page.eval_on_selector_all("#filter-status option", "os => os.map(o => o.value)")
+            assert opts == ["", "finished"]
+            page.select_option("#filter-status", "finished", timeout=5_000)
+            assert page.locator("#runs-body tr").count() == 1
+            assert page.input_value("#filter-text") == "live"  # the filters stay
+        finally:
+            server.close()
+    finally:
+        writer.kill()
+        writer.wait()
+
+
+def test_run_deleted_while_its_page_is_open(page, tmp_path):
+    # the page kept saying "running" (and "● live") for a run whose folder was removed
+    root = tmp_path / "runs"
+    writer = subprocess.Popen(
+        [sys.executable, "-c", LIVE_WRITER, str(root), "2000", "0.05"], env=env()
+    )
+    try:
+        metrics = root / "demo" / "live" / "metrics.jsonl"
+        for _ in range(400):
+            if metrics.exists() and metrics.stat().st_size > 0:
+                break
+            page.wait_for_timeout(50)
+        server = Server(root, tmp_path / "cache")
+        try:
+            page.goto(server.url + "/#/run?run=demo%2Flive")
+            wait_chart(page, "train/loss")
+            assert page.locator("#run-status").inner_text() == "running"
+            writer.kill()
+            writer.wait()
+            shutil.rmtree(root / "demo" / "live")
+            page.wait_for_function(
+                "() => document.getElementById('run-status').textContent === 'deleted'",
+                timeout=30_000,
+            )
+            assert page.locator("#live").inner_text() == ""
+        finally:
+            server.close()
+    finally:
+        writer.kill()
+        writer.wait()
+
+
+def test_compare_zoom_asks_the_range_again(page, tmp_path):
+    # the compare charts kept the series cut for the full width: zooming into a long run
+    # showed a handful of points, not its steps
+    root = tmp_path / "runs"
+    subprocess.run([sys.executable, "-c", LONG, str(root)], check=True, env=env(), timeout=120)
+    short = (
+        "import sys, expr_tracker as et\n"
+        "et.init(project='p', name='short', dir=sys.argv[1])\n"
+        "for i in range(12340, 12350): et.log({'loss': 0.5}, step=i)\n"
+    )
+    subprocess.run([sys.executable, "-c", short, str(root)], check=True, env=env(), timeout=120)
+    server = Server(root, tmp_path / "cache")
+    try:
+        page.goto(server.url + "/#/compare?run=p%2Flong&run=p%2Fshort")
+        data = wait_chart(page, "loss")
+        assert sorted(t["name"] for t in data if t["role"] == "raw") == ["p/long", "p/short"]
+        page.evaluate(
+            "Plotly.relayout(document.querySelector('div.chart'), {'xaxis.range': [12300, 12400]})"
+        )
+        page.wait_for_function(
+            """() => { const t = document.querySelector('div.chart').data
+                         .find((t) => t.name === 'p/long' && t.meta.role === 'raw');
+                       return t && t.x.length === 101 && t.x[0] === 12300; }""",
+            timeout=30_000,
+        )
+        raw = {t["name"]: t for t in chart_data(page, "loss") if t["role"] == "raw"}
+        assert raw["p/long"]["y"][45] == 1000.0  # step 12345, the spike
+        assert raw["p/short"]["x"] == [float(s) for s in range(12340, 12350)]
     finally:
         server.close()

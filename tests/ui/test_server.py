@@ -376,3 +376,85 @@ def test_a_linked_file_out_of_dir_is_not_read(tmp_path, ui_runs):
     assert r.status_code == 404
     served = [r for r in runs.values() if r["steps"] == 25]
     assert len(served) == 1  # the copy, reached twice (itself and the alias), served once
+
+
+def test_points_ask_each_producer_from_its_own_step(tmp_path):
+    # a live page of a torchrun run: rank 1 lags rank 0; asking every producer from the
+    # run's highest step lost rank 1's rows in between (and a stopped stream's forever)
+    root = tmp_path / "runs"
+    write_rank_runs(root)
+    c = TestClient(create_app(root, cache_dir=tmp_path / "cache"))
+    (run,) = c.get("/api/runs").json()["runs"]
+    assert run["producer_steps"] == {"main": 29, "main/rank1": 29}
+    r = c.get(
+        "/api/points",
+        params={"run": run["run"], "after": -1, "since": ["main:29", "main/rank1:26"]},
+    ).json()
+    assert [(t["producer"], t["step"]) for t in r["metrics"]["loss"]] == [
+        ("main/rank1", [27, 28, 29])
+    ]
+    assert r["max_steps"] == {"main": 29, "main/rank1": 29} and r["max_step"] == 29
+    for bad in ("main", "main:x", ":3"):
+        r = c.get("/api/points", params={"run": run["run"], "since": bad})
+        assert r.status_code == 400 and "since" in r.json()["error"], bad
+
+
+def test_points_reset_tells_where_each_producer_ends(long_run, tmp_path, monkeypatch):
+    # more new rows than a poll carries: the page reloads its charts; the answer must say
+    # where the run is, or the next poll asks from the same step and resets again, forever
+    from expr_tracker.ui import data
+
+    monkeypatch.setattr(data, "MAX_NEW_ROWS", 100)
+    c = TestClient(create_app(long_run, cache_dir=tmp_path / "c"))
+    r = c.get("/api/points", params={"run": "p/long", "after": 10}).json()
+    assert r["reset"] is True and r["metrics"] == {}
+    assert r["max_steps"] == {"main": 4999} and r["max_step"] == 4999
+    r = c.get("/api/points", params={"run": "p/long", "since": "main:4999"}).json()
+    assert r["reset"] is False and r["metrics"] == {}
+
+
+NAN_STEP_METRIC = textwrap.dedent(
+    """
+    import sys, expr_tracker as et
+    et.init(project="p", name="nanx", dir=sys.argv[1])
+    et.define_metric("val/*", step_metric="epoch")
+    for i in range(30):
+        ep = float("nan") if i == 10 else (float("inf") if i == 20 else i / 10)
+        et.log({"epoch": ep, "val/acc": i})
+    et.finish()
+    """
+)
+
+
+def test_points_leave_out_a_non_finite_x(tmp_path):
+    # /api/series leaves out rows whose step metric is NaN/inf; the live poll sent them as
+    # x "NaN"/"Infinity" strings that the page appended to the chart
+    root = tmp_path / "runs"
+    subprocess.run([sys.executable, "-c", NAN_STEP_METRIC, str(root)], check=True, env=env())
+    c = TestClient(create_app(root, cache_dir=tmp_path / "c"))
+    s = c.get("/api/series", params={"run": "p/nanx", "metric": "val/acc", "x": "epoch"}).json()
+    r = c.get("/api/points", params={"run": "p/nanx", "x": "epoch"}).json()
+    (t,) = r["metrics"]["val/acc"]
+    assert all(isinstance(v, float) for v in t["x"])
+    assert t["step"] == s["traces"][0]["step"] and 10 not in t["step"] and 20 not in t["step"]
+
+
+def test_cli_port_in_use_is_one_clear_line(tmp_path):
+    # uvicorn's "ERROR: [Errno 98] ..." came after "serving at ...", exit status 3
+    import socket
+
+    with socket.socket() as busy:
+        busy.bind(("127.0.0.1", 0))
+        busy.listen()
+        port = busy.getsockname()[1]
+        p = subprocess.run(
+            [sys.executable, "-m", "expr_tracker.cli.main", "ui", str(tmp_path)]
+            + ["--port", str(port)],
+            env=env(),
+            capture_output=True,
+            text=True,
+            timeout=60,
+        )
+    assert p.returncode == 1 and "serving" not in p.stderr, p.stderr
+    assert f"cannot listen on 127.0.0.1:{port}" in p.stderr and "in use" in p.stderr
+    assert "Traceback" not in p.stderr and "--port" in p.stderr

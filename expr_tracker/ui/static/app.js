@@ -45,7 +45,7 @@ function qs(params) {
 async function api(path, params) {
   const r = await fetch(`/api/${path}?${qs(params || {})}`);
   const body = await r.json();
-  if (!r.ok) throw new Error(body.error || `HTTP ${r.status}`);
+  if (!r.ok) { const e = new Error(body.error || `HTTP ${r.status}`); e.status = r.status; throw e; }
   return body;
 }
 
@@ -115,13 +115,22 @@ async function runsPage(me) {
   document.getElementById("root").textContent = data.root;
   let runs = data.runs;
   const uniq = (xs) => [...new Set(xs)].sort();
-  const statuses = uniq(runs.map((r) => r.status));
-  const tags = uniq(runs.flatMap((r) => r.tags));
-  const groups = uniq(runs.map((r) => r.group).filter((g) => g));
-  const select = (key, label, values) => el("label", {}, label + " ",
-    el("select", { id: `filter-${key}`, on: { change: (e) => { runsState[key] = e.target.value; draw(); } } },
-      el("option", { value: "" }, "all"),
-      values.map((v) => el("option", { value: v, selected: runsState[key] === v }, v))));
+  // the choices of each filter, from the runs as they are now (plus the one chosen)
+  const choices = {
+    status: () => uniq(runs.map((r) => r.status)),
+    tag: () => uniq(runs.flatMap((r) => r.tags)),
+    group: () => uniq(runs.map((r) => r.group).filter((g) => g)),
+  };
+  const options = (key) => {
+    const values = choices[key]();
+    if (runsState[key] && !values.includes(runsState[key])) values.push(runsState[key]);
+    return [el("option", { value: "" }, "all"),
+      ...values.map((v) => el("option", { value: v, selected: runsState[key] === v }, v))];
+  };
+  const selects = {};
+  const select = (key, label) => el("label", {}, label + " ",
+    selects[key] = el("select", { id: `filter-${key}`, on: { change: (e) => { runsState[key] = e.target.value; draw(); } } },
+      options(key)));
   const compareBtn = el("button", { id: "compare", on: { click: () => {
     location.hash = "#/compare?" + qs({ run: [...runsState.selected] });
   } } }, "Compare selected");
@@ -132,7 +141,7 @@ async function runsPage(me) {
     el("div", { class: "filters" },
       el("input", { id: "filter-text", type: "search", placeholder: "filter by name, project, tag…",
         value: runsState.text, on: { input: (e) => { runsState.text = e.target.value; draw(); } } }),
-      select("status", "status", statuses), select("tag", "tag", tags), select("group", "group", groups),
+      select("status", "status"), select("tag", "tag"), select("group", "group"),
       compareBtn, count),
     el("table", { id: "runs" },
       el("thead", {}, el("tr", {}, ["", "run", "status", "steps", "duration", "started", "tags", "group"]
@@ -173,6 +182,10 @@ async function runsPage(me) {
       const fresh = await api("runs");
       if (me !== page) return;
       runs = fresh.runs;
+      // a status, tag or group that appeared since (a sweep's runs finishing) can be chosen
+      for (const [key, sel] of Object.entries(selects)) {
+        if (document.activeElement !== sel) sel.replaceChildren(...options(key));
+      }
       draw();
     } catch (e) { /* the next refresh tries again */ }
     if (me === page) pollTimer = setTimeout(refresh, 5000);
@@ -196,10 +209,17 @@ function ema(ys, w) {
 
 function xOut(x, mode) { return mode === "time" ? new Date(x * 1000) : x; }
 
+// a zoomed range back to x: Plotly shows a Date in the browser's local time and answers a
+// date axis' range as local-time text ("2026-12-01 17:02:47.7719"), so it is read as local
+// time (read as UTC, every zoom outside UTC asked for a range hours away: an empty chart)
 function xIn(v, mode) {
   if (mode !== "time") return Number(v);
   if (typeof v === "number") return v / 1000;
-  return Date.parse(String(v).replace(" ", "T") + "Z") / 1000;
+  const m = /^(-?\d+)-(\d\d)-(\d\d)(?:[ T](\d\d)(?::(\d\d)(?::(\d\d(?:\.\d*)?))?)?)?$/.exec(String(v).trim());
+  if (!m) return Date.parse(String(v)) / 1000;
+  const sec = Number(m[6] || 0);
+  const whole = new Date(Number(m[1]), Number(m[2]) - 1, Number(m[3]), Number(m[4] || 0), Number(m[5] || 0), Math.floor(sec));
+  return whole.getTime() / 1000 + (sec - Math.floor(sec));
 }
 
 // the Plotly figure of one chart: per series the raw line (faint when smoothing), the EMA,
@@ -286,6 +306,10 @@ async function runPage(run, me) {
   const charts = new Map(); // metric -> chart
   const multi = d.producers.length > 1;
   let maxStep = d.steps === null ? -1 : d.steps - 1;
+  // live polling asks each producer (rank, stream) from its own last step: a rank that lags
+  // the others, or a stream that stopped, loses nothing; one step is asked again (a metric
+  // logged later at the same step), the series keep only steps they do not have yet
+  let lastBy = { ...(d.producer_steps || {}) };
 
   const statusEl = el("span", { id: "run-status", class: `status-${d.status}` }, d.status);
   const stepsEl = el("span", { id: "run-steps" }, d.steps ?? 0);
@@ -361,11 +385,13 @@ async function runPage(run, me) {
   async function poll() {
     if (me !== page) return;
     try {
-      const r = await api("points", { run, after: maxStep, x: opts.x });
+      const since = Object.entries(lastBy).map(([p, st]) => `${p}:${st - 1}`);
+      const r = await api("points", { run, after: -1, since, x: opts.x });
       if (me !== page) return;
       statusEl.textContent = r.status; statusEl.className = `status-${r.status}`;
-      if (r.reset) { maxStep = r.max_step; reloadAll(); }
+      if (r.reset) { lastBy = { ...r.max_steps }; maxStep = r.max_step; stepsEl.textContent = maxStep + 1; reloadAll(); }
       else {
+        for (const [p, st] of Object.entries(r.max_steps || {})) lastBy[p] = Math.max(lastBy[p] ?? -1, st);
         for (const [metric, traces] of Object.entries(r.metrics)) {
           let chart = charts.get(metric);
           if (!chart) { chart = addChart(metric); load(chart); continue; }
@@ -382,7 +408,13 @@ async function runPage(run, me) {
         if (r.max_step > maxStep) { maxStep = r.max_step; stepsEl.textContent = maxStep + 1; }
       }
       document.getElementById("live").textContent = r.status === "running" ? "● live" : "";
-    } catch (e) { /* the next poll tries again */ }
+    } catch (e) {
+      // the run deleted while its page is open: say so (a run written again there comes back)
+      if (e.status === 404) {
+        statusEl.textContent = "deleted"; statusEl.className = "status-deleted";
+        document.getElementById("live").textContent = "";
+      } /* else the server is away (restarting): the next poll tries again */
+    }
     if (me === page) pollTimer = setTimeout(poll, POLL_MS);
   }
 
@@ -468,18 +500,37 @@ async function comparePage(runs, me) {
     chartsBox.appendChild(div);
     return { metric: m, title: m, div, series: [], range: null, uirev: 1 };
   });
+  async function load(chart) {
+    const series = [];
+    for (const run of labels) {
+      const params = { run, metric: chart.metric, width: chartWidth(chart.div) };
+      if (chart.range) { params.lo = chart.range[0]; params.hi = chart.range[1]; }
+      try {
+        const r = await api("series", params);
+        for (const t of r.traces) series.push({ ...t, label: t.producer === "main" ? run : `${run} (${t.producer})` });
+      } catch (e) { /* this run lacks the metric */ }
+    }
+    if (me !== page) return;
+    chart.series = series;
+    await draw(chart, opts);
+    if (!chart.hooked) {
+      chart.hooked = true;
+      // zoom: every run's series asked again for the range (a long run shows its detail)
+      chart.div.on("plotly_relayout", (ev) => {
+        if (ev["xaxis.autorange"]) { chart.range = null; load(chart); return; }
+        const a = ev["xaxis.range[0]"] ?? (ev["xaxis.range"] || [])[0];
+        const b = ev["xaxis.range[1]"] ?? (ev["xaxis.range"] || [])[1];
+        if (a === undefined || b === undefined) return;
+        chart.range = [xIn(a, opts.x), xIn(b, opts.x)];
+        load(chart);
+      });
+    }
+    chart.div.dataset.loaded = "1";
+  }
   const worker = async () => {
     while (queue.length) {
-      const chart = queue.shift();
-      for (const run of labels) {
-        try {
-          const r = await api("series", { run, metric: chart.metric, width: chartWidth(chart.div) });
-          for (const t of r.traces) chart.series.push({ ...t, label: t.producer === "main" ? run : `${run} (${t.producer})` });
-        } catch (e) { /* this run lacks the metric */ }
-      }
       if (me !== page) return;
-      await draw(chart, opts);
-      chart.div.dataset.loaded = "1";
+      await load(queue.shift());
     }
   };
   await Promise.all([worker(), worker(), worker()]);
