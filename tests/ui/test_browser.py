@@ -88,6 +88,20 @@ def page(browser):
     ctx.close()
 
 
+def start_live_writer(pg, root, steps: int, interval_s: float) -> subprocess.Popen:
+    """A subprocess logging ``steps`` rows to ``root/demo/live``, one per ``interval_s``;
+    returns once its metrics file has a row (waiting in ``pg``'s event loop, ≤ 20 s)."""
+    writer = subprocess.Popen(
+        [sys.executable, "-c", LIVE_WRITER, str(root), str(steps), str(interval_s)], env=env()
+    )
+    metrics = root / "demo" / "live" / "metrics.jsonl"
+    for _ in range(400):
+        if metrics.exists() and metrics.stat().st_size > 0:
+            break
+        pg.wait_for_timeout(50)
+    return writer
+
+
 def shot(pg, name: str, locator=None) -> None:
     ARTIFACTS.mkdir(parents=True, exist_ok=True)
     path = ARTIFACTS / f"{name}.png"
@@ -233,16 +247,8 @@ def test_compare_view(page, ui_server):
 
 def test_live_run_gets_new_points(page, tmp_path):
     root = tmp_path / "runs"
-    writer = subprocess.Popen(
-        [sys.executable, "-c", LIVE_WRITER, str(root), "400", "0.05"], env=env()
-    )
+    writer = start_live_writer(page, root, 400, 0.05)
     try:
-        metrics = root / "demo" / "live" / "metrics.jsonl"
-        page.wait_for_timeout(100)
-        for _ in range(300):
-            if metrics.exists() and metrics.stat().st_size > 0:
-                break
-            page.wait_for_timeout(50)
         server = Server(root, tmp_path / "cache")
         try:
             page.goto(server.url + "/#/run?run=demo%2Flive")
@@ -433,15 +439,8 @@ def test_runs_table_filters_follow_new_statuses(page, tmp_path):
     # opened while a sweep runs: the status filter offered "running" only, and after the runs
     # finished "finished" could not be chosen without a reload
     root = tmp_path / "runs"
-    writer = subprocess.Popen(
-        [sys.executable, "-c", LIVE_WRITER, str(root), "60", "0.05"], env=env()
-    )
+    writer = start_live_writer(page, root, 60, 0.05)
     try:
-        metrics = root / "demo" / "live" / "metrics.jsonl"
-        for _ in range(400):
-            if metrics.exists() and metrics.stat().st_size > 0:
-                break
-            page.wait_for_timeout(50)
         server = Server(root, tmp_path / "cache")
         try:
             page.goto(server.url + "/")
@@ -467,15 +466,8 @@ def test_runs_table_filters_follow_new_statuses(page, tmp_path):
 def test_run_deleted_while_its_page_is_open(page, tmp_path):
     # the page kept saying "running" (and "● live") for a run whose folder was removed
     root = tmp_path / "runs"
-    writer = subprocess.Popen(
-        [sys.executable, "-c", LIVE_WRITER, str(root), "2000", "0.05"], env=env()
-    )
+    writer = start_live_writer(page, root, 2000, 0.05)
     try:
-        metrics = root / "demo" / "live" / "metrics.jsonl"
-        for _ in range(400):
-            if metrics.exists() and metrics.stat().st_size > 0:
-                break
-            page.wait_for_timeout(50)
         server = Server(root, tmp_path / "cache")
         try:
             page.goto(server.url + "/#/run?run=demo%2Flive")
