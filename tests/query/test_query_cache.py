@@ -9,6 +9,7 @@ import os
 import struct
 
 import pytest
+from jsonl_model import long_metric_rows
 
 pa = pytest.importorskip("pyarrow")
 pq = pytest.importorskip("pyarrow.parquet")
@@ -31,37 +32,8 @@ def read_parts(c: CachedSource) -> list[dict]:
 
 
 def expected_metric_rows(path) -> list[dict]:
-    """The LONG rows a metrics JSONL should give (decoded by the standard json module, which
-    keeps ints beyond 64 bits exact)."""
-    out = []
-    data = path.read_bytes()
-    lines = data.split(b"\n")[:-1]  # complete lines only
-    for i, raw in enumerate(lines):
-        d = json.loads(raw)
-        for k, v in d.items():
-            if k.startswith("_"):
-                continue
-            if isinstance(v, bool):
-                val, text = float(v), None
-            elif isinstance(v, float):
-                val, text = v, None
-            elif isinstance(v, int):
-                val, text = float(v), (None if int(float(v)) == v else str(v))
-            elif isinstance(v, str):
-                val, text = None, v
-            else:
-                val, text = None, json.dumps(v, separators=(",", ":"), ensure_ascii=False)
-            out.append(
-                {
-                    "step": d.get("_step"),
-                    "time": d.get("_time"),
-                    "metric": k,
-                    "value": val,
-                    "text": text,
-                    "line": i,
-                }
-            )
-    return out
+    """The LONG rows a metrics JSONL should give (tests/jsonl_model.py)."""
+    return long_metric_rows(path)
 
 
 def same_rows(got: list[dict], want: list[dict]) -> None:

@@ -15,6 +15,7 @@ import sys
 import time
 
 import pytest
+from jsonl_model import long_metric_rows
 
 pa = pytest.importorskip("pyarrow")
 pq = pytest.importorskip("pyarrow.parquet")
@@ -39,26 +40,19 @@ def env():
     return e
 
 
-def expected(path) -> list[tuple]:
-    """(line, metric, value bits or None, text, step) of every complete line, via json."""
-    out = []
-    for i, raw in enumerate(path.read_bytes().split(b"\n")[:-1]):
-        d = json.loads(raw)
-        for k, v in d.items():
-            if k.startswith("_"):
-                continue
-            if isinstance(v, bool):
-                val, text = float(v), None
-            elif isinstance(v, float):
-                val, text = v, None
-            elif isinstance(v, int):
-                val, text = float(v), (None if int(float(v)) == v else str(v))
-            elif isinstance(v, str):
-                val, text = None, v
-            else:
-                val, text = None, json.dumps(v, separators=(",", ":"), ensure_ascii=False)
-            out.append((i, k, None if val is None else val.hex(), text, d.get("_step")))
-    return sorted(out)
+def expected(path, skip_bad: bool = False) -> list[tuple]:
+    """(line, metric, value bits or None, text, step) of every complete line, via json
+    (tests/jsonl_model.py)."""
+    return sorted(
+        (
+            r["line"],
+            r["metric"],
+            None if r["value"] is None else r["value"].hex(),
+            r["text"],
+            r["step"],
+        )
+        for r in long_metric_rows(path, skip_bad=skip_bad)
+    )
 
 
 def cached(c) -> list[tuple]:
@@ -361,20 +355,7 @@ def test_small_blocks_and_long_lines(tmp_path, monkeypatch):
 
 def expected_valid(path):
     """expected() skipping lines that are not JSON objects."""
-    out = []
-    for i, raw in enumerate(path.read_bytes().split(b"\n")[:-1]):
-        try:
-            d = json.loads(raw)
-        except ValueError:
-            continue
-        if not isinstance(d, dict):
-            continue
-        for k, v in d.items():
-            if k.startswith("_"):
-                continue
-            val, text = (float(v), None) if isinstance(v, float) else (None, v)
-            out.append((i, k, None if val is None else val.hex(), text, d.get("_step")))
-    return sorted(out)
+    return expected(path, skip_bad=True)
 
 
 def test_memory_is_bounded_by_the_block(tmp_path):
