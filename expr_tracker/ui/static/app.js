@@ -225,6 +225,21 @@ function xIn(v, mode) {
 // the Plotly figure of one chart: per series the raw line (faint when smoothing), the EMA,
 // non-finite points as marks on a second y axis (0..1: NaN mid, +inf top, -inf bottom),
 // alert events as marks at the top with their message
+// Zoom (drag) and zoom-out (double click) on a chart call load(chart) again with chart.range
+// set to the x range shown (null: all), once per chart.
+function hookZoom(chart, opts, load) {
+  if (chart.hooked) return;
+  chart.hooked = true;
+  chart.div.on("plotly_relayout", (ev) => {
+    if (ev["xaxis.autorange"]) { chart.range = null; load(chart); return; }
+    const a = ev["xaxis.range[0]"] ?? (ev["xaxis.range"] || [])[0];
+    const b = ev["xaxis.range[1]"] ?? (ev["xaxis.range"] || [])[1];
+    if (a === undefined || b === undefined) return;
+    chart.range = [xIn(a, opts.x), xIn(b, opts.x)];
+    load(chart);
+  });
+}
+
 function figure(chart, opts) {
   const traces = [];
   const nonfinite = { x: [], y: [], text: [] };
@@ -357,17 +372,7 @@ async function runPage(run, me) {
     chart.series = r.traces.map((t) => ({ ...t, label: multi ? `${chart.metric} (${t.producer})` : chart.metric }));
     chart.alerts = alertsFor(chart.metric);
     await draw(chart, opts);
-    if (!chart.hooked) {
-      chart.hooked = true;
-      chart.div.on("plotly_relayout", (ev) => {
-        if (ev["xaxis.autorange"]) { chart.range = null; load(chart); return; }
-        const a = ev["xaxis.range[0]"] ?? (ev["xaxis.range"] || [])[0];
-        const b = ev["xaxis.range[1]"] ?? (ev["xaxis.range"] || [])[1];
-        if (a === undefined || b === undefined) return;
-        chart.range = [xIn(a, opts.x), xIn(b, opts.x)];
-        load(chart); // re-query the zoomed range at full resolution for the pixels
-      });
-    }
+    hookZoom(chart, opts, load); // re-query the zoomed range at full resolution for the pixels
     chart.div.dataset.loaded = "1";
   }
 
@@ -513,18 +518,7 @@ async function comparePage(runs, me) {
     if (me !== page) return;
     chart.series = series;
     await draw(chart, opts);
-    if (!chart.hooked) {
-      chart.hooked = true;
-      // zoom: every run's series asked again for the range (a long run shows its detail)
-      chart.div.on("plotly_relayout", (ev) => {
-        if (ev["xaxis.autorange"]) { chart.range = null; load(chart); return; }
-        const a = ev["xaxis.range[0]"] ?? (ev["xaxis.range"] || [])[0];
-        const b = ev["xaxis.range[1]"] ?? (ev["xaxis.range"] || [])[1];
-        if (a === undefined || b === undefined) return;
-        chart.range = [xIn(a, opts.x), xIn(b, opts.x)];
-        load(chart);
-      });
-    }
+    hookZoom(chart, opts, load); // every run's series asked again for the range
     chart.div.dataset.loaded = "1";
   }
   const worker = async () => {
