@@ -7,6 +7,8 @@ import json
 import sys
 from typing import Any
 
+from expr_tracker.cli import output
+
 
 def register(subparsers: Any) -> None:
     """Add the ``export`` sub-command to ``subparsers`` (sets ``func``)."""
@@ -68,25 +70,25 @@ def run(args: argparse.Namespace) -> int:
     """Exit codes: 0 written, 1 a bad source/argument, an existing PATH or a failed write."""
     from expr_tracker.query.export import ExportError, export_runs
 
-    restore = _sigterm_as_exit()
+    # SIGTERM (kill, SLURM) exits 143 after the half-written temporary file or folder is
+    # removed, as on Ctrl-C (a leftover .PATH.<pid>.partial folder is read by a ** glob)
     try:
-        res = export_runs(
-            args.source,
-            args.output,
-            format=args.format,
-            layout=args.layout,
-            metrics=args.metrics,
-            stream=args.stream,
-            rank=args.rank,
-            partition=args.partition,
-            overwrite=args.overwrite,
-            cache_dir=args.cache_dir,
-        )
+        with output.sigterm_as_exit():
+            res = export_runs(
+                args.source,
+                args.output,
+                format=args.format,
+                layout=args.layout,
+                metrics=args.metrics,
+                stream=args.stream,
+                rank=args.rank,
+                partition=args.partition,
+                overwrite=args.overwrite,
+                cache_dir=args.cache_dir,
+            )
     except (ExportError, ImportError, OSError) as exc:
         print(f"et export: {exc}", file=sys.stderr)
         return 1
-    finally:
-        restore()
     if args.json:
         print(json.dumps(res))
         return 0
@@ -97,24 +99,3 @@ def run(args: argparse.Namespace) -> int:
         f"{res['files']} {res['format']} {where}, {res['bytes']} bytes in {res['seconds']:.2f} s"
     )
     return 0
-
-
-def _sigterm_as_exit() -> Any:
-    """SIGTERM (``kill``, SLURM, Kubernetes) raises ``SystemExit(143)`` while the export runs,
-    so that its half-written temporary file or folder is removed as on Ctrl-C (a leftover
-    ``.PATH.<pid>.partial`` folder is read by a ``**`` glob over its parent). Returns the
-    function that puts the previous handler back."""
-    import signal
-    import threading
-
-    if threading.current_thread() is not threading.main_thread():
-        return lambda: None
-
-    def on_term(signum: int, frame: Any) -> None:
-        raise SystemExit(128 + signum)
-
-    try:
-        old = signal.signal(signal.SIGTERM, on_term)
-    except (ValueError, OSError):  # pragma: no cover - no signals here
-        return lambda: None
-    return lambda: signal.signal(signal.SIGTERM, old)

@@ -33,14 +33,41 @@ object, not a listing (``et rules explain``), uses ``write_object`` (``json``: t
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import math
 import sys
-from collections.abc import Iterable, Mapping
+from collections.abc import Iterable, Iterator, Mapping
 from typing import IO, Any
 
 #: the machine-readable formats, meaning the same in every command
 MACHINE_FORMATS = ("json", "jsonl")
+
+
+@contextlib.contextmanager
+def sigterm_as_exit(active: bool = True) -> Iterator[None]:
+    """While the block runs, SIGTERM (``kill``, ``timeout``, SLURM, Kubernetes) raises
+    ``SystemExit(143)``, so the block's ``finally`` clauses run as on Ctrl-C (a temporary
+    file removed, the terminal's cursor shown again) and the process exits 143; the previous
+    handler is put back after. Nothing changes when not ``active`` or off the main thread."""
+    import signal
+    import threading
+
+    old = None
+    if active and threading.current_thread() is threading.main_thread():
+
+        def on_term(signum: int, frame: Any) -> None:
+            raise SystemExit(128 + signum)
+
+        try:
+            old = signal.signal(signal.SIGTERM, on_term)
+        except (ValueError, OSError):  # pragma: no cover - no signals here
+            old = None
+    try:
+        yield
+    finally:
+        if old is not None:
+            signal.signal(signal.SIGTERM, old)
 
 
 def add_format_option(

@@ -40,7 +40,6 @@ import math
 import os
 import re
 import shutil
-import signal
 import sys
 import time
 import unicodedata
@@ -48,7 +47,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import IO, Any
 
-from expr_tracker.cli import runfiles
+from expr_tracker.cli import output, runfiles
 
 PLOT_EXTRA = "pip install 'expr-tracker[plot]'"
 #: series colours (xterm 256-colour codes of the 16 basic colours, readable on dark and light)
@@ -979,24 +978,6 @@ def _screen(text: str, rows: int, first: bool, cols: int = 0) -> str:
     return ("\x1b[H\x1b[2J" if first else "\x1b[H") + body
 
 
-class _Terminated(Exception):
-    """SIGTERM while following (raised by the handler :func:`_on_sigterm_raise` installs)."""
-
-
-def _on_sigterm_raise() -> Any:
-    """Make SIGTERM raise :class:`_Terminated` (so the cursor is shown again before the
-    process ends); the previous handler, or None where no handler can be installed (not
-    the main thread)."""
-
-    def handler(signum: int, frame: Any) -> None:
-        raise _Terminated()
-
-    try:
-        return signal.signal(signal.SIGTERM, handler)
-    except ValueError:
-        return None
-
-
 def _follow(
     plt: Any,
     sources: list[RunSource],
@@ -1026,34 +1007,30 @@ def _follow(
             out.write(text + "\n")
         out.flush()
 
-    previous = None
     if tty:
         out.write("\x1b[?25l")  # hide the cursor while frames replace each other
-        previous = _on_sigterm_raise()  # `timeout 60 et plot -f`: the cursor comes back too
+    # on a terminal, SIGTERM (`timeout 60 et plot -f`) exits 143 with the cursor shown again
     try:
-        draw()
-        watched = [s for s in sources if s.info is not None]
-        while True:
-            time.sleep(args.interval)
-            got = False
-            for src in sources:
-                got = poll(src, select, args.since) or got
-            if got:
-                draw()
-                continue
-            if watched and all(_status(s.info) in _ENDED for s in watched):
-                # read once more: a run closes its metrics file before run.json says ended
-                if any([poll(src, select, args.since) for src in sources]):
+        with output.sigterm_as_exit(tty):
+            draw()
+            watched = [s for s in sources if s.info is not None]
+            while True:
+                time.sleep(args.interval)
+                got = False
+                for src in sources:
+                    got = poll(src, select, args.since) or got
+                if got:
                     draw()
-                break
+                    continue
+                if watched and all(_status(s.info) in _ENDED for s in watched):
+                    # read once more: a run closes its metrics file before run.json says ended
+                    if any([poll(src, select, args.since) for src in sources]):
+                        draw()
+                    break
         return 0
     except KeyboardInterrupt:
         return 130
-    except _Terminated:
-        return 128 + signal.SIGTERM
     finally:
-        if previous is not None:
-            signal.signal(signal.SIGTERM, previous)
         if tty:
             out.write("\x1b[?25h")  # the frame's last line ends with a newline
         try:
