@@ -116,13 +116,6 @@ def run_compare(args: argparse.Namespace, out: IO[str] | None = None) -> int:
     return 0
 
 
-def _plain(text: str) -> str:
-    """``text`` with control characters escaped (a name cannot move the cursor)."""
-    if text.isprintable():
-        return text
-    return "".join(c if c.isprintable() else repr(c)[1:-1] for c in text)
-
-
 def _cut(text: str) -> str:
     from rich.cells import cell_len
 
@@ -187,7 +180,7 @@ def compare_table(result: dict[str, Any], width: int = 200) -> Any:
     for r in result["runs"]:
         head = r["run"] + (f" [{r['stream']}]" if r["stream"] else "")
         head += f" rank{r['rank']}" if r["rank"] else ""
-        heads.append(Text(_cut(_plain(head)), style="bold"))
+        heads.append(Text(_cut(output.printable(head)), style="bold"))
     rows: list[tuple[Text, list[Text]]] = []
 
     def section(title: str, body: list[tuple[Text, list[Text]]], empty: str) -> None:
@@ -196,16 +189,16 @@ def compare_table(result: dict[str, Any], width: int = 200) -> Any:
 
     ident = []
     for row in result["identity"]:
-        cells = [Text(_cut(_plain(_identity_cell(row["key"], v)))) for v in row["values"]]
-        ident.append((Text(_cut(_plain(row["key"]))), cells))
+        cells = [Text(_cut(output.printable(_identity_cell(row["key"], v)))) for v in row["values"]]
+        ident.append((Text(_cut(output.printable(row["key"]))), cells))
     section("run", ident, "(identity the same)")
     config = []
     for row in result["config"]:
         cells = [
-            missing.copy() if i in row["missing"] else Text(_cut(_plain(_json(v))))
+            missing.copy() if i in row["missing"] else Text(_cut(output.printable(_json(v))))
             for i, v in enumerate(row["values"])
         ]
-        config.append((Text(_cut(_plain(row["key"]))), cells))
+        config.append((Text(_cut(output.printable(row["key"]))), cells))
     section("config", config, "(no config differences)")
     summary = []
     for row in result["summary"]:
@@ -214,11 +207,11 @@ def compare_table(result: dict[str, Any], width: int = 200) -> Any:
             if i in row["missing"]:
                 cells.append(missing.copy())
             elif i in row["best"]:
-                cells.append(Text(_cut(_plain(_number(v))) + " *", style="bold green"))
+                cells.append(Text(_cut(output.printable(_number(v))) + " *", style="bold green"))
             else:
-                cells.append(Text(_cut(_plain(_number(v)))))
+                cells.append(Text(_cut(output.printable(_number(v)))))
         key = row["metric"] + (f" ({row['goal']})" if row["goal"] else "")
-        summary.append((Text(_cut(_plain(key))), cells))
+        summary.append((Text(_cut(output.printable(key))), cells))
     summary_at = len(rows)
     section("summary", summary, "(no summary values)")
 

@@ -44,6 +44,18 @@ from typing import IO, Any
 MACHINE_FORMATS = ("json", "jsonl")
 
 
+def printable(text: str) -> str:
+    """``text`` for a terminal: every character that is not printable (control characters
+    such as ESC, BEL and NUL, line breaks, bidirectional overrides) written as its Python
+    escape (``\\x1b``, ``\\n``, ``\\u202e``), as ``ls`` and ``git`` quote names, so a run
+    name, metric name or value cannot move the cursor, clear the screen, set the window title
+    or write the clipboard (OSC 52). Human output only: ``json``/``jsonl``/``csv`` keep the
+    data exact (docs/cli.md "Output for people")."""
+    if text.isprintable():
+        return text
+    return "".join(c if c.isprintable() else ascii(c)[1:-1] for c in text)
+
+
 @contextlib.contextmanager
 def sigterm_as_exit(active: bool = True) -> Iterator[None]:
     """While the block runs, SIGTERM (``kill``, ``timeout``, SLURM, Kubernetes) raises

@@ -167,14 +167,6 @@ class RunSource:
     inode: tuple[int, int] | None = None  # (st_dev, st_ino) of the file read
 
 
-def _printable(text: str) -> str:
-    """``text`` with control characters escaped (a metric or run name cannot move the
-    cursor or change colours)."""
-    if text.isprintable():
-        return text
-    return "".join(c if c.isprintable() else ascii(c)[1:-1] for c in text)
-
-
 def resolve_run(arg: str, root: Path, known: list[Path] | None) -> Path:
     """The run directory or metrics file ``arg`` names: a path, else ``project/name`` or
     a unique ``name`` under ``root``.
@@ -261,7 +253,7 @@ def open_runs(args: argparse.Namespace, names: list[str]) -> list[RunSource]:
                 if inside and run not in inside:  # a project (or runs) directory
                     names = sorted(d.relative_to(run).as_posix() for d in inside)
                     more = f" and {len(names) - 5} more" if len(names) > 5 else ""
-                    listed = ", ".join(_printable(n) for n in names[:5]) + more
+                    listed = ", ".join(output.printable(n) for n in names[:5]) + more
                     raise PlotError(
                         f"{str(run)!r} is no run but holds {len(names)} runs: {listed}; give "
                         "one, or several (et plot RUN1 RUN2 METRIC, or --runs A,B)"
@@ -282,7 +274,7 @@ def open_runs(args: argparse.Namespace, names: list[str]) -> list[RunSource]:
         suffixes.append(inner)
     labels = _labels([d for _, d, _ in picked], suffixes)
     return [
-        RunSource(_printable(label), path, info)
+        RunSource(output.printable(label), path, info)
         for (path, _, info), label in zip(picked, labels, strict=True)
     ]
 
@@ -439,12 +431,12 @@ def missing_patterns(
             out.append(f"unknown metric {pat!r}{where}{hint}")
     if out:
         names = [n for n in known if not n.startswith(("time_ms/", "count/"))] or list(known)
-        listed = ", ".join(_printable(n) for n in names[:12])
+        listed = ", ".join(output.printable(n) for n in names[:12])
         more = f" and {len(names) - 12} more" if len(names) > 12 else ""
         out[-1] += f"; metrics in the run{'s' if len(sources) > 1 else ''}: " + (
             f"{listed}{more}" if names else "none (no rows yet)"
         )
-    return [_printable(m) for m in out]
+    return [output.printable(m) for m in out]
 
 
 # --------------------------------------------------------------------------- series
@@ -742,7 +734,7 @@ def frame(
             lo = hi = float(args.since or 0)
         views = [
             series_view(
-                f"{src.label}/{_printable(metric)}",
+                f"{src.label}/{output.printable(metric)}",
                 col,
                 x_mode=args.x,
                 t0=src.columns.first_time,
@@ -754,7 +746,7 @@ def frame(
             )
             for src, col in cols
         ]
-        title = _printable(metric)
+        title = output.printable(metric)
         if args.smooth is not None:
             title += f" (EMA alpha={args.smooth:g})"
         charts.append(
