@@ -1031,10 +1031,11 @@ def refresh(
                     continue  # the cache folder was deleted under us: make it again
                 if _source_error(exc, sfd):
                     raise
+                # one line per disk and cause (a full disk fails every run's cache)
                 _warner.warn(
-                    ("write", str(folder.path)),
+                    ("write", _device(folder), exc.errno),
                     "expr_tracker: cannot write the query cache in %s (%s): reading %s "
-                    "without it, in memory",
+                    "without it, in memory (and any other run whose cache is on that disk)",
                     folder.path,
                     exc.strerror or exc,
                     src,
@@ -1054,6 +1055,13 @@ def refresh(
         return _in_memory(src, sfd, kind)
     finally:
         os.close(sfd)
+
+
+def _device(folder: _Folder) -> Any:
+    try:
+        return os.fstat(folder.fd).st_dev
+    except OSError:
+        return str(folder.path)
 
 
 def _source_error(exc: OSError, sfd: int) -> bool:
