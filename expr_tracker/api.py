@@ -314,14 +314,17 @@ def use_artifact(artifact: Any, type: str | None = None) -> Any:  # noqa: A002
 
     ``artifact``: ``"name"`` or ``"name:latest"`` (the newest), ``"name:v3"``,
     ``"name:<alias>"``, or an ``ArtifactVersion``. ``type``: the type it must have. The
-    stored files are checked cheaply (sizes; a changed modification time re-hashes that
-    file); ``version.verify()`` re-hashes everything.
+    manifest is checked, and the stored files cheaply (regular files inside the version
+    directory, sizes; a file whose modification time changed, or with none recorded, is
+    re-hashed); ``version.verify()`` re-hashes everything.
 
     Raises:
         NoActiveRunError: no run is active.
         ArtifactNotFoundError: no such artifact, version or alias.
         ArtifactTypeError: the version's type is not ``type``.
-        ArtifactCorruptedError: a stored file is missing or changed since it was logged.
+        ArtifactCorruptedError: a stored file is missing or changed since it was logged, or
+            the store was tampered with (a manifest that is not valid, a file outside the
+            version directory); the message names the file or entry.
     """
     run = _state.run
     if run is None:

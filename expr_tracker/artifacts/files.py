@@ -9,7 +9,6 @@ import json
 import os
 import stat
 from collections.abc import Iterator
-from pathlib import Path
 from typing import Any
 
 try:  # POSIX; elsewhere nothing is locked (and no staging directory is ever taken as stale)
@@ -29,57 +28,203 @@ LINK_FALLBACK = frozenset(
         errno.EACCES,
     }
 )
-READ_ONLY = stat.S_IRUSR | stat.S_IRGRP | stat.S_IROTH
+#: the permission bits a stored or downloaded copy may keep of its source: the read and
+#: execute bits (never a write bit, never set-uid, set-gid or sticky)
+KEEP_BITS = 0o555
+#: a buffer of zeros, hashed for the holes of a sparse file instead of reading them
+_ZEROS = bytes(CHUNK)
 
 
-def hash_file(path: str | os.PathLike[str]) -> tuple[int, str]:
-    """(size in bytes, sha256 hex) of a file's content. Raises ``OSError``."""
+def stored_mode(source_mode: int) -> int:
+    """The permission bits of a copy of a file whose ``st_mode`` is ``source_mode``: the
+    source's own, write bits cleared (``0o600`` -> ``0o400``, ``0o644`` -> ``0o444``,
+    ``0o640`` -> ``0o440``, ``0o755`` -> ``0o555``). A copy is never more readable than its
+    source; the process umask applies on top (the file is created with these bits)."""
+    return stat.S_IMODE(source_mode) & KEEP_BITS
+
+
+def dir_mode(file_modes: list[int]) -> int:
+    """The permission bits for a directory made to hold files of these modes (a stored
+    version, one of its sub-directories, a download): the owner's ``rwx``, and for group
+    and others read and search only when every one of the files is readable by them. So
+    a directory holding a ``0600`` key is ``0700``: its listing (the names) is no more
+    visible than the key. The umask applies on top."""
+    shared = 0o044
+    for m in file_modes:
+        shared &= m
+    return 0o700 | shared | (shared >> 2)
+
+
+def _open_source(src: str | os.PathLike[str] | int) -> tuple[int, bool]:
+    """(descriptor, whether we opened it): an ``int`` is taken as an open descriptor; a
+    path is opened as a regular file only, non-blocking (a FIFO never hangs the copy)."""
+    if isinstance(src, int):
+        return src, False
+    from expr_tracker.history.untrusted import open_regular
+
+    return open_regular(src), True
+
+
+def hash_fd(fd: int) -> tuple[int, str]:
+    """(size in bytes, sha256 hex) of an open file's content, read from offset 0 with
+    ``pread`` (the descriptor's offset is left alone). Raises ``OSError``."""
     import hashlib
 
     h = hashlib.sha256()
-    size = 0
-    with open(path, "rb") as f:
-        while True:
-            chunk = f.read(CHUNK)
-            if not chunk:
-                break
-            size += len(chunk)
-            h.update(chunk)
-    return size, h.hexdigest()
+    pos = 0
+    while True:
+        chunk = os.pread(fd, CHUNK, pos)
+        if not chunk:
+            break
+        pos += len(chunk)
+        h.update(chunk)
+    return pos, h.hexdigest()
 
 
-def copy_hashed(src: str | os.PathLike[str], dst: str | os.PathLike[str]) -> tuple[int, str]:
-    """Copy ``src`` to a new file ``dst`` (which must not exist) in one pass that also
-    hashes it; returns (size, sha256 hex) of what was written. Raises ``OSError``."""
+def hash_file(
+    path: str | os.PathLike[str], *, root: str | os.PathLike[str] | None = None
+) -> tuple[int, str]:
+    """(size in bytes, sha256 hex) of a file's content. Only a regular file is read (a FIFO
+    or device raises instead of blocking); with ``root``, only one lying inside ``root``.
+
+    Raises:
+        OSError: the file cannot be opened or read;
+            :class:`~expr_tracker.history.untrusted.UnsafeFileError` when it is not a regular
+            file or lies outside ``root``.
+    """
+    from expr_tracker.history.untrusted import open_regular
+
+    fd = open_regular(path, root=root)
+    try:
+        return hash_fd(fd)
+    finally:
+        os.close(fd)
+
+
+def _data_segments(fd: int, size: int) -> Iterator[tuple[int, int]]:
+    """(offset, end) of each data region of an open file of ``size`` bytes, in order; the
+    gaps between them are holes (they read as zeros). A file system that cannot tell
+    (``SEEK_DATA`` unsupported) yields the whole file as one region."""
+    seek_data = getattr(os, "SEEK_DATA", None)
+    seek_hole = getattr(os, "SEEK_HOLE", None)
+    if seek_data is None or seek_hole is None or size == 0:
+        if size:
+            yield 0, size
+        return
+    pos = 0
+    while pos < size:
+        try:
+            start = os.lseek(fd, pos, seek_data)
+        except OSError as exc:
+            if exc.errno == errno.ENXIO:  # no data past pos: the rest is a hole
+                return
+            if exc.errno in (errno.EINVAL, errno.ENOTSUP, errno.EOPNOTSUPP):
+                yield pos, size
+                return
+            raise
+        if start >= size:
+            return
+        end = min(os.lseek(fd, start, seek_hole), size)
+        if end <= start:  # cannot happen; never loop forever on a confused file system
+            yield start, size
+            return
+        yield start, end
+        pos = end
+
+
+def copy_hashed(
+    src: str | os.PathLike[str] | int,
+    dst: str | os.PathLike[str],
+    *,
+    dir_fd: int | None = None,
+    mode: int | None = None,
+) -> tuple[int, str]:
+    """Copy ``src`` to a new file ``dst`` in one pass that also hashes what it writes;
+    returns (size in bytes, sha256 hex) of the copy. The one routine that copies a file
+    (staging a version, a download).
+
+    ``src``: a path (opened as a regular file only, non-blocking, symbolic links followed)
+    or an open descriptor (read with ``pread`` from offset 0). ``dst`` must not exist
+    (``O_EXCL``) and is never followed if it is a symbolic link; relative to ``dir_fd``
+    when given. ``mode``: the new file's permission bits (default :func:`stored_mode` of
+    the source's: write bits cleared, so the copy is never more readable than the source;
+    the umask applies on top).
+
+    Holes stay holes: data regions are found with ``SEEK_DATA``/``SEEK_HOLE`` and written
+    at their offsets, holes are hashed as zeros without being read or written, and the copy
+    is truncated to the full size, so a 2 GB sparse file costs its data on disk, not 2 GB.
+    A failed copy removes ``dst``.
+
+    Raises:
+        OSError: reading, creating or writing failed (``FileExistsError`` when ``dst``
+            exists; :class:`~expr_tracker.history.untrusted.UnsafeFileError` when ``src``
+            is not a regular file).
+    """
     import hashlib
 
-    h = hashlib.sha256()
-    size = 0
-    with open(src, "rb") as fin:
-        fd = os.open(dst, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o644)
-        with open(fd, "wb") as fout:
-            while True:
-                chunk = fin.read(CHUNK)
+    fin, owned = _open_source(src)
+    try:
+        st = os.fstat(fin)
+        perm = stored_mode(st.st_mode) if mode is None else mode
+        flags = os.O_WRONLY | os.O_CREAT | os.O_EXCL | getattr(os, "O_NOFOLLOW", 0)
+        flags |= getattr(os, "O_CLOEXEC", 0)
+        # created with the final bits (the umask applies); the descriptor is writable anyway
+        fout = os.open(dst, flags, perm, dir_fd=dir_fd)
+        try:
+            h = hashlib.sha256()
+            pos = 0  # bytes hashed so far: what the copy holds below this offset
+            shrank = False
+            for start, end in _data_segments(fin, st.st_size):
+                pos = _hash_zeros(h, pos, start)  # a hole: in the hash, not on disk
+                while pos < end:
+                    chunk = os.pread(fin, min(CHUNK, end - pos), pos)
+                    if not chunk:
+                        shrank = True  # the file was cut while copied: stop at its end
+                        break
+                    _pwrite_all(fout, chunk, pos)
+                    h.update(chunk)
+                    pos += len(chunk)
+                if shrank:
+                    break
+            if not shrank:
+                pos = _hash_zeros(h, pos, st.st_size)  # a trailing hole
+            while True:  # anything appended since the fstat above
+                chunk = os.pread(fin, CHUNK, pos)
                 if not chunk:
                     break
-                size += len(chunk)
+                _pwrite_all(fout, chunk, pos)
                 h.update(chunk)
-                fout.write(chunk)
-    return size, h.hexdigest()
+                pos += len(chunk)
+            os.ftruncate(fout, pos)  # the holes: zeros that take no space
+        except BaseException:
+            os.close(fout)
+            with contextlib.suppress(OSError):
+                os.unlink(dst, dir_fd=dir_fd)
+            raise
+        os.close(fout)
+        return pos, h.hexdigest()
+    finally:
+        if owned:
+            os.close(fin)
 
 
-def link_or_copy(src: str | os.PathLike[str], dst: str | os.PathLike[str], mode: str) -> str:
-    """Make ``dst`` hold ``src``'s content: a hard link when ``mode`` is ``link`` and the file
-    system allows it, else a copy. Returns ``"link"`` or ``"copy"``. Raises ``OSError``."""
-    if mode == "link":
-        try:
-            os.link(src, dst)
-            return "link"
-        except OSError as exc:
-            if exc.errno not in LINK_FALLBACK:
-                raise
-    copy_hashed(src, dst)
-    return "copy"
+def _hash_zeros(h: Any, pos: int, end: int) -> int:
+    """Feed the zeros of a hole ``[pos, end)`` to the hash ``h``; returns ``max(pos, end)``."""
+    while pos < end:
+        n = min(CHUNK, end - pos)
+        h.update(_ZEROS[:n] if n < CHUNK else _ZEROS)
+        pos += n
+    return pos
+
+
+def _pwrite_all(fd: int, data: bytes, offset: int) -> None:
+    view = memoryview(data)
+    while view:
+        n = os.pwrite(fd, view, offset)
+        if n <= 0:
+            raise OSError(errno.ENOSPC, "short write")
+        view = view[n:]
+        offset += n
 
 
 def append_line(path: str | os.PathLike[str], record: dict[str, Any], *, sync: bool) -> None:
@@ -122,24 +267,66 @@ def _last_line_end(fd: int, size: int) -> int:
     return 0
 
 
-def read_lines(path: str | os.PathLike[str]) -> list[dict[str, Any]]:
-    """The JSON objects of a JSONL file, skipping lines that do not decode (a torn tail);
-    ``[]`` when the file does not exist."""
+#: the longest JSONL line read (index, lineage); a longer one is skipped as bad
+MAX_LINE = 1 << 20
+
+
+def read_jsonl(
+    path: str | os.PathLike[str], *, root: str | os.PathLike[str] | None = None
+) -> tuple[list[dict[str, Any]], int]:
+    """The JSON objects of a JSONL file (the store's index, a run's lineage) and the number
+    of lines skipped as bad; ``([], 0)`` when the file does not exist.
+
+    The file is untrusted input: only a regular file is opened (non-blocking: a FIFO never
+    hangs the reader), inside ``root`` when given; each line is decoded with a depth limit
+    (a line nested 20,000 deep is one bad line, never a ``RecursionError``) and refused when
+    it holds a lone surrogate escape, is not an object, or is longer than ``MAX_LINE``
+    bytes. A torn last line (no final newline: a writer killed mid-append, cut off by the
+    next appender) is skipped without being counted.
+
+    Raises:
+        OSError: the file exists but cannot be read (a permission,
+            :class:`~expr_tracker.history.untrusted.UnsafeFileError` for a FIFO, a device
+            or a file outside ``root``).
+    """
+    from expr_tracker.history.untrusted import load_json_bytes, open_regular
+
     try:
-        data = Path(path).read_bytes()
+        fd = open_regular(path, root=root)
     except FileNotFoundError:
-        return []
-    out = []
-    for raw in data.split(b"\n"):
-        if not raw.strip():
-            continue
-        try:
-            obj = json.loads(raw)
-        except ValueError:
-            continue
-        if isinstance(obj, dict):
-            out.append(obj)
-    return out
+        return [], 0
+    out: list[dict[str, Any]] = []
+    bad = 0
+    with open(fd, "rb", closefd=True) as f:
+        while True:
+            raw = f.readline(MAX_LINE + 1)
+            if not raw:
+                break
+            if len(raw) > MAX_LINE and not raw.endswith(b"\n"):
+                while raw and not raw.endswith(b"\n"):  # the rest of the long line
+                    raw = f.readline(MAX_LINE)
+                bad += 1
+                continue
+            if not raw.endswith(b"\n"):  # a torn tail
+                break
+            if not raw.strip():
+                continue
+            try:
+                obj = load_json_bytes(raw)
+            except ValueError:
+                bad += 1
+                continue
+            if isinstance(obj, dict):
+                out.append(obj)
+            else:
+                bad += 1
+    return out, bad
+
+
+def read_lines(path: str | os.PathLike[str]) -> list[dict[str, Any]]:
+    """The JSON objects of a JSONL file, skipping bad lines (see :func:`read_jsonl`);
+    ``[]`` when the file does not exist. Raises ``OSError`` as :func:`read_jsonl` does."""
+    return read_jsonl(path)[0]
 
 
 @contextlib.contextmanager

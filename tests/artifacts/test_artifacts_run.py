@@ -127,6 +127,7 @@ def test_run_methods_and_no_run(tmp_path, data):
         "used": 1,
         "lineage_errors": 0,
         "rewritten_in_place": 0,
+        "index_lines_skipped": 0,
         "store": None,
         "mode": "link",
     }

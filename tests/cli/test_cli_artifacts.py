@@ -162,3 +162,80 @@ def test_show_text_lists_the_first_files_of_a_huge_artifact(tmp_path, capsys, mo
         capsys, "show", "ds", "--format", "json", "--project-dir", tmp_path / "runs"
     )
     assert len(json.loads(out)["files"]) == 5
+
+
+# ----------------------------------------------- a store from anyone (docs "Security")
+
+
+def _in_thread(fn, fifos=(), seconds=20.0):
+    """``fn()`` in a thread: fails (instead of hanging the suite) when still blocked after
+    ``seconds``, releasing the blocked open by opening the FIFOs for writing."""
+    import os
+    import threading
+
+    box = {}
+    t = threading.Thread(target=lambda: box.setdefault("value", fn()), daemon=True)
+    t.start()
+    t.join(seconds)
+    hung = t.is_alive()
+    for f in fifos if hung else ():
+        try:
+            os.close(os.open(f, os.O_WRONLY | os.O_NONBLOCK))
+        except OSError:
+            pass
+    t.join(5)
+    assert not hung, "blocked on a FIFO"
+    return box["value"]
+
+
+def test_list_skips_a_line_nested_20000_deep_and_says_so(runs, capsys):
+    index = runs / "p" / "artifacts" / "index.jsonl"
+    with open(index, "a") as f:
+        f.write("[" * 20_000 + "]" * 20_000 + "\n")
+    code, out, err = et_cli(capsys, "list", runs, "--format", "json")
+    assert code == 0 and [r["name"] for r in json.loads(out)] == ["data", "model"]
+    assert f"warning: {index}: 1 bad line(s) skipped" in err
+
+
+def test_show_a_tampered_manifest_exits_1_naming_the_entry(runs, capsys):
+    import os
+
+    path = runs / "p" / "artifacts" / "data" / "v2.manifest.json"
+    m = json.loads(path.read_text())
+    m["files"][0]["name"] = "../../../../etc/passwd"
+    os.chmod(path, 0o644)
+    path.write_text(json.dumps(m))
+    code, out, err = et_cli(capsys, "show", "data", "--project-dir", runs)
+    assert code == 1 and out == ""
+    assert "manifest of v2" in err and "'../../../../etc/passwd'" in err and "'..'" in err
+
+
+def test_show_does_not_hang_on_a_fifo_lineage_file(runs, capsys):
+    import os
+
+    fifo = runs / "p" / "maker" / "artifacts.eval.jsonl"
+    os.mkfifo(fifo)
+    code, out, err = _in_thread(
+        lambda: et_cli(capsys, "show", "data:best", "--project-dir", runs), [fifo]
+    )
+    assert code == 0 and "used" in out  # the readable lineage is still shown
+    assert f"warning: {fifo}: a FIFO, not a regular file" in err
+
+
+def test_show_text_escapes_control_characters_json_keeps_them(tmp_path, capsys):
+    src = tmp_path / "d"
+    src.mkdir()
+    (src / "f.txt").write_text("x")
+    clip = "\x1b]52;c;aGk=\x07"  # OSC 52: writes the terminal's clipboard
+    a = et.Artifact("ds", description=f"desc {clip}", metadata={f"k{clip}": f"v{clip}"})
+    a.add_dir(src)
+    et.init(project="p", name="r", dir=str(tmp_path / "runs"))
+    et.log_artifact(a)
+    et.finish()
+    code, out, _ = et_cli(capsys, "show", "ds", "--project-dir", tmp_path / "runs")
+    assert code == 0 and "\x1b" not in out and "\x07" not in out
+    assert "desc \\x1b]52;c;aGk=\\x07" in out and "metadata.k\\x1b]52" in out
+    code, out, _ = et_cli(
+        capsys, "show", "ds", "--format", "json", "--project-dir", tmp_path / "runs"
+    )
+    assert json.loads(out)["description"] == f"desc {clip}"
