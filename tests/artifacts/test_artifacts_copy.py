@@ -209,7 +209,7 @@ def test_on_a_reflink_file_system_the_copy_is_a_clone(reflink_dir, monkeypatch):
 
 
 def test_on_a_reflink_file_system_a_logged_version_survives_a_rewrite(reflink_dir):
-    store = ArtifactStore(reflink_dir / "artifacts", mode="copy")
+    store = ArtifactStore(reflink_dir / "artifacts")  # the default mode: copy
     src = reflink_dir / "ckpt.pt"
     _sparse(src)
     a = et.Artifact("ckpt", type="model")
