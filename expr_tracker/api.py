@@ -292,7 +292,14 @@ def log_artifact(
     after the path's last part, type ``dataset``). ``name``/``type`` override the artifact's;
     ``aliases``: a list of strings (``latest`` always follows the newest version);
     ``metadata``: merged over the artifact's. Identical contents (the same digest) return
-    the existing version, with the aliases moved onto it.
+    the existing version, with the aliases moved onto it. The first version is ``v0`` (as in
+    wandb); a store whose first version is ``v1`` goes on from its highest.
+
+    The files are copied into the store, read-only (a reflink clone where the file system
+    has one, so it costs no data), so saving the source again in place (``torch.save`` to
+    the same path) never changes a logged version. ``artifacts.mode: link`` hard-links
+    instead: no copy, but an in-place rewrite of the source then changes the stored version
+    (docs/artifacts.md "Link or copy").
 
     Returns the ``ArtifactVersion`` (``name``, ``version`` int, ``digest``, ``type``,
     ``aliases``, ``metadata``, ``path``, ``files()``, ``get_path()``, ``download()``).
@@ -312,8 +319,8 @@ def log_artifact(
 def use_artifact(artifact: Any, type: str | None = None) -> Any:  # noqa: A002
     """A stored version of the current project's artifact, recorded as used by the run.
 
-    ``artifact``: ``"name"`` or ``"name:latest"`` (the newest), ``"name:v3"``,
-    ``"name:<alias>"``, or an ``ArtifactVersion``. ``type``: the type it must have. The
+    ``artifact``: ``"name"`` or ``"name:latest"`` (the newest), ``"name:v0"`` (the first),
+    ``"name:v3"``, ``"name:<alias>"``, or an ``ArtifactVersion``. ``type``: the type it must have. The
     manifest is checked, and the stored files cheaply (regular files inside the version
     directory, sizes; a file whose modification time changed, or with none recorded, is
     re-hashed); ``version.verify()`` re-hashes everything.

@@ -1,5 +1,7 @@
-"""File operations of the store: hashing, copying while hashing, hard links with a copy as
-the fallback, appending one JSON line, and an exclusive ``flock`` as a context manager."""
+"""File operations of the store: hashing, copying while hashing (a reflink clone or an
+in-kernel ``copy_file_range`` where the file system offers one, a plain read and write
+otherwise), hard links with a copy as the fallback, appending one JSON line, and an
+exclusive ``flock`` as a context manager."""
 
 from __future__ import annotations
 
@@ -8,6 +10,7 @@ import errno
 import json
 import os
 import stat
+import sys
 from collections.abc import Iterator
 from typing import Any
 
@@ -17,6 +20,28 @@ except ImportError:  # pragma: no cover - Windows
     fcntl = None  # type: ignore[assignment]
 
 CHUNK = 1 << 20
+#: bytes handed to one ``copy_file_range`` call (a network file system copies each call on
+#: the server: fewer, larger calls); what it copied is read back for the hash in ``CHUNK``s
+COPY_CHUNK = 8 << 20
+#: ``ioctl(dst, FICLONE, src)`` (Linux ``_IOW(0x94, 9, int)``): make ``dst`` share ``src``'s
+#: blocks, copy-on-write (Btrfs, XFS with reflink, bcachefs, OCFS2, NFS 4.2 servers that
+#: clone). Elsewhere the ioctl fails (``EOPNOTSUPP``, ``EXDEV``, ``EINVAL``, ``ENOTTY``) and
+#: the copy is made by ``copy_file_range`` or by reading and writing.
+FICLONE = 0x40049409 if sys.platform.startswith("linux") else None
+#: ``copy_file_range`` errors that mean "not here" (another file system on an older kernel,
+#: a file system without it, a sandbox that forbids it): read and write instead
+COPY_RANGE_FALLBACK = frozenset(
+    {
+        errno.EXDEV,
+        errno.EINVAL,
+        errno.ENOSYS,
+        errno.EOPNOTSUPP,
+        errno.ENOTSUP,
+        errno.EBADF,
+        errno.EPERM,
+        errno.ETXTBSY,
+    }
+)
 #: os.link errors that mean "this file system cannot link these two paths": copy instead
 LINK_FALLBACK = frozenset(
     {
@@ -139,9 +164,9 @@ def copy_hashed(
     dir_fd: int | None = None,
     mode: int | None = None,
 ) -> tuple[int, str]:
-    """Copy ``src`` to a new file ``dst`` in one pass that also hashes what it writes;
-    returns (size in bytes, sha256 hex) of the copy. The one routine that copies a file
-    (staging a version, a download).
+    """Copy ``src`` to a new file ``dst`` and hash the copy; returns (size in bytes, sha256
+    hex) of what ``dst`` holds. The one routine that copies a file (staging a version, a
+    download).
 
     ``src``: a path (opened as a regular file only, non-blocking, symbolic links followed)
     or an open descriptor (read with ``pread`` from offset 0). ``dst`` must not exist
@@ -150,10 +175,23 @@ def copy_hashed(
     the source's: write bits cleared, so the copy is never more readable than the source;
     the umask applies on top).
 
-    Holes stay holes: data regions are found with ``SEEK_DATA``/``SEEK_HOLE`` and written
-    at their offsets, holes are hashed as zeros without being read or written, and the copy
-    is truncated to the full size, so a 2 GB sparse file costs its data on disk, not 2 GB.
-    A failed copy removes ``dst``.
+    How, cheapest first (the result is the same file):
+
+    1. a reflink clone (``ioctl FICLONE``, Linux) where the file system has one: ``dst``
+       shares ``src``'s blocks copy-on-write, so a later rewrite of the source (``torch.save``
+       to the same path) leaves the copy alone, and copying costs no data. The clone is then
+       read once for the hash (holes skipped);
+    2. ``os.copy_file_range`` per data region, where the kernel has it: the data never
+       passes through this process, and the file system may make it a server-side copy
+       (NFS 4.2, SMB) or a clone. What it wrote is read back for the hash;
+    3. ``pread``/``pwrite`` of each data region, hashing the bytes as they are written.
+
+    The hash is always of what ``dst`` holds, never a second read of the source (which may
+    change meanwhile). Holes stay holes: data regions are found with
+    ``SEEK_DATA``/``SEEK_HOLE`` and copied at their offsets, holes are hashed as zeros
+    without being read or written, and the copy is truncated to the full size, so a 2 GB
+    sparse file costs its data on disk, not 2 GB (a clone shares the source's extents, holes
+    included). A failed copy removes ``dst``.
 
     Raises:
         OSError: reading, creating or writing failed (``FileExistsError`` when ``dst``
@@ -166,36 +204,17 @@ def copy_hashed(
     try:
         st = os.fstat(fin)
         perm = stored_mode(st.st_mode) if mode is None else mode
-        flags = os.O_WRONLY | os.O_CREAT | os.O_EXCL | getattr(os, "O_NOFOLLOW", 0)
+        # read and write: the copy is read back for its hash after a clone or an in-kernel copy
+        flags = os.O_RDWR | os.O_CREAT | os.O_EXCL | getattr(os, "O_NOFOLLOW", 0)
         flags |= getattr(os, "O_CLOEXEC", 0)
         # created with the final bits (the umask applies); the descriptor is writable anyway
         fout = os.open(dst, flags, perm, dir_fd=dir_fd)
         try:
             h = hashlib.sha256()
-            pos = 0  # bytes hashed so far: what the copy holds below this offset
-            shrank = False
-            for start, end in _data_segments(fin, st.st_size):
-                pos = _hash_zeros(h, pos, start)  # a hole: in the hash, not on disk
-                while pos < end:
-                    chunk = os.pread(fin, min(CHUNK, end - pos), pos)
-                    if not chunk:
-                        shrank = True  # the file was cut while copied: stop at its end
-                        break
-                    _pwrite_all(fout, chunk, pos)
-                    h.update(chunk)
-                    pos += len(chunk)
-                if shrank:
-                    break
-            if not shrank:
-                pos = _hash_zeros(h, pos, st.st_size)  # a trailing hole
-            while True:  # anything appended since the fstat above
-                chunk = os.pread(fin, CHUNK, pos)
-                if not chunk:
-                    break
-                _pwrite_all(fout, chunk, pos)
-                h.update(chunk)
-                pos += len(chunk)
-            os.ftruncate(fout, pos)  # the holes: zeros that take no space
+            if _clone(fin, fout):
+                pos = _hash_data(fout, h)
+            else:
+                pos = _copy_data(fin, fout, st.st_size, h)
         except BaseException:
             os.close(fout)
             with contextlib.suppress(OSError):
@@ -206,6 +225,100 @@ def copy_hashed(
     finally:
         if owned:
             os.close(fin)
+
+
+def _clone(fin: int, fout: int) -> bool:
+    """Make the empty file ``fout`` a reflink clone of ``fin`` (``ioctl FICLONE``); False
+    where the file system (or the platform) has none, with ``fout`` left empty."""
+    if FICLONE is None or fcntl is None:
+        return False
+    try:
+        fcntl.ioctl(fout, FICLONE, fin)
+    except OSError:
+        # not supported here (EOPNOTSUPP, EXDEV, EINVAL, ENOTTY ...): a copy follows; a clone
+        # that failed half-way must not leave shared extents under it
+        os.ftruncate(fout, 0)
+        return False
+    return True
+
+
+def _hash_data(fd: int, h: Any) -> int:
+    """Feed the content of the open file ``fd`` to the hash ``h``, reading only its data
+    regions (holes are hashed as zeros, unread); returns its size."""
+    size = os.fstat(fd).st_size
+    pos = 0
+    for start, end in _data_segments(fd, size):
+        pos = _hash_zeros(h, pos, start)
+        while pos < end:
+            chunk = os.pread(fd, min(CHUNK, end - pos), pos)
+            if not chunk:  # cut meanwhile (cannot happen to our own copy)
+                return pos
+            h.update(chunk)
+            pos += len(chunk)
+    return _hash_zeros(h, pos, size)
+
+
+def _copy_data(fin: int, fout: int, size: int, h: Any) -> int:
+    """Copy the data regions of ``fin`` (``size`` bytes when it was looked at) into the empty
+    ``fout`` at their offsets, hashing what ``fout`` receives and the holes as zeros; then
+    anything appended since. Returns the size of the copy (``fout`` truncated to it, so the
+    holes take no space)."""
+    in_kernel = hasattr(os, "copy_file_range")
+    pos = 0  # bytes hashed so far: what the copy holds below this offset
+    shrank = False
+    for start, end in _data_segments(fin, size):
+        pos = _hash_zeros(h, pos, start)  # a hole: in the hash, not on disk
+        while pos < end:
+            if in_kernel:
+                try:
+                    n = os.copy_file_range(fin, fout, min(COPY_CHUNK, end - pos), pos, pos)
+                except OSError as exc:
+                    if exc.errno not in COPY_RANGE_FALLBACK:
+                        raise
+                    in_kernel = False  # not here: read and write from pos on
+                    continue
+                if n > 0:
+                    pos = _hash_range(fout, h, pos, pos + n)
+                    continue
+                # nothing copied before the end: the source was cut, or a file system that
+                # copies nothing (some pseudo files); reading tells which
+                in_kernel = False
+            chunk = os.pread(fin, min(CHUNK, end - pos), pos)
+            if not chunk:
+                shrank = True  # the file was cut while copied: stop at its end
+                break
+            _pwrite_all(fout, chunk, pos)
+            h.update(chunk)
+            pos += len(chunk)
+        if shrank:
+            break
+    if not shrank:
+        pos = _hash_zeros(h, pos, size)  # a trailing hole
+    while True:  # anything appended since the fstat of the caller
+        chunk = os.pread(fin, CHUNK, pos)
+        if not chunk:
+            break
+        _pwrite_all(fout, chunk, pos)
+        h.update(chunk)
+        pos += len(chunk)
+    os.ftruncate(fout, pos)  # the holes: zeros that take no space
+    return pos
+
+
+def _hash_range(fd: int, h: Any, pos: int, end: int) -> int:
+    """Feed ``[pos, end)`` of the open file ``fd`` (just written by the kernel) to ``h``;
+    returns ``end``.
+
+    Raises:
+        OSError: the file is shorter than ``end`` (it cannot be: it is our own copy).
+    """
+    while pos < end:
+        chunk = os.pread(fd, min(CHUNK, end - pos), pos)
+        if not chunk:
+            raise OSError(errno.EIO, "the copy is shorter than what was copied into it")
+        h.update(chunk)
+        pos += len(chunk)
+    return pos
 
 
 def _hash_zeros(h: Any, pos: int, end: int) -> int:

@@ -269,8 +269,8 @@ def check_manifest(manifest: Any, where: str) -> None:
     except ArtifactNameError as exc:
         raise bad(str(exc)) from None
     version = manifest.get("version")
-    if type(version) is not int or version < 1:
-        raise bad(f"version {_show(version)} is not a number from 1")
+    if type(version) is not int or version < 0:
+        raise bad(f"version {_show(version)} is not a number from 0")
     for key, kinds in (
         ("description", (str,)),
         ("metadata", (dict,)),
@@ -349,7 +349,8 @@ class ArtifactVersion:
     return).
 
     Attributes:
-        name, type, description: as logged. ``version``: the number (``int``, from 1).
+        name, type, description: as logged. ``version``: the number (``int``, from 0:
+            ``v0`` is the first, as in wandb).
         qualified_name: ``"name:v3"``.
         digest: sha256 (hex) over the sorted manifest entries (see docs/artifacts.md).
         aliases: the aliases pointing here, ``latest`` included when it is the newest.
@@ -713,7 +714,8 @@ class ArtifactVersion:
     def _corrupted(self, bad: list[str]) -> ArtifactCorruptedError:
         shown = ", ".join(bad[:10]) + (f" and {len(bad) - 10} more" if len(bad) > 10 else "")
         hint = ""
-        if any("content changed" in b or " bytes, logged " in b for b in bad):
+        linked = any(f.get("stored") == "link" for f in self._files.values())
+        if linked and any("content changed" in b or " bytes, logged " in b for b in bad):
             hint = (
                 " (a file stored as a hard link changes when its source is edited in place; "
                 "use artifacts.mode: copy to keep versions independent)"

@@ -8,13 +8,14 @@ Layout::
       .index.lock                 flock: one appender at a time
       <name>/
         .lock                     flock: one publisher of this artifact at a time
-        v1/                       the files, exactly as named in the artifact
-        v1.manifest.json          per file name, size, sha256; references; digest; type ...
+        v0/                       the files, exactly as named in the artifact (versions
+        v0.manifest.json          count from v0, as in wandb); per file name, size, sha256;
+                                  references; digest; type ...
         .staging-<pid>-<hex>/     a version being written (never listed; removed when stale)
         .staging-<pid>-<hex>.lock flock held by its writer while it lives
 
-Publishing a version (:meth:`ArtifactStore.log`): the files are staged (hard-linked or
-copied, and hashed) into a staging directory beside the versions, without any lock held.
+Publishing a version (:meth:`ArtifactStore.log`): the files are staged (copied, or
+hard-linked in ``link`` mode, and hashed) into a staging directory beside the versions, without any lock held.
 Then, under the artifact's lock: a version with the same digest is returned as it is (new
 aliases are recorded); otherwise leftovers of a crashed publisher (version directories or
 manifests the index does not list) are removed, the next number taken, the manifest
@@ -89,12 +90,17 @@ def manifest_name(version: int) -> str:
 class ArtifactStore:
     """The artifacts of one project under ``root`` (``<dir>/<project>/artifacts``).
 
-    ``mode``: ``link`` (hard-link files when the file system allows, copy otherwise) or
-    ``copy`` (always copy; stored copies are made read-only). Reading needs no lock;
-    writing is safe across threads and processes of one host (``flock``).
+    ``mode``: ``copy`` (the default: always copy, a reflink clone where the file system has
+    one; stored copies are read-only, so nothing the user does to a source changes a
+    version) or ``link`` (hard-link files when the file system allows, copy otherwise; a
+    source rewritten in place changes its linked version). Reading needs no lock; writing
+    is safe across threads and processes of one host (``flock``).
+
+    Versions count from 0 (``v0`` is the first, as in wandb); a store whose first version
+    is ``v1`` (written before) goes on from its highest number.
     """
 
-    def __init__(self, root: str | os.PathLike[str], mode: str = "link") -> None:
+    def __init__(self, root: str | os.PathLike[str], mode: str = "copy") -> None:
         if mode not in MODES:
             raise ValueError(f"artifacts mode {mode!r} is not valid: use 'link' or 'copy'")
         self.root = Path(root)
@@ -152,7 +158,7 @@ class ArtifactStore:
         """name -> {"versions": {N: index line}, "aliases": {alias: N}} from the index.
         The first line of a version wins; an alias points where it was last given.
 
-        Every line is untrusted: one whose name, version (an ``int`` from 1), digest (64
+        Every line is untrusted: one whose name, version (an ``int`` from 0), digest (64
         hex digits) or alias is not valid is skipped and counted in :attr:`skipped`.
 
         Raises:
@@ -166,7 +172,7 @@ class ArtifactStore:
             name, version, kind = rec.get("name"), rec.get("version"), rec.get("kind")
             try:
                 validate_name(name)
-                if type(version) is not int or version < 1:
+                if type(version) is not int or version < 0:
                     raise ValueError
                 if kind == "version":
                     digest = rec.get("digest")
@@ -236,7 +242,7 @@ class ArtifactStore:
             have = ", ".join(sorted(item["aliases"])) or "none"
             raise ArtifactNotFoundError(
                 f"artifact {name!r} has no alias {selector!r} (aliases: latest, {have}; or "
-                f"a version v1..v{newest})"
+                f"a version v{min(versions)}..v{newest})"
             )
         return self._version(name, version, item, newest)
 
@@ -526,8 +532,9 @@ class ArtifactStore:
                     out.append(
                         f"{name}:v{newest} file {fname!r} is a hard link of {str(files[fname])!r}, "
                         "which was rewritten in place since it was logged: the stored "
-                        f"{name}:v{newest} changed with it. Use artifacts.mode: copy for files "
-                        "saved again under the same name (this version is a copy)"
+                        f"{name}:v{newest} changed with it. Use artifacts.mode: copy (the "
+                        "default) for files saved again under the same name (this version is "
+                        "a copy)"
                     )
         return out
 
@@ -574,10 +581,12 @@ class ArtifactStore:
             self.notices.append(
                 f"{', '.join(changed)} logged these same contents, but its files changed since "
                 "(a hard-linked source edited in place): storing them as a new version. Use "
-                "artifacts.mode: copy for files edited in place"
+                "artifacts.mode: copy (the default) for files edited in place"
             )
         self._remove_orphans(adir, set(item["versions"]))
-        version = max(item["versions"], default=0) + 1
+        # from v0 (as wandb); a store whose first version is v1 (written before) goes on
+        # from its highest number
+        version = max(item["versions"], default=-1) + 1
         now = time.time()
         manifest = {
             "format": MANIFEST_FORMAT,
@@ -639,12 +648,13 @@ class ArtifactStore:
         """Under the artifact's lock: the version directory and manifest the index does not
         list, left by a publisher killed between its rename and its index line.
 
-        Such a leftover is always the next number (``max(indexed) + 1``: the number is taken
-        under this lock, and the next publisher removes it before taking its own). Other
+        Such a leftover is always the next number (``max(indexed) + 1``, ``0`` for a new
+        artifact: the number is taken under this lock, and the next publisher removes it
+        before taking its own). Other
         unlisted versions mean the index lost lines (deleted, truncated, edited): they are
         complete versions, so nothing is removed and nothing is published.
         """
-        leftover = max(indexed, default=0) + 1
+        leftover = max(indexed, default=-1) + 1
         found: dict[int, list[Path]] = {}
         for p in adir.iterdir():
             m = VERSION_RE.match(p.name) if p.is_dir() else _MANIFEST_RE.match(p.name)

@@ -77,11 +77,11 @@ def _snapshot(top: Path, skip: tuple[Path, ...] = ()) -> dict[str, tuple[str, by
     return out
 
 
-def _manifest_path(store: ArtifactStore, name: str = "ds", version: int = 1) -> Path:
+def _manifest_path(store: ArtifactStore, name: str = "ds", version: int = 0) -> Path:
     return store.root / name / f"v{version}.manifest.json"
 
 
-def _forge(store: ArtifactStore, edit, *, consistent: bool = True, name="ds", version=1) -> None:
+def _forge(store: ArtifactStore, edit, *, consistent: bool = True, name="ds", version=0) -> None:
     """Rewrite a manifest with ``edit(manifest)``; ``consistent``: also recompute its digest
     and point the index line at it, as a careful forger would (so that only the check under
     test can catch it)."""
@@ -175,7 +175,7 @@ def test_a_tampered_manifest_is_refused_and_nothing_is_written(tmp_path, base, s
     out = base / "out"
     _forge(store, TAMPERED[case])
     before = _snapshot(tmp_path, skip=(out,))
-    with pytest.raises(ArtifactCorruptedError, match=r"ds:v1|ds"):
+    with pytest.raises(ArtifactCorruptedError, match=r"ds:v0|ds"):
         v = store.get("ds")
         v.download(out)  # reached only when get() let it through (before the fix)
     assert _snapshot(tmp_path, skip=(out,)) == before
@@ -201,11 +201,11 @@ def test_a_manifest_edited_without_its_digest_is_refused(store):
 def test_a_manifest_that_is_not_the_one_the_index_lists(base, store):
     src = _tree(base / "src2", {"z.txt": b"zulu"})
     store.log(_art("ds", src))
-    # v2's manifest copied over v1's: valid on its own, but not what the index lists
+    # v1's manifest copied over v0's: valid on its own, but not what the index lists
     os.chmod(_manifest_path(store), 0o644)
-    shutil.copy(_manifest_path(store, version=2), _manifest_path(store))
+    shutil.copy(_manifest_path(store, version=1), _manifest_path(store))
     with pytest.raises(ArtifactCorruptedError, match="not the one the index"):
-        store.get("ds", "v1")
+        store.get("ds", "v0")
 
 
 def test_a_forged_index_line_pointing_at_a_forged_version(tmp_path, base, store):
@@ -216,7 +216,7 @@ def test_a_forged_index_line_pointing_at_a_forged_version(tmp_path, base, store)
     m["files"][0]["name"] = "../../../../sentinel.txt"
     m["digest"] = version_digest(m["files"], m["references"])
     _manifest_path(store, version=9).write_text(json.dumps(m))
-    shutil.copytree(store.root / "ds" / "v1", store.root / "ds" / "v9")
+    shutil.copytree(store.root / "ds" / "v0", store.root / "ds" / "v9")
     with open(store.root / "index.jsonl", "a") as f:
         line = {"kind": "version", "name": "ds", "version": 9, "digest": m["digest"]}
         f.write(json.dumps(line) + "\n")
@@ -225,7 +225,7 @@ def test_a_forged_index_line_pointing_at_a_forged_version(tmp_path, base, store)
     with pytest.raises(ArtifactCorruptedError, match=r"file entry 0 name '\.\./"):
         store.get("ds").download(out)
     assert _snapshot(tmp_path, skip=(out,)) == before and not out.exists()
-    assert store.get("ds", "v1").verify()  # the real version still reads
+    assert store.get("ds", "v0").verify()  # the real version still reads
 
 
 def test_use_artifact_refuses_a_tampered_manifest(tmp_path):
@@ -307,9 +307,9 @@ def test_a_symlinked_sub_directory_or_version_directory_is_refused(tmp_path, bas
     with pytest.raises(ArtifactCorruptedError, match=r"d/b.txt \(outside"):
         v.get_path("d/b.txt")
     # the whole version directory a link to a copy elsewhere
-    shutil.copytree(v.path, elsewhere / "v1", symlinks=False)
+    shutil.copytree(v.path, elsewhere / "v0", symlinks=False)
     shutil.rmtree(v.path)
-    v.path.symlink_to(elsewhere / "v1")
+    v.path.symlink_to(elsewhere / "v0")
     with pytest.raises(ArtifactCorruptedError, match="symbolic link"):
         store.get("ds").check()
     with pytest.raises(ArtifactCorruptedError, match="symbolic link"):
@@ -388,7 +388,7 @@ def test_a_run_warns_once_about_bad_index_lines(tmp_path, caplog):
     with open(run.artifacts.store.root / "index.jsonl", "a") as f:
         f.write("[" * 20_000 + "]" * 20_000 + "\n")
     for _ in range(3):
-        assert et.use_artifact("ds").version == 1
+        assert et.use_artifact("ds").version == 0
     assert caplog.text.count("1 bad line(s) skipped") == 1
     assert et.info()["artifacts"]["index_lines_skipped"] == 1
 
