@@ -134,7 +134,7 @@ def run_list(args: argparse.Namespace, out: IO[str] | None = None) -> int:
         return 0
     console = output.console(out, table_width(out))
     if not records:
-        console.print(f"no artifacts under {root}")
+        console.print(f"no artifacts under {output.printable(str(root))}")
         return 0
     table = Table(box=None, header_style="bold", pad_edge=False)
     several = len({r["project"] for r in records}) > 1
@@ -155,7 +155,9 @@ def run_list(args: argparse.Namespace, out: IO[str] | None = None) -> int:
             _size(r["size"]),
             ", ".join(f"{a}→v{v}" for a, v in r["aliases"].items()),
         ]
-        table.add_row(*([r["project"]] if several else []), *cells)
+        # names come from files anyone may have written: escaped for the terminal
+        shown = [output.printable(str(c)) for c in ([r["project"]] if several else []) + cells]
+        table.add_row(*shown)
     console.print(table, markup=False)
     return 0
 
@@ -243,7 +245,12 @@ SHOW_FILES = 200
 
 
 def _when(t: Any) -> str:
-    return time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(t)) if isinstance(t, float) else ""
+    if not isinstance(t, float):
+        return ""
+    try:
+        return time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(t))
+    except (OverflowError, OSError, ValueError):  # a time from a file: -1e308, NaN
+        return ""
 
 
 def _print_show(doc: dict[str, Any], out: IO[str]) -> None:
@@ -269,7 +276,8 @@ def _print_show(doc: dict[str, Any], out: IO[str]) -> None:
         head.append((f"metadata.{k}", format_value(v)))
     width = max(len(k) for k, _ in head) + 2
     for k, v in head:
-        console.print(f"{k + ':':<{width}}{v}", markup=False, highlight=False)
+        line = output.printable(f"{k + ':':<{width}}{v}")
+        console.print(line, markup=False, highlight=False)
     files = Table(box=None, header_style="bold", pad_edge=False, title_justify="left")
     files.add_column("file", overflow="fold")
     files.add_column("size", justify="right", no_wrap=True)
@@ -280,7 +288,7 @@ def _print_show(doc: dict[str, Any], out: IO[str]) -> None:
     ]
     rows += [(r["name"], "", "", f"reference {r['uri']}") for r in doc["references"]]
     for row in rows[:SHOW_FILES]:
-        files.add_row(*row)
+        files.add_row(*(output.printable(str(x)) for x in row))
     console.print()
     console.print(files, markup=False)
     if len(rows) > SHOW_FILES:  # a dataset of a million files: a table of them helps no one
@@ -306,11 +314,12 @@ def _print_show(doc: dict[str, Any], out: IO[str]) -> None:
         action = rec.get("action", "")
         if action == "logged" and rec.get("new") is False:
             action = "logged (same content)"
-        table.add_row(
+        cells = (
             rec["run"],
             producer or "main",
             action,
             "" if rec.get("step") is None else str(rec["step"]),
             _when(rec.get("time")),
         )
+        table.add_row(*(output.printable(str(c)) for c in cells))
     console.print(table, markup=False)
