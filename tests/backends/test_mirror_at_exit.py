@@ -6,6 +6,7 @@ library when the interpreter starts shutting down can finish its ``init``."""
 from __future__ import annotations
 
 import json
+import threading
 
 import pytest
 from helpers import run_py
@@ -127,8 +128,13 @@ def _start_hung(tmp_path, timeout, how):
         stderr=subprocess.PIPE,
         text=True,
     )
-    assert p.stdout.readline().strip() == "logged"
-    assert p.stdout.readline().strip() == "finish called"  # the wait for the mirror began
+    guard = threading.Timer(120, p.kill)  # a child stuck before it prints fails, never hangs
+    guard.start()
+    try:
+        assert p.stdout.readline().strip() == "logged"
+        assert p.stdout.readline().strip() == "finish called"  # the wait for the mirror began
+    finally:
+        guard.cancel()
     return p
 
 
