@@ -393,3 +393,29 @@ def test_the_rich_console_prints_markup_and_emoji_codes_as_typed():
     con.print("[red]x[/red] [link=http://e.example]y[/link] :skull:")
     assert "[red]x[/red] [link=http://e.example]y[/link] :skull:" in buf.getvalue()
     assert "\x1b]8;" not in buf.getvalue()
+
+
+def test_artifacts_and_rules_text_escape_what_files_hold(tmp_path, capsys):
+    """`et artifacts show` (metadata from the manifest) and `et rules test --run` (a message
+    built from a logged string) print escaped text; their json keeps the values exact."""
+    data = tmp_path / "data"
+    data.mkdir()
+    (data / "f.txt").write_text("x")
+    root = tmp_path / "runs"
+    run = et.init(project="p", name="r", dir=str(root))
+    et.log_artifact(str(data), name="data", metadata={"k": HOSTILE_VALUE})
+    et.log({"loss": 1.0, "note": HOSTILE_VALUE})
+    et.finish()
+    assert main(["artifacts", "show", "data", "--project-dir", str(root / "p")]) == 0
+    out = capsys.readouterr().out
+    assert "\x1b" not in out and "\u202e" not in out, out
+    assert "v\\x1b[2J\\u202eevil" in out, out
+    assert (
+        main(["artifacts", "show", "data", "--project-dir", str(root / "p"), "--format", "json"])
+        == 0
+    )
+    assert json.loads(capsys.readouterr().out)["metadata"]["k"] == HOSTILE_VALUE
+    rule = "loss > 0 => error: note is {note}"
+    assert main(["rules", "test", rule, "--run", str(run.dir)]) == 0
+    out = capsys.readouterr().out
+    assert "\x1b" not in out and "note is v\\x1b[2J\\u202eevil" in out, out
