@@ -595,6 +595,31 @@ _sigints_at_exit = 0  # SIGINTs that arrived while the exit hook finished the ru
 def _sigint_at_exit(signum: int, frame: Any) -> None:
     global _sigints_at_exit
     _sigints_at_exit += 1  # the process is exiting: the run is finished first
+    _skip_mirrors(signum)  # ... but its mirrors are not waited for
+
+
+def _skip_mirrors(signum: int) -> None:
+    """A signal while a run finishes: the wait for its mirrors (after everything is on disk)
+    ends, or does not begin (docs/mirrors.md "When something goes wrong")."""
+    mirror = sys.modules.get("expr_tracker.backends.mirror")
+    if mirror is not None:
+        mirror.cut_wait(signum)
+
+
+def _end_by_signal(signum: int) -> None:
+    """End the process by ``signum`` (its default action), as the signal would have had it
+    not been deferred: once a signal ended the wait for mirrors at exit and the runs are
+    finished, no later exit hook (a hung backend's own teardown) may hold the process."""
+    for stream in (sys.stdout, sys.stderr):
+        try:
+            stream.flush()
+        except (OSError, ValueError, AttributeError):
+            pass
+    try:
+        signal.signal(signum, signal.SIG_DFL)
+        os.kill(os.getpid(), signum)
+    except (ValueError, OSError):  # pragma: no cover - no signals here
+        pass
 
 
 def _hold_sigint() -> None:
@@ -632,6 +657,11 @@ def _at_exit() -> None:
     attempt (``Run.finish`` resumes at the interrupted stage)."""
     global _exiting
     _exiting = True
+    mirror = sys.modules.get("expr_tracker.backends.mirror")
+    cut_before = 0
+    if mirror is not None:  # a Ctrl-C that cut a wait for mirrors short ends the program
+        mirror.give_up_interrupted()
+        cut_before = mirror.cut_by()
     try:
         _hold_sigint()
         for _attempt in range(_EXIT_ATTEMPTS):
@@ -646,6 +676,8 @@ def _at_exit() -> None:
         _logger.error("expr_tracker: finishing the run at exit was interrupted too often")
     finally:
         _release_sigint()
+        if mirror is not None and mirror.cut_by() != cut_before:  # a signal ended the wait
+            _end_by_signal(mirror.cut_by())  # for a mirror: now it ends the process
 
 
 def _after_finish() -> None:
@@ -694,6 +726,7 @@ def _on_sigterm(signum: int, frame: Any) -> None:
         # and run.json reach the disk; the process then exits with 128 + signum
         if _signal_received is None:
             _signal_received = signum
+        _skip_mirrors(signum)
         return
     # the current run (also one finished by run.finish(), current until the next et.init)
     # and the independent ones (et.Run): the exit hook finishes those still open

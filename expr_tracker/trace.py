@@ -29,18 +29,19 @@ from __future__ import annotations
 
 import gzip
 import heapq
-import json
+import logging
 import math
 import os
 import sqlite3
 import tempfile
 from collections.abc import Callable, Iterable, Iterator
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 import orjson
 
+from expr_tracker.history.codec import decode_line
 from expr_tracker.history.spanfiles import (  # re-exported: the documented import path
     SpanFile,
     find_span_files,
@@ -48,6 +49,9 @@ from expr_tracker.history.spanfiles import (  # re-exported: the documented impo
     parse_range,
     rank_set,
 )
+from expr_tracker.history.untrusted import open_regular
+
+log = logging.getLogger("expr_tracker")
 
 __all__ = ["SpanFile", "build_trace", "find_span_files", "parse_range", "rank_set", "write_trace"]
 
@@ -77,6 +81,7 @@ class _Stats:
     skipped: int = 0
     events: int = 0
     tracks: int = 0
+    unreadable: dict[str, str] = field(default_factory=dict)
 
 
 def _scan(
@@ -94,7 +99,14 @@ def _scan(
     batch: list[tuple[Any, ...]] = []
     for fi, f in enumerate(files):
         cat = f.stream or "main"
-        with open(f.path, "rb") as fh:
+        try:
+            fd = open_regular(f.path)
+        except OSError as exc:  # permissions, a FIFO in its place: the other files still count
+            why = getattr(exc, "reason", None) or (exc.strerror or type(exc).__name__).lower()
+            stats.unreadable[str(f.path)] = why
+            log.warning("expr_tracker: et trace: %s cannot be read (%s); left out", f.path, why)
+            continue
+        with open(fd, "rb") as fh:
             for line in fh:
                 nonfinite = False
                 try:
@@ -102,8 +114,8 @@ def _scan(
                 except orjson.JSONDecodeError:
                     if not line.strip():
                         continue
-                    try:  # NaN / Infinity tokens, or a torn last line
-                        r = json.loads(line)
+                    try:  # NaN / Infinity tokens, a torn last line, a hostile line
+                        r = decode_line(line)
                         nonfinite = True
                     except ValueError:
                         stats.skipped += 1
@@ -163,17 +175,23 @@ def _scan(
                     args = _finite_args(args)
                 leaf = name.rsplit("/", 1)[-1]
                 ts = start * 1e6
-                body = _dumps(
-                    {
-                        "name": leaf,
-                        "cat": cat,
-                        "ph": "X",
-                        "ts": round(ts, 3),
-                        "dur": round(dur * 1e3, 3),
-                        "args": args,
-                    },
-                    option=orjson.OPT_NON_STR_KEYS,
-                )
+                try:
+                    body = _dumps(
+                        {
+                            "name": leaf,
+                            "cat": cat,
+                            "ph": "X",
+                            "ts": round(ts, 3),
+                            "dur": round(dur * 1e3, 3),
+                            "args": args,
+                        },
+                        option=orjson.OPT_NON_STR_KEYS,
+                    )
+                except (orjson.JSONEncodeError, RecursionError):
+                    # args nested too deeply for the encoder (orjson decodes 1,024 levels
+                    # and encodes 254): one bad line, never a crash
+                    stats.skipped += 1
+                    continue
                 depth = r.get("depth")
                 batch.append(
                     (
@@ -410,7 +428,8 @@ def write_trace(
     destination is left as it was.
 
     Returns ``{"path", "spans" (selected), "events" (complete events written), "tracks"
-    (thread lanes), "skipped" (unreadable lines), "files" (span files read)}``.
+    (thread lanes), "skipped" (unreadable lines), "files" (span files read), "unreadable"
+    (span file -> why it could not be read: left out, with one warning each)}``.
     """
     files, sr, tr = _prepare(run, streams, step_range, time_range, ranks)
     if out is None:
@@ -456,5 +475,6 @@ def write_trace(
         "events": stats.events,
         "tracks": stats.tracks,
         "skipped": stats.skipped,
-        "files": [str(f.path) for f in files],
+        "files": [str(f.path) for f in files if str(f.path) not in stats.unreadable],
+        "unreadable": dict(stats.unreadable),
     }
