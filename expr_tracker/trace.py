@@ -49,7 +49,15 @@ from expr_tracker.history.spanfiles import (  # re-exported: the documented impo
     rank_set,
 )
 
-__all__ = ["SpanFile", "build_trace", "find_span_files", "parse_range", "rank_set", "write_trace"]
+__all__ = [
+    "SpanFile",
+    "build_trace",
+    "find_span_files",
+    "iter_trace",
+    "parse_range",
+    "rank_set",
+    "write_trace",
+]
 
 _BATCH = 20_000
 _loads = orjson.loads
@@ -86,6 +94,7 @@ def _scan(
     time_range: tuple[Any, Any] | None,
     tracks: dict[tuple[int, Any, Any], list[Any]],
     stats: _Stats,
+    root: str | os.PathLike[str] | None = None,
 ) -> None:
     slo, shi = step_range if step_range else (None, None)
     tlo, thi = time_range if time_range else (None, None)
@@ -94,7 +103,7 @@ def _scan(
     batch: list[tuple[Any, ...]] = []
     for fi, f in enumerate(files):
         cat = f.stream or "main"
-        with open(f.path, "rb") as fh:
+        with _open_span_file(f.path, root) as fh:
             for line in fh:
                 nonfinite = False
                 try:
@@ -194,6 +203,16 @@ def _scan(
         conn.executemany(insert, batch)
 
 
+def _open_span_file(path: Path, root: str | os.PathLike[str] | None) -> Any:
+    """``path`` opened for reading; with ``root``, only a regular file inside ``root``
+    (:func:`expr_tracker.history.untrusted.open_regular`: never a FIFO, never a link out)."""
+    if root is None:
+        return open(path, "rb")
+    from expr_tracker.history.untrusted import open_regular
+
+    return os.fdopen(open_regular(path, root=root), "rb")
+
+
 def _key(v: Any) -> Any:
     if v is None or type(v) in (int, str):
         return v
@@ -206,6 +225,7 @@ def _events(
     time_range: tuple[Any, Any] | None,
     temp_dir: str | os.PathLike[str] | None,
     stats: _Stats,
+    root: str | os.PathLike[str] | None = None,
 ) -> Iterator[bytes]:
     """Yield the encoded events (metadata first, then one complete event per span)."""
     if temp_dir is not None and not Path(temp_dir).is_dir():
@@ -213,7 +233,9 @@ def _events(
     empty = is_empty_range(step_range) or is_empty_range(time_range)
     fd, spool = tempfile.mkstemp(prefix="et-trace-", suffix=".sqlite", dir=temp_dir)
     os.close(fd)
-    conn = sqlite3.connect(spool, isolation_level=None)
+    # check_same_thread=False: a consumer of iter_trace (an HTTP server) may pull the events
+    # from one worker thread after another (never two at once: a generator runs in one)
+    conn = sqlite3.connect(spool, isolation_level=None, check_same_thread=False)
     try:
         conn.execute("PRAGMA journal_mode=OFF")
         conn.execute("PRAGMA synchronous=OFF")
@@ -224,7 +246,7 @@ def _events(
         tracks: dict[tuple[int, Any, Any], list[Any]] = {}
         if not empty:
             conn.execute("BEGIN")
-            _scan(files, conn, step_range, time_range, tracks, stats)
+            _scan(files, conn, step_range, time_range, tracks, stats, root)
             conn.execute("COMMIT")
         ranked = any(f.rank is not None for f in files)
         used = sorted({k[0] for k in tracks})
@@ -377,6 +399,49 @@ def build_trace(
     stats = _Stats()
     events = [_loads(e) for e in _events(files, sr, tr, temp_dir, stats)]
     return {"traceEvents": events, "displayTimeUnit": "ms"}
+
+
+def iter_trace(
+    run: str | os.PathLike[str],
+    *,
+    streams: Any = None,
+    step_range: Any = None,
+    time_range: Any = None,
+    temp_dir: str | os.PathLike[str] | None = None,
+    ranks: Any = None,
+    root: str | os.PathLike[str] | None = None,
+    chunk_bytes: int = 1 << 16,
+) -> Iterator[bytes]:
+    """The Chrome Trace of ``run`` as the bytes :func:`write_trace` writes, in chunks of
+    about ``chunk_bytes``, made while they are consumed (an HTTP response streams them;
+    memory as :func:`write_trace`'s, not the trace's size).
+
+    Takes the filters of :func:`build_trace`; ``root``: open only regular span files lying
+    inside this folder (:func:`expr_tracker.history.untrusted.open_regular`; a file swapped
+    for a FIFO or a link out of it raises its ``UnsafeFileError``). The selection is checked
+    before this returns (``FileNotFoundError``, ``ValueError`` as :func:`build_trace`); the
+    span files are read when the first chunk is asked for (errors reading them are raised
+    there). Closing the iterator early removes the spool.
+    """
+    files, sr, tr = _prepare(run, streams, step_range, time_range, ranks)
+
+    def chunks() -> Iterator[bytes]:
+        buf = [b'{"traceEvents":[']
+        size = 0
+        sep = b"\n"
+        for ev in _events(files, sr, tr, temp_dir, _Stats(), root):
+            buf.append(sep)
+            buf.append(ev)
+            sep = b",\n"
+            size += len(ev) + 2
+            if size >= chunk_bytes:
+                yield b"".join(buf)
+                buf.clear()
+                size = 0
+        buf.append(b'\n],"displayTimeUnit":"ms"}\n')
+        yield b"".join(buf)
+
+    return chunks()
 
 
 def _default_mode(dest: Path) -> int:
