@@ -81,18 +81,39 @@ def _dumps(obj: Any) -> bytes:
     return json.dumps(data.jsonable(obj), allow_nan=False, separators=(",", ":")).encode("utf-8")
 
 
-def create_app(root: str | os.PathLike[str], *, cache_dir: str | os.PathLike[str] | None = None):
+def create_app(
+    root: str | os.PathLike[str],
+    *,
+    cache_dir: str | os.PathLike[str] | None = None,
+    token: str | None = None,
+    host: str | None = None,
+    port: int | None = None,
+):
     """The Starlette app serving the runs under ``root``.
+
+    Every request must name one of the server's own hosts in its ``Host`` header (the
+    loopback names and ``host``, the address bound; others get 403); with ``token`` every
+    request but the static files must carry it (cookie, ``Authorization: token X`` or
+    ``?token=X``; others get 401), see :mod:`expr_tracker.ui.guard`. ``token`` None: no
+    token (``et ui --no-token``; ``et ui`` itself always passes one unless told so).
+    ``port``: names the login cookie (one per port).
 
     Raises:
         ImportError: starlette, uvicorn or plotly missing (names the extra).
         FileNotFoundError: ``root`` is not a folder.
+        ValueError: a token that cannot travel in a URL or cookie (see
+            :func:`expr_tracker.ui.guard.check_token`).
     """
     import_web()
     from starlette.applications import Starlette
+    from starlette.middleware import Middleware
     from starlette.responses import Response
     from starlette.routing import Route
 
+    from expr_tracker.ui.guard import Guard, allowed_hosts, check_token, cookie_name
+
+    if token is not None:
+        check_token(token)
     root = Path(root)
     if not root.is_dir():
         raise FileNotFoundError(f"DIR {str(root)!r} is not a folder (a folder of runs or a run)")
@@ -218,7 +239,14 @@ def create_app(root: str | os.PathLike[str], *, cache_dir: str | os.PathLike[str
         Route("/api/trace", api_trace, methods=["GET"]),
         Route("/api/compare", endpoint(api_compare), methods=["GET"]),
     ]
-    app = Starlette(routes=routes)
+    guard = Middleware(
+        Guard,
+        hosts=allowed_hosts(host),
+        token=token,
+        cookie=cookie_name(port),
+        headers=SECURITY_HEADERS,
+    )
+    app = Starlette(routes=routes, middleware=[guard])
     app.state.catalog = catalog
     return app
 
@@ -229,9 +257,10 @@ def serve(
     port: int = 8050,
     *,
     cache_dir: str | os.PathLike[str] | None = None,
+    token: str | None = None,
     log_level: str = "warning",
 ) -> None:
-    """Serve the dashboard until interrupted (uvicorn)."""
+    """Serve the dashboard until interrupted (uvicorn); ``token`` as :func:`create_app`."""
     _, uvicorn = import_web()
-    app = create_app(root, cache_dir=cache_dir)
+    app = create_app(root, cache_dir=cache_dir, token=token, host=host, port=port)
     uvicorn.run(app, host=host, port=port, log_level=log_level, server_header=False)
