@@ -520,3 +520,30 @@ def test_compare_zoom_asks_the_range_again(page, tmp_path):
     finally:
         server.close()
 
+
+def test_without_the_token_no_data_and_an_unreadable_run_says_why(page, tmp_path, ui_runs):
+    root = tmp_path / "runs"
+    for name in ("alpha", "beta"):
+        shutil.copytree(
+            ui_runs / "demo" / name,
+            root / "demo" / name,
+            ignore=shutil.ignore_patterns(".et-cache"),
+        )
+    (root / "demo" / "beta" / "run.json").write_text('{"status": "fini')  # damaged
+    server = Server(root, tmp_path / "cache")
+    try:
+        # a page opened without the token (another user, another site) gets the login form
+        page.goto(server.url + "/")
+        assert page.locator("form input[name=token]").count() == 1
+        assert page.locator("#runs-body").count() == 0
+        page.fill("input[name=token]", server.token)
+        page.press("input[name=token]", "Enter")
+        page.wait_for_selector("#runs-body tr")
+        assert "token" not in page.url
+        rows = page.locator("#runs-body tr")
+        assert rows.count() == 2
+        beta = page.locator('#runs-body tr[data-run="demo/beta"]').inner_text()
+        assert "unreadable" in beta and "run.json: not valid JSON" in beta
+        assert "finished" in page.locator('#runs-body tr[data-run="demo/alpha"]').inner_text()
+    finally:
+        server.close()
