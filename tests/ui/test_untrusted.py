@@ -81,7 +81,9 @@ def test_a_file_swapped_for_a_link_out_of_dir_is_not_served(tmp_path, ui_runs, n
         assert SECRET not in r.text, what
         assert r.status_code in (200, 422), (what, r.status_code, r.text)
     assert answers["series"].status_code == 422 and "outside" in answers["series"].text
-    assert answers["trace"].status_code == 422 and "outside" in answers["trace"].text
+    # the span file refused: an error naming it, or a trace without it
+    trace = answers["trace"]
+    assert "outside" in trace.text if trace.status_code == 422 else SECRET not in trace.text
     d = answers["run"].json()
     assert d["config"] == [] and d["summary"] == [] and d["alerts"] == []
     assert "config.json" in d["error"] and "outside" in d["error"]
@@ -208,7 +210,8 @@ def test_one_unreadable_run_never_empties_the_table(ui_runs):
         assert private["status"] == "unreadable"
         assert "permission denied" in private["error"], private
         broken = rows["other/deep"]
-        assert broken["status"] == "unreadable" and "nested too deeply" in broken["error"]
+        assert broken["status"] == "unreadable"
+        assert any(w in broken["error"] for w in ("nested too deeply", "depth limit")), broken
     finally:
         for d in base.rglob("*"):
             try:
