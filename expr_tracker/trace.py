@@ -53,7 +53,15 @@ from expr_tracker.history.untrusted import open_regular
 
 log = logging.getLogger("expr_tracker")
 
-__all__ = ["SpanFile", "build_trace", "find_span_files", "parse_range", "rank_set", "write_trace"]
+__all__ = [
+    "SpanFile",
+    "build_trace",
+    "find_span_files",
+    "iter_trace",
+    "parse_range",
+    "rank_set",
+    "write_trace",
+]
 
 _BATCH = 20_000
 _loads = orjson.loads
@@ -91,6 +99,7 @@ def _scan(
     time_range: tuple[Any, Any] | None,
     tracks: dict[tuple[int, Any, Any], list[Any]],
     stats: _Stats,
+    root: str | os.PathLike[str] | None = None,
 ) -> None:
     slo, shi = step_range if step_range else (None, None)
     tlo, thi = time_range if time_range else (None, None)
@@ -100,7 +109,7 @@ def _scan(
     for fi, f in enumerate(files):
         cat = f.stream or "main"
         try:
-            fd = open_regular(f.path)
+            fd = open_regular(f.path, root=root)
         except OSError as exc:  # permissions, a FIFO in its place: the other files still count
             why = getattr(exc, "reason", None) or (exc.strerror or type(exc).__name__).lower()
             stats.unreadable[str(f.path)] = why
@@ -224,6 +233,7 @@ def _events(
     time_range: tuple[Any, Any] | None,
     temp_dir: str | os.PathLike[str] | None,
     stats: _Stats,
+    root: str | os.PathLike[str] | None = None,
 ) -> Iterator[bytes]:
     """Yield the encoded events (metadata first, then one complete event per span)."""
     if temp_dir is not None and not Path(temp_dir).is_dir():
@@ -231,7 +241,9 @@ def _events(
     empty = is_empty_range(step_range) or is_empty_range(time_range)
     fd, spool = tempfile.mkstemp(prefix="et-trace-", suffix=".sqlite", dir=temp_dir)
     os.close(fd)
-    conn = sqlite3.connect(spool, isolation_level=None)
+    # check_same_thread=False: a consumer of iter_trace (an HTTP server) may pull the events
+    # from one worker thread after another (never two at once: a generator runs in one)
+    conn = sqlite3.connect(spool, isolation_level=None, check_same_thread=False)
     try:
         conn.execute("PRAGMA journal_mode=OFF")
         conn.execute("PRAGMA synchronous=OFF")
@@ -242,7 +254,7 @@ def _events(
         tracks: dict[tuple[int, Any, Any], list[Any]] = {}
         if not empty:
             conn.execute("BEGIN")
-            _scan(files, conn, step_range, time_range, tracks, stats)
+            _scan(files, conn, step_range, time_range, tracks, stats, root)
             conn.execute("COMMIT")
         ranked = any(f.rank is not None for f in files)
         used = sorted({k[0] for k in tracks})
@@ -395,6 +407,49 @@ def build_trace(
     stats = _Stats()
     events = [_loads(e) for e in _events(files, sr, tr, temp_dir, stats)]
     return {"traceEvents": events, "displayTimeUnit": "ms"}
+
+
+def iter_trace(
+    run: str | os.PathLike[str],
+    *,
+    streams: Any = None,
+    step_range: Any = None,
+    time_range: Any = None,
+    temp_dir: str | os.PathLike[str] | None = None,
+    ranks: Any = None,
+    root: str | os.PathLike[str] | None = None,
+    chunk_bytes: int = 1 << 16,
+) -> Iterator[bytes]:
+    """The Chrome Trace of ``run`` as the bytes :func:`write_trace` writes, in chunks of
+    about ``chunk_bytes``, made while they are consumed (an HTTP response streams them;
+    memory as :func:`write_trace`'s, not the trace's size).
+
+    Takes the filters of :func:`build_trace`; ``root``: open only regular span files lying
+    inside this folder (:func:`expr_tracker.history.untrusted.open_regular`; a file swapped
+    for a FIFO or a link out of it raises its ``UnsafeFileError``). The selection is checked
+    before this returns (``FileNotFoundError``, ``ValueError`` as :func:`build_trace`); the
+    span files are read when the first chunk is asked for (errors reading them are raised
+    there). Closing the iterator early removes the spool.
+    """
+    files, sr, tr = _prepare(run, streams, step_range, time_range, ranks)
+
+    def chunks() -> Iterator[bytes]:
+        buf = [b'{"traceEvents":[']
+        size = 0
+        sep = b"\n"
+        for ev in _events(files, sr, tr, temp_dir, _Stats(), root):
+            buf.append(sep)
+            buf.append(ev)
+            sep = b",\n"
+            size += len(ev) + 2
+            if size >= chunk_bytes:
+                yield b"".join(buf)
+                buf.clear()
+                size = 0
+        buf.append(b'\n],"displayTimeUnit":"ms"}\n')
+        yield b"".join(buf)
+
+    return chunks()
 
 
 def _default_mode(dest: Path) -> int:

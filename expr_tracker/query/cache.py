@@ -489,14 +489,20 @@ def _collect_garbage(d: Path, m: dict[str, Any], now: float) -> None:
 
 
 def refresh(
-    source: str | os.PathLike[str], kind: str, *, cache_dir: str | os.PathLike[str] | None = None
+    source: str | os.PathLike[str],
+    kind: str,
+    *,
+    cache_dir: str | os.PathLike[str] | None = None,
+    root: str | os.PathLike[str] | None = None,
 ) -> CachedSource:
     """Make the cache of ``source`` cover every complete line now in it.
 
     ``kind``: ``"metrics"`` or ``"spans"``. Reads only the bytes appended since the last
     refresh; rebuilds when the cached prefix no longer matches the file (see the module
     docstring). Safe to call while another process appends to ``source`` and while another
-    process refreshes the same source.
+    process refreshes the same source. With ``root``, ``source`` is opened only if it is a
+    regular file lying inside ``root`` (:func:`expr_tracker.history.untrusted.open_regular`:
+    never a FIFO, never a link out of the folder; ``et ui`` passes the folder it serves).
 
     Raises ``ValueError`` for another ``kind`` or a ``source`` that is not a regular file,
     ``FileNotFoundError`` when ``source`` does not exist, ``ImportError`` (naming ``pip install 'expr-tracker[query]'``) without
@@ -506,7 +512,12 @@ def refresh(
         raise ValueError(f"kind={kind!r} is not valid: use 'metrics' or 'spans'")
     _need_pyarrow()
     src = Path(source).absolute()
-    sfd = os.open(src, os.O_RDONLY)  # FileNotFoundError names the path
+    if root is not None:
+        from expr_tracker.history.untrusted import open_regular
+
+        sfd = open_regular(src, root=root)  # UnsafeFileError: a FIFO, a link out of root
+    else:
+        sfd = os.open(src, os.O_RDONLY)  # FileNotFoundError names the path
     try:
         if not stat.S_ISREG(os.fstat(sfd).st_mode):
             raise ValueError(f"source {str(src)!r} is not a regular file (a JSONL file is)")
