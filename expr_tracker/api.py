@@ -48,8 +48,11 @@ def init(
     Args:
         project, name: where the run lives: ``<dir>/<project>/<name>/`` (at most 200 bytes
             each; ``name`` defaults to a timestamp plus a random suffix, the same in every
-            rank of one ``torchrun`` launch; an existing name is resumed, with one line on
-            stderr). In a process forked from one with an active run (a DataLoader
+            rank of one ``torchrun`` launch). An existing run started with the same
+            ``config`` is resumed, one with another config makes this run ``<name>-2``
+            (``-3`` ...), either with one line on stderr; ``resume="must"`` continues it
+            whatever the config, ``resume="never"`` always starts a new run
+            (docs/streams.md, "Run identity"). In a process forked from one with an active run (a DataLoader
             worker) that names no run but a stream of its own, ``project``, ``name`` and
             the run directory default to the parent's run: ``et.init(stream="data0")``
             joins it.
@@ -77,7 +80,8 @@ def init(
         RunAlreadyActiveError: a run is active in this process (call ``et.finish()`` first,
             or pass ``reinit``).
         SpecError: the spec is invalid (every problem listed, with its path and source).
-        ResumeError: ``resume`` forbids what is on disk.
+        ResumeError: ``resume="must"`` found no run to continue (or ``resume="never"`` an
+            existing one in a folder given by ``run_dir=``/``id=``).
         RunLockedError: another live process writes the same stream and rank (nothing of
             its files was read or touched).
         TypeError: an object in ``backends`` lacks ``init``/``log``/``finish``.
@@ -109,7 +113,7 @@ def init(
         if "alert_rules" in given:
             given["alert_rules"] = _rules_as_data(given["alert_rules"])
         objects = _backend_objects(given)  # objects with init/log/finish: not spec data
-        run = _resolve_and_build(spec, given, parent, backend_objects=objects)
+        run = _resolve_and_build(spec, given, parent, backend_objects=objects, pinned=call.pinned)
         if call.allow_val_change:
             run.config.allow_changes()
         _state.run = run
@@ -125,8 +129,10 @@ def _resolve_and_build(
     *,
     independent: bool = False,
     backend_objects: Any = (),
+    pinned: bool = False,
 ) -> Run:
-    """Resolve the spec from its sources and build the run (under ``_lock``)."""
+    """Resolve the spec from its sources and build the run (under ``_lock``); ``pinned``:
+    wandb's ``id=`` fixes the run's name (docs/streams.md, "Run identity")."""
     from expr_tracker.build import build
     from expr_tracker.spec import SpecError, resolve
 
@@ -135,7 +141,9 @@ def _resolve_and_build(
         given.update(project=parent.project, name=parent.name, run_dir=str(parent.dir))
         resolved = resolve(spec, kwargs=given, configure_alert=_state.configured_alert or None)
     try:
-        return build(resolved, independent=independent, backend_objects=backend_objects)
+        return build(
+            resolved, independent=independent, backend_objects=backend_objects, pinned=pinned
+        )
     except SpecError as exc:
         raise _with_config_keys(exc, spec) from None
 
@@ -152,7 +160,9 @@ def _independent_run(spec: Any, call: Any) -> Run:
         given["alert_rules"] = _rules_as_data(given["alert_rules"])
     objects = _backend_objects(given)  # objects with init/log/finish: not spec data
     with _lock:  # resolve + build serialised with et.init
-        run = _resolve_and_build(spec, given, independent=True, backend_objects=objects)
+        run = _resolve_and_build(
+            spec, given, independent=True, backend_objects=objects, pinned=call.pinned
+        )
         if call.allow_val_change:
             run.config.allow_changes()
         _independent_runs[:] = [r for r in _independent_runs if not r.finished]
