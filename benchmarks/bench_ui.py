@@ -41,6 +41,7 @@ import time
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
+TOKEN = "bench-token"
 
 WRITER = textwrap.dedent(
     """
@@ -127,23 +128,26 @@ def main() -> int:
     url = f"http://127.0.0.1:{port}"
     cmd = [sys.executable, "-m", "expr_tracker.cli.main", "ui", str(runs), "--port", str(port)]
     server = subprocess.Popen(
-        [*cmd, "--cache-dir", str(cache)], env=env(), stderr=subprocess.DEVNULL
+        [*cmd, "--cache-dir", str(cache)],
+        env={**env(), "ET_UI_TOKEN": TOKEN},
+        stderr=subprocess.DEVNULL,
     )
     try:
         import httpx
 
+        auth = {"Authorization": f"token {TOKEN}"}
         for _ in range(600):
             try:
-                httpx.get(url + "/api/runs", timeout=30)
+                httpx.get(url + "/api/runs", timeout=30, headers=auth)
                 break
             except httpx.TransportError:
                 time.sleep(0.1)
         q = {"run": "bench/big", "metric": "loss", "width": args.width}
-        httpx.get(url + "/api/series", params=q, timeout=120)
+        httpx.get(url + "/api/series", params=q, timeout=120, headers=auth)
         http = []
         for _ in range(args.repeat):
             t = time.perf_counter()
-            r = httpx.get(url + "/api/series", params=q, timeout=120)
+            r = httpx.get(url + "/api/series", params=q, timeout=120, headers=auth)
             http.append(time.perf_counter() - t)
             assert r.status_code == 200
         report["series_warm_http_s"] = round(statistics.median(http), 4)
@@ -185,9 +189,11 @@ def first_chart(url: str, repeat: int) -> dict | None:
         # one browser profile: the first load parses plotly.js from scratch, later ones
         # find it in the HTTP cache (max-age) and V8's code cache, as a returning user does
         ctx = b.new_context(viewport={"width": 1280, "height": 900})
-        for _ in range(repeat + 1):
+        for i in range(repeat + 1):
             page = ctx.new_page()
-            page.goto(url + "/#/run?run=bench%2Fbig")
+            # the first visit opens the link et ui prints (its token becomes a cookie of
+            # this profile: one redirect more), the others the page itself
+            page.goto(url + (f"/?token={TOKEN}" if i == 0 else "/") + "#/run?run=bench%2Fbig")
             page.wait_for_function(
                 "() => [...document.querySelectorAll('div.chart')].some((d) => d.dataset.loaded)",
                 timeout=60_000,

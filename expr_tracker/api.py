@@ -48,8 +48,11 @@ def init(
     Args:
         project, name: where the run lives: ``<dir>/<project>/<name>/`` (at most 200 bytes
             each; ``name`` defaults to a timestamp plus a random suffix, the same in every
-            rank of one ``torchrun`` launch; an existing name is resumed, with one line on
-            stderr). In a process forked from one with an active run (a DataLoader
+            rank of one ``torchrun`` launch). An existing run started with the same
+            ``config`` is resumed, one with another config makes this run ``<name>-2``
+            (``-3`` ...), either with one line on stderr; ``resume="must"`` continues it
+            whatever the config, ``resume="never"`` always starts a new run
+            (docs/streams.md, "Run identity"). In a process forked from one with an active run (a DataLoader
             worker) that names no run but a stream of its own, ``project``, ``name`` and
             the run directory default to the parent's run: ``et.init(stream="data0")``
             joins it.
@@ -77,7 +80,8 @@ def init(
         RunAlreadyActiveError: a run is active in this process (call ``et.finish()`` first,
             or pass ``reinit``).
         SpecError: the spec is invalid (every problem listed, with its path and source).
-        ResumeError: ``resume`` forbids what is on disk.
+        ResumeError: ``resume="must"`` found no run to continue (or ``resume="never"`` an
+            existing one in a folder given by ``run_dir=``/``id=``).
         RunLockedError: another live process writes the same stream and rank (nothing of
             its files was read or touched).
         TypeError: an object in ``backends`` lacks ``init``/``log``/``finish``.
@@ -109,7 +113,7 @@ def init(
         if "alert_rules" in given:
             given["alert_rules"] = _rules_as_data(given["alert_rules"])
         objects = _backend_objects(given)  # objects with init/log/finish: not spec data
-        run = _resolve_and_build(spec, given, parent, backend_objects=objects)
+        run = _resolve_and_build(spec, given, parent, backend_objects=objects, pinned=call.pinned)
         if call.allow_val_change:
             run.config.allow_changes()
         _state.run = run
@@ -125,8 +129,10 @@ def _resolve_and_build(
     *,
     independent: bool = False,
     backend_objects: Any = (),
+    pinned: bool = False,
 ) -> Run:
-    """Resolve the spec from its sources and build the run (under ``_lock``)."""
+    """Resolve the spec from its sources and build the run (under ``_lock``); ``pinned``:
+    wandb's ``id=`` fixes the run's name (docs/streams.md, "Run identity")."""
     from expr_tracker.build import build
     from expr_tracker.spec import SpecError, resolve
 
@@ -135,7 +141,9 @@ def _resolve_and_build(
         given.update(project=parent.project, name=parent.name, run_dir=str(parent.dir))
         resolved = resolve(spec, kwargs=given, configure_alert=_state.configured_alert or None)
     try:
-        return build(resolved, independent=independent, backend_objects=backend_objects)
+        return build(
+            resolved, independent=independent, backend_objects=backend_objects, pinned=pinned
+        )
     except SpecError as exc:
         raise _with_config_keys(exc, spec) from None
 
@@ -152,7 +160,9 @@ def _independent_run(spec: Any, call: Any) -> Run:
         given["alert_rules"] = _rules_as_data(given["alert_rules"])
     objects = _backend_objects(given)  # objects with init/log/finish: not spec data
     with _lock:  # resolve + build serialised with et.init
-        run = _resolve_and_build(spec, given, independent=True, backend_objects=objects)
+        run = _resolve_and_build(
+            spec, given, independent=True, backend_objects=objects, pinned=call.pinned
+        )
         if call.allow_val_change:
             run.config.allow_changes()
         _independent_runs[:] = [r for r in _independent_runs if not r.finished]
@@ -292,7 +302,14 @@ def log_artifact(
     after the path's last part, type ``dataset``). ``name``/``type`` override the artifact's;
     ``aliases``: a list of strings (``latest`` always follows the newest version);
     ``metadata``: merged over the artifact's. Identical contents (the same digest) return
-    the existing version, with the aliases moved onto it.
+    the existing version, with the aliases moved onto it. The first version is ``v0`` (as in
+    wandb); a store whose first version is ``v1`` goes on from its highest.
+
+    The files are copied into the store, read-only (a reflink clone where the file system
+    has one, so it costs no data), so saving the source again in place (``torch.save`` to
+    the same path) never changes a logged version. ``artifacts.mode: link`` hard-links
+    instead: no copy, but an in-place rewrite of the source then changes the stored version
+    (docs/artifacts.md "Link or copy").
 
     Returns the ``ArtifactVersion`` (``name``, ``version`` int, ``digest``, ``type``,
     ``aliases``, ``metadata``, ``path``, ``files()``, ``get_path()``, ``download()``).
@@ -312,16 +329,19 @@ def log_artifact(
 def use_artifact(artifact: Any, type: str | None = None) -> Any:  # noqa: A002
     """A stored version of the current project's artifact, recorded as used by the run.
 
-    ``artifact``: ``"name"`` or ``"name:latest"`` (the newest), ``"name:v3"``,
-    ``"name:<alias>"``, or an ``ArtifactVersion``. ``type``: the type it must have. The
-    stored files are checked cheaply (sizes; a changed modification time re-hashes that
-    file); ``version.verify()`` re-hashes everything.
+    ``artifact``: ``"name"`` or ``"name:latest"`` (the newest), ``"name:v0"`` (the first),
+    ``"name:v3"``, ``"name:<alias>"``, or an ``ArtifactVersion``. ``type``: the type it must have. The
+    manifest is checked, and the stored files cheaply (regular files inside the version
+    directory, sizes; a file whose modification time changed, or with none recorded, is
+    re-hashed); ``version.verify()`` re-hashes everything.
 
     Raises:
         NoActiveRunError: no run is active.
         ArtifactNotFoundError: no such artifact, version or alias.
         ArtifactTypeError: the version's type is not ``type``.
-        ArtifactCorruptedError: a stored file is missing or changed since it was logged.
+        ArtifactCorruptedError: a stored file is missing or changed since it was logged, or
+            the store was tampered with (a manifest that is not valid, a file outside the
+            version directory); the message names the file or entry.
     """
     run = _state.run
     if run is None:
@@ -585,6 +605,31 @@ _sigints_at_exit = 0  # SIGINTs that arrived while the exit hook finished the ru
 def _sigint_at_exit(signum: int, frame: Any) -> None:
     global _sigints_at_exit
     _sigints_at_exit += 1  # the process is exiting: the run is finished first
+    _skip_mirrors(signum)  # ... but its mirrors are not waited for
+
+
+def _skip_mirrors(signum: int) -> None:
+    """A signal while a run finishes: the wait for its mirrors (after everything is on disk)
+    ends, or does not begin (docs/mirrors.md "When something goes wrong")."""
+    mirror = sys.modules.get("expr_tracker.backends.mirror")
+    if mirror is not None:
+        mirror.cut_wait(signum)
+
+
+def _end_by_signal(signum: int) -> None:
+    """End the process by ``signum`` (its default action), as the signal would have had it
+    not been deferred: once a signal ended the wait for mirrors at exit and the runs are
+    finished, no later exit hook (a hung backend's own teardown) may hold the process."""
+    for stream in (sys.stdout, sys.stderr):
+        try:
+            stream.flush()
+        except (OSError, ValueError, AttributeError):
+            pass
+    try:
+        signal.signal(signum, signal.SIG_DFL)
+        os.kill(os.getpid(), signum)
+    except (ValueError, OSError):  # pragma: no cover - no signals here
+        pass
 
 
 def _hold_sigint() -> None:
@@ -622,6 +667,11 @@ def _at_exit() -> None:
     attempt (``Run.finish`` resumes at the interrupted stage)."""
     global _exiting
     _exiting = True
+    mirror = sys.modules.get("expr_tracker.backends.mirror")
+    cut_before = 0
+    if mirror is not None:  # a Ctrl-C that cut a wait for mirrors short ends the program
+        mirror.give_up_interrupted()
+        cut_before = mirror.cut_by()
     try:
         _hold_sigint()
         for _attempt in range(_EXIT_ATTEMPTS):
@@ -636,6 +686,8 @@ def _at_exit() -> None:
         _logger.error("expr_tracker: finishing the run at exit was interrupted too often")
     finally:
         _release_sigint()
+        if mirror is not None and mirror.cut_by() != cut_before:  # a signal ended the wait
+            _end_by_signal(mirror.cut_by())  # for a mirror: now it ends the process
 
 
 def _after_finish() -> None:
@@ -684,6 +736,7 @@ def _on_sigterm(signum: int, frame: Any) -> None:
         # and run.json reach the disk; the process then exits with 128 + signum
         if _signal_received is None:
             _signal_received = signum
+        _skip_mirrors(signum)
         return
     # the current run (also one finished by run.finish(), current until the next et.init)
     # and the independent ones (et.Run): the exit hook finishes those still open

@@ -29,18 +29,19 @@ from __future__ import annotations
 
 import gzip
 import heapq
-import json
+import logging
 import math
 import os
 import sqlite3
 import tempfile
 from collections.abc import Callable, Iterable, Iterator
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 import orjson
 
+from expr_tracker.history.codec import decode_line
 from expr_tracker.history.spanfiles import (  # re-exported: the documented import path
     SpanFile,
     find_span_files,
@@ -48,8 +49,19 @@ from expr_tracker.history.spanfiles import (  # re-exported: the documented impo
     parse_range,
     rank_set,
 )
+from expr_tracker.history.untrusted import open_regular
 
-__all__ = ["SpanFile", "build_trace", "find_span_files", "parse_range", "rank_set", "write_trace"]
+log = logging.getLogger("expr_tracker")
+
+__all__ = [
+    "SpanFile",
+    "build_trace",
+    "find_span_files",
+    "iter_trace",
+    "parse_range",
+    "rank_set",
+    "write_trace",
+]
 
 _BATCH = 20_000
 _loads = orjson.loads
@@ -77,6 +89,7 @@ class _Stats:
     skipped: int = 0
     events: int = 0
     tracks: int = 0
+    unreadable: dict[str, str] = field(default_factory=dict)
 
 
 def _scan(
@@ -86,6 +99,7 @@ def _scan(
     time_range: tuple[Any, Any] | None,
     tracks: dict[tuple[int, Any, Any], list[Any]],
     stats: _Stats,
+    root: str | os.PathLike[str] | None = None,
 ) -> None:
     slo, shi = step_range if step_range else (None, None)
     tlo, thi = time_range if time_range else (None, None)
@@ -94,7 +108,14 @@ def _scan(
     batch: list[tuple[Any, ...]] = []
     for fi, f in enumerate(files):
         cat = f.stream or "main"
-        with open(f.path, "rb") as fh:
+        try:
+            fd = open_regular(f.path, root=root)
+        except OSError as exc:  # permissions, a FIFO in its place: the other files still count
+            why = getattr(exc, "reason", None) or (exc.strerror or type(exc).__name__).lower()
+            stats.unreadable[str(f.path)] = why
+            log.warning("expr_tracker: et trace: %s cannot be read (%s); left out", f.path, why)
+            continue
+        with open(fd, "rb") as fh:
             for line in fh:
                 nonfinite = False
                 try:
@@ -102,8 +123,8 @@ def _scan(
                 except orjson.JSONDecodeError:
                     if not line.strip():
                         continue
-                    try:  # NaN / Infinity tokens, or a torn last line
-                        r = json.loads(line)
+                    try:  # NaN / Infinity tokens, a torn last line, a hostile line
+                        r = decode_line(line)
                         nonfinite = True
                     except ValueError:
                         stats.skipped += 1
@@ -163,17 +184,23 @@ def _scan(
                     args = _finite_args(args)
                 leaf = name.rsplit("/", 1)[-1]
                 ts = start * 1e6
-                body = _dumps(
-                    {
-                        "name": leaf,
-                        "cat": cat,
-                        "ph": "X",
-                        "ts": round(ts, 3),
-                        "dur": round(dur * 1e3, 3),
-                        "args": args,
-                    },
-                    option=orjson.OPT_NON_STR_KEYS,
-                )
+                try:
+                    body = _dumps(
+                        {
+                            "name": leaf,
+                            "cat": cat,
+                            "ph": "X",
+                            "ts": round(ts, 3),
+                            "dur": round(dur * 1e3, 3),
+                            "args": args,
+                        },
+                        option=orjson.OPT_NON_STR_KEYS,
+                    )
+                except (orjson.JSONEncodeError, RecursionError):
+                    # args nested too deeply for the encoder (orjson decodes 1,024 levels
+                    # and encodes 254): one bad line, never a crash
+                    stats.skipped += 1
+                    continue
                 depth = r.get("depth")
                 batch.append(
                     (
@@ -206,6 +233,7 @@ def _events(
     time_range: tuple[Any, Any] | None,
     temp_dir: str | os.PathLike[str] | None,
     stats: _Stats,
+    root: str | os.PathLike[str] | None = None,
 ) -> Iterator[bytes]:
     """Yield the encoded events (metadata first, then one complete event per span)."""
     if temp_dir is not None and not Path(temp_dir).is_dir():
@@ -213,7 +241,9 @@ def _events(
     empty = is_empty_range(step_range) or is_empty_range(time_range)
     fd, spool = tempfile.mkstemp(prefix="et-trace-", suffix=".sqlite", dir=temp_dir)
     os.close(fd)
-    conn = sqlite3.connect(spool, isolation_level=None)
+    # check_same_thread=False: a consumer of iter_trace (an HTTP server) may pull the events
+    # from one worker thread after another (never two at once: a generator runs in one)
+    conn = sqlite3.connect(spool, isolation_level=None, check_same_thread=False)
     try:
         conn.execute("PRAGMA journal_mode=OFF")
         conn.execute("PRAGMA synchronous=OFF")
@@ -224,7 +254,7 @@ def _events(
         tracks: dict[tuple[int, Any, Any], list[Any]] = {}
         if not empty:
             conn.execute("BEGIN")
-            _scan(files, conn, step_range, time_range, tracks, stats)
+            _scan(files, conn, step_range, time_range, tracks, stats, root)
             conn.execute("COMMIT")
         ranked = any(f.rank is not None for f in files)
         used = sorted({k[0] for k in tracks})
@@ -379,6 +409,49 @@ def build_trace(
     return {"traceEvents": events, "displayTimeUnit": "ms"}
 
 
+def iter_trace(
+    run: str | os.PathLike[str],
+    *,
+    streams: Any = None,
+    step_range: Any = None,
+    time_range: Any = None,
+    temp_dir: str | os.PathLike[str] | None = None,
+    ranks: Any = None,
+    root: str | os.PathLike[str] | None = None,
+    chunk_bytes: int = 1 << 16,
+) -> Iterator[bytes]:
+    """The Chrome Trace of ``run`` as the bytes :func:`write_trace` writes, in chunks of
+    about ``chunk_bytes``, made while they are consumed (an HTTP response streams them;
+    memory as :func:`write_trace`'s, not the trace's size).
+
+    Takes the filters of :func:`build_trace`; ``root``: open only regular span files lying
+    inside this folder (:func:`expr_tracker.history.untrusted.open_regular`; a file swapped
+    for a FIFO or a link out of it raises its ``UnsafeFileError``). The selection is checked
+    before this returns (``FileNotFoundError``, ``ValueError`` as :func:`build_trace`); the
+    span files are read when the first chunk is asked for (errors reading them are raised
+    there). Closing the iterator early removes the spool.
+    """
+    files, sr, tr = _prepare(run, streams, step_range, time_range, ranks)
+
+    def chunks() -> Iterator[bytes]:
+        buf = [b'{"traceEvents":[']
+        size = 0
+        sep = b"\n"
+        for ev in _events(files, sr, tr, temp_dir, _Stats(), root):
+            buf.append(sep)
+            buf.append(ev)
+            sep = b",\n"
+            size += len(ev) + 2
+            if size >= chunk_bytes:
+                yield b"".join(buf)
+                buf.clear()
+                size = 0
+        buf.append(b'\n],"displayTimeUnit":"ms"}\n')
+        yield b"".join(buf)
+
+    return chunks()
+
+
 def _default_mode(dest: Path) -> int:
     """The mode a plain ``open(dest, "w")`` would give: an existing file keeps its own,
     a new one gets 0666 less the umask."""
@@ -410,7 +483,8 @@ def write_trace(
     destination is left as it was.
 
     Returns ``{"path", "spans" (selected), "events" (complete events written), "tracks"
-    (thread lanes), "skipped" (unreadable lines), "files" (span files read)}``.
+    (thread lanes), "skipped" (unreadable lines), "files" (span files read), "unreadable"
+    (span file -> why it could not be read: left out, with one warning each)}``.
     """
     files, sr, tr = _prepare(run, streams, step_range, time_range, ranks)
     if out is None:
@@ -456,5 +530,6 @@ def write_trace(
         "events": stats.events,
         "tracks": stats.tracks,
         "skipped": stats.skipped,
-        "files": [str(f.path) for f in files],
+        "files": [str(f.path) for f in files if str(f.path) not in stats.unreadable],
+        "unreadable": dict(stats.unreadable),
     }

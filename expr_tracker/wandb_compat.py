@@ -6,6 +6,7 @@ accepts either: an unknown ``mode`` or ``reinit``). What has a meaning is applie
 ===========================  ==========================================================
 ``entity``, ``job_type``      spec fields (``run.json``, ``run.entity``/``run.job_type``)
 ``id``                        the run's name: ``id=X`` continues the run named X
+                              (whatever its config; never moved to ``X-2``)
 ``mode``                      ``disabled``: a no-op run; ``offline``/``dryrun``: what we
                               always are; ``online``/``run``/``shared``: local too (one
                               warning)
@@ -87,12 +88,15 @@ class InitCall:
 
     ``given``: the keywords for the spec (``project``, ``name``, ``config`` and every spec
     keyword; the wandb-only ones removed); ``reinit``: ``"error"``, ``"finish_previous"``,
-    ``"create_new"`` or ``"return_previous"``; ``allow_val_change``: the config's default.
+    ``"create_new"`` or ``"return_previous"``; ``allow_val_change``: the config's default;
+    ``pinned``: ``id=`` was given, so the run's name is fixed (continued or started, never
+    moved to ``<name>-2`` for another config).
     """
 
     given: dict[str, Any]
     reinit: str = "error"
     allow_val_change: bool = False
+    pinned: bool = False
 
 
 def _issue(path: str, message: str, value: Any) -> Exception:
@@ -170,7 +174,7 @@ def wandb_init_call(
         given["name"] = name
     if config is not None:
         given["config"] = config
-    return InitCall(given, reinit, bool(kwargs.get("allow_val_change")))
+    return InitCall(given, reinit, bool(kwargs.get("allow_val_change")), run_id is not None)
 
 
 def _config_of(config: Any, include: Any, exclude: Any) -> Any:

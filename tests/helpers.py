@@ -9,6 +9,7 @@ import dis
 import json
 import linecache
 import os
+import shutil
 import subprocess
 import sys
 import textwrap
@@ -55,6 +56,31 @@ def run_py(code: str, *args: str, timeout: float = 60, check: bool = True, env=N
     if check and p.returncode != 0:
         raise AssertionError(f"rc={p.returncode}\nstdout={p.stdout}\nstderr={p.stderr}")
     return p
+
+
+def cannot_read_prefix(path) -> list[str] | None:
+    """argv prefix that runs a command unable to read ``path`` (a file of another uid, mode
+    0600), as a colleague's files are for us: this uid (root) without the capabilities
+    that bypass file permissions (``setpriv``; the interpreter under /root stays reachable,
+    which another uid's would not be). None where that cannot be arranged: not root, no
+    ``setpriv``, or it did not take."""
+    if os.geteuid() != 0:
+        return None
+    setpriv = shutil.which("setpriv")
+    if setpriv is None:
+        return None
+    prefix = [setpriv, "--bounding-set=-dac_override,-dac_read_search"]
+    probe = subprocess.run(
+        [*prefix, sys.executable, "-c", f"open({str(path)!r}).read()"],
+        capture_output=True,
+        text=True,
+        timeout=30,
+    )
+    return prefix if "PermissionError" in probe.stderr else None
+
+
+#: why a test that needs :func:`cannot_read_prefix` is skipped
+CANNOT_READ_SKIP = "needs root and setpriv able to drop CAP_DAC_OVERRIDE/CAP_DAC_READ_SEARCH"
 
 
 # -- interrupt injection (in-process KeyboardInterrupt at every trace event) ------------------

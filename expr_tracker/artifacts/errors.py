@@ -26,5 +26,8 @@ class ArtifactTypeError(ArtifactError, ValueError):
 
 
 class ArtifactCorruptedError(ArtifactError):
-    """A stored file no longer matches its manifest (size or sha256): the file was edited
-    or removed after it was logged (with ``mode: link`` the store shares the source file)."""
+    """A stored version cannot be trusted: a stored file no longer matches its manifest
+    (size or sha256: edited or removed after it was logged; with ``mode: link`` the store
+    shares the source file), or the store was tampered with (a manifest that is not valid,
+    a version directory or file that leads outside the store, a FIFO in place of a file).
+    The message names the file or manifest entry; nothing was written when it is raised."""

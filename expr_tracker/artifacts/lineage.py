@@ -14,7 +14,7 @@ import re
 from pathlib import Path
 from typing import Any
 
-from expr_tracker.artifacts.files import append_line, read_lines
+from expr_tracker.artifacts.files import append_line, read_jsonl
 
 #: ``artifacts[.S][.rankN].jsonl``
 LINEAGE_RE = re.compile(r"^artifacts(?:\.([A-Za-z0-9_-]+?))??(?:\.rank(\d+))?\.jsonl$")
@@ -41,9 +41,16 @@ def parse_lineage_name(name: str) -> tuple[str | None, int] | None:
     return m.group(1), int(m.group(2) or 0)
 
 
-def read_lineage(run_dir: str | os.PathLike[str]) -> list[dict[str, Any]]:
+def read_lineage(
+    run_dir: str | os.PathLike[str], problems: list[str] | None = None
+) -> list[dict[str, Any]]:
     """Every lineage line of a run directory, over all its producers; each record gets
-    ``stream`` and ``rank`` from its file name. In file order, producers by file name."""
+    ``stream`` and ``rank`` from its file name. In file order, producers by file name.
+
+    The files are untrusted input (:func:`files.read_jsonl`): a file that is not a regular
+    file inside ``run_dir`` (a FIFO, a link out) or cannot be read is skipped, and so is
+    each bad line; ``problems``, when given, gets one line per such file
+    (``"<path>: <why>"``)."""
     out = []
     root = Path(run_dir)
     try:
@@ -54,6 +61,14 @@ def read_lineage(run_dir: str | os.PathLike[str]) -> list[dict[str, Any]]:
         parsed = parse_lineage_name(name)
         if parsed is None:
             continue
-        for rec in read_lines(root / name):
+        try:
+            records, bad = read_jsonl(root / name, root=root)
+        except OSError as exc:
+            if problems is not None:
+                problems.append(f"{root / name}: {getattr(exc, 'reason', None) or exc}")
+            continue
+        if bad and problems is not None:
+            problems.append(f"{root / name}: {bad} bad line(s) skipped")
+        for rec in records:
             out.append({**rec, "stream": parsed[0], "rank": parsed[1]})
     return out

@@ -140,6 +140,26 @@ def validate_entry_name(value: Any, field: str = "file name") -> str:
     return value
 
 
+def validate_uri(value: Any, field: str = "reference uri") -> str:
+    """A reference's URI (``s3://bucket/key``, ``https://host/path``, ``/data/x``): any
+    non-empty string without a control character below U+0020 or a lone surrogate;
+    returns it.
+
+    Raises:
+        ArtifactNameError: anything else.
+    """
+    if (
+        not isinstance(value, str)
+        or not value
+        or any(ord(c) < 32 or 0xD800 <= ord(c) <= 0xDFFF for c in value)
+    ):
+        raise ArtifactNameError(
+            f"{field} {value!r} is not valid: use a non-empty string without control "
+            "characters or lone surrogates (s3://bucket/key, https://host/path, /data/x)"
+        )
+    return value
+
+
 def parse_ref(ref: Any, field: str = "artifact") -> tuple[str, str]:
     """``"name"`` / ``"name:latest"`` / ``"name:v3"`` / ``"name:<alias>"`` -> (name, selector);
     the selector is ``latest``, ``v<N>`` or an alias.

@@ -33,6 +33,7 @@ class RunArtifacts:
         self.used = 0
         self.lineage_errors = 0
         self.rewritten = 0  # linked files of earlier versions found rewritten in place
+        self.index_lines_skipped = 0  # bad lines in the store's index, last seen
 
     def log_artifact(
         self,
@@ -51,6 +52,7 @@ class RunArtifacts:
         version, new = self.store.log(
             artifact, aliases=aliases, metadata=merged, run=self._identity()
         )
+        self._warn_skipped()
         for notice in self.store.notices:
             self.rewritten += 1
             self.run.warner.warn(
@@ -82,10 +84,25 @@ class RunArtifacts:
                 f"artifact {version.qualified_name} has type {version.type!r}, not {type!r} "
                 f"(use_artifact({ref!r}, type={version.type!r}), or no type= to take any)"
             )
+        self._warn_skipped()
         version.check()
         self.used += 1
         self._record("used", version)
         return version
+
+    def _warn_skipped(self) -> None:
+        """One warning (counted in ``et.info()["warnings"]``) when the index read last held
+        bad lines: someone else's damage, skipped, never a reason to fail."""
+        skipped = self.store.skipped
+        if skipped:
+            self.index_lines_skipped = skipped
+            self.run.warner.warn(
+                ("artifacts", "index", "bad lines"),
+                "expr_tracker: artifact index %s: %d bad line(s) skipped (not JSON, nested too "
+                "deeply, or not a version or alias record with valid names)",
+                self.store.root / "index.jsonl",
+                skipped,
+            )
 
     def _check_not_in_run_dir(self) -> None:
         """A run directory named ``artifacts`` is where the project's store would go: its
@@ -105,6 +122,7 @@ class RunArtifacts:
             "used": self.used,
             "lineage_errors": self.lineage_errors,
             "rewritten_in_place": self.rewritten,
+            "index_lines_skipped": self.index_lines_skipped,
             "store": str(self.store.root),
             "mode": self.store.mode,
         }

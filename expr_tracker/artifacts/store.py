@@ -8,13 +8,14 @@ Layout::
       .index.lock                 flock: one appender at a time
       <name>/
         .lock                     flock: one publisher of this artifact at a time
-        v1/                       the files, exactly as named in the artifact
-        v1.manifest.json          per file name, size, sha256; references; digest; type ...
+        v0/                       the files, exactly as named in the artifact (versions
+        v0.manifest.json          count from v0, as in wandb); per file name, size, sha256;
+                                  references; digest; type ...
         .staging-<pid>-<hex>/     a version being written (never listed; removed when stale)
         .staging-<pid>-<hex>.lock flock held by its writer while it lives
 
-Publishing a version (:meth:`ArtifactStore.log`): the files are staged (hard-linked or
-copied, and hashed) into a staging directory beside the versions, without any lock held.
+Publishing a version (:meth:`ArtifactStore.log`): the files are staged (copied, or
+hard-linked in ``link`` mode, and hashed) into a staging directory beside the versions, without any lock held.
 Then, under the artifact's lock: a version with the same digest is returned as it is (new
 aliases are recorded); otherwise leftovers of a crashed publisher (version directories or
 manifests the index does not list) are removed, the next number taken, the manifest
@@ -48,17 +49,27 @@ from expr_tracker.artifacts.errors import (
 )
 from expr_tracker.artifacts.files import (
     LINK_FALLBACK,
-    READ_ONLY,
     append_line,
     copy_hashed,
+    dir_mode,
     hash_file,
     hold,
     locked,
-    read_lines,
+    read_jsonl,
     try_lock,
 )
-from expr_tracker.artifacts.model import Artifact, ArtifactVersion
-from expr_tracker.artifacts.names import VERSION_RE, validate_aliases, validate_name
+from expr_tracker.artifacts.model import (
+    SHA256_RE,
+    Artifact,
+    ArtifactVersion,
+    version_digest,
+)
+from expr_tracker.artifacts.names import (
+    VERSION_RE,
+    validate_alias,
+    validate_aliases,
+    validate_name,
+)
 from expr_tracker.history.paths import atomic_write
 
 MODES = ("link", "copy")
@@ -68,34 +79,28 @@ _MANIFEST_RE = re.compile(r"^v([0-9]+)\.manifest\.json$")
 MANIFEST_FORMAT = 1
 #: seconds before an abandoned staging directory or lock file may be removed
 STALE_AFTER_S = 60.0
+#: the largest manifest read (about 5 million files); a larger one is refused unread
+MAX_MANIFEST = 1 << 30
 
 
 def manifest_name(version: int) -> str:
     return f"v{version}.manifest.json"
 
 
-def version_digest(files: list[dict[str, Any]], references: list[dict[str, Any]]) -> str:
-    """sha256 (hex) over the manifest entries sorted by name: the compact JSON of
-    ``[["file", name, size, sha256] | ["ref", name, uri], ...]``. Type, metadata, time and
-    the logging run are not part of it: the digest is the content."""
-    import hashlib
-
-    entries = [["file", f["name"], f["size"], f["sha256"]] for f in files]
-    entries += [["ref", r["name"], r["uri"]] for r in references]
-    entries.sort(key=lambda e: e[1])
-    blob = json.dumps(entries, separators=(",", ":"), ensure_ascii=False).encode("utf-8")
-    return hashlib.sha256(blob).hexdigest()
-
-
 class ArtifactStore:
     """The artifacts of one project under ``root`` (``<dir>/<project>/artifacts``).
 
-    ``mode``: ``link`` (hard-link files when the file system allows, copy otherwise) or
-    ``copy`` (always copy; stored copies are made read-only). Reading needs no lock;
-    writing is safe across threads and processes of one host (``flock``).
+    ``mode``: ``copy`` (the default: always copy, a reflink clone where the file system has
+    one; stored copies are read-only, so nothing the user does to a source changes a
+    version) or ``link`` (hard-link files when the file system allows, copy otherwise; a
+    source rewritten in place changes its linked version). Reading needs no lock; writing
+    is safe across threads and processes of one host (``flock``).
+
+    Versions count from 0 (``v0`` is the first, as in wandb); a store whose first version
+    is ``v1`` (written before) goes on from its highest number.
     """
 
-    def __init__(self, root: str | os.PathLike[str], mode: str = "link") -> None:
+    def __init__(self, root: str | os.PathLike[str], mode: str = "copy") -> None:
         if mode not in MODES:
             raise ValueError(f"artifacts mode {mode!r} is not valid: use 'link' or 'copy'")
         self.root = Path(root)
@@ -117,29 +122,84 @@ class ArtifactStore:
 
     # ------------------------------------------------------------------ reading
 
+    @property
+    def skipped(self) -> int:
+        """How many index lines this thread's last :meth:`catalog` skipped as bad (not
+        JSON, nested too deeply, a lone surrogate, not a version or alias record of valid
+        names); a torn last line is not counted. Callers report it (``et artifacts`` on
+        stderr, a run as one warning)."""
+        return getattr(self._local, "skipped", 0)
+
     def records(self) -> list[dict[str, Any]]:
-        """The index's committed lines, in order (a torn last line is skipped)."""
-        return read_lines(self.root / INDEX)
+        """The index's committed lines, in order (a torn last line and bad lines are
+        skipped: :attr:`skipped` counts the bad ones).
+
+        Raises:
+            ArtifactCorruptedError: the index is not a regular file (a FIFO, a device) or
+                lies outside the store.
+            ArtifactError: it exists but cannot be read (a permission).
+        """
+        return self._read_index()[0]
+
+    def _read_index(self) -> tuple[list[dict[str, Any]], int]:
+        from expr_tracker.history.untrusted import UnsafeFileError
+
+        path = self.root / INDEX
+        try:
+            return read_jsonl(path, root=self.root)
+        except UnsafeFileError as exc:
+            raise ArtifactCorruptedError(
+                f"the index {path} cannot be read: {exc.reason}; nothing was read from it"
+            ) from None
+        except OSError as exc:
+            raise ArtifactError(f"the index {path} cannot be read: {exc}") from None
 
     def catalog(self) -> dict[str, dict[str, Any]]:
         """name -> {"versions": {N: index line}, "aliases": {alias: N}} from the index.
-        The first line of a version wins; an alias points where it was last given."""
+        The first line of a version wins; an alias points where it was last given.
+
+        Every line is untrusted: one whose name, version (an ``int`` from 0), digest (64
+        hex digits) or alias is not valid is skipped and counted in :attr:`skipped`.
+
+        Raises:
+            ArtifactError: as :meth:`records`.
+        """
+        from expr_tracker.artifacts.errors import ArtifactNameError
+
+        records, bad = self._read_index()
         out: dict[str, dict[str, Any]] = {}
-        for rec in self.records():
-            name = rec.get("name")
-            version = rec.get("version")
-            if not isinstance(name, str) or type(version) is not int:
+        for rec in records:
+            name, version, kind = rec.get("name"), rec.get("version"), rec.get("kind")
+            try:
+                validate_name(name)
+                if type(version) is not int or version < 0:
+                    raise ValueError
+                if kind == "version":
+                    digest = rec.get("digest")
+                    if not isinstance(digest, str) or not SHA256_RE.match(digest):
+                        raise ValueError
+                    given = rec.get("aliases") or []
+                    if not isinstance(given, list):
+                        raise ValueError
+                    aliases = [a for a in given if a != "latest" and _is_alias(a)]
+                    if len(aliases) < len([a for a in given if a != "latest"]):
+                        bad += 1  # the version stands; its bad aliases do not
+                elif kind == "alias":
+                    aliases = [validate_alias(rec.get("alias"))]
+                else:
+                    raise ValueError
+            except (ValueError, ArtifactNameError):
+                bad += 1
                 continue
             item = out.setdefault(name, {"versions": {}, "aliases": {}})
-            if rec.get("kind") == "version":
+            if kind == "version":
                 item["versions"].setdefault(version, rec)
-                for alias in rec.get("aliases") or ():
-                    item["aliases"][alias] = version
-            elif rec.get("kind") == "alias" and isinstance(rec.get("alias"), str):
-                item["aliases"][rec["alias"]] = version
+            for alias in aliases:
+                item["aliases"][alias] = version
         # an alias given with a version that never made it (cannot happen) points nowhere
         for item in out.values():
             item["aliases"] = {a: v for a, v in item["aliases"].items() if v in item["versions"]}
+        self._local.skipped = bad
         return {k: out[k] for k in sorted(out) if out[k]["versions"]}
 
     def names(self) -> list[str]:
@@ -182,23 +242,50 @@ class ArtifactStore:
             have = ", ".join(sorted(item["aliases"])) or "none"
             raise ArtifactNotFoundError(
                 f"artifact {name!r} has no alias {selector!r} (aliases: latest, {have}; or "
-                f"a version v1..v{newest})"
+                f"a version v{min(versions)}..v{newest})"
             )
         return self._version(name, version, item, newest)
 
     def _version(self, name: str, version: int, item: dict[str, Any], newest: int):
         adir = self.root / name
-        try:
-            manifest = json.loads((adir / manifest_name(version)).read_text(encoding="utf-8"))
-        except (OSError, ValueError) as exc:
-            raise ArtifactCorruptedError(
-                f"{name}:v{version} is in the index of {self.root} but its manifest cannot "
-                f"be read ({exc})"
-            ) from None
         aliases = (["latest"] if version == newest else []) + sorted(
             a for a, v in item["aliases"].items() if v == version
         )
-        return ArtifactVersion(adir / f"v{version}", manifest, aliases, self.mode)
+        found = ArtifactVersion(
+            adir / f"v{version}", self._manifest(name, version), aliases, self.mode
+        )
+        listed = item["versions"].get(version, {}).get("digest")
+        if (found.name, found.version) != (name, version) or found.digest != (
+            listed or found.digest
+        ):
+            raise ArtifactCorruptedError(
+                f"{name}:v{version}: the manifest {adir / manifest_name(version)} is not the "
+                f"one the index {self.root / INDEX} lists (it holds {found.qualified_name}, "
+                f"digest {found.digest[:16]}...; edited?); nothing of it was used"
+            )
+        return found
+
+    def _manifest(self, name: str, version: int) -> Any:
+        """The manifest of ``name:v<version>`` as decoded, read as untrusted input: a
+        regular file inside the store (never a FIFO, never through a symbolic link out),
+        at most ``MAX_MANIFEST`` bytes, depth-limited JSON. :class:`ArtifactVersion` checks its content.
+
+        Raises:
+            ArtifactCorruptedError: it cannot be read or is not JSON.
+        """
+        from expr_tracker.history.untrusted import UnsafeFileError, read_json
+
+        path = self.root / name / manifest_name(version)
+        try:
+            return read_json(path, root=self.root, max_bytes=MAX_MANIFEST)
+        except UnsafeFileError as exc:
+            why = exc.reason
+        except (OSError, ValueError) as exc:
+            why = str(exc)
+        raise ArtifactCorruptedError(
+            f"{name}:v{version} is in the index of {self.root} but its manifest {path} cannot "
+            f"be read ({why}); nothing of it was used"
+        )
 
     def versions(self, name: str) -> list[ArtifactVersion]:
         """Every version of ``name``, oldest first ([] for an unknown name)."""
@@ -315,13 +402,21 @@ class ArtifactStore:
         """
         entries: list[dict[str, Any]] = []
         deferred: list[int] = []
-        made: set[Path] = set()
+        dmodes = _dir_modes(files)
+        # the version directory and each one below it: no more visible than its files
+        with contextlib.suppress(OSError):
+            os.chmod(staging, os.stat(staging).st_mode & dmodes.get("", 0o777))
+        made: set[Path] = {staging}
         for name in sorted(files):
             src = files[name]
             dst = staging / name
             if dst.parent not in made:
-                dst.parent.mkdir(parents=True, exist_ok=True)
-                made.add(dst.parent)
+                for d in reversed([dst.parent, *dst.parent.parents]):
+                    if d in made or staging not in d.parents:
+                        continue
+                    with contextlib.suppress(FileExistsError):
+                        d.mkdir(mode=dmodes[d.relative_to(staging).as_posix()])
+                    made.add(d)
             try:
                 how = "copy"
                 if self.mode == "link":
@@ -342,8 +437,9 @@ class ArtifactStore:
                 if how == "link":
                     size, sha = hash_file(dst)
                 else:
+                    # a copy is the store's own: the source's bits, write bits cleared (a
+                    # 0600 key stays private), so nothing edits it in place
                     size, sha = copy_hashed(src, dst)
-                    os.chmod(dst, READ_ONLY)  # a copy is the store's own: keep it from edits
             except FileNotFoundError as exc:
                 if not Path(src).exists():
                     raise ArtifactError(
@@ -365,7 +461,6 @@ class ArtifactStore:
             name = entries[i]["name"]
             dst = staging / name
             size, sha = copy_hashed(files[name], dst)  # what is stored is what is hashed
-            os.chmod(dst, READ_ONLY)
             entries[i] = _entry(name, size, sha, "copy", dst)
 
     def _has_version(self, name: str, version: int) -> bool:
@@ -421,8 +516,8 @@ class ArtifactStore:
             return []
         newest = max(item["versions"])
         try:
-            prev = json.loads((self.root / name / manifest_name(newest)).read_text("utf-8"))
-        except (OSError, ValueError):
+            prev = self.get(name, f"v{newest}").manifest
+        except ArtifactError:
             return []
         logged = {f["name"]: f for f in prev.get("files", [])}
         out = []
@@ -437,8 +532,9 @@ class ArtifactStore:
                     out.append(
                         f"{name}:v{newest} file {fname!r} is a hard link of {str(files[fname])!r}, "
                         "which was rewritten in place since it was logged: the stored "
-                        f"{name}:v{newest} changed with it. Use artifacts.mode: copy for files "
-                        "saved again under the same name (this version is a copy)"
+                        f"{name}:v{newest} changed with it. Use artifacts.mode: copy (the "
+                        "default) for files saved again under the same name (this version is "
+                        "a copy)"
                     )
         return out
 
@@ -485,10 +581,12 @@ class ArtifactStore:
             self.notices.append(
                 f"{', '.join(changed)} logged these same contents, but its files changed since "
                 "(a hard-linked source edited in place): storing them as a new version. Use "
-                "artifacts.mode: copy for files edited in place"
+                "artifacts.mode: copy (the default) for files edited in place"
             )
         self._remove_orphans(adir, set(item["versions"]))
-        version = max(item["versions"], default=0) + 1
+        # from v0 (as wandb); a store whose first version is v1 (written before) goes on
+        # from its highest number
+        version = max(item["versions"], default=-1) + 1
         now = time.time()
         manifest = {
             "format": MANIFEST_FORMAT,
@@ -550,12 +648,13 @@ class ArtifactStore:
         """Under the artifact's lock: the version directory and manifest the index does not
         list, left by a publisher killed between its rename and its index line.
 
-        Such a leftover is always the next number (``max(indexed) + 1``: the number is taken
-        under this lock, and the next publisher removes it before taking its own). Other
+        Such a leftover is always the next number (``max(indexed) + 1``, ``0`` for a new
+        artifact: the number is taken under this lock, and the next publisher removes it
+        before taking its own). Other
         unlisted versions mean the index lost lines (deleted, truncated, edited): they are
         complete versions, so nothing is removed and nothing is published.
         """
-        leftover = max(indexed, default=0) + 1
+        leftover = max(indexed, default=-1) + 1
         found: dict[int, list[Path]] = {}
         for p in adir.iterdir():
             m = VERSION_RE.match(p.name) if p.is_dir() else _MANIFEST_RE.match(p.name)
@@ -632,6 +731,31 @@ def _entry(name: str, size: int, sha: str, how: str, dst: Path) -> dict[str, Any
         "stored": how,
         "mtime_ns": dst.stat().st_mtime_ns,
     }
+
+
+def _is_alias(value: Any) -> bool:
+    try:
+        validate_alias(value)
+    except ArtifactError:
+        return False
+    return True
+
+
+def _dir_modes(files: dict[str, Path]) -> dict[str, int]:
+    """The permission bits of each directory a version needs (``""``: the version directory
+    itself), from the modes of the source files below it (:func:`files.dir_mode`): group
+    and others may list a directory only when they may read every file in it."""
+    below: dict[str, list[int]] = {"": []}
+    for name, src in files.items():
+        try:
+            mode = os.stat(src).st_mode
+        except OSError:
+            mode = 0  # a source gone: the copy below says so; meanwhile keep it private
+        parts = name.split("/")
+        below[""].append(mode)
+        for i in range(1, len(parts)):
+            below.setdefault("/".join(parts[:i]), []).append(mode)
+    return {d: dir_mode(modes) for d, modes in below.items()}
 
 
 def _rmtree(path: Path) -> None:

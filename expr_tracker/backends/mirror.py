@@ -9,7 +9,13 @@ raising, queue full, finish deadline passed) is warned about once, through the r
 :class:`~expr_tracker._warn.Warner`, and counted in :meth:`Mirror.stats`.
 
 :meth:`Mirror.close` (the run's late closer) queues the final summary and ``finish``, waits
-for them within a deadline, and counts what it could not send as dropped.
+for them within a deadline, and counts what it could not send as dropped. The deadline is
+the closing's, not the call's: a finish interrupted and resumed waits only for what is left
+of it. The wait comes after everything is on disk, so a signal ends it: the run's handlers
+call :func:`cut_wait` on SIGTERM (and on Ctrl-C at process exit) while a run finishes, and
+:func:`close_mirrors` then gives every mirror up within :data:`CUT_POLL_S`; a Ctrl-C that
+interrupts the wait and ends the program leaves the exit hook nothing to wait for
+(docs/mirrors.md "When something goes wrong").
 """
 
 from __future__ import annotations
@@ -26,7 +32,16 @@ from typing import Any
 from expr_tracker import _current
 from expr_tracker._warn import Warner
 
-__all__ = ["MAX_CONSECUTIVE_FAILURES", "BackendOff", "BackendUnavailable", "Mirror"]
+__all__ = [
+    "MAX_CONSECUTIVE_FAILURES",
+    "BackendOff",
+    "BackendUnavailable",
+    "Mirror",
+    "close_mirrors",
+    "cut_by",
+    "cut_wait",
+    "give_up_interrupted",
+]
 
 log = logging.getLogger("expr_tracker")
 
@@ -38,6 +53,76 @@ MAX_CONSECUTIVE_FAILURES = 20
 BATCH_DELAY_S = 0.005
 
 _FINISH = "__finish__"  # queue item (_FINISH, exit_code): the last one the thread handles
+
+
+#: how often a wait at finish looks whether a signal asked it to stop (seconds)
+CUT_POLL_S = 0.05
+
+#: the signal a handler asked to end the wait for mirrors with (0: none; see cut_wait)
+_cut = 0
+#: the signal that did end a wait for mirrors (0: none); see cut_by
+_cut_ended = 0
+#: a wait at finish on the main thread was interrupted (Ctrl-C); see give_up_interrupted
+_interrupted = False
+#: the exit hook runs: mirrors whose wait was interrupted before are not waited for again
+_give_up = False
+
+
+def cut_wait(signum: int) -> None:
+    """Called by a signal handler while a run finishes (SIGTERM; Ctrl-C at process exit):
+    the wait for mirrors in progress, or still to come in this finish, gives every mirror
+    up at once (within :data:`CUT_POLL_S`). One assignment: safe in a signal handler."""
+    global _cut
+    _cut = signum
+
+
+def cut_by() -> int:
+    """The signal that ended a wait for mirrors (0 when none did): the exit hook ends the
+    process by it once the runs are finished."""
+    return _cut_ended
+
+
+def give_up_interrupted() -> None:
+    """Called by the exit hook before it finishes the runs: when a wait for mirrors at
+    finish was interrupted before (a Ctrl-C that ends the program), the resumed finish
+    waits no more; every mirror not done is given up (counted, said once)."""
+    global _give_up
+    if _interrupted:
+        _give_up = True
+
+
+def close_mirrors(
+    mirrors: list[Mirror],
+    exit_code: int,
+    timeout: float,
+    final_summary: dict[str, Any] | None = None,
+) -> None:
+    """Close ``mirrors`` together: each gets the final summary and ``finish``, and all of
+    them get ``timeout`` seconds in all, counted from the first call: called again (a
+    finish interrupted by Ctrl-C and resumed), it waits only for what is left of them.
+    After :func:`cut_wait` (a signal while the run finishes) it waits for none: every
+    mirror not done is given up (counted, said once each). An interrupt during the wait
+    (Ctrl-C) propagates; if it ends the program, the exit hook waits for none either."""
+    global _cut, _cut_ended, _interrupted
+    deadline = time.monotonic() + timeout
+    try:
+        for mirror in mirrors:
+            mirror.begin_close(exit_code, final_summary)
+            if mirror._deadline is None:
+                mirror._deadline = deadline
+        for mirror in mirrors:
+            if _give_up or _cut:
+                break
+            mirror.wait_closed(exit_code, (mirror._deadline or deadline) - time.monotonic())
+    except BaseException:
+        if threading.current_thread() is threading.main_thread():
+            _interrupted = True
+        raise
+    if _give_up or _cut:  # a signal came while the run finished: the mirrors are skipped
+        if _cut:
+            _cut_ended, _cut = _cut, 0
+        for mirror in mirrors:
+            mirror.abandon(exit_code, interrupted=True)
 
 
 def _atexit_hooks() -> int | None:
@@ -97,6 +182,7 @@ class Mirror:
         self._done = threading.Event()
         self._abandoned = False
         self._closed = False
+        self._deadline: float | None = None  # when close_mirrors stops waiting (monotonic)
         self._refused: str | None = None  # why put() refuses rows: "backend_off", "closed"
         self._warned_full = False
         self._full = 0  # rows dropped because the queue was full
@@ -338,12 +424,38 @@ class Mirror:
 
     def wait_closed(self, exit_code: int, timeout: float) -> bool:
         """Wait up to ``timeout`` seconds for :meth:`begin_close`'s ``finish``; past it, what
-        is left is counted as dropped and said once (see :meth:`close`)."""
-        if self._thread is None or self._done.is_set() or self._done.wait(max(0.0, timeout)):
+        is left is counted as dropped and said once (see :meth:`close`). A mirror given up
+        already (past its deadline, or interrupted) is not waited for again. The wait ends
+        early, returning False, when a signal handler calls :func:`cut_wait` (the caller
+        then gives the mirror up: :func:`close_mirrors`); an interrupt (Ctrl-C) propagates
+        and leaves the mirror to a resumed finish."""
+        if self._thread is None or self._done.is_set():
             self._count_leftovers()
             return True
         if self._abandoned:
             return False
+        end = time.monotonic() + max(0.0, timeout)
+        while True:
+            left = end - time.monotonic()
+            if self._done.wait(max(0.0, min(left, CUT_POLL_S))):
+                self._count_leftovers()
+                return True
+            if _cut:
+                return False
+            if left <= CUT_POLL_S:
+                break
+        self.abandon(exit_code, timeout=timeout)
+        return False
+
+    def abandon(
+        self, exit_code: int, *, timeout: float | None = None, interrupted: bool = False
+    ) -> None:
+        """Stop waiting for the backend: the rows it has not taken are counted as dropped
+        (``finish_timeout``) and said once; its ``finish`` is still called when the call it
+        is stuck in returns, unless the process ends first. Nothing for a mirror that is
+        done, or given up already."""
+        if self._abandoned or self._thread is None or self._done.is_set():
+            return
         self._abandoned = True
         left = 0
         while True:
@@ -357,15 +469,24 @@ class Mirror:
             self.dropped["finish_timeout"] = self.dropped.get("finish_timeout", 0) + left
         self._rows.append((_FINISH, exit_code))  # finish once the call it is stuck in returns
         self._wake.put(None)
+        if interrupted:
+            self.warner.warn(
+                ("backend", self.label, "finish_timeout"),
+                "expr_tracker: stopped waiting for the %s mirror at finish (interrupted); %d "
+                "queued rows were not mirrored (the local files hold them); counted in "
+                "et.info()['backends']",
+                self.label,
+                left,
+            )
+            return
         self.warner.warn(
             ("backend", self.label, "finish_timeout"),
             "expr_tracker: the %s mirror did not drain within %.1f s at finish; %d queued rows "
             "were not mirrored (the local files hold them); counted in et.info()['backends']",
             self.label,
-            timeout,
+            timeout or 0.0,
             left,
         )
-        return False
 
     def _count_leftovers(self) -> None:
         """Rows a stopped thread left in the queue (it never got to them): dropped."""

@@ -6,6 +6,8 @@ to the runtime (the hot path never touches Pydantic):
 
 - :mod:`.check`: :func:`check`, everything a spec can get wrong beyond its schema (span
   plugins, alert rules, channels), with no side effect; also ``et config validate``.
+- :mod:`.identity`: which run directory a start writes to: resume by the config given at
+  init, ``<name>-2`` for another config, ranks following rank 0 (the lock taken first).
 - :mod:`.history`: the run directory and file names, the one-writer lock and the undo of a
   failed attempt, resume, the history store and its writer, ``run.json``, ``config.json``,
   ``spec.json`` and the summary.
@@ -28,15 +30,14 @@ from expr_tracker.build.artifacts import build_artifacts
 from expr_tracker.build.backends import build_backends
 from expr_tracker.build.check import channel_issue, check
 from expr_tracker.build.history import (
-    Attempt,
     announce,
     construct_run,
     normalize_config,
     run_directory,
 )
+from expr_tracker.build.identity import ResumeError, choose
 from expr_tracker.build.spans import build_spans
-from expr_tracker.errors import ExprTrackerError
-from expr_tracker.history.paths import detect_rank, file_name
+from expr_tracker.history.paths import detect_rank
 from expr_tracker.runs import Run
 
 __all__ = [
@@ -51,16 +52,13 @@ __all__ = [
 log = logging.getLogger("expr_tracker")
 
 
-class ResumeError(ExprTrackerError, FileExistsError):
-    """``resume="never"`` found an existing run, or ``resume="must"`` found none."""
-
-
 def build(
     resolved: Any,
     *,
     environ: dict[str, str] | None = None,
     independent: bool = False,
     backend_objects: Any = (),
+    pinned: bool = False,
 ) -> Run:
     """Construct a :class:`Run` from a resolved spec (``expr_tracker.spec.resolve``).
 
@@ -73,11 +71,14 @@ def build(
     attempt created is removed and the one-writer lock released, so fixing the spec and
     calling ``et.init`` again in the same process works. ``backend_objects`` are mirrored
     besides the spec's ``backends`` (objects with init/log/finish, from ``et.init``).
+    ``pinned`` (wandb's ``id=``): the run's name is fixed, never moved to ``<name>-2`` for
+    another config (:mod:`.identity`).
 
     Raises:
         SpecError: everything :func:`check` finds (plugins, rules, channels), each problem
             with its spec path.
-        ResumeError: ``resume`` forbids what is on disk.
+        ResumeError: ``resume="must"`` found no run, or ``resume="never"`` an existing one
+            in a fixed folder (``run_dir=``, ``id=``).
         RunLockedError: another live process writes the same stream and rank.
         TypeError: a backend object lacks init/log/finish.
     """
@@ -93,33 +94,25 @@ def build(
     stream = spec.stream
     rank = detect_rank(env)
     file_rank = rank if spec.history.rank_aware else 0
-    run_dir = run_directory(spec)
-    metrics_path = run_dir / file_name("metrics", stream, file_rank)
-    info_path = run_dir / file_name("run", stream, file_rank)
 
     # 1. configuration checks: nothing on disk yet; the same function as `et config validate`
     engine = check(resolved, env, stream=stream, rank=rank)
 
-    # 2. the one-writer lock comes before anything of the run directory is read, snapshotted
-    # or undone: a refused process (RunLockedError) has touched nothing of the holder's
-    attempt = Attempt(run_dir, stream, file_rank)
-    attempt.lock(metrics_path, warner)
+    # 2. which run: each candidate's one-writer lock comes before anything of it is read,
+    # snapshotted or undone: a refused process (RunLockedError) has touched nothing of the
+    # holder's. The chosen one stays locked.
+    choice = choose(resolved, env, warner, stream, file_rank, pinned=pinned)
+    attempt, resolved, run_dir = choice.attempt, choice.resolved, choice.run_dir
+    spec = resolved.spec
+    if engine is not None:
+        engine.run_info["run"] = spec.name
     try:
-        exists = metrics_path.exists() or info_path.exists()
-        if spec.resume == "never" and exists:
-            raise ResumeError(
-                f"resume='never' but {run_dir} already holds this run ({metrics_path.name}); "
-                "pick another name, or use resume='allow' to continue it"
-            )
-        if spec.resume == "must" and not exists:
-            raise ResumeError(
-                f"resume='must' but there is no run to continue at {run_dir} "
-                f"(no {metrics_path.name}); check project/name/dir or use resume='allow'"
-            )
         attempt.snapshot()
 
         # 3. construction; undone if anything fails
-        run = construct_run(resolved, spec, env, warner, stream, rank, file_rank, run_dir, attempt)
+        run = construct_run(
+            resolved, spec, env, warner, stream, rank, file_rank, run_dir, attempt, choice
+        )
         attempt.closers.append(lambda: _undo_runtime(run, engine))
         run.independent = independent
         build_spans(run, spec, run_dir, stream, file_rank, rank, warner, activate=not independent)

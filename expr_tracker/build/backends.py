@@ -24,12 +24,11 @@ from __future__ import annotations
 import hashlib
 import importlib.util
 import sys
-import time
 from collections.abc import Iterable
 from typing import Any
 
 from expr_tracker._warn import Warner
-from expr_tracker.backends.mirror import Mirror
+from expr_tracker.backends.mirror import Mirror, close_mirrors
 from expr_tracker.backends.protocol import adapt
 from expr_tracker.backends.trackio_backend import TrackioBackend
 from expr_tracker.backends.wandb_backend import WandbBackend
@@ -172,11 +171,7 @@ def build_backends(
         if code == 0 and (run.info_record or {}).get("status") == "failed":
             code = 1  # e.g. the history writer could not be closed
         summary = {k: v for k, v in run.summary.to_dict().items() if not k.startswith("_")}
-        for mirror in live:
-            mirror.begin_close(code, summary)
-        deadline = time.monotonic() + timeout
-        for mirror in live:
-            mirror.wait_closed(code, deadline - time.monotonic())
+        close_mirrors(live, code, timeout, summary)  # Ctrl-C/SIGTERM end the wait
 
     run.add_closer("backends", close, late=True)
     run.add_stats("backends", lambda: {m.label: m.stats() for m in mirrors})

@@ -253,7 +253,12 @@ def construct_run(
     file_rank: int,
     run_dir: Path,
     attempt: Attempt,
+    choice: Any,
 ) -> Run:
+    """The run in ``run_dir`` (``choice``: :func:`expr_tracker.build.identity.choose`'s, whose
+    attempt holds this producer's lock)."""
+    from expr_tracker.build.identity import notice
+
     # the directory exists and this producer's lock is held (Attempt.lock): reading the
     # previous attempt now sees a file no live process is writing
     h = spec.history
@@ -306,22 +311,34 @@ def construct_run(
     info["notes"] = spec.notes
     info["entity"] = spec.entity
     info["job_type"] = spec.job_type
+    if file_rank == 0:  # what the next start compares its config with (identity.choose)
+        info["init_config"] = choice.recorded
+    if choice.launch is not None:  # the other ranks of the launch find this run by it
+        info["launch"] = choice.launch
+    if choice.requested is not None:
+        info["requested_name"] = choice.requested
+    if choice.changes:  # resume='must' (or a fixed folder) with another config
+        info["config_changes"] = choice.changes
+    resumed_line = None
     if resumed or previous is not None:
         attempts = list((previous or {}).get("previous_attempts", []))
         if previous is not None:
             prev = {k: previous.get(k) for k in ("status", "started_at", "ended_at", "pid", "host")}
             if "exception" in previous:
                 prev["exception"] = {"type": previous["exception"].get("type")}
+            if previous.get("config_changes"):
+                prev["config_changes"] = previous["config_changes"]
             attempts.append(prev)
         info["previous_attempts"] = attempts
         info["resumed_at_step"] = start_step
-        attempt.notice = _resume_line(spec, run_dir, stream, rank, start_step, previous)
+        resumed_line = _resume_line(spec, stream, rank, start_step, previous)
+    attempt.notice = notice(choice, resumed_line)
     try:
         write_run_info(info_path, info)
     except OSError as exc:
         warner.warn(("run.json",), "expr_tracker: cannot write %s (%s)", info_path, exc)
 
-    config = normalize_config(spec.config, warner)
+    config = choice.init_config
     config_path = None
     # run-level files: rank 0 only (the other ranks keep their run/summary/shard files and
     # never overwrite rank 0's). config[.S].json by rank 0 of each stream; spec.json by rank 0
@@ -334,9 +351,11 @@ def construct_run(
         config_path = run_dir / file_name("config", stream)
         if resumed or previous is not None:
             # a resumed run keeps what earlier attempts added (et.config.update); the
-            # values given now win
+            # values given now win (a change from the earlier attempt's init config is in
+            # run.json: config_changes)
             config = {**_read_json(config_path), **config}
-        attempt.write_shared(config_path, redact_config(config), warner)
+        on_disk = choice.recorded if config is choice.init_config else redact_config(config)
+        attempt.write_shared(config_path, on_disk, warner)
         spec_path = run_dir / "spec.json"
         if not stream or not spec_path.exists():
             try:
@@ -375,19 +394,17 @@ def construct_run(
 
 def _resume_line(
     spec: Any,
-    run_dir: Path,
     stream: str | None,
     rank: int,
     start_step: int,
     previous: dict[str, Any] | None,
 ) -> str:
-    """The one stderr line that says a run is being continued, not started."""
+    """What the one stderr line says of a run being continued, not started."""
     who = "".join([f" stream {stream}" if stream else "", f" rank {rank}" if rank else ""]).strip()
     status = (previous or {}).get("status") or "unknown (no run.json)"
     return (
-        f"expr_tracker: resuming run {spec.project}/{spec.name}"
-        f"{f' ({who})' if who else ''} at step {start_step}; previous attempt: {status}; "
-        f"in {run_dir} (resume='allow': give another name, or resume='never', to start anew)"
+        f"run {spec.project}/{spec.name}{f' ({who})' if who else ''} at step {start_step}; "
+        f"previous attempt: {status}"
     )
 
 

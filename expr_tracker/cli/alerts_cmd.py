@@ -16,12 +16,16 @@ document: an array of the records), ``jsonl`` (one object per line). JSON output
 (NaN and ±Infinity become ``null``). A run without alerts prints nothing (``[]`` for json)
 and exits 0; a closed pipe (``| head``) exits 0. Exit 1: no such run; 2: a usage error
 (``et alert`` sends an alert; this command lists them).
+
+The file is untrusted input: only a regular file is read (a FIFO in its place is an error,
+exit 1, never a hang); lines that are not records (bad JSON, nested too deeply, a lone
+surrogate) are skipped and counted in one warning; the table escapes control characters
+(``cli.output.printable``), ``json``/``jsonl`` keep the records exact.
 """
 
 from __future__ import annotations
 
 import argparse
-import json
 import math
 import os
 import sys
@@ -92,15 +96,21 @@ def alerts_file(run: str | os.PathLike[str], stream: str | None, rank: int | Non
 
 def read_records(path: Path) -> tuple[list[dict[str, Any]], int]:
     """The records of ``path`` in file order, and the number of lines that did not decode
-    (a torn last line of a live run, damage)."""
+    (a torn last line of a live run, damage, a line nested too deeply).
+
+    Raises ``OSError`` (``history.untrusted.UnsafeFileError`` for a FIFO, device or
+    socket)."""
+    from expr_tracker.history.codec import decode_line
+    from expr_tracker.history.untrusted import open_regular
+
     out: list[dict[str, Any]] = []
     bad = 0
-    with open(path, encoding="utf-8", errors="replace") as f:
+    with open(open_regular(path), "rb") as f:
         for line in f:
             if not line.strip():
                 continue
             try:
-                rec = json.loads(line)
+                rec = decode_line(line)
             except ValueError:
                 bad += 1
                 continue
@@ -181,15 +191,16 @@ def print_table(records: list[dict[str, Any]], out: IO[str], width: int | None =
     table.add_column("rule", overflow="fold", ratio=2)
     table.add_column("level", no_wrap=True)
     table.add_column("detail", overflow="fold", ratio=3)
+    p = output.printable
     for rec in records:
         step, when, event, rule, level, detail = _row(rec)
         table.add_row(
-            step,
+            p(step),
             when,
-            Text(event, style="bold red" if event == "UNDELIVERED" else ""),
-            rule,
-            Text(level, style=LEVEL_STYLE.get(level, "")),
-            detail,
+            Text(p(event), style="bold red" if event == "UNDELIVERED" else ""),
+            p(rule),
+            Text(p(level), style=LEVEL_STYLE.get(level, "")),
+            p(detail),
         )
     console.print(table)
 
@@ -215,10 +226,18 @@ def run_alerts(args: argparse.Namespace, out: IO[str] | None = None) -> int:
         err.write(f"et alerts: {exc}\n")
         return 2
     records: list[dict[str, Any]] = []
-    if path.is_file():
-        records, bad = read_records(path)
+    if path.exists() or path.is_symlink():
+        try:
+            records, bad = read_records(path)
+        except FileNotFoundError:
+            bad = 0  # removed since looked for: no alerts
+        except OSError as exc:
+            from expr_tracker.history.rundirs import os_reason
+
+            err.write(f"et alerts: cannot read {str(path)!r}: {os_reason(exc)}\n")
+            return 1
         if bad:
-            err.write(f"et alerts: skipped {bad} line(s) of {path.name} that are not records\n")
+            err.write(f"et alerts: skipped {bad} line(s) of {path} that are not records\n")
     records = select(records, args.since, args.kind)
     if not records and args.format == "table":
         since = f" from step {args.since}" if args.since is not None else ""

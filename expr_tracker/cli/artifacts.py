@@ -92,13 +92,24 @@ def _size(n: Any) -> str:
     return ""  # pragma: no cover
 
 
-def list_records(root: str | Path) -> list[dict[str, Any]]:
+def list_records(root: str | Path, problems: list[str] | None = None) -> list[dict[str, Any]]:
     """One record per artifact under ``root`` (see :func:`find_stores`): project, name,
     versions, latest, type, size (bytes of the latest), aliases (alias -> version),
-    created_at (of the latest)."""
+    created_at (of the latest). A store whose index cannot be read is left out and one line
+    saying why goes to ``problems`` (when given), as does a count of bad index lines."""
+    from expr_tracker.artifacts import ArtifactError
+
     out = []
     for project, store in find_stores(root):
-        for name, item in store.catalog().items():
+        try:
+            catalog = store.catalog()
+        except ArtifactError as exc:
+            if problems is not None:
+                problems.append(str(exc))
+            continue
+        if store.skipped and problems is not None:
+            problems.append(f"{store.root / 'index.jsonl'}: {store.skipped} bad line(s) skipped")
+        for name, item in catalog.items():
             latest = max(item["versions"])
             rec = item["versions"][latest]
             out.append(
@@ -128,13 +139,15 @@ def run_list(args: argparse.Namespace, out: IO[str] | None = None) -> int:
     if not root.is_dir():
         sys.stderr.write(f"et artifacts list: {str(root)!r} is not a directory\n")
         return 1
-    records = list_records(root)
+    problems: list[str] = []
+    records = list_records(root, problems)
+    _warn("list", problems)
     if output.is_machine(args.format):
         output.write_records(records, args.format, out)
         return 0
     console = output.console(out, table_width(out))
     if not records:
-        console.print(f"no artifacts under {root}")
+        console.print(f"no artifacts under {_text(str(root))}", markup=False)
         return 0
     table = Table(box=None, header_style="bold", pad_edge=False)
     several = len({r["project"] for r in records}) > 1
@@ -155,14 +168,24 @@ def run_list(args: argparse.Namespace, out: IO[str] | None = None) -> int:
             _size(r["size"]),
             ", ".join(f"{a}→v{v}" for a, v in r["aliases"].items()),
         ]
-        table.add_row(*([r["project"]] if several else []), *cells)
+        table.add_row(*map(_text, [*([r["project"]] if several else []), *cells]))
     console.print(table, markup=False)
     return 0
 
 
-def lineage_of(project_dir: Path, name: str, version: int | None = None) -> list[dict[str, Any]]:
+def _warn(command: str, problems: list[str]) -> None:
+    """One stderr line per problem (a store or lineage file left out, bad lines skipped),
+    escaped for the terminal."""
+    for p in problems:
+        sys.stderr.write(f"et artifacts {command}: warning: {output.printable(p)}\n")
+
+
+def lineage_of(
+    project_dir: Path, name: str, version: int | None = None, problems: list[str] | None = None
+) -> list[dict[str, Any]]:
     """The lineage lines of artifact ``name`` (of ``version`` when given) in every run of a
-    project: each with ``run`` (the run directory's name) added, ordered by time."""
+    project: each with ``run`` (the run directory's name) added, ordered by time. Lineage
+    files that cannot be read, and bad lines, are skipped and named in ``problems``."""
     from expr_tracker.artifacts import read_lineage
 
     out = []
@@ -173,14 +196,21 @@ def lineage_of(project_dir: Path, name: str, version: int | None = None) -> list
     for run_dir in children:
         if run_dir.name == "artifacts" or run_dir.name.startswith("."):
             continue
-        for rec in read_lineage(run_dir):
+        for rec in read_lineage(run_dir, problems):
             if rec.get("name") != name:
                 continue
             if version is not None and rec.get("version") != version:
                 continue
             out.append({"run": run_dir.name, **rec})
-    out.sort(key=lambda r: r.get("time") if isinstance(r.get("time"), (int, float)) else 0.0)
+    out.sort(key=_time_key)
     return out
+
+
+def _time_key(rec: dict[str, Any]) -> float:
+    t = rec.get("time")
+    if type(t) is int or type(t) is float:
+        return float(t) if t == t else 0.0  # NaN never breaks the sort
+    return 0.0
 
 
 def run_show(args: argparse.Namespace, out: IO[str] | None = None) -> int:
@@ -199,7 +229,18 @@ def run_show(args: argparse.Namespace, out: IO[str] | None = None) -> int:
         sys.stderr.write(f"et artifacts show: {str(root)!r} is not a directory\n")
         return 1
     stores = find_stores(root)
-    holding = [(p, s) for p, s in stores if name in s.catalog()]
+    problems: list[str] = []
+    holding = []
+    for p, s in stores:
+        try:
+            if name in s.catalog():
+                holding.append((p, s))
+        except ArtifactError as exc:
+            problems.append(str(exc))
+            continue
+        if s.skipped:
+            problems.append(f"{s.root / 'index.jsonl'}: {s.skipped} bad line(s) skipped")
+    _warn("show", problems)
     if len(holding) > 1:
         projects = ", ".join(p for p, _ in holding)
         sys.stderr.write(
@@ -218,9 +259,11 @@ def run_show(args: argparse.Namespace, out: IO[str] | None = None) -> int:
     try:
         version = store.get(name, selector)
     except ArtifactError as exc:
-        sys.stderr.write(f"et artifacts show: {exc}\n")
+        sys.stderr.write(f"et artifacts show: {output.printable(str(exc))}\n")
         return 1
-    lineage = lineage_of(store.root.parent, name, version.version)
+    problems = []
+    lineage = lineage_of(store.root.parent, name, version.version, problems)
+    _warn("show", problems)
     manifest = version.manifest
     doc = {
         "project": project,
@@ -243,7 +286,18 @@ SHOW_FILES = 200
 
 
 def _when(t: Any) -> str:
-    return time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(t)) if isinstance(t, float) else ""
+    if type(t) is not float:
+        return ""
+    try:
+        return time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(t))
+    except (OverflowError, OSError, ValueError):  # a time from a hand-edited file
+        return ""
+
+
+def _text(value: Any) -> str:
+    """A cell for the terminal: any value as text, control characters escaped (a name or
+    a value read from someone's store cannot move the cursor or write the clipboard)."""
+    return output.printable(value if isinstance(value, str) else str(value))
 
 
 def _print_show(doc: dict[str, Any], out: IO[str]) -> None:
@@ -267,20 +321,20 @@ def _print_show(doc: dict[str, Any], out: IO[str]) -> None:
         head.append(("description", doc["description"]))
     for k, v in doc["metadata"].items():
         head.append((f"metadata.{k}", format_value(v)))
-    width = max(len(k) for k, _ in head) + 2
+    width = max(len(_text(k)) for k, _ in head) + 2
     for k, v in head:
-        console.print(f"{k + ':':<{width}}{v}", markup=False, highlight=False)
+        console.print(f"{_text(k) + ':':<{width}}{_text(v)}", markup=False, highlight=False)
     files = Table(box=None, header_style="bold", pad_edge=False, title_justify="left")
     files.add_column("file", overflow="fold")
     files.add_column("size", justify="right", no_wrap=True)
     files.add_column("sha256", no_wrap=True)
     files.add_column("stored", no_wrap=True)
     rows = [
-        (f["name"], _size(f["size"]), f["sha256"][:16], f.get("stored", "")) for f in doc["files"]
+        (f["name"], _size(f["size"]), f["sha256"][:16], f.get("stored") or "") for f in doc["files"]
     ]
     rows += [(r["name"], "", "", f"reference {r['uri']}") for r in doc["references"]]
     for row in rows[:SHOW_FILES]:
-        files.add_row(*row)
+        files.add_row(*map(_text, row))
     console.print()
     console.print(files, markup=False)
     if len(rows) > SHOW_FILES:  # a dataset of a million files: a table of them helps no one
@@ -307,9 +361,9 @@ def _print_show(doc: dict[str, Any], out: IO[str]) -> None:
         if action == "logged" and rec.get("new") is False:
             action = "logged (same content)"
         table.add_row(
-            rec["run"],
-            producer or "main",
-            action,
+            _text(rec["run"]),
+            _text(producer or "main"),
+            _text(action),
             "" if rec.get("step") is None else str(rec["step"]),
             _when(rec.get("time")),
         )

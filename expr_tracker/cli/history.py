@@ -19,6 +19,12 @@ of a live run that has not written a row yet. Output formats:
 With ``--follow`` the columns are fixed by the first rows (or ``--metrics``); a metric that
 first appears later is shown in ``json``/``jsonl`` only. A step written in several lines (a
 patch line after ``max_open_seconds``) is printed as each line lands.
+
+The files are untrusted input: only regular files are opened (a FIFO named
+``metrics.jsonl`` or ``run.json`` is an error or an unreadable status, never a hang), a
+line that is not a row (bad JSON, nested too deeply, a lone surrogate) is skipped and
+named in one warning per file, and the ``table`` format escapes control characters in
+names and values (``cli.output.printable``); ``json``, ``jsonl`` and ``csv`` keep them.
 """
 
 from __future__ import annotations
@@ -165,9 +171,10 @@ class Printer:
             self._csv = csv.writer(self.out, lineterminator="\n")
             self._csv.writerow(["_step", "_time", *columns])
         elif self.fmt == "table" and self.follow:
-            self._widths = [max(10, len(c)) for c in columns]
+            shown = [output.printable(c) for c in columns]
+            self._widths = [max(10, len(c)) for c in shown]
             head = f"{'step':>8}  {'time':>8}  " + "  ".join(
-                f"{c:>{w}}" for c, w in zip(columns, self._widths, strict=True)
+                f"{c:>{w}}" for c, w in zip(shown, self._widths, strict=True)
             )
             self.out.write(head + "\n")
 
@@ -183,7 +190,7 @@ class Printer:
         elif self.follow:
             for r in rows:
                 cells = "  ".join(
-                    f"{format_value(r.get(c)):>{w}}"
+                    f"{output.printable(format_value(r.get(c))):>{w}}"
                     for c, w in zip(self.columns, self._widths, strict=True)
                 )
                 out.write(
@@ -207,10 +214,12 @@ class Printer:
         from expr_tracker.cli.output import console as make_console
 
         console = make_console(self.out, table_width(self.out, self.width))
+        printable = output.printable
         steps = [format_value(r.get("_step")) for r in rows]
         times = [_clock(r.get("_time")) for r in rows]
-        cells = [[format_value(r.get(c)) for r in rows] for c in self.columns]
-        heads = ["step", "time", *self.columns]
+        cells = [[printable(format_value(r.get(c))) for r in rows] for c in self.columns]
+        names = [printable(c) for c in self.columns]
+        heads = ["step", "time", *names]
         cols = [steps, times, *cells]
         need = sum(
             max([cell_len(h), *(cell_len(v) for v in col)])
@@ -220,10 +229,10 @@ class Printer:
         if need <= console.width or not self.columns or not rows:
             console.print(_wide_table(heads, cols))
             return
-        for k, block in enumerate(_step_blocks(steps, times, cells, self.columns, console.width)):
+        for k, block in enumerate(_step_blocks(steps, times, cells, names, console.width)):
             if k:
                 console.print()
-            console.print(_tall_table(block, steps, times, cells, self.columns))
+            console.print(_tall_table(block, steps, times, cells, names))
 
 
 _GAP = 2  # cells between two table columns (rich's padding (0, 1), no outer edge)
@@ -316,6 +325,7 @@ def follow(
     ``run.json`` says finished).
     """
     from expr_tracker.history.reader import decode_appended
+    from expr_tracker.history.untrusted import UnsafeFileError, open_regular
 
     carry = b""
     finishing = False
@@ -333,7 +343,14 @@ def follow(
         if size < offset:
             offset, carry = size, b""
         if size > offset:
-            with open(path, "rb") as f:
+            try:
+                fd = open_regular(path)
+            except UnsafeFileError:
+                raise  # no longer a regular file (swapped for a FIFO): the caller says so
+            except OSError:
+                sleep(interval)  # gone or replaced between the stat and the open
+                continue
+            with open(fd, "rb") as f:
                 f.seek(offset)
                 data = f.read(size - offset)
             offset += len(data)
@@ -349,13 +366,17 @@ def follow(
 
 
 def _complete_end(path: Path) -> int:
-    """The offset after the last complete line (what a reader can use now)."""
-    size = path.stat().st_size
-    if size == 0:
-        return 0
-    with open(path, "rb") as f:
+    """The offset after the last complete line (what a reader can use now).
+
+    Raises ``OSError`` (``UnsafeFileError`` when ``path`` is not a regular file)."""
+    from expr_tracker.history.untrusted import open_regular
+
+    with open(open_regular(path), "rb") as f:
+        size = os.fstat(f.fileno()).st_size
+        if size == 0:
+            return 0
         f.seek(max(0, size - 65536))
-        tail = f.read()
+        tail = f.read(65536)
     nl = tail.rfind(b"\n")
     if nl < 0:
         return 0 if size <= 65536 else size  # a huge unterminated line: leave it
@@ -391,6 +412,14 @@ def run_history(args: argparse.Namespace, out: IO[str] | None = None) -> int:
         if getattr(args, "follow", False):
             return 0
         raise
+    except OSError as exc:  # a file that cannot be read: permissions, a FIFO in its place
+        if isinstance(exc, BrokenPipeError):
+            raise
+        from expr_tracker.history.rundirs import os_reason
+
+        where = exc.filename if exc.filename is not None else args.run
+        sys.stderr.write(f"et history: cannot read {str(where)!r}: {os_reason(exc)}\n")
+        return 1
 
 
 def _history(args: argparse.Namespace, out: IO[str] | None) -> int:
@@ -422,8 +451,10 @@ def _history(args: argparse.Namespace, out: IO[str] | None) -> int:
         path = resolve_run_path(args.run, stream=args.stream, rank=rank)
     except (FileNotFoundError, ValueError) as exc:
         path = None
-        if isinstance(exc, FileNotFoundError) and Path(args.run).is_dir():
-            want = Path(args.run) / file_name("metrics", args.stream, rank)
+        want = Path(args.run) / file_name("metrics", args.stream, rank)
+        # a FIFO, socket or device with the name: no rows can come from it (the message says)
+        special = os.path.exists(want) and not os.path.isfile(want)
+        if isinstance(exc, FileNotFoundError) and Path(args.run).is_dir() and not special:
             status = _status(runfiles.producer_file(args.run, "run", args.stream, rank))
             if args.follow and status == "running":
                 # like `tail -F`: a live run that has not written a row yet will create it
@@ -452,6 +483,17 @@ def _history(args: argparse.Namespace, out: IO[str] | None) -> int:
                 f"--rank N for another rank\n"
             )
     info_path = runfiles.producer_file(args.run, "run", args.stream, rank) if args.follow else None
+    if info_path is not None and (info_path.exists() or info_path.is_symlink()):
+        from expr_tracker.history.rundirs import os_reason
+        from expr_tracker.history.runinfo import load_run_info
+
+        try:
+            load_run_info(info_path)
+        except (OSError, ValueError) as exc:
+            err.write(
+                f"et history: note: {info_path.name} cannot be read ({os_reason(exc)}), so "
+                "the end of the run cannot be seen: following until Ctrl-C\n"
+            )
     if waiting:
         err.write(f"et history: waiting for {path.name} in {str(args.run)!r} (the run is live)\n")
         end, rows = 0, []

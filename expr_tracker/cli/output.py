@@ -182,10 +182,14 @@ def write_object(obj: Any, fmt: str, out: IO[str] | None = None) -> None:
 
 
 def console(file: IO[str] | None = None, width: int | None = None, **kwargs: Any) -> Any:
-    """A rich ``Console`` for command output (``highlight=False``, ``soft_wrap=False``
-    unless given) that lets a closed pipe raise ``BrokenPipeError``, which ``et``'s entry
-    point turns into exit 0. (Rich's own answer to a closed pipe is ``SystemExit(1)``,
-    so ``et runs | head -1`` would fail.)"""
+    """A rich ``Console`` for command output (``highlight=False``, ``soft_wrap=False``,
+    ``markup=False``, ``emoji=False`` unless given) that lets a closed pipe raise
+    ``BrokenPipeError``, which ``et``'s entry point turns into exit 0. (Rich's own answer to
+    a closed pipe is ``SystemExit(1)``, so ``et runs | head -1`` would fail.)
+
+    Strings print as they are: a run named ``[red]x[/red]``, ``[link=...]`` or ``:skull:``
+    is not rich markup or an emoji code; style with ``rich.text.Text``. Control characters
+    are the caller's to escape (:func:`printable`): rich passes ESC through."""
     global _Console
     if _Console is None:
         from rich.console import Console
@@ -198,6 +202,8 @@ def console(file: IO[str] | None = None, width: int | None = None, **kwargs: Any
         _Console = _PipeConsole
     kwargs.setdefault("highlight", False)
     kwargs.setdefault("soft_wrap", False)
+    kwargs.setdefault("markup", False)
+    kwargs.setdefault("emoji", False)
     return _Console(file=file, width=width, **kwargs)
 
 

@@ -491,8 +491,7 @@ def _write_table(reader: Any, names: list[str], max_rows: int, sink: _Sink) -> N
     console = output.console(
         f, table_width(f) if not to_file else 200, no_color=to_file, force_terminal=False
     )
-    # names and values for a terminal: control characters escaped (docs/cli.md)
-    names = [output.printable(n) for n in names]
+    names = [output.printable(n) for n in names]  # control characters escaped for people
     cells = [[output.printable(cell_value(v)) for v in row] for row in shown]
     need = sum(
         max([cell_len(n), *(max(map(cell_len, c[i].splitlines() or [""])) for c in cells)])

@@ -98,7 +98,9 @@ def _usage(parser) -> int:
 
 
 def _out(text: str = "") -> None:
-    sys.stdout.write(text + "\n")
+    """One or more lines for people: names and messages from files (a rule's message, a
+    metric name) are escaped for the terminal, line by line (``output.printable``)."""
+    sys.stdout.write("\n".join(map(output.printable, text.split("\n"))) + "\n")
 
 
 # -- explain ----------------------------------------------------------------------------------

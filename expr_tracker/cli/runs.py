@@ -12,6 +12,15 @@ the start time, the duration (end - start; for a run not ended, the time of its 
 - start) and the last value of its main metrics. The listing only reads: a crashed run's
 ``run.json`` is not rewritten.
 
+Every file is untrusted input (docs/history.md "Unreadable runs"): a run one of whose
+``run*.json`` or whose main metrics file cannot be read — permissions (a colleague's
+``0600`` run), a FIFO or device in its place, damage, a file that is not a JSON object — is
+listed with status ``unreadable`` and a ``reason``, and the rest of the table is shown; a
+folder that cannot be listed is such a run too. Lines of a metrics file that are not rows
+are skipped and named in one warning per file; a time that cannot be one (a nanosecond
+``started_at``, ``-1e308``) is left out with one warning. Names and values reach the
+terminal escaped (``cli.output.printable``); ``json``/``jsonl`` keep them exact.
+
 Main metrics: ``--metrics a,b`` or, by default, up to three of the newest rows' metrics
 whose names look like objectives (loss, acc, score, reward, f1, auc, ppl ...), else the
 first three that are not span timings.
@@ -20,6 +29,8 @@ first three that are not span timings.
 from __future__ import annotations
 
 import argparse
+import math
+import os
 import sys
 import time
 from pathlib import Path
@@ -28,8 +39,9 @@ from typing import IO, Any
 from expr_tracker.cli import output
 from expr_tracker.history.rundirs import (
     find_runs,
-    producer_infos,
+    os_reason,
     producer_status,
+    read_producers,
     worst_status,
 )
 
@@ -65,7 +77,11 @@ def _main_metrics(rows: list[dict[str, Any]], wanted: list[str] | None) -> list[
 
 
 def describe_run(
-    run_dir: Path, metrics: list[str] | None = None, root: Path | None = None
+    run_dir: Path,
+    metrics: list[str] | None = None,
+    root: Path | None = None,
+    *,
+    notes: list[str] | None = None,
 ) -> dict[str, Any]:
     """One line of the listing (a dict of plain JSON values) for ``run_dir``.
 
@@ -73,30 +89,48 @@ def describe_run(
     ``finished``), ``producers`` their number and ``producer_status`` each one's
     (``run[.S][.rankN].json`` name -> status). Steps and metrics come from ``metrics.jsonl``,
     else from the lowest rank's shard of the main stream, else from the first metrics file.
+
+    A run whose ``run*.json`` or main metrics file cannot be read has status
+    ``unreadable`` (also in ``producer_status`` for such a file) and ``reason`` says which
+    file and why (``run.json: permission denied``); ``reason`` is None otherwise. Values
+    left out because they cannot be times are described in ``notes`` (when given), one
+    line each, for the caller's warning. Never raises for what the files hold.
     """
     from expr_tracker.history.reader import JsonlReader
 
-    producers = producer_infos(run_dir)
+    producers, problems = read_producers(run_dir)
     statuses = {k: producer_status(v) for k, v in producers.items()}
+    for k in problems:
+        if k != ".":
+            statuses[k] = "unreadable"
+    statuses = dict(sorted(statuses.items()))
     info = producers.get("run.json") or next(iter(producers.values()), {})
     status = worst_status(statuses.values())
+    reasons = [
+        f"{'the folder cannot be listed' if k == '.' else k}: {why}" for k, why in problems.items()
+    ]
     path = _main_metrics_file(run_dir)
     rows: list[dict[str, Any]] = []
     max_step = None
     first_time = None
-    if path.is_file():
-        reader = JsonlReader(path)
+    if path.exists() or path.is_symlink():
+        reader = JsonlReader(path, root=run_dir)
+        head = None
         try:
             rows = reader.tail(100)
             head = next(reader.iter_rows(), None)
-        except OSError:
-            head = None
+        except FileNotFoundError:
+            pass  # removed since listed
+        except OSError as exc:
+            reasons.append(f"{path.name}: {os_reason(exc)}")
         meta_max = (reader.meta or {}).get("max_step") if reader.meta else None
         steps = [r["_step"] for r in rows if type(r.get("_step")) is int]
         cands = [s for s in (*steps, meta_max) if type(s) is int]
         max_step = max(cands) if cands else None
         if head is not None:
             first_time = head.get("_time")
+    if reasons:
+        status = "unreadable"
     names = _main_metrics(rows, metrics)
     last: dict[str, Any] = {}
     for k in names:
@@ -104,18 +138,40 @@ def describe_run(
             if k in r:
                 last[k] = r[k]
                 break
-    starts = [v["started_at"] for v in producers.values() if _num(v.get("started_at"))]
+
+    def when(value: Any, what: str) -> float | int | None:
+        """``value`` when it can be a time (epoch seconds); None (and a note) otherwise."""
+        if value is None or not _num(value):
+            return None
+        if _time_ok(value):
+            return value
+        if notes is not None:
+            notes.append(f"{run_dir / what}: {value!r} is not a time in epoch seconds; left out")
+        return None
+
+    starts = [
+        t
+        for k, v in producers.items()
+        if (t := when(v.get("started_at"), f"{k} started_at")) is not None
+    ]
     started = min(starts) if starts else None
-    if not isinstance(started, (int, float)):
-        started = first_time if isinstance(first_time, (int, float)) else None
-    if started is None and path.exists():
-        started = path.stat().st_mtime
-    ends = [v.get("ended_at") for v in producers.values()]
+    if started is None:
+        started = when(first_time, f"{path.name} _time")
+    if started is None:
+        try:
+            started = os.stat(path).st_mtime
+        except OSError:
+            started = None
+    ends = [when(v.get("ended_at"), f"{k} ended_at") for k, v in producers.items()]
     # the run ended when its last producer did (None while one has not)
-    ended = max(ends) if ends and all(_num(e) for e in ends) else info.get("ended_at")
-    if not isinstance(ended, (int, float)):
+    ended = (
+        max(e for e in ends if e is not None)
+        if ends and all(e is not None for e in ends)
+        else when(info.get("ended_at"), "run.json ended_at")
+    )
+    if ended is None:
         last_time = rows[-1].get("_time") if rows else None
-        ended = last_time if isinstance(last_time, (int, float)) else None
+        ended = when(last_time, f"{path.name} _time")
         if status == "running" and ended is None:
             ended = time.time()
     duration = ended - started if started is not None and ended is not None else None
@@ -124,13 +180,40 @@ def describe_run(
         "run": name,
         "path": str(run_dir),
         "status": status,
-        "producers": len(producers),
+        "reason": "; ".join(reasons) or None,
+        "producers": len(statuses),
         "producer_status": statuses,
         "steps": max_step + 1 if max_step is not None else 0,
         "started_at": started,
         "duration_s": duration,
         "metrics": last,
     }
+
+
+def unlisted_run(run_dir: Path, reason: str, root: Path | None = None) -> dict[str, Any]:
+    """The listing's line for a folder that could not be listed (it may hold a run)."""
+    name = str(run_dir.relative_to(root)) if root is not None and run_dir != root else run_dir.name
+    return {
+        "run": name,
+        "path": str(run_dir),
+        "status": "unreadable",
+        "reason": f"the folder cannot be listed: {reason}",
+        "producers": 0,
+        "producer_status": {},
+        "steps": 0,
+        "started_at": None,
+        "duration_s": None,
+        "metrics": {},
+    }
+
+
+#: epoch seconds that make a time: from 1970 to the year 9999 (``datetime``'s last; a
+#: nanosecond ``started_at`` such as 1.7e18 is far past it)
+_MAX_TIME = 253402300799.0
+
+
+def _time_ok(v: Any) -> bool:
+    return _num(v) and math.isfinite(v) and 0 <= v <= _MAX_TIME
 
 
 def _num(v: Any) -> bool:
@@ -143,7 +226,7 @@ def _main_metrics_file(run_dir: Path) -> Path:
     from expr_tracker.history.paths import parse_metrics_name
 
     main = run_dir / "metrics.jsonl"
-    if main.is_file():
+    if main.exists() or main.is_symlink():  # anything named so: read (or reported) as it is
         return main
     files = []
     for q in run_dir.glob("metrics*.jsonl"):
@@ -154,7 +237,7 @@ def _main_metrics_file(run_dir: Path) -> Path:
 
 
 def _duration(s: Any) -> str:
-    if not isinstance(s, (int, float)) or s < 0:
+    if not _num(s) or not math.isfinite(s) or not 0 <= s <= _MAX_TIME:
         return ""
     s = int(s)
     return f"{s // 3600}:{s // 60 % 60:02d}:{s % 60:02d}"
@@ -170,10 +253,25 @@ def _producers_cell(r: dict[str, Any]) -> str:
         for name, st in statuses.items()
         if st == r["status"] and statuses.get("run.json", st) != st
     ]
-    return f"{n} ({', '.join(odd)})" if odd else str(n)
+    return output.printable(f"{n} ({', '.join(odd)})" if odd else str(n))
 
 
-STATUS_STYLE = {"running": "cyan", "finished": "green", "failed": "red", "crashed": "bold red"}
+STATUS_STYLE = {
+    "running": "cyan",
+    "finished": "green",
+    "failed": "red",
+    "crashed": "bold red",
+    "unreadable": "magenta",
+}
+
+
+def _started_cell(t: Any, fmt: str) -> str:
+    if not _time_ok(t):
+        return ""
+    try:
+        return time.strftime(fmt, time.localtime(t))
+    except (OverflowError, OSError, ValueError):
+        return ""
 
 
 def run_runs(args: argparse.Namespace, out: IO[str] | None = None) -> int:
@@ -187,14 +285,25 @@ def run_runs(args: argparse.Namespace, out: IO[str] | None = None) -> int:
         sys.stderr.write(f"et runs: {str(root)!r} is not a directory\n")
         return 1
     wanted = parse_columns(args.metrics)
-    runs = [describe_run(d, wanted, root) for d in find_runs(root)]
+    unlisted: list[tuple[Path, str]] = []
+    notes: list[str] = []
+    runs = [describe_run(d, wanted, root, notes=notes) for d in find_runs(root, unlisted=unlisted)]
+    runs += [unlisted_run(d, why, root) for d, why in unlisted if d != root]
     runs.sort(key=lambda r: r["started_at"] or 0.0, reverse=True)
+    for note in dict.fromkeys(notes):
+        sys.stderr.write(f"et runs: warning: {output.printable(note)}\n")
+    bad = sum(r["status"] == "unreadable" for r in runs)
+    if bad:
+        sys.stderr.write(
+            f"et runs: warning: {bad} unreadable run{'s' if bad > 1 else ''} listed with the "
+            "reason (status unreadable)\n"
+        )
     if output.is_machine(args.format):
         output.write_records(runs, args.format, out)
         return 0
     console = output.console(out, table_width(out))
     if not runs:
-        console.print(f"no runs under {root}")
+        console.print(f"no runs under {output.printable(str(root))}")
         return 0
     console.print(runs_table(runs, console.width))
     return 0
@@ -209,12 +318,13 @@ def runs_table(runs: list[dict[str, Any]], width: int) -> Any:
     columns that may not wrap to nothing when the table is too wide.)
     """
     from rich.table import Table
+    from rich.text import Text
 
     from expr_tracker.cli.history import cell_len, format_value
 
     fmt = "%Y-%m-%d %H:%M" if width >= 100 else "%m-%d %H:%M"
     table = Table(box=None, header_style="bold", pad_edge=False)
-    status_w = max(cell_len("status"), *(cell_len(r["status"]) for r in runs))
+    status_w = max(cell_len("status"), *(cell_len(output.printable(r["status"])) for r in runs))
     steps_w = max(cell_len("steps"), *(cell_len(str(r["steps"])) for r in runs))
     table.add_column("run", overflow="fold")
     table.add_column("status", no_wrap=True, min_width=status_w)
@@ -223,15 +333,23 @@ def runs_table(runs: list[dict[str, Any]], width: int) -> Any:
     table.add_column("started", no_wrap=True)
     table.add_column("duration", justify="right", no_wrap=True)
     table.add_column("last values", overflow="fold")
+    printable = output.printable
     for r in runs:
-        started = r["started_at"]
+        if r.get("reason"):
+            last = Text(printable(r["reason"]), style=STATUS_STYLE["unreadable"])
+        else:
+            last = Text(
+                "  ".join(
+                    f"{printable(k)}={printable(format_value(v))}" for k, v in r["metrics"].items()
+                )
+            )
         table.add_row(
-            r["run"],
-            f"[{STATUS_STYLE.get(r['status'], 'dim')}]{r['status']}[/]",
+            Text(printable(r["run"])),
+            Text(printable(r["status"]), style=STATUS_STYLE.get(r["status"], "dim")),
             str(r["steps"]),
             _producers_cell(r),
-            time.strftime(fmt, time.localtime(started)) if started else "",
+            _started_cell(r["started_at"], fmt),
             _duration(r["duration_s"]),
-            "  ".join(f"{k}={format_value(v)}" for k, v in r["metrics"].items()),
+            last,
         )
     return table

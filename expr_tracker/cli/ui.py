@@ -1,15 +1,19 @@
-"""``et ui [DIR] [--host 127.0.0.1] [--port 8050]``: the web dashboard (docs/ui.md)."""
+"""``et ui [DIR] [--host 127.0.0.1] [--port 8050] [--token VALUE | --no-token]``: the web
+dashboard (docs/ui.md)."""
 
 from __future__ import annotations
 
 import argparse
 import ipaddress
+import os
 import socket
 import sys
 from pathlib import Path
 from typing import Any
 
 UI_EXTRA = "pip install 'expr-tracker[ui]'"
+#: the environment variable holding the token (as ``--token``)
+TOKEN_ENV = "ET_UI_TOKEN"
 
 
 def register(subparsers: Any) -> None:
@@ -21,7 +25,9 @@ def register(subparsers: Any) -> None:
             "Serve a read-only web dashboard over the runs under DIR: the runs table, a page "
             "per run (charts of every metric, live while it writes, alerts, config, summary, "
             "span breakdown, Chrome trace download) and a comparison of selected runs. Binds "
-            f"127.0.0.1 unless --host says otherwise. Needs the ui extra: {UI_EXTRA}."
+            "127.0.0.1 unless --host says otherwise, answers only requests naming its own host "
+            "(localhost, 127.0.0.1, [::1] or --host) and needs a token: open the printed "
+            f"link (http://127.0.0.1:8050/?token=...). Needs the ui extra: {UI_EXTRA}."
         ),
     )
     p.add_argument("dir", nargs="?", default="runs", help="folder of runs (default ./runs)")
@@ -33,6 +39,22 @@ def register(subparsers: Any) -> None:
     p.add_argument("--port", type=int, default=8050, help="port (default 8050)")
     p.add_argument(
         "--cache-dir", default=None, help="where the columnar cache lives (default: beside runs)"
+    )
+    tok = p.add_mutually_exclusive_group()
+    tok.add_argument(
+        "--token",
+        default=None,
+        metavar="VALUE",
+        help=(
+            f"the token the page and API calls need (default: ${TOKEN_ENV}, else a random one, "
+            "printed in the link); on a shared machine prefer the environment variable, as "
+            "other users can read command lines"
+        ),
+    )
+    tok.add_argument(
+        "--no-token",
+        action="store_true",
+        help="serve without a token: any local user (and, with --host, anyone) reads the runs",
     )
     p.set_defaults(func=run_ui)
 
@@ -74,6 +96,20 @@ def run_ui(args: argparse.Namespace) -> int:
     if not 1 <= args.port <= 65535:
         print(f"et ui: --port {args.port} is not valid: 1..65535", file=sys.stderr)
         return 2
+    from expr_tracker.ui.guard import check_token, new_token
+
+    token: str | None
+    if args.no_token:
+        token = None
+    else:
+        given, source = args.token, "--token"
+        if given is None and os.environ.get(TOKEN_ENV):
+            given, source = os.environ[TOKEN_ENV], TOKEN_ENV
+        try:
+            token = new_token() if given is None else check_token(given)
+        except ValueError as exc:
+            print(f"et ui: {source} is not valid: {exc}", file=sys.stderr)
+            return 2
     try:
         from expr_tracker.ui.server import import_web, plotly_js
 
@@ -88,16 +124,29 @@ def run_ui(args: argparse.Namespace) -> int:
     if why is not None:
         print(f"et ui: {why} (another --port, or --host)", file=sys.stderr)
         return 1
-    if not _loopback(args.host):
+    if token is None:
         print(
-            f"et ui: warning: binding {args.host}: anyone who can reach this address can read "
-            "every run under the folder (no authentication); the default is 127.0.0.1",
+            "et ui: warning: --no-token: anyone who can reach the port "
+            + ("(any user of this machine)" if _loopback(args.host) else f"on {args.host}")
+            + " reads every run under the folder",
+            file=sys.stderr,
+        )
+    elif not _loopback(args.host):
+        print(
+            f"et ui: warning: binding {args.host}: the token is all that keeps others on the "
+            "network out, and it travels unencrypted (plain HTTP); the default is 127.0.0.1 "
+            "(ssh -L 8050:127.0.0.1:8050 host, then the link)",
             file=sys.stderr,
         )
     shown = f"[{args.host}]" if ":" in args.host else args.host
-    print(f"et ui: serving {root} at http://{shown}:{args.port}/ (Ctrl-C to stop)", file=sys.stderr)
+    if args.host in ("0.0.0.0", "::", ""):
+        shown = "127.0.0.1"
+    url = f"http://{shown}:{args.port}/"
+    if token is not None:
+        url += f"?token={token}"
+    print(f"et ui: serving {root} at {url} (Ctrl-C to stop)", file=sys.stderr)
     try:
-        serve(root, args.host, args.port, cache_dir=args.cache_dir)
+        serve(root, args.host, args.port, cache_dir=args.cache_dir, token=token)
     except KeyboardInterrupt:
         pass
     return 0

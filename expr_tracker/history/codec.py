@@ -333,17 +333,72 @@ def encode_row(row: dict[str, Any], nonfinite: bool | None = None) -> bytes:
     return _json_dumps(row, ensure_ascii=False, separators=(",", ":")).encode("utf-8")
 
 
+#: the deepest nesting a decoded line may hold: our writers write at most ``MAX_DEPTH``
+#: levels (deeper values become a bounded repr), so a deeper line came from elsewhere; the
+#: printers and encoders that handle a row recurse once per level, so such a line is refused
+#: here, as one bad line (docs/history.md "Where the answer comes from")
+MAX_LINE_DEPTH = 128
+_DEEP_LEN = 2 * MAX_LINE_DEPTH
+_SURROGATE_ESCAPE = re.compile(r"\\u[dD][89a-fA-F]")
+
+
+def _too_deep(value: Any, limit: int) -> bool:
+    """True when ``value`` nests containers more than ``limit`` levels (no recursion)."""
+    stack = [(value, 1)]
+    while stack:
+        v, depth = stack.pop()
+        if depth > limit:
+            return True
+        if type(v) is dict:
+            stack.extend((x, depth + 1) for x in v.values() if type(x) in (dict, list))
+        elif type(v) is list:
+            stack.extend((x, depth + 1) for x in v if type(x) in (dict, list))
+    return False
+
+
+def _brackets(line: Any) -> int:
+    """How many ``[`` and ``{`` ``line`` holds (a bound on its nesting depth)."""
+    if isinstance(line, str):
+        return line.count("[") + line.count("{")
+    if not isinstance(line, (bytes, bytearray)):
+        line = bytes(line)
+    return line.count(b"[") + line.count(b"{")
+
+
 def decode_line(line: bytes | str) -> Any:
     """Decode one JSON line; ``NaN``/``Infinity`` tokens are accepted.
 
-    Raises ``ValueError`` when the line is not JSON.
+    Raises ``ValueError`` when the line is not JSON, and for a line that is JSON but that no
+    reader should hand on: nested deeper than :data:`MAX_LINE_DEPTH` (20,000 brackets
+    included: never a ``RecursionError``) or holding a lone surrogate escape (``"\\ud800"``,
+    which no terminal or UTF-8 file can take). Never raises anything else.
     """
     try:
-        return _orjson_loads(line)
+        value = _orjson_loads(line)
     except _JSONDecodeError:
-        if isinstance(line, (bytes, bytearray, memoryview)):
-            line = bytes(line).decode("utf-8", errors="replace")
-        return json.loads(line)
+        value = _decode_fallback(line)
+    # nesting N levels takes 2N brackets: a short line (most rows) cannot be too deep
+    if len(line) > _DEEP_LEN and _brackets(line) > MAX_LINE_DEPTH:
+        if _too_deep(value, MAX_LINE_DEPTH):
+            raise ValueError(f"nested deeper than {MAX_LINE_DEPTH} levels")
+    return value
+
+
+def _decode_fallback(line: Any) -> Any:
+    """The standard module's decoding (``NaN``/``Infinity`` tokens, numbers orjson refuses),
+    made safe: ``RecursionError`` and lone surrogate escapes become ``ValueError``."""
+    if isinstance(line, (bytes, bytearray, memoryview)):
+        line = bytes(line).decode("utf-8", errors="replace")
+    try:
+        value = json.loads(line)
+    except RecursionError:
+        raise ValueError("nested too deeply") from None
+    if _SURROGATE_ESCAPE.search(line):
+        try:
+            json.dumps(value, ensure_ascii=False).encode("utf-8")
+        except (UnicodeEncodeError, RecursionError):
+            raise ValueError("holds a lone surrogate escape") from None
+    return value
 
 
 def dumps_pretty(data: Any) -> str:

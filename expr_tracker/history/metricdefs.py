@@ -18,7 +18,6 @@ plain last value. A value the user assigns to the summary wins over all of this.
 from __future__ import annotations
 
 import fnmatch
-import json
 import math
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
@@ -26,6 +25,7 @@ from pathlib import Path
 from typing import Any
 
 from expr_tracker.history.paths import file_name, parse_metrics_name
+from expr_tracker.history.untrusted import read_json
 
 __all__ = [
     "AGGREGATIONS",
@@ -316,10 +316,13 @@ class MetricDefs:
         """Take the definitions and state saved by an earlier attempt (bad entries skipped)."""
         if not isinstance(data, dict):
             return
-        for item in data.get("definitions") or ():
+        items = data.get("definitions")
+        for item in items if isinstance(items, list) else ():
             try:
                 d = MetricDef.from_json(item)
-            except (KeyError, TypeError, ValueError):
+            except (KeyError, TypeError, ValueError, AttributeError):
+                continue
+            if d.step_metric is not None and not isinstance(d.step_metric, str):
                 continue
             (self._globs if d.is_glob else self._exact)[d.name] = d
         state = data.get("state")
@@ -341,10 +344,13 @@ def defs_path_for(metrics_path: str | Path) -> Path:
 
 
 def read_step_metrics(metrics_path: str | Path) -> Callable[[str], str | None]:
-    """The ``step_metric`` lookup of a run on disk (no definitions: always None)."""
+    """The ``step_metric`` lookup of a run on disk (no definitions: always None). The file
+    is read as untrusted input (``history.untrusted``: a regular file beside the metrics
+    file, JSON with a depth limit); one that cannot be read is no definitions."""
     defs = MetricDefs()
+    path = defs_path_for(metrics_path)
     try:
-        defs.load(json.loads(defs_path_for(metrics_path).read_text("utf-8")))
+        defs.load(read_json(path, root=path.parent))
     except (OSError, ValueError):
         pass
     return defs.step_metric_of

@@ -139,16 +139,24 @@ def resolve_run_path(
     line says which one was taken (the CLI prints it: :func:`rank_shards`).
 
     Raises ``FileNotFoundError`` naming the file looked for and the files that exist — and,
-    when the directory holds only rank shards of that stream, the ranks and ``rank=N``.
+    when the directory holds only rank shards of that stream, the ranks and ``rank=N`` — or
+    saying that what has the name is not a regular file (a FIFO, a device or a socket: no
+    reader opens one, docs/history.md "Unreadable runs").
     """
     p = Path(path)
     if p.is_file():
         return p
     if not p.is_dir():
+        kind = _special_kind(p)
+        if kind:
+            raise FileNotFoundError(f"{str(p)!r} is {kind}, not a regular file")
         raise FileNotFoundError(f"no run at {str(p)!r}: not a file or directory")
     validate_stream(stream)
     want = p / file_name("metrics", stream, rank)
     present = sorted(q.name for q in p.glob("metrics*.jsonl"))
+    kind = _special_kind(want)
+    if kind:
+        raise FileNotFoundError(f"{want.name} in {str(p)!r} is {kind}, not a regular file")
     if want.is_file():
         shards = rank_shards(p, stream) if not rank else {}
         if shards:
@@ -172,6 +180,24 @@ def resolve_run_path(
             f"(et history --rank {first}) or by its path"
         )
     raise FileNotFoundError(f"no {want.name} in {str(p)!r}{hint}")
+
+
+def _special_kind(p: Path) -> str | None:
+    """``"a FIFO"``, ``"a socket"``, ``"a device"`` for such a file at ``p`` (followed
+    links); None for anything else, or nothing."""
+    import stat
+
+    try:
+        mode = p.stat().st_mode
+    except (OSError, ValueError):
+        return None
+    if stat.S_ISFIFO(mode):
+        return "a FIFO"
+    if stat.S_ISSOCK(mode):
+        return "a socket"
+    if stat.S_ISCHR(mode) or stat.S_ISBLK(mode):
+        return "a device"
+    return None
 
 
 def rank_shards(run_dir: str | os.PathLike[str], stream: str | None = None) -> dict[int, str]:

@@ -4,10 +4,16 @@ The reader trusts nothing about a file (spec design.txt A.1, B.0, B.2): lines ma
 step order (``step_policy="allow"``), a step may span several lines (patch lines written
 after ``max_open_seconds``), another program may have written the file (no sidecar, or a
 sidecar that no longer matches), and the last line may be torn by a crash. Lines that are
-not rows — undecodable, not a JSON object, or without an integer ``_step`` — are skipped
-and counted (``JsonlReader.skipped``, ``JsonlReader.no_step``); a line without ``_step`` is
-also warned about once per file. A last line without its newline is never returned; rows of
-one step are merged in file order (later lines win per key).
+not rows — undecodable (bad JSON, nested deeper than ``codec.MAX_LINE_DEPTH``, a lone
+surrogate escape), not a JSON object, or without an integer ``_step`` — are skipped and
+counted (``JsonlReader.skipped``, ``JsonlReader.no_step``), and warned about once per file
+(naming the file, and for a line that does not decode its byte offset and why). A last
+line without its newline is never returned; rows of one step are merged in file order
+(later lines win per key).
+
+Files are opened as untrusted input (``history.untrusted.open_regular``): only a regular
+file is read, so a FIFO or device named ``metrics.jsonl`` (or its sidecar) is an
+``OSError`` (``UnsafeFileError``), never a reader blocked for good.
 
 :class:`JsonlReader` is the planner over one file:
 
@@ -29,7 +35,6 @@ Module functions: ``last_line_end`` (also used by the writer's torn-line repair)
 from __future__ import annotations
 
 import io
-import json
 import os
 from bisect import bisect_left
 from collections.abc import Iterable, Iterator
@@ -38,6 +43,7 @@ from typing import Any
 
 from expr_tracker._warn import Warner
 from expr_tracker.history.codec import decode_line
+from expr_tracker.history.untrusted import open_regular, read_json
 
 BLOCK = 1 << 16
 META_SCHEMA = 2  # the sidecar schema (the writer writes it, this reader understands it)
@@ -53,6 +59,20 @@ def warn_no_step(warner: Warner | None, path: Any) -> None:
         "expr_tracker: %s has a line without an integer _step; such lines are not rows and "
         "are skipped (warned once per file, counted)",
         path,
+    )
+
+
+def warn_bad_line(warner: Warner | None, path: Any, offset: int | None, why: str) -> None:
+    """Count a line of ``path`` that is not a JSON object (``why``: what is wrong with it);
+    warn once per file, naming the line's byte offset when known."""
+    where = f" at byte {offset}" if offset is not None else ""
+    (warner or NO_STEP_WARNER).warn(
+        ("bad_line", str(path)),
+        "expr_tracker: %s has a line that is not a row%s (%s); such lines are skipped "
+        "(warned once per file, counted)",
+        path,
+        where,
+        why[:120],
     )
 
 
@@ -77,7 +97,8 @@ def last_line_end(f: Any, end: int) -> int:
     return 0
 
 
-def _lines_backward(f: Any, end: int) -> Iterator[bytes]:
+def _lines_backward(f: Any, end: int) -> Iterator[tuple[int, bytes]]:
+    """``(offset, line)`` of each complete line before ``end``, newest first."""
     pos = last_line_end(f, end)
     carry = b""
     while pos > 0:
@@ -87,19 +108,25 @@ def _lines_backward(f: Any, end: int) -> Iterator[bytes]:
         pos = lo
         parts = data.split(b"\n")
         carry = parts[0]
+        line_end = lo + len(data)
         for line in reversed(parts[1:]):
+            start = line_end - len(line)
             if line:
-                yield line
+                yield start, line
+            line_end = start - 1
     if carry:
-        yield carry
+        yield 0, carry
 
 
 def iter_rows(path: str | os.PathLike[str], end: int | None = None) -> Iterator[dict[str, Any]]:
     """Decoded rows of ``path`` in file order, up to byte ``end``; lines that are not rows
-    (undecodable, or without an integer ``_step``: warned once per file) skipped."""
-    with open(path, "rb") as f:
+    (undecodable, or without an integer ``_step``: warned once per file) skipped.
+
+    Raises ``OSError`` (``UnsafeFileError`` for a file that is not a regular file)."""
+    with open(open_regular(path), "rb") as f:
         pos = 0
         for raw in f:
+            start = pos
             pos += len(raw)
             if end is not None and pos > end:
                 break
@@ -107,12 +134,16 @@ def iter_rows(path: str | os.PathLike[str], end: int | None = None) -> Iterator[
                 break  # torn last line
             try:
                 rec = decode_line(raw)
-            except ValueError:
+            except ValueError as exc:
+                if raw.strip():
+                    warn_bad_line(None, path, start, str(exc))
                 continue
             if _is_row(rec):
                 yield rec
             elif isinstance(rec, dict):
                 warn_no_step(None, path)
+            else:
+                warn_bad_line(None, path, start, "not a JSON object")
 
 
 def decode_appended(carry: bytes, data: bytes) -> tuple[list[dict[str, Any]], bytes]:
@@ -181,10 +212,11 @@ def meta_path_for(path: str | os.PathLike[str]) -> Path:
 
 
 class _CountingFile(io.FileIO):
-    """A raw file that adds every byte it reads to ``owner.bytes_read``."""
+    """A raw file that adds every byte it reads to ``owner.bytes_read``; only a regular file
+    is opened (``untrusted.open_regular``: a FIFO never blocks the reader)."""
 
     def __init__(self, path: str | os.PathLike[str], owner: JsonlReader) -> None:
-        super().__init__(path, "rb")
+        super().__init__(open_regular(path, root=owner.root), "rb", closefd=True)
         self._owner = owner
 
     def readinto(self, b: Any) -> int | None:  # type: ignore[override]
@@ -213,16 +245,16 @@ def _decode(raw: bytes) -> dict[str, Any] | None:
     return rec if isinstance(rec, dict) else None
 
 
-_NOT_JSON = object()  # what _decode_row returns for an undecodable line
+_NOT_JSON = object()  # what _decode_row returns for JSON that is not an object
 
 
 def _decode_row(raw: bytes) -> Any:
-    """The row of ``raw``; None for a JSON object without an integer ``_step``;
-    ``_NOT_JSON`` for anything else."""
+    """The row of ``raw`` (a dict); None for a JSON object without an integer ``_step``;
+    ``_NOT_JSON`` for other JSON; the ``ValueError`` for a line that does not decode."""
     try:
         rec = decode_line(raw)
-    except ValueError:
-        return _NOT_JSON
+    except ValueError as exc:
+        return exc
     if not isinstance(rec, dict):
         return _NOT_JSON
     return rec if type(rec.get("_step")) is int else None
@@ -240,8 +272,11 @@ class JsonlReader:
         meta_path: where the sidecar is (None: beside the file).
         end: read only the bytes before this offset (the cache/disk boundary of a live
             store); None is the whole file.
-        warner: where the once-per-file warning about lines without ``_step`` goes (and is
+        warner: where the once-per-file warnings about lines that are not rows go (and are
             counted); None: a module-level one.
+        root: when given, the file and its sidecar are read only if they lie inside this
+            folder (a run directory: a file swapped for a symbolic link to elsewhere is
+            refused, see ``history.untrusted``).
 
     Attributes:
         bytes_read: bytes read from the OS so far.
@@ -253,6 +288,8 @@ class JsonlReader:
 
     Raises:
         FileNotFoundError: ``path`` does not exist (raised by the first read).
+        OSError: it cannot be read (``PermissionError``; ``UnsafeFileError`` for a FIFO,
+            device or socket, or a file outside ``root``), raised by the first read.
     """
 
     def __init__(
@@ -263,8 +300,10 @@ class JsonlReader:
         meta_path: str | os.PathLike[str] | None = None,
         end: int | None = None,
         warner: Warner | None = None,
+        root: str | os.PathLike[str] | None = None,
     ) -> None:
         self.path = Path(path)
+        self.root = root
         self.bytes_read = 0
         self.skipped = 0
         self.no_step = 0
@@ -273,7 +312,7 @@ class JsonlReader:
         self.index_lookups = 0
         self._end = end
         if meta is None:
-            meta = self._load_meta(Path(meta_path) if meta_path else meta_path_for(self.path))
+            meta = self._load_meta(Path(meta_path) if meta_path else meta_path_for(self.path), root)
         self.meta = meta
         self._meta_ok: bool | None = None
         self._anchors: list[list[int]] | None = None
@@ -281,9 +320,11 @@ class JsonlReader:
     # ------------------------------------------------------------------ sidecar
 
     @staticmethod
-    def _load_meta(p: Path) -> dict[str, Any] | None:
+    def _load_meta(p: Path, root: Any = None) -> dict[str, Any] | None:
+        """The sidecar's content; None when it is missing, unreadable or not JSON (the
+        reader then scans; a sidecar is only ever a shortcut)."""
         try:
-            data = json.loads(p.read_text("utf-8"))
+            data = read_json(p, root=root)
         except (OSError, ValueError):
             return None
         return data if isinstance(data, dict) else None
@@ -405,11 +446,15 @@ class JsonlReader:
 
     # ------------------------------------------------------------------ reads
 
-    def _not_a_row(self, rec: Any) -> None:
+    def _not_a_row(self, rec: Any, offset: int | None = None, raw: bytes = b"") -> None:
+        """Count a line ``_decode_row`` did not make a row of (``rec``: what it returned)."""
         self.skipped += 1
         if rec is None:  # an object without an integer _step
             self.no_step += 1
             warn_no_step(self._warner, self.path)
+        elif raw.strip():  # a line that is not an object (a blank line is only counted)
+            why = str(rec) if isinstance(rec, ValueError) else "not a JSON object"
+            warn_bad_line(self._warner, self.path, offset, why)
 
     def stats(self) -> dict[str, int]:
         """What this reader did so far: ``bytes_read``, ``skipped`` and ``no_step`` lines
@@ -423,10 +468,10 @@ class JsonlReader:
         }
 
     def _rows_backward(self, f: Any, end: int) -> Iterator[dict[str, Any]]:
-        for raw in _lines_backward(f, end):
+        for off, raw in _lines_backward(f, end):
             rec = _decode_row(raw)
-            if rec is None or rec is _NOT_JSON:
-                self._not_a_row(rec)
+            if type(rec) is not dict:
+                self._not_a_row(rec, off, raw)
                 continue
             yield rec
 
@@ -498,12 +543,13 @@ class JsonlReader:
             f.seek(start)
             pos = start
             for raw in f:
+                at = pos
                 pos += len(raw)
                 if pos > stop or not raw.endswith(b"\n"):
                     break
                 rec = _decode_row(raw)
-                if rec is None or rec is _NOT_JSON:
-                    self._not_a_row(rec)
+                if type(rec) is not dict:
+                    self._not_a_row(rec, at, raw)
                     continue
                 yield rec
 

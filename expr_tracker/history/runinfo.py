@@ -3,11 +3,14 @@
 Statuses: ``running``, ``finished``, ``failed`` (with the exception type and message) and
 ``crashed`` — a run whose file still says ``running`` but whose process is gone, detected
 when a later reader or a resume looks at it (same host, pid no longer alive).
+
+``run.json`` is read as untrusted input (``history.untrusted``): only a regular file inside
+its run directory, bounded in size, JSON with a depth limit; a file that is not a JSON
+object is unreadable (:func:`load_run_info` says why), never a crash or a hang.
 """
 
 from __future__ import annotations
 
-import json
 import os
 import platform
 import socket
@@ -19,6 +22,7 @@ from typing import Any
 
 from expr_tracker.history.codec import dumps_pretty
 from expr_tracker.history.paths import atomic_write
+from expr_tracker.history.untrusted import read_json
 
 
 def _iso(t: float) -> str:
@@ -113,7 +117,15 @@ def write_run_info(path: Path, info: dict[str, Any]) -> None:
     atomic_write(path, dumps_pretty(info))
 
 
+#: the largest pid the kernel hands out (``pid_max`` is at most 2**22 on Linux)
+_PID_MAX = 2**31 - 1
+
+
 def pid_alive(pid: int) -> bool:
+    """True when a process ``pid`` exists (or we may not signal it); False for one that does
+    not, and for a value that is no pid (<= 0, too large)."""
+    if not 0 < pid <= _PID_MAX:
+        return False
     try:
         os.kill(pid, 0)
     except ProcessLookupError:
@@ -129,15 +141,27 @@ def read_run_info(path: str | os.PathLike[str], *, repair: bool = True) -> dict[
     """Read ``run.json``; a ``running`` run whose process is gone is reported ``crashed``.
 
     With ``repair`` the file is rewritten with ``status: crashed`` (once detected).
-    Returns None when the file is missing or unreadable.
+    Returns None when the file is missing or unreadable (:func:`load_run_info` says why).
     """
-    p = Path(path)
     try:
-        info = json.loads(p.read_text("utf-8"))
+        return load_run_info(path, repair=repair)
     except (OSError, ValueError):
         return None
+
+
+def load_run_info(path: str | os.PathLike[str], *, repair: bool = False) -> dict[str, Any]:
+    """``run.json`` as :func:`read_run_info` reads it, raising instead of returning None.
+
+    Raises:
+        OSError: it cannot be read (``FileNotFoundError``, ``PermissionError``;
+            ``history.untrusted.UnsafeFileError`` for a FIFO, device or socket, a file
+            outside its folder, or one too large).
+        ValueError: it is not JSON, or not a JSON object (a list, a string).
+    """
+    p = Path(path)
+    info = read_json(p, root=p.parent)
     if not isinstance(info, dict):
-        return None
+        raise ValueError(f"not a JSON object (a JSON {_json_kind(info)})")
     if info.get("status") == "running" and is_dead(info):
         info["status"] = "crashed"
         info["crash_detected_at"] = time.time()
@@ -149,10 +173,22 @@ def read_run_info(path: str | os.PathLike[str], *, repair: bool = True) -> dict[
     return info
 
 
+def _json_kind(value: Any) -> str:
+    if isinstance(value, list):
+        return "array"
+    if isinstance(value, str):
+        return "string"
+    if value is None:
+        return "null"
+    if isinstance(value, bool):
+        return "boolean"
+    return "number"
+
+
 def is_dead(info: dict[str, Any]) -> bool:
     """True when ``info`` describes a process on this host that no longer runs."""
     pid = info.get("pid")
-    if info.get("host") != socket.gethostname() or not isinstance(pid, int):
+    if info.get("host") != socket.gethostname() or type(pid) is not int or pid <= 0:
         return False
     if pid == os.getpid():
         return False

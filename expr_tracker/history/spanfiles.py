@@ -1,15 +1,20 @@
 """Span files of a run directory: finding them (``spans[.S][.rankN].jsonl``, with the host from the
 matching ``run*.json``) and parsing the selections ``et trace`` takes (ranks, streams, step and
-time ranges). The converter is ``expr_tracker.trace``, which re-exports these names."""
+time ranges). The converter is ``expr_tracker.trace``, which re-exports these names.
+
+Only regular files are taken (a FIFO, device or socket named like a span file or a
+``run*.json`` is never opened: ``history.untrusted``); a ``run*.json`` that cannot be read
+only leaves the host unnamed."""
 
 from __future__ import annotations
 
-import json
 import os
 import re
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
+
+from expr_tracker.history.untrusted import read_json
 
 __all__ = [
     "SpanFile",
@@ -142,12 +147,11 @@ def stream_set(streams: Any) -> set[str] | None:
 def _host_of(f: SpanFile) -> str | None:
     name = "run" + f.path.name[len("spans") : -len(".jsonl")] + ".json"
     try:
-        with open(f.path.with_name(name), "rb") as fh:
-            data = json.loads(fh.read())
-        host = data.get("host") if isinstance(data, dict) else None
-        return str(host) if host else None
+        data = read_json(f.path.with_name(name), root=f.path.parent)
     except (OSError, ValueError):
         return None
+    host = data.get("host") if isinstance(data, dict) else None
+    return host if isinstance(host, str) and host else None
 
 
 def parse_range(text: str | None, kind: type = float) -> tuple[Any, Any] | None:

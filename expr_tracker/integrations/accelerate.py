@@ -4,12 +4,15 @@
 tracker hooks onto the run API and nothing else (docs/integrations.md, "Accelerate"):
 
 - ``accelerator.init_trackers(project_name, config=...)`` -> :meth:`ExprTrackerTracker.start`
-  (``et.init`` with the tracker's arguments, or joins the current run) and
-  :meth:`~ExprTrackerTracker.store_init_configuration` (``run.config.update``);
+  (joins the current run, or prepares the tracker's own) and
+  :meth:`~ExprTrackerTracker.store_init_configuration`, which starts the tracker's run with
+  that config given at init (``et.init(config=...)``: what decides whether a run of the same
+  name is continued, docs/streams.md "Run identity"), or adds it to a joined run;
 - ``accelerator.log(values, step=...)`` -> :meth:`~ExprTrackerTracker.log` (``run.log`` at
   Accelerate's step; without one, the run's own next step);
 - ``accelerator.end_training()`` -> :meth:`~ExprTrackerTracker.finish` (finishes the run it
-  started, never one it joined).
+  started, never one it joined; ``failed``, with the exception, when called while one is
+  being handled: in an ``except`` or ``finally`` block).
 
 Accelerate runs ``init_trackers`` and ``log`` on the main process only, so the other
 processes start no run. Importing this module imports ``accelerate`` (an ``ImportError``
@@ -21,6 +24,7 @@ naming the extra when it is missing) and registers the tracker under its name, s
 from __future__ import annotations
 
 import operator
+import sys
 from typing import Any
 
 try:
@@ -35,6 +39,31 @@ from expr_tracker import api
 from expr_tracker._warn import Warner
 
 __all__ = ["ExprTrackerTracker"]
+
+#: ``et.init`` keywords that are wandb's (``et.init`` maps them) or hold objects: not spec
+#: keywords, so not checked against the spec at ``start()``
+_MAPPED_BY_INIT = frozenset(
+    {
+        "id",
+        "mode",
+        "resume",
+        "reinit",
+        "allow_val_change",
+        "config_include_keys",
+        "config_exclude_keys",
+        "settings",
+        "save_code",
+        "anonymous",
+        "sync_tensorboard",
+        "tensorboard",
+        "monitor_gym",
+        "magic",
+        "force",
+        "fork_from",
+        "resume_from",
+        "backends",
+    }
+)
 
 
 class ExprTrackerTracker(GeneralTracker):
@@ -57,10 +86,16 @@ class ExprTrackerTracker(GeneralTracker):
             ``alert_rules``, ``tags`` ...), passed to ``et.init`` unchecked until the run
             starts.
 
-    The run starts in ``init_trackers`` (:meth:`start`), not here: Accelerate builds its
-    process state first. When a run is already active there, the tracker joins it (its own
-    ``project``/``name``/``spec``/keywords are then unused, with one warning; ``config`` is
-    added to the run's) and ``end_training()`` leaves it open for the code that started it.
+    The run starts in ``init_trackers``, not here: Accelerate builds its process state
+    first. It is started with ``init_trackers``' ``config`` added to ``config`` (the config
+    given at init, so a second launch under the same ``name`` with another config becomes
+    ``<name>-2`` instead of continuing the first); without one, at :meth:`start`'s first
+    use (a ``log``, ``tracker``). When a run is already active at ``init_trackers``, the
+    tracker joins it unless it names a run of its own (``name``, ``id``, ``run_dir``): then
+    it starts that run beside the current one (``et.Run``). A joined run's own
+    ``project``/``spec``/keywords are unused, with one warning; ``config`` is added to the
+    run's where it holds no value (never replacing one), and ``end_training()`` leaves it
+    open for the code that started it.
 
     Attributes:
         name: ``"expr_tracker"``: the key of ``init_kwargs``/``log_kwargs`` and of
@@ -92,26 +127,31 @@ class ExprTrackerTracker(GeneralTracker):
         self._run: Any = None
         self._owned = False  # True: started here, so finished at end_training()
         self._elsewhere = False  # True: not the main process, no run by design
+        self._pending = False  # start() ran: the run starts with init_trackers' config
+        self._independent = False  # a run of its own beside another current run
         self._warner = Warner()
 
     @property
     def tracker(self) -> Any:
         """The :class:`~expr_tracker.Run` written to (None before :meth:`start` and on the
         processes other than the main one); after ``end_training()`` the finished run."""
+        if self._pending:
+            self._open()
         return self._run
 
     def start(self) -> None:
-        """Start the run (``et.init`` with this tracker's arguments) or join the current one.
+        """Join the current run, or prepare this tracker's own (started by
+        :meth:`store_init_configuration` with ``init_trackers``' config, or at first use).
 
         Called by ``accelerator.init_trackers`` on the main process; on any other process it
         does nothing (``main_process_only``). A second call while the run is open does
         nothing; one after :meth:`finish` starts the next run.
 
         Raises:
-            SpecError, ResumeError, RunLockedError: as ``et.init`` does, for a bad spec or
-                keyword, a ``resume`` the runs on disk forbid, or a run another process writes.
+            SpecError: a bad spec or keyword (checked here; the run is not created yet).
+            ResumeError, RunLockedError: as ``et.init`` does, when the run starts.
         """
-        if self._run is not None and not self._run.finished:
+        if self._pending or (self._run is not None and not self._run.finished):
             return
         if self.main_process_only and not _is_main_process():
             self._elsewhere = True
@@ -123,14 +163,52 @@ class ExprTrackerTracker(GeneralTracker):
             and not current.forked
             and not self._init_kwargs.get("reinit")
         ):
-            self._join(current)
-            return
+            if not self._names_another_run(current):
+                self._join(current)
+                return
+            self._independent = True
+        else:
+            self._independent = False
+        self._check()
+        self._pending = True
+
+    def _names_another_run(self, current: Any) -> bool:
+        """The tracker was given a run of its own (``name``, ``id``, ``run_dir``) that is
+        not ``current``."""
+        kw = self._init_kwargs
+        if kw.get("run_dir") is not None:
+            from pathlib import Path
+
+            return Path(kw["run_dir"]).expanduser().resolve() != Path(current.dir).resolve()
+        name = kw.get("id") if kw.get("id") is not None else self._run_name
+        if name is None:
+            return False
+        return name != current.name or (
+            self._project is not None and self._project != current.project
+        )
+
+    def _check(self) -> None:
+        """Validate the spec and keywords now, as ``et.init`` would (nothing is created)."""
+        from expr_tracker.spec import resolve
+
+        given = {k: v for k, v in self._init_kwargs.items() if k not in _MAPPED_BY_INIT}
+        for key, value in (("project", self._project), ("name", self._run_name)):
+            if value is not None:
+                given[key] = value
+        resolve(self._spec, kwargs=given)
+
+    def _open(self, values: Any = None) -> None:
+        """Start the tracker's own run (``et.init``), with ``values`` (``init_trackers``'
+        config) added to the tracker's ``config`` as the config given at init."""
+        self._pending = False
+        config = self._config
+        if values is not None:
+            config = {**_as_mapping(self._config), **_as_mapping(values)}
+        kwargs = dict(self._init_kwargs)
+        if self._independent:
+            kwargs["reinit"] = "create_new"
         self._run = api.init(
-            self._project,
-            self._run_name,
-            spec=self._spec,
-            config=self._config,
-            **self._init_kwargs,
+            self._project, self._run_name, spec=self._spec, config=config, **kwargs
         )
         self._owned = True
 
@@ -146,7 +224,8 @@ class ExprTrackerTracker(GeneralTracker):
             self._warner.warn(
                 "join",
                 "expr_tracker: ExprTrackerTracker joins the current run %s/%s; not used: %s "
-                "(finish the current run before init_trackers() for a run of the tracker's own)",
+                "(finish the current run before init_trackers(), or give the tracker a name= "
+                "of its own, for a run of the tracker's own)",
                 run.project,
                 run.name,
                 ", ".join(unused),
@@ -154,18 +233,41 @@ class ExprTrackerTracker(GeneralTracker):
         self._run = run
         self._owned = False
         if self._config is not None:
-            run.config.update(self._config)
+            self._add_to_joined(self._config)
+
+    def _add_to_joined(self, values: Any) -> None:
+        """Add ``values`` to a joined run's config where it holds no value: the run is the
+        user's, its values are never replaced (a differing one warns once)."""
+        config = self._run.config
+        given = _as_mapping(values)
+        before = config.as_dict()
+        config.setdefaults(given)
+        after = config.as_dict()
+        kept = [k for k in given if k in before and after.get(k) != _plain(given[k])]
+        if kept:
+            self._warner.warn(
+                ("config_kept", self._run.name),
+                "expr_tracker: the current run %s already holds %s in its config; kept (a "
+                "joined run's config is never replaced: give the tracker a name= of its own "
+                "for a run of its own)",
+                self._run.name,
+                ", ".join(kept),
+            )
 
     def store_init_configuration(self, values: dict[str, Any]) -> None:
-        """Add ``values`` (``init_trackers``' ``config``: a mapping of hyper-parameters) to the
-        run's config (``config.json``), as ``run.config.update(values)``.
+        """``init_trackers``' ``config`` (a mapping of hyper-parameters): the tracker's own run
+        starts now with it as the config given at init (``config.json``); a joined run gets
+        the keys it does not hold yet (its values are never replaced).
 
         Raises:
-            ConfigChangeError: a key already in the config with a different value (a resumed
-                or joined run; pass ``allow_val_change=True`` to the tracker to allow it).
             TypeError: ``values`` is not a mapping, namespace, dataclass or pydantic model.
+            ResumeError, RunLockedError: as ``et.init`` does, when the run starts.
         """
-        if self._run is not None:
+        if self._pending:
+            self._open(values)
+        elif self._run is not None and not self._owned:
+            self._add_to_joined(values)
+        elif self._run is not None:
             self._run.config.update(values)
 
     def log(self, values: dict[str, Any], step: int | None = None, **kwargs: Any) -> None:
@@ -178,6 +280,8 @@ class ExprTrackerTracker(GeneralTracker):
         other key is ignored with one warning. Measuring never breaks training: a failure
         here is logged once per cause and the call returns.
         """
+        if self._pending:
+            self._open()  # configuration errors raise, as they would at init_trackers
         run = self._run
         if run is None:
             if not self._elsewhere:
@@ -210,8 +314,12 @@ class ExprTrackerTracker(GeneralTracker):
 
     def finish(self) -> None:
         """At ``accelerator.end_training()``: finish the run this tracker started (the open
-        row is committed; ``run.json`` says ``finished``); a joined run is only flushed and
-        stays open. Safe to call twice and on processes without a run."""
+        row is committed; ``run.json`` says ``finished``, or ``failed`` with the exception
+        when called while one is being handled: ``end_training()`` in an ``except`` or
+        ``finally`` block); a joined run is only flushed and stays open. Safe to call twice
+        and on processes without a run."""
+        if self._pending:
+            self._open()
         run = self._run
         if run is None or run.finished:
             return
@@ -221,10 +329,45 @@ class ExprTrackerTracker(GeneralTracker):
             except Exception as exc:  # noqa: BLE001 - the run is the user's; leave it be
                 self._warner.warn("flush", "expr_tracker: flushing the joined run failed: %s", exc)
             return
-        if api.get_run() is run:
-            api.finish()  # also stops it being the current run
+        exc = sys.exc_info()[1]
+        if exc is not None:  # end_training() while the training's exception is handled
+            run.finish(exception=exc)
         else:
             run.finish()
+        if api.get_run() is run:
+            api.finish()  # also stops it being the current run
+
+
+def _as_mapping(value: Any) -> dict[str, Any]:
+    """The top-level keys of a config (a mapping, ``argparse.Namespace``, dataclass or
+    pydantic model), as ``run.config.update`` takes it.
+
+    Raises:
+        TypeError: another type.
+    """
+    import dataclasses
+    from collections.abc import Mapping
+
+    if value is None:
+        return {}
+    if isinstance(value, Mapping):
+        return {str(k): value[k] for k in value}
+    if dataclasses.is_dataclass(value) and not isinstance(value, type):
+        return {f.name: getattr(value, f.name) for f in dataclasses.fields(value)}
+    if callable(getattr(value, "model_dump", None)):
+        return dict(value.model_dump())
+    if hasattr(value, "__dict__") and not isinstance(value, type):
+        return {k: v for k, v in vars(value).items() if not k.startswith("_")}
+    raise TypeError(
+        f"a config must be a mapping, an argparse.Namespace, a dataclass or a pydantic model, "
+        f"not {type(value).__name__}"
+    )
+
+
+def _plain(value: Any) -> Any:
+    from expr_tracker.history.codec import normalize_value
+
+    return normalize_value(value)
 
 
 def _is_main_process() -> bool:

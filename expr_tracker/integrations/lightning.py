@@ -87,19 +87,27 @@ class ExprTrackerLogger(Logger):
         self._init_kwargs = init_kwargs
         self._run: Any = None
         self._owned = False  # True: this logger started the run and finishes it
+        # where the run is, in a process started by ddp_spawn: what the parent handed over
+        self._handoff: dict[str, Any] | None = None
         self._offset = 0  # added to Lightning's steps once they fall behind the run's step
         self._warner = Warner(log)
 
     # ------------------------------------------------------------------ the run
 
     @property
-    @rank_zero_experiment
     def experiment(self) -> Any:
         """The :class:`expr_tracker.Run` (``logger.experiment.log({...})``), created on
         first access with ``et.init``, or the current run when one is active. On ranks
-        other than 0 a do-nothing object. After ``finalize`` finished it, the next access
-        continues the same run (``resume="allow"``: e.g. ``trainer.test()`` after
-        ``trainer.fit()``)."""
+        other than 0 a do-nothing object, except in processes started by ``ddp_spawn``:
+        there every rank writes its own files of the run the parent handed over. After
+        ``finalize`` finished it, the next access continues the same run (e.g.
+        ``trainer.test()`` after ``trainer.fit()``)."""
+        if self._handoff is not None and rank_zero_only.rank > 0:
+            return self._rank_run()
+        return self._rank_zero_experiment()
+
+    @rank_zero_experiment
+    def _rank_zero_experiment(self) -> Any:
         run = self._run
         if run is not None and not run.finished:
             return run
@@ -107,15 +115,53 @@ class ExprTrackerLogger(Logger):
         if current is not None and not current.finished and not current.forked:
             self._run, self._owned = current, False
             return current
-        kwargs = dict(self._init_kwargs)
-        project, name = self._project, self._name
-        if run is not None:  # finished (by finalize, or by its owner): continue it
-            project, name = run.project, run.name
-            kwargs.update(run_dir=str(run.dir), resume="allow")
-            kwargs.pop("id", None)
-        self._run = api.init(project, name, spec=self._spec, **kwargs)
+        self._run = self._continue(run) if run is not None or self._handoff else self._init()
         self._owned = True
         return self._run
+
+    def _init(self, **extra: Any) -> Any:
+        kwargs = dict(self._init_kwargs)
+        kwargs.update(extra)
+        return api.init(self._project, self._name, spec=self._spec, **kwargs)
+
+    def _continue(self, run: Any) -> Any:
+        """Continue ``run`` (finished by ``finalize`` or its owner), or the run the parent
+        process handed over (``ddp_spawn``): its folder is fixed (``run_dir``), so it is
+        continued, or started by a rank that has not written it yet."""
+        where = self._handoff if run is None else _identity(run)
+        kwargs = {k: v for k, v in self._init_kwargs.items() if k not in ("id", "resume", "dir")}
+        kwargs.update(run_dir=where["run_dir"])
+        return api.init(where["project"], where["name"], spec=self._spec, **kwargs)
+
+    def _rank_run(self) -> Any:
+        """This rank's producer of the handed-over run (``metrics.rank<N>.jsonl``), so that
+        ``et.log``/``et.span`` in a ``LightningModule`` record on every rank as under
+        ``torchrun``; Lightning's own calls stay on rank 0."""
+        run = self._run
+        if run is not None and not run.finished:
+            return run
+        os.environ.setdefault("RANK", str(rank_zero_only.rank))
+        self._run, self._owned = self._continue(None), True
+        return self._run
+
+    def _hand_over(self) -> dict[str, Any] | None:
+        """In the parent, while Lightning pickles the trainer for processes it spawns
+        (``ddp_spawn``): the run is started here if it was not (so its name is chosen
+        once, by this process), then finished, so that the workers (rank 0 writes
+        ``metrics.jsonl``) can continue it; their copies of the logger carry where it is."""
+        if self._handoff is not None:
+            return self._handoff  # a copy made in a worker, pickled again
+        if rank_zero_only.rank > 0:
+            return None
+        run = self._run if self._run is not None else self.experiment
+        if not run.finished:
+            try:
+                run.finish()
+                if api.get_run() is run:
+                    api.finish()  # no longer the current run of this process
+            except Exception as exc:  # noqa: BLE001 - measuring never breaks training
+                self._warn("handing the run to the spawned processes", exc)
+        return _identity(run)
 
     @property
     def name(self) -> str | None:
@@ -219,9 +265,9 @@ class ExprTrackerLogger(Logger):
         rows are already written by the run's background writer (within
         ``buffer.max_seconds``); ``logger.experiment.flush()`` forces a write."""
 
-    @rank_zero_only
     def finalize(self, status: str) -> None:
-        """End of ``fit``/``validate``/``test``: finish the run this logger started.
+        """End of ``fit``/``validate``/``test``: finish the run this logger started (on
+        every rank that writes one: rank 0, and each rank under ``ddp_spawn``).
 
         ``"success"`` (and ``"finished"``, which Lightning passes before a SLURM requeue)
         records ``finished``; ``"failed"`` or any other status records ``failed``, with the
@@ -258,14 +304,19 @@ class ExprTrackerLogger(Logger):
         )
 
     def __getstate__(self) -> dict[str, Any]:
-        # a Run owns open files and a lock: a pickled logger (ddp_spawn) starts without it
+        # a Run owns open files and a lock: a pickled logger starts without it. Pickled for
+        # a process being spawned (ddp_spawn), it carries where the run is, which this
+        # process hands over (finishes) so that the workers can write it.
+        handoff = self._hand_over() if _spawning() else self._handoff
         state = self.__dict__.copy()
         state["_run"] = None
         state["_owned"] = False
+        state["_handoff"] = handoff
         del state["_warner"]
         return state
 
     def __setstate__(self, state: dict[str, Any]) -> None:
+        state.setdefault("_handoff", None)
         self.__dict__.update(state)
         self._warner = Warner(log)
 
@@ -273,3 +324,15 @@ class ExprTrackerLogger(Logger):
         run = self._run
         where = str(Path(run.dir)) if run is not None else "not started"
         return f"ExprTrackerLogger({where})"
+
+
+def _identity(run: Any) -> dict[str, Any]:
+    return {"project": run.project, "name": run.name, "run_dir": str(run.dir)}
+
+
+def _spawning() -> bool:
+    """True while ``multiprocessing`` pickles what a process it spawns receives (the
+    ``spawn``/``forkserver`` start methods that ``ddp_spawn`` uses)."""
+    import multiprocessing.context
+
+    return multiprocessing.context.get_spawning_popen() is not None

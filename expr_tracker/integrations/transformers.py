@@ -14,10 +14,16 @@ it the import raises ``ImportError`` naming ``pip install 'expr-tracker[transfor
 What lands where:
 
 - ``trainer.train()`` starts a run (``et.init(spec=..., **init_kwargs)``), or joins the current
-  one when ``et.run`` is set (a joined run is the user's: the callback never finishes it). It
-  records ``{"args": TrainingArguments.to_dict(), "model": model.config.to_dict()}`` into
-  ``et.config`` (nested, so the Trainer's keys never collide with the user's; keys ending in
-  ``_token`` are left out) and finishes the run in ``on_train_end``.
+  one when ``et.run`` is set and the callback names no run of its own (a joined run is the
+  user's: the callback never finishes it, and never replaces its config). A callback given
+  its own ``name=`` (``id=``, ``run_dir=``) while another run is current (a Trainer started
+  inside another's training) gets a run of its own, not made current. It records
+  ``{"args": TrainingArguments.to_dict(), "model": model.config.to_dict()}`` as the config
+  (nested, so the Trainer's keys never collide with the user's; keys ending in ``_token``
+  are left out): given to ``et.init`` for a run of its own, so a second launch under the
+  same ``name`` with other arguments starts ``<name>-2`` instead of continuing the first
+  (docs/streams.md, "Run identity"); added to a joined run. It finishes the run in
+  ``on_train_end``.
 - Every ``on_log`` row is logged at ``state.global_step`` under the Trainer's own names
   (``loss``, ``grad_norm``, ``learning_rate``, ``epoch``, ``eval_loss``, ``train_runtime``, ...:
   what ``trainer.state.log_history`` holds and the console prints; no ``train/`` prefix is
@@ -28,14 +34,19 @@ What lands where:
   reopens the callback's run (``resume="must"``, ``step_policy="allow"``, alert rules off:
   they watched training) and finishes it again in ``on_evaluate``: the row lands at ``global_step``, the step of the last training
   row, as a second line that readers merge by step (a key logged twice: the later value wins).
-- A ``train()`` that raises never reaches ``on_train_end``: the exception propagates, and the
-  exit hook marks the run ``failed`` (the next ``train()`` on the same callback marks it
-  ``failed`` too, should the program catch the exception and train again).
+- A ``train()`` that raises never reaches ``on_train_end``: the callback's run is finished as
+  ``failed`` with the exception as it propagates, whether or not the program catches it (the
+  callback wraps the ``train`` of the Trainer it was given to, found when the Trainer is
+  built; a callback added later with ``add_callback`` finishes the run as ``failed`` at the
+  next ``train()`` or evaluation instead).
 """
 
 from __future__ import annotations
 
+import functools
 import logging
+import sys
+import weakref
 from collections.abc import Mapping
 from os import PathLike
 from typing import Any
@@ -79,6 +90,9 @@ _MAPPED_BY_INIT = frozenset(
         "backends",  # may hold objects with init/log/finish (not spec data)
     }
 )
+#: keywords that name a run of the callback's own: with one, the callback never joins
+#: another current run
+_OWN_RUN = ("name", "id", "run_dir")
 #: keywords the callback sets itself when it reopens its run after training
 _REOPEN_DROPS = frozenset(
     {
@@ -170,6 +184,7 @@ class ExprTrackerCallback(TrainerCallback):
         self._in_step = False  # between on_step_begin and on_step_end
         self._close_after_eval = False  # a run (re)opened for an evaluate() after training
         self._ahead_until = 0  # the run's step when training began (rows behind it: dropped)
+        self._watched: Any = weakref.WeakSet()  # Trainers whose train() reports exceptions
         self._warner = Warner(log)
 
     def _check(self) -> None:
@@ -230,11 +245,19 @@ class ExprTrackerCallback(TrainerCallback):
             # the previous train() raised before on_train_end and the program went on
             self._guarded("finishing the failed run", self._finish, 1)
         current = self._current()
-        if current is not None:
+        given = False  # the Trainer's config went to et.init as the config given at init
+        if current is not None and not self._names_another_run(current):
             self.run, self._owned = current, False
         else:
-            self.run, self._owned = api.init(spec=self.spec, **self.init_kwargs), True
-        if self.log_config:
+            kwargs = dict(self.init_kwargs)
+            config = self._init_config(args, model)
+            if config is not None:
+                kwargs["config"] = config
+                given = True
+            if current is not None:  # a run of its own beside the current one (nested)
+                kwargs["reinit"] = "create_new"
+            self.run, self._owned = api.init(spec=self.spec, **kwargs), True
+        if self.log_config and not given:
             self._guarded("recording the config", self._record_config, args, model)
         run = self.run
         self._ahead_until = run.step  # rows behind it are dropped: explained here, once
@@ -266,7 +289,34 @@ class ExprTrackerCallback(TrainerCallback):
                 state.global_step,
             )
 
-    def _record_config(self, args: Any, model: Any) -> None:
+    def _names_another_run(self, current: Any) -> bool:
+        """The callback was given a run of its own (``name``/``id``/``run_dir``) that is not
+        ``current``."""
+        kw = self.init_kwargs
+        if not any(kw.get(k) is not None for k in _OWN_RUN):
+            return False
+        if kw.get("run_dir") is not None:
+            from pathlib import Path
+
+            return Path(kw["run_dir"]).expanduser().resolve() != Path(current.dir).resolve()
+        name = kw.get("id") if kw.get("id") is not None else kw.get("name")
+        project = kw.get("project")
+        return name != current.name or (project is not None and project != current.project)
+
+    def _init_config(self, args: Any, model: Any) -> dict[str, Any] | None:
+        """The config given to ``et.init`` for the callback's own run: the user's ``config``
+        (a mapping) with the Trainer's; None where it is recorded after init instead
+        (``log_config=False``, a ``config`` of another type, nothing to record)."""
+        user = self.init_kwargs.get("config")
+        if not self.log_config or not (user is None or isinstance(user, Mapping)):
+            return None
+        data = self._guarded("reading the config", self._trainer_config, args, model)
+        return {**(user or {}), **data} if data else None
+
+    @staticmethod
+    def _trainer_config(args: Any, model: Any) -> dict[str, Any]:
+        """``{"args": TrainingArguments.to_dict(), "model": model.config.to_dict()}``, keys
+        ending in ``_token`` left out."""
         data: dict[str, Any] = {}
         to_dict = getattr(args, "to_dict", None)
         if callable(to_dict):
@@ -275,20 +325,83 @@ class ExprTrackerCallback(TrainerCallback):
         to_dict = getattr(model_config, "to_dict", None)
         if callable(to_dict):
             data["model"] = _public(to_dict())
-        if data:
-            self.run.config.update(data, allow_val_change=True)
+        return data
 
-    def _finish(self, exit_code: int | None = None) -> None:
+    def _record_config(self, args: Any, model: Any) -> None:
+        data = self._trainer_config(args, model)
+        if not data:
+            return
+        config = self.run.config
+        if self._owned:
+            config.update(data, allow_val_change=True)
+            return
+        # a joined run is the user's: its config is never replaced (a second Trainer joining
+        # it records its arguments only where the run holds none)
+        kept = [k for k in data if k in config and config[k] != _plain(data[k])]
+        config.setdefaults(data)
+        if kept:
+            self._warner.warn(
+                ("config_kept", self.run.name),
+                "expr_tracker: the current run %s already holds another Trainer's %s in its "
+                "config; kept (a joined run's config is never replaced: give this callback "
+                "its own name= for a run of its own)",
+                self.run.name,
+                " and ".join(kept),
+            )
+
+    def _finish(self, exit_code: int | None = None, exception: BaseException | None = None) -> None:
         run = self.run
-        run.finish(exit_code=exit_code)
+        if exception is not None:
+            run.finish(exception=exception)
+        else:
+            run.finish(exit_code=exit_code)
         if api.get_run() is run:
             api.finish()  # no longer the current run
 
-    def _reopen(self) -> None:
+    # ------------------------------------------------------------------ a raising train()
+
+    def _watch(self) -> None:
+        """Wrap the ``train`` of the Trainer calling this hook (found on the stack), so an
+        exception out of it finishes the callback's run as ``failed`` with it, even when
+        the program catches it."""
+        trainer = _calling_trainer()
+        if trainer is None or trainer in self._watched:
+            return
+        self._watched.add(trainer)
+        train = trainer.train
+        ref = weakref.ref(self)
+
+        @functools.wraps(train)
+        def watched_train(*args: Any, **kwargs: Any) -> Any:
+            try:
+                return train(*args, **kwargs)
+            except BaseException as exc:
+                callback = ref()
+                if callback is not None:
+                    callback._train_raised(exc)
+                raise
+
+        trainer.train = watched_train
+
+    def _train_raised(self, exc: BaseException) -> None:
+        if not self._training:
+            return  # before on_train_begin, or after on_train_end
+        self._training = self._in_step = False
+        run = self.run
+        if run is not None and self._owned and not run.finished:
+            self._guarded("finishing the failed run", self._finish, 1, exc)
+
+    def _reopen(self, args: Any, model: Any) -> None:
         """The callback's run, finished at the end of training, opened again for an
-        evaluation after it: the same directory, steps accepted at or behind the last."""
+        evaluation after it: the same directory, steps accepted at or behind the last, the
+        same config given at init."""
         run = self.run
         kwargs = {k: v for k, v in self.init_kwargs.items() if k not in _REOPEN_DROPS}
+        config = self._init_config(args, model)
+        if config is not None:
+            kwargs["config"] = config
+        elif self.init_kwargs.get("config") is not None:
+            kwargs["config"] = self.init_kwargs["config"]
         kwargs.update(
             project=run.project,
             name=run.name,
@@ -311,12 +424,16 @@ class ExprTrackerCallback(TrainerCallback):
             return
         run = self.run
         if run is not None and self._owned and run.finished and not run.disabled:
-            self._reopen()
+            self._reopen(args, model)
         elif run is None or run.finished:
             self._start(args, state, model)
         self._close_after_eval = self._owned
 
     # ------------------------------------------------------------------ hooks
+
+    def on_init_end(self, args: Any, state: Any, control: Any, **kwargs: Any) -> None:
+        """The Trainer being built: watch its ``train()`` for exceptions."""
+        self._guarded("watching train()", self._watch)
 
     def on_train_begin(self, args: Any, state: Any, control: Any, **kwargs: Any) -> None:
         """Start (or join) the run and record the config. Errors from ``et.init`` (a bad
@@ -324,6 +441,7 @@ class ExprTrackerCallback(TrainerCallback):
         trained yet."""
         if not self._tracks(state):
             return
+        self._guarded("watching train()", self._watch)  # added after the Trainer was built
         self._training = True
         self._close_after_eval = False
         self._start(args, state, kwargs.get("model"))
@@ -383,6 +501,28 @@ class ExprTrackerCallback(TrainerCallback):
             self._guarded("finishing the run", self._finish)
         else:
             self._guarded("flushing the run", run.flush)
+
+
+def _plain(value: Any) -> Any:
+    """``value`` as a run's config holds it (JSON data)."""
+    from expr_tracker.history.codec import normalize_value
+
+    return normalize_value(value)
+
+
+def _calling_trainer() -> Any:
+    """The ``transformers.Trainer`` whose method called the current hook, from the stack."""
+    from transformers import Trainer
+
+    frame = sys._getframe(2)
+    for _ in range(12):
+        if frame is None:
+            return None
+        candidate = frame.f_locals.get("self")
+        if isinstance(candidate, Trainer):
+            return candidate
+        frame = frame.f_back
+    return None
 
 
 def _plain_spec(spec: Any) -> Any:

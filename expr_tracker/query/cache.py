@@ -998,8 +998,9 @@ def refresh(
     damaged (see the module docstring). Safe to call while another process appends to
     ``source``, while another process refreshes the same source, and while the cache
     folder is deleted. ``root``: the folder ``source`` must lie in (default: its parent; a
-    reader gives the run directory's real path as it discovered it), so a file swapped for
-    a symbolic link to elsewhere is refused.
+    reader gives the run directory's real path as it discovered it, ``et ui`` the folder
+    it serves), so a file swapped for a symbolic link to elsewhere is refused, and a FIFO
+    is never waited on (:func:`expr_tracker.history.untrusted.open_regular`).
 
     When no cache folder can be written (a full disk), the rows come back in memory
     (:attr:`CachedSource.memory`), with one warning naming the folder.

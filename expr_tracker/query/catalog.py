@@ -29,6 +29,7 @@ from __future__ import annotations
 
 import os
 import re
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -36,7 +37,7 @@ from typing import Any
 from expr_tracker.history import untrusted
 from expr_tracker.history.rundirs import find_runs
 
-__all__ = ["Producer", "discover"]
+__all__ = ["Producer", "discover", "producers_of"]
 
 _SUFFIX = r"(?:\.([A-Za-z0-9_-]+?))??(?:\.rank(\d+))?"
 #: per-producer files: kind -> pattern (group 1: stream, group 2: rank)
@@ -173,9 +174,23 @@ def _producers_of(run_dir: Path) -> list[Producer]:
     ]
 
 
-def discover(root: str | os.PathLike[str]) -> list[Producer]:
+def producers_of(run_dir: Path) -> list[Producer]:
+    """The producers of one run directory, as :func:`discover` finds them there (before
+    two run directories of one ``project/name`` are told apart)."""
+    return _producers_of(run_dir)
+
+
+def discover(
+    root: str | os.PathLike[str],
+    *,
+    per_dir: Callable[[Path], list[Producer]] | None = None,
+) -> list[Producer]:
     """Every producer of every run under ``root`` (``root`` itself may be a run directory),
     sorted by ``(project, name, stream or "", rank)`` then by run directory.
+
+    ``per_dir``: what gives the producers of one run directory (default
+    :func:`producers_of`; ``et ui`` passes one that reuses what it found before for a
+    directory that did not change).
 
     Raises ``FileNotFoundError`` when ``root`` is not a directory.
     """
@@ -189,7 +204,7 @@ def discover(root: str | os.PathLike[str]) -> list[Producer]:
         raise FileNotFoundError(f"no run directory or folder of runs at {str(root)!r}")
     producers: list[Producer] = []
     for run_dir in find_runs(root):
-        producers.extend(_producers_of(run_dir))
+        producers.extend((per_dir or _producers_of)(run_dir))
     # the same project/name in two run directories: qualify both by their path
     dirs_of: dict[str, set[Path]] = {}
     for p in producers:

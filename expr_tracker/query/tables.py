@@ -31,7 +31,7 @@ from pathlib import Path
 from typing import Any
 
 from expr_tracker.history import untrusted
-from expr_tracker.history.rundirs import SEVERITY, producer_status
+from expr_tracker.history.rundirs import producer_status, worst_status
 from expr_tracker.history.runinfo import is_dead
 from expr_tracker.query import scan
 
@@ -190,7 +190,8 @@ def build_table(columns: Sequence[tuple[str, str]], rows: Iterable[dict[str, Any
 
 #: the largest JSONL file of alerts or lineage read (whole, as these files are small)
 MAX_LINES_BYTES = 256 << 20
-#: a producer's ``status`` when its ``run*.json`` exists but cannot be read
+#: a producer's ``status`` when its ``run*.json`` exists but cannot be read (worse than any
+#: other in ``run_status``, as ``et runs`` ranks it: history/rundirs.SEVERITY)
 UNREADABLE = "unreadable"
 
 
@@ -399,13 +400,6 @@ def _meta_block(p: Any, problems: Problems | None) -> dict[str, Any]:
     return meta if isinstance(meta, dict) else {}
 
 
-def _worst(statuses: Iterable[str]) -> str:
-    """The run's status: the worst of its producers' (crashed > failed > unreadable >
-    running > finished; unknown when none says)."""
-    rank = {**SEVERITY, UNREADABLE: 1.5}
-    return max(statuses, key=lambda st: rank.get(st, -1), default="unknown")
-
-
 def _run_infos(producers: Sequence[Any], problems: Problems | None) -> dict[Path, dict[str, Any]]:
     """Per run directory, each producer's ``run*.json`` (file name -> its content, or None
     when it exists but cannot be read); a ``running`` producer whose process is gone on
@@ -476,7 +470,9 @@ def runs_table(
         else:
             info = infos[p.run_file.name]
             status = producer_status(info)
-        run_status = _worst(UNREADABLE if v is None else producer_status(v) for v in infos.values())
+        run_status = worst_status(
+            UNREADABLE if v is None else producer_status(v) for v in infos.values()
+        )
         meta = _meta_block(p, problems)
         max_step, max_time = stats.get(i, (None, None))
         if max_step is None and _is_int(meta.get("max_step")):

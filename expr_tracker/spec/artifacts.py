@@ -14,9 +14,11 @@ class ArtifactsSpec(BaseModel):
 
     model_config = _FORBID
 
-    mode: Literal["link", "copy"] = Field(
-        "link",
-        description="link: hard-link files into the store when the file system allows, "
-        "copy otherwise (an in-place edit of a linked source changes the stored version); "
-        "copy: always copy (read-only copies)",
+    mode: Literal["copy", "link"] = Field(
+        "copy",
+        description="copy: store a read-only copy of each file (a reflink clone where the "
+        "file system has one), so rewriting a source in place never changes a logged "
+        "version; link: hard-link files into the store when the file system allows, copy "
+        "otherwise (no copy, but an in-place edit of a linked source, as torch.save to the "
+        "same path does, changes the stored version)",
     )

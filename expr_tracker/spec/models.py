@@ -128,7 +128,12 @@ class RunSpec(_RedactedRepr, BaseModel):
     stream: Optional[Annotated[str, AfterValidator(_stream_name)]] = Field(
         None, description="producer name: letters, digits, '_' and '-'"
     )
-    resume: Literal["allow", "never", "must"] = "allow"
+    resume: Literal["allow", "never", "must"] = Field(
+        "allow",
+        description="an existing run of this name: allow: continued if started with the same "
+        "config, else <name>-2 starts; must: continued whatever the config (the change "
+        "recorded in run.json); never: always a new run",
+    )
     config: Annotated[dict[str, Any], BeforeValidator(_config_dict)] = Field(default_factory=dict)
     history: HistorySpec = Field(default_factory=HistorySpec)
     spans: SpansSpec = Field(default_factory=SpansSpec)

@@ -55,6 +55,29 @@ def default_run_name(environ: Mapping[str, str] | None = None) -> str:
     return f"{time.strftime(_STAMP)}-{os.urandom(3).hex()}"
 
 
+def launch_key(environ: Mapping[str, str] | None = None) -> str | None:
+    """What every rank of one ``torchrun`` launch shares and no other launch has: the
+    rendezvous id with the agent's start (host, pid and start time where the id is the
+    static ``none``); None outside ``torchrun``. Rank 0 records it in ``run.json``
+    (``launch``) so the other ranks find the run rank 0 chose (docs/streams.md, "Run
+    identity")."""
+    env = os.environ if environ is None else environ
+    if "TORCHELASTIC_RUN_ID" not in env:
+        return None
+    run_id = str(env.get("TORCHELASTIC_RUN_ID", ""))
+    agent_pid = _agent_pid(run_id)
+    agent = _process_start(agent_pid)
+    start = agent[0] if agent else ""
+    if run_id.strip().lower() in _NO_RUN_ID:
+        key = f"torchrun:{socket.gethostname()}:{agent_pid}:{start}"
+    elif _int(env.get("GROUP_WORLD_SIZE")) > 1:  # several nodes: only the id is shared
+        key = f"torchrun:{run_id}"
+    else:
+        key = f"torchrun:{run_id}:{start}"
+    job = _hydra_multirun_job()  # the jobs of one sweep are launches of their own
+    return f"{key}:job{job}" if job is not None else key
+
+
 def _torchrun_name(env: Mapping[str, str]) -> str:
     run_id = str(env.get("TORCHELASTIC_RUN_ID", ""))
     agent_pid = _agent_pid(run_id)

@@ -9,6 +9,19 @@ chart's width by :func:`expr_tracker.history.downsample.m4` (first, last, min, m
 bucket and every NaN/±inf point). Status is judged as ``et runs`` does
 (:mod:`expr_tracker.history.rundirs`).
 
+Every run file is untrusted input (docs/ui.md "Security"): the files read here are opened
+with :mod:`expr_tracker.history.untrusted` (regular files only, never blocking on a FIFO,
+inside the served folder's real path even when swapped for a link after discovery, JSON
+depth-limited, small files bounded), the columnar cache is asked to do the same
+(``refresh(root=)``). A file that cannot be read is named with its reason: a run is listed
+``unreadable`` with its ``error``, never dropped, and one bad run never empties the table.
+
+The runs table is incremental (:class:`Catalog`): a run directory is listed again only
+when its listing or identity files changed, a run's line read again only when its
+``run*.json``, metrics files or their sidecars changed (size, mtime, inode), and it reads a
+metrics file's last line and sidecar, never the columnar cache: one huge or wide run costs
+the table what its last line costs.
+
 Non-finite numbers cannot travel in JSON: a series carries ``y`` with ``None`` there and
 lists the point in ``nonfinite`` as ``{"x", "step", "kind": "nan"|"inf"|"-inf"}``.
 """
@@ -17,19 +30,28 @@ from __future__ import annotations
 
 import dataclasses
 import itertools
-import json
 import math
 import os
 import threading
 import time
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from pathlib import Path
 from typing import Any
 
 from expr_tracker.history.downsample import m4
-from expr_tracker.history.metricdefs import read_step_metrics
-from expr_tracker.history.rundirs import producer_infos, producer_status, worst_status
-from expr_tracker.query.catalog import Producer, discover
+from expr_tracker.history.metricdefs import MetricDefs, defs_path_for
+from expr_tracker.history.paths import file_name
+from expr_tracker.history.reader import meta_path_for
+from expr_tracker.history.rundirs import worst_status
+from expr_tracker.history.runinfo import is_dead
+from expr_tracker.history.untrusted import (
+    UnsafeFileError,
+    load_json_bytes,
+    open_regular,
+    read_json,
+    read_regular,
+)
+from expr_tracker.query.catalog import Producer, discover, producers_of
 from expr_tracker.query.views import import_duckdb, metrics_select, path_literal, sql_literal
 
 #: seconds a discovered run list is reused before the folder is searched again
@@ -38,6 +60,17 @@ DISCOVER_TTL = 2.0
 MAX_WIDTH = 4000
 #: a live poll returning more new rows than this tells the page to reload the charts
 MAX_NEW_ROWS = 20_000
+#: a file changed less than this before it was read may change again within the same
+#: timestamp tick: what was read from it is not reused (read again next time)
+RACY_NS = 2_000_000_000
+#: the most bytes read back from the end of a metrics file for its last row
+TAIL_MAX = 16 << 20
+#: the most bytes of a small JSON file (run.json, config.json, summary.json) read whole
+SMALL_MAX = 16 << 20
+#: the most bytes of an alerts file read
+ALERTS_MAX = 64 << 20
+#: status of a run one of whose ``run*.json`` could not be read
+UNREADABLE = "unreadable"
 
 
 class NotFound(LookupError):
@@ -46,6 +79,11 @@ class NotFound(LookupError):
 
 class BadRequest(ValueError):
     """A malformed query parameter (HTTP 400)."""
+
+
+class Unreadable(Exception):
+    """A run file the request needs cannot be read: permissions, not a regular file, outside
+    the served folder, damaged (HTTP 422); ``str()`` names the file and why."""
 
 
 def producer_label(p: Producer) -> str:
@@ -63,11 +101,13 @@ def _inside(path: Path, root_real: str) -> bool:
     return real == root_real or real.startswith(root_real.rstrip(os.sep) + os.sep)
 
 
-def contained(p: Producer, root: Path) -> Producer | None:
+def contained(p: Producer, root: str | os.PathLike[str]) -> Producer | None:
     """``p`` as served from ``root``: None when its run directory resolves outside ``root``
     (a symbolic link out of it), and without the files that resolve outside (a linked
     ``metrics.jsonl``). Discovery follows links, as ``et runs`` does; the dashboard serves
-    only what lies inside the folder it was given."""
+    only what lies inside the folder it was given. (Files are opened with
+    :func:`~expr_tracker.history.untrusted.open_regular` inside the folder as well: a file
+    swapped for a link after this check is refused when read.)"""
     root_real = os.path.realpath(root)
     if not _inside(p.run_dir, root_real):
         return None
@@ -85,15 +125,129 @@ def _gone(prods: list[Producer]) -> None:
         raise FileNotFoundError(f"run directory {str(prods[0].run_dir)!r} is gone")
 
 
+def why(exc: BaseException) -> str:
+    """A short reason for a file that could not be read (no traceback, no path)."""
+    if isinstance(exc, UnsafeFileError):
+        return exc.reason
+    if isinstance(exc, PermissionError):
+        return "permission denied"
+    if isinstance(exc, OSError):
+        return exc.strerror or type(exc).__name__
+    if isinstance(exc, RecursionError):
+        return "nested too deeply"
+    if isinstance(exc, ValueError):
+        return f"not valid JSON ({exc})"[:200]
+    return f"{type(exc).__name__}: {exc}"[:200]
+
+
+def _sig(path: str | Path | None) -> tuple[int, ...] | None:
+    """What says a file changed: (mtime_ns, size, inode, device), None when absent."""
+    if path is None:
+        return None
+    try:
+        st = os.stat(path)
+    except OSError:
+        return None
+    return (st.st_mtime_ns, st.st_size, st.st_ino, st.st_dev)
+
+
+def _stable(sigs: Sequence[tuple[int, ...] | None], read_at_ns: int) -> bool:
+    """Every file was last changed well before it was read (see :data:`RACY_NS`)."""
+    return all(s is None or s[0] < read_at_ns - RACY_NS for s in sigs)
+
+
+@dataclasses.dataclass
+class _DirSeen:
+    """A run directory's producers as discovery found them (only what lies inside the
+    served folder, see :func:`contained`), what they came from, and the files its line
+    of the runs table is read from."""
+
+    sig: tuple[Any, ...]
+    stable: bool
+    producers: list[Producer]
+    row_files: tuple[str | None, ...]
+    error: str | None = None  # why its producers could not be found (listed as unreadable)
+
+
+def _row_files(prods: list[Producer]) -> tuple[str | None, ...]:
+    """Per producer: its ``run*.json``, metrics file and the metrics file's sidecar."""
+    out: list[str | None] = []
+    for p in prods:
+        meta = meta_path_for(p.metrics) if p.metrics is not None else None
+        out += [str(f) if f is not None else None for f in (p.run_file, p.metrics, meta)]
+    return tuple(out)
+
+
+@dataclasses.dataclass
+class _RowSeen:
+    """What the runs table read of one run, and the signature of the files it came from."""
+
+    sig: tuple[Any, ...]
+    stable: bool
+    infos: list[tuple[str, dict[str, Any] | None]]  # run*.json name -> content (None: unread)
+    steps: dict[str, int]  # producer label -> highest step
+    last_time: float | None
+    errors: list[str]
+    unreadable: bool = False  # nothing could be read (its run*.json could not be parsed)
+
+
+def _identity_files(row_files: tuple[str | None, ...]) -> list[str]:
+    """The ``run*.json`` files and sidecars among ``row_files`` (what names a run)."""
+    return [f for i, f in enumerate(row_files) if f is not None and i % 3 != 1]
+
+
+def _dir_sig(run_dir: Path, files: list[str]) -> tuple[Any, ...]:
+    try:
+        st = os.stat(run_dir)
+        own: tuple[int, ...] | None = (st.st_mtime_ns, st.st_ino, st.st_dev)
+    except OSError:
+        own = None
+    return (own, *(_sig(f) for f in files))
+
+
 class Catalog:
-    """The runs under ``root``, re-discovered at most every :data:`DISCOVER_TTL` seconds."""
+    """The runs under ``root``, re-discovered at most every :data:`DISCOVER_TTL` seconds,
+    and the runs table, both incremental: a run directory whose listing and identity files
+    did not change is not read again, nor a run whose ``run*.json``, metrics files and
+    their sidecars did not change (the status of a ``running`` run is judged again every
+    time: its process may have died)."""
 
     def __init__(self, root: str | os.PathLike[str], cache_dir: str | os.PathLike[str] | None):
         self.root = Path(root)
+        self.root_real = os.path.realpath(self.root)
         self.cache_dir = Path(cache_dir) if cache_dir is not None else None
         self._lock = threading.Lock()
         self._runs: dict[str, list[Producer]] = {}
         self._at = -1e18
+        self._dirs: dict[Path, _DirSeen] = {}
+        self._walked: set[Path] = set()
+        self._rows_lock = threading.Lock()
+        self._rows: dict[Path, _RowSeen] = {}
+
+    def _per_dir(self, run_dir: Path) -> list[Producer]:
+        """The producers of ``run_dir`` that lie inside the served folder (reused while
+        the directory's listing and its ``run*.json`` and sidecars are unchanged)."""
+        self._walked.add(run_dir)
+        seen = self._dirs.get(run_dir)
+        if seen is not None and seen.stable:
+            if _dir_sig(run_dir, _identity_files(seen.row_files)) == seen.sig:
+                return seen.producers
+        started = time.time_ns()
+        error = None
+        try:
+            found = producers_of(run_dir)
+        except Exception as exc:  # noqa: BLE001 - one damaged run never hides the others
+            error = why(exc)
+            found = [Producer(run_dir, run_dir.parent.name or None, run_dir.name, None, 0)]
+        prods = [q for q in map(self._contained, found) if q is not None]
+        files = _row_files(prods)
+        sig = _dir_sig(run_dir, _identity_files(files))
+        stable = sig[0] is not None and sig[0][0] < started - RACY_NS and _stable(sig[1:], started)
+        self._dirs[run_dir] = _DirSeen(sig, stable, prods, files, error)
+        return prods
+
+    def _contained(self, p: Producer) -> Producer | None:
+        return contained(p, self.root_real)
 
     def runs(self) -> dict[str, list[Producer]]:
         """run_id -> its producers (sorted as :func:`discover` sorts)."""
@@ -101,10 +255,11 @@ class Catalog:
             now = time.monotonic()
             if now - self._at > DISCOVER_TTL:
                 runs: dict[str, list[Producer]] = {}
-                for p in discover(self.root):
-                    q = contained(p, self.root)
-                    if q is not None:
-                        runs.setdefault(q.run_id, []).append(q)
+                self._walked = set()
+                for p in discover(self.root, per_dir=self._per_dir):
+                    runs.setdefault(p.run_id, []).append(p)
+                for d in [d for d in self._dirs if d not in self._walked]:
+                    del self._dirs[d]
                 self._runs, self._at = runs, now
             return self._runs
 
@@ -117,6 +272,219 @@ class Catalog:
         if prods is None:
             raise NotFound(f"no run {run_id!r} under the served folder")
         return prods
+
+    # ------------------------------------------------------------------ the runs table
+
+    def row(self, run_id: str, prods: list[Producer] | None = None) -> dict[str, Any]:
+        """One line of the runs table (see :func:`table_row`); FileNotFoundError when the
+        run's directory is gone."""
+        prods = self.get(run_id) if prods is None else prods
+        _gone(prods)
+        with self._rows_lock:
+            seen = self._seen(prods)
+        return table_row(run_id, prods, seen)
+
+    def table(self) -> list[dict[str, Any]]:
+        """Every run's line, newest start first (a run deleted meanwhile left out, a run
+        that cannot be read listed with its reason)."""
+        runs = self.runs()
+        rows = []
+        live = set()
+        for rid, prods in runs.items():
+            live.add(prods[0].run_dir)
+            try:
+                _gone(prods)
+                with self._rows_lock:  # per run: a run page asking meanwhile waits for one
+                    seen = self._seen(prods)
+                rows.append(table_row(rid, prods, seen))
+            except FileNotFoundError:  # deleted since it was found: not listed
+                continue
+            except Exception as exc:  # noqa: BLE001 - one run never empties the table
+                rows.append(unreadable_row(rid, prods, why(exc)))
+        with self._rows_lock:
+            for d in [d for d in self._rows if d not in live]:
+                del self._rows[d]
+        rows.sort(key=lambda r: (-(r["started_at"] or 0.0), r["run"]))
+        return rows
+
+    def _seen(self, prods: list[Producer]) -> _RowSeen:
+        d = self._dirs.get(prods[0].run_dir)
+        if d is not None and d.error is not None:
+            return _RowSeen((), False, [], {}, None, [d.error], unreadable=True)
+        files = d.row_files if d is not None else _row_files(prods)
+        key = (files,)
+        sig = key + tuple(_sig(f) for f in files)
+        seen = self._rows.get(prods[0].run_dir)
+        if seen is not None and seen.stable and seen.sig == sig:
+            return seen
+        started = time.time_ns()
+        seen = read_row(prods, self.root_real)
+        seen.sig = key + tuple(_sig(f) for f in files)
+        seen.stable = _stable(seen.sig[1:], started) and seen.sig == sig
+        self._rows[prods[0].run_dir] = seen
+        return seen
+
+
+def read_json_file(path: Path, root: str, max_bytes: int = SMALL_MAX) -> Any:
+    """A run's small JSON file, read as untrusted (regular file only, inside ``root``,
+    bounded, depth-limited); OSError or ValueError as
+    :func:`~expr_tracker.history.untrusted.read_json` raises them."""
+    return read_json(path, root=root, max_bytes=max_bytes)
+
+
+def last_row(path: Path, root: str) -> dict[str, Any] | None:
+    """The last complete line of a metrics file that is a row with an integer ``_step``
+    (a torn last line, blank or undecodable lines are passed over), reading back from the
+    end at most :data:`TAIL_MAX` bytes; None when there is none in that reach."""
+    fd = open_regular(path, root=root)
+    try:
+        size = os.fstat(fd).st_size
+        want = 1 << 16
+        while True:
+            start = max(0, size - want)
+            buf = os.pread(fd, size - start, start)
+            lines = buf.split(b"\n")[:-1]  # the piece after the last newline is torn
+            if start > 0 and lines:
+                lines = lines[1:]  # may begin mid-line
+            for line in reversed(lines):
+                if not line.strip():
+                    continue
+                try:
+                    r = load_json_bytes(line)
+                except ValueError:
+                    continue
+                if isinstance(r, dict) and type(r.get("_step")) is int:
+                    return r
+            if start == 0 or want >= TAIL_MAX:
+                return None
+            want *= 4
+    finally:
+        os.close(fd)
+
+
+def _num(v: Any) -> float | None:
+    if isinstance(v, (int, float)) and not isinstance(v, bool):
+        f = float(v)
+        return f if math.isfinite(f) else None
+    return None
+
+
+def read_row(prods: list[Producer], root: str) -> _RowSeen:
+    """Read what the runs table shows of a run: its ``run*.json`` files and, per producer,
+    the last row of its metrics file and the sidecar's ``max_step`` (not the columnar cache:
+    a wide or huge run costs its last line). Files that cannot be read are named in
+    ``errors``; nothing raises but a vanished run directory."""
+    infos: list[tuple[str, dict[str, Any] | None]] = []
+    errors: list[str] = []
+    steps: dict[str, int] = {}
+    last_time: float | None = None
+    for p in prods:
+        if p.run_file is not None:
+            try:
+                info = read_json_file(p.run_file, root)
+                if not isinstance(info, dict):
+                    raise ValueError("not a JSON object")
+            except FileNotFoundError:
+                info = None
+                errors.append(f"{p.run_file.name}: gone")
+            except (OSError, ValueError, RecursionError) as exc:
+                info = None
+                errors.append(f"{p.run_file.name}: {why(exc)}")
+            infos.append((p.run_file.name, info))
+        if p.metrics is None:
+            continue
+        cands: list[int] = []
+        try:
+            r = last_row(p.metrics, root)
+        except FileNotFoundError:
+            r = None
+        except (OSError, ValueError, RecursionError) as exc:
+            errors.append(f"{p.metrics.name}: {why(exc)}")
+            continue
+        if r is not None:
+            cands.append(r["_step"])
+            t = _num(r.get("_time"))
+            if t is not None and (last_time is None or t > last_time):
+                last_time = t
+        try:
+            meta = read_json_file(meta_path_for(p.metrics), root, max_bytes=SMALL_MAX)
+        except (OSError, ValueError, RecursionError):
+            meta = None  # the sidecar is an index, not the truth: without it, the tail
+        ms = meta.get("max_step") if isinstance(meta, dict) else None
+        if type(ms) is int:
+            cands.append(ms)
+        if cands:
+            steps[producer_label(p)] = max(cands)
+    return _RowSeen((), False, infos, steps, last_time, errors)
+
+
+def _status(info: dict[str, Any]) -> str:
+    st = info.get("status")
+    if not isinstance(st, str):
+        return "unknown"
+    if st == "running" and is_dead(info):
+        return "crashed"  # as et runs judges it: its process is gone
+    return st
+
+
+def table_row(run_id: str, prods: list[Producer], seen: _RowSeen) -> dict[str, Any]:
+    """The runs table's line of a run from what :func:`read_row` read: ``status`` the worst
+    of its producers' as ``et runs`` judges it (``unreadable`` when a ``run*.json`` could
+    not be read), ``steps`` (highest step + 1), ``duration_s`` (ended - started, or the
+    last row's time - started while running), ``error`` (None, or each file that could not
+    be read and why)."""
+    main = prods[0]
+    by_name = dict(seen.infos)
+    statuses = [_status(i) for i in by_name.values() if i is not None]
+    status = worst_status(statuses)
+    if seen.unreadable or any(i is None for i in by_name.values()):
+        status = UNREADABLE
+    info = by_name.get(main.run_file.name) if main.run_file is not None else None
+    info = info or {}
+    max_step = max(seen.steps.values()) if seen.steps else None
+    started = _num(info.get("started_at"))
+    ended = _num(info.get("ended_at"))
+    if started is not None and ended is not None:
+        duration = ended - started
+    elif started is not None and seen.last_time is not None:
+        duration = seen.last_time - started
+    else:
+        duration = None
+    tags = info.get("tags")
+    group = info.get("group")
+    return {
+        "run": run_id,
+        "project": main.project,
+        "name": main.name,
+        "status": status,
+        "steps": int(max_step) + 1 if max_step is not None else None,
+        "started_at": started,
+        "duration_s": duration,
+        "tags": [str(t) for t in tags] if isinstance(tags, list) else [],
+        "group": group if isinstance(group, str) else None,
+        "producers": [producer_label(p) for p in prods],
+        "producer_steps": dict(seen.steps),
+        "error": "; ".join(seen.errors) or None,
+    }
+
+
+def unreadable_row(run_id: str, prods: list[Producer], reason: str) -> dict[str, Any]:
+    """The line of a run that could not be read at all."""
+    main = prods[0]
+    return {
+        "run": run_id,
+        "project": main.project,
+        "name": main.name,
+        "status": UNREADABLE,
+        "steps": None,
+        "started_at": None,
+        "duration_s": None,
+        "tags": [],
+        "group": None,
+        "producers": [producer_label(p) for p in prods],
+        "producer_steps": {},
+        "error": reason,
+    }
 
 
 # ----------------------------------------------------------------------------- DuckDB
@@ -164,22 +532,26 @@ class _Source:
         return name
 
 
-def _cached(p: Producer, kind: str, cache_dir: Path | None) -> Any:
+def _cached(catalog: Catalog, p: Producer, kind: str) -> Any:
+    """The producer's columnar cache of ``kind`` (None: no such file, or gone); the source
+    opened only as a regular file inside the served folder (:class:`Unreadable` else)."""
     from expr_tracker.query.cache import refresh
 
     path = p.metrics if kind == "metrics" else p.spans
     if path is None:
         return None
     try:
-        c = refresh(path, kind, cache_dir=cache_dir)
+        c = refresh(path, kind, cache_dir=catalog.cache_dir, root=catalog.root_real)
     except FileNotFoundError:
         return None
+    except (OSError, ValueError, RecursionError) as exc:
+        raise Unreadable(f"{path.name} of {p.run_id!r}: {why(exc)}") from None
     return c if c.parts else None
 
 
-def _metrics_sql(con: Any, p: Producer, cache_dir: Path | None) -> str | None:
+def _metrics_sql(con: Any, catalog: Catalog, p: Producer) -> str | None:
     """A SELECT of the producer's metric rows (the ``metrics`` view's columns), or None."""
-    c = _cached(p, "metrics", cache_dir)
+    c = _cached(catalog, p, "metrics")
     if c is None:
         return None
     return metrics_select(p, c.parts, c.merged, _Source(con))
@@ -188,84 +560,25 @@ def _metrics_sql(con: Any, p: Producer, cache_dir: Path | None) -> str | None:
 # ----------------------------------------------------------------------------- runs
 
 
-def _read_json(path: Path | None) -> Any:
+def runs_list(catalog: Catalog) -> list[dict]:
+    """Every run under the folder (see :func:`table_row`), newest start first; a run
+    deleted since it was found is left out, one that cannot be read is listed with
+    ``status`` ``unreadable`` and its ``error``."""
+    return catalog.table()
+
+
+def _small(path: Path | None, root: str, errors: list[str]) -> Any:
+    """A small JSON file of a run read as untrusted; None (with the reason in ``errors``
+    unless it is simply absent) when it cannot be read."""
     if path is None:
         return None
     try:
-        return json.loads(path.read_text("utf-8"))
-    except (OSError, ValueError):
+        return read_json_file(path, root)
+    except FileNotFoundError:
         return None
-
-
-def _num(v: Any) -> float | None:
-    return float(v) if isinstance(v, (int, float)) and not isinstance(v, bool) else None
-
-
-def run_row(run_id: str, prods: list[Producer], cache_dir: Path | None, con: Any) -> dict:
-    """One line of the runs table (FileNotFoundError: the run was deleted)."""
-    _gone(prods)
-    main = prods[0]
-    infos = producer_infos(main.run_dir)
-    status = worst_status(producer_status(v) for v in infos.values())
-    info = infos.get(main.run_file.name, {}) if main.run_file is not None else {}
-    max_step = max_time = None
-    producer_steps: dict[str, int] = {}
-    for p in prods:
-        c = _cached(p, "metrics", cache_dir)
-        if c is None:
-            continue
-        # FILTER: DuckDB 2.0.1 answers max(time) of one Parquet file from its statistics
-        # as NaN when parquet_can_have_nan is set; a filter makes it read the values
-        s, t = con.execute(
-            f"SELECT max(step), max(time) FILTER (WHERE isfinite(time)) "
-            f"FROM {_Source(con)(c.parts)}"
-        ).fetchone()
-        if s is not None:
-            producer_steps[producer_label(p)] = int(s)
-        if s is not None and (max_step is None or s > max_step):
-            max_step = s
-        if t is not None and (max_time is None or t > max_time):
-            max_time = t
-    started = _num(info.get("started_at"))
-    ended = _num(info.get("ended_at"))
-    if started is not None and ended is not None:
-        duration = ended - started
-    elif started is not None and max_time is not None:
-        duration = max_time - started
-    else:
-        duration = None
-    tags = info.get("tags")
-    group = info.get("group")
-    return {
-        "run": run_id,
-        "project": main.project,
-        "name": main.name,
-        "status": status,
-        "steps": int(max_step) + 1 if max_step is not None else None,
-        "started_at": started,
-        "duration_s": duration,
-        "tags": [str(t) for t in tags] if isinstance(tags, list) else [],
-        "group": group if isinstance(group, str) else None,
-        "producers": [producer_label(p) for p in prods],
-        "producer_steps": producer_steps,
-    }
-
-
-def runs_list(catalog: Catalog) -> list[dict]:
-    """Every run under the folder (see :func:`run_row`), newest start first; a run
-    deleted since it was found is left out."""
-    con = connect()
-    try:
-        rows = []
-        for rid, prods in catalog.runs().items():
-            try:
-                rows.append(run_row(rid, prods, catalog.cache_dir, con))
-            except FileNotFoundError:  # deleted since it was found: not listed
-                continue
-    finally:
-        con.close()
-    rows.sort(key=lambda r: (-(r["started_at"] or 0.0), r["run"]))
-    return rows
+    except (OSError, ValueError, RecursionError) as exc:
+        errors.append(f"{path.name}: {why(exc)}")
+        return None
 
 
 def flatten(value: Any, prefix: str = "") -> list[list[Any]]:
@@ -291,17 +604,31 @@ def jsonable(v: Any) -> Any:
 
 
 def run_detail(catalog: Catalog, run_id: str) -> dict:
-    """The run page's data but the series: identity, status, metrics, step metrics,
-    config and summary (flattened), alert events."""
+    """The run page's data but the series: the runs table's line, metrics, step metrics,
+    config and summary (flattened), alert events; ``producer_steps`` as far as the
+    columnar cache (which the charts read) reaches; ``error`` names every file that could
+    not be read (the rest is shown)."""
     prods = catalog.get(run_id)
+    row = catalog.row(run_id, prods)
+    root = catalog.root_real
+    errors: list[str] = [row["error"]] if row["error"] else []
     con = connect()
+    metrics: dict[str, set[str]] = {}
+    producer_steps: dict[str, int] = {}
     try:
-        row = run_row(run_id, prods, catalog.cache_dir, con)
-        metrics: dict[str, set[str]] = {}
         for p in prods:
-            sql = _metrics_sql(con, p, catalog.cache_dir)
-            if sql is None:
+            try:
+                c = _cached(catalog, p, "metrics")
+            except Unreadable as exc:
+                if p.metrics is not None and not any(e.startswith(p.metrics.name) for e in errors):
+                    errors.append(str(exc))
                 continue
+            if c is None:
+                continue
+            (top,) = con.execute(f"SELECT max(step) FROM {_Source(con)(c.parts)}").fetchone()
+            if top is not None:
+                producer_steps[producer_label(p)] = int(top)
+            sql = metrics_select(p, c.parts, c.merged, _Source(con))
             for (m,) in con.execute(
                 f"SELECT DISTINCT metric FROM ({sql}) WHERE value IS NOT NULL OR text IS NULL"
             ).fetchall():
@@ -311,38 +638,58 @@ def run_detail(catalog: Catalog, run_id: str) -> dict:
     step_metrics: dict[str, str] = {}
     for p in prods:
         if p.metrics is not None:
-            look = read_step_metrics(p.metrics)
+            defs = MetricDefs()
+            raw = _small(defs_path_for(p.metrics), root, errors)
+            if raw is not None:
+                try:
+                    defs.load(raw)
+                except (ValueError, TypeError, KeyError, AttributeError, RecursionError):
+                    errors.append(f"{defs_path_for(p.metrics).name}: not metric definitions")
             for m in metrics:
-                sm = look(m)
+                sm = defs.step_metric_of(m)
                 if sm and sm in metrics:
                     step_metrics[m] = sm
     main = prods[0]
+    config = _small(main.config, root, errors)
+    summary = _small(main.summary, root, errors)
+    alerts = alert_events(prods, root, errors)
+    if producer_steps:
+        row["producer_steps"] = producer_steps
     return {
         **row,
         "path": str(main.run_dir),
         "metrics": sorted(metrics),
         "step_metrics": step_metrics,
         "x_options": sorted(set(step_metrics.values())),
-        "config": flatten(_read_json(main.config) or {}),
-        "summary": [kv for kv in flatten(_read_json(main.summary) or {}) if kv[0][:1] != "_"],
-        "alerts": alert_events(prods),
+        "config": flatten(config if isinstance(config, dict) else {}),
+        "summary": [
+            kv for kv in flatten(summary if isinstance(summary, dict) else {}) if kv[0][:1] != "_"
+        ],
+        "alerts": alerts,
         "has_spans": any(p.spans is not None for p in prods),
+        "error": "; ".join(dict.fromkeys(errors)) or None,
     }
 
 
-def alert_events(prods: list[Producer]) -> list[dict]:
-    """The alert transitions (firing, recovered) of the run's producers, in file order."""
+def alert_events(prods: list[Producer], root: str, errors: list[str] | None = None) -> list[dict]:
+    """The alert transitions (firing, recovered) of the run's producers, in file order
+    (files read as untrusted, inside ``root``; what cannot be read is named in ``errors``,
+    an undecodable line skipped)."""
     out: list[dict] = []
     for p in prods:
         if p.alerts is None:
             continue
         try:
-            lines = p.alerts.read_text("utf-8", errors="replace").splitlines()
-        except OSError:
+            lines = read_regular(p.alerts, root=root, max_bytes=ALERTS_MAX).splitlines()
+        except FileNotFoundError:
+            continue
+        except OSError as exc:
+            if errors is not None:
+                errors.append(f"{p.alerts.name}: {why(exc)}")
             continue
         for line in lines:
             try:
-                rec = json.loads(line)
+                rec = load_json_bytes(line)
             except ValueError:
                 continue
             if not isinstance(rec, dict) or rec.get("kind") != "transition":
@@ -356,10 +703,10 @@ def alert_events(prods: list[Producer]) -> list[dict]:
                     "event": _str(rec.get("event")),
                     "state": _str(rec.get("state")),
                     "level": _str(rec.get("level")),
-                    "step": step if isinstance(step, int) else None,
+                    "step": step if type(step) is int else None,
                     "time": _num(rec.get("time")),
                     "message": _str(rec.get("message") or rec.get("title")),
-                    "metrics": sorted(metrics) if isinstance(metrics, dict) else [],
+                    "metrics": sorted(str(m) for m in metrics) if isinstance(metrics, dict) else [],
                 }
             )
     return out
@@ -399,6 +746,22 @@ def parse_float(name: str, v: str | None) -> float | None:
     return f
 
 
+def _span(lo: float, hi: float, width: int) -> None:
+    """BadRequest when ``[lo, hi]`` cannot be cut into ``width`` buckets with finite
+    numbers: ``hi - lo`` overflows (``lo=-1e308&hi=1e308``: a point's offset from ``lo``
+    may too) or ``width / (hi - lo)`` does (``lo=0&hi=5e-324``: an infinite scale)."""
+    span = hi - lo
+    if not math.isfinite(span):
+        raise BadRequest(
+            f"the x range [{lo!r}, {hi!r}] is wider than a float holds: ask a narrower lo/hi"
+        )
+    if span > 0 and not math.isfinite(width / span):
+        raise BadRequest(
+            f"the x range [{lo!r}, {hi!r}] is too narrow to cut into {width} buckets: "
+            "ask a wider lo/hi"
+        )
+
+
 def series(
     catalog: Catalog,
     run_id: str,
@@ -424,12 +787,14 @@ def series(
         raise BadRequest(f"width={width} is not valid: 1..{MAX_WIDTH}")
     if lo is not None and hi is not None and lo > hi:
         raise BadRequest(f"lo={lo} > hi={hi}")
+    if lo is not None and hi is not None:
+        _span(lo, hi, width)
     prods = catalog.get(run_id)
     con = connect()
     traces = []
     try:
         for p in prods:
-            sql = _metrics_sql(con, p, catalog.cache_dir)
+            sql = _metrics_sql(con, catalog, p)
             if sql is None:
                 continue
             xexpr, join = _xsql(x)
@@ -447,13 +812,14 @@ def series(
             n, xmin, xmax = con.execute(f"{pts}SELECT count(*), min(x), max(x) FROM pts").fetchone()
             if n == 0:
                 continue
+            a = float(xmin) if lo is None else lo
+            b = float(xmax) if hi is None else hi
+            _span(a, b, width)
             if n <= sql_min:
                 cols = con.execute(f"{pts}SELECT x, y, step FROM pts ORDER BY step").fetchnumpy()
                 xs, ys, steps = cols["x"], cols["y"], cols["step"]
                 idx = m4(xs, ys, width, lo, hi)
             else:
-                a = float(xmin) if lo is None else lo
-                b = float(xmax) if hi is None else hi
                 cols = _m4_sql(con, pts, width, a, b)
                 xs, ys, steps = cols["x"], cols["y"], cols["step"]
                 idx = list(range(len(xs)))
@@ -494,7 +860,7 @@ def _metric_names(catalog: Catalog, prods: list[Producer]) -> set[str]:
     names: set[str] = set()
     try:
         for p in prods:
-            sql = _metrics_sql(con, p, catalog.cache_dir)
+            sql = _metrics_sql(con, catalog, p)
             if sql is not None:
                 names.update(
                     r[0] for r in con.execute(f"SELECT DISTINCT metric FROM ({sql})").fetchall()
@@ -551,7 +917,7 @@ def new_points(
     reset = False
     try:
         for p in prods:
-            sql = _metrics_sql(con, p, catalog.cache_dir)
+            sql = _metrics_sql(con, catalog, p)
             if sql is None:
                 continue
             label = producer_label(p)
@@ -582,7 +948,7 @@ def new_points(
         if reset:  # the page reloads everything: the next poll starts at each one's end
             out = {}
             for p in prods:
-                sql = _metrics_sql(con, p, catalog.cache_dir)
+                sql = _metrics_sql(con, catalog, p)
                 if sql is None:
                     continue
                 (top,) = con.execute(f"SELECT max(step) FROM ({sql})").fetchone()
@@ -590,8 +956,7 @@ def new_points(
                     max_steps[producer_label(p)] = int(top)
     finally:
         con.close()
-    _gone(prods)
-    status = worst_status(producer_status(v) for v in producer_infos(prods[0].run_dir).values())
+    status = catalog.row(run_id, prods)["status"]  # FileNotFoundError: deleted
     max_step = max([after, *max_steps.values()])
     return {
         "max_step": max_step,
@@ -616,7 +981,7 @@ def span_breakdown(
     selects = []
     try:
         for p in prods:
-            c = _cached(p, "spans", catalog.cache_dir)
+            c = _cached(catalog, p, "spans")
             if c is not None:
                 selects.append(f"SELECT name, dur_ms, step FROM {_Source(con)(c.parts)}")
         if not selects:
@@ -640,19 +1005,60 @@ def span_breakdown(
     return {"rows": jsonable(rows), "start": start, "stop": stop}
 
 
-def trace_json(catalog: Catalog, run_id: str, start: int | None, stop: int | None) -> dict:
-    """The run's Chrome Trace (:func:`expr_tracker.trace.build_trace`) over steps
-    ``[start, stop)``."""
-    from expr_tracker.trace import build_trace
+def trace_chunks(
+    catalog: Catalog, run_id: str, start: int | None, stop: int | None
+) -> Iterator[bytes]:
+    """The run's Chrome Trace over steps ``[start, stop)`` as chunks of JSON text, streamed
+    as ``et trace`` writes it (:func:`expr_tracker.trace.iter_trace`: spooled in SQLite,
+    memory independent of the number of spans). The span files are read (only regular
+    files inside the served folder) before this returns, so a bad file is an error here
+    (:class:`Unreadable`), not a broken download; the rest is made as it is consumed."""
+    from expr_tracker.trace import iter_trace
 
     prods = catalog.get(run_id)
     if not any(p.spans is not None for p in prods):
         raise NotFound(f"run {run_id!r} has no span file")
     rng = None if start is None and stop is None else (start, stop)
-    return build_trace(prods[0].run_dir, step_range=rng)
+    it = iter_trace(prods[0].run_dir, step_range=rng, root=catalog.root_real)
+    try:
+        first = next(it)
+    except (OSError, ValueError, RecursionError) as exc:
+        it.close()
+        if isinstance(exc, FileNotFoundError):
+            raise
+        raise Unreadable(f"the span files of {run_id!r}: {why(exc)}") from None
+
+    def chunks() -> Iterator[bytes]:
+        try:
+            yield first
+            yield from it
+        finally:
+            it.close()  # the spool is removed
+
+    return chunks()
 
 
 # ----------------------------------------------------------------------------- compare
+
+
+def _check_compare_files(run_id: str, prods: list[Producer], root: str) -> None:
+    """:class:`Unreadable` unless every file :func:`~expr_tracker.query.compare.compare_runs`
+    reads of the run is a regular file inside ``root`` (opened and closed here: a FIFO, a
+    link out of the folder or a file this user may not read is refused before compare
+    reads it)."""
+    files: list[Path] = []
+    for p in prods:
+        files += [f for f in (p.config, p.summary, p.run_file, p.metrics) if f is not None]
+        if p.metrics is not None:
+            files.append(meta_path_for(p.metrics))
+        files.append(p.run_dir / file_name("metric_defs", p.stream, p.rank))
+    for f in files:
+        try:
+            os.close(open_regular(f, root=root))
+        except FileNotFoundError:
+            continue
+        except OSError as exc:
+            raise Unreadable(f"{f.name} of {run_id!r}: {why(exc)}") from None
 
 
 def compare(catalog: Catalog, run_ids: list[str]) -> dict:
@@ -665,6 +1071,8 @@ def compare(catalog: Catalog, run_ids: list[str]) -> dict:
     if len(set(run_ids)) != len(run_ids):
         raise BadRequest("a run is given twice")
     prods = [catalog.get(r) for r in run_ids]
+    for rid, ps in zip(run_ids, prods, strict=True):
+        _check_compare_files(rid, ps, catalog.root_real)
     try:
         res = compare_runs([p[0].run_dir for p in prods], root=catalog.root, include_equal=True)
     except CompareError as exc:

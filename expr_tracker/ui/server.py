@@ -1,7 +1,14 @@
 """The ``et ui`` web server: a Starlette app serving the page (static files of this package
 and plotly's bundled ``plotly.min.js``: no CDN, works offline) and read-only JSON endpoints
 (:mod:`expr_tracker.ui.data`). Only GET (and HEAD); nothing is written but the columnar
-cache. Starlette, uvicorn and plotly are imported when the app is made (the ``[ui]`` extra).
+cache (and a streamed trace's temporary spool). Starlette, uvicorn and plotly are imported
+when the app is made (the ``[ui]`` extra).
+
+Who may ask is :mod:`expr_tracker.ui.guard`'s (the Host rule, the token, the login cookie);
+what a request may cost is bounded here: a trace is streamed, and at most
+:data:`HEAVY_LIMIT` traces or compares are made at once (others: 503, ``Retry-After``).
+Errors are JSON ``{"error"}``: 400 a bad parameter, 404 no such run or metric (or deleted),
+422 a run file that cannot be read (why), 503 busy.
 
 Endpoints (every run is named by its ``run`` id from ``/api/runs``, looked up, never a path):
 
@@ -20,6 +27,7 @@ from __future__ import annotations
 
 import json
 import os
+import threading
 from importlib import resources
 from pathlib import Path
 from typing import Any
@@ -27,6 +35,10 @@ from typing import Any
 from expr_tracker.ui import data
 
 INSTALL_HINT = "pip install 'expr-tracker[ui]'"
+#: heavy requests (a Chrome trace, a compare) served at once; more are answered 503
+HEAVY_LIMIT = 2
+#: the ``Retry-After`` of that 503, seconds
+RETRY_AFTER_S = 5
 
 _STATIC = ("app.js", "style.css")
 _TYPES = {".js": "text/javascript; charset=utf-8", ".css": "text/css; charset=utf-8"}
@@ -81,22 +93,63 @@ def _dumps(obj: Any) -> bytes:
     return json.dumps(data.jsonable(obj), allow_nan=False, separators=(",", ":")).encode("utf-8")
 
 
-def create_app(root: str | os.PathLike[str], *, cache_dir: str | os.PathLike[str] | None = None):
+class _Heavy:
+    """At most ``limit`` heavy requests (a trace, a compare) at once; another one is
+    answered 503 with ``Retry-After`` rather than queued (whoever reaches the port cannot
+    stack up memory and CPU)."""
+
+    def __init__(self, limit: int) -> None:
+        self.limit = limit
+        self._sem = threading.BoundedSemaphore(limit)
+
+    def try_acquire(self) -> bool:
+        return self._sem.acquire(blocking=False)
+
+    def release(self) -> None:
+        self._sem.release()
+
+
+def create_app(
+    root: str | os.PathLike[str],
+    *,
+    cache_dir: str | os.PathLike[str] | None = None,
+    token: str | None = None,
+    host: str | None = None,
+    port: int | None = None,
+    heavy_limit: int = HEAVY_LIMIT,
+):
     """The Starlette app serving the runs under ``root``.
+
+    Every request must name one of the server's own hosts in its ``Host`` header (the
+    loopback names and ``host``, the address bound; others get 403); with ``token`` every
+    request but the static files must carry it (cookie, ``Authorization: token X`` or
+    ``?token=X``; others get 401), see :mod:`expr_tracker.ui.guard`. ``token`` None: no
+    token (``et ui --no-token``; ``et ui`` itself always passes one unless told so).
+    ``port``: names the login cookie (one per port). ``heavy_limit``: traces and compares
+    served at once (more: 503).
 
     Raises:
         ImportError: starlette, uvicorn or plotly missing (names the extra).
         FileNotFoundError: ``root`` is not a folder.
+        ValueError: a token that cannot travel in a URL or cookie (see
+            :func:`expr_tracker.ui.guard.check_token`).
     """
     import_web()
     from starlette.applications import Starlette
-    from starlette.responses import Response
+    from starlette.concurrency import run_in_threadpool
+    from starlette.middleware import Middleware
+    from starlette.responses import Response, StreamingResponse
     from starlette.routing import Route
 
+    from expr_tracker.ui.guard import Guard, allowed_hosts, check_token, cookie_name
+
+    if token is not None:
+        check_token(token)
     root = Path(root)
     if not root.is_dir():
         raise FileNotFoundError(f"DIR {str(root)!r} is not a folder (a folder of runs or a run)")
     catalog = data.Catalog(root, cache_dir)
+    heavy = _Heavy(heavy_limit)
     assets = {name: _static(name) for name in _STATIC}
     assets["plotly.min.js"] = plotly_js()
     index = _static("index.html")
@@ -125,16 +178,42 @@ def create_app(root: str | os.PathLike[str], *, cache_dir: str | os.PathLike[str
             raise data.BadRequest(f"missing query parameter {name!r}")
         return v
 
-    def endpoint(fn: Any) -> Any:
+    def busy() -> Any:
+        return respond(
+            _dumps({"error": f"busy: {heavy.limit} traces or compares are being made; retry"}),
+            "application/json",
+            503,
+            headers={"Retry-After": str(RETRY_AFTER_S)},
+        )
+
+    def failure(exc: BaseException) -> Any:
+        """The answer to an error of a request (None: not one of ours)."""
+        if isinstance(exc, data.NotFound):
+            return as_json({"error": str(exc)}, 404)
+        if isinstance(exc, FileNotFoundError):  # a run deleted while it was read
+            return as_json({"error": f"gone: {exc}"}, 404)
+        if isinstance(exc, data.BadRequest):
+            return as_json({"error": str(exc)}, 400)
+        if isinstance(exc, data.Unreadable):
+            return as_json({"error": f"unreadable: {exc}"}, 422)
+        if isinstance(exc, (OSError, RecursionError)):
+            return as_json({"error": f"unreadable: {data.why(exc)}"}, 422)
+        return None
+
+    def endpoint(fn: Any, is_heavy: bool = False) -> Any:
         def handler(request: Any) -> Any:
+            if is_heavy and not heavy.try_acquire():
+                return busy()
             try:
                 return as_json(fn(request))
-            except data.NotFound as exc:
-                return as_json({"error": str(exc)}, 404)
-            except FileNotFoundError as exc:  # a run deleted while it was read
-                return as_json({"error": f"gone: {exc}"}, 404)
-            except data.BadRequest as exc:
-                return as_json({"error": str(exc)}, 400)
+            except Exception as exc:
+                answer = failure(exc)
+                if answer is None:
+                    raise
+                return answer
+            finally:
+                if is_heavy:
+                    heavy.release()
 
         return handler
 
@@ -189,20 +268,51 @@ def create_app(root: str | os.PathLike[str], *, cache_dir: str | os.PathLike[str
             catalog, q_str(request, "run"), q_int(request, "start"), q_int(request, "stop")
         )
 
-    def api_trace(request: Any) -> Any:
+    async def api_trace(request: Any) -> Any:
+        # streamed (et trace's SQLite spool): memory does not grow with the spans; one of
+        # the heavy requests, its slot held until the last byte is sent or the client left
+        if not heavy.try_acquire():
+            return busy()
         try:
             run = q_str(request, "run")
-            trace = data.trace_json(catalog, run, q_int(request, "start"), q_int(request, "stop"))
-        except (data.NotFound, FileNotFoundError) as exc:
-            return as_json({"error": str(exc)}, 404)
-        except (data.BadRequest, ValueError) as exc:
-            return as_json({"error": str(exc)}, 400)
-        fname = "trace.json"
-        return respond(
-            _dumps(trace),
-            "application/json",
-            headers={"Content-Disposition": f'attachment; filename="{fname}"'},
-        )
+            start, stop = q_int(request, "start"), q_int(request, "stop")
+            chunks = await run_in_threadpool(data.trace_chunks, catalog, run, start, stop)
+        except Exception as exc:
+            heavy.release()
+            answer = failure(exc)
+            if answer is None and isinstance(exc, ValueError):  # a malformed range
+                answer = as_json({"error": str(exc)}, 400)
+            if answer is None:
+                raise
+            return answer
+        h = dict(SECURITY_HEADERS)
+        h["Cache-Control"] = "no-store"
+        h["Content-Disposition"] = 'attachment; filename="trace.json"'
+        return _Stream(chunks, heavy.release, media_type="application/json", headers=h)
+
+    class _Stream(StreamingResponse):
+        """A streamed body whose iterator is closed (its spool removed) and whose heavy
+        slot is released when the response ends, however it ends."""
+
+        def __init__(self, it: Any, done: Any, **kw: Any) -> None:
+            self._it, self._done = it, done
+            super().__init__(_pull(it), **kw)
+
+        async def __call__(self, scope: Any, receive: Any, send: Any) -> None:
+            try:
+                await super().__call__(scope, receive, send)
+            finally:
+                try:
+                    self._it.close()
+                finally:
+                    self._done()
+
+    async def _pull(it: Any) -> Any:
+        while True:
+            chunk = await run_in_threadpool(next, it, None)
+            if chunk is None:
+                return
+            yield chunk
 
     def api_compare(request: Any) -> Any:
         return data.compare(catalog, request.query_params.getlist("run"))
@@ -216,9 +326,16 @@ def create_app(root: str | os.PathLike[str], *, cache_dir: str | os.PathLike[str
         Route("/api/points", endpoint(api_points), methods=["GET"]),
         Route("/api/spans", endpoint(api_spans), methods=["GET"]),
         Route("/api/trace", api_trace, methods=["GET"]),
-        Route("/api/compare", endpoint(api_compare), methods=["GET"]),
+        Route("/api/compare", endpoint(api_compare, is_heavy=True), methods=["GET"]),
     ]
-    app = Starlette(routes=routes)
+    guard = Middleware(
+        Guard,
+        hosts=allowed_hosts(host),
+        token=token,
+        cookie=cookie_name(port),
+        headers=SECURITY_HEADERS,
+    )
+    app = Starlette(routes=routes, middleware=[guard])
     app.state.catalog = catalog
     return app
 
@@ -229,9 +346,10 @@ def serve(
     port: int = 8050,
     *,
     cache_dir: str | os.PathLike[str] | None = None,
+    token: str | None = None,
     log_level: str = "warning",
 ) -> None:
-    """Serve the dashboard until interrupted (uvicorn)."""
+    """Serve the dashboard until interrupted (uvicorn); ``token`` as :func:`create_app`."""
     _, uvicorn = import_web()
-    app = create_app(root, cache_dir=cache_dir)
+    app = create_app(root, cache_dir=cache_dir, token=token, host=host, port=port)
     uvicorn.run(app, host=host, port=port, log_level=log_level, server_header=False)

@@ -65,11 +65,11 @@ def _racers(tmp_path, contents):
 @pytest.mark.slow
 def test_racing_processes_get_distinct_complete_versions(tmp_path):
     runs, results = _racers(tmp_path, ["a", "b", "c", "d"])
-    assert sorted(v for v, _ in results) == [1, 2, 3, 4]
+    assert sorted(v for v, _ in results) == [0, 1, 2, 3]
     assert len({d for _, d in results}) == 4
     store = ArtifactStore(runs / "p" / "artifacts")
     lines = [r for r in store.records() if r["kind"] == "version"]
-    assert sorted(r["version"] for r in lines) == [1, 2, 3, 4]
+    assert sorted(r["version"] for r in lines) == [0, 1, 2, 3]
     for version, digest in results:
         v = store.get("shared", f"v{version}")
         assert v.digest == digest and v.verify() and len(v.files()) == 20
@@ -79,9 +79,9 @@ def test_racing_processes_get_distinct_complete_versions(tmp_path):
 @pytest.mark.slow
 def test_racing_processes_with_identical_contents_share_one_version(tmp_path):
     runs, results = _racers(tmp_path, ["same", "same", "same"])
-    assert {v for v, _ in results} == {1}
+    assert {v for v, _ in results} == {0}
     store = ArtifactStore(runs / "p" / "artifacts")
-    assert [r["version"] for r in store.records()] == [1]
+    assert [r["version"] for r in store.records()] == [0]
 
 
 VICTIM = textwrap.dedent(
@@ -100,7 +100,7 @@ VICTIM = textwrap.dedent(
                 time.sleep(600)
             return real(a, b)
         store_mod.copy_hashed = copy_hashed
-    else:  # renamed to v1, manifest written, index line not yet
+    else:  # renamed to v0, manifest written, index line not yet
         real_append = store_mod.ArtifactStore._append
         def _append(self, record):
             print("stop", flush=True)
@@ -134,7 +134,7 @@ def test_sigkill_leaves_no_half_version(tmp_path, where):
     if where == "copy":
         assert any(n.startswith(".staging-") and not n.endswith(".lock") for n in left), left
     else:
-        assert "v1" in left and "v1.manifest.json" in left, left  # on disk, not committed
+        assert "v0" in left and "v0.manifest.json" in left, left  # on disk, not committed
     store = ArtifactStore(runs / "p" / "artifacts")
     assert store.records() == [] and store.names() == []
     with pytest.raises(ArtifactNotFoundError):
@@ -143,14 +143,14 @@ def test_sigkill_leaves_no_half_version(tmp_path, where):
     with pytest.raises(ArtifactNotFoundError):
         et.use_artifact("ds")
     v = et.log_artifact(src, name="ds")
-    assert v.version == 1 and v.verify() and len(v.files()) == 30
+    assert v.version == 0 and v.verify() and len(v.files()) == 30
     et.finish()
     left = sorted(x.name for x in adir.iterdir())
-    assert [n for n in left if not n.startswith(".staging-")] == [".lock", "v1", "v1.manifest.json"]
+    assert [n for n in left if not n.startswith(".staging-")] == [".lock", "v0", "v0.manifest.json"]
     assert all(n.endswith(".lock") for n in left if n.startswith(".staging-")), left
     # the dead writer's lock file goes once it is old enough (never a live one's)
     store.clean_staging("ds", min_age_s=0)
-    assert sorted(x.name for x in adir.iterdir()) == [".lock", "v1", "v1.manifest.json"]
+    assert sorted(x.name for x in adir.iterdir()) == [".lock", "v0", "v0.manifest.json"]
 
 
 NEEDS_UNSHARE = pytest.mark.skipif(
@@ -192,8 +192,8 @@ def test_a_full_disk_raises_and_leaves_nothing(tmp_path):
     small.write_text("small")
     child = tmp_path / "child.py"
     child.write_text(FULL_CHILD)
-    # runs/ is a 400 KiB tmpfs; the 600 KB source lives outside it (another device: the
-    # link falls back to a copy, which runs out of space)
+    # runs/ is a 400 KiB tmpfs; the 600 KB source lives outside it (another device: no
+    # clone, no copy_file_range; the plain copy runs out of space)
     script = 'mount -t tmpfs -o size=400k tmpfs "$1" || exit 77\nexec "$PY" "$2" "$1" "$3" "$4"\n'
     p = subprocess.run(
         ["unshare", "-m", "sh", "-c", script, "sh", str(runs), str(child), str(big), str(small)],
@@ -210,7 +210,7 @@ def test_a_full_disk_raises_and_leaves_nothing(tmp_path):
     assert "nothing was published" in out["raised"]
     assert out["records"] == []
     assert [n for n in out["left"] if n != ".lock"] == []  # no staging directory or lock file
-    assert out["small"] == [1, True]
+    assert out["small"] == [0, True]
 
 
 RO_SCRIPT = """
@@ -277,10 +277,10 @@ def test_a_read_only_store_refuses_to_log_but_reads(tmp_path):
     assert p.returncode == 0, p.stderr
     out = json.loads(p.stdout.strip().splitlines()[-1])
     assert "Read-only file system" in out["raised"] and "ds" in out["raised"]
-    assert out["used"] == [1, True]
+    assert out["used"] == [0, True]
     assert (store_dir / "index.jsonl").read_bytes() == before
     assert sorted(x.name for x in (store_dir / "ds").iterdir()) == [
         ".lock",
-        "v1",
-        "v1.manifest.json",
+        "v0",
+        "v0.manifest.json",
     ]

@@ -34,8 +34,8 @@ def test_log_and_use_record_lineage_with_the_step(tmp_path, data):
     et.log({"loss": 0.5})
     v = et.log_artifact(data, aliases=["best"], metadata={"rows": 1})
     assert isinstance(v, ArtifactVersion)
-    assert (v.name, v.version, v.type, v.aliases) == ("data", 1, "dataset", ["latest", "best"])
-    assert v.path == tmp_path / "runs" / "p" / "artifacts" / "data" / "v1"
+    assert (v.name, v.version, v.type, v.aliases) == ("data", 0, "dataset", ["latest", "best"])
+    assert v.path == tmp_path / "runs" / "p" / "artifacts" / "data" / "v0"
     assert v.files() == ["sub/labels.txt", "train.csv"]
     et.log({"loss": 0.25}, commit=False)  # open row at step 2 with data
     u = et.use_artifact("data:best", type="dataset")
@@ -44,8 +44,8 @@ def test_log_and_use_record_lineage_with_the_step(tmp_path, data):
     et.finish()
     lines = _lineage(run.dir)
     assert [(x["action"], x["name"], x["version"], x["step"]) for x in lines] == [
-        ("logged", "data", 1, 2),
-        ("used", "data", 1, 2),
+        ("logged", "data", 0, 2),
+        ("used", "data", 0, 2),
     ]
     assert lines[0]["new"] is True and lines[0]["digest"] == v.digest
     assert lines[0]["path"] == str(v.path)
@@ -65,7 +65,7 @@ def test_log_and_use_record_lineage_with_the_step(tmp_path, data):
     assert payload == {
         "action": "logged",
         "name": "data",
-        "version": 1,
+        "version": 0,
         "type": "dataset",
         "digest": v.digest,
         "path": str(v.path),
@@ -74,15 +74,15 @@ def test_log_and_use_record_lineage_with_the_step(tmp_path, data):
         "step": 2,
     }
     assert events[1][1]["action"] == "used" and isinstance(events[1][1]["version"], int)
-    manifest = json.loads((v.path.parent / "v1.manifest.json").read_text())
+    manifest = json.loads((v.path.parent / "v0.manifest.json").read_text())
     assert manifest["run"]["name"] == "r" and manifest["run"]["dir"] == str(run.dir.absolute())
 
 
 def test_identical_contents_return_the_existing_version(tmp_path, data):
     run = et.init(project="p", name="r", dir=str(tmp_path / "runs"))
-    v1 = et.log_artifact(data)
-    v1b = et.log_artifact(data, aliases=["again"])
-    assert v1b.version == v1.version == 1 and "again" in v1b.aliases
+    v0 = et.log_artifact(data)
+    v0b = et.log_artifact(data, aliases=["again"])
+    assert v0b.version == v0.version == 0 and "again" in v0b.aliases
     assert [x["new"] for x in _lineage(run.dir)] == [True, False]
 
 
@@ -106,7 +106,7 @@ def test_a_file_path_and_name_type_overrides(tmp_path, data):
 def test_type_mismatch_and_unknown_names(tmp_path, data):
     et.init(project="p", name="r", dir=str(tmp_path / "runs"))
     et.log_artifact(data, type="dataset")
-    with pytest.raises(ArtifactTypeError, match=r"data:v1 has type 'dataset', not 'model'"):
+    with pytest.raises(ArtifactTypeError, match=r"data:v0 has type 'dataset', not 'model'"):
         et.use_artifact("data", type="model")
     with pytest.raises(et.ExprTrackerError, match="no artifact 'dat'"):
         et.use_artifact("dat")
@@ -121,14 +121,15 @@ def test_run_methods_and_no_run(tmp_path, data):
         et.use_artifact("data")
     run = et.init(project="p", name="r", dir=str(tmp_path / "runs"))
     v = run.log_artifact(data)
-    assert run.use_artifact(v).version == 1  # a version object is accepted too
+    assert run.use_artifact(v).version == 0  # a version object is accepted too
     assert et.info()["artifacts"] | {"store": None} == {
         "logged": 1,
         "used": 1,
         "lineage_errors": 0,
         "rewritten_in_place": 0,
+        "index_lines_skipped": 0,
         "store": None,
-        "mode": "link",
+        "mode": "copy",
     }
     et.finish()
     with pytest.raises(NoActiveRunError, match="has finished"):
@@ -169,36 +170,87 @@ def test_a_bad_mode_is_a_spec_error(tmp_path):
         et.init(project="p", name="r", dir=str(tmp_path / "runs"), artifacts={"dir": "x"})
 
 
-def test_a_checkpoint_rewritten_in_place_warns_and_later_versions_are_copies(tmp_path, caplog):
+def test_a_checkpoint_rewritten_in_place_keeps_the_logged_version(tmp_path):
+    # the default (was `link`: a hard link of ckpt.pt) now stores a copy: torch.save to the
+    # same path again rewrote the logged version's bytes, and its data was gone
+    import hashlib
     import os
 
     run = et.init(project="p", name="r", dir=str(tmp_path / "runs"))
+    assert run.info()["artifacts"]["mode"] == "copy"
+    ckpt = tmp_path / "ckpt.pt"
+    ckpt.write_bytes(b"epoch-1 weights")
+    v0 = et.log_artifact(ckpt, type="model")
+    digest, sha = v0.digest, v0.manifest["files"][0]["sha256"]
+    assert os.stat(v0.get_path("ckpt.pt")).st_ino != os.stat(ckpt).st_ino
+    with open(ckpt, "wb") as f:  # torch.save(model, "ckpt.pt"): the same inode, rewritten
+        f.write(b"epoch-2 weights")
+    used = et.use_artifact("ckpt.pt:v0")  # checks every file: nothing changed
+    assert used.get_path("ckpt.pt").read_bytes() == b"epoch-1 weights"
+    assert used.digest == digest and used.verify()
+    assert hashlib.sha256(b"epoch-1 weights").hexdigest() == sha
+    v1 = et.log_artifact(ckpt, type="model")
+    assert (v1.version, v1.get_path("ckpt.pt").read_bytes()) == (1, b"epoch-2 weights")
+    assert run.info()["artifacts"]["rewritten_in_place"] == 0
+    et.finish()
+
+
+def test_the_first_version_is_v0_and_use_artifact_takes_it(tmp_path, data):
+    # versions counted from 1 (data:v1 was the first); wandb users type data:v0
+    et.init(project="p", name="r", dir=str(tmp_path / "runs"))
+    v = et.log_artifact(data)
+    assert (v.version, v.qualified_name, v.path.name) == (0, "data:v0", "v0")
+    got = et.use_artifact("data:v0")
+    assert (got.version, got.digest, got.aliases) == (0, v.digest, ["latest"])
+    (data / "train.csv").write_text("x,y\n3,4\n")
+    assert et.log_artifact(data).version == 1
+    assert et.use_artifact("data:v0").get_path("train.csv").read_text() == "x,y\n1,2\n"
+    assert et.use_artifact("data:latest").version == 1
+    et.finish()
+
+
+def test_link_mode_links_and_a_rewrite_in_place_warns(tmp_path, caplog):
+    import os
+
+    run = et.init(project="p", name="r", dir=str(tmp_path / "runs"), artifacts={"mode": "link"})
     ckpt = tmp_path / "ckpt.pt"
     ckpt.write_bytes(b"epoch-1")
-    v1 = et.log_artifact(ckpt, type="model")
-    assert os.stat(v1.get_path("ckpt.pt")).st_ino == os.stat(ckpt).st_ino  # linked
+    v0 = et.log_artifact(ckpt, type="model")
+    assert os.stat(v0.get_path("ckpt.pt")).st_ino == os.stat(ckpt).st_ino  # linked
+    assert v0.manifest["files"][0]["stored"] == "link" and v0.manifest["mode"] == "link"
     with open(ckpt, "wb") as f:  # torch.save(model, "ckpt.pt"): the same inode, rewritten
         f.write(b"epoch-2")
     with caplog.at_level("WARNING", logger="expr_tracker"):
-        v2 = et.log_artifact(ckpt, type="model")
-    assert "ckpt.pt:v1 file 'ckpt.pt' is a hard link" in caplog.text
+        v1 = et.log_artifact(ckpt, type="model")
+    assert "ckpt.pt:v0 file 'ckpt.pt' is a hard link" in caplog.text
     assert "artifacts.mode: copy" in caplog.text
     assert run.info()["artifacts"]["rewritten_in_place"] == 1
-    assert v2.manifest["files"][0]["stored"] == "copy"
-    assert os.stat(v2.get_path("ckpt.pt")).st_ino != os.stat(ckpt).st_ino
+    assert v1.manifest["files"][0]["stored"] == "copy"
+    assert os.stat(v1.get_path("ckpt.pt")).st_ino != os.stat(ckpt).st_ino
     with open(ckpt, "wb") as f:
         f.write(b"epoch-3")
-    v3 = et.log_artifact(ckpt, type="model")
-    assert v3.version == 3 and v3.manifest["files"][0]["stored"] == "copy"
-    assert v2.verify() and v2.get_path("ckpt.pt").read_bytes() == b"epoch-2"
+    v2 = et.log_artifact(ckpt, type="model")
+    assert v2.version == 2 and v2.manifest["files"][0]["stored"] == "copy"
+    assert v1.verify() and v1.get_path("ckpt.pt").read_bytes() == b"epoch-2"
     with pytest.raises(et.ExprTrackerError, match="no longer matches"):
-        v1.verify()  # the one version a hard link cannot protect
+        v0.verify()  # the one version a hard link cannot protect
+
+
+def test_the_link_hazard_is_documented_where_the_mode_is_chosen():
+    from pathlib import Path
+
+    docs = (Path(__file__).parents[2] / "docs" / "artifacts.md").read_text()
+    section = " ".join(docs.split("## Link or copy", 1)[1].split("\n## ", 1)[0].split())
+    assert "`artifacts: {mode: copy}` (the default)" in section
+    assert "`artifacts: {mode: link}` is the opt-in" in section
+    assert "a later in-place edit of the source changes the stored version" in section
+    assert "torch.save" in section
 
 
 def test_relogging_linked_files_costs_no_copy(tmp_path, data, monkeypatch):
     from expr_tracker.artifacts import store as store_mod
 
-    et.init(project="p", name="r", dir=str(tmp_path / "runs"))
+    et.init(project="p", name="r", dir=str(tmp_path / "runs"), artifacts={"mode": "link"})
     v1 = et.log_artifact(data)
     copies = []
     real = store_mod.copy_hashed

@@ -525,3 +525,272 @@ def test_a_stream_named_like_a_rank_shard_is_rejected(tmp_path, stream):
     (tmp_path / "d").mkdir()
     with pytest.raises(ValueError, match="rank suffix"):
         resolve_run_path(tmp_path / "d", stream=stream)
+
+
+# ---------------------------------------------------------------- reruns decide by the config
+
+
+def _err_lines(capsys) -> list[str]:
+    return [line for line in capsys.readouterr().err.splitlines() if "expr_tracker:" in line]
+
+
+def _start(tmp_path, config, **kw):
+    kw = {"project": "proj", "name": "gpt2", "dir": str(tmp_path / "runs"), **kw}
+    run = et.init(config=config, **kw)
+    et.log({"lr": config.get("lr") if config else None})
+    et.finish()
+    return run
+
+
+def _json(path: Path):
+    return json.loads(path.read_text())
+
+
+def test_the_same_config_resumes_another_starts_name_2(tmp_path, capsys):
+    runs = tmp_path / "runs" / "proj"
+    assert _start(tmp_path, {"lr": 0.1, "n": 2}).name == "gpt2"
+    assert _err_lines(capsys) == []
+    assert _start(tmp_path, {"lr": 0.1, "n": 2}).name == "gpt2"  # a restart: the same run
+    (line,) = _err_lines(capsys)
+    assert "resuming run proj/gpt2 at step 1; previous attempt: finished" in line
+
+    assert _start(tmp_path, {"lr": 0.2, "n": 2}).name == "gpt2-2"
+    (line,) = _err_lines(capsys)
+    assert line.startswith("expr_tracker: run proj/gpt2 was started with another config")
+    assert "(lr: 0.1 -> 0.2)" in line and "starting run proj/gpt2-2" in line
+    assert "to continue proj/gpt2 instead, pass resume='must'" in line
+    assert _json(runs / "gpt2" / "config.json") == {"lr": 0.1, "n": 2}  # untouched
+    assert _json(runs / "gpt2-2" / "config.json") == {"lr": 0.2, "n": 2}
+    assert [r["lr"] for r in read_rows(runs / "gpt2" / "metrics.jsonl")] == [0.1, 0.1]
+    assert _json(runs / "gpt2-2" / "run.json")["requested_name"] == "gpt2"
+
+    # that config again continues gpt2-2; a third one takes the first free name
+    assert _start(tmp_path, {"lr": 0.2, "n": 2}).name == "gpt2-2"
+    (line,) = _err_lines(capsys)
+    assert "resuming run proj/gpt2-2 at step 1" in line and "this config" in line
+    assert _start(tmp_path, {"lr": 0.3, "n": 3}).name == "gpt2-3"
+    (line,) = _err_lines(capsys)
+    assert "(lr: 0.1 -> 0.3, n: 2 -> 3)" in line
+    assert [r["lr"] for r in read_rows(runs / "gpt2-2" / "metrics.jsonl")] == [0.2, 0.2]
+
+
+def test_keys_added_during_the_run_never_make_a_restart_look_different(tmp_path, capsys):
+    kw = {"project": "proj", "name": "r", "dir": str(tmp_path / "runs")}
+    et.init(config={"lr": 0.1}, **kw)
+    et.config.update({"best_epoch": 3, "n_params": 1234})  # added by the run itself
+    et.finish()
+    run = et.init(config={"lr": 0.1}, **kw)
+    assert run.name == "r" and run.resumed
+    assert dict(run.config) == {"lr": 0.1, "best_epoch": 3, "n_params": 1234}
+    et.finish()
+
+
+def test_must_continues_another_config_and_records_it_per_attempt(tmp_path, capsys):
+    run_dir = tmp_path / "runs" / "proj" / "gpt2"
+    _start(tmp_path, {"lr": 0.1, "seed": 1})
+    _start(tmp_path, {"lr": 0.2, "seed": 1}, resume="must")
+    (line,) = _err_lines(capsys)
+    assert "resuming run proj/gpt2 at step 1" in line
+    assert "config changed since: lr: 0.1 -> 0.2" in line
+    info = _json(run_dir / "run.json")
+    assert info["config_changes"] == {"lr": {"before": 0.1, "after": 0.2}}
+    assert info["init_config"] == {"lr": 0.2, "seed": 1}
+    _start(tmp_path, {"lr": 0.3}, resume="must")
+    info = _json(run_dir / "run.json")
+    assert info["config_changes"] == {
+        "lr": {"before": 0.2, "after": 0.3},
+        "seed": {"before": 1},
+    }
+    assert [a.get("config_changes") for a in info["previous_attempts"]] == [
+        None,
+        {"lr": {"before": 0.1, "after": 0.2}},
+    ]
+    # config.json holds the latest values given (keys no longer given stay)
+    assert _json(run_dir / "config.json") == {"lr": 0.3, "seed": 1}
+    assert [r["lr"] for r in read_rows(run_dir / "metrics.jsonl")] == [0.1, 0.2, 0.3]
+    # and the latest attempt is what the next start compares with
+    assert _start(tmp_path, {"lr": 0.3}).name == "gpt2"
+
+
+def test_never_always_starts_a_new_run(tmp_path, capsys):
+    names = [_start(tmp_path, {"lr": 0.1}, resume="never").name for _ in range(3)]
+    assert names == ["gpt2", "gpt2-2", "gpt2-3"]
+    lines = _err_lines(capsys)
+    assert len(lines) == 2 and "run proj/gpt2 exists (resume='never')" in lines[1]
+    assert "starting run proj/gpt2-3" in lines[1]
+
+
+def test_id_and_run_dir_fix_the_run_whatever_the_config(tmp_path, capsys):
+    runs = str(tmp_path / "runs")
+    for lr in (0.1, 0.2):
+        run = et.init(project="proj", id="abc", dir=runs, config={"lr": lr})  # wandb's id
+        et.finish()
+        assert run.name == "abc"
+    info = _json(run.dir / "run.json")
+    assert info["config_changes"] == {"lr": {"before": 0.1, "after": 0.2}}
+    folder = tmp_path / "mine"
+    for lr in (0.1, 0.2):
+        run = et.init(project="proj", run_dir=str(folder), config={"lr": lr})
+        et.finish()
+        assert run.dir == folder
+    assert _json(folder / "run.json")["config_changes"] == {"lr": {"before": 0.1, "after": 0.2}}
+
+
+def test_a_run_from_before_init_configs_were_recorded_is_compared_by_its_config_json(
+    tmp_path,
+):
+    run_dir = tmp_path / "runs" / "proj" / "gpt2"
+    _start(tmp_path, {"lr": 0.1})
+    et.init(project="proj", name="gpt2", dir=str(tmp_path / "runs"), config={"lr": 0.1})
+    et.config.update({"added": 1})
+    et.finish()
+    info = _json(run_dir / "run.json")
+    del info["init_config"]  # as an earlier version wrote it
+    (run_dir / "run.json").write_text(json.dumps(info))
+    assert _start(tmp_path, {"lr": 0.1}).name == "gpt2"  # config.json's extra key: no change
+    info = _json(run_dir / "run.json")
+    del info["init_config"]
+    (run_dir / "run.json").write_text(json.dumps(info))
+    assert _start(tmp_path, {"lr": 0.5}).name == "gpt2-2"
+
+
+def test_changed_keys_are_named_a_few_then_counted():
+    from expr_tracker.build.identity import config_changes, describe_changes
+
+    before = {"optim": {"lr": 0.1, "betas": [0.9, 0.99]}, "a": 1, "b": 2, "c": 3, "gone": 0}
+    after = {"optim": {"lr": 0.2, "betas": [0.9, 0.95]}, "a": 2, "b": 2, "c": 4, "new": 5}
+    changes = config_changes(before, after)
+    assert list(changes) == ["optim.lr", "optim.betas", "a", "c", "new", "gone"]
+    assert changes["new"] == {"after": 5} and changes["gone"] == {"before": 0}
+    assert describe_changes(changes) == (
+        "optim.lr: 0.1 -> 0.2, optim.betas: [0.9, 0.99] -> [0.9, 0.95], a: 1 -> 2 and 3 more"
+    )
+    assert config_changes({"x": float("nan")}, {"x": float("nan")}) == {}
+
+
+MOVER = """
+import sys, time, os, expr_tracker as et
+et.init(project="warm", name=str(os.getpid()), dir=sys.argv[1])
+et.finish()
+time.sleep(max(0.0, float(sys.argv[2]) - time.time()))
+try:
+    run = et.init(project="proj", name="gpt2", dir=sys.argv[1], config={"lr": 0.2})
+except et.RunLockedError:
+    print("LOCKED", flush=True)
+    sys.exit(0)
+for i in range(20):
+    et.log({"pid": os.getpid(), "i": i})
+time.sleep(1.0)  # hold the run while the others look for a free name
+et.finish()
+print("RUN", run.name, os.getpid(), flush=True)
+"""
+
+
+@pytest.mark.slow
+def test_racing_starts_with_another_config_never_share_a_new_run(tmp_path):
+    """gpt2 exists with lr 0.1; several processes with lr 0.2 start at once: each gets a
+    run of its own (gpt2-2, gpt2-3 ...) or is refused while another probes gpt2; no two
+    share one, and gpt2 is untouched."""
+    _start(tmp_path, {"lr": 0.1})
+    at = _next_second_plus(3.0)
+    procs = [_spawn(MOVER, str(tmp_path / "runs"), at) for _ in range(4)]
+    results = [_finish(p, timeout=240) for p in procs]
+    won = {}
+    for rc, out, err in results:
+        assert rc == 0, out + err
+        m = re.search(r"^RUN (\S+) (\d+)$", out, re.M)
+        if m:
+            assert m[1] not in won, (m[1], results)  # never shared
+            won[m[1]] = int(m[2])
+        else:
+            assert "LOCKED" in out
+    assert won and all(re.fullmatch(r"gpt2-\d+", n) for n in won)
+    for name, pid in won.items():
+        run_dir = tmp_path / "runs" / "proj" / name
+        rows = read_rows(run_dir / "metrics.jsonl")
+        assert [(r["pid"], r["i"]) for r in rows] == [(pid, i) for i in range(20)]
+        assert _json(run_dir / "config.json") == {"lr": 0.2}
+        assert "previous_attempts" not in _json(run_dir / "run.json")
+    base = tmp_path / "runs" / "proj" / "gpt2"
+    assert [r["lr"] for r in read_rows(base / "metrics.jsonl")] == [0.1]
+    assert _json(base / "config.json") == {"lr": 0.1}
+
+
+TORCHRUN_RERUN = """
+import os, sys, time
+import torch.distributed as dist
+import expr_tracker as et
+
+dist.init_process_group("gloo")
+rank = dist.get_rank()
+if rank == 0:
+    time.sleep(1.5)  # rank 1 reaches et.init first: it waits for rank 0's choice
+run = et.init(project="p", name="fixed", dir=sys.argv[1],
+              config={"lr": float(sys.argv[2]), "rank": rank})
+et.log({"rank": rank, "lr": float(sys.argv[2])})
+dist.barrier()
+et.finish()
+os.write(1, f"NAME {rank} {run.name}\\n".encode())
+dist.destroy_process_group()
+"""
+
+
+@pytest.mark.slow
+def test_torchrun_ranks_follow_rank_0_to_name_2(tmp_path):
+    """Two launches under one name, the second with another lr: rank 0 chooses fixed-2 and
+    rank 1 (which started first, with a config of its own) follows it there."""
+    pytest.importorskip("torch.distributed")
+    script = tmp_path / "train.py"
+    script.write_text(textwrap.dedent(TORCHRUN_RERUN))
+    env = {k: v for k, v in os.environ.items() if k not in ("RANK", "LOCAL_RANK")}
+    env["OMP_NUM_THREADS"] = "1"
+    names = []
+    for lr in ("0.1", "0.2"):
+        cmd = [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node=2"]
+        cmd += ["--standalone", str(script), str(tmp_path / "runs"), lr]
+        p = subprocess.run(cmd, cwd=tmp_path, env=env, capture_output=True, text=True, timeout=240)
+        assert p.returncode == 0, p.stdout + p.stderr
+        per_rank = dict(re.findall(r"^NAME (\d) (\S+)$", p.stdout, re.M))
+        assert per_rank["0"] == per_rank["1"], p.stdout
+        names.append(per_rank["0"])
+    assert names == ["fixed", "fixed-2"]
+    for name, lr in zip(names, (0.1, 0.2), strict=True):
+        d = tmp_path / "runs" / "p" / name
+        assert [(r["rank"], r["lr"]) for r in read_rows(d / "metrics.jsonl")] == [(0, lr)]
+        assert [(r["rank"], r["lr"]) for r in read_rows(d / "metrics.rank1.jsonl")] == [(1, lr)]
+        assert _json(d / "config.json") == {"lr": lr, "rank": 0}
+
+
+HYDRA_NAMED_CONFIG = """
+defaults:
+  - tracker: default
+  - _self_
+lr: 0.1
+tracker:
+  project: sweep
+  name: exp
+"""
+
+
+@pytest.mark.slow
+def test_hydra_multirun_under_one_spec_name_gives_each_config_its_run(tmp_path):
+    """Without the job callback every job of `-m` calls et.init under the spec's one name:
+    each config gets its own run (exp, exp-2), and the same sweep again continues them."""
+    pytest.importorskip("hydra")
+    (tmp_path / "conf").mkdir()
+    (tmp_path / "conf" / "config.yaml").write_text(HYDRA_NAMED_CONFIG)
+    (tmp_path / "app.py").write_text(textwrap.dedent(HYDRA_APP))
+    for _ in range(2):
+        proc = subprocess.run(
+            [sys.executable, "app.py", "-m", "lr=0.1,0.2"],
+            cwd=tmp_path,
+            capture_output=True,
+            text=True,
+            timeout=180,
+        )
+        assert proc.returncode == 0, proc.stderr
+    assert re.findall(r"^RUN (\S+) (\S+)$", proc.stdout, re.M) == [("exp", "0.1"), ("exp-2", "0.2")]
+    for name, lr in (("exp", 0.1), ("exp-2", 0.2)):
+        d = tmp_path / "runs" / "sweep" / name
+        assert [r["lr"] for r in read_rows(d / "metrics.jsonl")] == [lr, lr]
+        assert _json(d / "config.json")["lr"] == lr

@@ -80,9 +80,12 @@ def test_resume_modes(tmp_path):
     start(tmp_path)
     et.log({"a": 1})
     et.finish()
-    with pytest.raises(ResumeError, match="never"):
-        start(tmp_path, resume="never")
-    start(tmp_path, resume="must")
+    new = start(tmp_path, resume="never")  # always a new run (docs/streams.md)
+    assert new.name == "r1-2"
+    et.finish()
+    with pytest.raises(ResumeError, match="never"):  # a folder given: it cannot move
+        start(tmp_path, resume="never", run_dir=str(tmp_path / "runs" / "proj" / "r1"))
+    assert start(tmp_path, resume="must").name == "r1"
     et.finish()
 
 

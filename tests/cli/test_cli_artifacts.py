@@ -47,8 +47,9 @@ def test_list_table(runs, capsys, monkeypatch):
     assert code == 0
     lines = out.splitlines()
     assert lines[0].split() == ["name", "versions", "latest", "type", "size", "aliases"]
-    assert lines[1].split() == ["data", "2", "v2", "dataset", "6", "B", "best→v1"]
-    assert lines[2].split()[:5] == ["model", "1", "v1", "model", "6"]
+    # versions from v0 (as wandb): two versions, the newest v1; "best" is the first
+    assert lines[1].split() == ["data", "2", "v1", "dataset", "6", "B", "best→v0"]
+    assert lines[2].split()[:5] == ["model", "1", "v0", "model", "6"]
     # the project directory and the store directory name the same thing
     assert et_cli(capsys, "list", runs / "p")[1] == out
     assert et_cli(capsys, "list", runs / "p" / "artifacts")[1] == out
@@ -62,10 +63,10 @@ def test_list_json_and_jsonl(runs, capsys):
         "project": "p",
         "name": "data",
         "versions": 2,
-        "latest": 2,
+        "latest": 1,
         "type": "dataset",
         "size": 6,
-        "aliases": {"best": 1},
+        "aliases": {"best": 0},
         "created_at": 0,
         "path": "",
     }
@@ -88,8 +89,8 @@ def test_show_text_with_lineage(runs, capsys, monkeypatch):
     monkeypatch.setenv("COLUMNS", "100")
     code, out, _ = et_cli(capsys, "show", "data:best", "--project-dir", runs)
     assert code == 0
-    assert "data:v1  (p)" in out and "latest" not in out.split("aliases:")[1].splitlines()[0]
-    assert "train.csv" in out and "link" in out
+    assert "data:v0  (p)" in out and "latest" not in out.split("aliases:")[1].splitlines()[0]
+    assert "train.csv" in out and "copy" in out
     lineage = out[out.index("action") :].splitlines()[1:]
     assert [line.split()[:4] for line in lineage] == [
         ["maker", "main", "logged", "1"],
@@ -103,20 +104,26 @@ def test_show_text_with_lineage(runs, capsys, monkeypatch):
 def test_show_json(runs, capsys):
     code, out, _ = et_cli(capsys, "show", "data", "--project-dir", runs, "--format", "json")
     doc = json.loads(out)
-    assert code == 0 and (doc["name"], doc["version"], doc["aliases"]) == ("data", 2, ["latest"])
+    assert code == 0 and (doc["name"], doc["version"], doc["aliases"]) == ("data", 1, ["latest"])
     assert [f["name"] for f in doc["files"]] == ["train.csv"]
     assert [(x["run"], x["action"], x["version"]) for x in doc["lineage"]] == [
-        ("maker", "logged", 2)
+        ("maker", "logged", 1)
     ]
-    code, out, _ = et_cli(capsys, "show", "data:v1", "--project-dir", runs, "--format", "jsonl")
-    assert len(out.splitlines()) == 1 and json.loads(out)["version"] == 1
+    code, out, _ = et_cli(capsys, "show", "data:v0", "--project-dir", runs, "--format", "jsonl")
+    doc = json.loads(out)
+    assert len(out.splitlines()) == 1 and (doc["version"], doc["aliases"]) == (0, ["best"])
+    # version 0 is a version like any other: its lineage is listed, not taken for "all"
+    assert [(x["run"], x["action"], x["version"]) for x in doc["lineage"]] == [
+        ("maker", "logged", 0),
+        ("user", "used", 0),
+    ]
 
 
 def test_show_errors(runs, capsys, tmp_path):
     code, _, err = et_cli(capsys, "show", "nope", "--project-dir", runs)
     assert code == 1 and "no artifact 'nope'" in err and "projects with artifacts: p" in err
     code, _, err = et_cli(capsys, "show", "data:v9", "--project-dir", runs)
-    assert code == 1 and "no version v9 (versions: v1, v2)" in err
+    assert code == 1 and "no version v9 (versions: v0, v1)" in err
     code, _, err = et_cli(capsys, "show", "../x", "--project-dir", runs)
     assert code == 2 and "artifact name '../x'" in err
     # the same name in two projects: which one is a usage error
@@ -162,3 +169,80 @@ def test_show_text_lists_the_first_files_of_a_huge_artifact(tmp_path, capsys, mo
         capsys, "show", "ds", "--format", "json", "--project-dir", tmp_path / "runs"
     )
     assert len(json.loads(out)["files"]) == 5
+
+
+# ----------------------------------------------- a store from anyone (docs "Security")
+
+
+def _in_thread(fn, fifos=(), seconds=20.0):
+    """``fn()`` in a thread: fails (instead of hanging the suite) when still blocked after
+    ``seconds``, releasing the blocked open by opening the FIFOs for writing."""
+    import os
+    import threading
+
+    box = {}
+    t = threading.Thread(target=lambda: box.setdefault("value", fn()), daemon=True)
+    t.start()
+    t.join(seconds)
+    hung = t.is_alive()
+    for f in fifos if hung else ():
+        try:
+            os.close(os.open(f, os.O_WRONLY | os.O_NONBLOCK))
+        except OSError:
+            pass
+    t.join(5)
+    assert not hung, "blocked on a FIFO"
+    return box["value"]
+
+
+def test_list_skips_a_line_nested_20000_deep_and_says_so(runs, capsys):
+    index = runs / "p" / "artifacts" / "index.jsonl"
+    with open(index, "a") as f:
+        f.write("[" * 20_000 + "]" * 20_000 + "\n")
+    code, out, err = et_cli(capsys, "list", runs, "--format", "json")
+    assert code == 0 and [r["name"] for r in json.loads(out)] == ["data", "model"]
+    assert f"warning: {index}: 1 bad line(s) skipped" in err
+
+
+def test_show_a_tampered_manifest_exits_1_naming_the_entry(runs, capsys):
+    import os
+
+    path = runs / "p" / "artifacts" / "data" / "v1.manifest.json"
+    m = json.loads(path.read_text())
+    m["files"][0]["name"] = "../../../../etc/passwd"
+    os.chmod(path, 0o644)
+    path.write_text(json.dumps(m))
+    code, out, err = et_cli(capsys, "show", "data", "--project-dir", runs)
+    assert code == 1 and out == ""
+    assert "manifest of v1" in err and "'../../../../etc/passwd'" in err and "'..'" in err
+
+
+def test_show_does_not_hang_on_a_fifo_lineage_file(runs, capsys):
+    import os
+
+    fifo = runs / "p" / "maker" / "artifacts.eval.jsonl"
+    os.mkfifo(fifo)
+    code, out, err = _in_thread(
+        lambda: et_cli(capsys, "show", "data:best", "--project-dir", runs), [fifo]
+    )
+    assert code == 0 and "used" in out  # the readable lineage is still shown
+    assert f"warning: {fifo}: a FIFO, not a regular file" in err
+
+
+def test_show_text_escapes_control_characters_json_keeps_them(tmp_path, capsys):
+    src = tmp_path / "d"
+    src.mkdir()
+    (src / "f.txt").write_text("x")
+    clip = "\x1b]52;c;aGk=\x07"  # OSC 52: writes the terminal's clipboard
+    a = et.Artifact("ds", description=f"desc {clip}", metadata={f"k{clip}": f"v{clip}"})
+    a.add_dir(src)
+    et.init(project="p", name="r", dir=str(tmp_path / "runs"))
+    et.log_artifact(a)
+    et.finish()
+    code, out, _ = et_cli(capsys, "show", "ds", "--project-dir", tmp_path / "runs")
+    assert code == 0 and "\x1b" not in out and "\x07" not in out
+    assert "desc \\x1b]52;c;aGk=\\x07" in out and "metadata.k\\x1b]52" in out
+    code, out, _ = et_cli(
+        capsys, "show", "ds", "--format", "json", "--project-dir", tmp_path / "runs"
+    )
+    assert json.loads(out)["description"] == f"desc {clip}"

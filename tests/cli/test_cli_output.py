@@ -252,3 +252,170 @@ def test_rules_unit_test_file_formats(tmp_path, capsys):
     assert "expected firing at step 2" in result["failures"][0]
     assert main(["rules", "test", str(tests)]) == 1  # text, as before
     assert "FAILED" in capsys.readouterr().out
+
+
+# --------------------------------------------------------------------------- output for people
+
+#: names and values that try to drive the terminal: write the clipboard (OSC 52), clear the
+#: screen, reverse the text (a bidi override), and rich markup/emoji that must print as typed
+OSC52 = "\x1b]52;c;aGVsbG8=\x07"
+CLEAR = "\x1b[2J"
+HOSTILE_METRIC = f"loss{OSC52}"
+HOSTILE_VALUE = f"v{CLEAR}\u202eevil"
+HOSTILE_RUN = f"r{CLEAR}[red]x[link=e.example]y:skull:"  # no "/" in a folder name
+RAW = (b"\x1b]52", b"\x1b[2J", b"\x07", "\u202e".encode())
+
+
+def _hostile_runs(root):
+    """One run whose directory name, metric name and value hold terminal control sequences."""
+    run = et.init(project="p", name="plain", dir=str(root))
+    for i in range(3):
+        et.log({HOSTILE_METRIC: 1.0 / (i + 1), "note": HOSTILE_VALUE})
+    et.finish()
+    hostile = run.dir.with_name(HOSTILE_RUN)
+    run.dir.rename(hostile)
+    return hostile
+
+
+def _in_pty(args, cwd, timeout=60):
+    """Run ``et ARGS`` with stdout and stderr on a pseudo-terminal (as a person sees it);
+    returns (exit code, the bytes the terminal received)."""
+    import pty
+    import select
+
+    master, slave = pty.openpty()
+    env = dict(os.environ, COLUMNS="250", LINES="50", TERM="xterm-256color")
+    env.pop("NO_COLOR", None)
+    p = subprocess.Popen(
+        [sys.executable, "-m", "expr_tracker.cli.main", *args],
+        stdin=subprocess.DEVNULL,
+        stdout=slave,
+        stderr=slave,
+        cwd=cwd,
+        env=env,
+    )
+    os.close(slave)
+    got = bytearray()
+    try:
+        while True:
+            ready, _, _ = select.select([master], [], [], timeout)
+            if not ready:
+                raise AssertionError(f"et {args} printed nothing for {timeout} s: {bytes(got)!r}")
+            try:
+                data = os.read(master, 65536)
+            except OSError:  # EIO: the child closed the terminal
+                break
+            if not data:
+                break
+            got += data
+        code = p.wait(timeout=timeout)
+    finally:
+        if p.poll() is None:
+            p.kill()
+            p.wait()
+        os.close(master)
+    return code, bytes(got)
+
+
+def _assert_no_raw_control(out: bytes, what: str) -> None:
+    for seq in RAW:
+        assert seq not in out, (what, seq, out)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("command", ["runs", "history", "query"])
+def test_names_and_values_cannot_drive_the_terminal(tmp_path, command):
+    """Issue 20 point 6: the `et runs`, `et history` and `et query` tables print a run name,
+    a metric name and a value holding OSC 52, a screen clear and a bidi override escaped (as
+    `ls` does), and rich markup/emoji codes as typed."""
+    root = tmp_path / "runs"
+    hostile = _hostile_runs(root)
+    if command == "runs":
+        code, out = _in_pty(["runs", str(root), "--metrics", HOSTILE_METRIC], tmp_path)
+        assert b"r\\x1b[2J[red]x[link=e.example]y:skull:" in out, out
+        assert b"loss\\x1b]52;c;aGVsbG8=\\x07=0.333333" in out, out
+        assert b"\x1b]8;" not in out  # no hyperlink made of [link=...]
+    elif command == "history":
+        code, out = _in_pty(["history", str(hostile), "-n", "2"], tmp_path)
+        assert b"loss\\x1b]52;c;aGVsbG8=\\x07" in out, out
+        assert b"v\\x1b[2J\\u202eevil" in out, out
+    else:
+        pytest.importorskip("duckdb")
+        sql = "SELECT run, metric, max(value) AS v FROM metrics GROUP BY run, metric"
+        cache = str(tmp_path / "cache")
+        code, out = _in_pty(["query", sql, str(root), "--cache-dir", cache], tmp_path)
+        assert b"loss\\x1b]52;c;aGVsbG8=\\x07" in out, out
+    assert code == 0, out
+    _assert_no_raw_control(out, command)
+
+
+@pytest.mark.slow
+def test_machine_formats_keep_hostile_names_exact(tmp_path):
+    root = tmp_path / "runs"
+    hostile = _hostile_runs(root)
+    et_ = [sys.executable, "-m", "expr_tracker.cli.main"]
+    p = subprocess.run([*et_, "runs", str(root), "--format", "json"], capture_output=True)
+    (rec,) = json.loads(p.stdout)
+    assert rec["run"] == f"p/{HOSTILE_RUN}" and HOSTILE_METRIC in rec["metrics"]
+    p = subprocess.run([*et_, "history", str(hostile), "--format", "jsonl"], capture_output=True)
+    rows = [json.loads(x) for x in p.stdout.splitlines()]
+    assert rows[-1]["note"] == HOSTILE_VALUE and HOSTILE_METRIC in rows[-1]
+    p = subprocess.run([*et_, "history", str(hostile), "--format", "csv"], capture_output=True)
+    assert HOSTILE_VALUE.encode() in p.stdout and HOSTILE_METRIC.encode() in p.stdout
+
+
+def test_alerts_and_follow_tables_escape_names(tmp_path, capsys):
+    """`et alerts` and the `et history --follow` table escape what the files hold too."""
+    from expr_tracker.cli.history import Printer
+
+    alerts = tmp_path / "alerts.jsonl"
+    rec = {"kind": "transition", "rule": f"r{OSC52}", "event": "firing", "level": "error"}
+    rec["message"] = f"spike {CLEAR}[bold]x[/bold]"
+    rec["step"] = 3
+    alerts.write_text(json.dumps(rec) + "\n")
+    assert main(["alerts", str(alerts)]) == 0
+    out = capsys.readouterr().out
+    assert "\x1b" not in out and "\x07" not in out
+    assert "r\\x1b]52;c;aGVsbG8=\\x07" in out.replace("\n", "") or "\\x1b]52" in out
+    assert "[bold]x[/bold]" in out
+    buf = io.StringIO()
+    printer = Printer("table", buf, follow=True)
+    printer.start([HOSTILE_METRIC])
+    printer.rows([{"_step": 0, HOSTILE_METRIC: HOSTILE_VALUE}])
+    assert "\x1b" not in buf.getvalue() and "\u202e" not in buf.getvalue()
+
+
+def test_the_rich_console_prints_markup_and_emoji_codes_as_typed():
+    from expr_tracker.cli import output
+
+    buf = io.StringIO()
+    con = output.console(buf, 120, force_terminal=True)
+    con.print("[red]x[/red] [link=http://e.example]y[/link] :skull:")
+    assert "[red]x[/red] [link=http://e.example]y[/link] :skull:" in buf.getvalue()
+    assert "\x1b]8;" not in buf.getvalue()
+
+
+def test_artifacts_and_rules_text_escape_what_files_hold(tmp_path, capsys):
+    """`et artifacts show` (metadata from the manifest) and `et rules test --run` (a message
+    built from a logged string) print escaped text; their json keeps the values exact."""
+    data = tmp_path / "data"
+    data.mkdir()
+    (data / "f.txt").write_text("x")
+    root = tmp_path / "runs"
+    run = et.init(project="p", name="r", dir=str(root))
+    et.log_artifact(str(data), name="data", metadata={"k": HOSTILE_VALUE})
+    et.log({"loss": 1.0, "note": HOSTILE_VALUE})
+    et.finish()
+    assert main(["artifacts", "show", "data", "--project-dir", str(root / "p")]) == 0
+    out = capsys.readouterr().out
+    assert "\x1b" not in out and "\u202e" not in out, out
+    assert "v\\x1b[2J\\u202eevil" in out, out
+    assert (
+        main(["artifacts", "show", "data", "--project-dir", str(root / "p"), "--format", "json"])
+        == 0
+    )
+    assert json.loads(capsys.readouterr().out)["metadata"]["k"] == HOSTILE_VALUE
+    rule = "loss > 0 => error: note is {note}"
+    assert main(["rules", "test", rule, "--run", str(run.dir)]) == 0
+    out = capsys.readouterr().out
+    assert "\x1b" not in out and "note is v\\x1b[2J\\u202eevil" in out, out

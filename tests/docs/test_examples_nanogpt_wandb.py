@@ -80,3 +80,50 @@ def test_nanogpt_style_training_is_tracked(tmp_path):
             "step_sync": None,
         }
     ]
+
+
+@pytest.mark.slow
+def test_three_launches_under_one_name_never_merge_another_learning_rate(tmp_path):
+    """nanoGPT names every run with a constant: launched twice with one config, the second
+    launch continues the first run (a restart); a third with another learning rate is
+    tiny-shakespeare-2, with its own config.json, and the first run's config is unchanged
+    (issue 21, point 2)."""
+
+    def launch(*overrides: str) -> subprocess.CompletedProcess:
+        p = subprocess.run(
+            [sys.executable, str(SCRIPT), "max_iters=20", "eval_interval=10", *overrides],
+            cwd=tmp_path,
+            capture_output=True,
+            text=True,
+            timeout=300,
+        )
+        assert p.returncode == 0, p.stdout + p.stderr
+        return p
+
+    first, again, other = launch(), launch(), launch("learning_rate=0.001")
+    project = tmp_path / "runs" / "nanogpt"
+    assert sorted(d.name for d in project.iterdir()) == ["tiny-shakespeare", "tiny-shakespeare-2"]
+    run, new = project / "tiny-shakespeare", project / "tiny-shakespeare-2"
+
+    assert "expr_tracker:" not in first.stderr
+    (resumed,) = [line for line in again.stderr.splitlines() if line.startswith("expr_tracker:")]
+    assert "resuming run nanogpt/tiny-shakespeare at step 3" in resumed
+    (moved,) = [line for line in other.stderr.splitlines() if line.startswith("expr_tracker:")]
+    assert "learning_rate: 0.003 -> 0.001" in moved
+    assert "starting run nanogpt/tiny-shakespeare-2" in moved and "resume='must'" in moved
+    assert "run tiny-shakespeare-2 (id tiny-shakespeare-2)" in other.stdout
+
+    rows = [json.loads(line) for line in (run / "metrics.jsonl").read_text().splitlines()]
+    assert [r["_step"] for r in rows] == list(range(6))  # two launches of 3 rows
+    assert [r["iter"] for r in rows] == [0, 10, 20] * 2
+    new_rows = [json.loads(line) for line in (new / "metrics.jsonl").read_text().splitlines()]
+    assert [r["_step"] for r in new_rows] == [0, 1, 2]
+    assert json.loads((run / "config.json").read_text())["learning_rate"] == 3e-3
+    assert json.loads((new / "config.json").read_text())["learning_rate"] == 1e-3
+    info = json.loads((run / "run.json").read_text())
+    assert [a["status"] for a in info["previous_attempts"]] == ["finished"]
+    assert "config_changes" not in info
+    new_info = json.loads((new / "run.json").read_text())
+    assert new_info["requested_name"] == "tiny-shakespeare"
+    assert new_info["init_config"]["learning_rate"] == 1e-3
+    assert "previous_attempts" not in new_info

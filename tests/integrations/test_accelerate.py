@@ -228,6 +228,95 @@ def test_init_trackers_again_after_end_training_starts_the_next_run():
     assert second.finished
 
 
+def test_a_tracker_with_its_own_name_gets_its_own_run_beside_the_current_one():
+    """A second Accelerator's tracker named "B" while run A is current (a nested training
+    loop): B gets its own run, A stays current and untouched (issue 21, point 5)."""
+    from accelerate import Accelerator
+
+    outer = et.init(project="acc", name="A", config={"lr": 0.1})
+    et.log({"outer": 1})
+    tracker = ExprTrackerTracker(project="acc", name="B", config={"lr": 0.5})
+    accelerator = Accelerator(cpu=True, log_with=tracker)
+    accelerator.init_trackers("acc", config={"batch_size": 4})
+    inner = tracker.tracker
+    assert inner is not outer and inner.name == "B" and et.run is outer
+    _train(accelerator, steps=2, span=False)
+    accelerator.end_training()
+    assert inner.finished and not outer.finished and et.run is outer
+    et.log({"outer": 2})
+    et.finish()
+    assert [r["_step"] for r in read_lines(inner.dir / "metrics.jsonl")] == [0, 1]
+    assert [r["outer"] for r in read_lines(outer.dir / "metrics.jsonl")] == [1, 2]
+    assert json.loads((outer.dir / "config.json").read_text()) == {"lr": 0.1}
+    assert json.loads((inner.dir / "config.json").read_text()) == {"lr": 0.5, "batch_size": 4}
+    assert _status(inner.dir) == "finished" and _status(outer.dir) == "finished"
+
+
+def test_a_joined_runs_config_is_never_replaced(caplog):
+    from accelerate import Accelerator
+
+    run = et.init(project="acc", name="users", config={"lr": 0.1})
+    tracker = ExprTrackerTracker(project="acc")  # no run of its own: joins
+    accelerator = Accelerator(cpu=True, log_with=tracker)
+    with caplog.at_level(logging.WARNING, logger="expr_tracker"):
+        accelerator.init_trackers("acc", config={"lr": 0.2, "batch_size": 8})
+    assert tracker.tracker is run
+    accelerator.end_training()
+    et.finish()
+    assert json.loads((run.dir / "config.json").read_text()) == {"lr": 0.1, "batch_size": 8}
+    kept = [r.getMessage() for r in caplog.records if "never replaced" in r.getMessage()]
+    assert len(kept) == 1 and "lr" in kept[0]
+
+
+@pytest.mark.parametrize("where", ["except", "finally"])
+def test_end_training_while_an_exception_is_handled_marks_the_run_failed(where):
+    from accelerate import Accelerator
+
+    tracker = ExprTrackerTracker(project="acc", name=f"caught-{where}")
+    accelerator = Accelerator(cpu=True, log_with=tracker)
+    accelerator.init_trackers("acc", config={"lr": 0.1})
+    try:
+        try:
+            accelerator.log({"loss": 1.0}, step=0)
+            raise RuntimeError("diverged")
+        except RuntimeError:
+            if where == "except":
+                accelerator.end_training()  # the caller handles it and ends training
+            else:
+                raise
+        finally:
+            if where == "finally":
+                accelerator.end_training()
+    except RuntimeError:
+        pass
+    run = tracker.tracker
+    assert run.finished and et.run is None
+    info = json.loads((run.dir / "run.json").read_text())
+    assert info["status"] == "failed"
+    assert info["exception"] == {**info["exception"], "type": "RuntimeError", "message": "diverged"}
+
+
+def test_a_rerun_with_another_init_trackers_config_is_a_new_run(capsys):
+    """init_trackers' config is the config given at init: the same name with another
+    config starts <name>-2; with the same config, the run is continued (issue 21, point 2)."""
+    from accelerate import Accelerator
+    from accelerate.state import AcceleratorState
+
+    dirs = []
+    for lr in (0.1, 0.1, 0.3):
+        tracker = ExprTrackerTracker(project="acc", name="again")
+        accelerator = Accelerator(cpu=True, log_with=tracker)
+        accelerator.init_trackers("acc", config={"lr": lr})
+        accelerator.log({"loss": lr})
+        accelerator.end_training()
+        dirs.append(tracker.tracker.dir.name)
+        AcceleratorState._reset_state(True)
+    assert dirs == ["again", "again", "again-2"]
+    err = capsys.readouterr().err
+    assert "resuming run acc/again at step 1" in err
+    assert "another config (lr: 0.1 -> 0.3); starting run acc/again-2" in err
+
+
 FAILING = """
 import sys, torch
 from accelerate import Accelerator

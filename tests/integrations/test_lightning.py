@@ -315,3 +315,76 @@ def test_spans_between_logged_steps_sum_into_the_logged_row(tmp_path):
     rows = read_lines(tmp_path / "runs" / "lit" / "every5" / "metrics.jsonl")
     assert [(r["_step"], r["count/forward"]) for r in rows] == [(4, 5), (9, 5)]
     assert all("train_loss" in r and "val_loss" in r for r in rows)
+
+
+DDP_SPAWN_SCRIPT = MODEL_SRC + textwrap.dedent(
+    """
+    import sys
+    from expr_tracker.integrations.lightning import ExprTrackerLogger
+
+
+    class Ranked(Tiny):
+        def training_step(self, batch, batch_idx):
+            et.log({"rank_seen": self.global_rank}, commit=False)  # on every rank
+            return super().training_step(batch, batch_idx)
+
+
+    def main():
+        logger = ExprTrackerLogger(project="lit", name="spawned", save_dir=sys.argv[1])
+        # the lightning-hydra-template's ddp_sim: hyper-parameters logged in the parent
+        logger.log_hyperparams({"model": "Ranked", "seed": 7, "trainer": {"devices": 2}})
+        model = Ranked(lr=0.02)
+        kw = dict(devices=2, strategy="ddp_spawn", max_epochs=1, limit_test_batches=2)
+        t = trainer(logger, **kw)
+        t.fit(model, loader(), loader())
+        t.test(model, loader())
+        print("LOG_DIR", logger.log_dir, flush=True)
+
+
+    if __name__ == "__main__":
+        main()
+    """
+)
+
+
+def test_ddp_spawn_parent_and_ranks_share_one_run(tmp_path):
+    """trainer=ddp_sim of the lightning-hydra-template: hyper-parameters logged in the
+    parent, fit and test in two processes each spawned by Lightning (gloo on the CPU) are
+    one run: one directory, rank 0's and rank 1's files, config.json with the parent's and
+    the model's hyper-parameters (issue 21, point 3)."""
+    import os
+    import subprocess
+    import sys
+
+    script = tmp_path / "train.py"
+    script.write_text(DDP_SPAWN_SCRIPT)
+    env = {k: v for k, v in os.environ.items() if k not in ("RANK", "LOCAL_RANK", "WORLD_SIZE")}
+    env["OMP_NUM_THREADS"] = "1"
+    p = subprocess.run(
+        [sys.executable, str(script), str(tmp_path / "runs")],
+        cwd=tmp_path,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    assert p.returncode == 0, p.stdout + p.stderr
+    assert "RunLockedError" not in p.stderr
+    runs = sorted(d.name for d in (tmp_path / "runs" / "lit").iterdir())
+    assert runs == ["spawned"], runs
+    run_dir = tmp_path / "runs" / "lit" / "spawned"
+    assert f"LOG_DIR {run_dir}" in p.stdout
+    names = {f.name for f in run_dir.iterdir()}
+    assert {"metrics.jsonl", "run.json", "metrics.rank1.jsonl", "run.rank1.json"} <= names
+    config = json.loads((run_dir / "config.json").read_text())
+    assert config["model"] == "Ranked" and config["seed"] == 7  # logged in the parent
+    assert config["trainer"] == {"devices": 2}
+    assert config["lr"] == 0.02 and config["width"] == 4  # the model's, logged by rank 0
+    rows = read_lines(run_dir / "metrics.jsonl")
+    assert any("train_loss" in r for r in rows) and any("test_loss" in r for r in rows)
+    assert {r["rank_seen"] for r in rows if "rank_seen" in r} == {0}
+    shard = read_lines(run_dir / "metrics.rank1.jsonl")
+    assert {r["rank_seen"] for r in shard if "rank_seen" in r} == {1}
+    info = _run_json(run_dir)
+    assert info["status"] == "finished"
+    assert json.loads((run_dir / "run.rank1.json").read_text())["status"] == "finished"

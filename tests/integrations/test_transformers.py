@@ -263,7 +263,7 @@ def test_the_same_name_again_explains_the_dropped_rows(tmp_path, caplog):
     first = rows_by_step(tmp_path / "runs" / "hf" / "again")
     cb = ExprTrackerCallback(project="hf", name="again")
     with caplog.at_level(logging.WARNING, logger="expr_tracker"):
-        trainer(tmp_path, cb, eval_strategy="no", seed=1).train()
+        trainer(tmp_path, cb, eval_strategy="no").train()  # the same arguments: continued
     messages = [r.getMessage() for r in caplog.records]
     ahead = [m for m in messages if "already holds steps up to 10" in m]
     assert len(ahead) == 1 and "resume_from_checkpoint" in ahead[0], messages
@@ -271,6 +271,21 @@ def test_the_same_name_again_explains_the_dropped_rows(tmp_path, caplog):
     assert not [m for m in messages if "commit=False" in m], messages
     assert rows_by_step(cb.run.dir) == first  # the earlier attempt's rows are kept
     assert status_of(cb.run.dir) == "finished"
+
+
+def test_the_same_name_with_other_arguments_is_a_new_run(tmp_path, capsys):
+    """The Trainer's arguments are the config given at init: another learning rate under
+    the same name starts <name>-2, and the first run's config.json keeps its own."""
+    cb = ExprTrackerCallback(project="hf", name="lr")
+    trainer(tmp_path, cb, eval_strategy="no", learning_rate=1e-4).train()
+    cb2 = ExprTrackerCallback(project="hf", name="lr")
+    trainer(tmp_path, cb2, eval_strategy="no", learning_rate=3e-4).train()
+    assert cb.run.name == "lr" and cb2.run.name == "lr-2"
+    assert "args.learning_rate: 0.0001 -> 0.0003" in capsys.readouterr().err
+    runs = tmp_path / "runs" / "hf"
+    assert json.loads((runs / "lr" / "config.json").read_text())["args"]["learning_rate"] == 1e-4
+    assert json.loads((runs / "lr-2" / "config.json").read_text())["args"]["learning_rate"] == 3e-4
+    assert sorted(rows_by_step(runs / "lr-2")) == [2, 4, 6, 8, 10]
 
 
 class FailingTrainer(Trainer):
@@ -285,7 +300,7 @@ def test_a_failed_train_then_a_new_train_marks_the_first_failed(tmp_path):
     with pytest.raises(RuntimeError, match="boom"):
         trainer(tmp_path, cb, trainer_cls=FailingTrainer).train()
     first = cb.run
-    assert et.run is first and not first.finished  # on_train_end never came
+    assert et.run is None and first.finished  # finished as the exception left train()
     trainer(tmp_path, cb).train()  # the program caught it and trains again
     second = cb.run
     assert second is not first and first.finished
@@ -337,6 +352,85 @@ def test_an_exception_in_the_loop_marks_the_run_failed(tmp_path):
     assert "RuntimeError" in json.dumps(info)
     rows = rows_by_step(run_dir)
     assert rows[2]["loss"] > 0 and rows[4]["loss"] > 0  # what was logged before survived
+
+
+CAUGHT_SCRIPT = """
+import os, sys
+sys.path.insert(0, {tests!r})
+sys.path.insert(0, {here!r})
+from pathlib import Path
+from test_transformers import ExprTrackerCallback, FailingTrainer, trainer
+tr = trainer(Path.cwd(), ExprTrackerCallback(project="hf", name="caught"), trainer_cls=FailingTrainer)
+try:
+    tr.train()
+except RuntimeError as exc:
+    print("caught", exc)
+"""
+
+
+def test_an_exception_the_program_catches_still_marks_the_run_failed(tmp_path):
+    """The exception never reaches the exit hook: the callback finishes its run as failed
+    as the exception leaves train() (issue 21, point 5)."""
+    code = CAUGHT_SCRIPT.format(tests=str(ROOT / "tests"), here=os.path.dirname(__file__))
+    env = dict(OFFLINE, PYTHONPATH=os.pathsep.join([str(ROOT), os.environ.get("PYTHONPATH", "")]))
+    proc = run_py(
+        f"import os; os.chdir({str(tmp_path)!r})\n" + textwrap.dedent(code),
+        check=False,
+        timeout=180,
+        env=env,
+    )
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    assert "caught boom at step 5" in proc.stdout
+    info = json.loads((tmp_path / "runs" / "hf" / "caught" / "run.json").read_text())
+    assert info["status"] == "failed"
+    assert info["exception"]["type"] == "RuntimeError"
+    assert info["exception"]["message"] == "boom at step 5"
+
+
+def _nesting_trainer(tmp_path, inner_callback):
+    """A Trainer that trains a second Trainer (4 steps, ``inner_callback``) inside its own
+    step 3, as a distillation or an inner evaluation loop might."""
+    done = []
+
+    class Outer(Trainer):
+        def compute_loss(self, model, inputs, *args, **kwargs):
+            if model.training and self.state.global_step == 2 and not done:
+                done.append(
+                    trainer(tmp_path / "inner", inner_callback, max_steps=4, eval_strategy="no")
+                )
+                done[0].train()
+            return super().compute_loss(model, inputs, *args, **kwargs)
+
+    return Outer
+
+
+def test_a_nested_trainer_with_its_own_name_gets_its_own_run(tmp_path):
+    inner = ExprTrackerCallback(project="hf", name="B")
+    outer = ExprTrackerCallback(project="hf", name="A")
+    trainer(tmp_path, outer, trainer_cls=_nesting_trainer(tmp_path, inner)).train()
+    a_dir, b_dir = tmp_path / "runs" / "hf" / "A", tmp_path / "runs" / "hf" / "B"
+    assert outer.run.dir.resolve() == a_dir.resolve() and inner.run.dir.resolve() == b_dir.resolve()
+    assert sorted(rows_by_step(a_dir)) == [2, 4, 5, 6, 8, 10]
+    b_rows = rows_by_step(b_dir)
+    assert sorted(b_rows) == [2, 4] and all("loss" in r for r in b_rows.values())
+    assert json.loads((a_dir / "config.json").read_text())["args"]["max_steps"] == 10
+    assert json.loads((b_dir / "config.json").read_text())["args"]["max_steps"] == 4
+    assert status_of(a_dir) == "finished" and status_of(b_dir) == "finished"
+    assert et.run is None
+
+
+def test_a_nested_trainer_joining_the_run_never_replaces_its_config(tmp_path, caplog):
+    inner = ExprTrackerCallback(project="hf")  # no run of its own: joins A
+    outer = ExprTrackerCallback(project="hf", name="A")
+    with caplog.at_level(logging.WARNING, logger="expr_tracker"):
+        trainer(tmp_path, outer, trainer_cls=_nesting_trainer(tmp_path, inner)).train()
+    a_dir = tmp_path / "runs" / "hf" / "A"
+    assert inner.run is outer.run
+    config = json.loads((a_dir / "config.json").read_text())
+    assert config["args"]["max_steps"] == 10  # A's, not the inner Trainer's 4
+    kept = [r.getMessage() for r in caplog.records if "never replaced" in r.getMessage()]
+    assert len(kept) == 1 and "args" in kept[0]
+    assert status_of(a_dir) == "finished"
 
 
 # ---------------------------------------------------------------------- arguments, ranks

@@ -133,8 +133,9 @@ def wait_chart(pg, metric: str):
 
 
 def test_runs_table(page, ui_server):
-    page.goto(ui_server.url + "/")
+    page.goto(ui_server.open())
     page.wait_for_selector("#runs-body tr")
+    assert "token" not in page.url  # the first visit's token became a cookie
     rows = page.locator("#runs-body tr")
     assert rows.count() == 3
     texts = {rows.nth(i).get_attribute("data-run"): rows.nth(i).inner_text() for i in range(3)}
@@ -159,7 +160,7 @@ def test_runs_table(page, ui_server):
 
 
 def test_run_page_charts(page, ui_server):
-    page.goto(ui_server.url + "/#/run?run=demo%2Falpha")
+    page.goto(ui_server.open("#/run?run=demo%2Falpha"))
     data = wait_chart(page, "train/loss")
     raw = [t for t in data if t["role"] == "raw"]
     assert len(raw) == 1 and len(raw[0]["x"]) == 40  # every step of a short series
@@ -216,7 +217,7 @@ def test_run_page_charts(page, ui_server):
 
 
 def test_hostile_names_render_as_text(page, ui_server):
-    page.goto(ui_server.url + "/#/run?run=demo%2Falpha")
+    page.goto(ui_server.open("#/run?run=demo%2Falpha"))
     for name in (HOSTILE, HOSTILE_IMG):
         data = wait_chart(page, name)
         assert len(data[0]["x"]) == 40
@@ -230,7 +231,7 @@ def test_hostile_names_render_as_text(page, ui_server):
 
 
 def test_compare_view(page, ui_server):
-    page.goto(ui_server.url + "/")
+    page.goto(ui_server.open())
     page.wait_for_selector("#runs-body tr")
     for run in ("demo/alpha", "demo/beta"):
         page.locator(f'#runs-body tr[data-run="{run}"] input[type=checkbox]').check()
@@ -251,7 +252,7 @@ def test_live_run_gets_new_points(page, tmp_path):
     try:
         server = Server(root, tmp_path / "cache")
         try:
-            page.goto(server.url + "/#/run?run=demo%2Flive")
+            page.goto(server.open("#/run?run=demo%2Flive"))
             first = len(wait_chart(page, "train/loss")[0]["x"])
             # more points arrive without a reload (the page polls for steps after its last)
             page.wait_for_function(
@@ -300,7 +301,7 @@ def test_live_run_of_two_ranks_keeps_every_point(page, tmp_path):
             page.wait_for_timeout(50)
         server = Server(root, tmp_path / "cache")
         try:
-            page.goto(server.url + "/#/run?run=demo%2Franks")
+            page.goto(server.open("#/run?run=demo%2Franks"))
             wait_chart(page, "loss")
             for p in procs:
                 p.wait(timeout=60)
@@ -323,7 +324,7 @@ def test_live_run_of_two_ranks_keeps_every_point(page, tmp_path):
 
 
 def test_page_loads_nothing_outside(page, ui_server):
-    page.goto(ui_server.url + "/#/run?run=demo%2Fbeta")
+    page.goto(ui_server.open("#/run?run=demo%2Fbeta"))
     wait_chart(page, "eval/acc")
     assert Path(ui_server.url)  # the gate in the fixture fails on any request elsewhere
 
@@ -333,7 +334,7 @@ def test_hostile_run_name_with_ranks(page, tmp_path):
     write_rank_runs(root)
     server = Server(root, tmp_path / "cache")
     try:
-        page.goto(server.url + "/")
+        page.goto(server.open())
         page.wait_for_selector("#runs-body tr")
         link = page.locator("#runs-body a")
         assert link.inner_text() == f"p;'q/{HOSTILE_RUN}"
@@ -363,7 +364,7 @@ def test_long_series_downsampled_and_requeried_on_zoom(page, tmp_path):
     subprocess.run([sys.executable, "-c", LONG, str(root)], check=True, env=env(), timeout=120)
     server = Server(root, tmp_path / "cache")
     try:
-        page.goto(server.url + "/#/run?run=p%2Flong")
+        page.goto(server.open("#/run?run=p%2Flong"))
         (raw,) = [t for t in wait_chart(page, "loss") if t["role"] == "raw"]
         width = page.evaluate("document.querySelector('div.chart').clientWidth")
         assert len(raw["x"]) <= 4 * width < 20000  # cut for the pixels
@@ -406,7 +407,7 @@ def test_zoom_on_wall_time_outside_utc(browser, tmp_path):
         pg = ctx.new_page()
         errors: list[str] = []
         pg.on("pageerror", lambda e: errors.append(str(e)))
-        pg.goto(server.url + "/#/run?run=p%2Fspread")
+        pg.goto(server.open("#/run?run=p%2Fspread"))
         wait_chart(pg, "loss")
         pg.select_option("#x-axis", "time")
         pg.wait_for_function(
@@ -443,7 +444,7 @@ def test_runs_table_filters_follow_new_statuses(page, tmp_path):
     try:
         server = Server(root, tmp_path / "cache")
         try:
-            page.goto(server.url + "/")
+            page.goto(server.open())
             page.wait_for_selector("#runs-body tr")
             page.fill("#filter-text", "live")
             writer.wait(timeout=60)
@@ -470,7 +471,7 @@ def test_run_deleted_while_its_page_is_open(page, tmp_path):
     try:
         server = Server(root, tmp_path / "cache")
         try:
-            page.goto(server.url + "/#/run?run=demo%2Flive")
+            page.goto(server.open("#/run?run=demo%2Flive"))
             wait_chart(page, "train/loss")
             assert page.locator("#run-status").inner_text() == "running"
             writer.kill()
@@ -501,7 +502,7 @@ def test_compare_zoom_asks_the_range_again(page, tmp_path):
     subprocess.run([sys.executable, "-c", short, str(root)], check=True, env=env(), timeout=120)
     server = Server(root, tmp_path / "cache")
     try:
-        page.goto(server.url + "/#/compare?run=p%2Flong&run=p%2Fshort")
+        page.goto(server.open("#/compare?run=p%2Flong&run=p%2Fshort"))
         data = wait_chart(page, "loss")
         assert sorted(t["name"] for t in data if t["role"] == "raw") == ["p/long", "p/short"]
         page.evaluate(
@@ -516,5 +517,33 @@ def test_compare_zoom_asks_the_range_again(page, tmp_path):
         raw = {t["name"]: t for t in chart_data(page, "loss") if t["role"] == "raw"}
         assert raw["p/long"]["y"][45] == 1000.0  # step 12345, the spike
         assert raw["p/short"]["x"] == [float(s) for s in range(12340, 12350)]
+    finally:
+        server.close()
+
+
+def test_without_the_token_no_data_and_an_unreadable_run_says_why(page, tmp_path, ui_runs):
+    root = tmp_path / "runs"
+    for name in ("alpha", "beta"):
+        shutil.copytree(
+            ui_runs / "demo" / name,
+            root / "demo" / name,
+            ignore=shutil.ignore_patterns(".et-cache"),
+        )
+    (root / "demo" / "beta" / "run.json").write_text('{"status": "fini')  # damaged
+    server = Server(root, tmp_path / "cache")
+    try:
+        # a page opened without the token (another user, another site) gets the login form
+        page.goto(server.url + "/")
+        assert page.locator("form input[name=token]").count() == 1
+        assert page.locator("#runs-body").count() == 0
+        page.fill("input[name=token]", server.token)
+        page.press("input[name=token]", "Enter")
+        page.wait_for_selector("#runs-body tr")
+        assert "token" not in page.url
+        rows = page.locator("#runs-body tr")
+        assert rows.count() == 2
+        beta = page.locator('#runs-body tr[data-run="demo/beta"]').inner_text()
+        assert "unreadable" in beta and "run.json: not valid JSON" in beta
+        assert "finished" in page.locator('#runs-body tr[data-run="demo/alpha"]').inner_text()
     finally:
         server.close()

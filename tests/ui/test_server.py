@@ -19,6 +19,12 @@ from expr_tracker.ui.server import create_app
 
 TestClient = pytest.importorskip("starlette.testclient").TestClient
 
+
+def local(app, **kw):
+    """A client of ``app`` as a browser on this machine talks to it (``Host: 127.0.0.1``)."""
+    return TestClient(app, base_url="http://127.0.0.1", **kw)
+
+
 LONG = textwrap.dedent(
     """
     import sys, expr_tracker as et
@@ -45,7 +51,7 @@ def long_run(tmp_path_factory):
 
 @pytest.fixture(scope="module")
 def client(ui_runs, tmp_path_factory):
-    return TestClient(create_app(ui_runs, cache_dir=tmp_path_factory.mktemp("uic")))
+    return local(create_app(ui_runs, cache_dir=tmp_path_factory.mktemp("uic")))
 
 
 def test_runs_endpoint(client):
@@ -82,7 +88,7 @@ def test_series_all_points_and_nonfinite(client):
 
 
 def test_series_downsampled_keeps_spikes(long_run, tmp_path):
-    c = TestClient(create_app(long_run, cache_dir=tmp_path))
+    c = local(create_app(long_run, cache_dir=tmp_path))
     (t,) = c.get("/api/series", params={"run": "p/long", "metric": "loss", "width": 50}).json()[
         "traces"
     ]
@@ -159,7 +165,7 @@ def test_symlink_out_of_dir_is_not_served(tmp_path, ui_runs):
     root = tmp_path / "served"
     root.mkdir()
     os.symlink(ui_runs / "demo", root / "outside")
-    c = TestClient(create_app(root, cache_dir=tmp_path / "c"))
+    c = local(create_app(root, cache_dir=tmp_path / "c"))
     assert c.get("/api/runs").json()["runs"] == []
     assert c.get("/api/run", params={"run": "demo/alpha"}).status_code == 404
 
@@ -203,7 +209,7 @@ def test_no_writes_but_the_cache(tmp_path, long_run):
         }
 
     before = tree()
-    c = TestClient(create_app(long_run, cache_dir=tmp_path / "cache"))
+    c = local(create_app(long_run, cache_dir=tmp_path / "cache"))
     for path, params in [
         ("runs", {}),
         ("run", {"run": "p/long"}),
@@ -255,10 +261,12 @@ def test_cli_checks(tmp_path):
 def test_real_uvicorn_on_loopback(ui_server):
     import httpx
 
-    r = httpx.get(ui_server.url + "/api/runs", timeout=30)
+    r = httpx.get(ui_server.url + "/api/runs", timeout=30, headers=ui_server.auth)
     assert r.status_code == 200 and len(r.json()["runs"]) == 3
     r = httpx.get(
-        ui_server.url + "/api/series", params={"run": "demo/beta", "metric": "train/loss"}
+        ui_server.url + "/api/series",
+        params={"run": "demo/beta", "metric": "train/loss"},
+        headers=ui_server.auth,
     )
     (t,) = r.json()["traces"]
     assert len(t["x"]) == 25 and math.isclose(t["y"][0], 100.0)
@@ -266,7 +274,7 @@ def test_real_uvicorn_on_loopback(ui_server):
 
 
 def test_step_metric_is_an_x_option(long_run, tmp_path):
-    c = TestClient(create_app(long_run, cache_dir=tmp_path))
+    c = local(create_app(long_run, cache_dir=tmp_path))
     d = c.get("/api/run", params={"run": "p/long"}).json()
     assert d["step_metrics"] == {"loss": "x/half"} and d["x_options"] == ["x/half"]
     assert d["steps"] == 5000 and d["status"] == "finished"
@@ -304,7 +312,7 @@ def test_a_run_deleted_while_served(tmp_path, ui_runs):
 
     root = tmp_path / "runs"
     shutil.copytree(ui_runs, root, ignore=shutil.ignore_patterns(".et-cache"))
-    c = TestClient(create_app(root, cache_dir=tmp_path / "cache"))
+    c = local(create_app(root, cache_dir=tmp_path / "cache"))
     assert c.get("/api/run", params={"run": "demo/beta"}).status_code == 200
     shutil.rmtree(root / "demo" / "beta")
     for path in ("run", "series", "points"):
@@ -318,7 +326,7 @@ def test_a_run_deleted_while_served(tmp_path, ui_runs):
 def test_hostile_run_name_and_rank_shards(tmp_path):
     root = tmp_path / "runs"
     write_rank_runs(root)
-    c = TestClient(create_app(root, cache_dir=tmp_path / "cache"))
+    c = local(create_app(root, cache_dir=tmp_path / "cache"))
     (run,) = c.get("/api/runs").json()["runs"]
     assert run["run"] == f"p;'q/{HOSTILE_RUN}" and run["producers"] == ["main", "main/rank1"]
     assert run["steps"] == 30
@@ -369,7 +377,7 @@ def test_a_linked_file_out_of_dir_is_not_read(tmp_path, ui_runs):
     inside = root / "demo" / "copy"
     shutil.copytree(ui_runs / "demo" / "beta", inside, ignore=shutil.ignore_patterns(".et-cache"))
     os.symlink(inside, root / "alias")
-    c = TestClient(create_app(root, cache_dir=tmp_path / "c"))
+    c = local(create_app(root, cache_dir=tmp_path / "c"))
     runs = {r["run"]: r for r in c.get("/api/runs").json()["runs"]}
     assert runs.get("demo/linked", {}).get("steps") is None  # its linked file is not read
     r = c.get("/api/series", params={"run": "demo/linked", "metric": "train/loss"})
@@ -383,7 +391,7 @@ def test_points_ask_each_producer_from_its_own_step(tmp_path):
     # run's highest step lost rank 1's rows in between (and a stopped stream's forever)
     root = tmp_path / "runs"
     write_rank_runs(root)
-    c = TestClient(create_app(root, cache_dir=tmp_path / "cache"))
+    c = local(create_app(root, cache_dir=tmp_path / "cache"))
     (run,) = c.get("/api/runs").json()["runs"]
     assert run["producer_steps"] == {"main": 29, "main/rank1": 29}
     r = c.get(
@@ -405,7 +413,7 @@ def test_points_reset_tells_where_each_producer_ends(long_run, tmp_path, monkeyp
     from expr_tracker.ui import data
 
     monkeypatch.setattr(data, "MAX_NEW_ROWS", 100)
-    c = TestClient(create_app(long_run, cache_dir=tmp_path / "c"))
+    c = local(create_app(long_run, cache_dir=tmp_path / "c"))
     r = c.get("/api/points", params={"run": "p/long", "after": 10}).json()
     assert r["reset"] is True and r["metrics"] == {}
     assert r["max_steps"] == {"main": 4999} and r["max_step"] == 4999
@@ -431,7 +439,7 @@ def test_points_leave_out_a_non_finite_x(tmp_path):
     # x "NaN"/"Infinity" strings that the page appended to the chart
     root = tmp_path / "runs"
     subprocess.run([sys.executable, "-c", NAN_STEP_METRIC, str(root)], check=True, env=env())
-    c = TestClient(create_app(root, cache_dir=tmp_path / "c"))
+    c = local(create_app(root, cache_dir=tmp_path / "c"))
     s = c.get("/api/series", params={"run": "p/nanx", "metric": "val/acc", "x": "epoch"}).json()
     r = c.get("/api/points", params={"run": "p/nanx", "x": "epoch"}).json()
     (t,) = r["metrics"]["val/acc"]

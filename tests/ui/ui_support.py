@@ -86,10 +86,27 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
+#: the token of the test servers (given as ET_UI_TOKEN, as a user on a shared box would)
+TOKEN = "test-token_0123456789"
+
+
 class Server:
-    def __init__(self, root: Path, cache_dir: Path) -> None:
+    """A real ``et ui`` (uvicorn) on 127.0.0.1 at a free port, with :data:`TOKEN` (or
+    ``token``; None: ``--no-token``). ``open(fragment)`` is the link ``et ui`` prints (the
+    token in the query, then ``fragment``); ``auth`` the header a script sends."""
+
+    def __init__(
+        self, root: Path, cache_dir: Path, token: str | None = TOKEN, args: tuple = ()
+    ) -> None:
+        """``token``: given as ``ET_UI_TOKEN``; ``""``: none given (``et ui`` makes one);
+        None: ``--no-token`` unless ``args`` has ``--token``."""
         self.port = free_port()
         self.url = f"http://127.0.0.1:{self.port}"
+        self.token = token or None
+        e = env()
+        e.pop("ET_UI_TOKEN", None)
+        if token:
+            e["ET_UI_TOKEN"] = token
         self.proc = subprocess.Popen(
             [
                 sys.executable,
@@ -101,8 +118,10 @@ class Server:
                 str(self.port),
                 "--cache-dir",
                 str(cache_dir),
+                *(["--no-token"] if token is None and "--token" not in args else []),
+                *args,
             ],
-            env=env(),
+            env=e,
             stdout=subprocess.PIPE,
             stderr=subprocess.STDOUT,
         )
@@ -117,6 +136,15 @@ class Server:
                 time.sleep(0.1)
         self.close()
         raise RuntimeError("et ui did not start listening within 60 s")
+
+    def open(self, fragment: str = "") -> str:
+        """The URL a browser opens: ``/?token=...`` then ``fragment`` (``#/run?run=...``)."""
+        query = f"?token={self.token}" if self.token is not None else ""
+        return f"{self.url}/{query}{fragment}"
+
+    @property
+    def auth(self) -> dict[str, str]:
+        return {"Authorization": f"token {self.token}"} if self.token is not None else {}
 
     def close(self) -> None:
         self.proc.terminate()

@@ -78,8 +78,10 @@ function showError(err) {
   setMain(el("p", { class: "error" }, String(err.message || err)));
 }
 
-function statusCell(st) {
-  return el("td", { class: `status-${st}` }, st);
+// a run the server could not read (permissions, a FIFO, a damaged file) says why
+function statusCell(st, error) {
+  return el("td", { class: `status-${st}`, title: error || undefined }, st,
+    error ? el("div", { class: "why" }, error) : null);
 }
 
 function stopPolling() {
@@ -164,7 +166,7 @@ async function runsPage(me) {
         compareBtn.disabled = runsState.selected.size < 2;
       } } })),
       el("td", {}, el("a", { href: runLink(r.run) }, r.run)),
-      statusCell(r.status),
+      statusCell(r.status, r.error),
       el("td", { class: "num" }, r.steps ?? ""),
       el("td", { class: "num" }, fmtDuration(r.duration_s)),
       el("td", {}, fmtTime(r.started_at)),
@@ -445,6 +447,7 @@ async function runPage(run, me) {
 
   setMain(
     el("h2", { id: "run-title" }, d.run),
+    d.error ? el("p", { class: "error", id: "run-error" }, "not everything could be read: " + d.error) : null,
     el("div", { class: "controls" },
       el("span", {}, "status: ", statusEl), el("span", {}, "steps: ", stepsEl),
       el("span", {}, "duration: " + fmtDuration(d.duration_s)), el("span", {}, "started: " + fmtTime(d.started_at)),
