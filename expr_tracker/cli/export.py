@@ -67,7 +67,9 @@ def register(subparsers: Any) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    """Exit codes: 0 written, 1 a bad source/argument, an existing PATH or a failed write."""
+    """Exit codes: 0 written (a run that cannot be read is left out, named in one warning on
+    stderr), 1 a bad source/argument, no run that can be read, an existing PATH or a failed
+    write."""
     from expr_tracker.query.export import ExportError, export_runs
 
     # SIGTERM (kill, SLURM) exits 143 after the half-written temporary file or folder is
@@ -93,9 +95,12 @@ def run(args: argparse.Namespace) -> int:
         print(json.dumps(res))
         return 0
     where = "files" if res["files"] != 1 else "file"
+    skipped = res.get("skipped") or []
+    note = f"; {len(skipped)} producer(s) not read whole (see the warning)" if skipped else ""
     print(
         f"wrote {res['path']}: {res['rows']} rows ({res['layout']}, {len(res['columns'])} "
         f"columns) from {res['producers']} producer(s) of {res['runs']} run(s), "
-        f"{res['files']} {res['format']} {where}, {res['bytes']} bytes in {res['seconds']:.2f} s"
+        f"{res['files']} {res['format']} {where}, {res['bytes']} bytes in "
+        f"{res['seconds']:.2f} s{note}"
     )
     return 0

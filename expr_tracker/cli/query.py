@@ -103,9 +103,16 @@ def run_query(args: argparse.Namespace, out: IO[str] | None = None) -> int:
         sys.stderr.write(f"et query: {str(root)!r} does not exist (a folder of runs, or a run)\n")
         return 1
     try:
-        from expr_tracker.query.api import execute, missing_file
+        import pyarrow as pa
+
+        from expr_tracker.query.api import (
+            ATTEMPTS,
+            connect_retrying,
+            execute,
+            recover_cache,
+            temp_cache,
+        )
         from expr_tracker.query.views import (
-            connect,
             describe,
             import_duckdb,
             no_runs_note,
@@ -118,10 +125,12 @@ def run_query(args: argparse.Namespace, out: IO[str] | None = None) -> int:
         return 1
     views = None if sql is None else referenced_views(sql)
     try:
-        con = connect(root, cache_dir=args.cache_dir, views=views)
+        con, cache = connect_retrying(root, args.cache_dir, views)
     except FileNotFoundError as exc:  # DIR is a file, or vanished
         sys.stderr.write(f"et query: {exc}\n")
         return 1
+    except duckdb.Error as exc:
+        return _sql_error(exc, None, root, args.cache_dir)
     note = no_runs_note(con, root)
     if note:
         sys.stderr.write(f"et query: {note}\n")
@@ -130,19 +139,26 @@ def run_query(args: argparse.Namespace, out: IO[str] | None = None) -> int:
             return _print_schema(describe(con), args, out)
         finally:
             con.close()
-    for attempt in (1, 2):
-        if attempt == 2:
-            con = connect(root, cache_dir=args.cache_dir, views=views)
+    for attempt in range(1, ATTEMPTS + 1):
+        if attempt > 1:
+            try:
+                con, cache = connect_retrying(root, cache, views)
+            except duckdb.Error as exc:
+                return _sql_error(exc, None, root, args.cache_dir)
         sink = _Sink(args.output, out, binary=args.format == "parquet")
         try:
             rel = execute(con, sql)
             _write(rel, args, sink)
             sink.commit()
             return 0
-        except duckdb.Error as exc:
+        except (duckdb.Error, pa.ArrowException) as exc:
             sink.abort()
-            if attempt == 1 and missing_file(exc) and not sink.wrote_stdout:
-                continue  # a cache part replaced under the query: refresh once more
+            if attempt < ATTEMPTS and not sink.wrote_stdout and recover_cache(exc):
+                # a cache part replaced, deleted or damaged under the query: refresh (the
+                # last time into a cache of this process only) and run it again
+                if attempt == ATTEMPTS - 1:
+                    cache = temp_cache()
+                continue
             return _sql_error(exc, con, root, args.cache_dir)
         except ResultError as exc:
             sink.abort()
@@ -198,9 +214,51 @@ def _sql_error(exc: Exception, con: Any, root: Path, cache_dir: Any) -> int:
 # --------------------------------------------------------------------------- sinks
 
 
+#: output to stdout is held back until this much is written, so a query run again (its
+#: cache deleted under it) never prints the same rows twice
+HOLD_CHARS = 1 << 20
+
+
+class _Held:
+    """``out`` with its first :data:`HOLD_CHARS` characters held back until :meth:`release`
+    (or until more are written): until then a failed attempt prints nothing."""
+
+    def __init__(self, out: IO[str]) -> None:
+        self._out = out
+        self._held: list[str] | None = []
+        self._size = 0
+
+    @property
+    def passed(self) -> bool:
+        """True once anything reached ``out``."""
+        return self._held is None
+
+    def write(self, text: str) -> int:
+        if self._held is None:
+            return self._out.write(text)
+        self._held.append(text)
+        self._size += len(text)
+        if self._size > HOLD_CHARS:
+            self.release()
+        return len(text)
+
+    def release(self) -> None:
+        if self._held is not None:
+            held, self._held = self._held, None
+            self._out.write("".join(held))
+
+    def flush(self) -> None:
+        if self._held is None:
+            self._out.flush()
+
+    def __getattr__(self, name: str) -> Any:  # isatty, fileno, encoding ... of ``out``
+        return getattr(self._out, name)
+
+
 class _Sink:
-    """Where the output goes: ``out`` (stdout), or ``path`` through a temporary file
-    beside it that :meth:`commit` renames into place (:meth:`abort` removes it)."""
+    """Where the output goes: ``out`` (stdout, its start held back until :meth:`commit`),
+    or ``path`` through a temporary file beside it that :meth:`commit` renames into place
+    (:meth:`abort` removes it)."""
 
     def __init__(self, path: str | None, out: IO[str], binary: bool = False) -> None:
         self.path = Path(path) if path else None
@@ -208,13 +266,19 @@ class _Sink:
         self.binary = binary
         self.tmp: Path | None = None
         self._file: Any = None
-        self.wrote_stdout = False
+        self._held: _Held | None = None
+
+    @property
+    def wrote_stdout(self) -> bool:
+        """True once output reached stdout (an attempt can no longer be taken back)."""
+        return self._held is not None and self._held.passed
 
     def text(self) -> IO[str]:
         """The text stream to write to (opened on first use)."""
         if self.path is None:
-            self.wrote_stdout = True
-            return self.out
+            if self._held is None:
+                self._held = _Held(self.out)
+            return self._held  # type: ignore[return-value]
         if self._file is None:
             self._file = open(self._temp(), "w", encoding="utf-8", newline="")  # noqa: SIM115
         return self._file
@@ -242,6 +306,8 @@ class _Sink:
                 self._file.close()
             os.replace(self.tmp, self.path)  # type: ignore[arg-type]
         else:
+            if self._held is not None:
+                self._held.release()
             self.out.flush()
 
     def abort(self) -> None:
@@ -501,7 +567,7 @@ def _print_schema(
             table.add_column(overflow="fold")
             table.add_column(style="dim", no_wrap=True)
             for c, t in cols:
-                table.add_row(Text(c), Text(t))
+                table.add_row(Text(output.printable(c)), Text(t))
             console.print(table)
     sink.commit()
     return 0

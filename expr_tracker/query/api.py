@@ -6,10 +6,20 @@ The views (``runs``, ``metrics``, ``spans``, ``alerts``, ``artifacts``) are thos
 
 from __future__ import annotations
 
+import logging
 import os
+import re
 from typing import Any
 
 from expr_tracker.errors import QueryError
+
+log = logging.getLogger("expr_tracker")
+
+#: how often a query is run again when a cache part it read vanished (its ``.et-cache``
+#: deleted under it) or could not be read (damaged): the last time with a cache of this
+#: process only (:func:`expr_tracker.query.cache.temp_root`), so a cleaner deleting the
+#: usual one in a loop never changes the answer
+ATTEMPTS = 4
 
 #: the values of ``output_type`` (case-insensitive)
 OUTPUT_TYPES = ("pandas", "polars", "arrow", "dicts")
@@ -53,10 +63,14 @@ def query(
         The result in ``output_type``; a statement without a result (``CREATE ...``)
         gives an empty one.
 
+    A run that cannot be read (permissions, a FIFO, damaged files) is left out with one
+    warning naming it and why (the ``runs`` view's ``problem`` column says the same); a
+    damaged or vanished cache is rebuilt and the query run again.
+
     Raises:
         ValueError: a bad ``output_type`` or an empty ``sql``.
         QueryError: DuckDB rejected or failed the SQL (its message, then the views and
-            their columns).
+            their columns); never a raw DuckDB or pyarrow exception.
         TypeError: ``dir`` or ``cache_dir`` is not a path, or ``params`` is not a list,
             tuple or dict.
         FileNotFoundError: ``dir`` does not exist.
@@ -74,21 +88,80 @@ def query(
     from expr_tracker.query.views import connect, import_duckdb, referenced_views
 
     duckdb = import_duckdb()
-    for attempt in (1, 2):
-        con = connect(dir, cache_dir=cache_dir, views=referenced_views(sql))
+    import pyarrow as pa
+
+    cache = cache_dir
+    for attempt in range(1, ATTEMPTS + 1):
+        con = None
         try:
+            con = connect(dir, cache_dir=cache, views=referenced_views(sql))
             return convert(execute(con, sql, params), kind)
-        except duckdb.IOException as exc:
-            # a cache part replaced between the refresh and the read (another query
-            # compacting it): refresh again, once
-            if attempt == 1 and missing_file(exc):
+        except (duckdb.Error, pa.ArrowException) as exc:
+            # a cache part replaced or deleted between the refresh and the read (another
+            # query compacting it, a cleaner deleting .et-cache), or damaged: refresh again
+            if attempt < ATTEMPTS and recover_cache(exc):
+                if attempt == ATTEMPTS - 1:
+                    cache = temp_cache()
                 continue
             raise query_error(con, exc, sql, dir, cache_dir) from None
-        except duckdb.Error as exc:
-            raise query_error(con, exc, sql, dir, cache_dir) from None
         finally:
-            con.close()
+            if con is not None:
+                con.close()
     raise AssertionError("unreachable")  # pragma: no cover
+
+
+_PART = re.compile(r"part-[0-9]{12}-[0-9a-f]{8}\.parquet")
+_PART_PATH = re.compile(r"[\"']([^\"'\n]*part-[0-9]{12}-[0-9a-f]{8}\.parquet)[\"']")
+
+
+def recover_cache(exc: Exception) -> bool:
+    """True when DuckDB's ``exc`` is about a part of the query cache (gone, or not
+    readable), so the query is worth running again: a part that is still there but could
+    not be read has its cache rebuilt on the next refresh (one warning)."""
+    text = str(exc)
+    if not _PART.search(text):
+        return False
+    m = _PART_PATH.search(text)
+    if m is not None and os.path.exists(m.group(1)) and not missing_file(exc):
+        from expr_tracker.query.cache import invalidate
+
+        if invalidate(m.group(1)):
+            log.warning(
+                "expr_tracker: the query cache part %s could not be read (%s): rebuilt from "
+                "the JSONL",
+                m.group(1),
+                text.strip().splitlines()[0][:200],
+            )
+    return True
+
+
+def connect_retrying(root: Any, cache_dir: Any, views: Any) -> tuple[Any, Any]:
+    """``(connection, cache_dir used)``: :func:`~expr_tracker.query.views.connect`, made
+    again (the last time with a cache of this process only) when a cache part vanished or
+    could not be read between its refresh and the views' creation. Raises what ``connect``
+    raises."""
+    from expr_tracker.query.views import connect, import_duckdb
+
+    duckdb = import_duckdb()
+    cache = cache_dir
+    for attempt in range(1, ATTEMPTS + 1):
+        try:
+            return connect(root, cache_dir=cache, views=views), cache
+        except duckdb.Error as exc:
+            if attempt < ATTEMPTS and recover_cache(exc):
+                if attempt == ATTEMPTS - 1:
+                    cache = temp_cache()
+                continue
+            raise
+    raise AssertionError("unreachable")  # pragma: no cover
+
+
+def temp_cache() -> Any:
+    """This process's own cache folder, for the last try of a query whose cache kept
+    vanishing."""
+    from expr_tracker.query.cache import temp_root
+
+    return temp_root()
 
 
 def check_path(field: str, value: Any) -> None:
@@ -133,7 +206,7 @@ def query_error(
     message = str(exc)
     try:
         views = all_views(con, root, cache_dir)
-        note = no_runs_note(con, root) if root is not None else None
+        note = no_runs_note(con, root) if root is not None and con is not None else None
     except Exception:  # noqa: BLE001 - the message matters more than the listing
         views, note = {}, None
     if note:
@@ -146,7 +219,7 @@ def all_views(con: Any, root: Any = None, cache_dir: Any = None) -> dict[str, An
     has them all, else of a full connection over ``root`` (an error message lists them)."""
     from expr_tracker.query.views import VIEWS, connect, describe
 
-    views = describe(con)
+    views = describe(con) if con is not None else {}
     if len(views) == len(VIEWS) or root is None:
         return views
     full = connect(root, cache_dir=cache_dir)

@@ -5,22 +5,48 @@ every complete line now in it and returns a :class:`CachedSource` listing the Pa
 (schemas: :mod:`expr_tracker.query.scan`). The JSONL stays the truth; the cache is a
 disposable index of it.
 
-Location (the first that can be written):
+Location (the first that can be used):
 
 1. with ``cache_dir=``: ``<cache_dir>/<digest>/``; otherwise ``<run_dir>/.et-cache/<source
-   file name>/`` (a hidden folder: run discovery, ``et runs`` and resume never look in it);
+   file name>/`` (a hidden folder: run discovery, ``et runs`` and resume never look in it),
+   only when the run directory belongs to this user: a folder this user made in someone
+   else's run would be one its owner cannot delete (``rm -rf`` of their own run fails);
 2. ``$XDG_CACHE_HOME/expr_tracker/query/<digest>/`` (default ``~/.cache``) when the run
-   directory cannot be written (a read-only mount, someone else's run) — unless the cache
-   already there is trusted (see below) and covers every complete line: then it is used
-   as it is, read-only, without the lock (the same for a read-only ``cache_dir=``);
+   directory is another user's or cannot be written (a read-only mount) — unless the cache
+   already there is this user's, trusted (see below) and covers every complete line: then it
+   is used as it is, read-only, without the lock (the same for a read-only ``cache_dir=``);
 3. a temporary directory of this process (``<tmp>/et-query-*/<digest>/``, removed at exit),
    with one warning, when nothing else can be written: queries still answer, the cache just
    does not outlive the process.
 
 ``<digest>`` is the SHA-256 (32 hex digits) of the source's absolute, resolved path.
 
+Trust (docs/query.md "Security"): a cache folder (``.et-cache`` and the folder of one source
+in it, or ``<digest>``) is used only when it is a folder, not a symbolic link, owned by this
+user and not writable by group or others; the folders are made ``0755`` whatever the umask.
+Anything else (a colleague's cache, a tarball's, a folder others may write into) is never
+read nor written: the next location is used. Inside a folder that is used, the manifest is
+untrusted input too: every file it names must be named as this cache names its parts
+(``part-<12 digits>-<8 hex>.parquet``: no path, no ``..``, no other file) and each part must
+be a regular file of this user, of the size written and with Parquet's magic at both ends;
+a manifest that is damaged or names anything else is ignored (one warning) and the cache
+rebuilt from the JSONL. Files are created, renamed and removed relative to the folder's
+descriptor (opened without following links), and only under the cache's own names
+(``part-*.parquet`` as above, ``.tmp-[manifest-]<pid>-<8 hex>.parquet|json``): a refresh
+never removes anything else, and a link named like a part is removed as a link.
+
 Files of one source's cache: ``manifest.json`` (what is covered), ``lock`` (``flock``),
 ``part-<first line>-<random>.parquet`` (never reused names), ``.tmp-*`` while written.
+
+Disposable in fact: a part is written, ``fsync``-ed and renamed into place, then the
+manifest the same way, then the folder is synced: after a power cut the cache is the old one
+or the new one. A part found empty, cut short or not Parquet (a disk that lied, a hand-made
+file), or a manifest cut short, is rebuilt from the JSONL on the next refresh with one
+warning; a part DuckDB cannot read is reported by the query layer (:func:`invalidate`) and
+rebuilt the same way. When the cache cannot be written (a full disk, a quota), one warning
+names the folder and the rows come back decoded in memory (:attr:`CachedSource.memory`).
+A cache folder deleted while a refresh writes it (a cleaner) is made again and the refresh
+retried (:data:`RETRIES` times, then in memory): only a missing *source* means a run is gone.
 
 What the manifest records, and when it is trusted: the source's absolute path, device and
 inode, ``covered`` (bytes of the source covered: always the end of a complete line; a torn
@@ -68,9 +94,9 @@ from __future__ import annotations
 
 import errno
 import hashlib
-import json
 import logging
 import os
+import re
 import secrets
 import stat
 import tempfile
@@ -79,6 +105,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from expr_tracker._warn import Warner
+from expr_tracker.history import untrusted
 from expr_tracker.history.paths import QUERY_CACHE_DIR
 from expr_tracker.query import scan
 
@@ -89,10 +117,11 @@ try:
 except ImportError:  # pragma: no cover - Windows: no lock, one refresher at a time
     fcntl = None  # type: ignore[assignment]
 
-__all__ = ["CachedSource", "cache_location", "refresh"]
+__all__ = ["CachedSource", "cache_location", "invalidate", "is_part_name", "refresh"]
 
-#: manifest format version; another version is rebuilt (2: no statistics on `value`)
-VERSION = 2
+#: manifest format version; another version is rebuilt (2: no statistics on `value`;
+#: 3: each part's size, unreadable lines counted)
+VERSION = 3
 #: the default cache folder inside a run directory
 CACHE_DIR_NAME = QUERY_CACHE_DIR
 MANIFEST = "manifest.json"
@@ -105,10 +134,39 @@ MAX_PARTS = 16
 SMALL_PART_ROWS = 1_000_000
 #: a replaced part is deleted by a refresh at least this long after it was replaced
 GRACE_S = 600.0
+#: the largest manifest read (a manifest lists at most MAX_PARTS parts and their garbage)
+MAX_MANIFEST_BYTES = 4 << 20
+#: the only names a refresh ever creates, renames or removes in a cache folder (besides
+#: ``manifest.json`` and ``lock``): its parts and its temporary files
+PART_RE = re.compile(r"^part-[0-9]{12}-[0-9a-f]{8}\.parquet$")
+TMP_RE = re.compile(r"^\.tmp-(?:manifest-)?[0-9]+-[0-9a-f]{8}\.(?:parquet|json)$")
+#: how often a refresh starts again when its cache folder is deleted under it
+RETRIES = 3
 
 _KINDS = ("metrics", "spans")
+_DIR_FLAGS = (
+    os.O_RDONLY
+    | getattr(os, "O_DIRECTORY", 0)
+    | getattr(os, "O_NOFOLLOW", 0)
+    | getattr(os, "O_CLOEXEC", 0)
+)
+_NEW_FILE = (
+    os.O_WRONLY
+    | os.O_CREAT
+    | os.O_EXCL
+    | getattr(os, "O_NOFOLLOW", 0)
+    | getattr(os, "O_CLOEXEC", 0)
+)
+_READ_FILE = (
+    os.O_RDONLY
+    | getattr(os, "O_NOFOLLOW", 0)
+    | getattr(os, "O_NONBLOCK", 0)
+    | getattr(os, "O_CLOEXEC", 0)
+)
+_MAGIC = b"PAR1"
 _temp_root: Path | None = None
 _warned_temp = False
+_warner = Warner(log)
 
 
 @dataclass(frozen=True)
@@ -118,7 +176,13 @@ class CachedSource:
     ``merged`` (metrics): False when some ``_step`` may occur in more than one line (patch
     lines of a long step: readers then keep, per (step, metric), the value of the largest
     ``line``); always True for spans. ``lines``: complete lines covered (0-based ``line``
-    numbers below it); ``cache_dir``: where the parts live."""
+    numbers below it); ``cache_dir``: where the parts live (None when in memory).
+
+    ``memory``: when no cache folder could be written (a full disk), the same rows as
+    Parquet files held in memory (``pyarrow.Buffer``; ``parts`` is then empty): read them
+    with ``pyarrow.parquet.ParquetFile(pyarrow.BufferReader(buf))``. ``bad_lines``: complete
+    lines that could not be read (not JSON, not an object, nested too deeply, ...; they give
+    no row); ``bad_first``: ``(line number, 0-based; reason)`` of the first of them."""
 
     source: Path
     kind: str
@@ -128,6 +192,14 @@ class CachedSource:
     merged: bool
     lines: int = 0
     cache_dir: Path | None = None
+    memory: tuple[Any, ...] = ()
+    bad_lines: int = 0
+    bad_first: tuple[int, str] | None = None
+
+
+def is_part_name(name: str) -> bool:
+    """True for the file name of a cache part (``part-<12 digits>-<8 hex>.parquet``)."""
+    return PART_RE.match(name) is not None
 
 
 def _digest(source: Path) -> str:
@@ -142,7 +214,7 @@ def _xdg_root() -> Path:
 def cache_location(
     source: str | os.PathLike[str], cache_dir: str | os.PathLike[str] | None = None
 ) -> Path:
-    """The preferred cache folder of ``source`` (it may not be writable: :func:`refresh`
+    """The preferred cache folder of ``source`` (it may not be usable: :func:`refresh`
     then falls back as the module docstring says)."""
     src = Path(source).absolute()
     if cache_dir is not None:
@@ -150,16 +222,122 @@ def cache_location(
     return src.parent / CACHE_DIR_NAME / src.name
 
 
-def _usable(d: Path) -> int | None:
-    """Create ``d`` and open its lock file; the lock descriptor, or None when ``d`` cannot
-    be written."""
+# --------------------------------------------------------------------------- folders
+
+
+def _euid() -> int | None:
+    return os.geteuid() if hasattr(os, "geteuid") else None
+
+
+def _distrust(st: os.stat_result) -> str | None:
+    """Why a folder (or file) of the cache cannot be trusted as this user's own: owned by
+    another user, or writable by group or others; None when it can."""
+    uid = _euid()
+    if uid is not None and st.st_uid != uid:
+        return f"owned by uid {st.st_uid}, not this user ({uid})"
+    if stat.S_ISDIR(st.st_mode) and st.st_mode & 0o022:
+        return f"writable by group or others (mode {stat.S_IMODE(st.st_mode):o})"
+    return None
+
+
+class _Folder:
+    """An open cache folder: ``path`` as named, ``fd`` a descriptor of the very folder that
+    was checked (opened without following a symbolic link). Every file of the cache is
+    created, renamed and removed relative to ``fd``."""
+
+    __slots__ = ("fd", "path")
+
+    def __init__(self, path: Path, fd: int) -> None:
+        self.path = path
+        self.fd = fd
+
+    def close(self) -> None:
+        os.close(self.fd)
+
+    def gone(self) -> bool:
+        """True when the folder was deleted since it was opened."""
+        try:
+            return os.fstat(self.fd).st_nlink == 0
+        except OSError:
+            return True
+
+
+class _Refused(Exception):
+    """A cache folder that exists but is not this user's to use (``reason``)."""
+
+
+def _open_dir(name: str | Path, parent_fd: int | None, create: bool) -> int:
+    """Open (and with ``create`` first make, mode 0755 whatever the umask lets through) the
+    folder ``name`` (relative to ``parent_fd`` when given) without following a symbolic link,
+    and check it is this user's: :class:`_Refused` when not, ``OSError`` when it cannot be
+    opened or made."""
+    if create:
+        try:
+            os.mkdir(name, 0o755, dir_fd=parent_fd)
+        except FileExistsError:
+            pass
     try:
-        d.mkdir(parents=True, exist_ok=True)
-        if not os.access(d, os.W_OK | os.X_OK):
-            return None
-        return os.open(d / LOCK, os.O_RDWR | os.O_CREAT, 0o644)
+        fd = os.open(name, _DIR_FLAGS, dir_fd=parent_fd)
+    except OSError as exc:
+        if exc.errno in (errno.ELOOP, errno.ENOTDIR):
+            raise _Refused("a symbolic link or a file, not a folder") from None
+        raise
+    try:
+        why = _distrust(os.fstat(fd))
+    except BaseException:
+        os.close(fd)
+        raise
+    if why is not None:
+        os.close(fd)
+        raise _Refused(why)
+    return fd
+
+
+def _open_in_run(src: Path, create: bool) -> _Folder:
+    """``<run dir>/.et-cache/<source name>``, only when the run directory is this user's: a
+    cache made by a reader in someone else's run would be a folder its owner cannot delete."""
+    rfd = os.open(src.parent, os.O_RDONLY | getattr(os, "O_DIRECTORY", 0))
+    try:
+        owner = os.fstat(rfd).st_uid
+        uid = _euid()
+        if uid is not None and owner != uid:
+            raise _Refused(f"the run directory belongs to uid {owner}")
+        top = _open_dir(CACHE_DIR_NAME, rfd, create)
+        try:
+            fd = _open_dir(src.name, top, create)
+        finally:
+            os.close(top)
+    finally:
+        os.close(rfd)
+    return _Folder(src.parent / CACHE_DIR_NAME / src.name, fd)
+
+
+def _open_under(base: Path, digest: str, create: bool) -> _Folder:
+    """``<base>/<digest>`` (``base``: ``cache_dir``, the XDG cache, a temporary folder)."""
+    if create:
+        base.mkdir(parents=True, exist_ok=True)
+    bfd = os.open(base, os.O_RDONLY | getattr(os, "O_DIRECTORY", 0))
+    try:
+        fd = _open_dir(digest, bfd, create)
+    finally:
+        os.close(bfd)
+    return _Folder(base / digest, fd)
+
+
+def _lock(folder: _Folder) -> int | None:
+    """Open (create) ``lock`` in ``folder``; None when the folder cannot be written."""
+    try:
+        fd = os.open(LOCK, os.O_RDWR | os.O_CREAT | _READ_FILE, 0o644, dir_fd=folder.fd)
     except OSError:
         return None
+    try:
+        if not stat.S_ISREG(os.fstat(fd).st_mode):
+            os.close(fd)
+            return None
+    except OSError:
+        os.close(fd)
+        return None
+    return fd
 
 
 def _temp_dir(tried: str) -> Path:
@@ -184,54 +362,83 @@ def _temp_dir(tried: str) -> Path:
     return _temp_root
 
 
+def temp_root() -> Path:
+    """This process's temporary cache folder (made on first use, removed at exit), without
+    a warning: where a query goes when the usual cache keeps vanishing under it."""
+    global _temp_root
+    if _temp_root is None:
+        import atexit
+        import shutil
+
+        _temp_root = Path(tempfile.mkdtemp(prefix="et-query-"))
+        atexit.register(shutil.rmtree, _temp_root, True)
+    return _temp_root
+
+
 def _open_cache(
     src: Path, cache_dir: str | os.PathLike[str] | None, sfd: int, kind: str
-) -> tuple[Path, int | None, CachedSource | None]:
-    """``(folder, lock descriptor, None)`` of the first writable location, or ``(folder,
-    None, current)`` when the preferred folder cannot be written but already holds a cache
-    covering every complete line of the source (someone else's run, a read-only mount)."""
+) -> tuple[_Folder, int | None, CachedSource | None]:
+    """``(folder, lock descriptor, None)`` of the first usable location, or ``(folder, None,
+    current)`` when the preferred folder is this user's but cannot be written (a read-only
+    mount) and already holds a cache covering every complete line of the source. A folder
+    that is a symbolic link, owned by another user or writable by group or others is never
+    used, nor a run directory of another user (see the module docstring)."""
     digest = _digest(src.resolve())
-    first = cache_location(src, cache_dir)
-    candidates = [first]
-    if cache_dir is None:
-        candidates.append(_xdg_root() / digest)
-    for d in candidates:
-        fd = _usable(d)
+    if cache_dir is not None:
+        candidates = [lambda c: _open_under(Path(cache_dir).absolute(), digest, c)]
+    else:
+        candidates = [
+            lambda c: _open_in_run(src, c),
+            lambda c: _open_under(_xdg_root(), digest, c),
+        ]
+    for i, opener in enumerate(candidates):
+        try:
+            folder = opener(True)
+        except (OSError, _Refused):
+            if i:
+                continue
+            try:  # a read-only mount: the folder may exist, unwritable
+                folder = opener(False)
+            except (OSError, _Refused):
+                continue
+        fd = _lock(folder)
         if fd is not None:
-            return d, fd, None
-        if d == first:
-            current = _current_read_only(src, sfd, kind, d)
+            return folder, fd, None
+        if i == 0:
+            current = _current_read_only(src, sfd, kind, folder)
             if current is not None:
-                return d, None, current
+                return folder, None, current
+        folder.close()
     tried = (
         f"under cache_dir {str(cache_dir)!r}"
         if cache_dir is not None
         else f"beside the runs nor under {_xdg_root()}"
     )
-    d = _temp_dir(tried) / digest
-    fd = _usable(d)
+    folder = _open_under(_temp_dir(tried), digest, True)
+    fd = _lock(folder)
     if fd is None:  # pragma: no cover - the temp dir we just made is not writable
+        folder.close()
         raise OSError(errno.EACCES, f"no writable folder for the query cache of {src}")
-    return d, fd, None
+    return folder, fd, None
 
 
-def _current_read_only(src: Path, sfd: int, kind: str, d: Path) -> CachedSource | None:
-    """The cache in ``d`` (not writable here) when it is trusted and nothing but a torn
+def _current_read_only(src: Path, sfd: int, kind: str, folder: _Folder) -> CachedSource | None:
+    """The cache in ``folder`` (not writable here) when it is trusted and nothing but a torn
     tail follows what it covers; else None. Read without the lock: the manifest is replaced
     atomically and replaced parts outlive it by ``GRACE_S``."""
-    m = _load_manifest(d)
+    m, _problem = _load_manifest(folder)
     if m is None:
         return None
     try:
         st = os.fstat(sfd)
-        if not _trusted(m, src, kind, st, sfd, d):
+        if _check(m, src, kind, st, sfd, folder) != (True, None):
             return None
         tail = st.st_size - m["covered"]
         if tail > (1 << 20) or b"\n" in os.pread(sfd, tail, m["covered"]):
             return None
     except OSError:
         return None
-    return _result(src, kind, d, m)
+    return _result(src, kind, folder.path, m)
 
 
 # --------------------------------------------------------------------------- fingerprint
@@ -257,36 +464,193 @@ def _fingerprint(fd: int, covered: int) -> str:
 # --------------------------------------------------------------------------- manifest
 
 
-def _load_manifest(d: Path) -> dict[str, Any] | None:
+def _is_int(v: Any, low: int = 0) -> bool:
+    return type(v) is int and v >= low
+
+
+def _manifest_problem(m: Any) -> str | None:
+    """What makes a decoded manifest unusable (None: nothing). Every file it names must be
+    a part of this cache's own naming (:data:`PART_RE`): no path, no ``..``, no other file."""
+    if not isinstance(m, dict):
+        return "not a JSON object"
+    for key in ("covered", "lines", "rows", "dev", "ino"):
+        if not _is_int(m.get(key)):
+            return f"{key!r} is not a count"
+    if not isinstance(m.get("source"), str) or m.get("kind") not in _KINDS:
+        return "no source or kind"
+    if m.get("fingerprint") is not None and not isinstance(m.get("fingerprint"), str):
+        return "a bad fingerprint"
+    if m.get("max_step") is not None and type(m.get("max_step")) is not int:
+        return "a bad max_step"
+    if type(m.get("monotonic")) is not bool or type(m.get("merged")) is not bool:
+        return "bad flags"
+    if not _is_int(m.get("bad_lines")):
+        return "a bad count of unreadable lines"
+    first = m.get("bad_first")
+    if first is not None and not (
+        isinstance(first, list)
+        and len(first) == 2
+        and _is_int(first[0])
+        and isinstance(first[1], str)
+    ):
+        return "a bad first unreadable line"
+    parts, garbage = m.get("parts"), m.get("garbage")
+    if not isinstance(parts, list) or not isinstance(garbage, list):
+        return "no list of parts"
+    if len(parts) > 4 * MAX_PARTS or len(garbage) > 4096:
+        return "too many parts"
+    for p in parts:
+        if not isinstance(p, dict) or not isinstance(p.get("file"), str):
+            return "a part without a file name"
+        if not PART_RE.match(p["file"]):
+            return f"the part {p['file']!r}, not a file of its own"
+        if not all(_is_int(p.get(k)) for k in ("rows", "first_line", "lines")):
+            return f"the part {p['file']!r} without its counts"
+        if not _is_int(p.get("bytes"), 1):
+            return f"the part {p['file']!r} without its size"
+    for g in garbage:
+        if not isinstance(g, dict) or not isinstance(g.get("file"), str):
+            return "a replaced part without a file name"
+        if not PART_RE.match(g["file"]):
+            return f"the replaced part {g['file']!r}, not a file of its own"
+        if type(g.get("replaced_at")) not in (int, float):
+            return f"the replaced part {g['file']!r} without its time"
+    return None
+
+
+def _load_manifest(folder: _Folder) -> tuple[dict[str, Any] | None, str | None]:
+    """``(manifest, None)``; ``(None, None)`` when there is none or it is of another version
+    (rebuilt without a word); ``(None, why)`` when it is damaged or names files that are not
+    this cache's own (rebuilt, with a warning)."""
     try:
-        m = json.loads((d / MANIFEST).read_text("utf-8"))
-    except (OSError, ValueError):
-        return None
-    return m if isinstance(m, dict) and m.get("version") == VERSION else None
+        fd = os.open(MANIFEST, _READ_FILE, dir_fd=folder.fd)
+    except FileNotFoundError:
+        return None, None
+    except OSError as exc:
+        return None, f"unreadable ({exc.strerror or exc})"
+    try:
+        st = os.fstat(fd)
+        if not stat.S_ISREG(st.st_mode):
+            return None, "not a regular file"
+        if st.st_size > MAX_MANIFEST_BYTES:
+            return None, f"{st.st_size:,} bytes"
+        data = os.pread(fd, MAX_MANIFEST_BYTES + 1, 0)
+    except OSError as exc:
+        return None, f"unreadable ({exc.strerror or exc})"
+    finally:
+        os.close(fd)
+    try:
+        m = untrusted.load_json_bytes(data)
+    except ValueError:
+        return None, "not JSON (a write cut short?)"
+    if isinstance(m, dict) and m.get("version") != VERSION:
+        return None, None
+    why = _manifest_problem(m)
+    if why is not None:
+        return None, f"names {why}" if why.startswith("the ") else why
+    return m, None
 
 
-def _write_manifest(d: Path, m: dict[str, Any]) -> None:
-    tmp = d / f".tmp-manifest-{os.getpid()}-{secrets.token_hex(4)}.json"
-    tmp.write_text(json.dumps(m), "utf-8")
-    os.replace(tmp, d / MANIFEST)
+def _fsync_dir(folder: _Folder) -> None:
+    try:
+        os.fsync(folder.fd)
+    except OSError:  # pragma: no cover - some file systems cannot sync a folder
+        pass
 
 
-def _trusted(
-    m: dict[str, Any] | None, src: Path, kind: str, st: os.stat_result, fd: int, d: Path
-) -> bool:
+def _write_manifest(folder: _Folder, m: dict[str, Any]) -> None:
+    """Write ``m`` under a temporary name, sync it, rename it into place, sync the folder:
+    after a power cut the manifest is the old one or the new one, never a torn one, and
+    every part it names was synced before it."""
+    import json
+
+    tmp = f".tmp-manifest-{os.getpid()}-{secrets.token_hex(4)}.json"
+    fd = os.open(tmp, _NEW_FILE, 0o644, dir_fd=folder.fd)
+    try:
+        try:
+            data = json.dumps(m).encode("utf-8")
+            view = memoryview(data)
+            while view:
+                view = view[os.write(fd, view) :]
+            os.fsync(fd)
+        finally:
+            os.close(fd)
+        os.replace(tmp, MANIFEST, src_dir_fd=folder.fd, dst_dir_fd=folder.fd)
+    except BaseException:
+        _unlink(folder, tmp)
+        raise
+    _fsync_dir(folder)
+
+
+def _unlink(folder: _Folder, name: str) -> None:
+    """Remove ``name`` from ``folder`` when it is one of the cache's own names (a part or a
+    temporary file); anything else is left alone. A symbolic link is removed, never what it
+    points to."""
+    if not (PART_RE.match(name) or TMP_RE.match(name)):  # pragma: no cover - a bug
+        raise ValueError(f"not a file of the query cache: {name!r}")
+    try:
+        os.unlink(name, dir_fd=folder.fd)
+    except FileNotFoundError:
+        pass
+
+
+def _check(
+    m: dict[str, Any] | None,
+    src: Path,
+    kind: str,
+    st: os.stat_result,
+    fd: int,
+    folder: _Folder,
+) -> tuple[bool, str | None]:
+    """``(True, None)`` when ``m`` covers a prefix of the source as it is now and every part
+    it names is whole; ``(False, None)`` when the source changed or a part is missing
+    (rebuilt without a word); ``(False, why)`` when a part is damaged (rebuilt, warned)."""
     if m is None or m.get("kind") != kind or m.get("source") != str(src):
-        return False
+        return False, None
     if m.get("dev") != st.st_dev or m.get("ino") != st.st_ino:
-        return False
-    covered = m.get("covered")
-    if not isinstance(covered, int) or covered > st.st_size:
-        return False
-    if any(not (d / p["file"]).is_file() for p in m.get("parts", [])):
-        return False
+        return False, None
+    covered = m["covered"]
+    if covered > st.st_size:
+        return False, None
+    for p in m["parts"]:
+        why = _part_problem(folder, p)
+        if why == "":
+            return False, None
+        if why is not None:
+            return False, f"part {p['file']}: {why}"
     try:
-        return _fingerprint(fd, covered) == m.get("fingerprint")
+        return _fingerprint(fd, covered) == m.get("fingerprint"), None
     except OSError:
-        return False
+        return False, None
+
+
+def _part_problem(folder: _Folder, p: dict[str, Any]) -> str | None:
+    """None when the part is whole (a regular file of this user, of the size written, with
+    Parquet's magic at both ends); "" when it is missing; else what is wrong with it."""
+    try:
+        fd = os.open(p["file"], _READ_FILE, dir_fd=folder.fd)
+    except FileNotFoundError:
+        return ""
+    except OSError as exc:
+        if exc.errno == errno.ELOOP:
+            return "a symbolic link"
+        return exc.strerror or str(exc)
+    try:
+        st = os.fstat(fd)
+        if not stat.S_ISREG(st.st_mode):
+            return "not a regular file"
+        uid = _euid()
+        if uid is not None and st.st_uid != uid:
+            return f"owned by uid {st.st_uid}"
+        if st.st_size != p["bytes"]:
+            return f"{st.st_size:,} bytes where {p['bytes']:,} were written (cut short?)"
+        if os.pread(fd, 4, 0) != _MAGIC or os.pread(fd, 4, st.st_size - 4) != _MAGIC:
+            return "not a whole Parquet file"
+    except OSError as exc:
+        return exc.strerror or str(exc)
+    finally:
+        os.close(fd)
+    return None
 
 
 def _fresh_manifest(src: Path, kind: str, st: os.stat_result) -> dict[str, Any]:
@@ -303,6 +667,8 @@ def _fresh_manifest(src: Path, kind: str, st: os.stat_result) -> dict[str, Any]:
         "max_step": None,
         "monotonic": True,
         "merged": True,
+        "bad_lines": 0,
+        "bad_first": None,
         "parts": [],
         "garbage": [],
     }
@@ -335,44 +701,123 @@ def _new_part_name(first_line: int) -> str:
     return f"part-{first_line:012d}-{secrets.token_hex(4)}.parquet"
 
 
-def _append(fd: int, d: Path, kind: str, m: dict[str, Any], end: int) -> None:
-    """Decode the complete lines of ``[m["covered"], end)`` into one new part; update ``m``."""
-    import pyarrow.parquet as pq
-
-    writer = None
-    tmp = d / f".tmp-{os.getpid()}-{secrets.token_hex(4)}.parquet"
-    first = m["lines"]
+def _decode_into(
+    writer_of: Any, fd: int, kind: str, m: dict[str, Any], end: int
+) -> tuple[int, int, int]:
+    """Decode the complete lines of ``[m["covered"], end)`` into the writer ``writer_of()``
+    makes on first use (one row group per block); update ``m``'s steps and unreadable lines.
+    Returns ``(rows, covered, lines)``."""
     rows = 0
     covered = m["covered"]
     lines = m["lines"]
+    bad = scan.BadLines()
+    if m["bad_lines"]:
+        bad.count = m["bad_lines"]
+        bad.first = tuple(m["bad_first"]) if m["bad_first"] else None  # type: ignore[assignment]
+    writer = None
+    for new_covered, chunk in _blocks(fd, covered, end):
+        if kind == "metrics":
+            table, steps = scan.decode_metrics_block(chunk, lines, bad)
+            _track_steps(m, steps)
+        else:
+            table = scan.decode_spans_block(chunk, lines, bad)
+        lines += chunk.count(b"\n")
+        covered = new_covered
+        if table.num_rows:
+            if writer is None:
+                writer = writer_of()
+            writer.write_table(table)
+            rows += table.num_rows
+    m["bad_lines"] = bad.count
+    m["bad_first"] = list(bad.first) if bad.first else None
+    return rows, covered, lines
+
+
+def _append(fd: int, folder: _Folder, kind: str, m: dict[str, Any], end: int) -> None:
+    """Decode the complete lines of ``[m["covered"], end)`` into one new part (written under
+    a temporary name, synced, renamed into place); update ``m``."""
+    import pyarrow.parquet as pq
+
+    tmp = f".tmp-{os.getpid()}-{secrets.token_hex(4)}.parquet"
+    first = m["lines"]
+    state: dict[str, Any] = {}
+
+    def writer_of() -> Any:
+        f = os.fdopen(os.open(tmp, _NEW_FILE, 0o644, dir_fd=folder.fd), "wb")
+        state["file"] = f
+        state["writer"] = pq.ParquetWriter(f, scan.schema(kind), **scan.WRITE_OPTIONS[kind])
+        return state["writer"]
+
     try:
-        for new_covered, chunk in _blocks(fd, covered, end):
-            if kind == "metrics":
-                table, steps = scan.decode_metrics_block(chunk, lines)
-                _track_steps(m, steps)
-            else:
-                table = scan.decode_spans_block(chunk, lines)
-            lines += chunk.count(b"\n")
-            covered = new_covered
-            if table.num_rows:
-                if writer is None:
-                    writer = pq.ParquetWriter(tmp, scan.schema(kind), **scan.WRITE_OPTIONS[kind])
-                writer.write_table(table)
-                rows += table.num_rows
-        if writer is not None:
-            writer.close()
-            writer = None
+        rows, covered, lines = _decode_into(writer_of, fd, kind, m, end)
+        if "writer" in state:
+            state.pop("writer").close()
+            f = state.pop("file")
+            f.flush()
+            os.fsync(f.fileno())
+            size = os.fstat(f.fileno()).st_size
+            f.close()
             name = _new_part_name(first)
-            os.replace(tmp, d / name)
-            m["parts"].append({"file": name, "rows": rows, "first_line": first, "lines": lines})
+            os.replace(tmp, name, src_dir_fd=folder.fd, dst_dir_fd=folder.fd)
+            m["parts"].append(
+                {"file": name, "rows": rows, "first_line": first, "lines": lines, "bytes": size}
+            )
     finally:
-        if writer is not None:
-            writer.close()
-        if tmp.exists():
-            tmp.unlink()
+        w = state.pop("writer", None)
+        if w is not None:
+            try:
+                w.close()
+            except Exception:  # noqa: BLE001 - a full disk fails the close too
+                pass
+        f = state.pop("file", None)
+        if f is not None:
+            try:
+                f.close()
+            except OSError:
+                pass
+            _unlink(folder, tmp)
     m["covered"] = covered
     m["lines"] = lines
     m["rows"] += rows
+
+
+def _in_memory(src: Path, sfd: int, kind: str) -> CachedSource:
+    """Every complete line of the source decoded into a Parquet file held in memory (no
+    cache folder could be written, or it kept vanishing): the query still answers."""
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    st = os.fstat(sfd)
+    m = _fresh_manifest(src, kind, st)
+    sink = pa.BufferOutputStream()
+    state: dict[str, Any] = {}
+
+    def writer_of() -> Any:
+        state["w"] = pq.ParquetWriter(sink, scan.schema(kind), **scan.WRITE_OPTIONS[kind])
+        return state["w"]
+
+    rows, covered, lines = _decode_into(writer_of, sfd, kind, m, st.st_size)
+    memory: tuple[Any, ...] = ()
+    if "w" in state:
+        state["w"].close()
+        memory = (sink.getvalue(),)
+    m.update(covered=covered, lines=lines, rows=rows)
+    merged = True
+    if kind == "metrics" and not m["monotonic"] and memory:
+        merged = _exact_merged([pq.ParquetFile(pa.BufferReader(memory[0]))])
+    return CachedSource(
+        source=src,
+        kind=kind,
+        parts=(),
+        covered=covered,
+        rows=rows,
+        merged=merged,
+        lines=lines,
+        cache_dir=None,
+        memory=memory,
+        bad_lines=m["bad_lines"],
+        bad_first=tuple(m["bad_first"]) if m["bad_first"] else None,  # type: ignore[arg-type]
+    )
 
 
 def _track_steps(m: dict[str, Any], steps: Any) -> None:
@@ -395,17 +840,33 @@ def _track_steps(m: dict[str, Any], steps: Any) -> None:
     m["max_step"] = steps[len(steps) - 1].as_py()
 
 
-def _exact_merged(d: Path, m: dict[str, Any]) -> bool:
-    """True when no ``step`` occurs in two lines of the parts (read back, a row group at a
-    time, when the steps were not increasing). The rows of one line are consecutive and
-    never split between row groups."""
+class _Damaged(Exception):
+    """A part that passed the cheap checks cannot be read (``why``): rebuild."""
+
+
+def _read_part(folder: _Folder, p: dict[str, Any]) -> Any:
+    """A part of ``folder`` as a ``pyarrow.parquet.ParquetFile`` (:class:`_Damaged` when it
+    cannot be read as one)."""
     import pyarrow as pa
-    import pyarrow.compute as pc
     import pyarrow.parquet as pq
 
+    try:
+        return pq.ParquetFile(str(folder.path / p["file"]))
+    except FileNotFoundError:
+        raise
+    except (OSError, pa.ArrowException) as exc:
+        raise _Damaged(f"part {p['file']}: {exc}") from None
+
+
+def _exact_merged(files: Any) -> bool:
+    """True when no ``step`` occurs in two lines of the parts (``ParquetFile``s, read back a
+    row group at a time, when the steps were not increasing). The rows of one line are
+    consecutive and never split between row groups."""
+    import pyarrow as pa
+    import pyarrow.compute as pc
+
     seen: set[Any] = set()
-    for p in m["parts"]:
-        f = pq.ParquetFile(d / p["file"])
+    for f in files:
         for g in range(f.num_row_groups):
             t = f.read_row_group(g, columns=["step", "line"])
             if not t.num_rows:
@@ -420,10 +881,26 @@ def _exact_merged(d: Path, m: dict[str, Any]) -> bool:
     return True
 
 
+def _exact_merged_parts(folder: _Folder, m: dict[str, Any]) -> bool:
+    import pyarrow as pa
+
+    def files() -> Any:
+        for p in m["parts"]:
+            yield _read_part(folder, p)
+
+    try:
+        return _exact_merged(files())
+    except (OSError, pa.ArrowException) as exc:
+        if isinstance(exc, FileNotFoundError):
+            raise
+        raise _Damaged(str(exc)) from None
+
+
 # --------------------------------------------------------------------------- compaction
 
 
-def _compact(d: Path, kind: str, m: dict[str, Any], now: float) -> None:
+def _compact(folder: _Folder, kind: str, m: dict[str, Any], now: float) -> None:
+    import pyarrow as pa
     import pyarrow.parquet as pq
 
     parts = m["parts"]
@@ -435,39 +912,52 @@ def _compact(d: Path, kind: str, m: dict[str, Any], now: float) -> None:
     run = parts[i:]
     if len(run) < 2:
         return
-    tmp = d / f".tmp-{os.getpid()}-{secrets.token_hex(4)}.parquet"
+    tmp = f".tmp-{os.getpid()}-{secrets.token_hex(4)}.parquet"
     rows = 0
+    f = os.fdopen(os.open(tmp, _NEW_FILE, 0o644, dir_fd=folder.fd), "wb")
     try:
-        with pq.ParquetWriter(tmp, scan.schema(kind), **scan.WRITE_OPTIONS[kind]) as w:
+        with pq.ParquetWriter(f, scan.schema(kind), **scan.WRITE_OPTIONS[kind]) as w:
             for p in run:
-                f = pq.ParquetFile(d / p["file"])
-                for g in range(f.num_row_groups):
-                    t = f.read_row_group(g)
-                    rows += t.num_rows
-                    w.write_table(t)
+                pf = _read_part(folder, p)
+                try:
+                    for g in range(pf.num_row_groups):
+                        t = pf.read_row_group(g)
+                        rows += t.num_rows
+                        w.write_table(t)
+                except pa.ArrowException as exc:
+                    raise _Damaged(f"part {p['file']}: {exc}") from None
+                finally:
+                    pf.close()
+        f.flush()
+        os.fsync(f.fileno())
+        size = os.fstat(f.fileno()).st_size
+        f.close()
         name = _new_part_name(run[0]["first_line"])
-        os.replace(tmp, d / name)
+        os.replace(tmp, name, src_dir_fd=folder.fd, dst_dir_fd=folder.fd)
     finally:
-        if tmp.exists():
-            tmp.unlink()
+        if not f.closed:
+            f.close()
+        _unlink(folder, tmp)
     merged_part = {
         "file": name,
         "rows": rows,
         "first_line": run[0]["first_line"],
         "lines": run[-1]["lines"],
+        "bytes": size,
     }
     m["parts"] = parts[:i] + [merged_part]
     m["garbage"].extend({"file": p["file"], "replaced_at": now} for p in run)
 
 
-def _collect_garbage(d: Path, m: dict[str, Any], now: float) -> None:
+def _collect_garbage(folder: _Folder, m: dict[str, Any], now: float) -> None:
+    """Remove replaced parts past their grace time, temporary files of a refresh that died
+    and parts no manifest lists (after the grace time): only names of the cache's own
+    (:data:`PART_RE`, :data:`TMP_RE`), in its own folder, a symbolic link as itself."""
     keep = []
     for g in m.get("garbage", []):
         if now - g.get("replaced_at", 0) >= GRACE_S:
             try:
-                (d / g["file"]).unlink()
-            except FileNotFoundError:
-                pass
+                _unlink(folder, g["file"])
             except OSError:
                 keep.append(g)
         else:
@@ -475,14 +965,20 @@ def _collect_garbage(d: Path, m: dict[str, Any], now: float) -> None:
     m["garbage"] = keep
     # leftovers of a refresh that died (we hold the lock: nobody else writes here)
     listed = {p["file"] for p in m["parts"]} | {g["file"] for g in keep}
-    for q in d.iterdir():
-        n = q.name
-        if n.startswith(".tmp-") or (n.startswith("part-") and n not in listed):
-            try:
-                if now - q.stat().st_mtime >= GRACE_S or n.startswith(".tmp-"):
-                    q.unlink()
-            except OSError:
-                pass
+    try:
+        names = os.listdir(folder.fd)
+    except OSError:
+        return
+    for n in names:
+        try:
+            if TMP_RE.match(n):
+                _unlink(folder, n)
+            elif PART_RE.match(n) and n not in listed:
+                st = os.stat(n, dir_fd=folder.fd, follow_symlinks=False)
+                if now - st.st_mtime >= GRACE_S:
+                    _unlink(folder, n)
+        except OSError:
+            pass
 
 
 # --------------------------------------------------------------------------- refresh
@@ -498,78 +994,152 @@ def refresh(
     """Make the cache of ``source`` cover every complete line now in it.
 
     ``kind``: ``"metrics"`` or ``"spans"``. Reads only the bytes appended since the last
-    refresh; rebuilds when the cached prefix no longer matches the file (see the module
-    docstring). Safe to call while another process appends to ``source`` and while another
-    process refreshes the same source. With ``root``, ``source`` is opened only if it is a
-    regular file lying inside ``root`` (:func:`expr_tracker.history.untrusted.open_regular`:
-    never a FIFO, never a link out of the folder; ``et ui`` passes the folder it serves).
+    refresh; rebuilds when the cached prefix no longer matches the file or the cache is
+    damaged (see the module docstring). Safe to call while another process appends to
+    ``source``, while another process refreshes the same source, and while the cache
+    folder is deleted. ``root``: the folder ``source`` must lie in (default: its parent; a
+    reader gives the run directory's real path as it discovered it, ``et ui`` the folder
+    it serves), so a file swapped for a symbolic link to elsewhere is refused, and a FIFO
+    is never waited on (:func:`expr_tracker.history.untrusted.open_regular`).
 
-    Raises ``ValueError`` for another ``kind`` or a ``source`` that is not a regular file,
-    ``FileNotFoundError`` when ``source`` does not exist, ``ImportError`` (naming ``pip install 'expr-tracker[query]'``) without
-    pyarrow.
+    When no cache folder can be written (a full disk), the rows come back in memory
+    (:attr:`CachedSource.memory`), with one warning naming the folder.
+
+    Raises ``ValueError`` for another ``kind``; ``FileNotFoundError`` when ``source`` does
+    not exist; ``PermissionError`` when it cannot be read;
+    :class:`~expr_tracker.history.untrusted.UnsafeFileError` (an ``OSError``) when it is not
+    a regular file (a FIFO, a device, a folder) or lies outside ``root``; another
+    ``OSError`` when reading it fails; ``ImportError`` (naming ``pip install
+    'expr-tracker[query]'``) without pyarrow.
     """
     if kind not in _KINDS:
         raise ValueError(f"kind={kind!r} is not valid: use 'metrics' or 'spans'")
     _need_pyarrow()
     src = Path(source).absolute()
-    if root is not None:
-        from expr_tracker.history.untrusted import open_regular
-
-        sfd = open_regular(src, root=root)  # UnsafeFileError: a FIFO, a link out of root
-    else:
-        sfd = os.open(src, os.O_RDONLY)  # FileNotFoundError names the path
+    sfd = untrusted.open_regular(src, root=root if root is not None else src.parent)
     try:
-        if not stat.S_ISREG(os.fstat(sfd).st_mode):
-            raise ValueError(f"source {str(src)!r} is not a regular file (a JSONL file is)")
-        d, lock_fd, current = _open_cache(src, cache_dir, sfd, kind)
-        if current is not None:
-            return current
-        assert lock_fd is not None
-        try:
-            if fcntl is not None:
-                fcntl.flock(lock_fd, fcntl.LOCK_EX)
-            return _refresh_locked(src, sfd, kind, d)
-        finally:
-            os.close(lock_fd)  # releases the flock
+        for _attempt in range(RETRIES + 1):
+            folder, lock_fd, current = _open_cache(src, cache_dir, sfd, kind)
+            try:
+                if current is not None:
+                    return current
+                assert lock_fd is not None
+                if fcntl is not None:
+                    fcntl.flock(lock_fd, fcntl.LOCK_EX)
+                return _refresh_locked(src, sfd, kind, folder)
+            except OSError as exc:
+                if folder.gone() or isinstance(exc, FileNotFoundError):
+                    continue  # the cache folder was deleted under us: make it again
+                if _source_error(exc, sfd):
+                    raise
+                # one line per disk and cause (a full disk fails every run's cache)
+                _warner.warn(
+                    ("write", _device(folder), exc.errno),
+                    "expr_tracker: cannot write the query cache in %s (%s): reading %s "
+                    "without it, in memory (and any other run whose cache is on that disk)",
+                    folder.path,
+                    exc.strerror or exc,
+                    src,
+                )
+                return _in_memory(src, sfd, kind)
+            finally:
+                if lock_fd is not None:
+                    os.close(lock_fd)  # releases the flock
+                folder.close()
+        _warner.warn(
+            ("vanished", str(src)),
+            "expr_tracker: the query cache of %s was deleted %d times while it was being "
+            "written: reading it without a cache, in memory",
+            src,
+            RETRIES + 1,
+        )
+        return _in_memory(src, sfd, kind)
     finally:
         os.close(sfd)
 
 
-def _refresh_locked(src: Path, sfd: int, kind: str, d: Path) -> CachedSource:
+def _device(folder: _Folder) -> Any:
+    try:
+        return os.fstat(folder.fd).st_dev
+    except OSError:
+        return str(folder.path)
+
+
+def _source_error(exc: OSError, sfd: int) -> bool:
+    """True when ``exc`` came from reading the source (it names it, or the source itself
+    can no longer be read), not from writing the cache."""
+    try:
+        os.pread(sfd, 1, 0)
+    except OSError:
+        return True
+    return False
+
+
+def _refresh_locked(src: Path, sfd: int, kind: str, folder: _Folder) -> CachedSource:
     st = os.fstat(sfd)
     now = time.time()
-    m = _load_manifest(d)
+    m, problem = _load_manifest(folder)
+    ok, part_problem = _check(m, src, kind, st, sfd, folder)
+    why = problem or part_problem
+    if why:
+        _warn_rebuilt(folder, src, why)
+    for _attempt in (1, 2):
+        try:
+            return _update(src, sfd, kind, folder, m, ok, st, now)
+        except _Damaged as exc:
+            _warn_rebuilt(folder, src, str(exc))
+            ok = False
+    raise OSError(errno.EIO, f"the query cache in {folder.path} cannot be rebuilt")
+
+
+def _warn_rebuilt(folder: _Folder, src: Path, why: str) -> None:
+    _warner.warn(
+        ("damaged", str(folder.path), why),
+        "expr_tracker: the query cache in %s was damaged or not its own (%s): rebuilt from %s",
+        folder.path,
+        why,
+        src,
+    )
+
+
+def _update(
+    src: Path,
+    sfd: int,
+    kind: str,
+    folder: _Folder,
+    m: dict[str, Any] | None,
+    ok: bool,
+    st: os.stat_result,
+    now: float,
+) -> CachedSource:
     changed = False
-    if not _trusted(m, src, kind, st, sfd, d):
+    if not ok or m is None:
         old = m
         m = _fresh_manifest(src, kind, st)
-        if old is not None:
-            m["garbage"] = list(old.get("garbage", []))
-            m["garbage"].extend(
-                {"file": p["file"], "replaced_at": now} for p in old.get("parts", [])
-            )
+        if old is not None:  # a valid manifest: every name it holds is a part of our own
+            m["garbage"] = list(old["garbage"])
+            m["garbage"].extend({"file": p["file"], "replaced_at": now} for p in old["parts"])
         changed = True
-    assert m is not None
     end = st.st_size
     if end > m["covered"]:
         before = m["covered"]
-        _append(sfd, d, kind, m, end)
+        _append(sfd, folder, kind, m, end)
         if m["covered"] != before:
             changed = True
             m["fingerprint"] = _fingerprint(sfd, m["covered"])
             if kind == "metrics" and m["merged"] and not m["monotonic"]:
-                m["merged"] = _exact_merged(d, m)
+                m["merged"] = _exact_merged_parts(folder, m)
     if m["fingerprint"] is None:
         m["fingerprint"] = _fingerprint(sfd, m["covered"])
         changed = True
     if len(m["parts"]) > MAX_PARTS:
-        _compact(d, kind, m, now)
+        _compact(folder, kind, m, now)
         changed = True
     if m["garbage"] or changed:
-        _collect_garbage(d, m, now)
+        _collect_garbage(folder, m, now)
     if changed:
-        _write_manifest(d, m)
-    return _result(src, kind, d, m)
+        _write_manifest(folder, m)
+    return _result(src, kind, folder.path, m)
 
 
 def _result(src: Path, kind: str, d: Path, m: dict[str, Any]) -> CachedSource:
@@ -582,7 +1152,29 @@ def _result(src: Path, kind: str, d: Path, m: dict[str, Any]) -> CachedSource:
         merged=bool(m["merged"]) if kind == "metrics" else True,
         lines=m["lines"],
         cache_dir=d,
+        bad_lines=m["bad_lines"],
+        bad_first=tuple(m["bad_first"]) if m["bad_first"] else None,  # type: ignore[arg-type]
     )
+
+
+def invalidate(part: str | os.PathLike[str]) -> bool:
+    """Make the next refresh rebuild the cache holding ``part`` (a part DuckDB could not
+    read): its folder's manifest is removed, only when ``part`` is named as a part of the
+    cache's own and its folder is this user's. Returns True when a manifest was removed."""
+    p = Path(part)
+    if not PART_RE.match(p.name):
+        return False
+    try:
+        fd = _open_dir(p.parent, None, False)
+    except (OSError, _Refused):
+        return False
+    try:
+        os.unlink(MANIFEST, dir_fd=fd)
+        return True
+    except OSError:
+        return False
+    finally:
+        os.close(fd)
 
 
 def _need_pyarrow() -> None:

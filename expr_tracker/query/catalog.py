@@ -16,6 +16,13 @@ Identity of a run directory (the same for all its producers):
   Hydra multirun whose jobs share a name), each of them gets its path relative to the root
   instead (``"copy-a/proj/run1"``; the absolute path when the root is that run itself), so
   two runs are never merged.
+
+Every file is untrusted input (docs/query.md "Security"): ``run*.json`` and the metrics
+sidecar are read with :mod:`expr_tracker.history.untrusted` (regular files only, inside the
+run directory's real path as discovered, JSON depth-limited); one that cannot be read is
+passed over here (the views say why). A producer file that is not a regular file (a FIFO
+named ``metrics.jsonl``) is still listed, so its run is reported as unreadable instead of
+silently missing.
 """
 
 from __future__ import annotations
@@ -27,9 +34,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from expr_tracker.history import untrusted
 from expr_tracker.history.rundirs import find_runs
-from expr_tracker.history.runinfo import read_run_info
-from expr_tracker.history.untrusted import read_json
 
 __all__ = ["Producer", "discover", "producers_of"]
 
@@ -54,7 +60,9 @@ class Producer:
     absent). ``stream`` None is the main stream; ``rank`` 0.. comes from the ``.rankN``
     file-name suffix. ``qualifier``: the run directory's path (relative to the searched
     root) when another run directory there has the same ``project/name``; it then replaces
-    ``project/name`` as :attr:`run_id`."""
+    ``project/name`` as :attr:`run_id`. ``real_dir``: the run directory's real path when it
+    was discovered: every file of the run is read only if it lies inside it (``root=`` of
+    :mod:`expr_tracker.history.untrusted`)."""
 
     run_dir: Path
     project: str | None
@@ -69,6 +77,13 @@ class Producer:
     config: Path | None = None
     artifacts: Path | None = None
     qualifier: str | None = None
+    real_dir: Path | None = None
+
+    @property
+    def root(self) -> Path:
+        """The folder this producer's files must lie in: :attr:`real_dir` (its parent
+        folder's real path for a producer made without one)."""
+        return self.real_dir if self.real_dir is not None else Path(os.path.realpath(self.run_dir))
 
     @property
     def run_id(self) -> str:
@@ -83,23 +98,32 @@ def _str_or_none(v: Any) -> str | None:
     return v if isinstance(v, str) and v else None
 
 
-def _identity(run_dir: Path, files: dict[tuple[str | None, int], dict[str, Path]]) -> tuple:
+def _read(path: Path, real: Path) -> Any:
+    """The JSON in a small file of the run, None when it cannot be read (any reason)."""
+    try:
+        return untrusted.read_json(path, root=real)
+    except (OSError, ValueError):
+        return None
+
+
+def _identity(
+    run_dir: Path, files: dict[tuple[str | None, int], dict[str, Path]], real: Path
+) -> tuple:
     """``(project, name)`` of a run directory; see the module docstring."""
     keys = sorted(files, key=lambda k: (k[0] or "", k[1]))
     for key in keys:
         rf = files[key].get("run_file")
         if rf is not None:
-            info = read_run_info(rf, repair=False) or {}
+            info = _read(rf, real)
+            info = info if isinstance(info, dict) else {}
             name = _str_or_none(info.get("name"))
             if name is not None:
                 return _str_or_none(info.get("project")), name
     for key in keys:
         meta = files[key].get("meta")
         if meta is not None:
-            try:  # read_json: a FIFO named metrics.meta.json must not block discovery
-                block = read_json(meta).get("run")
-            except (OSError, ValueError, AttributeError):
-                continue
+            doc = _read(meta, real)
+            block = doc.get("run") if isinstance(doc, dict) else None
             if isinstance(block, dict) and _str_or_none(block.get("name")):
                 return _str_or_none(block.get("project")), block["name"]
     parent = run_dir.parent.name
@@ -110,6 +134,7 @@ def _producers_of(run_dir: Path) -> list[Producer]:
     files: dict[tuple[str | None, int], dict[str, Path]] = {}
     configs: dict[str | None, Path] = {}
     try:
+        real = Path(os.path.realpath(run_dir))
         entries = sorted(os.listdir(run_dir))
     except OSError:
         return []
@@ -126,12 +151,14 @@ def _producers_of(run_dir: Path) -> list[Producer]:
         for field, rx in _PRODUCER_FILES.items():
             m = rx.match(fname)
             if m:
-                if path.is_file():
+                # anything but a folder: a FIFO or a link to elsewhere is listed, and its
+                # reader says why it cannot be read
+                if not path.is_dir():
                     files.setdefault((m.group(1), int(m.group(2) or 0)), {})[field] = path
                 break
     # a metrics sidecar alone is no producer
     files = {k: v for k, v in files.items() if any(f in v for f in _FIELDS)}
-    project, name = _identity(run_dir, files)
+    project, name = _identity(run_dir, files, real)
     return [
         Producer(
             run_dir=run_dir,
@@ -140,6 +167,7 @@ def _producers_of(run_dir: Path) -> list[Producer]:
             stream=stream,
             rank=rank,
             config=configs.get(stream),
+            real_dir=real,
             **{f: fs.get(f) for f in _FIELDS},
         )
         for (stream, rank), fs in files.items()

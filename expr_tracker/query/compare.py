@@ -25,6 +25,7 @@ from pathlib import Path
 from typing import Any
 
 from expr_tracker.errors import ExprTrackerError
+from expr_tracker.history import untrusted
 from expr_tracker.history.metricdefs import MetricDefs
 from expr_tracker.history.paths import file_name, validate_stream
 from expr_tracker.history.rundirs import producer_infos, producer_status, worst_status
@@ -179,15 +180,13 @@ def _read_object(path: Path | None, warnings: list[str], label: str) -> dict[str
     None with a warning when it is unreadable or not an object (a torn write)."""
     if path is None:
         return None
-    try:
-        text = path.read_text("utf-8")
+    try:  # a regular file inside its run directory, JSON depth-limited (docs/query.md)
+        value = untrusted.read_json(path, root=path.parent)
     except FileNotFoundError:
         return None
     except OSError as exc:
         warnings.append(f"{label}: {path.name} unreadable ({exc}); left out")
         return None
-    try:
-        value = json.loads(text)
     except ValueError as exc:
         warnings.append(f"{label}: {path.name} is not valid JSON ({exc}); left out")
         return None

@@ -33,7 +33,9 @@ never leaves a complete-looking file.
 from __future__ import annotations
 
 import fnmatch
+import logging
 import os
+import re
 import shutil
 import tempfile
 import time as _time
@@ -59,6 +61,7 @@ HIVE_NULL = "__HIVE_DEFAULT_PARTITION__"
 _HIVE_SPECIAL = set("\"#%'*/:=?\\\x7f{[]^")
 _EXTENSIONS = {"parquet": "parquet", "csv": "csv", "jsonl": "jsonl"}
 _INSTALL = "pip install 'expr-tracker[query]'"
+log = logging.getLogger("expr_tracker")
 
 
 #: output suffix -> format, when no format is given
@@ -124,22 +127,63 @@ def hive_unescape(text: str) -> str | None:
 class _Source:
     producer: Any  # query.catalog.Producer
     cached: Any  # query.cache.CachedSource
+    cache_dir: Path | None = None
     in_order: bool = True  # lines and steps non-decreasing over the parts, in order
     stats: dict[str, list[bool]] = field(default_factory=dict)  # metric -> [has text]
+    limit: int = -1  # the lines of the first refresh: a later one's rows past it are left out
+
+    def __post_init__(self) -> None:
+        if self.limit < 0:
+            self.limit = self.cached.lines
 
 
 def _parts(src: _Source) -> Iterator[Any]:
-    """The cache parts of one refresh, opened one at a time (a folder of many runs must not
-    hold a file descriptor per part). A part that a later refresh replaces stays on disk
-    for 10 minutes (query.cache), so the snapshot stays readable while we export it."""
+    """The cache parts of one refresh, all opened before the first is read (a cache folder
+    deleted after that cannot take them away), one producer at a time (a folder of many runs
+    must not hold a file descriptor per part). A part that a later refresh replaces stays on
+    disk for 10 minutes (query.cache), so the snapshot stays readable while we export it; a
+    part deleted before it was opened (a cleaner deleting ``.et-cache``) is made again by a
+    new refresh, whose rows past the first refresh's lines are left out (:func:`_limited`)."""
+    import pyarrow as pa
     import pyarrow.parquet as pq
 
-    for path in src.cached.parts:
-        pf = pq.ParquetFile(str(path), read_dictionary=["metric"])
+    from expr_tracker.query.tables import Problems
+    from expr_tracker.query.views import cache_of
+
+    files: list[Any] = []
+    for _attempt in range(4):
+        if src.cached.memory:
+            files = [
+                pq.ParquetFile(pa.BufferReader(b), read_dictionary=["metric"])
+                for b in src.cached.memory
+            ]
+            break
         try:
-            yield pf
-        finally:
-            pf.close()
+            for path in src.cached.parts:
+                files.append(pq.ParquetFile(str(path), read_dictionary=["metric"]))
+            break
+        except FileNotFoundError:
+            for f in files:
+                f.close()
+            files = []
+            cached, _ = cache_of(src.producer, "metrics", src.cache_dir, Problems())
+            if cached is None:
+                raise
+            src.cached = cached
+    else:
+        raise OSError(f"the query cache of {src.producer.metrics} kept vanishing")
+    try:
+        yield from files
+    finally:
+        for f in files:
+            f.close()
+
+
+def _limited(src: _Source, batch: Any, pc: Any) -> Any:
+    """``batch`` without rows of lines the first refresh did not cover."""
+    if src.cached.lines <= src.limit:
+        return batch
+    return batch.filter(pc.less(batch.column("line"), src.limit))
 
 
 def _need_pyarrow() -> Any:
@@ -250,6 +294,7 @@ def _scan(src: _Source, pa: Any, pq: Any, pc: Any) -> None:
             need_text = st is None or not st.has_null_count or st.null_count < meta.num_rows
             cols = ["step", "line", "metric", *(["text"] if need_text else [])]
             for b in pf.iter_batches(batch_size=BATCH_ROWS, row_groups=[rg], columns=cols):
+                b = _limited(src, b, pc)
                 if b.column("step").null_count:  # lines without an int _step: not rows
                     b = b.filter(pc.is_valid(b.column("step")))
                 if b.num_rows == 0:
@@ -322,12 +367,15 @@ def _column_names(metrics: list[str]) -> list[str]:
 # -- the row stream ---------------------------------------------------------------------------
 
 
-def _part_batches(pf: Any, cols: list[str]) -> Iterator[Any]:
+def _part_batches(pf: Any, cols: list[str], src: _Source) -> Iterator[Any]:
     """The batches of one cache part, a row group at a time: one ``iter_batches`` over a
     whole file keeps allocating (pyarrow 26: +32 MB per ~20M rows read, freed only when the
     reader ends), which put a 10M-step export past its 500 MB budget."""
+    import pyarrow.compute as pc
+
     for rg in range(pf.metadata.num_row_groups):
-        yield from pf.iter_batches(batch_size=BATCH_ROWS, row_groups=[rg], columns=cols)
+        for b in pf.iter_batches(batch_size=BATCH_ROWS, row_groups=[rg], columns=cols):
+            yield _limited(src, b, pc)
 
 
 def _ordered_batches(src: _Source, pa: Any, tmpdir: str) -> Iterator[Any]:
@@ -335,7 +383,7 @@ def _ordered_batches(src: _Source, pa: Any, tmpdir: str) -> Iterator[Any]:
     cols = ["step", "time", "metric", "value", "text", "line"]
     if src.in_order:
         for pf in _parts(src):
-            yield from _part_batches(pf, cols)
+            yield from _part_batches(pf, cols, src)
         return
     duckdb = _need_duckdb()
     con = duckdb.connect(
@@ -349,15 +397,16 @@ def _ordered_batches(src: _Source, pa: Any, tmpdir: str) -> Iterator[Any]:
     try:
         # the parts reach DuckDB as an Arrow stream, not as paths: a run directory named
         # with [, * or ? would be a glob pattern to read_parquet
-        first = next(iter(_parts(src)), None)
+        opened = _parts(src)
+        first = next(opened, None)
         if first is None:
             return
         schema = first.schema_arrow
-        first.close()
+        opened.close()
 
         def parts() -> Iterator[Any]:
             for pf in _parts(src):
-                yield from _part_batches(pf, cols)
+                yield from _part_batches(pf, cols, src)
 
         con.register(
             "parts",
@@ -617,8 +666,54 @@ def _write(path: Path, fmt: str, schema: Any, batches: Iterator[Any]) -> int:
 # -- files and renames ------------------------------------------------------------------------
 
 
+def _host() -> str:
+    import socket
+
+    return re.sub(r"[^A-Za-z0-9_-]", "-", socket.gethostname())[:64] or "host"
+
+
 def _temp_beside(path: Path) -> Path:
-    return path.with_name(f".{path.name}.{os.getpid()}.partial")
+    """``.NAME.HOST.PID.partial`` beside ``path``: where the export is written."""
+    return path.with_name(f".{path.name}.{_host()}.{os.getpid()}.partial")
+
+
+def _remove_stale_partials(path: Path) -> list[Path]:
+    """Remove what an export to ``path`` killed before it finished left beside it: entries
+    named as :func:`_temp_beside` names them (or ``.NAME.PID.partial``, as earlier versions
+    did) whose process, on this host, is gone. Nothing else is touched; an export of another
+    host or still running keeps its own. Returns what was removed."""
+    pattern = re.compile(
+        rf"^\.{re.escape(path.name)}\.(?:(?P<host>[A-Za-z0-9_-]+)\.)?(?P<pid>[0-9]+)\.partial$"
+    )
+    removed = []
+    try:
+        names = os.listdir(path.parent if str(path.parent) else ".")
+    except OSError:
+        return removed
+    host = _host()
+    for name in names:
+        m = pattern.match(name)
+        if m is None or (m.group("host") not in (None, host)):
+            continue
+        pid = int(m.group("pid"))
+        if pid == os.getpid() or _alive(pid):
+            continue
+        stale = path.with_name(name)
+        _remove(stale)
+        removed.append(stale)
+    return removed
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except (PermissionError, OverflowError):
+        return True
+    except OSError:
+        return False
+    return True
 
 
 def _remove(p: Path) -> None:
@@ -764,14 +859,21 @@ def export_runs(
         overwrite: replace an existing ``path``.
         cache_dir: where the columnar cache lives (default: the cache's own default).
 
+    A producer whose metrics cannot be read (permissions, not a regular file, outside its
+    run directory) is left out, named in one logged warning and in ``skipped``; lines that
+    cannot be read are left out and counted there too. A temporary ``.PATH.*.partial`` of
+    an earlier export on this host that was killed is removed.
+
     Returns:
         ``{"path", "format", "layout", "partitioned", "runs", "producers", "rows", "files",
-        "bytes", "columns", "seconds"}``: rows written (all files), output bytes, the
-        column names (wide: with the metric columns), wall seconds.
+        "bytes", "columns", "seconds", "skipped"}``: rows written (all files), output
+        bytes, the column names (wide: with the metric columns), wall seconds, and
+        ``skipped``: ``{"run", "stream", "rank", "problem"}`` per producer not read whole.
 
     Raises:
-        ExportError: a bad argument, a missing source, no metrics files, a metric pattern that
-            matches nothing, or ``path`` existing without ``overwrite``.
+        ExportError: a bad argument, a missing source, no metrics files (or none that can
+            be read), a metric pattern that matches nothing, or ``path`` existing without
+            ``overwrite``.
         ImportError: duckdb or pyarrow missing (``pip install 'expr-tracker[query]'``).
         OSError: reading the runs or writing ``path`` failed.
     """
@@ -807,8 +909,9 @@ def export_runs(
     import pyarrow.compute as pc
     import pyarrow.parquet as pq
 
-    from expr_tracker.query.cache import refresh
     from expr_tracker.query.catalog import discover
+    from expr_tracker.query.tables import Problems
+    from expr_tracker.query.views import cache_of
 
     producers = [p for p in discover(src_path) if p.metrics is not None]
     if not producers:
@@ -828,9 +931,25 @@ def export_runs(
         )
 
     sources: list[_Source] = []
+    problems = Problems()
+    cdir = Path(cache_dir) if cache_dir else None
     for p in producers:
-        cached = refresh(p.metrics, "metrics", cache_dir=Path(cache_dir) if cache_dir else None)
-        sources.append(_Source(producer=p, cached=cached))
+        cached, _ = cache_of(p, "metrics", cdir, problems)
+        if cached is not None:
+            sources.append(_Source(producer=p, cached=cached, cache_dir=cdir))
+    message = problems.message()
+    if message:
+        log.warning("%s", message.replace("left out of the answer", "left out of the export"))
+    skipped = [
+        {"run": p.run_id, "stream": p.stream, "rank": p.rank, "problem": problems.of(p)}
+        for p in producers
+        if problems.of(p) is not None
+    ]
+    if not sources:
+        raise ExportError(
+            f"no metrics file under {str(src_path)!r} could be read: "
+            + "; ".join(f"{s['run']}: {s['problem']}" for s in skipped)
+        )
     for s in sources:
         _scan(s, pa, pq, pc)
     stats: dict[str, list[bool]] = {}
@@ -848,6 +967,7 @@ def export_runs(
         schema = _long_schema(pa, with_run)
     tmp = _temp_beside(out)
     _remove(tmp)
+    _remove_stale_partials(out)
     rows = 0
     files = 0
     tmpdir = tempfile.mkdtemp(prefix="et-export-")
@@ -902,6 +1022,7 @@ def export_runs(
         "bytes": size,
         "columns": schema.names,
         "seconds": _time.perf_counter() - t0,
+        "skipped": skipped,
     }
 
 

@@ -23,19 +23,29 @@ metrics, line`` (``step`` from ``_step``; ``args``/``metrics`` compact JSON or N
 ``start``/``dur_ms`` reads as a double; any other field of the wrong type reads NULL, a
 non-string ``error`` its compact JSON).
 
-A line that is not JSON or not an object gives no row (it keeps its line number).
+A line that is not JSON or not an object gives no row (it keeps its line number) and is
+counted as unreadable (:class:`BadLines`: how many, and the first one with its reason), so a
+reader can say which lines it skipped. Every line is untrusted input: JSON nested deeper than
+1,024 levels, a lone surrogate escape (``"\\ud800"``) or invalid UTF-8 make the line
+unreadable, never an exception (:func:`expr_tracker.history.untrusted.load_json_bytes`);
+``pyarrow.json`` (which a line of 20,000 nested brackets crashes) only ever sees blocks whose
+lines are flat objects (:func:`_flat_objects`). A blank line is neither a row nor unreadable.
 
 Two decoders give the same rows (tests check it on random blocks):
 
 - vectorised (:func:`decode_metrics_block`, :func:`decode_spans_block`): the block is parsed
   by ``pyarrow.json`` (C++, full-precision doubles, NaN/Infinity accepted) when it is plain:
-  metrics lines of numbers, bools and strings only, an int ``_step`` in every line, no
-  ``null`` token, no finite number beyond 2**53; span lines without ``args``/``metrics`` and
-  with every field of its type. About 250,000 metrics lines (5 floats each) a second here.
+  every line one flat object (no ``[`` and one ``{`` per line outside strings), metrics lines
+  of numbers, bools and strings only, an int ``_step`` in every line, no ``null`` token, no
+  finite number beyond 2**53, at most :data:`WIDE_KEYS` keys in the first line; span lines
+  without ``args``/``metrics`` and with every field of its type. About 250,000 metrics lines
+  (5 floats each, ~30-40 MB/s) a second here.
 - line by line (:func:`decode_metrics`, :func:`decode_spans`) otherwise: orjson, with the
-  standard ``json`` module for a line holding ``NaN``/``Infinity``
-  (:func:`expr_tracker.history.codec.decode_line`) or a run of 20 digits (an int beyond 64
-  bits, which orjson would read as a float). About 60,000 metrics lines a second.
+  standard ``json`` module for a line holding ``NaN``/``Infinity`` or a run of 20 digits (an
+  int beyond 64 bits, which orjson would read as a float). About 60,000 metrics lines of 5
+  keys a second (~25 MB/s); wide lines (50,000 metrics each) ~60-70 MB/s, where
+  ``pyarrow.json`` builds a column per key and manages ~1 MB/s
+  (``benchmarks/bench_wide.py``).
 """
 
 from __future__ import annotations
@@ -46,9 +56,10 @@ from typing import Any
 
 import orjson
 
-from expr_tracker.history.codec import decode_line
+from expr_tracker.history.untrusted import load_json_bytes
 
 __all__ = [
+    "BadLines",
     "METRICS_FIELDS",
     "SPANS_FIELDS",
     "WRITE_OPTIONS",
@@ -56,11 +67,42 @@ __all__ = [
     "decode_metrics_block",
     "decode_spans",
     "decode_spans_block",
+    "load_line",
+    "reason",
     "schema",
+    "too_deep",
 ]
 
 _I64_MIN, _I64_MAX = -(2**63), 2**63 - 1
 _EXACT = 2**53
+#: a first line with more keys than this is decoded line by line: ``pyarrow.json`` builds a
+#: column per key, and at 50,000 keys a line it decodes ~1 MB/s (line by line: ~60 MB/s)
+WIDE_KEYS = 500
+
+
+class BadLines:
+    """Complete lines that gave nothing because they could not be read: not JSON, not a JSON
+    object, nested too deeply, a lone surrogate escape, invalid UTF-8. ``count`` of them and
+    ``first``: ``(line number, 0-based; reason)`` of the first one, None while there is none."""
+
+    __slots__ = ("count", "first")
+
+    def __init__(self) -> None:
+        self.count = 0
+        self.first: tuple[int, str] | None = None
+
+    def add(self, line: int, reason: str) -> None:
+        self.count += 1
+        if self.first is None or line < self.first[0]:
+            self.first = (line, reason)
+
+    def merge(self, other: BadLines) -> None:
+        """Add ``other``'s lines to these."""
+        if other.count:
+            self.count += other.count - 1
+            assert other.first is not None
+            self.add(*other.first)
+
 
 METRICS_FIELDS = (
     ("step", "int64"),
@@ -173,31 +215,109 @@ def _float(v: Any) -> float | None:
     return None
 
 
+class _Bad:
+    """What a decoder gives for a line it cannot read (its ``reason``)."""
+
+    __slots__ = ("reason",)
+
+    def __init__(self, reason: str) -> None:
+        self.reason = reason
+
+
+_POSITION = re.compile(r"[:,]? ?(?:line \d+ column \d+ )?\(char \d+\)$|: line \d+ column \d+$")
+
+
+def reason(exc: BaseException) -> str:
+    """A short reason for a line or file that cannot be decoded, from the decoder's error
+    (``"nested too deeply"``, ``"unexpected end of data"``)."""
+    return _why(exc)
+
+
+def _why(exc: BaseException) -> str:
+    text = str(exc).split("\n")[0].strip()
+    if "depth limit" in text or "recursion" in text.lower():
+        return "nested too deeply"
+    text = _POSITION.sub("", text).strip()
+    if len(text) > 80:
+        text = text[:77] + "..."
+    return text or type(exc).__name__
+
+
+#: a line nested deeper than this is unreadable (its values are written back as compact JSON
+#: text, by code that recurses per level)
+MAX_DEPTH = 200
+
+
+def too_deep(raw: bytes, value: Any) -> bool:
+    """True when ``value`` (decoded from ``raw``) nests deeper than :data:`MAX_DEPTH`; a
+    line with fewer brackets than that is not looked into."""
+    if raw.count(b"[") + raw.count(b"{") <= MAX_DEPTH:
+        return False
+    stack = [(value, 1)]
+    while stack:
+        v, depth = stack.pop()
+        if depth > MAX_DEPTH:
+            return True
+        if type(v) is dict:
+            stack.extend((x, depth + 1) for x in v.values() if type(x) in (dict, list))
+        elif type(v) is list:
+            stack.extend((x, depth + 1) for x in v if type(x) in (dict, list))
+    return False
+
+
 def _decode(raw: bytes) -> Any:
+    """The JSON value of one line, or a :class:`_Bad` (never an exception, whatever the
+    bytes: :func:`~expr_tracker.history.untrusted.load_json_bytes`)."""
     try:
-        return decode_line(raw)
-    except ValueError:
-        return None
+        value = load_json_bytes(raw)
+    except (ValueError, RecursionError, MemoryError) as exc:
+        return _Bad(_why(exc) if not isinstance(exc, RecursionError) else "nested too deeply")
+    if too_deep(raw, value):
+        return _Bad(f"nested deeper than {MAX_DEPTH} levels")
+    return value
+
+
+def load_line(raw: bytes) -> tuple[Any, str | None]:
+    """One JSON line decoded as the metrics decoder decodes it: ``(value, None)``, or
+    ``(None, reason)`` when the line cannot be read (never an exception)."""
+    value = _decode_exact(raw)
+    if type(value) is _Bad:
+        return None, value.reason
+    return value, None
 
 
 #: a run of 20 digits: maybe an int beyond 64 bits, which orjson reads as a float
 _LONG_DIGITS = re.compile(rb"[0-9]{20}")
+#: a ``\\uD800``-``\\uDFFF`` escape: half of a surrogate pair, or a lone surrogate
+_SURROGATE = re.compile(rb"\\u[dD][89a-fA-F]")
 
 
 def _decode_exact(raw: bytes) -> Any:
     """Decode with the standard ``json`` module (exact big ints) when the line may hold an
-    int orjson would read as a float."""
-    if _LONG_DIGITS.search(raw):
+    int orjson would read as a float; as safe as :func:`_decode` (depth, surrogates)."""
+    if not _LONG_DIGITS.search(raw):
+        return _decode(raw)
+    try:
+        value = json.loads(raw.decode("utf-8"))
+    except RecursionError:
+        return _Bad("nested too deeply")
+    except (ValueError, MemoryError) as exc:
+        return _Bad(_why(exc))
+    if _SURROGATE.search(raw):
         try:
-            return json.loads(raw.decode("utf-8", errors="replace"))
-        except ValueError:
-            return None
-    return _decode(raw)
+            json.dumps(value, ensure_ascii=False).encode("utf-8")
+        except (UnicodeEncodeError, RecursionError):
+            return _Bad("holds a lone surrogate escape")
+    if too_deep(raw, value):
+        return _Bad(f"nested deeper than {MAX_DEPTH} levels")
+    return value
 
 
-def decode_metrics(lines: list[bytes], first_line: int) -> tuple[Any, list[int | None]]:
+def decode_metrics(
+    lines: list[bytes], first_line: int, bad: BadLines | None = None
+) -> tuple[Any, list[int | None]]:
     """Decode complete metrics lines (without their newline) numbered from ``first_line``,
-    one line at a time.
+    one line at a time. Lines that cannot be read give no row and are added to ``bad``.
 
     Returns ``(table, steps)``: the LONG ``pyarrow.Table`` (see the module docstring) and
     the ``_step`` of each line that gave at least one row, in line order (None where the
@@ -219,6 +339,8 @@ def decode_metrics(lines: list[bytes], first_line: int) -> tuple[Any, list[int |
     for i, raw in enumerate(lines, first_line):
         d = decode(raw)
         if type(d) is not dict:
+            if bad is not None and raw.strip():
+                bad.add(i, d.reason if type(d) is _Bad else "not a JSON object")
             continue
         n = 0
         for k, v in d.items():
@@ -275,13 +397,17 @@ def decode_metrics(lines: list[bytes], first_line: int) -> tuple[Any, list[int |
 _FAST_VALUE_TYPES = ("double", "int64", "bool", "string")
 
 
-def decode_metrics_block(chunk: bytes, first_line: int) -> tuple[Any, Any]:
+def decode_metrics_block(
+    chunk: bytes, first_line: int, bad: BadLines | None = None
+) -> tuple[Any, Any]:
     """Decode a block of complete metrics lines (``chunk`` ends with a newline) numbered
     from ``first_line``: vectorised with ``pyarrow.json`` when the block is plain (every
     line an object of numbers, bools and strings with an int ``_step``; no ``null``, no
     finite number beyond 2**53 in magnitude, no empty line), else line by line (:func:`decode_metrics`). Both give the
     same rows in line order (within one line, the per-line path keeps the line's key order,
     the vectorised one the order in which the block's keys first appear).
+
+    Lines that cannot be read give no row and are added to ``bad``.
 
     Returns ``(table, steps)``: the LONG table and the ``_step`` of each line that gave
     rows, in line order (a ``pyarrow.Array`` of int64, null where absent).
@@ -291,8 +417,27 @@ def decode_metrics_block(chunk: bytes, first_line: int) -> tuple[Any, Any]:
     fast = _fast_metrics(chunk, first_line)
     if fast is not None:
         return fast
-    table, steps = decode_metrics(chunk[:-1].split(b"\n"), first_line)
+    table, steps = decode_metrics(chunk[:-1].split(b"\n"), first_line, bad)
     return table, pa.array(steps, type=pa.int64())
+
+
+#: a JSON string (its escapes included): taken out before brackets are counted
+_STRING = re.compile(rb'"(?:[^"\\\n]|\\.)*"')
+
+
+def _flat_objects(chunk: bytes, n: int) -> bool:
+    """True when each of the ``n`` lines of ``chunk`` is structurally one flat object: it
+    starts with ``{`` and, outside strings, holds no other ``{`` and no ``[``. Only such a
+    block goes to ``pyarrow.json``, whose parser recurses per nesting level (a line of
+    20,000 brackets crashes the process); any nesting is not plain anyway."""
+    starts = chunk.count(b"\n{") + (chunk[:1] == b"{")
+    if starts != n:
+        return False
+    if b"[" not in chunk and chunk.count(b"{") == n:
+        return True
+    # brackets inside strings (a metric named "acc[0]"): count again without the strings
+    bare = _STRING.sub(b'""', chunk)
+    return b"[" not in bare and bare.count(b"{") == n
 
 
 def _fast_metrics(chunk: bytes, first_line: int) -> tuple[Any, Any] | None:
@@ -303,6 +448,8 @@ def _fast_metrics(chunk: bytes, first_line: int) -> tuple[Any, Any] | None:
     if b"null" in chunk or b"\n\n" in chunk or chunk[:1] == b"\n":
         return None
     n = chunk.count(b"\n")
+    if chunk.count(b'":', 0, chunk.find(b"\n")) > WIDE_KEYS or not _flat_objects(chunk, n):
+        return None
     try:
         t = pj.read_json(
             pa.BufferReader(chunk),
@@ -388,15 +535,16 @@ def _fast_metrics(chunk: bytes, first_line: int) -> tuple[Any, Any] | None:
 _SPAN_JSON = (("_step", "int64"), *SPANS_FIELDS[1 : [k for k, _ in SPANS_FIELDS].index("args")])
 
 
-def decode_spans_block(chunk: bytes, first_line: int) -> Any:
+def decode_spans_block(chunk: bytes, first_line: int, bad: BadLines | None = None) -> Any:
     """Decode a block of complete span lines (``chunk`` ends with a newline) numbered from
     ``first_line``: vectorised with ``pyarrow.json`` when no line has ``args`` or
     ``metrics`` (kept as JSON text) and every field has its type, else line by line
-    (:func:`decode_spans`); both give the same table."""
+    (:func:`decode_spans`); both give the same table. Lines that cannot be read give no row
+    and are added to ``bad``."""
     fast = _fast_spans(chunk, first_line)
     if fast is not None:
         return fast
-    return decode_spans(chunk[:-1].split(b"\n"), first_line)
+    return decode_spans(chunk[:-1].split(b"\n"), first_line, bad)
 
 
 def _fast_spans(chunk: bytes, first_line: int) -> Any:
@@ -406,6 +554,8 @@ def _fast_spans(chunk: bytes, first_line: int) -> Any:
     if b'"args"' in chunk or b'"metrics"' in chunk or b"\n\n" in chunk or chunk[:1] == b"\n":
         return None
     n = chunk.count(b"\n")
+    if not _flat_objects(chunk, n):
+        return None
     explicit = pa.schema([(k, getattr(pa, t)()) for k, t in _SPAN_JSON])
     try:
         t = pj.read_json(
@@ -430,15 +580,18 @@ def _fast_spans(chunk: bytes, first_line: int) -> Any:
     return pa.table({f: cols[f] for f, _ in SPANS_FIELDS}, schema=schema("spans")).combine_chunks()
 
 
-def decode_spans(lines: list[bytes], first_line: int) -> Any:
+def decode_spans(lines: list[bytes], first_line: int, bad: BadLines | None = None) -> Any:
     """Decode complete span lines numbered from ``first_line`` into a spans
-    ``pyarrow.Table`` (see the module docstring)."""
+    ``pyarrow.Table`` (see the module docstring); lines that cannot be read give no row and
+    are added to ``bad``."""
     import pyarrow as pa
 
     cols: dict[str, list[Any]] = {n: [] for n, _ in SPANS_FIELDS}
     for i, raw in enumerate(lines):
         d = _decode(raw)
         if type(d) is not dict:
+            if bad is not None and raw.strip():
+                bad.add(first_line + i, d.reason if type(d) is _Bad else "not a JSON object")
             continue
         cols["step"].append(_int64(d.get("_step")))
         name = d.get("name")

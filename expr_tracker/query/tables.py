@@ -11,6 +11,13 @@ JSON functions read those tokens). A value of the wrong type for its column (a h
 file) becomes NULL there; the whole line stays in the ``record`` column (alerts, artifacts),
 and the whole config and summary in the ``config`` and ``summary`` columns (runs).
 
+Every file is untrusted input (docs/query.md "Security"): it is opened with
+:mod:`expr_tracker.history.untrusted` (a regular file only, never blocking on a FIFO, inside
+the run directory's real path as discovered), JSON is depth-limited, and one that cannot be
+read is recorded in a :class:`Problems` (the ``runs`` view's ``problem`` column and the one
+warning of a query) instead of failing the query: the run's other files and the other runs
+still answer.
+
 pyarrow is imported inside the functions (the ``[query]`` extra).
 """
 
@@ -18,12 +25,15 @@ from __future__ import annotations
 
 import json
 import math
+import os
 from collections.abc import Iterable, Sequence
 from pathlib import Path
 from typing import Any
 
-from expr_tracker.history.codec import decode_line
-from expr_tracker.history.rundirs import producer_infos, producer_status, worst_status
+from expr_tracker.history import untrusted
+from expr_tracker.history.rundirs import producer_status, worst_status
+from expr_tracker.history.runinfo import is_dead
+from expr_tracker.query import scan
 
 #: the range of a DuckDB BIGINT
 INT64_MIN, INT64_MAX = -(2**63), 2**63 - 1
@@ -40,6 +50,7 @@ RUNS_COLUMNS: tuple[tuple[str, str], ...] = (
     ("rank", "INTEGER"),
     ("status", "VARCHAR"),
     ("run_status", "VARCHAR"),
+    ("problem", "VARCHAR"),
     ("started_at", "DOUBLE"),
     ("ended_at", "DOUBLE"),
     ("started", "TIMESTAMP"),
@@ -177,37 +188,147 @@ def build_table(columns: Sequence[tuple[str, str]], rows: Iterable[dict[str, Any
     return pa.Table.from_arrays(arrays, names=[c[0] for c in columns])
 
 
-def read_json_file(path: Path | None) -> Any:
-    """The JSON value in a small file (``NaN``/``Infinity`` accepted), None when missing or
-    unreadable (a file being rewritten is replaced atomically, so it is whole or absent)."""
+#: the largest JSONL file of alerts or lineage read (whole, as these files are small)
+MAX_LINES_BYTES = 256 << 20
+#: a producer's ``status`` when its ``run*.json`` exists but cannot be read (worse than any
+#: other in ``run_status``, as ``et runs`` ranks it: history/rundirs.SEVERITY)
+UNREADABLE = "unreadable"
+
+
+class Problems:
+    """What could not be read, per producer: a file that could not be read at all (with
+    why: permissions, not a regular file, outside the run directory, not JSON, nested too
+    deeply) or lines of a file that were skipped. It feeds the ``runs`` view's ``problem``
+    column and the one warning a query gives (:meth:`message`)."""
+
+    def __init__(self) -> None:
+        self._items: dict[tuple[str, str | None, int], list[str]] = {}
+
+    @staticmethod
+    def _key(p: Any) -> tuple[str, str | None, int]:
+        return (p.run_id, p.stream, p.rank)
+
+    def add(self, p: Any, text: str) -> None:
+        """Record ``text`` (``"metrics.jsonl: permission denied"``) for producer ``p``."""
+        items = self._items.setdefault(self._key(p), [])
+        if text not in items:
+            items.append(text)
+
+    def of(self, p: Any) -> str | None:
+        """The problems of producer ``p`` joined by ``"; "``, None when it has none."""
+        items = self._items.get(self._key(p))
+        return "; ".join(items) if items else None
+
+    def __bool__(self) -> bool:
+        return bool(self._items)
+
+    def message(self) -> str | None:
+        """One text naming every producer with a problem and why, None when none has any."""
+        if not self._items:
+            return None
+        lines = []
+        for (run, stream, rank), items in sorted(
+            self._items.items(), key=lambda kv: (kv[0][0], kv[0][1] or "", kv[0][2])
+        ):
+            who = run
+            if stream is not None or rank:
+                who += f" ({'stream ' + stream + ', ' if stream else ''}rank {rank})"
+            lines.append(f"  {who}: {'; '.join(items)}")
+        n = len({k[0] for k in self._items})
+        head = (
+            f"expr_tracker: {n} run{'s' if n != 1 else ''} could not be read whole; what "
+            "could not be read is left out of the answer (the runs view's problem column "
+            "says the same):"
+        )
+        return "\n".join([head, *lines])
+
+
+def read_problem(path: Path, exc: BaseException) -> str:
+    """``"<file name>: <why>"`` for a file that could not be read."""
+    if isinstance(exc, untrusted.UnsafeFileError):
+        why = exc.reason
+    elif isinstance(exc, PermissionError):
+        why = "permission denied"
+    elif isinstance(exc, OSError):
+        why = exc.strerror or str(exc)
+    else:
+        why = f"not JSON ({scan.reason(exc)})"
+    return f"{Path(path).name}: {why}"
+
+
+def lines_problem(path: Path, count: int, first: tuple[int, str] | None) -> str:
+    """``"<file name>: 3 unreadable lines skipped (line 7: nested too deeply)"``; ``first``
+    holds a 0-based line number, shown 1-based as editors number lines."""
+    text = f"{Path(path).name}: {count} unreadable line{'s' if count != 1 else ''} skipped"
+    if first is not None:
+        text += f" (line {first[0] + 1}: {first[1]})"
+    return text
+
+
+def read_json_file(
+    path: Path | None,
+    root: Path | None = None,
+    problems: Problems | None = None,
+    producer: Any = None,
+) -> Any:
+    """The JSON value in a small file (``NaN``/``Infinity`` accepted), read as
+    :mod:`expr_tracker.history.untrusted` reads it (inside ``root``, default the file's
+    folder). None when missing, and None, recorded in ``problems`` for ``producer``, when it
+    cannot be read or decoded or nests deeper than :data:`expr_tracker.query.scan.MAX_DEPTH`
+    levels (a file being rewritten is replaced atomically, so it is whole or absent)."""
     if path is None:
         return None
+    path = Path(path)
     try:
-        return decode_line(Path(path).read_bytes())
-    except (OSError, ValueError):
+        data = untrusted.read_regular(path, root=root if root is not None else path.parent)
+        value = untrusted.load_json_bytes(data)
+        if scan.too_deep(data, value):
+            raise ValueError(f"nested deeper than {scan.MAX_DEPTH} levels")
+        return value
+    except FileNotFoundError:
+        return None
+    except (OSError, ValueError, RecursionError) as exc:
+        if problems is not None and producer is not None:
+            problems.add(producer, read_problem(path, exc))
         return None
 
 
-def read_jsonl_records(path: Path | None) -> list[tuple[int, dict[str, Any], str]]:
+def read_jsonl_records(
+    path: Path | None,
+    root: Path | None = None,
+    problems: Problems | None = None,
+    producer: Any = None,
+) -> list[tuple[int, dict[str, Any], str]]:
     """(line number, record, line text) for each complete line of a JSONL file holding a
-    JSON object; a torn last line (no newline yet) and undecodable lines are left out."""
+    JSON object; a torn last line (no newline yet) is left out, and lines that cannot be
+    read (not JSON, not an object, nested too deeply) are left out and counted in
+    ``problems`` for ``producer``, as is a file that cannot be read at all."""
     if path is None:
         return []
+    path = Path(path)
     try:
-        data = Path(path).read_bytes()
-    except OSError:
+        data = untrusted.read_regular(
+            path, root=root if root is not None else path.parent, max_bytes=MAX_LINES_BYTES
+        )
+    except FileNotFoundError:
+        return []
+    except OSError as exc:
+        if problems is not None and producer is not None:
+            problems.add(producer, read_problem(path, exc))
         return []
     end = data.rfind(b"\n") + 1
     out = []
+    bad = scan.BadLines()
     for i, raw in enumerate(data[:end].split(b"\n")[:-1]):
         if not raw.strip():
             continue
-        try:
-            rec = decode_line(raw)
-        except ValueError:
-            continue
+        rec, why = scan.load_line(raw)
         if isinstance(rec, dict):
             out.append((i, rec, raw.decode("utf-8", errors="replace")))
+        else:
+            bad.add(i, why or "not a JSON object")
+    if bad.count and problems is not None and producer is not None:
+        problems.add(producer, lines_problem(path, bad.count, bad.first))
     return out
 
 
@@ -267,45 +388,92 @@ def _flat_columns(prefix: str, dicts: list[dict[str, Any]], taken: set[str]) -> 
     return cols
 
 
-def _meta_block(metrics: Path | None) -> dict[str, Any]:
-    """The metrics file's sidecar ``*.meta.json`` (``max_step``, ``run`` block), {} if none."""
+def _meta_block(p: Any, problems: Problems | None) -> dict[str, Any]:
+    """The metrics file's sidecar ``*.meta.json`` (``max_step``, ``run`` block), {} if none
+    or unreadable (then recorded in ``problems``)."""
+    metrics = p.metrics
     if metrics is None:
         return {}
-    meta = read_json_file(metrics.with_name(metrics.name[: -len(".jsonl")] + ".meta.json"))
+    meta = read_json_file(
+        metrics.with_name(metrics.name[: -len(".jsonl")] + ".meta.json"), p.root, problems, p
+    )
     return meta if isinstance(meta, dict) else {}
+
+
+def _run_infos(producers: Sequence[Any], problems: Problems | None) -> dict[Path, dict[str, Any]]:
+    """Per run directory, each producer's ``run*.json`` (file name -> its content, or None
+    when it exists but cannot be read); a ``running`` producer whose process is gone on
+    this host reads ``crashed`` (judged as ``et runs`` judges it; nothing is rewritten)."""
+    out: dict[Path, dict[str, Any]] = {}
+    for p in producers:
+        if p.run_file is None:
+            continue
+        infos = out.setdefault(p.run_dir, {})
+        if p.run_file.name in infos:
+            continue
+        info = read_json_file(p.run_file, p.root, problems, p)
+        if info is not None and not isinstance(info, dict):
+            if problems is not None:
+                problems.add(p, f"{p.run_file.name}: not a JSON object")
+            info = None
+        if info is None and not os.path.lexists(p.run_file):
+            continue  # deleted since it was found: as if it never was
+        if isinstance(info, dict) and info.get("status") == "running" and is_dead(info):
+            info = {**info, "status": "crashed"}
+        infos[p.run_file.name] = info
+    return out
 
 
 def _num_or_none(v: Any) -> float | None:
     return float(v) if _is_num(v) and math.isfinite(v) else None
 
 
-def runs_table(producers: Sequence[Any], stats: dict[int, tuple[Any, Any]]) -> Any:
+def runs_table(
+    producers: Sequence[Any],
+    stats: dict[int, tuple[Any, Any]],
+    problems: Problems | None = None,
+) -> Any:
     """The ``runs`` view's table: one row per producer.
 
     ``stats[i]``: ``(max step, max time)`` of producer ``i``'s metrics from its cache (None
     when it has none). ``status`` is judged as ``et runs`` does
     (:func:`~expr_tracker.history.rundirs.producer_status` of its ``run*.json``, a dead
-    ``running`` process reading ``crashed``); ``run_status`` is the worst over the run.
+    ``running`` process reading ``crashed``), ``unreadable`` when its ``run*.json`` cannot
+    be read; ``run_status`` is the worst over the run. ``problem``: what could not be read
+    of the producer's files (from ``problems``, where the files read here add theirs), NULL
+    when everything was read.
     """
-    infos_by_dir: dict[Path, dict[str, dict[str, Any]]] = {}
-    json_cache: dict[Path, Any] = {}
+    problems = problems if problems is not None else Problems()
+    infos_by_dir = _run_infos(producers, problems)
+    json_cache: dict[tuple[Path, Any], Any] = {}
 
-    def small(path: Path | None) -> Any:
+    def small(path: Path | None, p: Any) -> Any:
         if path is None:
             return None
-        if path not in json_cache:
-            json_cache[path] = read_json_file(path)
-        return json_cache[path]
+        key = (path, (p.run_id, p.stream, p.rank))
+        if key not in json_cache:
+            value = read_json_file(path, p.root, problems, p)
+            if value is not None and not isinstance(value, dict):
+                problems.add(p, f"{path.name}: not a JSON object")
+            json_cache[key] = value
+        return json_cache[key]
 
     rows = []
     configs, summaries = [], []
     for i, p in enumerate(producers):
-        infos = infos_by_dir.get(p.run_dir)
-        if infos is None:
-            infos = infos_by_dir[p.run_dir] = producer_infos(p.run_dir)
-        info = infos.get(p.run_file.name, {}) if p.run_file is not None else {}
-        status = producer_status(info) if p.run_file is not None else "unknown"
-        meta = _meta_block(p.metrics)
+        infos = infos_by_dir.get(p.run_dir, {})
+        if p.run_file is None or p.run_file.name not in infos:
+            info: dict[str, Any] = {}
+            status = "unknown"
+        elif infos[p.run_file.name] is None:
+            info, status = {}, UNREADABLE
+        else:
+            info = infos[p.run_file.name]
+            status = producer_status(info)
+        run_status = worst_status(
+            UNREADABLE if v is None else producer_status(v) for v in infos.values()
+        )
+        meta = _meta_block(p, problems)
         max_step, max_time = stats.get(i, (None, None))
         if max_step is None and _is_int(meta.get("max_step")):
             max_step = meta["max_step"]
@@ -322,8 +490,8 @@ def runs_table(producers: Sequence[Any], stats: dict[int, tuple[Any, Any]]) -> A
         else:
             duration = None
         git = info.get("git") if isinstance(info.get("git"), dict) else {}
-        config = small(p.config)
-        summary = small(p.summary)
+        config = small(p.config, p)
+        summary = small(p.summary, p)
         configs.append(config if isinstance(config, dict) else {})
         summaries.append(summary if isinstance(summary, dict) else {})
         row = {
@@ -333,7 +501,8 @@ def runs_table(producers: Sequence[Any], stats: dict[int, tuple[Any, Any]]) -> A
             "stream": p.stream,
             "rank": p.rank,
             "status": status,
-            "run_status": worst_status(producer_status(v) for v in infos.values()),
+            "run_status": run_status,
+            "problem": problems.of(p),
             "started_at": started,
             "ended_at": ended,
             "started": started,
@@ -350,8 +519,8 @@ def runs_table(producers: Sequence[Any], stats: dict[int, tuple[Any, Any]]) -> A
             "notes": info.get("notes"),
             "job_type": info.get("job_type"),
             "path": str(Path(p.run_dir).absolute()),
-            "config": None if config is None else json_text(config),
-            "summary": None if summary is None else json_text(summary),
+            "config": json_text(config) if isinstance(config, dict) else None,
+            "summary": json_text(summary) if isinstance(summary, dict) else None,
         }
         rows.append({name: _coerce_run(name, t, row.get(name)) for name, t in RUNS_COLUMNS})
     table = build_table(RUNS_COLUMNS, rows)
@@ -377,12 +546,17 @@ def _identity(p: Any) -> dict[str, Any]:
     return {"project": p.project, "run": p.run_id, "stream": p.stream, "rank": p.rank}
 
 
-def _lines_table(producers: Sequence[Any], attr: str, columns: Sequence[tuple[str, str]]) -> Any:
+def _lines_table(
+    producers: Sequence[Any],
+    attr: str,
+    columns: Sequence[tuple[str, str]],
+    problems: Problems | None,
+) -> Any:
     rows = []
     own = {name for name, _ in IDENTITY} | {"line", "record"}
     for p in producers:
         ident = _identity(p)
-        for line, rec, text in read_jsonl_records(getattr(p, attr)):
+        for line, rec, text in read_jsonl_records(getattr(p, attr), p.root, problems, p):
             row = dict(ident)
             for name, sql_type in columns:
                 if name in own:
@@ -394,13 +568,15 @@ def _lines_table(producers: Sequence[Any], attr: str, columns: Sequence[tuple[st
     return build_table(columns, rows)
 
 
-def alerts_table(producers: Sequence[Any]) -> Any:
+def alerts_table(producers: Sequence[Any], problems: Problems | None = None) -> Any:
     """The ``alerts`` view's table: one row per line of every producer's ``alerts*.jsonl``
-    (``kind``: ``transition`` or ``delivery``); ``metrics`` as JSON text."""
-    return _lines_table(producers, "alerts", ALERTS_COLUMNS)
+    (``kind``: ``transition`` or ``delivery``); ``metrics`` as JSON text. What cannot be
+    read is recorded in ``problems``."""
+    return _lines_table(producers, "alerts", ALERTS_COLUMNS, problems)
 
 
-def artifacts_table(producers: Sequence[Any]) -> Any:
+def artifacts_table(producers: Sequence[Any], problems: Problems | None = None) -> Any:
     """The ``artifacts`` view's table: one row per lineage line of every producer's
-    ``artifacts*.jsonl`` (``action``: ``logged`` or ``used``; ``name``: the artifact's)."""
-    return _lines_table(producers, "artifacts", ARTIFACTS_COLUMNS)
+    ``artifacts*.jsonl`` (``action``: ``logged`` or ``used``; ``name``: the artifact's).
+    What cannot be read is recorded in ``problems``."""
+    return _lines_table(producers, "artifacts", ARTIFACTS_COLUMNS, problems)

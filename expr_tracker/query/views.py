@@ -14,6 +14,11 @@ in-memory DuckDB connection with the five views registered:
 - ``runs``, ``alerts`` and ``artifacts`` come from small files read in Python
   (:mod:`expr_tracker.query.tables`) into Arrow tables.
 
+A run that cannot be read (a colleague's ``0600`` files, a FIFO named ``metrics.jsonl``, a
+file swapped for a link out of its run directory, damaged JSON) never fails the connection:
+its rows are left out, the ``runs`` view's ``problem`` column says what and why, and
+:func:`connect` logs one warning naming every such run (docs/query.md "Security").
+
 Each view exists, with its columns, even when no run has such files. Identity values and
 file paths are written into the view text as SQL string literals (quotes doubled), file
 paths with DuckDB's glob characters escaped, so no run name can change the SQL.
@@ -34,8 +39,11 @@ from expr_tracker.query.tables import (
     ALERTS_COLUMNS,
     ARTIFACTS_COLUMNS,
     RUNS_COLUMNS,
+    Problems,
     alerts_table,
     artifacts_table,
+    lines_problem,
+    read_problem,
     runs_table,
 )
 
@@ -176,6 +184,20 @@ class _Sources:
         self.con = con
         self.count = 0
 
+    def of(self, cached: Any) -> str:
+        """The FROM clause of a refresh's rows: its parts, or the Parquet it holds in memory
+        (:attr:`~expr_tracker.query.cache.CachedSource.memory`, registered as a table)."""
+        if not cached.memory:
+            return self(cached.parts)
+        import pyarrow as pa
+        import pyarrow.parquet as pq
+
+        self.count += 1
+        name = f"_et_parts_{self.count}"
+        table = pa.concat_tables([pq.read_table(pa.BufferReader(b)) for b in cached.memory])
+        self.con.register(name, table)
+        return quote_ident(name)
+
     def __call__(self, parts: Sequence[Path]) -> str:
         literals = []
         for part in parts:
@@ -247,15 +269,21 @@ def _union(selects: list[str], columns: Sequence[tuple[str, str]]) -> str:
     return "\nUNION ALL\n".join(selects) if selects else _null_select(columns)
 
 
-def _parts_stats(parts: Sequence[Path]) -> tuple[Any, Any]:
-    """(max step, max time) over Parquet parts, from their footers' statistics; (None,
-    None) when a part has none (then the ``runs`` view falls back to the meta file)."""
+def _parts_stats(parts: Sequence[Any]) -> tuple[Any, Any]:
+    """(max step, max time) over Parquet parts (paths, or ``pyarrow.Buffer`` of parts held
+    in memory), from their footers' statistics; (None, None) when a part has none (then the
+    ``runs`` view falls back to the meta file). ``FileNotFoundError`` when a part vanished
+    (its cache was deleted: refresh again)."""
+    import pyarrow as pa
     import pyarrow.parquet as pq
 
     best_step = best_time = None
     for part in parts:
         try:
-            meta = pq.read_metadata(part)
+            src = pa.BufferReader(part) if isinstance(part, pa.Buffer) else part
+            meta = pq.read_metadata(src)
+        except FileNotFoundError:
+            raise
         except (OSError, ValueError):
             return None, None
         names = meta.schema.names
@@ -311,6 +339,10 @@ def connect(
     metrics caches for its ``steps``). A repeated aggregate over ``metrics`` so skips reading
     every run's config, summary, alerts and lineage (and pyarrow's import of pandas).
 
+    What cannot be read (a whole run or file: permissions, not a regular file, outside its
+    run directory, damaged JSON; or some lines of a file) is left out, named in the ``runs``
+    view's ``problem`` column and in one logged warning; it never raises.
+
     Returns:
         ``duckdb.DuckDBPyConnection`` (close it when done; the views read the cache files
         lazily, at query time).
@@ -320,7 +352,6 @@ def connect(
         FileNotFoundError: ``root`` does not exist.
     """
     duckdb = import_duckdb()
-    from expr_tracker.query.cache import refresh
     from expr_tracker.query.catalog import discover
 
     root = Path(root)
@@ -331,6 +362,7 @@ def connect(
     need_metrics = bool(wanted & {"metrics", "runs"})
     need_spans = "spans" in wanted
     producers = discover(root)
+    problems = Problems()
     con = duckdb.connect(":memory:")
     source = _Sources(con)
     metric_selects: list[str] = []
@@ -338,51 +370,79 @@ def connect(
     stats: dict[int, tuple[Any, Any]] = {}
     for i, p in enumerate(producers):
         if p.metrics is not None and need_metrics:
-            cached = _refresh(refresh, p.metrics, "metrics", cdir)
-            if cached is not None and cached.parts:
-                metric_selects.append(metrics_select(p, cached.parts, cached.merged, source))
-                stats[i] = _parts_stats(cached.parts)
+            cached, st = cache_of(p, "metrics", cdir, problems, stats=True)
+            if cached is not None and (cached.parts or cached.memory):
+                metric_selects.append(
+                    metrics_select(p, cached.parts, cached.merged, lambda _, c=cached: source.of(c))
+                )
+                stats[i] = st
         if p.spans is not None and need_spans:
-            cached = _refresh(refresh, p.spans, "spans", cdir)
-            if cached is not None and cached.parts:
-                span_selects.append(spans_select(p, cached.parts, source))
-    con.execute(f"CREATE TABLE _et_found AS SELECT {len(producers)}::BIGINT AS producers")
-    if "metrics" in wanted:
-        con.execute(f"CREATE VIEW metrics AS {_union(metric_selects, METRICS_COLUMNS)}")
-    if "spans" in wanted:
-        con.execute(f"CREATE VIEW spans AS {_union(span_selects, SPANS_COLUMNS)}")
-    for name, build in (
-        ("runs", lambda: runs_table(producers, stats)),
-        ("alerts", lambda: alerts_table(producers)),
-        ("artifacts", lambda: artifacts_table(producers)),
-    ):
-        if name in wanted:
-            con.register(f"_et_{name}", build())
-            con.execute(f"CREATE VIEW {name} AS SELECT * FROM _et_{name}")
+            cached, _ = cache_of(p, "spans", cdir, problems)
+            if cached is not None and (cached.parts or cached.memory):
+                span_selects.append(spans_select(p, cached.parts, lambda _, c=cached: source.of(c)))
+    try:
+        con.execute(f"CREATE TABLE _et_found AS SELECT {len(producers)}::BIGINT AS producers")
+        # DuckDB opens the parts here already (their schema): a part deleted or damaged
+        # since its refresh fails this, and the caller refreshes and connects again
+        if "metrics" in wanted:
+            con.execute(f"CREATE VIEW metrics AS {_union(metric_selects, METRICS_COLUMNS)}")
+        if "spans" in wanted:
+            con.execute(f"CREATE VIEW spans AS {_union(span_selects, SPANS_COLUMNS)}")
+        # runs last: its problem column names what the other views could not read
+        for name, build in (
+            ("alerts", lambda: alerts_table(producers, problems)),
+            ("artifacts", lambda: artifacts_table(producers, problems)),
+            ("runs", lambda: runs_table(producers, stats, problems)),
+        ):
+            if name in wanted:
+                con.register(f"_et_{name}", build())
+                con.execute(f"CREATE VIEW {name} AS SELECT * FROM _et_{name}")
+    except BaseException:
+        con.close()
+        raise
+    message = problems.message()
+    if message:
+        _unreadable.warn(message, "%s", message)
     return con
 
 
 _unreadable = Warner()
 
 
-def _refresh(refresh: Any, source: Path, kind: str, cache_dir: Path | None) -> Any:
-    """The producer's cache, None when its file vanished since it was found (a run being
-    deleted) or cannot be read (a colleague's run without read permission; warned once per
-    file): that producer then has no rows, like a run without the file, and the other runs
-    still answer."""
-    try:
-        return refresh(source, kind, cache_dir=cache_dir)
-    except FileNotFoundError:
-        return None
-    except PermissionError as exc:
-        _unreadable.warn(
-            str(source),
-            "expr_tracker: cannot read %s (%s): its rows are left out of the %s view",
-            source,
-            exc.strerror or exc,
-            kind,
-        )
-        return None
+def cache_of(
+    p: Any, kind: str, cache_dir: Path | None, problems: Problems, *, stats: bool = False
+) -> tuple[Any, Any]:
+    """``(cached, stats)``: the producer's refreshed cache (``None`` when its file vanished
+    since it was found, a run being deleted, or cannot be read: recorded in ``problems``,
+    like lines it skipped) and, with ``stats``, ``(max step, max time)`` of its rows. A
+    cache folder deleted meanwhile is made again (never taken as a run without rows)."""
+    from expr_tracker.query.cache import refresh
+
+    path = p.metrics if kind == "metrics" else p.spans
+    cached = None
+    for _attempt in range(3):
+        try:
+            cached = refresh(path, kind, cache_dir=cache_dir, root=p.root)
+        except FileNotFoundError:
+            return None, None
+        except (OSError, ValueError, RecursionError) as exc:
+            problems.add(p, read_problem(path, exc))
+            return None, None
+        except Exception as exc:  # noqa: BLE001 - one run's bad file never ends the query
+            problems.add(p, f"{path.name}: cannot be read ({type(exc).__name__}: {exc})")
+            return None, None
+        if not stats:
+            break
+        try:
+            st = _parts_stats(cached.memory or cached.parts)
+        except FileNotFoundError:  # its cache was deleted under us: refresh again
+            continue
+        if cached.bad_lines:
+            problems.add(p, lines_problem(path, cached.bad_lines, cached.bad_first))
+        return cached, st
+    if cached is not None and cached.bad_lines:
+        problems.add(p, lines_problem(path, cached.bad_lines, cached.bad_first))
+    return cached, (None, None)
 
 
 def no_runs_note(con: Any, root: str | os.PathLike[str]) -> str | None:

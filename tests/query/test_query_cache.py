@@ -241,7 +241,7 @@ def test_bad_kind_and_missing_source(tmp_path):
         refresh(tmp_path / "x.jsonl", "alerts")
     with pytest.raises(FileNotFoundError):
         refresh(tmp_path / "missing.jsonl", "metrics")
-    with pytest.raises(ValueError, match="not a regular file"):
+    with pytest.raises(OSError, match="not a regular file"):
         refresh(tmp_path, "metrics")
 
 

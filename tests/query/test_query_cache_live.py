@@ -236,8 +236,8 @@ def test_current_cache_of_an_unwritable_run_dir_is_used_read_only(tmp_path, monk
     src.write_bytes(b'{"a":1.0,"_step":0}\n')
     owner = refresh(src, "metrics")  # the run's owner built it
     # this process cannot write the run dir (simulated: chmod is no barrier to root)
-    real = qcache._usable
-    monkeypatch.setattr(qcache, "_usable", lambda d: None if ".et-cache" in d.parts else real(d))
+    real = qcache._lock
+    monkeypatch.setattr(qcache, "_lock", lambda f: None if ".et-cache" in f.path.parts else real(f))
     with open(src, "ab") as f:
         f.write(b'{"a":2.0,"_st')  # a torn tail does not make it stale
     c = refresh(src, "metrics")
