@@ -45,6 +45,10 @@ RUNS_COLUMNS: tuple[tuple[str, str], ...] = (
     ("started", "TIMESTAMP"),
     ("ended", "TIMESTAMP"),
     ("duration_s", "DOUBLE"),
+    ("first_started_at", "DOUBLE"),
+    ("first_started", "TIMESTAMP"),
+    ("wall_duration_s", "DOUBLE"),
+    ("active_duration_s", "DOUBLE"),
     ("steps", "BIGINT"),
     ("last_time", "DOUBLE"),
     ("host", "VARCHAR"),
@@ -321,6 +325,9 @@ def runs_table(producers: Sequence[Any], stats: dict[int, tuple[Any, Any]]) -> A
             duration = last_time - started  # not ended (yet): as far as its rows go
         else:
             duration = None
+        from expr_tracker.history.runinfo import run_life
+
+        life = run_life(info, last_time=last_time)  # the whole life, over every attempt
         git = info.get("git") if isinstance(info.get("git"), dict) else {}
         config = small(p.config)
         summary = small(p.summary)
@@ -339,6 +346,8 @@ def runs_table(producers: Sequence[Any], stats: dict[int, tuple[Any, Any]]) -> A
             "started": started,
             "ended": ended,
             "duration_s": duration,
+            **life,
+            "first_started": life["first_started_at"],
             "steps": steps,
             "last_time": last_time,
             "host": info.get("host"),
