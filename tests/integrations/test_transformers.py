@@ -176,6 +176,12 @@ def test_evaluate_after_training_lands_at_the_last_step(tmp_path, capsys):
     info = json.loads((run_dir / "run.json").read_text())
     assert len(info["previous_attempts"]) == 2 and info["last_step"] == 10
     assert [r["_step"] for r in read_lines(run_dir / "metrics.jsonl")][-2:] == [10, 10]
+    # the run's whole life, not the last evaluate's (issue 21, point 4)
+    train, first_eval = info["previous_attempts"]
+    assert info["first_started_at"] == train["started_at"]
+    assert info["wall_duration_s"] == round(info["ended_at"] - train["started_at"], 3)
+    total = train["duration_s"] + first_eval["duration_s"] + info["duration_s"]
+    assert info["active_duration_s"] == round(total, 3) > info["duration_s"]
 
 
 def test_evaluate_before_training_starts_and_finishes_a_run(tmp_path):
