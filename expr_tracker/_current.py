@@ -11,6 +11,7 @@ lock in a child that inherited it.
 
 from __future__ import annotations
 
+import itertools
 import os
 from typing import Any
 
@@ -37,6 +38,13 @@ exit_hook_first: Any = None
 #: ``after_finish()``: called when a ``Run.finish()`` call completed (a SIGTERM that arrived
 #: while it ran is honoured then); set by api
 after_finish: Any = None
+
+#: one process-wide order of span starts and accepted ``log()`` calls: a span takes its id
+#: from it when it starts and the history store a mark at each ``log()`` it accepts, so
+#: ``span.id < store mark`` says a ``log()`` reached the store while the span ran (which row
+#: a span joins: docs/spans.md "Which row a span joins"). Never replaced (both hold its
+#: ``__next__``).
+sequence = itertools.count(1)
 
 #: fork generation of this process: 0 in the process that imported the package
 fork_gen = 0

@@ -37,6 +37,7 @@ from typing import Any
 
 from expr_tracker import _current
 from expr_tracker._current import FORK_MESSAGE
+from expr_tracker._current import sequence as _sequence
 from expr_tracker._warn import Warner
 from expr_tracker.errors import ForkedRunError
 from expr_tracker.history.cache import DecodedTail, RowCache
@@ -60,6 +61,8 @@ from expr_tracker.history.writer import JsonlWriter
 
 log = logging.getLogger("expr_tracker")
 
+#: the mark of an accepted log(): the next number of the sequence span ids come from
+_next_mark = _sequence.__next__
 #: the largest step (int64, what every reader and the cache index can hold exactly)
 MAX_STEP = (1 << 63) - 1
 _DROP = object()
@@ -121,13 +124,18 @@ class HistoryStore(SpanFolding, OpenRowTimer, StoreReads):
         # call (cleared past a bound: unique span names cannot grow it without limit)
         self._aggregation = aggregation_kinds(aggregation)
         self._kind_cache: dict[str, int] = {}
-        # span data since the last log(): it joins the row the next log() writes
+        # the last accepted log()'s mark (from _current.sequence, as span ids): a span whose
+        # id is below it saw a log() while it ran and joins the open row when it ends
+        self._log_mark = 0
+        # span data of spans that saw no log() while they ran: it joins the row the next
+        # log() writes
         self._pend: dict[str, Any] = {}
         self._pagg: dict[str, list[float]] = {}
         self._preset: set[str] | None = None  # pending keys that restarted (non-numeric)
         self._pend_nonfinite = False
         self._pend_since = 0.0  # monotonic time of the oldest pending span
         self._pend_armed = False
+        self._first_hold = True  # no span record went out yet (FIRST_HOLD_SECONDS)
         self._held: list[Any] = []  # span records waiting for their step
         self._held_bytes = 0
         self._span_sink: Callable[[int, list[Any]], Any] | None = None
@@ -233,8 +241,9 @@ class HistoryStore(SpanFolding, OpenRowTimer, StoreReads):
                     commit = False
             elif commit is None:
                 commit = True
+            self._log_mark = _next_mark()  # spans running now saw this call (spanfold.py)
             pend = self._pend
-            if pend:  # span time since the last log() joins the row this call writes
+            if pend:  # span time waiting since the last log() joins the row this call writes
                 if not self._open and self._preset is None and not self._pend_nonfinite:
                     # the common case, inlined: swap in the pending row (see _fold_locked)
                     self._open, self._pend = pend, self._open

@@ -7,10 +7,13 @@ duration-weighted mean, and resets on commit), and enqueues one encoded record w
 ``writer.append(line_bytes)``. It never writes a file itself.
 
 A store with ``hold_spans`` (the :class:`~expr_tracker.history.store.HistoryStore`) places
-span time in the row the next ``log()`` writes, so a record's step is not known when the
-span ends: the record is encoded then without ``_step``, handed to ``ingest_span`` with the
-metrics, and comes back through :meth:`SpanRecorder._write_held` with the step of the row
-its time was summed into (docs/spans.md "Which row a span joins").
+the time of a span that saw no ``log()`` while it ran in the row the next ``log()`` writes,
+so a record's step is not always known when the span ends: the record is encoded then
+without ``_step``, handed to ``ingest_span`` with the metrics and the span's id (which tells
+the store whether a ``log()`` came while it ran: then the open row takes the time and the
+step is known at once), and comes back through :meth:`SpanRecorder._write_held` with the
+step of the row its time was summed into when it was held (docs/spans.md "Which row a span
+joins").
 
 Record format (one JSON line of ``spans[.S][.rankN].jsonl``; see docs/architecture.md)::
 
@@ -79,10 +82,11 @@ class SpanRecorder:
       int`` (the step the metrics landed on) and an ``open_step`` attribute (read when
       ``metrics=False``), or None (records then carry ``"_step": null``). A store that
       also has ``hold_spans(sink, max_seconds=, max_bytes=)`` (the ``HistoryStore``) gets
-      each record with the metrics, ``ingest_span(metrics, dur_ms, record) -> None``, and
-      hands it back to ``sink(step, records)`` once the ``log()`` that places the metrics
-      fixes the step; with ``metrics=False`` records are written at once with the open
-      step.
+      each record with the metrics and the span's id, ``ingest_span(metrics, dur_ms,
+      record, span_id) -> step | None``: a step means write the record now with it; None
+      means the store holds it and hands it back to ``sink(step, records)`` once the
+      ``log()`` that places the metrics fixes the step; with ``metrics=False`` records are
+      written at once with the open step.
     - ``writer``: an object with ``append(line: bytes) -> bool | None`` (one record, no
       newline; ``False`` means it was dropped, e.g. past the writer's pending-byte bound) and
       ``flush()``, or None for no span file (``spans=False``).
@@ -205,7 +209,8 @@ class SpanRecorder:
                 for k, v in pm.items():
                     m[k + "/" + path] = v
             if self._hold:
-                step = self._store.ingest_span(m, dur_ms, item)
+                # the span's id tells the store whether a log() came while it ran
+                step = self._store.ingest_span(m, dur_ms, item, span.id)
                 if step is None:  # held: written with its step by the log() that places it
                     return
             else:
@@ -244,7 +249,9 @@ class SpanRecorder:
         """Write records now that their row's step is known (also the store's span sink).
 
         ``items`` are record dicts (encoded here) or encoded records without their
-        ``_step`` (see ``record``)."""
+        ``_step`` (see ``record``), each of them for ``step``; or ``(step, record)`` pairs,
+        a record whose step was fixed when its span ended (held behind earlier records to
+        keep the file's order)."""
         writer = self._writer
         if writer is None:
             return
@@ -252,11 +259,16 @@ class SpanRecorder:
         limit = self._max_record
         head = None
         for item in items:
+            at = step
+            if type(item) is tuple:
+                at, item = item
             if type(item) is dict:
-                item["_step"] = step
+                item["_step"] = at
                 line = _dumps(item)
                 if len(line) > limit and not self._fits(len(line), item["name"]):
                     continue
+            elif at is not step:
+                line = (b'{"_step":%d,' % at if type(at) is int else b'{"_step":null,') + item
             else:
                 if head is None:
                     head = b'{"_step":%d,' % step if type(step) is int else b'{"_step":null,'
