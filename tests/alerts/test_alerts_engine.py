@@ -9,6 +9,7 @@ import threading
 import pytest
 from rich.console import Console
 
+import expr_tracker as et
 from expr_tracker.alerts import (
     AlertEngine,
     AlertLog,
@@ -496,3 +497,27 @@ def test_window_error_names_the_real_setting():
     with pytest.raises(RuleError) as info:
         AlertEngine(window=100).add_rule("mean(x[101]) > 1")
     assert "history.alert_window" in str(info.value) and "alerts.window" not in str(info.value)
+
+
+@pytest.mark.parametrize("size", [101, 1 << 62, 10**22])
+def test_a_window_past_any_cap_names_the_configured_alert_window(size):
+    """A window wider than the internal bound of a rule made without an engine (base
+    code: "wider than alert_window=4611686018427387904") names the configured one."""
+    with pytest.raises(RuleError, match=r"wider than alert_window=100;") as info:
+        AlertEngine(window=100).add_rule(f"mean(x[{size}]) > 1")
+    assert "alert_window=4611686018427387904" not in str(info.value)
+    with pytest.raises(RuleError, match=r"wider than alert_window=100;"):
+        AlertEngine(window=100).add_rule({"name": "r", "condition": f"max(x[{size}]) > 1"})
+
+
+def test_the_configured_alert_window_in_et_init(tmp_path):
+    from expr_tracker.spec import SpecError
+
+    with pytest.raises(SpecError, match=r"wider than alert_window=100;"):
+        et.init(
+            project="p",
+            name="w",
+            dir=str(tmp_path),
+            alert_window=100,
+            alert_rules=["mean(loss[5000000000000000000000]) > 1 => warning: x"],
+        )
