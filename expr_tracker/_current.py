@@ -31,6 +31,11 @@ new_run: Any = None
 #: a ``with et.init(...)`` block); set by api
 end_run: Any = None
 
+#: ``check_stream(stream)``: raises the ``SpecError`` ``et.init`` gives for a stream name
+#: it refuses (the spec's own check), so ``et.history(stream=...)`` says the same; set by
+#: api (history needs no spec)
+check_stream: Any = None
+
 #: ``exit_hook_first()``: makes the at-exit finish of the runs run before the ``atexit``
 #: hooks registered since (a mirror calls it when its backend's ``init`` registered some:
 #: wandb tears its service down in one, which must come after the mirrors drained); set by api
