@@ -137,6 +137,14 @@ class _Compiler:
         return RuleError(message, text=self.text, column=column)
 
     def need(self, name: str, n: int) -> None:
+        if not name:  # "" > 1, M[""]: log() drops an empty key, so no value ever comes
+            spots = [at for q in ('""', "''", "``") if (at := self.text.find(q)) >= 0]
+            raise RuleError(
+                "a metric name cannot be empty: log() records no metric under '', so the "
+                "rule could never fire",
+                text=self.text,
+                column=min(spots) + 1 if spots else None,
+            )
         if self.known is not None:
             alt = name.replace(".", "/")
             if name not in self.known and alt not in self.known:

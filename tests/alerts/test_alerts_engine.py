@@ -521,3 +521,37 @@ def test_the_configured_alert_window_in_et_init(tmp_path):
             alert_window=100,
             alert_rules=["mean(loss[5000000000000000000000]) > 1 => warning: x"],
         )
+
+
+@pytest.mark.parametrize(
+    "rule, column",
+    [
+        ('"" > 1', 1),
+        ("`` > 1 => error: never", 1),
+        ("x > 1 and '' < 2", 11),
+        ("mean(''[5]) > 1", 6),
+        ("has('')", 5),
+        ({"name": "empty", "condition": '"" > 1'}, 1),
+        (getattr(M, "") > 1, 1),  # the rule builder
+    ],
+)
+def test_a_rule_on_the_empty_metric_name_is_refused(rule, column):
+    """log() never records a metric named '' (it drops the key), so such a rule could
+    never fire (base code: accepted, silently inert)."""
+    eng = AlertEngine(window=100)
+    with pytest.raises(RuleError, match="metric name cannot be empty") as info:
+        eng.add_rule(rule)
+    assert info.value.column == column
+    assert eng.rules == []
+
+
+def test_the_empty_metric_name_in_et_init_and_add_alert_rule(tmp_path):
+    from expr_tracker.spec import SpecError
+
+    with pytest.raises(SpecError, match="metric name cannot be empty"):
+        et.init(project="p", name="e", dir=str(tmp_path), alert_rules=['"" > 1 => error: x'])
+    et.init(project="p", name="e", dir=str(tmp_path))
+    with pytest.raises(RuleError, match="metric name cannot be empty"):
+        et.add_alert_rule("mean(``[3]) > 1 => warning: x")
+    assert et.list_alert_rules() == []
+    et.finish()
