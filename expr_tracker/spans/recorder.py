@@ -139,6 +139,8 @@ class SpanRecorder:
         self._closed = False
         # the store fixes each record's step at the log() that places its metrics
         self._hold = self._metrics and callable(getattr(store, "hold_spans", None))
+        # bound once: the call every span makes (the fast path reads one attribute)
+        self._ingest_span = store.ingest_span if self._metrics else None
         if self._hold and writer is not None:
             store.hold_spans(
                 self._write_held,
@@ -210,11 +212,11 @@ class SpanRecorder:
                     m[k + "/" + path] = v
             if self._hold:
                 # the span's id tells the store whether a log() came while it ran
-                step = self._store.ingest_span(m, dur_ms, item, span.id)
+                step = self._ingest_span(m, dur_ms, item, span.id)
                 if step is None:  # held: written with its step by the log() that places it
                     return
             else:
-                step = self._store.ingest_span(m, dur_ms)
+                step = self._ingest_span(m, dur_ms)
         else:
             store = self._store
             step = store.open_step if store is not None else None
@@ -259,22 +261,32 @@ class SpanRecorder:
         limit = self._max_record
         head = None
         for item in items:
-            at = step
-            if type(item) is tuple:
-                at, item = item
             if type(item) is dict:
-                item["_step"] = at
+                item["_step"] = step
                 line = _dumps(item)
                 if len(line) > limit and not self._fits(len(line), item["name"]):
                     continue
-            elif at is not step:
-                line = (b'{"_step":%d,' % at if type(at) is int else b'{"_step":null,') + item
-            else:
+            elif type(item) is bytes:
                 if head is None:
                     head = b'{"_step":%d,' % step if type(step) is int else b'{"_step":null,'
                 line = head + item
+            else:  # (step, record): a step fixed when its span ended (rare: not per item)
+                line = self._line_at(*item)
+                if line is None:
+                    continue
             if append(line) is False:
                 self._refused()
+
+    def _line_at(self, step: Any, item: Any) -> bytes | None:
+        """One record (a dict, or encoded bytes without ``_step``) as its line at ``step``;
+        None when it is over ``max_record_bytes`` (dropped, counted)."""
+        if type(item) is dict:
+            item["_step"] = step
+            line = _dumps(item)
+            if len(line) > self._max_record and not self._fits(len(line), item["name"]):
+                return None
+            return line
+        return (b'{"_step":%d,' % step if type(step) is int else b'{"_step":null,') + item
 
     def _refused(self) -> None:
         """The writer refused a record: closed meanwhile, or past its pending-byte bound."""

@@ -381,14 +381,15 @@ def test_a_step_opened_first_and_a_span_alone(tmp_path, clock):
     check_records_name_their_rows(run)
 
 
-def test_nested_spans_around_a_log(tmp_path, clock):
+@pytest.mark.parametrize("attrs", [False, True])  # records as dicts, or encoded at once
+def test_nested_spans_around_a_log(tmp_path, clock, attrs):
     """Within one span that saw the log(): a child that ended before it joins the row that
     log() writes, the parent the step open when it ends; a child that starts and ends after
     the log() saw none, like the spans of the loop above, and waits for the next log().
     Records stay children before parents in the file."""
     run = start(tmp_path, span_count=True)
     for i in range(3):
-        with span("step"):
+        with span("step", **({"i": i} if attrs else {})):
             with span("fwd"):
                 clock.sleep_ms(1)
             et.log({"i": i}, step=i)
@@ -404,6 +405,10 @@ def test_nested_spans_around_a_log(tmp_path, clock):
     recs = spans_file(run)
     where = {r["id"]: n for n, r in enumerate(recs)}
     assert all(where[r["parent"]] > n for n, r in enumerate(recs) if r["parent"])
+    steps = [r for r in recs if r["name"] == "step"]
+    assert [r["_step"] for r in steps] == [0, 1, 2]
+    if attrs:
+        assert [r["args"]["i"] for r in steps] == [0, 1, 2]
 
 
 def test_a_span_on_another_thread_that_saw_a_log(tmp_path, clock):
