@@ -59,19 +59,27 @@ def _thread_identity() -> tuple[int, str]:
     return v
 
 
-def _task_name() -> str | None:
-    """The current asyncio task's name; None outside a running event loop (asyncio not
-    imported, no loop running, or no task)."""
-    aio = _modules.get("asyncio")
-    if aio is None:
-        return None
-    # getattr: another thread may be importing asyncio right now (a mirror importing its
-    # library), leaving a partially initialised module in sys.modules
-    running = getattr(aio, "_get_running_loop", None)
-    loop = running() if running is not None else None
+#: ``asyncio._get_running_loop``, kept once found (one global read per span after that)
+_get_running_loop: Any = None
+
+
+def _task_name(aio: Any) -> str | None:
+    """The current asyncio task's name (``aio``: the ``asyncio`` module, imported by
+    someone); None outside a running event loop (no loop running, or no task)."""
+    global _get_running_loop
+    running = _get_running_loop
+    if running is None:
+        # getattr: another thread may be importing asyncio right now (a mirror importing
+        # its library), leaving a partially initialised module in sys.modules
+        running = getattr(aio, "_get_running_loop", None)
+        if running is None:
+            return None
+        _get_running_loop = running
+    loop = running()
     if loop is None:
         return None
-    task = aio.current_task(loop)
+    current = getattr(aio, "current_task", None)
+    task = current(loop) if current is not None else None
     return task.get_name() if task is not None else None
 
 
@@ -195,9 +203,11 @@ class SpanRecorder:
                 "tid": tid,
                 "thread": tname,
             }
-            task = _task_name()  # only inside a running event loop
-            if task is not None:
-                item["task"] = task
+            aio = _modules.get("asyncio")  # no asyncio imported: no task, and no call
+            if aio is not None:
+                task = _task_name(aio)  # only inside a running event loop
+                if task is not None:
+                    item["task"] = task
             if span.attrs or span.step is not None or pm or span.error:
                 # encoded now: attribute values are the user's objects and may change later
                 item = self._encode_full(item, span, span.attrs, pm)[_NULL_STEP:]
