@@ -61,8 +61,6 @@ from expr_tracker.history.writer import JsonlWriter
 
 log = logging.getLogger("expr_tracker")
 
-#: the mark of an accepted log(): the next number of the sequence span ids come from
-_next_mark = _sequence.__next__
 #: the largest step (int64, what every reader and the cache index can hold exactly)
 MAX_STEP = (1 << 63) - 1
 _DROP = object()
@@ -241,7 +239,9 @@ class HistoryStore(SpanFolding, OpenRowTimer, StoreReads):
                     commit = False
             elif commit is None:
                 commit = True
-            self._log_mark = _next_mark()  # spans running now saw this call (spanfold.py)
+            # the mark of an accepted log(), from the sequence span ids come from: spans
+            # running now saw this call (spanfold.py)
+            self._log_mark = next(_sequence)
             pend = self._pend
             if pend:  # span time waiting since the last log() joins the row this call writes
                 if not self._open and self._preset is None and not self._pend_nonfinite:
@@ -385,7 +385,11 @@ class HistoryStore(SpanFolding, OpenRowTimer, StoreReads):
             row["_step"] = step
             row["_time"] = self._wall()
             if self._written_open is None:
-                self._append_locked(self._encode(row), step)
+                try:  # _encode, inlined: one call less per commit (the common case)
+                    line = encode_row(row, self._open_nonfinite)
+                except Exception:  # noqa: BLE001 - a hostile value: the slow path
+                    line = self._encode(row)
+                self._append_locked(line, step)
             else:
                 self._write_row_locked(row, step)
                 self._written_open = None
