@@ -262,7 +262,11 @@ class HistoryStore(SpanFolding, OpenRowTimer, StoreReads):
                 else:
                     committed = (committed, row)
             elif self.max_open_seconds is not None and self._open:
-                self._touch()
+                # _touch, inlined while its timer runs (every commit=False call comes here)
+                if self._timer_armed:
+                    self._touched = self._clock()
+                else:
+                    self._touch()
             upto = 0
             if committed is not None and self.sinks:
                 # queued under the lock, so sinks see rows in commit order across threads
