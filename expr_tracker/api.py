@@ -787,7 +787,15 @@ def _install_hooks() -> None:
 
 
 # et.Run(...) and the end of a `with` block reach api through the leaf (runs.py is below api)
+def _check_stream(stream: Any) -> None:
+    """``et.history(stream=...)``'s check (registered in ``_current.check_stream``)."""
+    from expr_tracker.spec.resolve import check_stream
+
+    check_stream(stream, "history")
+
+
 _state.new_run = _new_run
+_state.check_stream = _check_stream
 _state.end_run = _end_run
 _state.exit_hook_first = _exit_hook_first
 _state.after_finish = _after_finish

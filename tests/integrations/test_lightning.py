@@ -517,3 +517,37 @@ def test_ddp_spawn_parent_and_ranks_share_one_run(tmp_path):
     assert info["init_config"] == {"model": "Ranked", "seed": 7, "trainer": {"devices": 2}}
     assert "config_changes" not in info
     assert not any(a.get("config_changes") for a in info["previous_attempts"])
+
+
+def test_spans_over_batches_and_epochs_land_on_the_logged_steps(tmp_path):
+    """A user's callback timing each batch (on_train_batch_start -> _end, before Lightning
+    logs the batch's step) and each epoch (log_metrics calls reach the store while it runs):
+    each batch span joins the row of the step logged after it, each epoch span the step
+    open when the epoch ends, its last (base code: the epoch's time in the next epoch's
+    first row, the last epoch's in no row of its own)."""
+    import lightning as L
+
+    class Timer(L.Callback):
+        def on_train_batch_start(self, trainer, module, batch, batch_idx):
+            self.batch = et.start_span("batch")
+
+        def on_train_batch_end(self, trainer, module, outputs, batch, batch_idx):
+            self.batch.end()
+
+        def on_train_epoch_start(self, trainer, module):
+            self.epoch = et.start_span("epoch", epoch=trainer.current_epoch)
+
+        def on_train_epoch_end(self, trainer, module):
+            self.epoch.end()
+
+    logger = ExprTrackerLogger(project="lit", name="timed", save_dir=tmp_path / "runs")
+    trainer(logger, callbacks=[Timer()]).fit(Tiny(), loader(), loader())  # noqa: F821
+    run_dir = tmp_path / "runs" / "lit" / "timed"
+    rows = {r["_step"]: r for r in read_lines(run_dir / "metrics.jsonl")}
+    assert sorted(rows) == list(range(10))
+    assert all(r["time_ms/epoch/batch"] > 0 for r in rows.values())
+    assert [s for s, r in rows.items() if "time_ms/epoch" in r] == [4, 9]
+    spans = read_lines(run_dir / "spans.jsonl")
+    epochs = [(s["_step"], s["args"]["epoch"]) for s in spans if s["name"] == "epoch"]
+    assert epochs == [(4, 0), (9, 1)]
+    assert [s["_step"] for s in spans if s["name"] == "epoch/batch"] == list(range(10))

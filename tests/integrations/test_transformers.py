@@ -247,6 +247,65 @@ def test_spans_and_user_metrics_land_on_the_trainers_steps(tmp_path):
     assert {s["_step"] for s in spans if s["name"] == "compute"} == set(range(1, 11))
 
 
+class StepTimer:
+    """A user's callback timing each optimizer step: a span from ``on_step_begin`` to
+    ``on_step_end``, which the tracker's own logs of those hooks reach while it runs."""
+
+    def __init__(self) -> None:
+        self.span = None
+
+    def __getattr__(self, name):  # every other TrainerCallback hook: nothing to do
+        if name.startswith("on_"):
+            return lambda *args, **kwargs: None
+        raise AttributeError(name)
+
+    def on_step_begin(self, args, state, control, **kwargs):
+        self.span = et.start_span("optimizer_step", trained=state.global_step + 1)
+
+    def on_step_end(self, args, state, control, **kwargs):
+        self.span.end()
+
+
+class LogInSpanTrainer(Trainer):
+    """A span around ``compute_loss`` holding the user's ``et.log(d, commit=False)``."""
+
+    def compute_loss(self, model, inputs, *args, **kwargs):
+        with et.span("compute"):
+            loss = super().compute_loss(model, inputs, *args, **kwargs)
+            if model.training:
+                et.log({"seen_step": self.state.global_step + 1}, commit=False)
+        return loss
+
+
+@pytest.mark.parametrize("timer_first", [True, False])
+def test_spans_around_the_trainers_own_logs_land_on_the_step_trained(tmp_path, timer_first):
+    """The callback logs at on_step_begin (opening global_step + 1) and on_step_end: a
+    user's span over the whole optimizer step, and one holding a log(commit=False), are
+    reached by a log() while they run, so they join the step open when they end, the step
+    trained (base code: the step timer's time one row late, its last span in no row)."""
+    cb = ExprTrackerCallback(project="hf", name=f"timer-{timer_first}")
+    timer = StepTimer()
+    tr = LogInSpanTrainer(
+        model=tiny_bert(),
+        args=training_args(tmp_path, eval_strategy="no"),
+        train_dataset=RandomTokens(64, 0),
+        callbacks=[timer, cb] if timer_first else [cb, timer],
+    )
+    tr.train()
+    rows = rows_by_step(cb.run.dir)
+    assert sorted(rows) == list(range(1, 11))
+    for step, row in rows.items():
+        assert row["seen_step"] == step, row
+        # compute nests in the step timer's span (started with start_span, on this thread)
+        assert row["time_ms/optimizer_step"] > row["time_ms/optimizer_step/compute"] > 0, row
+    spans = read_lines(cb.run.dir / "spans.jsonl")
+    timed = [s for s in spans if s["name"] == "optimizer_step"]
+    assert [s["_step"] for s in timed] == [s["args"]["trained"] for s in timed]
+    assert [s["_step"] for s in timed] == list(range(1, 11))
+    computed = [s["_step"] for s in spans if s["name"] == "optimizer_step/compute"]
+    assert computed == list(range(1, 11))
+
+
 class PlainLogTrainer(Trainer):
     def compute_loss(self, model, inputs, *args, **kwargs):
         if model.training:
