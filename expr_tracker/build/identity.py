@@ -9,6 +9,9 @@ written yet, or whose latest attempt had the same config — and says so in one 
 the changed keys. ``resume: must`` continues the named run whatever its config and records
 the change (``run.json`` ``config_changes``, kept per attempt in ``previous_attempts``);
 ``resume: never`` always starts a new run (the first name this producer has not written).
+A start given no config at all (an evaluation script, ``et.init(name=...)`` alone) says
+nothing about the experiment: it continues the named run, and the config recorded for the
+next comparison stays the one the run was last started with.
 
 The name is fixed — resume or start, never moved — when the folder is given (``run_dir=``),
 for wandb's ``id=`` (the id is the run), and for ranks other than 0: rank 0 decides, and
@@ -142,13 +145,16 @@ def choose(
                         "give another one, or use resume='allow' to continue it"
                     )
                 # rank 0 records the config given at init; the other ranks' decide nothing
-                if file_rank == 0:
+                if file_rank == 0 and config:
                     changes = _changes_since(info_path, run_dir, stream, recorded) or None
                 else:
                     changes = None
                 break
             if spec.resume == "never":
                 changes = None
+            elif not config:  # no config given (an eval script, a second stream): continue
+                changes = None
+                break
             else:
                 changes = _changes_since(info_path, run_dir, stream, recorded)
                 if not changes:
@@ -160,6 +166,10 @@ def choose(
             raise
         attempt.undo()  # probed, not ours: the lock is released, nothing was changed
         k = _next(k, spec)
+    if not config and exists and file_rank == 0:
+        # nothing given says nothing about the experiment: the next start compares with
+        # what the run's latest start was given, not with this empty config
+        recorded = _recorded_init_config(info_path) or recorded
     choice = Choice(
         attempt=attempt,
         resolved=resolved,
@@ -228,6 +238,12 @@ def notice(choice: Choice, resumed: str | None) -> str | None:
 
 
 # ------------------------------------------------------------------ the comparison
+
+
+def _recorded_init_config(info_path: Path) -> dict[str, Any] | None:
+    info = read_run_info(info_path, repair=False) if info_path.exists() else None
+    recorded = (info or {}).get("init_config")
+    return recorded if isinstance(recorded, dict) else None
 
 
 def _changes_since(

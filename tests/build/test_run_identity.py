@@ -585,6 +585,25 @@ def test_keys_added_during_the_run_never_make_a_restart_look_different(tmp_path,
     et.finish()
 
 
+def test_a_start_given_no_config_continues_and_keeps_the_compared_config(tmp_path, capsys):
+    """An evaluation script (et.init(name=...) alone) continues the run; the training script
+    restarted after it with its own config still resumes, another config still moves on."""
+    runs = tmp_path / "runs" / "proj"
+    kw = {"project": "proj", "name": "r", "dir": str(tmp_path / "runs")}
+    et.init(config={"lr": 0.1}, **kw)
+    et.log({"loss": 1.0})
+    et.finish()
+    run = et.init(**kw)  # no config: nothing says this is another experiment
+    assert run.name == "r" and run.resumed
+    assert dict(run.config) == {"lr": 0.1}
+    et.finish()
+    info = _json(runs / "r" / "run.json")
+    assert info["init_config"] == {"lr": 0.1} and "config_changes" not in info
+    assert _start(tmp_path, {"lr": 0.1}, name="r").name == "r"
+    assert _start(tmp_path, {"lr": 0.2}, name="r").name == "r-2"
+    capsys.readouterr()
+
+
 def test_must_continues_another_config_and_records_it_per_attempt(tmp_path, capsys):
     run_dir = tmp_path / "runs" / "proj" / "gpt2"
     _start(tmp_path, {"lr": 0.1, "seed": 1})
