@@ -24,7 +24,7 @@ run: Any = None
 configured_alert: dict[str, Any] = {}
 
 #: ``new_run(project, name, kwargs) -> Run``: builds an independent run (``et.Run(...)``);
-#: set by api (spec resolved, then build/), so runs.py needs neither
+#: set by api (spec resolved, then assemble/), so runs.py needs neither
 new_run: Any = None
 
 #: ``end_run(run, exception)``: finish ``run`` and stop it being the current one (the end of

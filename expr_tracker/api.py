@@ -133,7 +133,7 @@ def _resolve_and_build(
 ) -> Run:
     """Resolve the spec from its sources and build the run (under ``_lock``); ``pinned``:
     wandb's ``id=`` fixes the run's name (docs/streams.md, "Run identity")."""
-    from expr_tracker.build import build
+    from expr_tracker.assemble import build
     from expr_tracker.spec import SpecError, resolve
 
     resolved = resolve(spec, kwargs=given, configure_alert=_state.configured_alert or None)
@@ -464,7 +464,7 @@ def configure_alert(config: Any = None, /, **values: Any) -> None:
             (``alerts.channels.<name>.options.<key>``); nothing is kept from a call that
             raises.
     """
-    from expr_tracker.build import check
+    from expr_tracker.assemble import check
     from expr_tracker.spec import merge, resolve
     from expr_tracker.spec.alerting import alerts_data
 

@@ -109,7 +109,7 @@ def _usage(parser: argparse.ArgumentParser) -> int:
 
 def cmd_validate(args: argparse.Namespace) -> int:
     """Exit codes: 0 every file valid, 1 any problem (including a missing file)."""
-    from expr_tracker.build.check import check_file
+    from expr_tracker.assemble.check import check_file
     from expr_tracker.spec.resolve import detect_kind, interpolation_issues
 
     failed = 0

@@ -305,7 +305,7 @@ def resolve_file(
     path: str | os.PathLike, kind: str = "run", package: str | None = None
 ) -> ResolvedSpec:
     """One spec file on its own (no environment, no other source) as a ``ResolvedSpec``,
-    for ``et config validate`` to run the checks ``et.init`` runs (``build.check``).
+    for ``et config validate`` to run the checks ``et.init`` runs (``assemble.check``).
 
     Args:
         path: a YAML/JSON/TOML file.

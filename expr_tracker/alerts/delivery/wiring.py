@@ -1,6 +1,6 @@
 """Delivery wiring: channels and a dispatcher from an ``AlertsSpec`` (``build_dispatcher``)
 and the ``notify_on`` message of a run's end (``run_end_message``), from plain values.
-A run's delivery is hooked in by ``expr_tracker.build.alerts`` (``open_delivery``,
+A run's delivery is hooked in by ``expr_tracker.assemble.alerts`` (``open_delivery``,
 ``attach_delivery``); ``et.alert`` itself is in ``delivery.direct``.
 
 ``dispatcher.notify`` is the ``notify(event)`` callable for ``AlertEngine`` (rule events,

@@ -12,7 +12,7 @@ from helpers import alert_records as records
 
 import expr_tracker as et
 from expr_tracker.alerts.delivery import alert
-from expr_tracker.build.alerts import attach_delivery
+from expr_tracker.assemble.alerts import attach_delivery
 from expr_tracker.testing import InMemoryChannel, WebhookServer, capture_alerts
 
 pytestmark = pytest.mark.usefixtures("no_proxy")
@@ -272,7 +272,7 @@ def test_hanging_channel_process_exits_within_deadline(tmp_path):
             import expr_tracker as et
             from expr_tracker.alerts.delivery import dispatcher as dispatch
             from expr_tracker.alerts.delivery import alert
-            from expr_tracker.build.alerts import attach_delivery
+            from expr_tracker.assemble.alerts import attach_delivery
             dispatch.DEFAULT_DRAIN_TIMEOUT = 0.5
             run = et.init(project="p", name="hang", dir={str(tmp_path)!r})
             spec = {{"channels": [{{"type": "webhook", "url": {server.url!r},

@@ -44,7 +44,7 @@ class ChannelConfigError(ValueError):
     ``str()`` is the whole message (``alerts.channels.<name>.<field>: <problem>``);
     ``channel`` (the channel's name), ``field`` (dotted, relative to the channel:
     ``options.port``, ``url``, ``type``; "" for the channel as a whole) and ``problem`` (the
-    message without its path) are set when the raiser knew them, for ``build.check`` to
+    message without its path) are set when the raiser knew them, for ``assemble.check`` to
     turn into a ``SpecError`` naming the spec path. The text never holds a secret.
     """
 
@@ -320,7 +320,7 @@ class Channel:
         """Every problem of ``options`` that needs no environment and no network, as
         ``(field, problem)`` pairs (``("options.port", "must be an integer, got 'x'")``):
         unknown keys, then the checks of ``option_checks``. ``__init__`` raises the first;
-        ``build.check`` reports them all, also for a channel that is off."""
+        ``assemble.check`` reports them all, also for a channel that is off."""
         out: list[tuple[str, str]] = []
         unknown = sorted(str(k) for k in set(options) - set(cls.option_names))
         if unknown:

@@ -25,18 +25,18 @@ import time
 from typing import Any
 
 from expr_tracker._warn import Warner
-from expr_tracker.build.alerts import build_alerts
-from expr_tracker.build.artifacts import build_artifacts
-from expr_tracker.build.backends import build_backends
-from expr_tracker.build.check import channel_issue, check
-from expr_tracker.build.history import (
+from expr_tracker.assemble.alerts import build_alerts
+from expr_tracker.assemble.artifacts import build_artifacts
+from expr_tracker.assemble.backends import build_backends
+from expr_tracker.assemble.check import channel_issue, check
+from expr_tracker.assemble.history import (
     announce,
     construct_run,
     normalize_config,
     run_directory,
 )
-from expr_tracker.build.identity import ResumeError, choose
-from expr_tracker.build.spans import build_spans
+from expr_tracker.assemble.identity import ResumeError, choose
+from expr_tracker.assemble.spans import build_spans
 from expr_tracker.history.paths import detect_rank
 from expr_tracker.runs import Run
 
