@@ -794,7 +794,16 @@ def _check_stream(stream: Any) -> None:
     check_stream(stream, "history")
 
 
+def _standalone_dispatcher() -> Any:
+    """The run-less ``et.alert`` dispatcher (registered in ``_current.standalone_dispatcher``;
+    assemble/ imported on the first run-less alert, not at ``import expr_tracker``)."""
+    from expr_tracker.assemble.delivery import standalone_dispatcher
+
+    return standalone_dispatcher()
+
+
 _state.new_run = _new_run
+_state.standalone_dispatcher = _standalone_dispatcher
 _state.check_stream = _check_stream
 _state.end_run = _end_run
 _state.exit_hook_first = _exit_hook_first

@@ -224,6 +224,42 @@ def test_no_cycle_at_module_level():
     assert not cycles, f"module-level import cycles: {cycles}"
 
 
+def _calls(path: Path) -> set[str]:
+    """The names a module calls: ``f(...)`` as ``f``, ``a.b.f(...)`` as ``b.f``."""
+    out = set()
+    for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
+        if not isinstance(node, ast.Call):
+            continue
+        func = node.func
+        if isinstance(func, ast.Name):
+            out.add(func.id)
+        elif isinstance(func, ast.Attribute):
+            owner = func.value
+            head = owner.id if isinstance(owner, ast.Name) else getattr(owner, "attr", "")
+            out.add(f"{head}.{func.attr}")
+    return out
+
+
+#: the calls that turn an alerts spec into delivery: a dispatcher, a channel's policy
+COMPOSING_DELIVERY = {"Dispatcher", "Policy.from_spec", "effective_policy"}
+
+
+def test_only_assemble_composes_delivery():
+    # docs/architecture.md "Import direction": a Dispatcher comes from a spec in assemble/
+    # only (a run's, et alert's, the run-less et.alert's); alerts/delivery/ takes plain
+    # values, so it imports nothing of spec
+    assert COMPOSING_DELIVERY <= _calls(MODULES["expr_tracker.assemble.delivery"])
+    bad = []
+    for module, path in sorted(MODULES.items()):
+        if _group(module) == "assemble":
+            continue
+        for call in sorted(_calls(path) & COMPOSING_DELIVERY):
+            bad.append(f"{module} calls {call}(...)")
+        if module.startswith("expr_tracker.alerts.delivery"):
+            bad += [f"{module} imports {t}" for t in sorted(EVERY[module]) if _group(t) == "spec"]
+    assert not bad, "delivery composed outside assemble/:\n" + "\n".join(bad)
+
+
 def test_leaves_need_no_pydantic():
     for leaf in ("_warn", "units"):
         tree = ast.parse((PACKAGE / f"{leaf}.py").read_text(encoding="utf-8"))

@@ -1,25 +1,16 @@
 """The alert side of a run: the engine (rules compiled by ``check.make_engine``), the
-alert log, the channels with their policies and the dispatcher, hooked into the run.
-
-- ``open_delivery(alerts_spec, alerts_path, context=, finish=, ...) -> Delivery``: from
-  plain values, the dispatcher, its closer (the ``notify_on`` message, then the drain
-  within the deadline) and its ``delivery`` section of ``et.info()``.
-- ``attach_delivery(run, alerts_spec, alerts_path) -> Dispatcher``: hooks a ``Delivery``
-  into a ``Run`` (``run.dispatcher``, the closer, the stats).
+alert log, the watchdog and the row sink, hooked into the run; its delivery (channels,
+policies, dispatcher) comes from :mod:`.delivery` (``attach_delivery``).
 """
 
 from __future__ import annotations
 
 import logging
-from collections.abc import Callable, Iterable, Mapping
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 from expr_tracker._warn import Warner
-from expr_tracker.alerts.delivery.dispatcher import Dispatcher
-from expr_tracker.alerts.delivery.message import AlertMessage
-from expr_tracker.alerts.delivery.wiring import alerts_spec_of, build_dispatcher, run_end_message
+from expr_tracker.assemble.delivery import attach_delivery
 from expr_tracker.history.paths import file_name
 from expr_tracker.runs import Run
 
@@ -76,155 +67,3 @@ def _delivery(run: Run, alerts: Any, alerts_path: Path, record: Any, deliver: bo
         return None
     dispatcher = attach_delivery(run, alerts, record)
     return dispatcher.notify
-
-
-# --------------------------------------------------------------------------- delivery
-
-
-def finish_message(run: Any, notify_on: Iterable[str]) -> AlertMessage | None:
-    """``run_end_message`` for ``run`` (its ``project``, ``name``, ``exception``,
-    ``history.rows_committed`` and the run's first start, each when present: a resumed
-    run's message gives its whole wall duration, as ``et runs`` does — docs/streams.md
-    "Run identity")."""
-    steps = None
-    try:
-        steps = run.history.rows_committed
-    except Exception:  # noqa: BLE001
-        pass
-    return run_end_message(
-        notify_on,
-        project=getattr(run, "project", "?"),
-        name=getattr(run, "name", "?"),
-        exception=getattr(run, "exception", None),
-        steps=steps,
-        started_at=_first_start(getattr(run, "info_record", None) or {}),
-    )
-
-
-def _first_start(info: dict) -> float | None:
-    first = info.get("first_started_at")
-    return first if isinstance(first, (int, float)) else info.get("started_at")
-
-
-@dataclass(frozen=True)
-class Delivery:
-    """A run's delivery, built from plain values, for the composition root to hook in.
-
-    Attributes:
-        dispatcher: the ``Dispatcher`` (``dispatcher.notify`` is the engine's ``notify``).
-        close: the closer: the ``notify_on`` message (``finish()``), then the drain within
-            the deadline (``drain_timeout``), then the alert log it opened, if any.
-        stats: the ``delivery`` section of ``et.info()``: each channel's counters and the
-            channels that are off.
-    """
-
-    dispatcher: Dispatcher
-    close: Callable[[], None]
-    stats: Callable[[], dict[str, Any]]
-
-
-def open_delivery(
-    alerts_spec: Any,
-    alerts_path: Any = None,
-    *,
-    context: Callable[[], Mapping[str, Any]] | None = None,
-    finish: Callable[[], AlertMessage | None] | None = None,
-    environ: Mapping[str, str] | None = None,
-    **dispatcher_kwargs: Any,
-) -> Delivery:
-    """Build a run's delivery from plain values.
-
-    Args:
-        alerts_spec: the run's ``AlertsSpec`` (or a mapping / None, as ``build_dispatcher``).
-        alerts_path: the run's ``alerts[.S][.rankN].jsonl`` path (an ``AlertLog`` is opened
-            on it and closed by ``close``), an object with ``write(record)`` (the
-            ``AlertLog`` the engine also writes transitions to), or None to record nothing.
-        context: ``context() -> {"project", "run", "step"}`` for each message.
-        finish: ``finish() -> AlertMessage | None``, called by ``close`` when alerts are
-            enabled: the ``notify_on`` message (``run_end_message``).
-        environ, dispatcher_kwargs: as ``build_dispatcher`` (``warner``, ``drain_timeout``,
-            ``clock``, ...).
-
-    Raises:
-        ChannelConfigError: as ``build_dispatcher``.
-    """
-    owned = None
-    if alerts_path is None:
-        record = None
-    elif callable(getattr(alerts_path, "write", None)):
-        record = alerts_path.write
-    else:
-        from expr_tracker.alerts.delivery.record import AlertLog
-
-        owned = AlertLog(alerts_path)
-        record = owned.write
-    d = build_dispatcher(
-        alerts_spec, record=record, context=context, environ=environ, **dispatcher_kwargs
-    )
-    enabled = alerts_spec_of(alerts_spec).enabled
-
-    def close() -> None:
-        try:
-            if enabled and finish is not None:
-                message = finish()
-                if message is not None:
-                    d.submit(message, direct=False)
-        finally:
-            d.close()
-            if owned is not None:
-                owned.close()
-
-    def stats() -> dict[str, Any]:
-        return {"channels": d.stats(), "skipped": dict(d.skipped)}
-
-    return Delivery(d, close, stats)
-
-
-def attach_delivery(
-    run: Any,
-    alerts_spec: Any,
-    alerts_path: Any = None,
-    *,
-    environ: Mapping[str, str] | None = None,
-    **dispatcher_kwargs: Any,
-) -> Dispatcher:
-    """Build the run's delivery (``open_delivery``) and hook it into the run.
-
-    Args:
-        run: the ``Run`` (uses ``project``, ``name``, ``history.open_step``, ``warner``,
-            ``exception``, ``add_closer``, ``add_stats``).
-        alerts_spec, alerts_path, environ, dispatcher_kwargs: as ``open_delivery``.
-
-    Effects: ``run.dispatcher`` is set; a closer ``"alert delivery"`` sends the
-    ``notify_on`` message and drains within the deadline (``drain_timeout``, 10 s); a stats
-    section ``"delivery"`` lists each channel's counters.
-
-    Raises:
-        ChannelConfigError: as ``build_dispatcher``.
-    """
-    spec = alerts_spec_of(alerts_spec)
-
-    def context() -> dict[str, Any]:
-        return {"project": run.project, "run": run.name, "step": _open_step(run)}
-
-    dispatcher_kwargs.setdefault("warner", getattr(run, "warner", None))
-    delivery = open_delivery(
-        spec,
-        alerts_path,
-        context=context,
-        finish=lambda: finish_message(run, spec.notify_on),
-        environ=environ,
-        **dispatcher_kwargs,
-    )
-    run.dispatcher = delivery.dispatcher
-    # late: after the history and run.json are on disk, so a slow endpoint never holds them
-    run.add_closer("alert delivery", delivery.close, late=True)
-    run.add_stats("delivery", delivery.stats)
-    return delivery.dispatcher
-
-
-def _open_step(run: Any) -> Any:
-    try:
-        return run.history.open_step
-    except Exception:  # noqa: BLE001
-        return None

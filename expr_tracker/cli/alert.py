@@ -39,7 +39,8 @@ def register(subparsers) -> None:  # noqa: ANN001
 
 
 def run(args: argparse.Namespace) -> int:
-    from expr_tracker.alerts.delivery import build_dispatcher, make_message
+    from expr_tracker.alerts.delivery import make_message
+    from expr_tracker.assemble.delivery import build_dispatcher
     from expr_tracker.spec import resolve
 
     environ = dict(os.environ)
