@@ -365,7 +365,7 @@ def follow(
 # --------------------------------------------------------------------------- command
 
 
-def _complete_end(path: Path) -> int:
+def complete_end(path: Path) -> int:
     """The offset after the last complete line (what a reader can use now).
 
     Raises ``OSError`` (``UnsafeFileError`` when ``path`` is not a regular file)."""
@@ -498,7 +498,7 @@ def _history(args: argparse.Namespace, out: IO[str] | None) -> int:
         err.write(f"et history: waiting for {path.name} in {str(args.run)!r} (the run is live)\n")
         end, rows = 0, []
     else:
-        end = _complete_end(path)
+        end = complete_end(path)
         reader = JsonlReader(path, end=end)
         rows = reader.tail(n) if bounds is None else reader.read_range(*bounds)
         if n is not None and len(rows) > n:

@@ -382,7 +382,7 @@ def _selector(patterns: list[str]) -> Any:
 
 def default_metrics(sources: list[RunSource]) -> list[str]:
     """The main metrics of each run (as ``et runs`` picks them), in order, each once."""
-    from expr_tracker.cli.runs import _main_metrics
+    from expr_tracker.cli.runs import main_metrics
     from expr_tracker.history.reader import JsonlReader
 
     names: dict[str, None] = {}
@@ -391,7 +391,7 @@ def default_metrics(sources: list[RunSource]) -> list[str]:
             rows = JsonlReader(src.path).tail(100)
         except OSError:
             continue
-        for m in _main_metrics(rows, None):
+        for m in main_metrics(rows, None):
             names.setdefault(m, None)
     return list(names)
 
@@ -770,8 +770,8 @@ def frame(
 # --------------------------------------------------------------------------- reading
 
 
-def _complete_end(path: Path) -> int:
-    from expr_tracker.cli.history import _complete_end as end
+def complete_end(path: Path) -> int:
+    from expr_tracker.cli.history import complete_end as end
 
     return end(path)
 
@@ -789,7 +789,7 @@ def read_all(src: RunSource, select: Any, since: int | None) -> None:
         src.inode = (st.st_dev, st.st_ino)
     except OSError:
         return
-    end = _complete_end(src.path)
+    end = complete_end(src.path)
     read_columns(src.path, select, since=since, end=end, into=src.columns)
     src.offset = end
 

@@ -69,7 +69,7 @@ def register(subparsers: Any) -> None:
     p.set_defaults(func=run_runs)
 
 
-def _main_metrics(rows: list[dict[str, Any]], wanted: list[str] | None) -> list[str]:
+def main_metrics(rows: list[dict[str, Any]], wanted: list[str] | None) -> list[str]:
     if wanted is not None:
         return wanted
     names: dict[str, None] = {}
@@ -142,7 +142,7 @@ def describe_run(
             first_time = head.get("_time")
     if reasons:
         status = "unreadable"
-    names = _main_metrics(rows, metrics)
+    names = main_metrics(rows, metrics)
     last: dict[str, Any] = {}
     for k in names:
         for r in reversed(rows):

@@ -43,8 +43,8 @@ from expr_tracker.errors import ForkedRunError
 from expr_tracker.history.cache import DecodedTail, RowCache
 from expr_tracker.history.codec import (
     FLOAT_MAX_INT,
-    _has_nonfinite,
     encode_row,
+    has_nonfinite,
     normalize_value,
     sanitize_row,
 )
@@ -335,7 +335,7 @@ class HistoryStore(SpanFolding, OpenRowTimer, StoreReads):
                     continue
             elif t is not str and t is not bool and v is not None:
                 v = normalize_value(v, self.warner)
-                if _has_nonfinite(v):
+                if has_nonfinite(v):
                     self._open_nonfinite = True
             if k in open_row:
                 if not _same_value(open_row[k], v):

@@ -130,7 +130,9 @@ def _identity(
     return (parent or None), (run_dir.name or str(run_dir))
 
 
-def _producers_of(run_dir: Path) -> list[Producer]:
+def producers_of(run_dir: Path) -> list[Producer]:
+    """The producers of one run directory, as :func:`discover` finds them there (before
+    two run directories of one ``project/name`` are told apart)."""
     files: dict[tuple[str | None, int], dict[str, Path]] = {}
     configs: dict[str | None, Path] = {}
     try:
@@ -174,12 +176,6 @@ def _producers_of(run_dir: Path) -> list[Producer]:
     ]
 
 
-def producers_of(run_dir: Path) -> list[Producer]:
-    """The producers of one run directory, as :func:`discover` finds them there (before
-    two run directories of one ``project/name`` are told apart)."""
-    return _producers_of(run_dir)
-
-
 def discover(
     root: str | os.PathLike[str],
     *,
@@ -204,7 +200,7 @@ def discover(
         raise FileNotFoundError(f"no run directory or folder of runs at {str(root)!r}")
     producers: list[Producer] = []
     for run_dir in find_runs(root):
-        producers.extend((per_dir or _producers_of)(run_dir))
+        producers.extend((per_dir or producers_of)(run_dir))
     # the same project/name in two run directories: qualify both by their path
     dirs_of: dict[str, set[Path]] = {}
     for p in producers:

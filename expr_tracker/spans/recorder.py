@@ -353,7 +353,7 @@ class SpanRecorder:
     # ------------------------------------------------------------------ control
 
     def _check_fork(self) -> None:
-        if self._pid != core._PID:
+        if self._pid != os.getpid():
             raise ForkedRunError(
                 "this SpanRecorder belongs to the parent process; create a new run in the "
                 "forked child"
@@ -410,7 +410,7 @@ class SpanRecorder:
         and written; then the writer is closed (drained) when it owns it (``owns_writer``); never the store. Returns :meth:`stats`."""
         self._check_fork()
         self._closed = True
-        if core._active is self:
+        if core.get_active_recorder() is self:
             core.set_active_recorder(None)
         try:
             self._fold()  # held records reach the writer before it closes

@@ -34,13 +34,13 @@ from expr_tracker.spec.names import default_run_name
 from expr_tracker.spec.sources import (
     ALERT_CONFIG_ENV,
     CONFIG_ENV,
-    _file_layer,
     alert_config_layer,
     config_file_layer,
     configure_alert_layer,
     env_layers,
     kwargs_to_dict,
     load_file,
+    source_file_layer,
     spec_layer,
 )
 
@@ -321,7 +321,7 @@ def resolve_file(
     if kind not in ("run", "alerts"):
         raise ValueError(f"kind must be 'run' or 'alerts', not {kind!r}")
     file = os.fspath(path)
-    layer = _file_layer(file, f"file:{file}", kind, package)
+    layer = source_file_layer(file, f"file:{file}", kind, package)
     merged, sources, locations = merge_layers([layer])
     model, issues = _validate(merged, sources, locations, [layer])
     if issues or model is None:
