@@ -57,7 +57,7 @@ from collections.abc import Callable, Iterable, Mapping
 
 from expr_tracker._warn import Warner
 from expr_tracker.alerts.compiled import CompiledRule
-from expr_tracker.alerts.evaluate import DEFAULT_WINDOW, EvalContext, format_value, render_observed
+from expr_tracker.alerts.evaluate import DEFAULT_WINDOW, EvalContext, render_observed
 from expr_tracker.alerts.events import AlertEvent
 from expr_tracker.alerts.finish import finish_warnings, unresolved_metrics
 from expr_tracker.alerts.parse import RuleError
@@ -65,6 +65,7 @@ from expr_tracker.alerts.rules import FIRING, OK, AlertRule, make_rule
 from expr_tracker.alerts.template import render_template
 from expr_tracker.alerts.watchdog import Watchdog
 from expr_tracker.history.series import MetricSeries
+from expr_tracker.history.values import format_value
 
 __all__ = ["AlertEngine", "AlertEvent", "render_template"]
 
@@ -491,7 +492,7 @@ class AlertEngine:
         try:
             stamp = _dt.datetime.fromtimestamp(t).isoformat(timespec="seconds")
         except (OverflowError, OSError, ValueError, TypeError):
-            stamp = format_value(t)
+            stamp = format_value(t, "rule")
         values.update(
             step=ctx.step,
             time=stamp,

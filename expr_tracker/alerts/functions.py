@@ -53,7 +53,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from operator import gt, lt, mul
 
-__all__ = ["FUNCTIONS", "TIME_BASED", "Signature", "describe"]
+__all__ = ["FUNCTIONS", "TIME_BASED", "Signature"]
 
 
 @dataclass(frozen=True, slots=True)
@@ -536,15 +536,3 @@ FUNCTIONS: dict[str, tuple[Signature, ...]] = {
 
 #: functions whose value changes with time alone: their rules run on the watchdog too
 TIME_BASED = frozenset({"no_data", "age", "elapsed"})
-
-
-def describe() -> list[tuple[str, str, str]]:
-    """``(name, call shape, doc)`` for every signature, for docs and ``et rules explain``."""
-    out = []
-    for name, sigs in FUNCTIONS.items():
-        for sig in sigs:
-            params = list(sig.params)
-            if sig.variadic:
-                params += [sig.variadic] * max(sig.min_args - len(params), 1) + ["..."]
-            out.append((name, f"{name}({', '.join(params)}) -> {sig.returns}", sig.doc))
-    return out

@@ -39,9 +39,8 @@ __all__ = [
     "AlertRule",
     "RuleState",
     "entry_errors",
-    "level_rank",
     "make_rule",
-    "normalize_level",
+    "rule_level",
     "parse_seconds",
 ]
 
@@ -58,17 +57,13 @@ OK, PENDING, FIRING = "ok", "pending", "firing"
 MODES = ("edge", "level")
 
 
-def normalize_level(level: str) -> str:
-    """Canonical level name (``"WARN" -> "warning"``). Raises ``RuleError`` when unknown."""
+def rule_level(level: str) -> str:
+    """A rule's ``level``: the canonical name (``"WARN" -> "warning"``,
+    ``units.normalize_level``), ``RuleError`` when it is none."""
     key = units.normalize_level(str(level))
     if key not in LEVEL_RANK:
         raise RuleError(units.level_error(level))
     return key
-
-
-def level_rank(level: str) -> int:
-    """Severity of a level or alias: debug 0 ... critical 4 (``RuleError`` when unknown)."""
-    return LEVEL_RANK[normalize_level(level)]
 
 
 def parse_seconds(value, what: str) -> float:
@@ -185,7 +180,7 @@ def _check_name(value) -> None:
 #: field -> check returning the canonical value (``RuleError`` when invalid), in the order
 #: ``AlertRule`` applies them.
 _FIELD_CHECKS = {
-    "level": normalize_level,
+    "level": rule_level,
     "mode": _check_mode,
     "for_steps": _check_for_steps,
     "cooldown": lambda v: parse_seconds(v, "cooldown"),

@@ -41,6 +41,7 @@ from pathlib import Path
 from typing import IO, Any
 
 from expr_tracker.cli import output, runfiles
+from expr_tracker.history.values import format_value, json_safe
 
 
 def register(subparsers: Any) -> None:
@@ -86,12 +87,6 @@ def register(subparsers: Any) -> None:
 # --------------------------------------------------------------------------- values
 
 
-def _strict(v: Any) -> Any:
-    from expr_tracker.cli.output import strict
-
-    return strict(v)
-
-
 def _isatty(f: Any) -> bool:
     try:
         return bool(f.isatty())
@@ -111,24 +106,13 @@ def table_width(out: Any, width: int | None = None) -> int | None:
     return int(env) if env.isdigit() and int(env) > 0 else 200
 
 
-def format_value(v: Any) -> str:
-    """A cell for people: floats to 6 significant digits, None empty, nested as JSON."""
-    if v is None:
-        return ""
-    if type(v) is float:
-        return f"{v:.6g}"
-    if isinstance(v, (list, dict)):
-        return json.dumps(_strict(v), separators=(",", ":"))
-    return str(v)
-
-
 def _csv_value(v: Any) -> Any:
     if v is None:
         return ""
     if type(v) is float:
         return repr(v) if math.isfinite(v) else str(v)
     if isinstance(v, (list, dict)):
-        return json.dumps(_strict(v), separators=(",", ":"))
+        return json.dumps(json_safe(v, "null"), separators=(",", ":"))
     return v
 
 
@@ -190,11 +174,11 @@ class Printer:
         elif self.follow:
             for r in rows:
                 cells = "  ".join(
-                    f"{output.printable(format_value(r.get(c))):>{w}}"
+                    f"{output.printable(format_value(r.get(c), 'cell')):>{w}}"
                     for c, w in zip(self.columns, self._widths, strict=True)
                 )
                 out.write(
-                    f"{format_value(r.get('_step')):>8}  {_clock(r.get('_time')):>8}  {cells}\n"
+                    f"{format_value(r.get('_step'), 'cell'):>8}  {_clock(r.get('_time')):>8}  {cells}\n"
                 )
         else:
             self._table(rows)
@@ -215,9 +199,9 @@ class Printer:
 
         console = make_console(self.out, table_width(self.out, self.width))
         printable = output.printable
-        steps = [format_value(r.get("_step")) for r in rows]
+        steps = [format_value(r.get("_step"), "cell") for r in rows]
         times = [_clock(r.get("_time")) for r in rows]
-        cells = [[printable(format_value(r.get(c))) for r in rows] for c in self.columns]
+        cells = [[printable(format_value(r.get(c), "cell")) for r in rows] for c in self.columns]
         names = [printable(c) for c in self.columns]
         heads = ["step", "time", *names]
         cols = [steps, times, *cells]

@@ -76,7 +76,7 @@ _RANGE_FORMS = (
 )
 
 
-def check_stream(stream: Any) -> None:
+def refuse_stream(stream: Any) -> None:
     """Raise the ``SpecError`` ``et.init`` gives for a ``stream`` name it refuses (too long
     for a file name, a ``/``, a rank suffix): the spec's own check, registered by api in
     ``_current.check_stream``. None passes."""
@@ -231,7 +231,7 @@ def query_history(
         ImportError: pandas/polars missing (the message names the extra).
     """
     check_output_type(output_type)
-    check_stream(stream)
+    refuse_stream(stream)
     bounds = parse_step_range(step_range)
     # the default n (not an explicit one) does not cut a step range: every step of it
     n = None if bounds is not None and n is DEFAULT_N else check_n(n)

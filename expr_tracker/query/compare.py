@@ -19,7 +19,7 @@ import json
 import math
 import os
 import re
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
@@ -30,9 +30,10 @@ from expr_tracker.history.metricdefs import MetricDefs
 from expr_tracker.history.paths import file_name, validate_stream
 from expr_tracker.history.rundirs import producer_infos, producer_status, worst_status
 from expr_tracker.history.runinfo import run_life
+from expr_tracker.history.values import flatten
 from expr_tracker.query.catalog import Producer, discover
 
-__all__ = ["CompareError", "IDENTITY_KEYS", "compare_runs", "flatten", "goal_from_name"]
+__all__ = ["CompareError", "IDENTITY_KEYS", "compare_runs", "goal_from_name"]
 
 #: the identity rows, in the order shown
 IDENTITY_KEYS = (
@@ -67,19 +68,6 @@ class _Run:
     run_id: str  # as the ``run`` column of ``et query`` names it
     rel: str | None  # path relative to root, posix, when under root
     producers: tuple[Producer, ...]
-
-
-def flatten(value: Any, prefix: tuple[str, ...] = ()) -> dict[tuple[str, ...], Any]:
-    """Nested dicts -> ``{("model", "depth"): 3, ...}``: one entry per leaf; a list, a
-    scalar or an empty dict is a leaf. The key is a tuple, so ``{"a.b": 1}`` and
-    ``{"a": {"b": 1}}`` stay two keys (both shown as ``a.b``)."""
-    out: dict[tuple[str, ...], Any] = {}
-    if isinstance(value, Mapping) and (value or not prefix):
-        for k, v in value.items():
-            out.update(flatten(v, (*prefix, str(k))))
-    else:
-        out[prefix] = value
-    return out
 
 
 def goal_from_name(name: str) -> str | None:

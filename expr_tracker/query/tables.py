@@ -23,7 +23,6 @@ pyarrow is imported inside the functions (the ``[query]`` extra).
 
 from __future__ import annotations
 
-import json
 import math
 import os
 from collections.abc import Iterable, Sequence
@@ -33,6 +32,7 @@ from typing import Any
 from expr_tracker.history import untrusted
 from expr_tracker.history.rundirs import producer_status, worst_status
 from expr_tracker.history.runinfo import is_dead
+from expr_tracker.history.values import flatten, json_text
 from expr_tracker.query import scan
 
 #: the range of a DuckDB BIGINT
@@ -120,12 +120,6 @@ ARTIFACTS_COLUMNS: tuple[tuple[str, str], ...] = (
 
 
 # --------------------------------------------------------------------------- values
-
-
-def json_text(value: Any) -> str:
-    """Compact JSON, NaN/±inf as ``NaN``/``Infinity``/``-Infinity`` (as our files write
-    them); a value JSON cannot hold as its ``str()``."""
-    return json.dumps(value, separators=(",", ":"), ensure_ascii=False, default=str)
 
 
 def _is_int(v: Any) -> bool:
@@ -339,16 +333,13 @@ def read_jsonl_records(
 # --------------------------------------------------------------------------- runs
 
 
-def flatten(d: dict[str, Any], prefix: str = "") -> dict[str, Any]:
-    """``{"a": {"b": 1}}`` -> ``{"a.b": 1}``; lists, empty dicts and scalars are leaves."""
+def _dotted(d: dict[str, Any]) -> dict[str, Any]:
+    """``{"a": {"b": 1}}`` -> ``{"a.b": 1}`` (:func:`~expr_tracker.history.values.flatten`,
+    names joined by ``"."``; of two keys that read the same, ``{"a.b": 1}`` and
+    ``{"a": {"b": 2}}``, the first is kept)."""
     out: dict[str, Any] = {}
-    for k, v in d.items():
-        key = f"{prefix}{k}"
-        if isinstance(v, dict) and v:
-            for kk, vv in flatten(v, key + ".").items():
-                out.setdefault(kk, vv)
-        else:
-            out.setdefault(key, v)
+    for key, value in flatten(d).items():
+        out.setdefault(".".join(key), value)
     return out
 
 
@@ -373,7 +364,7 @@ def _flat_columns(prefix: str, dicts: list[dict[str, Any]], taken: set[str]) -> 
     ignoring case. Keys that differ only in case (DuckDB names are case-insensitive) are
     told apart: the lowercase one (else the first) keeps its name, the others get ``#2``,
     ``#3`` ..."""
-    flats = [flatten(d) for d in dicts]
+    flats = [_dotted(d) for d in dicts]
     keys: dict[str, None] = {}
     for f in flats:
         keys.update(dict.fromkeys(f))

@@ -51,6 +51,7 @@ from expr_tracker.history.untrusted import (
     read_json,
     read_regular,
 )
+from expr_tracker.history.values import flatten, json_safe
 from expr_tracker.query.catalog import Producer, discover, producers_of
 from expr_tracker.query.views import import_duckdb, metrics_select, path_literal, sql_literal
 
@@ -325,13 +326,6 @@ class Catalog:
         return seen
 
 
-def read_json_file(path: Path, root: str, max_bytes: int = SMALL_MAX) -> Any:
-    """A run's small JSON file, read as untrusted (regular file only, inside ``root``,
-    bounded, depth-limited); OSError or ValueError as
-    :func:`~expr_tracker.history.untrusted.read_json` raises them."""
-    return read_json(path, root=root, max_bytes=max_bytes)
-
-
 def last_row(path: Path, root: str) -> dict[str, Any] | None:
     """The last complete line of a metrics file that is a row with an integer ``_step``
     (a torn last line, blank or undecodable lines are passed over), reading back from the
@@ -381,7 +375,7 @@ def read_row(prods: list[Producer], root: str) -> _RowSeen:
     for p in prods:
         if p.run_file is not None:
             try:
-                info = read_json_file(p.run_file, root)
+                info = read_json(p.run_file, root=root, max_bytes=SMALL_MAX)
                 if not isinstance(info, dict):
                     raise ValueError("not a JSON object")
             except FileNotFoundError:
@@ -407,7 +401,7 @@ def read_row(prods: list[Producer], root: str) -> _RowSeen:
             if t is not None and (last_time is None or t > last_time):
                 last_time = t
         try:
-            meta = read_json_file(meta_path_for(p.metrics), root, max_bytes=SMALL_MAX)
+            meta = read_json(meta_path_for(p.metrics), root=root, max_bytes=SMALL_MAX)
         except (OSError, ValueError, RecursionError):
             meta = None  # the sidecar is an index, not the truth: without it, the tail
         ms = meta.get("max_step") if isinstance(meta, dict) else None
@@ -501,7 +495,7 @@ _base: Any = None
 _base_lock = threading.Lock()
 
 
-def connect() -> Any:
+def duckdb_cursor() -> Any:
     """A DuckDB connection (a cursor of one in-memory database of this process: opening a
     database costs milliseconds, a cursor nothing) that reads NaN in Parquet parts."""
     global _base
@@ -580,7 +574,7 @@ def _small(path: Path | None, root: str, errors: list[str]) -> Any:
     if path is None:
         return None
     try:
-        return read_json_file(path, root)
+        return read_json(path, root=root, max_bytes=SMALL_MAX)
     except FileNotFoundError:
         return None
     except (OSError, ValueError, RecursionError) as exc:
@@ -588,26 +582,12 @@ def _small(path: Path | None, root: str, errors: list[str]) -> Any:
         return None
 
 
-def flatten(value: Any, prefix: str = "") -> list[list[Any]]:
-    """``[[dotted key, value], ...]`` of nested dicts (lists and scalars are leaves)."""
-    out: list[list[Any]] = []
-    if isinstance(value, dict) and value:
-        for k, v in value.items():
-            out.extend(flatten(v, f"{prefix}.{k}" if prefix else str(k)))
-    elif prefix:
-        out.append([prefix, jsonable(value)])
-    return out
-
-
-def jsonable(v: Any) -> Any:
-    """``v`` with non-finite floats as the strings ``NaN``, ``Infinity``, ``-Infinity``."""
-    if isinstance(v, float) and not math.isfinite(v):
-        return "NaN" if v != v else ("Infinity" if v > 0 else "-Infinity")
-    if isinstance(v, dict):
-        return {str(k): jsonable(x) for k, x in v.items()}
-    if isinstance(v, (list, tuple)):
-        return [jsonable(x) for x in v]
-    return v
+def _pairs(value: Any) -> list[list[Any]]:
+    """``[[dotted key, value], ...]`` of a config or summary (a nested dict; anything else
+    has none), values as the page's JSON takes them (NaN and ±inf as strings)."""
+    if not isinstance(value, dict):
+        return []
+    return [[".".join(k), json_safe(v, "string")] for k, v in flatten(value).items()]
 
 
 def run_detail(catalog: Catalog, run_id: str) -> dict:
@@ -619,7 +599,7 @@ def run_detail(catalog: Catalog, run_id: str) -> dict:
     row = catalog.row(run_id, prods)
     root = catalog.root_real
     errors: list[str] = [row["error"]] if row["error"] else []
-    con = connect()
+    con = duckdb_cursor()
     metrics: dict[str, set[str]] = {}
     producer_steps: dict[str, int] = {}
     try:
@@ -668,10 +648,8 @@ def run_detail(catalog: Catalog, run_id: str) -> dict:
         "metrics": sorted(metrics),
         "step_metrics": step_metrics,
         "x_options": sorted(set(step_metrics.values())),
-        "config": flatten(config if isinstance(config, dict) else {}),
-        "summary": [
-            kv for kv in flatten(summary if isinstance(summary, dict) else {}) if kv[0][:1] != "_"
-        ],
+        "config": _pairs(config),
+        "summary": [kv for kv in _pairs(summary) if kv[0][:1] != "_"],
         "alerts": alerts,
         "has_spans": any(p.spans is not None for p in prods),
         "error": "; ".join(dict.fromkeys(errors)) or None,
@@ -797,7 +775,7 @@ def series(
     if lo is not None and hi is not None:
         _span(lo, hi, width)
     prods = catalog.get(run_id)
-    con = connect()
+    con = duckdb_cursor()
     traces = []
     try:
         for p in prods:
@@ -863,7 +841,7 @@ def _m4_sql(con: Any, pts: str, width: int, lo: float, hi: float) -> dict:
 
 
 def _metric_names(catalog: Catalog, prods: list[Producer]) -> set[str]:
-    con = connect()
+    con = duckdb_cursor()
     names: set[str] = set()
     try:
         for p in prods:
@@ -918,7 +896,7 @@ def new_points(
     not finite (a NaN step metric) are left out, as :func:`series` leaves them out."""
     prods = catalog.get(run_id)
     since = since or {}
-    con = connect()
+    con = duckdb_cursor()
     out: dict[str, list[dict]] = {}
     max_steps: dict[str, int] = {}
     reset = False
@@ -984,7 +962,7 @@ def span_breakdown(
     (either bound optional), slowest mean first: ``{"rows": [{"name", "count", "mean_ms",
     "total_ms", "max_ms"}], "start", "stop"}``."""
     prods = catalog.get(run_id)
-    con = connect()
+    con = duckdb_cursor()
     selects = []
     try:
         for p in prods:
@@ -1009,7 +987,7 @@ def span_breakdown(
         ]
     finally:
         con.close()
-    return {"rows": jsonable(rows), "start": start, "stop": stop}
+    return {"rows": json_safe(rows, "string"), "start": start, "stop": stop}
 
 
 def trace_chunks(
@@ -1090,4 +1068,4 @@ def compare(catalog: Catalog, run_ids: list[str]) -> dict:
     for ps in prods:
         metrics |= _metric_names(catalog, ps)
     res["metrics"] = sorted(metrics)
-    return jsonable(res)
+    return json_safe(res, "string")

@@ -14,7 +14,8 @@ from pathlib import Path
 import pytest
 
 import expr_tracker as et
-from expr_tracker.query.compare import CompareError, compare_runs, flatten, goal_from_name
+from expr_tracker.history.values import flatten
+from expr_tracker.query.compare import CompareError, compare_runs, goal_from_name
 
 
 def make_run(name, project="p", config=None, rows=(), dir="runs", summary=None, **init):

@@ -19,6 +19,7 @@ from dataclasses import dataclass, field, replace
 from typing import Any
 
 from expr_tracker.alerts.template import render_template
+from expr_tracker.history.values import format_value
 from expr_tracker.units import LEVELS, level_rank, normalize_level
 
 __all__ = [
@@ -178,13 +179,6 @@ def _jsonable(value: Any) -> Any:
         return (
             value if value == value and value not in (float("inf"), float("-inf")) else str(value)
         )
-    return str(value)
-
-
-def format_value(value: Any) -> str:
-    """Short display form of a field value (floats with 6 significant digits)."""
-    if isinstance(value, float):
-        return f"{value:.6g}"
     return str(value)
 
 

@@ -375,6 +375,6 @@ class Channel:
 
 def fields_list(message: AlertMessage, limit: int = 20) -> list[tuple[str, str]]:
     """``(name, value)`` display pairs of ``message.fields`` (at most ``limit``)."""
-    from expr_tracker.alerts.delivery.message import format_value
+    from expr_tracker.history.values import format_value
 
     return [(str(k), format_value(v)) for k, v in list(message.fields.items())[:limit]]
