@@ -35,7 +35,7 @@ def build_alerts(
     """
     if engine is None:
         return
-    from expr_tracker.alerts.delivery.record import AlertLog
+    from expr_tracker.history.alertlog import AlertLog
 
     a = spec.alerts
     alerts_path = run_dir / file_name("alerts", stream, file_rank)

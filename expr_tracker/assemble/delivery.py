@@ -233,7 +233,7 @@ def open_delivery(
     elif callable(getattr(alerts_path, "write", None)):
         record = alerts_path.write
     else:
-        from expr_tracker.alerts.delivery.record import AlertLog
+        from expr_tracker.history.alertlog import AlertLog
 
         owned = AlertLog(alerts_path)
         record = owned.write

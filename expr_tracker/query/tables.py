@@ -30,6 +30,7 @@ from pathlib import Path
 from typing import Any
 
 from expr_tracker.history import untrusted
+from expr_tracker.history.alertlog import read_alert_log
 from expr_tracker.history.rundirs import producer_status, worst_status
 from expr_tracker.history.runinfo import is_dead
 from expr_tracker.history.values import flatten, json_text
@@ -546,17 +547,41 @@ def _identity(p: Any) -> dict[str, Any]:
     return {"project": p.project, "run": p.run_id, "stream": p.stream, "rank": p.rank}
 
 
+def _alert_lines(
+    path: Path | None, root: Path | None, problems: Problems | None, producer: Any
+) -> list[tuple[int, dict[str, Any], str]]:
+    """(line number, record, line text) of an alert log, read as its every reader reads it
+    (:func:`~expr_tracker.history.alertlog.read_alert_log`); what cannot be read counted in
+    ``problems`` for ``producer``, as :func:`read_jsonl_records` does."""
+    if path is None:
+        return []
+    path = Path(path)
+    try:
+        lines = read_alert_log(
+            path, root=root if root is not None else path.parent, max_bytes=MAX_LINES_BYTES
+        )
+    except OSError as exc:
+        if problems is not None and producer is not None:
+            problems.add(producer, read_problem(path, exc))
+        return []
+    if lines.bad and problems is not None and producer is not None:
+        problems.add(producer, lines_problem(path, lines.bad, lines.first_bad))
+    return [(r.line, r.record, r.text) for r in lines.records]
+
+
 def _lines_table(
     producers: Sequence[Any],
     attr: str,
     columns: Sequence[tuple[str, str]],
     problems: Problems | None,
+    read: Any = None,
 ) -> Any:
     rows = []
     own = {name for name, _ in IDENTITY} | {"line", "record"}
+    read = read or read_jsonl_records
     for p in producers:
         ident = _identity(p)
-        for line, rec, text in read_jsonl_records(getattr(p, attr), p.root, problems, p):
+        for line, rec, text in read(getattr(p, attr), p.root, problems, p):
             row = dict(ident)
             for name, sql_type in columns:
                 if name in own:
@@ -572,7 +597,7 @@ def alerts_table(producers: Sequence[Any], problems: Problems | None = None) -> 
     """The ``alerts`` view's table: one row per line of every producer's ``alerts*.jsonl``
     (``kind``: ``transition`` or ``delivery``); ``metrics`` as JSON text. What cannot be
     read is recorded in ``problems``."""
-    return _lines_table(producers, "alerts", ALERTS_COLUMNS, problems)
+    return _lines_table(producers, "alerts", ALERTS_COLUMNS, problems, _alert_lines)
 
 
 def artifacts_table(producers: Sequence[Any], problems: Problems | None = None) -> Any:

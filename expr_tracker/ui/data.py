@@ -38,6 +38,7 @@ from collections.abc import Iterator, Sequence
 from pathlib import Path
 from typing import Any
 
+from expr_tracker.history.alertlog import read_alert_log
 from expr_tracker.history.downsample import m4
 from expr_tracker.history.metricdefs import MetricDefs, defs_path_for
 from expr_tracker.history.paths import file_name
@@ -49,7 +50,6 @@ from expr_tracker.history.untrusted import (
     load_json_bytes,
     open_regular,
     read_json,
-    read_regular,
 )
 from expr_tracker.history.values import flatten, json_safe
 from expr_tracker.query.catalog import Producer, discover, producers_of
@@ -657,27 +657,22 @@ def run_detail(catalog: Catalog, run_id: str) -> dict:
 
 
 def alert_events(prods: list[Producer], root: str, errors: list[str] | None = None) -> list[dict]:
-    """The alert transitions (firing, recovered) of the run's producers, in file order
-    (files read as untrusted, inside ``root``; what cannot be read is named in ``errors``,
-    an undecodable line skipped)."""
+    """The alert transitions (firing, recovered) of the run's producers, in file order (each
+    alert log read as :func:`~expr_tracker.history.alertlog.read_alert_log` reads it, inside
+    ``root``; what cannot be read is named in ``errors``, a line that is no record skipped)."""
     out: list[dict] = []
     for p in prods:
         if p.alerts is None:
             continue
         try:
-            lines = read_regular(p.alerts, root=root, max_bytes=ALERTS_MAX).splitlines()
-        except FileNotFoundError:
-            continue
+            lines = read_alert_log(p.alerts, root=root, max_bytes=ALERTS_MAX)
         except OSError as exc:
             if errors is not None:
                 errors.append(f"{p.alerts.name}: {why(exc)}")
             continue
-        for line in lines:
-            try:
-                rec = load_json_bytes(line)
-            except ValueError:
-                continue
-            if not isinstance(rec, dict) or rec.get("kind") != "transition":
+        for line in lines.records:
+            rec = line.record
+            if rec.get("kind") != "transition":
                 continue  # deliveries are not drawn
             step = rec.get("step", rec.get("_step"))
             metrics = rec.get("metrics")
