@@ -1,11 +1,11 @@
 """``et alerts RUN``: list a run's alerts from ``alerts[.S][.rankN].jsonl``.
 
     et alerts RUN [--since STEP] [--kind transition|delivery] [--stream S] [--rank N]
-                  [--format table|json|jsonl]
+                  [--dir DIR] [--format table|json|jsonl]
 
 RUN is a run directory (the file is chosen by exact name from ``--stream`` and ``--rank``,
-as ``et history`` does), an ``alerts*.jsonl`` file, or a ``metrics*.jsonl`` file (the alerts
-file beside it). Each record is a rule transition (``kind: transition``: rule, event, level,
+as ``et history`` does), an ``alerts*.jsonl`` file, a ``metrics*.jsonl`` file (the alerts
+file beside it), or the name of a run under ``--dir`` (docs/cli.md "Naming a run"). Each record is a rule transition (``kind: transition``: rule, event, level,
 state, step, message) or a delivery outcome (``kind: delivery``: channel, delivered, error).
 
 ``--since STEP`` keeps records at step STEP or later; a record without a step (a run-level
@@ -47,15 +47,18 @@ def register(subparsers: Any) -> None:
         description=(
             "List a run's alert records: rule transitions and delivery outcomes, from "
             "alerts[.stream][.rankN].jsonl. RUN is a run directory (the file chosen by "
-            "--stream and --rank), an alerts .jsonl file or a metrics .jsonl file (the "
-            "alerts file beside it). Exit 0 (also when there are none), 1 no such run, "
+            "--stream and --rank), an alerts .jsonl file, a metrics .jsonl file (the "
+            "alerts file beside it) or project/name or name of a run under --dir. Exit 0 (also when there are none), 1 no such run, "
             "2 usage error."
         ),
     )
-    p.add_argument("run", help="run directory, or its alerts/metrics .jsonl file")
+    p.add_argument(
+        "run", help="run directory, its alerts/metrics .jsonl file, or a run's name under --dir"
+    )
     p.add_argument("--since", type=int, default=None, metavar="STEP", help="from step STEP on")
     p.add_argument("--kind", choices=KINDS, default=None, help="only this kind of record")
     runfiles.add_producer_options(p, "alerts", "alerts")
+    runfiles.add_dir_option(p)
     output.add_format_option(p, "table", what="alert records")
     p.set_defaults(func=run_alerts)
 
@@ -191,9 +194,13 @@ def run_alerts(args: argparse.Namespace, out: IO[str] | None = None) -> int:
     except ValueError as exc:
         err.write(f"et alerts: {exc}\n")
         return 2
+    from expr_tracker.query.catalog import RunNotFoundError
+
     try:
-        path = alerts_file(args.run, args.stream, args.rank)
-    except RunNotFound as exc:
+        path = alerts_file(
+            runfiles.run_path(args.run, getattr(args, "dir", "runs")), args.stream, args.rank
+        )
+    except (RunNotFound, RunNotFoundError) as exc:
         err.write(f"et alerts: {exc}\n")
         return 1
     except ValueError as exc:

@@ -52,10 +52,10 @@ def register(subparsers: Any) -> None:
         description=(
             "Print the newest steps of a run's metrics file. RUN is a run directory "
             "(metrics[.stream][.rankN].jsonl is chosen by exact name, from --stream and "
-            "--rank) or a metrics file."
+            "--rank), a metrics file, or project/name or name of a run under --dir."
         ),
     )
-    p.add_argument("run", help="run directory or metrics .jsonl file")
+    p.add_argument("run", help="run directory, metrics .jsonl file, or a run's name under --dir")
     p.add_argument(
         "-n",
         type=int,
@@ -68,6 +68,7 @@ def register(subparsers: Any) -> None:
         "--step-range", default=None, metavar="A:B", help="steps A..B-1 (either side optional)"
     )
     runfiles.add_producer_options(p, "metrics", "metrics")
+    runfiles.add_dir_option(p)
     output.add_format_option(p, "table", extra=("csv",), what="rows")
     p.add_argument(
         "-f",
@@ -430,6 +431,13 @@ def _history(args: argparse.Namespace, out: IO[str] | None) -> int:
     except (TypeError, ValueError) as exc:
         err.write(f"et history: {exc}\n")
         return 2
+    from expr_tracker.query.catalog import RunNotFoundError
+
+    try:
+        args.run = runfiles.run_path(args.run, getattr(args, "dir", "runs"))
+    except RunNotFoundError as exc:
+        err.write(f"et history: {exc}\n")
+        return 1
     waiting = False
     try:
         path = resolve_run_path(args.run, stream=args.stream, rank=rank)

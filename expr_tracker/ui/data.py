@@ -52,7 +52,7 @@ from expr_tracker.history.untrusted import (
     read_json,
 )
 from expr_tracker.history.values import flatten, json_safe
-from expr_tracker.query.catalog import Producer, discover, producers_of
+from expr_tracker.query.catalog import Producer, discover, match_runs, producers_of, run_entries
 from expr_tracker.query.views import import_duckdb, metrics_select, path_literal, sql_literal
 
 #: seconds a discovered run list is reused before the folder is searched again
@@ -265,13 +265,22 @@ class Catalog:
             return self._runs
 
     def get(self, run_id: str) -> list[Producer]:
-        """The producers of ``run_id``; :class:`NotFound` when no discovered run has it."""
+        """The producers of ``run_id`` (the id the runs table gives, else a name by the rule
+        of every command: ``catalog.match_runs``, docs/cli.md "Naming a run");
+        :class:`NotFound` when it names no discovered run, or several."""
         prods = self.runs().get(run_id)
         if prods is None:
             self._at = -1e18  # a run created since: look again once
             prods = self.runs().get(run_id)
         if prods is None:
-            raise NotFound(f"no run {run_id!r} under the served folder")
+            runs = self.runs()
+            found = match_runs(
+                run_id, run_entries([p for ps in runs.values() for p in ps], self.root)
+            )
+            if len(found) != 1:
+                how = "several runs" if found else "no run"
+                raise NotFound(f"{run_id!r} names {how} under the served folder")
+            prods = runs[found[0].run_id]
         return prods
 
     # ------------------------------------------------------------------ the runs table

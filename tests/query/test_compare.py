@@ -135,7 +135,7 @@ def test_a_missing_run_names_close_matches():
     with pytest.raises(CompareError, match="close matches: .*baseline-lr0.1") as err:
         compare_runs(["baseline-lr0.01", "other"])
     assert "'baseline-lr0.01'" in str(err.value)
-    with pytest.raises(CompareError, match="no such run"):
+    with pytest.raises(CompareError, match="names no run"):
         compare_runs(["zzz", "other"], root="nowhere")
 
 
