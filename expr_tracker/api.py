@@ -267,7 +267,7 @@ def _rules_as_data(rules: Any) -> Any:
 
 
 def log(metrics: Mapping[str, Any], step: int | None = None, commit: bool | None = None) -> int:
-    """Log metrics into the current step (spec design.txt A.1, the wandb commit table).
+    """Log metrics into the current step (docs/logging.md "The commit table", as wandb's).
 
     ``log(d)`` merges ``d`` into the open row and commits it (the step advances);
     ``commit=False`` only merges; ``step=N`` opens step N (committing the previous one) and

@@ -1,5 +1,5 @@
-"""The import graph of expr_tracker keeps its direction (DESIGN.md "Dependency direction",
-docs/architecture.md "Import direction"):
+"""The import graph of expr_tracker keeps its direction (docs/architecture.md "Import
+direction"):
 
     cli -> api -> assemble -> {alerts, spans, runs, artifacts, backends} -> history -> leaves
 

@@ -3,7 +3,7 @@
 scalar, window (``f(x[50])``) and duration-window (``f(x[5m])``) functions.
 
 Each returns ``None`` (UNKNOWN) for a missing metric, a short window or a domain error; the
-hot path is a chain of these plain calls (DESIGN.md "Speed").
+hot path is a chain of these plain calls (docs/architecture.md "The hot path").
 """
 
 from __future__ import annotations

@@ -3,11 +3,11 @@
 ``compile_expr(node, window=4096, known_metrics=None) -> CompiledExpr`` checks the whole
 condition once (functions, arity, argument kinds, window sizes; ``RuleError`` on any
 problem) and builds nested closures, so evaluating is a chain of plain calls: no tree
-walking, no isinstance ladders (DESIGN.md "Speed").
+walking, no isinstance ladders (docs/architecture.md "The hot path").
 
 ``CompiledExpr.fn(ctx) -> True | False | None``. ``None`` is UNKNOWN (``UNKNOWN`` below):
 missing metric, short window, NaN in a comparison, zero division, domain errors
-(spec/design.txt C.2). ``A and B`` is False when either is False, ``A or B`` True when
+(docs/alerts.md "Three-valued logic"). ``A and B`` is False when either is False, ``A or B`` True when
 either is True, anything else with an UNKNOWN is UNKNOWN. Only an exact True fires.
 
 Scalars flow as floats (NaN propagates through arithmetic and is UNKNOWN at a comparison;

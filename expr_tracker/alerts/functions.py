@@ -1,4 +1,4 @@
-"""The function whitelist of the alert language (spec/design.txt C.3).
+"""The function whitelist of the alert language (docs/alerts.md "Functions").
 
 ``FUNCTIONS`` maps a name to one or more ``Signature`` entries. A signature lists the kind
 of each parameter and what the call returns; ``evaluate.compile_expr`` checks every call
@@ -15,7 +15,7 @@ Returns ``scalar`` (a float, possibly NaN) or ``bool``.
 Implementations receive plain Python floats and lists and return a float, a bool, or
 ``None`` (UNKNOWN) for domain problems: too few values, zero std, zero division, log of a
 non-positive number. They never raise for those; anything they do raise is a bug that the
-engine counts per rule (DESIGN.md "Rules").
+engine counts per rule (docs/alerts.md "Three-valued logic").
 
 Extreme values (values near the float limit, infinities, NaN) never make a function raise,
 so a diverging run cannot disable the rule meant to catch it (``tests/alerts/test_alerts_extreme.py``

@@ -1,4 +1,4 @@
-"""AlertRule (every option of spec/design.txt C.5) and its state machine.
+"""AlertRule (every option of docs/alerts.md "Rule options") and its state machine.
 
 Build a rule from any front end with ``make_rule(obj, **overrides)``:
   - a one-line DSL string ``"zscore(loss[50]) > 4 => error: spike"``
@@ -14,7 +14,8 @@ severity (``level_rank``), the one table of ``expr_tracker.units``.
 
 ``RuleState.advance(result, mono)`` is the state machine OK -> PENDING -> FIRING: True
 advances (``for_steps`` consecutive Trues fire), False returns to OK, UNKNOWN (``None``)
-changes nothing. Callers hold ``RuleState.lock`` (DESIGN.md G: transitions are serialised).
+changes nothing. Callers hold ``RuleState.lock``: transitions are serialised
+(docs/architecture.md "Locks and their order").
 """
 
 from __future__ import annotations
@@ -196,7 +197,7 @@ _FIELD_CHECKS = {
 
 @dataclass(frozen=True, slots=True)
 class AlertRule:
-    """One alert rule (spec/design.txt C.5). Immutable; ``replace()`` makes variants.
+    """One alert rule (docs/alerts.md "Rule options"). Immutable; ``replace()`` makes variants.
 
     ``condition`` is an AST node (a DSL condition string or an ``M`` expression is accepted
     and converted); ``level`` is canonical; ``cooldown`` is seconds (level mode only);

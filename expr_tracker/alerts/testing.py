@@ -1,4 +1,5 @@
-"""Test doubles for alert rules, for our tests and users' own (STYLE.md item 10).
+"""Test doubles for alert rules, for our tests and users' own (docs/alerts.md "For tests in
+your own code").
 
 - ``EventCapture``: a sink collecting ``AlertEvent`` objects (``engine.notify``/``record``);
   ``expr_tracker.testing.AlertCapture`` is the other capture, of the messages dispatchers take.

@@ -1,6 +1,6 @@
 """Values -> JSON-able data, rows -> one JSON line, and back.
 
-Encoding rules (spec design.txt A, DESIGN.md "Speed"):
+Encoding rules (docs/logging.md "What a row holds", docs/architecture.md "The hot path"):
 
 - ``float``/``int``/``str``/``bool``/``None`` pass through untouched (the fast path);
 - NumPy scalars and arrays, torch tensors (0-d -> number, else nested lists), ``datetime``

@@ -55,7 +55,7 @@ def history(
     stream: str | None = None,
     index: Any = None,
 ) -> Any:
-    """Query a run's history (spec design.txt B.3).
+    """Query a run's history (docs/history.md "Arguments").
 
     Args:
         n: the newest ``n`` steps (an int >= 0); ``-1``/None for everything. The default

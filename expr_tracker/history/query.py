@@ -1,6 +1,6 @@
 """``et.history()`` / ``read_history()``: plan a read, select steps and columns, shape them.
 
-Planning (spec design.txt B.2, B.3):
+Planning (docs/history.md "Arguments", "Where the answer comes from"):
 
 =======================  ==================================  ============================
 source                   no ``step_range``                   ``step_range=(a, b)``
@@ -63,7 +63,7 @@ class _DefaultN(int):
         return "50"
 
 
-#: the default ``n`` of ``et.history`` (spec design.txt B.3: ``n=50``). It equals 50 and is
+#: the default ``n`` of ``et.history`` (docs/history.md "Arguments": ``n=50``). It equals 50 and is
 #: used as 50 without ``step_range``; with ``step_range`` (and no explicit ``n``) it means
 #: every step of the range. ``query_history`` recognises it by identity (``n is DEFAULT_N``),
 #: so an explicit ``n=50`` still cuts the range to its newest 50 steps.
@@ -87,7 +87,7 @@ def refuse_stream(stream: Any) -> None:
 def check_n(n: Any) -> int | None:
     """``n`` as the number of steps to return: an int ``>= 0``, or None for every step.
 
-    ``-1`` and None both mean every step (spec design.txt B.3). Integer-like objects
+    ``-1`` and None both mean every step (docs/history.md "Arguments"). Integer-like objects
     (``numpy.int64``) are accepted; bools, floats and strings are not.
 
     Raises:

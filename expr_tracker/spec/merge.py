@@ -2,7 +2,7 @@
 
 ``merge_layers()`` folds ``Layer`` objects into ``(data, sources, locations)``; ``merge()``
 folds plain dicts. Mappings merge deeply; ``alerts.rules`` and ``alerts.channels`` merge by
-entry name; every other value is replaced (DESIGN.md "Configuration precedence").
+entry name; every other value is replaced (docs/configuration.md "Configuration reference").
 """
 
 from __future__ import annotations

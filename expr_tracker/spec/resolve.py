@@ -1,6 +1,6 @@
 """Resolve: every source merged (``sources``), validated once, with provenance.
 
-Precedence (DESIGN.md "Configuration precedence"), later wins::
+Precedence (docs/configuration.md "Configuration reference"), later wins::
 
     defaults < webhook environment variables (one channel each) < ET_ALERT_CONFIG file (its
     alerts) < ET_CONFIG file < configure_alert() values < init(spec=...) < init keywords

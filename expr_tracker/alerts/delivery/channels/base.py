@@ -1,6 +1,6 @@
 """What every channel shares: ``Channel``, ``SendResult``, ``DeliveryError`` and ``post_json``.
 
-A channel only sends what it is handed (STYLE.md 6): timing, retries, rate limits, dedup and
+A channel only sends what it is handed (docs/channels.md "Policy"): timing, retries, rate limits, dedup and
 threads belong to the dispatcher. ``send(message, timeout)`` either returns a ``SendResult``
 (the endpoint accepted it) or raises ``DeliveryError`` saying whether a retry may help, the
 HTTP status and any ``Retry-After``. Settings are validated in ``__init__`` and raise
