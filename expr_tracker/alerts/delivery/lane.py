@@ -34,7 +34,13 @@ from typing import Any
 from expr_tracker.alerts.delivery.channels.base import DeliveryError, SendResult, excerpt
 from expr_tracker.alerts.delivery.channels.bounded_http import ATTEMPT_TIMEOUTS
 from expr_tracker.alerts.delivery.message import LEVELS, AlertMessage, normalize_level
-from expr_tracker.alerts.delivery.policy import URGENT_RANK, Dedup, Policy, Retry, TokenBucket
+from expr_tracker.alerts.delivery.policy import (
+    URGENT_RANK,
+    Dedup,
+    Policy,
+    RetryRule,
+    TokenBucket,
+)
 from expr_tracker.alerts.delivery.stages import (
     Deduplicate,
     Drop,
@@ -121,7 +127,7 @@ class Lane:
         self._send_started = 0.0  # clock when that send began
         self.bucket = TokenBucket(policy.rate_limit_per_minute, clock())
         self.dedup = Dedup(policy.dedup_window)
-        self.retry = Retry(policy)
+        self.retry = RetryRule(policy)
         self.stages: list[Callable[[Lane, Item, float], None]] = [
             Deduplicate(self.dedup),
             RateLimit(self.bucket, policy.on_rate_limited),
