@@ -8,7 +8,8 @@
   or ``Retry-After``).
 
 Each takes its settings in ``__init__`` and the time as an argument (``now``), so a test
-drives it without a clock. The lane (``delivery.lane``) runs them.
+drives it without a clock. The stages (``delivery.stages``: ``Deduplicate``, ``RateLimit``,
+``Retry``) apply them to each message.
 """
 
 from __future__ import annotations
