@@ -79,6 +79,7 @@ class Choice:
     changes: dict[str, Any] | None = None  # continuing with another config: per key
     requested: str | None = None  # the name asked for, when another one was chosen
     why: str | None = None  # why that one was not taken (the stderr line)
+    pinned: bool = False  # the folder was given (run_dir=, id=): never moved
 
     @property
     def spec(self) -> Any:
@@ -199,6 +200,7 @@ def choose(
         recorded=recorded,
         launch=launch if file_rank == 0 else None,
         changes=changes,
+        pinned=pinned,
     )
     if k != 1:
         name = f"{spec.name}-{k}"
@@ -252,10 +254,16 @@ def notice(choice: Choice, resumed: str | None) -> str | None:
             f"{describe_changes(choice.changes)} (run.json: config_changes); in "
             f"{choice.run_dir}"
         )
-    return (
-        f"expr_tracker: resuming {resumed}; in {choice.run_dir} (resume='allow' continues "
-        "a run started with the same config; another name, or resume='never', starts anew)"
-    )
+    if spec.resume == "must":
+        hint = ""  # continuing is what was asked for
+    elif choice.pinned:  # resume='never' is an error there: another id or folder starts anew
+        hint = " (a run named by id= or run_dir= is continued: give another one to start anew)"
+    else:
+        hint = (
+            " (resume='allow' continues a run started with the same config; another name, "
+            "or resume='never', starts anew)"
+        )
+    return f"expr_tracker: resuming {resumed}; in {choice.run_dir}{hint}"
 
 
 # ------------------------------------------------------------------ the comparison

@@ -707,6 +707,30 @@ def test_id_and_run_dir_fix_the_run_whatever_the_config(tmp_path, capsys):
     assert _json(folder / "run.json")["config_changes"] == {"lr": {"before": 0.1, "after": 0.2}}
 
 
+@pytest.mark.parametrize(
+    ("kw", "hint"),
+    [
+        ({"id": "abc"}, "give another one to start anew"),
+        ({"name": "gpt2", "resume": "must"}, None),
+        ({"name": "gpt2"}, "another name, or resume='never', starts anew"),
+    ],
+)
+def test_the_resume_line_gives_advice_that_holds_for_the_start(tmp_path, capsys, kw, hint):
+    """The resume line's advice fits how the run was chosen: with wandb's id= (or run_dir=)
+    resume='never' is an error, so it is not offered; resume='must' asked to continue."""
+    _start(tmp_path, {"lr": 0.1}, **{k: v for k, v in kw.items() if k != "resume"})
+    _err_lines(capsys)
+    _start(tmp_path, {"lr": 0.1}, **kw)
+    (line,) = _err_lines(capsys)
+    assert "resuming run" in line
+    if hint is None:
+        assert "starts anew" not in line and "start anew" not in line, line
+    else:
+        assert hint in line, line
+    if "id" in kw:
+        assert "resume='never'" not in line, line
+
+
 def test_a_run_from_before_init_configs_were_recorded_is_compared_by_its_config_json(
     tmp_path,
 ):
