@@ -707,6 +707,48 @@ def test_id_and_run_dir_fix_the_run_whatever_the_config(tmp_path, capsys):
     assert _json(folder / "run.json")["config_changes"] == {"lr": {"before": 0.1, "after": 0.2}}
 
 
+ADDRESSED = """
+import functools, sys, expr_tracker as et
+
+
+def collate(batch, pad=0):
+    return batch
+
+
+class Settings:  # no __repr__ of its own: "<__main__.Settings object at 0x...>"
+    pass
+
+
+act = sys.argv[2]
+run = et.init(project="proj", name="obj", dir=sys.argv[1], config={
+    "lr": 0.1, "collate": functools.partial(collate, pad=1), "act": {"a": lambda x: x,
+    "b": print}[act], "settings": Settings()})
+et.log({"x": 1})
+et.finish()
+print("RUN", run.name)
+"""
+
+
+def test_values_named_by_an_address_compare_by_what_they_name(tmp_path):
+    """A config holding a function, a partial or an object without a __repr__ is recorded as
+    its repr(), which holds a memory address: another text in every process. The same
+    script again is the same config (not obj-2, obj-3 ... at every restart); a value that
+    names something else (another function) is still another config."""
+    runs = str(tmp_path / "runs")
+    names = []
+    for act in ("a", "a", "b"):
+        p = subprocess.run(
+            [sys.executable, "-c", textwrap.dedent(ADDRESSED), runs, act],
+            capture_output=True,
+            text=True,
+            timeout=120,
+        )
+        assert p.returncode == 0, p.stderr
+        names.append(re.search(r"^RUN (\S+)$", p.stdout, re.M)[1])
+    assert names == ["obj", "obj", "obj-2"], names
+    assert "act: " in p.stderr and "collate" not in p.stderr.split("another config")[1], p.stderr
+
+
 @pytest.mark.parametrize(
     ("kw", "hint"),
     [
