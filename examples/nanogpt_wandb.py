@@ -147,7 +147,8 @@ def main() -> None:
         wandb.init(project=wandb_project, name=wandb_run_name, config=config, dir=out_dir)
         wandb.define_metric("val/loss", summary="min")
     model = GPT(len(chars))
-    optimizer = torch.optim.AdamW(model.parameters(), lr=wandb.config.learning_rate)
+    lr = wandb.config.learning_rate if wandb_log else learning_rate
+    optimizer = torch.optim.AdamW(model.parameters(), lr=lr)
     n_params = sum(p.numel() for p in model.parameters())
     best_val_loss = 1e9
     t0 = time.perf_counter()

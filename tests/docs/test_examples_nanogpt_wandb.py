@@ -131,3 +131,17 @@ def test_three_launches_under_one_name_never_merge_another_learning_rate(tmp_pat
     assert new_info["requested_name"] == "tiny-shakespeare"
     assert new_info["init_config"]["learning_rate"] == 1e-3
     assert "previous_attempts" not in new_info
+
+
+@pytest.mark.slow
+def test_wandb_log_false_trains_without_a_run(tmp_path):
+    """nanoGPT's switch: wandb_log=False (a bool, not bool("False")) trains, records nothing."""
+    p = subprocess.run(
+        [sys.executable, str(SCRIPT), "max_iters=2", "eval_interval=1", "wandb_log=False"],
+        cwd=tmp_path,
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    assert p.returncode == 0, p.stdout + p.stderr
+    assert "step 2:" in p.stdout and not (tmp_path / "runs").exists()
