@@ -32,6 +32,7 @@ from __future__ import annotations
 import json
 import os
 import re
+import socket
 import time
 from dataclasses import dataclass, replace
 from pathlib import Path
@@ -286,7 +287,7 @@ def _live_init_config(info_path: Path, metrics_path: Path, wait_until: float | N
     except OSError:
         holder = ""
     fields = dict(part.split("=", 1) for part in holder.split() if "=" in part)
-    if fields.get("pid") == str(os.getpid()):
+    if fields.get("pid") == str(os.getpid()) and fields.get("host") == socket.gethostname():
         return None  # a run open in this process: refused, as two runs of one name are
     info = read_run_info(info_path, repair=False) if info_path.exists() else None
     if (
