@@ -297,7 +297,6 @@ class ExprTrackerLogger(Logger):
         except Exception as exc:  # noqa: BLE001 - measuring never breaks training
             self._warn("log_hyperparams", exc)
 
-    @rank_zero_only
     def log_metrics(self, metrics: Mapping[str, Any], step: int | None = None) -> None:
         """Log ``metrics`` at Lightning's ``step`` (``trainer.global_step``-based).
 
@@ -309,7 +308,16 @@ class ExprTrackerLogger(Logger):
         after ``finalize``) would be dropped: instead Lightning's steps are shifted from
         then on so they land at the run's open step, with one warning. ``step=None``
         merges into the open row.
+
+        On the other ranks of ``ddp_spawn`` (which write their own files of the run) the
+        metrics stay rank 0's, but the row of ``step`` is opened, so that the span time and
+        ``et.log(..., commit=False)`` of that rank land on Lightning's steps as on rank 0,
+        not all in one row. Elsewhere other ranks do nothing (``rank_zero_only``).
         """
+        if rank_zero_only.rank > 0:
+            if self._handoff is None or step is None:
+                return
+            metrics = {}
         try:
             run = self.experiment
             if step is None:

@@ -510,6 +510,14 @@ def test_ddp_spawn_parent_and_ranks_share_one_run(tmp_path):
     assert {r["rank_seen"] for r in rows if "rank_seen" in r} == {0}
     shard = read_lines(run_dir / "metrics.rank1.jsonl")
     assert {r["rank_seen"] for r in shard if "rank_seen" in r} == {1}
+    # rank 1's own records land on Lightning's steps as rank 0's do, not all in one row
+    assert [r["_step"] for r in shard if "rank_seen" in r] == [
+        r["_step"] for r in rows if "rank_seen" in r
+    ]
+    for spans in ("spans.jsonl", "spans.rank1.jsonl"):
+        fit = [r for r in read_lines(run_dir / spans) if r["name"] == "forward"]
+        assert len(fit) == 5, spans
+        assert [r["_step"] for r in fit] == [r["args"]["global_step"] for r in fit], spans
     info = _run_json(run_dir)
     assert info["status"] == "finished"
     assert json.loads((run_dir / "run.rank1.json").read_text())["status"] == "finished"

@@ -389,6 +389,53 @@ def test_evaluate_after_a_caught_failure_lands_and_the_training_is_failed(tmp_pa
     assert et.run is None and cb.run.finished
 
 
+def test_evaluate_and_a_rerun_compare_the_config_training_started_with(tmp_path, capsys):
+    """The model's first forward sets ``model.config.problem_type``: that is training, not
+    another experiment. ``evaluate()`` after ``train()`` records no config change, and the
+    same script again (a fresh model, the same arguments) continues the run, not ``-2``."""
+    cb = ExprTrackerCallback(project="hf", name="te")
+    tr = trainer(tmp_path, cb, eval_strategy="no")
+    assert tr.model.config.problem_type is None
+    tr.train()
+    assert tr.model.config.problem_type == "single_label_classification"
+    tr.evaluate()
+    err = capsys.readouterr().err
+    assert "config changed" not in err, err
+    info = json.loads((cb.run.dir / "run.json").read_text())
+    assert "config_changes" not in info
+    assert not [a for a in info["previous_attempts"] if "config_changes" in a]
+    cb2 = ExprTrackerCallback(project="hf", name="te")
+    trainer(tmp_path, cb2, eval_strategy="no").train()
+    assert cb2.run.name == "te", capsys.readouterr().err
+    assert not (tmp_path / "runs" / "hf" / "te-2").exists()
+
+
+class OnceFailingTrainer(Trainer):
+    failed = False
+
+    def compute_loss(self, model, inputs, *args, **kwargs):
+        if model.training and self.state.global_step == 4 and not self.failed:
+            self.failed = True
+            raise RuntimeError("boom at step 5")
+        return super().compute_loss(model, inputs, *args, **kwargs)
+
+
+def test_training_again_after_a_caught_failure_is_the_same_run(tmp_path, capsys):
+    """A notebook trains, fails, trains again: the next attempt of the same run (the
+    model's config changed by its first forward decides nothing)."""
+    cb = ExprTrackerCallback(project="hf", name="retry")
+    tr = trainer(tmp_path, cb, trainer_cls=OnceFailingTrainer, eval_strategy="no")
+    with pytest.raises(RuntimeError, match="boom"):
+        tr.train()
+    tr.train()
+    err = capsys.readouterr().err
+    assert cb.run.name == "retry", err
+    assert "another config" not in err and "config changed" not in err, err
+    info = json.loads((cb.run.dir / "run.json").read_text())
+    assert info["status"] == "finished"
+    assert [a["status"] for a in info["previous_attempts"]] == ["failed"]
+
+
 FAILING_SCRIPT = """
 import os, sys
 sys.path.insert(0, {tests!r})
