@@ -21,7 +21,7 @@ import time
 def measure(mode: str, steps: int) -> dict:
     import expr_tracker as et
     from expr_tracker.alerts import AlertEngine
-    from expr_tracker.build.alerts import attach_delivery
+    from expr_tracker.assemble.delivery import attach_delivery
     from expr_tracker.testing import WebhookServer
 
     script = {"hang": ["hang"], "500": [(500, "down")], "none": [(200, "ok")]}[mode]

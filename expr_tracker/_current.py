@@ -2,7 +2,9 @@
 
 ``api`` sets :data:`run` when a run starts and clears it when the run finishes (under
 ``api._lock``); ``api``, the history package's live query (``et.history``) and ``et.alert``
-(``alerts.delivery.direct``) read it, so none needs another to find the current run.
+(``alerts.delivery.direct``) read it, so none needs another to find the current run. The
+functions api registers here (``new_run``, ``end_run``, ``check_stream``,
+``standalone_dispatcher``, ...) let a module below api call up without importing it.
 
 :data:`fork_gen` is incremented in a child after each ``fork``: every run object remembers
 the generation it was made in and raises ``ForkedRunError(FORK_MESSAGE)`` before touching a
@@ -24,8 +26,13 @@ run: Any = None
 configured_alert: dict[str, Any] = {}
 
 #: ``new_run(project, name, kwargs) -> Run``: builds an independent run (``et.Run(...)``);
-#: set by api (spec resolved, then build/), so runs.py needs neither
+#: set by api (spec resolved, then assemble/), so runs.py needs neither
 new_run: Any = None
+
+#: ``standalone_dispatcher() -> Dispatcher``: the process-wide dispatcher of a run-less
+#: ``et.alert`` (spec resolved, then composed by ``assemble.delivery``); set by api, so
+#: ``alerts.delivery.direct`` never resolves a spec nor imports the composition root
+standalone_dispatcher: Any = None
 
 #: ``end_run(run, exception)``: finish ``run`` and stop it being the current one (the end of
 #: a ``with et.init(...)`` block); set by api

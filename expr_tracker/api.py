@@ -137,7 +137,7 @@ def _resolve_and_build(
 ) -> Run:
     """Resolve the spec from its sources and build the run (under ``_lock``); ``pinned``:
     wandb's ``id=`` fixes the run's name (docs/streams.md, "Run identity")."""
-    from expr_tracker.build import build
+    from expr_tracker.assemble import build
     from expr_tracker.spec import SpecError, resolve
 
     resolved = resolve(spec, kwargs=given, configure_alert=_state.configured_alert or None)
@@ -271,7 +271,7 @@ def _rules_as_data(rules: Any) -> Any:
 
 
 def log(metrics: Mapping[str, Any], step: int | None = None, commit: bool | None = None) -> int:
-    """Log metrics into the current step (spec design.txt A.1, the wandb commit table).
+    """Log metrics into the current step (docs/logging.md "The commit table", as wandb's).
 
     ``log(d)`` merges ``d`` into the open row and commits it (the step advances);
     ``commit=False`` only merges; ``step=N`` opens step N (committing the previous one) and
@@ -468,7 +468,7 @@ def configure_alert(config: Any = None, /, **values: Any) -> None:
             (``alerts.channels.<name>.options.<key>``); nothing is kept from a call that
             raises.
     """
-    from expr_tracker.build import check
+    from expr_tracker.assemble import check
     from expr_tracker.spec import merge, resolve
     from expr_tracker.spec.alerting import alerts_data
 
@@ -833,7 +833,16 @@ def _check_stream(stream: Any) -> None:
     check_stream(stream, "history")
 
 
+def _standalone_dispatcher() -> Any:
+    """The run-less ``et.alert`` dispatcher (registered in ``_current.standalone_dispatcher``;
+    assemble/ imported on the first run-less alert, not at ``import expr_tracker``)."""
+    from expr_tracker.assemble.delivery import standalone_dispatcher
+
+    return standalone_dispatcher()
+
+
 _state.new_run = _new_run
+_state.standalone_dispatcher = _standalone_dispatcher
 _state.check_stream = _check_stream
 _state.end_run = _end_run
 _state.exit_hook_first = _exit_hook_first

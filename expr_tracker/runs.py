@@ -1,4 +1,4 @@
-"""Run: what :func:`expr_tracker.build.build` made, and the fan-out of committed rows.
+"""Run: what :func:`expr_tracker.assemble.build` made, and the fan-out of committed rows.
 
 A run owns, per producer (stream and rank), the :class:`HistoryStore` and its writer, the
 summary, and whatever the spec enabled (span recorder, alert engine). A committed row
@@ -247,7 +247,7 @@ class Run:
     """
 
     def __new__(cls, project: str | None = None, name: str | None = None, **kwargs: Any) -> Run:
-        # et.Run(...) builds through the factory api registers (spec resolved, then build/);
+        # et.Run(...) builds through the factory api registers (spec resolved, then assemble/);
         # build itself makes its runs with Run._assemble, which skips this
         factory = _current.new_run
         if factory is None:  # pragma: no cover - expr_tracker/__init__ imports api
@@ -276,7 +276,7 @@ class Run:
 
     @classmethod
     def _assemble(cls, **parts: Any) -> Run:
-        """A run from the parts build/ made (the composition root's constructor)."""
+        """A run from the parts assemble/ made (the composition root's constructor)."""
         self = object.__new__(cls)
         self._setup(**parts)
         return self

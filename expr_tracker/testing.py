@@ -1,4 +1,4 @@
-"""Test doubles for users' own tests (STYLE.md 10).
+"""Test doubles for users' own tests (docs/channels.md "Testing your alerts").
 
 - ``InMemoryChannel``: a channel (type ``memory``) that keeps every message it is sent;
   scriptable to fail (``fail_times``, ``status``) so retry and failure paths can be tested.

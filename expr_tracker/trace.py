@@ -50,6 +50,7 @@ from expr_tracker.history.spanfiles import (  # re-exported: the documented impo
     rank_set,
 )
 from expr_tracker.history.untrusted import open_regular
+from expr_tracker.history.values import json_safe
 
 log = logging.getLogger("expr_tracker")
 
@@ -66,21 +67,6 @@ __all__ = [
 _BATCH = 20_000
 _loads = orjson.loads
 _dumps = orjson.dumps
-
-
-def _finite_args(v: Any) -> Any:
-    t = type(v)
-    if t is float:
-        if v != v:
-            return "NaN"
-        if v in (math.inf, -math.inf):
-            return "Infinity" if v > 0 else "-Infinity"
-        return v
-    if t is dict:
-        return {k: _finite_args(x) for k, x in v.items()}
-    if t is list:
-        return [_finite_args(x) for x in v]
-    return v
 
 
 @dataclass
@@ -181,7 +167,7 @@ def _scan(
                 if task:
                     args["task"] = task
                 if nonfinite:
-                    args = _finite_args(args)
+                    args = json_safe(args, "string")
                 leaf = name.rsplit("/", 1)[-1]
                 ts = start * 1e6
                 try:

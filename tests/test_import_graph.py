@@ -1,14 +1,15 @@
-"""The import graph of expr_tracker keeps its direction (DESIGN.md "Dependency direction",
-docs/architecture.md "Import direction"):
+"""The import graph of expr_tracker keeps its direction (docs/architecture.md "Import
+direction"):
 
-    cli -> api -> build -> {alerts, spans, runs, artifacts, backends} -> history -> leaves
+    cli -> api -> assemble -> {alerts, spans, runs, artifacts, backends} -> history -> leaves
 
 Every import counts, at module level or inside a function (a function-level import that
 dodges a cycle is still an edge). The leaves import nothing from the project; ``spec``
 imports only leaves (``alerts`` reads it as a leaf: models, errors, located YAML); no module
 imports a package above it; there is no cycle among modules at module level; and no private
-name (``_x``) crosses a package (the private leaf modules ``_current``, ``_warn`` and
-``_version`` of the top package are meant to be imported)."""
+name (``_x``) leaves its module, imported or read as ``module._x`` (the private leaf
+modules ``_current``, ``_warn`` and ``_version`` of the top package are meant to be
+imported)."""
 
 from __future__ import annotations
 
@@ -41,7 +42,7 @@ ALLOWED: dict[str, set[str]] = {
     "plugins": {"spans"},
     "integrations": LEAVES | {"api", "runs", "spec", "history"},
     "testing": LEAVES | {"alerts"},
-    "build": LEAVES
+    "assemble": LEAVES
     | {"history", "spans", "runs", "runconfig", "alerts", "artifacts", "spec", "backends"},
     "api": LEAVES
     | {
@@ -51,7 +52,7 @@ ALLOWED: dict[str, set[str]] = {
         "alerts",
         "artifacts",
         "spec",
-        "build",
+        "assemble",
         "wandb_compat",
         "backends",
         "query",
@@ -118,13 +119,39 @@ def _imports(name: str, path: Path):
             todo.append((child, module_level))
 
 
+#: the private leaf modules of the top package, meant to be imported (their names are not)
+PRIVATE_LEAVES = {"expr_tracker._current", "expr_tracker._version", "expr_tracker._warn"}
+
+
+def _private(name: str) -> bool:
+    return name.startswith("_") and not name.startswith("__")
+
+
+def _module_attributes(name: str, path: Path, bound: dict[str, str]):
+    """``(line, module, attribute)`` for each ``alias.attr`` read in one module, where
+    ``alias`` is bound to a project module by an import (``from pkg import mod``,
+    ``import pkg.mod as alias``)."""
+    for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
+        if not isinstance(node, ast.Attribute):
+            continue
+        chain = []
+        value = node.value
+        while isinstance(value, ast.Attribute):
+            chain.append(value.attr)
+            value = value.value
+        if isinstance(value, ast.Name) and value.id in bound:
+            module = ".".join([bound[value.id], *reversed(chain)])
+            if module in MODULES:
+                yield node.lineno, module, node.attr
+
+
 def _edges() -> tuple[dict[str, set[str]], dict[str, set[str]], list[str]]:
-    """(every import, module-level imports, private names imported across packages)."""
+    """(every import, module-level imports, private names one module takes from another)."""
     every: dict[str, set[str]] = defaultdict(set)
     top: dict[str, set[str]] = defaultdict(set)
     private: list[str] = []
     for name, path in MODULES.items():
-        here = _package(name)
+        bound: dict[str, str] = {}  # local name -> the project module it is
         for module, imported, module_level in _imports(name, path):
             if module.split(".")[0] != "expr_tracker":
                 continue
@@ -132,14 +159,18 @@ def _edges() -> tuple[dict[str, set[str]], dict[str, set[str]], list[str]]:
             every[name].add(target)
             if module_level:
                 top[name].add(target)
-            if (
-                imported
-                and imported.startswith("_")
-                and not imported.startswith("__")
-                and _package(_target(module, None)) != here
-                and imported.lstrip("_") not in {"current", "warn", "version"}
-            ):
+            if imported is not None and target == f"{module}.{imported}":
+                bound[imported] = target  # `from pkg import mod`
+            elif imported is None:
+                bound[module.split(".")[0]] = module.split(".")[0]
+            if imported and _private(imported) and target not in PRIVATE_LEAVES:
                 private.append(f"{name}: from {module} import {imported}")
+        for alias in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
+            if isinstance(alias, ast.alias) and alias.asname and alias.name in MODULES:
+                bound[alias.asname] = alias.name  # `import pkg.mod as alias`
+        for line, module, attr in _module_attributes(name, path, bound):
+            if _private(attr) and module != name and f"{module}.{attr}" not in PRIVATE_LEAVES:
+                private.append(f"{name}:{line}: {module}.{attr}")
     return every, top, private
 
 
@@ -153,8 +184,8 @@ def _group(module: str) -> str:
 
 def test_the_graph_is_read():
     # the scan sees the edges we know exist, so a broken scan cannot pass silently
-    assert "expr_tracker.history.store" in EVERY["expr_tracker.build.history"]
-    assert "expr_tracker.build" in EVERY["expr_tracker.api"]
+    assert "expr_tracker.history.store" in EVERY["expr_tracker.assemble.history"]
+    assert "expr_tracker.assemble" in EVERY["expr_tracker.api"]
 
 
 def test_imports_run_one_way():
@@ -170,12 +201,12 @@ def test_imports_run_one_way():
     assert not bad, "imports against the direction:\n" + "\n".join(bad)
 
 
-def test_nothing_below_imports_cli_api_or_build():
+def test_nothing_below_imports_cli_api_or_assemble():
     for module, targets in EVERY.items():
-        if _group(module) in ("cli", "api", "build", "hydra", "integrations", "expr_tracker"):
+        if _group(module) in ("cli", "api", "assemble", "hydra", "integrations", "expr_tracker"):
             continue  # integrations sit above api, beside cli: nothing imports them
         for target in targets:
-            assert _group(target) not in ("cli", "api", "build", "hydra"), (module, target)
+            assert _group(target) not in ("cli", "api", "assemble", "hydra"), (module, target)
 
 
 def test_nothing_imports_the_integrations():
@@ -224,6 +255,42 @@ def test_no_cycle_at_module_level():
     assert not cycles, f"module-level import cycles: {cycles}"
 
 
+def _calls(path: Path) -> set[str]:
+    """The names a module calls: ``f(...)`` as ``f``, ``a.b.f(...)`` as ``b.f``."""
+    out = set()
+    for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
+        if not isinstance(node, ast.Call):
+            continue
+        func = node.func
+        if isinstance(func, ast.Name):
+            out.add(func.id)
+        elif isinstance(func, ast.Attribute):
+            owner = func.value
+            head = owner.id if isinstance(owner, ast.Name) else getattr(owner, "attr", "")
+            out.add(f"{head}.{func.attr}")
+    return out
+
+
+#: the calls that turn an alerts spec into delivery: a dispatcher, a channel's policy
+COMPOSING_DELIVERY = {"Dispatcher", "Policy.from_spec", "effective_policy"}
+
+
+def test_only_assemble_composes_delivery():
+    # docs/architecture.md "Import direction": a Dispatcher comes from a spec in assemble/
+    # only (a run's, et alert's, the run-less et.alert's); alerts/delivery/ takes plain
+    # values, so it imports nothing of spec
+    assert COMPOSING_DELIVERY <= _calls(MODULES["expr_tracker.assemble.delivery"])
+    bad = []
+    for module, path in sorted(MODULES.items()):
+        if _group(module) == "assemble":
+            continue
+        for call in sorted(_calls(path) & COMPOSING_DELIVERY):
+            bad.append(f"{module} calls {call}(...)")
+        if module.startswith("expr_tracker.alerts.delivery"):
+            bad += [f"{module} imports {t}" for t in sorted(EVERY[module]) if _group(t) == "spec"]
+    assert not bad, "delivery composed outside assemble/:\n" + "\n".join(bad)
+
+
 def test_delivery_stages_never_import_the_lane():
     # the lane runs its stages and applies their verdicts; a stage is handed values and
     # callables and never sees the lane, not even as a type (an import under
@@ -250,11 +317,30 @@ def test_leaves_need_no_pydantic():
                 assert "pydantic" not in [module.split(".")[0], *names], leaf
 
 
-def test_no_private_name_crosses_a_package():
-    assert not PRIVATE, "private names imported across packages:\n" + "\n".join(PRIVATE)
+def test_no_private_name_leaves_its_module():
+    # a name one module shares with another is public (no leading underscore): imported
+    # (`from m import _x`) or read through the module (`m._x`), a private name is a
+    # dependency nobody sees; only the private leaf modules themselves are imported
+    assert not PRIVATE, "private names used outside their module:\n" + "\n".join(PRIVATE)
 
 
-def test_build_modules_stay_small():
-    for path in sorted((PACKAGE / "build").glob("*.py")):
+def test_the_private_name_scan_sees_both_ways(tmp_path):
+    # the scan above reads `from m import _x` and `m._x`: a broken scan cannot pass silently
+    path = tmp_path / "probe.py"
+    path.write_text(
+        "from expr_tracker.spans import core\n"
+        "from expr_tracker.history.codec import _x\n"
+        "core._active\n",
+        encoding="utf-8",
+    )
+    bound = {"core": "expr_tracker.spans.core"}
+    got = list(_module_attributes("probe", path, bound))
+    assert got == [(3, "expr_tracker.spans.core", "_active")]
+    names = [imported for _, imported, _ in _imports("expr_tracker.probe", path)]
+    assert "_x" in names
+
+
+def test_assemble_modules_stay_small():
+    for path in sorted((PACKAGE / "assemble").glob("*.py")):
         lines = len(path.read_text(encoding="utf-8").splitlines())
-        assert lines <= 600, f"build/{path.name} has {lines} lines"
+        assert lines <= 600, f"assemble/{path.name} has {lines} lines"

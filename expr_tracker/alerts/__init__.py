@@ -17,7 +17,8 @@ from expr_tracker.alerts.parse import (
     parse_rule,
     split_rule,
 )
-from expr_tracker.alerts.rules import AlertRule, level_rank, make_rule, normalize_level
+from expr_tracker.alerts.rules import AlertRule, make_rule, rule_level
+from expr_tracker.units import level_rank, normalize_level
 
 __all__ = [
     "UNKNOWN",
@@ -41,5 +42,6 @@ __all__ = [
     "parse_expr",
     "parse_rule",
     "render_template",
+    "rule_level",
     "split_rule",
 ]

@@ -1,4 +1,4 @@
-"""``M``: build alert conditions in Python with editor completion (spec/design.txt C.4).
+"""``M``: build alert conditions in Python with editor completion (docs/alerts.md "Three front ends, one tree").
 
     M["train/loss"][50].zscore() > 4        # == parse_expr("zscore(train/loss[50]) > 4")
     M.loss.isnan() | (M.loss > 10)          # | & ~ are or / and / not

@@ -3,7 +3,7 @@
 scalar, window (``f(x[50])``) and duration-window (``f(x[5m])``) functions.
 
 Each returns ``None`` (UNKNOWN) for a missing metric, a short window or a domain error; the
-hot path is a chain of these plain calls (DESIGN.md "Speed").
+hot path is a chain of these plain calls (docs/architecture.md "The hot path").
 """
 
 from __future__ import annotations
@@ -19,13 +19,13 @@ __all__ = [
     "duration_call",
     "fused_compare",
     "fused_latest_call",
-    "lookup",
+    "series_getter",
     "points_call",
     "scalar_call",
 ]
 
 
-def lookup(name: str):
+def series_getter(name: str):
     alt = name.replace(".", "/") if "." in name else None
     cell = [None]
 
@@ -47,7 +47,7 @@ def lookup(name: str):
 def fused_compare(name, op, right):
     """``metric <op> constant`` in one closure (the commonest rule shape)."""
     c = float(right.value if isinstance(right, ast.Number) else right.seconds)
-    get = lookup(name)
+    get = series_getter(name)
 
     def cmp_metric(ctx):
         s = get(ctx)
@@ -66,7 +66,7 @@ def fused_compare(name, op, right):
 
 def fused_latest_call(name, impl):
     """``f(metric)`` in one closure (``isnan(loss)``)."""
-    get = lookup(name)
+    get = series_getter(name)
 
     def call_latest(ctx):
         s = get(ctx)

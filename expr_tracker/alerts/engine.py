@@ -1,4 +1,4 @@
-"""AlertEngine: evaluates compiled rules on each committed step (spec/design.txt C.5).
+"""AlertEngine: evaluates compiled rules on each committed step (docs/alerts.md "Rule options").
 
     engine = AlertEngine(rules, window=4096, notify=console, record=alert_log,
                          run_info={"project": "p", "run": "r"})
@@ -11,7 +11,7 @@ evaluates the rules whose metrics the row touched (dependency index), the time-b
 (``no_data``/``age``/``elapsed``) and those using ``has``/``step`` or no metric at all.
 Costs a few microseconds for a couple of rules.
 
-Time base (DESIGN.md "Speed": a clock that can move is for display only): each value
+Time base (docs/alerts.md "Time base"; a clock that can move is for display only): each value
 appended at ``on_step`` is stamped with ``clock()`` (monotonic, injectable), and ``age()``,
 duration windows, ``rate``, ``elapsed()`` and ``no_data()`` measure against that same clock,
 so a wall-clock jump (NTP) neither fires nor silences a time-based rule. The row's
@@ -37,7 +37,7 @@ undo the transition (delivery retries belong to the dispatcher).
 
 An exception raised while evaluating a rule is a bug, not UNKNOWN: it is counted per rule,
 passed to ``on_error(rule, exc)``, and after ``max_errors`` (10) in a row the rule is
-disabled with one ``disabled`` event (DESIGN.md "Rules").
+disabled with one ``disabled`` event (docs/alerts.md "Three-valued logic").
 
 Parts kept apart: ``compiled.py`` (a rule compiled for the engine, with its counters),
 ``events.py`` (``AlertEvent``), ``watchdog.py`` (the ``check_time`` thread), ``finish.py``
@@ -57,7 +57,7 @@ from collections.abc import Callable, Iterable, Mapping
 
 from expr_tracker._warn import Warner
 from expr_tracker.alerts.compiled import CompiledRule
-from expr_tracker.alerts.evaluate import DEFAULT_WINDOW, EvalContext, format_value, render_observed
+from expr_tracker.alerts.evaluate import DEFAULT_WINDOW, EvalContext, render_observed
 from expr_tracker.alerts.events import AlertEvent
 from expr_tracker.alerts.finish import finish_warnings, unresolved_metrics
 from expr_tracker.alerts.parse import RuleError
@@ -65,6 +65,7 @@ from expr_tracker.alerts.rules import FIRING, OK, AlertRule, make_rule
 from expr_tracker.alerts.template import render_template
 from expr_tracker.alerts.watchdog import Watchdog
 from expr_tracker.history.series import MetricSeries
+from expr_tracker.history.values import format_value
 
 __all__ = ["AlertEngine", "AlertEvent", "render_template"]
 
@@ -491,7 +492,7 @@ class AlertEngine:
         try:
             stamp = _dt.datetime.fromtimestamp(t).isoformat(timespec="seconds")
         except (OverflowError, OSError, ValueError, TypeError):
-            stamp = format_value(t)
+            stamp = format_value(t, "rule")
         values.update(
             step=ctx.step,
             time=stamp,

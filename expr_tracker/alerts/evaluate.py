@@ -3,11 +3,11 @@
 ``compile_expr(node, window=4096, known_metrics=None) -> CompiledExpr`` checks the whole
 condition once (functions, arity, argument kinds, window sizes; ``RuleError`` on any
 problem) and builds nested closures, so evaluating is a chain of plain calls: no tree
-walking, no isinstance ladders (DESIGN.md "Speed").
+walking, no isinstance ladders (docs/architecture.md "The hot path").
 
 ``CompiledExpr.fn(ctx) -> True | False | None``. ``None`` is UNKNOWN (``UNKNOWN`` below):
 missing metric, short window, NaN in a comparison, zero division, domain errors
-(spec/design.txt C.2). ``A and B`` is False when either is False, ``A or B`` True when
+(docs/alerts.md "Three-valued logic"). ``A and B`` is False when either is False, ``A or B`` True when
 either is True, anything else with an UNKNOWN is UNKNOWN. Only an exact True fires.
 
 Scalars flow as floats (NaN propagates through arithmetic and is UNKNOWN at a comparison;
@@ -41,19 +41,19 @@ from expr_tracker.alerts.closures import (
     duration_call,
     fused_compare,
     fused_latest_call,
-    lookup,
     points_call,
     scalar_call,
+    series_getter,
 )
 from expr_tracker.alerts.functions import FUNCTIONS, TIME_BASED, Signature
 from expr_tracker.alerts.parse import RuleError
+from expr_tracker.history.values import format_value
 
 __all__ = [
     "UNKNOWN",
     "CompiledExpr",
     "EvalContext",
     "compile_expr",
-    "format_value",
     "render_observed",
 ]
 
@@ -185,7 +185,7 @@ class _Compiler:
 
     def c_name(self, node: ast.Name):
         self.need(node.name, 1)
-        get = lookup(node.name)
+        get = series_getter(node.name)
 
         def latest(ctx):
             s = get(ctx)
@@ -345,7 +345,7 @@ class _Compiler:
             win = ast.Window(win.name, size=2)
         extras = [self.scalar(a, f"{node.func}()") for a in node.args[1:]]
         impl = sig.impl
-        get = lookup(win.name)
+        get = series_getter(win.name)
         if win.size is not None:
             n = win.size
             if n < max(sig.min_points, 1):
@@ -373,7 +373,7 @@ class _Compiler:
     def f_has(self, node: ast.Call):
         name = self._name_arg(node)
         self.need(name, 1)
-        get = lookup(name)
+        get = series_getter(name)
 
         def has(ctx):
             s = get(ctx)
@@ -384,7 +384,7 @@ class _Compiler:
     def f_age(self, node: ast.Call):
         name = self._name_arg(node)
         self.need(name, 1)
-        get = lookup(name)
+        get = series_getter(name)
 
         def age(ctx):
             s = get(ctx)
@@ -459,17 +459,6 @@ def compile_expr(
     return CompiledExpr(node, fn, comp.needs, comp.time_based, kind)
 
 
-def format_value(value) -> str:
-    """A value as ``{expr}`` shows it: ``UNKNOWN``, ``true``/``false`` or ``%.6g``."""
-    if value is None:
-        return "UNKNOWN"
-    if value is True or value is False:
-        return "true" if value else "false"
-    if isinstance(value, float):
-        return f"{value:.6g}"
-    return str(value)
-
-
 def render_observed(node: ast.Node, ctx: EvalContext, *, window: int = DEFAULT_WINDOW) -> str:
     """The condition with the values observed now: ``zscore(loss[50])=4.2 > 3.0``.
 
@@ -480,7 +469,7 @@ def render_observed(node: ast.Node, ctx: EvalContext, *, window: int = DEFAULT_W
     def value_of(n: ast.Node) -> str:
         try:
             fn, kind = _Compiler(window, None, "").compile(n)
-            return format_value(fn(ctx))
+            return format_value(fn(ctx), "rule")
         except Exception:
             return "UNKNOWN"
 

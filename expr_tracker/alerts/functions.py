@@ -1,4 +1,4 @@
-"""The function whitelist of the alert language (spec/design.txt C.3).
+"""The function whitelist of the alert language (docs/alerts.md "Functions").
 
 ``FUNCTIONS`` maps a name to one or more ``Signature`` entries. A signature lists the kind
 of each parameter and what the call returns; ``evaluate.compile_expr`` checks every call
@@ -15,7 +15,7 @@ Returns ``scalar`` (a float, possibly NaN) or ``bool``.
 Implementations receive plain Python floats and lists and return a float, a bool, or
 ``None`` (UNKNOWN) for domain problems: too few values, zero std, zero division, log of a
 non-positive number. They never raise for those; anything they do raise is a bug that the
-engine counts per rule (DESIGN.md "Rules").
+engine counts per rule (docs/alerts.md "Three-valued logic").
 
 Extreme values (values near the float limit, infinities, NaN) never make a function raise,
 so a diverging run cannot disable the rule meant to catch it (``tests/alerts/test_alerts_extreme.py``
@@ -53,7 +53,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from operator import gt, lt, mul
 
-__all__ = ["FUNCTIONS", "TIME_BASED", "Signature", "describe"]
+__all__ = ["FUNCTIONS", "TIME_BASED", "Signature"]
 
 
 @dataclass(frozen=True, slots=True)
@@ -536,15 +536,3 @@ FUNCTIONS: dict[str, tuple[Signature, ...]] = {
 
 #: functions whose value changes with time alone: their rules run on the watchdog too
 TIME_BASED = frozenset({"no_data", "age", "elapsed"})
-
-
-def describe() -> list[tuple[str, str, str]]:
-    """``(name, call shape, doc)`` for every signature, for docs and ``et rules explain``."""
-    out = []
-    for name, sigs in FUNCTIONS.items():
-        for sig in sigs:
-            params = list(sig.params)
-            if sig.variadic:
-                params += [sig.variadic] * max(sig.min_args - len(params), 1) + ["..."]
-            out.append((name, f"{name}({', '.join(params)}) -> {sig.returns}", sig.doc))
-    return out

@@ -6,7 +6,7 @@
   ``UnexpectedInput.match_examples``) and what was expected there.
 - ``split_rule(text) -> (condition, level, message)`` splits ``"cond => level: message"`` on
   the first top-level ``=>``; without one, on top-level commas (``"cond, level, message"``).
-  Brackets and quoted names are skipped (spec/design.txt C.1).
+  Brackets and quoted names are skipped (docs/alerts.md "The one-line form").
 - ``parse_rule(text) -> ParsedRule`` does both.
 
 The grammar is loaded once per process (``get_parser``) with Lark's LALR cache.

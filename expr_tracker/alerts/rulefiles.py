@@ -1,4 +1,4 @@
-"""Rule files checked without a run: ``check_file`` (every rule compiled as the engine
+"""Rule files checked without a run: ``check_rules_file`` (every rule compiled as the engine
 would, each entry through the spec models, problems at their line and column) and ``lint``
 (valid rules that are almost certainly mistakes), for ``et rules check``, ``et rules test``
 and ``et config validate``.
@@ -19,7 +19,7 @@ __all__ = [
     "DEFAULT_ALERT_WINDOW",
     "alert_window",
     "build_rule",
-    "check_file",
+    "check_rules_file",
     "lint",
     "looks_like_file",
     "one_line",
@@ -119,7 +119,7 @@ def alert_window(data) -> int:
     return DEFAULT_ALERT_WINDOW
 
 
-def check_file(path: str, known: set[str] | None = None, package: str | None = None) -> dict:
+def check_rules_file(path: str, known: set[str] | None = None, package: str | None = None) -> dict:
     """Validate one rules file: ``{"file", "status", "errors", "warnings", "rules"}``;
     each problem is ``{"line", "column", "message"}``, at the key or value at fault.
 
@@ -375,7 +375,7 @@ def rules_from(target: str) -> list:
         from expr_tracker.alerts import make_rule
 
         return [make_rule(target)]
-    result = check_file(str(path))
+    result = check_rules_file(str(path))
     if result["errors"]:
         e = result["errors"][0]
         raise RuleError(f"{path}:{e['line']}:{e['column']}: {e['message']}")

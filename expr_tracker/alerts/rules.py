@@ -1,4 +1,4 @@
-"""AlertRule (every option of spec/design.txt C.5) and its state machine.
+"""AlertRule (every option of docs/alerts.md "Rule options") and its state machine.
 
 Build a rule from any front end with ``make_rule(obj, **overrides)``:
   - a one-line DSL string ``"zscore(loss[50]) > 4 => error: spike"``
@@ -14,7 +14,8 @@ severity (``level_rank``), the one table of ``expr_tracker.units``.
 
 ``RuleState.advance(result, mono)`` is the state machine OK -> PENDING -> FIRING: True
 advances (``for_steps`` consecutive Trues fire), False returns to OK, UNKNOWN (``None``)
-changes nothing. Callers hold ``RuleState.lock`` (DESIGN.md G: transitions are serialised).
+changes nothing. Callers hold ``RuleState.lock``: transitions are serialised
+(docs/architecture.md "Locks and their order").
 """
 
 from __future__ import annotations
@@ -39,9 +40,8 @@ __all__ = [
     "AlertRule",
     "RuleState",
     "entry_errors",
-    "level_rank",
     "make_rule",
-    "normalize_level",
+    "rule_level",
     "parse_seconds",
 ]
 
@@ -58,17 +58,13 @@ OK, PENDING, FIRING = "ok", "pending", "firing"
 MODES = ("edge", "level")
 
 
-def normalize_level(level: str) -> str:
-    """Canonical level name (``"WARN" -> "warning"``). Raises ``RuleError`` when unknown."""
+def rule_level(level: str) -> str:
+    """A rule's ``level``: the canonical name (``"WARN" -> "warning"``,
+    ``units.normalize_level``), ``RuleError`` when it is none."""
     key = units.normalize_level(str(level))
     if key not in LEVEL_RANK:
         raise RuleError(units.level_error(level))
     return key
-
-
-def level_rank(level: str) -> int:
-    """Severity of a level or alias: debug 0 ... critical 4 (``RuleError`` when unknown)."""
-    return LEVEL_RANK[normalize_level(level)]
 
 
 def parse_seconds(value, what: str) -> float:
@@ -185,7 +181,7 @@ def _check_name(value) -> None:
 #: field -> check returning the canonical value (``RuleError`` when invalid), in the order
 #: ``AlertRule`` applies them.
 _FIELD_CHECKS = {
-    "level": normalize_level,
+    "level": rule_level,
     "mode": _check_mode,
     "for_steps": _check_for_steps,
     "cooldown": lambda v: parse_seconds(v, "cooldown"),
@@ -201,7 +197,7 @@ _FIELD_CHECKS = {
 
 @dataclass(frozen=True, slots=True)
 class AlertRule:
-    """One alert rule (spec/design.txt C.5). Immutable; ``replace()`` makes variants.
+    """One alert rule (docs/alerts.md "Rule options"). Immutable; ``replace()`` makes variants.
 
     ``condition`` is an AST node (a DSL condition string or an ``M`` expression is accepted
     and converted); ``level`` is canonical; ``cooldown`` is seconds (level mode only);

@@ -1,6 +1,7 @@
 """Message templates: ``{name}`` placeholders filled by literal key, and nothing else.
 
-Used by rule messages (``{step} {run} {loss:.4f} {expr}``, spec design.txt C.5) and by the
+Used by rule messages (``{step} {run} {loss:.4f} {expr}``, docs/alerts.md "Message templates")
+and by the
 generic webhook's body template. A placeholder is looked up as one whole key (so
 ``{train/loss:.3f}`` works) and never by attribute or index: ``{loss.__class__}`` and
 ``{a[0]}`` stay as written, as does an unknown placeholder or a format spec the value

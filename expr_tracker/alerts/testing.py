@@ -1,6 +1,8 @@
-"""Test doubles for alert rules, for our tests and users' own (STYLE.md item 10).
+"""Test doubles for alert rules, for our tests and users' own (docs/alerts.md "For tests in
+your own code").
 
-- ``AlertCapture``: a sink collecting ``AlertEvent`` objects (``engine.notify``/``record``).
+- ``EventCapture``: a sink collecting ``AlertEvent`` objects (``engine.notify``/``record``);
+  ``expr_tracker.testing.AlertCapture`` is the other capture, of the messages dispatchers take.
 - ``evaluate(condition, series, ...)``: the three-valued result of a condition after the
   given values, one row per index (``None`` in a series = metric absent on that row).
 - ``replay(rules, rows, ...)``: runs an engine over rows with a simulated clock that follows
@@ -18,10 +20,10 @@ from collections.abc import Iterable, Mapping
 
 from expr_tracker.alerts.engine import AlertEngine, AlertEvent
 
-__all__ = ["AlertCapture", "evaluate", "replay", "rows_from_series"]
+__all__ = ["EventCapture", "evaluate", "replay", "rows_from_series"]
 
 
-class AlertCapture:
+class EventCapture:
     """Collects events; ``names``/``steps(name)`` summarise them."""
 
     def __init__(self) -> None:
@@ -39,6 +41,20 @@ class AlertCapture:
 
     def clear(self) -> None:
         self.events.clear()
+
+
+def __getattr__(name: str) -> object:
+    # the name EventCapture had until two captures could no longer share one
+    if name == "AlertCapture":
+        import warnings
+
+        warnings.warn(
+            "expr_tracker.alerts.testing.AlertCapture is now EventCapture",
+            DeprecationWarning,
+            stacklevel=2,
+        )
+        return EventCapture
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
 
 
 def rows_from_series(
@@ -73,7 +89,7 @@ def replay(
     window: int = 4096,
     run_info: Mapping | None = None,
     watchdog_interval: float | None = None,
-) -> AlertCapture:
+) -> EventCapture:
     """Feed ``rows`` to a fresh engine whose clocks (the monotonic time base and the
     displayed wall clock alike) follow each row's ``_time``; with
     ``watchdog_interval``, time-based rules are also checked between rows at that period.
@@ -81,7 +97,7 @@ def replay(
     rows = list(rows)
     t0 = float(rows[0].get("_time", 0.0)) if rows else 0.0
     clock = _SimClock(t0)
-    capture = AlertCapture()
+    capture = EventCapture()
     engine = AlertEngine(
         rules, window=window, record=capture, clock=clock, wall_clock=clock, run_info=run_info
     )

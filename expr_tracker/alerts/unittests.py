@@ -14,7 +14,7 @@ from pydantic import BaseModel, ConfigDict
 
 from expr_tracker.alerts.rulefiles import (
     build_rule,
-    check_file,
+    check_rules_file,
     one_line,
     rule_entries,
     rule_problems,
@@ -234,7 +234,7 @@ def load_unit_file(path: Path):
             why = "is a directory" if rule_file.is_dir() else "file not found"
             errors.append((*doc.where(where_path), f"{label}: cannot read {name}: {why}"))
             continue
-        checked = check_file(str(rule_file))
+        checked = check_rules_file(str(rule_file))
         if checked["errors"]:
             errors += [
                 f"{rule_file}:{e['line']}:{e['column']}: {e['message']}" for e in checked["errors"]

@@ -35,11 +35,12 @@ def register(subparsers) -> None:  # noqa: ANN001
     p.add_argument(
         "--timeout", type=float, default=30.0, help="seconds to wait in all (default 30)"
     )
-    p.set_defaults(func=run)
+    p.set_defaults(func=run_alert)
 
 
-def run(args: argparse.Namespace) -> int:
-    from expr_tracker.alerts.delivery import build_dispatcher, make_message
+def run_alert(args: argparse.Namespace) -> int:
+    from expr_tracker.alerts.delivery import make_message
+    from expr_tracker.assemble.delivery import build_dispatcher
     from expr_tracker.spec import resolve
 
     environ = dict(os.environ)

@@ -1,11 +1,11 @@
 """``et alerts RUN``: list a run's alerts from ``alerts[.S][.rankN].jsonl``.
 
     et alerts RUN [--since STEP] [--kind transition|delivery] [--stream S] [--rank N]
-                  [--format table|json|jsonl]
+                  [--dir DIR] [--format table|json|jsonl]
 
 RUN is a run directory (the file is chosen by exact name from ``--stream`` and ``--rank``,
-as ``et history`` does), an ``alerts*.jsonl`` file, or a ``metrics*.jsonl`` file (the alerts
-file beside it). Each record is a rule transition (``kind: transition``: rule, event, level,
+as ``et history`` does), an ``alerts*.jsonl`` file, a ``metrics*.jsonl`` file (the alerts
+file beside it), or the name of a run under ``--dir`` (docs/cli.md "Naming a run"). Each record is a rule transition (``kind: transition``: rule, event, level,
 state, step, message) or a delivery outcome (``kind: delivery``: channel, delivered, error).
 
 ``--since STEP`` keeps records at step STEP or later; a record without a step (a run-level
@@ -17,9 +17,10 @@ document: an array of the records), ``jsonl`` (one object per line). JSON output
 and exits 0; a closed pipe (``| head``) exits 0. Exit 1: no such run; 2: a usage error
 (``et alert`` sends an alert; this command lists them).
 
-The file is untrusted input: only a regular file is read (a FIFO in its place is an error,
-exit 1, never a hang); lines that are not records (bad JSON, nested too deeply, a lone
-surrogate) are skipped and counted in one warning; the table escapes control characters
+The file is read as every reader of it reads it (``history/alertlog.py``): untrusted input,
+only a regular file (a FIFO in its place is an error, exit 1, never a hang); lines that are
+not records (bad JSON, nested too deeply, a lone surrogate, a last line without its newline)
+are skipped and counted in one warning; the table escapes control characters
 (``cli.output.printable``), ``json``/``jsonl`` keep the records exact.
 """
 
@@ -46,15 +47,18 @@ def register(subparsers: Any) -> None:
         description=(
             "List a run's alert records: rule transitions and delivery outcomes, from "
             "alerts[.stream][.rankN].jsonl. RUN is a run directory (the file chosen by "
-            "--stream and --rank), an alerts .jsonl file or a metrics .jsonl file (the "
-            "alerts file beside it). Exit 0 (also when there are none), 1 no such run, "
+            "--stream and --rank), an alerts .jsonl file, a metrics .jsonl file (the "
+            "alerts file beside it) or project/name or name of a run under --dir. Exit 0 (also when there are none), 1 no such run, "
             "2 usage error."
         ),
     )
-    p.add_argument("run", help="run directory, or its alerts/metrics .jsonl file")
+    p.add_argument(
+        "run", help="run directory, its alerts/metrics .jsonl file, or a run's name under --dir"
+    )
     p.add_argument("--since", type=int, default=None, metavar="STEP", help="from step STEP on")
     p.add_argument("--kind", choices=KINDS, default=None, help="only this kind of record")
     runfiles.add_producer_options(p, "alerts", "alerts")
+    runfiles.add_dir_option(p)
     output.add_format_option(p, "table", what="alert records")
     p.set_defaults(func=run_alerts)
 
@@ -92,33 +96,6 @@ def alerts_file(run: str | os.PathLike[str], stream: str | None, rank: int | Non
         if not (p / file_name("run", stream, rank)).is_file():
             raise RunNotFound(str(exc)) from None
     return want
-
-
-def read_records(path: Path) -> tuple[list[dict[str, Any]], int]:
-    """The records of ``path`` in file order, and the number of lines that did not decode
-    (a torn last line of a live run, damage, a line nested too deeply).
-
-    Raises ``OSError`` (``history.untrusted.UnsafeFileError`` for a FIFO, device or
-    socket)."""
-    from expr_tracker.history.codec import decode_line
-    from expr_tracker.history.untrusted import open_regular
-
-    out: list[dict[str, Any]] = []
-    bad = 0
-    with open(open_regular(path), "rb") as f:
-        for line in f:
-            if not line.strip():
-                continue
-            try:
-                rec = decode_line(line)
-            except ValueError:
-                bad += 1
-                continue
-            if isinstance(rec, dict):
-                out.append(rec)
-            else:
-                bad += 1
-    return out, bad
 
 
 def select(
@@ -217,9 +194,13 @@ def run_alerts(args: argparse.Namespace, out: IO[str] | None = None) -> int:
     except ValueError as exc:
         err.write(f"et alerts: {exc}\n")
         return 2
+    from expr_tracker.query.catalog import RunNotFoundError
+
     try:
-        path = alerts_file(args.run, args.stream, args.rank)
-    except RunNotFound as exc:
+        path = alerts_file(
+            runfiles.run_path(args.run, getattr(args, "dir", "runs")), args.stream, args.rank
+        )
+    except (RunNotFound, RunNotFoundError) as exc:
         err.write(f"et alerts: {exc}\n")
         return 1
     except ValueError as exc:
@@ -227,15 +208,17 @@ def run_alerts(args: argparse.Namespace, out: IO[str] | None = None) -> int:
         return 2
     records: list[dict[str, Any]] = []
     if path.exists() or path.is_symlink():
+        from expr_tracker.history.alertlog import read_alert_log
+
         try:
-            records, bad = read_records(path)
-        except FileNotFoundError:
-            bad = 0  # removed since looked for: no alerts
+            lines = read_alert_log(path)
         except OSError as exc:
             from expr_tracker.history.rundirs import os_reason
 
             err.write(f"et alerts: cannot read {str(path)!r}: {os_reason(exc)}\n")
             return 1
+        records = [r.record for r in lines.records]
+        bad = lines.bad + lines.torn  # a torn last line is not a record either
         if bad:
             err.write(f"et alerts: skipped {bad} line(s) of {path} that are not records\n")
     records = select(records, args.since, args.kind)

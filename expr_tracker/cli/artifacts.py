@@ -303,7 +303,8 @@ def _text(value: Any) -> str:
 def _print_show(doc: dict[str, Any], out: IO[str]) -> None:
     from rich.table import Table
 
-    from expr_tracker.cli.history import format_value, table_width
+    from expr_tracker.cli.history import table_width
+    from expr_tracker.history.values import format_value
 
     console = output.console(out, table_width(out))
     run = doc.get("run") or {}
@@ -320,7 +321,7 @@ def _print_show(doc: dict[str, Any], out: IO[str]) -> None:
     if doc.get("description"):
         head.append(("description", doc["description"]))
     for k, v in doc["metadata"].items():
-        head.append((f"metadata.{k}", format_value(v)))
+        head.append((f"metadata.{k}", format_value(v, "cell")))
     width = max(len(_text(k)) for k, _ in head) + 2
     for k, v in head:
         console.print(f"{_text(k) + ':':<{width}}{_text(v)}", markup=False, highlight=False)

@@ -21,6 +21,7 @@ import time
 from typing import IO, Any
 
 from expr_tracker.cli import output
+from expr_tracker.history.values import json_safe, json_text
 
 #: the longest cell shown before it is cut with an ellipsis (terminal cells)
 MAX_CELL = 60
@@ -106,7 +107,7 @@ def run_compare(args: argparse.Namespace, out: IO[str] | None = None) -> int:
         sys.stderr.write(f"et compare: warning: {w}\n")
     if output.is_machine(args.format):
         indent = 2 if args.format == "json" else None
-        out.write(json.dumps(output.strict(result), indent=indent, default=str) + "\n")
+        out.write(json.dumps(json_safe(result, "null"), indent=indent, default=str) + "\n")
         return 0
     from expr_tracker.cli.history import table_width
 
@@ -127,11 +128,6 @@ def _cut(text: str) -> str:
     return text + "…"
 
 
-def _json(v: Any) -> str:
-    """A value as JSON, as the run files hold it (strings quoted, NaN as NaN)."""
-    return json.dumps(v, ensure_ascii=False, separators=(",", ":"), default=str, allow_nan=True)
-
-
 def _number(v: Any) -> str:
     if type(v) is float:
         if math.isnan(v):
@@ -141,7 +137,7 @@ def _number(v: Any) -> str:
         return f"{v:.6g}"
     if type(v) is int:
         return str(v)
-    return _json(v)
+    return json_text(v)
 
 
 def _duration(s: Any) -> str:
@@ -175,7 +171,7 @@ def _identity_cell(key: str, v: Any) -> str:
         return ", ".join(str(t) for t in v)
     if isinstance(v, str):
         return v
-    return _json(v)
+    return json_text(v)
 
 
 def compare_table(result: dict[str, Any], width: int = 200) -> Any:
@@ -209,7 +205,7 @@ def compare_table(result: dict[str, Any], width: int = 200) -> Any:
     config = []
     for row in result["config"]:
         cells = [
-            missing.copy() if i in row["missing"] else Text(_cut(output.printable(_json(v))))
+            missing.copy() if i in row["missing"] else Text(_cut(output.printable(json_text(v))))
             for i, v in enumerate(row["values"])
         ]
         config.append((Text(_cut(output.printable(row["key"]))), cells))

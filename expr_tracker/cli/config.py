@@ -109,7 +109,7 @@ def _usage(parser: argparse.ArgumentParser) -> int:
 
 def cmd_validate(args: argparse.Namespace) -> int:
     """Exit codes: 0 every file valid, 1 any problem (including a missing file)."""
-    from expr_tracker.build.check import check_file
+    from expr_tracker.assemble.check import check_file
     from expr_tracker.spec.resolve import detect_kind, interpolation_issues
 
     failed = 0
@@ -182,7 +182,7 @@ def parse_overrides(items: list[str]) -> dict[str, Any]:
     return out
 
 
-def describe(source: str) -> str:
+def source_label(source: str) -> str:
     """Short source label for ``et config show``: ``default``, ``env VAR``, ``ET_CONFIG``,
     ``ET_ALERT_CONFIG``, ``file``, ``override`` (the location column names the file)."""
     kind, _, rest = source.partition(":")
@@ -240,7 +240,7 @@ def show_rows(
             where = origin
             if location and location[0] == origin:
                 where = f"{origin}:{location[1]}:{location[2]}"
-        rows.append((path, value, describe(source), where))
+        rows.append((path, value, source_label(source), where))
     return rows
 
 

@@ -63,10 +63,10 @@ def register(subparsers: Any) -> None:
     p.add_argument("--overwrite", action="store_true", help="replace an existing PATH")
     p.add_argument("--cache-dir", default=None, metavar="DIR", help="columnar cache location")
     p.add_argument("--json", action="store_true", help="print the summary as JSON")
-    p.set_defaults(func=run)
+    p.set_defaults(func=run_export)
 
 
-def run(args: argparse.Namespace) -> int:
+def run_export(args: argparse.Namespace) -> int:
     """Exit codes: 0 written (a run that cannot be read is left out, named in one warning on
     stderr), 1 a bad source/argument, no run that can be read, an existing PATH or a failed
     write."""

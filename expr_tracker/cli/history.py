@@ -41,6 +41,7 @@ from pathlib import Path
 from typing import IO, Any
 
 from expr_tracker.cli import output, runfiles
+from expr_tracker.history.values import format_value, json_safe
 
 
 def register(subparsers: Any) -> None:
@@ -51,10 +52,10 @@ def register(subparsers: Any) -> None:
         description=(
             "Print the newest steps of a run's metrics file. RUN is a run directory "
             "(metrics[.stream][.rankN].jsonl is chosen by exact name, from --stream and "
-            "--rank) or a metrics file."
+            "--rank), a metrics file, or project/name or name of a run under --dir."
         ),
     )
-    p.add_argument("run", help="run directory or metrics .jsonl file")
+    p.add_argument("run", help="run directory, metrics .jsonl file, or a run's name under --dir")
     p.add_argument(
         "-n",
         type=int,
@@ -67,6 +68,7 @@ def register(subparsers: Any) -> None:
         "--step-range", default=None, metavar="A:B", help="steps A..B-1 (either side optional)"
     )
     runfiles.add_producer_options(p, "metrics", "metrics")
+    runfiles.add_dir_option(p)
     output.add_format_option(p, "table", extra=("csv",), what="rows")
     p.add_argument(
         "-f",
@@ -84,12 +86,6 @@ def register(subparsers: Any) -> None:
 
 
 # --------------------------------------------------------------------------- values
-
-
-def _strict(v: Any) -> Any:
-    from expr_tracker.cli.output import strict
-
-    return strict(v)
 
 
 def _isatty(f: Any) -> bool:
@@ -111,24 +107,13 @@ def table_width(out: Any, width: int | None = None) -> int | None:
     return int(env) if env.isdigit() and int(env) > 0 else 200
 
 
-def format_value(v: Any) -> str:
-    """A cell for people: floats to 6 significant digits, None empty, nested as JSON."""
-    if v is None:
-        return ""
-    if type(v) is float:
-        return f"{v:.6g}"
-    if isinstance(v, (list, dict)):
-        return json.dumps(_strict(v), separators=(",", ":"))
-    return str(v)
-
-
 def _csv_value(v: Any) -> Any:
     if v is None:
         return ""
     if type(v) is float:
         return repr(v) if math.isfinite(v) else str(v)
     if isinstance(v, (list, dict)):
-        return json.dumps(_strict(v), separators=(",", ":"))
+        return json.dumps(json_safe(v, "null"), separators=(",", ":"))
     return v
 
 
@@ -190,11 +175,11 @@ class Printer:
         elif self.follow:
             for r in rows:
                 cells = "  ".join(
-                    f"{output.printable(format_value(r.get(c))):>{w}}"
+                    f"{output.printable(format_value(r.get(c), 'cell')):>{w}}"
                     for c, w in zip(self.columns, self._widths, strict=True)
                 )
                 out.write(
-                    f"{format_value(r.get('_step')):>8}  {_clock(r.get('_time')):>8}  {cells}\n"
+                    f"{format_value(r.get('_step'), 'cell'):>8}  {_clock(r.get('_time')):>8}  {cells}\n"
                 )
         else:
             self._table(rows)
@@ -215,9 +200,9 @@ class Printer:
 
         console = make_console(self.out, table_width(self.out, self.width))
         printable = output.printable
-        steps = [format_value(r.get("_step")) for r in rows]
+        steps = [format_value(r.get("_step"), "cell") for r in rows]
         times = [_clock(r.get("_time")) for r in rows]
-        cells = [[printable(format_value(r.get(c))) for r in rows] for c in self.columns]
+        cells = [[printable(format_value(r.get(c), "cell")) for r in rows] for c in self.columns]
         names = [printable(c) for c in self.columns]
         heads = ["step", "time", *names]
         cols = [steps, times, *cells]
@@ -365,7 +350,7 @@ def follow(
 # --------------------------------------------------------------------------- command
 
 
-def _complete_end(path: Path) -> int:
+def complete_end(path: Path) -> int:
     """The offset after the last complete line (what a reader can use now).
 
     Raises ``OSError`` (``UnsafeFileError`` when ``path`` is not a regular file)."""
@@ -446,6 +431,13 @@ def _history(args: argparse.Namespace, out: IO[str] | None) -> int:
     except (TypeError, ValueError) as exc:
         err.write(f"et history: {exc}\n")
         return 2
+    from expr_tracker.query.catalog import RunNotFoundError
+
+    try:
+        args.run = runfiles.run_path(args.run, getattr(args, "dir", "runs"))
+    except RunNotFoundError as exc:
+        err.write(f"et history: {exc}\n")
+        return 1
     waiting = False
     try:
         path = resolve_run_path(args.run, stream=args.stream, rank=rank)
@@ -498,7 +490,7 @@ def _history(args: argparse.Namespace, out: IO[str] | None) -> int:
         err.write(f"et history: waiting for {path.name} in {str(args.run)!r} (the run is live)\n")
         end, rows = 0, []
     else:
-        end = _complete_end(path)
+        end = complete_end(path)
         reader = JsonlReader(path, end=end)
         rows = reader.tail(n) if bounds is None else reader.read_range(*bounds)
         if n is not None and len(rows) > n:

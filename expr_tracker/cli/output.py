@@ -35,10 +35,11 @@ from __future__ import annotations
 import argparse
 import contextlib
 import json
-import math
 import sys
-from collections.abc import Iterable, Iterator, Mapping
+from collections.abc import Iterable, Iterator
 from typing import IO, Any
+
+from expr_tracker.history.values import json_safe
 
 #: the machine-readable formats, meaning the same in every command
 MACHINE_FORMATS = ("json", "jsonl")
@@ -107,21 +108,9 @@ def is_machine(fmt: str | None) -> bool:
     return fmt in MACHINE_FORMATS
 
 
-def strict(value: Any) -> Any:
-    """``value`` with every non-finite float (NaN, ±inf) replaced by None, recursively
-    through lists, tuples and mappings (tuples become lists)."""
-    if type(value) is float:
-        return value if math.isfinite(value) else None
-    if isinstance(value, (list, tuple)):
-        return [strict(x) for x in value]
-    if isinstance(value, Mapping):
-        return {k: strict(x) for k, x in value.items()}
-    return value
-
-
 def dumps(value: Any) -> str:
     """``value`` as compact strict JSON on one line."""
-    return json.dumps(strict(value), separators=(",", ":"), default=str)
+    return json.dumps(json_safe(value, "null"), separators=(",", ":"), default=str)
 
 
 class RecordWriter:
@@ -178,7 +167,7 @@ def write_object(obj: Any, fmt: str, out: IO[str] | None = None) -> None:
     if fmt == "jsonl":
         out.write(dumps(obj) + "\n")
     else:
-        out.write(json.dumps(strict(obj), indent=2, default=str) + "\n")
+        out.write(json.dumps(json_safe(obj, "null"), indent=2, default=str) + "\n")
 
 
 def console(file: IO[str] | None = None, width: int | None = None, **kwargs: Any) -> Any:

@@ -167,42 +167,26 @@ class RunSource:
     inode: tuple[int, int] | None = None  # (st_dev, st_ino) of the file read
 
 
-def resolve_run(arg: str, root: Path, known: list[Path] | None) -> Path:
-    """The run directory or metrics file ``arg`` names: a path, else ``project/name`` or
-    a unique ``name`` under ``root``.
+def _run_path(arg: str, root: Path, entries: list[Any] | None) -> Path:
+    """The run directory or file ``arg`` names (``catalog.resolve_run``, the rule of every
+    command: docs/cli.md "Naming a run"); ``entries``: the runs under ``root``.
 
     Raises:
         PlotError: no such run (close names listed) or an ambiguous name.
     """
-    p = Path(arg)
-    if p.exists():
-        return p
-    runs = known if known is not None else []
-    rel = {}
-    for d in runs:
-        try:
-            rel[d.relative_to(root).as_posix()] = d
-        except ValueError:
-            continue
-    if arg.strip("/") in rel:
-        return rel[arg.strip("/")]
-    named = [d for d in runs if d.name == arg]
-    if len(named) == 1:
-        return named[0]
-    if len(named) > 1:
-        raise PlotError(
-            f"run {arg!r} is ambiguous under {str(root)!r}: "
-            + ", ".join(sorted(k for k, d in rel.items() if d.name == arg))
-            + " — give project/name"
-        )
-    close = difflib.get_close_matches(arg, list(rel) + [d.name for d in runs], n=3, cutoff=0.5)
-    hint = f" (did you mean {' or '.join(repr(c) for c in close)}?)" if close else ""
-    where = (
-        f"no path {arg!r} and no run of that name under {str(root)!r}"
-        if root.is_dir()
-        else f"no path {arg!r} (and {str(root)!r}, where run names are looked up, is no directory)"
-    )
-    raise PlotError(f"unknown run: {where}{hint}")
+    from expr_tracker.query.catalog import RunNotFoundError, resolve_run
+
+    try:
+        return resolve_run(arg, root, entries).path
+    except RunNotFoundError as exc:
+        raise PlotError(str(exc)) from None
+
+
+def _entries(root: Path) -> list[Any]:
+    """The runs under ``root`` a name is looked up among (none when it is no folder)."""
+    from expr_tracker.query.catalog import discover, run_entries
+
+    return run_entries(discover(root), root) if root.is_dir() else []
 
 
 def _labels(paths: list[Path], suffixes: list[str] | None = None) -> list[str]:
@@ -233,12 +217,12 @@ def open_runs(args: argparse.Namespace, names: list[str]) -> list[RunSource]:
     from expr_tracker.history.rundirs import find_runs
 
     root = Path(args.dir)
-    known: list[Path] | None = None
+    known: list[Any] | None = None
     picked: list[tuple[Path, Path, Path | None]] = []
     for name in names:
         if known is None and not Path(name).exists():
-            known = find_runs(root) if root.is_dir() else []
-        run = resolve_run(name, root, known)
+            known = _entries(root)
+        run = _run_path(name, root, known)
         info = runfiles.producer_file(run, "run", args.stream, args.rank)
         try:
             path = resolve_run_path(run, stream=args.stream, rank=args.rank)
@@ -282,21 +266,20 @@ def open_runs(args: argparse.Namespace, names: list[str]) -> list[RunSource]:
 def _split_runs(text: str, root: Path) -> list[str]:
     """The runs of ``--runs A,B``; a run whose name has a comma (``lr=0.1,bs=32``) stays
     whole: a piece that names no run is joined with the next ones until they name one."""
-    from expr_tracker.history.rundirs import find_runs
 
     pieces = text.split(",")
-    known: list[Path] | None = None
+    known: list[Any] | None = None
     out = []
     i = 0
     while i < len(pieces):
         take = 1
         if len(pieces) - i > 1:
             if known is None:
-                known = find_runs(root) if root.is_dir() else []
+                known = _entries(root)
             for j in range(i + 1, len(pieces) + 1):
                 name = ",".join(pieces[i:j]).strip()
                 try:
-                    resolve_run(name, root, known)
+                    _run_path(name, root, known)
                 except PlotError:
                     continue
                 take = j - i
@@ -311,6 +294,7 @@ def _split_runs(text: str, root: Path) -> list[str]:
 def _split_args(args: argparse.Namespace) -> tuple[list[str], list[str]]:
     """(runs, metric patterns) from the positional arguments and ``--runs``."""
     from expr_tracker.history.rundirs import find_runs
+    from expr_tracker.query.catalog import match_runs
 
     pos = list(args.args)
     if args.runs is not None:
@@ -322,7 +306,7 @@ def _split_args(args: argparse.Namespace) -> tuple[list[str], list[str]]:
         raise PlotError("give a run: et plot RUN [METRIC ...] (or --runs A,B)", 2)
     runs = [pos.pop(0)]
     root = Path(args.dir)
-    known: list[Path] | None = None
+    known: list[Any] | None = None
     first_metrics: set[str] | None = None  # read only when a name is both
     while pos:
         a = pos[0]
@@ -331,14 +315,8 @@ def _split_args(args: argparse.Namespace) -> tuple[list[str], list[str]]:
             runs.append(pos.pop(0))  # a metrics file or a run directory (not any path)
             continue
         if known is None:
-            known = find_runs(root) if root.is_dir() else []
-        rel = set()
-        for d in known:
-            try:
-                rel.add(d.relative_to(root).as_posix())
-            except ValueError:
-                pass
-        if a.strip("/") in rel or sum(d.name == a for d in known) == 1:
+            known = _entries(root)
+        if len(match_runs(a, known)) == 1:
             if first_metrics is None:
                 first_metrics = _metric_names(runs[0], root, known, args)
             if a in first_metrics:  # `et plot RUN m`: the metric m, not also a run named m
@@ -349,14 +327,14 @@ def _split_args(args: argparse.Namespace) -> tuple[list[str], list[str]]:
     return runs, pos
 
 
-def _metric_names(arg: str, root: Path, known: list[Path], args: argparse.Namespace) -> set[str]:
+def _metric_names(arg: str, root: Path, known: list[Any], args: argparse.Namespace) -> set[str]:
     """Every metric name in the metrics file of the run ``arg`` names (empty when it
     cannot be read: the error comes later)."""
     from expr_tracker.history.columns import read_columns
     from expr_tracker.history.paths import resolve_run_path
 
     try:
-        run = resolve_run(arg, root, known)
+        run = _run_path(arg, root, known)
         path = resolve_run_path(run, stream=args.stream, rank=args.rank)
         return set(read_columns(path, lambda name: False).names)
     except (PlotError, ValueError, OSError):
@@ -382,7 +360,7 @@ def _selector(patterns: list[str]) -> Any:
 
 def default_metrics(sources: list[RunSource]) -> list[str]:
     """The main metrics of each run (as ``et runs`` picks them), in order, each once."""
-    from expr_tracker.cli.runs import _main_metrics
+    from expr_tracker.cli.runs import main_metrics
     from expr_tracker.history.reader import JsonlReader
 
     names: dict[str, None] = {}
@@ -391,7 +369,7 @@ def default_metrics(sources: list[RunSource]) -> list[str]:
             rows = JsonlReader(src.path).tail(100)
         except OSError:
             continue
-        for m in _main_metrics(rows, None):
+        for m in main_metrics(rows, None):
             names.setdefault(m, None)
     return list(names)
 
@@ -770,8 +748,8 @@ def frame(
 # --------------------------------------------------------------------------- reading
 
 
-def _complete_end(path: Path) -> int:
-    from expr_tracker.cli.history import _complete_end as end
+def complete_end(path: Path) -> int:
+    from expr_tracker.cli.history import complete_end as end
 
     return end(path)
 
@@ -789,7 +767,7 @@ def read_all(src: RunSource, select: Any, since: int | None) -> None:
         src.inode = (st.st_dev, st.st_ino)
     except OSError:
         return
-    end = _complete_end(src.path)
+    end = complete_end(src.path)
     read_columns(src.path, select, since=since, end=end, into=src.columns)
     src.offset = end
 

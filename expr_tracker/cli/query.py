@@ -40,6 +40,7 @@ from pathlib import Path
 from typing import IO, Any
 
 from expr_tracker.cli import output
+from expr_tracker.history.values import json_safe
 
 FORMATS = ("table", "csv", "json", "jsonl", "parquet")
 #: columns of a view shown per line in an error message (the rest: et query --schema)
@@ -432,7 +433,7 @@ def _write(rel: Any, args: argparse.Namespace, sink: _Sink) -> None:
         first = True
         for row in _rows(reader, names):
             obj = json.dumps(
-                output.strict({k: json_value(v) for k, v in zip(keys, row, strict=True)}),
+                json_safe({k: json_value(v) for k, v in zip(keys, row, strict=True)}, "null"),
                 separators=(",", ":"),
                 allow_nan=False,
             )

@@ -19,7 +19,7 @@ from __future__ import annotations
 import sys
 from pathlib import Path
 
-from expr_tracker.alerts.rulefiles import check_file, lint, looks_like_file, rules_from
+from expr_tracker.alerts.rulefiles import check_rules_file, lint, looks_like_file, rules_from
 from expr_tracker.alerts.unittests import run_unit_tests
 from expr_tracker.cli import appconfig, output
 from expr_tracker.history import read_history, resolve_run_path
@@ -166,7 +166,9 @@ def cmd_check(args) -> int:
             sys.stderr.write(f"et rules check: cannot read run {args.run}: {exc}\n")
             return EXIT_USAGE
         known = {k for row in rows for k in row if not k.startswith("_")}
-    results = [check_file(f, known, appconfig.package_of(f, args.package)) for f in args.files]
+    results = [
+        check_rules_file(f, known, appconfig.package_of(f, args.package)) for f in args.files
+    ]
     failed = any(r["errors"] for r in results)
     warned = any(r["warnings"] for r in results)
     code = EXIT_INVALID if failed else (EXIT_LINT if warned and args.lint_fatal else EXIT_OK)

@@ -1,9 +1,11 @@
-"""RUN, ``--stream`` and ``--rank``: how ``et history`` and ``et alerts`` name the file of
-one producer (a stream and a rank) of a run.
+"""RUN, ``--dir``, ``--stream`` and ``--rank``: how ``et history`` and ``et alerts`` name the
+file of one producer (a stream and a rank) of a run.
 
 A producer's files are named ``KIND[.stream][.rankN].EXT`` (``history.paths.file_name``);
 RUN is a run directory (the file then chosen by exact name from ``--stream`` and
-``--rank``) or one of the producer's files, whose name says the stream and rank.
+``--rank``) or one of the producer's files, whose name says the stream and rank; or the
+name of a run under ``--dir``, by the rule every command follows (``run_path``:
+docs/cli.md "Naming a run").
 """
 
 from __future__ import annotations
@@ -26,6 +28,30 @@ def add_producer_options(parser: argparse.ArgumentParser, kind: str, what: str) 
         metavar="N",
         help=f"the rank whose {what} to read ({kind}[.stream].rankN.jsonl; default: rank 0)",
     )
+
+
+def add_dir_option(parser: argparse.ArgumentParser) -> None:
+    """Add ``--dir DIR`` (default ``runs``): where a RUN that is no path is looked up."""
+    parser.add_argument(
+        "--dir", default="runs", help="where run names are looked up (default ./runs)"
+    )
+
+
+def run_path(run: str | os.PathLike[str], root: str | os.PathLike[str] = "runs") -> str:
+    """RUN as a path: itself when it exists or can only be a path, else the run directory its
+    name names among the runs under ``root`` (``query.catalog.resolve_run``, docs/cli.md
+    "Naming a run").
+
+    Raises:
+        RunNotFoundError: no such path and no such run (close matches named), or a name of
+            several runs (listed).
+    """
+    from expr_tracker.query.catalog import is_path_only, resolve_run
+
+    if os.path.lexists(run) or is_path_only(os.fspath(run)):
+        return os.fspath(run)  # a path: the command says what is wrong with it
+
+    return str(resolve_run(run, root).path)
 
 
 def check_rank(rank: int | None) -> None:

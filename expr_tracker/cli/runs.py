@@ -69,7 +69,7 @@ def register(subparsers: Any) -> None:
     p.set_defaults(func=run_runs)
 
 
-def _main_metrics(rows: list[dict[str, Any]], wanted: list[str] | None) -> list[str]:
+def main_metrics(rows: list[dict[str, Any]], wanted: list[str] | None) -> list[str]:
     if wanted is not None:
         return wanted
     names: dict[str, None] = {}
@@ -142,7 +142,7 @@ def describe_run(
             first_time = head.get("_time")
     if reasons:
         status = "unreadable"
-    names = _main_metrics(rows, metrics)
+    names = main_metrics(rows, metrics)
     last: dict[str, Any] = {}
     for k in names:
         for r in reversed(rows):
@@ -339,11 +339,11 @@ def run_runs(args: argparse.Namespace, out: IO[str] | None = None) -> int:
     if not runs:
         console.print(f"no runs under {output.printable(str(root))}")
         return 0
-    console.print(runs_table(runs, console.width))
+    console.print(runs_renderable(runs, console.width))
     return 0
 
 
-def runs_table(runs: list[dict[str, Any]], width: int) -> Any:
+def runs_renderable(runs: list[dict[str, Any]], width: int) -> Any:
     """The ``et runs`` table (a rich ``Table``) for ``width`` terminal cells.
 
     ``started`` is the run's first start, ``duration`` its wall duration and ``active`` its
@@ -356,7 +356,8 @@ def runs_table(runs: list[dict[str, Any]], width: int) -> Any:
     from rich.table import Table
     from rich.text import Text
 
-    from expr_tracker.cli.history import cell_len, format_value
+    from expr_tracker.cli.history import cell_len
+    from expr_tracker.history.values import format_value
 
     fmt = "%Y-%m-%d %H:%M" if width >= 100 else "%m-%d %H:%M"
     table = Table(box=None, header_style="bold", pad_edge=False)
@@ -377,7 +378,8 @@ def runs_table(runs: list[dict[str, Any]], width: int) -> Any:
         else:
             last = Text(
                 "  ".join(
-                    f"{printable(k)}={printable(format_value(v))}" for k, v in r["metrics"].items()
+                    f"{printable(k)}={printable(format_value(v, 'cell'))}"
+                    for k, v in r["metrics"].items()
                 )
             )
         table.add_row(

@@ -37,10 +37,10 @@ def register(subparsers: Any) -> None:
         action="store_true",
         help="write nothing; exit 1 if a file is missing or differs from the models",
     )
-    p.set_defaults(func=run)
+    p.set_defaults(func=run_schema)
 
 
-def run(args: argparse.Namespace) -> int:
+def run_schema(args: argparse.Namespace) -> int:
     """Exit codes: 0 written (or up to date with ``--check``), 1 stale or not writable."""
     if args.check:
         stale = stale_files(args.out_dir)

@@ -44,10 +44,10 @@ def register(subparsers: Any) -> None:
     p.add_argument(
         "--temp-dir", default=None, metavar="DIR", help="existing directory for the SQLite spool"
     )
-    p.set_defaults(func=run)
+    p.set_defaults(func=run_trace)
 
 
-def run(args: argparse.Namespace) -> int:
+def run_trace(args: argparse.Namespace) -> int:
     """Exit codes: 0 written, 1 no run / no span files / write failure, 2 a malformed range
     or ``--rank``."""
     from expr_tracker.trace import parse_range, rank_set, write_trace

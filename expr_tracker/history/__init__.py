@@ -4,7 +4,7 @@ Public: :class:`HistoryStore`, :class:`JsonlWriter`, :func:`read_history`,
 :func:`resolve_run_path`.
 
 ``expr_tracker.history`` is both this package and the query function ``et.history(...)``
-(DESIGN.md names both): the module object is callable and forwards to
+(docs/history.md, "Querying history"): the module object is callable and forwards to
 :func:`expr_tracker.history.live.history`, so ``et.history(50)``, ``import expr_tracker.history``
 and ``from expr_tracker.history import read_history`` all work.
 """

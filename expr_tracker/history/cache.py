@@ -1,7 +1,8 @@
 """The in-memory cache of committed rows, kept as encoded bytes.
 
 Rows are addressed by their physical row ordinal (one append sequence number per record,
-equal to the line number in the file; spec design.txt B.2), never by step. Each row is
+equal to the line number in the file; docs/history.md "Where the answer comes from"), never
+by step. Each row is
 stored as its encoded line in a segment: one ``bytearray`` of line bytes, an ``array`` of
 uint32 end offsets and an ``array`` of int64 steps, so a cached row costs its JSON bytes plus
 12 bytes (no Python object per row). A segment holds at most 4096 rows and a quarter of

@@ -1,6 +1,6 @@
 """Values -> JSON-able data, rows -> one JSON line, and back.
 
-Encoding rules (spec design.txt A, DESIGN.md "Speed"):
+Encoding rules (docs/logging.md "What a row holds", docs/architecture.md "The hot path"):
 
 - ``float``/``int``/``str``/``bool``/``None`` pass through untouched (the fast path);
 - NumPy scalars and arrays, torch tensors (0-d -> number, else nested lists), ``datetime``
@@ -314,9 +314,6 @@ def has_nonfinite(value: Any) -> bool:
     return False
 
 
-_has_nonfinite = has_nonfinite  # the old private name, for existing callers
-
-
 def encode_row(row: dict[str, Any], nonfinite: bool | None = None) -> bytes:
     """Encode one normalised row as JSON bytes (no trailing newline).
 
@@ -324,7 +321,7 @@ def encode_row(row: dict[str, Any], nonfinite: bool | None = None) -> bytes:
     and rows orjson cannot write (ints beyond 64 bits), go through the standard module.
     """
     if nonfinite is None:
-        nonfinite = any(_has_nonfinite(v) for v in row.values())
+        nonfinite = any(has_nonfinite(v) for v in row.values())
     if not nonfinite:
         try:
             return _orjson_dumps(row)

@@ -34,15 +34,16 @@ _FRAME_WARNER = Warner()
 META = ("_step", "_time")
 
 
-def check_output_type(output_type: str) -> str:
-    """The shape ``output_type`` names (``"dicts"``, ``"pandas"`` or ``"polars"``; any case,
-    see :data:`OUTPUT_TYPE_NAMES`), else ``ValueError`` naming the valid ones."""
-    shape = OUTPUT_TYPE_NAMES.get(output_type) if type(output_type) is str else None
+def check_output_type(output_type: str, names: dict[str, str] = OUTPUT_TYPE_NAMES) -> str:
+    """The shape ``output_type`` names in ``names`` (accepted name -> shape; default
+    :data:`OUTPUT_TYPE_NAMES`, ``et.history``'s: ``"dicts"``, ``"pandas"`` or ``"polars"``;
+    ``et.query`` passes its own), any case, else ``ValueError`` naming the valid ones."""
+    shape = names.get(output_type) if type(output_type) is str else None
     if shape is None and isinstance(output_type, str):
-        shape = OUTPUT_TYPE_NAMES.get(output_type.strip().lower())
+        shape = names.get(output_type.strip().lower())
     if shape is None:
         raise ValueError(
-            f"output_type={output_type!r} is not valid: one of {', '.join(OUTPUT_TYPES)} (any case)"
+            f"output_type={output_type!r} is not valid: one of {', '.join(names)} (any case)"
         )
     return shape
 

@@ -14,7 +14,7 @@ from expr_tracker import _current
 from expr_tracker._current import FORK_MESSAGE
 from expr_tracker.errors import ForkedRunError, NoActiveRunError
 from expr_tracker.history.paths import parse_metrics_name, resolve_run_path
-from expr_tracker.history.query import DEFAULT_N, check_stream, query_history
+from expr_tracker.history.query import DEFAULT_N, query_history, refuse_stream
 from expr_tracker.history.store import HistoryStore
 
 
@@ -55,7 +55,7 @@ def history(
     stream: str | None = None,
     index: Any = None,
 ) -> Any:
-    """Query a run's history (spec design.txt B.3).
+    """Query a run's history (docs/history.md "Arguments").
 
     Args:
         n: the newest ``n`` steps (an int >= 0); ``-1``/None for everything. The default
@@ -98,7 +98,7 @@ def history(
         SpecError: a ``stream`` name ``et.init`` refuses (the same error).
         ImportError: ``pandas``/``polars`` is missing (naming the extra to install).
     """
-    check_stream(stream)  # the SpecError et.init gives for a name it refuses
+    refuse_stream(stream)  # the SpecError et.init gives for a name it refuses
     step_metrics = None
     if run is None or isinstance(getattr(run, "history", None), HistoryStore):  # a Run
         live = current_run() if run is None else run

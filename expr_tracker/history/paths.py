@@ -1,7 +1,7 @@
 """File names inside a run directory, rank detection, finding a run's history file, and
 writing small files atomically.
 
-Layout (DESIGN.md "Files and names"): ``<dir>/<project>/<name>/`` holds, per producer
+Layout (docs/architecture.md "Files of a run"): ``<dir>/<project>/<name>/`` holds, per producer
 (stream ``S`` and rank ``N`` suffixes, in that order)::
 
     metrics[.S][.rankN].jsonl        metrics[.S][.rankN].meta.json

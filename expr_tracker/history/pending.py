@@ -79,7 +79,7 @@ def enforce_limit(w: Any) -> None:
 def note_dropped(ranges: list[list[int]], steps: list[int | None]) -> None:
     """Keep the steps of dropped records in ``ranges`` as ``[first, last]`` ranges (at
     most ``MAX_DROPPED_RANGES``; past it the last range widens), so span records naming
-    those steps can be told apart (docs/logging.md "When the disk fails")."""
+    those steps can be told apart (docs/logging.md "Buffering and crashes")."""
     for step in steps:
         if step is None:
             continue

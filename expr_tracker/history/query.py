@@ -1,6 +1,6 @@
 """``et.history()`` / ``read_history()``: plan a read, select steps and columns, shape them.
 
-Planning (spec design.txt B.2, B.3):
+Planning (docs/history.md "Arguments", "Where the answer comes from"):
 
 =======================  ==================================  ============================
 source                   no ``step_range``                   ``step_range=(a, b)``
@@ -63,7 +63,7 @@ class _DefaultN(int):
         return "50"
 
 
-#: the default ``n`` of ``et.history`` (spec design.txt B.3: ``n=50``). It equals 50 and is
+#: the default ``n`` of ``et.history`` (docs/history.md "Arguments": ``n=50``). It equals 50 and is
 #: used as 50 without ``step_range``; with ``step_range`` (and no explicit ``n``) it means
 #: every step of the range. ``query_history`` recognises it by identity (``n is DEFAULT_N``),
 #: so an explicit ``n=50`` still cuts the range to its newest 50 steps.
@@ -76,7 +76,7 @@ _RANGE_FORMS = (
 )
 
 
-def check_stream(stream: Any) -> None:
+def refuse_stream(stream: Any) -> None:
     """Raise the ``SpecError`` ``et.init`` gives for a ``stream`` name it refuses (too long
     for a file name, a ``/``, a rank suffix): the spec's own check, registered by api in
     ``_current.check_stream``. None passes."""
@@ -87,7 +87,7 @@ def check_stream(stream: Any) -> None:
 def check_n(n: Any) -> int | None:
     """``n`` as the number of steps to return: an int ``>= 0``, or None for every step.
 
-    ``-1`` and None both mean every step (spec design.txt B.3). Integer-like objects
+    ``-1`` and None both mean every step (docs/history.md "Arguments"). Integer-like objects
     (``numpy.int64``) are accepted; bools, floats and strings are not.
 
     Raises:
@@ -231,7 +231,7 @@ def query_history(
         ImportError: pandas/polars missing (the message names the extra).
     """
     check_output_type(output_type)
-    check_stream(stream)
+    refuse_stream(stream)
     bounds = parse_step_range(step_range)
     # the default n (not an explicit one) does not cut a step range: every step of it
     n = None if bounds is not None and n is DEFAULT_N else check_n(n)

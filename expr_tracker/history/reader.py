@@ -1,6 +1,7 @@
 """Reading ``metrics*.jsonl`` files: backward tails, step-range reads, merge by step.
 
-The reader trusts nothing about a file (spec design.txt A.1, B.0, B.2): lines may be out of
+The reader trusts nothing about a file (docs/history.md "Steps, not lines", "Where the answer
+comes from"): lines may be out of
 step order (``step_policy="allow"``), a step may span several lines (patch lines written
 after ``max_open_seconds``), another program may have written the file (no sidecar, or a
 sidecar that no longer matches), and the last line may be torn by a crash. Lines that are
@@ -520,7 +521,8 @@ class JsonlReader:
         """The newest ``n`` steps, merged by step, oldest first (None/-1: all, exact by step).
 
         "Newest" is the order lines were written: with an unsorted file these are the most
-        recently written steps, not the highest-numbered ones (spec design.txt B.2).
+        recently written steps, not the highest-numbered ones (docs/history.md "Steps, not
+        lines").
         """
         if n is None or n < 0:
             return self.read_all()

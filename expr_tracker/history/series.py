@@ -16,7 +16,8 @@ under one lock (``AlertEngine._lock``), which is what makes on_step vs the watch
 The buffer is a list trimmed in bulk: it keeps at least ``capacity`` values and at most about
 twice that, so appending is O(1) amortised and a window is one C-level slice (no copy loop).
 ``ensure_capacity(n)`` grows it when a rule needing a wider window is added, so a window is
-never silently truncated (spec/design.txt H, "Move MetricSeries into alerts/").
+never silently truncated (docs/alerts.md "Rule options": point windows up to
+``history.alert_window``).
 """
 
 from __future__ import annotations

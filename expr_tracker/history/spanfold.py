@@ -29,7 +29,8 @@ from expr_tracker.errors import ForkedRunError
 from expr_tracker.history.flusher import get_flusher
 
 # how a measurement combines within one open row; which measurement (the name before the
-# first "/") uses which is the span package's table, handed to the store (spec spans.txt)
+# first "/") uses which is the span package's table, handed to the store (docs/spans.md
+# "Aggregation")
 SUM, MAX, MEAN = 0, 1, 2
 _KINDS = {"sum": SUM, "max": MAX, "mean": MEAN}
 
@@ -97,8 +98,8 @@ class SpanFolding:
         """Place one ended span's metrics (docs/spans.md "Which row a span joins").
 
         Aggregation by measurement name (the part before the first ``/``), as the table
-        handed to the store says (``HistoryStore(aggregation=...)``; spec spans.txt
-        "Repeated plugin measurements"): sum (also every name not in the table), maximum,
+        handed to the store says (``HistoryStore(aggregation=...)``; docs/spans.md
+        "Aggregation"): sum (also every name not in the table), maximum,
         or duration-weighted mean. A span never commits a step.
 
         ``since`` is the span's id, drawn from ``_current.sequence`` when it started; each

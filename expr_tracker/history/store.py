@@ -1,12 +1,13 @@
 """HistoryStore: the open row, the commit rules, the row cache and tail queries.
 
-One ingress for everything that becomes a metric (DESIGN.md "Data flow"):
+One ingress for everything that becomes a metric (docs/architecture.md "Interfaces"):
 :meth:`HistoryStore.ingest` for ``et.log`` and :meth:`HistoryStore.ingest_span` for span and
 plugin measurements. A committed row is encoded once, appended to the cache and queued to
 the :class:`~expr_tracker.history.writer.JsonlWriter` under one lock (the ordinal
-invariant, spec design.txt G), then handed to every sink outside the lock, in commit order.
+invariant: docs/architecture.md "Locks and their order"), then handed to every sink outside
+the lock, in commit order.
 
-Commit table (spec design.txt A.1, aligned with wandb)::
+Commit table (docs/logging.md "The commit table", aligned with wandb)::
 
     log(d)                 merge into the open row, commit, step += 1
     log(d, commit=False)   merge only
@@ -43,8 +44,8 @@ from expr_tracker.errors import ForkedRunError
 from expr_tracker.history.cache import DecodedTail, RowCache
 from expr_tracker.history.codec import (
     FLOAT_MAX_INT,
-    _has_nonfinite,
     encode_row,
+    has_nonfinite,
     normalize_value,
     sanitize_row,
 )
@@ -335,7 +336,7 @@ class HistoryStore(SpanFolding, OpenRowTimer, StoreReads):
                     continue
             elif t is not str and t is not bool and v is not None:
                 v = normalize_value(v, self.warner)
-                if _has_nonfinite(v):
+                if has_nonfinite(v):
                     self._open_nonfinite = True
             if k in open_row:
                 if not _same_value(open_row[k], v):
@@ -566,7 +567,7 @@ class HistoryStore(SpanFolding, OpenRowTimer, StoreReads):
         return row
 
     def stats(self) -> dict[str, Any]:
-        """Counters for ``et.info()`` (spec design.txt B.2).
+        """Counters for ``et.info()`` (docs/history.md "Is the cache earning its keep?").
 
         Keys: ``rows_logged`` (committed steps), ``patch_rows``, ``rows_on_disk`` (lines in
         the file, including a resume's prefix), ``disk_prefix_rows``, ``pending_rows``,

@@ -17,7 +17,8 @@ class StoreReads:
     """The read half of :class:`~expr_tracker.history.store.HistoryStore`."""
 
     # ------------------------------------------------------------------ queries
-    # Query planning (spec design.txt B.0-B.2). The cache/disk boundary is the row ordinal
+    # Query planning (docs/history.md "Where the answer comes from"). The cache/disk boundary
+    # is the row ordinal
     # ``cache.first_ordinal``: rows before it are on disk (evicted, or a resume's prefix),
     # rows from it on are in memory. Every result is a list of new dicts: a snapshot.
 
@@ -180,7 +181,8 @@ class StoreReads:
 
         Plans with the writer's in-memory sidecar (fresher than meta.json). When records
         were dropped, line numbers no longer equal ordinals: the whole file is read with
-        no sidecar and the caller keeps only steps older than the cache (spec B.2).
+        no sidecar and the caller keeps only steps older than the cache (docs/history.md
+        "Where the answer comes from").
         """
         w = self.writer
         if w is None or not w.path.exists():

@@ -25,7 +25,8 @@
   each; :mod:`~expr_tracker.history.recovery` repairs and rescans);
 - ``close`` refuses new records first (counted as ``dropped_closed``), then flushes, so a
   record accepted by ``append`` is never left behind by a concurrent close;
-- the sidecar ``*.meta.json`` (spec design.txt A.2) is written atomically (temp file +
+- the sidecar ``*.meta.json`` (docs/history.md "Where the answer comes from") is written
+  atomically (temp file +
   ``os.replace``) at most every 2 s during flushes and always on close;
 - opening an existing file, the one-writer lock and the repairs are in
   :mod:`~expr_tracker.history.recovery`.
@@ -504,7 +505,8 @@ class JsonlWriter:
         self._meta_dirty = True
 
     def meta(self) -> dict[str, Any]:
-        """The sidecar content for what is on disk now (spec design.txt A.2)."""
+        """The sidecar content for what is on disk now (docs/history.md "Where the answer
+        comes from")."""
         return {
             "schema": META_SCHEMA,
             "size": self.size,

@@ -12,6 +12,7 @@ import re
 from typing import Any
 
 from expr_tracker.errors import QueryError
+from expr_tracker.history.frame import check_output_type
 
 log = logging.getLogger("expr_tracker")
 
@@ -21,20 +22,8 @@ log = logging.getLogger("expr_tracker")
 #: usual one in a loop never changes the answer
 ATTEMPTS = 4
 
-#: the values of ``output_type`` (case-insensitive)
-OUTPUT_TYPES = ("pandas", "polars", "arrow", "dicts")
-
-
-def check_output_type(output_type: Any) -> str:
-    """``output_type`` lower-cased, or ValueError naming the argument, the value and the
-    valid ones."""
-    kind = output_type.lower() if isinstance(output_type, str) else None
-    if kind not in OUTPUT_TYPES:
-        raise ValueError(
-            f"output_type must be one of {', '.join(repr(t) for t in OUTPUT_TYPES)} "
-            f"(case-insensitive), not {output_type!r}"
-        )
-    return kind
+#: the values of ``output_type`` (case-insensitive), each the shape it names
+OUTPUT_TYPES = {"pandas": "pandas", "polars": "polars", "arrow": "arrow", "dicts": "dicts"}
 
 
 def query(
@@ -77,7 +66,7 @@ def query(
         ImportError: duckdb/pyarrow (or the output's library) is missing, naming
             ``pip install 'expr-tracker[query]'``.
     """
-    kind = check_output_type(output_type)
+    kind = check_output_type(output_type, OUTPUT_TYPES)
     if not isinstance(sql, str) or not sql.strip():
         raise ValueError(f"sql must be a non-empty string of SQL, not {sql!r}")
     check_path("dir", dir)

@@ -27,6 +27,7 @@ silently missing.
 
 from __future__ import annotations
 
+import difflib
 import os
 import re
 from collections.abc import Callable
@@ -34,10 +35,22 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from expr_tracker.errors import ExprTrackerError
 from expr_tracker.history import untrusted
 from expr_tracker.history.rundirs import find_runs
 
-__all__ = ["Producer", "discover", "producers_of"]
+__all__ = [
+    "Producer",
+    "RunEntry",
+    "RunMatch",
+    "RunNotFoundError",
+    "discover",
+    "is_path_only",
+    "match_runs",
+    "producers_of",
+    "resolve_run",
+    "run_entries",
+]
 
 _SUFFIX = r"(?:\.([A-Za-z0-9_-]+?))??(?:\.rank(\d+))?"
 #: per-producer files: kind -> pattern (group 1: stream, group 2: rank)
@@ -130,7 +143,9 @@ def _identity(
     return (parent or None), (run_dir.name or str(run_dir))
 
 
-def _producers_of(run_dir: Path) -> list[Producer]:
+def producers_of(run_dir: Path) -> list[Producer]:
+    """The producers of one run directory, as :func:`discover` finds them there (before
+    two run directories of one ``project/name`` are told apart)."""
     files: dict[tuple[str | None, int], dict[str, Path]] = {}
     configs: dict[str | None, Path] = {}
     try:
@@ -174,12 +189,6 @@ def _producers_of(run_dir: Path) -> list[Producer]:
     ]
 
 
-def producers_of(run_dir: Path) -> list[Producer]:
-    """The producers of one run directory, as :func:`discover` finds them there (before
-    two run directories of one ``project/name`` are told apart)."""
-    return _producers_of(run_dir)
-
-
 def discover(
     root: str | os.PathLike[str],
     *,
@@ -204,7 +213,7 @@ def discover(
         raise FileNotFoundError(f"no run directory or folder of runs at {str(root)!r}")
     producers: list[Producer] = []
     for run_dir in find_runs(root):
-        producers.extend((per_dir or _producers_of)(run_dir))
+        producers.extend((per_dir or producers_of)(run_dir))
     # the same project/name in two run directories: qualify both by their path
     dirs_of: dict[str, set[Path]] = {}
     for p in producers:
@@ -237,3 +246,130 @@ def _replace(p: Producer, **changes: Any) -> Producer:
     from dataclasses import replace
 
     return replace(p, **changes)
+
+
+# --------------------------------------------------------------------------- naming a run
+
+
+class RunNotFoundError(ExprTrackerError, LookupError):
+    """A RUN that names no run, or several (``candidates``: their folders under the root)."""
+
+    def __init__(self, message: str, candidates: tuple[str, ...] = ()) -> None:
+        super().__init__(message)
+        self.candidates = candidates
+
+
+@dataclass(frozen=True)
+class RunEntry:
+    """One run directory under a root, as a RUN name is matched against it: ``run_id`` (the
+    ``run`` column of ``et query``), its ``project``/``name`` identity, ``rel`` (its folder's
+    path relative to the root, posix; None outside it) and its ``producers``."""
+
+    path: Path
+    project: str | None
+    name: str
+    run_id: str
+    rel: str | None
+    producers: tuple[Producer, ...]
+
+
+@dataclass(frozen=True)
+class RunMatch:
+    """What a RUN names: ``path`` (RUN itself when it is a path, else the run directory
+    found) and ``entry`` (the run found by name; None when RUN is a path)."""
+
+    path: Path
+    entry: RunEntry | None
+
+
+def _rel(path: Path, root: Path) -> str | None:
+    try:
+        return path.resolve().relative_to(root.resolve()).as_posix()
+    except (ValueError, OSError):
+        return None
+
+
+def _identity_name(entry: RunEntry) -> str:
+    return f"{entry.project}/{entry.name}" if entry.project else entry.name
+
+
+def run_entries(producers: list[Producer], root: str | os.PathLike[str]) -> list[RunEntry]:
+    """``producers`` (as :func:`discover` gives them) grouped by run directory, in order."""
+    by_dir: dict[Path, list[Producer]] = {}
+    for prod in producers:
+        by_dir.setdefault(prod.run_dir, []).append(prod)
+    root = Path(root)
+    return [
+        RunEntry(d, ps[0].project, ps[0].name, ps[0].run_id, _rel(d, root), tuple(ps))
+        for d, ps in by_dir.items()
+    ]
+
+
+def match_runs(want: str, entries: list[RunEntry]) -> list[RunEntry]:
+    """The runs a RUN name matches, by the one rule (docs/cli.md "Naming a run"): the run
+    whose folder under the root is ``want`` wins; else, for a name holding ``/``, the runs
+    whose ``project/name`` or id is ``want``; else the runs whose name or id is ``want``."""
+    want = want.strip("/")
+    exact = [e for e in entries if e.rel == want]
+    if exact:
+        return exact
+    if "/" in want:
+        return [e for e in entries if want in (e.run_id, _identity_name(e))]
+    return [e for e in entries if want in (e.name, e.run_id)]
+
+
+def is_path_only(text: str) -> bool:
+    """Whether RUN is a path and never a name: absolute, or starting with ``./``, ``../``
+    or ``~``."""
+    return os.path.isabs(text) or text in (".", "..") or text.startswith(("./", "../", "~"))
+
+
+def resolve_run(
+    given: str | os.PathLike[str],
+    root: str | os.PathLike[str],
+    entries: list[RunEntry] | None = None,
+) -> RunMatch:
+    """The run RUN names, for ``et plot``, ``et compare``, ``et history`` and ``et ui``
+    (docs/cli.md "Naming a run"): a path that exists is that path (a run directory or one of
+    its files; what it holds is the caller's to check), and so is an absolute one or one
+    starting with ``./``, ``../`` or ``~`` (:func:`is_path_only`); anything else is a name matched by
+    :func:`match_runs` among the runs under ``root`` (``entries``: their
+    :func:`run_entries`, found here when None).
+
+    Raises:
+        RunNotFoundError: no such path and no run of that name (close matches named), or a
+            name that matches several runs (each listed).
+    """
+    text = os.fspath(given)
+    path = Path(text)
+    if path.exists():
+        return RunMatch(path, None)
+    if is_path_only(text):
+        raise RunNotFoundError(f"run {text!r} names no run: no such path")
+    root = Path(root)
+    if entries is None:
+        try:
+            entries = run_entries(discover(root), root)
+        except FileNotFoundError:
+            raise RunNotFoundError(
+                f"run {text!r} names no run: no such path, and {str(root)!r}, where run "
+                "names are looked up, is not a folder"
+            ) from None
+    hits = match_runs(text, entries)
+    if len(hits) == 1:
+        return RunMatch(hits[0].path, hits[0])
+    if hits:
+        cands = tuple(sorted(str(e.rel or e.path) for e in hits))
+        raise RunNotFoundError(
+            f"run {text!r} is ambiguous under {str(root)!r}: it names {len(hits)} runs "
+            f"({', '.join(cands)}); give the run folder's path under it (as listed) or the "
+            "run directory's path",
+            cands,
+        )
+    names = sorted({x for e in entries for x in (e.rel, e.run_id, _identity_name(e), e.name) if x})
+    close = difflib.get_close_matches(text.strip("/"), names, n=5, cutoff=0.5)
+    hint = f"; close matches: {', '.join(close)}" if close else ""
+    raise RunNotFoundError(
+        f"run {text!r} names no run: no such path, and no run of that name under "
+        f"{str(root)!r} ({len(entries)} runs there){hint}"
+    )

@@ -5,8 +5,9 @@
 tail of the compared metrics file); it needs neither DuckDB nor pyarrow and never writes.
 ``et compare`` (``expr_tracker/cli/compare.py``) prints its result.
 
-A RUN is a run directory's path, or ``project/name`` or ``name`` of a run under ``root``
-(``project/name`` also matches the run folder's path relative to ``root``). Each run is
+A RUN is a run directory's path (or one of its files), or ``project/name`` or ``name`` of a
+run under ``root``, by the one rule of ``catalog.resolve_run`` (docs/cli.md "Naming a
+run"). Each run is
 compared through one producer: the main stream's rank 0 unless ``stream``/``rank`` say
 otherwise (a run holding only rank shards: its lowest rank).
 """
@@ -19,8 +20,8 @@ import json
 import math
 import os
 import re
-from collections.abc import Iterable, Mapping, Sequence
-from dataclasses import dataclass, replace
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -30,9 +31,17 @@ from expr_tracker.history.metricdefs import MetricDefs
 from expr_tracker.history.paths import file_name, validate_stream
 from expr_tracker.history.rundirs import producer_infos, producer_status, worst_status
 from expr_tracker.history.runinfo import run_life
-from expr_tracker.query.catalog import Producer, discover
+from expr_tracker.history.values import flatten
+from expr_tracker.query.catalog import (
+    Producer,
+    RunEntry,
+    RunNotFoundError,
+    discover,
+    resolve_run,
+    run_entries,
+)
 
-__all__ = ["CompareError", "IDENTITY_KEYS", "compare_runs", "flatten", "goal_from_name"]
+__all__ = ["CompareError", "IDENTITY_KEYS", "compare_runs", "goal_from_name"]
 
 #: the identity rows, in the order shown
 IDENTITY_KEYS = (
@@ -60,26 +69,34 @@ class CompareError(ExprTrackerError, ValueError):
 
 @dataclass(frozen=True)
 class _Run:
-    path: Path
+    """A run to compare: the RUN ``given`` and the run it names."""
+
     given: str
-    project: str | None
-    name: str
-    run_id: str  # as the ``run`` column of ``et query`` names it
-    rel: str | None  # path relative to root, posix, when under root
-    producers: tuple[Producer, ...]
+    entry: RunEntry
 
+    @property
+    def path(self) -> Path:
+        return self.entry.path
 
-def flatten(value: Any, prefix: tuple[str, ...] = ()) -> dict[tuple[str, ...], Any]:
-    """Nested dicts -> ``{("model", "depth"): 3, ...}``: one entry per leaf; a list, a
-    scalar or an empty dict is a leaf. The key is a tuple, so ``{"a.b": 1}`` and
-    ``{"a": {"b": 1}}`` stay two keys (both shown as ``a.b``)."""
-    out: dict[tuple[str, ...], Any] = {}
-    if isinstance(value, Mapping) and (value or not prefix):
-        for k, v in value.items():
-            out.update(flatten(v, (*prefix, str(k))))
-    else:
-        out[prefix] = value
-    return out
+    @property
+    def project(self) -> str | None:
+        return self.entry.project
+
+    @property
+    def name(self) -> str:
+        return self.entry.name
+
+    @property
+    def run_id(self) -> str:  # as the ``run`` column of ``et query`` names it
+        return self.entry.run_id
+
+    @property
+    def rel(self) -> str | None:  # path relative to root, posix, when under root
+        return self.entry.rel
+
+    @property
+    def producers(self) -> tuple[Producer, ...]:
+        return self.entry.producers
 
 
 def goal_from_name(name: str) -> str | None:
@@ -98,70 +115,35 @@ def goal_from_name(name: str) -> str | None:
 # ---------------------------------------------------------------------------- resolving
 
 
-def _rel(p: Path, root: Path) -> str | None:
-    try:
-        return p.resolve().relative_to(root.resolve()).as_posix()
-    except ValueError:
-        return None
-
-
 def _runs_of(producers: list[Producer], root: Path, given: str = "") -> list[_Run]:
     """Producers grouped by run directory (in discovery order)."""
-    by_dir: dict[Path, list[Producer]] = {}
-    for prod in producers:
-        by_dir.setdefault(prod.run_dir, []).append(prod)
-    return [
-        _Run(d, given, ps[0].project, ps[0].name, ps[0].run_id, _rel(d, root), tuple(ps))
-        for d, ps in by_dir.items()
-    ]
+    return [_Run(given, e) for e in run_entries(producers, root)]
 
 
-def _index(root: Path) -> list[_Run] | None:
+def _index(root: Path) -> list[RunEntry] | None:
     try:
-        return _runs_of(discover(root), root)
+        return run_entries(discover(root), root)
     except FileNotFoundError:
         return None
 
 
-def _resolve(given: str | os.PathLike[str], root: Path, index: list[_Run] | None) -> _Run:
+def _resolve(given: str | os.PathLike[str], root: Path, index: list[RunEntry] | None) -> _Run:
+    """The run RUN names (``catalog.resolve_run``: docs/cli.md "Naming a run"); a path must
+    be a run directory or one of its files."""
     text = os.fspath(given)
-    p = Path(text)
-    if p.is_dir():
-        found = [r for r in _runs_of(discover(p), root, text) if r.path == p]
-        if not found:
-            raise CompareError(
-                f"run {text!r} is a directory but not a run (no run*.json or metrics*.jsonl in it)"
-            )
-        return found[0]
-    if index is None:
+    try:
+        match = resolve_run(text, root, index)
+    except RunNotFoundError as exc:
+        raise CompareError(str(exc)) from None
+    if match.entry is not None:
+        return _Run(text, match.entry)
+    p = match.path if match.path.is_dir() else match.path.parent
+    found = [r for r in _runs_of(discover(p), root, text) if r.path == p]
+    if not found:
         raise CompareError(
-            f"run {text!r}: no such run directory, and {str(root)!r} is not a folder"
+            f"run {text!r} is a directory but not a run (no run*.json or metrics*.jsonl in it)"
         )
-    want = text.strip("/")
-    exact = [r for r in index if r.rel == want]  # the folder's own path wins over an identity
-    if exact:
-        hits = exact
-    elif "/" in want:
-        hits = [r for r in index if want in (r.run_id, f"{r.project}/{r.name}")]
-    else:
-        hits = [r for r in index if want in (r.name, r.run_id)]
-    if len(hits) == 1:
-        return replace(hits[0], given=text)
-    if len(hits) > 1:
-        cands = ", ".join(sorted(str(r.rel or r.path) for r in hits))
-        raise CompareError(
-            f"run {text!r} is ambiguous under {str(root)!r}: it names {len(hits)} runs ({cands});"
-            " give the run folder's path under it (as listed) or the run directory's path"
-        )
-    names = sorted(
-        {x for r in index for x in (r.rel, r.run_id, f"{r.project}/{r.name}", r.name) if x}
-    )
-    close = difflib.get_close_matches(want, names, n=5, cutoff=0.5)
-    hint = f"; close matches: {', '.join(close)}" if close else ""
-    raise CompareError(
-        f"run {text!r}: no such run directory, and no run of that name under {str(root)!r} "
-        f"({len(index)} runs there){hint}"
-    )
+    return found[0]
 
 
 # ---------------------------------------------------------------------------- reading

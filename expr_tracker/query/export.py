@@ -1037,9 +1037,9 @@ def _check_output(out: Path, run_dirs: set[Path]) -> None:
                 f"-o {out}: the output would be written over or inside the run directory {d} "
                 "being exported; choose a path outside it"
             )
-    from expr_tracker.query.catalog import _producers_of
+    from expr_tracker.query.catalog import producers_of
 
-    if target.parent.is_dir() and _producers_of(target.parent):
+    if target.parent.is_dir() and producers_of(target.parent):
         # another run's folder: --overwrite would replace its metrics.jsonl or config.json
         raise ExportError(
             f"-o {out}: the output would be written inside the run directory {target.parent}; "

@@ -23,7 +23,6 @@ pyarrow is imported inside the functions (the ``[query]`` extra).
 
 from __future__ import annotations
 
-import json
 import math
 import os
 from collections.abc import Iterable, Sequence
@@ -31,8 +30,10 @@ from pathlib import Path
 from typing import Any
 
 from expr_tracker.history import untrusted
+from expr_tracker.history.alertlog import read_alert_log
 from expr_tracker.history.rundirs import producer_status, worst_status
 from expr_tracker.history.runinfo import is_dead
+from expr_tracker.history.values import flatten, json_text
 from expr_tracker.query import scan
 
 #: the range of a DuckDB BIGINT
@@ -120,12 +121,6 @@ ARTIFACTS_COLUMNS: tuple[tuple[str, str], ...] = (
 
 
 # --------------------------------------------------------------------------- values
-
-
-def json_text(value: Any) -> str:
-    """Compact JSON, NaN/±inf as ``NaN``/``Infinity``/``-Infinity`` (as our files write
-    them); a value JSON cannot hold as its ``str()``."""
-    return json.dumps(value, separators=(",", ":"), ensure_ascii=False, default=str)
 
 
 def _is_int(v: Any) -> bool:
@@ -339,16 +334,13 @@ def read_jsonl_records(
 # --------------------------------------------------------------------------- runs
 
 
-def flatten(d: dict[str, Any], prefix: str = "") -> dict[str, Any]:
-    """``{"a": {"b": 1}}`` -> ``{"a.b": 1}``; lists, empty dicts and scalars are leaves."""
+def _dotted(d: dict[str, Any]) -> dict[str, Any]:
+    """``{"a": {"b": 1}}`` -> ``{"a.b": 1}`` (:func:`~expr_tracker.history.values.flatten`,
+    names joined by ``"."``; of two keys that read the same, ``{"a.b": 1}`` and
+    ``{"a": {"b": 2}}``, the first is kept)."""
     out: dict[str, Any] = {}
-    for k, v in d.items():
-        key = f"{prefix}{k}"
-        if isinstance(v, dict) and v:
-            for kk, vv in flatten(v, key + ".").items():
-                out.setdefault(kk, vv)
-        else:
-            out.setdefault(key, v)
+    for key, value in flatten(d).items():
+        out.setdefault(".".join(key), value)
     return out
 
 
@@ -373,7 +365,7 @@ def _flat_columns(prefix: str, dicts: list[dict[str, Any]], taken: set[str]) -> 
     ignoring case. Keys that differ only in case (DuckDB names are case-insensitive) are
     told apart: the lowercase one (else the first) keeps its name, the others get ``#2``,
     ``#3`` ..."""
-    flats = [flatten(d) for d in dicts]
+    flats = [_dotted(d) for d in dicts]
     keys: dict[str, None] = {}
     for f in flats:
         keys.update(dict.fromkeys(f))
@@ -555,17 +547,41 @@ def _identity(p: Any) -> dict[str, Any]:
     return {"project": p.project, "run": p.run_id, "stream": p.stream, "rank": p.rank}
 
 
+def _alert_lines(
+    path: Path | None, root: Path | None, problems: Problems | None, producer: Any
+) -> list[tuple[int, dict[str, Any], str]]:
+    """(line number, record, line text) of an alert log, read as its every reader reads it
+    (:func:`~expr_tracker.history.alertlog.read_alert_log`); what cannot be read counted in
+    ``problems`` for ``producer``, as :func:`read_jsonl_records` does."""
+    if path is None:
+        return []
+    path = Path(path)
+    try:
+        lines = read_alert_log(
+            path, root=root if root is not None else path.parent, max_bytes=MAX_LINES_BYTES
+        )
+    except OSError as exc:
+        if problems is not None and producer is not None:
+            problems.add(producer, read_problem(path, exc))
+        return []
+    if lines.bad and problems is not None and producer is not None:
+        problems.add(producer, lines_problem(path, lines.bad, lines.first_bad))
+    return [(r.line, r.record, r.text) for r in lines.records]
+
+
 def _lines_table(
     producers: Sequence[Any],
     attr: str,
     columns: Sequence[tuple[str, str]],
     problems: Problems | None,
+    read: Any = None,
 ) -> Any:
     rows = []
     own = {name for name, _ in IDENTITY} | {"line", "record"}
+    read = read or read_jsonl_records
     for p in producers:
         ident = _identity(p)
-        for line, rec, text in read_jsonl_records(getattr(p, attr), p.root, problems, p):
+        for line, rec, text in read(getattr(p, attr), p.root, problems, p):
             row = dict(ident)
             for name, sql_type in columns:
                 if name in own:
@@ -581,7 +597,7 @@ def alerts_table(producers: Sequence[Any], problems: Problems | None = None) -> 
     """The ``alerts`` view's table: one row per line of every producer's ``alerts*.jsonl``
     (``kind``: ``transition`` or ``delivery``); ``metrics`` as JSON text. What cannot be
     read is recorded in ``problems``."""
-    return _lines_table(producers, "alerts", ALERTS_COLUMNS, problems)
+    return _lines_table(producers, "alerts", ALERTS_COLUMNS, problems, _alert_lines)
 
 
 def artifacts_table(producers: Sequence[Any], problems: Problems | None = None) -> Any:

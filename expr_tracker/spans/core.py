@@ -48,7 +48,7 @@ _warner = Warner(log)
 RESERVED_KEYS = ("time_ms", "count")
 
 #: how each measurement (the metric name before its first "/") combines within one history
-#: row (spec spans.txt "Repeated plugin measurements"); ``build`` hands it to the
+#: row (docs/spans.md "Aggregation"); ``build`` hands it to the
 #: ``HistoryStore``. A name not listed sums.
 AGGREGATION = {
     "time_ms": "sum",

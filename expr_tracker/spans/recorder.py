@@ -103,7 +103,7 @@ class SpanRecorder:
     - ``print_fn`` / ``plugins``: run-wide defaults for outermost spans (children inherit).
     - ``max_record_bytes`` (bytes): a longer record is dropped, counted in :meth:`stats` and
       warned about once; its metrics still aggregate. ``max_pending_bytes`` (bytes) is the
-      bound ``expr_tracker.build.spans`` gives the writer; records the writer refuses are counted
+      bound ``expr_tracker.assemble.spans`` gives the writer; records the writer refuses are counted
       as ``dropped_pending``.
     - ``identity``: ``{"pid", "host", "stream", "rank"}``; ``pid`` is written in each record
       (default ``os.getpid()``), the rest is kept for :meth:`stats`.
@@ -353,7 +353,7 @@ class SpanRecorder:
     # ------------------------------------------------------------------ control
 
     def _check_fork(self) -> None:
-        if self._pid != core._PID:
+        if self._pid != os.getpid():
             raise ForkedRunError(
                 "this SpanRecorder belongs to the parent process; create a new run in the "
                 "forked child"
@@ -410,7 +410,7 @@ class SpanRecorder:
         and written; then the writer is closed (drained) when it owns it (``owns_writer``); never the store. Returns :meth:`stats`."""
         self._check_fork()
         self._closed = True
-        if core._active is self:
+        if core.get_active_recorder() is self:
             core.set_active_recorder(None)
         try:
             self._fold()  # held records reach the writer before it closes
@@ -525,7 +525,7 @@ def resolve_plugins(entries: Iterable[Any]) -> list[Any]:
     """Plugin objects from ``spans.plugins``: ``{type, options}`` entries are constructed
     (types: ``cpu_time``, ``torch_memory``, ``gpu_stats`` or the class names); objects and
     callables pass through. Raises ``ValueError`` naming the first bad entry (an unknown
-    type, an unknown option, an option of the wrong type); ``build.check`` reports every
+    type, an unknown option, an option of the wrong type); ``assemble.check`` reports every
     one as a ``SpecError`` first (``plugin_problems``)."""
     entries = list(entries or ())
     problems = plugin_problems(entries)

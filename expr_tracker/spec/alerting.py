@@ -30,11 +30,11 @@ from pydantic import (
 from pydantic.json_schema import SkipJsonSchema
 
 from expr_tracker.spec.fields import (
-    _FORBID,
-    _IDENTIFIER,
+    FORBID,
+    IDENTIFIER,
     Level,
-    _NonEmpty,
-    _RedactedRepr,
+    NonEmpty,
+    RedactedRepr,
     named_entries,
 )
 from expr_tracker.spec.redact import redact_options
@@ -63,7 +63,7 @@ class PolicySpec(BaseModel):
     queue. Set under ``alerts.policy`` for every channel, or per channel under its ``policy``
     (which wins field by field)."""
 
-    model_config = _FORBID
+    model_config = FORBID
 
     async_send: bool = Field(
         True,
@@ -99,7 +99,7 @@ class PolicySpec(BaseModel):
 class _Overrides(BaseModel):
     """Base of PolicyOverrides: dumps only the fields that were given."""
 
-    model_config = _FORBID
+    model_config = FORBID
 
     @model_serializer(mode="wrap")
     def _only_given(self, handler: Any) -> dict[str, Any]:
@@ -142,23 +142,23 @@ def _policy_as_overrides(value: Any) -> Any:
     return value
 
 
-class ChannelSpec(_RedactedRepr, BaseModel):
+class ChannelSpec(RedactedRepr, BaseModel):
     """One alert destination. ``name`` defaults to ``type`` (give names to have several
     channels of one type). ``type``, the names and types of ``options`` and ``url`` are
     checked when ``et.init`` or ``et config validate`` runs, also for a channel that is
     disabled or off (``url_env`` unset); see docs/channels.md. ``repr()`` and ``str()`` hide
     ``url``, ``secret``, header values and secret-looking options (an SMTP ``password``)."""
 
-    model_config = _FORBID
+    model_config = FORBID
     __redacted_fields__ = {"options": redact_options}
 
-    type: Annotated[str, Field(pattern=_IDENTIFIER.pattern)] = Field(
+    type: Annotated[str, Field(pattern=IDENTIFIER.pattern)] = Field(
         description="lark, slack, dingtalk, wecom, webhook, email, callable, console, memory (tests), "
         "or a registered type"
     )
-    name: Optional[_NonEmpty] = None
+    name: Optional[NonEmpty] = None
     url: Optional[SecretStr] = Field(None, description="webhook URL (redacted everywhere)")
-    url_env: Optional[_NonEmpty] = Field(None, description="environment variable holding the URL")
+    url_env: Optional[NonEmpty] = Field(None, description="environment variable holding the URL")
     secret: Optional[SecretStr] = Field(None, description="signing secret (Lark, DingTalk)")
     enabled: bool = True
     min_level: Optional[Level] = None
@@ -194,8 +194,8 @@ class RuleSpec(BaseModel):
 
     model_config = ConfigDict(extra="forbid", frozen=True, populate_by_name=True)
 
-    name: Optional[_NonEmpty] = None
-    condition: _NonEmpty = Field(
+    name: Optional[NonEmpty] = None
+    condition: NonEmpty = Field(
         validation_alias=AliasChoices("condition", "expr"),
         description="DSL condition, e.g. zscore(loss[50]) > 4",
     )
@@ -268,7 +268,7 @@ def _rule_entries(value: Any) -> Any:
     return value
 
 
-def _on_rank(value: Any) -> Any:
+def check_on_rank(value: Any) -> Any:
     ok = (
         value == "all"
         or (isinstance(value, int) and not isinstance(value, bool) and value >= 0)
@@ -285,13 +285,15 @@ def _on_rank(value: Any) -> Any:
 class AlertsSpec(BaseModel):
     """Alert rules, channels and the delivery policy."""
 
-    model_config = _FORBID
+    model_config = FORBID
 
     enabled: bool = True
-    on_rank: Annotated[Union[int, list[int], Literal["all"]], BeforeValidator(_on_rank)] = Field(
-        0,
-        description="ranks that deliver alerts (a rank, a list of ranks, or 'all'); rules are "
-        "evaluated and recorded on every rank",
+    on_rank: Annotated[Union[int, list[int], Literal["all"]], BeforeValidator(check_on_rank)] = (
+        Field(
+            0,
+            description="ranks that deliver alerts (a rank, a list of ranks, or 'all'); rules are "
+            "evaluated and recorded on every rank",
+        )
     )
     # AlertEngine.start_watchdog needs > 0; below 10 ms the watchdog thread only burns CPU
     watchdog_interval: Annotated[Duration, AfterValidator(_watchdog_interval)] = Field(
@@ -306,7 +308,7 @@ class AlertsSpec(BaseModel):
     rules: Annotated[
         list[RuleEntry], BeforeValidator(_rule_entries), BeforeValidator(named_entries)
     ] = Field(default_factory=list, description="a list, or a mapping name -> rule")
-    guard_metric: _NonEmpty = Field(
+    guard_metric: NonEmpty = Field(
         "loss",
         description="the metric the shipped Hydra rule sets (tracker/alerts=nan_guard, "
         "divergence) guard: their conditions read it, so tracker.alerts.guard_metric="

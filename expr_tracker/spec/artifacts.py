@@ -6,13 +6,13 @@ from typing import Literal
 
 from pydantic import BaseModel, Field
 
-from expr_tracker.spec.fields import _FORBID
+from expr_tracker.spec.fields import FORBID
 
 
 class ArtifactsSpec(BaseModel):
     """Artifacts: versioned files per project, in ``<dir>/<project>/artifacts/``."""
 
-    model_config = _FORBID
+    model_config = FORBID
 
     mode: Literal["copy", "link"] = Field(
         "copy",

@@ -87,10 +87,10 @@ def _one_line_rule(text: str) -> dict[str, Any]:
 
 # --- shared pieces ------------------------------------------------------------------------
 
-_FORBID = ConfigDict(extra="forbid", frozen=True)
+FORBID = ConfigDict(extra="forbid", frozen=True)
 
 
-class _RedactedRepr:
+class RedactedRepr:
     """Mixed into a model whose free-form fields may hold secrets: ``repr()`` and ``str()``
     show those fields redacted (``__redacted_fields__``: field -> function), as ``spec.json`` does."""
 
@@ -104,7 +104,7 @@ class _RedactedRepr:
 
 _UNSAFE_NAME = re.compile(r"[/\\\x00-\x1f\x7f]")
 _STREAM = re.compile(r"^[A-Za-z0-9_\-]+$")
-_IDENTIFIER = re.compile(r"^[A-Za-z_][A-Za-z0-9_.\-]*$")
+IDENTIFIER = re.compile(r"^[A-Za-z_][A-Za-z0-9_.\-]*$")
 _RANK_LIKE = re.compile(r"^rank[0-9]+$", re.IGNORECASE)
 #: bound on ``project`` and ``name`` (each one directory name; 255 is the usual file system
 #: limit, the rest is room for names built from them, such as Hydra job names)
@@ -114,7 +114,7 @@ MAX_NAME_BYTES = 200
 MAX_STREAM_CHARS = 64
 
 
-def _fs_name(value: Any) -> Any:
+def check_fs_name(value: Any) -> Any:
     if value is None or not isinstance(value, str):
         return value
     if not value or value.strip() != value or value in (".", "..") or _UNSAFE_NAME.search(value):
@@ -132,7 +132,7 @@ def _fs_name(value: Any) -> Any:
     return value
 
 
-def _stream_name(value: Any) -> Any:
+def check_stream_name(value: Any) -> Any:
     if value is None or not isinstance(value, str):
         return value
     if not _STREAM.match(value):
@@ -159,11 +159,11 @@ def _path_str(value: Any) -> Any:
     return os.fspath(value) if isinstance(value, os.PathLike) else value
 
 
-def _is_omegaconf(value: Any) -> bool:
+def is_omegaconf(value: Any) -> bool:
     return type(value).__module__.split(".")[0] == "omegaconf"
 
 
-def _keep_literal(key_path: str, exc: Exception, raw: Any) -> Any:
+def keep_literal(key_path: str, exc: Exception, raw: Any) -> Any:
     import warnings
 
     reason = str(getattr(exc, "msg", exc)).splitlines()[0]
@@ -181,13 +181,13 @@ def omegaconf_to_plain(node: Any, on_error: Any = None, key_path: str = "") -> A
         node: the container (anything else is returned unchanged).
         on_error: ``on_error(key_path, exc, raw) -> value`` for a value that cannot be resolved
             (a broken interpolation; ``raw`` is its text) or is missing (``???``; ``raw`` is
-            ``"???"``); return ``_SKIP`` to leave the key out. Default: keep the raw text,
+            ``"???"``); return ``SKIP`` to leave the key out. Default: keep the raw text,
             with one warning naming the key.
         key_path: dotted key of ``node`` (for messages).
     """
     from omegaconf import DictConfig, ListConfig, OmegaConf
 
-    on_error = on_error or _keep_literal
+    on_error = on_error or keep_literal
     if isinstance(node, DictConfig):
         if node._is_none():
             return None
@@ -207,7 +207,7 @@ def omegaconf_to_plain(node: Any, on_error: Any = None, key_path: str = "") -> A
         except Exception as exc:  # InterpolationResolutionError, MissingMandatoryValue, ...
             raw = node._get_node(key)._value()
             value = on_error(child_path, exc, raw)
-            if value is _SKIP:
+            if value is SKIP:
                 continue
         if OmegaConf.is_config(value):
             value = omegaconf_to_plain(value, on_error, child_path)
@@ -218,17 +218,17 @@ def omegaconf_to_plain(node: Any, on_error: Any = None, key_path: str = "") -> A
     return out
 
 
-_SKIP: Any = object()
+SKIP: Any = object()
 
 
-def _config_dict(value: Any) -> Any:
+def config_to_dict(value: Any) -> Any:
     """Accept OmegaConf containers, argparse namespaces, dataclasses and models as ``config``.
 
     An OmegaConf interpolation that cannot be resolved stays literal, with a warning.
     """
     if value is None:
         return {}
-    if _is_omegaconf(value):
+    if is_omegaconf(value):
         return omegaconf_to_plain(value, key_path="config")
     if isinstance(value, BaseModel):
         return value.model_dump()
@@ -241,6 +241,6 @@ def _config_dict(value: Any) -> Any:
     return value
 
 
-_FsName = Annotated[str, AfterValidator(_fs_name)]
-_PathStr = Annotated[str, BeforeValidator(_path_str)]
-_NonEmpty = Annotated[str, Field(min_length=1)]
+FsName = Annotated[str, AfterValidator(check_fs_name)]
+PathStr = Annotated[str, BeforeValidator(_path_str)]
+NonEmpty = Annotated[str, Field(min_length=1)]

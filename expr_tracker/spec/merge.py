@@ -2,7 +2,7 @@
 
 ``merge_layers()`` folds ``Layer`` objects into ``(data, sources, locations)``; ``merge()``
 folds plain dicts. Mappings merge deeply; ``alerts.rules`` and ``alerts.channels`` merge by
-entry name; every other value is replaced (DESIGN.md "Configuration precedence").
+entry name; every other value is replaced (docs/configuration.md "Configuration reference").
 """
 
 from __future__ import annotations
@@ -16,8 +16,8 @@ from pydantic import BaseModel
 from expr_tracker.spec.errors import join_path
 from expr_tracker.spec.fields import (
     NAMED_LISTS,
-    _is_omegaconf,
     entry_name,
+    is_omegaconf,
     named_entry,
     omegaconf_to_plain,
 )
@@ -66,18 +66,18 @@ def leaves(path: str, value: Any) -> Iterator[tuple[str, Any]]:
         yield path, value
 
 
-def _copy(value: Any) -> Any:
+def copy_plain(value: Any) -> Any:
     """Copy the containers of a plain-data value; leave every other object as it is."""
-    if _is_omegaconf(value):
+    if is_omegaconf(value):
         return omegaconf_to_plain(value)
     if isinstance(value, Mapping) and not isinstance(value, BaseModel):
-        return {k: _copy(v) for k, v in value.items()}
+        return {k: copy_plain(v) for k, v in value.items()}
     if isinstance(value, list):
-        return [_copy(v) for v in value]
+        return [copy_plain(v) for v in value]
     return value
 
 
-def _named_items(list_path: str, value: Any) -> list[tuple[Any, Any]]:
+def named_items(list_path: str, value: Any) -> list[tuple[Any, Any]]:
     """(name, entry) pairs of a named list in list or mapping form; entry None = remove."""
     if isinstance(value, Mapping):
         pairs = []
@@ -115,7 +115,7 @@ class _Merger:
     def _merge(self, dst: dict, src: Mapping, path: str, layer: Layer) -> None:
         for key, value in src.items():
             p = join_path(path, key)
-            if _is_omegaconf(value):
+            if is_omegaconf(value):
                 value = omegaconf_to_plain(value, key_path=p)
             if p in NAMED_LISTS and isinstance(value, (list, tuple, Mapping)):
                 current = dst.get(key)
@@ -135,7 +135,7 @@ class _Merger:
             else:
                 if key in dst:
                     self._forget(p)
-                dst[key] = _copy(value)
+                dst[key] = copy_plain(value)
                 self._record(p, dst[key], layer)
             if p in layer.locations:
                 self.locations[p] = layer.locations[p]
@@ -147,7 +147,7 @@ class _Merger:
             if name is not None:
                 earlier.setdefault(name, i)
         removed: list[int] = []
-        for position, (name, entry) in enumerate(_named_items(path, value)):
+        for position, (name, entry) in enumerate(named_items(path, value)):
             index = earlier.get(name) if name is not None else None
             if name is not None and join_path(path, name) in layer.locations:
                 self.locations[join_path(path, name)] = layer.locations[join_path(path, name)]
@@ -157,7 +157,7 @@ class _Merger:
                     self._forget(join_path(path, name))
                 continue
             if index is None:  # entries within one layer never merge with each other
-                current.append(_copy(entry))
+                current.append(copy_plain(entry))
                 if name is None:  # an unnamed entry: re-index its YAML locations
                     local, merged = join_path(path, position), join_path(path, len(current) - 1)
                     moved = {
@@ -174,7 +174,7 @@ class _Merger:
                 self._merge(current[index], entry, join_path(path, name), layer)
             else:
                 self._forget(join_path(path, name))
-                current[index] = _copy(entry)
+                current[index] = copy_plain(entry)
                 self._record(join_path(path, name), current[index], layer)
         for index in sorted(removed, reverse=True):
             del current[index]
@@ -207,7 +207,7 @@ def merge(*layers: Mapping[str, Any] | None, at: str = "") -> dict[str, Any]:
     - Every other list, and every other value, is replaced.
     """
     wrapped = [
-        Layer(f"layer{i}", _nest(at, d) if at else dict(d))
+        Layer(f"layer{i}", nest_path(at, d) if at else dict(d))
         for i, d in enumerate(layers)
         if d is not None
     ]
@@ -238,7 +238,7 @@ def lookup(table: Mapping[str, Any], path: str) -> Any:
     return found
 
 
-def _nest(path: str, value: Any) -> dict[str, Any]:
+def nest_path(path: str, value: Any) -> dict[str, Any]:
     out: Any = value
     for part in reversed(path.split(".")):
         out = {part: out}

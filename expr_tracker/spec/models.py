@@ -28,20 +28,20 @@ from expr_tracker.spec.alerting import (
     PolicyOverrides,
     PolicySpec,
     RuleSpec,
-    _on_rank,
+    check_on_rank,
     effective_policy,
 )
 from expr_tracker.spec.artifacts import ArtifactsSpec
 from expr_tracker.spec.fields import (
-    _FORBID,
+    FORBID,
     NAMED_LISTS,
+    FsName,
     Level,
-    _config_dict,
-    _fs_name,
-    _FsName,
-    _PathStr,
-    _RedactedRepr,
-    _stream_name,
+    PathStr,
+    RedactedRepr,
+    check_fs_name,
+    check_stream_name,
+    config_to_dict,
     entry_name,
     named_entries,
     named_entry,
@@ -93,24 +93,24 @@ __all__ = [
 # --- the run ------------------------------------------------------------------------------
 
 
-class RunSpec(_RedactedRepr, BaseModel):
+class RunSpec(RedactedRepr, BaseModel):
     """Everything a run does. ``name`` None gets a unique default from ``resolve()``.
     ``repr()`` and ``str()`` hide secrets (channel URLs and options, credentials in
     ``config`` and ``backends``)."""
 
-    model_config = _FORBID
+    model_config = FORBID
     __redacted_fields__ = {
         "config": redact_config,
         "backends": redact_options,
         "backend_kwargs": redact_backend_kwargs,
     }
 
-    project: Annotated[str, AfterValidator(_fs_name)] = "default"
-    name: Optional[_FsName] = Field(
+    project: Annotated[str, AfterValidator(check_fs_name)] = "default"
+    name: Optional[FsName] = Field(
         None, description="run name; default: a timestamp and a random suffix"
     )
-    dir: _PathStr = Field("./runs", description="runs live in <dir>/<project>/<name>/")
-    run_dir: Optional[_PathStr] = Field(None, description="the run directory itself")
+    dir: PathStr = Field("./runs", description="runs live in <dir>/<project>/<name>/")
+    run_dir: Optional[PathStr] = Field(None, description="the run directory itself")
     group: Optional[str] = None
     tags: list[str] = Field(default_factory=list)
     notes: Optional[str] = None
@@ -125,7 +125,7 @@ class RunSpec(_RedactedRepr, BaseModel):
         description="disabled: a no-op run that writes nothing; online is offline here "
         "(local files only)",
     )
-    stream: Optional[Annotated[str, AfterValidator(_stream_name)]] = Field(
+    stream: Optional[Annotated[str, AfterValidator(check_stream_name)]] = Field(
         None, description="producer name: letters, digits, '_' and '-'"
     )
     resume: Literal["allow", "never", "must"] = Field(
@@ -134,7 +134,7 @@ class RunSpec(_RedactedRepr, BaseModel):
         "config, else <name>-2 starts; must: continued whatever the config (the change "
         "recorded in run.json); never: always a new run",
     )
-    config: Annotated[dict[str, Any], BeforeValidator(_config_dict)] = Field(default_factory=dict)
+    config: Annotated[dict[str, Any], BeforeValidator(config_to_dict)] = Field(default_factory=dict)
     history: HistorySpec = Field(default_factory=HistorySpec)
     spans: SpansSpec = Field(default_factory=SpansSpec)
     alerts: AlertsSpec = Field(default_factory=AlertsSpec)
@@ -154,9 +154,9 @@ class RunSpec(_RedactedRepr, BaseModel):
             description="init keywords per backend: {wandb: {entity: ...}, trackio: {...}} (docs/mirrors.md)",
         )
     )
-    backend_on_rank: Annotated[Union[int, list[int], Literal["all"]], BeforeValidator(_on_rank)] = (
-        Field(0, description="ranks that mirror (a rank, a list of ranks, or 'all')")
-    )
+    backend_on_rank: Annotated[
+        Union[int, list[int], Literal["all"]], BeforeValidator(check_on_rank)
+    ] = Field(0, description="ranks that mirror (a rank, a list of ranks, or 'all')")
     backend_queue_size: int = Field(
         10_000, ge=1, description="rows a mirror holds while its backend is busy; more are dropped"
     )

@@ -19,9 +19,9 @@ from pydantic import (
 from pydantic.json_schema import SkipJsonSchema
 
 from expr_tracker.spec.fields import (
-    _FORBID,
-    _NonEmpty,
-    _RedactedRepr,
+    FORBID,
+    NonEmpty,
+    RedactedRepr,
 )
 from expr_tracker.spec.redact import redact_options
 from expr_tracker.spec.units import Duration, OptionalDuration, Size
@@ -33,7 +33,7 @@ class BufferSpec(BaseModel):
     """Write buffering of one JSONL file: flush after ``size`` records, every ``interval``
     seconds, and never hold a record longer than ``max_seconds`` (None: no bound)."""
 
-    model_config = _FORBID
+    model_config = FORBID
 
     size: int = Field(50, ge=1, description="records buffered before a flush")
     interval: Duration = Field(1.0, description="seconds between background flushes")
@@ -48,7 +48,7 @@ class BufferSpec(BaseModel):
 class CacheSpec(BaseModel):
     """In-memory cache of committed rows (queries read it instead of the disk)."""
 
-    model_config = _FORBID
+    model_config = FORBID
 
     bytes: Size = Field(1 << 30, description="bytes of encoded rows kept in memory")
     rows: int = Field(2_000_000, ge=0, description="rows kept in memory")
@@ -57,7 +57,7 @@ class CacheSpec(BaseModel):
 class HistorySpec(BaseModel):
     """The metric history: commit rules, caching and buffering."""
 
-    model_config = _FORBID
+    model_config = FORBID
 
     step_policy: Literal["monotonic", "allow"] = Field(
         "monotonic", description="monotonic: a backward step is dropped with a warning"
@@ -76,17 +76,17 @@ class HistorySpec(BaseModel):
 # --- spans --------------------------------------------------------------------------------
 
 
-class PluginSpec(_RedactedRepr, BaseModel):
+class PluginSpec(RedactedRepr, BaseModel):
     """A span plugin named by its registered ``type`` (``cpu_time``, ``torch_memory``, ...).
     ``options`` are checked by name and type when ``et.init`` or ``et config validate``
     runs: ``gpu_stats`` takes ``index`` (an integer >= 0) and ``interval`` (seconds > 0),
     ``torch_memory`` takes ``device`` (null, an index, ``cuda`` or ``cuda:N``), ``cpu_time``
     none."""
 
-    model_config = _FORBID
+    model_config = FORBID
     __redacted_fields__ = {"options": redact_options}
 
-    type: _NonEmpty
+    type: NonEmpty
     options: dict[str, Any] = Field(default_factory=dict)
 
 

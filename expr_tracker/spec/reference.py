@@ -36,7 +36,7 @@ keyword arguments. Mappings merge deeply; `alerts.rules` and `alerts.channels` m
 name (and may be written as `{name: entry}` mappings; `name: null` removes an entry); other
 lists are replaced. `et config show` prints the resolved spec with the source of every value.
 
-`et.init` and `et config validate` run the same checks (`build.check`): the schema, span
+`et.init` and `et config validate` run the same checks (`assemble.check`): the schema, span
 plugin types and options, alert rules (compiled), channel types, options and URLs. Every
 problem is a `SpecError` naming its path (`spans.plugins[0].options.interval`,
 `alerts.channels.ops.options.port`), never a bare `ValueError` or a traceback.

@@ -1,6 +1,6 @@
 """Resolve: every source merged (``sources``), validated once, with provenance.
 
-Precedence (DESIGN.md "Configuration precedence"), later wins::
+Precedence (docs/configuration.md "Configuration reference"), later wins::
 
     defaults < webhook environment variables (one channel each) < ET_ALERT_CONFIG file (its
     alerts) < ET_CONFIG file < configure_alert() values < init(spec=...) < init keywords
@@ -34,13 +34,13 @@ from expr_tracker.spec.names import default_run_name
 from expr_tracker.spec.sources import (
     ALERT_CONFIG_ENV,
     CONFIG_ENV,
-    _file_layer,
     alert_config_layer,
     config_file_layer,
     configure_alert_layer,
     env_layers,
     kwargs_to_dict,
     load_file,
+    source_file_layer,
     spec_layer,
 )
 
@@ -305,7 +305,7 @@ def resolve_file(
     path: str | os.PathLike, kind: str = "run", package: str | None = None
 ) -> ResolvedSpec:
     """One spec file on its own (no environment, no other source) as a ``ResolvedSpec``,
-    for ``et config validate`` to run the checks ``et.init`` runs (``build.check``).
+    for ``et config validate`` to run the checks ``et.init`` runs (``assemble.check``).
 
     Args:
         path: a YAML/JSON/TOML file.
@@ -321,7 +321,7 @@ def resolve_file(
     if kind not in ("run", "alerts"):
         raise ValueError(f"kind must be 'run' or 'alerts', not {kind!r}")
     file = os.fspath(path)
-    layer = _file_layer(file, f"file:{file}", kind, package)
+    layer = source_file_layer(file, f"file:{file}", kind, package)
     merged, sources, locations = merge_layers([layer])
     model, issues = _validate(merged, sources, locations, [layer])
     if issues or model is None:

@@ -20,8 +20,8 @@ from pydantic import BaseModel
 
 from expr_tracker.spec.alerting import alerts_data
 from expr_tracker.spec.errors import SpecError, SpecIssue, suggest
-from expr_tracker.spec.fields import _SKIP, _is_omegaconf, _keep_literal, omegaconf_to_plain
-from expr_tracker.spec.merge import Layer, Location, _copy, _nest, merge
+from expr_tracker.spec.fields import SKIP, is_omegaconf, keep_literal, omegaconf_to_plain
+from expr_tracker.spec.merge import Layer, Location, copy_plain, merge, nest_path
 from expr_tracker.spec.models import RunSpec
 from expr_tracker.spec.yaml import (
     compose_unique,
@@ -261,7 +261,7 @@ def app_package(data: Any) -> str | None:
     return None
 
 
-def _file_layer(
+def source_file_layer(
     path: str | os.PathLike,
     source: str,
     kind: str,
@@ -296,7 +296,7 @@ def file_layer(path: str | os.PathLike, kind: str = "run", package: str | None =
     Raises:
         SpecError: as ``load_file``.
     """
-    return _file_layer(path, f"file:{os.fspath(path)}", kind, package)
+    return source_file_layer(path, f"file:{os.fspath(path)}", kind, package)
 
 
 def alert_config_layer(path: str | os.PathLike) -> Layer:
@@ -305,7 +305,7 @@ def alert_config_layer(path: str | os.PathLike) -> Layer:
     Raises:
         SpecError: as ``load_file``, or when a file with an ``alerts`` key holds others too.
     """
-    return _file_layer(path, f"{ALERT_CONFIG_ENV}:{os.fspath(path)}", "alerts")
+    return source_file_layer(path, f"{ALERT_CONFIG_ENV}:{os.fspath(path)}", "alerts")
 
 
 def config_file_layer(path: str | os.PathLike) -> Layer:
@@ -315,7 +315,7 @@ def config_file_layer(path: str | os.PathLike) -> Layer:
     Raises:
         SpecError: as ``load_file``.
     """
-    return _file_layer(path, f"{CONFIG_ENV}:{os.fspath(path)}", "run", find_package=True)
+    return source_file_layer(path, f"{CONFIG_ENV}:{os.fspath(path)}", "run", find_package=True)
 
 
 def env_layers(environ: Mapping[str, str]) -> list[Layer]:
@@ -353,7 +353,7 @@ def configure_alert_layer(values: Mapping[str, Any]) -> Layer:
                 )
             ]
         )
-    return Layer("configure_alert", _alerts_section(_copy(values), "configure_alert"))
+    return Layer("configure_alert", _alerts_section(copy_plain(values), "configure_alert"))
 
 
 def _omegaconf_to_dict(cfg: Any) -> tuple[dict[str, Any], str | None]:
@@ -370,7 +370,7 @@ def _omegaconf_to_dict(cfg: Any) -> tuple[dict[str, Any], str | None]:
         if (key_path == "config" or key_path.startswith("config.")) and not isinstance(
             exc, MissingMandatoryValue
         ):
-            return _keep_literal(key_path, exc, raw)
+            return keep_literal(key_path, exc, raw)
         if isinstance(exc, MissingMandatoryValue):
             message = "is required: it is marked missing (???) in the config"
         else:
@@ -384,7 +384,7 @@ def _omegaconf_to_dict(cfg: Any) -> tuple[dict[str, Any], str | None]:
                 config_key=f"{prefix}.{key_path}" if prefix else key_path,
             )
         )
-        return _SKIP
+        return SKIP
 
     if cfg is None or (isinstance(cfg, DictConfig) and cfg._is_none()):
         return {}, prefix
@@ -414,14 +414,14 @@ def spec_layer(spec: Any) -> Layer | None:
         return spec
     if isinstance(spec, (str, os.PathLike)):
         path = os.fspath(spec)
-        return _file_layer(path, f"file:{path}", "run", find_package=True)
+        return source_file_layer(path, f"file:{path}", "run", find_package=True)
     if isinstance(spec, RunSpec):
         return Layer("spec", spec.model_dump(exclude_unset=True))
-    if _is_omegaconf(spec):
+    if is_omegaconf(spec):
         data, prefix = _omegaconf_to_dict(spec)
         return Layer("spec", data, config_key=prefix)
     if isinstance(spec, Mapping):
-        return Layer("spec", _copy(spec))
+        return Layer("spec", copy_plain(spec))
     raise SpecError(
         [
             SpecIssue(
@@ -476,7 +476,7 @@ def kwargs_to_dict(kwargs: Mapping[str, Any]) -> dict[str, Any]:
             value = list(value)
         if target == "alerts" or target.startswith("alerts."):
             value = alerts_data(value)  # et.AlertConfig / ChannelConfig / ... as data
-        pieces.append((target.count("."), _nest(target, value)))
+        pieces.append((target.count("."), nest_path(target, value)))
     if issues:
         raise SpecError(issues, title="invalid et.init() arguments")
     pieces.sort(key=lambda piece: piece[0])  # whole sections first, then single values

@@ -17,7 +17,7 @@ from typing import Any
 import yaml
 
 from expr_tracker.spec.errors import SpecError, SpecIssue, join_path
-from expr_tracker.spec.merge import Location, _named_items, item_key
+from expr_tracker.spec.merge import Location, item_key, named_items
 from expr_tracker.spec.models import NAMED_LISTS
 
 __all__ = [
@@ -151,7 +151,7 @@ def node_key(key_node: Any) -> Any:
 def mapping_entry_key(path: str, data: Mapping, key: Any) -> Any:
     """Path segment of the entry ``key`` of a named list written as a mapping: the entry's
     name as the merge reads it, else its position (a key YAML read as a bool or number)."""
-    name = _named_items(path, {key: data[key]})[0][0]
+    name = named_items(path, {key: data[key]})[0][0]
     return name if name is not None else list(data).index(key)
 
 

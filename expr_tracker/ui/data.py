@@ -38,6 +38,7 @@ from collections.abc import Iterator, Sequence
 from pathlib import Path
 from typing import Any
 
+from expr_tracker.history.alertlog import read_alert_log
 from expr_tracker.history.downsample import m4
 from expr_tracker.history.metricdefs import MetricDefs, defs_path_for
 from expr_tracker.history.paths import file_name
@@ -49,9 +50,9 @@ from expr_tracker.history.untrusted import (
     load_json_bytes,
     open_regular,
     read_json,
-    read_regular,
 )
-from expr_tracker.query.catalog import Producer, discover, producers_of
+from expr_tracker.history.values import flatten, json_safe
+from expr_tracker.query.catalog import Producer, discover, match_runs, producers_of, run_entries
 from expr_tracker.query.views import import_duckdb, metrics_select, path_literal, sql_literal
 
 #: seconds a discovered run list is reused before the folder is searched again
@@ -264,13 +265,22 @@ class Catalog:
             return self._runs
 
     def get(self, run_id: str) -> list[Producer]:
-        """The producers of ``run_id``; :class:`NotFound` when no discovered run has it."""
+        """The producers of ``run_id`` (the id the runs table gives, else a name by the rule
+        of every command: ``catalog.match_runs``, docs/cli.md "Naming a run");
+        :class:`NotFound` when it names no discovered run, or several."""
         prods = self.runs().get(run_id)
         if prods is None:
             self._at = -1e18  # a run created since: look again once
             prods = self.runs().get(run_id)
         if prods is None:
-            raise NotFound(f"no run {run_id!r} under the served folder")
+            runs = self.runs()
+            found = match_runs(
+                run_id, run_entries([p for ps in runs.values() for p in ps], self.root)
+            )
+            if len(found) != 1:
+                how = "several runs" if found else "no run"
+                raise NotFound(f"{run_id!r} names {how} under the served folder")
+            prods = runs[found[0].run_id]
         return prods
 
     # ------------------------------------------------------------------ the runs table
@@ -325,13 +335,6 @@ class Catalog:
         return seen
 
 
-def read_json_file(path: Path, root: str, max_bytes: int = SMALL_MAX) -> Any:
-    """A run's small JSON file, read as untrusted (regular file only, inside ``root``,
-    bounded, depth-limited); OSError or ValueError as
-    :func:`~expr_tracker.history.untrusted.read_json` raises them."""
-    return read_json(path, root=root, max_bytes=max_bytes)
-
-
 def last_row(path: Path, root: str) -> dict[str, Any] | None:
     """The last complete line of a metrics file that is a row with an integer ``_step``
     (a torn last line, blank or undecodable lines are passed over), reading back from the
@@ -381,7 +384,7 @@ def read_row(prods: list[Producer], root: str) -> _RowSeen:
     for p in prods:
         if p.run_file is not None:
             try:
-                info = read_json_file(p.run_file, root)
+                info = read_json(p.run_file, root=root, max_bytes=SMALL_MAX)
                 if not isinstance(info, dict):
                     raise ValueError("not a JSON object")
             except FileNotFoundError:
@@ -407,7 +410,7 @@ def read_row(prods: list[Producer], root: str) -> _RowSeen:
             if t is not None and (last_time is None or t > last_time):
                 last_time = t
         try:
-            meta = read_json_file(meta_path_for(p.metrics), root, max_bytes=SMALL_MAX)
+            meta = read_json(meta_path_for(p.metrics), root=root, max_bytes=SMALL_MAX)
         except (OSError, ValueError, RecursionError):
             meta = None  # the sidecar is an index, not the truth: without it, the tail
         ms = meta.get("max_step") if isinstance(meta, dict) else None
@@ -501,7 +504,7 @@ _base: Any = None
 _base_lock = threading.Lock()
 
 
-def connect() -> Any:
+def duckdb_cursor() -> Any:
     """A DuckDB connection (a cursor of one in-memory database of this process: opening a
     database costs milliseconds, a cursor nothing) that reads NaN in Parquet parts."""
     global _base
@@ -580,7 +583,7 @@ def _small(path: Path | None, root: str, errors: list[str]) -> Any:
     if path is None:
         return None
     try:
-        return read_json_file(path, root)
+        return read_json(path, root=root, max_bytes=SMALL_MAX)
     except FileNotFoundError:
         return None
     except (OSError, ValueError, RecursionError) as exc:
@@ -588,26 +591,12 @@ def _small(path: Path | None, root: str, errors: list[str]) -> Any:
         return None
 
 
-def flatten(value: Any, prefix: str = "") -> list[list[Any]]:
-    """``[[dotted key, value], ...]`` of nested dicts (lists and scalars are leaves)."""
-    out: list[list[Any]] = []
-    if isinstance(value, dict) and value:
-        for k, v in value.items():
-            out.extend(flatten(v, f"{prefix}.{k}" if prefix else str(k)))
-    elif prefix:
-        out.append([prefix, jsonable(value)])
-    return out
-
-
-def jsonable(v: Any) -> Any:
-    """``v`` with non-finite floats as the strings ``NaN``, ``Infinity``, ``-Infinity``."""
-    if isinstance(v, float) and not math.isfinite(v):
-        return "NaN" if v != v else ("Infinity" if v > 0 else "-Infinity")
-    if isinstance(v, dict):
-        return {str(k): jsonable(x) for k, x in v.items()}
-    if isinstance(v, (list, tuple)):
-        return [jsonable(x) for x in v]
-    return v
+def _pairs(value: Any) -> list[list[Any]]:
+    """``[[dotted key, value], ...]`` of a config or summary (a nested dict; anything else
+    has none), values as the page's JSON takes them (NaN and ±inf as strings)."""
+    if not isinstance(value, dict):
+        return []
+    return [[".".join(k), json_safe(v, "string")] for k, v in flatten(value).items()]
 
 
 def run_detail(catalog: Catalog, run_id: str) -> dict:
@@ -619,7 +608,7 @@ def run_detail(catalog: Catalog, run_id: str) -> dict:
     row = catalog.row(run_id, prods)
     root = catalog.root_real
     errors: list[str] = [row["error"]] if row["error"] else []
-    con = connect()
+    con = duckdb_cursor()
     metrics: dict[str, set[str]] = {}
     producer_steps: dict[str, int] = {}
     try:
@@ -668,10 +657,8 @@ def run_detail(catalog: Catalog, run_id: str) -> dict:
         "metrics": sorted(metrics),
         "step_metrics": step_metrics,
         "x_options": sorted(set(step_metrics.values())),
-        "config": flatten(config if isinstance(config, dict) else {}),
-        "summary": [
-            kv for kv in flatten(summary if isinstance(summary, dict) else {}) if kv[0][:1] != "_"
-        ],
+        "config": _pairs(config),
+        "summary": [kv for kv in _pairs(summary) if kv[0][:1] != "_"],
         "alerts": alerts,
         "has_spans": any(p.spans is not None for p in prods),
         "error": "; ".join(dict.fromkeys(errors)) or None,
@@ -679,27 +666,22 @@ def run_detail(catalog: Catalog, run_id: str) -> dict:
 
 
 def alert_events(prods: list[Producer], root: str, errors: list[str] | None = None) -> list[dict]:
-    """The alert transitions (firing, recovered) of the run's producers, in file order
-    (files read as untrusted, inside ``root``; what cannot be read is named in ``errors``,
-    an undecodable line skipped)."""
+    """The alert transitions (firing, recovered) of the run's producers, in file order (each
+    alert log read as :func:`~expr_tracker.history.alertlog.read_alert_log` reads it, inside
+    ``root``; what cannot be read is named in ``errors``, a line that is no record skipped)."""
     out: list[dict] = []
     for p in prods:
         if p.alerts is None:
             continue
         try:
-            lines = read_regular(p.alerts, root=root, max_bytes=ALERTS_MAX).splitlines()
-        except FileNotFoundError:
-            continue
+            lines = read_alert_log(p.alerts, root=root, max_bytes=ALERTS_MAX)
         except OSError as exc:
             if errors is not None:
                 errors.append(f"{p.alerts.name}: {why(exc)}")
             continue
-        for line in lines:
-            try:
-                rec = load_json_bytes(line)
-            except ValueError:
-                continue
-            if not isinstance(rec, dict) or rec.get("kind") != "transition":
+        for line in lines.records:
+            rec = line.record
+            if rec.get("kind") != "transition":
                 continue  # deliveries are not drawn
             step = rec.get("step", rec.get("_step"))
             metrics = rec.get("metrics")
@@ -797,7 +779,7 @@ def series(
     if lo is not None and hi is not None:
         _span(lo, hi, width)
     prods = catalog.get(run_id)
-    con = connect()
+    con = duckdb_cursor()
     traces = []
     try:
         for p in prods:
@@ -863,7 +845,7 @@ def _m4_sql(con: Any, pts: str, width: int, lo: float, hi: float) -> dict:
 
 
 def _metric_names(catalog: Catalog, prods: list[Producer]) -> set[str]:
-    con = connect()
+    con = duckdb_cursor()
     names: set[str] = set()
     try:
         for p in prods:
@@ -918,7 +900,7 @@ def new_points(
     not finite (a NaN step metric) are left out, as :func:`series` leaves them out."""
     prods = catalog.get(run_id)
     since = since or {}
-    con = connect()
+    con = duckdb_cursor()
     out: dict[str, list[dict]] = {}
     max_steps: dict[str, int] = {}
     reset = False
@@ -984,7 +966,7 @@ def span_breakdown(
     (either bound optional), slowest mean first: ``{"rows": [{"name", "count", "mean_ms",
     "total_ms", "max_ms"}], "start", "stop"}``."""
     prods = catalog.get(run_id)
-    con = connect()
+    con = duckdb_cursor()
     selects = []
     try:
         for p in prods:
@@ -1009,7 +991,7 @@ def span_breakdown(
         ]
     finally:
         con.close()
-    return {"rows": jsonable(rows), "start": start, "stop": stop}
+    return {"rows": json_safe(rows, "string"), "start": start, "stop": stop}
 
 
 def trace_chunks(
@@ -1090,4 +1072,4 @@ def compare(catalog: Catalog, run_ids: list[str]) -> dict:
     for ps in prods:
         metrics |= _metric_names(catalog, ps)
     res["metrics"] = sorted(metrics)
-    return jsonable(res)
+    return json_safe(res, "string")

@@ -32,6 +32,7 @@ from importlib import resources
 from pathlib import Path
 from typing import Any
 
+from expr_tracker.history.values import json_safe
 from expr_tracker.ui import data
 
 INSTALL_HINT = "pip install 'expr-tracker[ui]'"
@@ -90,7 +91,9 @@ def _static(name: str) -> bytes:
 
 
 def _dumps(obj: Any) -> bytes:
-    return json.dumps(data.jsonable(obj), allow_nan=False, separators=(",", ":")).encode("utf-8")
+    return json.dumps(json_safe(obj, "string"), allow_nan=False, separators=(",", ":")).encode(
+        "utf-8"
+    )
 
 
 class _Heavy:

@@ -22,7 +22,7 @@ from expr_tracker.alerts import (
     parse_expr,
     render_template,
 )
-from expr_tracker.alerts.testing import AlertCapture, replay, rows_from_series
+from expr_tracker.alerts.testing import EventCapture, replay, rows_from_series
 from expr_tracker.testing import FakeClock
 
 
@@ -324,7 +324,7 @@ def test_events_reach_the_sinks_in_the_order_they_happened():
 
 def test_evaluation_errors_are_counted_and_disable_after_ten():
     errors = []
-    cap = AlertCapture()
+    cap = EventCapture()
     eng = AlertEngine(["x > 1 => error"], notify=cap, on_error=lambda r, e: errors.append(e))
     compiled = eng._rules[0]
 
@@ -385,7 +385,7 @@ def test_series_sized_to_widest_window():
 
 def test_watchdog_catches_a_hung_run():
     clock, wall = FakeClock(0.0), FakeClock(1000.0)
-    cap = AlertCapture()
+    cap = EventCapture()
     eng = AlertEngine(
         ["no_data(60s) => critical: hung at {step}"], notify=cap, clock=clock, wall_clock=wall
     )

@@ -13,7 +13,7 @@ from hypothesis import strategies as st
 
 from expr_tracker.alerts import AlertEngine
 from expr_tracker.alerts.functions import FUNCTIONS
-from expr_tracker.alerts.testing import AlertCapture, evaluate
+from expr_tracker.alerts.testing import EventCapture, evaluate
 
 nan, inf = math.nan, math.inf
 BIG = 1.7976931348623157e308  # the largest float
@@ -193,7 +193,7 @@ def test_a_diverging_run_keeps_every_rule_enabled():
             "isnan(loss) or isinf(loss)",
         )
     ]
-    capture = AlertCapture()
+    capture = EventCapture()
     errors = []
     engine = AlertEngine(rules, record=capture, on_error=lambda r, e: errors.append((r, e)))
     values = [1.0, 2.0, 1e300, 1e308, BIG, BIG, -BIG, inf, -inf, inf, nan, BIG, 10**400]

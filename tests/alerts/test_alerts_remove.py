@@ -13,7 +13,7 @@ import pytest
 import expr_tracker as et
 from expr_tracker import _current
 from expr_tracker.alerts import AlertEngine
-from expr_tracker.alerts.testing import AlertCapture
+from expr_tracker.alerts.testing import EventCapture
 from expr_tracker.errors import NoActiveRunError
 from expr_tracker.testing import InMemoryChannel
 
@@ -206,7 +206,7 @@ def test_engine_remove_waits_for_an_evaluation_in_progress():
             release.wait(10)
         return 0.0
 
-    rec, note = AlertCapture(), AlertCapture()
+    rec, note = EventCapture(), EventCapture()
     engine = AlertEngine(["x > 0 => error: x"], clock=clock, record=rec, notify=note)
     name = engine.rules[0].name
     block["on"] = True
@@ -228,7 +228,7 @@ def test_engine_remove_waits_for_an_evaluation_in_progress():
 
 
 def test_engine_remove_after_close_records_nothing():
-    cap = AlertCapture()
+    cap = EventCapture()
     engine = AlertEngine(["x > 0 => error: x"], record=cap)
     engine.close()
     assert engine.remove_rule(engine.rules[0].name) is not None

@@ -9,7 +9,7 @@ import datetime as dt
 
 from expr_tracker.alerts import AlertEngine, parse_expr
 from expr_tracker.alerts.evaluate import render_observed
-from expr_tracker.alerts.testing import AlertCapture, replay, rows_from_series
+from expr_tracker.alerts.testing import EventCapture, replay, rows_from_series
 
 HOUR = 3600.0
 W0 = 1_700_000_000.0
@@ -29,7 +29,7 @@ class Live:
 
     def __init__(self, rules, *, mono: float = 0.0) -> None:
         self.mono, self.wall = Clock(mono), Clock(W0)
-        self.cap = AlertCapture()
+        self.cap = EventCapture()
         self.engine = AlertEngine(rules, record=self.cap, clock=self.mono, wall_clock=self.wall)
         self.step = 0
 

@@ -12,7 +12,7 @@ import pytest
 from helpers import read_lines
 
 import expr_tracker as et
-from expr_tracker.build import build
+from expr_tracker.assemble import build
 from expr_tracker.spec import SpecError, resolve
 
 

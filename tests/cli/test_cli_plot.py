@@ -146,13 +146,13 @@ def test_unknown_and_ambiguous_runs(runs, capsys, tmp_path):
     root, _a, _b = runs
     code, out, err = plot(capsys, "aa", "--dir", str(root))
     assert code == 1 and out == ""
-    assert "unknown run" in err and "did you mean" in err
+    assert "names no run" in err and "close matches" in err
     _run(root, "a", [{"loss": 1.0}], project="q")  # q/a beside p/a
     code, _, err = plot(capsys, "a", "--dir", str(root))
     assert code == 1 and "ambiguous" in err and "p/a" in err and "q/a" in err
     assert plot(capsys, "q/a", "--dir", str(root), "--width", "40", "--height", "8")[0] == 0
     code, _, err = plot(capsys, str(tmp_path / "nowhere"))
-    assert code == 1 and "unknown run" in err
+    assert code == 1 and "names no run" in err
 
 
 def test_usage_errors(runs, capsys):
@@ -532,7 +532,7 @@ def test_runs_option_keeps_names_with_commas_whole(tmp_path, capsys):
     assert code == 0, err
     assert "lr=0.1,bs=32/loss: 20 points" in out and "lr=0.01,bs=32/loss: 20 points" in out
     code, _, err = plot(capsys, "--dir", str(root), "--runs", "sw/lr=0.1,bs=32,nope", "loss")
-    assert code == 1 and "unknown run" in err and "'nope'" in err
+    assert code == 1 and "names no run" in err and "'nope'" in err
 
 
 def test_a_metric_that_is_also_a_run_name_is_a_metric(tmp_path, capsys):

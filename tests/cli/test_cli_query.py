@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 
-from expr_tracker.cli import output
+from expr_tracker.history.values import json_safe
 
 pytest.importorskip("duckdb")
 pytest.importorskip("pyarrow")
@@ -76,7 +76,7 @@ def test_table_shows_the_first_max_rows_and_counts_all(runs, capsys):
 def test_jsonl_and_json_are_strict_json_with_nan_and_inf_as_null(runs, capsys):
     """The house rule (docs/cli.md "Output for scripts"): json/jsonl are strict JSON, so
     ``jq`` and JSON.parse read them; NaN/±inf become null (csv/parquet keep them)."""
-    want = output.strict(et.query(SQL, runs, output_type="dicts"))
+    want = json_safe(et.query(SQL, runs, output_type="dicts"), "null")
     code, out, _ = cli(capsys, SQL, runs, "--format", "jsonl")
     assert code == 0
     strict = {"NaN": None, "Infinity": None, "-Infinity": None}

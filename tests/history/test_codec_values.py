@@ -16,7 +16,7 @@ import pytest
 
 import expr_tracker as et
 from expr_tracker._warn import Warner
-from expr_tracker.build import normalize_config
+from expr_tracker.assemble import normalize_config
 from expr_tracker.history.codec import decode_line, encode_row, normalize_value
 
 

@@ -113,7 +113,7 @@ def test_unsorted_allow_file_is_exact_by_step(tmp_path):
     assert [x["_step"] for x in got] == [1, 2, 3, 4]
     assert r.full_scans == 1
     assert [x["_step"] for x in r.tail(-1)] == sorted(set(steps))
-    # tail(n) is the most recently *written* steps (spec B.2)
+    # tail(n) is the most recently *written* steps (docs/history.md "Steps, not lines")
     assert {x["_step"] for x in r.tail(3)} == {3, 8, 1}
 
 

@@ -1,7 +1,7 @@
 """A run's whole life from its ``run*.json`` (``history.runinfo.run_life``): the readers'
 (``et runs``, ``et compare``, the ``runs`` view, ``et ui``) one rule for live, killed,
 multi-producer and older runs and for values that are no times (docs/streams.md "Run
-identity", Durations). The real attempts: tests/build/test_run_durations.py."""
+identity", Durations). The real attempts: tests/assemble/test_run_durations.py."""
 
 from __future__ import annotations
 

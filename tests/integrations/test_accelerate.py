@@ -117,7 +117,8 @@ def test_spec_in_every_form_and_init_keywords_reach_the_run(form, tmp_path):
 def test_a_span_around_the_whole_step_holding_accelerator_log(with_step):
     """``accelerator.log`` inside a span over the whole step: with ``step=i`` the span joins
     step ``i``, open when it ends (base code: one row late); without a step, log() commits
-    the step inside the span, so the span lands in the next step (the spec's rule)."""
+    the step inside the span, so the span lands in the next step (docs/spans.md "Which row a
+    span joins")."""
     from accelerate import Accelerator
 
     tracker = ExprTrackerTracker(project="acc", name=f"inside-{with_step}")

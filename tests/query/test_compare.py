@@ -14,7 +14,8 @@ from pathlib import Path
 import pytest
 
 import expr_tracker as et
-from expr_tracker.query.compare import CompareError, compare_runs, flatten, goal_from_name
+from expr_tracker.history.values import flatten
+from expr_tracker.query.compare import CompareError, compare_runs, goal_from_name
 
 
 def make_run(name, project="p", config=None, rows=(), dir="runs", summary=None, **init):
@@ -134,7 +135,7 @@ def test_a_missing_run_names_close_matches():
     with pytest.raises(CompareError, match="close matches: .*baseline-lr0.1") as err:
         compare_runs(["baseline-lr0.01", "other"])
     assert "'baseline-lr0.01'" in str(err.value)
-    with pytest.raises(CompareError, match="no such run"):
+    with pytest.raises(CompareError, match="names no run"):
         compare_runs(["zzz", "other"], root="nowhere")
 
 

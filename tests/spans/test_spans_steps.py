@@ -475,7 +475,8 @@ def test_threads_logging_inside_spans_keep_records_and_rows_in_agreement(tmp_pat
 
 @pytest.mark.slow
 def test_a_lone_span_record_is_written_within_about_a_second(tmp_path):
-    """The first completed span requests an immediate write (spec spans.txt): its record
+    """The first completed span requests an immediate write (docs/spans.md "Which row a span
+    joins"): its record
     is in spans.jsonl within about a second with no log() after it, even with
     max_buffer_seconds=30 (base code: 30 s)."""
     import time
@@ -545,7 +546,8 @@ def test_held_records_are_folded_at_the_hold_deadline():
 
 @pytest.mark.parametrize("logged_first", [False, True])
 def test_the_first_span_record_waits_about_a_second(logged_first):
-    """The first completed span requests a prompt write (spec spans.txt): until a record
+    """The first completed span requests a prompt write (docs/spans.md "Which row a span
+    joins"): until a record
     went out, and while no log(step=N) came, pending span data is placed in the open row
     within FIRST_HOLD_SECONDS, whatever max_seconds says (base code: max_seconds); later
     records wait as before (and with explicit steps, max_open_seconds: the test below)."""

@@ -1,5 +1,5 @@
 """``et.init`` and ``et config validate`` accept and reject the same specs (both run
-``build.check``): every bad spec below is a ``SpecError`` from ``et.init`` naming the path,
+``assemble.check``): every bad spec below is a ``SpecError`` from ``et.init`` naming the path,
 and ``et config validate`` names the same paths, exits 1, prints no SUCCESS line and no
 traceback; every good spec passes both."""
 
@@ -194,7 +194,7 @@ def _env(monkeypatch):
 def file_issues(file, kind):
     """What ``et config validate`` reports for ``file`` (imported here: the function is
     new, and the tests comparing against it should fail one by one without it)."""
-    from expr_tracker.build.check import check_file as issues
+    from expr_tracker.assemble.check import check_file as issues
 
     return issues(file, kind)
 

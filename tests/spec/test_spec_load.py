@@ -482,7 +482,7 @@ def test_a_nul_byte_is_reported_at_line_and_column(tmp_path, text, at):
     """PyYAML's reader gives only a character position (base code: "in "<unicode
     string>", position 18", no location): line:column like every other spec error, and
     the same for et rules check and et rules test."""
-    from expr_tracker.alerts.rulefiles import check_file
+    from expr_tracker.alerts.rulefiles import check_rules_file
     from expr_tracker.alerts.unittests import run_unit_tests
 
     path = write(tmp_path / "nul.yaml", text)
@@ -494,7 +494,7 @@ def test_a_nul_byte_is_reported_at_line_and_column(tmp_path, text, at):
         "invalid YAML: unacceptable character #x0000: special characters are not allowed"
     )
     assert str(info.value).startswith(f"{path}:{at[0]}:{at[1]}: invalid YAML")
-    (error,) = check_file(path)["errors"]
+    (error,) = check_rules_file(path)["errors"]
     assert (error["line"], error["column"]) == at and "position" not in error["message"]
     errors, _, _ = run_unit_tests(tmp_path / "nul.yaml")
     assert errors == [f"{path}:{at[0]}:{at[1]}: {issue.message}"]

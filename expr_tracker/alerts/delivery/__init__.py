@@ -1,10 +1,13 @@
 """Alert delivery: messages, the per-channel policy stages, lanes, the dispatcher, the alert
 log, secret scrubbing and the channel types (``channels/``). See docs/channels.md.
 
+Everything here takes plain values; a dispatcher made from an ``AlertsSpec``
+(``build_dispatcher``) comes from the composition root, ``expr_tracker.assemble``.
+
 The public names below load on first use, so ``import expr_tracker`` (which imports the
 alert log) does not pay for the dispatcher or the channels:
 
-    from expr_tracker.alerts.delivery import AlertMessage, Dispatcher, Policy, build_dispatcher
+    from expr_tracker.alerts.delivery import AlertMessage, Dispatcher, Policy
 """
 
 from __future__ import annotations
@@ -23,12 +26,10 @@ _PUBLIC = {
     "Submission": "dispatcher",
     "TokenBucket": "policy",
     "alert": "direct",
-    "build_dispatcher": "wiring",
     "event_to_message": "message",
     "make_message": "direct",
     "rank_alerts": "direct",
-    "run_end_message": "wiring",
-    "standalone_dispatcher": "direct",
+    "run_end_message": "message",
 }
 
 __all__ = sorted(_PUBLIC)

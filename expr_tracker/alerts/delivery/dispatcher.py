@@ -7,8 +7,8 @@ dedup -> token bucket -> send with retries. Training never waits on a channel.
     d.stats()            # {"slack": {"sent": 1, "failed": 0, ...}}
     d.close(timeout=10)  # drain within a deadline; what is left is recorded undelivered
 
-Per message and channel, on the channel's worker (STYLE.md 6: timing lives here, a channel
-only sends):
+Per message and channel, on the channel's worker (timing lives here, a channel only sends:
+docs/channels.md "Policy"):
 
 0. **severity order**: a channel's queue is drained most severe first, first in first out
    within a level, so a critical alert never waits behind info alerts queued before it.

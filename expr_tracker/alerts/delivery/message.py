@@ -5,18 +5,21 @@ critical, aliases warn/err/fatal/crit, compared by severity with ``level_rank``.
 
 ``safe_format(template, values)`` fills ``{name}`` placeholders by literal key only (no
 attribute or index access), for channel templates. Secret scrubbing (``redact_url``,
-``scrub``) lives in ``delivery.scrub``.
+``scrub``) lives in ``delivery.scrub``. ``run_end_message(notify_on, ...)``: the built-in
+``notify_on`` message of a run's end, from plain values.
 """
 
 from __future__ import annotations
 
 import hashlib
 import time
-from collections.abc import Mapping
+import traceback as _traceback
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field, replace
 from typing import Any
 
 from expr_tracker.alerts.template import render_template
+from expr_tracker.history.values import format_value
 from expr_tracker.units import LEVELS, level_rank, normalize_level
 
 __all__ = [
@@ -25,6 +28,7 @@ __all__ = [
     "event_to_message",
     "level_rank",
     "normalize_level",
+    "run_end_message",
     "safe_format",
 ]
 
@@ -178,13 +182,6 @@ def _jsonable(value: Any) -> Any:
     return str(value)
 
 
-def format_value(value: Any) -> str:
-    """Short display form of a field value (floats with 6 significant digits)."""
-    if isinstance(value, float):
-        return f"{value:.6g}"
-    return str(value)
-
-
 def safe_format(template: str, values: Mapping[str, Any]) -> str:
     """:func:`~expr_tracker.alerts.template.render_template` with None reading as empty
     (a webhook body or a card shows nothing for a missing field)."""
@@ -249,3 +246,54 @@ def _rule_dedup_key(event: Any, rule_name: Any, kind: str, level: Any) -> str:
     if kind == "repeat":
         key += f":{getattr(event, 'fires', None)}"
     return key
+
+
+def run_end_message(
+    notify_on: Iterable[str],
+    *,
+    project: Any = "?",
+    name: Any = "?",
+    exception: Any = None,
+    steps: int | None = None,
+    started_at: float | None = None,
+) -> AlertMessage | None:
+    """The built-in ``notify_on`` message for a run ending, or None.
+
+    ``exception``: the ``(type, value, traceback)`` the run failed with, or None.
+    ``failure`` (it failed): level error, the exception type and message, the traceback.
+    ``finish``: level info on success (error when it failed and ``failure`` is not asked
+    for). Fields: status, steps (``steps``, rows committed), duration_s (from ``started_at``,
+    epoch seconds).
+    """
+    wanted = set(notify_on or ())
+    if not wanted:
+        return None
+    fields: dict[str, Any] = {}
+    if steps is not None:
+        fields["steps"] = steps
+    if started_at:
+        fields["duration_s"] = round(time.time() - float(started_at), 1)
+    if exception is not None:
+        if not wanted & {"failure", "finish"}:
+            return None
+        etype, evalue, tb = exception
+        text = "".join(_traceback.format_exception(etype, evalue, tb))
+        fields = {"status": "failed", **fields}
+        return AlertMessage(
+            title=f"Run {project}/{name} failed: {etype.__name__}",
+            text=str(evalue)[:2000],
+            level="error",
+            traceback=text[-8000:] if "failure" in wanted else None,
+            fields=fields,
+            source="failure",
+            dedup_key=f"run-end:{project}/{name}",
+        )
+    if "finish" not in wanted:
+        return None
+    return AlertMessage(
+        title=f"Run {project}/{name} finished",
+        level="info",
+        fields={"status": "finished", **fields},
+        source="finish",
+        dedup_key=f"run-end:{project}/{name}",
+    )

@@ -32,7 +32,7 @@ URGENT_RANK = LEVELS.index(URGENT_LEVEL)
 @dataclass(frozen=True)
 class Policy:
     """Delivery policy (plain, for the worker; built from ``PolicySpec`` by ``from_spec``).
-    Defaults: docs/channels.md "Policy". Durations in seconds.
+    Defaults: the table of docs/channels.md "Policy". Durations in seconds.
 
     Severity rule of a rate-limited channel (``rate_limit_per_minute``): the queue drains
     most severe first; ``error`` and ``critical`` messages are never held behind less severe

@@ -1,65 +1,14 @@
-"""Sinks for alert events until the delivery issue lands: ``AlertLog`` (alerts.jsonl) and
-``ConsoleNotifier`` (rich). Both are plain callables ``sink(event)`` for ``AlertEngine``.
-
-``AlertLog(path)`` appends one JSON line per transition (``AlertEvent.to_record()``:
-``kind: "transition"``, rule, event, level, state, step, time, title, message, metrics)
-and ``write(record)`` appends any other record (delivery outcomes later). The file is
-created on the first record and flushed after each (alerts are rare). A failing disk is
-warned about once and never raises (DESIGN.md "Rules that keep it honest").
+"""Sinks for alert events: ``ConsoleNotifier`` (rich), a plain callable ``sink(event)`` for
+``AlertEngine``; ``AlertLog`` (the run's ``alerts.jsonl``) is re-exported from its one home,
+``history/alertlog.py``, which also reads the file.
 """
 
 from __future__ import annotations
 
-import json
-import logging
-import os
-import threading
-from pathlib import Path
-
 from expr_tracker.alerts.rules import LEVEL_STYLE
+from expr_tracker.history.alertlog import AlertLog
 
 __all__ = ["AlertLog", "ConsoleNotifier"]
-
-log = logging.getLogger("expr_tracker.alerts")
-
-
-class AlertLog:
-    """Append-only JSONL of alert records at ``path`` (e.g. ``<run>/alerts.rank1.jsonl``)."""
-
-    def __init__(self, path: str | os.PathLike) -> None:
-        self.path = Path(path)
-        self._lock = threading.Lock()
-        self._file = None
-        self._failed = False
-        self.records = 0
-
-    def __call__(self, event) -> None:
-        self.write(event.to_record())
-
-    def write(self, record: dict) -> None:
-        """Append one record (NaN/inf written as ``NaN``/``Infinity``, like metrics.jsonl)."""
-        line = json.dumps(record, default=str, ensure_ascii=False) + "\n"
-        with self._lock:
-            try:
-                if self._file is None:
-                    self.path.parent.mkdir(parents=True, exist_ok=True)
-                    self._file = open(self.path, "a", encoding="utf-8")  # noqa: SIM115
-                self._file.write(line)
-                self._file.flush()
-                self.records += 1
-            except OSError as exc:
-                if not self._failed:
-                    self._failed = True
-                    log.warning("cannot write alert log %s: %s", self.path, exc)
-
-    def close(self) -> None:
-        with self._lock:
-            if self._file is not None:
-                try:
-                    self._file.close()
-                except OSError:
-                    pass
-                self._file = None
 
 
 class ConsoleNotifier:

@@ -97,7 +97,7 @@ def test_endpoint_hanging_past_the_drain_deadline(tmp_path):
             import expr_tracker as et
             from expr_tracker.alerts.delivery import dispatcher as dispatch
             from expr_tracker.alerts.delivery import alert
-            from expr_tracker.build.alerts import attach_delivery
+            from expr_tracker.assemble.delivery import attach_delivery
             run = et.init(project="p", name="hang", dir={str(tmp_path)!r})
             spec = {{"channels": [{{"type": "webhook", "name": "hook", "url": {server.url!r},
                      "policy": {{"timeout": 30}}}}]}}

@@ -5,7 +5,7 @@ from __future__ import annotations
 import json
 
 from expr_tracker.alerts.delivery import AlertMessage, run_end_message
-from expr_tracker.build.alerts import open_delivery
+from expr_tracker.assemble.delivery import open_delivery
 
 
 def test_open_delivery_takes_plain_values_and_hands_back_close_and_stats(tmp_path):

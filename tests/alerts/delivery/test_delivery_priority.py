@@ -10,8 +10,9 @@ import time
 import pytest
 
 import expr_tracker as et
-from expr_tracker.alerts.delivery import Dispatcher, Policy, TokenBucket, build_dispatcher
+from expr_tracker.alerts.delivery import Dispatcher, Policy, TokenBucket
 from expr_tracker.alerts.delivery.message import AlertMessage
+from expr_tracker.assemble import build_dispatcher
 from expr_tracker.testing import FakeClock, InMemoryChannel
 
 NO_LIMIT = dict(rate_limit_per_minute=None, dedup_window=0.0, jitter=0.0)

@@ -7,9 +7,9 @@ import logging
 
 import pytest
 
-from expr_tracker.alerts.delivery import build_dispatcher
 from expr_tracker.alerts.delivery.message import AlertMessage
 from expr_tracker.alerts.delivery.scrub import redact_url, scrub
+from expr_tracker.assemble import build_dispatcher
 from expr_tracker.cli.main import main
 from expr_tracker.testing import WebhookServer
 

@@ -6,9 +6,10 @@ import logging
 
 import pytest
 
-from expr_tracker.alerts.delivery import build_dispatcher, make_message
+from expr_tracker.alerts.delivery import make_message
 from expr_tracker.alerts.delivery.channels import ChannelConfigError
 from expr_tracker.alerts.delivery.message import AlertMessage
+from expr_tracker.assemble import build_dispatcher
 from expr_tracker.testing import FakeClock, InMemoryChannel
 
 

@@ -12,7 +12,7 @@ from helpers import alert_records as records
 
 import expr_tracker as et
 from expr_tracker.alerts.delivery import alert
-from expr_tracker.build.alerts import attach_delivery
+from expr_tracker.assemble.delivery import attach_delivery
 from expr_tracker.testing import InMemoryChannel, WebhookServer, capture_alerts
 
 pytestmark = pytest.mark.usefixtures("no_proxy")
@@ -74,7 +74,7 @@ def test_notify_on_failure_carries_the_traceback():
 def test_alert_without_a_run_uses_the_environment(monkeypatch):
     with WebhookServer() as server:
         monkeypatch.setenv("ET_WEBHOOK_URL", server.url)
-        from expr_tracker.alerts.delivery import direct as delivery
+        from expr_tracker.assemble import delivery
 
         assert alert("no run", level="info")
         d = delivery.standalone_dispatcher()
@@ -85,10 +85,10 @@ def test_alert_without_a_run_uses_the_environment(monkeypatch):
 
 @pytest.fixture
 def fresh_standalone(monkeypatch):
-    """No configure_alert values and no cached standalone dispatcher; closes what the test
-    built."""
+    """No configure_alert values and no cached standalone dispatcher (the composition
+    root's, ``assemble.delivery``); closes what the test built."""
     from expr_tracker import _current
-    from expr_tracker.alerts.delivery import direct as delivery
+    from expr_tracker.assemble import delivery
 
     monkeypatch.setattr(_current, "configured_alert", {})
     monkeypatch.setattr(delivery, "_standalone", None)
@@ -96,6 +96,13 @@ def fresh_standalone(monkeypatch):
     yield delivery
     if delivery._standalone is not None:
         delivery._standalone[1].close(timeout=1)
+
+
+def fresh_warner(monkeypatch):
+    """et.alert's once-per-cause notices start afresh."""
+    from expr_tracker.alerts.delivery import direct
+
+    monkeypatch.setattr(direct, "_warner", type(direct._warner)(direct.log))
 
 
 def _callable_channel(name, sink):
@@ -111,9 +118,7 @@ def test_alert_on_a_rank_that_does_not_alert_sends_nothing(monkeypatch, caplog, 
     et.configure_alert(channels=[_callable_channel("cb", got.append)], policy=NO_RATE_LIMIT)
     run = et.init(project="proj", name="r1")
     assert run.rank == 1 and run.dispatcher is None
-    monkeypatch.setattr(
-        fresh_standalone, "_warner", type(fresh_standalone._warner)(fresh_standalone.log)
-    )
+    fresh_warner(monkeypatch)
     with caplog.at_level("INFO", logger="expr_tracker.alerts"):
         assert et.alert("incident") is False
         assert et.alert("incident again") is False
@@ -157,9 +162,7 @@ def test_runless_alert_honours_on_rank(monkeypatch, caplog, fresh_standalone):
     (one incident is not delivered once per rank); a rank it lists does."""
     got = []
     monkeypatch.setenv("RANK", "1")
-    monkeypatch.setattr(
-        fresh_standalone, "_warner", type(fresh_standalone._warner)(fresh_standalone.log)
-    )
+    fresh_warner(monkeypatch)
     et.configure_alert(channels=[_callable_channel("cb", got.append)], policy=NO_RATE_LIMIT)
     with caplog.at_level("INFO", logger="expr_tracker.alerts"):
         assert et.alert("incident") is False
@@ -272,7 +275,7 @@ def test_hanging_channel_process_exits_within_deadline(tmp_path):
             import expr_tracker as et
             from expr_tracker.alerts.delivery import dispatcher as dispatch
             from expr_tracker.alerts.delivery import alert
-            from expr_tracker.build.alerts import attach_delivery
+            from expr_tracker.assemble.delivery import attach_delivery
             dispatch.DEFAULT_DRAIN_TIMEOUT = 0.5
             run = et.init(project="p", name="hang", dir={str(tmp_path)!r})
             spec = {{"channels": [{{"type": "webhook", "url": {server.url!r},

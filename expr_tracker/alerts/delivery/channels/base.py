@@ -1,6 +1,6 @@
 """What every channel shares: ``Channel``, ``SendResult``, ``DeliveryError`` and ``post_json``.
 
-A channel only sends what it is handed (STYLE.md 6): timing, retries, rate limits, dedup and
+A channel only sends what it is handed (docs/channels.md "Policy"): timing, retries, rate limits, dedup and
 threads belong to the dispatcher. ``send(message, timeout)`` either returns a ``SendResult``
 (the endpoint accepted it) or raises ``DeliveryError`` saying whether a retry may help, the
 HTTP status and any ``Retry-After``. Settings are validated in ``__init__`` and raise
@@ -44,7 +44,7 @@ class ChannelConfigError(ValueError):
     ``str()`` is the whole message (``alerts.channels.<name>.<field>: <problem>``);
     ``channel`` (the channel's name), ``field`` (dotted, relative to the channel:
     ``options.port``, ``url``, ``type``; "" for the channel as a whole) and ``problem`` (the
-    message without its path) are set when the raiser knew them, for ``build.check`` to
+    message without its path) are set when the raiser knew them, for ``assemble.check`` to
     turn into a ``SpecError`` naming the spec path. The text never holds a secret.
     """
 
@@ -320,7 +320,7 @@ class Channel:
         """Every problem of ``options`` that needs no environment and no network, as
         ``(field, problem)`` pairs (``("options.port", "must be an integer, got 'x'")``):
         unknown keys, then the checks of ``option_checks``. ``__init__`` raises the first;
-        ``build.check`` reports them all, also for a channel that is off."""
+        ``assemble.check`` reports them all, also for a channel that is off."""
         out: list[tuple[str, str]] = []
         unknown = sorted(str(k) for k in set(options) - set(cls.option_names))
         if unknown:
@@ -375,6 +375,6 @@ class Channel:
 
 def fields_list(message: AlertMessage, limit: int = 20) -> list[tuple[str, str]]:
     """``(name, value)`` display pairs of ``message.fields`` (at most ``limit``)."""
-    from expr_tracker.alerts.delivery.message import format_value
+    from expr_tracker.history.values import format_value
 
     return [(str(k), format_value(v)) for k, v in list(message.fields.items())[:limit]]

@@ -10,8 +10,9 @@ from __future__ import annotations
 from typing import Any
 
 from expr_tracker.alerts.delivery.channels.base import Channel, SendResult, opt_choice
-from expr_tracker.alerts.delivery.message import AlertMessage, format_value
+from expr_tracker.alerts.delivery.message import AlertMessage
 from expr_tracker.alerts.rules import LEVEL_STYLE
+from expr_tracker.history.values import format_value
 
 __all__ = ["ConsoleChannel", "render_console"]
 

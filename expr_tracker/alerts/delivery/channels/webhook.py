@@ -30,12 +30,12 @@ from expr_tracker.alerts.delivery.channels.base import (
 from expr_tracker.alerts.delivery.channels.bounded_http import HttpChannel
 from expr_tracker.alerts.delivery.message import AlertMessage, safe_format
 
-__all__ = ["WebhookChannel", "render_template"]
+__all__ = ["WebhookChannel", "render_body"]
 
 _WHOLE = {"{fields}", "{tags}", "{message}", "{mentions}"}
 
 
-def render_template(template: Any, message: AlertMessage, _depth: int = 0) -> Any:
+def render_body(template: Any, message: AlertMessage, _depth: int = 0) -> Any:
     """``template`` with its strings filled from ``message`` (see the module docstring)."""
     if _depth > 32:
         return None
@@ -45,9 +45,9 @@ def render_template(template: Any, message: AlertMessage, _depth: int = 0) -> An
             return whole if template == "{message}" else whole[template[1:-1]]
         return safe_format(template, message.values())
     if isinstance(template, Mapping):
-        return {str(k): render_template(v, message, _depth + 1) for k, v in template.items()}
+        return {str(k): render_body(v, message, _depth + 1) for k, v in template.items()}
     if isinstance(template, (list, tuple)):
-        return [render_template(v, message, _depth + 1) for v in template]
+        return [render_body(v, message, _depth + 1) for v in template]
     return template
 
 
@@ -94,7 +94,7 @@ class WebhookChannel(HttpChannel):
     def payload(self, message: AlertMessage) -> Any:
         if self.template is None:
             return message.to_dict()
-        return render_template(self.template, message)
+        return render_body(self.template, message)
 
     def send(self, message, timeout):  # noqa: ANN001 - see HttpChannel.send
         from expr_tracker.alerts.delivery.channels.bounded_http import post_json

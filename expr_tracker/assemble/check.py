@@ -179,7 +179,7 @@ def _rule_issue(resolved: Any, index: int, rule: Any, exc: Exception) -> Any:
 def check_file(file: str, kind: str, environ: Any = None, package: str | None = None) -> list:
     """Every problem ``et.init(spec=file)`` would raise for ``file`` (an alerts file: as the
     ``alerts`` section of a run spec), from the same checks: the schema, then
-    ``build.check`` (span plugins and their options, rules, channels with their options and
+    ``assemble.check`` (span plugins and their options, rules, channels with their options and
     URLs; ``url_env``/``*_env`` variables read from ``environ``, default ``os.environ``);
     ``package`` is the dotted section of a Hydra app's config holding the spec.
     Rule problems are shown as ``et rules check`` shows them (the column of the error in the

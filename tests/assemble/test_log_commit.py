@@ -1,4 +1,4 @@
-"""The write path: the commit table (spec design.txt A.1), step policy, reserved names."""
+"""The write path: the commit table (docs/logging.md), step policy, reserved names."""
 
 from __future__ import annotations
 

@@ -39,7 +39,7 @@ from pathlib import Path
 from typing import Any
 
 from expr_tracker._warn import Warner
-from expr_tracker.build.history import Attempt, normalize_config, run_directory
+from expr_tracker.assemble.history import Attempt, normalize_config, run_directory
 from expr_tracker.errors import ExprTrackerError, RunLockedError
 from expr_tracker.history.paths import file_name
 from expr_tracker.history.runinfo import read_run_info

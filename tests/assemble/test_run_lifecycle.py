@@ -73,7 +73,7 @@ def test_resume_under_allow_uses_max_not_last_step(tmp_path):
 
 
 def test_resume_modes(tmp_path):
-    from expr_tracker.build import ResumeError
+    from expr_tracker.assemble import ResumeError
 
     with pytest.raises(ResumeError, match="must"):
         start(tmp_path, resume="must")

@@ -12,7 +12,10 @@ to the runtime (the hot path never touches Pydantic):
   failed attempt, resume, the history store and its writer, ``run.json``, ``config.json``,
   ``spec.json`` and the summary.
 - :mod:`.spans`: the span recorder, its writer, plugins and print target.
-- :mod:`.alerts`: the alert engine, the alert log, the channels, policies and dispatcher.
+- :mod:`.alerts`: the alert engine, the alert log, the watchdog and the row sink.
+- :mod:`.delivery`: the channels, policies and dispatcher from an ``AlertsSpec``
+  (``build_dispatcher``, also for ``et alert``), a run's delivery, and the run-less
+  dispatcher of ``et.alert`` (``standalone_dispatcher``).
 - :mod:`.artifacts`: the project's artifact store and the run's lineage (``run.artifacts``).
 - :mod:`.backends`: the mirrors (wandb, trackio, backend objects), started last.
 """
@@ -25,18 +28,19 @@ import time
 from typing import Any
 
 from expr_tracker._warn import Warner
-from expr_tracker.build.alerts import build_alerts
-from expr_tracker.build.artifacts import build_artifacts
-from expr_tracker.build.backends import build_backends
-from expr_tracker.build.check import channel_issue, check
-from expr_tracker.build.history import (
+from expr_tracker.assemble.alerts import build_alerts
+from expr_tracker.assemble.artifacts import build_artifacts
+from expr_tracker.assemble.backends import build_backends
+from expr_tracker.assemble.check import channel_issue, check
+from expr_tracker.assemble.delivery import build_dispatcher
+from expr_tracker.assemble.history import (
     announce,
     construct_run,
     normalize_config,
     run_directory,
 )
-from expr_tracker.build.identity import ResumeError, choose
-from expr_tracker.build.spans import build_spans
+from expr_tracker.assemble.identity import ResumeError, choose
+from expr_tracker.assemble.spans import build_spans
 from expr_tracker.history.paths import detect_rank
 from expr_tracker.runs import Run
 
@@ -44,6 +48,7 @@ __all__ = [
     "ResumeError",
     "build",
     "build_disabled",
+    "build_dispatcher",
     "check",
     "normalize_config",
     "run_directory",

@@ -261,9 +261,9 @@ def construct_run(
     attempt: Attempt,
     choice: Any,
 ) -> Run:
-    """The run in ``run_dir`` (``choice``: :func:`expr_tracker.build.identity.choose`'s, whose
+    """The run in ``run_dir`` (``choice``: :func:`expr_tracker.assemble.identity.choose`'s, whose
     attempt holds this producer's lock)."""
-    from expr_tracker.build.identity import notice
+    from expr_tracker.assemble.identity import notice
 
     # the directory exists and this producer's lock is held (Attempt.lock): reading the
     # previous attempt now sees a file no live process is writing

@@ -497,7 +497,7 @@ def test_racing_starts_of_a_new_run_one_wins_and_keeps_everything(tmp_path):
 def test_a_failed_start_removes_only_what_it_created(tmp_path, monkeypatch):
     """Another producer that appears in the run directory while this start fails keeps
     its files; the failed start leaves none of its own."""
-    import expr_tracker.build as build_mod
+    import expr_tracker.assemble as assemble_mod
 
     runs = tmp_path / "runs"
     other = """
@@ -506,7 +506,7 @@ def test_a_failed_start_removes_only_what_it_created(tmp_path, monkeypatch):
     et.log({"o": 1})
     et.finish()
     """
-    real = build_mod.build_spans
+    real = assemble_mod.build_spans
 
     def spans_then_fail(*args, **kwargs):
         real(*args, **kwargs)
@@ -514,7 +514,7 @@ def test_a_failed_start_removes_only_what_it_created(tmp_path, monkeypatch):
         assert rc == 0, err
         raise RuntimeError("construction fails after another producer started")
 
-    monkeypatch.setattr(build_mod, "build_spans", spans_then_fail)
+    monkeypatch.setattr(assemble_mod, "build_spans", spans_then_fail)
     with pytest.raises(RuntimeError, match="construction fails"):
         et.init(project="proj", name="r1", dir=str(runs))
     run_dir = runs / "proj" / "r1"
@@ -792,7 +792,7 @@ def test_a_run_from_before_init_configs_were_recorded_is_compared_by_its_config_
 
 
 def test_changed_keys_are_named_a_few_then_counted():
-    from expr_tracker.build.identity import config_changes, describe_changes
+    from expr_tracker.assemble.identity import config_changes, describe_changes
 
     before = {"optim": {"lr": 0.1, "betas": [0.9, 0.99]}, "a": 1, "b": 2, "c": 3, "gone": 0}
     after = {"optim": {"lr": 0.2, "betas": [0.9, 0.95]}, "a": 2, "b": 2, "c": 4, "new": 5}
