@@ -151,8 +151,11 @@ def test_update_survives_the_process_being_killed(tmp_path):
     saved = json.loads((run_dir / "config.json").read_text())
     assert saved == {"lr": 0.1, "lr_schedule": "cosine", "bs": 64}
     assert not [n for n in os.listdir(run_dir) if n.endswith(".tmp")]  # no temp file left
-    # the resumed run keeps the keys the killed attempt added; values given now win
-    run = et.init(project="p", name="r", dir=str(tmp_path / "runs"), config={"lr": 0.2})
+    # the resumed run keeps the keys the killed attempt added; values given now win (another
+    # config continues the run only with resume="must": docs/streams.md "Run identity")
+    run = et.init(
+        project="p", name="r", dir=str(tmp_path / "runs"), config={"lr": 0.2}, resume="must"
+    )
     assert run.resumed
     assert et.config.as_dict() == {"lr": 0.2, "lr_schedule": "cosine", "bs": 64}
     assert json.loads((run_dir / "config.json").read_text()) == et.config.as_dict()
