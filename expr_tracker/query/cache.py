@@ -95,6 +95,7 @@ from __future__ import annotations
 import errno
 import hashlib
 import logging
+import math
 import os
 import re
 import secrets
@@ -464,8 +465,21 @@ def _fingerprint(fd: int, covered: int) -> str:
 # --------------------------------------------------------------------------- manifest
 
 
+#: the largest count, size, device or inode number a manifest may hold (a file anyone may
+#: have written: an int past it, decoded by the standard module, overflows float arithmetic)
+_MAX_INT = (1 << 64) - 1
+
+
 def _is_int(v: Any, low: int = 0) -> bool:
-    return type(v) is int and v >= low
+    return type(v) is int and low <= v <= _MAX_INT
+
+
+def _is_time(v: Any) -> bool:
+    """A finite time in seconds (not NaN, which is never past a grace time, nor an int no
+    float holds)."""
+    if type(v) is int:
+        return abs(v) <= _MAX_INT
+    return type(v) is float and math.isfinite(v)
 
 
 def _manifest_problem(m: Any) -> str | None:
@@ -480,7 +494,7 @@ def _manifest_problem(m: Any) -> str | None:
         return "no source or kind"
     if m.get("fingerprint") is not None and not isinstance(m.get("fingerprint"), str):
         return "a bad fingerprint"
-    if m.get("max_step") is not None and type(m.get("max_step")) is not int:
+    if m.get("max_step") is not None and not _is_int(m.get("max_step"), -_MAX_INT):
         return "a bad max_step"
     if type(m.get("monotonic")) is not bool or type(m.get("merged")) is not bool:
         return "bad flags"
@@ -513,7 +527,7 @@ def _manifest_problem(m: Any) -> str | None:
             return "a replaced part without a file name"
         if not PART_RE.match(g["file"]):
             return f"the replaced part {g['file']!r}, not a file of its own"
-        if type(g.get("replaced_at")) not in (int, float):
+        if not _is_time(g.get("replaced_at")):
             return f"the replaced part {g['file']!r} without its time"
     return None
 

@@ -130,6 +130,47 @@ def test_a_planted_manifest_removes_nothing_outside_the_cache(tmp_path, name):
     assert json.loads((cdir / "manifest.json").read_text())["garbage"] == []
 
 
+@pytest.mark.parametrize(
+    "numbers",
+    [
+        {"replaced_at": "BIG"},  # an int no float holds: `now - replaced_at` overflowed
+        {"replaced_at": "NaN"},  # never past its grace time: kept for ever
+        {"covered": "BIG"},
+        {"ino": "BIG"},
+    ],
+)
+def test_a_planted_manifest_with_numbers_out_of_range_is_rebuilt(tmp_path, numbers):
+    """A manifest's numbers come from a file anyone may have written: an int past 2**64 or
+    a NaN (the standard decoder's dialect, reached when the text holds `NaN`) made every
+    query of the run fail ("cannot be read (OverflowError ...)") for good, not rebuilt."""
+    root = tmp_path / "runs"
+    good_runs(root)
+    run = root / "p" / "a"
+    cdir = run / ".et-cache" / "metrics.jsonl"
+    fields = {"replaced_at": 0, "covered": 0, "ino": 0}
+    fields.update({k: 10**400 if v == "BIG" else v for k, v in numbers.items()})
+    plant_manifest(
+        cdir,
+        source=str((run / "metrics.jsonl").absolute()),
+        covered=fields["covered"],
+        ino=fields["ino"],
+        bad_lines=0,
+        bad_first=None,
+        fingerprint="NaN",  # a token the standard decoder's fallback is used for
+        garbage=[{"file": "part-000000000000-deadbeef.parquet", "replaced_at": 0}],
+    )
+    text = (cdir / "manifest.json").read_text()
+    text = text.replace('"replaced_at": 0', f'"replaced_at": {fields["replaced_at"]}')
+    (cdir / "manifest.json").write_text(text)
+    p = et_query(COUNT, str(root), "--format", "json")
+    assert p.returncode == 0, p.stderr
+    assert json.loads(p.stdout) == GOOD, p.stderr
+    assert "cannot be read" not in p.stderr
+    again = et_query(COUNT, str(root), "--format", "json")
+    assert json.loads(again.stdout) == GOOD and again.stderr == ""
+    assert json.loads((cdir / "manifest.json").read_text())["garbage"] == []
+
+
 def test_a_manifest_whose_parts_are_links_is_not_trusted(tmp_path, monkeypatch):
     """Parts named as the cache names them but linked to a file elsewhere: never read as
     the run's rows, and removing them removes the link only."""
