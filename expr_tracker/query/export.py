@@ -131,6 +131,7 @@ class _Source:
     in_order: bool = True  # lines and steps non-decreasing over the parts, in order
     stats: dict[str, list[bool]] = field(default_factory=dict)  # metric -> [has text]
     limit: int = -1  # the lines of the first refresh: a later one's rows past it are left out
+    checked: Any = None  # the refresh whose parts were checked against their SHA-256
 
     def __post_init__(self) -> None:
         if self.limit < 0:
@@ -147,6 +148,7 @@ def _parts(src: _Source) -> Iterator[Any]:
     import pyarrow as pa
     import pyarrow.parquet as pq
 
+    from expr_tracker.query.cache import damaged
     from expr_tracker.query.tables import Problems
     from expr_tracker.query.views import cache_of
 
@@ -158,6 +160,24 @@ def _parts(src: _Source) -> Iterator[Any]:
                 for b in src.cached.memory
             ]
             break
+        # an export reads every byte of the parts anyway: check them against the SHA-256
+        # written with them first (a damaged middle keeps the size and the magic that a
+        # refresh checks), and rebuild a cache that holds a damaged one
+        bad = damaged(src.cached.parts) if src.checked is not src.cached else []
+        src.checked = src.cached
+        if bad:
+            for part, why in bad:
+                log.warning(
+                    "expr_tracker: the query cache part %s could not be read (%s): rebuilt "
+                    "from the JSONL",
+                    part,
+                    why,
+                )
+            cached, _ = cache_of(src.producer, "metrics", src.cache_dir, Problems())
+            if cached is None:
+                raise FileNotFoundError(f"{src.producer.metrics} vanished")
+            src.cached = cached
+            continue
         try:
             for path in src.cached.parts:
                 files.append(pq.ParquetFile(str(path), read_dictionary=["metric"]))

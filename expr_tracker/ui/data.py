@@ -28,6 +28,7 @@ lists the point in ``nonfinite`` as ``{"x", "step", "kind": "nan"|"inf"|"-inf"}`
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import itertools
 import math
@@ -532,6 +533,22 @@ class _Source:
         return name
 
 
+_read = threading.local()
+
+
+@contextlib.contextmanager
+def parts_read() -> Iterator[list[Path]]:
+    """The cache parts handed to DuckDB on this thread while inside (a request's): when
+    reading fails without naming one (a damaged footer), the server checks them
+    (:func:`expr_tracker.query.api.recover_cache`) and answers again."""
+    prev = getattr(_read, "parts", None)
+    _read.parts = parts = []
+    try:
+        yield parts
+    finally:
+        _read.parts = prev
+
+
 def _cached(catalog: Catalog, p: Producer, kind: str) -> Any:
     """The producer's columnar cache of ``kind`` (None: no such file, or gone); the source
     opened only as a regular file inside the served folder (:class:`Unreadable` else)."""
@@ -546,6 +563,9 @@ def _cached(catalog: Catalog, p: Producer, kind: str) -> Any:
         return None
     except (OSError, ValueError, RecursionError) as exc:
         raise Unreadable(f"{path.name} of {p.run_id!r}: {why(exc)}") from None
+    seen = getattr(_read, "parts", None)
+    if seen is not None:
+        seen.extend(c.parts)
     return c if c.parts else None
 
 

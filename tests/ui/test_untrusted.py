@@ -294,3 +294,31 @@ def test_infinite_lo_hi_is_a_bad_request(ui_runs, tmp_path):
     # wide but finite: answered
     r = c.get("/api/series", params={"run": "demo/alpha", "metric": "train/loss", "lo": -1e308})
     assert r.status_code == 200 and r.json()["traces"][0]["total"] == 40
+
+
+def test_a_damaged_cache_part_is_rebuilt_not_a_500(tmp_path, ui_runs):
+    """A part whose footer is damaged (size and magic intact) fails DuckDB without naming
+    the file: every chart of the run answered 500 until the cache was deleted by hand."""
+    root = tmp_path / "runs"
+    copy_run(ui_runs / "demo" / "alpha", root / "demo" / "alpha")
+    copy_run(ui_runs / "demo" / "beta", root / "demo" / "beta")
+    c = TestClient(create_app(root), base_url="http://127.0.0.1", raise_server_exceptions=False)
+    before = c.get("/api/run", params={"run": "demo/alpha"})
+    assert before.status_code == 200
+    metric = sorted(before.json()["metrics"])[0]
+    series = c.get("/api/series", params={"run": "demo/alpha", "metric": metric}).json()
+    for part in (root / "demo" / "alpha" / ".et-cache" / "metrics.jsonl").glob("part-*.parquet"):
+        raw = bytearray(part.read_bytes())
+        footer = int.from_bytes(raw[-8:-4], "little")
+        mid = len(raw) - 8 - footer // 2
+        raw[mid : mid + 16] = b"\xff" * 16
+        part.write_bytes(bytes(raw))
+    for path, params in (
+        ("/api/run", {"run": "demo/alpha"}),
+        ("/api/series", {"run": "demo/alpha", "metric": metric}),
+        ("/api/points", {"run": "demo/alpha"}),
+        ("/api/compare", [("run", "demo/alpha"), ("run", "demo/beta")]),
+    ):
+        r = c.get(path, params=params)
+        assert r.status_code == 200, (path, r.status_code, r.text[:300])
+    assert c.get("/api/series", params={"run": "demo/alpha", "metric": metric}).json() == series
