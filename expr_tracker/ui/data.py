@@ -517,12 +517,23 @@ _names = itertools.count(1)
 
 
 class _Source:
-    """FROM text for Parquet parts (a pyarrow dataset where a path literal cannot be made)."""
+    """FROM text for Parquet parts (a pyarrow dataset where a path literal cannot be made),
+    or, when ``cached`` holds its rows in memory (no cache folder could be written: a full
+    disk), for those."""
 
-    def __init__(self, con: Any) -> None:
+    def __init__(self, con: Any, cached: Any = None) -> None:
         self.con = con
+        self.cached = cached
 
     def __call__(self, parts: Sequence[Path]) -> str:
+        if self.cached is not None and self.cached.memory:
+            import pyarrow as pa
+            import pyarrow.parquet as pq
+
+            name = f"_ui_parts_{next(_names)}"
+            tables = [pq.read_table(pa.BufferReader(b)) for b in self.cached.memory]
+            self.con.register(name, pa.concat_tables(tables))
+            return name
         lits = [path_literal(Path(p)) for p in parts]
         if all(lit is not None for lit in lits):
             return f"read_parquet([{', '.join(lits)}])"  # type: ignore[arg-type]
@@ -566,7 +577,7 @@ def _cached(catalog: Catalog, p: Producer, kind: str) -> Any:
     seen = getattr(_read, "parts", None)
     if seen is not None:
         seen.extend(c.parts)
-    return c if c.parts else None
+    return c if c.parts or c.memory else None
 
 
 def _metrics_sql(con: Any, catalog: Catalog, p: Producer) -> str | None:
@@ -574,7 +585,7 @@ def _metrics_sql(con: Any, catalog: Catalog, p: Producer) -> str | None:
     c = _cached(catalog, p, "metrics")
     if c is None:
         return None
-    return metrics_select(p, c.parts, c.merged, _Source(con))
+    return metrics_select(p, c.parts, c.merged, _Source(con, c))
 
 
 # ----------------------------------------------------------------------------- runs
@@ -645,10 +656,10 @@ def run_detail(catalog: Catalog, run_id: str) -> dict:
                 continue
             if c is None:
                 continue
-            (top,) = con.execute(f"SELECT max(step) FROM {_Source(con)(c.parts)}").fetchone()
+            (top,) = con.execute(f"SELECT max(step) FROM {_Source(con, c)(c.parts)}").fetchall()[0]
             if top is not None:
                 producer_steps[producer_label(p)] = int(top)
-            sql = metrics_select(p, c.parts, c.merged, _Source(con))
+            sql = metrics_select(p, c.parts, c.merged, _Source(con, c))
             for (m,) in con.execute(
                 f"SELECT DISTINCT metric FROM ({sql}) WHERE value IS NOT NULL OR text IS NULL"
             ).fetchall():
@@ -1003,7 +1014,7 @@ def span_breakdown(
         for p in prods:
             c = _cached(catalog, p, "spans")
             if c is not None:
-                selects.append(f"SELECT name, dur_ms, step FROM {_Source(con)(c.parts)}")
+                selects.append(f"SELECT name, dur_ms, step FROM {_Source(con, c)(c.parts)}")
         if not selects:
             return {"rows": [], "start": start, "stop": stop}
         where = ["dur_ms IS NOT NULL"]

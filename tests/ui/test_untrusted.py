@@ -322,3 +322,47 @@ def test_a_damaged_cache_part_is_rebuilt_not_a_500(tmp_path, ui_runs):
         r = c.get(path, params=params)
         assert r.status_code == 200, (path, r.status_code, r.text[:300])
     assert c.get("/api/series", params={"run": "demo/alpha", "metric": metric}).json() == series
+
+
+@pytest.mark.skipif(os.geteuid() != 0, reason="mounting a small tmpfs needs root")
+def test_a_full_disk_under_the_cache_still_shows_the_charts(tmp_path):
+    """When no part can be written (a full disk) the cache hands the rows back in memory;
+    the dashboard read only parts on disk, so the run showed no metric at all (and every
+    chart 404), with nothing on the page saying why."""
+    root = tmp_path / "runs"
+    for name in ("a", "b"):
+        d = root / "p" / name
+        d.mkdir(parents=True)
+        with open(d / "metrics.jsonl", "w") as f:
+            for i in range(200):
+                f.write(json.dumps({"loss": float(i), "_step": i, "_time": 1.7e9 + i}) + "\n")
+        (d / "run.json").write_text(json.dumps({"project": "p", "name": name, "status": "x"}))
+    full = tmp_path / "full"
+    full.mkdir()
+    p = subprocess.run(
+        ["mount", "-t", "tmpfs", "-o", "size=1m", "tmpfs", str(full)],
+        capture_output=True,
+        text=True,
+    )
+    if p.returncode:
+        pytest.skip(f"cannot mount a tmpfs here ({p.stderr.strip() or p.returncode})")
+    try:
+        with open(full / "ballast", "wb") as f:
+            try:
+                while True:
+                    f.write(b"\0" * 65536)
+                    f.flush()
+            except OSError:
+                pass
+        c = local(create_app(root, cache_dir=full, token=None))
+        run = c.get("/api/run", params={"run": "p/a"}).json()
+        assert "loss" in run["metrics"] and run["producer_steps"] == {"main": 199}
+        r = c.get("/api/series", params={"run": "p/a", "metric": "loss", "width": 1000})
+        assert r.status_code == 200, r.text
+        assert r.json()["traces"][0]["y"] == [float(i) for i in range(200)]
+        r = c.get("/api/points", params={"run": "p/a", "after": 197})
+        assert r.json()["metrics"]["loss"][0]["y"] == [198.0, 199.0]
+        r = c.get("/api/compare", params=[("run", "p/a"), ("run", "p/b")])
+        assert r.status_code == 200
+    finally:
+        subprocess.run(["umount", "-l", str(full)], check=False)
