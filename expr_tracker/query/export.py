@@ -930,10 +930,12 @@ def export_runs(
     import pyarrow.parquet as pq
 
     from expr_tracker.query.catalog import discover
-    from expr_tracker.query.tables import Problems
+    from expr_tracker.query.tables import Problems, unlisted_problem
     from expr_tracker.query.views import cache_of
 
-    producers = [p for p in discover(src_path) if p.metrics is not None]
+    found = discover(src_path, include_unlisted=True)
+    unlisted = [p for p in found if p.unlisted is not None]
+    producers = [p for p in found if p.metrics is not None]
     if not producers:
         raise ExportError(f"no metrics files under {str(src_path)!r} (metrics[.S][.rankN].jsonl)")
     producers = _select_producers(producers, stream, rank)
@@ -952,6 +954,8 @@ def export_runs(
 
     sources: list[_Source] = []
     problems = Problems()
+    for p in unlisted:  # a colleague's 0700 run: named in the warning, not left out silently
+        problems.add(p, unlisted_problem(p))
     cdir = Path(cache_dir) if cache_dir else None
     for p in producers:
         cached, _ = cache_of(p, "metrics", cdir, problems)
@@ -962,7 +966,7 @@ def export_runs(
         log.warning("%s", message.replace("left out of the answer", "left out of the export"))
     skipped = [
         {"run": p.run_id, "stream": p.stream, "rank": p.rank, "problem": problems.of(p)}
-        for p in producers
+        for p in [*producers, *unlisted]
         if problems.of(p) is not None
     ]
     if not sources:

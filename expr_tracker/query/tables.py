@@ -243,6 +243,11 @@ class Problems:
         return "\n".join([head, *lines])
 
 
+def unlisted_problem(p: Any) -> str:
+    """The problem of a producer standing for a folder that could not be listed."""
+    return f"the folder cannot be listed: {p.unlisted}"
+
+
 def read_problem(path: Path, exc: BaseException) -> str:
     """``"<file name>: <why>"`` for a file that could not be read."""
     if isinstance(exc, untrusted.UnsafeFileError):
@@ -462,7 +467,10 @@ def runs_table(
     configs, summaries = [], []
     for i, p in enumerate(producers):
         infos = infos_by_dir.get(p.run_dir, {})
-        if p.run_file is None or p.run_file.name not in infos:
+        if p.unlisted is not None:  # a folder that could not be listed: nothing to read
+            problems.add(p, unlisted_problem(p))
+            info, status = {}, UNREADABLE
+        elif p.run_file is None or p.run_file.name not in infos:
             info: dict[str, Any] = {}
             status = "unknown"
         elif infos[p.run_file.name] is None:
@@ -473,6 +481,8 @@ def runs_table(
         run_status = worst_status(
             UNREADABLE if v is None else producer_status(v) for v in infos.values()
         )
+        if p.unlisted is not None:
+            run_status = UNREADABLE
         meta = _meta_block(p, problems)
         max_step, max_time = stats.get(i, (None, None))
         if max_step is None and _is_int(meta.get("max_step")):

@@ -45,6 +45,7 @@ from expr_tracker.query.tables import (
     lines_problem,
     read_problem,
     runs_table,
+    unlisted_problem,
 )
 
 INSTALL_HINT = "pip install 'expr-tracker[query]'"
@@ -361,8 +362,11 @@ def connect(
     wanted = set(VIEWS) if views is None else set(views) & set(VIEWS)
     need_metrics = bool(wanted & {"metrics", "runs"})
     need_spans = "spans" in wanted
-    producers = discover(root)
+    producers = discover(root, include_unlisted=True)
     problems = Problems()
+    for p in producers:
+        if p.unlisted is not None:
+            problems.add(p, unlisted_problem(p))
     con = duckdb.connect(":memory:")
     source = _Sources(con)
     metric_selects: list[str] = []

@@ -257,7 +257,9 @@ class Catalog:
             if now - self._at > DISCOVER_TTL:
                 runs: dict[str, list[Producer]] = {}
                 self._walked = set()
-                for p in discover(self.root, per_dir=self._per_dir):
+                for p in discover(self.root, per_dir=self._per_dir, include_unlisted=True):
+                    if p.unlisted is not None and self._contained(p) is None:
+                        continue  # a folder linked from outside: not served, not named
                     runs.setdefault(p.run_id, []).append(p)
                 for d in [d for d in self._dirs if d not in self._walked]:
                     del self._dirs[d]
@@ -309,6 +311,9 @@ class Catalog:
         return rows
 
     def _seen(self, prods: list[Producer]) -> _RowSeen:
+        if prods[0].unlisted is not None:  # a colleague's 0700 folder: listed, with why
+            why = f"the folder cannot be listed: {prods[0].unlisted}"
+            return _RowSeen((), False, [], {}, None, [why], unreadable=True)
         d = self._dirs.get(prods[0].run_dir)
         if d is not None and d.error is not None:
             return _RowSeen((), False, [], {}, None, [d.error], unreadable=True)

@@ -462,6 +462,43 @@ def test_a_colleagues_0600_run_is_reported_and_the_rest_answers(tmp_path):
     assert not (theirs / ".et-cache").exists()  # nothing made in their run
 
 
+@pytest.mark.skipif(not IS_ROOT or shutil.which("setpriv") is None, reason="needs root and setpriv")
+def test_a_colleagues_0700_run_folder_is_reported_not_left_out(tmp_path):
+    """A run folder that cannot be listed (another uid, mode 0700) was left out of `et
+    query` and `et export` without a word (`et runs` lists it as unreadable): the runs view
+    had no row for it and no warning named it."""
+    root = tmp_path / "runs"
+    good_runs(root)
+    theirs = write_run(root / "p" / "theirs", [{"loss": 7.0}])
+    os.chown(theirs, OTHER_UID, OTHER_UID)
+    os.chmod(theirs, 0o700)
+    sql = "SELECT run, status, run_status, problem FROM runs ORDER BY run"
+    p = et_query(sql, str(root), "--format", "json", prefix=no_dac())
+    assert p.returncode == 0, p.stderr
+    by = {r["run"]: r for r in json.loads(p.stdout)}
+    assert set(by) == {"p/a", "p/b", "p/theirs"}
+    assert by["p/theirs"]["status"] == by["p/theirs"]["run_status"] == "unreadable"
+    assert by["p/theirs"]["problem"] == "the folder cannot be listed: permission denied"
+    assert by["p/a"]["problem"] is None
+    # a query of the metrics alone answers from the others and names it
+    p = et_query(COUNT, str(root), "--format", "json", prefix=no_dac())
+    assert p.returncode == 0 and json.loads(p.stdout) == GOOD, p.stderr
+    assert "p/theirs: the folder cannot be listed: permission denied" in p.stderr
+    out = tmp_path / "out"
+    p = subprocess.run(
+        no_dac(sys.executable, "-m", "expr_tracker.cli.main", "export", str(root))
+        + ["-o", str(out), "--json"],
+        capture_output=True,
+        text=True,
+        timeout=300,
+        env={**os.environ, "PYTHONPATH": str(ROOT)},
+    )
+    assert p.returncode == 0, p.stderr
+    summary = json.loads(p.stdout)
+    assert [s["run"] for s in summary["skipped"]] == ["p/theirs"], summary
+    assert "p/theirs: the folder cannot be listed: permission denied" in p.stderr
+
+
 def test_a_file_swapped_for_a_link_after_discovery_is_not_read(tmp_path):
     """config.json replaced by a link to a file outside the run between discovery and
     reading: refused (the problem says so), never read into the answer."""

@@ -221,6 +221,38 @@ def test_one_unreadable_run_never_empties_the_table(ui_runs):
         shutil.rmtree(base, ignore_errors=True)
 
 
+@pytest.mark.skipif(os.getuid() != 0, reason="reading as another user needs root")
+def test_a_run_folder_that_cannot_be_listed_is_in_the_table(ui_runs):
+    """A colleague's 0700 run folder was missing from the runs table without a word (`et
+    runs` lists it as unreadable): it is listed, unreadable, with the reason."""
+    base = Path(tempfile.mkdtemp(prefix="et-ui-perm-"))
+    try:
+        root = base / "runs"
+        copy_run(ui_runs / "demo" / "beta", root / "demo" / "beta")
+        locked = copy_run(ui_runs / "demo" / "beta", root / "other" / "locked")
+        for d in (base, *root.rglob("*")):
+            os.chmod(d, 0o755 if d.is_dir() else 0o644)
+        os.chmod(locked, 0o700)
+        cache = base / "cache"
+        cache.mkdir()
+        os.chmod(cache, 0o777)
+        p = subprocess.run(
+            [sys.executable, "-c", TABLE, str(root), str(cache), str(ui_runs), str(base / "w")],
+            env=env(),
+            capture_output=True,
+            text=True,
+            timeout=120,
+        )
+        assert p.returncode == 0, p.stderr
+        rows = {r["run"]: r for r in json.loads(p.stdout)}
+        assert set(rows) == {"demo/beta", "other/locked"}
+        assert rows["demo/beta"]["status"] == "finished"
+        assert rows["other/locked"]["status"] == "unreadable"
+        assert rows["other/locked"]["error"] == "the folder cannot be listed: permission denied"
+    finally:
+        shutil.rmtree(base, ignore_errors=True)
+
+
 # ----------------------------------------------------------------------------- the table
 
 
