@@ -72,6 +72,15 @@ def main(argv: list[str] | None = None) -> int:
     except BrokenPipeError:
         _silence_stdout()
         return 0
+    except OSError as exc:
+        # a file or folder a command could not read or write and did not report itself (a
+        # colleague's 0700 run folder: pathlib's is_file() raises PermissionError): say
+        # which and why, as for any unreadable file, never a traceback
+        from expr_tracker.history.rundirs import os_reason
+
+        where = f"{str(exc.filename)!r}: " if exc.filename is not None else ""
+        sys.stderr.write(f"et {args.command}: {where}{os_reason(exc)}\n")
+        return 1
 
 
 def _silence_stdout() -> None:

@@ -419,3 +419,39 @@ def test_artifacts_and_rules_text_escape_what_files_hold(tmp_path, capsys):
     assert main(["rules", "test", rule, "--run", str(run.dir)]) == 0
     out = capsys.readouterr().out
     assert "\x1b" not in out and "note is v\\x1b[2J\\u202eevil" in out, out
+
+
+def test_a_run_folder_that_cannot_be_listed_never_gives_a_traceback(runs_root, tmp_path):
+    """A colleague's 0700 run folder named to a single-run command: `et plot` and `et
+    alerts` died with a PermissionError traceback (pathlib's is_file() raises it); every
+    command says which path and why, exit 1."""
+    from helpers import CANNOT_READ_SKIP, cannot_read_prefix
+
+    run = runs_root / "p" / "a"
+    os.chown(run, 65534, 65534) if os.geteuid() == 0 else None
+    run.chmod(0o700)
+    try:
+        prefix = cannot_read_prefix(run / "run.json")
+        if prefix is None:
+            pytest.skip(CANNOT_READ_SKIP)
+        for cmd in (
+            ["plot", str(run), "--no-color"],
+            ["alerts", str(run)],
+            ["history", str(run)],
+            ["trace", str(run), "-o", str(tmp_path / "t.json")],
+            ["compare", str(run), str(run.parent / "a")],
+        ):
+            p = subprocess.run(
+                [*prefix, sys.executable, "-m", "expr_tracker.cli.main", *cmd],
+                capture_output=True,
+                text=True,
+                timeout=60,
+            )
+            assert "Traceback" not in p.stderr, (cmd, p.stderr)
+            assert p.returncode in (1, 2) and "permission denied" in p.stderr.lower(), (
+                cmd,
+                p.returncode,
+                p.stderr,
+            )
+    finally:
+        run.chmod(0o755)
