@@ -156,19 +156,26 @@ def _coerce(v: Any, sql_type: str) -> Any:
     raise ValueError(f"unknown column type {sql_type!r}")
 
 
+_ARROW_TYPES: dict[str, Any] = {}
+
+
 def arrow_type(sql_type: str) -> Any:
     """The Arrow type of one of our DuckDB column types."""
-    import pyarrow as pa
+    if not _ARROW_TYPES:
+        import pyarrow as pa
 
-    return {
-        "VARCHAR": pa.string(),
-        "BIGINT": pa.int64(),
-        "INTEGER": pa.int32(),
-        "DOUBLE": pa.float64(),
-        "BOOLEAN": pa.bool_(),
-        "TIMESTAMP": pa.timestamp("us"),
-        "VARCHAR[]": pa.list_(pa.string()),
-    }[sql_type]
+        _ARROW_TYPES.update(
+            {
+                "VARCHAR": pa.string(),
+                "BIGINT": pa.int64(),
+                "INTEGER": pa.int32(),
+                "DOUBLE": pa.float64(),
+                "BOOLEAN": pa.bool_(),
+                "TIMESTAMP": pa.timestamp("us"),
+                "VARCHAR[]": pa.list_(pa.string()),
+            }
+        )
+    return _ARROW_TYPES[sql_type]
 
 
 def build_table(columns: Sequence[tuple[str, str]], rows: Iterable[dict[str, Any]]) -> Any:
@@ -533,14 +540,18 @@ def runs_table(
             "summary": json_text(summary) if isinstance(summary, dict) else None,
         }
         rows.append({name: _coerce_run(name, t, row.get(name)) for name, t in RUNS_COLUMNS})
+    import pyarrow as pa
+
     table = build_table(RUNS_COLUMNS, rows)
     taken = {c.lower() for c, _ in RUNS_COLUMNS}
+    # every flattened column made first, the table once: appending them one by one copies
+    # the schema each time (a config of 20,000 keys took minutes)
+    names, arrays = list(table.column_names), list(table.columns)
     for prefix, dicts in (("config", configs), ("summary", summaries)):
         for name, sql_type, values in _flat_columns(prefix, dicts, taken):
-            import pyarrow as pa
-
-            table = table.append_column(name, pa.array(values, arrow_type(sql_type)))
-    return table
+            names.append(name)
+            arrays.append(pa.array(values, arrow_type(sql_type)))
+    return pa.Table.from_arrays(arrays, names=names)
 
 
 def _coerce_run(name: str, sql_type: str, v: Any) -> Any:
