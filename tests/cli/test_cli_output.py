@@ -455,3 +455,32 @@ def test_a_run_folder_that_cannot_be_listed_never_gives_a_traceback(runs_root, t
             )
     finally:
         run.chmod(0o755)
+
+
+@pytest.mark.parametrize("command", ["runs", "history", "alerts", "compare", "plot"])
+def test_warnings_and_errors_naming_hostile_paths_are_escaped(tmp_path, command):
+    """The tables escaped names, but a warning or an error line on stderr printed the path
+    of a run folder named with OSC 52 raw: `expr_tracker: .../metrics.jsonl has a line that
+    is not a row` (et runs, history, compare, plot) and `et alerts: skipped 1 line(s) of
+    ...` wrote the clipboard of whoever listed a colleague's runs."""
+    root = tmp_path / "runs"
+    hostile = _hostile_runs(root)
+    bad = hostile.with_name(f"bad{OSC52}")
+    hostile.rename(bad)
+    with open(bad / "metrics.jsonl", "a") as f:
+        f.write("[" * 5000 + "\n")
+    (bad / "alerts.jsonl").write_text("{not a record\n")
+    other = et.init(project="p", name="other", dir=str(root))
+    et.log({"x": 1.0})
+    et.finish()
+    args = {
+        "runs": ["runs", str(root)],
+        "history": ["history", str(bad)],
+        "alerts": ["alerts", str(bad)],
+        "compare": ["compare", str(bad), str(other.dir)],
+        "plot": ["plot", str(bad), HOSTILE_METRIC, "--no-color"],
+    }[command]
+    code, out = _in_pty(args, tmp_path)
+    assert code == 0, out
+    assert b"bad\\x1b]52;c;aGVsbG8=\\x07" in out, out
+    _assert_no_raw_control(out, command)
