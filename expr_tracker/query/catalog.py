@@ -156,7 +156,7 @@ def _producers_of(run_dir: Path) -> list[Producer]:
             if m:
                 # anything but a folder: a FIFO or a link to elsewhere is listed, and its
                 # reader says why it cannot be read
-                if not path.is_dir():
+                if not os.path.isdir(path):  # unknown (not searchable): a file, reported
                     files.setdefault((m.group(1), int(m.group(2) or 0)), {})[field] = path
                 break
     # a metrics sidecar alone is no producer

@@ -25,7 +25,6 @@ from __future__ import annotations
 
 import json
 import math
-import os
 from collections.abc import Iterable, Sequence
 from pathlib import Path
 from typing import Any
@@ -428,7 +427,7 @@ def _run_infos(producers: Sequence[Any], problems: Problems | None) -> dict[Path
             if problems is not None:
                 problems.add(p, f"{p.run_file.name}: not a JSON object")
             info = None
-        if info is None and not os.path.lexists(p.run_file):
+        if info is None and not untrusted.present(p.run_file):
             continue  # deleted since it was found: as if it never was
         if isinstance(info, dict) and info.get("status") == "running" and is_dead(info):
             info = {**info, "status": "crashed"}
