@@ -307,15 +307,23 @@ def _open_dir(name: str | Path, parent_fd: int | None, create: bool) -> int:
     return fd
 
 
-def _open_in_run(src: Path, create: bool) -> _Folder:
+def _open_in_run(src: Path, create: bool, sfd: int | None = None) -> _Folder:
     """``<run dir>/.et-cache/<source name>``, only when the run directory is this user's: a
-    cache made by a reader in someone else's run would be a folder its owner cannot delete."""
+    cache made by a reader in someone else's run would be a folder its owner cannot delete.
+    With ``sfd`` (the source as opened), only when the folder opened is the one holding that
+    very file: a run directory swapped for a link to another folder after the source was
+    opened gets no cache made there."""
     rfd = os.open(src.parent, os.O_RDONLY | getattr(os, "O_DIRECTORY", 0))
     try:
         owner = os.fstat(rfd).st_uid
         uid = _euid()
         if uid is not None and owner != uid:
             raise _Refused(f"the run directory belongs to uid {owner}")
+        if sfd is not None:
+            here = os.stat(src.name, dir_fd=rfd)
+            opened = os.fstat(sfd)
+            if (here.st_dev, here.st_ino) != (opened.st_dev, opened.st_ino):
+                raise _Refused("the run directory is not the one the source was opened in")
         top = _open_dir(CACHE_DIR_NAME, rfd, create)
         try:
             fd = _open_dir(src.name, top, create)
@@ -402,7 +410,7 @@ def _open_cache(
         candidates = [lambda c: _open_under(Path(cache_dir).absolute(), digest, c)]
     else:
         candidates = [
-            lambda c: _open_in_run(src, c),
+            lambda c: _open_in_run(src, c, sfd),
             lambda c: _open_under(_xdg_root(), digest, c),
         ]
     for i, opener in enumerate(candidates):

@@ -230,6 +230,28 @@ def test_a_cache_folder_not_this_users_own_is_never_used(tmp_path, how):
     assert pq.read_table(c.parts[0]).column("value").to_pylist() == [1.0, 2.0]
 
 
+def test_no_cache_is_made_where_the_run_directory_was_swapped_to(tmp_path, monkeypatch):
+    """The run directory swapped for a link to another folder of this user right after the
+    source was opened: the cache was made in that other folder (`.et-cache` beside files
+    the reader never asked about). It is made only in the folder holding the file opened."""
+    run = write_run(tmp_path / "runs" / "p" / "a", [{"loss": 1.0}, {"loss": 2.0}])
+    elsewhere = write_run(tmp_path / "home" / "thesis", [{"loss": 9.0}])
+    real_open = qcache.untrusted.open_regular
+
+    def open_then_swap(path, *, root=None):
+        fd = real_open(path, root=root)
+        moved = tmp_path / "moved"
+        if not moved.exists():
+            run.rename(moved)
+            run.symlink_to(elsewhere, target_is_directory=True)
+        return fd
+
+    monkeypatch.setattr(qcache.untrusted, "open_regular", open_then_swap)
+    c = refresh(run / "metrics.jsonl", "metrics", root=os.path.realpath(run))
+    assert not (elsewhere / ".et-cache").exists()
+    assert c.rows == 2 and c.cache_dir is not None and "xdg" in str(c.cache_dir)
+
+
 @pytest.mark.skipif(not IS_ROOT, reason="chown to another uid needs root")
 def test_no_cache_is_made_in_a_run_directory_of_another_user(tmp_path):
     """A cache folder made by this user inside someone else's run would be a folder its
