@@ -650,6 +650,21 @@ def _wide_rows(
 # -- sinks ------------------------------------------------------------------------------------
 
 
+def _named_failures(src: _Source, batches: Iterator[Any], pa: Any) -> Iterator[Any]:
+    """``batches``, with a failure of DuckDB or pyarrow while making them (a value of
+    300 MB past the sort's memory limit, a part that cannot be decoded) turned into an
+    :class:`ExportError` naming the run, instead of a traceback."""
+    duckdb = _need_duckdb()
+    try:
+        yield from batches
+    except (duckdb.Error, pa.ArrowException, MemoryError) as exc:
+        first = (str(exc).strip().splitlines() or [type(exc).__name__])[0]
+        raise ExportError(
+            f"{src.producer.run_id}: its rows could not be exported ({first}); export the "
+            "other runs on their own (et export RUN_DIR)"
+        ) from None
+
+
 def _write(path: Path, fmt: str, schema: Any, batches: Iterator[Any]) -> int:
     """Write ``batches`` (all of ``schema``) to ``path``; returns the rows written."""
     rows = 0
@@ -999,8 +1014,10 @@ def export_runs(
 
         def rows_of(s: _Source) -> Iterator[Any]:
             if layout == "wide":
-                return _wide_rows(s, pa, pc, chosen, is_text, schema, with_run, tmpdir)
-            return _long_rows(s, pa, pc, chosen, schema, with_run, tmpdir)
+                rows = _wide_rows(s, pa, pc, chosen, is_text, schema, with_run, tmpdir)
+            else:
+                rows = _long_rows(s, pa, pc, chosen, schema, with_run, tmpdir)
+            return _named_failures(s, rows, pa)
 
         if partition:
             tmp.mkdir(parents=True)
