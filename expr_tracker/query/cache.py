@@ -719,17 +719,24 @@ def _blocks(fd: int, start: int, end: int):
     ``offset`` is where it ends), a block at a time; the bytes after the last newline are
     not yielded."""
     pos = start
+    pieces: list[bytes] = []  # a line longer than a block, gathered: joined once
     carry = b""
     while pos < end:
         data = os.pread(fd, min(BLOCK_BYTES, end - pos), pos)
         if not data:
             break
         pos += len(data)
-        buf = carry + data if carry else data
-        cut = buf.rfind(b"\n")
+        cut = data.rfind(b"\n")
         if cut < 0:
-            carry = buf
+            pieces.append(data)
             continue
+        if pieces:
+            buf = b"".join([carry, *pieces, data])
+            cut += len(buf) - len(data)
+            pieces = []
+        else:
+            buf = carry + data if carry else data
+            cut += len(buf) - len(data)
         carry = buf[cut + 1 :]
         yield pos - len(carry), buf[: cut + 1]
 
