@@ -374,4 +374,7 @@ def serve(
     """Serve the dashboard until interrupted (uvicorn); ``token`` as :func:`create_app`."""
     _, uvicorn = import_web()
     app = create_app(root, cache_dir=cache_dir, token=token, host=host, port=port)
-    uvicorn.run(app, host=host, port=port, log_level=log_level, server_header=False)
+    # no colour codes: et ui's stderr escapes control characters (warnings name run files)
+    uvicorn.run(
+        app, host=host, port=port, log_level=log_level, server_header=False, use_colors=False
+    )
