@@ -152,10 +152,12 @@ def _reading_error(exc: Exception) -> bool:
     if isinstance(exc, (pa.ArrowException, OSError)):
         return True
     duckdb = import_duckdb()
+    # DuckDB gives a damaged footer or page as a plain Error ("invalid TType", "don't know
+    # what type", "Deserializing page"); InvalidInputException is also what the SQL's own
+    # error() raises, so it is left out (checking every part costs a read of the cache)
     kinds = (
         duckdb.Error,
         duckdb.IOException,
-        duckdb.InvalidInputException,
         duckdb.InternalException,
         duckdb.SerializationException,
     )
