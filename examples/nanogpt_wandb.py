@@ -15,6 +15,7 @@ from __future__ import annotations
 import math
 import sys
 import time
+from ast import literal_eval
 
 import torch
 import torch.nn as nn
@@ -40,11 +41,24 @@ max_iters = 60
 eval_interval = 20
 eval_iters = 5
 seed = 1337
+# the keys are taken before the overrides run (as nanoGPT's configurator.py is), so the loop's
+# own variables never reach the config: the same values in another order, or a default
+# given explicitly, are the same config (and so the same run: docs/streams.md, "Run identity")
+config_keys = [
+    k
+    for k, v in globals().items()
+    if not k.startswith("_") and isinstance(v, (int, float, bool, str))
+]
 for arg in sys.argv[1:]:
     key, _, value = arg.partition("=")
-    globals()[key] = type(globals()[key])(value)
-config = {k: v for k, v in dict(globals()).items() if isinstance(v, (int, float, bool, str))}
-config = {k: v for k, v in config.items() if not k.startswith("_")}
+    try:
+        parsed = literal_eval(value)  # as nanoGPT: wandb_log=False is False, not bool("False")
+    except (SyntaxError, ValueError):
+        parsed = value
+    default = globals()[key]
+    globals()[key] = float(parsed) if isinstance(default, float) and type(parsed) is int else parsed
+    assert type(globals()[key]) is type(default), f"{key}: expected {type(default).__name__}"
+config = {k: globals()[k] for k in config_keys}
 
 
 # -- data: generated text, split 90/10 ------------------------------------------------------
@@ -133,7 +147,8 @@ def main() -> None:
         wandb.init(project=wandb_project, name=wandb_run_name, config=config, dir=out_dir)
         wandb.define_metric("val/loss", summary="min")
     model = GPT(len(chars))
-    optimizer = torch.optim.AdamW(model.parameters(), lr=wandb.config.learning_rate)
+    lr = wandb.config.learning_rate if wandb_log else learning_rate
+    optimizer = torch.optim.AdamW(model.parameters(), lr=lr)
     n_params = sum(p.numel() for p in model.parameters())
     best_val_loss = 1e9
     t0 = time.perf_counter()

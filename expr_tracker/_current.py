@@ -11,6 +11,7 @@ lock in a child that inherited it.
 
 from __future__ import annotations
 
+import itertools
 import os
 from typing import Any
 
@@ -30,6 +31,11 @@ new_run: Any = None
 #: a ``with et.init(...)`` block); set by api
 end_run: Any = None
 
+#: ``check_stream(stream)``: raises the ``SpecError`` ``et.init`` gives for a stream name
+#: it refuses (the spec's own check), so ``et.history(stream=...)`` says the same; set by
+#: api (history needs no spec)
+check_stream: Any = None
+
 #: ``exit_hook_first()``: makes the at-exit finish of the runs run before the ``atexit``
 #: hooks registered since (a mirror calls it when its backend's ``init`` registered some:
 #: wandb tears its service down in one, which must come after the mirrors drained); set by api
@@ -37,6 +43,13 @@ exit_hook_first: Any = None
 #: ``after_finish()``: called when a ``Run.finish()`` call completed (a SIGTERM that arrived
 #: while it ran is honoured then); set by api
 after_finish: Any = None
+
+#: one process-wide order of span starts and accepted ``log()`` calls: a span takes its id
+#: from it when it starts and the history store a mark at each ``log()`` it accepts, so
+#: ``span.id < store mark`` says a ``log()`` reached the store while the span ran (which row
+#: a span joins: docs/spans.md "Which row a span joins"). Never replaced (both hold its
+#: ``__next__``).
+sequence = itertools.count(1)
 
 #: fork generation of this process: 0 in the process that imported the package
 fork_gen = 0

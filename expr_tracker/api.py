@@ -33,6 +33,10 @@ _logger = logging.getLogger("expr_tracker")
 _lock = threading.Lock()
 _hooks_installed = False
 _prev_excepthook = None
+_prev_exit: Any = None  # the sys.exit that _exit replaced
+# a sys.exit() on the main thread with a non-zero status while runs were open: (status, the
+# exception being handled then or None, the ids of those runs); see _exit
+_exit_request: tuple[int, BaseException | None, frozenset[int]] | None = None
 
 
 def init(
@@ -592,6 +596,29 @@ def _excepthook(etype: type[BaseException], value: BaseException, tb: Any) -> No
     hook(etype, value, tb)
 
 
+def _exit(status: Any = None) -> None:
+    """``sys.exit``, recording a non-zero status for the exit hook. A program that handles
+    an exception by calling ``sys.exit(1)`` never reaches ``sys.excepthook``: Hydra's
+    ``@hydra.main`` prints the task's exception and exits so, and so does the process
+    ``torch.multiprocessing`` spawns (a ``ddp_spawn`` worker) when its function raises. The
+    runs still open then are finished at exit as ``failed``, with that exception, not as
+    ``finished`` (wandb hooks ``sys.exit`` for the same reason)."""
+    global _exit_request
+    code = 0 if status is None else status if isinstance(status, int) else 1
+    if code and threading.current_thread() is threading.main_thread() and not _interactive():
+        runs = [
+            r
+            for r in (_state.run, *_independent_runs)
+            if r is not None and not r.finished and not r.forked
+        ]
+        if runs:
+            _exit_request = (code, sys.exc_info()[1], frozenset(id(r) for r in runs))
+    (_prev_exit or _original_exit)(status)
+
+
+_original_exit = sys.exit
+
+
 def _interactive() -> bool:
     return bool(sys.flags.interactive) or hasattr(sys, "ps1")
 
@@ -716,6 +743,10 @@ def _finish_at_exit() -> None:
         if _signal_received is not None:
             run.info_record["signal"] = signal.Signals(_signal_received).name
             exit_code = 128 + _signal_received
+        elif _exit_request is not None and id(run) in _exit_request[2]:
+            exit_code, value = _exit_request[0], _exit_request[1]
+            if run.exception is None and value is not None:
+                run.exception = (type(value), value, value.__traceback__)
         run.finish(exit_code=exit_code)
 
 
@@ -776,6 +807,7 @@ def _install_hooks() -> None:
     _hooks_installed = True
     _prev_excepthook = sys.excepthook
     sys.excepthook = _excepthook
+    _hook_exit()
     atexit.register(_at_exit)
     # SIGTERM: only where nobody else handles it (a framework's own handler wins)
     if threading.current_thread() is threading.main_thread():
@@ -786,8 +818,23 @@ def _install_hooks() -> None:
             pass
 
 
+def _hook_exit() -> None:
+    global _prev_exit
+    if sys.exit is not _exit:
+        _prev_exit = sys.exit
+        sys.exit = _exit
+
+
 # et.Run(...) and the end of a `with` block reach api through the leaf (runs.py is below api)
+def _check_stream(stream: Any) -> None:
+    """``et.history(stream=...)``'s check (registered in ``_current.check_stream``)."""
+    from expr_tracker.spec.resolve import check_stream
+
+    check_stream(stream, "history")
+
+
 _state.new_run = _new_run
+_state.check_stream = _check_stream
 _state.end_run = _end_run
 _state.exit_hook_first = _exit_hook_first
 _state.after_finish = _after_finish

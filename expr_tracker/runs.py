@@ -26,7 +26,7 @@ from expr_tracker.history.codec import dumps_pretty, normalize_value
 from expr_tracker.history.flusher import get_flusher
 from expr_tracker.history.metricdefs import MetricDef, MetricDefs
 from expr_tracker.history.paths import atomic_write
-from expr_tracker.history.runinfo import write_run_info
+from expr_tracker.history.runinfo import close_life, write_run_info
 from expr_tracker.history.store import HistoryStore
 from expr_tracker.runconfig import RunConfig
 
@@ -754,6 +754,7 @@ class Run:
         info = self.info_record
         info["ended_at"] = time.time()
         info["duration_s"] = round(time.monotonic() - self._started_mono, 3)  # not wall time
+        close_life(info)  # wall_duration_s, active_duration_s: over every attempt
         # over every attempt of the run, as `et runs` counts them (a resume continues at
         # the file's highest step + 1)
         resumed_at = int(info.get("resumed_at_step") or 0)

@@ -224,6 +224,22 @@ def test_no_cycle_at_module_level():
     assert not cycles, f"module-level import cycles: {cycles}"
 
 
+def test_delivery_stages_never_import_the_lane():
+    # the lane runs its stages and applies their verdicts; a stage is handed values and
+    # callables and never sees the lane, not even as a type (an import under
+    # TYPE_CHECKING, which the cycle check skips, would still tie the two together)
+    lane, stages = "expr_tracker.alerts.delivery.lane", "expr_tracker.alerts.delivery.stages"
+    assert stages in MODULE_LEVEL[lane]  # the one direction: lane -> stages
+    tree = ast.parse(MODULES[stages].read_text(encoding="utf-8"))
+    found = []
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Import):
+            found += [_target(a.name, None) for a in node.names]
+        elif isinstance(node, ast.ImportFrom) and not node.level:
+            found += [_target(node.module or "", a.name) for a in node.names]
+    assert lane not in found, f"{stages} imports {lane}"
+
+
 def test_leaves_need_no_pydantic():
     for leaf in ("_warn", "units"):
         tree = ast.parse((PACKAGE / f"{leaf}.py").read_text(encoding="utf-8"))

@@ -117,7 +117,7 @@ class CompiledExpr:
 
 
 class _Compiler:
-    def __init__(self, window: int, known: set[str] | None, text: str):
+    def __init__(self, window: int | None, known: set[str] | None, text: str):
         self.window = window
         self.known = known
         self.text = text
@@ -137,6 +137,14 @@ class _Compiler:
         return RuleError(message, text=self.text, column=column)
 
     def need(self, name: str, n: int) -> None:
+        if not name:  # "" > 1, M[""]: log() drops an empty key, so no value ever comes
+            spots = [at for q in ('""', "''", "``") if (at := self.text.find(q)) >= 0]
+            raise RuleError(
+                "a metric name cannot be empty: log() records no metric under '', so the "
+                "rule could never fire",
+                text=self.text,
+                column=min(spots) + 1 if spots else None,
+            )
         if self.known is not None:
             alt = name.replace(".", "/")
             if name not in self.known and alt not in self.known:
@@ -346,7 +354,7 @@ class _Compiler:
                     f"got {win.to_source()}",
                     node,
                 )
-            if n > self.window:
+            if self.window is not None and n > self.window:
                 raise self.error(
                     f"window {win.to_source()} is wider than alert_window={self.window}; "
                     "raise history.alert_window (et.init(alert_window=N)) or use a "
@@ -358,7 +366,7 @@ class _Compiler:
         secs = float(win.seconds or 0.0)
         if not secs > 0:
             raise self.error(f"window {win.to_source()} must be longer than zero", node)
-        self.need(win.name, self.window)
+        self.need(win.name, self.window or 0)
         return duration_call(get, win.name, secs, impl, sig.needs, extras), sig.returns
 
     # functions that read the context rather than values
@@ -425,13 +433,15 @@ class _Compiler:
 def compile_expr(
     node: ast.Node,
     *,
-    window: int = DEFAULT_WINDOW,
+    window: int | None = DEFAULT_WINDOW,
     known_metrics: Iterable[str] | None = None,
     text: str = "",
 ) -> CompiledExpr:
     """Check ``node`` and compile it. ``window`` caps point windows (``alert_window``);
-    ``known_metrics``, when given, turns a name absent from it (exact or ``.`` -> ``/``)
-    into an error. ``text`` (the source) lets errors point at a column.
+    None checks everything but the cap (a rule made without an engine: the engine checks
+    it against the configured ``alert_window``, and says so). ``known_metrics``, when given,
+    turns a name absent from it (exact or ``.`` -> ``/``) into an error. ``text`` (the
+    source) lets errors point at a column.
 
     Raises ``RuleError`` for unknown functions, wrong arity or argument kinds, a window
     outside a function, a window narrower than the function needs or wider than
@@ -440,7 +450,7 @@ def compile_expr(
     if not isinstance(node, ast.Node):
         raise RuleError(f"a condition must be an expression node, got {type(node).__name__}")
     known = set(known_metrics) if known_metrics is not None else None
-    comp = _Compiler(int(window), known, text)
+    comp = _Compiler(None if window is None else int(window), known, text)
     fn, kind = comp.compile(node)
     if kind == "scalar":
         fn = as_truthy(fn)

@@ -11,7 +11,9 @@ import re
 from pathlib import Path
 from typing import Any
 
-from expr_tracker.spec.yaml import LocatedYaml
+import yaml
+
+from expr_tracker.spec.yaml import LocatedYaml, yaml_error
 
 __all__ = [
     "DEFAULT_ALERT_WINDOW",
@@ -142,10 +144,9 @@ def check_file(path: str, known: set[str] | None = None, package: str | None = N
         return _status(result)
     try:
         doc = LocatedYaml(text)
-    except Exception as exc:  # yaml.YAMLError carries a mark
-        mark = getattr(exc, "problem_mark", None)
-        line, col = (mark.line + 1, mark.column + 1) if mark else (1, 1)
-        problem("errors", line, col, f"invalid YAML: {getattr(exc, 'problem', exc)}")
+    except Exception as exc:  # yaml.YAMLError carries a mark (a reader error a position)
+        what, at = yaml_error(exc, text) if isinstance(exc, yaml.YAMLError) else (exc, None)
+        problem("errors", *(at or (1, 1)), f"invalid YAML: {what}")
         return _status(result)
     data = doc.data
     base: tuple = ()

@@ -244,7 +244,7 @@ class AlertRule:
         # every function, arity and kind check, now (the window cap is the engine's)
         from expr_tracker.alerts.evaluate import compile_expr
 
-        compile_expr(cond, window=1 << 62, text=self.source)
+        compile_expr(cond, window=None, text=self.source)
 
     def _auto_name(self) -> str:
         key = json.dumps(
@@ -352,8 +352,9 @@ def entry_errors(
 
     Each ``RuleError`` has ``field`` set to the key at fault as written (``"expr"`` when the
     condition was given under its alias; an unknown key is its own field). ``window`` caps
-    point windows like the engine's ``alert_window``; ``known_metrics`` makes unknown metric
-    names errors. An empty list means ``AlertRule.from_dict(data)`` succeeds.
+    point windows like the engine's ``alert_window`` (None: no cap, the engine's is checked
+    when the rule is registered); ``known_metrics`` makes unknown metric names errors. An
+    empty list means ``AlertRule.from_dict(data)`` succeeds.
     """
     from expr_tracker.alerts.evaluate import compile_expr
 
@@ -382,7 +383,7 @@ def entry_errors(
             cond, source = _condition(data["condition"], "")
             compile_expr(
                 cond,
-                window=window if window is not None else 1 << 62,
+                window=window,
                 text=source,
                 known_metrics=known_metrics,
             )

@@ -20,7 +20,7 @@ from expr_tracker.alerts.rulefiles import (
     rule_problems,
     rules_from,
 )
-from expr_tracker.spec.yaml import LocatedYaml
+from expr_tracker.spec.yaml import LocatedYaml, yaml_error
 
 __all__ = [
     "ExpectedAlert",
@@ -335,9 +335,13 @@ def run_unit_tests(path: Path) -> tuple[list[str], list, int | None]:
     except OSError as exc:
         return [f"cannot read: {exc.strerror or exc}"], [], None
     except yaml.YAMLError as exc:
-        mark = getattr(exc, "problem_mark", None)
-        where = f"{path}:{mark.line + 1}:{mark.column + 1}" if mark else str(path)
-        return [f"{where}: invalid YAML: {getattr(exc, 'problem', None) or exc}"], [], None
+        try:  # a reader error (a NUL byte) has only a position in the text: line:column
+            text = Path(path).read_text(encoding="utf-8")
+        except (OSError, ValueError):
+            text = None
+        what, spot = yaml_error(exc, text)
+        where = f"{path}:{spot[0]}:{spot[1]}" if spot is not None else str(path)
+        return [f"{where}: invalid YAML: {what}"], [], None
     if not errors and not rules:
         errors.append(f"{path}: no rules (give rule_files or rules)")
     if errors or spec is None:

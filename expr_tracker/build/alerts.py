@@ -83,7 +83,9 @@ def _delivery(run: Run, alerts: Any, alerts_path: Path, record: Any, deliver: bo
 
 def finish_message(run: Any, notify_on: Iterable[str]) -> AlertMessage | None:
     """``run_end_message`` for ``run`` (its ``project``, ``name``, ``exception``,
-    ``history.rows_committed`` and ``info_record["started_at"]``, each when present)."""
+    ``history.rows_committed`` and the run's first start, each when present: a resumed
+    run's message gives its whole wall duration, as ``et runs`` does — docs/streams.md
+    "Run identity")."""
     steps = None
     try:
         steps = run.history.rows_committed
@@ -95,8 +97,13 @@ def finish_message(run: Any, notify_on: Iterable[str]) -> AlertMessage | None:
         name=getattr(run, "name", "?"),
         exception=getattr(run, "exception", None),
         steps=steps,
-        started_at=(getattr(run, "info_record", None) or {}).get("started_at"),
+        started_at=_first_start(getattr(run, "info_record", None) or {}),
     )
+
+
+def _first_start(info: dict) -> float | None:
+    first = info.get("first_started_at")
+    return first if isinstance(first, (int, float)) else info.get("started_at")
 
 
 @dataclass(frozen=True)

@@ -99,7 +99,9 @@ def build_backends(
     Raises:
         TypeError: an object in ``objects`` lacks ``init``/``log``/``finish``.
     """
-    objects = list(objects)
+    # one mirror per object: the same object listed twice (backends=[b, b]) would be
+    # initialised twice and get every row twice
+    objects = list({id(obj): obj for obj in objects}.values())
     entries: list[tuple[str, Any]] = []
     for entry in spec.backends:
         kind = entry if isinstance(entry, str) else entry["type"]

@@ -17,7 +17,13 @@ from expr_tracker.history.codec import dumps_pretty, normalize_value
 from expr_tracker.history.metricdefs import MetricDefs
 from expr_tracker.history.paths import atomic_write, file_name
 from expr_tracker.history.recovery import release_lock_fd
-from expr_tracker.history.runinfo import new_run_info, read_run_info, write_run_info
+from expr_tracker.history.runinfo import (
+    new_run_info,
+    open_life,
+    previous_attempt,
+    read_run_info,
+    write_run_info,
+)
 from expr_tracker.history.store import HistoryStore
 from expr_tracker.history.writer import JsonlWriter
 from expr_tracker.runconfig import RunConfig
@@ -322,16 +328,12 @@ def construct_run(
     resumed_line = None
     if resumed or previous is not None:
         attempts = list((previous or {}).get("previous_attempts", []))
-        if previous is not None:
-            prev = {k: previous.get(k) for k in ("status", "started_at", "ended_at", "pid", "host")}
-            if "exception" in previous:
-                prev["exception"] = {"type": previous["exception"].get("type")}
-            if previous.get("config_changes"):
-                prev["config_changes"] = previous["config_changes"]
-            attempts.append(prev)
+        if previous is not None:  # with its duration (a killed one's up to its last row)
+            attempts.append(previous_attempt(previous, metrics_path))
         info["previous_attempts"] = attempts
         info["resumed_at_step"] = start_step
         resumed_line = _resume_line(spec, stream, rank, start_step, previous)
+    open_life(info)  # first_started_at: the whole life (docs/streams.md "Run identity")
     attempt.notice = notice(choice, resumed_line)
     try:
         write_run_info(info_path, info)

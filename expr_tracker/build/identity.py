@@ -9,6 +9,9 @@ written yet, or whose latest attempt had the same config — and says so in one 
 the changed keys. ``resume: must`` continues the named run whatever its config and records
 the change (``run.json`` ``config_changes``, kept per attempt in ``previous_attempts``);
 ``resume: never`` always starts a new run (the first name this producer has not written).
+A start given no config at all (an evaluation script, ``et.init(name=...)`` alone) says
+nothing about the experiment: it continues the named run, and the config recorded for the
+next comparison stays the one the run was last started with.
 
 The name is fixed — resume or start, never moved — when the folder is given (``run_dir=``),
 for wandb's ``id=`` (the id is the run), and for ranks other than 0: rank 0 decides, and
@@ -17,14 +20,19 @@ launch (``launch``, :func:`~expr_tracker.spec.names.launch_key`), waiting for ra
 choose when it has not yet.
 
 Every candidate is locked before anything of it is read (:class:`Attempt`); one held by a
-live process is not free: the named run raises ``RunLockedError`` as before, a ``-k`` one is
-passed over. The comparison reads this producer's ``run.json`` (its ``init_config``) only
+live process is not free: a ``-k`` one is passed over; the named run is too when the live
+process was given another config (read from its ``run.json`` once it records its start: a
+sweep launched in parallel under one name), or under ``resume: never``; else (the same
+config, no config given, a fixed name) it raises ``RunLockedError`` as before. The comparison reads this producer's ``run.json`` (its ``init_config``) only
 when the run exists, so starting a new run costs nothing more.
 """
 
 from __future__ import annotations
 
 import json
+import os
+import re
+import socket
 import time
 from dataclasses import dataclass, replace
 from pathlib import Path
@@ -48,6 +56,8 @@ __all__ = [
 #: seconds a rank other than 0 waits for rank 0 of its launch to choose the run
 FOLLOW_TIMEOUT = 60.0
 _FOLLOW_POLL = 0.05
+#: seconds a start waits for the live process holding the named run to record its config
+LIVE_TIMEOUT = 10.0
 #: names tried after the one asked for (``-2`` ... ``-10001``)
 _MAX_CANDIDATES = 10_000
 #: changed keys named in the one line; the rest are counted
@@ -71,6 +81,7 @@ class Choice:
     changes: dict[str, Any] | None = None  # continuing with another config: per key
     requested: str | None = None  # the name asked for, when another one was chosen
     why: str | None = None  # why that one was not taken (the stderr line)
+    pinned: bool = False  # the folder was given (run_dir=, id=): never moved
 
     @property
     def spec(self) -> Any:
@@ -111,6 +122,7 @@ def choose(
         fixed = True
     k = first
     moved: dict[str, Any] | None = None  # why the named run was not taken
+    wait_until: float | None = None  # for a live holder of the named run to record its start
     while True:
         run_dir = _candidate(base, k)
         attempt = Attempt(run_dir, stream, file_rank)
@@ -119,9 +131,24 @@ def choose(
         try:
             attempt.lock(metrics_path, warner)
         except RunLockedError:
-            if k == first:
-                raise
-            k = _next(k, spec)  # a live process writes it: not free
+            if k != first:
+                k = _next(k, spec)  # a live process writes it: not free
+                continue
+            if fixed or not (config or spec.resume == "never"):
+                raise  # this very run is being written: wait for it, or another name
+            live = _live_init_config(info_path, metrics_path, wait_until)
+            if live is _RETRY:  # the holder is starting (or only probing): look again
+                wait_until = wait_until or time.monotonic() + LIVE_TIMEOUT
+                time.sleep(_FOLLOW_POLL)
+                continue
+            if live is None:
+                raise  # a holder whose config cannot be read: as before
+            changes = {} if spec.resume == "never" else config_changes(live, recorded)
+            if spec.resume != "never" and not changes:
+                raise  # the same experiment, running now: not started twice
+            if moved is None:
+                moved = changes  # another experiment is running under the name: move on
+            k = _next(k, spec)
             continue
         try:
             exists = metrics_path.exists() or info_path.exists()
@@ -142,13 +169,16 @@ def choose(
                         "give another one, or use resume='allow' to continue it"
                     )
                 # rank 0 records the config given at init; the other ranks' decide nothing
-                if file_rank == 0:
+                if file_rank == 0 and config:
                     changes = _changes_since(info_path, run_dir, stream, recorded) or None
                 else:
                     changes = None
                 break
             if spec.resume == "never":
                 changes = None
+            elif not config:  # no config given (an eval script, a second stream): continue
+                changes = None
+                break
             else:
                 changes = _changes_since(info_path, run_dir, stream, recorded)
                 if not changes:
@@ -160,6 +190,10 @@ def choose(
             raise
         attempt.undo()  # probed, not ours: the lock is released, nothing was changed
         k = _next(k, spec)
+    if not config and exists and file_rank == 0:
+        # nothing given says nothing about the experiment: the next start compares with
+        # what the run's latest start was given, not with this empty config
+        recorded = _recorded_init_config(info_path) or recorded
     choice = Choice(
         attempt=attempt,
         resolved=resolved,
@@ -168,6 +202,7 @@ def choose(
         recorded=recorded,
         launch=launch if file_rank == 0 else None,
         changes=changes,
+        pinned=pinned,
     )
     if k != 1:
         name = f"{spec.name}-{k}"
@@ -221,13 +256,56 @@ def notice(choice: Choice, resumed: str | None) -> str | None:
             f"{describe_changes(choice.changes)} (run.json: config_changes); in "
             f"{choice.run_dir}"
         )
-    return (
-        f"expr_tracker: resuming {resumed}; in {choice.run_dir} (resume='allow' continues "
-        "a run started with the same config; another name, or resume='never', starts anew)"
-    )
+    if spec.resume == "must":
+        hint = ""  # continuing is what was asked for
+    elif choice.pinned:  # resume='never' is an error there: another id or folder starts anew
+        hint = " (a run named by id= or run_dir= is continued: give another one to start anew)"
+    else:
+        hint = (
+            " (resume='allow' continues a run started with the same config; another name, "
+            "or resume='never', starts anew)"
+        )
+    return f"expr_tracker: resuming {resumed}; in {choice.run_dir}{hint}"
 
 
 # ------------------------------------------------------------------ the comparison
+
+_RETRY = object()
+
+
+def _live_init_config(info_path: Path, metrics_path: Path, wait_until: float | None) -> Any:
+    """The config given at init to the live process holding ``metrics_path``'s lock, from
+    its ``run.json`` once that names it (its pid and host, as the lock file does).
+    :data:`_RETRY` while it has not recorded its start yet, or released the lock (it was
+    only comparing configs, or its start failed), until ``wait_until`` has passed; None
+    when it cannot be told (then, or a writer that records no ``init_config``) and for a
+    run open in this very process."""
+    from expr_tracker.history.recovery import lock_path_of
+
+    try:
+        holder = lock_path_of(metrics_path).read_text("utf-8", "replace")
+    except OSError:
+        holder = ""
+    fields = dict(part.split("=", 1) for part in holder.split() if "=" in part)
+    if fields.get("pid") == str(os.getpid()) and fields.get("host") == socket.gethostname():
+        return None  # a run open in this process: refused, as two runs of one name are
+    info = read_run_info(info_path, repair=False) if info_path.exists() else None
+    if (
+        info is not None
+        and fields.get("pid") == str(info.get("pid"))
+        and fields.get("host") == info.get("host")
+    ):
+        recorded = info.get("init_config")
+        return recorded if isinstance(recorded, dict) else None
+    if wait_until is None or time.monotonic() < wait_until:
+        return _RETRY
+    return None
+
+
+def _recorded_init_config(info_path: Path) -> dict[str, Any] | None:
+    info = read_run_info(info_path, repair=False) if info_path.exists() else None
+    recorded = (info or {}).get("init_config")
+    return recorded if isinstance(recorded, dict) else None
 
 
 def _changes_since(
@@ -259,9 +337,17 @@ def _flat(data: dict[str, Any], prefix: str = "") -> dict[str, Any]:
     return out
 
 
+#: the memory address in a repr() (``<function relu at 0x7f...>``, ``functools.partial(...)``,
+#: ``<__main__.C object at 0x...>``): recorded for a value that cannot be encoded, it differs
+#: in every process while naming the same thing
+_ADDRESS = re.compile(r" at 0x[0-9a-fA-F]+")
+
+
 def _same(a: Any, b: Any) -> bool:
     if a == b:
         return True
+    if isinstance(a, str) and isinstance(b, str):  # a repr() compares by what it names
+        return _ADDRESS.sub(" at 0x", a) == _ADDRESS.sub(" at 0x", b)
     try:  # NaN equals NaN
         return json.dumps(a, sort_keys=True) == json.dumps(b, sort_keys=True)
     except (TypeError, ValueError):

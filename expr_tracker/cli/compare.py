@@ -1,7 +1,7 @@
 """``et compare RUN RUN...``: runs side by side (see ``expr_tracker.query.compare``).
 
-One table, a column per run: the identity keys that differ (status, steps, duration, tags,
-group, git commit), the config keys that differ (``--all``: every key), and the summary
+One table, a column per run: the identity keys that differ (status, steps, the run's
+first start, wall duration and active time over every attempt, tags, group, git commit), the config keys that differ (``--all``: every key), and the summary
 values (``--metrics`` picks them), the best run of a metric with a known direction marked
 ``*``. All text is printed literally (no rich markup); long values end in ``…``.
 
@@ -17,6 +17,7 @@ import json
 import math
 import re
 import sys
+import time
 from typing import IO, Any
 
 from expr_tracker.cli import output
@@ -157,11 +158,24 @@ def _duration(s: Any) -> str:
     return f"{s // 3600}:{s // 60 % 60:02d}:{s % 60:02d}"
 
 
+def _when(t: Any) -> str:
+    """Epoch seconds as local time to the minute, as ``et runs`` shows a start
+    (``2026-12-02 03:08``: a short cell); "" for what is no time."""
+    if type(t) not in (int, float) or not math.isfinite(t) or not 0 <= t <= 253402300799:
+        return ""
+    try:
+        return time.strftime("%Y-%m-%d %H:%M", time.localtime(t))
+    except (OverflowError, OSError, ValueError):
+        return ""
+
+
 def _identity_cell(key: str, v: Any) -> str:
     if v is None:
         return ""
-    if key == "duration_s":
+    if key in ("wall_duration_s", "active_duration_s"):
         return _duration(v)
+    if key == "first_started_at":
+        return _when(v)
     if key == "tags" and isinstance(v, list):
         return ", ".join(str(t) for t in v)
     if isinstance(v, str):

@@ -8,9 +8,14 @@ them — ``crashed`` > ``failed`` > ``running`` > ``finished`` — where a produ
 ``crashed`` when its file says running but its process on this host is gone (``unknown``
 without any ``run*.json``); the number of producers; its steps (the highest step + 1 of the
 main metrics file, else of the lowest rank's),
-the start time, the duration (end - start; for a run not ended, the time of its last row
-- start) and the last value of its main metrics. The listing only reads: a crashed run's
-``run.json`` is not rewritten.
+its whole life over every attempt (a run resumed under its name has several; docs/streams.md
+"Run identity"): the first start, the wall duration (first start to the latest end; to now
+while it runs; a killed attempt up to its last row) and the active time (the attempts'
+durations summed), and the last value of its main metrics. The JSON records keep
+``started_at`` and ``duration_s`` of the latest attempt (end - start; for one not ended, the
+time of its last row - start) beside ``first_started_at``, ``wall_duration_s`` and
+``active_duration_s``. The listing only reads: a crashed run's ``run.json`` is not
+rewritten.
 
 Every file is untrusted input (docs/history.md "Unreadable runs"): a run one of whose
 ``run*.json`` or whose main metrics file cannot be read — permissions (a colleague's
@@ -44,6 +49,7 @@ from expr_tracker.history.rundirs import (
     read_producers,
     worst_status,
 )
+from expr_tracker.history.runinfo import run_life
 from expr_tracker.history.untrusted import present
 
 MAIN_WORDS = ("loss", "acc", "score", "reward", "f1", "auc", "ppl", "perplexity", "bleu", "map")
@@ -54,8 +60,9 @@ def register(subparsers: Any) -> None:
     """Add the ``runs`` sub-command to ``subparsers`` (sets ``func``)."""
     p = subparsers.add_parser(
         "runs",
-        help="list the runs under a directory (status, steps, start, duration, metrics)",
-        description="List the runs under DIR (default ./runs), newest first.",
+        help="list the runs under a directory (status, steps, first start, wall and active "
+        "time over every attempt, metrics)",
+        description="List the runs under DIR (default ./runs), newest first (by first start).",
     )
     p.add_argument("dir", nargs="?", default="runs", help="directory to search (default ./runs)")
     p.add_argument("--metrics", default=None, metavar="A,B", help="metrics to show")
@@ -88,7 +95,10 @@ def describe_run(
 
     ``status`` is the worst of the producers' (``crashed`` > ``failed`` > ``running`` >
     ``finished``), ``producers`` their number and ``producer_status`` each one's
-    (``run[.S][.rankN].json`` name -> status). Steps and metrics come from ``metrics.jsonl``,
+    (``run[.S][.rankN].json`` name -> status). ``started_at`` and ``duration_s`` are the
+    latest attempt's; ``first_started_at``, ``wall_duration_s`` and ``active_duration_s``
+    the run's whole life (:func:`~expr_tracker.history.runinfo.run_life`; None without a
+    ``run*.json`` start). Steps and metrics come from ``metrics.jsonl``,
     else from the lowest rank's shard of the main stream, else from the first metrics file.
 
     A run whose ``run*.json`` or main metrics file cannot be read has status
@@ -114,6 +124,7 @@ def describe_run(
     rows: list[dict[str, Any]] = []
     max_step = None
     first_time = None
+    last_time = None
     if present(path):
         reader = JsonlReader(path, root=run_dir)
         head = None
@@ -170,12 +181,15 @@ def describe_run(
         if ends and all(e is not None for e in ends)
         else when(info.get("ended_at"), "run.json ended_at")
     )
+    raw_last = rows[-1].get("_time") if rows else None
     if ended is None:
-        last_time = rows[-1].get("_time") if rows else None
-        ended = when(last_time, f"{path.name} _time")
+        ended = last_time = when(raw_last, f"{path.name} _time")
         if status == "running" and ended is None:
             ended = time.time()
+    elif _time_ok(raw_last):
+        last_time = raw_last
     duration = ended - started if started is not None and ended is not None else None
+    life = run_life(list(producers.values()), last_time=last_time)
     name = str(run_dir.relative_to(root)) if root is not None and run_dir != root else run_dir.name
     return {
         "run": name,
@@ -187,6 +201,7 @@ def describe_run(
         "steps": max_step + 1 if max_step is not None else 0,
         "started_at": started,
         "duration_s": duration,
+        **life,
         "metrics": last,
     }
 
@@ -204,6 +219,9 @@ def unlisted_run(run_dir: Path, reason: str, root: Path | None = None) -> dict[s
         "steps": 0,
         "started_at": None,
         "duration_s": None,
+        "first_started_at": None,
+        "wall_duration_s": None,
+        "active_duration_s": None,
         "metrics": {},
     }
 
@@ -238,10 +256,26 @@ def _main_metrics_file(run_dir: Path) -> Path:
 
 
 def _duration(s: Any) -> str:
+    """``12.3s`` under a minute, else ``H:MM:SS``; "" for what is no duration."""
     if not _num(s) or not math.isfinite(s) or not 0 <= s <= _MAX_TIME:
         return ""
+    if s < 59.95:
+        return f"{s:.1f}s"
     s = int(s)
     return f"{s // 3600}:{s // 60 % 60:02d}:{s % 60:02d}"
+
+
+def _first(r: dict[str, Any]) -> Any:
+    """The run's first start (its latest attempt's start when no ``run*.json`` has one)."""
+    first = r.get("first_started_at")
+    return first if first is not None else r.get("started_at")
+
+
+def _wall(r: dict[str, Any]) -> Any:
+    """The run's wall duration (its latest attempt's duration when no ``run*.json`` has a
+    start)."""
+    wall = r.get("wall_duration_s")
+    return wall if wall is not None else r.get("duration_s")
 
 
 def _producers_cell(r: dict[str, Any]) -> str:
@@ -290,7 +324,7 @@ def run_runs(args: argparse.Namespace, out: IO[str] | None = None) -> int:
     notes: list[str] = []
     runs = [describe_run(d, wanted, root, notes=notes) for d in find_runs(root, unlisted=unlisted)]
     runs += [unlisted_run(d, why, root) for d, why in unlisted if d != root]
-    runs.sort(key=lambda r: r["started_at"] or 0.0, reverse=True)
+    runs.sort(key=lambda r: _first(r) or 0.0, reverse=True)
     for note in dict.fromkeys(notes):
         sys.stderr.write(f"et runs: warning: {output.printable(note)}\n")
     bad = sum(r["status"] == "unreadable" for r in runs)
@@ -313,6 +347,8 @@ def run_runs(args: argparse.Namespace, out: IO[str] | None = None) -> int:
 def runs_table(runs: list[dict[str, Any]], width: int) -> Any:
     """The ``et runs`` table (a rich ``Table``) for ``width`` terminal cells.
 
+    ``started`` is the run's first start, ``duration`` its wall duration and ``active`` its
+    active time, over every attempt (a resumed run's whole life).
     ``status`` and ``steps`` are never cut or dropped: they keep their full width, and the
     other columns give way instead — ``run``, ``producers`` and ``last values`` wrap
     (folding a long name), and below 100 cells ``started`` drops its year. (Rich alone cuts
@@ -333,6 +369,7 @@ def runs_table(runs: list[dict[str, Any]], width: int) -> Any:
     table.add_column("producers", justify="right", overflow="fold")
     table.add_column("started", no_wrap=True)
     table.add_column("duration", justify="right", no_wrap=True)
+    table.add_column("active", justify="right", no_wrap=True)
     table.add_column("last values", overflow="fold")
     printable = output.printable
     for r in runs:
@@ -349,8 +386,9 @@ def runs_table(runs: list[dict[str, Any]], width: int) -> Any:
             Text(printable(r["status"]), style=STATUS_STYLE.get(r["status"], "dim")),
             str(r["steps"]),
             _producers_cell(r),
-            _started_cell(r["started_at"], fmt),
-            _duration(r["duration_s"]),
+            _started_cell(_first(r), fmt),
+            _duration(_wall(r)),
+            _duration(r.get("active_duration_s")),
             last,
         )
     return table

@@ -14,7 +14,7 @@ from expr_tracker import _current
 from expr_tracker._current import FORK_MESSAGE
 from expr_tracker.errors import ForkedRunError, NoActiveRunError
 from expr_tracker.history.paths import parse_metrics_name, resolve_run_path
-from expr_tracker.history.query import DEFAULT_N, query_history
+from expr_tracker.history.query import DEFAULT_N, check_stream, query_history
 from expr_tracker.history.store import HistoryStore
 
 
@@ -94,10 +94,11 @@ def history(
         TypeError: ``n`` is not an integer, ``step_range``/``metrics`` of the wrong type.
         ValueError: ``index`` with a list output or naming no column read, ``index=True``
             without one shared step metric;
-            ``n`` below -1, a malformed ``step_range``, an unknown ``output_type``,
-            an invalid ``stream`` name.
+            ``n`` below -1, a malformed ``step_range``, an unknown ``output_type``.
+        SpecError: a ``stream`` name ``et.init`` refuses (the same error).
         ImportError: ``pandas``/``polars`` is missing (naming the extra to install).
     """
+    check_stream(stream)  # the SpecError et.init gives for a name it refuses
     step_metrics = None
     if run is None or isinstance(getattr(run, "history", None), HistoryStore):  # a Run
         live = current_run() if run is None else run

@@ -23,6 +23,9 @@ from pathlib import Path
 log = logging.getLogger("expr_tracker")
 
 STREAM_RE = re.compile(r"^[A-Za-z0-9_-]+$")
+#: the longest stream et.init accepts (``spec.fields.MAX_STREAM_CHARS``: its files' names
+#: must fit 255 bytes); a reader asked for a longer one says so, not "file name too long"
+MAX_STREAM_CHARS = 64
 #: stream names that would collide with a rank shard's file name (``metrics.rank1.jsonl``)
 _RANK_LIKE = re.compile(r"^rank[0-9]+$", re.IGNORECASE)
 
@@ -71,7 +74,8 @@ def validate_stream(stream: str | None) -> str | None:
     """Return ``stream`` if it is a safe file-name part, else raise ``ValueError``.
 
     Valid: letters, digits, ``_`` and ``-`` (so a stream can never contain ``/``, ``..`` or
-    a dot that would make file names ambiguous), and not ``rank<N>`` (the rank suffix).
+    a dot that would make file names ambiguous), at most :data:`MAX_STREAM_CHARS`, and not
+    ``rank<N>`` (the rank suffix).
     """
     if stream is None:
         return None
@@ -79,6 +83,11 @@ def validate_stream(stream: str | None) -> str | None:
         raise ValueError(
             f"stream {stream!r} is not valid: use letters, digits, '_' and '-' only "
             "(a stream name becomes part of a file name inside the run directory)"
+        )
+    if len(stream) > MAX_STREAM_CHARS:
+        raise ValueError(
+            f"stream {stream[:40]!r}... is not valid: must be at most {MAX_STREAM_CHARS} "
+            f"characters (this one has {len(stream)}), as et.init allows: no run has it"
         )
     if _RANK_LIKE.match(stream):
         raise ValueError(

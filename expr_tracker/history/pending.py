@@ -2,8 +2,9 @@
 
 Past ``max_pending_records`` (while writes fail) a
 :class:`~expr_tracker.history.writer.JsonlWriter` first tries its oldest record alone on
-disk (:func:`probe`, at most every ``PROBE_INTERVAL_S``): when that works the disk is back
-and the queue is written instead of dropped. Otherwise the oldest records are dropped
+disk (:func:`probe`, at most every ``PROBE_INTERVAL_S``): when that works the disk may be
+back and the queue is written instead of dropped (the writer recovers, and says so, only
+when that whole batch lands). Otherwise the oldest records are dropped
 (:func:`enforce_limit`), counted and logged loudly, and their steps kept as ``[first,
 last]`` ranges (:func:`note_dropped`, ``stats()["dropped_steps"]``).
 
@@ -26,25 +27,26 @@ PROBE_INTERVAL_S = 0.1
 MAX_DROPPED_RANGES = 64
 
 
-def probe(w: Any) -> None:
+def probe(w: Any) -> bool:
     """Under ``w._lock``, at the pending bound while failing: try to write the oldest
-    record alone (one small write) unless a flush is in flight. On success the disk is
-    back (``_failing`` is cleared) and the caller flushes the queue instead of dropping;
-    on failure the retry schedule is left as it was."""
+    record alone (one small write) unless a flush is in flight. True when it landed: the
+    caller then flushes the queue instead of dropping, and the writer stays failing (a
+    full disk may take one small record and refuse the rest) until that whole batch lands,
+    which announces the recovery. Either way the retry schedule is left as it was."""
     w._probe_at = w._clock() + PROBE_INTERVAL_S
     if not w._io_lock.acquire(blocking=False):
-        return  # a flush is writing now: it is the probe
+        return False  # a flush is writing now: it is the probe
     try:
         retry = (w._retry_delay, w._next_retry)
         written = w.batches_written
         try:
-            ok = w._write_batch(w._lines[:1], w._steps[:1])
+            ok = w._write_batch(w._lines[:1], w._steps[:1], probe=True)
         finally:
             if w.batches_written != written:  # on disk: leave the queue (one step)
                 w._lines, w._steps = w._lines[1:], w._steps[1:]
                 w._pending_bytes = sum(map(len, w._lines))
-        if not ok:
-            w._retry_delay, w._next_retry = retry
+        w._retry_delay, w._next_retry = retry
+        return ok
     finally:
         w._io_lock.release()
 

@@ -25,6 +25,7 @@ import operator
 from pathlib import Path
 from typing import Any
 
+from expr_tracker import _current
 from expr_tracker._warn import Warner
 from expr_tracker.history.frame import (
     OUTPUT_TYPES,
@@ -73,6 +74,14 @@ _RANGE_FORMS = (
     "give (start, end) with end exclusive, or 'start:end' (either side may be None/empty), "
     "with integer steps"
 )
+
+
+def check_stream(stream: Any) -> None:
+    """Raise the ``SpecError`` ``et.init`` gives for a ``stream`` name it refuses (too long
+    for a file name, a ``/``, a rank suffix): the spec's own check, registered by api in
+    ``_current.check_stream``. None passes."""
+    if stream is not None and _current.check_stream is not None:
+        _current.check_stream(stream)
 
 
 def check_n(n: Any) -> int | None:
@@ -215,12 +224,14 @@ def query_history(
 
     Raises:
         ValueError: an unknown ``output_type``, a negative ``n`` other than -1, a malformed
-            ``step_range`` string or pair, an empty metric name.
+            ``step_range`` string or pair, an empty metric name; a ``stream`` name
+            ``et.init`` refuses (its ``SpecError``).
         TypeError: ``n`` not an integer, ``step_range`` or ``metrics`` of the wrong type.
         FileNotFoundError: ``source`` names no run.
         ImportError: pandas/polars missing (the message names the extra).
     """
     check_output_type(output_type)
+    check_stream(stream)
     bounds = parse_step_range(step_range)
     # the default n (not an explicit one) does not cut a step range: every step of it
     n = None if bounds is not None and n is DEFAULT_N else check_n(n)

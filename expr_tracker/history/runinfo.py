@@ -4,6 +4,14 @@ Statuses: ``running``, ``finished``, ``failed`` (with the exception type and mes
 ``crashed`` — a run whose file still says ``running`` but whose process is gone, detected
 when a later reader or a resume looks at it (same host, pid no longer alive).
 
+A run resumed under its name has several attempts (``previous_attempts``: the earlier ones;
+``started_at``/``ended_at``/``duration_s``: the latest). Its whole life (docs/streams.md "Run
+identity", Durations): ``first_started_at`` (the first attempt's start),
+``wall_duration_s`` (first start to the latest end) and ``active_duration_s`` (the sum of the
+attempts' durations), written at finish (:func:`close_life`) and computed by every reader
+from the attempts (:func:`run_life`), also while the run is live. A crashed attempt (no
+``ended_at``) counts up to its last row's ``_time``.
+
 ``run.json`` is read as untrusted input (``history.untrusted``): only a regular file inside
 its run directory, bounded in size, JSON with a depth limit; a file that is not a JSON
 object is unreadable (:func:`load_run_info` says why), never a crash or a hang.
@@ -193,3 +201,187 @@ def is_dead(info: dict[str, Any]) -> bool:
     if pid == os.getpid():
         return False
     return not pid_alive(pid)
+
+
+# --------------------------------------------------------------------------- a run's whole life
+
+
+def _time_or_none(v: Any) -> float | None:
+    """``v`` when it can be a time in epoch seconds (a finite number from 1970 to the year
+    9999), else None."""
+    if isinstance(v, (int, float)) and not isinstance(v, bool):
+        f = float(v)
+        if f == f and 0.0 <= f <= 253402300799.0:
+            return f
+    return None
+
+
+def _seconds_or_none(v: Any) -> float | None:
+    """``v`` when it can be a duration (a number from 0 to the seconds up to the year 9999),
+    else None."""
+    return _time_or_none(v)
+
+
+def last_row_time(metrics_path: Path) -> float | None:
+    """The ``_time`` of the last row of a metrics file (its tail only), None without one."""
+    from expr_tracker.history.reader import JsonlReader
+
+    try:
+        rows = JsonlReader(metrics_path, root=metrics_path.parent).tail_rows(1)
+    except (OSError, ValueError):
+        return None
+    return _time_or_none(rows[-1].get("_time")) if rows else None
+
+
+def previous_attempt(previous: dict[str, Any], metrics_path: Path | None = None) -> dict[str, Any]:
+    """What ``previous_attempts`` keeps of the attempt ``previous`` (its ``run.json``, read by
+    the start that continues it): status, start, end, pid, host, the exception type, the
+    config changes, and ``duration_s``, its active seconds — as it recorded them when it
+    finished; for one that never finished (killed: no ``ended_at``), up to its last known
+    write, the ``_time`` of the last row in ``metrics_path`` (0 when it wrote none; rows it
+    still held unwritten are lost with it), kept as ``last_seen_at``."""
+    prev = {k: previous.get(k) for k in ("status", "started_at", "ended_at", "pid", "host")}
+    if isinstance(previous.get("exception"), dict):
+        prev["exception"] = {"type": previous["exception"].get("type")}
+    if previous.get("config_changes"):
+        prev["config_changes"] = previous["config_changes"]
+    started = _time_or_none(previous.get("started_at"))
+    ended = _time_or_none(previous.get("ended_at"))
+    duration = _seconds_or_none(previous.get("duration_s"))
+    if duration is None and started is not None and ended is not None:
+        duration = max(0.0, ended - started)
+    if duration is None and started is not None and ended is None:
+        seen = last_row_time(metrics_path) if metrics_path is not None else None
+        seen = max(started, seen) if seen is not None else started
+        prev["last_seen_at"] = seen
+        duration = round(seen - started, 3)
+    prev["duration_s"] = duration
+    return prev
+
+
+def first_start(info: dict[str, Any]) -> float | None:
+    """The first attempt's start: ``first_started_at`` when recorded, else the earliest
+    ``started_at`` of the attempts (a ``run.json`` written before it was recorded)."""
+    first = _time_or_none(info.get("first_started_at"))
+    if first is not None:
+        return first
+    attempts = info.get("previous_attempts")
+    starts = [
+        t
+        for a in (attempts if isinstance(attempts, list) else [])
+        if isinstance(a, dict) and (t := _time_or_none(a.get("started_at"))) is not None
+    ]
+    own = _time_or_none(info.get("started_at"))
+    if own is not None:
+        starts.append(own)
+    return min(starts) if starts else None
+
+
+def open_life(info: dict[str, Any]) -> None:
+    """Set ``first_started_at`` (and its ``_iso``) of a starting attempt's record (its
+    ``previous_attempts`` and ``started_at`` set), and the whole-life durations to None
+    until it finishes (:func:`close_life`)."""
+    first = first_start(info)
+    if first is None:
+        return
+    info["first_started_at"] = first
+    info["first_started_at_iso"] = _iso(first)
+    info["wall_duration_s"] = None
+    info["active_duration_s"] = None
+
+
+def close_life(info: dict[str, Any]) -> None:
+    """Set ``wall_duration_s`` (first start to ``ended_at``) and ``active_duration_s`` (the
+    attempts' ``duration_s`` summed) of a finishing attempt's record."""
+    life = run_life([info])
+    info["wall_duration_s"] = life["wall_duration_s"]
+    info["active_duration_s"] = life["active_duration_s"]
+
+
+def _attempts(
+    info: dict[str, Any], last_time: float | None, now: float
+) -> tuple[list[tuple[float, float]], float | None]:
+    """``([(start, active seconds), ...], end)`` of one producer's attempts, oldest first;
+    ``end`` is the latest attempt's: its ``ended_at``, now while its process runs, else (killed)
+    ``last_time`` (its last row's time), never before its start."""
+    out: list[tuple[float, float]] = []
+    attempts = info.get("previous_attempts")
+    for a in attempts if isinstance(attempts, list) else []:
+        if not isinstance(a, dict):
+            continue
+        start = _time_or_none(a.get("started_at"))
+        if start is None:
+            continue
+        d = _seconds_or_none(a.get("duration_s"))
+        if d is None:  # recorded by an earlier version: its end, when it had one
+            end = _time_or_none(a.get("ended_at"))
+            d = max(0.0, end - start) if end is not None else 0.0
+        out.append((start, d))
+    start = _time_or_none(info.get("started_at"))
+    if start is None:
+        return out, None
+    ended = _time_or_none(info.get("ended_at"))
+    if ended is not None:
+        d = _seconds_or_none(info.get("duration_s"))
+        end = ended
+        d = max(0.0, ended - start) if d is None else d
+    elif info.get("status") == "running" and not is_dead(info):
+        end = max(start, now)
+        d = end - start
+    else:  # killed before it could write ended_at: up to its last row
+        end = max(start, last_time) if last_time is not None else start
+        d = end - start
+    out.append((start, d))
+    return out, end
+
+
+def run_life(
+    infos: Any, *, last_time: float | None = None, now: float | None = None
+) -> dict[str, float | None]:
+    """A run's whole life from its producers' ``run*.json`` contents (``infos``: one, or
+    each producer's of a run; a ``running`` one whose process is gone counts as killed):
+
+    - ``first_started_at``: the first attempt's start (the earliest over the producers);
+    - ``wall_duration_s``: from it to the latest end — ``ended_at``; now (``now``, default
+      the clock) while a process still runs; for a killed attempt its last row's time
+      (``last_time``, the reader's: the newest ``_time`` it read), never before its start;
+    - ``active_duration_s``: the attempts' durations summed (each finished attempt's own
+      ``duration_s``, a killed one's up to its last known write); over several producers
+      (ranks, streams), the time at least one of them ran (their attempts' union).
+
+    Values are None where ``run.json`` holds no usable start. Never raises for what the
+    files hold (they are untrusted)."""
+    if isinstance(infos, dict):
+        infos = [infos]
+    now = time.time() if now is None else now
+    last_time = _time_or_none(last_time)
+    firsts: list[float] = []
+    ends: list[float] = []
+    per: list[list[tuple[float, float]]] = []
+    for info in infos:
+        if not isinstance(info, dict):
+            continue
+        attempts, end = _attempts(info, last_time, now)
+        first = first_start(info)
+        if first is None or end is None:
+            continue
+        firsts.append(first)
+        ends.append(end)
+        per.append(attempts)
+    if not firsts:
+        return {"first_started_at": None, "wall_duration_s": None, "active_duration_s": None}
+    first = min(firsts)
+    if len(per) == 1:
+        active = sum(d for _, d in per[0])
+    else:  # the union of every producer's attempts
+        active, reach = 0.0, -1.0
+        for s, d in sorted(iv for attempts in per for iv in attempts):
+            e = s + d
+            if e > reach:
+                active += e - max(s, reach)
+                reach = e
+    return {
+        "first_started_at": first,
+        "wall_duration_s": round(max(0.0, max(ends) - first), 3),
+        "active_duration_s": round(active, 3),
+    }

@@ -1,12 +1,16 @@
 """Span and plugin measurements within the store: the pending row, the fold, held records.
 
-Span time joins the row the next ``log()`` writes (docs/spans.md "Which row a span joins"):
-:meth:`SpanFolding.ingest_span` aggregates into a *pending* row, and each accepted ``log()``
-call folds it into the row it writes to, after opening that row's step and before merging
-its own metrics. Span records handed to ``ingest_span`` are held with it and get their
-``_step`` at that fold, so a record always names the row its time was summed into.
-``commit()``, ``flush()``, ``close()`` and a hold deadline (:meth:`SpanFolding.hold_spans`)
-fold into the row open at that moment.
+A span belongs to the step open when it ends (docs/spans.md "Which row a span joins"), with
+one refinement for the loop that calls ``log(d, step=i)`` after its spans: a span that no
+``log()`` reached while it ran waits for the next one. :meth:`SpanFolding.ingest_span` is
+handed the span's id, drawn from the sequence each accepted ``log()`` also takes a mark
+from (``_current.sequence``): an id below the last mark means a ``log()`` came while the
+span ran, and the metrics join the open row at once. Otherwise they aggregate into a
+*pending* row, and each accepted ``log()`` call folds it into the row it writes, after
+opening that row's step and before merging its own metrics. Span records of pending spans
+are held with it and get their ``_step`` at that fold, so a record always names the row its
+time was summed into. ``commit()``, ``flush()``, ``close()`` and a hold deadline
+(:meth:`SpanFolding.hold_spans`) fold into the row open at that moment.
 
 How each measurement combines (sum, max, duration-weighted mean) is a table handed to the
 store (``HistoryStore(aggregation=...)``): the history package knows no measurement names.
@@ -43,12 +47,27 @@ def aggregation_kinds(table: Mapping[str, str] | None) -> dict[str, int]:
 
 _NUMERIC = (int, float)
 
+#: ``ingest_span(..., since=NEVER)``: no ``log()`` ever counts as having come while the span
+#: ran (larger than any id or mark ``_current.sequence`` will hand out)
+NEVER = 1 << 62
+
+#: until the first span record went out, and while no ``log(step=N)`` came, pending span
+#: data waits this long at most, so a lone span's record reaches the span file within about
+#: a second (the first completed span requests an immediate write: docs/spans.md "Which row
+#: a span joins")
+FIRST_HOLD_SECONDS = 1.0
+
 #: span records held for their step at most once ``log(step=N)`` is in use; one more folds
 #: the pending span data at once (into the open row)
 HOLD_MAX_RECORDS = 65_536
 #: the same bound before any ``log(step=N)``: the open row is then the one the next
 #: ``log()`` writes anyway, so records are released in small batches
 HOLD_RECORDS_BEFORE_STEPS = 1024
+
+
+def _encoded_size(record: tuple[int, Any]) -> int:
+    """Bytes of a held ``(step, record)`` pair (0 for a record dict)."""
+    return 0 if type(record[1]) is dict else len(record[1])
 
 
 def _raised_in(exc: BaseException, fn: Callable[..., Any]) -> bool:
@@ -72,22 +91,29 @@ class SpanFolding:
     _kind_cache: dict[str, int]
     _aggregation: dict[str, int]
 
-    def ingest_span(self, metrics: dict[str, Any], dur_ms: float, record: Any = None) -> int | None:
-        """Accumulate span/plugin metrics until the next ``log()`` places them in its row.
+    def ingest_span(
+        self, metrics: dict[str, Any], dur_ms: float, record: Any = None, since: int = NEVER
+    ) -> int | None:
+        """Place one ended span's metrics (docs/spans.md "Which row a span joins").
 
         Aggregation by measurement name (the part before the first ``/``), as the table
         handed to the store says (``HistoryStore(aggregation=...)``; spec spans.txt
         "Repeated plugin measurements"): sum (also every name not in the table), maximum,
         or duration-weighted mean. A span never commits a step.
 
-        The metrics wait in a pending row that the next accepted ``log()`` folds into the
-        row it writes (after ``step=`` opened it); ``commit()``, ``flush()``, ``close()``
-        and the hold deadline (:meth:`hold_spans`) fold it into the row open then.
-        ``record`` (a span record: ``bytes``, or a dict) waits with them and reaches the
-        span sink with the step of that row.
+        ``since`` is the span's id, drawn from ``_current.sequence`` when it started; each
+        accepted ``log()`` takes a mark from the same sequence. When a ``log()`` reached the
+        store while the span ran (``since`` is below the last mark), that call chose the
+        step and the metrics join the row open now. Otherwise (and by default) they wait in
+        a pending row that the next accepted ``log()`` folds into the row it writes (after
+        ``step=`` opened it); ``commit()``, ``flush()``, ``close()`` and the hold deadline
+        (:meth:`hold_spans`) fold it into the row open then. ``record`` (a span record:
+        ``bytes``, or a dict) reaches the span sink with the step of the row its metrics
+        joined.
 
-        Returns None when ``record`` is held, else the step open now (the one a fold would
-        use now); -1 when the store is closed (nothing is kept).
+        Returns the step open now when the record, if any, can be written at once with it
+        (``record`` None, or its metrics joined the open row and no held record is ahead
+        of it); None when ``record`` is held; -1 when the store is closed (nothing kept).
         """
         if self._fork_gen != _current.fork_gen:
             raise ForkedRunError(FORK_MESSAGE)
@@ -95,50 +121,72 @@ class SpanFolding:
         with self._lock:
             if self._closed:
                 return -1
-            pend = self._pend
-            if not pend:  # the first span since the last fold: start the hold deadline
-                self._pend_since = self._clock()
-                if not self._pend_armed:
-                    self._arm_pending()
-            pagg = self._pagg
+            if since < self._log_mark:  # a log() came while the span ran: the open row
+                row = self._open
+                agg = self._agg
+                pend = None
+            else:
+                row = pend = self._pend
+                agg = self._pagg
+                if not pend:  # the first span since the last fold: start the hold deadline
+                    self._pend_since = self._clock()
+                    if not self._pend_armed:
+                        self._arm_pending()
             for k, v in metrics.items():
                 tv = type(v)
                 if tv is not float and tv is not int:
-                    pend[k] = v
-                    pagg.pop(k, None)
-                    if self._preset is None:  # remember that this metric restarted
-                        self._preset = set()
-                    self._preset.add(k)
+                    row[k] = v
+                    agg.pop(k, None)
+                    if pend is not None:  # remember that this pending metric restarted
+                        if self._preset is None:
+                            self._preset = set()
+                        self._preset.add(k)
                     continue
                 if v - v != 0:
-                    self._pend_nonfinite = True
+                    if pend is None:
+                        self._open_nonfinite = True
+                    else:
+                        self._pend_nonfinite = True
                 kind = kinds.get(k)
                 if kind is None:
                     kind = self._kind(k)
-                cur = pend.get(k)
+                cur = row.get(k)
                 if kind == MEAN:
-                    a = pagg.get(k)
+                    a = agg.get(k)
                     if a is None or type(cur) not in _NUMERIC:
-                        a = pagg[k] = [0.0, 0.0]
+                        a = agg[k] = [0.0, 0.0]
                     if dur_ms > 0:
                         a[0] += v * dur_ms
                         a[1] += dur_ms
-                        pend[k] = a[0] / a[1]
+                        row[k] = a[0] / a[1]
                     elif a[1] == 0:
-                        pend[k] = v
+                        row[k] = v
                 # exact type checks: a bool or non-number already in the row is replaced
                 elif (tc := type(cur)) is not float and tc is not int:
-                    pend[k] = v
+                    row[k] = v
                 elif kind == SUM:
-                    pend[k] = cur + v
+                    row[k] = cur + v
                 elif v > cur or cur != cur:
-                    pend[k] = v
-            if record is None:
-                return self.open_step
+                    row[k] = v
             held = self._held
+            if pend is None:
+                if self.max_open_seconds is not None and not self._timer_armed:
+                    self._touch()  # the open row's crash bound (openrow.py)
+                if record is None:
+                    return self.open_step
+                if not held:
+                    self._first_hold = False  # this record goes out now
+                    return self.open_step
+                # records held ahead of it (a span nested in this one, ended after the
+                # log()) keep the file's order: this one waits with them, its step fixed
+                record = (self.open_step, record)
+            elif record is None:
+                return self.open_step
             held.append(record)
             if type(record) is not dict:  # an encoded record (attributes, plugins, error)
-                self._held_bytes += len(record)
+                self._held_bytes += (
+                    len(record) if type(record) is not tuple else _encoded_size(record)
+                )
             if len(held) < self._hold_cap and self._held_bytes < self._hold_max_bytes:
                 return None
             self._fold_locked()  # bounded memory
@@ -164,15 +212,18 @@ class SpanFolding:
         """Hold span records passed to :meth:`ingest_span` until their row is known.
 
         ``sink(step, records)`` receives them, in the order they were ingested, with the
-        step of the row their metrics were folded into; it is called under the store lock
+        step of the row their metrics were folded into (a ``(step, record)`` pair: a record
+        whose step was fixed when its span ended, held behind earlier records to keep the
+        file's order); it is called under the store lock
         (so records reach the span file in fold order and ``flush()`` misses none), must
         not call back into the store, and is never called with an empty list.
 
         ``max_seconds`` bounds how long the oldest pending span waits for a ``log()`` while
         this store has not accepted a ``log(step=N)``: the row open then is the one the
-        next ``log()`` writes anyway. Once explicit steps are in use the bound is
-        ``max_open_seconds`` (the open row's own crash bound). None: no timed fold beyond
-        ``max_open_seconds``. Memory is bounded by ``max_bytes`` (of records held encoded,
+        next ``log()`` writes anyway (:data:`FIRST_HOLD_SECONDS` at most until the first
+        record went out). Once explicit steps are in use the bound is ``max_open_seconds``
+        (the open row's own crash bound). None: no timed fold beyond ``max_open_seconds``
+        (but the first record's). Memory is bounded by ``max_bytes`` (of records held encoded,
         i.e. those with attributes, plugin metrics or an error) and by :data:`HOLD_MAX_RECORDS`
         records (:data:`HOLD_RECORDS_BEFORE_STEPS` before the first ``log(step=N)``); past
         a bound the pending data is placed in the open row at once.
@@ -284,6 +335,7 @@ class SpanFolding:
             self._held, self._held_bytes = [], 0
             return
         at = self.open_step if step is None else step
+        self._first_hold = False
         # one statement, on one line: no signal is handled between the sink's return and the
         # stores (a line event inside a statement split over lines would be such a point)
         try:
@@ -306,8 +358,14 @@ class SpanFolding:
         )
 
     def _hold_limit(self) -> float | None:
+        if self._explicit_steps:
+            return self.max_open_seconds
         hold = self._hold_seconds
-        if hold is None or self._explicit_steps:
+        if self._first_hold and self._span_sink is not None:
+            # no span record went out yet: the first one reaches the file promptly (the
+            # open row is the one the next plain log(d) writes: nothing moves)
+            hold = FIRST_HOLD_SECONDS if hold is None else min(hold, FIRST_HOLD_SECONDS)
+        if hold is None:
             return self.max_open_seconds
         if self.max_open_seconds is None:
             return hold

@@ -37,6 +37,7 @@ from typing import Any
 
 from expr_tracker import _current
 from expr_tracker._current import FORK_MESSAGE
+from expr_tracker._current import sequence as _sequence
 from expr_tracker._warn import Warner
 from expr_tracker.errors import ForkedRunError
 from expr_tracker.history.cache import DecodedTail, RowCache
@@ -121,13 +122,18 @@ class HistoryStore(SpanFolding, OpenRowTimer, StoreReads):
         # call (cleared past a bound: unique span names cannot grow it without limit)
         self._aggregation = aggregation_kinds(aggregation)
         self._kind_cache: dict[str, int] = {}
-        # span data since the last log(): it joins the row the next log() writes
+        # the last accepted log()'s mark (from _current.sequence, as span ids): a span whose
+        # id is below it saw a log() while it ran and joins the open row when it ends
+        self._log_mark = 0
+        # span data of spans that saw no log() while they ran: it joins the row the next
+        # log() writes
         self._pend: dict[str, Any] = {}
         self._pagg: dict[str, list[float]] = {}
         self._preset: set[str] | None = None  # pending keys that restarted (non-numeric)
         self._pend_nonfinite = False
         self._pend_since = 0.0  # monotonic time of the oldest pending span
         self._pend_armed = False
+        self._first_hold = True  # no span record went out yet (FIRST_HOLD_SECONDS)
         self._held: list[Any] = []  # span records waiting for their step
         self._held_bytes = 0
         self._span_sink: Callable[[int, list[Any]], Any] | None = None
@@ -233,8 +239,11 @@ class HistoryStore(SpanFolding, OpenRowTimer, StoreReads):
                     commit = False
             elif commit is None:
                 commit = True
+            # the mark of an accepted log(), from the sequence span ids come from: spans
+            # running now saw this call (spanfold.py)
+            self._log_mark = next(_sequence)
             pend = self._pend
-            if pend:  # span time since the last log() joins the row this call writes
+            if pend:  # span time waiting since the last log() joins the row this call writes
                 if not self._open and self._preset is None and not self._pend_nonfinite:
                     # the common case, inlined: swap in the pending row (see _fold_locked)
                     self._open, self._pend = pend, self._open
@@ -253,7 +262,11 @@ class HistoryStore(SpanFolding, OpenRowTimer, StoreReads):
                 else:
                     committed = (committed, row)
             elif self.max_open_seconds is not None and self._open:
-                self._touch()
+                # _touch, inlined while its timer runs (every commit=False call comes here)
+                if self._timer_armed:
+                    self._touched = self._clock()
+                else:
+                    self._touch()
             upto = 0
             if committed is not None and self.sinks:
                 # queued under the lock, so sinks see rows in commit order across threads
@@ -376,7 +389,11 @@ class HistoryStore(SpanFolding, OpenRowTimer, StoreReads):
             row["_step"] = step
             row["_time"] = self._wall()
             if self._written_open is None:
-                self._append_locked(self._encode(row), step)
+                try:  # _encode, inlined: one call less per commit (the common case)
+                    line = encode_row(row, self._open_nonfinite)
+                except Exception:  # noqa: BLE001 - a hostile value: the slow path
+                    line = self._encode(row)
+                self._append_locked(line, step)
             else:
                 self._write_row_locked(row, step)
                 self._written_open = None

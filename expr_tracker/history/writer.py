@@ -250,12 +250,12 @@ class JsonlWriter:
             if count == 1:
                 self._oldest = self._clock()
             elif count > self.max_pending_records:
-                if self._failing and self._clock() >= self._probe_at:
-                    probe(self)  # the disk may be back: try before dropping
-                if self._failing:  # memory is bounded here, not only when a retry runs
-                    enforce_limit(self)
+                if self._failing and not (self._clock() >= self._probe_at and probe(self)):
+                    enforce_limit(self)  # memory is bounded here, not only when a retry runs
                     return True
-                sync = True  # the disk works but the flusher fell behind: write now
+                # the disk works but the flusher fell behind, or one record fit: write the
+                # queue now (the disk is back when it lands)
+                sync = True
             if not sync and self._scheduled:
                 if count < self.buffer_size or self._urgent or self._failing:
                     return True  # the common case: a flush (or a retry) is already scheduled
@@ -362,14 +362,21 @@ class JsonlWriter:
         self._pending_bytes = sum(map(len, self._lines))
         self._oldest = self._clock()
 
-    def _write_batch(self, batch: list[bytes], steps: list[int | None]) -> bool:
+    def _write_batch(
+        self, batch: list[bytes], steps: list[int | None], *, probe: bool = False
+    ) -> bool:
         """Write one batch; True when it is on disk. Under any other exception (an
         interrupt) the file is cut back and the bookkeeping restored before it propagates,
         unless the batch was complete: the last statement (counting ``flushed`` and
-        ``batches_written``) is the commit point the caller checks."""
+        ``batches_written``) is the commit point the caller checks.
+
+        ``probe``: one record tried while writes fail (pending.py): landing, it proves
+        little (a full disk may still take a small record), so the writer stays failing,
+        its retry schedule unchanged; the disk is back, and announced, when a whole batch
+        lands."""
         saved = self._file_state()
         try:
-            return self._write_batch_inner(batch, steps)
+            return self._write_batch_inner(batch, steps, probe)
         except BaseException:
             if self.batches_written == saved[0]:
                 self._restore_file_state(saved)
@@ -403,7 +410,9 @@ class JsonlWriter:
         del self.index[nindex:]
         self._rollback(self.size)
 
-    def _write_batch_inner(self, batch: list[bytes], steps: list[int | None]) -> bool:
+    def _write_batch_inner(
+        self, batch: list[bytes], steps: list[int | None], probe: bool = False
+    ) -> bool:
         data = b"\n".join(batch) + b"\n"
         start = self.size
         try:
@@ -432,9 +441,9 @@ class JsonlWriter:
             self._failing = True
             self._warn_io(exc, "write to")
             return False
-        self._retry_delay = RETRY_DELAY_S
-        self._next_retry = -1e18
-        if self._failing:
+        if self._failing and not probe:  # a probe alone is no recovery (_write_batch)
+            self._retry_delay = RETRY_DELAY_S
+            self._next_retry = -1e18
             self._failing = False
             log.warning(
                 "expr_tracker: writes to %s work again; %d queued records written",

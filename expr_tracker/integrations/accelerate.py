@@ -171,6 +171,10 @@ class ExprTrackerTracker(GeneralTracker):
             self._independent = False
         self._check()
         self._pending = True
+        if _init_trackers_without_config(sys._getframe(1)):
+            # no store_init_configuration will follow: start now, so that spans timed
+            # before the first log() (the first step's) are recorded, not lost
+            self._open()
 
     def _names_another_run(self, current: Any) -> bool:
         """The tracker was given a run of its own (``name``, ``id``, ``run_dir``) that is
@@ -368,6 +372,19 @@ def _plain(value: Any) -> Any:
     from expr_tracker.history.codec import normalize_value
 
     return normalize_value(value)
+
+
+def _init_trackers_without_config(frame: Any) -> bool:
+    """True when ``accelerator.init_trackers`` called :meth:`ExprTrackerTracker.start`
+    (found on the stack from ``frame``) with no ``config``: Accelerate then never calls
+    ``store_init_configuration``, so nothing is left to wait for."""
+    for _ in range(4):
+        if frame is None:
+            return False
+        if frame.f_code.co_name == "init_trackers" and "config" in frame.f_locals:
+            return frame.f_locals["config"] is None
+        frame = frame.f_back
+    return False
 
 
 def _is_main_process() -> bool:

@@ -43,6 +43,7 @@ What lands where:
 
 from __future__ import annotations
 
+import copy
 import functools
 import logging
 import sys
@@ -185,6 +186,8 @@ class ExprTrackerCallback(TrainerCallback):
         self._close_after_eval = False  # a run (re)opened for an evaluate() after training
         self._ahead_until = 0  # the run's step when training began (rows behind it: dropped)
         self._watched: Any = weakref.WeakSet()  # Trainers whose train() reports exceptions
+        # each model's config as first seen, before training changed it (see _model_config)
+        self._model_configs: Any = weakref.WeakKeyDictionary()
         self._warner = Warner(log)
 
     def _check(self) -> None:
@@ -313,18 +316,37 @@ class ExprTrackerCallback(TrainerCallback):
         data = self._guarded("reading the config", self._trainer_config, args, model)
         return {**(user or {}), **data} if data else None
 
-    @staticmethod
-    def _trainer_config(args: Any, model: Any) -> dict[str, Any]:
+    def _trainer_config(self, args: Any, model: Any) -> dict[str, Any]:
         """``{"args": TrainingArguments.to_dict(), "model": model.config.to_dict()}``, keys
-        ending in ``_token`` left out."""
+        ending in ``_token`` left out; the model's as first seen (:meth:`_model_config`)."""
         data: dict[str, Any] = {}
         to_dict = getattr(args, "to_dict", None)
         if callable(to_dict):
             data["args"] = _public(to_dict())
-        model_config = getattr(model, "config", None)
-        to_dict = getattr(model_config, "to_dict", None)
-        if callable(to_dict):
-            data["model"] = _public(to_dict())
+        model_config = self._model_config(model)
+        if model_config is not None:
+            data["model"] = model_config
+        return data
+
+    def _model_config(self, model: Any) -> dict[str, Any] | None:
+        """``model.config.to_dict()`` as the callback first saw it. Training changes it:
+        the first forward of a ``...ForSequenceClassification`` sets ``problem_type``. So
+        read later (an ``evaluate()`` reopening the run, a ``train()`` again after a caught
+        failure) it would differ from the config the run was started with, and be taken
+        for another experiment: a change recorded, a new ``<name>-2`` run. Reading it once
+        per model keeps every start of this callback comparing what the user configured."""
+        try:
+            return copy.deepcopy(self._model_configs[model])
+        except (KeyError, TypeError):  # not seen yet; or a model without weak references
+            pass
+        to_dict = getattr(getattr(model, "config", None), "to_dict", None)
+        if not callable(to_dict):
+            return None
+        data = _public(to_dict())
+        try:
+            self._model_configs[model] = copy.deepcopy(data)
+        except TypeError:
+            pass
         return data
 
     def _record_config(self, args: Any, model: Any) -> None:

@@ -29,12 +29,23 @@ from expr_tracker.history import untrusted
 from expr_tracker.history.metricdefs import MetricDefs
 from expr_tracker.history.paths import file_name, validate_stream
 from expr_tracker.history.rundirs import producer_infos, producer_status, worst_status
+from expr_tracker.history.runinfo import run_life
 from expr_tracker.query.catalog import Producer, discover
 
 __all__ = ["CompareError", "IDENTITY_KEYS", "compare_runs", "flatten", "goal_from_name"]
 
 #: the identity rows, in the order shown
-IDENTITY_KEYS = ("status", "steps", "duration_s", "tags", "group", "git.commit", "git.dirty")
+IDENTITY_KEYS = (
+    "status",
+    "steps",
+    "first_started_at",
+    "wall_duration_s",
+    "active_duration_s",
+    "tags",
+    "group",
+    "git.commit",
+    "git.dirty",
+)
 #: summary keys left out by default (span timings and counts); ``metrics=`` can pick them
 SPAN_PREFIXES = ("time_ms/", "count/")
 #: words of a metric's last name part that say lower is better / higher is better
@@ -237,16 +248,14 @@ def _identity_values(run_dir: Path, prod: Producer) -> dict[str, Any]:
         steps, last_time = _steps_and_last_time(prod.metrics)
     if steps is None and type(info.get("steps")) is int:
         steps = info["steps"]
-    started, ended = info.get("started_at"), info.get("ended_at")
-    if not _num(ended):  # running, or killed before it could write ended_at: its last row
-        ended = last_time
-    # to the millisecond, as run.json's duration_s (finer differences are noise)
-    duration = round(ended - started, 3) if _num(started) and _num(ended) else None
+    # the run's whole life over every attempt and producer (durations to the millisecond,
+    # as run.json's: finer differences are noise); a killed attempt up to its last row
+    life = run_life(list(infos.values()), last_time=last_time)
     git = info.get("git") if isinstance(info.get("git"), dict) else {}
     return {
         "status": status,
         "steps": steps,
-        "duration_s": duration,
+        **life,
         "tags": info.get("tags"),
         "group": info.get("group"),
         "git.commit": git.get("commit"),
@@ -390,9 +399,11 @@ def compare_runs(
         run], "missing": [indexes of runs without the key], "equal": bool}``; a missing
         key's value is None there (a null value is None and not missing). Identity keys:
         ``status`` (the worst of all the run's producers, as ``et runs``), ``steps``
-        (highest step + 1 of the compared metrics file), ``duration_s`` (seconds; a running
-        run's, or a killed one's, up to its last row), ``tags``, ``group``, ``git.commit``,
-        ``git.dirty``.
+        (highest step + 1 of the compared metrics file), the run's whole life over every
+        attempt (a run resumed under its name has several): ``first_started_at`` (epoch
+        seconds), ``wall_duration_s`` (first start to the latest end; to now while it runs)
+        and ``active_duration_s`` (the attempts' durations summed; a killed attempt's up to
+        its last row), ``tags``, ``group``, ``git.commit``, ``git.dirty``.
         ``best`` lists the runs holding the best value (ties: all; NaN never; none when
         fewer than two runs have a number, when all are equal or the direction is unknown). ``goal`` comes from
         a ``define_metric(goal=...)`` of the runs, else from the name (see

@@ -55,6 +55,10 @@ RUNS_COLUMNS: tuple[tuple[str, str], ...] = (
     ("started", "TIMESTAMP"),
     ("ended", "TIMESTAMP"),
     ("duration_s", "DOUBLE"),
+    ("first_started_at", "DOUBLE"),
+    ("first_started", "TIMESTAMP"),
+    ("wall_duration_s", "DOUBLE"),
+    ("active_duration_s", "DOUBLE"),
     ("steps", "BIGINT"),
     ("last_time", "DOUBLE"),
     ("host", "VARCHAR"),
@@ -505,6 +509,9 @@ def runs_table(
             duration = last_time - started  # not ended (yet): as far as its rows go
         else:
             duration = None
+        from expr_tracker.history.runinfo import run_life
+
+        life = run_life(info, last_time=last_time)  # the whole life, over every attempt
         git = info.get("git") if isinstance(info.get("git"), dict) else {}
         config = small(p.config, p)
         summary = small(p.summary, p)
@@ -524,6 +531,8 @@ def runs_table(
             "started": started,
             "ended": ended,
             "duration_s": duration,
+            **life,
+            "first_started": life["first_started_at"],
             "steps": steps,
             "last_time": last_time,
             "host": info.get("host"),

@@ -13,7 +13,6 @@ enter. Without one, spans still time and print but write nothing.
 
 from __future__ import annotations
 
-import itertools
 import logging
 import os
 from collections.abc import Callable, Iterable
@@ -22,6 +21,7 @@ from time import perf_counter_ns
 from time import time as _wall
 from typing import Any
 
+from expr_tracker import _current
 from expr_tracker._warn import Warner
 from expr_tracker.errors import ForkedRunError
 from expr_tracker.spans.printing import enter_line, exit_line
@@ -37,8 +37,10 @@ _stack_set = _stack.set
 _active: Any = None
 #: this process's pid, refreshed in a forked child before any user code runs
 _PID = os.getpid()
-#: span ids, unique within a process (the span file carries the pid beside them)
-_ids = itertools.count(1)
+#: span ids, unique within a process (the span file carries the pid beside them): drawn from
+#: the one process-wide sequence the history store also marks each accepted ``log()`` with,
+#: so the store can tell whether a ``log()`` came while a span ran
+_ids = _current.sequence
 
 _warner = Warner(log)
 
@@ -110,8 +112,9 @@ class Span:
       the enclosing span's (or the run's ``span_print_fn``); ``False`` silences this subtree.
     - ``plugins``: measurement plugins (objects with ``start(span)``/``end(span) -> dict`` or
       plain ``fn(span) -> dict``). None inherits; ``[]`` turns them off for this subtree.
-    - ``step``: only added to the record's ``args.step``; the history step is the one of
-      the row the next ``log()`` writes (docs/spans.md "Which row a span joins").
+    - ``step``: only added to the record's ``args.step``; the history step is the one open
+      when the span ends, or the row the next ``log()`` writes when no ``log()`` came while
+      the span ran (docs/spans.md "Which row a span joins").
     - ``**attrs``: attributes for the span file (not metrics).
 
     Raises ``ValueError`` for an empty name; on entry ``RuntimeError`` when the span was

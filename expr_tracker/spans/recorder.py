@@ -7,10 +7,13 @@ duration-weighted mean, and resets on commit), and enqueues one encoded record w
 ``writer.append(line_bytes)``. It never writes a file itself.
 
 A store with ``hold_spans`` (the :class:`~expr_tracker.history.store.HistoryStore`) places
-span time in the row the next ``log()`` writes, so a record's step is not known when the
-span ends: the record is encoded then without ``_step``, handed to ``ingest_span`` with the
-metrics, and comes back through :meth:`SpanRecorder._write_held` with the step of the row
-its time was summed into (docs/spans.md "Which row a span joins").
+the time of a span that saw no ``log()`` while it ran in the row the next ``log()`` writes,
+so a record's step is not always known when the span ends: the record is encoded then
+without ``_step``, handed to ``ingest_span`` with the metrics and the span's id (which tells
+the store whether a ``log()`` came while it ran: then the open row takes the time and the
+step is known at once), and comes back through :meth:`SpanRecorder._write_held` with the
+step of the row its time was summed into when it was held (docs/spans.md "Which row a span
+joins").
 
 Record format (one JSON line of ``spans[.S][.rankN].jsonl``; see docs/architecture.md)::
 
@@ -56,19 +59,27 @@ def _thread_identity() -> tuple[int, str]:
     return v
 
 
-def _task_name() -> str | None:
-    """The current asyncio task's name; None outside a running event loop (asyncio not
-    imported, no loop running, or no task)."""
-    aio = _modules.get("asyncio")
-    if aio is None:
-        return None
-    # getattr: another thread may be importing asyncio right now (a mirror importing its
-    # library), leaving a partially initialised module in sys.modules
-    running = getattr(aio, "_get_running_loop", None)
-    loop = running() if running is not None else None
+#: ``asyncio._get_running_loop``, kept once found (one global read per span after that)
+_get_running_loop: Any = None
+
+
+def _task_name(aio: Any) -> str | None:
+    """The current asyncio task's name (``aio``: the ``asyncio`` module, imported by
+    someone); None outside a running event loop (no loop running, or no task)."""
+    global _get_running_loop
+    running = _get_running_loop
+    if running is None:
+        # getattr: another thread may be importing asyncio right now (a mirror importing
+        # its library), leaving a partially initialised module in sys.modules
+        running = getattr(aio, "_get_running_loop", None)
+        if running is None:
+            return None
+        _get_running_loop = running
+    loop = running()
     if loop is None:
         return None
-    task = aio.current_task(loop)
+    current = getattr(aio, "current_task", None)
+    task = current(loop) if current is not None else None
     return task.get_name() if task is not None else None
 
 
@@ -79,10 +90,11 @@ class SpanRecorder:
       int`` (the step the metrics landed on) and an ``open_step`` attribute (read when
       ``metrics=False``), or None (records then carry ``"_step": null``). A store that
       also has ``hold_spans(sink, max_seconds=, max_bytes=)`` (the ``HistoryStore``) gets
-      each record with the metrics, ``ingest_span(metrics, dur_ms, record) -> None``, and
-      hands it back to ``sink(step, records)`` once the ``log()`` that places the metrics
-      fixes the step; with ``metrics=False`` records are written at once with the open
-      step.
+      each record with the metrics and the span's id, ``ingest_span(metrics, dur_ms,
+      record, span_id) -> step | None``: a step means write the record now with it; None
+      means the store holds it and hands it back to ``sink(step, records)`` once the
+      ``log()`` that places the metrics fixes the step; with ``metrics=False`` records are
+      written at once with the open step.
     - ``writer``: an object with ``append(line: bytes) -> bool | None`` (one record, no
       newline; ``False`` means it was dropped, e.g. past the writer's pending-byte bound) and
       ``flush()``, or None for no span file (``spans=False``).
@@ -135,6 +147,8 @@ class SpanRecorder:
         self._closed = False
         # the store fixes each record's step at the log() that places its metrics
         self._hold = self._metrics and callable(getattr(store, "hold_spans", None))
+        # bound once: the call every span makes (the fast path reads one attribute)
+        self._ingest_span = store.ingest_span if self._metrics else None
         if self._hold and writer is not None:
             store.hold_spans(
                 self._write_held,
@@ -189,9 +203,11 @@ class SpanRecorder:
                 "tid": tid,
                 "thread": tname,
             }
-            task = _task_name()  # only inside a running event loop
-            if task is not None:
-                item["task"] = task
+            aio = _modules.get("asyncio")  # no asyncio imported: no task, and no call
+            if aio is not None:
+                task = _task_name(aio)  # only inside a running event loop
+                if task is not None:
+                    item["task"] = task
             if span.attrs or span.step is not None or pm or span.error:
                 # encoded now: attribute values are the user's objects and may change later
                 item = self._encode_full(item, span, span.attrs, pm)[_NULL_STEP:]
@@ -205,11 +221,12 @@ class SpanRecorder:
                 for k, v in pm.items():
                     m[k + "/" + path] = v
             if self._hold:
-                step = self._store.ingest_span(m, dur_ms, item)
+                # the span's id tells the store whether a log() came while it ran
+                step = self._ingest_span(m, dur_ms, item, span.id)
                 if step is None:  # held: written with its step by the log() that places it
                     return
             else:
-                step = self._store.ingest_span(m, dur_ms)
+                step = self._ingest_span(m, dur_ms)
         else:
             store = self._store
             step = store.open_step if store is not None else None
@@ -244,7 +261,9 @@ class SpanRecorder:
         """Write records now that their row's step is known (also the store's span sink).
 
         ``items`` are record dicts (encoded here) or encoded records without their
-        ``_step`` (see ``record``)."""
+        ``_step`` (see ``record``), each of them for ``step``; or ``(step, record)`` pairs,
+        a record whose step was fixed when its span ended (held behind earlier records to
+        keep the file's order)."""
         writer = self._writer
         if writer is None:
             return
@@ -257,12 +276,27 @@ class SpanRecorder:
                 line = _dumps(item)
                 if len(line) > limit and not self._fits(len(line), item["name"]):
                     continue
-            else:
+            elif type(item) is bytes:
                 if head is None:
                     head = b'{"_step":%d,' % step if type(step) is int else b'{"_step":null,'
                 line = head + item
+            else:  # (step, record): a step fixed when its span ended (rare: not per item)
+                line = self._line_at(*item)
+                if line is None:
+                    continue
             if append(line) is False:
                 self._refused()
+
+    def _line_at(self, step: Any, item: Any) -> bytes | None:
+        """One record (a dict, or encoded bytes without ``_step``) as its line at ``step``;
+        None when it is over ``max_record_bytes`` (dropped, counted)."""
+        if type(item) is dict:
+            item["_step"] = step
+            line = _dumps(item)
+            if len(line) > self._max_record and not self._fits(len(line), item["name"]):
+                return None
+            return line
+        return (b'{"_step":%d,' % step if type(step) is int else b'{"_step":null,') + item
 
     def _refused(self) -> None:
         """The writer refused a record: closed meanwhile, or past its pending-byte bound."""

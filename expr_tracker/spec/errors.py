@@ -100,6 +100,8 @@ def describe_source(source: str | None) -> str:
         return f"{kind} file {rest}"
     if source == "init":
         return "et.init() keyword arguments"
+    if source == "history":
+        return "et.history() keyword arguments"
     if source == "spec":
         return "the spec given to et.init()"
     if source == "configure_alert":

@@ -186,6 +186,28 @@ def _validate(
     return None, out
 
 
+def check_stream(stream: Any, source: str = "history") -> None:
+    """Raise the ``SpecError`` ``et.init`` gives for ``stream`` (the ``stream`` field's own
+    validation), with ``source`` as where the value came from: a reader asked for a stream
+    that no run can have (``et.history(stream=...)``) says why instead of failing on its
+    file name. None and valid names pass."""
+    global _STREAM_FIELD
+    if _STREAM_FIELD is None:
+        from pydantic import TypeAdapter
+
+        _STREAM_FIELD = TypeAdapter(RunSpec.model_fields["stream"].annotation)
+    try:
+        _STREAM_FIELD.validate_python(stream)
+    except ValidationError as exc:
+        issues = issues_from_validation_error(
+            exc, stream, path_prefix="stream", source_of=lambda _path: source
+        )
+        raise SpecError(issues) from None
+
+
+_STREAM_FIELD: Any = None
+
+
 def _with(issue: SpecIssue, **changes: Any) -> SpecIssue:
     return replace(issue, **changes)
 

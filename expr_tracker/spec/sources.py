@@ -28,6 +28,7 @@ from expr_tracker.spec.yaml import (
     duplicate_key_message,
     key_path,
     package_section,
+    yaml_error,
     yaml_locations,
 )
 
@@ -144,7 +145,7 @@ def load_file(
     source = source or f"file:{file}"
     locations: dict[str, Location] = {}
     duplicates: list[tuple[Any, yaml.Mark, yaml.Mark]] = []
-    node = data = None
+    node = data = text = None
     suffix = p.suffix.lower()
     try:
         if suffix == ".json":
@@ -171,9 +172,8 @@ def load_file(
         msg = f"cannot read {file}: {exc.strerror or exc}"
         raise SpecError([SpecIssue(root, msg, source=source)]) from None
     except yaml.YAMLError as exc:
-        mark = getattr(exc, "problem_mark", None)
-        where = (file, mark.line + 1, mark.column + 1) if mark is not None else None
-        problem = getattr(exc, "problem", None) or str(exc)
+        problem, at = yaml_error(exc, text)
+        where = (file, *at) if at is not None else None
         raise SpecError(
             [SpecIssue(root, f"invalid YAML: {problem}", source=source, location=where)]
         ) from None

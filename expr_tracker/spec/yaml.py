@@ -33,6 +33,7 @@ __all__ = [
     "key_path",
     "load_yaml",
     "package_section",
+    "yaml_error",
     "yaml_locations",
 ]
 
@@ -97,6 +98,25 @@ def compose_unique(text: str) -> tuple[Any, Any, list[tuple[Any, yaml.Mark, yaml
         return node, data, sorted(loader.duplicates, key=lambda d: d[1].index)
     finally:
         loader.dispose()
+
+
+def yaml_error(exc: yaml.YAMLError, text: str | None) -> tuple[str, tuple[int, int] | None]:
+    """What a YAML error says and where, as every spec error reports it: ``(problem,
+    (line, column))``, 1-based, or ``(problem, None)`` when nothing says where.
+
+    A marked error has its problem and mark. A reader error (a NUL byte or another
+    character YAML refuses) has only a character position in the text it was given: that
+    position in ``text`` becomes line:column, and its message loses the position.
+    """
+    mark = getattr(exc, "problem_mark", None)
+    if mark is not None:
+        return getattr(exc, "problem", None) or str(exc), (mark.line + 1, mark.column + 1)
+    problem = getattr(exc, "problem", None) or str(exc).split("\n", 1)[0]
+    pos = getattr(exc, "position", None)
+    if isinstance(exc, yaml.reader.ReaderError) and text is not None and isinstance(pos, int):
+        line_start = text.rfind("\n", 0, pos) + 1
+        return problem, (text.count("\n", 0, pos) + 1, pos - line_start + 1)
+    return problem, None
 
 
 def load_yaml(path: str | os.PathLike) -> Any:

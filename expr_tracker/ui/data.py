@@ -44,7 +44,7 @@ from expr_tracker.history.metricdefs import MetricDefs, defs_path_for
 from expr_tracker.history.paths import file_name
 from expr_tracker.history.reader import meta_path_for
 from expr_tracker.history.rundirs import worst_status
-from expr_tracker.history.runinfo import is_dead
+from expr_tracker.history.runinfo import is_dead, run_life
 from expr_tracker.history.untrusted import (
     UnsafeFileError,
     load_json_bytes,
@@ -288,8 +288,8 @@ class Catalog:
         return table_row(run_id, prods, seen)
 
     def table(self) -> list[dict[str, Any]]:
-        """Every run's line, newest start first (a run deleted meanwhile left out, a run
-        that cannot be read listed with its reason)."""
+        """Every run's line, newest first (by first start; a run deleted meanwhile left out,
+        a run that cannot be read listed with its reason)."""
         runs = self.runs()
         rows = []
         live = set()
@@ -307,7 +307,7 @@ class Catalog:
         with self._rows_lock:
             for d in [d for d in self._rows if d not in live]:
                 del self._rows[d]
-        rows.sort(key=lambda r: (-(r["started_at"] or 0.0), r["run"]))
+        rows.sort(key=lambda r: (-(r["first_started_at"] or r["started_at"] or 0.0), r["run"]))
         return rows
 
     def _seen(self, prods: list[Producer]) -> _RowSeen:
@@ -436,9 +436,11 @@ def _status(info: dict[str, Any]) -> str:
 def table_row(run_id: str, prods: list[Producer], seen: _RowSeen) -> dict[str, Any]:
     """The runs table's line of a run from what :func:`read_row` read: ``status`` the worst
     of its producers' as ``et runs`` judges it (``unreadable`` when a ``run*.json`` could
-    not be read), ``steps`` (highest step + 1), ``duration_s`` (ended - started, or the
-    last row's time - started while running), ``error`` (None, or each file that could not
-    be read and why)."""
+    not be read), ``steps`` (highest step + 1), ``started_at`` and ``duration_s`` of the
+    latest attempt (ended - started, or the last row's time - started while running), the
+    run's whole life over every attempt (``first_started_at``, ``wall_duration_s``,
+    ``active_duration_s``: :func:`~expr_tracker.history.runinfo.run_life`), ``error`` (None,
+    or each file that could not be read and why)."""
     main = prods[0]
     by_name = dict(seen.infos)
     statuses = [_status(i) for i in by_name.values() if i is not None]
@@ -456,6 +458,7 @@ def table_row(run_id: str, prods: list[Producer], seen: _RowSeen) -> dict[str, A
         duration = seen.last_time - started
     else:
         duration = None
+    life = run_life([i for i in by_name.values() if i], last_time=seen.last_time)
     tags = info.get("tags")
     group = info.get("group")
     return {
@@ -466,6 +469,7 @@ def table_row(run_id: str, prods: list[Producer], seen: _RowSeen) -> dict[str, A
         "steps": int(max_step) + 1 if max_step is not None else None,
         "started_at": started,
         "duration_s": duration,
+        **life,
         "tags": [str(t) for t in tags] if isinstance(tags, list) else [],
         "group": group if isinstance(group, str) else None,
         "producers": [producer_label(p) for p in prods],
@@ -485,6 +489,9 @@ def unreadable_row(run_id: str, prods: list[Producer], reason: str) -> dict[str,
         "steps": None,
         "started_at": None,
         "duration_s": None,
+        "first_started_at": None,
+        "wall_duration_s": None,
+        "active_duration_s": None,
         "tags": [],
         "group": None,
         "producers": [producer_label(p) for p in prods],
@@ -597,8 +604,8 @@ def _metrics_sql(con: Any, catalog: Catalog, p: Producer) -> str | None:
 
 
 def runs_list(catalog: Catalog) -> list[dict]:
-    """Every run under the folder (see :func:`table_row`), newest start first; a run
-    deleted since it was found is left out, one that cannot be read is listed with
+    """Every run under the folder (see :func:`table_row`), newest first (by first start);
+    a run deleted since it was found is left out, one that cannot be read is listed with
     ``status`` ``unreadable`` and its ``error``."""
     return catalog.table()
 

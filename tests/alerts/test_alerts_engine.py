@@ -9,6 +9,7 @@ import threading
 import pytest
 from rich.console import Console
 
+import expr_tracker as et
 from expr_tracker.alerts import (
     AlertEngine,
     AlertLog,
@@ -496,3 +497,61 @@ def test_window_error_names_the_real_setting():
     with pytest.raises(RuleError) as info:
         AlertEngine(window=100).add_rule("mean(x[101]) > 1")
     assert "history.alert_window" in str(info.value) and "alerts.window" not in str(info.value)
+
+
+@pytest.mark.parametrize("size", [101, 1 << 62, 10**22])
+def test_a_window_past_any_cap_names_the_configured_alert_window(size):
+    """A window wider than the internal bound of a rule made without an engine (base
+    code: "wider than alert_window=4611686018427387904") names the configured one."""
+    with pytest.raises(RuleError, match=r"wider than alert_window=100;") as info:
+        AlertEngine(window=100).add_rule(f"mean(x[{size}]) > 1")
+    assert "alert_window=4611686018427387904" not in str(info.value)
+    with pytest.raises(RuleError, match=r"wider than alert_window=100;"):
+        AlertEngine(window=100).add_rule({"name": "r", "condition": f"max(x[{size}]) > 1"})
+
+
+def test_the_configured_alert_window_in_et_init(tmp_path):
+    from expr_tracker.spec import SpecError
+
+    with pytest.raises(SpecError, match=r"wider than alert_window=100;"):
+        et.init(
+            project="p",
+            name="w",
+            dir=str(tmp_path),
+            alert_window=100,
+            alert_rules=["mean(loss[5000000000000000000000]) > 1 => warning: x"],
+        )
+
+
+@pytest.mark.parametrize(
+    "rule, column",
+    [
+        ('"" > 1', 1),
+        ("`` > 1 => error: never", 1),
+        ("x > 1 and '' < 2", 11),
+        ("mean(''[5]) > 1", 6),
+        ("has('')", 5),
+        ({"name": "empty", "condition": '"" > 1'}, 1),
+        (getattr(M, "") > 1, 1),  # the rule builder
+    ],
+)
+def test_a_rule_on_the_empty_metric_name_is_refused(rule, column):
+    """log() never records a metric named '' (it drops the key), so such a rule could
+    never fire (base code: accepted, silently inert)."""
+    eng = AlertEngine(window=100)
+    with pytest.raises(RuleError, match="metric name cannot be empty") as info:
+        eng.add_rule(rule)
+    assert info.value.column == column
+    assert eng.rules == []
+
+
+def test_the_empty_metric_name_in_et_init_and_add_alert_rule(tmp_path):
+    from expr_tracker.spec import SpecError
+
+    with pytest.raises(SpecError, match="metric name cannot be empty"):
+        et.init(project="p", name="e", dir=str(tmp_path), alert_rules=['"" > 1 => error: x'])
+    et.init(project="p", name="e", dir=str(tmp_path))
+    with pytest.raises(RuleError, match="metric name cannot be empty"):
+        et.add_alert_rule("mean(``[3]) > 1 => warning: x")
+    assert et.list_alert_rules() == []
+    et.finish()

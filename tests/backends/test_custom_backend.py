@@ -88,6 +88,25 @@ def test_every_row_once_in_order_with_span_metrics(run_dir):
     assert stats["dropped"] == {} and stats["alive"] is True and stats["finished"] is True
 
 
+def test_the_same_object_twice_is_one_backend(run_dir):
+    """backends=[b, b] (base code: b initialised twice, every row twice)."""
+    inits = []
+
+    class Counting(Recorder):
+        def init(self, **info):
+            inits.append(info["name"])
+            super().init(**info)
+
+    rec, other = Counting(), Recorder()
+    run = et.init(project="proj", name="r1", backends=[rec, other, rec])
+    et.log({"a": 1})
+    et.log({"a": 2})
+    et.finish()
+    assert inits == ["r1"]
+    assert rec.rows() == other.rows() == [(0, {"a": 1}), (1, {"a": 2})]
+    assert sorted(run.info()["backends"]) == ["Counting", "Recorder"]
+
+
 def test_commit_parameter_and_named_keywords_detected(run_dir):
     b = WithCommit()
     et.init(project="proj", name="r1", backends=b)  # one object without a list

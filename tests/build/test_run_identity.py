@@ -367,7 +367,9 @@ def test_a_refused_second_process_touches_nothing_of_the_holder(tmp_path):
             "metrics.meta.json",
             "metrics.jsonl.lock",
         }
-        for kw in ({}, {"resume": "never"}, {"resume": "must"}, {"config": {"lr": 9}}):
+        # (another config, or resume="never", starts r1-2 instead: see
+        # test_another_config_started_while_the_named_run_is_live_gets_name_2)
+        for kw in ({}, {"resume": "must"}, {"config": {"lr": 0.1}}):
             with pytest.raises(et.RunLockedError) as info:
                 et.init(project="proj", name="r1", dir=str(tmp_path / "runs"), **kw)
             msg = str(info.value)
@@ -397,6 +399,54 @@ def test_a_refused_second_process_touches_nothing_of_the_holder(tmp_path):
     assert json.loads((run_dir / "config.json").read_text()) == {"lr": 0.1}
 
 
+@pytest.mark.slow
+def test_another_config_started_while_the_named_run_is_live_gets_name_2(tmp_path, capsys):
+    """A sweep launched in parallel under one name (a Hydra multirun on joblib or SLURM,
+    two terminals): the named run is being written by a live process with another config.
+    That is another experiment, as when it has finished: run r1-2, not RunLockedError. The
+    same config running now is refused (one experiment is not started twice)."""
+    run_dir = tmp_path / "runs" / "proj" / "r1"
+    holder = subprocess.Popen(
+        [sys.executable, "-c", textwrap.dedent(HOLDER), str(tmp_path / "runs")],
+        stdin=subprocess.PIPE,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+    try:
+        assert holder.stdout.readline().strip() == "idle"
+        before = _state(run_dir)
+        runs = str(tmp_path / "runs")
+        run = et.init(project="proj", name="r1", dir=runs, config={"lr": 0.2})
+        et.log({"x": 100})
+        et.finish()
+        assert run.name == "r1-2"
+        err = capsys.readouterr().err
+        assert "run proj/r1 was started with another config (lr: 0.1 -> 0.2)" in err, err
+        assert _json(run.dir / "run.json")["requested_name"] == "r1"
+        run = et.init(project="proj", name="r1", dir=runs, config={"lr": 0.1}, resume="never")
+        et.finish()
+        assert run.name == "r1-3"
+        with pytest.raises(et.RunLockedError):
+            et.init(project="proj", name="r1", dir=runs, config={"lr": 0.1})
+        assert _state(run_dir) == before
+        holder.stdin.write("go\n")
+        holder.stdin.flush()
+        assert holder.stdout.readline().strip() == "busy"
+        holder.stdin.write("stop\n")
+        holder.stdin.flush()
+        out, err = holder.communicate(timeout=60)
+    finally:
+        if holder.poll() is None:
+            holder.kill()
+            holder.wait()
+    assert holder.returncode == 0, err
+    assert _json(run_dir / "config.json") == {"lr": 0.1}
+    assert [r["x"] for r in read_rows(tmp_path / "runs" / "proj" / "r1-2" / "metrics.jsonl")] == [
+        100
+    ]
+
+
 RACER = """
 import sys, time, os, expr_tracker as et
 # warm up (imports, rule grammar) so that the racing starts take a few milliseconds each
@@ -406,10 +456,12 @@ at, rounds = float(sys.argv[2]), int(sys.argv[3])
 for k in range(rounds):
     time.sleep(max(0.0, at + 2.0 * k - time.time()))
     try:
-        et.init(project="proj", name=f"race{k}", dir=sys.argv[1], config={"pid": os.getpid()})
+        # one experiment started several times at once (another config would start race{k}-2)
+        et.init(project="proj", name=f"race{k}", dir=sys.argv[1], config={"lr": 0.1})
     except et.RunLockedError as e:
         print("R", k, "LOCKED", flush=True)
         continue
+    et.config.update({"pid": os.getpid()})
     for i in range(50):
         et.log({"pid": os.getpid(), "i": i})
     time.sleep(1.0)  # hold the run while the others try
@@ -435,8 +487,8 @@ def test_racing_starts_of_a_new_run_one_wins_and_keeps_everything(tmp_path):
         run_dir = tmp_path / "runs" / "proj" / f"race{k}"
         rows = read_rows(run_dir / "metrics.jsonl")
         assert [(r["pid"], r["i"]) for r in rows] == [(winner, i) for i in range(50)]
-        assert json.loads((run_dir / "config.json").read_text()) == {"pid": winner}
-        assert json.loads((run_dir / "spec.json").read_text())["config"] == {"pid": winner}
+        assert json.loads((run_dir / "config.json").read_text()) == {"lr": 0.1, "pid": winner}
+        assert json.loads((run_dir / "spec.json").read_text())["config"] == {"lr": 0.1}
         info = json.loads((run_dir / "run.json").read_text())
         assert info["status"] == "finished" and info["pid"] == winner
         assert "previous_attempts" not in info
@@ -585,6 +637,25 @@ def test_keys_added_during_the_run_never_make_a_restart_look_different(tmp_path,
     et.finish()
 
 
+def test_a_start_given_no_config_continues_and_keeps_the_compared_config(tmp_path, capsys):
+    """An evaluation script (et.init(name=...) alone) continues the run; the training script
+    restarted after it with its own config still resumes, another config still moves on."""
+    runs = tmp_path / "runs" / "proj"
+    kw = {"project": "proj", "name": "r", "dir": str(tmp_path / "runs")}
+    et.init(config={"lr": 0.1}, **kw)
+    et.log({"loss": 1.0})
+    et.finish()
+    run = et.init(**kw)  # no config: nothing says this is another experiment
+    assert run.name == "r" and run.resumed
+    assert dict(run.config) == {"lr": 0.1}
+    et.finish()
+    info = _json(runs / "r" / "run.json")
+    assert info["init_config"] == {"lr": 0.1} and "config_changes" not in info
+    assert _start(tmp_path, {"lr": 0.1}, name="r").name == "r"
+    assert _start(tmp_path, {"lr": 0.2}, name="r").name == "r-2"
+    capsys.readouterr()
+
+
 def test_must_continues_another_config_and_records_it_per_attempt(tmp_path, capsys):
     run_dir = tmp_path / "runs" / "proj" / "gpt2"
     _start(tmp_path, {"lr": 0.1, "seed": 1})
@@ -634,6 +705,72 @@ def test_id_and_run_dir_fix_the_run_whatever_the_config(tmp_path, capsys):
         et.finish()
         assert run.dir == folder
     assert _json(folder / "run.json")["config_changes"] == {"lr": {"before": 0.1, "after": 0.2}}
+
+
+ADDRESSED = """
+import functools, sys, expr_tracker as et
+
+
+def collate(batch, pad=0):
+    return batch
+
+
+class Settings:  # no __repr__ of its own: "<__main__.Settings object at 0x...>"
+    pass
+
+
+act = sys.argv[2]
+run = et.init(project="proj", name="obj", dir=sys.argv[1], config={
+    "lr": 0.1, "collate": functools.partial(collate, pad=1), "act": {"a": lambda x: x,
+    "b": print}[act], "settings": Settings()})
+et.log({"x": 1})
+et.finish()
+print("RUN", run.name)
+"""
+
+
+def test_values_named_by_an_address_compare_by_what_they_name(tmp_path):
+    """A config holding a function, a partial or an object without a __repr__ is recorded as
+    its repr(), which holds a memory address: another text in every process. The same
+    script again is the same config (not obj-2, obj-3 ... at every restart); a value that
+    names something else (another function) is still another config."""
+    runs = str(tmp_path / "runs")
+    names = []
+    for act in ("a", "a", "b"):
+        p = subprocess.run(
+            [sys.executable, "-c", textwrap.dedent(ADDRESSED), runs, act],
+            capture_output=True,
+            text=True,
+            timeout=120,
+        )
+        assert p.returncode == 0, p.stderr
+        names.append(re.search(r"^RUN (\S+)$", p.stdout, re.M)[1])
+    assert names == ["obj", "obj", "obj-2"], names
+    assert "act: " in p.stderr and "collate" not in p.stderr.split("another config")[1], p.stderr
+
+
+@pytest.mark.parametrize(
+    ("kw", "hint"),
+    [
+        ({"id": "abc"}, "give another one to start anew"),
+        ({"name": "gpt2", "resume": "must"}, None),
+        ({"name": "gpt2"}, "another name, or resume='never', starts anew"),
+    ],
+)
+def test_the_resume_line_gives_advice_that_holds_for_the_start(tmp_path, capsys, kw, hint):
+    """The resume line's advice fits how the run was chosen: with wandb's id= (or run_dir=)
+    resume='never' is an error, so it is not offered; resume='must' asked to continue."""
+    _start(tmp_path, {"lr": 0.1}, **{k: v for k, v in kw.items() if k != "resume"})
+    _err_lines(capsys)
+    _start(tmp_path, {"lr": 0.1}, **kw)
+    (line,) = _err_lines(capsys)
+    assert "resuming run" in line
+    if hint is None:
+        assert "starts anew" not in line and "start anew" not in line, line
+    else:
+        assert hint in line, line
+    if "id" in kw:
+        assert "resume='never'" not in line, line
 
 
 def test_a_run_from_before_init_configs_were_recorded_is_compared_by_its_config_json(

@@ -166,6 +166,110 @@ def test_uncaught_exception_marks_failed(tmp_path):
     assert read_rows(run_dir / "metrics.jsonl")[0]["a"] == 1  # the open row was committed
 
 
+EXITS = """
+import sys, expr_tracker as et
+how = sys.argv[2]
+et.init(project="proj", name=how, dir=sys.argv[1])
+et.log({"a": 1})
+if how == "handled":  # what Hydra's @hydra.main and a torch.multiprocessing worker do
+    try:
+        raise ValueError("diverged")
+    except ValueError:
+        sys.exit(1)
+if how == "status":
+    sys.exit(3)
+if how == "zero":
+    sys.exit(0)
+"""
+
+
+@pytest.mark.parametrize(
+    ("how", "rc", "status"),
+    [("handled", 1, "failed"), ("status", 3, "failed"), ("zero", 0, "finished")],
+)
+def test_sys_exit_with_an_error_status_marks_failed(tmp_path, how, rc, status):
+    """A program that handles an exception by exiting non-zero never reaches
+    sys.excepthook: the run it leaves open is failed (with that exception), not finished."""
+    p = run_py(EXITS, str(tmp_path / "runs"), how, check=False)
+    assert p.returncode == rc, p.stderr
+    info = json.loads((tmp_path / "runs" / "proj" / how / "run.json").read_text())
+    assert info["status"] == status, info
+    if how == "handled":
+        assert info["exception"]["type"] == "ValueError"
+        assert info["exception"]["message"] == "diverged"
+
+
+HYDRA_TASK = """
+import sys
+import hydra
+from hydra.core.config_store import ConfigStore
+import expr_tracker as et
+
+ConfigStore.instance().store(name="cfg", node={"lr": 0.1})
+runs = sys.argv.pop(1)
+
+
+@hydra.main(version_base="1.3", config_path=None, config_name="cfg")
+def main(cfg):
+    et.init(project="proj", name="hydra", dir=runs, config={"lr": cfg.lr})
+    et.log({"loss": 1.0})
+    raise RuntimeError("diverged")
+
+
+main()
+"""
+
+
+def test_an_exception_in_a_hydra_task_marks_the_run_failed(tmp_path):
+    """@hydra.main prints the task's exception and calls sys.exit(1) (no excepthook): the
+    run started in the task (without the job callback) is failed with it."""
+    pytest.importorskip("hydra")
+    p = run_py(HYDRA_TASK, str(tmp_path / "runs"), f"hydra.run.dir={tmp_path / 'out'}", check=False)
+    assert p.returncode == 1 and "diverged" in p.stderr, p.stderr
+    info = json.loads((tmp_path / "runs" / "proj" / "hydra" / "run.json").read_text())
+    assert info["status"] == "failed"
+    assert info["exception"]["type"] == "RuntimeError"
+    assert info["exception"]["message"] == "diverged"
+
+
+SPAWNED = """
+import sys
+import torch.multiprocessing as mp
+import expr_tracker as et
+
+
+def worker(i, runs):
+    et.init(project="proj", name="spawned", dir=runs)
+    et.log({"loss": 1.0})
+    raise RuntimeError("boom in the worker")
+
+
+if __name__ == "__main__":
+    try:
+        mp.spawn(worker, args=(sys.argv[1],), nprocs=1)
+    except Exception as exc:
+        print("parent saw", type(exc).__name__)
+"""
+
+
+def test_an_exception_in_a_spawned_torch_worker_marks_its_run_failed(tmp_path):
+    """torch.multiprocessing (ddp_spawn's launcher) catches a worker's exception, sends it
+    to the parent and exits with sys.exit(1): the worker's run is failed, not finished."""
+    pytest.importorskip("torch")
+    script = tmp_path / "spawned.py"
+    script.write_text(SPAWNED)
+    p = subprocess.run(
+        [sys.executable, str(script), str(tmp_path / "runs")],
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert "parent saw ProcessRaisedException" in p.stdout, p.stdout + p.stderr
+    info = json.loads((tmp_path / "runs" / "proj" / "spawned" / "run.json").read_text())
+    assert info["status"] == "failed"
+    assert info["exception"]["message"] == "boom in the worker"
+
+
 def test_run_json_identity(tmp_path):
     run = start(tmp_path)
     et.finish()

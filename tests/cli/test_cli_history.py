@@ -66,6 +66,14 @@ def test_errors_have_exit_codes(tmp_path, run_dir, capsys):
     assert "metrics.other.jsonl" in capsys.readouterr().err
 
 
+def test_a_stream_name_no_run_can_have_is_refused_as_et_init_does(run_dir, capsys):
+    """A stream longer than et.init allows (64 characters) names no file: said so, as for
+    an unsafe one, not "cannot read ...: file name too long" (issue 21, point 7)."""
+    assert main(["history", str(run_dir), "--stream", "x" * 250]) == 1
+    err = capsys.readouterr().err
+    assert "at most 64 characters" in err and "too long" not in err, err
+
+
 def test_follow_prints_rows_as_they_land(tmp_path):
     path = tmp_path / "metrics.jsonl"
     path.write_bytes(b'{"a": 0, "_step": 0}\n')

@@ -91,7 +91,7 @@ def test_three_launches_under_one_name_never_merge_another_learning_rate(tmp_pat
 
     def launch(*overrides: str) -> subprocess.CompletedProcess:
         p = subprocess.run(
-            [sys.executable, str(SCRIPT), "max_iters=20", "eval_interval=10", *overrides],
+            [sys.executable, str(SCRIPT), *overrides],
             cwd=tmp_path,
             capture_output=True,
             text=True,
@@ -100,7 +100,10 @@ def test_three_launches_under_one_name_never_merge_another_learning_rate(tmp_pat
         assert p.returncode == 0, p.stdout + p.stderr
         return p
 
-    first, again, other = launch(), launch(), launch("learning_rate=0.001")
+    # the same values in another order, a default given explicitly: the same config
+    first = launch("max_iters=20", "eval_interval=10")
+    again = launch("eval_interval=10", "max_iters=20", "learning_rate=0.003")
+    other = launch("max_iters=20", "eval_interval=10", "learning_rate=0.001")
     project = tmp_path / "runs" / "nanogpt"
     assert sorted(d.name for d in project.iterdir()) == ["tiny-shakespeare", "tiny-shakespeare-2"]
     run, new = project / "tiny-shakespeare", project / "tiny-shakespeare-2"
@@ -109,7 +112,7 @@ def test_three_launches_under_one_name_never_merge_another_learning_rate(tmp_pat
     (resumed,) = [line for line in again.stderr.splitlines() if line.startswith("expr_tracker:")]
     assert "resuming run nanogpt/tiny-shakespeare at step 3" in resumed
     (moved,) = [line for line in other.stderr.splitlines() if line.startswith("expr_tracker:")]
-    assert "learning_rate: 0.003 -> 0.001" in moved
+    assert "learning_rate: 0.003 -> 0.001" in moved and "and 1 more" not in moved
     assert "starting run nanogpt/tiny-shakespeare-2" in moved and "resume='must'" in moved
     assert "run tiny-shakespeare-2 (id tiny-shakespeare-2)" in other.stdout
 
@@ -119,6 +122,7 @@ def test_three_launches_under_one_name_never_merge_another_learning_rate(tmp_pat
     new_rows = [json.loads(line) for line in (new / "metrics.jsonl").read_text().splitlines()]
     assert [r["_step"] for r in new_rows] == [0, 1, 2]
     assert json.loads((run / "config.json").read_text())["learning_rate"] == 3e-3
+    assert not {"arg", "key", "value"} & set(json.loads((run / "config.json").read_text()))
     assert json.loads((new / "config.json").read_text())["learning_rate"] == 1e-3
     info = json.loads((run / "run.json").read_text())
     assert [a["status"] for a in info["previous_attempts"]] == ["finished"]
@@ -127,3 +131,17 @@ def test_three_launches_under_one_name_never_merge_another_learning_rate(tmp_pat
     assert new_info["requested_name"] == "tiny-shakespeare"
     assert new_info["init_config"]["learning_rate"] == 1e-3
     assert "previous_attempts" not in new_info
+
+
+@pytest.mark.slow
+def test_wandb_log_false_trains_without_a_run(tmp_path):
+    """nanoGPT's switch: wandb_log=False (a bool, not bool("False")) trains, records nothing."""
+    p = subprocess.run(
+        [sys.executable, str(SCRIPT), "max_iters=2", "eval_interval=1", "wandb_log=False"],
+        cwd=tmp_path,
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    assert p.returncode == 0, p.stdout + p.stderr
+    assert "step 2:" in p.stdout and not (tmp_path / "runs").exists()

@@ -50,6 +50,28 @@ def test_history_stream_on_a_live_run_reads_that_stream(tmp_path):
         et.history(stream="../x")
 
 
+@pytest.mark.parametrize("stream", ["x" * 250, "a/b", "rank3"])
+def test_a_stream_name_et_init_refuses_is_the_same_spec_error(tmp_path, stream):
+    """et.history(run=..., stream=...) with a name no run can have (base code: OSError
+    "File name too long" for 250 characters): the SpecError et.init gives for it."""
+    from expr_tracker.spec import SpecError
+
+    run = start(tmp_path)
+    et.log({"a": 1})
+    with pytest.raises(SpecError) as by_history:
+        et.history(stream=stream)  # the live run's other stream
+    et.finish()
+    with pytest.raises(SpecError) as by_init:
+        et.init(project="p", name="other", dir=str(tmp_path), stream=stream)
+    with pytest.raises(SpecError) as offline:
+        et.history(run=run.dir, stream=stream)
+    with pytest.raises(SpecError) as read:
+        read_history(run.dir, stream=stream)
+    want = str(by_init.value).replace("et.init()", "et.history()")
+    assert str(by_history.value) == str(offline.value) == str(read.value) == want
+    assert [i.path for i in offline.value.issues] == ["stream"]
+
+
 def test_history_of_its_own_stream_by_name_is_the_live_one(tmp_path):
     start(tmp_path, stream="worker")
     et.log({"a": 1})

@@ -147,6 +147,48 @@ def test_full_disk_with_background_flusher_makes_few_attempts(tmp_path):
 # ---------------------------------------------------------------- 2. run dir deleted
 
 
+def test_a_small_record_fitting_a_full_disk_is_no_recovery(tmp_path, caplog, monkeypatch):
+    """A disk still full takes the one small record the pending bound probes with, and
+    refuses the queue: no "writes work again" for that (base code: announced at every
+    probe, 18 times in one run); announced once, when a whole batch lands."""
+    import errno
+
+    from expr_tracker.history import pending
+
+    clock = FakeClock()
+    w = JsonlWriter(
+        tmp_path / "m.jsonl",
+        max_pending_records=3,
+        async_write=False,
+        buffer_size=100,
+        clock=clock,
+    )
+    room = [40]  # bytes a write may hold: one record fits, a batch does not
+    real_write = os.write
+
+    def full_disk(fd, data):
+        if fd == w._fd and len(data) > room[0]:
+            raise OSError(errno.ENOSPC, "No space left on device")
+        return real_write(fd, data)
+
+    monkeypatch.setattr(os, "write", full_disk)
+    with caplog.at_level(logging.WARNING, logger="expr_tracker"):
+        for i in range(60):
+            w.append(rec(i), i)
+            clock.now += pending.PROBE_INTERVAL_S  # a probe at each append past the bound
+        assert not [r for r in caplog.records if "work again" in r.getMessage()]
+        assert w._failing  # still failing: the probes' small records proved nothing
+        assert w.dropped > 0  # the bound still holds while the disk is full
+        room[0] = 1 << 20  # space freed
+        clock.now += RETRY_MAX_DELAY_S
+        w.flush()
+    again = [r.getMessage() for r in caplog.records if "work again" in r.getMessage()]
+    assert len(again) == 1 and not w._failing
+    w.close()
+    steps = [json.loads(line)["_step"] for line in lines_of(tmp_path / "m.jsonl")]
+    assert steps == sorted(steps) and steps[-1] == 59 and len(steps) + w.dropped == 60
+
+
 def test_deleted_run_dir_is_recreated_and_queued_rows_land(tmp_path, caplog):
     d = tmp_path / "run"
     w = JsonlWriter(d / "m.jsonl", meta_path=d / "m.meta.json", async_write=False, buffer_size=100)

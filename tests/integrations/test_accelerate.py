@@ -113,6 +113,37 @@ def test_spec_in_every_form_and_init_keywords_reach_the_run(form, tmp_path):
     assert _status(run.dir) == "finished"
 
 
+@pytest.mark.parametrize("with_step", [True, False])
+def test_a_span_around_the_whole_step_holding_accelerator_log(with_step):
+    """``accelerator.log`` inside a span over the whole step: with ``step=i`` the span joins
+    step ``i``, open when it ends (base code: one row late); without a step, log() commits
+    the step inside the span, so the span lands in the next step (the spec's rule)."""
+    from accelerate import Accelerator
+
+    tracker = ExprTrackerTracker(project="acc", name=f"inside-{with_step}")
+    accelerator = Accelerator(cpu=True, log_with=tracker)
+    accelerator.init_trackers("acc")
+    torch.manual_seed(0)
+    model = torch.nn.Linear(4, 1)
+    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+    model, opt = accelerator.prepare(model, opt)
+    for i in range(3):
+        with et.span("step", i=i):
+            loss = torch.nn.functional.mse_loss(model(torch.randn(8, 4)), torch.randn(8, 1))
+            accelerator.backward(loss)
+            opt.step()
+            opt.zero_grad()
+            accelerator.log({"loss": loss.item()}, step=i if with_step else None)
+    accelerator.end_training()
+    run_dir = tracker.tracker.dir
+    rows = {r["_step"]: r for r in read_lines(run_dir / "metrics.jsonl")}
+    spans = read_lines(run_dir / "spans.jsonl")
+    shift = 0 if with_step else 1
+    assert [(s["_step"], s["args"]["i"]) for s in spans] == [(i + shift, i) for i in range(3)]
+    assert [s for s, r in rows.items() if "time_ms/step" in r] == [i + shift for i in range(3)]
+    assert [s for s, r in rows.items() if "loss" in r] == [0, 1, 2]
+
+
 def test_log_without_step_takes_the_runs_next_step_and_log_kwargs():
     from accelerate import Accelerator
 

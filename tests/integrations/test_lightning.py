@@ -116,7 +116,17 @@ def test_test_after_fit_continues_the_run(tmp_path, capsys):
     rows = read_lines(run_dir / "metrics.jsonl")
     assert [r["_step"] for r in rows if "test_loss" in r] == [10]
     assert len([r for r in rows if "train_loss" in r]) == 10
-    assert _run_json(run_dir)["status"] == "finished"
+    info = _run_json(run_dir)
+    assert info["status"] == "finished"
+    # the run's whole life, not the test's 0.1 s (issue 21, point 4): the first start is
+    # fit's, the wall time spans both, the active time is their sum
+    (fit,) = info["previous_attempts"]
+    assert info["first_started_at"] == fit["started_at"]
+    assert info["wall_duration_s"] == round(info["ended_at"] - fit["started_at"], 3)
+    assert info["active_duration_s"] == round(fit["duration_s"] + info["duration_s"], 3)
+    assert info["active_duration_s"] > info["duration_s"]
+    # test() continued with the config fit started with: nothing recorded as changed
+    assert "config_changes" not in info and info["init_config"]["lr"] == 0.05
 
 
 def test_joins_the_users_run_and_never_finishes_it(tmp_path):
@@ -142,6 +152,121 @@ def test_joins_the_users_run_and_never_finishes_it(tmp_path):
     assert logger.log_dir == str(run.dir)
     assert sum("test_loss" in r for r in read_lines(run.dir / "metrics.jsonl")) == 1
     assert _run_json(run.dir)["status"] == "finished"
+
+
+def test_a_rerun_with_other_hyperparameters_is_a_new_run(tmp_path, capsys):
+    """The same name again with another lr starts <name>-2 (its checkpoints there too); the
+    first run and its config.json are untouched; the first lr again continues the first
+    run. The hyper-parameters reached the logger after the run had started (log_hyperparams
+    follows the setup), so a rerun continued the run and replaced its lr (issue 21, 2/5)."""
+    save_dir = tmp_path / "runs"
+
+    def fit(lr, **kw):
+        logger = ExprTrackerLogger(project="lit", name="rerun", save_dir=save_dir)
+        trainer(logger, max_epochs=1, **kw).fit(Tiny(lr=lr), loader(), loader())  # noqa: F821
+        return logger
+
+    first = fit(0.05)
+    capsys.readouterr()
+    second = fit(0.2, enable_checkpointing=True)
+    err = capsys.readouterr().err
+    lit = save_dir / "lit"
+    assert second.log_dir == str(lit / "rerun-2") and second.version == "rerun-2"
+    assert "(lr: 0.05 -> 0.2); starting run lit/rerun-2" in err, err
+    assert json.loads((lit / "rerun" / "config.json").read_text())["lr"] == 0.05
+    assert json.loads((lit / "rerun-2" / "config.json").read_text())["lr"] == 0.2
+    assert _run_json(lit / "rerun-2")["requested_name"] == "rerun"
+    assert [p.name for p in (lit / "rerun-2" / "checkpoints").iterdir()] == ["epoch=0-step=5.ckpt"]
+    assert not (lit / "rerun" / "checkpoints").exists()
+    assert [r["_step"] for r in read_lines(lit / "rerun" / "metrics.jsonl")] == list(range(5))
+    # the first lr again: the same experiment, continued (a restart)
+    third = fit(0.05)
+    assert third.log_dir == first.log_dir == str(lit / "rerun")
+    assert "resuming run lit/rerun at step 5" in capsys.readouterr().err
+    assert sorted(p.name for p in lit.iterdir()) == ["rerun", "rerun-2"]
+    assert len(_run_json(lit / "rerun")["previous_attempts"]) == 1
+
+
+def test_hyperparameters_logged_before_fit_decide_the_run(tmp_path, capsys):
+    """The lightning-hydra-template logs the whole config with log_hyperparams before fit:
+    those values are the config the run starts with; another value under the same name is
+    <name>-2, the same values continue the run, and fit/test continue it without recording
+    a change."""
+    save_dir = tmp_path / "runs"
+
+    def job(lr):
+        logger = ExprTrackerLogger(project="lit", name="tmpl", save_dir=save_dir)
+        logger.log_hyperparams({"model": {"optimizer": {"lr": lr}}, "seed": 1})
+        t = trainer(logger, max_epochs=1)  # noqa: F821
+        model = Tiny()  # noqa: F821
+        t.fit(model, loader(), loader())  # noqa: F821
+        t.test(model, loader())  # noqa: F821
+        return Path(logger.log_dir)
+
+    from pathlib import Path
+
+    a = job(0.1)
+    b = job(0.3)
+    assert (a.name, b.name) == ("tmpl", "tmpl-2")
+    assert "(model.optimizer.lr: 0.1 -> 0.3)" in capsys.readouterr().err
+    for run_dir, lr in ((a, 0.1), (b, 0.3)):
+        config = json.loads((run_dir / "config.json").read_text())
+        assert config["model"] == {"optimizer": {"lr": lr}} and config["lr"] == 0.05
+        info = _run_json(run_dir)
+        assert info["init_config"] == {"model": {"optimizer": {"lr": lr}}, "seed": 1}
+        assert "config_changes" not in info
+        assert len(info["previous_attempts"]) == 1  # fit, then test
+    assert job(0.1) == a  # the same values: continued
+
+
+def test_values_named_by_an_address_do_not_make_every_rerun_new(tmp_path, capsys):
+    """`activation=F.relu` saved as a hyper-parameter reads `<function relu at 0x...>`,
+    another text in every process: left out of the comparison (config.json still has it),
+    so the same script again continues its run."""
+    import torch.nn.functional as F
+
+    for _ in range(2):
+        logger = ExprTrackerLogger(project="lit", name="addr", save_dir=tmp_path / "runs")
+        logger.log_hyperparams({"lr": 0.1, "act": F.relu, "obj": object()})
+        logger.finalize("success")
+    run_dir = tmp_path / "runs" / "lit" / "addr"
+    assert sorted(p.name for p in run_dir.parent.iterdir()) == ["addr"]
+    assert "resuming run lit/addr" in capsys.readouterr().err
+    assert _run_json(run_dir)["init_config"] == {"lr": 0.1}
+    config = json.loads((run_dir / "config.json").read_text())
+    assert config["lr"] == 0.1 and "<function relu" in config["act"]
+
+
+def test_a_logger_with_its_own_name_gets_its_own_run_beside_the_current_one(tmp_path):
+    """A current run A and ExprTrackerLogger(name="B"): B is a run of its own (not made
+    current, finished by the logger); A keeps its config and rows. A logger without a name
+    joins A. Before, every logger joined A (issue 21, 2/5)."""
+    save_dir = tmp_path / "runs"
+    a = et.init(project="lit", name="A", dir=str(save_dir), config={"batch": 4})
+    et.log({"outer": 1.0})
+    logger = ExprTrackerLogger(project="lit", name="B", save_dir=save_dir)
+    trainer(logger, max_epochs=1).fit(Tiny(lr=0.3), loader(), loader())  # noqa: F821
+    b_dir = save_dir / "lit" / "B"
+    assert logger.log_dir == str(b_dir)  # (reading it does not continue the finished run)
+    assert et.get_run() is a and not a.finished  # A stays current and open
+    assert _run_json(b_dir)["status"] == "finished"
+    assert json.loads((b_dir / "config.json").read_text())["lr"] == 0.3
+    assert sum("train_loss" in r for r in read_lines(b_dir / "metrics.jsonl")) == 5
+    assert dict(a.config.items()) == {"batch": 4}
+    # test() after fit continues B, still beside A
+    trainer(logger).test(Tiny(lr=0.3), loader())  # noqa: F821
+    assert logger.log_dir == str(b_dir) and et.get_run() is a
+    assert sum("test_loss" in r for r in read_lines(b_dir / "metrics.jsonl")) == 1
+    # without a name: joins A
+    joining = ExprTrackerLogger(project="lit")
+    assert joining.experiment is a
+    joining.log_metrics({"joined": 1.0}, step=5)
+    joining.finalize("success")
+    assert not a.finished
+    et.finish()
+    rows = read_lines(a.dir / "metrics.jsonl")
+    assert rows[0]["outer"] == 1.0 and any("joined" in r for r in rows)
+    assert not any("train_loss" in r or "test_loss" in r for r in rows)
 
 
 def test_steps_behind_the_run_shift_with_one_warning(tmp_path, caplog):
@@ -385,6 +510,52 @@ def test_ddp_spawn_parent_and_ranks_share_one_run(tmp_path):
     assert {r["rank_seen"] for r in rows if "rank_seen" in r} == {0}
     shard = read_lines(run_dir / "metrics.rank1.jsonl")
     assert {r["rank_seen"] for r in shard if "rank_seen" in r} == {1}
+    # rank 1's own records land on Lightning's steps as rank 0's do, not all in one row
+    assert [r["_step"] for r in shard if "rank_seen" in r] == [
+        r["_step"] for r in rows if "rank_seen" in r
+    ]
+    for spans in ("spans.jsonl", "spans.rank1.jsonl"):
+        fit = [r for r in read_lines(run_dir / spans) if r["name"] == "forward"]
+        assert len(fit) == 5, spans
+        assert [r["_step"] for r in fit] == [r["args"]["global_step"] for r in fit], spans
     info = _run_json(run_dir)
     assert info["status"] == "finished"
     assert json.loads((run_dir / "run.rank1.json").read_text())["status"] == "finished"
+    # every attempt (parent, fit ranks, test ranks) was started with the parent's config
+    assert info["init_config"] == {"model": "Ranked", "seed": 7, "trainer": {"devices": 2}}
+    assert "config_changes" not in info
+    assert not any(a.get("config_changes") for a in info["previous_attempts"])
+
+
+def test_spans_over_batches_and_epochs_land_on_the_logged_steps(tmp_path):
+    """A user's callback timing each batch (on_train_batch_start -> _end, before Lightning
+    logs the batch's step) and each epoch (log_metrics calls reach the store while it runs):
+    each batch span joins the row of the step logged after it, each epoch span the step
+    open when the epoch ends, its last (base code: the epoch's time in the next epoch's
+    first row, the last epoch's in no row of its own)."""
+    import lightning as L
+
+    class Timer(L.Callback):
+        def on_train_batch_start(self, trainer, module, batch, batch_idx):
+            self.batch = et.start_span("batch")
+
+        def on_train_batch_end(self, trainer, module, outputs, batch, batch_idx):
+            self.batch.end()
+
+        def on_train_epoch_start(self, trainer, module):
+            self.epoch = et.start_span("epoch", epoch=trainer.current_epoch)
+
+        def on_train_epoch_end(self, trainer, module):
+            self.epoch.end()
+
+    logger = ExprTrackerLogger(project="lit", name="timed", save_dir=tmp_path / "runs")
+    trainer(logger, callbacks=[Timer()]).fit(Tiny(), loader(), loader())  # noqa: F821
+    run_dir = tmp_path / "runs" / "lit" / "timed"
+    rows = {r["_step"]: r for r in read_lines(run_dir / "metrics.jsonl")}
+    assert sorted(rows) == list(range(10))
+    assert all(r["time_ms/epoch/batch"] > 0 for r in rows.values())
+    assert [s for s, r in rows.items() if "time_ms/epoch" in r] == [4, 9]
+    spans = read_lines(run_dir / "spans.jsonl")
+    epochs = [(s["_step"], s["args"]["epoch"]) for s in spans if s["name"] == "epoch"]
+    assert epochs == [(4, 0), (9, 1)]
+    assert [s["_step"] for s in spans if s["name"] == "epoch/batch"] == list(range(10))

@@ -176,6 +176,12 @@ def test_evaluate_after_training_lands_at_the_last_step(tmp_path, capsys):
     info = json.loads((run_dir / "run.json").read_text())
     assert len(info["previous_attempts"]) == 2 and info["last_step"] == 10
     assert [r["_step"] for r in read_lines(run_dir / "metrics.jsonl")][-2:] == [10, 10]
+    # the run's whole life, not the last evaluate's (issue 21, point 4)
+    train, first_eval = info["previous_attempts"]
+    assert info["first_started_at"] == train["started_at"]
+    assert info["wall_duration_s"] == round(info["ended_at"] - train["started_at"], 3)
+    total = train["duration_s"] + first_eval["duration_s"] + info["duration_s"]
+    assert info["active_duration_s"] == round(total, 3) > info["duration_s"]
 
 
 def test_evaluate_before_training_starts_and_finishes_a_run(tmp_path):
@@ -239,6 +245,65 @@ def test_spans_and_user_metrics_land_on_the_trainers_steps(tmp_path):
     assert "loss" in rows[2] and "loss" not in rows[3]
     spans = read_lines(cb.run.dir / "spans.jsonl")
     assert {s["_step"] for s in spans if s["name"] == "compute"} == set(range(1, 11))
+
+
+class StepTimer:
+    """A user's callback timing each optimizer step: a span from ``on_step_begin`` to
+    ``on_step_end``, which the tracker's own logs of those hooks reach while it runs."""
+
+    def __init__(self) -> None:
+        self.span = None
+
+    def __getattr__(self, name):  # every other TrainerCallback hook: nothing to do
+        if name.startswith("on_"):
+            return lambda *args, **kwargs: None
+        raise AttributeError(name)
+
+    def on_step_begin(self, args, state, control, **kwargs):
+        self.span = et.start_span("optimizer_step", trained=state.global_step + 1)
+
+    def on_step_end(self, args, state, control, **kwargs):
+        self.span.end()
+
+
+class LogInSpanTrainer(Trainer):
+    """A span around ``compute_loss`` holding the user's ``et.log(d, commit=False)``."""
+
+    def compute_loss(self, model, inputs, *args, **kwargs):
+        with et.span("compute"):
+            loss = super().compute_loss(model, inputs, *args, **kwargs)
+            if model.training:
+                et.log({"seen_step": self.state.global_step + 1}, commit=False)
+        return loss
+
+
+@pytest.mark.parametrize("timer_first", [True, False])
+def test_spans_around_the_trainers_own_logs_land_on_the_step_trained(tmp_path, timer_first):
+    """The callback logs at on_step_begin (opening global_step + 1) and on_step_end: a
+    user's span over the whole optimizer step, and one holding a log(commit=False), are
+    reached by a log() while they run, so they join the step open when they end, the step
+    trained (base code: the step timer's time one row late, its last span in no row)."""
+    cb = ExprTrackerCallback(project="hf", name=f"timer-{timer_first}")
+    timer = StepTimer()
+    tr = LogInSpanTrainer(
+        model=tiny_bert(),
+        args=training_args(tmp_path, eval_strategy="no"),
+        train_dataset=RandomTokens(64, 0),
+        callbacks=[timer, cb] if timer_first else [cb, timer],
+    )
+    tr.train()
+    rows = rows_by_step(cb.run.dir)
+    assert sorted(rows) == list(range(1, 11))
+    for step, row in rows.items():
+        assert row["seen_step"] == step, row
+        # compute nests in the step timer's span (started with start_span, on this thread)
+        assert row["time_ms/optimizer_step"] > row["time_ms/optimizer_step/compute"] > 0, row
+    spans = read_lines(cb.run.dir / "spans.jsonl")
+    timed = [s for s in spans if s["name"] == "optimizer_step"]
+    assert [s["_step"] for s in timed] == [s["args"]["trained"] for s in timed]
+    assert [s["_step"] for s in timed] == list(range(1, 11))
+    computed = [s["_step"] for s in spans if s["name"] == "optimizer_step/compute"]
+    assert computed == list(range(1, 11))
 
 
 class PlainLogTrainer(Trainer):
@@ -322,6 +387,53 @@ def test_evaluate_after_a_caught_failure_lands_and_the_training_is_failed(tmp_pa
     info = json.loads((cb.run.dir / "run.json").read_text())
     assert [a["status"] for a in info["previous_attempts"]] == ["failed"]
     assert et.run is None and cb.run.finished
+
+
+def test_evaluate_and_a_rerun_compare_the_config_training_started_with(tmp_path, capsys):
+    """The model's first forward sets ``model.config.problem_type``: that is training, not
+    another experiment. ``evaluate()`` after ``train()`` records no config change, and the
+    same script again (a fresh model, the same arguments) continues the run, not ``-2``."""
+    cb = ExprTrackerCallback(project="hf", name="te")
+    tr = trainer(tmp_path, cb, eval_strategy="no")
+    assert tr.model.config.problem_type is None
+    tr.train()
+    assert tr.model.config.problem_type == "single_label_classification"
+    tr.evaluate()
+    err = capsys.readouterr().err
+    assert "config changed" not in err, err
+    info = json.loads((cb.run.dir / "run.json").read_text())
+    assert "config_changes" not in info
+    assert not [a for a in info["previous_attempts"] if "config_changes" in a]
+    cb2 = ExprTrackerCallback(project="hf", name="te")
+    trainer(tmp_path, cb2, eval_strategy="no").train()
+    assert cb2.run.name == "te", capsys.readouterr().err
+    assert not (tmp_path / "runs" / "hf" / "te-2").exists()
+
+
+class OnceFailingTrainer(Trainer):
+    failed = False
+
+    def compute_loss(self, model, inputs, *args, **kwargs):
+        if model.training and self.state.global_step == 4 and not self.failed:
+            self.failed = True
+            raise RuntimeError("boom at step 5")
+        return super().compute_loss(model, inputs, *args, **kwargs)
+
+
+def test_training_again_after_a_caught_failure_is_the_same_run(tmp_path, capsys):
+    """A notebook trains, fails, trains again: the next attempt of the same run (the
+    model's config changed by its first forward decides nothing)."""
+    cb = ExprTrackerCallback(project="hf", name="retry")
+    tr = trainer(tmp_path, cb, trainer_cls=OnceFailingTrainer, eval_strategy="no")
+    with pytest.raises(RuntimeError, match="boom"):
+        tr.train()
+    tr.train()
+    err = capsys.readouterr().err
+    assert cb.run.name == "retry", err
+    assert "another config" not in err and "config changed" not in err, err
+    info = json.loads((cb.run.dir / "run.json").read_text())
+    assert info["status"] == "finished"
+    assert [a["status"] for a in info["previous_attempts"]] == ["failed"]
 
 
 FAILING_SCRIPT = """

@@ -391,5 +391,7 @@ def test_a_killed_run_has_a_duration_up_to_its_last_row(tmp_path):
     started = json.loads(Path("runs/p/dead/run.json").read_text())["started_at"]
     res = compare_runs(["fin", "dead"])
     assert row(res, "identity", "status")["values"] == ["finished", "crashed"]
-    got = row(res, "identity", "duration_s")["values"][1]
-    assert got == round(rows[-1]["_time"] - started, 3)
+    # the run's whole life: wall and active time of its one attempt, up to its last row
+    for key in ("wall_duration_s", "active_duration_s"):
+        assert row(res, "identity", key)["values"][1] == round(rows[-1]["_time"] - started, 3)
+    assert row(res, "identity", "first_started_at")["values"][1] == started

@@ -189,8 +189,10 @@ def test_switching_from_plain_log_to_explicit_steps(tmp_path, clock):
 
 
 def test_span_across_a_step_jump_and_span_open_at_log(tmp_path, clock):
-    """A span joins the row of the first log() after it ENDS, however many steps it
-    crossed; one still open when log() is called is not part of that row."""
+    """A span that log() calls reached while it ran joins the step open when it ENDS,
+    however many steps it crossed (an epoch); one ending after its step was committed
+    joins the next (base code: both in row 4, the row of the first log() after they
+    ended)."""
     run = start(tmp_path)
     epoch = start_span("epoch")
     for i in range(3):
@@ -199,15 +201,19 @@ def test_span_across_a_step_jump_and_span_open_at_log(tmp_path, clock):
         et.log({"i": i}, step=i)
     inner = start_span("open_at_log")
     clock.sleep_ms(2)
-    et.log({"i": 3}, step=3)  # `open_at_log` is still running: not in row 3
-    inner.end()
+    et.log({"i": 3}, step=3)  # opens step 3 (not committed: step= merges)
+    inner.end()  # ... so both end while step 3 is open
     epoch.end()
     et.log({"i": 4}, step=4)
+    committed = start_span("after_commit")
+    et.log({"i": 5})  # merges into step 4 and commits it
+    committed.end()  # ends after step 4 was committed: step 5
     et.finish()
     rows = {r["_step"]: r for r in read_rows(run.dir / "metrics.jsonl")}
-    assert "time_ms/epoch" not in rows[3] and "time_ms/epoch/open_at_log" not in rows[3]
-    assert rows[4]["time_ms/epoch"] == 5.0 and rows[4]["time_ms/epoch/open_at_log"] == 2.0
+    assert rows[3]["time_ms/epoch"] == 5.0 and rows[3]["time_ms/epoch/open_at_log"] == 2.0
+    assert not any(k.startswith("time_ms/epoch") for k in rows[4])
     assert [rows[i]["time_ms/epoch/step"] for i in range(3)] == [1.0, 1.0, 1.0]
+    assert "time_ms/after_commit" not in rows[4] and "time_ms/after_commit" in rows[5]
     check_records_name_their_rows(run)
 
 
@@ -303,6 +309,191 @@ def test_threads_spanning_through_step_jumps_keep_records_and_rows_in_agreement(
     check_records_name_their_rows(run)
 
 
+# ---------------------------------------------------------------- log() inside the span
+
+#: the forms of the log() call in the loops below
+LOG_FORMS = {
+    "step": lambda i: {"step": i},
+    "step_commit_false": lambda i: {"step": i, "commit": False},
+    "step_commit_true": lambda i: {"step": i, "commit": True},
+    "plain": lambda i: {},
+    "commit_false": lambda i: {"commit": False},
+}
+EACH_ITS_OWN = {0: 10.0, 1: 20.0, 2: 30.0}
+#: log() committed the step inside the span: the span ended after its step was committed
+#: and belongs to the next (the finish() commits the last one's row)
+NEXT_STEP = {0: None, 1: 10.0, 2: 20.0, 3: 30.0}
+
+
+def _work_times(run):
+    return {r["_step"]: r.get("time_ms/work") for r in read_rows(run.dir / "metrics.jsonl")}
+
+
+@pytest.mark.parametrize(
+    "form, expected",
+    [
+        ("step", EACH_ITS_OWN),
+        ("step_commit_false", EACH_ITS_OWN),
+        ("step_commit_true", NEXT_STEP),
+        ("plain", NEXT_STEP),
+        ("commit_false", {0: 60.0}),
+    ],
+)
+def test_log_inside_the_span(tmp_path, clock, form, expected):
+    """The loop with log() inside the span: a log() reached the store while the span ran,
+    so the span joins the step open when it ends (base code, step=: step 0 no time, step 1
+    span 0's, step 2 spans 1 and 2)."""
+    run = start(tmp_path)
+    for i in range(3):
+        with span("work"):
+            clock.sleep_ms(10 * (i + 1))
+            et.log({"loss": float(i)}, **LOG_FORMS[form](i))
+    et.finish()
+    assert _work_times(run) == expected
+    check_records_name_their_rows(run)
+
+
+@pytest.mark.parametrize("form", sorted(LOG_FORMS))
+def test_log_after_the_span(tmp_path, clock, form):
+    """The loop with log() after the span: no log() came while it ran, so its time waits
+    for the row the next log() writes, whatever that call's form."""
+    run = start(tmp_path)
+    for i in range(3):
+        with span("work"):
+            clock.sleep_ms(10 * (i + 1))
+        et.log({"loss": float(i)}, **LOG_FORMS[form](i))
+    et.finish()
+    assert _work_times(run) == ({0: 60.0} if form == "commit_false" else EACH_ITS_OWN)
+    check_records_name_their_rows(run)
+
+
+def test_a_step_opened_first_and_a_span_alone(tmp_path, clock):
+    run = start(tmp_path)
+    et.log({}, step=100)
+    with span("work"):
+        clock.sleep_ms(1)
+    et.log({})  # commits step 100, with the span's time
+    with span("work"):
+        clock.sleep_ms(2)
+    et.log({})  # a row of span time alone
+    et.finish()
+    assert _work_times(run) == {100: 1.0, 101: 2.0}
+    check_records_name_their_rows(run)
+
+
+@pytest.mark.parametrize("attrs", [False, True])  # records as dicts, or encoded at once
+def test_nested_spans_around_a_log(tmp_path, clock, attrs):
+    """Within one span that saw the log(): a child that ended before it joins the row that
+    log() writes, the parent the step open when it ends; a child that starts and ends after
+    the log() saw none, like the spans of the loop above, and waits for the next log().
+    Records stay children before parents in the file."""
+    run = start(tmp_path, span_count=True)
+    for i in range(3):
+        with span("step", **({"i": i} if attrs else {})):
+            with span("fwd"):
+                clock.sleep_ms(1)
+            et.log({"i": i}, step=i)
+            with span("opt"):
+                clock.sleep_ms(2)
+            clock.sleep_ms(4)
+    et.finish()
+    rows = {r["_step"]: r for r in read_rows(run.dir / "metrics.jsonl")}
+    assert [rows[i]["time_ms/step"] for i in range(3)] == [7.0, 7.0, 7.0]
+    assert [rows[i]["time_ms/step/fwd"] for i in range(3)] == [1.0, 1.0, 1.0]
+    assert [rows[i].get("count/step/opt") for i in range(3)] == [None, 1, 2]
+    check_records_name_their_rows(run)
+    recs = spans_file(run)
+    where = {r["id"]: n for n, r in enumerate(recs)}
+    assert all(where[r["parent"]] > n for n, r in enumerate(recs) if r["parent"])
+    steps = [r for r in recs if r["name"] == "step"]
+    assert [r["_step"] for r in steps] == [0, 1, 2]
+    if attrs:
+        assert [r["args"]["i"] for r in steps] == [0, 1, 2]
+
+
+def test_a_span_on_another_thread_that_saw_a_log(tmp_path, clock):
+    """A loader thread's span that a log() on the main thread reached joins the step open
+    when it ends; the main thread's own span, which saw no log(), still waits for the next
+    log() (base code: both in row 1)."""
+    import threading
+
+    run = start(tmp_path)
+    started, go = threading.Event(), threading.Event()
+
+    def load() -> None:
+        with span("load"):
+            started.set()
+            go.wait(10)
+            clock.sleep_ms(3)
+
+    t = threading.Thread(target=load)
+    t.start()
+    assert started.wait(10)
+    et.log({"i": 0}, step=0)  # reaches the store while `load` runs
+    with span("main"):
+        clock.sleep_ms(1)
+    go.set()
+    t.join()
+    et.log({"i": 1}, step=1)
+    et.finish()
+    rows = {r["_step"]: r for r in read_rows(run.dir / "metrics.jsonl")}
+    assert rows[0]["time_ms/load"] == 4.0 and "time_ms/main" not in rows[0]
+    assert rows[1]["time_ms/main"] == 1.0 and "time_ms/load" not in rows[1]
+    check_records_name_their_rows(run)
+
+
+def test_threads_logging_inside_spans_keep_records_and_rows_in_agreement(tmp_path):
+    import threading
+
+    run = start(tmp_path)
+    stop = threading.Event()
+
+    def work() -> None:
+        while not stop.is_set():
+            with span("bg"):
+                with span("inner"):
+                    pass
+
+    threads = [threading.Thread(target=work) for _ in range(2)]
+    for t in threads:
+        t.start()
+    try:
+        for i in range(200):
+            with span("main"):
+                et.log({"i": i}, step=i)
+            with span("after"):
+                pass
+    finally:
+        stop.set()
+        for t in threads:
+            t.join()
+    et.finish()
+    rows = {r["_step"]: r for r in read_rows(run.dir / "metrics.jsonl")}
+    assert all("time_ms/main" in rows[i] for i in range(200))
+    check_records_name_their_rows(run)
+
+
+@pytest.mark.slow
+def test_a_lone_span_record_is_written_within_about_a_second(tmp_path):
+    """The first completed span requests an immediate write (spec spans.txt): its record
+    is in spans.jsonl within about a second with no log() after it, even with
+    max_buffer_seconds=30 (base code: 30 s)."""
+    import time
+
+    run = start(tmp_path, span_max_buffer_seconds=30)
+    with span("lone"):
+        pass
+    path = run.dir / "spans.jsonl"
+    deadline = time.monotonic() + 3.0  # generous: FIRST_HOLD_SECONDS is 1 s
+    while time.monotonic() < deadline and not (path.exists() and path.stat().st_size):
+        time.sleep(0.05)
+    assert [(r["name"], r["_step"]) for r in spans_file(run)] == [("lone", 0)]
+    et.log({"x": 1.0})  # the row its time joined: the one this log(d) commits
+    et.finish()
+    (row,) = read_rows(run.dir / "metrics.jsonl")
+    assert row["_step"] == 0 and row["x"] == 1.0 and "time_ms/lone" in row
+
+
 # ---------------------------------------------------------------- the store alone
 
 
@@ -335,18 +526,47 @@ def _store(now: list[float], **kw):
 
 def test_held_records_are_folded_at_the_hold_deadline():
     """Without explicit steps the open row is the one the next log() writes, so records
-    wait at most max_seconds (the span file's max_buffer_seconds)."""
+    wait at most max_seconds (the span file's max_buffer_seconds) once the first record
+    went out (that one: test_the_first_span_record_waits_about_a_second)."""
     now = [0.0]
     store, flusher, out = _store(now)
+    store.ingest_span({"time_ms/a": 5.0}, 5.0, b"r0")
+    store.ingest({"x": 0})  # step 0 committed with r0, 1 open
     store.ingest_span({"time_ms/a": 1.0}, 1.0, b"r1")
     now[0] = 4.0
     flusher.run_due(now[0])
-    assert out == []
+    assert out == [(0, [b"r0"])]
     now[0] = 5.0
     flusher.run_due(now[0])
-    assert out == [(0, [b"r1"])] and store.open_row()["time_ms/a"] == 1.0
+    assert out[1:] == [(1, [b"r1"])] and store.open_row()["time_ms/a"] == 1.0
     store.ingest({})
     assert store.tail(1)[0]["time_ms/a"] == 1.0
+
+
+@pytest.mark.parametrize("logged_first", [False, True])
+def test_the_first_span_record_waits_about_a_second(logged_first):
+    """The first completed span requests a prompt write (spec spans.txt): until a record
+    went out, and while no log(step=N) came, pending span data is placed in the open row
+    within FIRST_HOLD_SECONDS, whatever max_seconds says (base code: max_seconds); later
+    records wait as before (and with explicit steps, max_open_seconds: the test below)."""
+    from expr_tracker.history.spanfold import FIRST_HOLD_SECONDS
+
+    now = [0.0]
+    store, flusher, out = _store(now)
+    store.hold_spans(lambda step, recs: out.append((step, list(recs))), max_seconds=30.0)
+    if logged_first:
+        store.ingest({"x": 0})  # a plain log(d): the open row is the next log(d)'s anyway
+    step = 1 if logged_first else 0
+    store.ingest_span({"time_ms/a": 1.0}, 1.0, b"r1")
+    flusher.run_due(FIRST_HOLD_SECONDS - 0.01)
+    assert out == []
+    now[0] = FIRST_HOLD_SECONDS
+    flusher.run_due(now[0])
+    assert out == [(step, [b"r1"])]
+    store.ingest_span({"time_ms/a": 2.0}, 2.0, b"r2")  # waits for a log() again
+    now[0] = 20.0
+    flusher.run_due(now[0])
+    assert out == [(step, [b"r1"])] and store.held_span_records == 1
 
 
 def test_with_explicit_steps_the_hold_deadline_is_max_open_seconds():

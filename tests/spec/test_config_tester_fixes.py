@@ -105,9 +105,9 @@ def test_scrub_argv_unit():
 @pytest.mark.parametrize(
     "section, expect_path, expect",
     [
-        ({"alerts": {"watchdog_interval": "0s"}}, "alerts.watchdog_interval", "at least 0.1 s"),
-        ({"alerts": {"watchdog_interval": "1us"}}, "alerts.watchdog_interval", "at least 0.1 s"),
-        ({"alerts": {"watchdog_interval": 0.001}}, "alerts.watchdog_interval", "at least 0.1 s"),
+        ({"alerts": {"watchdog_interval": "0s"}}, "alerts.watchdog_interval", "at least 0.01 s"),
+        ({"alerts": {"watchdog_interval": "1us"}}, "alerts.watchdog_interval", "at least 0.01 s"),
+        ({"alerts": {"watchdog_interval": 0.001}}, "alerts.watchdog_interval", "at least 0.01 s"),
         ({"spans": {"max_pending_bytes": 0}}, "spans.max_pending_bytes", ">= 1"),
         ({"spans": {"max_record_bytes": "0B"}}, "spans.max_record_bytes", ">= 1"),
     ],
@@ -127,8 +127,8 @@ def test_runtime_bounds_rejected_by_spec_and_validate(
 
 
 def test_watchdog_minimum_accepted(tmp_path):
-    run = et.init(project="p", dir=str(tmp_path), spec={"alerts": {"watchdog_interval": "100ms"}})
-    assert run.spec.alerts.watchdog_interval == pytest.approx(0.1)
+    run = et.init(project="p", dir=str(tmp_path), spec={"alerts": {"watchdog_interval": "10ms"}})
+    assert run.spec.alerts.watchdog_interval == pytest.approx(0.01)
     et.finish()
 
 

@@ -477,6 +477,29 @@ def test_yaml_syntax_error_has_location(tmp_path):
     assert "invalid YAML" in issue.message
 
 
+@pytest.mark.parametrize("text, at", [("project: p\nname: a\x00b\n", (2, 8)), ("\x00", (1, 1))])
+def test_a_nul_byte_is_reported_at_line_and_column(tmp_path, text, at):
+    """PyYAML's reader gives only a character position (base code: "in "<unicode
+    string>", position 18", no location): line:column like every other spec error, and
+    the same for et rules check and et rules test."""
+    from expr_tracker.alerts.rulefiles import check_file
+    from expr_tracker.alerts.unittests import run_unit_tests
+
+    path = write(tmp_path / "nul.yaml", text)
+    with pytest.raises(SpecError) as info:
+        resolve(path, environ={})
+    (issue,) = info.value.issues
+    assert issue.location == (path, *at)
+    assert issue.message == (
+        "invalid YAML: unacceptable character #x0000: special characters are not allowed"
+    )
+    assert str(info.value).startswith(f"{path}:{at[0]}:{at[1]}: invalid YAML")
+    (error,) = check_file(path)["errors"]
+    assert (error["line"], error["column"]) == at and "position" not in error["message"]
+    errors, _, _ = run_unit_tests(tmp_path / "nul.yaml")
+    assert errors == [f"{path}:{at[0]}:{at[1]}: {issue.message}"]
+
+
 def test_missing_file_is_reported(tmp_path):
     with pytest.raises(SpecError, match="file not found"):
         resolve(environ={"ET_CONFIG": str(tmp_path / "nope.yaml")})

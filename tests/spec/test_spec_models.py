@@ -383,3 +383,17 @@ def test_json_schema_works_and_is_json():
     assert "condition" in rule
     assert RunSpec.model_json_schema(mode="serialization")
     assert AlertsSpec.model_json_schema()
+
+
+def test_watchdog_interval_down_to_10ms_and_documented():
+    """The watchdog's minimum interval is 10 ms (base code: 0.1 s, and undocumented in
+    docs/configuration.md)."""
+    from expr_tracker.spec import SpecError, resolve
+
+    for ok in ("10ms", "50ms", 0.01):
+        assert resolve({"alerts": {"watchdog_interval": ok}}, environ={}).spec.alerts
+    with pytest.raises(SpecError, match=r"at least 0\.01 s \(10ms\)"):
+        resolve({"alerts": {"watchdog_interval": "5ms"}}, environ={})
+    reference = (Path(__file__).parents[2] / "docs" / "configuration.md").read_text()
+    (line,) = [x for x in reference.splitlines() if x.startswith("| `alerts.watchdog_interval`")]
+    assert "at least 10ms" in line

@@ -547,3 +547,46 @@ def test_without_the_token_no_data_and_an_unreadable_run_says_why(page, tmp_path
         assert "finished" in page.locator('#runs-body tr[data-run="demo/alpha"]').inner_text()
     finally:
         server.close()
+
+
+def test_a_resumed_run_shows_its_whole_life(page, tmp_path):
+    """A run continued under its name (issue 21, point 4): the runs table's duration is the
+    wall time from the first start to the latest end, `active` the attempts' sum, `started`
+    the first start; the run page the same. Before, both showed the latest attempt only."""
+    import json
+    import time
+
+    import expr_tracker as et
+
+    root = tmp_path / "runs"
+    for _ in range(2):  # the same name and config: the second start continues the run
+        et.init(project="demo", name="twice", dir=str(root), config={"lr": 0.1})
+        et.log({"loss": 1.0})
+        time.sleep(0.3)
+        et.finish()
+        time.sleep(1.0)  # between the attempts: wall time, not active time
+    info = json.loads((root / "demo" / "twice" / "run.json").read_text())
+    assert len(info["previous_attempts"]) == 1
+    server = Server(root, tmp_path / "cache")
+    try:
+        page.goto(server.open())
+        page.wait_for_selector("#runs-body tr")
+        heads = page.eval_on_selector_all("#runs thead th", "hs => hs.map(h => h.textContent)")
+        cells = page.eval_on_selector_all("#runs-body tr td", "ts => ts.map(t => t.textContent)")
+        want = page.evaluate(
+            "(i) => [fmtDuration(i.wall_duration_s), fmtDuration(i.active_duration_s),"
+            " fmtTime(i.first_started_at), fmtDuration(i.duration_s)]",
+            info,
+        )
+        wall, active, first, latest = want
+        assert wall != active and active != latest
+        row = dict(zip(heads, cells, strict=True))
+        assert (row["duration"], row["active"], row["started"]) == (wall, active, first)
+        page.goto(server.open("#/run?run=demo%2Ftwice"))
+        page.wait_for_selector("#run-duration")
+        assert page.inner_text("#run-duration") == f"duration: {wall}"
+        assert page.inner_text("#run-active") == f"active: {active}"
+        assert page.inner_text("#run-started") == f"started: {first}"
+        assert not page.errors  # type: ignore[attr-defined]
+    finally:
+        server.close()

@@ -59,10 +59,11 @@ Clocks: ``clock`` (monotonic seconds) drives rate limits, backoff, dedup windows
 deadline; ``sleep`` replaces waiting between retries; ``start=False`` runs no threads and
 ``pump()`` does the work on the caller's thread, so tests check timing exactly.
 
-Where it lives: the policy stages in ``delivery.policy`` (``TokenBucket``, ``Dedup``,
-``Retry``), the per-channel queue, worker and stage list in ``delivery.lane``; this module
-routes, submits, reports, shows undelivered alerts and closes the lanes (each through its
-``drain(deadline)``).
+Where it lives: the policy state in ``delivery.policy`` (``TokenBucket``, ``Dedup``,
+``RetryRule``), the stages that apply it and their verdicts in ``delivery.stages``
+(``Deduplicate``, ``RateLimit``, ``Retry``), the per-channel queue, worker and the for-loop
+over the stages in ``delivery.lane``; this module routes, submits, reports, shows
+undelivered alerts and closes the lanes (each through its ``drain(deadline)``).
 """
 
 from __future__ import annotations

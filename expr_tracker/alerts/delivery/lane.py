@@ -1,24 +1,33 @@
-"""One channel's lane: its routing filter, bounded severity-ordered queue, the policy stages
-run on every message, its worker thread and counters.
+"""One channel's lane: its routing filter, bounded severity-ordered queue, the stages run
+on every message, its worker thread and counters.
 
 A message popped from the queue (most severe first, first in first out within a level)
 runs through the lane's stages (``delivery.stages``), a list run by a for-loop::
 
-    stages = [Deduplicate(dedup), RateLimit(bucket, on_rate_limited), Send()]
+    stages = [Deduplicate(dedup), RateLimit(bucket, on_rate_limited), Retry(channel, rule)]
 
-Each stage is one small class (settings in ``__init__``, the work in ``__call__``). A stage
-drops a message by raising ``Drop`` (counted, recorded or just answered), holds it back by
-raising ``Hold`` (with the seconds until it may go on), or lets it pass by returning. The
-module docstring of ``delivery.dispatcher`` gives the policy in full.
+Each stage returns a verdict and the lane applies the first that is not ``PASS``: ``Hold``
+(put the message back, or leave it with the stage that kept it, and look again later),
+``Drop`` (count it, record it undelivered; ``Failed``, a send given up, is also warned about
+and shown through the console fallback). A message every stage passed was sent: the lane
+counts and records it. The module docstring of ``delivery.dispatcher`` gives the policy in
+full.
+
+Who owns what: the lane owns the queue, the dedup summaries waiting to go, the message the
+worker holds (``_inflight``), the counters and the drain (closing, deadline, abort); the
+stages own their policy state (``RateLimit`` the coalesce buffer, ``Retry`` the attempt
+loop and the send in progress). Stages never see the lane: it hands them values
+(``counts``) and callables (``Retry``'s ``wait_until`` is the lane's interruptible,
+deadline-aware wait).
 
 The lane takes its clock, sleep and randomness, and the callables it reports to (``record``
 for outcomes, ``show`` for the console fallback, ``warn`` for failures), as plain values:
 it knows nothing of the dispatcher, and a test drives it with a fake clock and no thread
 (``step()``, then ``drain(deadline)`` and ``give_up(timeout)``).
 
-Somewhat over 600 lines on purpose: the queue, the worker loop, the send with retries and
-the drain are one state machine under one lock (``_cond``); split apart, each part would
-reach into the others' state.
+One module on purpose: the queue, the worker loop, the verdicts and the drain are one
+state machine under one lock (``_cond``); split apart, each part would reach into the
+others' state.
 """
 
 from __future__ import annotations
@@ -31,18 +40,20 @@ from collections import deque
 from collections.abc import Callable, Iterable
 from typing import Any
 
-from expr_tracker.alerts.delivery.channels.base import DeliveryError, SendResult, excerpt
 from expr_tracker.alerts.delivery.channels.bounded_http import ATTEMPT_TIMEOUTS
 from expr_tracker.alerts.delivery.message import LEVELS, AlertMessage, normalize_level
-from expr_tracker.alerts.delivery.policy import URGENT_RANK, Dedup, Policy, Retry, TokenBucket
+from expr_tracker.alerts.delivery.policy import Dedup, Policy, RetryRule, TokenBucket
 from expr_tracker.alerts.delivery.stages import (
+    PASS,
     Deduplicate,
     Drop,
+    Failed,
     Hold,
     Item,
     RateLimit,
-    Send,
-    summary_lines,
+    Retry,
+    Stage,
+    Verdict,
 )
 
 __all__ = ["EXIT", "Lane"]
@@ -115,18 +126,26 @@ class Lane:
         self._ranks = [0] * len(LEVELS)  # queued items per level (severity-ordered pops)
         self._kicked = False  # put() since the worker last looked
         self._summaries: deque[Item] = deque()
-        self.held: list[Item] = []  # the rate limit's coalesce buffer
-        self._inflight: list[Item] = []
-        self._sending = False  # channel.send() running now
-        self._send_started = 0.0  # clock when that send began
+        self._inflight: list[Item] = []  # the item the worker took, until its verdict applied
+        self.counts = dict.fromkeys(
+            ("sent", "failed", "suppressed", "dropped", "retries", "rate_limited", "coalesced"), 0
+        )
+        self.last_error: str | None = None
         self.bucket = TokenBucket(policy.rate_limit_per_minute, clock())
         self.dedup = Dedup(policy.dedup_window)
-        self.retry = Retry(policy)
-        self.stages: list[Callable[[Lane, Item, float], None]] = [
-            Deduplicate(self.dedup),
-            RateLimit(self.bucket, policy.on_rate_limited),
-            Send(),
-        ]
+        self.rate_limit = RateLimit(self.bucket, policy.on_rate_limited, self.counts)
+        self.retry = Retry(
+            channel,
+            RetryRule(policy),
+            timeout=policy.timeout,
+            clock=clock,
+            random=random,
+            wait_until=self._sleep_until,
+            counts=self.counts,
+            secrets=secrets,
+            show=self._show_retrying,
+        )
+        self.stages: list[Stage] = [Deduplicate(self.dedup), self.rate_limit, self.retry]
         self.closing = False
         self._deadline: float | None = None
         self._abort = False
@@ -135,11 +154,16 @@ class Lane:
         self._gave_up = False
         self._done = False
         self.thread: threading.Thread | None = None
-        self.counts = dict.fromkeys(
-            ("sent", "failed", "suppressed", "dropped", "retries", "rate_limited", "coalesced"), 0
-        )
-        self.last_error: str | None = None
-        self.last_status: int | None = None
+
+    @property
+    def held(self) -> list[Item]:
+        """What the rate limit holds back (its coalesce buffer)."""
+        return self.rate_limit.held
+
+    @property
+    def last_status(self) -> int | None:
+        """The endpoint's last HTTP status (any attempt)."""
+        return self.retry.last_status
 
     # ---------------------------------------------------------------- routing
 
@@ -230,9 +254,9 @@ class Lane:
         """A send in flight longer than an attempt may last (``ATTEMPT_TIMEOUTS + 1`` times
         ``timeout``: a channel that ignores its timeout) holds every message queued behind
         it: show the one in flight and ``item`` (just queued) now (the console fallback)."""
-        if not self._sending or self.show is None:
+        if not self.retry.sending or self.show is None:
             return
-        age = self.clock() - self._send_started
+        age = self.clock() - self.retry.started
         if age <= (ATTEMPT_TIMEOUTS + 1) * self.policy.timeout:
             return
         with self._cond:
@@ -244,24 +268,29 @@ class Lane:
     # ---------------------------------------------------------------- worker side
 
     def _pop(self) -> Item | None:
-        """The next message: a dedup summary or the most severe queued message (the oldest
-        of its level), whichever is more severe (the summary on a tie)."""
+        """The next message, now in flight: a dedup summary or the most severe queued
+        message (the oldest of its level), whichever is more severe (the summary on a
+        tie)."""
         with self._cond:
             top = self._top_rank()
             if self._summaries and self._summaries[0].rank >= top:
-                return self._summaries.popleft()
+                item = self._summaries.popleft()
+                self._inflight = [item]
+                return item
             if top < 0:
                 return None
             if self._queue[0].rank == top:
                 item = self._take_at(0)
             else:
                 item = self._take_at(next(i for i, q in enumerate(self._queue) if q.rank == top))
+            self._inflight = [item]
             self._cond.notify_all()  # a blocked producer may continue
             return item
 
     def push_back(self, item: Item) -> None:
-        """Return a rate-limited item to the front of its queue."""
+        """Return a held item to the front of its queue; it is no longer in flight."""
         with self._cond:
+            self._inflight = []
             if item.summary:
                 self._summaries.appendleft(item)
             else:
@@ -281,14 +310,9 @@ class Lane:
         for summary in self.dedup.expired(now):
             with self._cond:
                 self._summaries.append(Item(summary, summary=True))
-        wait_held: float | None = None
-        if self.held:
-            urgent_held = max(h.rank for h in self.held) >= URGENT_RANK
-            borrow = self.bucket.capacity if urgent_held else 0.0
-            if self.bucket.try_take(now, borrow):
-                self._send_held()
-                return 0.0
-            wait_held = self.bucket.wait_time(now, borrow)
+        released = self.rate_limit.release(now)  # what it held back, now that a token came
+        if released is not None:
+            return self._run_stages(released, now)
         item = self._pop()
         if item is None:
             if self.closing:
@@ -297,65 +321,75 @@ class Lane:
                     with self._cond:
                         self._summaries.extend(Item(m, summary=True) for m in late)
                     return 0.0
-                if self.held:
-                    # the drain is the last chance: what the rate limit held back goes out
-                    # now as one summary, on a borrowed token, rather than being lost
-                    self.bucket.take_anyway(now)
-                    self._send_held()
-                    return 0.0
+                # the drain is the last chance: what the rate limit held back goes out
+                # now as one summary, on a borrowed token, rather than being lost
+                released = self.rate_limit.release(now, last=True)
+                if released is not None:
+                    return self._run_stages(released, now)
                 return EXIT
-            waits = [w for w in (wait_held,) if w is not None]
+            waits = [w for w in (self.rate_limit.wait(now),) if w is not None]
             expiry = self.dedup.next_expiry()
             if expiry is not None:
                 waits.append(max(0.0, expiry - now))
             return min(waits) if waits else None
+        return self._run_stages(item, now)
+
+    def _run_stages(self, item: Item, now: float) -> float:
+        """Run ``item`` through the stages, in order, until one says other than ``PASS``;
+        apply that verdict (``PASS`` from every stage: sent). Returns what ``step`` does."""
+        with self._cond:  # a popped item is in flight already (taken under the same lock)
+            self._inflight = [item]
         try:
+            verdict: Verdict = PASS
             for stage in self.stages:
-                stage(self, item, now)
-        except Drop as drop:
-            self.counts[drop.counter] += 1
-            if drop.record:
-                self._finish(item, False, drop.detail)
-            else:
-                for t in item.tickets:
-                    t.resolve(False, drop.detail)
-        except Hold as hold:
+                verdict = stage(item, now)
+                if verdict is not PASS:
+                    break
+            return self._apply(item, verdict)
+        finally:
+            with self._cond:
+                self._inflight = []
+
+    def _apply(self, item: Item, verdict: Verdict) -> float:
+        """Do what ``verdict`` says with ``item``; returns what ``step`` does."""
+        if isinstance(verdict, Hold):
+            if not verdict.kept:
+                self.push_back(item)
             for t in item.tickets:
                 if t.first_attempt:
-                    t.resolve(False, "held back by the rate limit (sent when a token returns)")
-            return hold.wait
+                    t.resolve(False, verdict.detail)
+            return verdict.wait
+        if isinstance(verdict, Failed):
+            self._failed(item, verdict)
+        elif isinstance(verdict, Drop):
+            self.counts[verdict.counter] += 1
+            if verdict.record:
+                self._finish(item, False, verdict.detail)
+            else:
+                for t in item.tickets:
+                    t.resolve(False, verdict.detail)
+        elif verdict is not PASS:
+            raise TypeError(f"a lane stage returned {verdict!r}, not PASS, Hold or Drop")
+        elif not self._abandoned:  # PASS from every stage: the channel took it
+            self.counts["sent"] += 1
+            self._finish(
+                item,
+                True,
+                item.answer,
+                status=item.status,
+                attempts=item.attempts,
+                coalesced=item.coalesced,
+            )
         return 0.0
 
-    def _send_held(self) -> None:
-        held, self.held = self.held, []
-        if len(held) == 1:
-            self.deliver(held[0])
-            return
-        messages = [h.message for h in held]
-        top = max(messages, key=lambda m: m.rank)
-        lines = summary_lines(messages)
-        tags: list[str] = []
-        for m in messages:
-            tags.extend(t for t in m.tags if t not in tags)
-        summary = AlertMessage(
-            title=f"{len(messages)} alerts held back by the rate limit",
-            text="\n".join(lines),
-            level=top.level,
-            fields={k: v for k, v in top.fields.items() if k in ("project", "run", "step")},
-            tags=tuple(tags),
-            source="summary",
-            step=top.step,
-        )
-        item = Item(summary, summary=True)
-        item.on_console = any(h.on_console for h in held)
-        item.tickets = [t for h in held for t in h.tickets]
-        item.coalesced = len(held)
-        self.counts["coalesced"] += len(held)
-        self.deliver(item, coalesced=len(held))
+    def _show_retrying(self, item: Item, why: str) -> None:
+        """``Retry``'s ``show``: an attempt timed out and is retried."""
+        if self.show is not None:
+            self.show(self, item, why, final=False)
 
     def _sleep_until(self, target: float) -> bool:
         """Wait until ``target`` on the lane's clock; False when the drain deadline or an
-        abort comes first."""
+        abort comes first (``Retry``'s ``wait_until``)."""
         while True:
             if self._abort:
                 return False
@@ -372,92 +406,28 @@ class Lane:
                     if not self._abort:
                         self._cond.wait(remaining)
 
-    def deliver(self, item: Item, coalesced: int = 0) -> None:
-        """Send ``item`` on this thread, retrying as ``retry`` says; record the outcome."""
-        p = self.policy
-        message = item.message
-        attempt = 0
-        with self._cond:
-            self._inflight = [item]
-        try:
-            while True:
-                attempt += 1
-                item.attempts = attempt  # counted before the send: one in flight counts
-                try:
-                    self._send_started = self.clock()
-                    self._sending = True
-                    try:
-                        result = self.channel.send(message, p.timeout)
-                    finally:
-                        self._sending = False
-                except DeliveryError as exc:
-                    status = exc.status
-                    self.last_status = status
-                    reason = excerpt(exc.reason, self.secrets)
-                    if exc.body:
-                        detail = f"{reason}: {excerpt(exc.body, self.secrets)}"
-                    else:
-                        detail = reason
-                    if self.retry.gives_up(exc, attempt):
-                        self._failed(item, reason, detail, status, attempt, coalesced)
-                        return
-                    if status is None and "timed out" in reason and self.show is not None:
-                        # the first sign of a hanging endpoint: show the alert now, not
-                        # after every retry has timed out as well
-                        self.show(
-                            self, item, f"{detail} after {p.timeout:g} s; retrying", final=False
-                        )
-                    delay = self.retry.delay(exc, attempt, self.random())
-                    self.counts["retries"] += 1
-                    for t in item.tickets:
-                        if t.first_attempt:
-                            t.resolve(False, f"{detail}; retrying in the background")
-                    if not self._sleep_until(self.clock() + delay):
-                        self._failed(
-                            item,
-                            reason,
-                            f"{detail} (retry abandoned: drain deadline)",
-                            status,
-                            attempt,
-                            coalesced,
-                        )
-                        return
-                    continue
-                except Exception as exc:  # noqa: BLE001 - a broken channel is a send failure
-                    reason = excerpt(f"{type(exc).__name__}: {exc}", self.secrets)
-                    self._failed(item, reason, reason, None, attempt, coalesced)
-                    return
-                status = getattr(result, "status", None)
-                self.last_status = status
-                if isinstance(result, SendResult):
-                    detail = excerpt(result.describe(), self.secrets)
-                else:
-                    detail = "ok"
-                if self._abandoned:
-                    return
-                self.counts["sent"] += 1
-                self._finish(
-                    item, True, detail, status=status, attempts=attempt, coalesced=coalesced
-                )
-                return
-        finally:
-            with self._cond:
-                self._inflight = []
-
-    def _failed(self, item, reason, detail, status, attempts, coalesced) -> None:  # noqa: ANN001
+    def _failed(self, item: Item, failed: Failed) -> None:
         if self._abandoned:
             return
+        detail = failed.detail
         self.counts["failed"] += 1
         self.last_error = detail
         if self.warn is not None:
-            self.warn(self, reason, detail)
+            self.warn(self, failed.reason, detail)
         else:
             log.warning(
                 "expr_tracker: alert channel %s (%s) failed: %s", self.name, self.kind, detail
             )
         if self.show is not None:
             self.show(self, item, detail)
-        self._finish(item, False, detail, status=status, attempts=attempts, coalesced=coalesced)
+        self._finish(
+            item,
+            False,
+            detail,
+            status=failed.status,
+            attempts=item.attempts,
+            coalesced=item.coalesced,
+        )
 
     def _finish(
         self,
@@ -533,6 +503,7 @@ class Lane:
         with self._cond:
             self.closing = True
             self._deadline = deadline
+            self.rate_limit.draining = True
             self._cond.notify_all()
 
     def drain(self, deadline: float, *, wall_end: float | None = None) -> None:
@@ -570,7 +541,7 @@ class Lane:
             if not still and self.pending() == 0:
                 self._done = True
                 return None
-            sending = self._sending
+            sending = self.retry.sending
             inflight, items = self.abandon("drain deadline")
             # resumable: an interrupted give_up, called again, records the rest
             self._giving_up = (sending, inflight, deque(items), len(items))
@@ -608,11 +579,13 @@ class Lane:
             self._abort = True
             self._abandoned = True
             inflight = list(self._inflight)
-            left = inflight + list(self._summaries) + self.held + list(self._queue)
+            rest = list(self._summaries) + self.rate_limit.take_held() + list(self._queue)
+            # an item put back (or kept by the rate limit) just before the worker let go of
+            # it is in both lists: once is enough
+            left = inflight + [i for i in rest if all(i is not f for f in inflight)]
             self._queue.clear()
             self._ranks = [0] * len(LEVELS)
             self._summaries.clear()
-            self.held = []
             self._cond.notify_all()
         return inflight, left
 

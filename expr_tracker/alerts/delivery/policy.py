@@ -4,11 +4,12 @@
   worth, at least 1), with borrowing for urgent messages and the drain's last take.
 - ``Dedup``: fixed windows from a key's first occurrence; counts what it suppresses and
   hands back a ``"<title> (+N suppressed)"`` summary when a window ends.
-- ``Retry``: which failures are tried again and after how long (backoff with jitter, or
-  ``Retry-After``).
+- ``RetryRule``: which failures are tried again and after how long (backoff with jitter,
+  or ``Retry-After``).
 
 Each takes its settings in ``__init__`` and the time as an argument (``now``), so a test
-drives it without a clock. The lane (``delivery.lane``) runs them.
+drives it without a clock. The stages (``delivery.stages``: ``Deduplicate``, ``RateLimit``,
+``Retry``) apply them to each message.
 """
 
 from __future__ import annotations
@@ -21,7 +22,7 @@ from expr_tracker.alerts.delivery.channels.base import DeliveryError
 from expr_tracker.alerts.delivery.channels.bounded_http import ATTEMPT_TIMEOUTS
 from expr_tracker.alerts.delivery.message import LEVELS, AlertMessage
 
-__all__ = ["URGENT_LEVEL", "URGENT_RANK", "Dedup", "Policy", "Retry", "TokenBucket"]
+__all__ = ["URGENT_LEVEL", "URGENT_RANK", "Dedup", "Policy", "RetryRule", "TokenBucket"]
 
 #: messages at this level or above are urgent: never held behind less severe ones
 URGENT_LEVEL = "error"
@@ -31,7 +32,7 @@ URGENT_RANK = LEVELS.index(URGENT_LEVEL)
 @dataclass(frozen=True)
 class Policy:
     """Delivery policy (plain, for the worker; built from ``PolicySpec`` by ``from_spec``).
-    Defaults: DESIGN.md "Delivery policy defaults". Durations in seconds.
+    Defaults: docs/channels.md "Policy". Durations in seconds.
 
     Severity rule of a rate-limited channel (``rate_limit_per_minute``): the queue drains
     most severe first; ``error`` and ``critical`` messages are never held behind less severe
@@ -195,7 +196,7 @@ class Dedup:
         return sum(1 for e in self.entries.values() if e[1])
 
 
-class Retry:
+class RetryRule:
     """When a failed send is tried again, and after how long (``Policy``'s retry fields).
 
     ``gives_up(error, attempt)``: True when ``error`` (a ``DeliveryError`` after attempt

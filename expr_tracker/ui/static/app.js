@@ -56,6 +56,12 @@ function fmtDuration(s) {
   return h ? `${h}h${String(m).padStart(2, "0")}m` : m ? `${m}m${String(sec).padStart(2, "0")}s` : `${(s).toFixed(1)}s`;
 }
 
+// a run resumed under its name has several attempts: its whole life is shown (first start,
+// wall duration from it to the latest end, active time summed over the attempts); the
+// latest attempt's start and duration only where no run.json has the whole life
+function firstStartOf(r) { return r.first_started_at ?? r.started_at; }
+function wallOf(r) { return r.wall_duration_s ?? r.duration_s; }
+
 function fmtTime(t) {
   if (t === null || t === undefined) return "";
   return new Date(t * 1000).toISOString().replace("T", " ").slice(0, 19);
@@ -146,7 +152,7 @@ async function runsPage(me) {
       select("status", "status"), select("tag", "tag"), select("group", "group"),
       compareBtn, count),
     el("table", { id: "runs" },
-      el("thead", {}, el("tr", {}, ["", "run", "status", "steps", "duration", "started", "tags", "group"]
+      el("thead", {}, el("tr", {}, ["", "run", "status", "steps", "duration", "active", "started", "tags", "group"]
         .map((h) => el("th", {}, h)))),
       tbody));
 
@@ -168,8 +174,9 @@ async function runsPage(me) {
       el("td", {}, el("a", { href: runLink(r.run) }, r.run)),
       statusCell(r.status, r.error),
       el("td", { class: "num" }, r.steps ?? ""),
-      el("td", { class: "num" }, fmtDuration(r.duration_s)),
-      el("td", {}, fmtTime(r.started_at)),
+      el("td", { class: "num" }, fmtDuration(wallOf(r))),
+      el("td", { class: "num" }, fmtDuration(r.active_duration_s)),
+      el("td", {}, fmtTime(firstStartOf(r))),
       el("td", {}, r.tags.map((t) => el("span", { class: "tag" }, t))),
       el("td", {}, r.group || ""))));
     count.textContent = `${shown.length} of ${runs.length} runs`;
@@ -450,7 +457,9 @@ async function runPage(run, me) {
     d.error ? el("p", { class: "error", id: "run-error" }, "not everything could be read: " + d.error) : null,
     el("div", { class: "controls" },
       el("span", {}, "status: ", statusEl), el("span", {}, "steps: ", stepsEl),
-      el("span", {}, "duration: " + fmtDuration(d.duration_s)), el("span", {}, "started: " + fmtTime(d.started_at)),
+      el("span", { id: "run-duration" }, "duration: " + fmtDuration(wallOf(d))),
+      el("span", { id: "run-active" }, "active: " + fmtDuration(d.active_duration_s)),
+      el("span", { id: "run-started" }, "started: " + fmtTime(firstStartOf(d))),
       d.tags.length ? el("span", {}, "tags: ", d.tags.map((t) => el("span", { class: "tag" }, t))) : null,
       d.group ? el("span", {}, "group: " + d.group) : null),
     el("div", { class: "controls" },

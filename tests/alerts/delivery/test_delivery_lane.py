@@ -15,11 +15,12 @@ from expr_tracker.alerts.delivery import AlertMessage, Lane, Policy
 from expr_tracker.alerts.delivery.channels import DeliveryError, SendResult
 from expr_tracker.alerts.delivery.lane import EXIT
 from expr_tracker.alerts.delivery.stages import (
+    PASS,
     Deduplicate,
     Drop,
     Item,
     RateLimit,
-    Send,
+    Retry,
     Ticket,
 )
 from expr_tracker.testing import FakeClock
@@ -88,7 +89,7 @@ def run(lane, clock, until=None):
 
 def test_the_lane_reads_as_its_stages():
     lane, _, _ = make_lane(Scripted())
-    assert [type(s) for s in lane.stages] == [Deduplicate, RateLimit, Send]
+    assert [type(s) for s in lane.stages] == [Deduplicate, RateLimit, Retry]
     assert lane.thread is None and lane.alive
 
 
@@ -164,11 +165,12 @@ def test_rate_limit_coalesces_and_an_urgent_message_borrows_a_token():
     assert summary["coalesced"] == 2 and summary["delivered"] is True
 
 
-def test_a_stage_drops_a_message_by_raising_drop():
+def test_a_stage_drops_a_message_with_a_drop_verdict():
     class NoDebug:
-        def __call__(self, lane, item, now):
+        def __call__(self, item, now):
             if item.message.level == "debug":
-                raise Drop("dropped", "dropped: debug is not sent here")
+                return Drop("dropped", "dropped: debug is not sent here")
+            return PASS
 
     channel = Scripted()
     lane, clock, out = make_lane(channel)

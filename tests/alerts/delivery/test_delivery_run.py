@@ -331,3 +331,20 @@ def test_info_stats_shape():
     for key in ("sent", "failed", "suppressed", "dropped", "pending", "alive"):
         assert key in s
     assert s["alive"] is True
+
+
+def test_notify_on_finish_of_a_resumed_run_gives_its_whole_duration():
+    """A resumed run's finish message counts from the first attempt's start, as et runs
+    does (docs/streams.md "Run identity"), not from this attempt's."""
+    import time
+
+    et.init(project="proj", name="r1")
+    et.log({"a": 1})
+    et.finish()
+    time.sleep(1.0)
+    run, d = start([{"type": "memory", "name": "mem"}], notify_on=["finish"])
+    mem = d.lanes["mem"].channel
+    et.log({"a": 2})
+    et.finish()
+    (msg,) = mem.messages
+    assert msg.fields["duration_s"] >= 1.0
