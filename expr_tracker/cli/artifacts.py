@@ -19,6 +19,7 @@ artifact found in several projects without ``--project-dir``).
 from __future__ import annotations
 
 import argparse
+import os
 import sys
 import time
 from pathlib import Path
@@ -69,15 +70,18 @@ def find_stores(root: str | Path) -> list[tuple[str, Any]]:
     directory, or a directory whose sub-directories are projects. Sorted by project."""
     from expr_tracker.artifacts import ArtifactStore
     from expr_tracker.artifacts.store import INDEX
+    from expr_tracker.history.untrusted import present
 
+    # present(): a store of someone else's that cannot be looked into is found, and its
+    # listing reports why, instead of ending the command (pathlib's is_file() raised)
     root = Path(root)
-    if (root / INDEX).is_file() and root.name == "artifacts":
+    if present(root / INDEX) and root.name == "artifacts":
         return [(root.absolute().parent.name, ArtifactStore(root))]
-    if (root / "artifacts" / INDEX).is_file():
+    if present(root / "artifacts" / INDEX):
         return [(root.absolute().name, ArtifactStore(root / "artifacts"))]
     found = []
-    for child in sorted(root.iterdir()) if root.is_dir() else ():
-        if child.is_dir() and (child / "artifacts" / INDEX).is_file():
+    for child in sorted(root.iterdir()) if os.path.isdir(root) else ():
+        if os.path.isdir(child) and present(child / "artifacts" / INDEX):
             found.append((child.name, ArtifactStore(child / "artifacts")))
     return found
 

@@ -17,6 +17,13 @@ import os
 import sys
 
 #: command modules, in the order ``et --help`` lists them; a missing module is skipped
+#: the commands that read runs folders anyone may have written: their stderr (warnings,
+#: errors naming paths, run names and lines) has control characters escaped
+#: (:class:`expr_tracker.cli.output.PrintableStream`; docs/cli.md "Output for people")
+READERS = frozenset(
+    {"runs", "compare", "history", "query", "plot", "ui", "trace", "export", "alerts"}
+    | {"artifacts", "rules"}
+)
 COMMAND_MODULES = (
     "runs",
     "compare",
@@ -63,6 +70,11 @@ def main(argv: list[str] | None = None) -> int:
     if func is None:
         parser.print_help()
         return 2
+    stderr = sys.stderr
+    if args.command in READERS:
+        from expr_tracker.cli.output import PrintableStream
+
+        sys.stderr = PrintableStream(stderr)  # type: ignore[assignment]
     try:
         code = int(func(args) or 0)
         sys.stdout.flush()  # a closed pipe shows here, not in the flush at interpreter exit
@@ -72,6 +84,17 @@ def main(argv: list[str] | None = None) -> int:
     except BrokenPipeError:
         _silence_stdout()
         return 0
+    except OSError as exc:
+        # a file or folder a command could not read or write and did not report itself (a
+        # colleague's 0700 run folder: pathlib's is_file() raises PermissionError): say
+        # which and why, as for any unreadable file, never a traceback
+        from expr_tracker.history.rundirs import os_reason
+
+        where = f"{str(exc.filename)!r}: " if exc.filename is not None else ""
+        sys.stderr.write(f"et {args.command}: {where}{os_reason(exc)}\n")
+        return 1
+    finally:
+        sys.stderr = stderr
 
 
 def _silence_stdout() -> None:

@@ -57,6 +57,29 @@ def printable(text: str) -> str:
     return "".join(c if c.isprintable() else ascii(c)[1:-1] for c in text)
 
 
+class PrintableStream:
+    """A text stream (stderr) that writes what it is given through :func:`printable`,
+    line breaks and tabs kept: the warnings and error lines of the commands that read runs
+    name paths, run names and lines from files anyone may have written (a run folder named
+    with ``\x1b]52;...`` writing the clipboard). Everything else is the wrapped stream's."""
+
+    def __init__(self, stream: Any) -> None:
+        self._stream = stream
+
+    def write(self, text: str) -> int:
+        if not text.isprintable():
+            lines = text.split("\n")
+            text = "\n".join("\t".join(map(printable, ln.split("\t"))) for ln in lines)
+        return self._stream.write(text)
+
+    def writelines(self, lines: Iterable[str]) -> None:
+        for line in lines:
+            self.write(line)
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._stream, name)
+
+
 @contextlib.contextmanager
 def sigterm_as_exit(active: bool = True) -> Iterator[None]:
     """While the block runs, SIGTERM (``kill``, ``timeout``, SLURM, Kubernetes) raises

@@ -358,16 +358,20 @@ def _selector(patterns: list[str]) -> Any:
     return select
 
 
-def default_metrics(sources: list[RunSource]) -> list[str]:
-    """The main metrics of each run (as ``et runs`` picks them), in order, each once."""
+def default_metrics(sources: list[RunSource], problems: list[str] | None = None) -> list[str]:
+    """The main metrics of each run (as ``et runs`` picks them), in order, each once; a
+    metrics file that cannot be read adds ``'PATH': why`` to ``problems`` (when given)."""
     from expr_tracker.cli.runs import main_metrics
     from expr_tracker.history.reader import JsonlReader
+    from expr_tracker.history.rundirs import os_reason
 
     names: dict[str, None] = {}
     for src in sources:
         try:
             rows = JsonlReader(src.path).tail(100)
-        except OSError:
+        except OSError as exc:
+            if problems is not None:
+                problems.append(f"{str(src.path)!r}: {os_reason(exc)}")
             continue
         for m in main_metrics(rows, None):
             names.setdefault(m, None)
@@ -851,7 +855,10 @@ def _plot(args: argparse.Namespace, out: IO[str]) -> int:
     if args.follow and not patterns:
         patterns = _wait_for_defaults(sources, args.interval)
     elif not patterns:
-        patterns = default_metrics(sources)
+        unreadable: list[str] = []
+        patterns = default_metrics(sources, unreadable)
+        if not patterns and unreadable:  # not "no numeric metric": it could not be read
+            raise PlotError("cannot read " + "; ".join(unreadable))
         if not patterns:
             raise PlotError(
                 "nothing to plot: no numeric metric in the newest rows of "

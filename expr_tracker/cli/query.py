@@ -154,7 +154,7 @@ def run_query(args: argparse.Namespace, out: IO[str] | None = None) -> int:
             return 0
         except (duckdb.Error, pa.ArrowException) as exc:
             sink.abort()
-            if attempt < ATTEMPTS and not sink.wrote_stdout and recover_cache(exc):
+            if attempt < ATTEMPTS and not sink.wrote_stdout and recover_cache(exc, con):
                 # a cache part replaced, deleted or damaged under the query: refresh (the
                 # last time into a cache of this process only) and run it again
                 if attempt == ATTEMPTS - 1:

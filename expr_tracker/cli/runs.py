@@ -50,6 +50,7 @@ from expr_tracker.history.rundirs import (
     worst_status,
 )
 from expr_tracker.history.runinfo import run_life
+from expr_tracker.history.untrusted import present
 
 MAIN_WORDS = ("loss", "acc", "score", "reward", "f1", "auc", "ppl", "perplexity", "bleu", "map")
 SPAN_GROUPS = ("time_ms/", "count/", "cpu_", "gpu_")
@@ -124,7 +125,7 @@ def describe_run(
     max_step = None
     first_time = None
     last_time = None
-    if path.exists() or path.is_symlink():
+    if present(path):
         reader = JsonlReader(path, root=run_dir)
         head = None
         try:
@@ -244,7 +245,7 @@ def _main_metrics_file(run_dir: Path) -> Path:
     from expr_tracker.history.paths import parse_metrics_name
 
     main = run_dir / "metrics.jsonl"
-    if main.exists() or main.is_symlink():  # anything named so: read (or reported) as it is
+    if present(main):  # anything named so: read (or reported) as it is
         return main
     files = []
     for q in run_dir.glob("metrics*.jsonl"):

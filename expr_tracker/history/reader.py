@@ -99,24 +99,34 @@ def last_line_end(f: Any, end: int) -> int:
 
 
 def _lines_backward(f: Any, end: int) -> Iterator[tuple[int, bytes]]:
-    """``(offset, line)`` of each complete line before ``end``, newest first."""
+    """``(offset, line)`` of each complete line before ``end``, newest first.
+
+    A line longer than a block is gathered from its pieces and joined once: adding each
+    block to the front of what was read of it so far copied it again for every block
+    (quadratic: a line of 300 MB held ``et runs`` for hours)."""
     pos = last_line_end(f, end)
-    carry = b""
+    line_end = pos  # where the line being gathered ends (its newline's offset)
+    pieces: list[bytes] = []  # of that line, the last piece first
     while pos > 0:
         lo = max(0, pos - BLOCK)
         f.seek(lo)
-        data = f.read(pos - lo) + carry
+        data = f.read(pos - lo)
         pos = lo
         parts = data.split(b"\n")
-        carry = parts[0]
-        line_end = lo + len(data)
-        for line in reversed(parts[1:]):
+        if len(parts) == 1:
+            pieces.append(data)
+            continue
+        pieces.append(parts[-1])
+        gathered = b"".join(reversed(pieces)) if len(pieces) > 1 else pieces[0]
+        for line in (gathered, *reversed(parts[1:-1])):
             start = line_end - len(line)
             if line:
                 yield start, line
             line_end = start - 1
-    if carry:
-        yield 0, carry
+        pieces = [parts[0]]
+    line = b"".join(reversed(pieces))
+    if line:
+        yield 0, line
 
 
 def iter_rows(path: str | os.PathLike[str], end: int | None = None) -> Iterator[dict[str, Any]]:

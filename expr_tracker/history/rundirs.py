@@ -21,6 +21,7 @@ from typing import Any
 
 from expr_tracker.history.paths import parse_metrics_name
 from expr_tracker.history.runinfo import load_run_info
+from expr_tracker.history.untrusted import present
 
 #: how deep below the searched folder runs are looked for: 6 reaches the runs of a Hydra
 #: multirun whose jobs change directory (``multirun/<date>/<time>/<job>/runs/<project>/<name>``)
@@ -78,10 +79,12 @@ def find_runs(
         if len(p.parts) - base >= max_depth:
             dirnames[:] = []
         # a project's artifact store holds files, not runs (a stored metrics.jsonl is data)
+        # (a store of someone else's whose index cannot even be looked at counts as one:
+        # pathlib's exists() raised PermissionError there and ended the whole search)
         dirnames[:] = [
             d
             for d in dirnames
-            if not d.startswith(".") and not (d == "artifacts" and (p / d / "index.jsonl").exists())
+            if not d.startswith(".") and not (d == "artifacts" and present(p / d / "index.jsonl"))
         ]
     return found
 

@@ -40,6 +40,7 @@ __all__ = [
     "inside",
     "load_json_bytes",
     "open_regular",
+    "present",
     "read_json",
     "read_regular",
 ]
@@ -73,6 +74,22 @@ def _kind(mode: int) -> str:
     if stat.S_ISDIR(mode):
         return "a directory"
     return "not a plain file"
+
+
+def present(path: str | os.PathLike[str]) -> bool:
+    """True when something is named ``path`` (a link counts as itself), or when that cannot
+    be told (a folder of someone else's that may be listed but not searched: ``EACCES``):
+    whatever is there is then read, and reported when it cannot be. ``pathlib``'s
+    ``exists()``/``is_file()`` raise ``PermissionError`` there (Python < 3.12), which ended
+    a whole folder listing over one colleague's folder; ``os.path.exists`` says False, which
+    would hide it."""
+    try:
+        os.lstat(path)
+    except (FileNotFoundError, NotADirectoryError):
+        return False
+    except (OSError, ValueError):
+        return True
+    return True
 
 
 def inside(path: str | os.PathLike[str], root: str | os.PathLike[str]) -> bool:

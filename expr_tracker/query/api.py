@@ -88,7 +88,7 @@ def query(
         except (duckdb.Error, pa.ArrowException) as exc:
             # a cache part replaced or deleted between the refresh and the read (another
             # query compacting it, a cleaner deleting .et-cache), or damaged: refresh again
-            if attempt < ATTEMPTS and recover_cache(exc):
+            if attempt < ATTEMPTS and recover_cache(exc, con):
                 if attempt == ATTEMPTS - 1:
                     cache = temp_cache()
                 continue
@@ -103,13 +103,20 @@ _PART = re.compile(r"part-[0-9]{12}-[0-9a-f]{8}\.parquet")
 _PART_PATH = re.compile(r"[\"']([^\"'\n]*part-[0-9]{12}-[0-9a-f]{8}\.parquet)[\"']")
 
 
-def recover_cache(exc: Exception) -> bool:
+def recover_cache(exc: Exception, con: Any = None, parts: Any = None) -> bool:
     """True when DuckDB's ``exc`` is about a part of the query cache (gone, or not
     readable), so the query is worth running again: a part that is still there but could
-    not be read has its cache rebuilt on the next refresh (one warning)."""
+    not be read has its cache rebuilt on the next refresh (one warning).
+
+    DuckDB does not always name the file it failed on ("invalid TType", "don't know what
+    type" for a damaged footer): then, for an error of reading (not of the SQL), the parts
+    the connection ``con`` reads (or that the failed :func:`~expr_tracker.query.views.connect`
+    attached to ``exc``, or ``parts`` as given) are checked against the SHA-256 their manifest recorded
+    (:func:`expr_tracker.query.cache.damaged`), and a cache holding a damaged one is
+    rebuilt."""
     text = str(exc)
     if not _PART.search(text):
-        return False
+        return _recover_unnamed(exc, con, parts)
     m = _PART_PATH.search(text)
     if m is not None and os.path.exists(m.group(1)) and not missing_file(exc):
         from expr_tracker.query.cache import invalidate
@@ -122,6 +129,52 @@ def recover_cache(exc: Exception) -> bool:
                 text.strip().splitlines()[0][:200],
             )
     return True
+
+
+def _reading_error(exc: Exception) -> bool:
+    """True for an error DuckDB or pyarrow gives when a file's bytes cannot be decoded;
+    False for one of the SQL itself (parser, binder, catalog, conversion, ...)."""
+    import pyarrow as pa
+
+    from expr_tracker.query.views import import_duckdb
+
+    if isinstance(exc, (pa.ArrowException, OSError)):
+        return True
+    duckdb = import_duckdb()
+    # DuckDB gives a damaged footer or page as a plain Error ("invalid TType", "don't know
+    # what type", "Deserializing page"); InvalidInputException is also what the SQL's own
+    # error() raises, so it is left out (checking every part costs a read of the cache)
+    kinds = (
+        duckdb.Error,
+        duckdb.IOException,
+        duckdb.InternalException,
+        duckdb.SerializationException,
+    )
+    return type(exc) in kinds
+
+
+def _recover_unnamed(exc: Exception, con: Any, parts: Any) -> bool:
+    if not _reading_error(exc):
+        return False
+    from expr_tracker.query.cache import damaged
+    from expr_tracker.query.views import parts_of
+
+    if parts is None:
+        parts = getattr(exc, "et_parts", None)
+    if parts is None:
+        parts = parts_of(con) if con is not None else []
+    if not parts:
+        return False
+    bad = damaged(parts)
+    for part, why in bad:
+        log.warning(
+            "expr_tracker: the query cache part %s could not be read (%s; %s): rebuilt from "
+            "the JSONL",
+            part,
+            str(exc).strip().splitlines()[0][:200] if str(exc).strip() else type(exc).__name__,
+            why,
+        )
+    return bool(bad)
 
 
 def connect_retrying(root: Any, cache_dir: Any, views: Any) -> tuple[Any, Any]:

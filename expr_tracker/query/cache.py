@@ -43,7 +43,12 @@ manifest the same way, then the folder is synced: after a power cut the cache is
 or the new one. A part found empty, cut short or not Parquet (a disk that lied, a hand-made
 file), or a manifest cut short, is rebuilt from the JSONL on the next refresh with one
 warning; a part DuckDB cannot read is reported by the query layer (:func:`invalidate`) and
-rebuilt the same way. When the cache cannot be written (a full disk, a quota), one warning
+rebuilt the same way. Each part's SHA-256 is recorded with it: when a read fails without
+naming a part (DuckDB's "invalid TType" for a damaged footer), and before ``et export``
+reads a run's parts, :func:`damaged` compares them and rebuilds a cache whose part changed
+in the middle (which size and magic do not show). A query does not hash the parts it
+reads: a part changed in its middle that still decodes gives other numbers to ``et
+query`` until it is rebuilt (``et export`` never exports them). When the cache cannot be written (a full disk, a quota), one warning
 names the folder and the rows come back decoded in memory (:attr:`CachedSource.memory`).
 A cache folder deleted while a refresh writes it (a cleaner) is made again and the refresh
 retried (:data:`RETRIES` times, then in memory): only a missing *source* means a run is gone.
@@ -95,6 +100,7 @@ from __future__ import annotations
 import errno
 import hashlib
 import logging
+import math
 import os
 import re
 import secrets
@@ -117,11 +123,18 @@ try:
 except ImportError:  # pragma: no cover - Windows: no lock, one refresher at a time
     fcntl = None  # type: ignore[assignment]
 
-__all__ = ["CachedSource", "cache_location", "invalidate", "is_part_name", "refresh"]
+__all__ = [
+    "CachedSource",
+    "cache_location",
+    "damaged",
+    "invalidate",
+    "is_part_name",
+    "refresh",
+]
 
 #: manifest format version; another version is rebuilt (2: no statistics on `value`;
-#: 3: each part's size, unreadable lines counted)
-VERSION = 3
+#: 3: each part's size, unreadable lines counted; 4: each part's SHA-256)
+VERSION = 4
 #: the default cache folder inside a run directory
 CACHE_DIR_NAME = QUERY_CACHE_DIR
 MANIFEST = "manifest.json"
@@ -139,6 +152,7 @@ MAX_MANIFEST_BYTES = 4 << 20
 #: the only names a refresh ever creates, renames or removes in a cache folder (besides
 #: ``manifest.json`` and ``lock``): its parts and its temporary files
 PART_RE = re.compile(r"^part-[0-9]{12}-[0-9a-f]{8}\.parquet$")
+_SHA256_RE = re.compile(r"^[0-9a-f]{64}$")
 TMP_RE = re.compile(r"^\.tmp-(?:manifest-)?[0-9]+-[0-9a-f]{8}\.(?:parquet|json)$")
 #: how often a refresh starts again when its cache folder is deleted under it
 RETRIES = 3
@@ -151,7 +165,7 @@ _DIR_FLAGS = (
     | getattr(os, "O_CLOEXEC", 0)
 )
 _NEW_FILE = (
-    os.O_WRONLY
+    os.O_RDWR  # a part is read back for its SHA-256
     | os.O_CREAT
     | os.O_EXCL
     | getattr(os, "O_NOFOLLOW", 0)
@@ -293,15 +307,23 @@ def _open_dir(name: str | Path, parent_fd: int | None, create: bool) -> int:
     return fd
 
 
-def _open_in_run(src: Path, create: bool) -> _Folder:
+def _open_in_run(src: Path, create: bool, sfd: int | None = None) -> _Folder:
     """``<run dir>/.et-cache/<source name>``, only when the run directory is this user's: a
-    cache made by a reader in someone else's run would be a folder its owner cannot delete."""
+    cache made by a reader in someone else's run would be a folder its owner cannot delete.
+    With ``sfd`` (the source as opened), only when the folder opened is the one holding that
+    very file: a run directory swapped for a link to another folder after the source was
+    opened gets no cache made there."""
     rfd = os.open(src.parent, os.O_RDONLY | getattr(os, "O_DIRECTORY", 0))
     try:
         owner = os.fstat(rfd).st_uid
         uid = _euid()
         if uid is not None and owner != uid:
             raise _Refused(f"the run directory belongs to uid {owner}")
+        if sfd is not None:
+            here = os.stat(src.name, dir_fd=rfd)
+            opened = os.fstat(sfd)
+            if (here.st_dev, here.st_ino) != (opened.st_dev, opened.st_ino):
+                raise _Refused("the run directory is not the one the source was opened in")
         top = _open_dir(CACHE_DIR_NAME, rfd, create)
         try:
             fd = _open_dir(src.name, top, create)
@@ -388,7 +410,7 @@ def _open_cache(
         candidates = [lambda c: _open_under(Path(cache_dir).absolute(), digest, c)]
     else:
         candidates = [
-            lambda c: _open_in_run(src, c),
+            lambda c: _open_in_run(src, c, sfd),
             lambda c: _open_under(_xdg_root(), digest, c),
         ]
     for i, opener in enumerate(candidates):
@@ -464,8 +486,21 @@ def _fingerprint(fd: int, covered: int) -> str:
 # --------------------------------------------------------------------------- manifest
 
 
+#: the largest count, size, device or inode number a manifest may hold (a file anyone may
+#: have written: an int past it, decoded by the standard module, overflows float arithmetic)
+_MAX_INT = (1 << 64) - 1
+
+
 def _is_int(v: Any, low: int = 0) -> bool:
-    return type(v) is int and v >= low
+    return type(v) is int and low <= v <= _MAX_INT
+
+
+def _is_time(v: Any) -> bool:
+    """A finite time in seconds (not NaN, which is never past a grace time, nor an int no
+    float holds)."""
+    if type(v) is int:
+        return abs(v) <= _MAX_INT
+    return type(v) is float and math.isfinite(v)
 
 
 def _manifest_problem(m: Any) -> str | None:
@@ -480,7 +515,7 @@ def _manifest_problem(m: Any) -> str | None:
         return "no source or kind"
     if m.get("fingerprint") is not None and not isinstance(m.get("fingerprint"), str):
         return "a bad fingerprint"
-    if m.get("max_step") is not None and type(m.get("max_step")) is not int:
+    if m.get("max_step") is not None and not _is_int(m.get("max_step"), -_MAX_INT):
         return "a bad max_step"
     if type(m.get("monotonic")) is not bool or type(m.get("merged")) is not bool:
         return "bad flags"
@@ -508,12 +543,14 @@ def _manifest_problem(m: Any) -> str | None:
             return f"the part {p['file']!r} without its counts"
         if not _is_int(p.get("bytes"), 1):
             return f"the part {p['file']!r} without its size"
+        if not isinstance(p.get("sha256"), str) or not _SHA256_RE.match(p["sha256"]):
+            return f"the part {p['file']!r} without its SHA-256"
     for g in garbage:
         if not isinstance(g, dict) or not isinstance(g.get("file"), str):
             return "a replaced part without a file name"
         if not PART_RE.match(g["file"]):
             return f"the replaced part {g['file']!r}, not a file of its own"
-        if type(g.get("replaced_at")) not in (int, float):
+        if not _is_time(g.get("replaced_at")):
             return f"the replaced part {g['file']!r} without its time"
     return None
 
@@ -682,23 +719,43 @@ def _blocks(fd: int, start: int, end: int):
     ``offset`` is where it ends), a block at a time; the bytes after the last newline are
     not yielded."""
     pos = start
+    pieces: list[bytes] = []  # a line longer than a block, gathered: joined once
     carry = b""
     while pos < end:
         data = os.pread(fd, min(BLOCK_BYTES, end - pos), pos)
         if not data:
             break
         pos += len(data)
-        buf = carry + data if carry else data
-        cut = buf.rfind(b"\n")
+        cut = data.rfind(b"\n")
         if cut < 0:
-            carry = buf
+            pieces.append(data)
             continue
+        if pieces:
+            buf = b"".join([carry, *pieces, data])
+            cut += len(buf) - len(data)
+            pieces = []
+        else:
+            buf = carry + data if carry else data
+            cut += len(buf) - len(data)
         carry = buf[cut + 1 :]
         yield pos - len(carry), buf[: cut + 1]
 
 
 def _new_part_name(first_line: int) -> str:
     return f"part-{first_line:012d}-{secrets.token_hex(4)}.parquet"
+
+
+def _sha256_fd(fd: int) -> str:
+    """The SHA-256 of the whole file open as ``fd`` (read with ``pread``: the offset is
+    left alone)."""
+    h = hashlib.sha256()
+    pos = 0
+    while True:
+        data = os.pread(fd, 1 << 20, pos)
+        if not data:
+            return h.hexdigest()
+        h.update(data)
+        pos += len(data)
 
 
 def _decode_into(
@@ -756,11 +813,19 @@ def _append(fd: int, folder: _Folder, kind: str, m: dict[str, Any], end: int) ->
             f.flush()
             os.fsync(f.fileno())
             size = os.fstat(f.fileno()).st_size
+            digest = _sha256_fd(f.fileno())
             f.close()
             name = _new_part_name(first)
             os.replace(tmp, name, src_dir_fd=folder.fd, dst_dir_fd=folder.fd)
             m["parts"].append(
-                {"file": name, "rows": rows, "first_line": first, "lines": lines, "bytes": size}
+                {
+                    "file": name,
+                    "rows": rows,
+                    "first_line": first,
+                    "lines": lines,
+                    "bytes": size,
+                    "sha256": digest,
+                }
             )
     finally:
         w = state.pop("writer", None)
@@ -931,6 +996,7 @@ def _compact(folder: _Folder, kind: str, m: dict[str, Any], now: float) -> None:
         f.flush()
         os.fsync(f.fileno())
         size = os.fstat(f.fileno()).st_size
+        digest = _sha256_fd(f.fileno())
         f.close()
         name = _new_part_name(run[0]["first_line"])
         os.replace(tmp, name, src_dir_fd=folder.fd, dst_dir_fd=folder.fd)
@@ -944,6 +1010,7 @@ def _compact(folder: _Folder, kind: str, m: dict[str, Any], now: float) -> None:
         "first_line": run[0]["first_line"],
         "lines": run[-1]["lines"],
         "bytes": size,
+        "sha256": digest,
     }
     m["parts"] = parts[:i] + [merged_part]
     m["garbage"].extend({"file": p["file"], "replaced_at": now} for p in run)
@@ -1175,6 +1242,71 @@ def invalidate(part: str | os.PathLike[str]) -> bool:
         return False
     finally:
         os.close(fd)
+
+
+def damaged(parts: Any) -> list[tuple[Path, str]]:
+    """The parts among ``parts`` (paths a refresh handed out) whose bytes are not those the
+    cache wrote: their SHA-256 differs from the one their manifest recorded (a disk that
+    lied, a hand edit), or they cannot be read. Each cache holding one is invalidated (its
+    manifest removed under its lock, so the next refresh rebuilds it from the JSONL).
+
+    Called when reading parts failed in a way that names none of them (DuckDB's "invalid
+    TType" for a damaged footer), and by ``et export`` before it reads a run's parts: the
+    size and Parquet's magic, which every refresh checks, do not see a damaged middle.
+    Only folders that are this user's own caches are looked at; a part their manifest no
+    longer lists (replaced since) is not judged. Returns ``[(part, why)]``."""
+    by_dir: dict[Path, list[str]] = {}
+    for part in parts:
+        p = Path(part)
+        if PART_RE.match(p.name):
+            by_dir.setdefault(p.parent, []).append(p.name)
+    out: list[tuple[Path, str]] = []
+    for d, names in by_dir.items():
+        try:
+            folder = _Folder(d, _open_dir(d, None, False))
+        except (OSError, _Refused):
+            continue
+        lock_fd = _lock(folder)
+        try:
+            if lock_fd is not None and fcntl is not None:
+                fcntl.flock(lock_fd, fcntl.LOCK_EX)
+            m, _problem = _load_manifest(folder)
+            if m is None:
+                continue
+            listed = {p["file"]: p for p in m["parts"]}
+            bad = []
+            for name in dict.fromkeys(names):
+                entry = listed.get(name)
+                if entry is None:
+                    continue
+                why = _part_problem(folder, entry)
+                if why == "":
+                    continue  # gone: a refresh makes it again
+                if why is None:
+                    try:
+                        fd = os.open(name, _READ_FILE, dir_fd=folder.fd)
+                        try:
+                            if _sha256_fd(fd) != entry["sha256"]:
+                                why = "its bytes are not those written (SHA-256 differs)"
+                        finally:
+                            os.close(fd)
+                    except OSError as exc:
+                        why = exc.strerror or str(exc)
+                if why is not None:
+                    bad.append((d / name, why))
+            if bad:
+                try:
+                    os.unlink(MANIFEST, dir_fd=folder.fd)
+                except FileNotFoundError:
+                    pass
+                except OSError:
+                    continue  # cannot be rebuilt from here: not reported as recovered
+                out.extend(bad)
+        finally:
+            if lock_fd is not None:
+                os.close(lock_fd)
+            folder.close()
+    return out
 
 
 def _need_pyarrow() -> None:

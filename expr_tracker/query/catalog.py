@@ -91,6 +91,9 @@ class Producer:
     artifacts: Path | None = None
     qualifier: str | None = None
     real_dir: Path | None = None
+    #: why the run directory could not be listed (a colleague's ``0700`` folder): such a
+    #: producer has no files; it is reported as an unreadable run, never left out silently
+    unlisted: str | None = None
 
     @property
     def root(self) -> Path:
@@ -168,7 +171,7 @@ def producers_of(run_dir: Path) -> list[Producer]:
             if m:
                 # anything but a folder: a FIFO or a link to elsewhere is listed, and its
                 # reader says why it cannot be read
-                if not path.is_dir():
+                if not os.path.isdir(path):  # unknown (not searchable): a file, reported
                     files.setdefault((m.group(1), int(m.group(2) or 0)), {})[field] = path
                 break
     # a metrics sidecar alone is no producer
@@ -193,6 +196,7 @@ def discover(
     root: str | os.PathLike[str],
     *,
     per_dir: Callable[[Path], list[Producer]] | None = None,
+    include_unlisted: bool = False,
 ) -> list[Producer]:
     """Every producer of every run under ``root`` (``root`` itself may be a run directory),
     sorted by ``(project, name, stream or "", rank)`` then by run directory.
@@ -200,6 +204,11 @@ def discover(
     ``per_dir``: what gives the producers of one run directory (default
     :func:`producers_of`; ``et ui`` passes one that reuses what it found before for a
     directory that did not change).
+
+    ``include_unlisted``: also one producer, without files, for each folder below ``root``
+    that could not be listed (a colleague's ``0700`` run), named by its parent folder and
+    its own name, with :attr:`Producer.unlisted` saying why (``permission denied``): the
+    readers that list runs report it as unreadable, as ``et runs`` does.
 
     Raises ``FileNotFoundError`` when ``root`` is not a directory.
     """
@@ -212,8 +221,16 @@ def discover(
     if not root.is_dir():
         raise FileNotFoundError(f"no run directory or folder of runs at {str(root)!r}")
     producers: list[Producer] = []
-    for run_dir in find_runs(root):
+    unlisted: list[tuple[Path, str]] = []
+    for run_dir in find_runs(root, unlisted=unlisted):
         producers.extend((per_dir or producers_of)(run_dir))
+    if include_unlisted:
+        for d, why in unlisted:
+            if d == root:
+                continue
+            producers.append(
+                Producer(d, d.parent.name or None, d.name, None, 0, unlisted=why or "unreadable")
+            )
     # the same project/name in two run directories: qualify both by their path
     dirs_of: dict[str, set[Path]] = {}
     for p in producers:

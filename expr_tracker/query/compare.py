@@ -140,6 +140,14 @@ def _resolve(given: str | os.PathLike[str], root: Path, index: list[RunEntry] | 
     p = match.path if match.path.is_dir() else match.path.parent
     found = [r for r in _runs_of(discover(p), root, text) if r.path == p]
     if not found:
+        try:
+            os.listdir(p)
+        except OSError as exc:  # a colleague's 0700 folder: say so, not "not a run"
+            from expr_tracker.history.rundirs import os_reason
+
+            raise CompareError(
+                f"run {text!r}: the folder cannot be listed: {os_reason(exc)}"
+            ) from None
         raise CompareError(
             f"run {text!r} is a directory but not a run (no run*.json or metrics*.jsonl in it)"
         )

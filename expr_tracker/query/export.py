@@ -131,6 +131,7 @@ class _Source:
     in_order: bool = True  # lines and steps non-decreasing over the parts, in order
     stats: dict[str, list[bool]] = field(default_factory=dict)  # metric -> [has text]
     limit: int = -1  # the lines of the first refresh: a later one's rows past it are left out
+    checked: Any = None  # the refresh whose parts were checked against their SHA-256
 
     def __post_init__(self) -> None:
         if self.limit < 0:
@@ -147,6 +148,7 @@ def _parts(src: _Source) -> Iterator[Any]:
     import pyarrow as pa
     import pyarrow.parquet as pq
 
+    from expr_tracker.query.cache import damaged
     from expr_tracker.query.tables import Problems
     from expr_tracker.query.views import cache_of
 
@@ -158,6 +160,24 @@ def _parts(src: _Source) -> Iterator[Any]:
                 for b in src.cached.memory
             ]
             break
+        # an export reads every byte of the parts anyway: check them against the SHA-256
+        # written with them first (a damaged middle keeps the size and the magic that a
+        # refresh checks), and rebuild a cache that holds a damaged one
+        bad = damaged(src.cached.parts) if src.checked is not src.cached else []
+        src.checked = src.cached
+        if bad:
+            for part, why in bad:
+                log.warning(
+                    "expr_tracker: the query cache part %s could not be read (%s): rebuilt "
+                    "from the JSONL",
+                    part,
+                    why,
+                )
+            cached, _ = cache_of(src.producer, "metrics", src.cache_dir, Problems())
+            if cached is None:
+                raise FileNotFoundError(f"{src.producer.metrics} vanished")
+            src.cached = cached
+            continue
         try:
             for path in src.cached.parts:
                 files.append(pq.ParquetFile(str(path), read_dictionary=["metric"]))
@@ -630,6 +650,21 @@ def _wide_rows(
 # -- sinks ------------------------------------------------------------------------------------
 
 
+def _named_failures(src: _Source, batches: Iterator[Any], pa: Any) -> Iterator[Any]:
+    """``batches``, with a failure of DuckDB or pyarrow while making them (a value of
+    300 MB past the sort's memory limit, a part that cannot be decoded) turned into an
+    :class:`ExportError` naming the run, instead of a traceback."""
+    duckdb = _need_duckdb()
+    try:
+        yield from batches
+    except (duckdb.Error, pa.ArrowException, MemoryError) as exc:
+        first = (str(exc).strip().splitlines() or [type(exc).__name__])[0]
+        raise ExportError(
+            f"{src.producer.run_id}: its rows could not be exported ({first}); export the "
+            "other runs on their own (et export RUN_DIR)"
+        ) from None
+
+
 def _write(path: Path, fmt: str, schema: Any, batches: Iterator[Any]) -> int:
     """Write ``batches`` (all of ``schema``) to ``path``; returns the rows written."""
     rows = 0
@@ -910,10 +945,12 @@ def export_runs(
     import pyarrow.parquet as pq
 
     from expr_tracker.query.catalog import discover
-    from expr_tracker.query.tables import Problems
+    from expr_tracker.query.tables import Problems, unlisted_problem
     from expr_tracker.query.views import cache_of
 
-    producers = [p for p in discover(src_path) if p.metrics is not None]
+    found = discover(src_path, include_unlisted=True)
+    unlisted = [p for p in found if p.unlisted is not None]
+    producers = [p for p in found if p.metrics is not None]
     if not producers:
         raise ExportError(f"no metrics files under {str(src_path)!r} (metrics[.S][.rankN].jsonl)")
     producers = _select_producers(producers, stream, rank)
@@ -932,6 +969,8 @@ def export_runs(
 
     sources: list[_Source] = []
     problems = Problems()
+    for p in unlisted:  # a colleague's 0700 run: named in the warning, not left out silently
+        problems.add(p, unlisted_problem(p))
     cdir = Path(cache_dir) if cache_dir else None
     for p in producers:
         cached, _ = cache_of(p, "metrics", cdir, problems)
@@ -942,7 +981,7 @@ def export_runs(
         log.warning("%s", message.replace("left out of the answer", "left out of the export"))
     skipped = [
         {"run": p.run_id, "stream": p.stream, "rank": p.rank, "problem": problems.of(p)}
-        for p in producers
+        for p in [*producers, *unlisted]
         if problems.of(p) is not None
     ]
     if not sources:
@@ -975,8 +1014,10 @@ def export_runs(
 
         def rows_of(s: _Source) -> Iterator[Any]:
             if layout == "wide":
-                return _wide_rows(s, pa, pc, chosen, is_text, schema, with_run, tmpdir)
-            return _long_rows(s, pa, pc, chosen, schema, with_run, tmpdir)
+                rows = _wide_rows(s, pa, pc, chosen, is_text, schema, with_run, tmpdir)
+            else:
+                rows = _long_rows(s, pa, pc, chosen, schema, with_run, tmpdir)
+            return _named_failures(s, rows, pa)
 
         if partition:
             tmp.mkdir(parents=True)

@@ -24,7 +24,6 @@ pyarrow is imported inside the functions (the ``[query]`` extra).
 from __future__ import annotations
 
 import math
-import os
 from collections.abc import Iterable, Sequence
 from pathlib import Path
 from typing import Any
@@ -155,19 +154,26 @@ def _coerce(v: Any, sql_type: str) -> Any:
     raise ValueError(f"unknown column type {sql_type!r}")
 
 
+_ARROW_TYPES: dict[str, Any] = {}
+
+
 def arrow_type(sql_type: str) -> Any:
     """The Arrow type of one of our DuckDB column types."""
-    import pyarrow as pa
+    if not _ARROW_TYPES:
+        import pyarrow as pa
 
-    return {
-        "VARCHAR": pa.string(),
-        "BIGINT": pa.int64(),
-        "INTEGER": pa.int32(),
-        "DOUBLE": pa.float64(),
-        "BOOLEAN": pa.bool_(),
-        "TIMESTAMP": pa.timestamp("us"),
-        "VARCHAR[]": pa.list_(pa.string()),
-    }[sql_type]
+        _ARROW_TYPES.update(
+            {
+                "VARCHAR": pa.string(),
+                "BIGINT": pa.int64(),
+                "INTEGER": pa.int32(),
+                "DOUBLE": pa.float64(),
+                "BOOLEAN": pa.bool_(),
+                "TIMESTAMP": pa.timestamp("us"),
+                "VARCHAR[]": pa.list_(pa.string()),
+            }
+        )
+    return _ARROW_TYPES[sql_type]
 
 
 def build_table(columns: Sequence[tuple[str, str]], rows: Iterable[dict[str, Any]]) -> Any:
@@ -240,6 +246,11 @@ class Problems:
             "says the same):"
         )
         return "\n".join([head, *lines])
+
+
+def unlisted_problem(p: Any) -> str:
+    """The problem of a producer standing for a folder that could not be listed."""
+    return f"the folder cannot be listed: {p.unlisted}"
 
 
 def read_problem(path: Path, exc: BaseException) -> str:
@@ -412,7 +423,7 @@ def _run_infos(producers: Sequence[Any], problems: Problems | None) -> dict[Path
             if problems is not None:
                 problems.add(p, f"{p.run_file.name}: not a JSON object")
             info = None
-        if info is None and not os.path.lexists(p.run_file):
+        if info is None and not untrusted.present(p.run_file):
             continue  # deleted since it was found: as if it never was
         if isinstance(info, dict) and info.get("status") == "running" and is_dead(info):
             info = {**info, "status": "crashed"}
@@ -458,7 +469,10 @@ def runs_table(
     configs, summaries = [], []
     for i, p in enumerate(producers):
         infos = infos_by_dir.get(p.run_dir, {})
-        if p.run_file is None or p.run_file.name not in infos:
+        if p.unlisted is not None:  # a folder that could not be listed: nothing to read
+            problems.add(p, unlisted_problem(p))
+            info, status = {}, UNREADABLE
+        elif p.run_file is None or p.run_file.name not in infos:
             info: dict[str, Any] = {}
             status = "unknown"
         elif infos[p.run_file.name] is None:
@@ -469,6 +483,8 @@ def runs_table(
         run_status = worst_status(
             UNREADABLE if v is None else producer_status(v) for v in infos.values()
         )
+        if p.unlisted is not None:
+            run_status = UNREADABLE
         meta = _meta_block(p, problems)
         max_step, max_time = stats.get(i, (None, None))
         if max_step is None and _is_int(meta.get("max_step")):
@@ -524,14 +540,18 @@ def runs_table(
             "summary": json_text(summary) if isinstance(summary, dict) else None,
         }
         rows.append({name: _coerce_run(name, t, row.get(name)) for name, t in RUNS_COLUMNS})
+    import pyarrow as pa
+
     table = build_table(RUNS_COLUMNS, rows)
     taken = {c.lower() for c, _ in RUNS_COLUMNS}
+    # every flattened column made first, the table once: appending them one by one copies
+    # the schema each time (a config of 20,000 keys took minutes)
+    names, arrays = list(table.column_names), list(table.columns)
     for prefix, dicts in (("config", configs), ("summary", summaries)):
         for name, sql_type, values in _flat_columns(prefix, dicts, taken):
-            import pyarrow as pa
-
-            table = table.append_column(name, pa.array(values, arrow_type(sql_type)))
-    return table
+            names.append(name)
+            arrays.append(pa.array(values, arrow_type(sql_type)))
+    return pa.Table.from_arrays(arrays, names=names)
 
 
 def _coerce_run(name: str, sql_type: str, v: Any) -> Any:

@@ -45,6 +45,7 @@ from expr_tracker.query.tables import (
     lines_problem,
     read_problem,
     runs_table,
+    unlisted_problem,
 )
 
 INSTALL_HINT = "pip install 'expr-tracker[query]'"
@@ -361,13 +362,17 @@ def connect(
     wanted = set(VIEWS) if views is None else set(views) & set(VIEWS)
     need_metrics = bool(wanted & {"metrics", "runs"})
     need_spans = "spans" in wanted
-    producers = discover(root)
+    producers = discover(root, include_unlisted=True)
     problems = Problems()
+    for p in producers:
+        if p.unlisted is not None:
+            problems.add(p, unlisted_problem(p))
     con = duckdb.connect(":memory:")
     source = _Sources(con)
     metric_selects: list[str] = []
     span_selects: list[str] = []
     stats: dict[int, tuple[Any, Any]] = {}
+    parts: list[str] = []
     for i, p in enumerate(producers):
         if p.metrics is not None and need_metrics:
             cached, st = cache_of(p, "metrics", cdir, problems, stats=True)
@@ -376,12 +381,17 @@ def connect(
                     metrics_select(p, cached.parts, cached.merged, lambda _, c=cached: source.of(c))
                 )
                 stats[i] = st
+                parts.extend(map(str, cached.parts))
         if p.spans is not None and need_spans:
             cached, _ = cache_of(p, "spans", cdir, problems)
             if cached is not None and (cached.parts or cached.memory):
                 span_selects.append(spans_select(p, cached.parts, lambda _, c=cached: source.of(c)))
+                parts.extend(map(str, cached.parts))
     try:
         con.execute(f"CREATE TABLE _et_found AS SELECT {len(producers)}::BIGINT AS producers")
+        # the parts the views read: when DuckDB fails on one without naming it (a damaged
+        # footer: "invalid TType"), api.recover_cache checks them (cache.damaged)
+        con.execute("CREATE TABLE _et_parts AS SELECT unnest($1::VARCHAR[]) AS path", [parts])
         # DuckDB opens the parts here already (their schema): a part deleted or damaged
         # since its refresh fails this, and the caller refreshes and connects again
         if "metrics" in wanted:
@@ -397,8 +407,13 @@ def connect(
             if name in wanted:
                 con.register(f"_et_{name}", build())
                 con.execute(f"CREATE VIEW {name} AS SELECT * FROM _et_{name}")
-    except BaseException:
+    except BaseException as exc:
         con.close()
+        if isinstance(exc, Exception):
+            try:
+                exc.et_parts = parts  # type: ignore[attr-defined]
+            except AttributeError:  # pragma: no cover - an exception without a __dict__
+                pass
         raise
     message = problems.message()
     if message:
@@ -456,6 +471,15 @@ def no_runs_note(con: Any, root: str | os.PathLike[str]) -> str | None:
         f"no runs under {str(root)!r} (a run is a folder holding a run*.json or "
         f"metrics*.jsonl, searched down to {MAX_DEPTH} folders below it)"
     )
+
+
+def parts_of(con: Any) -> list[str]:
+    """The cache parts the views of a :func:`connect` connection read ([] when it has
+    none or is closed)."""
+    try:
+        return [r[0] for r in con.execute("SELECT path FROM _et_parts").fetchall()]
+    except Exception:  # noqa: BLE001 - a closed connection, or not one of connect's
+        return []
 
 
 def describe(con: Any) -> dict[str, list[tuple[str, str]]]:

@@ -28,6 +28,7 @@ lists the point in ``nonfinite`` as ``{"x", "step", "kind": "nan"|"inf"|"-inf"}`
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import itertools
 import math
@@ -257,7 +258,9 @@ class Catalog:
             if now - self._at > DISCOVER_TTL:
                 runs: dict[str, list[Producer]] = {}
                 self._walked = set()
-                for p in discover(self.root, per_dir=self._per_dir):
+                for p in discover(self.root, per_dir=self._per_dir, include_unlisted=True):
+                    if p.unlisted is not None and self._contained(p) is None:
+                        continue  # a folder linked from outside: not served, not named
                     runs.setdefault(p.run_id, []).append(p)
                 for d in [d for d in self._dirs if d not in self._walked]:
                     del self._dirs[d]
@@ -318,6 +321,9 @@ class Catalog:
         return rows
 
     def _seen(self, prods: list[Producer]) -> _RowSeen:
+        if prods[0].unlisted is not None:  # a colleague's 0700 folder: listed, with why
+            why = f"the folder cannot be listed: {prods[0].unlisted}"
+            return _RowSeen((), False, [], {}, None, [why], unreadable=True)
         d = self._dirs.get(prods[0].run_dir)
         if d is not None and d.error is not None:
             return _RowSeen((), False, [], {}, None, [d.error], unreadable=True)
@@ -526,12 +532,23 @@ _names = itertools.count(1)
 
 
 class _Source:
-    """FROM text for Parquet parts (a pyarrow dataset where a path literal cannot be made)."""
+    """FROM text for Parquet parts (a pyarrow dataset where a path literal cannot be made),
+    or, when ``cached`` holds its rows in memory (no cache folder could be written: a full
+    disk), for those."""
 
-    def __init__(self, con: Any) -> None:
+    def __init__(self, con: Any, cached: Any = None) -> None:
         self.con = con
+        self.cached = cached
 
     def __call__(self, parts: Sequence[Path]) -> str:
+        if self.cached is not None and self.cached.memory:
+            import pyarrow as pa
+            import pyarrow.parquet as pq
+
+            name = f"_ui_parts_{next(_names)}"
+            tables = [pq.read_table(pa.BufferReader(b)) for b in self.cached.memory]
+            self.con.register(name, pa.concat_tables(tables))
+            return name
         lits = [path_literal(Path(p)) for p in parts]
         if all(lit is not None for lit in lits):
             return f"read_parquet([{', '.join(lits)}])"  # type: ignore[arg-type]
@@ -540,6 +557,22 @@ class _Source:
         name = f"_ui_parts_{next(_names)}"
         self.con.register(name, ds.dataset([os.path.abspath(p) for p in parts], format="parquet"))
         return name
+
+
+_read = threading.local()
+
+
+@contextlib.contextmanager
+def parts_read() -> Iterator[list[Path]]:
+    """The cache parts handed to DuckDB on this thread while inside (a request's): when
+    reading fails without naming one (a damaged footer), the server checks them
+    (:func:`expr_tracker.query.api.recover_cache`) and answers again."""
+    prev = getattr(_read, "parts", None)
+    _read.parts = parts = []
+    try:
+        yield parts
+    finally:
+        _read.parts = prev
 
 
 def _cached(catalog: Catalog, p: Producer, kind: str) -> Any:
@@ -556,7 +589,10 @@ def _cached(catalog: Catalog, p: Producer, kind: str) -> Any:
         return None
     except (OSError, ValueError, RecursionError) as exc:
         raise Unreadable(f"{path.name} of {p.run_id!r}: {why(exc)}") from None
-    return c if c.parts else None
+    seen = getattr(_read, "parts", None)
+    if seen is not None:
+        seen.extend(c.parts)
+    return c if c.parts or c.memory else None
 
 
 def _metrics_sql(con: Any, catalog: Catalog, p: Producer) -> str | None:
@@ -564,7 +600,7 @@ def _metrics_sql(con: Any, catalog: Catalog, p: Producer) -> str | None:
     c = _cached(catalog, p, "metrics")
     if c is None:
         return None
-    return metrics_select(p, c.parts, c.merged, _Source(con))
+    return metrics_select(p, c.parts, c.merged, _Source(con, c))
 
 
 # ----------------------------------------------------------------------------- runs
@@ -621,10 +657,10 @@ def run_detail(catalog: Catalog, run_id: str) -> dict:
                 continue
             if c is None:
                 continue
-            (top,) = con.execute(f"SELECT max(step) FROM {_Source(con)(c.parts)}").fetchone()
+            (top,) = con.execute(f"SELECT max(step) FROM {_Source(con, c)(c.parts)}").fetchall()[0]
             if top is not None:
                 producer_steps[producer_label(p)] = int(top)
-            sql = metrics_select(p, c.parts, c.merged, _Source(con))
+            sql = metrics_select(p, c.parts, c.merged, _Source(con, c))
             for (m,) in con.execute(
                 f"SELECT DISTINCT metric FROM ({sql}) WHERE value IS NOT NULL OR text IS NULL"
             ).fetchall():
@@ -972,7 +1008,7 @@ def span_breakdown(
         for p in prods:
             c = _cached(catalog, p, "spans")
             if c is not None:
-                selects.append(f"SELECT name, dur_ms, step FROM {_Source(con)(c.parts)}")
+                selects.append(f"SELECT name, dur_ms, step FROM {_Source(con, c)(c.parts)}")
         if not selects:
             return {"rows": [], "start": start, "stop": stop}
         where = ["dur_ms IS NOT NULL"]

@@ -27,7 +27,6 @@ import re
 import secrets
 import socket
 from collections.abc import Iterable
-from http.cookies import SimpleCookie
 from typing import Any
 from urllib.parse import parse_qsl, urlencode
 
@@ -125,6 +124,24 @@ def _headers(scope: dict[str, Any]) -> dict[str, str]:
     return {k: ("; " if k == "cookie" else ",").join(vs) for k, vs in seen.items()}
 
 
+def _cookie_values(header: str, name: str) -> list[str]:
+    """Every value of the cookie ``name`` in a ``Cookie`` header, read as browsers write it
+    (``a=1; b=2``), leniently: the header holds the cookies of every port of this host, so
+    another app's cookie may hold a space, a quote, JSON or no ``=`` at all, and none of
+    that may hide ours (``http.cookies.SimpleCookie`` drops every cookie after such a one).
+    All values are returned: a second cookie of our name (set by a page on another port,
+    with a longer ``Path``, so sent first) must not shadow the right one."""
+    values = []
+    for part in header.split(";"):
+        key, sep, value = part.partition("=")
+        if sep and key.strip() == name:
+            value = value.strip()
+            if len(value) >= 2 and value[0] == value[-1] == '"':
+                value = value[1:-1]
+            values.append(value)
+    return values
+
+
 def _equal(given: str | None, token: bytes) -> bool:
     return given is not None and hmac.compare_digest(given.encode("utf-8"), token)
 
@@ -205,13 +222,7 @@ class Guard:
             return True
         if from_query and _equal(from_query[-1], self.token):
             return True
-        jar = SimpleCookie()
-        try:
-            jar.load(h.get("cookie", ""))
-        except Exception:  # noqa: BLE001 - a malformed Cookie header is no cookie
-            return False
-        morsel = jar.get(self.cookie)
-        return morsel is not None and _equal(morsel.value, self.token)
+        return any(_equal(v, self.token) for v in _cookie_values(h.get("cookie", ""), self.cookie))
 
     async def _login(
         self, scope: dict[str, Any], h: dict[str, str], query: list, given: str, send: Any

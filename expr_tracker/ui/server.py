@@ -90,6 +90,19 @@ def _static(name: str) -> bytes:
     return resources.files("expr_tracker.ui").joinpath("static", name).read_bytes()
 
 
+def _cache_trouble(exc: Exception, parts: list[Path]) -> bool:
+    """True when ``exc`` (DuckDB's or pyarrow's) came from a cache part that vanished or is
+    damaged, now rebuilt: worth answering the request again."""
+    import pyarrow as pa
+
+    from expr_tracker.query.api import recover_cache
+    from expr_tracker.query.views import import_duckdb
+
+    if not isinstance(exc, (import_duckdb().Error, pa.ArrowException)):
+        return False
+    return recover_cache(exc, parts=[str(p) for p in parts])
+
+
 def _dumps(obj: Any) -> bytes:
     return json.dumps(json_safe(obj, "string"), allow_nan=False, separators=(",", ":")).encode(
         "utf-8"
@@ -208,12 +221,21 @@ def create_app(
             if is_heavy and not heavy.try_acquire():
                 return busy()
             try:
-                return as_json(fn(request))
-            except Exception as exc:
-                answer = failure(exc)
-                if answer is None:
-                    raise
-                return answer
+                for attempt in (1, 2, 3):
+                    with data.parts_read() as parts:
+                        try:
+                            return as_json(fn(request))
+                        except Exception as exc:
+                            # a cache part deleted or damaged under the request: its cache
+                            # is rebuilt (query.api.recover_cache) and the request answered
+                            # again
+                            if attempt < 3 and _cache_trouble(exc, parts):
+                                continue
+                            answer = failure(exc)
+                            if answer is None:
+                                raise
+                            return answer
+                raise AssertionError("unreachable")  # pragma: no cover
             finally:
                 if is_heavy:
                     heavy.release()
@@ -355,4 +377,7 @@ def serve(
     """Serve the dashboard until interrupted (uvicorn); ``token`` as :func:`create_app`."""
     _, uvicorn = import_web()
     app = create_app(root, cache_dir=cache_dir, token=token, host=host, port=port)
-    uvicorn.run(app, host=host, port=port, log_level=log_level, server_header=False)
+    # no colour codes: et ui's stderr escapes control characters (warnings name run files)
+    uvicorn.run(
+        app, host=host, port=port, log_level=log_level, server_header=False, use_colors=False
+    )

@@ -419,3 +419,68 @@ def test_artifacts_and_rules_text_escape_what_files_hold(tmp_path, capsys):
     assert main(["rules", "test", rule, "--run", str(run.dir)]) == 0
     out = capsys.readouterr().out
     assert "\x1b" not in out and "note is v\\x1b[2J\\u202eevil" in out, out
+
+
+def test_a_run_folder_that_cannot_be_listed_never_gives_a_traceback(runs_root, tmp_path):
+    """A colleague's 0700 run folder named to a single-run command: `et plot` and `et
+    alerts` died with a PermissionError traceback (pathlib's is_file() raises it); every
+    command says which path and why, exit 1."""
+    from helpers import CANNOT_READ_SKIP, cannot_read_prefix
+
+    run = runs_root / "p" / "a"
+    os.chown(run, 65534, 65534) if os.geteuid() == 0 else None
+    run.chmod(0o700)
+    try:
+        prefix = cannot_read_prefix(run / "run.json")
+        if prefix is None:
+            pytest.skip(CANNOT_READ_SKIP)
+        for cmd in (
+            ["plot", str(run), "--no-color"],
+            ["alerts", str(run)],
+            ["history", str(run)],
+            ["trace", str(run), "-o", str(tmp_path / "t.json")],
+            ["compare", str(run), str(run.parent / "a")],
+        ):
+            p = subprocess.run(
+                [*prefix, sys.executable, "-m", "expr_tracker.cli.main", *cmd],
+                capture_output=True,
+                text=True,
+                timeout=60,
+            )
+            assert "Traceback" not in p.stderr, (cmd, p.stderr)
+            assert p.returncode in (1, 2) and "permission denied" in p.stderr.lower(), (
+                cmd,
+                p.returncode,
+                p.stderr,
+            )
+    finally:
+        run.chmod(0o755)
+
+
+@pytest.mark.parametrize("command", ["runs", "history", "alerts", "compare", "plot"])
+def test_warnings_and_errors_naming_hostile_paths_are_escaped(tmp_path, command):
+    """The tables escaped names, but a warning or an error line on stderr printed the path
+    of a run folder named with OSC 52 raw: `expr_tracker: .../metrics.jsonl has a line that
+    is not a row` (et runs, history, compare, plot) and `et alerts: skipped 1 line(s) of
+    ...` wrote the clipboard of whoever listed a colleague's runs."""
+    root = tmp_path / "runs"
+    hostile = _hostile_runs(root)
+    bad = hostile.with_name(f"bad{OSC52}")
+    hostile.rename(bad)
+    with open(bad / "metrics.jsonl", "a") as f:
+        f.write("[" * 5000 + "\n")
+    (bad / "alerts.jsonl").write_text("{not a record\n")
+    other = et.init(project="p", name="other", dir=str(root))
+    et.log({"x": 1.0})
+    et.finish()
+    args = {
+        "runs": ["runs", str(root)],
+        "history": ["history", str(bad)],
+        "alerts": ["alerts", str(bad)],
+        "compare": ["compare", str(bad), str(other.dir)],
+        "plot": ["plot", str(bad), HOSTILE_METRIC, "--no-color"],
+    }[command]
+    code, out = _in_pty(args, tmp_path)
+    assert code == 0, out
+    assert b"bad\\x1b]52;c;aGVsbG8=\\x07" in out, out
+    _assert_no_raw_control(out, command)

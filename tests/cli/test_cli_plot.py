@@ -650,3 +650,28 @@ def test_step_ticks_of_huge_steps(tmp_path, capsys):
     assert code == 0, err
     assert _tick_line(out)[-1] == "4.9e+16"  # not 4.9e+07G
     assert "G" not in " ".join(_tick_line(out))
+
+
+def test_an_unreadable_metrics_file_says_so_not_nothing_to_plot(tmp_path):
+    """`et plot RUN` on a colleague's 0600 metrics file said "nothing to plot: no numeric
+    metric in the newest rows": the file was never read. It says why."""
+    from helpers import CANNOT_READ_SKIP, cannot_read_prefix
+
+    run = et.init(project="p", name="theirs", dir=str(tmp_path / "runs"))
+    et.log({"loss": 1.0})
+    et.finish()
+    metrics = run.dir / "metrics.jsonl"
+    if os.geteuid() == 0:
+        os.chown(metrics, 65534, 65534)
+    metrics.chmod(0o600)
+    prefix = cannot_read_prefix(metrics)
+    if prefix is None:
+        pytest.skip(CANNOT_READ_SKIP)
+    p = subprocess.run(
+        [*prefix, sys.executable, "-m", "expr_tracker.cli.main", "plot", str(run.dir)],
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert p.returncode == 1, p.stderr
+    assert "permission denied" in p.stderr and "nothing to plot" not in p.stderr, p.stderr

@@ -310,3 +310,57 @@ def test_a_colleagues_0600_run_is_listed_unreadable_and_the_rest_shows(tmp_path)
     )
     assert p.returncode == 1 and "permission denied" in p.stderr, p.stderr
     no_traceback(p)
+
+
+def test_a_colleagues_unsearchable_folder_or_store_never_ends_a_listing(tmp_path):
+    """A colleague's run folder of mode 0744 (listable, not searchable) or a store folder
+    of 0700/0744: pathlib's exists()/is_dir()/is_file() raise PermissionError there (Python
+    < 3.12), which ended `et runs`, `et query`, `et export`, `et compare` and `et artifacts
+    list` over the whole folder with a traceback. Each reports what it cannot read and the
+    other runs answer."""
+    root = tmp_path / "runs"
+    make_run(root, "mine")
+    theirs = make_run(root, "theirs")
+    src = tmp_path / "data.txt"
+    src.write_text("x")
+    et.init(project="p", name="logger", dir=str(root))
+    et.log_artifact(src, name="ds")
+    et.finish()
+    store = root / "p" / "artifacts"
+    for d, mode in ((theirs, 0o744), (store, 0o700)):
+        os.chown(d, 65534, 65534) if os.geteuid() == 0 else None
+        d.chmod(mode)
+    try:
+        prefix = cannot_read_prefix(theirs / "run.json")
+        if prefix is None:
+            pytest.skip(CANNOT_READ_SKIP)
+
+        def cli(*args):
+            p = subprocess.run(
+                [*prefix, sys.executable, "-m", "expr_tracker.cli.main", *map(str, args)],
+                capture_output=True,
+                text=True,
+                timeout=120,
+            )
+            no_traceback(p)
+            return p
+
+        p = cli("runs", root, "--format", "json")
+        assert p.returncode == 0, p.stderr
+        runs = {r["run"]: r for r in json.loads(p.stdout)}
+        assert runs["p/mine"]["status"] == "finished" and runs["p/mine"]["steps"] == 4
+        assert runs["p/theirs"]["status"] == "unreadable"
+        assert "permission denied" in runs["p/theirs"]["reason"]
+        p = cli("query", "SELECT run, status FROM runs ORDER BY run", root, "--format", "json")
+        assert p.returncode == 0, p.stderr
+        by = {r["run"]: r["status"] for r in json.loads(p.stdout)}
+        assert by["p/mine"] == "finished" and by["p/theirs"] == "unreadable"
+        p = cli("export", root, "-o", tmp_path / "out", "--json")
+        assert p.returncode == 0, p.stderr
+        p = cli("compare", "--dir", root, "p/mine", "p/logger")
+        assert p.returncode == 0, p.stderr
+        p = cli("artifacts", "list", root)
+        assert p.returncode == 0 and "permission denied" in p.stderr.lower(), p.stderr
+    finally:
+        theirs.chmod(0o755)
+        store.chmod(0o755)

@@ -869,3 +869,25 @@ def test_wrong_types_for_every_keyword_name_it_and_what_is_valid(sweep, tmp_path
         export_runs(sweep, out, rank=-1)
     assert not out.exists()
     assert export_runs(sweep, out, rank=[0, 1], overwrite=False)["files"] >= 1
+
+
+def test_a_value_past_the_sorts_memory_limit_is_a_named_error(tmp_path, monkeypatch, capsys):
+    """A run whose steps are out of order is sorted by DuckDB under a memory limit; a
+    string value bigger than it (300 MB in a 256 MB limit) ended `et export` with an
+    OutOfMemoryException traceback. It is one line naming the run, exit 1, nothing left."""
+    from expr_tracker.cli.main import main
+    from expr_tracker.query import export as export_mod
+
+    run = tmp_path / "runs" / "p" / "big"
+    run.mkdir(parents=True)
+    with open(run / "metrics.jsonl", "w") as f:
+        f.write(json.dumps({"loss": 1.0, "_step": 5}) + "\n")
+        f.write(json.dumps({"loss": 2.0, "_step": 1, "s": "x" * (24 << 20)}) + "\n")
+        f.write(json.dumps({"loss": 3.0, "_step": 2}) + "\n")
+    monkeypatch.setattr(export_mod, "DUCKDB_MEMORY_LIMIT", "8MB")
+    out = tmp_path / "out.jsonl"
+    code = main(["export", str(run), "-o", str(out), "--format", "jsonl"])
+    err = capsys.readouterr().err
+    assert code == 1, err
+    assert "p/big: its rows could not be exported" in err and "Traceback" not in err
+    assert not out.exists() and not list(tmp_path.glob(".out.jsonl*partial"))

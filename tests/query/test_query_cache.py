@@ -339,3 +339,35 @@ def test_an_artifact_of_a_run_dir_leaves_its_query_cache_out(tmp_path):
     assert (run / ".et-cache").is_dir()
     names = et.Artifact("run-files", type="run").add_dir(run)
     assert names == ["metrics.jsonl"]
+
+
+def test_a_line_longer_than_many_blocks_is_gathered_in_linear_time(tmp_path):
+    """Each block was appended to what had been read of a long line so far, copying it
+    again per block: quadratic in the line's length (with 64-byte blocks, a 4 MB line
+    took hours; with the real 4 MiB blocks a 1 GB line added minutes)."""
+    import subprocess
+    import sys
+
+    from helpers import ROOT
+
+    src = tmp_path / "metrics.jsonl"
+    with open(src, "w") as f:
+        f.write(json.dumps({"loss": 1.0, "_step": 0}) + "\n")
+        f.write(json.dumps({"loss": 2.0, "_step": 1, "big": "x" * (4 << 20)}) + "\n")
+        f.write(json.dumps({"loss": 3.0, "_step": 2}) + "\n")
+    code = (
+        "import sys\n"
+        "from expr_tracker.query import cache\n"
+        "cache.BLOCK_BYTES = 64\n"
+        "c = cache.refresh(sys.argv[1], 'metrics', cache_dir=sys.argv[2])\n"
+        "print(c.lines, c.covered)\n"
+    )
+    p = subprocess.run(
+        [sys.executable, "-c", code, str(src), str(tmp_path / "c")],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        env={**os.environ, "PYTHONPATH": str(ROOT)},
+    )
+    assert p.returncode == 0, p.stderr
+    assert p.stdout.split() == ["3", str(src.stat().st_size)]

@@ -130,6 +130,47 @@ def test_a_planted_manifest_removes_nothing_outside_the_cache(tmp_path, name):
     assert json.loads((cdir / "manifest.json").read_text())["garbage"] == []
 
 
+@pytest.mark.parametrize(
+    "numbers",
+    [
+        {"replaced_at": "BIG"},  # an int no float holds: `now - replaced_at` overflowed
+        {"replaced_at": "NaN"},  # never past its grace time: kept for ever
+        {"covered": "BIG"},
+        {"ino": "BIG"},
+    ],
+)
+def test_a_planted_manifest_with_numbers_out_of_range_is_rebuilt(tmp_path, numbers):
+    """A manifest's numbers come from a file anyone may have written: an int past 2**64 or
+    a NaN (the standard decoder's dialect, reached when the text holds `NaN`) made every
+    query of the run fail ("cannot be read (OverflowError ...)") for good, not rebuilt."""
+    root = tmp_path / "runs"
+    good_runs(root)
+    run = root / "p" / "a"
+    cdir = run / ".et-cache" / "metrics.jsonl"
+    fields = {"replaced_at": 0, "covered": 0, "ino": 0}
+    fields.update({k: 10**400 if v == "BIG" else v for k, v in numbers.items()})
+    plant_manifest(
+        cdir,
+        source=str((run / "metrics.jsonl").absolute()),
+        covered=fields["covered"],
+        ino=fields["ino"],
+        bad_lines=0,
+        bad_first=None,
+        fingerprint="NaN",  # a token the standard decoder's fallback is used for
+        garbage=[{"file": "part-000000000000-deadbeef.parquet", "replaced_at": 0}],
+    )
+    text = (cdir / "manifest.json").read_text()
+    text = text.replace('"replaced_at": 0', f'"replaced_at": {fields["replaced_at"]}')
+    (cdir / "manifest.json").write_text(text)
+    p = et_query(COUNT, str(root), "--format", "json")
+    assert p.returncode == 0, p.stderr
+    assert json.loads(p.stdout) == GOOD, p.stderr
+    assert "cannot be read" not in p.stderr
+    again = et_query(COUNT, str(root), "--format", "json")
+    assert json.loads(again.stdout) == GOOD and again.stderr == ""
+    assert json.loads((cdir / "manifest.json").read_text())["garbage"] == []
+
+
 def test_a_manifest_whose_parts_are_links_is_not_trusted(tmp_path, monkeypatch):
     """Parts named as the cache names them but linked to a file elsewhere: never read as
     the run's rows, and removing them removes the link only."""
@@ -187,6 +228,28 @@ def test_a_cache_folder_not_this_users_own_is_never_used(tmp_path, how):
     assert c.cache_dir.parent == tmp_path / "xdg" / "expr_tracker" / "query"
     assert sorted(os.listdir(cdir)) == before and sentinel.read_text() == "theirs"
     assert pq.read_table(c.parts[0]).column("value").to_pylist() == [1.0, 2.0]
+
+
+def test_no_cache_is_made_where_the_run_directory_was_swapped_to(tmp_path, monkeypatch):
+    """The run directory swapped for a link to another folder of this user right after the
+    source was opened: the cache was made in that other folder (`.et-cache` beside files
+    the reader never asked about). It is made only in the folder holding the file opened."""
+    run = write_run(tmp_path / "runs" / "p" / "a", [{"loss": 1.0}, {"loss": 2.0}])
+    elsewhere = write_run(tmp_path / "home" / "thesis", [{"loss": 9.0}])
+    real_open = qcache.untrusted.open_regular
+
+    def open_then_swap(path, *, root=None):
+        fd = real_open(path, root=root)
+        moved = tmp_path / "moved"
+        if not moved.exists():
+            run.rename(moved)
+            run.symlink_to(elsewhere, target_is_directory=True)
+        return fd
+
+    monkeypatch.setattr(qcache.untrusted, "open_regular", open_then_swap)
+    c = refresh(run / "metrics.jsonl", "metrics", root=os.path.realpath(run))
+    assert not (elsewhere / ".et-cache").exists()
+    assert c.rows == 2 and c.cache_dir is not None and "xdg" in str(c.cache_dir)
 
 
 @pytest.mark.skipif(not IS_ROOT, reason="chown to another uid needs root")
@@ -421,6 +484,43 @@ def test_a_colleagues_0600_run_is_reported_and_the_rest_answers(tmp_path):
     assert not (theirs / ".et-cache").exists()  # nothing made in their run
 
 
+@pytest.mark.skipif(not IS_ROOT or shutil.which("setpriv") is None, reason="needs root and setpriv")
+def test_a_colleagues_0700_run_folder_is_reported_not_left_out(tmp_path):
+    """A run folder that cannot be listed (another uid, mode 0700) was left out of `et
+    query` and `et export` without a word (`et runs` lists it as unreadable): the runs view
+    had no row for it and no warning named it."""
+    root = tmp_path / "runs"
+    good_runs(root)
+    theirs = write_run(root / "p" / "theirs", [{"loss": 7.0}])
+    os.chown(theirs, OTHER_UID, OTHER_UID)
+    os.chmod(theirs, 0o700)
+    sql = "SELECT run, status, run_status, problem FROM runs ORDER BY run"
+    p = et_query(sql, str(root), "--format", "json", prefix=no_dac())
+    assert p.returncode == 0, p.stderr
+    by = {r["run"]: r for r in json.loads(p.stdout)}
+    assert set(by) == {"p/a", "p/b", "p/theirs"}
+    assert by["p/theirs"]["status"] == by["p/theirs"]["run_status"] == "unreadable"
+    assert by["p/theirs"]["problem"] == "the folder cannot be listed: permission denied"
+    assert by["p/a"]["problem"] is None
+    # a query of the metrics alone answers from the others and names it
+    p = et_query(COUNT, str(root), "--format", "json", prefix=no_dac())
+    assert p.returncode == 0 and json.loads(p.stdout) == GOOD, p.stderr
+    assert "p/theirs: the folder cannot be listed: permission denied" in p.stderr
+    out = tmp_path / "out"
+    p = subprocess.run(
+        no_dac(sys.executable, "-m", "expr_tracker.cli.main", "export", str(root))
+        + ["-o", str(out), "--json"],
+        capture_output=True,
+        text=True,
+        timeout=300,
+        env={**os.environ, "PYTHONPATH": str(ROOT)},
+    )
+    assert p.returncode == 0, p.stderr
+    summary = json.loads(p.stdout)
+    assert [s["run"] for s in summary["skipped"]] == ["p/theirs"], summary
+    assert "p/theirs: the folder cannot be listed: permission denied" in p.stderr
+
+
 def test_a_file_swapped_for_a_link_after_discovery_is_not_read(tmp_path):
     """config.json replaced by a link to a file outside the run between discovery and
     reading: refused (the problem says so), never read into the answer."""
@@ -467,6 +567,76 @@ def test_a_damaged_cache_is_rebuilt_with_one_warning(tmp_path, damage, caplog):
     warnings = [r for r in caplog.records if "rebuilt" in r.getMessage()]
     assert len(warnings) == 1, caplog.text
     assert str(root / "p" / "a") in warnings[0].getMessage()
+
+
+def current_part(cdir: Path) -> Path:
+    """The first part the cache's manifest lists (a replaced part stays a while beside it)."""
+    return cdir / json.loads((cdir / "manifest.json").read_text())["parts"][0]["file"]
+
+
+def damage_footer(part: Path) -> None:
+    """Overwrite 16 bytes in the middle of a part's Thrift footer: size and Parquet's magic
+    stay, and DuckDB's error ("don't know what type", "invalid TType") names no file."""
+    data = bytearray(part.read_bytes())
+    footer = int.from_bytes(data[-8:-4], "little")
+    mid = len(data) - 8 - footer // 2
+    data[mid : mid + 16] = b"\xff" * 16
+    part.write_bytes(bytes(data))
+
+
+def test_a_part_whose_footer_is_damaged_is_rebuilt(tmp_path, caplog):
+    """DuckDB's error for a damaged footer names no file, so the query layer took it for
+    an error of the SQL: `et query` exited 2 printing the schema, `et.query` raised
+    QueryError and `et export` exited 1, at every try, until .et-cache was deleted by hand."""
+    root = tmp_path / "runs"
+    good_runs(root)
+    assert et.query(COUNT, root, output_type="dicts") == GOOD
+    cdir = root / "p" / "a" / ".et-cache" / "metrics.jsonl"
+    damage_footer(current_part(cdir))
+    caplog.clear()
+    with caplog.at_level("WARNING", logger="expr_tracker"):
+        assert et.query(COUNT, root, output_type="dicts") == GOOD
+        assert et.query(COUNT, root, output_type="dicts") == GOOD
+    warnings = [r.getMessage() for r in caplog.records if "rebuilt" in r.getMessage()]
+    assert len(warnings) == 1 and str(cdir) in warnings[0], caplog.text
+    # the command line, and a damaged part of the spans view, the same
+    damage_footer(current_part(cdir))
+    p = et_query(COUNT, str(root), "--format", "json")
+    assert p.returncode == 0 and json.loads(p.stdout) == GOOD, p.stderr
+    assert "rebuilt" in p.stderr and "Traceback" not in p.stderr
+
+
+def test_export_rebuilds_a_part_whose_bytes_changed(tmp_path):
+    """A part damaged in its middle keeps its size and magic: `et export` failed for good
+    on a damaged footer (exit 1, "Couldn't deserialize thrift") and exported whatever a
+    damaged page decoded to. Its bytes are checked against the SHA-256 written with it."""
+    root = tmp_path / "runs"
+    good_runs(root)
+    assert et.query(COUNT, root, output_type="dicts") == GOOD
+    cdir = root / "p" / "a" / ".et-cache" / "metrics.jsonl"
+    part = current_part(cdir)
+    for how in ("footer", "middle"):
+        if how == "footer":
+            damage_footer(part)
+        else:  # a byte of the data pages: decodes to other numbers, or fails
+            data = bytearray(part.read_bytes())
+            footer = int.from_bytes(data[-8:-4], "little")
+            data[(4 + len(data) - 8 - footer) // 2] ^= 0x01
+            part.write_bytes(bytes(data))
+        out = tmp_path / f"out-{how}.jsonl"
+        p = subprocess.run(
+            [sys.executable, "-m", "expr_tracker.cli.main", "export", str(root / "p" / "a")]
+            + ["-o", str(out), "--format", "jsonl", "--layout", "long"],
+            capture_output=True,
+            text=True,
+            timeout=300,
+            env={**os.environ, "PYTHONPATH": str(ROOT)},
+        )
+        assert p.returncode == 0, p.stderr
+        assert "rebuilt" in p.stderr and "Traceback" not in p.stderr
+        rows = [json.loads(line) for line in out.read_text().splitlines()]
+        assert sorted(r["value"] for r in rows) == [1.0, 2.0], (how, rows)
+        part = current_part(cdir)
 
 
 def test_et_query_raises_query_error_for_a_part_it_cannot_read(tmp_path):
@@ -701,3 +871,22 @@ def test_export_reports_an_unreadable_run_and_exports_the_rest(tmp_path):
     assert p.stderr.count("could not be read whole") == 1 and "p/fifo" in p.stderr
     got = pq.read_table(out).to_pylist()
     assert sorted((r["run"], r["loss"]) for r in got) == [("p/a", 1.0), ("p/a", 2.0), ("p/b", 3.0)]
+
+
+def test_a_config_of_many_keys_is_flattened_in_linear_time(tmp_path):
+    """The runs view flattens config.json into config.* columns; they were appended to the
+    table one at a time (the schema copied each time): a config of 20,000 keys took 80 s
+    to 160 s, of 30,000 several minutes."""
+    root = tmp_path / "runs"
+    good_runs(root)
+    cfg = {f"k{i}": i for i in range(30_000)}
+    (root / "p" / "a" / "config.json").write_text(json.dumps(cfg))
+    p = et_query(
+        'SELECT run, "config.k29999" AS k FROM runs ORDER BY run',
+        str(root),
+        "--format",
+        "json",
+        timeout=90,
+    )
+    assert p.returncode == 0, p.stderr
+    assert json.loads(p.stdout) == [{"run": "p/a", "k": 29999}, {"run": "p/b", "k": None}]

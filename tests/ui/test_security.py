@@ -190,3 +190,25 @@ def test_cli_token_sources(ui_runs, tmp_path: Path):
     finally:
         out = _printed(s)
     assert out.count("warning") == 1 and "--no-token" in out and "?token=" not in out, out
+
+
+def test_other_cookies_of_the_host_do_not_lock_the_user_out(ui_server):
+    # browsers send every cookie of 127.0.0.1, whatever port set it: another app on this
+    # machine (or a neighbour's page on another port) may hold a JSON value, a space, a
+    # quote, a name without a value, or a second cookie of our name (cookie tossing with a
+    # longer Path, sent first). None of them may hide the right token.
+    name = f"et_ui_token_{ui_server.port}"
+    for others in (
+        'prefs={"theme":"dark"}',
+        "greeting=hello world",
+        'a="b',
+        "flag",
+        "x=\\",
+        f"{name}=wrong",
+    ):
+        for header in (f"{others}; {name}={TOKEN}", f"{name}={TOKEN}; {others}"):
+            status, _, body = get(ui_server, "/api/runs", {"Cookie": header})
+            assert status == 200 and b"demo/alpha" in body, header
+    # and still nothing without the right one
+    status, _, _ = get(ui_server, "/api/runs", {"Cookie": f'a="b; {name}=wrong; {name}=x'})
+    assert status == 401

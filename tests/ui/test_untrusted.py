@@ -221,6 +221,38 @@ def test_one_unreadable_run_never_empties_the_table(ui_runs):
         shutil.rmtree(base, ignore_errors=True)
 
 
+@pytest.mark.skipif(os.getuid() != 0, reason="reading as another user needs root")
+def test_a_run_folder_that_cannot_be_listed_is_in_the_table(ui_runs):
+    """A colleague's 0700 run folder was missing from the runs table without a word (`et
+    runs` lists it as unreadable): it is listed, unreadable, with the reason."""
+    base = Path(tempfile.mkdtemp(prefix="et-ui-perm-"))
+    try:
+        root = base / "runs"
+        copy_run(ui_runs / "demo" / "beta", root / "demo" / "beta")
+        locked = copy_run(ui_runs / "demo" / "beta", root / "other" / "locked")
+        for d in (base, *root.rglob("*")):
+            os.chmod(d, 0o755 if d.is_dir() else 0o644)
+        os.chmod(locked, 0o700)
+        cache = base / "cache"
+        cache.mkdir()
+        os.chmod(cache, 0o777)
+        p = subprocess.run(
+            [sys.executable, "-c", TABLE, str(root), str(cache), str(ui_runs), str(base / "w")],
+            env=env(),
+            capture_output=True,
+            text=True,
+            timeout=120,
+        )
+        assert p.returncode == 0, p.stderr
+        rows = {r["run"]: r for r in json.loads(p.stdout)}
+        assert set(rows) == {"demo/beta", "other/locked"}
+        assert rows["demo/beta"]["status"] == "finished"
+        assert rows["other/locked"]["status"] == "unreadable"
+        assert rows["other/locked"]["error"] == "the folder cannot be listed: permission denied"
+    finally:
+        shutil.rmtree(base, ignore_errors=True)
+
+
 # ----------------------------------------------------------------------------- the table
 
 
@@ -294,3 +326,113 @@ def test_infinite_lo_hi_is_a_bad_request(ui_runs, tmp_path):
     # wide but finite: answered
     r = c.get("/api/series", params={"run": "demo/alpha", "metric": "train/loss", "lo": -1e308})
     assert r.status_code == 200 and r.json()["traces"][0]["total"] == 40
+
+
+def test_a_damaged_cache_part_is_rebuilt_not_a_500(tmp_path, ui_runs):
+    """A part whose footer is damaged (size and magic intact) fails DuckDB without naming
+    the file: every chart of the run answered 500 until the cache was deleted by hand."""
+    root = tmp_path / "runs"
+    copy_run(ui_runs / "demo" / "alpha", root / "demo" / "alpha")
+    copy_run(ui_runs / "demo" / "beta", root / "demo" / "beta")
+    c = TestClient(create_app(root), base_url="http://127.0.0.1", raise_server_exceptions=False)
+    before = c.get("/api/run", params={"run": "demo/alpha"})
+    assert before.status_code == 200
+    metric = sorted(before.json()["metrics"])[0]
+    series = c.get("/api/series", params={"run": "demo/alpha", "metric": metric}).json()
+    for part in (root / "demo" / "alpha" / ".et-cache" / "metrics.jsonl").glob("part-*.parquet"):
+        raw = bytearray(part.read_bytes())
+        footer = int.from_bytes(raw[-8:-4], "little")
+        mid = len(raw) - 8 - footer // 2
+        raw[mid : mid + 16] = b"\xff" * 16
+        part.write_bytes(bytes(raw))
+    for path, params in (
+        ("/api/run", {"run": "demo/alpha"}),
+        ("/api/series", {"run": "demo/alpha", "metric": metric}),
+        ("/api/points", {"run": "demo/alpha"}),
+        ("/api/compare", [("run", "demo/alpha"), ("run", "demo/beta")]),
+    ):
+        r = c.get(path, params=params)
+        assert r.status_code == 200, (path, r.status_code, r.text[:300])
+    assert c.get("/api/series", params={"run": "demo/alpha", "metric": metric}).json() == series
+
+
+@pytest.mark.skipif(os.geteuid() != 0, reason="mounting a small tmpfs needs root")
+def test_a_full_disk_under_the_cache_still_shows_the_charts(tmp_path):
+    """When no part can be written (a full disk) the cache hands the rows back in memory;
+    the dashboard read only parts on disk, so the run showed no metric at all (and every
+    chart 404), with nothing on the page saying why."""
+    root = tmp_path / "runs"
+    for name in ("a", "b"):
+        d = root / "p" / name
+        d.mkdir(parents=True)
+        with open(d / "metrics.jsonl", "w") as f:
+            for i in range(200):
+                f.write(json.dumps({"loss": float(i), "_step": i, "_time": 1.7e9 + i}) + "\n")
+        (d / "run.json").write_text(json.dumps({"project": "p", "name": name, "status": "x"}))
+    full = tmp_path / "full"
+    full.mkdir()
+    p = subprocess.run(
+        ["mount", "-t", "tmpfs", "-o", "size=1m", "tmpfs", str(full)],
+        capture_output=True,
+        text=True,
+    )
+    if p.returncode:
+        pytest.skip(f"cannot mount a tmpfs here ({p.stderr.strip() or p.returncode})")
+    try:
+        with open(full / "ballast", "wb") as f:
+            try:
+                while True:
+                    f.write(b"\0" * 65536)
+                    f.flush()
+            except OSError:
+                pass
+        c = local(create_app(root, cache_dir=full, token=None))
+        run = c.get("/api/run", params={"run": "p/a"}).json()
+        assert "loss" in run["metrics"] and run["producer_steps"] == {"main": 199}
+        r = c.get("/api/series", params={"run": "p/a", "metric": "loss", "width": 1000})
+        assert r.status_code == 200, r.text
+        assert r.json()["traces"][0]["y"] == [float(i) for i in range(200)]
+        r = c.get("/api/points", params={"run": "p/a", "after": 197})
+        assert r.json()["metrics"]["loss"][0]["y"] == [198.0, 199.0]
+        r = c.get("/api/compare", params=[("run", "p/a"), ("run", "p/b")])
+        assert r.status_code == 200
+    finally:
+        subprocess.run(["umount", "-l", str(full)], check=False)
+
+
+@pytest.mark.slow
+def test_deleting_the_cache_in_a_loop_never_changes_a_chart(tmp_path):
+    """A cleaner deleting `.et-cache` every millisecond: 61 of 100 chart requests answered
+    404 ("gone") and 24 of the others had no points (the rows the cache handed back in
+    memory after it vanished 4 times were not read). Every answer is now the same."""
+    import shutil
+
+    root = tmp_path / "runs"
+    for name in ("a", "b"):
+        d = root / "p" / name
+        d.mkdir(parents=True)
+        with open(d / "metrics.jsonl", "w") as f:
+            for i in range(2000):
+                f.write(json.dumps({"loss": float(i), "_step": i, "_time": 1.7e9 + i}) + "\n")
+        (d / "run.json").write_text(json.dumps({"project": "p", "name": name, "status": "x"}))
+    c = TestClient(create_app(root), base_url="http://127.0.0.1", raise_server_exceptions=False)
+    params = {"run": "p/a", "metric": "loss"}
+    ref = c.get("/api/series", params=params).json()
+    assert ref["traces"][0]["y"][-1] == 1999.0
+    stop = threading.Event()
+
+    def cleaner():
+        while not stop.is_set():
+            for name in ("a", "b"):
+                shutil.rmtree(root / "p" / name / ".et-cache", ignore_errors=True)
+            time.sleep(0.001)
+
+    t = threading.Thread(target=cleaner, daemon=True)
+    t.start()
+    try:
+        answers = [c.get("/api/series", params=params) for _ in range(100)]
+    finally:
+        stop.set()
+        t.join(10)
+    assert [r.status_code for r in answers] == [200] * 100
+    assert all(r.json() == ref for r in answers)
