@@ -18,7 +18,7 @@ from collections.abc import Callable, Iterator, Mapping, MutableMapping
 from pathlib import Path
 from typing import Any
 
-from expr_tracker import _current
+from expr_tracker import _current, process_exit
 from expr_tracker._current import FORK_MESSAGE, fork_generation
 from expr_tracker._warn import Warner
 from expr_tracker.errors import ExprTrackerError, NoActiveRunError
@@ -736,9 +736,7 @@ class Run:
                 self._finished = True
             finally:
                 self._finishing_thread = None
-        after = _current.after_finish
-        if after is not None:  # a SIGTERM deferred while this ran exits now
-            after()
+        process_exit.after_finish()  # a SIGTERM deferred while this ran exits now
 
     def _finish_stages(self) -> list[tuple[str, Callable[[], Any]]]:
         return [
