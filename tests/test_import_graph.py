@@ -32,7 +32,8 @@ ALLOWED: dict[str, set[str]] = {
     "history": LEAVES,
     "spans": LEAVES | {"history"},
     "runconfig": LEAVES | {"history"},
-    "runs": LEAVES | {"history", "runconfig", "process_exit"},
+    "runsummary": LEAVES | {"history"},
+    "runs": LEAVES | {"history", "runconfig", "runsummary", "process_exit"},
     # the process exit hooks: called by runs, backends and api; imports only the leaves
     "process_exit": LEAVES,
     "proxies": LEAVES,
