@@ -4,7 +4,9 @@
 ``api._lock``); ``api``, the history package's live query (``et.history``) and ``et.alert``
 (``alerts.delivery.direct``) read it, so none needs another to find the current run. The
 functions api registers here (``new_run``, ``end_run``, ``check_stream``,
-``standalone_dispatcher``, ...) let a module below api call up without importing it.
+``standalone_dispatcher``) let a module below api call up without importing it; nothing
+else is registered here (the process exit hooks are ``expr_tracker.process_exit``'s, which
+``runs`` and the mirrors call directly).
 
 :data:`fork_gen` is incremented in a child after each ``fork``: every run object remembers
 the generation it was made in and raises ``ForkedRunError(FORK_MESSAGE)`` before touching a
@@ -42,14 +44,6 @@ end_run: Any = None
 #: it refuses (the spec's own check), so ``et.history(stream=...)`` says the same; set by
 #: api (history needs no spec)
 check_stream: Any = None
-
-#: ``exit_hook_first()``: makes the at-exit finish of the runs run before the ``atexit``
-#: hooks registered since (a mirror calls it when its backend's ``init`` registered some:
-#: wandb tears its service down in one, which must come after the mirrors drained); set by api
-exit_hook_first: Any = None
-#: ``after_finish()``: called when a ``Run.finish()`` call completed (a SIGTERM that arrived
-#: while it ran is honoured then); set by api
-after_finish: Any = None
 
 #: one process-wide order of span starts and accepted ``log()`` calls: a span takes its id
 #: from it when it starts and the history store a mark at each ``log()`` it accepts, so

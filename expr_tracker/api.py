@@ -3,22 +3,21 @@
 The current run is a process-wide singleton behind a lock (shared by every thread, unlike
 the span nesting stack, which is per thread and per asyncio task). A forked child that
 inherited it gets :class:`~expr_tracker.errors.ForkedRunError` on use and may start its own
-run with ``et.init``.
+run with ``et.init``. The hooks that finish the runs still open when the process ends
+(exception, ``sys.exit``, SIGTERM, interpreter exit) are :mod:`expr_tracker.process_exit`'s;
+starting a run installs them.
 """
 
 from __future__ import annotations
 
-import atexit
-import logging
 import os
-import signal
-import sys
 import threading
 from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
 from expr_tracker import _current as _state
+from expr_tracker import process_exit
 from expr_tracker._current import FORK_MESSAGE
 from expr_tracker.errors import (
     ForkedRunError,
@@ -28,15 +27,7 @@ from expr_tracker.history.live import current_run, no_run_error
 from expr_tracker.history.live import history as history  # et.history, re-exported
 from expr_tracker.runs import Run, Summary
 
-_logger = logging.getLogger("expr_tracker")
-
 _lock = threading.Lock()
-_hooks_installed = False
-_prev_excepthook = None
-_prev_exit: Any = None  # the sys.exit that _exit replaced
-# a sys.exit() on the main thread with a non-zero status while runs were open: (status, the
-# exception being handled then or None, the ids of those runs); see _exit
-_exit_request: tuple[int, BaseException | None, frozenset[int]] | None = None
 
 
 def init(
@@ -121,8 +112,7 @@ def init(
         if call.allow_val_change:
             run.config.allow_changes()
         _state.run = run
-        _install_hooks()
-        _finish_at_process_exit()
+        process_exit.install()
     return run
 
 
@@ -152,10 +142,6 @@ def _resolve_and_build(
         raise _with_config_keys(exc, spec) from None
 
 
-#: runs made by et.Run(...) / reinit="create_new", finished at process exit if still open
-_independent_runs: list[Run] = []
-
-
 def _independent_run(spec: Any, call: Any) -> Run:
     """An independent run (``et.Run(...)``, ``et.init(reinit="create_new")``): built like
     the current one, never made current; its span recorder is not the active one."""
@@ -169,10 +155,8 @@ def _independent_run(spec: Any, call: Any) -> Run:
         )
         if call.allow_val_change:
             run.config.allow_changes()
-        _independent_runs[:] = [r for r in _independent_runs if not r.finished]
-        _independent_runs.append(run)
-        _install_hooks()
-        _finish_at_process_exit()
+        process_exit.add_independent_run(run)
+        process_exit.install()
     return run
 
 
@@ -445,8 +429,9 @@ def _finish_current(
         with _lock:
             if _state.run is run and run.finished:
                 _state.run = None
-    if _signal_received is not None:  # SIGTERM arrived while finishing: honour it now
-        raise SystemExit(128 + _signal_received)
+    signum = process_exit.signal_received()
+    if signum is not None:  # SIGTERM arrived while finishing: honour it now
+        raise SystemExit(128 + signum)
 
 
 def configure_alert(config: Any = None, /, **values: Any) -> None:
@@ -581,251 +566,8 @@ def register_backend(kind: str, cls: type) -> type:
 register_channel = register_backend
 
 
-# ---------------------------------------------------------------------- process hooks
-
-
-def _excepthook(etype: type[BaseException], value: BaseException, tb: Any) -> None:
-    run = _state.run
-    if run is not None and not run.forked and run.exception is None:
-        run.exception = (etype, value, tb)
-    if run is not None and not run.forked and not run.finished and not _interactive():
-        # the process is about to exit and the exit hook to finish the run: a second
-        # Ctrl-C from here on must not cut that short (see _at_exit)
-        _hold_sigint()
-    hook = _prev_excepthook or sys.__excepthook__
-    hook(etype, value, tb)
-
-
-def _exit(status: Any = None) -> None:
-    """``sys.exit``, recording a non-zero status for the exit hook. A program that handles
-    an exception by calling ``sys.exit(1)`` never reaches ``sys.excepthook``: Hydra's
-    ``@hydra.main`` prints the task's exception and exits so, and so does the process
-    ``torch.multiprocessing`` spawns (a ``ddp_spawn`` worker) when its function raises. The
-    runs still open then are finished at exit as ``failed``, with that exception, not as
-    ``finished`` (wandb hooks ``sys.exit`` for the same reason)."""
-    global _exit_request
-    code = 0 if status is None else status if isinstance(status, int) else 1
-    if code and threading.current_thread() is threading.main_thread() and not _interactive():
-        runs = [
-            r
-            for r in (_state.run, *_independent_runs)
-            if r is not None and not r.finished and not r.forked
-        ]
-        if runs:
-            _exit_request = (code, sys.exc_info()[1], frozenset(id(r) for r in runs))
-    (_prev_exit or _original_exit)(status)
-
-
-_original_exit = sys.exit
-
-
-def _interactive() -> bool:
-    return bool(sys.flags.interactive) or hasattr(sys, "ps1")
-
-
-#: attempts of the at-exit finish: an interrupted stage is redone by the next one
-_EXIT_ATTEMPTS = 100
-_sigint_prev: Any = None  # the SIGINT handler _hold_sigint replaced (None: not held)
-_sigints_at_exit = 0  # SIGINTs that arrived while the exit hook finished the run
-
-
-def _sigint_at_exit(signum: int, frame: Any) -> None:
-    global _sigints_at_exit
-    _sigints_at_exit += 1  # the process is exiting: the run is finished first
-    _skip_mirrors(signum)  # ... but its mirrors are not waited for
-
-
-def _skip_mirrors(signum: int) -> None:
-    """A signal while a run finishes: the wait for its mirrors (after everything is on disk)
-    ends, or does not begin (docs/mirrors.md "When something goes wrong")."""
-    mirror = sys.modules.get("expr_tracker.backends.mirror")
-    if mirror is not None:
-        mirror.cut_wait(signum)
-
-
-def _end_by_signal(signum: int) -> None:
-    """End the process by ``signum`` (its default action), as the signal would have had it
-    not been deferred: once a signal ended the wait for mirrors at exit and the runs are
-    finished, no later exit hook (a hung backend's own teardown) may hold the process."""
-    for stream in (sys.stdout, sys.stderr):
-        try:
-            stream.flush()
-        except (OSError, ValueError, AttributeError):
-            pass
-    try:
-        signal.signal(signum, signal.SIG_DFL)
-        os.kill(os.getpid(), signum)
-    except (ValueError, OSError):  # pragma: no cover - no signals here
-        pass
-
-
-def _hold_sigint() -> None:
-    """Make SIGINT a no-op (counted) until :func:`_release_sigint`: on the main thread only,
-    and only while the exit hook finishes the run (the program is exiting anyway)."""
-    global _sigint_prev
-    if _sigint_prev is not None or threading.current_thread() is not threading.main_thread():
-        return
-    try:
-        prev = signal.getsignal(signal.SIGINT)
-        if prev is None:  # installed from C: we could not put it back
-            return
-        _sigint_prev = prev
-        signal.signal(signal.SIGINT, _sigint_at_exit)
-    except (ValueError, OSError, TypeError):  # pragma: no cover - no signals here
-        pass
-
-
-def _release_sigint() -> None:
-    global _sigint_prev
-    prev = _sigint_prev
-    if prev is None:
-        return
-    try:
-        signal.signal(signal.SIGINT, prev)
-    except (ValueError, OSError, TypeError):  # pragma: no cover
-        pass
-    _sigint_prev = None
-
-
-def _at_exit() -> None:
-    """Finish the run at interpreter exit. Nobody is left to call it again, so it must
-    complete: SIGINT is held off meanwhile, and a stage interrupted anyway (a
-    ``KeyboardInterrupt`` or ``SystemExit`` raised inside it) is redone by the next
-    attempt (``Run.finish`` resumes at the interrupted stage)."""
-    global _exiting
-    _exiting = True
-    mirror = sys.modules.get("expr_tracker.backends.mirror")
-    cut_before = 0
-    if mirror is not None:  # a Ctrl-C that cut a wait for mirrors short ends the program
-        mirror.give_up_interrupted()
-        cut_before = mirror.cut_by()
-    try:
-        _hold_sigint()
-        for _attempt in range(_EXIT_ATTEMPTS):
-            try:
-                _finish_at_exit()
-                return
-            except Exception:  # noqa: BLE001 - nothing may fail at interpreter exit
-                _logger.exception("expr_tracker: finishing the run at exit failed")
-                return
-            except BaseException:  # noqa: BLE001 - interrupted: resume the stage
-                continue
-        _logger.error("expr_tracker: finishing the run at exit was interrupted too often")
-    finally:
-        _release_sigint()
-        if mirror is not None and mirror.cut_by() != cut_before:  # a signal ended the wait
-            _end_by_signal(mirror.cut_by())  # for a mirror: now it ends the process
-
-
-def _after_finish() -> None:
-    """A ``Run.finish()`` completed: a SIGTERM that arrived while it ran (deferred so the
-    data reached the disk) ends the process now, as ``et.finish()`` does; not in the exit
-    hook (the process is exiting) nor on another thread (SystemExit would end that thread
-    only)."""
-    if (
-        _signal_received is not None
-        and not _exiting
-        and threading.current_thread() is threading.main_thread()
-    ):
-        raise SystemExit(128 + _signal_received)
-
-
-_exiting = False  # the exit hook is finishing the runs
-
-
-def _finish_at_exit() -> None:
-    for run in [_state.run, *_independent_runs]:
-        if run is None or run.forked or run.finished:
-            continue
-        if run.exception is None and getattr(sys, "last_type", None) is not None:
-            run.exception = (sys.last_type, sys.last_value, sys.last_traceback)
-        exit_code = None
-        if _signal_received is not None:
-            run.info_record["signal"] = signal.Signals(_signal_received).name
-            exit_code = 128 + _signal_received
-        elif _exit_request is not None and id(run) in _exit_request[2]:
-            exit_code, value = _exit_request[0], _exit_request[1]
-            if run.exception is None and value is not None:
-                run.exception = (type(value), value, value.__traceback__)
-        run.finish(exit_code=exit_code)
-
-
-_signal_received: int | None = None
-
-
-def _on_sigterm(signum: int, frame: Any) -> None:
-    """SIGTERM (how SLURM and Kubernetes stop a job): finish the run, exit 128 + signum.
-
-    The handler only raises ``SystemExit``; the run is finished by the exit hook once the
-    stack has unwound (so no lock held by the interrupted code is ever re-entered), and the
-    process exits with 143 as if killed by the signal.
-    """
-    global _signal_received
-    run = _state.run
-    if run is not None and not run.forked and run.finishing:
-        # finishing now (et.finish() or the exit hook): let it complete, so the data
-        # and run.json reach the disk; the process then exits with 128 + signum
-        if _signal_received is None:
-            _signal_received = signum
-        _skip_mirrors(signum)
-        return
-    # the current run (also one finished by run.finish(), current until the next et.init)
-    # and the independent ones (et.Run): the exit hook finishes those still open
-    if not any(r is not None and not r.forked for r in (run, *_independent_runs)):
-        signal.signal(signum, signal.SIG_DFL)  # no run: as if nobody handled it
-        os.kill(os.getpid(), signum)
-        return
-    _signal_received = signum
-    raise SystemExit(128 + signum)
-
-
-def _finish_at_process_exit() -> None:
-    """In a ``multiprocessing`` child (a DataLoader worker), finish the run when the process
-    exits: such children leave through ``os._exit``, which skips ``atexit``, but
-    ``multiprocessing`` runs its finalizers first."""
-    mp = sys.modules.get("multiprocessing")
-    if mp is None or mp.parent_process() is None:
-        return
-    from multiprocessing import util
-
-    util.Finalize(None, _at_exit, exitpriority=10)
-
-
-def _exit_hook_first() -> None:
-    """Register the exit hook again, so it runs before the ``atexit`` hooks registered since
-    it was (they run last-in first-out): a backend's ``init`` registers such hooks on the
-    mirror's thread (wandb: the teardown of its service), and the runs must be finished, their
-    mirrors drained, before those run. A second call of ``_at_exit`` finds the runs finished."""
-    if _hooks_installed:
-        atexit.register(_at_exit)
-
-
-def _install_hooks() -> None:
-    global _hooks_installed, _prev_excepthook
-    if _hooks_installed:
-        return
-    _hooks_installed = True
-    _prev_excepthook = sys.excepthook
-    sys.excepthook = _excepthook
-    _hook_exit()
-    atexit.register(_at_exit)
-    # SIGTERM: only where nobody else handles it (a framework's own handler wins)
-    if threading.current_thread() is threading.main_thread():
-        try:
-            if signal.getsignal(signal.SIGTERM) == signal.SIG_DFL:
-                signal.signal(signal.SIGTERM, _on_sigterm)
-        except (ValueError, OSError):  # pragma: no cover - no signals here
-            pass
-
-
-def _hook_exit() -> None:
-    global _prev_exit
-    if sys.exit is not _exit:
-        _prev_exit = sys.exit
-        sys.exit = _exit
-
-
-# et.Run(...) and the end of a `with` block reach api through the leaf (runs.py is below api)
+# modules below api reach these through the leaf _current: et.Run(...) and the end of a
+# `with` block (runs.py), et.history(stream=) (history), the run-less et.alert (alerts/)
 def _check_stream(stream: Any) -> None:
     """``et.history(stream=...)``'s check (registered in ``_current.check_stream``)."""
     from expr_tracker.spec.resolve import check_stream
@@ -845,5 +587,3 @@ _state.new_run = _new_run
 _state.standalone_dispatcher = _standalone_dispatcher
 _state.check_stream = _check_stream
 _state.end_run = _end_run
-_state.exit_hook_first = _exit_hook_first
-_state.after_finish = _after_finish

@@ -14,185 +14,21 @@ import numbers
 import threading
 import time
 import traceback
-from collections.abc import Callable, Iterator, Mapping, MutableMapping
+from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import Any
 
-from expr_tracker import _current
+from expr_tracker import _current, process_exit
 from expr_tracker._current import FORK_MESSAGE, fork_generation
 from expr_tracker._warn import Warner
 from expr_tracker.errors import ExprTrackerError, NoActiveRunError
-from expr_tracker.history.codec import dumps_pretty, normalize_value
-from expr_tracker.history.flusher import get_flusher
-from expr_tracker.history.metricdefs import MetricDef, MetricDefs
-from expr_tracker.history.paths import atomic_write
+from expr_tracker.history.metricdefs import MetricDef
 from expr_tracker.history.runinfo import close_life, write_run_info
 from expr_tracker.history.store import HistoryStore
 from expr_tracker.runconfig import RunConfig
+from expr_tracker.runsummary import Summary as Summary  # the run's summary, public here too
 
 log = logging.getLogger("expr_tracker")
-
-
-_MISSING = object()
-
-
-#: seconds between background saves of summary.json while rows arrive
-SUMMARY_SAVE_INTERVAL_S = 2.0
-
-
-class Summary(MutableMapping):
-    """The last value of every metric plus what the user assigns (``summary["best"] = 0.9``,
-    or as an attribute: ``summary.best = 0.9``, as wandb allows).
-
-    Persisted to ``summary[.S][.rankN].json`` on the background flusher at most every
-    :data:`SUMMARY_SAVE_INTERVAL_S` seconds while rows arrive, on ``flush()`` and at finish,
-    so a crash leaves it at most that far behind (and a resume catches up from the metrics
-    file). Assigned keys are kept even when a later row carries the same metric.
-    """
-
-    def __init__(
-        self,
-        path: Path | None,
-        initial: dict[str, Any] | None = None,
-        *,
-        clock: Callable[[], float] = time.monotonic,
-        defs_path: Path | None = None,
-        defs: MetricDefs | None = None,
-    ) -> None:
-        self.path = path
-        self._last: dict[str, Any] = dict(initial or {})
-        self._assigned: dict[str, Any] = {}
-        self._lock = threading.Lock()
-        self._clock = clock
-        self._save_scheduled = False
-        self._failed = False
-        #: the run's define_metric definitions and the state of their aggregations
-        self.defs = defs if defs is not None else MetricDefs()
-        self._defs_path = defs_path
-        self._aggregating = self.defs.aggregating  # the row path calls defs.update() then
-        #: called with ``{key: value}`` after user assignments (the run's "summary" event)
-        self.on_assign: Callable[[dict[str, Any]], Any] | None = None
-        self._fork_gen = fork_generation()  # a forked child reads, never assigns
-
-    def on_row(self, row: dict[str, Any]) -> None:
-        with self._lock:
-            self._last.update(row)
-            if self._aggregating:
-                self.defs.update(row)
-        if not self._save_scheduled and self.path is not None:
-            self._save_scheduled = True
-            get_flusher().schedule(
-                ("summary", id(self)), self._clock() + SUMMARY_SAVE_INTERVAL_S, self._save_due
-            )
-
-    def define(self, name: str, **options: Any) -> MetricDef:
-        """Record one ``define_metric`` (see :meth:`Run.define_metric`) and save it."""
-        with self._lock:
-            d = self.defs.define(name, **options)
-            self._aggregating = self.defs.aggregating
-        self.save()
-        return d
-
-    def _save_due(self) -> None:
-        self._save_scheduled = False
-        self.save()
-
-    def close(self) -> None:
-        """Save now and stop the background saves."""
-        get_flusher().cancel(("summary", id(self)))
-        self.save()
-
-    #: attributes of the object itself; any other attribute is a summary key (wandb's
-    #: ``run.summary.best_acc = 0.9``, ``run.summary.loss``)
-    _OWN_ATTRS = frozenset({"path", "defs", "on_assign"})
-
-    def __getattr__(self, key: str) -> Any:  # only reached when no attribute is found
-        if key.startswith("_") or key in self._OWN_ATTRS:
-            raise AttributeError(key)
-        try:
-            return self[key]
-        except KeyError:
-            raise AttributeError(f"the summary has no key {key!r}") from None
-
-    def __setattr__(self, key: str, value: Any) -> None:
-        if key.startswith("_") or key in self._OWN_ATTRS or hasattr(type(self), key):
-            object.__setattr__(self, key, value)
-        else:
-            self.update({key: value})
-
-    def __getitem__(self, key: str) -> Any:
-        if key in self._assigned:
-            return self._assigned[key]
-        if self.defs.aggregating or self.defs.definitions():
-            return self.to_dict()[key]  # as saved: aggregations, `none` metrics left out
-        return self._last[key]
-
-    def __setitem__(self, key: str, value: Any) -> None:
-        self.update({key: value})
-
-    def update(self, other: Any = (), /, **kwargs: Any) -> None:  # type: ignore[override]
-        """Assign several keys (they win over logged values); one ``"summary"`` event.
-
-        Raises:
-            ForkedRunError: in a forked child that inherited the run (reads work there).
-        """
-        self._check_not_forked()
-        changes = {str(k): normalize_value(v) for k, v in dict(other, **kwargs).items()}
-        if not changes:
-            return
-        with self._lock:
-            self._assigned.update(changes)
-        hook = self.on_assign
-        if hook is not None:
-            hook(changes)
-
-    def __delitem__(self, key: str) -> None:
-        self._check_not_forked()
-        with self._lock:
-            found = self._assigned.pop(key, _MISSING) is not _MISSING
-            found = self._last.pop(key, _MISSING) is not _MISSING or found
-        if not found:
-            raise KeyError(key)
-
-    def __iter__(self) -> Iterator[str]:
-        return iter(self.to_dict())
-
-    def __len__(self) -> int:
-        return len(self.to_dict())
-
-    def _check_not_forked(self) -> None:
-        if self._fork_gen != fork_generation():
-            from expr_tracker.errors import ForkedRunError
-
-            raise ForkedRunError(FORK_MESSAGE)
-
-    def to_dict(self) -> dict[str, Any]:
-        """The summary as saved: last values (defined metrics as their aggregations,
-        ``none`` metrics left out), then the user's assignments, which win."""
-        with self._lock:
-            return {**self.defs.apply(self._last), **self._assigned}
-
-    def __repr__(self) -> str:
-        return f"Summary({self.to_dict()!r})"
-
-    def save(self) -> None:
-        if self.path is None:
-            return
-        try:
-            atomic_write(self.path, dumps_pretty(self.to_dict()))
-            if self._defs_path is not None and (self.defs.definitions() or self.defs.state):
-                with self._lock:
-                    defs = dumps_pretty(self.defs.to_json())
-                atomic_write(self._defs_path, defs)
-            self._failed = False
-        except OSError as exc:
-            if not self._failed:  # once per outage, not every 2 s
-                self._failed = True
-                log.warning(
-                    "expr_tracker: cannot write %s (%s); retried in the background",
-                    self.path,
-                    exc,
-                )
 
 
 def _exit_code_arg(exit_code: Any) -> int | None:
@@ -736,9 +572,7 @@ class Run:
                 self._finished = True
             finally:
                 self._finishing_thread = None
-        after = _current.after_finish
-        if after is not None:  # a SIGTERM deferred while this ran exits now
-            after()
+        process_exit.after_finish()  # a SIGTERM deferred while this ran exits now
 
     def _finish_stages(self) -> list[tuple[str, Callable[[], Any]]]:
         return [

@@ -78,6 +78,16 @@ def test_documented_import_paths():
     from expr_tracker.trace import build_trace, write_trace  # noqa: F401
 
 
+def test_summary_class_is_importable_from_runs():
+    # Summary lives in runsummary.py (not summary.py: importing a submodule of that name
+    # would replace et.summary on the package) and stays importable where it always was
+    from expr_tracker.runs import Summary
+    from expr_tracker.runsummary import Summary as home
+
+    assert Summary is home
+    assert callable(et.summary) and type(et.summary).__name__ == "SummaryProxy"
+
+
 def test_import_stays_light():
     code = (
         "import sys, expr_tracker\n"

@@ -11,10 +11,10 @@ raising, queue full, finish deadline passed) is warned about once, through the r
 :meth:`Mirror.close` (the run's late closer) queues the final summary and ``finish``, waits
 for them within a deadline, and counts what it could not send as dropped. The deadline is
 the closing's, not the call's: a finish interrupted and resumed waits only for what is left
-of it. The wait comes after everything is on disk, so a signal ends it: the run's handlers
-call :func:`cut_wait` on SIGTERM (and on Ctrl-C at process exit) while a run finishes, and
-:func:`close_mirrors` then gives every mirror up within :data:`CUT_POLL_S`; a Ctrl-C that
-interrupts the wait and ends the program leaves the exit hook nothing to wait for
+of it. The wait comes after everything is on disk, so a signal ends it: a SIGTERM while a
+run finishes (or a Ctrl-C at process exit) asks :mod:`expr_tracker.process_exit` to cut it,
+and :func:`close_mirrors` then gives every mirror up within :data:`CUT_POLL_S`; a Ctrl-C
+that interrupts the wait and ends the program leaves the exit hook nothing to wait for
 (docs/mirrors.md "When something goes wrong").
 """
 
@@ -29,7 +29,7 @@ from collections import deque
 from collections.abc import Callable
 from typing import Any
 
-from expr_tracker import _current
+from expr_tracker import process_exit
 from expr_tracker._warn import Warner
 
 __all__ = [
@@ -38,9 +38,6 @@ __all__ = [
     "BackendUnavailable",
     "Mirror",
     "close_mirrors",
-    "cut_by",
-    "cut_wait",
-    "give_up_interrupted",
 ]
 
 log = logging.getLogger("expr_tracker")
@@ -58,38 +55,6 @@ _FINISH = "__finish__"  # queue item (_FINISH, exit_code): the last one the thre
 #: how often a wait at finish looks whether a signal asked it to stop (seconds)
 CUT_POLL_S = 0.05
 
-#: the signal a handler asked to end the wait for mirrors with (0: none; see cut_wait)
-_cut = 0
-#: the signal that did end a wait for mirrors (0: none); see cut_by
-_cut_ended = 0
-#: a wait at finish on the main thread was interrupted (Ctrl-C); see give_up_interrupted
-_interrupted = False
-#: the exit hook runs: mirrors whose wait was interrupted before are not waited for again
-_give_up = False
-
-
-def cut_wait(signum: int) -> None:
-    """Called by a signal handler while a run finishes (SIGTERM; Ctrl-C at process exit):
-    the wait for mirrors in progress, or still to come in this finish, gives every mirror
-    up at once (within :data:`CUT_POLL_S`). One assignment: safe in a signal handler."""
-    global _cut
-    _cut = signum
-
-
-def cut_by() -> int:
-    """The signal that ended a wait for mirrors (0 when none did): the exit hook ends the
-    process by it once the runs are finished."""
-    return _cut_ended
-
-
-def give_up_interrupted() -> None:
-    """Called by the exit hook before it finishes the runs: when a wait for mirrors at
-    finish was interrupted before (a Ctrl-C that ends the program), the resumed finish
-    waits no more; every mirror not done is given up (counted, said once)."""
-    global _give_up
-    if _interrupted:
-        _give_up = True
-
 
 def close_mirrors(
     mirrors: list[Mirror],
@@ -100,10 +65,10 @@ def close_mirrors(
     """Close ``mirrors`` together: each gets the final summary and ``finish``, and all of
     them get ``timeout`` seconds in all, counted from the first call: called again (a
     finish interrupted by Ctrl-C and resumed), it waits only for what is left of them.
-    After :func:`cut_wait` (a signal while the run finishes) it waits for none: every
-    mirror not done is given up (counted, said once each). An interrupt during the wait
-    (Ctrl-C) propagates; if it ends the program, the exit hook waits for none either."""
-    global _cut, _cut_ended, _interrupted
+    After a signal while the run finishes (:func:`process_exit.skip_mirror_wait`) it waits
+    for none: every mirror not done is given up (counted, said once each). An interrupt
+    during the wait (Ctrl-C) propagates; if it ends the program, the exit hook waits for
+    none either."""
     deadline = time.monotonic() + timeout
     try:
         for mirror in mirrors:
@@ -111,16 +76,14 @@ def close_mirrors(
             if mirror._deadline is None:
                 mirror._deadline = deadline
         for mirror in mirrors:
-            if _give_up or _cut:
+            if process_exit.skip_mirror_wait():
                 break
             mirror.wait_closed(exit_code, (mirror._deadline or deadline) - time.monotonic())
     except BaseException:
-        if threading.current_thread() is threading.main_thread():
-            _interrupted = True
+        process_exit.mirror_wait_interrupted()
         raise
-    if _give_up or _cut:  # a signal came while the run finished: the mirrors are skipped
-        if _cut:
-            _cut_ended, _cut = _cut, 0
+    if process_exit.skip_mirror_wait():  # a signal came while the run finished: skipped
+        process_exit.mirrors_given_up()
         for mirror in mirrors:
             mirror.abandon(exit_code, interrupted=True)
 
@@ -312,9 +275,7 @@ class Mirror:
         if hooks is None or _atexit_hooks() != hooks:
             # the backend registered exit hooks of its own (wandb: its service's teardown):
             # the run's exit finish, which drains this mirror, must run before them
-            first = _current.exit_hook_first
-            if first is not None:
-                first()
+            process_exit.exit_hook_first()
 
     def _off(self, reason: str, key: Any) -> None:
         self.alive = False
@@ -426,8 +387,9 @@ class Mirror:
         """Wait up to ``timeout`` seconds for :meth:`begin_close`'s ``finish``; past it, what
         is left is counted as dropped and said once (see :meth:`close`). A mirror given up
         already (past its deadline, or interrupted) is not waited for again. The wait ends
-        early, returning False, when a signal handler calls :func:`cut_wait` (the caller
-        then gives the mirror up: :func:`close_mirrors`); an interrupt (Ctrl-C) propagates
+        early, returning False, when a signal asks to cut it
+        (:func:`process_exit.mirror_wait_cut`; the caller then gives the mirror up:
+        :func:`close_mirrors`); an interrupt (Ctrl-C) propagates
         and leaves the mirror to a resumed finish."""
         if self._thread is None or self._done.is_set():
             self._count_leftovers()
@@ -440,7 +402,7 @@ class Mirror:
             if self._done.wait(max(0.0, min(left, CUT_POLL_S))):
                 self._count_leftovers()
                 return True
-            if _cut:
+            if process_exit.mirror_wait_cut():
                 return False
             if left <= CUT_POLL_S:
                 break

@@ -48,7 +48,7 @@ def assert_exactly_once(steps_on_disk: list[int], returned: list[int]) -> None:
 STORM_CHILD = """
 import json, os, signal, sys
 import expr_tracker as et
-from expr_tracker import api
+from expr_tracker import process_exit
 
 root, out, which = sys.argv[1], sys.argv[2], sys.argv[3]
 run = et.init(project="proj", name="r1", dir=root, buffer_size=int(sys.argv[4]), cache_rows=64)
@@ -63,7 +63,7 @@ def on_signal(signum, frame):
     if armed:
         armed = False
         if signum == signal.SIGTERM:
-            api._on_sigterm(signum, frame)  # the library's handler: raises SystemExit(143)
+            process_exit._on_sigterm(signum, frame)  # the library's handler: raises SystemExit(143)
         raise KeyboardInterrupt
 
 

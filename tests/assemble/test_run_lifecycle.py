@@ -700,9 +700,9 @@ def test_summary_survives_a_crash_and_catches_up_on_resume(tmp_path):
 
 
 def test_summary_is_saved_in_the_background_while_rows_arrive(tmp_path, monkeypatch):
-    import expr_tracker.runs as run_module
+    import expr_tracker.runsummary as summary_module
 
-    monkeypatch.setattr(run_module, "SUMMARY_SAVE_INTERVAL_S", 0.05)
+    monkeypatch.setattr(summary_module, "SUMMARY_SAVE_INTERVAL_S", 0.05)
     run = start(tmp_path)
     et.log({"loss": 1.5})
     path = run.dir / "summary.json"
