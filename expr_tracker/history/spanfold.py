@@ -170,8 +170,8 @@ class SpanFolding:
                     row[k] = v
             held = self._held
             if pend is None:
-                if self.max_open_seconds is not None and not self._timer_armed:
-                    self._touch()  # the open row's crash bound (openrow.py)
+                if self._timer is not None:
+                    self._timer.start()  # the open row's crash bound (openrow.py)
                 if record is None:
                     return self.open_step
                 if not held:
@@ -395,5 +395,5 @@ class SpanFolding:
                 return
             self._fold_locked()
             self._emit_held_locked()
-            if self.max_open_seconds is not None:
-                self._touch()
+            if self._timer is not None:
+                self._timer.touch()

@@ -18,12 +18,13 @@ Commit table (spec design.txt A.1, aligned with wandb)::
 
 ``log({})`` commits a row holding only ``_step``/``_time``.
 
-The store is one object over one lock, written by job in four modules: this one (the
-ingress, the commit table, the cache append and the fan-out to sinks, flush and close),
-:mod:`~expr_tracker.history.spanfold` (span data: the pending row, the fold, held records,
-with the aggregation table handed in), :mod:`~expr_tracker.history.openrow` (the idle
-open row written without committing, patch lines) and
+The store is one object over one lock: this module (the ingress, the commit table, the
+cache append and the fan-out to sinks, the open row written early, flush and close), with
+two more jobs in mixin modules, :mod:`~expr_tracker.history.spanfold` (span data: the
+pending row, the fold, held records, with the aggregation table handed in) and
 :mod:`~expr_tracker.history.storeread` (the open row as shown, ``tail``, ``step_range``).
+It owns an :class:`~expr_tracker.history.openrow.OpenRowTimer` (the idle open row's
+deadline), which runs under its lock.
 """
 
 from __future__ import annotations
@@ -49,7 +50,7 @@ from expr_tracker.history.codec import (
     sanitize_row,
 )
 from expr_tracker.history.flusher import BackgroundFlusher, get_flusher
-from expr_tracker.history.openrow import RESERVED, OpenRowTimer
+from expr_tracker.history.openrow import RESERVED, OpenRowTimer, changed
 from expr_tracker.history.spanfold import (
     HOLD_MAX_RECORDS,
     HOLD_RECORDS_BEFORE_STEPS,
@@ -71,7 +72,7 @@ def _same_value(a: Any, b: Any) -> bool:
     return a is b or (type(a) is type(b) and (a == b or (type(a) is float and a != a and b != b)))
 
 
-class HistoryStore(SpanFolding, OpenRowTimer, StoreReads):
+class HistoryStore(SpanFolding, StoreReads):
     """The per-stream store; see the module docstring.
 
     Args:
@@ -142,9 +143,12 @@ class HistoryStore(SpanFolding, OpenRowTimer, StoreReads):
         self._explicit_steps = False  # a log(step=N) was accepted
         self._hold_cap = HOLD_RECORDS_BEFORE_STEPS
         self._written_open: dict[str, Any] | None = None  # what a timeout wrote for this step
-        self._gen = 0
-        self._touched = 0.0
-        self._timer_armed = False
+        # the open row's crash bound (None: max_open_seconds=None, never written early)
+        self._timer = (
+            OpenRowTimer(max_open_seconds, clock, flusher, self._open_row_due)
+            if max_open_seconds is not None
+            else None
+        )
         self._closed = False
         self.sinks: list[Callable[[dict[str, Any]], Any]] = []
         self.flush_hooks: list[Callable[[], Any]] = []
@@ -261,12 +265,8 @@ class HistoryStore(SpanFolding, OpenRowTimer, StoreReads):
                     committed = row
                 else:
                     committed = (committed, row)
-            elif self.max_open_seconds is not None and self._open:
-                # _touch, inlined while its timer runs (every commit=False call comes here)
-                if self._timer_armed:
-                    self._touched = self._clock()
-                else:
-                    self._touch()
+            elif self._open and self._timer is not None:
+                self._timer.touch()  # the idle deadline moves (openrow.py)
             upto = 0
             if committed is not None and self.sinks:
                 # queued under the lock, so sinks see rows in commit order across threads
@@ -382,7 +382,6 @@ class HistoryStore(SpanFolding, OpenRowTimer, StoreReads):
         """
         row = self._open
         step = self.open_step
-        gen = self._gen
         committed = self.rows_committed
         mark = self.cache.next_ordinal
         try:
@@ -402,23 +401,21 @@ class HistoryStore(SpanFolding, OpenRowTimer, StoreReads):
             self._open_nonfinite = False
             if self._agg:
                 self._agg = {}
-            self._gen = gen + 1
             self.rows_committed = committed + 1
             self.last_row = row
             self.open_step = step + 1
         except BaseException:
             if self.cache.next_ordinal != mark and self.open_step == step:
-                self._open_step_after(row, step, gen, committed)
+                self._open_step_after(row, step, committed)
             raise
         return row
 
-    def _open_step_after(self, row: dict[str, Any], step: int, gen: int, committed: int) -> None:
+    def _open_step_after(self, row: dict[str, Any], step: int, committed: int) -> None:
         """The state after committing ``row`` at ``step`` (idempotent: plain assignments)."""
         self._written_open = None
         self._open = {}
         self._open_nonfinite = False
         self._agg = {}
-        self._gen = gen + 1
         self.rows_committed = committed + 1
         self.last_row = row
         self.open_step = step + 1
@@ -457,6 +454,21 @@ class HistoryStore(SpanFolding, OpenRowTimer, StoreReads):
             raise
         if cache.nbytes > cache.max_bytes or cache.nrows > cache.max_rows:
             self._evict_locked()
+
+    def _write_row_locked(self, row: dict[str, Any], step: int) -> None:
+        """Append ``row`` whole, or, once this step was written early (max_open_seconds), as
+        a patch line holding what changed since (nothing when nothing did)."""
+        written = self._written_open
+        if written is None:
+            self._append_locked(self._encode(row), step)
+            return
+        patch = changed(row, written)
+        if patch is None:
+            return
+        self._append_locked(self._encode(patch), step)
+        self.patch_rows += 1
+        if self.writer is not None:
+            self.writer.mark_duplicate_steps()
 
     def _flushed_ordinal(self) -> int:
         w = self.writer
@@ -520,6 +532,40 @@ class HistoryStore(SpanFolding, OpenRowTimer, StoreReads):
                             exc,
                         )
 
+    # ------------------------------------------------------------------ the open row early
+
+    def _open_row_due(self) -> None:
+        """Runs on the flusher thread at the open-row timer's deadline: write an idle open
+        row to disk without committing it (openrow.py)."""
+        with self._lock:
+            timer = self._timer
+            if timer is None or not timer.expired(not self._closed and bool(self._open)):
+                return
+            self._write_open_locked()
+        if self.writer is not None:
+            self.writer.flush()
+
+    def _write_open_locked(self) -> None:
+        row = dict(self._open)
+        row["_step"] = self.open_step
+        row["_time"] = self._wall()
+        mark = self.cache.next_ordinal
+        try:
+            self._write_row_locked(row, self.open_step)
+        except BaseException:
+            if self.cache.next_ordinal != mark:  # it was written: remember it (no repeat)
+                self._written_open = row
+            raise
+        self._written_open = row
+
+    def write_open_row(self) -> bool:
+        """Write the open row to disk now, without committing it (what the timer does)."""
+        with self._lock:
+            if not self._open:
+                return False
+            self._write_open_locked()
+            return True
+
     # ------------------------------------------------------------------ lifecycle
 
     def flush(self) -> None:
@@ -560,9 +606,9 @@ class HistoryStore(SpanFolding, OpenRowTimer, StoreReads):
         self._drain(upto)
         if self.writer is not None:
             self.writer.close()
-        flusher = self._flusher or get_flusher()
-        flusher.cancel(("open", id(self)))
-        flusher.cancel(("spans", id(self)))
+        if self._timer is not None:
+            self._timer.cancel()
+        (self._flusher or get_flusher()).cancel(("spans", id(self)))
         return row
 
     def stats(self) -> dict[str, Any]:
