@@ -18,13 +18,13 @@ Commit table (spec design.txt A.1, aligned with wandb)::
 
 ``log({})`` commits a row holding only ``_step``/``_time``.
 
-The store is one object over one lock: this module (the ingress, the commit table, the
-cache append and the fan-out to sinks, the open row written early, flush and close), with
-two more jobs in mixin modules, :mod:`~expr_tracker.history.spanfold` (span data: the
-pending row, the fold, held records, with the aggregation table handed in) and
-:mod:`~expr_tracker.history.storeread` (the open row as shown, ``tail``, ``step_range``).
-It owns an :class:`~expr_tracker.history.openrow.OpenRowTimer` (the idle open row's
-deadline), which runs under its lock.
+The store is one object over one lock. It owns two objects that run under that lock (every
+method of theirs is called with it held, and their deadline callbacks are the store's, which
+take it): :class:`~expr_tracker.history.spanfold.PendingSpans` (span data no ``log()``
+reached yet, held span records, the hold deadline; the aggregation table is handed in) and
+:class:`~expr_tracker.history.openrow.OpenRowTimer` (the idle open row's deadline). The
+queries (the open row as shown, ``tail``, ``step_range``) are the mixin
+:class:`~expr_tracker.history.storeread.StoreReads`.
 """
 
 from __future__ import annotations
@@ -49,14 +49,9 @@ from expr_tracker.history.codec import (
     normalize_value,
     sanitize_row,
 )
-from expr_tracker.history.flusher import BackgroundFlusher, get_flusher
+from expr_tracker.history.flusher import BackgroundFlusher
 from expr_tracker.history.openrow import RESERVED, OpenRowTimer, changed
-from expr_tracker.history.spanfold import (
-    HOLD_MAX_RECORDS,
-    HOLD_RECORDS_BEFORE_STEPS,
-    SpanFolding,
-    aggregation_kinds,
-)
+from expr_tracker.history.spanfold import FULL, NEVER, OPEN_NONFINITE, OUT, PendingSpans
 from expr_tracker.history.storeread import StoreReads
 from expr_tracker.history.writer import JsonlWriter
 
@@ -72,7 +67,7 @@ def _same_value(a: Any, b: Any) -> bool:
     return a is b or (type(a) is type(b) and (a == b or (type(a) is float and a != a and b != b)))
 
 
-class HistoryStore(SpanFolding, StoreReads):
+class HistoryStore(StoreReads):
     """The per-stream store; see the module docstring.
 
     Args:
@@ -117,31 +112,21 @@ class HistoryStore(SpanFolding, StoreReads):
         self.open_step = int(start_step)
         self._open: dict[str, Any] = {}
         self._open_nonfinite = False
-        self._agg: dict[str, list[float]] = {}
-        # measurement name -> sum/max/mean (the span package's table), and each metric
-        # key's kind, so the hot path does one dict lookup instead of a ``split`` per
-        # call (cleared past a bound: unique span names cannot grow it without limit)
-        self._aggregation = aggregation_kinds(aggregation)
-        self._kind_cache: dict[str, int] = {}
+        self._agg: dict[str, list[float]] = {}  # the open row's mean state (span metrics)
         # the last accepted log()'s mark (from _current.sequence, as span ids): a span whose
         # id is below it saw a log() while it ran and joins the open row when it ends
         self._log_mark = 0
-        # span data of spans that saw no log() while they ran: it joins the row the next
-        # log() writes
-        self._pend: dict[str, Any] = {}
-        self._pagg: dict[str, list[float]] = {}
-        self._preset: set[str] | None = None  # pending keys that restarted (non-numeric)
-        self._pend_nonfinite = False
-        self._pend_since = 0.0  # monotonic time of the oldest pending span
-        self._pend_armed = False
-        self._first_hold = True  # no span record went out yet (FIRST_HOLD_SECONDS)
-        self._held: list[Any] = []  # span records waiting for their step
-        self._held_bytes = 0
-        self._span_sink: Callable[[int, list[Any]], Any] | None = None
-        self._hold_seconds: float | None = None
-        self._hold_max_bytes = 64 << 20
-        self._explicit_steps = False  # a log(step=N) was accepted
-        self._hold_cap = HOLD_RECORDS_BEFORE_STEPS
+        # span data of spans that saw no log() while they ran (it joins the row the next
+        # log() writes), their held records, the hold deadline (spanfold.py)
+        self._spans = PendingSpans(
+            aggregation,
+            open_seconds=max_open_seconds,
+            clock=clock,
+            flusher=flusher,
+            on_due=self._spans_due,
+            warner=self.warner,
+        )
+        self._place = self._spans.place  # bound once: ingest_span is a hot path
         self._written_open: dict[str, Any] | None = None  # what a timeout wrote for this step
         # the open row's crash bound (None: max_open_seconds=None, never written early)
         self._timer = (
@@ -214,6 +199,7 @@ class HistoryStore(SpanFolding, StoreReads):
             if self._closed:
                 self._drop("closed", "expr_tracker: log() after the history was closed; dropped")
                 return -1
+            spans = self._spans
             if step is not None:
                 cur = self.open_step
                 if step > cur:
@@ -230,15 +216,14 @@ class HistoryStore(SpanFolding, StoreReads):
                             step,
                             cur,
                         )
-                        if self._pend:  # the span time measured for the dropped row
+                        if spans.row:  # the span time measured for the dropped row
                             self._drop_pending_spans(step)
                         return -1
                     if self._open:
                         committed = self._commit_locked()
                     self.open_step = step
-                if not self._explicit_steps:
-                    self._explicit_steps = True
-                    self._hold_cap = HOLD_MAX_RECORDS
+                if not spans.explicit:
+                    spans.use_steps()
                 if commit is None:
                     commit = False
             elif commit is None:
@@ -246,16 +231,16 @@ class HistoryStore(SpanFolding, StoreReads):
             # the mark of an accepted log(), from the sequence span ids come from: spans
             # running now saw this call (spanfold.py)
             self._log_mark = next(_sequence)
-            pend = self._pend
+            pend = spans.row
             if pend:  # span time waiting since the last log() joins the row this call writes
-                if not self._open and self._preset is None and not self._pend_nonfinite:
-                    # the common case, inlined: swap in the pending row (see _fold_locked)
-                    self._open, self._pend = pend, self._open
-                    self._agg, self._pagg = self._pagg, self._agg
+                if not self._open and spans.plain:
+                    # the common case, inlined: the exchange of _fold_locked
+                    pagg = spans.agg
+                    self._open, self._agg, spans.row, spans.agg = pend, pagg, self._open, self._agg
                 else:
                     self._fold_locked()
-                if self._held:
-                    self._emit_held_locked()
+                if spans.held:
+                    spans.emit(self.open_step)
             if metrics:
                 self._merge(metrics)
             landed = self.open_step
@@ -368,6 +353,137 @@ class HistoryStore(SpanFolding, StoreReads):
             name,
         )
         return name or None
+
+    # ------------------------------------------------------------------ span data
+
+    def ingest_span(
+        self, metrics: dict[str, Any], dur_ms: float, record: Any = None, since: int = NEVER
+    ) -> int | None:
+        """Place one ended span's metrics (docs/spans.md "Which row a span joins").
+
+        Aggregation by measurement name (the part before the first ``/``), as the table
+        handed to the store says (``HistoryStore(aggregation=...)``): sum (also every name
+        not in the table), maximum, or duration-weighted mean. A span never commits a step.
+
+        ``since`` is the span's id, drawn from ``_current.sequence`` when it started; each
+        accepted ``log()`` takes a mark from the same sequence. When a ``log()`` reached the
+        store while the span ran (``since`` is below the last mark), that call chose the
+        step and the metrics join the row open now. Otherwise (and by default) they wait in
+        a pending row that the next accepted ``log()`` folds into the row it writes (after
+        ``step=`` opened it); ``commit()``, ``flush()``, ``close()`` and the hold deadline
+        (:meth:`hold_spans`) fold it into the row open then. ``record`` (a span record:
+        ``bytes``, or a dict) reaches the span sink with the step of the row its metrics
+        joined.
+
+        Returns the step open now when the record, if any, can be written at once with it
+        (``record`` None, or its metrics joined the open row and no held record is ahead
+        of it); None when ``record`` is held; -1 when the store is closed (nothing kept).
+        """
+        if self._fork_gen != _current.fork_gen:
+            raise ForkedRunError(FORK_MESSAGE)
+        with self._lock:
+            if self._closed:
+                return -1
+            if since >= self._log_mark:  # no log() came while the span ran: it waits
+                verdict = self._place(metrics, dur_ms, record, None, None, 0)
+            else:  # a log() came while the span ran (it chose the step): the open row
+                verdict = self._place(
+                    metrics, dur_ms, record, self._open, self._agg, self.open_step
+                )
+                if verdict & OPEN_NONFINITE:
+                    self._open_nonfinite = True
+                    verdict ^= OPEN_NONFINITE
+                timer = self._timer
+                if timer is not None and not timer.armed:
+                    timer.start()  # the open row's crash bound (openrow.py)
+            if verdict == OUT:
+                return self.open_step
+            if verdict == FULL:  # bounded memory: the pending data joins the open row now
+                self._fold_locked()
+                self._spans.emit(self.open_step)
+            return None
+
+    def hold_spans(
+        self,
+        sink: Callable[[int, list[Any]], Any],
+        *,
+        max_seconds: float | None = 5.0,
+        max_bytes: int = 64 << 20,
+    ) -> None:
+        """Hold span records passed to :meth:`ingest_span` until their row is known.
+
+        ``sink(step, records)`` receives them, in the order they were ingested, with the
+        step of the row their metrics were folded into (a ``(step, record)`` pair: a record
+        whose step was fixed when its span ended, held behind earlier records to keep the
+        file's order); it is called under the store lock
+        (so records reach the span file in fold order and ``flush()`` misses none), must
+        not call back into the store, and is never called with an empty list.
+
+        ``max_seconds`` bounds how long the oldest pending span waits for a ``log()`` while
+        this store has not accepted a ``log(step=N)``: the row open then is the one the
+        next ``log()`` writes anyway (``spanfold.FIRST_HOLD_SECONDS`` at most until the
+        first record went out). Once explicit steps are in use the bound is
+        ``max_open_seconds`` (the open row's own crash bound). None: no timed fold beyond
+        ``max_open_seconds`` (but the first record's). Memory is bounded by ``max_bytes``
+        (of records held encoded, i.e. those with attributes, plugin metrics or an error)
+        and by ``spanfold.HOLD_MAX_RECORDS`` records (``HOLD_RECORDS_BEFORE_STEPS`` before
+        the first ``log(step=N)``); past a bound the pending data is placed in the open row
+        at once.
+        """
+        with self._lock:
+            self._spans.configure(sink, max_seconds, max_bytes)
+
+    @property
+    def held_span_records(self) -> int:
+        """Span records waiting for the ``log()`` that fixes their step."""
+        return len(self._spans.held)
+
+    def fold_spans(self) -> None:
+        """Place pending span data in the open row now and hand its records to the sink
+        (what ``flush()`` and a closing span recorder do). Never commits."""
+        self._check_fork()
+        with self._lock:
+            if self._spans.row:
+                self._fold_locked()
+                self._spans.emit(self.open_step)
+
+    def _fold_locked(self) -> None:
+        """Join the pending span data into the open row (its held records stay held until
+        ``_spans.emit``)."""
+        spans = self._spans
+        pend = spans.row
+        if not pend:
+            return
+        if not self._open and spans.plain:
+            # the common case: the row this log() opened is empty (so is its mean state):
+            # exchange it for the pending row, no copy, in one statement (no interrupt
+            # leaves the pending data in both rows or in neither)
+            pagg = spans.agg
+            self._open, self._agg, spans.row, spans.agg = pend, pagg, self._open, self._agg
+            return
+        if spans.nonfinite:  # first: an interrupt in the fold leaves the flag set (safe)
+            self._open_nonfinite = True
+        spans.fold_into(self._open, self._agg)
+
+    def _drop_pending_spans(self, step: int) -> None:
+        """A ``log(step=N)`` was dropped (behind the open step): the span data pending for
+        it is dropped with it (counted in ``dropped["span_metrics"]``), never summed into a
+        later row it was not measured for; its held records still reach the span file (the
+        time was spent), naming ``N``, the step they were measured for."""
+        self.dropped["span_metrics"] = self.dropped.get("span_metrics", 0) + 1
+        self._spans.discard()
+        self._spans.emit(step)
+
+    def _spans_due(self) -> None:
+        """Runs on the flusher thread at the span hold deadline: fold span data that waited
+        past it into the open row (spanfold.py)."""
+        with self._lock:
+            if not self._spans.expired(self._closed):
+                return
+            self._fold_locked()
+            self._spans.emit(self.open_step)
+            if self._timer is not None:
+                self._timer.touch()
 
     # ------------------------------------------------------------------ commit
 
@@ -493,9 +609,9 @@ class HistoryStore(SpanFolding, StoreReads):
         """
         self._check_fork()
         with self._lock:
-            if self._pend:
+            if self._spans.row:
                 self._fold_locked()
-                self._emit_held_locked()
+                self._spans.emit(self.open_step)
             row = None
             upto = 0
             if self._open:
@@ -583,9 +699,9 @@ class HistoryStore(SpanFolding, StoreReads):
         """Commit the open row (if it holds data), flush and close the writer."""
         self._check_fork()
         with self._lock:  # commit and close in one step: nothing can slip in between
-            if self._pend:
+            if self._spans.row:
                 self._fold_locked()
-                self._emit_held_locked()
+                self._spans.emit(self.open_step)
             row = None
             if self._open:
                 try:
@@ -608,7 +724,7 @@ class HistoryStore(SpanFolding, StoreReads):
             self.writer.close()
         if self._timer is not None:
             self._timer.cancel()
-        (self._flusher or get_flusher()).cancel(("spans", id(self)))
+        self._spans.cancel()
         return row
 
     def stats(self) -> dict[str, Any]:
@@ -651,7 +767,7 @@ class HistoryStore(SpanFolding, StoreReads):
             "hit_rate": (q - self.disk_queries) / q if q else None,
             "dropped": dict(self.dropped),
             "sink_errors": self.sink_errors,
-            "held_span_records": len(self._held),
+            "held_span_records": len(self._spans.held),
         }
         if w is not None:
             ws = w.stats()

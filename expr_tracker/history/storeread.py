@@ -29,14 +29,15 @@ class StoreReads:
     def _open_copy_locked(self) -> dict[str, Any] | None:
         """The open row as a query shows it: with the pending span data folded in (a view:
         the next ``log()`` decides the row that data really joins)."""
+        spans = self._spans
         if not self._open:
-            if not self._pend:
+            if not spans.row:
                 return None
-            row = dict(self._pend)
+            row = dict(spans.row)
         else:
             row = dict(self._open)
-            if self._pend:
-                self._fold_into(row, {k: list(a) for k, a in self._agg.items()})
+            if spans.row:
+                spans.combine(row, {k: list(a) for k, a in self._agg.items()})
         row["_step"] = self.open_step
         return row
 
