@@ -1,12 +1,13 @@
 """HistoryStore: the open row, the commit rules, the row cache and tail queries.
 
-One ingress for everything that becomes a metric (DESIGN.md "Data flow"):
-:meth:`HistoryStore.ingest` for ``et.log`` and :meth:`HistoryStore.ingest_span` for span and
-plugin measurements. A committed row is encoded once, appended to the cache and queued to
-the :class:`~expr_tracker.history.writer.JsonlWriter` under one lock (the ordinal
-invariant, spec design.txt G), then handed to every sink outside the lock, in commit order.
+One ingress for everything that becomes a metric (docs/architecture.md, the history
+contract): :meth:`HistoryStore.ingest` for ``et.log`` and :meth:`HistoryStore.ingest_span`
+for span and plugin measurements. A committed row is encoded once, appended to the cache
+and queued to the :class:`~expr_tracker.history.writer.JsonlWriter` under one lock (so a
+row's ordinal in the cache is its line in the file: docs/history.md "Where the answer comes
+from"), then handed to every sink outside the lock, in commit order.
 
-Commit table (spec design.txt A.1, aligned with wandb)::
+Commit table (docs/logging.md "The commit table", aligned with wandb)::
 
     log(d)                 merge into the open row, commit, step += 1
     log(d, commit=False)   merge only
@@ -18,13 +19,14 @@ Commit table (spec design.txt A.1, aligned with wandb)::
 
 ``log({})`` commits a row holding only ``_step``/``_time``.
 
-The store is one object over one lock. It owns two objects that run under that lock (every
-method of theirs is called with it held, and their deadline callbacks are the store's, which
-take it): :class:`~expr_tracker.history.spanfold.PendingSpans` (span data no ``log()``
-reached yet, held span records, the hold deadline; the aggregation table is handed in) and
-:class:`~expr_tracker.history.openrow.OpenRowTimer` (the idle open row's deadline). The
-queries (the open row as shown, ``tail``, ``step_range``) are the mixin
-:class:`~expr_tracker.history.storeread.StoreReads`.
+The store is one object over one lock. It owns three objects that run under that lock:
+:class:`~expr_tracker.history.spanfold.PendingSpans` (span data no ``log()`` reached yet,
+held span records, the hold deadline; the aggregation table is handed in) and
+:class:`~expr_tracker.history.openrow.OpenRowTimer` (the idle open row's deadline), every
+method of which is called with the lock held (their deadline callbacks are the store's,
+which take it); and :class:`~expr_tracker.history.storeread.StoreReader` (``tail``,
+``step_range``, with the query counters), which takes the lock itself to look at the cache
+and the open row, and reads the file after releasing it.
 """
 
 from __future__ import annotations
@@ -41,7 +43,7 @@ from expr_tracker._current import FORK_MESSAGE
 from expr_tracker._current import sequence as _sequence
 from expr_tracker._warn import Warner
 from expr_tracker.errors import ForkedRunError
-from expr_tracker.history.cache import DecodedTail, RowCache
+from expr_tracker.history.cache import RowCache
 from expr_tracker.history.codec import (
     FLOAT_MAX_INT,
     _has_nonfinite,
@@ -52,7 +54,7 @@ from expr_tracker.history.codec import (
 from expr_tracker.history.flusher import BackgroundFlusher
 from expr_tracker.history.openrow import RESERVED, OpenRowTimer, changed
 from expr_tracker.history.spanfold import FULL, NEVER, OPEN_NONFINITE, OUT, PendingSpans
-from expr_tracker.history.storeread import StoreReads
+from expr_tracker.history.storeread import StoreReader
 from expr_tracker.history.writer import JsonlWriter
 
 log = logging.getLogger("expr_tracker")
@@ -67,7 +69,7 @@ def _same_value(a: Any, b: Any) -> bool:
     return a is b or (type(a) is type(b) and (a == b or (type(a) is float and a != a and b != b)))
 
 
-class HistoryStore(StoreReads):
+class HistoryStore:
     """The per-stream store; see the module docstring.
 
     Args:
@@ -148,14 +150,10 @@ class HistoryStore(StoreReads):
         # counters
         self.rows_committed = 0
         self.patch_rows = 0
-        self.queries = 0
-        self.disk_queries = 0
-        self.disk_bytes_read = 0
-        self.disk_lines_skipped = 0  # lines of the file that are not rows, met by queries
-        self.disk_lines_no_step = 0  # ... of them: objects without an integer _step
-        self._memo: DecodedTail | None = None  # decoded rows of the last tail(n) query
         self.dropped: dict[str, int] = {}
         self.sink_errors = 0
+        # the queries (tail, step_range) and their counters (storeread.py)
+        self._reader = StoreReader(self._lock, self.cache, writer, self.warner, self._shown_open)
 
     # ------------------------------------------------------------------ ingress
 
@@ -648,6 +646,65 @@ class HistoryStore(StoreReads):
                             exc,
                         )
 
+    # ------------------------------------------------------------------ reads
+
+    def open_row(self) -> dict[str, Any] | None:
+        """A copy of the open row with its ``_step`` (None when it holds nothing)."""
+        with self._lock:
+            return self._open_copy_locked()
+
+    def _open_copy_locked(self) -> dict[str, Any] | None:
+        """The open row as a query shows it: with the pending span data folded in (a view:
+        the next ``log()`` decides the row that data really joins)."""
+        spans = self._spans
+        if not self._open:
+            if not spans.row:
+                return None
+            row = dict(spans.row)
+        else:
+            row = dict(self._open)
+            if spans.row:
+                spans.combine(row, {k: list(a) for k, a in self._agg.items()})
+        row["_step"] = self.open_step
+        return row
+
+    def _shown_open(self, include_open: bool) -> tuple[int, dict[str, Any] | None, bool]:
+        """For the reader, under the lock: the open step, the open row as shown (when
+        ``include_open``), whether it was written early (max_open_seconds)."""
+        row = self._open_copy_locked() if include_open else None
+        return self.open_step, row, self._written_open is not None
+
+    def tail(self, n: int | None = 50, include_open: bool = True) -> list[dict[str, Any]]:
+        """The newest ``n`` steps (``None``/``-1``: all, in step order), oldest first.
+
+        Returns new dicts (a snapshot). Rows of one step are merged (later lines win per
+        key); the open row counts as the newest step when ``include_open``. The cache
+        answers without any IO when it holds the window; otherwise the rows before the
+        cache boundary are read backwards from the file (``disk_queries`` += 1).
+
+        Raises:
+            ForkedRunError: called in a forked child of the process that made this store.
+        """
+        if self._fork_gen != _current.fork_gen:
+            raise ForkedRunError(FORK_MESSAGE)
+        return self._reader.tail(n, include_open)
+
+    def step_range(
+        self, start: int | None, end: int | None, include_open: bool = True
+    ) -> list[dict[str, Any]]:
+        """Steps ``start <= _step < end`` (None: open side), merged, in step order.
+
+        Exact by step. When the store is sorted the cache is binary-searched and the file
+        is read only for the part of the range older than the cache, through the sidecar
+        index (never a full scan); an unsorted store (``step_policy="allow"`` with
+        backward steps) walks the cache and scans the disk part once.
+
+        Raises:
+            ForkedRunError: called in a forked child of the process that made this store.
+        """
+        self._check_fork()
+        return self._reader.step_range(start, end, include_open)
+
     # ------------------------------------------------------------------ the open row early
 
     def _open_row_due(self) -> None:
@@ -728,7 +785,7 @@ class HistoryStore(StoreReads):
         return row
 
     def stats(self) -> dict[str, Any]:
-        """Counters for ``et.info()`` (spec design.txt B.2).
+        """Counters for ``et.info()`` (docs/history.md "Is the cache earning its keep?").
 
         Keys: ``rows_logged`` (committed steps), ``patch_rows``, ``rows_on_disk`` (lines in
         the file, including a resume's prefix), ``disk_prefix_rows``, ``pending_rows``,
@@ -745,7 +802,8 @@ class HistoryStore(StoreReads):
         """
         c = self.cache
         w = self.writer
-        q = self.queries
+        r = self._reader
+        q = r.queries
         out = {
             "open_step": self.open_step,
             "rows_logged": self.rows_committed,
@@ -760,11 +818,11 @@ class HistoryStore(StoreReads):
             "evicted_rows": c.evicted_rows,
             "cache_sorted": c.sorted,
             "queries": q,
-            "disk_queries": self.disk_queries,
-            "disk_bytes_read": self.disk_bytes_read,
-            "disk_lines_skipped": self.disk_lines_skipped,
-            "disk_lines_no_step": self.disk_lines_no_step,
-            "hit_rate": (q - self.disk_queries) / q if q else None,
+            "disk_queries": r.disk_queries,
+            "disk_bytes_read": r.disk_bytes_read,
+            "disk_lines_skipped": r.disk_lines_skipped,
+            "disk_lines_no_step": r.disk_lines_no_step,
+            "hit_rate": (q - r.disk_queries) / q if q else None,
             "dropped": dict(self.dropped),
             "sink_errors": self.sink_errors,
             "held_span_records": len(self._spans.held),

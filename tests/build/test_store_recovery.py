@@ -25,7 +25,7 @@ from helpers import not_a_signal_point
 
 import expr_tracker as et
 
-#: the store and the mixins it is made of (the open row, span folding, reads)
+#: the store and the objects it owns (pending span data, the open-row timer, the reader)
 STORE_FILES = {
     str(Path(et.__file__).resolve().parent / "history" / name)
     for name in ("store.py", "spanfold.py", "openrow.py", "storeread.py")
@@ -125,7 +125,7 @@ def test_dead_disk_is_probed_at_most_once_per_interval(tmp_path):
 
 class StoreInjector:
     """Raise ``KeyboardInterrupt`` at the ``at``-th trace event (call, line, return) of
-    the store's modules (``history/store.py`` and its mixins) on this thread, once (see
+    the store's modules (``history/store.py`` and the objects it owns) on this thread, once (see
     tests/helpers.py)."""
 
     def __init__(self, at: int | None) -> None:
