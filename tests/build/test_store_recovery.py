@@ -98,7 +98,7 @@ def test_dead_disk_is_probed_at_most_once_per_interval(tmp_path):
         buffer_size=100,
         clock=lambda: clock[0],
     )
-    w._fd = os.open(os.devnull, os.O_RDONLY)  # every write now fails with EBADF
+    w.file.fd = os.open(os.devnull, os.O_RDONLY)  # every write now fails with EBADF
     for i in range(4):
         w.append(b'{"_step":%d}' % i, i)  # the 4th is past the bound: a flush, which fails
     errors, retry = w.write_errors, w._next_retry
@@ -111,8 +111,8 @@ def test_dead_disk_is_probed_at_most_once_per_interval(tmp_path):
     assert w.write_errors - errors <= 2
     assert w.pending == 3 and w.dropped == 198
     assert w.stats()["dropped_steps"] == [[0, 197]]
-    os.close(w._fd)
-    w._fd = os.open(tmp_path / "m.jsonl", os.O_WRONLY | os.O_APPEND | os.O_CREAT)
+    os.close(w.file.fd)
+    w.file.fd = os.open(tmp_path / "m.jsonl", os.O_WRONLY | os.O_APPEND | os.O_CREAT)
     clock[0] += wmod.PROBE_INTERVAL_S
     w.append(b'{"_step":201}', 201)  # the probe works: the queue is written, nothing dropped
     assert w.dropped == 198 and w.pending == 0
