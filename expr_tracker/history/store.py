@@ -19,14 +19,19 @@ Commit table (docs/logging.md "The commit table", aligned with wandb)::
 
 ``log({})`` commits a row holding only ``_step``/``_time``.
 
-The store is one object over one lock. It owns three objects that run under that lock:
-:class:`~expr_tracker.history.spanfold.PendingSpans` (span data no ``log()`` reached yet,
-held span records, the hold deadline; the aggregation table is handed in) and
-:class:`~expr_tracker.history.openrow.OpenRowTimer` (the idle open row's deadline), every
-method of which is called with the lock held (their deadline callbacks are the store's,
-which take it); and :class:`~expr_tracker.history.storeread.StoreReader` (``tail``,
-``step_range``, with the query counters), which takes the lock itself to look at the cache
-and the open row, and reads the file after releasing it.
+The store is one object over one lock (``_lock``; the methods named ``*_locked`` run with
+it held). It keeps the open row and the last ``log()`` mark, and owns three small objects,
+each holding only its own state:
+
+- :class:`~expr_tracker.history.spanfold.PendingSpans`: span data no ``log()`` reached
+  yet, held span records and their sink, the hold deadline (the aggregation table is
+  handed in); every method of it runs with the store lock held;
+- :class:`~expr_tracker.history.openrow.OpenRowTimer`: the idle open row's deadline;
+  every method of it runs with the store lock held. The deadline callbacks of both are the
+  store's (``_spans_due``, ``_open_row_due``), which take the lock on the flusher thread;
+- :class:`~expr_tracker.history.storeread.StoreReader`: ``tail`` and ``step_range`` with
+  their counters; it takes the store lock itself to look at the cache and the open row
+  (``_shown_open_locked``, called under it), and reads the file after releasing it.
 """
 
 from __future__ import annotations
@@ -102,10 +107,8 @@ class HistoryStore:
         self.step_policy = step_policy
         self._allow = step_policy == "allow"
         self.max_open_seconds = max_open_seconds
-        self._clock = clock
         self._wall = wall_clock
         self.warner = warner or Warner()
-        self._flusher = flusher
         self._lock = threading.Lock()
         self._fork_gen = _current.fork_gen
         prefix = writer.prefix_lines if writer is not None else 0
@@ -153,7 +156,9 @@ class HistoryStore:
         self.dropped: dict[str, int] = {}
         self.sink_errors = 0
         # the queries (tail, step_range) and their counters (storeread.py)
-        self._reader = StoreReader(self._lock, self.cache, writer, self.warner, self._shown_open)
+        self._reader = StoreReader(
+            self._lock, self.cache, writer, self.warner, self._shown_open_locked
+        )
 
     # ------------------------------------------------------------------ ingress
 
@@ -215,7 +220,7 @@ class HistoryStore:
                             cur,
                         )
                         if spans.row:  # the span time measured for the dropped row
-                            self._drop_pending_spans(step)
+                            self._drop_pending_locked(step)
                         return -1
                     if self._open:
                         committed = self._commit_locked()
@@ -463,7 +468,7 @@ class HistoryStore:
             self._open_nonfinite = True
         spans.fold_into(self._open, self._agg)
 
-    def _drop_pending_spans(self, step: int) -> None:
+    def _drop_pending_locked(self, step: int) -> None:
         """A ``log(step=N)`` was dropped (behind the open step): the span data pending for
         it is dropped with it (counted in ``dropped["span_metrics"]``), never summed into a
         later row it was not measured for; its held records still reach the span file (the
@@ -668,7 +673,7 @@ class HistoryStore:
         row["_step"] = self.open_step
         return row
 
-    def _shown_open(self, include_open: bool) -> tuple[int, dict[str, Any] | None, bool]:
+    def _shown_open_locked(self, include_open: bool) -> tuple[int, dict[str, Any] | None, bool]:
         """For the reader, under the lock: the open step, the open row as shown (when
         ``include_open``), whether it was written early (max_open_seconds)."""
         row = self._open_copy_locked() if include_open else None
