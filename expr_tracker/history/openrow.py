@@ -5,9 +5,10 @@ sees it); data that arrives for that step afterwards becomes a patch line holdin
 changed (:func:`changed`), and readers merge by step (docs/history.md "Steps, not lines").
 
 :class:`OpenRowTimer` is owned by :class:`~expr_tracker.history.store.HistoryStore`: it
-holds the deadline (when the open row last changed, whether a callback is scheduled on the
-shared :class:`~expr_tracker.history.flusher.BackgroundFlusher`) and nothing of the row
-itself; the store writes the row when the timer says it is due.
+holds the deadline (whether a callback is scheduled on the shared
+:class:`~expr_tracker.history.flusher.BackgroundFlusher`) and nothing of the row itself;
+the store keeps when its open row last changed, and writes the row when the timer says it
+is due.
 """
 
 from __future__ import annotations
@@ -40,16 +41,17 @@ def _same(a: Any, b: Any) -> bool:
 
 
 class OpenRowTimer:
-    """When the open row has been idle ``seconds``: the deadline of one store.
+    """The deadline of one store's open row: ``seconds`` after it last changed.
 
-    Every method runs under the store lock (the store calls them while it holds it).
-    ``on_due`` (the store's) runs on the flusher thread when the deadline may have come: it
-    takes the store lock and asks :meth:`expired`, which re-arms the timer when the row
-    changed meanwhile. ``armed`` may be read by the store (a span joining the open row
-    does not move a running deadline: :meth:`start`).
+    The store keeps when its open row last changed (its own state) and the timer the
+    deadline: whether a callback is scheduled on the flusher (``armed``, read by the store)
+    and when. Every method runs under the store lock (the store calls them while it holds
+    it). ``on_due`` (the store's) runs on the flusher thread when the deadline may have
+    come: it takes the store lock and asks :meth:`expired`, which re-arms the timer when
+    the row changed meanwhile.
     """
 
-    __slots__ = ("armed", "seconds", "_touched", "_clock", "_flusher", "_key", "_on_due")
+    __slots__ = ("armed", "seconds", "_clock", "_flusher", "_key", "_on_due")
 
     def __init__(
         self,
@@ -60,36 +62,29 @@ class OpenRowTimer:
     ) -> None:
         self.seconds = seconds
         self.armed = False  # a callback is scheduled on the flusher
-        self._touched = 0.0  # monotonic time the open row last changed
         self._clock = clock
         self._flusher = flusher  # None: the process-wide one, looked up each time (fork)
         self._key = ("open", id(self))
         self._on_due = on_due
 
-    def touch(self) -> None:
-        """The open row changed now: the deadline moves to ``seconds`` from now."""
-        self._touched = now = self._clock()
-        if not self.armed:
-            self.armed = True
-            (self._flusher or get_flusher()).schedule(self._key, now + self.seconds, self._on_due)
+    def arm(self, changed_at: float) -> None:
+        """Schedule ``on_due`` ``seconds`` after ``changed_at`` (monotonic), when the open
+        row changed and the timer is not armed."""
+        self.armed = True
+        (self._flusher or get_flusher()).schedule(
+            self._key, changed_at + self.seconds, self._on_due
+        )
 
-    def start(self) -> None:
-        """Arm the timer unless it runs (without moving a running deadline)."""
-        if not self.armed:
-            self.touch()
-
-    def expired(self, waiting: bool) -> bool:
-        """In ``on_due``: True when the open row has been idle past the deadline (the
-        store writes it now). False when nothing waits (``waiting`` False: the store is
-        closed or its open row empty), or when the row changed meanwhile: the timer is
-        then re-armed for the rest of the idle time."""
+    def expired(self, waiting: bool, changed_at: float) -> bool:
+        """In ``on_due``: True when the open row, last changed at ``changed_at``, has been
+        idle past the deadline (the store writes it now). False when nothing waits
+        (``waiting`` False: the store is closed or its open row empty), or when the row
+        changed meanwhile: the timer is then armed again for the rest of the idle time."""
         self.armed = False
         if not waiting:
             return False
-        due = self._touched + self.seconds
-        if self._clock() < due:
-            self.armed = True
-            (self._flusher or get_flusher()).schedule(self._key, due, self._on_due)
+        if self._clock() < changed_at + self.seconds:
+            self.arm(changed_at)
             return False
         return True
 

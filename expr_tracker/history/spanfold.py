@@ -264,6 +264,12 @@ class PendingSpans:
                 self.plain = False
             if record is None:
                 return OUT
+            held.append(record)
+            if type(record) is not dict:  # an encoded record (attributes, plugins, error)
+                self._held_bytes += len(record)
+            if len(held) < self._cap and self._held_bytes < self._max_bytes:
+                return HELD
+            return FULL
         else:
             flag = OPEN_NONFINITE if nonfinite else 0
             if record is None:
@@ -273,11 +279,10 @@ class PendingSpans:
                 return OUT | flag
             record = (step, record)
         held.append(record)
-        if type(record) is not dict:  # an encoded record (attributes, plugins, error)
-            self._held_bytes += len(record) if type(record) is not tuple else _encoded_size(record)
+        self._held_bytes += _encoded_size(record)
         if len(held) < self._cap and self._held_bytes < self._max_bytes:
-            return HELD if open_row is None else HELD | flag
-        return FULL if open_row is None else FULL | flag
+            return HELD | flag
+        return FULL | flag
 
     def _kind(self, k: str) -> int:
         kinds = self._kinds

@@ -20,8 +20,8 @@ Commit table (docs/logging.md "The commit table", aligned with wandb)::
 ``log({})`` commits a row holding only ``_step``/``_time``.
 
 The store is one object over one lock (``_lock``; the methods named ``*_locked`` run with
-it held). It keeps the open row and the last ``log()`` mark, and owns three small objects,
-each holding only its own state:
+it held). It keeps the open row (and when it last changed) and the last ``log()`` mark, and
+owns three small objects, each holding only its own state:
 
 - :class:`~expr_tracker.history.spanfold.PendingSpans`: span data no ``log()`` reached
   yet, held span records and their sink, the hold deadline (the aggregation table is
@@ -58,7 +58,7 @@ from expr_tracker.history.codec import (
 )
 from expr_tracker.history.flusher import BackgroundFlusher
 from expr_tracker.history.openrow import RESERVED, OpenRowTimer, changed
-from expr_tracker.history.spanfold import FULL, NEVER, OPEN_NONFINITE, OUT, PendingSpans
+from expr_tracker.history.spanfold import FULL, HELD, NEVER, OPEN_NONFINITE, OUT, PendingSpans
 from expr_tracker.history.storeread import StoreReader
 from expr_tracker.history.writer import JsonlWriter
 
@@ -107,6 +107,7 @@ class HistoryStore:
         self.step_policy = step_policy
         self._allow = step_policy == "allow"
         self.max_open_seconds = max_open_seconds
+        self._clock = clock
         self._wall = wall_clock
         self.warner = warner or Warner()
         self._lock = threading.Lock()
@@ -133,6 +134,7 @@ class HistoryStore:
         )
         self._place = self._spans.place  # bound once: ingest_span is a hot path
         self._written_open: dict[str, Any] | None = None  # what a timeout wrote for this step
+        self._touched = 0.0  # monotonic time the open row last changed (for the timer)
         # the open row's crash bound (None: max_open_seconds=None, never written early)
         self._timer = (
             OpenRowTimer(max_open_seconds, clock, flusher, self._open_row_due)
@@ -253,8 +255,11 @@ class HistoryStore:
                     committed = row
                 else:
                     committed = (committed, row)
-            elif self._open and self._timer is not None:
-                self._timer.touch()  # the idle deadline moves (openrow.py)
+            elif self._open and (timer := self._timer) is not None:
+                # the open row changed: its idle deadline moves (openrow.py)
+                self._touched = now = self._clock()
+                if not timer.armed:
+                    timer.arm(now)
             upto = 0
             if committed is not None and self.sinks:
                 # queued under the lock, so sinks see rows in commit order across threads
@@ -389,6 +394,8 @@ class HistoryStore:
                 return -1
             if since >= self._log_mark:  # no log() came while the span ran: it waits
                 verdict = self._place(metrics, dur_ms, record, None, None, 0)
+                if verdict == HELD:
+                    return None
             else:  # a log() came while the span ran (it chose the step): the open row
                 verdict = self._place(
                     metrics, dur_ms, record, self._open, self._agg, self.open_step
@@ -397,8 +404,9 @@ class HistoryStore:
                     self._open_nonfinite = True
                     verdict ^= OPEN_NONFINITE
                 timer = self._timer
-                if timer is not None and not timer.armed:
-                    timer.start()  # the open row's crash bound (openrow.py)
+                if timer is not None and not timer.armed:  # the open row's crash bound
+                    self._touched = now = self._clock()  # (a running deadline stays)
+                    timer.arm(now)
             if verdict == OUT:
                 return self.open_step
             if verdict == FULL:  # bounded memory: the pending data joins the open row now
@@ -485,8 +493,11 @@ class HistoryStore:
                 return
             self._fold_locked()
             self._spans.emit(self.open_step)
-            if self._timer is not None:
-                self._timer.touch()
+            timer = self._timer
+            if timer is not None:  # the open row changed
+                self._touched = now = self._clock()
+                if not timer.armed:
+                    timer.arm(now)
 
     # ------------------------------------------------------------------ commit
 
@@ -656,28 +667,26 @@ class HistoryStore:
     def open_row(self) -> dict[str, Any] | None:
         """A copy of the open row with its ``_step`` (None when it holds nothing)."""
         with self._lock:
-            return self._open_copy_locked()
-
-    def _open_copy_locked(self) -> dict[str, Any] | None:
-        """The open row as a query shows it: with the pending span data folded in (a view:
-        the next ``log()`` decides the row that data really joins)."""
-        spans = self._spans
-        if not self._open:
-            if not spans.row:
-                return None
-            row = dict(spans.row)
-        else:
-            row = dict(self._open)
-            if spans.row:
-                spans.combine(row, {k: list(a) for k, a in self._agg.items()})
-        row["_step"] = self.open_step
-        return row
+            return self._shown_open_locked(True)[1]
 
     def _shown_open_locked(self, include_open: bool) -> tuple[int, dict[str, Any] | None, bool]:
-        """For the reader, under the lock: the open step, the open row as shown (when
-        ``include_open``), whether it was written early (max_open_seconds)."""
-        row = self._open_copy_locked() if include_open else None
-        return self.open_step, row, self._written_open is not None
+        """For the reader, under the lock: the open step; when ``include_open``, a copy of
+        the open row as a query shows it, with its ``_step`` and with the pending span data
+        folded in (a view: the next ``log()`` decides the row that data really joins; None
+        when it holds nothing); whether the open row was written early (max_open_seconds)."""
+        step = self.open_step
+        row = None
+        if include_open:
+            spans = self._spans
+            if self._open:
+                row = dict(self._open)
+                if spans.row:
+                    spans.combine(row, {k: list(a) for k, a in self._agg.items()})
+                row["_step"] = step
+            elif spans.row:
+                row = dict(spans.row)
+                row["_step"] = step
+        return step, row, self._written_open is not None
 
     def tail(self, n: int | None = 50, include_open: bool = True) -> list[dict[str, Any]]:
         """The newest ``n`` steps (``None``/``-1``: all, in step order), oldest first.
@@ -717,7 +726,8 @@ class HistoryStore:
         row to disk without committing it (openrow.py)."""
         with self._lock:
             timer = self._timer
-            if timer is None or not timer.expired(not self._closed and bool(self._open)):
+            waiting = not self._closed and bool(self._open)
+            if timer is None or not timer.expired(waiting, self._touched):
                 return
             self._write_open_locked()
         if self.writer is not None:
