@@ -1,21 +1,27 @@
-"""The open row's crash bound: an idle open row is written to disk without committing.
+"""The open row's crash bound: the idle timer, and the patch line written after it fired.
 
-An open row idle for ``max_open_seconds`` is written (no sink sees it); data that arrives for
-that step afterwards becomes a patch line holding what changed, and readers merge by step.
-Part of :class:`~expr_tracker.history.store.HistoryStore` (a mixin over its state and its
-one lock), kept in its own module by job.
+An open row idle for ``max_open_seconds`` is written to disk without committing (no sink
+sees it); data that arrives for that step afterwards becomes a patch line holding what
+changed (:func:`changed`), and readers merge by step (docs/history.md "Steps, not lines").
+
+:class:`OpenRowTimer` is owned by :class:`~expr_tracker.history.store.HistoryStore`: it
+holds the deadline (whether a callback is scheduled on the shared
+:class:`~expr_tracker.history.flusher.BackgroundFlusher`) and nothing of the row itself;
+the store keeps when its open row last changed, and writes the row when the timer says it
+is due.
 """
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import Any
 
-from expr_tracker.history.flusher import get_flusher
+from expr_tracker.history.flusher import BackgroundFlusher, get_flusher
 
 RESERVED = frozenset({"_step", "_time"})
 
 
-def _changed(row: dict[str, Any], written: dict[str, Any]) -> dict[str, Any] | None:
+def changed(row: dict[str, Any], written: dict[str, Any]) -> dict[str, Any] | None:
     """The patch line for ``row`` after ``written`` reached disk: changed keys plus
     ``_step``/``_time``; None when no metric changed."""
     patch = {
@@ -35,65 +41,53 @@ def _same(a: Any, b: Any) -> bool:
 
 
 class OpenRowTimer:
-    """The open-row timer and patch lines of :class:`~expr_tracker.history.store.HistoryStore`."""
+    """The deadline of one store's open row: ``seconds`` after it last changed.
 
-    def _touch(self) -> None:
-        self._touched = self._clock()
-        if not self._timer_armed:
-            self._timer_armed = True
-            (self._flusher or get_flusher()).schedule(
-                ("open", id(self)), self._touched + self.max_open_seconds, self._open_timeout
-            )
+    The store keeps when its open row last changed (its own state) and the timer the
+    deadline: whether a callback is scheduled on the flusher (``armed``, read by the store)
+    and when. Every method runs under the store lock (the store calls them while it holds
+    it). ``on_due`` (the store's) runs on the flusher thread when the deadline may have
+    come: it takes the store lock and asks :meth:`expired`, which re-arms the timer when
+    the row changed meanwhile.
+    """
 
-    def _open_timeout(self) -> None:
-        """Runs on the flusher thread: write an idle open row to disk without committing."""
-        with self._lock:
-            self._timer_armed = False
-            if self._closed or not self._open or self.max_open_seconds is None:
-                return
-            due = self._touched + self.max_open_seconds
-            if self._clock() < due:
-                self._timer_armed = True
-                (self._flusher or get_flusher()).schedule(
-                    ("open", id(self)), due, self._open_timeout
-                )
-                return
-            self._write_open_locked()
-        if self.writer is not None:
-            self.writer.flush()
+    __slots__ = ("armed", "seconds", "_clock", "_flusher", "_key", "_on_due")
 
-    def _write_row_locked(self, row: dict[str, Any], step: int) -> None:
-        """Append ``row`` whole, or, once this step was written early (max_open_seconds), as
-        a patch line holding what changed since (nothing when nothing did)."""
-        written = self._written_open
-        if written is None:
-            self._append_locked(self._encode(row), step)
-            return
-        patch = _changed(row, written)
-        if patch is None:
-            return
-        self._append_locked(self._encode(patch), step)
-        self.patch_rows += 1
-        if self.writer is not None:
-            self.writer.mark_duplicate_steps()
+    def __init__(
+        self,
+        seconds: float,
+        clock: Callable[[], float],
+        flusher: BackgroundFlusher | None,
+        on_due: Callable[[], Any],
+    ) -> None:
+        self.seconds = seconds
+        self.armed = False  # a callback is scheduled on the flusher
+        self._clock = clock
+        self._flusher = flusher  # None: the process-wide one, looked up each time (fork)
+        self._key = ("open", id(self))
+        self._on_due = on_due
 
-    def _write_open_locked(self) -> None:
-        row = dict(self._open)
-        row["_step"] = self.open_step
-        row["_time"] = self._wall()
-        mark = self.cache.next_ordinal
-        try:
-            self._write_row_locked(row, self.open_step)
-        except BaseException:
-            if self.cache.next_ordinal != mark:  # it was written: remember it (no repeat)
-                self._written_open = row
-            raise
-        self._written_open = row
+    def arm(self, changed_at: float) -> None:
+        """Schedule ``on_due`` ``seconds`` after ``changed_at`` (monotonic), when the open
+        row changed and the timer is not armed."""
+        self.armed = True
+        (self._flusher or get_flusher()).schedule(
+            self._key, changed_at + self.seconds, self._on_due
+        )
 
-    def write_open_row(self) -> bool:
-        """Write the open row to disk now, without committing it (what the timer does)."""
-        with self._lock:
-            if not self._open:
-                return False
-            self._write_open_locked()
-            return True
+    def expired(self, waiting: bool, changed_at: float) -> bool:
+        """In ``on_due``: True when the open row, last changed at ``changed_at``, has been
+        idle past the deadline (the store writes it now). False when nothing waits
+        (``waiting`` False: the store is closed or its open row empty), or when the row
+        changed meanwhile: the timer is then armed again for the rest of the idle time."""
+        self.armed = False
+        if not waiting:
+            return False
+        if self._clock() < changed_at + self.seconds:
+            self.arm(changed_at)
+            return False
+        return True
+
+    def cancel(self) -> None:
+        """The store closed: nothing is scheduled any more."""
+        (self._flusher or get_flusher()).cancel(self._key)

@@ -1,21 +1,23 @@
-"""The pending bound of a writer whose disk keeps failing: probe, drop-oldest, dropped steps.
+"""A writer's pending queue, and its bound while the disk fails: drop-oldest, dropped steps.
 
-Past ``max_pending_records`` (while writes fail) a
-:class:`~expr_tracker.history.writer.JsonlWriter` first tries its oldest record alone on
-disk (:func:`probe`, at most every ``PROBE_INTERVAL_S``): when that works the disk may be
+:class:`PendingQueue` holds what a :class:`~expr_tracker.history.writer.JsonlWriter`
+accepted and has not written: the encoded records and their steps, in ``append`` order. The
+writer owns it and changes it under its queue lock.
+
+Past ``max_pending_records`` while writes fail, the writer first tries its oldest record
+alone on disk (at most every :data:`PROBE_INTERVAL_S`): when that works the disk may be
 back and the queue is written instead of dropped (the writer recovers, and says so, only
 when that whole batch lands). Otherwise the oldest records are dropped
-(:func:`enforce_limit`), counted and logged loudly, and their steps kept as ``[first,
-last]`` ranges (:func:`note_dropped`, ``stats()["dropped_steps"]``).
-
-The functions taking ``w`` run under the writer's ``_lock`` and update its queue and
-counters in place.
+(:meth:`PendingQueue.drop_oldest`), counted and logged loudly, and their steps kept as
+``[first, last]`` ranges (:func:`note_dropped`, ``stats()["dropped_steps"]``;
+docs/logging.md "Buffering and crashes").
 """
 
 from __future__ import annotations
 
 import logging
-from typing import Any
+from dataclasses import dataclass, field
+from pathlib import Path
 
 log = logging.getLogger("expr_tracker")
 
@@ -27,53 +29,61 @@ PROBE_INTERVAL_S = 0.1
 MAX_DROPPED_RANGES = 64
 
 
-def probe(w: Any) -> bool:
-    """Under ``w._lock``, at the pending bound while failing: try to write the oldest
-    record alone (one small write) unless a flush is in flight. True when it landed: the
-    caller then flushes the queue instead of dropping, and the writer stays failing (a
-    full disk may take one small record and refuse the rest) until that whole batch lands,
-    which announces the recovery. Either way the retry schedule is left as it was."""
-    w._probe_at = w._clock() + PROBE_INTERVAL_S
-    if not w._io_lock.acquire(blocking=False):
-        return False  # a flush is writing now: it is the probe
-    try:
-        retry = (w._retry_delay, w._next_retry)
-        written = w.batches_written
-        try:
-            ok = w._write_batch(w._lines[:1], w._steps[:1], probe=True)
-        finally:
-            if w.batches_written != written:  # on disk: leave the queue (one step)
-                w._lines, w._steps = w._lines[1:], w._steps[1:]
-                w._pending_bytes = sum(map(len, w._lines))
-        w._retry_delay, w._next_retry = retry
-        return ok
-    finally:
-        w._io_lock.release()
+@dataclass(slots=True)
+class PendingQueue:
+    """Records accepted and not yet written, under the writer's queue lock.
 
+    ``lines`` and ``steps`` are parallel lists (the writer takes both as a batch, in one
+    statement, and puts a failed batch back with :meth:`requeue`); ``nbytes`` is the sum of
+    the lines' lengths, ``oldest`` the monotonic time the oldest of them arrived (None:
+    empty). ``dropped`` and ``dropped_steps`` count what the pending bound dropped.
+    """
 
-def enforce_limit(w: Any) -> None:
-    """Drop the oldest pending records past ``max_pending_records`` (under ``w._lock``):
-    counted in ``dropped`` and logged as an error at the first drop of an outage and
-    each time the count doubles (loud, but not one line per row)."""
-    over = len(w._lines) - w.max_pending_records
-    if over <= 0:
-        return
-    note_dropped(w.dropped_steps, w._steps[:over])
-    del w._lines[:over]
-    del w._steps[:over]
-    w._pending_bytes = sum(map(len, w._lines))
-    w.dropped += over
-    w.flushed += over
-    if w.dropped >= w._drop_logged_at:
-        w._drop_logged_at = w.dropped * 2
-        log.error(
-            "expr_tracker: %s: the disk has kept failing and more than %d records were "
-            "pending; dropped the oldest (%d dropped so far, counted in et.info(); logged "
-            "again when the count doubles). Fix the disk to stop the loss.",
-            w.path,
-            w.max_pending_records,
-            w.dropped,
-        )
+    lines: list[bytes] = field(default_factory=list)
+    steps: list[int | None] = field(default_factory=list)
+    nbytes: int = 0
+    oldest: float | None = None
+    dropped: int = 0
+    dropped_steps: list[list[int]] = field(default_factory=list)  # [first, last] ranges
+    drop_logged_at: int = 1  # log the pending-limit drops again at this count
+
+    def requeue(self, batch: list[bytes], steps: list[int | None], now: float) -> None:
+        """Put a batch that did not reach the file back at the front (one assignment, so
+        an interrupt cannot requeue it twice)."""
+        if self.lines is batch:  # interrupted before the queue was replaced
+            return
+        self.lines, self.steps = batch + self.lines, steps + self.steps
+        self.nbytes = sum(map(len, self.lines))
+        self.oldest = now
+
+    def pop_front(self) -> None:
+        """The oldest record reached the file on its own (a probe): it leaves the queue."""
+        self.lines, self.steps = self.lines[1:], self.steps[1:]
+        self.nbytes = sum(map(len, self.lines))
+
+    def drop_oldest(self, limit: int, path: Path) -> int:
+        """Drop the oldest records past ``limit`` (``max_pending_records`` of the writer of
+        ``path``); returns how many. Counted in ``dropped`` and logged as an error at the
+        first drop of an outage and each time the count doubles (loud, but not one line per
+        row)."""
+        over = len(self.lines) - limit
+        if over <= 0:
+            return 0
+        note_dropped(self.dropped_steps, self.steps[:over])
+        lines = self.lines[over:]
+        self.lines, self.steps, self.nbytes = lines, self.steps[over:], sum(map(len, lines))
+        self.dropped += over
+        if self.dropped >= self.drop_logged_at:
+            self.drop_logged_at = self.dropped * 2
+            log.error(
+                "expr_tracker: %s: the disk has kept failing and more than %d records were "
+                "pending; dropped the oldest (%d dropped so far, counted in et.info(); logged "
+                "again when the count doubles). Fix the disk to stop the loss.",
+                path,
+                limit,
+                self.dropped,
+            )
+        return over
 
 
 def note_dropped(ranges: list[list[int]], steps: list[int | None]) -> None:

@@ -10,8 +10,9 @@
   (:func:`repair_truncated`), and a file deleted under the writer is recreated with its
   directory and lock (:func:`recreate`).
 
-The functions taking ``w`` update a :class:`~expr_tracker.history.writer.JsonlWriter`'s
-file state (``size``, ``lines``, steps, ``index``) in place.
+The functions taking a :class:`FileState` (what a
+:class:`~expr_tracker.history.writer.JsonlWriter` knows of its file, owned by the writer)
+update it in place: descriptors, ``size``, ``lines``, steps, ``index``.
 """
 
 from __future__ import annotations
@@ -21,9 +22,11 @@ import json
 import logging
 import os
 import socket
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from expr_tracker._warn import Warner
 from expr_tracker.errors import RunLockedError
 from expr_tracker.history.codec import decode_line
 from expr_tracker.history.reader import META_SCHEMA, last_line_end
@@ -191,59 +194,166 @@ def _describe_holder(holder: str, lock_path: Path) -> str:
     return holder
 
 
+def take_lock(path: Path, warner: Warner) -> int | None:
+    """:func:`acquire_lock` for a writer: an ``OSError`` (the lock file cannot be
+    created) is warned about once and no lock is held (None); ``RunLockedError``
+    propagates."""
+    try:
+        return acquire_lock(path)[0]
+    except OSError as exc:
+        warn_io(warner, path, exc, "create the lock file for")
+        return None
+
+
+def warn_io(warner: Warner, path: Path, exc: OSError, what: str) -> None:
+    """The one warning (once per file and action) of a writer that cannot do ``what``."""
+    warner.warn(
+        ("io", str(path), what),
+        "expr_tracker: cannot %s %s (%s); training continues, records stay in memory "
+        "and are retried (warned once)",
+        what,
+        path,
+        exc.strerror or exc,
+    )
+
+
+# --------------------------------------------------------------------------- the file's state
+
+
+@dataclass(slots=True)
+class FileState:
+    """What a writer knows of its file: the descriptors it holds, and what is on disk.
+
+    Owned by the writer, changed under its I/O lock (or while it is made): ``fd`` (the
+    append descriptor; None until the first write creates the file), ``lock_fd`` (the
+    one-writer lock), ``size`` and ``lines`` written so far, the steps seen (``last_step``,
+    ``max_step``, ``sorted``, ``has_duplicate_steps``), ``index`` (one ``[step, line,
+    offset]`` anchor every ``index_every`` lines), ``meta_dirty`` (the sidecar is behind),
+    and the repairs counted (``recreated``, ``truncations``).
+    """
+
+    path: Path
+    index_every: int
+    fd: int | None = None
+    lock_fd: int | None = None
+    size: int = 0
+    lines: int = 0
+    last_step: int | None = None
+    max_step: int | None = None
+    sorted: bool = True
+    has_duplicate_steps: bool = False
+    index: list[list[int]] = field(default_factory=list)
+    meta_dirty: bool = False
+    recreated: int = 0  # times the file was recreated after being deleted
+    truncations: int = 0  # times the file was found shorter than written
+
+    def note_step(self, step: int | None, line_no: int, offset: int) -> None:
+        """Line ``line_no`` (at byte ``offset``) holds ``step``."""
+        if line_no % self.index_every == 0 and step is not None:
+            self.index.append([step, line_no, offset])
+        if step is None:
+            return
+        if self.max_step is not None:
+            if step <= self.max_step:
+                self.has_duplicate_steps = self.has_duplicate_steps or step == self.last_step
+                if step < self.max_step:
+                    self.sorted = False
+                    self.has_duplicate_steps = True  # conservative: it may repeat one
+            if step > self.max_step:
+                self.max_step = step
+        else:
+            self.max_step = step
+        self.last_step = step
+
+    def saved(self) -> tuple[Any, ...]:
+        """What a write changes, to :meth:`restore` if it does not complete."""
+        return (
+            self.size,
+            self.lines,
+            len(self.index),
+            self.last_step,
+            self.max_step,
+            self.sorted,
+            self.has_duplicate_steps,
+            self.meta_dirty,
+        )
+
+    def restore(self, saved: tuple[Any, ...]) -> None:
+        """Back to :meth:`saved` (the caller cuts the file back to ``size``)."""
+        (
+            self.size,
+            self.lines,
+            nindex,
+            self.last_step,
+            self.max_step,
+            self.sorted,
+            self.has_duplicate_steps,
+            self.meta_dirty,
+        ) = saved
+        del self.index[nindex:]
+
+    def forget(self) -> None:
+        """Nothing of the file is known: it is new (recreated)."""
+        self.size = self.lines = 0
+        self.index = []
+        self.last_step = self.max_step = None
+        self.sorted, self.has_duplicate_steps = True, False
+        self.meta_dirty = True
+
+
 # --------------------------------------------------------------------------- open / repair / rescan
 
 
-def open_existing(w: Any) -> None:
+def open_existing(f: FileState, meta_path: Path | None, warner: Warner) -> None:
     """Repair, measure and open an existing file for appending (a new one waits for the
     first write)."""
-    if w.path.exists():
-        size = w.path.stat().st_size
-        meta = read_meta(w.meta_path)
+    if f.path.exists():
+        size = f.path.stat().st_size
+        meta = read_meta(meta_path)
         try:
-            size = repair_torn_tail(w.path, size)
+            size = repair_torn_tail(f.path, size)
         except OSError as exc:
             # the file cannot be written now (a read-only mount): measure its complete
             # lines without repairing it, so a resume continues after the last step on
             # disk; the fd stays closed and the first write reopens, repairs and rescans
-            measure_unrepaired(w, size, meta)
-            w._warn_io(exc, "repair the torn last line of")
+            measure_unrepaired(f, size, meta)
+            warn_io(warner, f.path, exc, "repair the torn last line of")
             return
         if meta is not None and meta.get("size") == size and meta.get("schema") == META_SCHEMA:
-            w.size = size
-            w.lines = int(meta.get("lines", 0))
-            w.last_step = meta.get("last_step")
-            w.max_step = meta.get("max_step")
-            w.sorted = bool(meta.get("sorted", True))
-            w.has_duplicate_steps = bool(meta.get("has_duplicate_steps", False))
-            w.index = [list(a) for a in meta.get("index", [])]
+            f.size = size
+            f.lines = int(meta.get("lines", 0))
+            f.last_step = meta.get("last_step")
+            f.max_step = meta.get("max_step")
+            f.sorted = bool(meta.get("sorted", True))
+            f.has_duplicate_steps = bool(meta.get("has_duplicate_steps", False))
+            f.index = [list(a) for a in meta.get("index", [])]
         else:
-            rescan(w, size, meta)
-        w._fd = os.open(w.path, os.O_WRONLY | os.O_APPEND)
+            rescan(f, size, meta)
+        f.fd = os.open(f.path, os.O_WRONLY | os.O_APPEND)
     # a new file is created by the first write, so a producer that records nothing
     # (a stream without spans) leaves no empty file behind
 
 
-def measure_unrepaired(w: Any, size: int, meta: dict[str, Any] | None) -> None:
+def measure_unrepaired(f: FileState, size: int, meta: dict[str, Any] | None) -> None:
     """Line count and steps of the complete lines of a file whose torn last line could
     not be repaired; a last line that is a whole record without its newline counts."""
-    with open(w.path, "rb") as f:
-        f.seek(max(0, size - 1))
-        if size == 0 or f.read(1) == b"\n":
+    with open(f.path, "rb") as fh:
+        fh.seek(max(0, size - 1))
+        if size == 0 or fh.read(1) == b"\n":
             complete, fragment = size, b""
         else:
-            complete = last_line_end(f, size)
-            f.seek(complete)
-            fragment = f.read(size - complete)
-    rescan(w, complete, meta)
+            complete = last_line_end(fh, size)
+            fh.seek(complete)
+            fragment = fh.read(size - complete)
+    rescan(f, complete, meta)
     try:
         whole = isinstance(decode_line(fragment), dict) if fragment else False
     except ValueError:
         whole = False
     if whole:
-        w._note_step(step_of(fragment), w.lines, complete)
-        w.lines += 1
-    w.size = complete  # the first write finds the file longer and measures it again
+        f.note_step(step_of(fragment), f.lines, complete)
+        f.lines += 1
+    f.size = complete  # the first write finds the file longer and measures it again
 
 
 def read_meta(meta_path: Path | None) -> dict[str, Any] | None:
@@ -290,102 +400,99 @@ def repair_torn_tail(path: Path, size: int) -> int:
     return start
 
 
-def rescan(w: Any, size: int, meta: dict[str, Any] | None) -> None:
+def rescan(f: FileState, size: int, meta: dict[str, Any] | None) -> None:
     """Recompute line count, steps and index from the last anchor that still fits."""
     anchors = [list(a) for a in (meta or {}).get("index", []) if len(a) == 3]
     start_line = start_off = 0
     kept: list[list[int]] = []
     trusted = meta is not None and meta.get("schema") == META_SCHEMA and meta.get("size", 0) <= size
     if trusted and anchors:
-        with open(w.path, "rb") as f:
+        with open(f.path, "rb") as fh:
             for a in anchors:
                 if a[2] > size:
                     break
                 if a[2] > 0:
-                    f.seek(a[2] - 1)
-                    if f.read(1) != b"\n":
+                    fh.seek(a[2] - 1)
+                    if fh.read(1) != b"\n":
                         break
                 kept.append(a)
         if kept:
             start_line, start_off = kept[-1][1], kept[-1][2]
             kept = kept[:-1]
-    w.index = kept
-    if trusted and kept is not None and start_line > 0:
-        w.last_step = None
-        w.max_step = meta.get("max_step")
-        w.sorted = bool(meta.get("sorted", True))
-        w.has_duplicate_steps = bool(meta.get("has_duplicate_steps", False))
+    f.index = kept
+    if trusted and meta is not None and start_line > 0:
+        f.last_step = None
+        f.max_step = meta.get("max_step")
+        f.sorted = bool(meta.get("sorted", True))
+        f.has_duplicate_steps = bool(meta.get("has_duplicate_steps", False))
     else:
-        w.last_step = None
-        w.max_step = None
-        w.sorted = True
-        w.has_duplicate_steps = False
+        f.last_step = None
+        f.max_step = None
+        f.sorted = True
+        f.has_duplicate_steps = False
     line_no = start_line
     off = start_off
-    with open(w.path, "rb") as f:
-        f.seek(start_off)
-        for raw in f:
+    with open(f.path, "rb") as fh:
+        fh.seek(start_off)
+        for raw in fh:
             if off + len(raw) > size:
                 break  # a torn tail past ``size`` that could not be repaired
             step = step_of(raw)
-            w._note_step(step, line_no, off)
+            f.note_step(step, line_no, off)
             off += len(raw)
             line_no += 1
-    w.lines = line_no
-    w.size = off
-    w._meta_dirty = True
+    f.lines = line_no
+    f.size = off
+    f.meta_dirty = True
 
 
-def recreate(w: Any) -> None:
+def recreate(f: FileState, warner: Warner) -> None:
     """The file was unlinked under us (its run directory deleted): open a new one."""
-    lost = w.lines
-    try:
-        os.close(w._fd)
-    except OSError:
-        pass
-    w._fd = None
-    w.path.parent.mkdir(parents=True, exist_ok=True)
-    if w._lock_fd is not None:  # the lock file went with the directory
-        release_lock_fd(w._lock_fd)
-        w._lock_fd = None
+    lost = f.lines
+    if f.fd is not None:
         try:
-            w._acquire_lock()
+            os.close(f.fd)
+        except OSError:
+            pass
+    f.fd = None
+    f.path.parent.mkdir(parents=True, exist_ok=True)
+    if f.lock_fd is not None:  # the lock file went with the directory
+        release_lock_fd(f.lock_fd)
+        f.lock_fd = None
+        try:
+            f.lock_fd = take_lock(f.path, warner)
         except RunLockedError as exc:  # another process took the path meanwhile
             log.error("expr_tracker: %s", exc)
-    w._fd = os.open(w.path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
-    w.recreated += 1
-    size = os.fstat(w._fd).st_size
-    w.size = w.lines = 0
-    w.index = []
-    w.last_step = w.max_step = None
-    w.sorted, w.has_duplicate_steps = True, False
-    w._meta_dirty = True
+    f.fd = os.open(f.path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
+    f.recreated += 1
+    size = os.fstat(f.fd).st_size
+    f.forget()
     if size:  # someone else created it meanwhile: measure what is there
-        rescan(w, repair_torn_tail(w.path, size), None)
-    w._warner.warn(
-        ("recreated", str(w.path)),
+        rescan(f, repair_torn_tail(f.path, size), None)
+    warner.warn(
+        ("recreated", str(f.path)),
         "expr_tracker: %s was deleted while the run was writing it (its directory was "
         "removed?); recreated it: the %d lines the deleted file held are lost, records "
         "still queued and later ones go to the new file (warned once)",
-        w.path,
+        f.path,
         lost,
     )
 
 
-def repair_truncated(w: Any, actual: int) -> None:
+def repair_truncated(f: FileState, actual: int, warner: Warner) -> None:
     """The file is not as long as the writer believes: repair it and rescan."""
-    believed, lines = w.size, w.lines
-    rescan(w, repair_torn_tail(w.path, actual), None)
-    w.truncations += 1
-    w._warner.warn(
-        ("truncated", str(w.path)),
+    believed, lines = f.size, f.lines
+    rescan(f, repair_torn_tail(f.path, actual), None)
+    f.truncations += 1
+    warner.warn(
+        ("truncated", str(f.path)),
         "expr_tracker: %s was truncated by another process (%d bytes written, %d found); "
         "repaired its last line and rescanned it (%d of %d lines left); new records "
         "are appended after it (warned once)",
-        w.path,
+        f.path,
         believed,
         actual,
-        w.lines,
+        f.lines,
         lines,
     )
 

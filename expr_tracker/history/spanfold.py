@@ -1,21 +1,25 @@
-"""Span and plugin measurements within the store: the pending row, the fold, held records.
+"""Span and plugin measurements waiting for their row: :class:`PendingSpans`.
 
 A span belongs to the step open when it ends (docs/spans.md "Which row a span joins"), with
 one refinement for the loop that calls ``log(d, step=i)`` after its spans: a span that no
-``log()`` reached while it ran waits for the next one. :meth:`SpanFolding.ingest_span` is
+``log()`` reached while it ran waits for the next one. The store's ``ingest_span`` is
 handed the span's id, drawn from the sequence each accepted ``log()`` also takes a mark
 from (``_current.sequence``): an id below the last mark means a ``log()`` came while the
-span ran, and the metrics join the open row at once. Otherwise they aggregate into a
-*pending* row, and each accepted ``log()`` call folds it into the row it writes, after
-opening that row's step and before merging its own metrics. Span records of pending spans
-are held with it and get their ``_step`` at that fold, so a record always names the row its
-time was summed into. ``commit()``, ``flush()``, ``close()`` and a hold deadline
-(:meth:`SpanFolding.hold_spans`) fold into the row open at that moment.
+span ran, and the metrics join the open row at once (:meth:`PendingSpans.place`).
+Otherwise they aggregate into the *pending* row, and each
+accepted ``log()`` call folds it into the row it writes, after opening that row's step and
+before merging its own metrics. Span records of pending spans are held with it and get
+their ``_step`` at that fold (:meth:`PendingSpans.emit`), so a record always names the row
+its time was summed into. ``commit()``, ``flush()``, ``close()`` and a hold deadline
+(:meth:`PendingSpans.configure`) fold into the row open at that moment.
 
 How each measurement combines (sum, max, duration-weighted mean) is a table handed to the
 store (``HistoryStore(aggregation=...)``): the history package knows no measurement names.
-:class:`SpanFolding` is a part of :class:`~expr_tracker.history.store.HistoryStore` (a
-mixin over its state and its one lock), kept in its own module by job.
+
+:class:`PendingSpans` is owned by :class:`~expr_tracker.history.store.HistoryStore` and
+runs under its lock: the pending row with its aggregation state, the held records and
+their sink, the hold deadline. The store owns the open row; it passes it in where span
+data joins it.
 """
 
 from __future__ import annotations
@@ -23,14 +27,11 @@ from __future__ import annotations
 from collections.abc import Callable, Mapping
 from typing import Any
 
-from expr_tracker import _current
-from expr_tracker._current import FORK_MESSAGE
-from expr_tracker.errors import ForkedRunError
-from expr_tracker.history.flusher import get_flusher
+from expr_tracker._warn import Warner
+from expr_tracker.history.flusher import BackgroundFlusher, get_flusher
 
 # how a measurement combines within one open row; which measurement (the name before the
-# first "/") uses which is the span package's table, handed to the store (docs/spans.md
-# "Aggregation")
+# first "/") uses which is the span package's table, handed to the store
 SUM, MAX, MEAN = 0, 1, 2
 _KINDS = {"sum": SUM, "max": MAX, "mean": MEAN}
 
@@ -65,6 +66,13 @@ HOLD_MAX_RECORDS = 65_536
 #: ``log()`` writes anyway, so records are released in small batches
 HOLD_RECORDS_BEFORE_STEPS = 1024
 
+#: what :meth:`PendingSpans.place` says about a record: nothing is held (no record, or it
+#: goes out now with the open step), it is held, or it is held and a bound is reached (the
+#: store folds the pending data and emits the records now); plus a bit: a NaN/inf joined
+#: the store's open row
+OUT, HELD, FULL = 0, 1, 2
+OPEN_NONFINITE = 4
+
 
 def _encoded_size(record: tuple[int, Any]) -> int:
     """Bytes of a held ``(step, record)`` pair (0 for a record dict)."""
@@ -85,194 +93,213 @@ def _raised_in(exc: BaseException, fn: Callable[..., Any]) -> bool:
     return False
 
 
-class SpanFolding:
-    """The span half of :class:`~expr_tracker.history.store.HistoryStore` (its state is set
-    up by ``HistoryStore.__init__``; every method runs under, or takes, the store lock)."""
+class PendingSpans:
+    """Span data of one store that waits for its row; every method runs under the store
+    lock (the store calls them while it holds it).
 
-    _kind_cache: dict[str, int]
-    _aggregation: dict[str, int]
+    Read by the store: ``row`` (the pending row; empty: nothing waits), ``agg`` (its mean
+    state), ``plain`` (no NaN/inf in it and no restarted metric: its values are what they
+    would be in an empty row), ``nonfinite`` (a NaN/inf in it), ``held`` (records waiting
+    for their step) and ``explicit`` (a ``log(step=N)`` was accepted). When its open row
+    is empty and ``plain`` holds, the store takes ``row`` and ``agg`` in exchange for its
+    empty open row and aggregation state, in one statement (no copy, and no interrupt
+    splits it); otherwise it calls :meth:`fold_into`.
 
-    def ingest_span(
-        self, metrics: dict[str, Any], dur_ms: float, record: Any = None, since: int = NEVER
-    ) -> int | None:
-        """Place one ended span's metrics (docs/spans.md "Which row a span joins").
+    ``on_due`` (the store's) runs on the flusher thread when the hold deadline may have
+    come: it takes the store lock and asks :meth:`expired`.
+    """
 
-        Aggregation by measurement name (the part before the first ``/``), as the table
-        handed to the store says (``HistoryStore(aggregation=...)``; docs/spans.md
-        "Aggregation"): sum (also every name not in the table), maximum,
-        or duration-weighted mean. A span never commits a step.
+    __slots__ = (
+        "row",
+        "agg",
+        "plain",
+        "nonfinite",
+        "held",
+        "explicit",
+        "_reset",
+        "_held_bytes",
+        "_cap",
+        "_max_bytes",
+        "_sink",
+        "_hold_seconds",
+        "_first_hold",
+        "_since",
+        "_armed",
+        "_open_seconds",
+        "_aggregation",
+        "_kinds",
+        "_clock",
+        "_flusher",
+        "_key",
+        "_on_due",
+        "_warner",
+    )
 
-        ``since`` is the span's id, drawn from ``_current.sequence`` when it started; each
-        accepted ``log()`` takes a mark from the same sequence. When a ``log()`` reached the
-        store while the span ran (``since`` is below the last mark), that call chose the
-        step and the metrics join the row open now. Otherwise (and by default) they wait in
-        a pending row that the next accepted ``log()`` folds into the row it writes (after
-        ``step=`` opened it); ``commit()``, ``flush()``, ``close()`` and the hold deadline
-        (:meth:`hold_spans`) fold it into the row open then. ``record`` (a span record:
-        ``bytes``, or a dict) reaches the span sink with the step of the row its metrics
-        joined.
+    def __init__(
+        self,
+        aggregation: Mapping[str, str] | None,
+        *,
+        open_seconds: float | None,
+        clock: Callable[[], float],
+        flusher: BackgroundFlusher | None,
+        on_due: Callable[[], Any],
+        warner: Warner,
+    ) -> None:
+        self.row: dict[str, Any] = {}
+        self.agg: dict[str, list[float]] = {}
+        self.plain = True
+        self.nonfinite = False
+        self.held: list[Any] = []  # span records (and (step, record) pairs) waiting
+        self.explicit = False
+        self._reset: set[str] | None = None  # pending keys that restarted (non-numeric)
+        self._held_bytes = 0
+        self._cap = HOLD_RECORDS_BEFORE_STEPS
+        self._max_bytes = 64 << 20
+        self._sink: Callable[[int, list[Any]], Any] | None = None
+        self._hold_seconds: float | None = None
+        self._first_hold = True  # no span record went out yet (FIRST_HOLD_SECONDS)
+        self._since = 0.0  # monotonic time of the oldest pending span
+        self._armed = False
+        self._open_seconds = open_seconds  # the store's max_open_seconds
+        # measurement name -> sum/max/mean (the span package's table), and each metric
+        # key's kind, so the hot path does one dict lookup instead of a ``split`` per
+        # call (cleared past a bound: unique span names cannot grow it without limit)
+        self._aggregation = aggregation_kinds(aggregation)
+        self._kinds: dict[str, int] = {}
+        self._clock = clock
+        self._flusher = flusher  # None: the process-wide one, looked up each time (fork)
+        self._key = ("spans", id(self))
+        self._on_due = on_due
+        self._warner = warner
 
-        Returns the step open now when the record, if any, can be written at once with it
-        (``record`` None, or its metrics joined the open row and no held record is ahead
-        of it); None when ``record`` is held; -1 when the store is closed (nothing kept).
+    def configure(
+        self, sink: Callable[[int, list[Any]], Any], max_seconds: float | None, max_bytes: int
+    ) -> None:
+        """Hold span records for ``sink`` (``HistoryStore.hold_spans`` says how)."""
+        self._sink = sink
+        self._hold_seconds = max_seconds
+        self._max_bytes = int(max_bytes)
+
+    def use_steps(self) -> None:
+        """A ``log(step=N)`` was accepted: records are held in larger batches, and the hold
+        deadline is the open row's (``max_open_seconds``)."""
+        self.explicit = True
+        self._cap = HOLD_MAX_RECORDS
+
+    # ------------------------------------------------------------------ aggregation
+
+    def place(
+        self,
+        metrics: dict[str, Any],
+        dur_ms: float,
+        record: Any,
+        open_row: dict[str, Any] | None = None,
+        open_agg: dict[str, list[float]] | None = None,
+        step: int = 0,
+    ) -> int:
+        """One ended span's metrics and record (``record`` None: none).
+
+        ``open_row`` None: no ``log()`` came while the span ran, so the metrics join the
+        pending row and the record is held. Otherwise a ``log()`` chose the step: the
+        metrics join ``open_row`` (the store's, with its mean state ``open_agg``, at
+        ``step``), and the record goes out now unless records are held ahead of it (a span
+        nested in this one, ended after the ``log()``): then it waits with them, its step
+        fixed (a ``(step, record)`` pair), to keep the file's order.
+
+        Combines by the measurement name before the first ``/``: sum (also every name not
+        in the table), maximum or duration-weighted mean; a non-numeric value replaces.
+        Returns :data:`OUT` (no record held), :data:`HELD` or :data:`FULL`, plus
+        :data:`OPEN_NONFINITE` when a NaN/inf joined ``open_row``.
         """
-        if self._fork_gen != _current.fork_gen:
-            raise ForkedRunError(FORK_MESSAGE)
-        kinds = self._kind_cache
-        with self._lock:
-            if self._closed:
-                return -1
-            if since < self._log_mark:  # a log() came while the span ran: the open row
-                row = self._open
-                agg = self._agg
-                pend = None
-            else:
-                row = pend = self._pend
-                agg = self._pagg
-                if not pend:  # the first span since the last fold: start the hold deadline
-                    self._pend_since = self._clock()
-                    if not self._pend_armed:
-                        self._arm_pending()
-            for k, v in metrics.items():
-                tv = type(v)
-                if tv is not float and tv is not int:
+        if open_row is None:
+            row = self.row
+            agg = self.agg
+            if not row:  # the first span since the last fold: start the hold deadline
+                self._since = self._clock()
+                if not self._armed:
+                    self._arm()
+        else:
+            row = open_row
+            agg = open_agg  # type: ignore[assignment]
+        kinds = self._kinds
+        nonfinite = False
+        for k, v in metrics.items():
+            tv = type(v)
+            if tv is not float and tv is not int:
+                row[k] = v
+                agg.pop(k, None)
+                if open_row is None:  # remember that this pending metric restarted
+                    if self._reset is None:
+                        self._reset = set()
+                    self._reset.add(k)
+                    self.plain = False
+                continue
+            if v - v != 0:
+                nonfinite = True
+            kind = kinds.get(k)
+            if kind is None:
+                kind = self._kind(k)
+            cur = row.get(k)
+            if kind == MEAN:
+                a = agg.get(k)
+                if a is None or type(cur) not in _NUMERIC:
+                    a = agg[k] = [0.0, 0.0]
+                if dur_ms > 0:
+                    a[0] += v * dur_ms
+                    a[1] += dur_ms
+                    row[k] = a[0] / a[1]
+                elif a[1] == 0:
                     row[k] = v
-                    agg.pop(k, None)
-                    if pend is not None:  # remember that this pending metric restarted
-                        if self._preset is None:
-                            self._preset = set()
-                        self._preset.add(k)
-                    continue
-                if v - v != 0:
-                    if pend is None:
-                        self._open_nonfinite = True
-                    else:
-                        self._pend_nonfinite = True
-                kind = kinds.get(k)
-                if kind is None:
-                    kind = self._kind(k)
-                cur = row.get(k)
-                if kind == MEAN:
-                    a = agg.get(k)
-                    if a is None or type(cur) not in _NUMERIC:
-                        a = agg[k] = [0.0, 0.0]
-                    if dur_ms > 0:
-                        a[0] += v * dur_ms
-                        a[1] += dur_ms
-                        row[k] = a[0] / a[1]
-                    elif a[1] == 0:
-                        row[k] = v
-                # exact type checks: a bool or non-number already in the row is replaced
-                elif (tc := type(cur)) is not float and tc is not int:
-                    row[k] = v
-                elif kind == SUM:
-                    row[k] = cur + v
-                elif v > cur or cur != cur:
-                    row[k] = v
-            held = self._held
-            if pend is None:
-                if self.max_open_seconds is not None and not self._timer_armed:
-                    self._touch()  # the open row's crash bound (openrow.py)
-                if record is None:
-                    return self.open_step
-                if not held:
-                    self._first_hold = False  # this record goes out now
-                    return self.open_step
-                # records held ahead of it (a span nested in this one, ended after the
-                # log()) keep the file's order: this one waits with them, its step fixed
-                record = (self.open_step, record)
-            elif record is None:
-                return self.open_step
+            # exact type checks: a bool or non-number already in the row is replaced
+            elif (tc := type(cur)) is not float and tc is not int:
+                row[k] = v
+            elif kind == SUM:
+                row[k] = cur + v
+            elif v > cur or cur != cur:
+                row[k] = v
+        held = self.held
+        if open_row is None:
+            if nonfinite:
+                self.nonfinite = True
+                self.plain = False
+            if record is None:
+                return OUT
             held.append(record)
             if type(record) is not dict:  # an encoded record (attributes, plugins, error)
-                self._held_bytes += (
-                    len(record) if type(record) is not tuple else _encoded_size(record)
-                )
-            if len(held) < self._hold_cap and self._held_bytes < self._hold_max_bytes:
-                return None
-            self._fold_locked()  # bounded memory
-            self._emit_held_locked()
-            return None
+                self._held_bytes += len(record)
+            if len(held) < self._cap and self._held_bytes < self._max_bytes:
+                return HELD
+            return FULL
+        else:
+            flag = OPEN_NONFINITE if nonfinite else 0
+            if record is None:
+                return OUT | flag
+            if not held:
+                self._first_hold = False  # this record goes out now
+                return OUT | flag
+            record = (step, record)
+        held.append(record)
+        self._held_bytes += _encoded_size(record)
+        if len(held) < self._cap and self._held_bytes < self._max_bytes:
+            return HELD | flag
+        return FULL | flag
 
     def _kind(self, k: str) -> int:
-        kinds = self._kind_cache
+        kinds = self._kinds
         if len(kinds) >= 65536:
             kinds.clear()
         kind = kinds[k] = self._aggregation.get(k.split("/", 1)[0], SUM)
         return kind
 
-    # ------------------------------------------------------------------ pending span data
+    # ------------------------------------------------------------------ fold
 
-    def hold_spans(
-        self,
-        sink: Callable[[int, list[Any]], Any],
-        *,
-        max_seconds: float | None = 5.0,
-        max_bytes: int = 64 << 20,
-    ) -> None:
-        """Hold span records passed to :meth:`ingest_span` until their row is known.
-
-        ``sink(step, records)`` receives them, in the order they were ingested, with the
-        step of the row their metrics were folded into (a ``(step, record)`` pair: a record
-        whose step was fixed when its span ended, held behind earlier records to keep the
-        file's order); it is called under the store lock
-        (so records reach the span file in fold order and ``flush()`` misses none), must
-        not call back into the store, and is never called with an empty list.
-
-        ``max_seconds`` bounds how long the oldest pending span waits for a ``log()`` while
-        this store has not accepted a ``log(step=N)``: the row open then is the one the
-        next ``log()`` writes anyway (:data:`FIRST_HOLD_SECONDS` at most until the first
-        record went out). Once explicit steps are in use the bound is ``max_open_seconds``
-        (the open row's own crash bound). None: no timed fold beyond ``max_open_seconds``
-        (but the first record's). Memory is bounded by ``max_bytes`` (of records held encoded,
-        i.e. those with attributes, plugin metrics or an error) and by :data:`HOLD_MAX_RECORDS`
-        records (:data:`HOLD_RECORDS_BEFORE_STEPS` before the first ``log(step=N)``); past
-        a bound the pending data is placed in the open row at once.
-        """
-        with self._lock:
-            self._span_sink = sink
-            self._hold_seconds = max_seconds
-            self._hold_max_bytes = int(max_bytes)
-
-    @property
-    def held_span_records(self) -> int:
-        """Span records waiting for the ``log()`` that fixes their step."""
-        return len(self._held)
-
-    def fold_spans(self) -> None:
-        """Place pending span data in the open row now and hand its records to the sink
-        (what ``flush()`` and a closing span recorder do). Never commits."""
-        self._check_fork()
-        with self._lock:
-            if self._pend:
-                self._fold_locked()
-                self._emit_held_locked()
-
-    def _fold_locked(self) -> None:
-        """Join the pending span data into the open row (its held records stay in
-        ``_held`` until :meth:`_emit_held_locked` hands them to the sink)."""
-        pend = self._pend
-        if pend:
-            if not self._open:  # the common case: the row this log() opened is empty
-                # swap, no copy: an empty open row has no aggregation state either
-                self._open, self._pend = pend, self._open
-                self._agg, self._pagg = self._pagg, self._agg
-            else:
-                self._fold_into(self._open, self._agg)
-                self._pend = {}
-                self._pagg = {}
-            if self._preset is not None:
-                self._preset = None
-            if self._pend_nonfinite:
-                self._open_nonfinite = True
-                self._pend_nonfinite = False
-
-    def _fold_into(self, row: dict[str, Any], agg: dict[str, list[float]]) -> None:
-        """Combine the pending row into ``row`` as if its spans had been ingested there."""
-        pagg = self._pagg
-        reset = self._preset
-        kinds = self._kind_cache
-        for k, v in self._pend.items():
+    def combine(self, row: dict[str, Any], agg: dict[str, list[float]]) -> None:
+        """Combine the pending row into ``row`` as if its spans had been ingested there
+        (the pending row is left as it is: a view, for queries)."""
+        pagg = self.agg
+        reset = self._reset
+        kinds = self._kinds
+        for k, v in self.row.items():
             tv = type(v)
             if (reset is not None and k in reset) or (tv is not float and tv is not int):
                 row[k] = v  # a non-numeric value restarted this metric's aggregation
@@ -304,97 +331,93 @@ class SpanFolding:
             elif v > cur or cur != cur:
                 row[k] = v
 
-    def _drop_pending_spans(self, step: int) -> None:
-        """A ``log(step=N)`` was dropped (behind the open step): the span data pending for
-        it is dropped with it (counted in ``dropped["span_metrics"]``), never summed into a
-        later row it was not measured for; its held records still reach the span file (the
-        time was spent), naming ``N``, the step they were measured for."""
-        self.dropped["span_metrics"] = self.dropped.get("span_metrics", 0) + 1
-        self._pend = {}
-        self._pagg = {}
-        self._preset = None
-        self._pend_nonfinite = False
-        if self._held:
-            self._emit_held_locked(step)
+    def fold_into(self, row: dict[str, Any], agg: dict[str, list[float]]) -> None:
+        """Join the pending row into ``row`` (the store's open row) and start a new one
+        (the held records stay held until :meth:`emit`). The store notes ``nonfinite``
+        first."""
+        self.combine(row, agg)
+        self.row, self.agg, self._reset, self.nonfinite, self.plain = {}, {}, None, False, True
 
-    def _emit_held_locked(self, step: int | None = None) -> None:
-        """Hand the held records to the span sink with the open step (or ``step``). Under
-        the store lock, so records reach the span file in fold order and
+    def discard(self) -> None:
+        """The ``log(step=N)`` this data waited for was dropped: so is the data (the store
+        counts it); the held records stay, for :meth:`emit` with that step."""
+        self.row, self.agg, self._reset, self.nonfinite, self.plain = {}, {}, None, False, True
+
+    def emit(self, step: int) -> None:
+        """Hand the held records to the sink with ``step`` (a ``(step, record)`` pair keeps
+        its own). Under the store lock, so records reach the span file in fold order and
         ``flush()``/``close()`` never miss a batch another thread has folded but not yet
         written.
 
         All or nothing under an interrupt (Ctrl-C, SIGTERM's ``SystemExit``): the records
-        leave ``_held`` in the same statement that calls the sink, so one raised before the
+        leave ``held`` in the same statement that calls the sink, so one raised before the
         sink was entered leaves them held (the next fold hands them over), and one raised
         inside the sink leaves them with the sink, which had them.
         """
-        held = self._held
+        held = self.held
         if not held:
             return
-        sink = self._span_sink
+        sink = self._sink
         if sink is None:  # nothing will ever take them
-            self._held, self._held_bytes = [], 0
+            self.held, self._held_bytes = [], 0
             return
-        at = self.open_step if step is None else step
         self._first_hold = False
         # one statement, on one line: no signal is handled between the sink's return and the
         # stores (a line event inside a statement split over lines would be such a point)
         try:
-            self._held, self._held_bytes = [], (sink(at, held), 0)[1]
+            self.held, self._held_bytes = [], (sink(step, held), 0)[1]
         except Exception as exc:  # noqa: BLE001 - a span sink never breaks log()
-            if self._held is held:
-                self._held, self._held_bytes = [], 0
-            self._sink_failed(exc)
+            if self.held is held:
+                self.held, self._held_bytes = [], 0
+            self._warner.warn(
+                ("span_sink", type(exc).__name__),
+                "expr_tracker: writing span records failed (%s: %s); ignored (warned once)",
+                type(exc).__name__,
+                exc,
+            )
         except BaseException as exc:
-            if self._held is held and _raised_in(exc, sink):
-                self._held, self._held_bytes = [], 0
+            if self.held is held and _raised_in(exc, sink):
+                self.held, self._held_bytes = [], 0
             raise
 
-    def _sink_failed(self, exc: Exception) -> None:
-        self.warner.warn(
-            ("span_sink", type(exc).__name__),
-            "expr_tracker: writing span records failed (%s: %s); ignored (warned once)",
-            type(exc).__name__,
-            exc,
-        )
+    # ------------------------------------------------------------------ hold deadline
 
-    def _hold_limit(self) -> float | None:
-        if self._explicit_steps:
-            return self.max_open_seconds
+    def _limit(self) -> float | None:
+        if self.explicit:
+            return self._open_seconds
         hold = self._hold_seconds
-        if self._first_hold and self._span_sink is not None:
+        if self._first_hold and self._sink is not None:
             # no span record went out yet: the first one reaches the file promptly (the
             # open row is the one the next plain log(d) writes: nothing moves)
             hold = FIRST_HOLD_SECONDS if hold is None else min(hold, FIRST_HOLD_SECONDS)
         if hold is None:
-            return self.max_open_seconds
-        if self.max_open_seconds is None:
+            return self._open_seconds
+        if self._open_seconds is None:
             return hold
-        return min(hold, self.max_open_seconds)
+        return min(hold, self._open_seconds)
 
-    def _arm_pending(self) -> None:
-        limit = self._hold_limit()
+    def _arm(self) -> None:
+        limit = self._limit()
         if limit is None:
             return
-        self._pend_armed = True
-        (self._flusher or get_flusher()).schedule(
-            ("spans", id(self)), self._pend_since + limit, self._pending_timeout
-        )
+        self._armed = True
+        (self._flusher or get_flusher()).schedule(self._key, self._since + limit, self._on_due)
 
-    def _pending_timeout(self) -> None:
-        """Runs on the flusher thread: fold span data that waited past the hold deadline."""
-        with self._lock:
-            self._pend_armed = False
-            if self._closed or not self._pend:
-                return
-            limit = self._hold_limit()
-            if limit is None:
-                return
-            due = self._pend_since + limit
-            if self._clock() < due:
-                self._arm_pending()
-                return
-            self._fold_locked()
-            self._emit_held_locked()
-            if self.max_open_seconds is not None:
-                self._touch()
+    def expired(self, closed: bool) -> bool:
+        """In ``on_due``: True when the pending data waited past the hold deadline (the
+        store folds it now). False when nothing waits (or the store is ``closed``), or
+        when the deadline moved later: the deadline is then armed again."""
+        self._armed = False
+        if closed or not self.row:
+            return False
+        limit = self._limit()
+        if limit is None:
+            return False
+        if self._clock() < self._since + limit:
+            self._arm()
+            return False
+        return True
+
+    def cancel(self) -> None:
+        """The store closed: nothing is scheduled any more."""
+        (self._flusher or get_flusher()).cancel(self._key)

@@ -1,11 +1,11 @@
 """HistoryStore: the open row, the commit rules, the row cache and tail queries.
 
-One ingress for everything that becomes a metric (docs/architecture.md "Interfaces"):
-:meth:`HistoryStore.ingest` for ``et.log`` and :meth:`HistoryStore.ingest_span` for span and
-plugin measurements. A committed row is encoded once, appended to the cache and queued to
-the :class:`~expr_tracker.history.writer.JsonlWriter` under one lock (the ordinal
-invariant: docs/architecture.md "Locks and their order"), then handed to every sink outside
-the lock, in commit order.
+One ingress for everything that becomes a metric (docs/architecture.md, the history
+contract): :meth:`HistoryStore.ingest` for ``et.log`` and :meth:`HistoryStore.ingest_span`
+for span and plugin measurements. A committed row is encoded once, appended to the cache
+and queued to the :class:`~expr_tracker.history.writer.JsonlWriter` under one lock (so a
+row's ordinal in the cache is its line in the file: docs/history.md "Where the answer comes
+from"), then handed to every sink outside the lock, in commit order.
 
 Commit table (docs/logging.md "The commit table", aligned with wandb)::
 
@@ -19,12 +19,19 @@ Commit table (docs/logging.md "The commit table", aligned with wandb)::
 
 ``log({})`` commits a row holding only ``_step``/``_time``.
 
-The store is one object over one lock, written by job in four modules: this one (the
-ingress, the commit table, the cache append and the fan-out to sinks, flush and close),
-:mod:`~expr_tracker.history.spanfold` (span data: the pending row, the fold, held records,
-with the aggregation table handed in), :mod:`~expr_tracker.history.openrow` (the idle
-open row written without committing, patch lines) and
-:mod:`~expr_tracker.history.storeread` (the open row as shown, ``tail``, ``step_range``).
+The store is one object over one lock (``_lock``; the methods named ``*_locked`` run with
+it held). It keeps the open row (and when it last changed) and the last ``log()`` mark, and
+owns three small objects, each holding only its own state:
+
+- :class:`~expr_tracker.history.spanfold.PendingSpans`: span data no ``log()`` reached
+  yet, held span records and their sink, the hold deadline (the aggregation table is
+  handed in); every method of it runs with the store lock held;
+- :class:`~expr_tracker.history.openrow.OpenRowTimer`: the idle open row's deadline;
+  every method of it runs with the store lock held. The deadline callbacks of both are the
+  store's (``_spans_due``, ``_open_row_due``), which take the lock on the flusher thread;
+- :class:`~expr_tracker.history.storeread.StoreReader`: ``tail`` and ``step_range`` with
+  their counters; it takes the store lock itself to look at the cache and the open row
+  (``_shown_open_locked``, called under it), and reads the file after releasing it.
 """
 
 from __future__ import annotations
@@ -41,7 +48,7 @@ from expr_tracker._current import FORK_MESSAGE
 from expr_tracker._current import sequence as _sequence
 from expr_tracker._warn import Warner
 from expr_tracker.errors import ForkedRunError
-from expr_tracker.history.cache import DecodedTail, RowCache
+from expr_tracker.history.cache import RowCache
 from expr_tracker.history.codec import (
     FLOAT_MAX_INT,
     encode_row,
@@ -49,15 +56,10 @@ from expr_tracker.history.codec import (
     normalize_value,
     sanitize_row,
 )
-from expr_tracker.history.flusher import BackgroundFlusher, get_flusher
-from expr_tracker.history.openrow import RESERVED, OpenRowTimer
-from expr_tracker.history.spanfold import (
-    HOLD_MAX_RECORDS,
-    HOLD_RECORDS_BEFORE_STEPS,
-    SpanFolding,
-    aggregation_kinds,
-)
-from expr_tracker.history.storeread import StoreReads
+from expr_tracker.history.flusher import BackgroundFlusher
+from expr_tracker.history.openrow import RESERVED, OpenRowTimer, changed
+from expr_tracker.history.spanfold import FULL, HELD, NEVER, OPEN_NONFINITE, OUT, PendingSpans
+from expr_tracker.history.storeread import StoreReader
 from expr_tracker.history.writer import JsonlWriter
 
 log = logging.getLogger("expr_tracker")
@@ -72,7 +74,7 @@ def _same_value(a: Any, b: Any) -> bool:
     return a is b or (type(a) is type(b) and (a == b or (type(a) is float and a != a and b != b)))
 
 
-class HistoryStore(SpanFolding, OpenRowTimer, StoreReads):
+class HistoryStore:
     """The per-stream store; see the module docstring.
 
     Args:
@@ -108,7 +110,6 @@ class HistoryStore(SpanFolding, OpenRowTimer, StoreReads):
         self._clock = clock
         self._wall = wall_clock
         self.warner = warner or Warner()
-        self._flusher = flusher
         self._lock = threading.Lock()
         self._fork_gen = _current.fork_gen
         prefix = writer.prefix_lines if writer is not None else 0
@@ -117,35 +118,29 @@ class HistoryStore(SpanFolding, OpenRowTimer, StoreReads):
         self.open_step = int(start_step)
         self._open: dict[str, Any] = {}
         self._open_nonfinite = False
-        self._agg: dict[str, list[float]] = {}
-        # measurement name -> sum/max/mean (the span package's table), and each metric
-        # key's kind, so the hot path does one dict lookup instead of a ``split`` per
-        # call (cleared past a bound: unique span names cannot grow it without limit)
-        self._aggregation = aggregation_kinds(aggregation)
-        self._kind_cache: dict[str, int] = {}
+        self._agg: dict[str, list[float]] = {}  # the open row's mean state (span metrics)
         # the last accepted log()'s mark (from _current.sequence, as span ids): a span whose
         # id is below it saw a log() while it ran and joins the open row when it ends
         self._log_mark = 0
-        # span data of spans that saw no log() while they ran: it joins the row the next
-        # log() writes
-        self._pend: dict[str, Any] = {}
-        self._pagg: dict[str, list[float]] = {}
-        self._preset: set[str] | None = None  # pending keys that restarted (non-numeric)
-        self._pend_nonfinite = False
-        self._pend_since = 0.0  # monotonic time of the oldest pending span
-        self._pend_armed = False
-        self._first_hold = True  # no span record went out yet (FIRST_HOLD_SECONDS)
-        self._held: list[Any] = []  # span records waiting for their step
-        self._held_bytes = 0
-        self._span_sink: Callable[[int, list[Any]], Any] | None = None
-        self._hold_seconds: float | None = None
-        self._hold_max_bytes = 64 << 20
-        self._explicit_steps = False  # a log(step=N) was accepted
-        self._hold_cap = HOLD_RECORDS_BEFORE_STEPS
+        # span data of spans that saw no log() while they ran (it joins the row the next
+        # log() writes), their held records, the hold deadline (spanfold.py)
+        self._spans = PendingSpans(
+            aggregation,
+            open_seconds=max_open_seconds,
+            clock=clock,
+            flusher=flusher,
+            on_due=self._spans_due,
+            warner=self.warner,
+        )
+        self._place = self._spans.place  # bound once: ingest_span is a hot path
         self._written_open: dict[str, Any] | None = None  # what a timeout wrote for this step
-        self._gen = 0
-        self._touched = 0.0
-        self._timer_armed = False
+        self._touched = 0.0  # monotonic time the open row last changed (for the timer)
+        # the open row's crash bound (None: max_open_seconds=None, never written early)
+        self._timer = (
+            OpenRowTimer(max_open_seconds, clock, flusher, self._open_row_due)
+            if max_open_seconds is not None
+            else None
+        )
         self._closed = False
         self.sinks: list[Callable[[dict[str, Any]], Any]] = []
         self.flush_hooks: list[Callable[[], Any]] = []
@@ -160,14 +155,12 @@ class HistoryStore(SpanFolding, OpenRowTimer, StoreReads):
         # counters
         self.rows_committed = 0
         self.patch_rows = 0
-        self.queries = 0
-        self.disk_queries = 0
-        self.disk_bytes_read = 0
-        self.disk_lines_skipped = 0  # lines of the file that are not rows, met by queries
-        self.disk_lines_no_step = 0  # ... of them: objects without an integer _step
-        self._memo: DecodedTail | None = None  # decoded rows of the last tail(n) query
         self.dropped: dict[str, int] = {}
         self.sink_errors = 0
+        # the queries (tail, step_range) and their counters (storeread.py)
+        self._reader = StoreReader(
+            self._lock, self.cache, writer, self.warner, self._shown_open_locked
+        )
 
     # ------------------------------------------------------------------ ingress
 
@@ -211,6 +204,7 @@ class HistoryStore(SpanFolding, OpenRowTimer, StoreReads):
             if self._closed:
                 self._drop("closed", "expr_tracker: log() after the history was closed; dropped")
                 return -1
+            spans = self._spans
             if step is not None:
                 cur = self.open_step
                 if step > cur:
@@ -227,15 +221,14 @@ class HistoryStore(SpanFolding, OpenRowTimer, StoreReads):
                             step,
                             cur,
                         )
-                        if self._pend:  # the span time measured for the dropped row
-                            self._drop_pending_spans(step)
+                        if spans.row:  # the span time measured for the dropped row
+                            self._drop_pending_locked(step)
                         return -1
                     if self._open:
                         committed = self._commit_locked()
                     self.open_step = step
-                if not self._explicit_steps:
-                    self._explicit_steps = True
-                    self._hold_cap = HOLD_MAX_RECORDS
+                if not spans.explicit:
+                    spans.use_steps()
                 if commit is None:
                     commit = False
             elif commit is None:
@@ -243,16 +236,16 @@ class HistoryStore(SpanFolding, OpenRowTimer, StoreReads):
             # the mark of an accepted log(), from the sequence span ids come from: spans
             # running now saw this call (spanfold.py)
             self._log_mark = next(_sequence)
-            pend = self._pend
+            pend = spans.row
             if pend:  # span time waiting since the last log() joins the row this call writes
-                if not self._open and self._preset is None and not self._pend_nonfinite:
-                    # the common case, inlined: swap in the pending row (see _fold_locked)
-                    self._open, self._pend = pend, self._open
-                    self._agg, self._pagg = self._pagg, self._agg
+                if not self._open and spans.plain:
+                    # the common case, inlined: the exchange of _fold_locked
+                    pagg = spans.agg
+                    self._open, self._agg, spans.row, spans.agg = pend, pagg, self._open, self._agg
                 else:
                     self._fold_locked()
-                if self._held:
-                    self._emit_held_locked()
+                if spans.held:
+                    spans.emit(self.open_step)
             if metrics:
                 self._merge(metrics)
             landed = self.open_step
@@ -262,12 +255,11 @@ class HistoryStore(SpanFolding, OpenRowTimer, StoreReads):
                     committed = row
                 else:
                     committed = (committed, row)
-            elif self.max_open_seconds is not None and self._open:
-                # _touch, inlined while its timer runs (every commit=False call comes here)
-                if self._timer_armed:
-                    self._touched = self._clock()
-                else:
-                    self._touch()
+            elif self._open and (timer := self._timer) is not None:
+                # the open row changed: its idle deadline moves (openrow.py)
+                self._touched = now = self._clock()
+                if not timer.armed:
+                    timer.arm(now)
             upto = 0
             if committed is not None and self.sinks:
                 # queued under the lock, so sinks see rows in commit order across threads
@@ -370,6 +362,143 @@ class HistoryStore(SpanFolding, OpenRowTimer, StoreReads):
         )
         return name or None
 
+    # ------------------------------------------------------------------ span data
+
+    def ingest_span(
+        self, metrics: dict[str, Any], dur_ms: float, record: Any = None, since: int = NEVER
+    ) -> int | None:
+        """Place one ended span's metrics (docs/spans.md "Which row a span joins").
+
+        Aggregation by measurement name (the part before the first ``/``), as the table
+        handed to the store says (``HistoryStore(aggregation=...)``): sum (also every name
+        not in the table), maximum, or duration-weighted mean. A span never commits a step.
+
+        ``since`` is the span's id, drawn from ``_current.sequence`` when it started; each
+        accepted ``log()`` takes a mark from the same sequence. When a ``log()`` reached the
+        store while the span ran (``since`` is below the last mark), that call chose the
+        step and the metrics join the row open now. Otherwise (and by default) they wait in
+        a pending row that the next accepted ``log()`` folds into the row it writes (after
+        ``step=`` opened it); ``commit()``, ``flush()``, ``close()`` and the hold deadline
+        (:meth:`hold_spans`) fold it into the row open then. ``record`` (a span record:
+        ``bytes``, or a dict) reaches the span sink with the step of the row its metrics
+        joined.
+
+        Returns the step open now when the record, if any, can be written at once with it
+        (``record`` None, or its metrics joined the open row and no held record is ahead
+        of it); None when ``record`` is held; -1 when the store is closed (nothing kept).
+        """
+        if self._fork_gen != _current.fork_gen:
+            raise ForkedRunError(FORK_MESSAGE)
+        with self._lock:
+            if self._closed:
+                return -1
+            if since >= self._log_mark:  # no log() came while the span ran: it waits
+                verdict = self._place(metrics, dur_ms, record, None, None, 0)
+                if verdict == HELD:
+                    return None
+            else:  # a log() came while the span ran (it chose the step): the open row
+                verdict = self._place(
+                    metrics, dur_ms, record, self._open, self._agg, self.open_step
+                )
+                if verdict & OPEN_NONFINITE:
+                    self._open_nonfinite = True
+                    verdict ^= OPEN_NONFINITE
+                timer = self._timer
+                if timer is not None and not timer.armed:  # the open row's crash bound
+                    self._touched = now = self._clock()  # (a running deadline stays)
+                    timer.arm(now)
+            if verdict == OUT:
+                return self.open_step
+            if verdict == FULL:  # bounded memory: the pending data joins the open row now
+                self._fold_locked()
+                self._spans.emit(self.open_step)
+            return None
+
+    def hold_spans(
+        self,
+        sink: Callable[[int, list[Any]], Any],
+        *,
+        max_seconds: float | None = 5.0,
+        max_bytes: int = 64 << 20,
+    ) -> None:
+        """Hold span records passed to :meth:`ingest_span` until their row is known.
+
+        ``sink(step, records)`` receives them, in the order they were ingested, with the
+        step of the row their metrics were folded into (a ``(step, record)`` pair: a record
+        whose step was fixed when its span ended, held behind earlier records to keep the
+        file's order); it is called under the store lock
+        (so records reach the span file in fold order and ``flush()`` misses none), must
+        not call back into the store, and is never called with an empty list.
+
+        ``max_seconds`` bounds how long the oldest pending span waits for a ``log()`` while
+        this store has not accepted a ``log(step=N)``: the row open then is the one the
+        next ``log()`` writes anyway (``spanfold.FIRST_HOLD_SECONDS`` at most until the
+        first record went out). Once explicit steps are in use the bound is
+        ``max_open_seconds`` (the open row's own crash bound). None: no timed fold beyond
+        ``max_open_seconds`` (but the first record's). Memory is bounded by ``max_bytes``
+        (of records held encoded, i.e. those with attributes, plugin metrics or an error)
+        and by ``spanfold.HOLD_MAX_RECORDS`` records (``HOLD_RECORDS_BEFORE_STEPS`` before
+        the first ``log(step=N)``); past a bound the pending data is placed in the open row
+        at once.
+        """
+        with self._lock:
+            self._spans.configure(sink, max_seconds, max_bytes)
+
+    @property
+    def held_span_records(self) -> int:
+        """Span records waiting for the ``log()`` that fixes their step."""
+        return len(self._spans.held)
+
+    def fold_spans(self) -> None:
+        """Place pending span data in the open row now and hand its records to the sink
+        (what ``flush()`` and a closing span recorder do). Never commits."""
+        self._check_fork()
+        with self._lock:
+            if self._spans.row:
+                self._fold_locked()
+                self._spans.emit(self.open_step)
+
+    def _fold_locked(self) -> None:
+        """Join the pending span data into the open row (its held records stay held until
+        ``_spans.emit``)."""
+        spans = self._spans
+        pend = spans.row
+        if not pend:
+            return
+        if not self._open and spans.plain:
+            # the common case: the row this log() opened is empty (so is its mean state):
+            # exchange it for the pending row, no copy, in one statement (no interrupt
+            # leaves the pending data in both rows or in neither)
+            pagg = spans.agg
+            self._open, self._agg, spans.row, spans.agg = pend, pagg, self._open, self._agg
+            return
+        if spans.nonfinite:  # first: an interrupt in the fold leaves the flag set (safe)
+            self._open_nonfinite = True
+        spans.fold_into(self._open, self._agg)
+
+    def _drop_pending_locked(self, step: int) -> None:
+        """A ``log(step=N)`` was dropped (behind the open step): the span data pending for
+        it is dropped with it (counted in ``dropped["span_metrics"]``), never summed into a
+        later row it was not measured for; its held records still reach the span file (the
+        time was spent), naming ``N``, the step they were measured for."""
+        self.dropped["span_metrics"] = self.dropped.get("span_metrics", 0) + 1
+        self._spans.discard()
+        self._spans.emit(step)
+
+    def _spans_due(self) -> None:
+        """Runs on the flusher thread at the span hold deadline: fold span data that waited
+        past it into the open row (spanfold.py)."""
+        with self._lock:
+            if not self._spans.expired(self._closed):
+                return
+            self._fold_locked()
+            self._spans.emit(self.open_step)
+            timer = self._timer
+            if timer is not None:  # the open row changed
+                self._touched = now = self._clock()
+                if not timer.armed:
+                    timer.arm(now)
+
     # ------------------------------------------------------------------ commit
 
     def _commit_locked(self) -> dict[str, Any]:
@@ -383,7 +512,6 @@ class HistoryStore(SpanFolding, OpenRowTimer, StoreReads):
         """
         row = self._open
         step = self.open_step
-        gen = self._gen
         committed = self.rows_committed
         mark = self.cache.next_ordinal
         try:
@@ -403,23 +531,21 @@ class HistoryStore(SpanFolding, OpenRowTimer, StoreReads):
             self._open_nonfinite = False
             if self._agg:
                 self._agg = {}
-            self._gen = gen + 1
             self.rows_committed = committed + 1
             self.last_row = row
             self.open_step = step + 1
         except BaseException:
             if self.cache.next_ordinal != mark and self.open_step == step:
-                self._open_step_after(row, step, gen, committed)
+                self._open_step_after(row, step, committed)
             raise
         return row
 
-    def _open_step_after(self, row: dict[str, Any], step: int, gen: int, committed: int) -> None:
+    def _open_step_after(self, row: dict[str, Any], step: int, committed: int) -> None:
         """The state after committing ``row`` at ``step`` (idempotent: plain assignments)."""
         self._written_open = None
         self._open = {}
         self._open_nonfinite = False
         self._agg = {}
-        self._gen = gen + 1
         self.rows_committed = committed + 1
         self.last_row = row
         self.open_step = step + 1
@@ -459,6 +585,21 @@ class HistoryStore(SpanFolding, OpenRowTimer, StoreReads):
         if cache.nbytes > cache.max_bytes or cache.nrows > cache.max_rows:
             self._evict_locked()
 
+    def _write_row_locked(self, row: dict[str, Any], step: int) -> None:
+        """Append ``row`` whole, or, once this step was written early (max_open_seconds), as
+        a patch line holding what changed since (nothing when nothing did)."""
+        written = self._written_open
+        if written is None:
+            self._append_locked(self._encode(row), step)
+            return
+        patch = changed(row, written)
+        if patch is None:
+            return
+        self._append_locked(self._encode(patch), step)
+        self.patch_rows += 1
+        if self.writer is not None:
+            self.writer.mark_duplicate_steps()
+
     def _flushed_ordinal(self) -> int:
         w = self.writer
         if w is None:
@@ -482,9 +623,9 @@ class HistoryStore(SpanFolding, OpenRowTimer, StoreReads):
         """
         self._check_fork()
         with self._lock:
-            if self._pend:
+            if self._spans.row:
                 self._fold_locked()
-                self._emit_held_locked()
+                self._spans.emit(self.open_step)
             row = None
             upto = 0
             if self._open:
@@ -521,6 +662,98 @@ class HistoryStore(SpanFolding, OpenRowTimer, StoreReads):
                             exc,
                         )
 
+    # ------------------------------------------------------------------ reads
+
+    def open_row(self) -> dict[str, Any] | None:
+        """A copy of the open row with its ``_step`` (None when it holds nothing)."""
+        with self._lock:
+            return self._shown_open_locked(True)[1]
+
+    def _shown_open_locked(self, include_open: bool) -> tuple[int, dict[str, Any] | None, bool]:
+        """For the reader, under the lock: the open step; when ``include_open``, a copy of
+        the open row as a query shows it, with its ``_step`` and with the pending span data
+        folded in (a view: the next ``log()`` decides the row that data really joins; None
+        when it holds nothing); whether the open row was written early (max_open_seconds)."""
+        step = self.open_step
+        row = None
+        if include_open:
+            spans = self._spans
+            if self._open:
+                row = dict(self._open)
+                if spans.row:
+                    spans.combine(row, {k: list(a) for k, a in self._agg.items()})
+                row["_step"] = step
+            elif spans.row:
+                row = dict(spans.row)
+                row["_step"] = step
+        return step, row, self._written_open is not None
+
+    def tail(self, n: int | None = 50, include_open: bool = True) -> list[dict[str, Any]]:
+        """The newest ``n`` steps (``None``/``-1``: all, in step order), oldest first.
+
+        Returns new dicts (a snapshot). Rows of one step are merged (later lines win per
+        key); the open row counts as the newest step when ``include_open``. The cache
+        answers without any IO when it holds the window; otherwise the rows before the
+        cache boundary are read backwards from the file (``disk_queries`` += 1).
+
+        Raises:
+            ForkedRunError: called in a forked child of the process that made this store.
+        """
+        if self._fork_gen != _current.fork_gen:
+            raise ForkedRunError(FORK_MESSAGE)
+        return self._reader.tail(n, include_open)
+
+    def step_range(
+        self, start: int | None, end: int | None, include_open: bool = True
+    ) -> list[dict[str, Any]]:
+        """Steps ``start <= _step < end`` (None: open side), merged, in step order.
+
+        Exact by step. When the store is sorted the cache is binary-searched and the file
+        is read only for the part of the range older than the cache, through the sidecar
+        index (never a full scan); an unsorted store (``step_policy="allow"`` with
+        backward steps) walks the cache and scans the disk part once.
+
+        Raises:
+            ForkedRunError: called in a forked child of the process that made this store.
+        """
+        self._check_fork()
+        return self._reader.step_range(start, end, include_open)
+
+    # ------------------------------------------------------------------ the open row early
+
+    def _open_row_due(self) -> None:
+        """Runs on the flusher thread at the open-row timer's deadline: write an idle open
+        row to disk without committing it (openrow.py)."""
+        with self._lock:
+            timer = self._timer
+            waiting = not self._closed and bool(self._open)
+            if timer is None or not timer.expired(waiting, self._touched):
+                return
+            self._write_open_locked()
+        if self.writer is not None:
+            self.writer.flush()
+
+    def _write_open_locked(self) -> None:
+        row = dict(self._open)
+        row["_step"] = self.open_step
+        row["_time"] = self._wall()
+        mark = self.cache.next_ordinal
+        try:
+            self._write_row_locked(row, self.open_step)
+        except BaseException:
+            if self.cache.next_ordinal != mark:  # it was written: remember it (no repeat)
+                self._written_open = row
+            raise
+        self._written_open = row
+
+    def write_open_row(self) -> bool:
+        """Write the open row to disk now, without committing it (what the timer does)."""
+        with self._lock:
+            if not self._open:
+                return False
+            self._write_open_locked()
+            return True
+
     # ------------------------------------------------------------------ lifecycle
 
     def flush(self) -> None:
@@ -538,9 +771,9 @@ class HistoryStore(SpanFolding, OpenRowTimer, StoreReads):
         """Commit the open row (if it holds data), flush and close the writer."""
         self._check_fork()
         with self._lock:  # commit and close in one step: nothing can slip in between
-            if self._pend:
+            if self._spans.row:
                 self._fold_locked()
-                self._emit_held_locked()
+                self._spans.emit(self.open_step)
             row = None
             if self._open:
                 try:
@@ -561,9 +794,9 @@ class HistoryStore(SpanFolding, OpenRowTimer, StoreReads):
         self._drain(upto)
         if self.writer is not None:
             self.writer.close()
-        flusher = self._flusher or get_flusher()
-        flusher.cancel(("open", id(self)))
-        flusher.cancel(("spans", id(self)))
+        if self._timer is not None:
+            self._timer.cancel()
+        self._spans.cancel()
         return row
 
     def stats(self) -> dict[str, Any]:
@@ -584,7 +817,8 @@ class HistoryStore(SpanFolding, OpenRowTimer, StoreReads):
         """
         c = self.cache
         w = self.writer
-        q = self.queries
+        r = self._reader
+        q = r.queries
         out = {
             "open_step": self.open_step,
             "rows_logged": self.rows_committed,
@@ -599,14 +833,14 @@ class HistoryStore(SpanFolding, OpenRowTimer, StoreReads):
             "evicted_rows": c.evicted_rows,
             "cache_sorted": c.sorted,
             "queries": q,
-            "disk_queries": self.disk_queries,
-            "disk_bytes_read": self.disk_bytes_read,
-            "disk_lines_skipped": self.disk_lines_skipped,
-            "disk_lines_no_step": self.disk_lines_no_step,
-            "hit_rate": (q - self.disk_queries) / q if q else None,
+            "disk_queries": r.disk_queries,
+            "disk_bytes_read": r.disk_bytes_read,
+            "disk_lines_skipped": r.disk_lines_skipped,
+            "disk_lines_no_step": r.disk_lines_no_step,
+            "hit_rate": (q - r.disk_queries) / q if q else None,
             "dropped": dict(self.dropped),
             "sink_errors": self.sink_errors,
-            "held_span_records": len(self._held),
+            "held_span_records": len(self._spans.held),
         }
         if w is not None:
             ws = w.stats()

@@ -1,58 +1,70 @@
-"""Queries over a live store: the open row as shown, ``tail(n)`` and ``step_range``.
+"""Queries over a live store: ``tail(n)`` and ``step_range``, cache first, then the file.
 
-Part of :class:`~expr_tracker.history.store.HistoryStore` (a mixin over its state and its
-one lock), kept in its own module by job; ``query.py`` plans which of these (or the files)
-answers a read.
+:class:`StoreReader` is owned by :class:`~expr_tracker.history.store.HistoryStore`, which
+hands it the store lock, the row cache, the writer and a function showing the open row;
+it owns the query counters and the decoded-tail memo. ``query.py`` plans which of these
+(or the files) answers a read.
+
+Query planning (docs/history.md "Where the answer comes from"): the cache/disk boundary is
+the row ordinal ``cache.first_ordinal``: rows before it are on disk (evicted, or a resume's
+prefix), rows from it on are in memory. Every result is a list of new dicts: a snapshot.
 """
 
 from __future__ import annotations
 
+import threading
+from collections.abc import Callable
 from typing import Any
 
-from expr_tracker.history.cache import DecodedTail, decode_lines
+from expr_tracker._warn import Warner
+from expr_tracker.history.cache import DecodedTail, RowCache, decode_lines
 from expr_tracker.history.reader import JsonlReader, merge_by_step, step_key
+from expr_tracker.history.writer import JsonlWriter
+
+#: ``shown(include_open)`` -> ``(open_step, open row as shown or None, written early)``,
+#: called under the store lock
+ShownOpen = Callable[[bool], tuple[int, dict[str, Any] | None, bool]]
 
 
-class StoreReads:
-    """The read half of :class:`~expr_tracker.history.store.HistoryStore`."""
+class StoreReader:
+    """The reads of one store (its ``tail`` and ``step_range``).
 
-    # ------------------------------------------------------------------ queries
-    # Query planning (docs/history.md "Where the answer comes from"). The cache/disk boundary
-    # is the row ordinal
-    # ``cache.first_ordinal``: rows before it are on disk (evicted, or a resume's prefix),
-    # rows from it on are in memory. Every result is a list of new dicts: a snapshot.
+    Args:
+        lock: the store lock, taken while the cache and the open row are looked at (and
+            the counters and memo changed); never held while the file is read.
+        cache / writer / warner: the store's.
+        shown: called under ``lock`` with ``include_open``: the open step, the open row as
+            a query shows it (None when it holds nothing or ``include_open`` is False), and
+            whether it was written early (a timed-out open row is on disk but not committed:
+            hidden without ``include_open``).
+    """
 
-    def open_row(self) -> dict[str, Any] | None:
-        """A copy of the open row with its ``_step`` (None when it holds nothing)."""
-        with self._lock:
-            return self._open_copy_locked()
-
-    def _open_copy_locked(self) -> dict[str, Any] | None:
-        """The open row as a query shows it: with the pending span data folded in (a view:
-        the next ``log()`` decides the row that data really joins)."""
-        if not self._open:
-            if not self._pend:
-                return None
-            row = dict(self._pend)
-        else:
-            row = dict(self._open)
-            if self._pend:
-                self._fold_into(row, {k: list(a) for k, a in self._agg.items()})
-        row["_step"] = self.open_step
-        return row
+    def __init__(
+        self,
+        lock: threading.Lock,
+        cache: RowCache,
+        writer: JsonlWriter | None,
+        warner: Warner,
+        shown: ShownOpen,
+    ) -> None:
+        self._lock = lock
+        self.cache = cache
+        self.writer = writer
+        self.warner = warner
+        self._shown = shown
+        self.queries = 0
+        self.disk_queries = 0
+        self.disk_bytes_read = 0
+        self.disk_lines_skipped = 0  # lines of the file that are not rows, met by queries
+        self.disk_lines_no_step = 0  # ... of them: objects without an integer _step
+        self._memo: DecodedTail | None = None  # decoded rows of the last tail(n) query
 
     def tail(self, n: int | None = 50, include_open: bool = True) -> list[dict[str, Any]]:
-        """The newest ``n`` steps (``None``/``-1``: all, in step order), oldest first.
-
-        Returns new dicts (a snapshot). Rows of one step are merged (later lines win per
-        key); the open row counts as the newest step when ``include_open``. The cache
-        answers without any IO when it holds the window; otherwise the rows before the
-        cache boundary are read backwards from the file (``disk_queries`` += 1).
-
-        Raises:
-            ForkedRunError: called in a forked child of the process that made this store.
-        """
-        self._check_fork()
+        """``HistoryStore.tail``: the newest ``n`` steps (``None``/``-1``: all, in step
+        order), oldest first, merged per step; the open row counts as the newest step when
+        ``include_open``. The cache answers without any IO when it holds the window;
+        otherwise the rows before the cache boundary are read backwards from the file
+        (``disk_queries`` += 1)."""
         if n is not None and n < 0:
             n = None
         if n == 0:
@@ -63,9 +75,9 @@ class StoreReads:
         with self._lock:
             self.queries += 1
             cache = self.cache
-            openrow = self._open_copy_locked() if include_open else None
+            open_step, openrow, written = self._shown(include_open)
             # a timed-out open row is on disk but not committed: hidden without include_open
-            hide = None if include_open or self._written_open is None else self.open_step
+            hide = open_step if written and not include_open else None
             stop = cache.next_ordinal
             if n is None:
                 start, complete, simple = cache.first_ordinal, False, False
@@ -116,17 +128,11 @@ class StoreReads:
     def step_range(
         self, start: int | None, end: int | None, include_open: bool = True
     ) -> list[dict[str, Any]]:
-        """Steps ``start <= _step < end`` (None: open side), merged, in step order.
-
-        Exact by step. When the store is sorted the cache is binary-searched and the file
-        is read only for the part of the range older than the cache, through the sidecar
-        index (never a full scan); an unsorted store (``step_policy="allow"`` with
-        backward steps) walks the cache and scans the disk part once.
-
-        Raises:
-            ForkedRunError: called in a forked child of the process that made this store.
-        """
-        self._check_fork()
+        """``HistoryStore.step_range``: steps ``start <= _step < end`` (None: open side),
+        merged, in step order. When the store is sorted the cache is binary-searched and
+        the file is read only for the part of the range older than the cache, through the
+        sidecar index (never a full scan); an unsorted store (``step_policy="allow"`` with
+        backward steps) walks the cache and scans the disk part once."""
         lo = -(1 << 63) if start is None else int(start)
         hi = 1 << 63 if end is None else int(end)
         if hi <= lo:
@@ -151,13 +157,13 @@ class StoreReads:
                 and w is not None
                 and (not is_sorted or first_step is None or lo <= first_step)
             )
-            openrow = None
-            hide = None
-            if lo <= self.open_step < hi:
+            openrow = hide = None
+            open_step, _, written = self._shown(False)
+            if lo <= open_step < hi:
                 if include_open:
-                    openrow = self._open_copy_locked()
-                elif self._written_open is not None:
-                    hide = self.open_step
+                    openrow = self._shown(True)[1]
+                elif written:
+                    hide = open_step
         rows = decode_lines(lines)
         if disk:
             reader = self._disk_reader(first)

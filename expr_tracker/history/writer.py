@@ -17,12 +17,14 @@
   logged loudly, but first (at most every ``PROBE_INTERVAL_S``) the oldest record is
   tried on disk: when that works the disk is back, and the queue is written instead of
   dropped; the steps of dropped records are kept as ranges (``stats()["dropped_steps"]``)
-  (:mod:`~expr_tracker.history.pending` probes, drops and keeps the ranges);
+  (the queue is a :class:`~expr_tracker.history.pending.PendingQueue`, which drops and
+  keeps the ranges);
 - before each write the open file is checked with one ``fstat``: a file unlinked under the
   writer (the run directory was deleted) is recreated with its directory, and a file that
   is shorter than the writer wrote (truncated by another process) has a torn tail repaired
   and its line count, steps and index rescanned before the batch is appended (one warning
-  each; :mod:`~expr_tracker.history.recovery` repairs and rescans);
+  each; :mod:`~expr_tracker.history.recovery` repairs and rescans the writer's
+  :class:`~expr_tracker.history.recovery.FileState`);
 - ``close`` refuses new records first (counted as ``dropped_closed``), then flushes, so a
   record accepted by ``append`` is never left behind by a concurrent close;
 - the sidecar ``*.meta.json`` (docs/history.md "Where the answer comes from") is written
@@ -46,21 +48,22 @@ from typing import Any
 from expr_tracker._warn import Warner
 from expr_tracker.history.flusher import BackgroundFlusher, get_flusher
 from expr_tracker.history.paths import atomic_write
-from expr_tracker.history.pending import (  # the constants re-exported: their old home
+from expr_tracker.history.pending import (  # MAX_DROPPED_RANGES re-exported: its old home
     MAX_DROPPED_RANGES,  # noqa: F401
-    PROBE_INTERVAL_S,  # noqa: F401
-    enforce_limit,
-    probe,
+    PROBE_INTERVAL_S,
+    PendingQueue,
 )
 from expr_tracker.history.reader import META_SCHEMA
 from expr_tracker.history.recovery import (
-    acquire_lock,
+    FileState,
     open_existing,
     recreate,
     release_lock_fd,
     repair_torn_tail,
     repair_truncated,
     rescan,
+    take_lock,
+    warn_io,
 )
 
 log = logging.getLogger("expr_tracker")
@@ -91,6 +94,11 @@ class JsonlWriter:
             before it reads anything of the run); the writer owns it from then on and
             releases it at ``close``. ``lock`` is then ignored.
         index_every: one ``[step, line, offset]`` index anchor every this many lines.
+
+    Its state, owned here and handed to the helper modules: ``queue``, a
+    :class:`~expr_tracker.history.pending.PendingQueue` (records accepted, not yet written;
+    under ``_lock``), and ``file``, a :class:`~expr_tracker.history.recovery.FileState`
+    (descriptors, size, lines, steps and index of what is on disk; under ``_io_lock``).
 
     Raises:
         RunLockedError: another live process holds the lock.
@@ -131,44 +139,24 @@ class JsonlWriter:
 
         self._lock = threading.Lock()  # the pending queue
         self._io_lock = threading.RLock()  # one flush at a time, in order
-        self._lines: list[bytes] = []
-        self._steps: list[int | None] = []
-        self._pending_bytes = 0
-        self._oldest: float | None = None  # monotonic time of the oldest pending record
+        self.queue = PendingQueue()  # records accepted, not yet written (under _lock)
+        self.file = FileState(self.path, self.index_every)  # what is on disk (_io_lock)
         self._last_flush = -1e18
         self._scheduled = False
         self._urgent = False
-        self._over_limit = False  # max_pending_records reached with a working disk
-        self._drop_logged_at = 1  # log the pending-limit drops again at this count
         self._closed = False
         self._failing = False
         self._retry_delay = RETRY_DELAY_S  # the wait after the next failed attempt
         self._next_retry = -1e18  # monotonic: no attempt before this while failing
         self._probe_at = -1e18  # monotonic: no probe (append at the bound) before this
-        self.dropped_steps: list[list[int]] = []  # [first, last] ranges of dropped steps
-        self._fd: int | None = None
-        self._lock_fd: int | None = None
-
-        # file state (what is on disk)
-        self.size = 0
-        self.lines = 0
-        self.last_step: int | None = None
-        self.max_step: int | None = None
-        self.sorted = True
-        self.has_duplicate_steps = False
-        self.index: list[list[int]] = []
         self.appended = 0  # records accepted by append()
         self.flushed = 0  # records written or dropped: the eviction watermark (an ordinal)
-        self.dropped = 0
         self.dropped_oversize = 0
         self.dropped_closed = 0  # appended after close() began
         self.write_errors = 0
-        self.recreated = 0  # times the file was recreated after being deleted
-        self.truncations = 0  # times the file was found shorter than written
         self.flushes = 0
         self.batches_written = 0  # successful writes (the commit point of a flush)
         self._meta_written_at = -1e18
-        self._meta_dirty = False
 
         try:
             self.path.parent.mkdir(parents=True, exist_ok=True)
@@ -176,41 +164,58 @@ class JsonlWriter:
             self._warn_io(exc, "create the directory")
         self._pid = os.getpid()  # a forked child never closes the parent's descriptors
         if lock_fd is not None:
-            self._lock_fd = lock_fd
+            self.file.lock_fd = lock_fd
         elif lock:
-            self._acquire_lock()
+            self.file.lock_fd = take_lock(self.path, self._warner)  # RunLockedError propagates
         try:
-            open_existing(self)
+            open_existing(self.file, self.meta_path, self._warner)
         except OSError as exc:
             self._warn_io(exc, "open")
-        self.prefix_lines = self.lines  # lines that existed before this writer
+        self.prefix_lines = self.file.lines  # lines that existed before this writer
         if async_write:
             (self._flusher or get_flusher()).start()
 
-    # ---------------------------------------------------------------- lock / steps
+    # ---------------------------------------------------------------- what is on disk
 
-    def _acquire_lock(self) -> None:
-        try:
-            self._lock_fd, _ = acquire_lock(self.path)  # RunLockedError propagates
-        except OSError as exc:
-            self._warn_io(exc, "create the lock file for")
+    @property
+    def size(self) -> int:
+        """Bytes written to the file (what the writer knows of it)."""
+        return self.file.size
 
-    def _note_step(self, step: int | None, line_no: int, offset: int) -> None:
-        if line_no % self.index_every == 0 and step is not None:
-            self.index.append([step, line_no, offset])
-        if step is None:
-            return
-        if self.max_step is not None:
-            if step <= self.max_step:
-                self.has_duplicate_steps = self.has_duplicate_steps or step == self.last_step
-                if step < self.max_step:
-                    self.sorted = False
-                    self.has_duplicate_steps = True  # conservative: it may repeat one
-            if step > self.max_step:
-                self.max_step = step
-        else:
-            self.max_step = step
-        self.last_step = step
+    @property
+    def lines(self) -> int:
+        """Lines in the file, including those it held before this writer."""
+        return self.file.lines
+
+    @property
+    def last_step(self) -> int | None:
+        return self.file.last_step
+
+    @property
+    def max_step(self) -> int | None:
+        return self.file.max_step
+
+    @property
+    def sorted(self) -> bool:
+        """No step in the file is behind an earlier one."""
+        return self.file.sorted
+
+    @property
+    def has_duplicate_steps(self) -> bool:
+        return self.file.has_duplicate_steps
+
+    @property
+    def index(self) -> list[list[int]]:
+        return self.file.index
+
+    @property
+    def dropped(self) -> int:
+        """Records the pending bound dropped while the disk failed."""
+        return self.queue.dropped
+
+    @property
+    def dropped_steps(self) -> list[list[int]]:
+        return self.queue.dropped_steps
 
     # ---------------------------------------------------------------- append / flush
 
@@ -221,7 +226,8 @@ class JsonlWriter:
             if self._closed:
                 self.dropped_closed += 1
                 return False
-            pending = self._pending_bytes + n
+            q = self.queue
+            pending = q.nbytes + n
             limit = self.max_pending_bytes
             if limit is not None and pending > limit:
                 self.dropped_oversize += 1
@@ -233,26 +239,28 @@ class JsonlWriter:
                     limit,
                 )
                 return False
-            lines = self._lines
+            lines = q.lines
+            steps = q.steps
             count = len(lines)
             appended = self.appended
             try:  # all or nothing, whatever exception (a Ctrl-C) arrives in between
                 lines.append(line)
-                self._steps.append(step)
+                steps.append(step)
                 self.appended = appended + 1
             except BaseException:
                 del lines[count:]
-                del self._steps[count:]
+                del steps[count:]
                 self.appended = appended
                 raise
-            self._pending_bytes = pending
+            q.nbytes = pending
             count += 1
             sync = not self.async_write
             if count == 1:
-                self._oldest = self._clock()
+                q.oldest = self._clock()
             elif count > self.max_pending_records:
-                if self._failing and not (self._clock() >= self._probe_at and probe(self)):
-                    enforce_limit(self)  # memory is bounded here, not only when a retry runs
+                if self._failing and not (self._clock() >= self._probe_at and self._probe()):
+                    # memory is bounded here, not only when a retry runs
+                    self.flushed += q.drop_oldest(self.max_pending_records, self.path)
                     return True
                 # the disk works but the flusher fell behind, or one record fit: write the
                 # queue now (the disk is back when it lands)
@@ -286,8 +294,9 @@ class JsonlWriter:
         due = float("inf")
         if self.interval is not None:
             due = self._last_flush + self.interval
-        if self.max_seconds is not None and self._oldest is not None:
-            due = min(due, self._oldest + self.max_seconds)
+        oldest = self.queue.oldest
+        if self.max_seconds is not None and oldest is not None:
+            due = min(due, oldest + self.max_seconds)
         return max(due, now) if due != float("inf") else due
 
     def _flush_from_worker(self) -> None:
@@ -297,9 +306,10 @@ class JsonlWriter:
         self.flush(only_if_due=True)
         # records that arrived during the write (or a retry not yet due) need a due time
         with self._lock:
-            if self._lines and not self._closed and not self._scheduled:
+            lines = self.queue.lines
+            if lines and not self._closed and not self._scheduled:
                 now = self._clock()
-                due = self._due_time(now, len(self._lines))
+                due = self._due_time(now, len(lines))
                 if due != float("inf"):
                     self._scheduled = True
                     (self._flusher or get_flusher()).schedule(
@@ -314,11 +324,12 @@ class JsonlWriter:
         do not attempt before the retry is due (returns False at once); for internal
         callers such as the store's eviction path. An explicit ``flush()`` always tries.
         """
+        q = self.queue
         if only_if_due and self._failing and self._clock() < self._next_retry:
-            return not self._lines
+            return not q.lines
         with self._io_lock:
             if only_if_due and self._failing and self._clock() < self._next_retry:
-                return not self._lines  # another thread just failed
+                return not q.lines  # another thread just failed
             # A batch taken for writing is on disk or back at the front of the queue, whatever
             # exception (Ctrl-C, SIGTERM's SystemExit) arrives at any point: the write rolls
             # the file back unless it completed, and ``batches_written`` tells which happened.
@@ -326,22 +337,22 @@ class JsonlWriter:
             written = self.batches_written
             try:
                 with self._lock:
-                    if not self._lines:
+                    if not q.lines:
                         return True
-                    batch, steps, self._lines, self._steps = self._lines, self._steps, [], []
-                    self._pending_bytes = 0
-                    self._oldest = None
+                    batch, steps, q.lines, q.steps = q.lines, q.steps, [], []
+                    q.nbytes = 0
+                    q.oldest = None
                 ok = self._write_batch(batch, steps)
             except BaseException:
                 if batch is not None and self.batches_written == written:
                     with self._lock:
-                        self._requeue(batch, steps)
+                        q.requeue(batch, steps, self._clock())
                 raise
             if not ok:
                 with self._lock:
-                    self._requeue(batch, steps)
-                    enforce_limit(self)
-                    left = bool(self._lines)
+                    q.requeue(batch, steps, self._clock())
+                    self.flushed += q.drop_oldest(self.max_pending_records, self.path)
+                    left = bool(q.lines)
                     if left and self.async_write and not self._closed and not self._scheduled:
                         self._scheduled = True
                         (self._flusher or get_flusher()).schedule(
@@ -350,18 +361,36 @@ class JsonlWriter:
                 return False
             self.flushes += 1
             self._last_flush = self._clock()
-            if self._meta_dirty and self._last_flush - self._meta_written_at >= META_MIN_INTERVAL_S:
+            if (
+                self.file.meta_dirty
+                and self._last_flush - self._meta_written_at >= META_MIN_INTERVAL_S
+            ):
                 self.write_meta()
             return True
 
-    def _requeue(self, batch: list[bytes], steps: list[int | None]) -> None:
-        """Put a batch that did not reach the file back at the front of the queue (one
-        assignment, so an interrupt cannot requeue it twice)."""
-        if self._lines is batch:  # interrupted before the queue was replaced
-            return
-        self._lines, self._steps = batch + self._lines, steps + self._steps
-        self._pending_bytes = sum(map(len, self._lines))
-        self._oldest = self._clock()
+    def _probe(self) -> bool:
+        """Under ``_lock``, at the pending bound while failing: try to write the oldest
+        record alone (one small write) unless a flush is in flight. True when it landed:
+        the caller then flushes the queue instead of dropping, and the writer stays failing
+        (a full disk may take one small record and refuse the rest) until that whole batch
+        lands, which announces the recovery. Either way the retry schedule is left as it
+        was."""
+        self._probe_at = self._clock() + PROBE_INTERVAL_S
+        if not self._io_lock.acquire(blocking=False):
+            return False  # a flush is writing now: it is the probe
+        try:
+            q = self.queue
+            retry = (self._retry_delay, self._next_retry)
+            written = self.batches_written
+            try:
+                ok = self._write_batch(q.lines[:1], q.steps[:1], probe=True)
+            finally:
+                if self.batches_written != written:  # on disk: it leaves the queue
+                    q.pop_front()
+            self._retry_delay, self._next_retry = retry
+            return ok
+        finally:
+            self._io_lock.release()
 
     def _write_batch(
         self, batch: list[bytes], steps: list[int | None], *, probe: bool = False
@@ -371,67 +400,42 @@ class JsonlWriter:
         unless the batch was complete: the last statement (counting ``flushed`` and
         ``batches_written``) is the commit point the caller checks.
 
-        ``probe``: one record tried while writes fail (pending.py): landing, it proves
+        ``probe``: one record tried while writes fail (:meth:`_probe`): landing, it proves
         little (a full disk may still take a small record), so the writer stays failing,
         its retry schedule unchanged; the disk is back, and announced, when a whole batch
         lands."""
-        saved = self._file_state()
+        written = self.batches_written
+        saved = self.file.saved()
         try:
             return self._write_batch_inner(batch, steps, probe)
         except BaseException:
-            if self.batches_written == saved[0]:
-                self._restore_file_state(saved)
+            if self.batches_written == written:
+                self.file.restore(saved)
+                self._rollback(self.file.size)
             raise
-
-    def _file_state(self) -> tuple[Any, ...]:
-        return (
-            self.batches_written,
-            self.size,
-            self.lines,
-            len(self.index),
-            self.last_step,
-            self.max_step,
-            self.sorted,
-            self.has_duplicate_steps,
-            self._meta_dirty,
-        )
-
-    def _restore_file_state(self, saved: tuple[Any, ...]) -> None:
-        (
-            _,
-            self.size,
-            self.lines,
-            nindex,
-            self.last_step,
-            self.max_step,
-            self.sorted,
-            self.has_duplicate_steps,
-            self._meta_dirty,
-        ) = saved
-        del self.index[nindex:]
-        self._rollback(self.size)
 
     def _write_batch_inner(
         self, batch: list[bytes], steps: list[int | None], probe: bool = False
     ) -> bool:
         data = b"\n".join(batch) + b"\n"
-        start = self.size
+        f = self.file
+        start = f.size
         try:
-            if self._fd is not None:
+            if f.fd is not None:
                 self._check_file()
-            if self._fd is None:
+            if f.fd is None:
                 self.path.parent.mkdir(parents=True, exist_ok=True)
-                self._fd = os.open(self.path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
-                actual = os.fstat(self._fd).st_size
-                if actual < self.size:
-                    repair_truncated(self, actual)
-                elif actual > self.size:  # created by someone else meanwhile: measure it
-                    rescan(self, repair_torn_tail(self.path, actual), None)
-            start = self.size
+                f.fd = os.open(self.path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
+                actual = os.fstat(f.fd).st_size
+                if actual < f.size:
+                    repair_truncated(f, actual, self._warner)
+                elif actual > f.size:  # created by someone else meanwhile: measure it
+                    rescan(f, repair_torn_tail(self.path, actual), None)
+            start = f.size
             self._write_all(data)
-            if os.fstat(self._fd).st_nlink == 0:  # deleted during the write: write it again
-                recreate(self)
-                start = self.size
+            if os.fstat(f.fd).st_nlink == 0:  # deleted during the write: write it again
+                recreate(f, self._warner)
+                start = f.size
                 self._write_all(data)
         except OSError as exc:
             self.write_errors += 1
@@ -451,82 +455,80 @@ class JsonlWriter:
                 self.path,
                 len(batch),
             )
-        line_no = self.lines
+        line_no = f.lines
         off = start
-        note = self._note_step
+        note = f.note_step
         for line, step in zip(batch, steps, strict=True):
             note(step, line_no, off)
             off += len(line) + 1
             line_no += 1
-        self.lines = line_no
-        self.size = off
-        self._meta_dirty = True
+        f.lines = line_no
+        f.size = off
+        f.meta_dirty = True
         # the commit point (see _write_batch): one line, no call in between
         self.flushed, self.batches_written = self.flushed + len(batch), self.batches_written + 1
         return True
 
     def _write_all(self, data: bytes) -> None:
         view = memoryview(data)
-        fd = self._fd
+        fd = self.file.fd
+        assert fd is not None  # opened by the caller
         while view:
             n = os.write(fd, view)
             view = view[n:]
 
     def _check_file(self) -> None:
         """One ``fstat`` before a write: recreate a deleted file, repair a truncated one."""
-        st = os.fstat(self._fd)
+        f = self.file
+        assert f.fd is not None  # checked by the caller
+        st = os.fstat(f.fd)
         if st.st_nlink == 0:
-            recreate(self)
-        elif st.st_size < self.size:
-            repair_truncated(self, st.st_size)
+            recreate(f, self._warner)
+        elif st.st_size < f.size:
+            repair_truncated(f, st.st_size, self._warner)
 
     def _rollback(self, size: int) -> None:
-        if self._fd is None:
+        fd = self.file.fd
+        if fd is None:
             return
         try:
-            if os.fstat(self._fd).st_size > size:
-                os.ftruncate(self._fd, size)
+            if os.fstat(fd).st_size > size:
+                os.ftruncate(fd, size)
         except OSError:
             pass
 
     def _warn_io(self, exc: OSError, what: str) -> None:
-        self._warner.warn(
-            ("io", str(self.path), what),
-            "expr_tracker: cannot %s %s (%s); training continues, records stay in memory "
-            "and are retried (warned once)",
-            what,
-            self.path,
-            exc.strerror or exc,
-        )
+        warn_io(self._warner, self.path, exc, what)
 
     def mark_duplicate_steps(self) -> None:
         """Record that a step occupies more than one line (a patch line was written)."""
-        self.has_duplicate_steps = True
-        self._meta_dirty = True
+        self.file.has_duplicate_steps = True
+        self.file.meta_dirty = True
 
     def meta(self) -> dict[str, Any]:
         """The sidecar content for what is on disk now (docs/history.md "Where the answer
         comes from")."""
+        f = self.file
         return {
             "schema": META_SCHEMA,
-            "size": self.size,
-            "lines": self.lines,
-            "last_step": self.last_step,
-            "max_step": self.max_step,
-            "sorted": self.sorted,
-            "has_duplicate_steps": self.has_duplicate_steps,
+            "size": f.size,
+            "lines": f.lines,
+            "last_step": f.last_step,
+            "max_step": f.max_step,
+            "sorted": f.sorted,
+            "has_duplicate_steps": f.has_duplicate_steps,
             "index_every": self.index_every,
-            "index": self.index,
+            "index": f.index,
             "run": self.run_meta,
         }
 
     def write_meta(self) -> None:
-        if self.meta_path is None or (self.lines == 0 and not self.path.exists()):
+        if self.meta_path is None or (self.file.lines == 0 and not self.path.exists()):
             return  # nothing written: no sidecar for a file that does not exist
         try:
             atomic_write(self.meta_path, json.dumps(self.meta(), separators=(",", ":")))
             self._meta_written_at = self._clock()
-            self._meta_dirty = False
+            self.file.meta_dirty = False
         except OSError as exc:
             self._warner.warn(
                 ("io", str(self.meta_path), "sidecar"),
@@ -539,7 +541,7 @@ class JsonlWriter:
 
     @property
     def pending(self) -> int:
-        return len(self._lines)
+        return len(self.queue.lines)
 
     def close(self) -> None:
         """Flush what is pending, write the sidecar, release the file and the lock."""
@@ -547,23 +549,24 @@ class JsonlWriter:
             self._closed = True
         with self._io_lock:
             self.flush()
-            if self._lines:
+            if self.queue.lines:
                 log.error(
                     "expr_tracker: %d records could not be written to %s before close",
-                    len(self._lines),
+                    len(self.queue.lines),
                     self.path,
                 )
             (self._flusher or get_flusher()).cancel(id(self))
             self.write_meta()
             # forget each descriptor before closing it: a close() interrupted here and
             # called again never closes a number the process has reused meanwhile
-            fd, self._fd = self._fd, None
+            f = self.file
+            fd, f.fd = f.fd, None
             if fd is not None:
                 try:
                     os.close(fd)
                 except OSError:
                     pass
-            fd, self._lock_fd = self._lock_fd, None
+            fd, f.lock_fd = f.lock_fd, None
             if fd is not None and os.getpid() == self._pid:
                 # a forked child closed its copies at fork (the number may be reused since)
                 release_lock_fd(fd)
@@ -571,22 +574,23 @@ class JsonlWriter:
     @property
     def closed(self) -> bool:
         """True once ``close()`` completed (the file and the lock are released)."""
-        return self._closed and self._fd is None and self._lock_fd is None
+        return self._closed and self.file.fd is None and self.file.lock_fd is None
 
     def stats(self) -> dict[str, Any]:
+        f, q = self.file, self.queue
         return {
             "path": str(self.path),
-            "lines": self.lines,
-            "bytes": self.size,
+            "lines": f.lines,
+            "bytes": f.size,
             "appended": self.appended,
-            "pending": len(self._lines),
-            "pending_bytes": self._pending_bytes,
+            "pending": len(q.lines),
+            "pending_bytes": q.nbytes,
             "flushes": self.flushes,
             "write_errors": self.write_errors,
-            "dropped": self.dropped,
+            "dropped": q.dropped,
             "dropped_oversize": self.dropped_oversize,
             "dropped_closed": self.dropped_closed,
-            "dropped_steps": [list(r) for r in self.dropped_steps],
-            "recreated": self.recreated,
-            "truncations": self.truncations,
+            "dropped_steps": [list(r) for r in q.dropped_steps],
+            "recreated": f.recreated,
+            "truncations": f.truncations,
         }

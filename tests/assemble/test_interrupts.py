@@ -143,9 +143,9 @@ def check_store(run) -> None:
     """The cache, the writer queue and the file agree: ordinals are line numbers."""
     store, w = run.history, run.history.writer
     with w._io_lock:  # no flush in flight on the flusher thread
-        assert len(w._lines) == len(w._steps)
+        assert len(w.queue.lines) == len(w.queue.steps)
         assert store.cache.next_ordinal == store.disk_prefix_rows + w.appended
-        assert w.appended == w.flushed + len(w._lines)
+        assert w.appended == w.flushed + len(w.queue.lines)
     assert store.open_step == (store.last_row or {"_step": -1})["_step"] + 1
 
 
@@ -454,8 +454,8 @@ et.log({"x": 0})
 run.history.flush()
 path = run.dir / "metrics.jsonl"
 w = run.history.writer
-os.close(w._fd)
-w._fd = None
+os.close(w.file.fd)
+w.file.fd = None
 os.replace(path, path.with_suffix(".moved"))
 os.mkdir(path)              # the writer's file is a directory now: every write fails
 worst = 0

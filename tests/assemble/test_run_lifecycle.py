@@ -314,13 +314,13 @@ def test_pending_limit_drops_oldest_loudly(tmp_path):
     from expr_tracker.history.writer import JsonlWriter
 
     w = JsonlWriter(tmp_path / "m.jsonl", max_pending_records=3, async_write=False, buffer_size=100)
-    w._fd = os.open(os.devnull, os.O_RDONLY)  # every write now fails with EBADF
+    w.file.fd = os.open(os.devnull, os.O_RDONLY)  # every write now fails with EBADF
     for i in range(5):
         w.append(json.dumps({"_step": i}).encode(), i)
     assert w.flush() is False
     assert w.pending == 3 and w.dropped == 2
-    os.close(w._fd)
-    w._fd = os.open(tmp_path / "m.jsonl", os.O_WRONLY | os.O_APPEND | os.O_CREAT)
+    os.close(w.file.fd)
+    w.file.fd = os.open(tmp_path / "m.jsonl", os.O_WRONLY | os.O_APPEND | os.O_CREAT)
     assert w.flush() is True
     w.close()
     assert [r["_step"] for r in read_rows(tmp_path / "m.jsonl")] == [2, 3, 4]

@@ -25,7 +25,7 @@ from helpers import not_a_signal_point
 
 import expr_tracker as et
 
-#: the store and the mixins it is made of (the open row, span folding, reads)
+#: the store and the objects it owns (pending span data, the open-row timer, the reader)
 STORE_FILES = {
     str(Path(et.__file__).resolve().parent / "history" / name)
     for name in ("store.py", "spanfold.py", "openrow.py", "storeread.py")
@@ -98,7 +98,7 @@ def test_dead_disk_is_probed_at_most_once_per_interval(tmp_path):
         buffer_size=100,
         clock=lambda: clock[0],
     )
-    w._fd = os.open(os.devnull, os.O_RDONLY)  # every write now fails with EBADF
+    w.file.fd = os.open(os.devnull, os.O_RDONLY)  # every write now fails with EBADF
     for i in range(4):
         w.append(b'{"_step":%d}' % i, i)  # the 4th is past the bound: a flush, which fails
     errors, retry = w.write_errors, w._next_retry
@@ -111,8 +111,8 @@ def test_dead_disk_is_probed_at_most_once_per_interval(tmp_path):
     assert w.write_errors - errors <= 2
     assert w.pending == 3 and w.dropped == 198
     assert w.stats()["dropped_steps"] == [[0, 197]]
-    os.close(w._fd)
-    w._fd = os.open(tmp_path / "m.jsonl", os.O_WRONLY | os.O_APPEND | os.O_CREAT)
+    os.close(w.file.fd)
+    w.file.fd = os.open(tmp_path / "m.jsonl", os.O_WRONLY | os.O_APPEND | os.O_CREAT)
     clock[0] += wmod.PROBE_INTERVAL_S
     w.append(b'{"_step":201}', 201)  # the probe works: the queue is written, nothing dropped
     assert w.dropped == 198 and w.pending == 0
@@ -125,7 +125,7 @@ def test_dead_disk_is_probed_at_most_once_per_interval(tmp_path):
 
 class StoreInjector:
     """Raise ``KeyboardInterrupt`` at the ``at``-th trace event (call, line, return) of
-    the store's modules (``history/store.py`` and its mixins) on this thread, once (see
+    the store's modules (``history/store.py`` and the objects it owns) on this thread, once (see
     tests/helpers.py)."""
 
     def __init__(self, at: int | None) -> None:

@@ -148,8 +148,8 @@ def test_unknown_metric_offline_warns(offline, caplog):
 
 def test_store_counters_exist_from_construction(tmp_path):
     s = HistoryStore(max_open_seconds=None)
-    assert s.disk_bytes_read == 0 and s._memo is None
+    assert s._reader.disk_bytes_read == 0 and s._reader._memo is None
     assert s.stats()["disk_bytes_read"] == 0
     for i in range(3):
         s.ingest({"v": i})
-    assert steps(s.tail(2)) == [1, 2] and s._memo is not None
+    assert steps(s.tail(2)) == [1, 2] and s._reader._memo is not None

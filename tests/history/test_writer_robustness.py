@@ -28,14 +28,14 @@ def rec(i: int) -> bytes:
 
 def break_writes(w: JsonlWriter) -> None:
     """Every write now fails with EBADF (the file is opened read-only)."""
-    if w._fd is not None:
-        os.close(w._fd)
-    w._fd = os.open(w.path, os.O_RDONLY)
+    if w.file.fd is not None:
+        os.close(w.file.fd)
+    w.file.fd = os.open(w.path, os.O_RDONLY)
 
 
 def heal_writes(w: JsonlWriter) -> None:
-    os.close(w._fd)
-    w._fd = os.open(w.path, os.O_WRONLY | os.O_APPEND | os.O_CREAT)
+    os.close(w.file.fd)
+    w.file.fd = os.open(w.path, os.O_WRONLY | os.O_APPEND | os.O_CREAT)
 
 
 def lines_of(path) -> list[bytes]:
@@ -167,7 +167,7 @@ def test_a_small_record_fitting_a_full_disk_is_no_recovery(tmp_path, caplog, mon
     real_write = os.write
 
     def full_disk(fd, data):
-        if fd == w._fd and len(data) > room[0]:
+        if fd == w.file.fd and len(data) > room[0]:
             raise OSError(errno.ENOSPC, "No space left on device")
         return real_write(fd, data)
 

@@ -590,10 +590,10 @@ def test_with_explicit_steps_the_hold_deadline_is_max_open_seconds():
 def test_held_records_are_bounded(monkeypatch):
     """Few records wait before any log(step=N) (the open row is the next log()'s anyway),
     many once explicit steps are in use; past the bound they are placed in the open row."""
-    import expr_tracker.history.store as store_mod
+    import expr_tracker.history.spanfold as spanfold
 
-    monkeypatch.setattr(store_mod, "HOLD_RECORDS_BEFORE_STEPS", 2)
-    monkeypatch.setattr(store_mod, "HOLD_MAX_RECORDS", 3)
+    monkeypatch.setattr(spanfold, "HOLD_RECORDS_BEFORE_STEPS", 2)
+    monkeypatch.setattr(spanfold, "HOLD_MAX_RECORDS", 3)
     now = [0.0]
     store, _flusher, out = _store(now)
     for i in range(5):
