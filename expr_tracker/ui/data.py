@@ -40,7 +40,7 @@ from pathlib import Path
 from typing import Any
 
 from expr_tracker.history.alertlog import read_alert_log
-from expr_tracker.history.downsample import m4
+from expr_tracker.history.chartprep import ChartPoints, chart_points, kept_points
 from expr_tracker.history.metricdefs import MetricDefs, defs_path_for
 from expr_tracker.history.paths import file_name
 from expr_tracker.history.reader import meta_path_for
@@ -744,10 +744,6 @@ def _str(v: Any) -> str | None:
 # ----------------------------------------------------------------------------- series
 
 
-def _kind(y: float) -> str:
-    return "nan" if y != y else ("inf" if y > 0 else "-inf")
-
-
 def _xsql(x: str) -> tuple[str, str]:
     """(x expression, extra join) for the x axis ``x``."""
     if x == "step":
@@ -843,12 +839,12 @@ def series(
             if n <= sql_min:
                 cols = con.execute(f"{pts}SELECT x, y, step FROM pts ORDER BY step").fetchnumpy()
                 xs, ys, steps = cols["x"], cols["y"], cols["step"]
-                idx = m4(xs, ys, width, lo, hi)
+                kept = chart_points(xs, ys, width, lo, hi)
             else:
                 cols = _m4_sql(con, pts, width, a, b)
                 xs, ys, steps = cols["x"], cols["y"], cols["step"]
-                idx = list(range(len(xs)))
-            traces.append(_trace(p, xs, ys, steps, idx, int(n)))
+                kept = kept_points(xs, ys, range(len(xs)))
+            traces.append(_trace(p, kept, steps, int(n)))
     finally:
         con.close()
     if not traces and metric not in _metric_names(catalog, prods):
@@ -895,25 +891,16 @@ def _metric_names(catalog: Catalog, prods: list[Producer]) -> set[str]:
     return names
 
 
-def _trace(p: Producer, xs: Any, ys: Any, steps: Any, idx: list[int], total: int) -> dict:
-    ox, oy, ost, bad = [], [], [], []
-    for i in idx:
-        xv, yv, st = float(xs[i]), float(ys[i]), int(steps[i])
-        if math.isfinite(yv):
-            ox.append(xv)
-            oy.append(yv)
-            ost.append(st)
-        else:
-            bad.append({"x": xv, "step": st, "kind": _kind(yv)})
-            ox.append(xv)
-            oy.append(None)  # a gap in the line where the value is not a number
-            ost.append(st)
+def _trace(p: Producer, pts: ChartPoints, steps: Any, total: int) -> dict:
+    """One producer's trace of a chart: the kept points (``y`` None where the value is not
+    finite: a gap in the line) and each non-finite point in ``nonfinite``."""
+    step = [int(steps[i]) for i in pts.index]
     return {
         "producer": producer_label(p),
-        "x": ox,
-        "y": oy,
-        "step": ost,
-        "nonfinite": bad,
+        "x": pts.x,
+        "y": pts.y,
+        "step": step,
+        "nonfinite": [{"x": pts.x[j], "step": step[j], "kind": k} for j, k in pts.nonfinite],
         "total": total,
     }
 
@@ -967,9 +954,8 @@ def new_points(
                 xs = [r[1] for r in rs]
                 ys = [r[2] for r in rs]
                 steps = [r[3] for r in rs]
-                out.setdefault(m, []).append(
-                    _trace(p, xs, ys, steps, list(range(len(rs))), len(rs))
-                )
+                kept = kept_points(xs, ys, range(len(rs)))
+                out.setdefault(m, []).append(_trace(p, kept, steps, len(rs)))
         if reset:  # the page reloads everything: the next poll starts at each one's end
             out = {}
             for p in prods:
