@@ -26,8 +26,8 @@ A single run (``source`` is a run directory) goes to one file at ``path``; a fol
 (or ``partition=True``) goes to a Hive-style directory ``path/project=P/run=R/<producer>.<ext>``
 whose partition values are percent-encoded as Hive does, and whose files hold every column
 but ``project`` and ``run`` (they come from the path). Everything is written under a
-temporary name beside ``path`` and renamed into place at the end, so an interrupted export
-never leaves a complete-looking file.
+temporary name beside ``path`` and renamed into place at the end (``query/placement.py``, as
+``et query -o`` writes), so an interrupted export never leaves a complete-looking file.
 """
 
 from __future__ import annotations
@@ -35,7 +35,6 @@ from __future__ import annotations
 import fnmatch
 import logging
 import os
-import re
 import shutil
 import tempfile
 import time as _time
@@ -43,6 +42,8 @@ from collections.abc import Iterable, Iterator, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
+
+from expr_tracker.query.placement import OutputAppeared, Placement
 
 FORMATS = ("parquet", "csv", "jsonl")
 LAYOUTS = ("wide", "long")
@@ -701,108 +702,6 @@ def _write(path: Path, fmt: str, schema: Any, batches: Iterator[Any]) -> int:
 # -- files and renames ------------------------------------------------------------------------
 
 
-def _host() -> str:
-    import socket
-
-    return re.sub(r"[^A-Za-z0-9_-]", "-", socket.gethostname())[:64] or "host"
-
-
-def _temp_beside(path: Path) -> Path:
-    """``.NAME.HOST.PID.partial`` beside ``path``: where the export is written."""
-    return path.with_name(f".{path.name}.{_host()}.{os.getpid()}.partial")
-
-
-def _remove_stale_partials(path: Path) -> list[Path]:
-    """Remove what an export to ``path`` killed before it finished left beside it: entries
-    named as :func:`_temp_beside` names them (or ``.NAME.PID.partial``, as earlier versions
-    did) whose process, on this host, is gone. Nothing else is touched; an export of another
-    host or still running keeps its own. Returns what was removed."""
-    pattern = re.compile(
-        rf"^\.{re.escape(path.name)}\.(?:(?P<host>[A-Za-z0-9_-]+)\.)?(?P<pid>[0-9]+)\.partial$"
-    )
-    removed = []
-    try:
-        names = os.listdir(path.parent if str(path.parent) else ".")
-    except OSError:
-        return removed
-    host = _host()
-    for name in names:
-        m = pattern.match(name)
-        if m is None or (m.group("host") not in (None, host)):
-            continue
-        pid = int(m.group("pid"))
-        if pid == os.getpid() or _alive(pid):
-            continue
-        stale = path.with_name(name)
-        _remove(stale)
-        removed.append(stale)
-    return removed
-
-
-def _alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except (PermissionError, OverflowError):
-        return True
-    except OSError:
-        return False
-    return True
-
-
-def _remove(p: Path) -> None:
-    if not os.path.lexists(p):  # (unlink on a read-only mount fails with EROFS, not ENOENT)
-        return
-    if p.is_dir() and not p.is_symlink():
-        shutil.rmtree(p, ignore_errors=True)
-    else:
-        try:
-            p.unlink()
-        except FileNotFoundError:
-            pass
-
-
-def _put_in_place(tmp: Path, path: Path, overwrite: bool) -> None:
-    """Move the finished ``tmp`` to ``path``. Without ``overwrite`` a ``path`` that appeared
-    meanwhile is never replaced (a file is linked into place, which fails if one exists)."""
-    if not overwrite:
-        if tmp.is_file():
-            try:
-                os.link(tmp, path)
-            except FileExistsError:
-                raise ExportError(
-                    f"{path} appeared during the export; pass --overwrite to replace it"
-                ) from None
-            except OSError:  # no hard links here (some network file systems): rename
-                if os.path.lexists(path):
-                    raise ExportError(
-                        f"{path} appeared during the export; pass --overwrite to replace it"
-                    ) from None
-                os.rename(tmp, path)
-                return
-            tmp.unlink()
-            return
-        try:
-            os.rename(tmp, path)  # a directory: fails onto an existing non-empty one
-        except OSError:
-            raise ExportError(
-                f"{path} appeared during the export; pass --overwrite to replace it"
-            ) from None
-        return
-    if not os.path.lexists(path):
-        os.rename(tmp, path)
-        return
-    if tmp.is_file() and path.is_file():
-        os.replace(tmp, path)
-        return
-    _check_replaceable(path)  # again: it may have changed during the export
-    old = path.with_name(f".{path.name}.{os.getpid()}.old")
-    os.rename(path, old)
-    os.rename(tmp, path)
-    _remove(old)
-
-
 def _foreign_entry(path: Path) -> Path | None:
     """The first entry of the directory ``path`` that is not part of an export's layout
     (``project=P/run=R/part*.<parquet|csv|jsonl>``), else None."""
@@ -1004,9 +903,8 @@ def export_runs(
         schema = _wide_schema(pa, with_run, columns, is_text)
     else:
         schema = _long_schema(pa, with_run)
-    tmp = _temp_beside(out)
-    _remove(tmp)
-    _remove_stale_partials(out)
+    place = Placement(out, overwrite=overwrite, replaceable=_check_replaceable)
+    tmp = place.tmp
     rows = 0
     files = 0
     tmpdir = tempfile.mkdtemp(prefix="et-export-")
@@ -1038,16 +936,21 @@ def export_runs(
             rows = _write(tmp, format, schema, chained())
             files = 1
         size = _tree_size(tmp)
-        _put_in_place(tmp, out, overwrite)
+        try:
+            place.commit()
+        except OutputAppeared:
+            raise ExportError(
+                f"{out} appeared during the export; pass --overwrite to replace it"
+            ) from None
     except OSError as exc:  # a full disk, a read-only folder: say where
-        _remove(tmp)
+        place.abort()
         why = exc.strerror or str(exc)
         msg = f"export to {out} failed: {why}" + (
             f" ({exc.filename})" if exc.filename and exc.strerror else ""
         )
         raise (OSError(exc.errno, msg) if exc.errno else OSError(msg)) from exc
     except BaseException:
-        _remove(tmp)
+        place.abort()
         raise
     finally:
         shutil.rmtree(tmpdir, ignore_errors=True)
