@@ -56,7 +56,8 @@ def test_a_log_axis_leaves_out_what_it_cannot_show():
 
 def test_et_plot_and_the_dashboard_draw_the_same_points(tmp_path):
     pytest.importorskip("duckdb")
-    from expr_tracker.ui import data
+    from expr_tracker.ui.catalog import Catalog
+    from expr_tracker.ui.series import series
 
     run = tmp_path / "runs" / "p" / "r"
     run.mkdir(parents=True)
@@ -69,9 +70,7 @@ def test_et_plot_and_the_dashboard_draw_the_same_points(tmp_path):
         "r/x", col, x_mode="step", t0=None, buckets=60, lo=0.0, hi=2999.0, smooth=None,
         log_y=False,
     )  # fmt: skip
-    (trace,) = data.series(data.Catalog(tmp_path / "runs", tmp_path / "c"), "p/r", "x", width=60)[
-        "traces"
-    ]
+    (trace,) = series(Catalog(tmp_path / "runs", tmp_path / "c"), "p/r", "x", width=60)["traces"]
     finite = [(x, y) for x, y in zip(trace["x"], trace["y"], strict=True) if y is not None]
     assert finite == list(zip(view.xs, view.ys, strict=True))
     assert [p["x"] for p in trace["nonfinite"]] == view.marks["nan"] == [1234.0]
