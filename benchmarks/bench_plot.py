@@ -68,7 +68,8 @@ def command(run: Path) -> tuple[float, int]:
 def parts(path: Path) -> dict[str, float]:
     import plotext
 
-    from expr_tracker.cli.plot import render_chart, series_view
+    from expr_tracker.cli.plotrender import render_chart
+    from expr_tracker.history.chartprep import series_view
     from expr_tracker.history.columns import read_columns
     from expr_tracker.history.downsample import m4
 

@@ -14,7 +14,7 @@ Measured:
 - ``series cold``: ``/api/series`` of ``loss`` (width 1000) right after the columnar cache
   was deleted (the JSONL is read and cached);
 - ``series warm``: the same request again, median of ``--repeat`` — in process
-  (:func:`expr_tracker.ui.data.series`) and over HTTP from a real ``et ui`` (uvicorn) on
+  (:func:`expr_tracker.ui.series.series`) and over HTTP from a real ``et ui`` (uvicorn) on
   127.0.0.1; the points returned (M4: at most 4 per bucket plus every non-finite point);
 - ``first chart``: headless Chromium (Debian's ``chromium``, through Playwright) opening
   the run page of the warm server: milliseconds from navigation start until the first chart
@@ -97,19 +97,20 @@ def main() -> int:
     args = ap.parse_args()
 
     sys.path.insert(0, str(ROOT))
-    from expr_tracker.ui import data as uidata
+    from expr_tracker.ui.catalog import Catalog
+    from expr_tracker.ui.series import series
 
     runs = ensure_data(args.data, args.steps)
     cache = args.data / "cache"
     shutil.rmtree(cache, ignore_errors=True)
-    cat = uidata.Catalog(runs, cache)
+    cat = Catalog(runs, cache)
     t = time.perf_counter()
-    res = uidata.series(cat, "bench/big", "loss", width=args.width)
+    res = series(cat, "bench/big", "loss", width=args.width)
     cold = time.perf_counter() - t
     warm = []
     for _ in range(args.repeat):
         t = time.perf_counter()
-        res = uidata.series(cat, "bench/big", "loss", width=args.width)
+        res = series(cat, "bench/big", "loss", width=args.width)
         warm.append(time.perf_counter() - t)
     (tr,) = res["traces"]
     assert tr["total"] == args.steps, tr["total"]

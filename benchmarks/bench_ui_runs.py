@@ -54,18 +54,19 @@ CHILD = textwrap.dedent(
     """
     import json, statistics, sys, time
     from pathlib import Path
-    from expr_tracker.ui import data
+    from expr_tracker.ui.catalog import Catalog
+    from expr_tracker.ui.runs import runs_list
     root, cache, repeat = sys.argv[1], sys.argv[2], int(sys.argv[3])
     live = Path(root) / "proj0" / "run00000" / "metrics.jsonl"
-    cat = data.Catalog(root, cache)
-    t = time.perf_counter(); rows = data.runs_list(cat); cold = time.perf_counter() - t
+    cat = Catalog(root, cache)
+    t = time.perf_counter(); rows = runs_list(cat); cold = time.perf_counter() - t
     assert len(rows) == int(sys.argv[4]), len(rows)
     def timed(before=None):
         out = []
         for i in range(repeat):
             if before: before(i)
             cat._at = -1e18  # the page refreshes every 5 s: the folder is searched again
-            t = time.perf_counter(); data.runs_list(cat); out.append(time.perf_counter() - t)
+            t = time.perf_counter(); runs_list(cat); out.append(time.perf_counter() - t)
         return statistics.median(out)
     warm = timed()
     def append(i):

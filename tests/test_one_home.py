@@ -12,7 +12,7 @@ reader, a grep and an import cannot tell them apart). Not counted:
 
 ``TWINS`` lists the true exceptions: two implementations of one thing kept on purpose, each
 with the test that checks them against each other. It is empty: the Python and the SQL M4
-(``history/downsample.py``, ``ui/data.py``) are private names.
+(``history/downsample.py``, ``ui/series.py``) are private names.
 """
 
 from __future__ import annotations

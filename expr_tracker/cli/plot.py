@@ -36,25 +36,20 @@ from __future__ import annotations
 import argparse
 import difflib
 import fnmatch
-import math
 import os
 import re
 import shutil
 import sys
 import time
 import unicodedata
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 from typing import IO, Any
 
 from expr_tracker.cli import output, runfiles
+from expr_tracker.cli.plotrender import Layout, render_frame
 
 PLOT_EXTRA = "pip install 'expr-tracker[plot]'"
-#: series colours (xterm 256-colour codes of the 16 basic colours, readable on dark and light)
-PALETTE = (12, 10, 9, 14, 13, 11, 6, 5)
-#: markers telling series apart without colour
-PLAIN_MARKERS = ("•", "+", "x", "o", "*", "#", "@", "%")
-NAN_MARK, POS_INF_MARK, NEG_INF_MARK = "✗", "▲", "▼"
 _ENDED = ("finished", "failed", "crashed")
 
 
@@ -421,260 +416,7 @@ def missing_patterns(
     return [output.printable(m) for m in out]
 
 
-# --------------------------------------------------------------------------- series
-
-
-def ema(values: Any, alpha: float) -> list[float]:
-    """The exponential moving average of ``values``: ``s = alpha * y + (1 - alpha) *
-    s_prev``, starting at the first finite value (pandas ``ewm(alpha, adjust=False)``);
-    a non-finite value is not averaged in and stays as it is."""
-    out: list[float] = []
-    s = None
-    b = 1.0 - alpha
-    for y in values:
-        if y - y != 0:  # NaN or inf: marked, not averaged
-            out.append(y)
-            continue
-        s = y if s is None else alpha * y + b * s
-        out.append(s)
-    return out
-
-
-@dataclass
-class SeriesView:
-    """What one series of one chart draws: the downsampled finite points and the x of
-    each non-finite point (a few per chart column), with totals for the legend."""
-
-    label: str
-    points: int = 0  # points of the series in the range (finite or not)
-    xs: list[float] = field(default_factory=list)
-    ys: list[float] = field(default_factory=list)
-    marks: dict[str, list[float]] = field(default_factory=dict)  # "nan"/"+inf"/"-inf" -> xs
-    breaks: list[int] = field(default_factory=list)  # i: no line from xs[i - 1] to xs[i]
-    counts: dict[str, int] = field(default_factory=dict)  # "nan"/"+inf"/"-inf" -> total
-    nonpositive: int = 0  # finite values <= 0 left out on a log axis
-    skipped: int = 0  # values that are not numbers
-    no_time: int = 0  # points without _time (--x time)
-    last: float | None = None
-    last_x: float = 0.0
-
-
-def _xy(col: Any, x_mode: str, t0: float | None) -> tuple[Any, Any, int]:
-    """x and y sequences of a column (for ``time``: seconds since ``t0``, points without a
-    time left out and counted)."""
-    if x_mode == "step":
-        return col.steps, col.values, 0
-    base = t0 if t0 is not None else 0.0
-    xs, ys = [], []
-    for t, v in zip(col.times, col.values, strict=True):
-        if t == t:
-            xs.append(t - base)
-            ys.append(v)
-    return xs, ys, len(col) - len(xs)
-
-
-def series_view(
-    label: str,
-    col: Any,
-    *,
-    x_mode: str,
-    t0: float | None,
-    buckets: int,
-    lo: float,
-    hi: float,
-    smooth: float | None,
-    log_y: bool,
-) -> SeriesView:
-    """The :class:`SeriesView` of a column, cut to ``buckets`` columns over ``[lo, hi]``."""
-    from expr_tracker.history.downsample import bucket_index, m4
-
-    view = SeriesView(label, skipped=col.skipped)
-    xs, ys, view.no_time = _xy(col, x_mode, t0)
-    if len(ys):
-        view.last, view.last_x = ys[-1], xs[-1]
-    if smooth is not None:
-        ys = ema(ys, smooth)
-    if log_y:
-        keep = [i for i, y in enumerate(ys) if not (y <= 0)]  # NaN/inf kept: marked
-        view.nonpositive = len(ys) - len(keep)
-        if view.nonpositive:
-            xs = [xs[i] for i in keep]
-            ys = [ys[i] for i in keep]
-    idx = m4(xs, ys, buckets, lo, hi) if len(xs) else []
-    seen: set[tuple[str, int]] = set()
-    gap = False
-    for i in idx:
-        y = ys[i]
-        x = float(xs[i])
-        if y - y == 0:
-            if gap and view.xs:
-                view.breaks.append(len(view.xs))  # no line across a NaN/inf
-            gap = False
-            view.xs.append(x)
-            view.ys.append(y)
-            continue
-        gap = True
-        kind = "nan" if y != y else ("+inf" if y > 0 else "-inf")
-        view.counts[kind] = view.counts.get(kind, 0) + 1
-        # a few marks per chart column: ``buckets`` is a bit less than the plot area's
-        # cells, so one per bucket left some cells of a run of NaNs blank (as if finite)
-        key = (kind, bucket_index(x, lo, hi, 4 * buckets))
-        if key not in seen:
-            seen.add(key)
-            view.marks.setdefault(kind, []).append(x)
-    view.points = len(xs)  # [lo, hi] is the range of every series of the chart
-    return view
-
-
-# --------------------------------------------------------------------------- drawing
-
-
-def _tick_label(v: float, integer: bool) -> str:
-    if integer:
-        n = round(v)
-        if abs(n) >= 10_000_000:
-            if abs(n) >= 1e15:  # past T: 2.5e+16, not 2.5e+07G
-                return f"{n:.4g}"
-            for div, suffix in ((1e12, "T"), (1e9, "G"), (1e6, "M"), (1e3, "k")):
-                if abs(n) >= div:
-                    return f"{n / div:.4g}{suffix}"
-        return str(n)
-    return f"{v:.4g}"
-
-
-def _x_ticks(lo: float, hi: float, width: int, integer: bool) -> tuple[list[float], list[str]]:
-    """Tick positions and labels for ``[lo, hi]``: both ends (so the labels span the data),
-    and between them the multiples of a round step (1, 2, 2.5 or 5 times a power of ten;
-    a whole number for steps) that keep their distance from the ends."""
-    if hi <= lo:
-        return [lo], [_tick_label(lo, integer)]
-    k = max(2, min(8, width // 12))
-    raw = (hi - lo) / (k - 1)
-    power = 10.0 ** math.floor(math.log10(raw))
-    step = next(m * power for m in (1, 2, 2.5, 5, 10) if m * power >= raw)
-    if integer:
-        step = max(1.0, float(round(step)))
-    pos = [lo]
-    t = math.ceil((lo + 0.75 * step) / step) * step
-    while t < hi - 0.75 * step:
-        pos.append(t)
-        t += step
-    pos.append(hi)
-    return pos, [_tick_label(p, integer) for p in pos]
-
-
-def render_chart(
-    plt: Any,
-    title: str,
-    views: list[SeriesView],
-    *,
-    width: int,
-    height: int,
-    lo: float,
-    hi: float,
-    x_label: str,
-    integer_x: bool,
-    log_y: bool,
-    color: bool,
-) -> str:
-    """One chart (plotext) and its legend, as text (ANSI colours only when ``color``)."""
-    fig = plt.figure
-    fig.clear()
-    plt.terminal.limit(False, False)
-    fig.plot_size(width, height)
-    fig.theme("simple" if color else "colorless")
-    finite = [y for v in views for y in v.ys]
-    if finite:
-        y_lo, y_hi = min(finite), max(finite)
-    else:
-        y_lo, y_hi = (1.0, 10.0) if log_y else (0.0, 1.0)
-    clip = not math.isfinite(y_hi - y_lo)  # -1e308 .. 1e308: plotext's scaling overflows
-    if clip:  # (to NaN ticks, or a C++ bad_alloc that aborts): draw within +-8e307
-        y_lo, y_hi = max(y_lo, -8e307), min(y_hi, 8e307)
-    if log_y and y_lo < y_hi < y_lo * 1.001:  # too narrow for plotext's log axis (below)
-        y_lo, y_hi = y_lo / 1.01, y_hi * 1.01
-    if y_hi <= y_lo:
-        pad = abs(y_lo) * 0.1 if y_lo else 1.0
-        y_lo, y_hi = (y_lo / 2, y_hi * 2) if log_y else (y_lo - pad, y_hi + pad)
-        y_lo, y_hi = max(y_lo, -sys.float_info.max), min(y_hi, sys.float_info.max)  # 1e308
-    if log_y and y_hi > 1e308:  # plotext's log ticks (10 ** x) overflow past 1e308
-        clip = True
-        y_hi = 1e308
-        y_lo = min(y_lo, 1e307)
-    x_lo, x_hi = (lo, hi) if hi > lo else (lo - 1, hi + 1)
-    if log_y:
-        # plotext pads a data range narrower than about 1e-5 of its values (a constant lr
-        # of 3e-4) by +-1 before taking its log: log10(<= 0), a math domain error. Two
-        # blank points at the axis' ends (widened above) keep the data range as wide.
-        fig.draw(fig.signal([x_lo, x_lo], [y_lo, y_hi], marker=plt.marker(" ")))
-    many = len(views) > 1
-    legend = []
-    for n, v in enumerate(views):
-        colour = PALETTE[n % len(PALETTE)]
-        symbol = "braille" if color or not many else PLAIN_MARKERS[n % len(PLAIN_MARKERS)]
-        sample = "⣿" if symbol == "braille" else symbol
-        pixel = colour if color else None
-        if v.xs:
-            ys = [min(max(y, y_lo), y_hi) for y in v.ys] if clip else v.ys
-            s = fig.signal(v.xs, ys, marker=plt.marker(symbol, pixel=pixel))
-            s.lines(True)
-            for i in v.breaks:
-                s.line(i, False)
-            fig.draw(s)
-        for kind, mark, y in (
-            ("nan", NAN_MARK, y_hi),
-            ("+inf", POS_INF_MARK, y_hi),
-            ("-inf", NEG_INF_MARK, y_lo),
-        ):
-            xs = v.marks.get(kind)
-            if xs:
-                fig.draw(fig.signal(xs, [y] * len(xs), marker=plt.marker(mark, pixel=pixel)))
-        legend.append(_legend_line(v, sample, colour if color else None, integer_x))
-    fig.ruler("x").lim(x_lo, x_hi)
-    fig.ruler("y").lim(y_lo, y_hi)
-    if log_y:
-        fig.ruler("y").scale("log")
-    pos, labels = _x_ticks(lo, hi, width, integer_x)
-    fig.ruler("x").ticks(pos, labels)
-    if len(title) > width:  # plotext drops a title wider than the chart: cut its middle
-        head = (width - 1) // 2
-        title = title[:head] + "…" + title[len(title) - (width - 1 - head) :]
-    fig.title(title)
-    fig.label(x_label, "x")
-    text = fig.build().string(colorless=not color).rstrip("\n")
-    return text + "\n" + "\n".join(legend) + "\n"
-
-
-def _legend_line(v: SeriesView, sample: str, colour: int | None, integer_x: bool) -> str:
-    mark = f"\x1b[38;5;{colour}m{sample}\x1b[0m" if colour is not None else sample
-    parts = [f"{v.points} points"]
-    if v.last is not None:
-        where = f"step {int(v.last_x)}" if integer_x else f"{v.last_x:.6g} s"
-        parts.append(f"last {v.last:.6g} at {where}")
-    names = {
-        "nan": ("NaN", NAN_MARK, "top"),
-        "+inf": ("+inf", POS_INF_MARK, "top"),
-        "-inf": ("-inf", NEG_INF_MARK, "bottom"),
-    }
-    for kind, (name, m, edge) in names.items():
-        if v.counts.get(kind):
-            parts.append(f"{v.counts[kind]} {name} ({m} on the {edge} edge)")
-    if v.nonpositive:
-        parts.append(f"{v.nonpositive} values <= 0 not drawn (log axis)")
-    if v.skipped:
-        parts.append(f"{v.skipped} non-numeric values not drawn")
-    if v.no_time:
-        parts.append(f"{v.no_time} points without _time not drawn")
-    return f" {mark} {v.label}: " + ", ".join(parts)
-
-
 # --------------------------------------------------------------------------- frames
-
-
-@dataclass
-class Layout:
-    width: int
-    height: int | None  # per chart; None: share the terminal's height
 
 
 def frame(
@@ -685,68 +427,18 @@ def frame(
     layout: Layout,
     color: bool,
 ) -> str:
-    """Every chart of the current data, as text."""
-    metrics = chart_metrics(patterns, sources)
-    if not metrics:
-        return "(no data to plot yet)\n"
-    width = layout.width
-    nlines = len(sources) + 1
-    if layout.height is not None:
-        height = layout.height
-    else:
-        rows = shutil.get_terminal_size((100, 30)).lines
-        height = max(10, (rows - 1) // len(metrics) - nlines)
-    charts = []
-    integer_x = args.x == "step"
-    buckets = max(1, width - 8)
-    for metric in metrics:
-        cols = []
-        for src in sources:
-            col = src.columns.columns.get(metric)
-            if col is not None:
-                cols.append((src, col.ordered()))
-        lo = hi = None
-        for src, col in cols:
-            xs, _, _ = _xy(col, args.x, src.columns.first_time)
-            if len(xs):
-                a, b = (xs[0], xs[-1]) if args.x == "step" else (min(xs), max(xs))
-                lo = a if lo is None else min(lo, a)
-                hi = b if hi is None else max(hi, b)
-        if lo is None:
-            lo = hi = float(args.since or 0)
-        views = [
-            series_view(
-                f"{src.label}/{output.printable(metric)}",
-                col,
-                x_mode=args.x,
-                t0=src.columns.first_time,
-                buckets=buckets,
-                lo=float(lo),
-                hi=float(hi),
-                smooth=args.smooth,
-                log_y=args.log_y,
-            )
-            for src, col in cols
-        ]
-        title = output.printable(metric)
-        if args.smooth is not None:
-            title += f" (EMA alpha={args.smooth:g})"
-        charts.append(
-            render_chart(
-                plt,
-                title,
-                views,
-                width=width,
-                height=height,
-                lo=float(lo),
-                hi=float(hi),
-                x_label="step" if integer_x else "seconds since the run's first row",
-                integer_x=integer_x,
-                log_y=args.log_y,
-                color=color,
-            )
-        )
-    return "".join(charts)
+    """Every chart of the current data, as text (``cli/plotrender.py`` draws them)."""
+    return render_frame(
+        plt,
+        sources,
+        chart_metrics(patterns, sources),
+        x_mode=args.x,
+        since=args.since,
+        smooth=args.smooth,
+        log_y=args.log_y,
+        layout=layout,
+        color=color,
+    )
 
 
 # --------------------------------------------------------------------------- reading

@@ -16,8 +16,9 @@ Output formats (``--format``):
   (``isnan(value)``, ``isinf(value)``).
 - ``parquet``: needs ``-o FILE``; the result's own types, NaN/±inf intact.
 
-``-o FILE`` writes to FILE instead of stdout (through a temporary file beside it, renamed
-when complete). Rows are streamed: ``csv``, ``json``, ``jsonl`` and ``parquet`` never hold
+``-o FILE`` writes to FILE instead of stdout, through a temporary ``.FILE.HOST.PID.partial``
+beside it that is renamed into place when complete (an existing FILE is replaced), as
+``et export`` writes (``query/placement.py``; a killed query's is removed by the next). Rows are streamed: ``csv``, ``json``, ``jsonl`` and ``parquet`` never hold
 the whole result in memory.
 
 Exit codes: 0 ok; 1 DIR does not exist, a missing dependency or a write failure; 2 bad SQL
@@ -32,8 +33,6 @@ import datetime as _dt
 import decimal
 import json
 import math
-import os
-import secrets
 import sys
 from collections.abc import Iterator
 from pathlib import Path
@@ -41,6 +40,7 @@ from typing import IO, Any
 
 from expr_tracker.cli import output
 from expr_tracker.history.values import json_safe
+from expr_tracker.query.placement import Placement
 
 FORMATS = ("table", "csv", "json", "jsonl", "parquet")
 #: columns of a view shown per line in an error message (the rest: et query --schema)
@@ -259,13 +259,14 @@ class _Held:
 class _Sink:
     """Where the output goes: ``out`` (stdout, its start held back until :meth:`commit`),
     or ``path`` through a temporary file beside it that :meth:`commit` renames into place
-    (:meth:`abort` removes it)."""
+    (:meth:`abort` removes it): the placement ``et export`` uses too
+    (:class:`~expr_tracker.query.placement.Placement`; an existing file is replaced)."""
 
     def __init__(self, path: str | None, out: IO[str], binary: bool = False) -> None:
         self.path = Path(path) if path else None
         self.out = out
         self.binary = binary
-        self.tmp: Path | None = None
+        self.place: Placement | None = None
         self._file: Any = None
         self._held: _Held | None = None
 
@@ -289,23 +290,23 @@ class _Sink:
         return self._temp()
 
     def _temp(self) -> Path:
-        if self.tmp is None:
+        if self.place is None:
             assert self.path is not None
+            place = Placement(self.path, overwrite=True)
             # created like any file (permissions from the umask, not mkstemp's 0600)
-            tmp = self.path.parent / f".{self.path.name}.{secrets.token_hex(6)}.tmp"
-            with open(tmp, "xb"):
+            with open(place.tmp, "xb"):
                 pass
-            self.tmp = tmp
-        return self.tmp
+            self.place = place
+        return self.place.tmp
 
     def commit(self) -> None:
         if self._file is not None:
             self._file.close()
         if self.path is not None:
-            if self.tmp is None:  # nothing written: an empty file
+            if self.place is None:  # nothing written: an empty file
                 self.text()
                 self._file.close()
-            os.replace(self.tmp, self.path)  # type: ignore[arg-type]
+            self.place.commit()  # type: ignore[union-attr]
         else:
             if self._held is not None:
                 self._held.release()
@@ -314,11 +315,8 @@ class _Sink:
     def abort(self) -> None:
         if self._file is not None:
             self._file.close()
-        if self.tmp is not None:
-            try:
-                self.tmp.unlink()
-            except OSError:
-                pass
+        if self.place is not None:
+            self.place.abort()
 
 
 # --------------------------------------------------------------------------- values

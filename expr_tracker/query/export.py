@@ -7,27 +7,22 @@ Parquet parts covering every complete line of ``metrics[.S][.rankN].jsonl``) and
 - ``layout="long"``: one row per (producer, step, metric): ``project, run, stream, rank, step,
   time, metric, value, text``;
 - ``layout="wide"``: one row per (producer, step): ``project, run, stream, rank, step, time``,
-  then one column per metric, sorted by name. A metric whose non-null values are all numbers
-  is a DOUBLE column; one holding any string, list or dict value is a VARCHAR column, its
-  numbers written as in our JSONL files (``1.5``, ``NaN``, ``Infinity``). A JSON ``null``
-  value is an empty (NULL) cell. A metric named like an identity column (``step``, ``time``,
-  ...) gets the column ``metric:<name>``.
+  then one column per metric, sorted by name (DOUBLE, or VARCHAR for a metric holding any
+  string, list or dict value; ``metric:<name>`` for a metric named like an identity column).
 
-Patch lines of one step (written after ``max_open_seconds``) are merged as every reader
-merges them: per (step, metric) the value of the later line wins; the step's ``time`` is its
-last line's. Rows come per producer in step order (file order within a step).
-
-Memory stays bounded whatever the run's size: the parts are read in record batches, the
-rows of the last step of a batch wait for the next one, and each batch is written out before
-the next is read. A file whose lines are not in step order (``step_policy="allow"``) is
-sorted by DuckDB under a memory limit, spilling to a temporary directory.
+The layouts are ``query/layouts.py``'s. Patch lines of one step (written after
+``max_open_seconds``) are merged as every reader merges them: per (step, metric) the value of
+the later line wins; the step's ``time`` is its last line's. Rows come per producer in step
+order (file order within a step), read by ``query/stepreader.py``: memory stays bounded
+whatever the run's size (record batches, each written out before the next is read; a file
+whose lines are not in step order sorted by DuckDB under a memory limit).
 
 A single run (``source`` is a run directory) goes to one file at ``path``; a folder of runs
 (or ``partition=True``) goes to a Hive-style directory ``path/project=P/run=R/<producer>.<ext>``
 whose partition values are percent-encoded as Hive does, and whose files hold every column
 but ``project`` and ``run`` (they come from the path). Everything is written under a
-temporary name beside ``path`` and renamed into place at the end, so an interrupted export
-never leaves a complete-looking file.
+temporary name beside ``path`` and renamed into place at the end (``query/placement.py``, as
+``et query -o`` writes), so an interrupted export never leaves a complete-looking file.
 """
 
 from __future__ import annotations
@@ -35,32 +30,24 @@ from __future__ import annotations
 import fnmatch
 import logging
 import os
-import re
 import shutil
 import tempfile
 import time as _time
 from collections.abc import Iterable, Iterator, Sequence
-from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from expr_tracker.query import layouts
+from expr_tracker.query.placement import OutputAppeared, Placement
+from expr_tracker.query.stepreader import StepReader, need_duckdb
+
 FORMATS = ("parquet", "csv", "jsonl")
 LAYOUTS = ("wide", "long")
-#: identity and step columns of every export, in order
-IDENTITY = ("project", "run", "stream", "rank")
-KEY_COLUMNS = (*IDENTITY, "step", "time")
-LONG_COLUMNS = (*KEY_COLUMNS, "metric", "value", "text")
-#: rows of the source parts read at a time (bounds memory; each batch is written before the next)
-BATCH_ROWS = 262_144
-#: DuckDB's limits when it sorts an out-of-order file or writes CSV/JSONL
-DUCKDB_MEMORY_LIMIT = "256MB"
-DUCKDB_THREADS = 1
 #: Hive's name for a NULL partition value
 HIVE_NULL = "__HIVE_DEFAULT_PARTITION__"
 # Hive's FileUtils.escapePathName set: control characters and these, as %XX (upper-case hex)
 _HIVE_SPECIAL = set("\"#%'*/:=?\\\x7f{[]^")
 _EXTENSIONS = {"parquet": "parquet", "csv": "csv", "jsonl": "jsonl"}
-_INSTALL = "pip install 'expr-tracker[query]'"
 log = logging.getLogger("expr_tracker")
 
 
@@ -123,103 +110,14 @@ def hive_unescape(text: str) -> str | None:
 # -- the plan ---------------------------------------------------------------------------------
 
 
-@dataclass
-class _Source:
-    producer: Any  # query.catalog.Producer
-    cached: Any  # query.cache.CachedSource
-    cache_dir: Path | None = None
-    in_order: bool = True  # lines and steps non-decreasing over the parts, in order
-    stats: dict[str, list[bool]] = field(default_factory=dict)  # metric -> [has text]
-    limit: int = -1  # the lines of the first refresh: a later one's rows past it are left out
-    checked: Any = None  # the refresh whose parts were checked against their SHA-256
-
-    def __post_init__(self) -> None:
-        if self.limit < 0:
-            self.limit = self.cached.lines
-
-
-def _parts(src: _Source) -> Iterator[Any]:
-    """The cache parts of one refresh, all opened before the first is read (a cache folder
-    deleted after that cannot take them away), one producer at a time (a folder of many runs
-    must not hold a file descriptor per part). A part that a later refresh replaces stays on
-    disk for 10 minutes (query.cache), so the snapshot stays readable while we export it; a
-    part deleted before it was opened (a cleaner deleting ``.et-cache``) is made again by a
-    new refresh, whose rows past the first refresh's lines are left out (:func:`_limited`)."""
-    import pyarrow as pa
-    import pyarrow.parquet as pq
-
-    from expr_tracker.query.cache import damaged
-    from expr_tracker.query.tables import Problems
-    from expr_tracker.query.views import cache_of
-
-    files: list[Any] = []
-    for _attempt in range(4):
-        if src.cached.memory:
-            files = [
-                pq.ParquetFile(pa.BufferReader(b), read_dictionary=["metric"])
-                for b in src.cached.memory
-            ]
-            break
-        # an export reads every byte of the parts anyway: check them against the SHA-256
-        # written with them first (a damaged middle keeps the size and the magic that a
-        # refresh checks), and rebuild a cache that holds a damaged one
-        bad = damaged(src.cached.parts) if src.checked is not src.cached else []
-        src.checked = src.cached
-        if bad:
-            for part, why in bad:
-                log.warning(
-                    "expr_tracker: the query cache part %s could not be read (%s): rebuilt "
-                    "from the JSONL",
-                    part,
-                    why,
-                )
-            cached, _ = cache_of(src.producer, "metrics", src.cache_dir, Problems())
-            if cached is None:
-                raise FileNotFoundError(f"{src.producer.metrics} vanished")
-            src.cached = cached
-            continue
-        try:
-            for path in src.cached.parts:
-                files.append(pq.ParquetFile(str(path), read_dictionary=["metric"]))
-            break
-        except FileNotFoundError:
-            for f in files:
-                f.close()
-            files = []
-            cached, _ = cache_of(src.producer, "metrics", src.cache_dir, Problems())
-            if cached is None:
-                raise
-            src.cached = cached
-    else:
-        raise OSError(f"the query cache of {src.producer.metrics} kept vanishing")
-    try:
-        yield from files
-    finally:
-        for f in files:
-            f.close()
-
-
-def _limited(src: _Source, batch: Any, pc: Any) -> Any:
-    """``batch`` without rows of lines the first refresh did not cover."""
-    if src.cached.lines <= src.limit:
-        return batch
-    return batch.filter(pc.less(batch.column("line"), src.limit))
-
-
 def _need_pyarrow() -> Any:
+    from expr_tracker.query.views import INSTALL_HINT
+
     try:
         import pyarrow
     except ImportError as exc:  # pragma: no cover - the extra is installed in dev
-        raise ImportError(f"et export needs pyarrow: {_INSTALL}") from exc
+        raise ImportError(f"et export needs pyarrow: {INSTALL_HINT}") from exc
     return pyarrow
-
-
-def _need_duckdb() -> Any:
-    try:
-        import duckdb
-    except ImportError as exc:  # pragma: no cover
-        raise ImportError(f"et export needs duckdb: {_INSTALL}") from exc
-    return duckdb
 
 
 def _as_list(value: Any, name: str) -> list[str] | None:
@@ -296,60 +194,6 @@ def _select_producers(producers: list[Any], stream: Any, rank: Any) -> list[Any]
     ]
 
 
-def _scan(src: _Source, pa: Any, pq: Any, pc: Any) -> None:
-    """One pass over the cheap columns: is the file in (step, line) order, which metrics
-    does it hold, and which of them hold text. The ``text`` column is read only in row
-    groups whose statistics say it holds a value (most runs log numbers only)."""
-    import numpy as np
-
-    last_step = None
-    last_line = None
-    stats = src.stats
-    for pf in _parts(src):
-        md = pf.metadata
-        text_i = pf.schema_arrow.get_field_index("text")
-        for rg in range(md.num_row_groups):
-            meta = md.row_group(rg)
-            st = meta.column(text_i).statistics
-            need_text = st is None or not st.has_null_count or st.null_count < meta.num_rows
-            cols = ["step", "line", "metric", *(["text"] if need_text else [])]
-            for b in pf.iter_batches(batch_size=BATCH_ROWS, row_groups=[rg], columns=cols):
-                b = _limited(src, b, pc)
-                if b.column("step").null_count:  # lines without an int _step: not rows
-                    b = b.filter(pc.is_valid(b.column("step")))
-                if b.num_rows == 0:
-                    continue
-                steps = b.column("step").to_numpy(zero_copy_only=False)
-                lines = b.column("line").to_numpy(zero_copy_only=False)
-                if src.in_order:
-                    if last_step is not None and (steps[0] < last_step or lines[0] < last_line):
-                        src.in_order = False
-                    elif len(steps) > 1 and (
-                        bool(np.any(np.diff(steps) < 0)) or bool(np.any(np.diff(lines) < 0))
-                    ):
-                        src.in_order = False
-                    last_step, last_line = steps[-1], lines[-1]
-                # per metric, through the dictionary (no string hashing): any text at all
-                metric = b.column("metric")
-                if not pa.types.is_dictionary(metric.type):
-                    metric = pc.dictionary_encode(metric)
-                idx = metric.indices.to_numpy(zero_copy_only=False)
-                names = metric.dictionary.to_pylist()
-                if need_text:
-                    is_text = pc.fill_null(pc.not_equal(b.column("text"), "null"), False)
-                    has_text = np.bincount(idx, weights=_bools(is_text), minlength=len(names)) > 0
-                else:
-                    has_text = np.zeros(len(names), dtype=bool)
-                for j in np.unique(idx):
-                    cur = stats.setdefault(names[j], [False])
-                    cur[0] = cur[0] or bool(has_text[j])
-
-
-def _bools(arr: Any) -> Any:
-    """A null-free boolean Arrow array as a numpy float array (0.0/1.0)."""
-    return arr.to_numpy(zero_copy_only=False).astype("float64")
-
-
 def _select_metrics(
     all_metrics: Iterable[str], patterns: list[str] | None, given: Any
 ) -> list[str]:
@@ -372,289 +216,14 @@ def _select_metrics(
     return sorted(chosen)
 
 
-def _column_names(metrics: list[str]) -> list[str]:
-    used = set(KEY_COLUMNS)
-    out = []
-    for m in metrics:
-        name = m
-        while name in used:
-            name = f"metric:{name}"
-        used.add(name)
-        out.append(name)
-    return out
-
-
-# -- the row stream ---------------------------------------------------------------------------
-
-
-def _part_batches(pf: Any, cols: list[str], src: _Source) -> Iterator[Any]:
-    """The batches of one cache part, a row group at a time: one ``iter_batches`` over a
-    whole file keeps allocating (pyarrow 26: +32 MB per ~20M rows read, freed only when the
-    reader ends), which put a 10M-step export past its 500 MB budget."""
-    import pyarrow.compute as pc
-
-    for rg in range(pf.metadata.num_row_groups):
-        for b in pf.iter_batches(batch_size=BATCH_ROWS, row_groups=[rg], columns=cols):
-            yield _limited(src, b, pc)
-
-
-def _ordered_batches(src: _Source, pa: Any, tmpdir: str) -> Iterator[Any]:
-    """Record batches ``step, time, metric, value, text, line`` in (step, line) order."""
-    cols = ["step", "time", "metric", "value", "text", "line"]
-    if src.in_order:
-        for pf in _parts(src):
-            yield from _part_batches(pf, cols, src)
-        return
-    duckdb = _need_duckdb()
-    con = duckdb.connect(
-        config={
-            "memory_limit": DUCKDB_MEMORY_LIMIT,
-            "threads": DUCKDB_THREADS,
-            "temp_directory": tmpdir,
-            "preserve_insertion_order": True,
-        }
-    )
-    try:
-        # the parts reach DuckDB as an Arrow stream, not as paths: a run directory named
-        # with [, * or ? would be a glob pattern to read_parquet
-        opened = _parts(src)
-        first = next(opened, None)
-        if first is None:
-            return
-        schema = first.schema_arrow
-        opened.close()
-
-        def parts() -> Iterator[Any]:
-            for pf in _parts(src):
-                yield from _part_batches(pf, cols, src)
-
-        con.register(
-            "parts",
-            pa.RecordBatchReader.from_batches(pa.schema([schema.field(c) for c in cols]), parts()),
-        )
-        rel = con.sql(
-            f"SELECT {', '.join(cols)} FROM parts WHERE step IS NOT NULL ORDER BY step, line"
-        )
-        yield from rel.to_arrow_reader(BATCH_ROWS)
-    finally:
-        con.close()
-
-
-def _merged_batches(
-    src: _Source, pa: Any, pc: Any, metrics: list[str], tmpdir: str
-) -> Iterator[Any]:
-    """Batches of whole steps, patch lines merged (per (step, metric) the later line wins),
-    unselected metrics dropped; each batch gets a ``m`` column (index into ``metrics``)."""
-    import numpy as np
-
-    value_set = pa.array(metrics, pa.string())
-    need_merge = not src.cached.merged
-    carry = None
-    for b in _ordered_batches(src, pa, tmpdir):
-        if b.column("step").null_count:  # a line without an int _step is no row (as et.history)
-            b = b.filter(pc.is_valid(b.column("step")))
-        if b.num_rows == 0:
-            continue
-        # the metric name -> its index in ``metrics`` (NULL: not selected), batch by batch
-        # (each part's dictionary is its own)
-        metric = b.column("metric")
-        if pa.types.is_dictionary(metric.type):
-            m = pc.index_in(metric.dictionary, value_set=value_set).take(metric.indices)
-        else:
-            m = pc.index_in(metric, value_set=value_set)
-        i = b.schema.get_field_index("metric")
-        t = pa.Table.from_batches([b]).remove_column(i).append_column("m", m)
-        tbl = t if carry is None else pa.concat_tables([carry, t])
-        # steps are sorted: the rows of the last step may continue in the next batch
-        steps = tbl.column("step").to_numpy()
-        cut = int(np.searchsorted(steps, steps[-1], side="left"))
-        carry = tbl.slice(cut)
-        done = tbl.slice(0, cut)
-        if done.num_rows:
-            out = _finish(done, pa, pc, value_set, need_merge)
-            if out is not None:
-                yield out
-    if carry is not None and carry.num_rows:
-        out = _finish(carry, pa, pc, value_set, need_merge)
-        if out is not None:
-            yield out
-
-
-def _finish(tbl: Any, pa: Any, pc: Any, value_set: Any, need_merge: bool) -> Any:
-    import numpy as np
-
-    tbl = tbl.combine_chunks()
-    if need_merge and tbl.num_rows:
-        # one time per step: its last line's (later lines win, as for every key)
-        steps = tbl.column("step").to_numpy()
-        new = np.concatenate(([True], steps[1:] != steps[:-1]))
-        gid = np.cumsum(new) - 1
-        last = np.concatenate((np.flatnonzero(new)[1:] - 1, [len(steps) - 1]))
-        i = tbl.schema.get_field_index("time")
-        tbl = tbl.set_column(i, "time", tbl.column("time").take(pa.array(last[gid])))
-    keep = pc.is_valid(tbl.column("m"))
-    if not pc.all(keep).as_py():
-        tbl = tbl.filter(keep)
-    if tbl.num_rows == 0:
-        return None
-    if need_merge:
-        steps = tbl.column("step").to_numpy()
-        mi = tbl.column("m").to_numpy().astype(np.int64)
-        n = len(value_set)
-        # group index of each row's step (steps are sorted), then the last row per (step, m)
-        gid = np.concatenate(([0], np.cumsum(steps[1:] != steps[:-1])))
-        key = gid * n + mi
-        _, first_rev = np.unique(key[::-1], return_index=True)
-        winners = np.sort(len(key) - 1 - first_rev)
-        if len(winners) != tbl.num_rows:
-            tbl = tbl.take(pa.array(winners))
-    return tbl
-
-
-# -- layouts ----------------------------------------------------------------------------------
-
-
-def _identity_arrays(pa: Any, p: Any, n: int, with_run: bool) -> list[Any]:
-    arrays = []
-    if with_run:
-        arrays.append(pa.repeat(pa.scalar(p.project, pa.string()), n))
-        arrays.append(pa.repeat(pa.scalar(p.run_id, pa.string()), n))
-    arrays.append(pa.repeat(pa.scalar(p.stream, pa.string()), n))
-    arrays.append(pa.repeat(pa.scalar(p.rank, pa.int64()), n))
-    return arrays
-
-
-def _key_fields(pa: Any, with_run: bool) -> list[Any]:
-    f = []
-    if with_run:
-        f += [pa.field("project", pa.string()), pa.field("run", pa.string())]
-    f += [
-        pa.field("stream", pa.string()),
-        pa.field("rank", pa.int64()),
-        pa.field("step", pa.int64()),
-        pa.field("time", pa.float64()),
-    ]
-    return f
-
-
-def _long_schema(pa: Any, with_run: bool) -> Any:
-    return pa.schema(
-        [
-            *_key_fields(pa, with_run),
-            pa.field("metric", pa.string()),
-            pa.field("value", pa.float64()),
-            pa.field("text", pa.string()),
-        ]
-    )
-
-
-def _wide_schema(pa: Any, with_run: bool, columns: list[str], is_text: list[bool]) -> Any:
-    return pa.schema(
-        [
-            *_key_fields(pa, with_run),
-            *(
-                pa.field(c, pa.string() if t else pa.float64())
-                for c, t in zip(columns, is_text, strict=True)
-            ),
-        ]
-    )
-
-
-def _long_rows(
-    src: _Source, pa: Any, pc: Any, metrics: list[str], schema: Any, with_run: bool, tmpdir: str
-) -> Iterator[Any]:
-    value_set = pa.array(metrics, pa.string())
-    for tbl in _merged_batches(src, pa, pc, metrics, tmpdir):
-        n = tbl.num_rows
-        arrays = [
-            *_identity_arrays(pa, src.producer, n, with_run),
-            tbl.column("step"),
-            tbl.column("time"),
-            value_set.take(tbl.column("m")),
-            tbl.column("value"),
-            tbl.column("text"),
-        ]
-        yield from pa.Table.from_arrays(arrays, schema=schema).to_batches()
-
-
-def _json_number_text(pa: Any, pc: Any, values: Any) -> Any:
-    """Numbers in a VARCHAR (mixed) column: the shortest text that reads back as the same
-    double (``1.5``, ``3``, ``1e+20``), and ``NaN``, ``Infinity``, ``-Infinity`` as in our
-    JSONL files."""
-    s = pc.cast(values, pa.string())
-    s = pc.if_else(pc.equal(s, "nan"), "NaN", s)
-    s = pc.if_else(pc.equal(s, "inf"), "Infinity", s)
-    return pc.if_else(pc.equal(s, "-inf"), "-Infinity", s)
-
-
-def _wide_rows(
-    src: _Source,
-    pa: Any,
-    pc: Any,
-    metrics: list[str],
-    is_text: list[bool],
-    schema: Any,
-    with_run: bool,
-    tmpdir: str,
-) -> Iterator[Any]:
-    import numpy as np
-
-    any_text = any(is_text)
-    for tbl in _merged_batches(src, pa, pc, metrics, tmpdir):
-        steps = tbl.column("step").to_numpy()
-        starts = np.flatnonzero(np.concatenate(([True], steps[1:] != steps[:-1])))
-        ends = np.concatenate((starts[1:], [len(steps)])) - 1
-        gid = np.cumsum(np.concatenate(([0], (steps[1:] != steps[:-1]).astype(np.int64))))
-        n_groups = len(starts)
-        mi = tbl.column("m").to_numpy()
-        value = tbl.column("value")
-        text = tbl.column("text")
-        if any_text:
-            # a JSON null is an empty cell; else the string, or the number as text
-            json_null = pc.fill_null(pc.equal(text, "null"), False)
-            cell = pc.if_else(
-                json_null,
-                pa.scalar(None, pa.string()),
-                pc.coalesce(text, _json_number_text(pa, pc, value)),
-            )
-        rowpos = np.arange(len(steps))
-        present = np.unique(mi)
-        arrays = [
-            *_identity_arrays(pa, src.producer, n_groups, with_run),
-            pa.array(steps[starts]),
-            # a step's time is its last line's (later lines win, as for every key)
-            tbl.column("time").take(pa.array(ends)),
-        ]
-        nulls_f = None
-        nulls_s = None
-        for j, txt in enumerate(is_text):
-            if j not in present:
-                if txt:
-                    nulls_s = nulls_s or pa.nulls(n_groups, pa.string())
-                    arrays.append(nulls_s)
-                else:
-                    nulls_f = nulls_f or pa.nulls(n_groups, pa.float64())
-                    arrays.append(nulls_f)
-                continue
-            mask = mi == j
-            idx = np.full(n_groups, -1, dtype=np.int64)
-            idx[gid[mask]] = rowpos[mask]
-            take = pa.array(idx, mask=idx < 0)
-            arrays.append((cell if txt else value).take(take))
-        yield pa.RecordBatch.from_arrays(
-            [a.combine_chunks() if isinstance(a, pa.ChunkedArray) else a for a in arrays],
-            schema=schema,
-        )
-
-
 # -- sinks ------------------------------------------------------------------------------------
 
 
-def _named_failures(src: _Source, batches: Iterator[Any], pa: Any) -> Iterator[Any]:
+def _named_failures(src: StepReader, batches: Iterator[Any], pa: Any) -> Iterator[Any]:
     """``batches``, with a failure of DuckDB or pyarrow while making them (a value of
     300 MB past the sort's memory limit, a part that cannot be decoded) turned into an
     :class:`ExportError` naming the run, instead of a traceback."""
-    duckdb = _need_duckdb()
+    duckdb = need_duckdb()
     try:
         yield from batches
     except (duckdb.Error, pa.ArrowException, MemoryError) as exc:
@@ -699,108 +268,6 @@ def _write(path: Path, fmt: str, schema: Any, batches: Iterator[Any]) -> int:
 
 
 # -- files and renames ------------------------------------------------------------------------
-
-
-def _host() -> str:
-    import socket
-
-    return re.sub(r"[^A-Za-z0-9_-]", "-", socket.gethostname())[:64] or "host"
-
-
-def _temp_beside(path: Path) -> Path:
-    """``.NAME.HOST.PID.partial`` beside ``path``: where the export is written."""
-    return path.with_name(f".{path.name}.{_host()}.{os.getpid()}.partial")
-
-
-def _remove_stale_partials(path: Path) -> list[Path]:
-    """Remove what an export to ``path`` killed before it finished left beside it: entries
-    named as :func:`_temp_beside` names them (or ``.NAME.PID.partial``, as earlier versions
-    did) whose process, on this host, is gone. Nothing else is touched; an export of another
-    host or still running keeps its own. Returns what was removed."""
-    pattern = re.compile(
-        rf"^\.{re.escape(path.name)}\.(?:(?P<host>[A-Za-z0-9_-]+)\.)?(?P<pid>[0-9]+)\.partial$"
-    )
-    removed = []
-    try:
-        names = os.listdir(path.parent if str(path.parent) else ".")
-    except OSError:
-        return removed
-    host = _host()
-    for name in names:
-        m = pattern.match(name)
-        if m is None or (m.group("host") not in (None, host)):
-            continue
-        pid = int(m.group("pid"))
-        if pid == os.getpid() or _alive(pid):
-            continue
-        stale = path.with_name(name)
-        _remove(stale)
-        removed.append(stale)
-    return removed
-
-
-def _alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except (PermissionError, OverflowError):
-        return True
-    except OSError:
-        return False
-    return True
-
-
-def _remove(p: Path) -> None:
-    if not os.path.lexists(p):  # (unlink on a read-only mount fails with EROFS, not ENOENT)
-        return
-    if p.is_dir() and not p.is_symlink():
-        shutil.rmtree(p, ignore_errors=True)
-    else:
-        try:
-            p.unlink()
-        except FileNotFoundError:
-            pass
-
-
-def _put_in_place(tmp: Path, path: Path, overwrite: bool) -> None:
-    """Move the finished ``tmp`` to ``path``. Without ``overwrite`` a ``path`` that appeared
-    meanwhile is never replaced (a file is linked into place, which fails if one exists)."""
-    if not overwrite:
-        if tmp.is_file():
-            try:
-                os.link(tmp, path)
-            except FileExistsError:
-                raise ExportError(
-                    f"{path} appeared during the export; pass --overwrite to replace it"
-                ) from None
-            except OSError:  # no hard links here (some network file systems): rename
-                if os.path.lexists(path):
-                    raise ExportError(
-                        f"{path} appeared during the export; pass --overwrite to replace it"
-                    ) from None
-                os.rename(tmp, path)
-                return
-            tmp.unlink()
-            return
-        try:
-            os.rename(tmp, path)  # a directory: fails onto an existing non-empty one
-        except OSError:
-            raise ExportError(
-                f"{path} appeared during the export; pass --overwrite to replace it"
-            ) from None
-        return
-    if not os.path.lexists(path):
-        os.rename(tmp, path)
-        return
-    if tmp.is_file() and path.is_file():
-        os.replace(tmp, path)
-        return
-    _check_replaceable(path)  # again: it may have changed during the export
-    old = path.with_name(f".{path.name}.{os.getpid()}.old")
-    os.rename(path, old)
-    os.rename(tmp, path)
-    _remove(old)
 
 
 def _foreign_entry(path: Path) -> Path | None:
@@ -941,8 +408,6 @@ def export_runs(
             f"{out} exists; pass --overwrite (overwrite=True) to replace it, or choose another -o"
         )
     pa = _need_pyarrow()
-    import pyarrow.compute as pc
-    import pyarrow.parquet as pq
 
     from expr_tracker.query.catalog import discover
     from expr_tracker.query.tables import Problems, unlisted_problem
@@ -967,7 +432,7 @@ def export_runs(
             "(leave --partition on, or export one run directory)"
         )
 
-    sources: list[_Source] = []
+    sources: list[StepReader] = []
     problems = Problems()
     for p in unlisted:  # a colleague's 0700 run: named in the warning, not left out silently
         problems.add(p, unlisted_problem(p))
@@ -975,7 +440,7 @@ def export_runs(
     for p in producers:
         cached, _ = cache_of(p, "metrics", cdir, problems)
         if cached is not None:
-            sources.append(_Source(producer=p, cached=cached, cache_dir=cdir))
+            sources.append(StepReader(producer=p, cached=cached, cache_dir=cdir))
     message = problems.message()
     if message:
         log.warning("%s", message.replace("left out of the answer", "left out of the export"))
@@ -990,7 +455,7 @@ def export_runs(
             + "; ".join(f"{s['run']}: {s['problem']}" for s in skipped)
         )
     for s in sources:
-        _scan(s, pa, pq, pc)
+        s.scan()
     stats: dict[str, list[bool]] = {}
     for s in sources:
         for m, (ht,) in s.stats.items():
@@ -999,24 +464,24 @@ def export_runs(
     chosen = _select_metrics(stats, patterns, metrics)
     with_run = not partition
     if layout == "wide":
-        columns = _column_names(chosen)
+        columns = layouts.column_names(chosen)
         is_text = [stats[m][0] for m in chosen]
-        schema = _wide_schema(pa, with_run, columns, is_text)
+        schema = layouts.wide_schema(pa, with_run, columns, is_text)
     else:
-        schema = _long_schema(pa, with_run)
-    tmp = _temp_beside(out)
-    _remove(tmp)
-    _remove_stale_partials(out)
+        schema = layouts.long_schema(pa, with_run)
+    place = Placement(out, overwrite=overwrite, replaceable=_check_replaceable)
+    tmp = place.tmp
     rows = 0
     files = 0
     tmpdir = tempfile.mkdtemp(prefix="et-export-")
     try:
 
-        def rows_of(s: _Source) -> Iterator[Any]:
+        def rows_of(s: StepReader) -> Iterator[Any]:
+            tables = s.merged(chosen, tmpdir)
             if layout == "wide":
-                rows = _wide_rows(s, pa, pc, chosen, is_text, schema, with_run, tmpdir)
+                rows = layouts.wide_rows(tables, s.producer, is_text, schema, with_run)
             else:
-                rows = _long_rows(s, pa, pc, chosen, schema, with_run, tmpdir)
+                rows = layouts.long_rows(tables, s.producer, chosen, schema, with_run)
             return _named_failures(s, rows, pa)
 
         if partition:
@@ -1038,16 +503,21 @@ def export_runs(
             rows = _write(tmp, format, schema, chained())
             files = 1
         size = _tree_size(tmp)
-        _put_in_place(tmp, out, overwrite)
+        try:
+            place.commit()
+        except OutputAppeared:
+            raise ExportError(
+                f"{out} appeared during the export; pass --overwrite to replace it"
+            ) from None
     except OSError as exc:  # a full disk, a read-only folder: say where
-        _remove(tmp)
+        place.abort()
         why = exc.strerror or str(exc)
         msg = f"export to {out} failed: {why}" + (
             f" ({exc.filename})" if exc.filename and exc.strerror else ""
         )
         raise (OSError(exc.errno, msg) if exc.errno else OSError(msg)) from exc
     except BaseException:
-        _remove(tmp)
+        place.abort()
         raise
     finally:
         shutil.rmtree(tmpdir, ignore_errors=True)

@@ -1,8 +1,9 @@
 """The ``et ui`` web server: a Starlette app serving the page (static files of this package
 and plotly's bundled ``plotly.min.js``: no CDN, works offline) and read-only JSON endpoints
-(:mod:`expr_tracker.ui.data`). Only GET (and HEAD); nothing is written but the columnar
-cache (and a streamed trace's temporary spool). Starlette, uvicorn and plotly are imported
-when the app is made (the ``[ui]`` extra).
+(one module per page: ``ui/runs.py``, ``ui/runpage.py``, ``ui/series.py``,
+``ui/spans.py``, ``ui/compare.py``, over the runs of ``ui/catalog.py``). Only GET (and
+HEAD); nothing is written but the columnar cache (and a streamed trace's temporary spool).
+Starlette, uvicorn and plotly are imported when the app is made (the ``[ui]`` extra).
 
 Who may ask is :mod:`expr_tracker.ui.guard`'s (the Host rule, the token, the login cookie);
 what a request may cost is bounded here: a trace is streamed, and at most
@@ -33,7 +34,10 @@ from pathlib import Path
 from typing import Any
 
 from expr_tracker.history.values import json_safe
-from expr_tracker.ui import data
+from expr_tracker.ui import compare, runpage, runs, series, spans
+from expr_tracker.ui.catalog import Catalog
+from expr_tracker.ui.errors import BadRequest, NotFound, Unreadable, why
+from expr_tracker.ui.parts import parts_read
 
 INSTALL_HINT = "pip install 'expr-tracker[ui]'"
 #: heavy requests (a Chrome trace, a compare) served at once; more are answered 503
@@ -164,7 +168,7 @@ def create_app(
     root = Path(root)
     if not root.is_dir():
         raise FileNotFoundError(f"DIR {str(root)!r} is not a folder (a folder of runs or a run)")
-    catalog = data.Catalog(root, cache_dir)
+    catalog = Catalog(root, cache_dir)
     heavy = _Heavy(heavy_limit)
     assets = {name: _static(name) for name in _STATIC}
     assets["plotly.min.js"] = plotly_js()
@@ -186,12 +190,12 @@ def create_app(
         try:
             return int(v)
         except ValueError:
-            raise data.BadRequest(f"{name}={v!r} is not an integer") from None
+            raise BadRequest(f"{name}={v!r} is not an integer") from None
 
     def q_str(request: Any, name: str) -> str:
         v = request.query_params.get(name)
         if not v:
-            raise data.BadRequest(f"missing query parameter {name!r}")
+            raise BadRequest(f"missing query parameter {name!r}")
         return v
 
     def busy() -> Any:
@@ -204,16 +208,16 @@ def create_app(
 
     def failure(exc: BaseException) -> Any:
         """The answer to an error of a request (None: not one of ours)."""
-        if isinstance(exc, data.NotFound):
+        if isinstance(exc, NotFound):
             return as_json({"error": str(exc)}, 404)
         if isinstance(exc, FileNotFoundError):  # a run deleted while it was read
             return as_json({"error": f"gone: {exc}"}, 404)
-        if isinstance(exc, data.BadRequest):
+        if isinstance(exc, BadRequest):
             return as_json({"error": str(exc)}, 400)
-        if isinstance(exc, data.Unreadable):
+        if isinstance(exc, Unreadable):
             return as_json({"error": f"unreadable: {exc}"}, 422)
         if isinstance(exc, (OSError, RecursionError)):
-            return as_json({"error": f"unreadable: {data.why(exc)}"}, 422)
+            return as_json({"error": f"unreadable: {why(exc)}"}, 422)
         return None
 
     def endpoint(fn: Any, is_heavy: bool = False) -> Any:
@@ -222,7 +226,7 @@ def create_app(
                 return busy()
             try:
                 for attempt in (1, 2, 3):
-                    with data.parts_read() as parts:
+                    with parts_read() as parts:
                         try:
                             return as_json(fn(request))
                         except Exception as exc:
@@ -253,21 +257,21 @@ def create_app(
         return respond(body, _TYPES[Path(name).suffix], headers={"Cache-Control": "max-age=3600"})
 
     def api_runs(request: Any) -> Any:
-        return {"root": str(root), "runs": data.runs_list(catalog)}
+        return {"root": str(root), "runs": runs.runs_list(catalog)}
 
     def api_run(request: Any) -> Any:
-        return data.run_detail(catalog, q_str(request, "run"))
+        return runpage.run_detail(catalog, q_str(request, "run"))
 
     def api_series(request: Any) -> Any:
         qp = request.query_params
-        return data.series(
+        return series.series(
             catalog,
             q_str(request, "run"),
             q_str(request, "metric"),
             x=qp.get("x") or "step",
             width=q_int(request, "width", 1000),  # type: ignore[arg-type]
-            lo=data.parse_float("lo", qp.get("lo")),
-            hi=data.parse_float("hi", qp.get("hi")),
+            lo=series.parse_float("lo", qp.get("lo")),
+            hi=series.parse_float("hi", qp.get("hi")),
         )
 
     def api_points(request: Any) -> Any:
@@ -277,10 +281,10 @@ def create_app(
             try:
                 since[label] = int(step)
             except ValueError:
-                raise data.BadRequest(f"since={v!r} is not PRODUCER:STEP") from None
+                raise BadRequest(f"since={v!r} is not PRODUCER:STEP") from None
             if not sep or not label:
-                raise data.BadRequest(f"since={v!r} is not PRODUCER:STEP")
-        return data.new_points(
+                raise BadRequest(f"since={v!r} is not PRODUCER:STEP")
+        return series.new_points(
             catalog,
             q_str(request, "run"),
             q_int(request, "after", -1),  # type: ignore[arg-type]
@@ -289,7 +293,7 @@ def create_app(
         )
 
     def api_spans(request: Any) -> Any:
-        return data.span_breakdown(
+        return spans.span_breakdown(
             catalog, q_str(request, "run"), q_int(request, "start"), q_int(request, "stop")
         )
 
@@ -301,7 +305,7 @@ def create_app(
         try:
             run = q_str(request, "run")
             start, stop = q_int(request, "start"), q_int(request, "stop")
-            chunks = await run_in_threadpool(data.trace_chunks, catalog, run, start, stop)
+            chunks = await run_in_threadpool(spans.trace_chunks, catalog, run, start, stop)
         except Exception as exc:
             heavy.release()
             answer = failure(exc)
@@ -340,7 +344,7 @@ def create_app(
             yield chunk
 
     def api_compare(request: Any) -> Any:
-        return data.compare(catalog, request.query_params.getlist("run"))
+        return compare.compare(catalog, request.query_params.getlist("run"))
 
     routes = [
         Route("/", page, methods=["GET"]),

@@ -21,7 +21,7 @@ import pytest
 
 import expr_tracker as et
 from expr_tracker.cli.main import main
-from expr_tracker.cli.plot import ema, series_view
+from expr_tracker.history.chartprep import ema, series_view
 from expr_tracker.history.columns import read_columns
 from expr_tracker.history.downsample import m4
 

@@ -126,7 +126,7 @@ def test_o_writes_csv_and_json_to_a_file(runs, capsys, tmp_path):
         code, out, _ = cli(capsys, SQL, runs, "--format", fmt, "-o", dest)
         assert code == 0 and out == ""
         assert dest.read_text(encoding="utf-8").strip()
-    assert not [p for p in tmp_path.iterdir() if p.name.endswith(".tmp")]
+    assert not [p for p in tmp_path.iterdir() if p.name.endswith((".tmp", ".partial"))]
 
 
 def test_bad_sql_exits_2_with_one_screen_naming_the_views(runs, capsys, tmp_path):

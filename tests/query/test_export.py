@@ -547,17 +547,17 @@ def test_a_run_exports_partitioned_on_request(sweep, tmp_path):
 
 
 def test_an_interrupted_export_leaves_no_file(sweep, tmp_path, monkeypatch):
-    from expr_tracker.query import export as mod
+    from expr_tracker.query import layouts as mod
 
     run_dir = next(p.run_dir for p in discover(sweep) if p.project == HOSTILE_PROJECT)
-    real = mod._wide_rows
+    real = mod.wide_rows
 
     def boom(*a, **k):
         it = real(*a, **k)
         yield next(it)
         raise KeyboardInterrupt
 
-    monkeypatch.setattr(mod, "_wide_rows", boom)
+    monkeypatch.setattr(mod, "wide_rows", boom)
     for fmt in ("parquet", "csv"):
         with pytest.raises(KeyboardInterrupt):
             export_runs(run_dir, tmp_path / f"o.{fmt}", format=fmt)
@@ -591,7 +591,7 @@ def test_out_of_order_steps_are_sorted_and_merged(tmp_path, name):
 
 def test_patch_lines_across_batch_boundaries(tmp_path, monkeypatch):
     """A step whose lines straddle a record batch is merged whole (small batches force it)."""
-    from expr_tracker.query import export as mod
+    from expr_tracker.query import stepreader as mod
 
     monkeypatch.setattr(mod, "BATCH_ROWS", 3)
     run = tmp_path / "p" / "r"
@@ -876,7 +876,7 @@ def test_a_value_past_the_sorts_memory_limit_is_a_named_error(tmp_path, monkeypa
     string value bigger than it (300 MB in a 256 MB limit) ended `et export` with an
     OutOfMemoryException traceback. It is one line naming the run, exit 1, nothing left."""
     from expr_tracker.cli.main import main
-    from expr_tracker.query import export as export_mod
+    from expr_tracker.query import stepreader as export_mod
 
     run = tmp_path / "runs" / "p" / "big"
     run.mkdir(parents=True)

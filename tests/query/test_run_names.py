@@ -67,9 +67,10 @@ def test_every_command_follows_it(root, capsys):
 
 def test_the_dashboard_follows_it(root, tmp_path):
     pytest.importorskip("duckdb")
-    from expr_tracker.ui import data
+    from expr_tracker.ui.catalog import Catalog
+    from expr_tracker.ui.errors import NotFound
 
-    cat = data.Catalog(root, tmp_path / "cache")
+    cat = Catalog(root, tmp_path / "cache")
     assert cat.get("solo") == cat.get("p/solo")  # a name, as on the command line
-    with pytest.raises(data.NotFound, match="several runs"):
+    with pytest.raises(NotFound, match="several runs"):
         cat.get("a")

@@ -11,7 +11,8 @@ import threading
 import pytest
 
 from expr_tracker.trace import write_trace
-from expr_tracker.ui import data
+from expr_tracker.ui import spans
+from expr_tracker.ui.catalog import Catalog
 from expr_tracker.ui.server import create_app
 
 TestClient = pytest.importorskip("starlette.testclient").TestClient
@@ -39,7 +40,7 @@ def test_trace_is_streamed_as_et_trace_writes_it(ui_server, ui_runs, tmp_path):
 
 
 def test_trace_chunks_are_bounded(ui_runs, tmp_path):
-    cat = data.Catalog(ui_runs, tmp_path)
+    cat = Catalog(ui_runs, tmp_path)
     from expr_tracker.trace import iter_trace
 
     chunks = list(iter_trace(ui_runs / "demo" / "alpha", chunk_bytes=512, root=cat.root_real))
@@ -50,7 +51,7 @@ def test_trace_chunks_are_bounded(ui_runs, tmp_path):
 def test_heavy_requests_are_bounded(ui_runs, tmp_path, monkeypatch):
     gate = threading.Event()
     entered = threading.Event()
-    real = data.trace_chunks
+    real = spans.trace_chunks
 
     def held(*a, **kw):
         it = real(*a, **kw)
@@ -63,7 +64,7 @@ def test_heavy_requests_are_bounded(ui_runs, tmp_path, monkeypatch):
 
         return gen()
 
-    monkeypatch.setattr(data, "trace_chunks", held)
+    monkeypatch.setattr(spans, "trace_chunks", held)
     app = create_app(ui_runs, cache_dir=tmp_path, heavy_limit=1)
     first: list = []
     t = threading.Thread(

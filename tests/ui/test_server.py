@@ -192,7 +192,7 @@ def test_only_get_and_safe_headers(client):
     r = client.get("/")
     assert "default-src 'self'" in r.headers["content-security-policy"]
     assert r.headers["x-content-type-options"] == "nosniff"
-    assert client.get("/static/../data.py").status_code == 404
+    assert client.get("/static/../server.py").status_code == 404
     assert client.get("/static/nope.js").status_code == 404
     js = client.get("/static/plotly.min.js")
     assert js.status_code == 200 and b"plotly" in js.content[:2000].lower()
@@ -283,9 +283,10 @@ def test_step_metric_is_an_x_option(long_run, tmp_path):
 def test_sql_m4_matches_m4(long_run, tmp_path):
     """Above ``sql_min`` points the same M4 runs in DuckDB: the points kept are m4's (a
     series without ties), the spike, dip and non-finite points likewise."""
-    from expr_tracker.ui import data
+    from expr_tracker.ui import series
+    from expr_tracker.ui.catalog import Catalog
 
-    cat = data.Catalog(long_run, tmp_path)
+    cat = Catalog(long_run, tmp_path)
     for width, lo, hi in [
         (50, None, None),
         (7, 100.0, 4000.0),
@@ -293,11 +294,11 @@ def test_sql_m4_matches_m4(long_run, tmp_path):
         (1, None, None),
     ]:
         kw = {"width": width, "lo": lo, "hi": hi}
-        py = data.series(cat, "p/long", "x/half", **kw)["traces"][0]
-        sql = data.series(cat, "p/long", "x/half", sql_min=0, **kw)["traces"][0]
+        py = series.series(cat, "p/long", "x/half", **kw)["traces"][0]
+        sql = series.series(cat, "p/long", "x/half", sql_min=0, **kw)["traces"][0]
         assert sql == py, (width, lo, hi)
-        py = data.series(cat, "p/long", "loss", **kw)["traces"][0]
-        sql = data.series(cat, "p/long", "loss", sql_min=0, **kw)["traces"][0]
+        py = series.series(cat, "p/long", "loss", **kw)["traces"][0]
+        sql = series.series(cat, "p/long", "loss", sql_min=0, **kw)["traces"][0]
         assert sql["nonfinite"] == py["nonfinite"] and sql["total"] == py["total"]
         ys = [y for y in sql["y"] if y is not None]
         assert (min(ys), max(ys)) == (
@@ -344,7 +345,7 @@ def test_hostile_run_name_and_rank_shards(tmp_path):
 
 def test_web_stack_imported_only_when_serving():
     code = (
-        "import sys, expr_tracker, expr_tracker.ui.data, expr_tracker.ui.server\n"
+        "import sys, expr_tracker, expr_tracker.ui.runs, expr_tracker.ui.series, expr_tracker.ui.server\n"
         "from expr_tracker.cli.main import build_parser\n"
         "build_parser().parse_args(['ui', '--help'])\n"
     )
@@ -410,9 +411,9 @@ def test_points_ask_each_producer_from_its_own_step(tmp_path):
 def test_points_reset_tells_where_each_producer_ends(long_run, tmp_path, monkeypatch):
     # more new rows than a poll carries: the page reloads its charts; the answer must say
     # where the run is, or the next poll asks from the same step and resets again, forever
-    from expr_tracker.ui import data
+    from expr_tracker.ui import series
 
-    monkeypatch.setattr(data, "MAX_NEW_ROWS", 100)
+    monkeypatch.setattr(series, "MAX_NEW_ROWS", 100)
     c = local(create_app(long_run, cache_dir=tmp_path / "c"))
     r = c.get("/api/points", params={"run": "p/long", "after": 10}).json()
     assert r["reset"] is True and r["metrics"] == {}

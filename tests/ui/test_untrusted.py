@@ -19,7 +19,9 @@ from pathlib import Path
 import pytest
 from ui_support import env
 
-from expr_tracker.ui import data
+from expr_tracker.ui import catalog, runs, series
+from expr_tracker.ui.catalog import Catalog
+from expr_tracker.ui.errors import BadRequest
 from expr_tracker.ui.server import create_app
 
 TestClient = pytest.importorskip("starlette.testclient").TestClient
@@ -39,7 +41,7 @@ def copy_run(src: Path, dst: Path) -> Path:
 @pytest.fixture
 def no_rediscovery(monkeypatch):
     """The run list found first is kept (a swap after discovery stays after discovery)."""
-    monkeypatch.setattr(data, "DISCOVER_TTL", 1e9)
+    monkeypatch.setattr(catalog, "DISCOVER_TTL", 1e9)
 
 
 def test_a_file_swapped_for_a_link_out_of_dir_is_not_served(tmp_path, ui_runs, no_rediscovery):
@@ -166,12 +168,13 @@ def test_fifos_never_hang_an_endpoint(tmp_path, ui_runs, no_rediscovery):
 
 TABLE = (
     "import json, os, sys\n"
-    "from expr_tracker.ui import data\n"
-    "data.runs_list(data.Catalog(sys.argv[3], sys.argv[4]))  # imports all it needs, as root\n"
-    "cat = data.Catalog(sys.argv[1], sys.argv[2])\n"
+    "from expr_tracker.ui.catalog import Catalog\n"
+    "from expr_tracker.ui.runs import runs_list\n"
+    "runs_list(Catalog(sys.argv[3], sys.argv[4]))  # imports all it needs, as root\n"
+    "cat = Catalog(sys.argv[1], sys.argv[2])\n"
     "if os.getuid() == 0:\n"
     "    os.setgid(65534); os.setuid(65534)  # another user: nobody\n"
-    "print(json.dumps(data.runs_list(cat)))\n"
+    "print(json.dumps(runs_list(cat)))\n"
 )
 
 
@@ -269,20 +272,20 @@ def test_the_runs_table_reads_only_what_changed(tmp_path, ui_runs, monkeypatch):
         copy_run(ui_runs / "demo" / "beta", root / "p" / f"r{i}")
     _age(root)
     reads: list[str] = []
-    real = data.read_row
+    real = runs.read_row
 
     def counting(prods, r):
         reads.append(prods[0].run_dir.name)
         return real(prods, r)
 
-    monkeypatch.setattr(data, "read_row", counting)
-    monkeypatch.setattr(data, "DISCOVER_TTL", 0.0)
-    cat = data.Catalog(root, tmp_path / "cache")
-    assert len(data.runs_list(cat)) == 5 and len(reads) == 5
-    assert len(data.runs_list(cat)) == 5 and len(reads) == 5  # nothing changed: nothing read
+    monkeypatch.setattr(runs, "read_row", counting)
+    monkeypatch.setattr(catalog, "DISCOVER_TTL", 0.0)
+    cat = Catalog(root, tmp_path / "cache")
+    assert len(runs.runs_list(cat)) == 5 and len(reads) == 5
+    assert len(runs.runs_list(cat)) == 5 and len(reads) == 5  # nothing changed: nothing read
     with open(root / "p" / "r3" / "metrics.jsonl", "a") as fh:
         fh.write(json.dumps({"train/loss": 1.0, "_step": 25, "_time": time.time()}) + "\n")
-    rows = {r["run"]: r for r in data.runs_list(cat)}
+    rows = {r["run"]: r for r in runs.runs_list(cat)}
     assert reads[5:] == ["r3"] and rows["p/r3"]["steps"] == 26 and rows["p/r2"]["steps"] == 25
 
 
@@ -294,7 +297,7 @@ def test_the_runs_table_never_needs_the_columnar_cache(tmp_path, ui_runs, monkey
         raise AssertionError("the runs table read the columnar cache")
 
     monkeypatch.setattr(cache, "refresh", refuse)
-    rows = {r["run"]: r for r in data.runs_list(data.Catalog(ui_runs, tmp_path))}
+    rows = {r["run"]: r for r in runs.runs_list(Catalog(ui_runs, tmp_path))}
     assert rows["demo/alpha"]["steps"] == 40 and rows["demo/gamma"]["status"] == "crashed"
     assert rows["demo/alpha"]["producer_steps"] == {"main": 39}
 
@@ -306,7 +309,7 @@ def test_a_torn_or_damaged_last_line_is_passed_over(tmp_path, ui_runs):
     with open(run / "metrics.jsonl", "a") as fh:
         fh.write("[" * 20_000 + "\n")  # a line of 20,000 brackets
         fh.write('{"train/loss": 1.0, "_step": 99')  # torn: no newline yet
-    (row,) = data.runs_list(data.Catalog(root, tmp_path / "c"))
+    (row,) = runs.runs_list(Catalog(root, tmp_path / "c"))
     assert row["steps"] == 25 and row["error"] is None
 
 
@@ -314,15 +317,15 @@ def test_infinite_lo_hi_is_a_bad_request(ui_runs, tmp_path):
     # lo=0&hi=5e-324: width / (hi - lo) is infinite (a 500 before: int(NaN) in m4, a
     # column named "inf" in the SQL M4); hi - lo overflowing likewise
     c = local(create_app(ui_runs, cache_dir=tmp_path))
-    cat = data.Catalog(ui_runs, tmp_path)
+    cat = Catalog(ui_runs, tmp_path)
     for lo, hi in [(0, 5e-324), (-1e308, 1e308), (-9e307, 9e307)]:
         r = c.get(
             "/api/series", params={"run": "demo/alpha", "metric": "train/loss", "lo": lo, "hi": hi}
         )
         assert r.status_code == 400 and "lo/hi" in r.json()["error"], r.text
         for sql_min in (100_000, 0):  # both M4s: in Python and in DuckDB
-            with pytest.raises(data.BadRequest):
-                data.series(cat, "demo/alpha", "train/loss", lo=lo, hi=hi, sql_min=sql_min)
+            with pytest.raises(BadRequest):
+                series.series(cat, "demo/alpha", "train/loss", lo=lo, hi=hi, sql_min=sql_min)
     # wide but finite: answered
     r = c.get("/api/series", params={"run": "demo/alpha", "metric": "train/loss", "lo": -1e308})
     assert r.status_code == 200 and r.json()["traces"][0]["total"] == 40
