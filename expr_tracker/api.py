@@ -25,7 +25,8 @@ from expr_tracker.errors import (
 )
 from expr_tracker.history.live import current_run, no_run_error
 from expr_tracker.history.live import history as history  # et.history, re-exported
-from expr_tracker.runs import Run, Summary
+from expr_tracker.runs import Run
+from expr_tracker.runsummary import Summary
 
 _lock = threading.Lock()
 

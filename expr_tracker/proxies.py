@@ -98,7 +98,7 @@ class ConfigProxy(_Proxy):
 
 
 class SummaryProxy(_Proxy):
-    """``et.summary``: the current run's :class:`~expr_tracker.runs.Summary`
+    """``et.summary``: the current run's :class:`~expr_tracker.runsummary.Summary`
     (``et.summary["best"] = 0.9``, ``et.summary.update({...})``); ``et.summary()``
     returns that ``Summary``."""
 

@@ -48,12 +48,23 @@ ALLOWED: dict[str, set[str]] = {
     "integrations": LEAVES | {"api", "runs", "spec", "history"},
     "testing": LEAVES | {"alerts"},
     "assemble": LEAVES
-    | {"history", "spans", "runs", "runconfig", "alerts", "artifacts", "spec", "backends"},
+    | {
+        "history",
+        "spans",
+        "runs",
+        "runconfig",
+        "runsummary",
+        "alerts",
+        "artifacts",
+        "spec",
+        "backends",
+    },
     "api": LEAVES
     | {
         "history",
         "spans",
         "runs",
+        "runsummary",
         "alerts",
         "artifacts",
         "spec",

@@ -153,7 +153,8 @@ def build_disabled(resolved: Any, environ: Any = None) -> Run:
     no directory, no file, no lock, no thread."""
     from expr_tracker.history.store import HistoryStore
     from expr_tracker.runconfig import RunConfig
-    from expr_tracker.runs import DisabledRun, Summary
+    from expr_tracker.runs import DisabledRun
+    from expr_tracker.runsummary import Summary
 
     spec = resolved.spec
     warner = Warner()

@@ -27,7 +27,8 @@ from expr_tracker.history.runinfo import (
 from expr_tracker.history.store import HistoryStore
 from expr_tracker.history.writer import JsonlWriter
 from expr_tracker.runconfig import RunConfig
-from expr_tracker.runs import Run, Summary
+from expr_tracker.runs import Run
+from expr_tracker.runsummary import Summary
 from expr_tracker.spans.core import AGGREGATION as SPAN_AGGREGATION
 from expr_tracker.spec.errors import scrub_argv
 

@@ -144,7 +144,7 @@ def _check_name(what: str, value: Any, optional: bool = False) -> str | None:
 class MetricDefs:
     """The definitions of one run and the aggregation state of the defined metrics.
 
-    Not thread-safe on its own: the :class:`~expr_tracker.runs.Summary` holding it calls
+    Not thread-safe on its own: the :class:`~expr_tracker.runsummary.Summary` holding it calls
     every method under its lock.
     """
 

@@ -19,7 +19,7 @@ from dataclasses import dataclass, field, replace
 from typing import Any
 
 from expr_tracker.alerts.template import render_template
-from expr_tracker.history.values import format_value
+from expr_tracker.history.values import format_value, json_safe
 from expr_tracker.units import LEVELS, level_rank, normalize_level
 
 __all__ = [
@@ -173,12 +173,10 @@ class AlertMessage:
 
 
 def _jsonable(value: Any) -> Any:
-    if value is None or isinstance(value, (bool, int, str)):
-        return value
-    if isinstance(value, float):
-        return (
-            value if value == value and value not in (float("inf"), float("-inf")) else str(value)
-        )
+    """A field's value as strict JSON: NaN/±inf as ``"NaN"``/``"Infinity"``/``"-Infinity"``
+    (the one non-finite helper, history/values.py), anything JSON cannot hold as its text."""
+    if value is None or isinstance(value, (bool, int, str, float)):
+        return json_safe(value, "string")
     return str(value)
 
 

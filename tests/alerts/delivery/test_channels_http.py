@@ -5,6 +5,7 @@ from __future__ import annotations
 import base64
 import hashlib
 import hmac
+import json
 import urllib.parse
 
 import pytest
@@ -159,6 +160,20 @@ def test_generic_webhook_default_body():
         create_channel({"type": "webhook", "url": s.url}).send(msg(), 2.0)
         body = s.json()
     assert body["title"] == "loss <spike> & *boom*" and body["tags"] == ["train"]
+
+
+def test_generic_webhook_body_is_strict_json_with_non_finite_fields():
+    """A rule on a diverging metric puts NaN/inf in the message's fields: the default body is
+    strict JSON (any receiver parses it) and keeps which value it was, as every other strict
+    JSON output of ours writes it ("NaN", "Infinity", "-Infinity")."""
+    fields = {"loss": float("nan"), "grad": float("inf"), "lr": float("-inf"), "obj": object()}
+    with WebhookServer() as s:
+        create_channel({"type": "webhook", "url": s.url}).send(msg(fields=fields), 2.0)
+        raw = s.requests[-1][3]
+    body = json.loads(raw, parse_constant=lambda c: pytest.fail(f"non-JSON token {c}"))
+    assert body["fields"]["loss"] == "NaN"
+    assert body["fields"]["grad"] == "Infinity" and body["fields"]["lr"] == "-Infinity"
+    assert body["fields"]["obj"].startswith("<object object")
 
 
 def test_hanging_endpoint_times_out():
