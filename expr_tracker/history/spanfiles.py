@@ -23,9 +23,19 @@ __all__ = [
     "parse_range",
     "rank_set",
     "stream_set",
+    "track_name",
 ]
 
 _SPANS_RE = re.compile(r"^spans(?:\.([A-Za-z0-9_-]+?))??(?:\.rank(\d+))?\.jsonl$")
+
+
+def track_name(thread: Any, tid: Any, task: Any = None) -> str:
+    """The name of a span's track, as a span record's ``track`` holds it and ``et trace``
+    names the track (docs/spans.md "The span file"): ``"MainThread (tid 4242)"`` for a
+    thread, ``"MainThread (tid 4242) · Task-3"`` inside an asyncio task. ``thread`` None
+    (a record without one) reads ``thread``."""
+    name = f"{thread or 'thread'} (tid {tid})"
+    return f"{name} · {task}" if task else name
 
 
 @dataclass
