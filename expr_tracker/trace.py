@@ -50,6 +50,8 @@ from expr_tracker.history.spanfiles import (  # re-exported: the documented impo
     is_empty_range,
     parse_range,
     rank_set,
+    read_spans,
+    span_files,
     track_name,
 )
 from expr_tracker.history.untrusted import open_regular
@@ -64,6 +66,9 @@ __all__ = [
     "iter_trace",
     "parse_range",
     "rank_set",
+    "read_spans",
+    "span_files",
+    "track_name",
     "write_trace",
 ]
 
