@@ -157,7 +157,11 @@ def test_read_spans_by_stream_and_rank_and_span_files(tmp_path, monkeypatch):
     assert [r["name"] for r in read_spans(d, "data")] == ["data_span"]
     assert [r["name"] for r in read_spans(d, "data", rank=1)] == ["rank1_span"]
     assert [r["name"] for r in read_spans(d / "spans.data.rank1.jsonl")] == ["rank1_span"]
-    assert span_files(d) == [d / "spans.jsonl", d / "spans.data.jsonl", d / "spans.data.rank1.jsonl"]
+    assert span_files(d) == [
+        d / "spans.jsonl",
+        d / "spans.data.jsonl",
+        d / "spans.data.rank1.jsonl",
+    ]
     assert span_files(d, streams="main") == [d / "spans.jsonl"]
     assert span_files(d, streams="data", ranks=1) == [d / "spans.data.rank1.jsonl"]
     with pytest.raises(FileNotFoundError, match="spans.data.jsonl"):
