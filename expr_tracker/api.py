@@ -25,7 +25,7 @@ from expr_tracker.errors import (
 )
 from expr_tracker.history.live import current_run, no_run_error
 from expr_tracker.history.live import history as history  # et.history, re-exported
-from expr_tracker.runs import Run, Summary
+from expr_tracker.runs import Run, Summary, wandb_data_arg
 
 _lock = threading.Lock()
 
@@ -281,8 +281,6 @@ def log(
     if run is None:
         raise no_run_error()
     if data is not None:  # wandb's keyword: off the common path
-        from expr_tracker.wandb_compat import wandb_data_arg
-
         metrics = wandb_data_arg(metrics, data)
     return run.ingest(metrics, step, commit)
 

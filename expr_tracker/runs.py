@@ -47,6 +47,21 @@ def _exit_code_arg(exit_code: Any) -> int | None:
     return int(exit_code)
 
 
+def wandb_data_arg(metrics: Any, data: Any) -> Any:
+    """``log(data=...)``, wandb's name of ``log``'s first argument: the mapping to log
+    (``et.log`` and ``Run.log``; docs/coming-from-wandb.md).
+
+    Raises:
+        TypeError: ``metrics`` was given as well (naming both).
+    """
+    if metrics is not None:
+        raise TypeError(
+            "log() got both metrics and data=: data is wandb's name of the same argument; "
+            "give one of them (et.log({...}) or et.log(data={...}))"
+        )
+    return data
+
+
 def _backend_object(backend: Any) -> Any:
     """What ``run.backends`` shows of a mirror's backend: the object given to ``et.init``
     (an adapted one carries it in ``obj``), the built-in backend, or None (not installed)."""
@@ -408,8 +423,6 @@ class Run:
         """Log ``metrics`` (see :meth:`HistoryStore.ingest`); returns the step they landed on.
         ``data=`` is wandb's name of ``metrics`` (give one of the two, else ``TypeError``)."""
         if data is not None:
-            from expr_tracker.wandb_compat import wandb_data_arg
-
             metrics = wandb_data_arg(metrics, data)
         return self.history.ingest(metrics, step, commit)
 
@@ -705,8 +718,6 @@ class DisabledRun(Run):
         data: Any = None,
     ) -> int:
         if data is not None:
-            from expr_tracker.wandb_compat import wandb_data_arg
-
             metrics = wandb_data_arg(metrics, data)
         return self._ingest_nothing(metrics, step, commit)
 

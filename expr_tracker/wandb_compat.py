@@ -28,7 +28,8 @@ accepts either: an unknown ``mode`` or ``reinit``). What has a meaning is applie
 ``monitor_gym``, ``magic``, ``force``, ``fork_from`` and ``resume_from`` have no meaning
 for local files: each is ignored with one warning per process.
 
-``log(data=...)`` (wandb's name of ``log``'s first argument) is :func:`wandb_data_arg`.
+``log(data=...)`` (wandb's name of ``log``'s first argument) is
+:func:`expr_tracker.runs.wandb_data_arg`.
 """
 
 from __future__ import annotations
@@ -40,7 +41,7 @@ from typing import Any
 
 from expr_tracker._warn import Warner
 
-__all__ = ["IGNORED", "MODES", "REINIT", "InitCall", "wandb_data_arg", "wandb_init_call"]
+__all__ = ["IGNORED", "MODES", "REINIT", "InitCall", "wandb_init_call"]
 
 log = logging.getLogger("expr_tracker")
 
@@ -233,17 +234,3 @@ def _read_config_file(path: Any) -> dict[str, Any]:
             v = v["value"]
         out[str(k)] = v
     return out
-
-
-def wandb_data_arg(metrics: Any, data: Any) -> Any:
-    """``log(data=...)``, wandb's name of ``log``'s first argument: the mapping to log.
-
-    Raises:
-        TypeError: ``metrics`` was given as well (naming both).
-    """
-    if metrics is not None:
-        raise TypeError(
-            "log() got both metrics and data=: data is wandb's name of the same argument; "
-            "give one of them (et.log({...}) or et.log(data={...}))"
-        )
-    return data

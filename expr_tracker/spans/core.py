@@ -100,8 +100,7 @@ def current_span() -> Span | None:
 
 def _normalize_name(name: str) -> str:
     """A span name with a ``/`` as the path it makes: no leading, trailing or doubled ``/``
-    (``"/forward/"`` -> ``"forward"``, ``"a//b"`` -> ``"a/b"``; docs/spans.md "How a span
-    metric is named").
+    (``"/forward/"`` -> ``"forward"``, ``"a//b"`` -> ``"a/b"``; docs/spans.md "Naming").
 
     Raises:
         ValueError: a name of nothing but ``/``.
