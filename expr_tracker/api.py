@@ -25,7 +25,7 @@ from expr_tracker.errors import (
 )
 from expr_tracker.history.live import current_run, no_run_error
 from expr_tracker.history.live import history as history  # et.history, re-exported
-from expr_tracker.runs import Run
+from expr_tracker.runs import Run, wandb_data_arg
 from expr_tracker.runsummary import Summary
 
 _lock = threading.Lock()
@@ -255,25 +255,34 @@ def _rules_as_data(rules: Any) -> Any:
     return out
 
 
-def log(metrics: Mapping[str, Any], step: int | None = None, commit: bool | None = None) -> int:
+def log(
+    metrics: Mapping[str, Any] | None = None,
+    step: int | None = None,
+    commit: bool | None = None,
+    *,
+    data: Mapping[str, Any] | None = None,
+) -> int:
     """Log metrics into the current step (docs/logging.md "The commit table", as wandb's).
 
     ``log(d)`` merges ``d`` into the open row and commits it (the step advances);
     ``commit=False`` only merges; ``step=N`` opens step N (committing the previous one) and
     merges without committing unless ``commit=True``. Values: numbers, bools, strings, None,
     NumPy and torch scalars/arrays, datetimes, paths, enums, dataclasses, pydantic models;
-    anything else is written as its ``repr`` with one warning.
+    anything else is written as its ``repr`` with one warning. ``data=`` is wandb's name of
+    the first argument (``et.log(data={...}, step=3)``); give one of the two.
 
     Returns the step the metrics landed on (-1 when dropped, e.g. a backward step).
 
     Raises:
         NoActiveRunError: no run is active.
-        TypeError: ``metrics`` is not a mapping.
+        TypeError: ``metrics`` is not a mapping, or both ``metrics`` and ``data`` are given.
         ForkedRunError: this is a forked child that inherited the run.
     """
     run = _state.run
     if run is None:
         raise no_run_error()
+    if data is not None:  # wandb's keyword: off the common path
+        metrics = wandb_data_arg(metrics, data)
     return run.ingest(metrics, step, commit)
 
 

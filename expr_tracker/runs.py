@@ -47,6 +47,27 @@ def _exit_code_arg(exit_code: Any) -> int | None:
     return int(exit_code)
 
 
+def wandb_data_arg(metrics: Any, data: Any) -> Any:
+    """``log(data=...)``, wandb's name of ``log``'s first argument: the mapping to log
+    (``et.log`` and ``Run.log``; docs/coming-from-wandb.md).
+
+    Raises:
+        TypeError: ``metrics`` was given as well (naming both).
+    """
+    if metrics is not None:
+        raise TypeError(
+            "log() got both metrics and data=: data is wandb's name of the same argument; "
+            "give one of them (et.log({...}) or et.log(data={...}))"
+        )
+    return data
+
+
+def _backend_object(backend: Any) -> Any:
+    """What ``run.backends`` shows of a mirror's backend: the object given to ``et.init``
+    (an adapted one carries it in ``obj``), the built-in backend, or None (not installed)."""
+    return getattr(backend, "obj", backend)
+
+
 def _unknown_rule_message(name: Any, known: list[str], *, alerts_on: bool) -> str:
     import difflib
 
@@ -150,6 +171,8 @@ class Run:
         self.alerts: Any = None
         self.dispatcher: Any = None
         self.artifacts: Any = None  # expr_tracker.artifacts.RunArtifacts, attached by build
+        #: the mirrors (``backends.mirror.Mirror``), attached by build (``run.backends``)
+        self.mirrors: list[Any] = []
         self._closers: list[tuple[str, Callable[[], Any]]] = []
         self._late_closers: list[tuple[str, Callable[[], Any]]] = []
         # monotonic time at run.json's started_at: duration_s never follows wall-clock jumps
@@ -221,15 +244,27 @@ class Run:
         return self.spec.group
 
     @property
-    def tags(self) -> tuple[str, ...]:
-        """The run's tags; assigning a sequence rewrites ``run.json``."""
-        return tuple(self.info_record.get("tags") or ())
+    def tags(self) -> list[str]:
+        """The run's tags, a list (a copy: ``run.tags.append(x)`` changes nothing; assign
+        ``run.tags = [*run.tags, x]``, which rewrites ``run.json``)."""
+        return list(self.info_record.get("tags") or ())
 
     @tags.setter
     def tags(self, value: Any) -> None:
         if isinstance(value, str) or not all(isinstance(t, str) for t in value):
             raise TypeError(f"tags must be a sequence of strings, got {value!r}")
         self._set_info("tags", list(value))
+
+    @property
+    def backends(self) -> dict[str, Any]:
+        """The mirrors this run feeds on this rank, by name: ``{"wandb": <WandbBackend>,
+        "PrintBackend": <your object>}`` (a copy). Names as in ``et.info()["backends"]``
+        (``wandb``, ``trackio``, a backend object's ``name`` or class name; ``wandb#2`` for
+        a second entry of one kind); values are the backend objects (a ``WandbBackend``'s
+        ``run`` is the wandb run once it started; an object you passed is itself). ``{}``
+        with no mirror, on a rank ``backend_on_rank`` leaves out, and for a backend whose
+        library is missing the value is None (docs/mirrors.md)."""
+        return {m.label: _backend_object(m.backend) for m in self.mirrors}
 
     @property
     def notes(self) -> str | None:
@@ -378,9 +413,17 @@ class Run:
         return 0 if (self._finishing_thread is not None or self._finished) else None
 
     def log(
-        self, metrics: dict[str, Any], step: int | None = None, commit: bool | None = None
+        self,
+        metrics: dict[str, Any] | None = None,
+        step: int | None = None,
+        commit: bool | None = None,
+        *,
+        data: dict[str, Any] | None = None,
     ) -> int:
-        """Log ``metrics`` (see :meth:`HistoryStore.ingest`); returns the step they landed on."""
+        """Log ``metrics`` (see :meth:`HistoryStore.ingest`); returns the step they landed on.
+        ``data=`` is wandb's name of ``metrics`` (give one of the two, else ``TypeError``)."""
+        if data is not None:
+            metrics = wandb_data_arg(metrics, data)
         return self.history.ingest(metrics, step, commit)
 
     def log_artifact(
@@ -502,7 +545,9 @@ class Run:
         self.summary.save()
 
     def info(self) -> dict[str, Any]:
-        """Everything countable about the run: history, cache, writer, spans, alerts."""
+        """Everything countable about the run: history (with ``log_dir``, ``metrics_file``,
+        ``last_step``), cache, writer, ``summary`` (a copy of :attr:`summary`), spans,
+        alerts (each rule's ``unresolved_metrics``), artifacts (``root``), backends."""
         out: dict[str, Any] = {
             "project": self.project,
             "name": self.name,
@@ -511,6 +556,7 @@ class Run:
             "dir": str(self.dir),
             "status": self.info_record.get("status"),
             "history": self.history.stats(),
+            "summary": self.summary.to_dict(),
             "warnings": {str(k): v for k, v in self.warner.counts.items()},
         }
         for name, fn in self._stats.items():
@@ -663,7 +709,16 @@ class DisabledRun(Run):
                 self._step_counter += 1
             return landed
 
-    def log(self, metrics: Any, step: int | None = None, commit: bool | None = None) -> int:
+    def log(
+        self,
+        metrics: Any = None,
+        step: int | None = None,
+        commit: bool | None = None,
+        *,
+        data: Any = None,
+    ) -> int:
+        if data is not None:
+            metrics = wandb_data_arg(metrics, data)
         return self._ingest_nothing(metrics, step, commit)
 
     def add_rule(self, rule: Any, **overrides: Any) -> Any:

@@ -29,6 +29,10 @@ log = logging.getLogger("expr_tracker")
 
 _MISSING = object()
 
+#: row keys the store adds (the step and its time): kept for ``summary.json`` (a resume
+#: catches up from the step it had seen), never part of the summary's keys
+_META = ("_step", "_time")
+
 
 #: seconds between background saves of summary.json while rows arrive
 SUMMARY_SAVE_INTERVAL_S = 2.0
@@ -37,6 +41,10 @@ SUMMARY_SAVE_INTERVAL_S = 2.0
 class Summary(MutableMapping):
     """The last value of every metric plus what the user assigns (``summary["best"] = 0.9``,
     or as an attribute: ``summary.best = 0.9``, as wandb allows).
+
+    Its keys are the keys logged and assigned, as given (``"eval.acc"`` stays
+    ``"eval.acc"``); the row's ``_step``/``_time`` are not among them (``summary.json``
+    keeps them, as the step the summary had seen).
 
     Persisted to ``summary[.S][.rankN].json`` on the background flusher at most every
     :data:`SUMMARY_SAVE_INTERVAL_S` seconds while rows arrive, on ``flush()`` and at finish,
@@ -118,6 +126,8 @@ class Summary(MutableMapping):
     def __getitem__(self, key: str) -> Any:
         if key in self._assigned:
             return self._assigned[key]
+        if key in _META:
+            raise KeyError(key)
         if self.defs.aggregating or self.defs.definitions():
             return self.to_dict()[key]  # as saved: aggregations, `none` metrics left out
         return self._last[key]
@@ -162,8 +172,18 @@ class Summary(MutableMapping):
             raise ForkedRunError(FORK_MESSAGE)
 
     def to_dict(self) -> dict[str, Any]:
-        """The summary as saved: last values (defined metrics as their aggregations,
-        ``none`` metrics left out), then the user's assignments, which win."""
+        """The summary: last values of the logged keys (defined metrics as their
+        aggregations, ``none`` metrics left out), then the user's assignments, which win.
+        No ``_step``/``_time`` (see :meth:`saved`)."""
+        out = self.saved()
+        for key in _META:
+            if key not in self._assigned:
+                out.pop(key, None)
+        return out
+
+    def saved(self) -> dict[str, Any]:
+        """What ``summary.json`` holds: :meth:`to_dict` plus the ``_step`` and ``_time`` of
+        the last row seen (a resume catches up from there)."""
         with self._lock:
             return {**self.defs.apply(self._last), **self._assigned}
 
@@ -174,7 +194,7 @@ class Summary(MutableMapping):
         if self.path is None:
             return
         try:
-            atomic_write(self.path, dumps_pretty(self.to_dict()))
+            atomic_write(self.path, dumps_pretty(self.saved()))
             if self._defs_path is not None and (self.defs.definitions() or self.defs.state):
                 with self._lock:
                     defs = dumps_pretty(self.defs.to_json())

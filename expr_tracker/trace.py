@@ -15,9 +15,11 @@ Layout of the output (object form, ``ts``/``dur`` in µs since the epoch)::
         "pid": 1, "tid": 1, "args": {"_step": 42, "path": "forward/attention", ...}}, ...],
      "displayTimeUnit": "ms"}
 
-Each span file is one process, each (OS pid, thread) a track. Spans that overlap without
-nesting on one thread (asyncio tasks) are put on separate lanes (extra tracks named
-``... · lane N``) so that nesting stays drawable; lanes are allocated in O(n log n) and an
+Each span file is one process, each (OS pid, thread, asyncio task) a track, named as the
+records' ``track`` says (:func:`~expr_tracker.history.spanfiles.track_name`:
+``MainThread (tid 4242)``, ``MainThread (tid 4242) · Task-3``). Spans that overlap without
+nesting on one track (spans ended out of order) are put on separate lanes (extra tracks
+named ``<track> · lane N``) so that nesting stays drawable; lanes are allocated in O(n log n) and an
 outermost span never nests inside an unrelated one. Attributes, plugin measurements, the
 step and the error go to ``args``; NaN/±inf become the strings "NaN"/"Infinity"/"-Infinity".
 
@@ -48,6 +50,9 @@ from expr_tracker.history.spanfiles import (  # re-exported: the documented impo
     is_empty_range,
     parse_range,
     rank_set,
+    read_spans,
+    span_files,
+    track_name,
 )
 from expr_tracker.history.untrusted import open_regular
 from expr_tracker.history.values import json_safe
@@ -61,6 +66,9 @@ __all__ = [
     "iter_trace",
     "parse_range",
     "rank_set",
+    "read_spans",
+    "span_files",
+    "track_name",
     "write_trace",
 ]
 
@@ -83,7 +91,7 @@ def _scan(
     conn: sqlite3.Connection,
     step_range: tuple[Any, Any] | None,
     time_range: tuple[Any, Any] | None,
-    tracks: dict[tuple[int, Any, Any], list[Any]],
+    tracks: dict[tuple[Any, ...], list[Any]],
     stats: _Stats,
     root: str | os.PathLike[str] | None = None,
 ) -> None:
@@ -144,10 +152,13 @@ def _scan(
                         continue
                 pid = r.get("pid")
                 tid = r.get("tid")
-                key = (fi, pid, tid)
+                task = r.get("task")
+                if type(task) is not str:
+                    task = None
+                key = (fi, pid, tid, task)
                 info = tracks.get(key)
                 if info is None:
-                    info = tracks[key] = [len(tracks), r.get("thread")]
+                    info = tracks[key] = [len(tracks), track_name(r.get("thread"), tid, task)]
                     f.pids.add(pid)
                 if f.host is None and r.get("host"):
                     f.host = str(r["host"])
@@ -163,7 +174,6 @@ def _scan(
                 err = r.get("error")
                 if err:
                     args["error"] = err
-                task = r.get("task")
                 if task:
                     args["task"] = task
                 if nonfinite:
@@ -237,7 +247,7 @@ def _events(
         conn.execute(
             "CREATE TABLE s (track INTEGER, ts REAL, te REAL, depth INTEGER, id, parent, body BLOB)"
         )
-        tracks: dict[tuple[int, Any, Any], list[Any]] = {}
+        tracks: dict[tuple[Any, ...], list[Any]] = {}
         if not empty:
             conn.execute("BEGIN")
             _scan(files, conn, step_range, time_range, tracks, stats, root)
@@ -274,7 +284,7 @@ def _events(
 def _assign_lanes(
     rows: Iterable[tuple[Any, ...]],
     files: list[SpanFile],
-    by_index: dict[int, tuple[tuple[int, Any, Any], Any]],
+    by_index: dict[int, tuple[tuple[Any, ...], str]],
     stats: _Stats,
 ) -> Iterator[bytes]:
     """Place each span of a track on a lane where it nests; yield events with pid/tid.
@@ -296,7 +306,8 @@ def _assign_lanes(
         if t != track:
             track = t
             lanes, busy, free, open_ids, lane_tid = [], [], [], {}, {}
-            (fi, os_pid, os_tid), thread = by_index[t]
+            key, track_label = by_index[t]
+            fi = key[0]
             pid = fi + 1
         lane = -1
         if parent is not None:
@@ -333,10 +344,7 @@ def _assign_lanes(
             next_tid += 1
             tid = lane_tid[lane] = next_tid
             stats.tracks += 1
-            f = files[fi]
-            name = f"{thread or 'thread'} (tid {os_tid})"
-            if len(f.pids) > 1:
-                name = f"pid {os_pid} · {name}"
+            name = track_label  # the records' `track`: one name in files and viewer
             if lane:
                 name += f" · lane {lane + 1}"
             yield _dumps(

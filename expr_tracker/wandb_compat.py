@@ -27,6 +27,9 @@ accepts either: an unknown ``mode`` or ``reinit``). What has a meaning is applie
 ``settings``, ``save_code``, ``anonymous``, ``sync_tensorboard``/``tensorboard``,
 ``monitor_gym``, ``magic``, ``force``, ``fork_from`` and ``resume_from`` have no meaning
 for local files: each is ignored with one warning per process.
+
+``log(data=...)`` (wandb's name of ``log``'s first argument) is
+:func:`expr_tracker.runs.wandb_data_arg`.
 """
 
 from __future__ import annotations

@@ -32,7 +32,7 @@ def test_attributes():
     )
     assert (run.id, run.name, run.project) == ("r", "r", "p")
     assert (run.entity, run.job_type, run.group) == ("team", "train", "sweep1")
-    assert run.tags == ("a", "b") and run.notes == "first try"
+    assert run.tags == ["a", "b"] and run.notes == "first try"
     assert run.url is None and run.resumed is False and run.offline and not run.disabled
     assert run.start_time == _info(run)["started_at"] > 0
     assert run.step == 0

@@ -61,7 +61,7 @@ def test_every_wandb_init_keyword_is_accepted(caplog):
         "team",
         "train",
         "g",
-        ("a",),
+        ["a"],
     )
     assert et.config.as_dict() == {"lr": 0.1}
     et.config.lr = 0.3  # allow_val_change=True

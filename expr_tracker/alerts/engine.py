@@ -590,11 +590,14 @@ class AlertEngine:
 
     def stats(self) -> dict:
         """``{"rules": {name: {evaluations, fires, errors, state, disabled, level,
-        last_error}}, "unresolved_metrics": [...], "truncated_windows": [...],
-        "delivery_errors": n, "watchdog": bool}``. ``state`` is ok/pending/firing."""
+        last_error, unresolved_metrics}}, "unresolved_metrics": [...], "truncated_windows":
+        [...], "delivery_errors": n, "watchdog": bool}``. ``state`` is ok/pending/firing;
+        a rule's ``unresolved_metrics`` are the names it reads that no committed row held
+        (the top-level list: every rule's)."""
         rules = {}
         for c in list(self._rules):
             rules[c.rule.name] = {
+                "unresolved_metrics": unresolved_metrics((c,), self._seen),
                 "evaluations": c.evaluations,
                 "fires": c.state.fires,
                 "errors": c.errors,

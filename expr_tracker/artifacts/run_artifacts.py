@@ -116,8 +116,10 @@ class RunArtifacts:
             )
 
     def stats(self) -> dict[str, Any]:
-        """``et.info()["artifacts"]``: versions logged and used, lineage lines that failed."""
+        """``et.info()["artifacts"]``: versions logged and used, lineage lines that failed,
+        the store's folder as ``root`` (the spec's name) and ``store`` (the same path)."""
         return {
+            "root": str(self.store.root),
             "logged": self.logged,
             "used": self.used,
             "lineage_errors": self.lineage_errors,

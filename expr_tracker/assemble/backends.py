@@ -162,6 +162,7 @@ def build_backends(
         # a short script can end while a mirror is still importing its library (wandb imports
         # ThreadPoolExecutor); the run is then finished at exit and the mirror must start
         import concurrent.futures.thread  # noqa: F401
+    run.mirrors = list(mirrors)  # run.backends
     for mirror in live:
         mirror.start()
         run.history.sinks.append(mirror.put)

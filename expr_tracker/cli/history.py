@@ -60,7 +60,7 @@ def register(subparsers: Any) -> None:
         "-n",
         type=int,
         default=None,
-        help="the newest N steps (-1: all of them); default 20, or with --step-range every "
+        help="the newest N steps (negative, e.g. -1: all of them); default 20, or with --step-range every "
         "step of the range",
     )
     p.add_argument("--metrics", default=None, metavar="A,B", help="columns to show")

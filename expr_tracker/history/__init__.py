@@ -1,7 +1,7 @@
 """The history subsystem: one JSON line per step, cached, queryable while the run is live.
 
 Public: :class:`HistoryStore`, :class:`JsonlWriter`, :func:`read_history`,
-:func:`resolve_run_path`.
+:func:`resolve_run_path`, :func:`list_streams`.
 
 ``expr_tracker.history`` is both this package and the query function ``et.history(...)``
 (docs/history.md, "Querying history"): the module object is callable and forwards to
@@ -16,7 +16,7 @@ import types
 from pathlib import Path
 from typing import Any
 
-from expr_tracker.history.paths import resolve_run_path
+from expr_tracker.history.paths import list_streams, resolve_run_path
 from expr_tracker.history.store import HistoryStore
 from expr_tracker.history.writer import JsonlWriter
 
@@ -62,4 +62,4 @@ class _HistoryModule(types.ModuleType):
 
 sys.modules[__name__].__class__ = _HistoryModule
 
-__all__ = ["HistoryStore", "JsonlWriter", "read_history", "resolve_run_path"]
+__all__ = ["HistoryStore", "JsonlWriter", "list_streams", "read_history", "resolve_run_path"]

@@ -3,7 +3,7 @@
 ``output_type="dict"``, ``"dicts"``, ``"records"`` and ``"list"`` are the same thing — a
 list of row dicts, oldest first — because a "dict of columns" would silently lose the row
 structure that patch lines and sparse metrics rely on; ask for ``"pandas"`` (``"pd"``) or
-``"polars"`` (``"pl"``) when columns are wanted. Names are case-insensitive (``"Pandas"``).
+``"polars"`` (``"pl"``) when columns are wanted. Names match exactly (``""`` is ``"dict"``).
 pandas and polars are imported only when asked for; a missing one raises ``ImportError``
 naming the extra to install.
 """
@@ -16,7 +16,7 @@ from typing import Any
 
 from expr_tracker._warn import Warner
 
-#: accepted ``output_type`` names (any case) -> the shape: "dicts", "pandas" or "polars"
+#: accepted ``output_type`` names -> the shape: "dicts", "pandas" or "polars"
 OUTPUT_TYPE_NAMES: dict[str, str] = {
     "dict": "dicts",
     "dicts": "dicts",
@@ -34,17 +34,30 @@ _FRAME_WARNER = Warner()
 META = ("_step", "_time")
 
 
-def check_output_type(output_type: str, names: dict[str, str] = OUTPUT_TYPE_NAMES) -> str:
+def check_output_type(
+    output_type: str, names: dict[str, str] = OUTPUT_TYPE_NAMES, *, exact: bool = True
+) -> str:
     """The shape ``output_type`` names in ``names`` (accepted name -> shape; default
-    :data:`OUTPUT_TYPE_NAMES`, ``et.history``'s: ``"dicts"``, ``"pandas"`` or ``"polars"``;
-    ``et.query`` passes its own), any case, else ``ValueError`` naming the valid ones."""
-    shape = names.get(output_type) if type(output_type) is str else None
+    :data:`OUTPUT_TYPE_NAMES`, ``et.history``'s: ``"dicts"``, ``"pandas"`` or ``"polars"``).
+
+    ``exact`` (``et.history``'s rule, docs/history.md "Arguments"): the name as written,
+    no case folding, no blanks trimmed (``"DICT "`` is an error); ``""`` is the default,
+    ``"dict"``. ``exact=False`` (``et.query``'s names): any case, blanks trimmed.
+
+    Raises:
+        ValueError: naming the value and every valid name.
+    """
+    shape = names.get(output_type) if isinstance(output_type, str) else None
     if shape is None and isinstance(output_type, str):
-        shape = names.get(output_type.strip().lower())
+        if exact:
+            if output_type == "":
+                shape = names.get("dict")
+        else:
+            shape = names.get(output_type.strip().lower())
     if shape is None:
-        raise ValueError(
-            f"output_type={output_type!r} is not valid: one of {', '.join(names)} (any case)"
-        )
+        valid = ", ".join(repr(n) for n in names)
+        how = "exactly as written ('' is 'dict')" if exact else "any case"
+        raise ValueError(f"output_type={output_type!r} is not valid: one of {valid} ({how})")
     return shape
 
 

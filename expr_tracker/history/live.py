@@ -58,12 +58,14 @@ def history(
     """Query a run's history (docs/history.md "Arguments").
 
     Args:
-        n: the newest ``n`` steps (an int >= 0); ``-1``/None for everything. The default
+        n: the newest ``n`` steps (an int >= 0); None or any negative int (``-1``) for
+            everything. The default
             (50) does not apply to ``step_range``: without an explicit ``n`` every step of
             the range is returned; an explicit ``n`` picks the newest ``n`` of the range.
         output_type: ``"dict"``/``"dicts"``/``"records"``/``"list"`` (a list of row
             dicts, one per step), ``"pandas"``/``"pd"`` (a ``pandas.DataFrame``),
-            ``"polars"``/``"pl"`` (a ``polars.DataFrame``); any case (``"Pandas"``).
+            ``"polars"``/``"pl"`` (a ``polars.DataFrame``), matched exactly (``""`` is
+            ``"dict"``; ``"Pandas"`` or ``"dict "`` is an error).
         metrics: column names (a list or a comma-separated string) to keep. A name found
             in none of the rows read is logged as a warning once, with close matches.
         step_range: ``(start, end)`` or ``"start:end"`` of integer steps, end exclusive,
@@ -94,7 +96,8 @@ def history(
         TypeError: ``n`` is not an integer, ``step_range``/``metrics`` of the wrong type.
         ValueError: ``index`` with a list output or naming no column read, ``index=True``
             without one shared step metric;
-            ``n`` below -1, a malformed ``step_range``, an unknown ``output_type``.
+            a malformed ``step_range``, an ``output_type`` that is none of the names (the
+            message lists them).
         SpecError: a ``stream`` name ``et.init`` refuses (the same error).
         ImportError: ``pandas``/``polars`` is missing (naming the extra to install).
     """

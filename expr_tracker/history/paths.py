@@ -136,6 +136,44 @@ def parse_metrics_name(name: str) -> tuple[str | None, int] | None:
     return m.group(1), int(m.group(2) or 0)
 
 
+#: a producer's metrics or span file: the stream is group 1
+_PRODUCER_RE = re.compile(r"^(?:metrics|spans)(?:\.([A-Za-z0-9_-]+?))??(?:\.rank(\d+))?\.jsonl$")
+
+
+def list_streams(run_dir: str | os.PathLike[str]) -> list[str | None]:
+    """The streams of a run directory: None (the main stream) first when it has files,
+    then the named streams in order: ``[None, "data", "system"]``. Each value goes back as
+    ``stream=`` to ``read_history``, ``et.history(run=...)`` and
+    ``expr_tracker.trace.read_spans`` (docs/streams.md "Reading streams").
+
+    A stream is listed when it has a metrics or span file (any rank) that is a regular
+    file inside ``run_dir``; the folder is untrusted (docs/query.md "Security"): nothing
+    is opened, a link pointing out of the folder or a FIFO named like a metrics file does
+    not count.
+
+    Raises:
+        FileNotFoundError: ``run_dir`` is not a directory.
+    """
+    from expr_tracker.history.untrusted import inside
+
+    p = Path(run_dir)
+    if not p.is_dir():
+        raise FileNotFoundError(f"no run directory at {str(p)!r}")
+    found: set[str | None] = set()
+    with os.scandir(p) as entries:
+        for entry in entries:
+            m = _PRODUCER_RE.match(entry.name)
+            if m is None or m.group(1) in found:
+                continue
+            try:
+                if not entry.is_file() or (entry.is_symlink() and not inside(entry.path, p)):
+                    continue
+            except OSError:
+                continue
+            found.add(m.group(1))
+    return ([None] if None in found else []) + sorted(s for s in found if s is not None)
+
+
 def resolve_run_path(
     path: str | os.PathLike[str], stream: str | None = None, rank: int | None = None
 ) -> Path:

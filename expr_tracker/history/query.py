@@ -12,7 +12,7 @@ run dir / metrics file   ``JsonlReader.tail(n)`` backwards   ``JsonlReader.read_
                          (``n`` None: the whole file)         via the sidecar index
 =======================  ==================================  ============================
 
-``n`` counts steps (the newest ``n``; None/-1 everything) and applies after ``step_range``.
+``n`` counts steps (the newest ``n``; None or negative: everything) and applies after ``step_range``.
 The default ``n`` is :data:`DEFAULT_N` (50, recognised by identity): with a ``step_range``
 and no explicit ``n`` every step of the range is returned; an ``n`` passed explicitly (even
 ``50``) still picks the newest ``n`` steps of the range.
@@ -87,12 +87,12 @@ def refuse_stream(stream: Any) -> None:
 def check_n(n: Any) -> int | None:
     """``n`` as the number of steps to return: an int ``>= 0``, or None for every step.
 
-    ``-1`` and None both mean every step (docs/history.md "Arguments"). Integer-like objects
-    (``numpy.int64``) are accepted; bools, floats and strings are not.
+    None and any negative ``n`` (``-1``, ``-5``) mean every step (docs/history.md
+    "Arguments"). Integer-like objects (``numpy.int64``) are accepted; bools, floats and
+    strings are not.
 
     Raises:
         TypeError: ``n`` is not an integer (or None).
-        ValueError: ``n`` is negative and not ``-1``.
     """
     if n is None:
         return None
@@ -105,14 +105,10 @@ def check_n(n: Any) -> int | None:
             v = None
     if v is None:
         raise TypeError(
-            f"n={n!r} is not valid: n must be an integer >= 0 (the newest n steps) or "
-            f"-1/None (every step), got {type(n).__name__}"
+            f"n={n!r} is not valid: n must be an integer >= 0 (the newest n steps), or "
+            f"negative/None (every step), got {type(n).__name__}"
         )
-    if v < -1:
-        raise ValueError(
-            f"n={n!r} is not valid: n must be >= 0 (the newest n steps) or -1/None (every step)"
-        )
-    return None if v == -1 else v
+    return None if v < 0 else v
 
 
 def _range_side(side: Any, step_range: Any) -> int | None:
@@ -223,7 +219,7 @@ def query_history(
     as a warning once per name, with close matches.
 
     Raises:
-        ValueError: an unknown ``output_type``, a negative ``n`` other than -1, a malformed
+        ValueError: an unknown ``output_type`` (matched exactly), a malformed
             ``step_range`` string or pair, an empty metric name; a ``stream`` name
             ``et.init`` refuses (its ``SpecError``).
         TypeError: ``n`` not an integer, ``step_range`` or ``metrics`` of the wrong type.

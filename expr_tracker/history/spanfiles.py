@@ -1,6 +1,8 @@
 """Span files of a run directory: finding them (``spans[.S][.rankN].jsonl``, with the host from the
-matching ``run*.json``) and parsing the selections ``et trace`` takes (ranks, streams, step and
-time ranges). The converter is ``expr_tracker.trace``, which re-exports these names.
+matching ``run*.json``), reading their records (:func:`read_spans`, :func:`span_files`: public
+as ``expr_tracker.trace.read_spans``/``span_files``, docs/spans.md "Reading span files") and
+parsing the selections ``et trace`` takes (ranks, streams, step and time ranges). The converter
+is ``expr_tracker.trace``, which re-exports these names.
 
 Only regular files are taken (a FIFO, device or socket named like a span file or a
 ``run*.json`` is never opened: ``history.untrusted``); a ``run*.json`` that cannot be read
@@ -8,13 +10,17 @@ only leaves the host unnamed."""
 
 from __future__ import annotations
 
+import logging
 import os
 import re
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from expr_tracker.history.untrusted import read_json
+from expr_tracker.history.paths import file_name, validate_stream
+from expr_tracker.history.untrusted import inside, load_json_bytes, open_regular, read_json
+
+log = logging.getLogger("expr_tracker")
 
 __all__ = [
     "SpanFile",
@@ -22,10 +28,22 @@ __all__ = [
     "is_empty_range",
     "parse_range",
     "rank_set",
+    "read_spans",
+    "span_files",
     "stream_set",
+    "track_name",
 ]
 
 _SPANS_RE = re.compile(r"^spans(?:\.([A-Za-z0-9_-]+?))??(?:\.rank(\d+))?\.jsonl$")
+
+
+def track_name(thread: Any, tid: Any, task: Any = None) -> str:
+    """The name of a span's track, as a span record's ``track`` holds it and ``et trace``
+    names the track (docs/spans.md "The span file"): ``"MainThread (tid 4242)"`` for a
+    thread, ``"MainThread (tid 4242) · Task-3"`` inside an asyncio task. ``thread`` None
+    (a record without one) reads ``thread``."""
+    name = f"{thread or 'thread'} (tid {tid})"
+    return f"{name} · {task}" if task else name
 
 
 @dataclass
@@ -176,3 +194,91 @@ def parse_range(text: str | None, kind: type = float) -> tuple[Any, Any] | None:
 
 def is_empty_range(r: tuple[Any, Any] | None) -> bool:
     return r is not None and r[0] is not None and r[1] is not None and r[0] >= r[1]
+
+
+def span_files(
+    run_dir: str | os.PathLike[str], streams: Any = None, ranks: Any = None
+) -> list[Path]:
+    """The span files of a run directory, main stream first then by stream, each stream's
+    ranks in order: ``[runs/p/r/spans.jsonl, runs/p/r/spans.data.jsonl, ...]``.
+
+    ``streams``: None or ``"*"`` for every stream, else names (``"main"`` or ``""`` is the
+    unnamed stream; a comma-separated string or an iterable); ``ranks``: None for every
+    rank, else an int, ints or ``"0,2"``. Only regular files lying inside ``run_dir`` are
+    listed (a link pointing out of it, a FIFO named like a span file are not).
+
+    Raises:
+        FileNotFoundError: ``run_dir`` does not exist or holds no span file.
+        ValueError: a stream or rank asked for has no span file (naming those there are).
+    """
+    root = Path(run_dir)
+    found = find_span_files(root, streams, ranks)
+    base = root if root.is_dir() else root.parent
+    out = [f for f in found if inside(f.path, base)]
+    out.sort(key=lambda f: (f.stream or "", f.rank or 0))
+    return [f.path for f in out]
+
+
+def read_spans(
+    run_dir: str | os.PathLike[str], stream: str | None = None, *, rank: int | None = None
+) -> list[dict[str, Any]]:
+    """The records of one producer's span file, in file order (children before parents).
+
+    ``run_dir``: a run directory (the file is ``spans[.stream][.rankN].jsonl``) or a span
+    file. ``stream``: None for the main stream; ``rank``: None or 0 for the file without a
+    rank suffix. Each record is a dict: ``_step``, ``name`` (the span's path), ``depth``,
+    ``start`` (epoch s), ``dur_ms``, ``id``, ``parent``, ``pid``, ``tid``, ``thread``,
+    ``track`` (the name ``et trace`` gives its track: :func:`track_name`, filled in for
+    files written before records carried it), and when present ``task``, ``args``,
+    ``metrics``, ``error`` (docs/spans.md "The span file").
+
+    The folder is untrusted (docs/query.md "Security"): only a regular file inside it is
+    opened, lines are decoded with a depth limit, and a line that is not a span record (a
+    torn last line, garbage) is skipped, with one log line counting them.
+
+    Raises:
+        FileNotFoundError: no such run, or no span file for that stream and rank (the
+            message names the span files there are).
+        ValueError: an invalid stream name or rank.
+        OSError: the file cannot be read, or is not a regular file inside ``run_dir``
+            (``expr_tracker.history.untrusted.UnsafeFileError``).
+    """
+    p = Path(run_dir)
+    if p.is_dir():
+        validate_stream(stream)
+        if rank is not None and (isinstance(rank, bool) or not isinstance(rank, int) or rank < 0):
+            raise ValueError(f"rank={rank!r} is not valid: an integer >= 0 (or None for 0)")
+        path, root = p / file_name("spans", stream, rank), p
+        if not path.is_file():
+            try:
+                there = ", ".join(f.name for f in span_files(p)) or "none"
+            except (FileNotFoundError, ValueError):
+                there = "none"
+            raise FileNotFoundError(
+                f"no span file {path.name!r} in {str(p)!r}; span files there: {there}"
+            )
+    elif p.is_file():
+        path, root = p, p.parent
+    else:
+        raise FileNotFoundError(f"no run at {str(p)!r}: not a file or directory")
+    out: list[dict[str, Any]] = []
+    skipped = 0
+    with open(open_regular(path, root=root), "rb") as fh:
+        for line in fh:
+            if not line.strip():
+                continue
+            try:
+                r = load_json_bytes(line)
+            except ValueError:
+                skipped += 1
+                continue
+            if type(r) is not dict or type(r.get("name")) is not str:
+                skipped += 1
+                continue
+            if type(r.get("track")) is not str:
+                task = r.get("task")
+                r["track"] = track_name(r.get("thread"), r.get("tid"), task if task else None)
+            out.append(r)
+    if skipped:
+        log.info("expr_tracker: %s: %d line(s) that are not span records skipped", path, skipped)
+    return out

@@ -813,13 +813,19 @@ class HistoryStore:
         ``bad_step``, ``empty_key``, ``reserved_key``, ``closed``, ``disk``, ``oversize``),
         ``dropped_rows`` (their sum), ``sink_errors``, ``held_span_records`` (span records
         waiting for the ``log()`` that fixes their step) and the writer's own ``writer``
-        stats.
+        stats; ``log_dir`` (the run directory), ``metrics_file`` (this producer's file) and
+        ``last_step`` (the step of the last committed row, the file's after a resume;
+        None before any), as the names of the spec's ``info()``.
         """
         c = self.cache
         w = self.writer
         r = self._reader
         q = r.queries
+        last = self.last_row
         out = {
+            "log_dir": str(w.path.parent) if w is not None else None,
+            "metrics_file": str(w.path) if w is not None else None,
+            "last_step": last.get("_step") if last else (w.last_step if w is not None else None),
             "open_step": self.open_step,
             "rows_logged": self.rows_committed,
             "patch_rows": self.patch_rows,

@@ -66,7 +66,7 @@ def query(
         ImportError: duckdb/pyarrow (or the output's library) is missing, naming
             ``pip install 'expr-tracker[query]'``.
     """
-    kind = check_output_type(output_type, OUTPUT_TYPES)
+    kind = check_output_type(output_type, OUTPUT_TYPES, exact=False)
     if not isinstance(sql, str) or not sql.strip():
         raise ValueError(f"sql must be a non-empty string of SQL, not {sql!r}")
     check_path("dir", dir)

@@ -98,6 +98,19 @@ def current_span() -> Span | None:
     return None
 
 
+def _normalize_name(name: str) -> str:
+    """A span name with a ``/`` as the path it makes: no leading, trailing or doubled ``/``
+    (``"/forward/"`` -> ``"forward"``, ``"a//b"`` -> ``"a/b"``; docs/spans.md "Naming").
+
+    Raises:
+        ValueError: a name of nothing but ``/``.
+    """
+    parts = [p for p in name.split("/") if p]
+    if not parts:
+        raise ValueError(f"span name must name something besides '/', got {name!r}")
+    return "/".join(parts)
+
+
 def _warn_once(key: Any, message: str, *args: Any) -> None:
     _warner.warn(key, message, *args)
 
@@ -117,15 +130,16 @@ class Span:
       the span ran (docs/spans.md "Which row a span joins").
     - ``**attrs``: attributes for the span file (not metrics).
 
-    Raises ``ValueError`` for an empty name; on entry ``RuntimeError`` when the span was
+    Raises ``ValueError`` for an empty name (or one of only ``/``); on entry ``RuntimeError`` when the span was
     already started (a span from :func:`start_span` may be entered once: the block ends it),
     and ``ForkedRunError`` in a forked child whose active recorder belongs
     to the parent process. Exceptions from the code inside are recorded and re-raised.
 
     Attributes (read-only unless noted):
 
-    - ``name`` (str): the name given; ``path`` (str): names of the enclosing spans and this
-      one joined by ``/`` (set when the span starts); ``depth`` (int, 0 = outermost).
+    - ``name`` (str): the name given, with no leading, trailing or doubled ``/``
+      (``"/forward/"`` is ``"forward"``); ``path`` (str): names of the enclosing spans and
+      this one joined by ``/`` (set when the span starts); ``depth`` (int, 0 = outermost).
     - ``attrs`` (dict): attributes as given, original values (update with :meth:`set`).
     - ``step``: the ``step=`` argument (only added to the record's ``args``), or None.
     - ``error`` (str | None): the exception type name that ended the span.
@@ -166,6 +180,8 @@ class Span:
     ) -> None:
         if type(name) is not str or not name:
             raise ValueError(f"span name must be a non-empty string, got {name!r}")
+        if "/" in name:  # one C-level scan; only names with a "/" pay for the rest
+            name = _normalize_name(name)
         self.name = name
         self.path = name
         self.depth = 0
@@ -303,9 +319,11 @@ class Span:
                 exc,
             )
 
-    def end(self) -> None:
-        """End a span opened with :func:`start_span` (a second call is ignored)."""
+    def end(self) -> float:
+        """End a span opened with :func:`start_span`; returns its duration in milliseconds
+        (:attr:`duration_ms`). A second call ends nothing and returns the same duration."""
         self._finish(None)
+        return self.duration_ms
 
     def _discard(self) -> None:
         """Take a started span off the stack without recording it (a failed use of it)."""

@@ -19,7 +19,12 @@ Record format (one JSON line of ``spans[.S][.rankN].jsonl``; see docs/architectu
 
     {"_step": 42, "name": "forward/attention", "depth": 1, "start": 1754323200.123456,
      "dur_ms": 18.4, "id": 7, "parent": 6, "pid": 4242, "tid": 4242, "thread": "MainThread",
-     "task"?: "Task-3", "args"?: {...}, "metrics"?: {...}, "error"?: "ValueError"}
+     "track": "MainThread (tid 4242)", "task"?: "Task-3", "args"?: {...}, "metrics"?: {...},
+     "error"?: "ValueError"}
+
+``track`` is the name ``et trace`` gives the span's track
+(:func:`~expr_tracker.history.spanfiles.track_name`: ``"MainThread (tid 4242) · Task-3"``
+inside an asyncio task).
 """
 
 from __future__ import annotations
@@ -37,6 +42,7 @@ import orjson
 from expr_tracker._warn import Warner
 from expr_tracker.errors import ForkedRunError
 from expr_tracker.history.codec import encode_row, has_nonfinite, normalize_value
+from expr_tracker.history.spanfiles import track_name
 from expr_tracker.spans import core
 
 log = logging.getLogger("expr_tracker.spans")
@@ -53,9 +59,10 @@ _NULL_STEP = len(b'{"_step":null,')
 _STEP_ROOM = 30
 
 
-def _thread_identity() -> tuple[int, str]:
-    # cached per thread: (native thread id, name at the thread's first span)
-    v = _tl.v = (threading.get_native_id(), threading.current_thread().name)
+def _thread_identity() -> tuple[int, str, str]:
+    # cached per thread: (native thread id, name at the thread's first span, its track)
+    tid, name = threading.get_native_id(), threading.current_thread().name
+    v = _tl.v = (tid, name, track_name(name, tid))
     return v
 
 
@@ -188,9 +195,9 @@ class SpanRecorder:
         if writer is not None:
             parent = span.parent
             try:
-                tid, tname = _tl.v
+                tid, tname, track = _tl.v
             except AttributeError:
-                tid, tname = _thread_identity()
+                tid, tname, track = _thread_identity()
             item = {
                 "_step": None,  # set when known: here, or at the log() that places the metrics
                 "name": path,
@@ -202,12 +209,14 @@ class SpanRecorder:
                 "pid": self._rec_pid,
                 "tid": tid,
                 "thread": tname,
+                "track": track,
             }
             aio = _modules.get("asyncio")  # no asyncio imported: no task, and no call
             if aio is not None:
                 task = _task_name(aio)  # only inside a running event loop
                 if task is not None:
                     item["task"] = task
+                    item["track"] = track_name(tname, tid, task)
             if span.attrs or span.step is not None or pm or span.error:
                 # encoded now: attribute values are the user's objects and may change later
                 item = self._encode_full(item, span, span.attrs, pm)[_NULL_STEP:]

@@ -269,6 +269,10 @@ def _rule_entries(value: Any) -> Any:
 
 
 def check_on_rank(value: Any) -> Any:
+    """``on_rank``/``backend_on_rank``: a rank, a list of ranks, ``"all"``; None (YAML
+    ``null``) means every rank, as ``"all"`` does, and becomes ``"all"``."""
+    if value is None:
+        return "all"
     ok = (
         value == "all"
         or (isinstance(value, int) and not isinstance(value, bool) and value >= 0)
@@ -278,7 +282,7 @@ def check_on_rank(value: Any) -> Any:
         )
     )
     if not ok:
-        raise ValueError("must be a rank (an integer >= 0), a list of ranks, or 'all'")
+        raise ValueError("must be a rank (an integer >= 0), a list of ranks, or 'all' (null: all)")
     return list(value) if isinstance(value, tuple) else value
 
 
@@ -288,12 +292,12 @@ class AlertsSpec(BaseModel):
     model_config = FORBID
 
     enabled: bool = True
-    on_rank: Annotated[Union[int, list[int], Literal["all"]], BeforeValidator(check_on_rank)] = (
-        Field(
-            0,
-            description="ranks that deliver alerts (a rank, a list of ranks, or 'all'); rules are "
-            "evaluated and recorded on every rank",
-        )
+    on_rank: Annotated[
+        Union[int, list[int], Literal["all"], None], BeforeValidator(check_on_rank)
+    ] = Field(
+        0,
+        description="ranks that deliver alerts (a rank, a list of ranks, or 'all'; null is "
+        "'all'); rules are evaluated and recorded on every rank",
     )
     # AlertEngine.start_watchdog needs > 0; below 10 ms the watchdog thread only burns CPU
     watchdog_interval: Annotated[Duration, AfterValidator(_watchdog_interval)] = Field(

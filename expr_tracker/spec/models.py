@@ -155,8 +155,8 @@ class RunSpec(RedactedRepr, BaseModel):
         )
     )
     backend_on_rank: Annotated[
-        Union[int, list[int], Literal["all"]], BeforeValidator(check_on_rank)
-    ] = Field(0, description="ranks that mirror (a rank, a list of ranks, or 'all')")
+        Union[int, list[int], Literal["all"], None], BeforeValidator(check_on_rank)
+    ] = Field(0, description="ranks that mirror (a rank, a list of ranks, or 'all'; null is 'all')")
     backend_queue_size: int = Field(
         10_000, ge=1, description="rows a mirror holds while its backend is busy; more are dropped"
     )

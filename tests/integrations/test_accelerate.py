@@ -68,7 +68,7 @@ def test_instance_logs_rows_at_accelerate_steps_config_and_finishes():
     accelerator = Accelerator(cpu=True, log_with=tracker)
     accelerator.init_trackers("unused-by-instances", config={"lr": 0.1, "batch_size": 8})
     run = accelerator.get_tracker("expr_tracker", unwrap=True)
-    assert run is tracker.tracker and run is et.run and run.tags == ("accel",)
+    assert run is tracker.tracker and run is et.run and run.tags == ["accel"]
     losses = _train(accelerator)
     accelerator.end_training()
 
@@ -103,7 +103,7 @@ def test_spec_in_every_form_and_init_keywords_reach_the_run(form, tmp_path):
     accelerator = Accelerator(cpu=True, log_with=tracker)
     accelerator.init_trackers("acc")
     run = tracker.tracker
-    assert run.tags == ("accel",) and run.notes == "n"
+    assert run.tags == ["accel"] and run.notes == "n"
     assert [r.source for r in et.list_alert_rules()] == ["loss > 100"]
     accelerator.log({"loss": 1000.0}, step=3)
     accelerator.end_training()

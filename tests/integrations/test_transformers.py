@@ -578,12 +578,12 @@ def test_spec_as_path_and_dictconfig(tmp_path):
     (tmp_path / "tracker.yaml").write_text("project: fromfile\ntags: [a]\n")
     cb = ExprTrackerCallback(spec=str(tmp_path / "tracker.yaml"), name="p")
     cb.on_train_begin(training_args(tmp_path), state(), None, model=tiny_bert())
-    assert cb.run.project == "fromfile" and cb.run.tags == ("a",)
+    assert cb.run.project == "fromfile" and cb.run.tags == ["a"]
     cb.on_train_end(None, state(), None)
     cfg = omegaconf.OmegaConf.create({"tracker": {"project": "dc", "tags": ["${x}"]}, "x": "b"})
     cb = ExprTrackerCallback(spec=cfg.tracker, name="d")
     cb.on_train_begin(training_args(tmp_path), state(), None, model=None)
-    assert cb.run.project == "dc" and cb.run.tags == ("b",)
+    assert cb.run.project == "dc" and cb.run.tags == ["b"]
     cb.on_train_end(None, state(), None)
     assert status_of(cb.run.dir) == "finished"
 

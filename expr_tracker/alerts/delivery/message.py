@@ -1,7 +1,8 @@
 """AlertMessage: what a channel is handed, and the helpers channels share to render it.
 
-Levels are the spec's table (``expr_tracker.spec.models``): debug < info < warning < error <
-critical, aliases warn/err/fatal/crit, compared by severity with ``level_rank``.
+Levels are the table of ``expr_tracker.units``: debug < info < warning < error < critical,
+aliases warn/err/fatal/crit; ``AlertMessage.level`` is an :class:`~expr_tracker.units.AlertLevel`
+(a ``str`` equal to the level's name, compared by severity).
 
 ``safe_format(template, values)`` fills ``{name}`` placeholders by literal key only (no
 attribute or index access), for channel templates. Secret scrubbing (``redact_url``,
@@ -20,7 +21,7 @@ from typing import Any
 
 from expr_tracker.alerts.template import render_template
 from expr_tracker.history.values import format_value, json_safe
-from expr_tracker.units import LEVELS, level_rank, normalize_level
+from expr_tracker.units import LEVELS, AlertLevel, level_rank, normalize_level
 
 __all__ = [
     "LEVELS",
@@ -40,8 +41,10 @@ class AlertMessage:
     Attributes:
         title: one line.
         text: the body (plain text; channels escape it for HTML/markdown).
-        level: canonical level name (``normalize_level`` is applied; an unknown level raises
-            ``ValueError`` at construction).
+        level: an :class:`~expr_tracker.units.AlertLevel` (``et.AlertLevel``), made from the
+            level or alias given in any case; it equals its name (``message.level ==
+            "critical"``) and compares by severity (``message.level >= "error"``). An unknown
+            level raises ``ValueError`` at construction.
         subtitle: a second line under the title ("" for none).
         traceback: formatted traceback text, for failure messages.
         fields: name -> value shown as a table; the dispatcher adds ``project``, ``run`` and
@@ -60,7 +63,7 @@ class AlertMessage:
 
     title: str
     text: str = ""
-    level: str = "warning"
+    level: AlertLevel = AlertLevel.WARNING
     subtitle: str = ""
     traceback: str | None = None
     fields: dict[str, Any] = field(default_factory=dict)
@@ -75,10 +78,7 @@ class AlertMessage:
     rule: str | None = None
 
     def __post_init__(self) -> None:
-        level = normalize_level(self.level)
-        if level not in LEVELS:
-            level_rank(self.level)  # raises ValueError naming the valid levels
-        self.level = level
+        self.level = AlertLevel.parse(self.level)  # ValueError naming the valid levels
         self.title = str(self.title)
         self.text = "" if self.text is None else str(self.text)
         self.tags = tuple(str(t) for t in (self.tags or ()))
@@ -92,13 +92,13 @@ class AlertMessage:
     @property
     def rank(self) -> int:
         """Severity: debug 0 ... critical 4."""
-        return LEVELS.index(self.level)
+        return self.level.rank
 
     def key(self) -> str:
         """The dedup identity: ``dedup_key``, else a hash of level, title and text."""
         if self.dedup_key:
             return self.dedup_key
-        raw = "\x1f".join((self.level, self.title, self.text)).encode("utf-8", "replace")
+        raw = "\x1f".join((self.level.value, self.title, self.text)).encode("utf-8", "replace")
         return hashlib.sha1(raw).hexdigest()
 
     def copy(self, **changes: Any) -> AlertMessage:
@@ -117,8 +117,8 @@ class AlertMessage:
         out.update(
             title=self.title,
             text=self.text,
-            level=self.level,
-            LEVEL=self.level.upper(),
+            level=self.level.value,
+            LEVEL=self.level.value.upper(),
             subtitle=self.subtitle,
             traceback=self.traceback or "",
             tags=", ".join(self.tags),
@@ -135,7 +135,7 @@ class AlertMessage:
     def plain_text(self, *, traceback_chars: int = 4000) -> str:
         """The whole message as plain text: level and title, subtitle, text, fields, tags,
         link and (the tail of) the traceback."""
-        lines = [f"[{self.level.upper()}] {self.title}"]
+        lines = [f"[{self.level.value.upper()}] {self.title}"]
         if self.subtitle:
             lines.append(self.subtitle)
         if self.text:
@@ -157,7 +157,7 @@ class AlertMessage:
         return {
             "title": self.title,
             "text": self.text,
-            "level": self.level,
+            "level": self.level.value,
             "subtitle": self.subtitle,
             "traceback": self.traceback,
             "fields": {str(k): _jsonable(v) for k, v in self.fields.items()},
