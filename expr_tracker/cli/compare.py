@@ -287,8 +287,9 @@ def _run_sweep(args: argparse.Namespace, out: IO[str]) -> int:
 
 
 def sweep_table(result: dict[str, Any]) -> Any:
-    """A rich ``Table`` of a :func:`~expr_tracker.query.sweep.sweep` result: a row per
-    varying config key, its kind, importance ± std and correlations with the metric."""
+    """A title line and a rich ``Table`` of a :func:`~expr_tracker.query.sweep.sweep`
+    result: a row per varying config key, its kind, importance ± std and correlations with
+    the metric."""
     from rich.table import Table
     from rich.text import Text
 
@@ -298,7 +299,7 @@ def sweep_table(result: dict[str, Any]) -> Any:
         + f" over {len(result['runs'])} runs: {result['method']}"
         + f", fitted on {result['fitted_on']}"
     )
-    t = Table(title=Text(output.printable(title)), title_justify="left", box=None, pad_edge=False)
+    t = Table(box=None, pad_edge=False)
     for head in ("key", "kind", "importance", "± std", "pearson", "spearman"):
         t.add_column(Text(head, style="bold"), overflow="fold")
     kinds = {k["key"]: k["kind"] for k in result["keys"]}
@@ -320,7 +321,9 @@ def sweep_table(result: dict[str, Any]) -> Any:
                 )
             )
         )
-    return t
+    from rich.console import Group
+
+    return Group(Text(output.printable(title)), t)
 
 
 def _cut(text: str) -> str:
