@@ -105,19 +105,25 @@ def _rows(
     return out
 
 
-def _default_metric(rows: list[dict[str, Any]]) -> str:
-    from expr_tracker.query.compare import goal_from_name
-
+def _numeric_keys(rows: list[dict[str, Any]]) -> list[str]:
+    """The summary keys with a number in some run (not span timings, not ``_step``)."""
     seen: dict[str, None] = {}
     for r in rows:
         for k, v in r["summary"].items():
             if _num(v) and not k.startswith(("_", "time_ms/", "count/")):
                 seen.setdefault(k, None)
+    return list(seen)
+
+
+def _default_metric(rows: list[dict[str, Any]]) -> str:
+    from expr_tracker.query.compare import goal_from_name
+
+    seen = _numeric_keys(rows)
     for k in seen:
         if goal_from_name(k):
             return k
     if seen:
-        return next(iter(seen))
+        return seen[0]
     raise SweepError("metric: these runs have no numeric summary value to sweep over")
 
 
@@ -169,12 +175,13 @@ def sweep(
         ``{"root", "metric", "goal", "keys": [{"key", "kind": "number"|"bool"|"category",
         "values": [distinct values]}], "runs": [{"run", "path", "group", "config": {key:
         value}, "metric": value or None}], "importance": [{"key", "importance", "std",
-        "pearson", "spearman"}], "method": str, "fitted_on": int, "notes": [str]}``.
+        "pearson", "spearman"}], "method": str, "fitted_on": int, "notes": [str], "metrics": [str]}``.
         ``keys`` are the config keys whose values differ (a run without the key counts
         as a value); a run's ``config`` holds its values of them. ``importance``: the mean
         drop of the forest's R² when the key's values are shuffled (``std`` over
         :data:`REPEATS` shuffles), None without scikit-learn or with fewer than
         :data:`MIN_RUNS` runs with a finite metric; sorted by importance, highest first.
+        ``metrics``: the numeric summary keys of the runs (what ``metric`` may be).
         Correlations only for number and bool keys (None for categories or a constant).
 
     Raises:
@@ -305,4 +312,5 @@ def sweep(
         "method": method,
         "fitted_on": len(fit),
         "notes": notes,
+        "metrics": _numeric_keys(rows),
     }
