@@ -12,7 +12,7 @@ import random
 import shutil
 
 import pytest
-from test_browser import ARTIFACTS, DOCS_IMG, browser, page, wait_chart  # noqa: F401
+from test_browser import ARTIFACTS, DOCS_IMG, browser, page  # noqa: F401
 from ui_support import Server
 
 import expr_tracker as et
@@ -67,6 +67,24 @@ def served(tmp_path_factory):
     server.close()
 
 
+#: generous waits: plotly.js (3.5 MB) takes half a minute to arrive on a loaded 2-core box
+WAIT_MS = 180_000
+
+
+def _open(pg, url: str) -> None:
+    pg.set_default_timeout(WAIT_MS)
+    pg.goto(url, wait_until="commit")
+
+
+def wait_chart(pg, metric: str) -> None:
+    pg.wait_for_function(
+        """(m) => { const d = document.querySelector(`div.chart[data-metric="${m}"]`);
+                    return d && d.dataset.loaded; }""",
+        arg=metric,
+        timeout=WAIT_MS,
+    )
+
+
 def _group_traces(pg, metric: str):
     return pg.evaluate(
         """(m) => {
@@ -81,7 +99,7 @@ def _group_traces(pg, metric: str):
 
 def test_grouped_chart_with_its_band(page, served):  # noqa: F811
     runs = "&".join(f"run=seeds%2Flr{lr}-s{s}" for lr in (0.1, 0.01) for s in range(SEEDS))
-    page.goto(served.open(f"#/groups?{runs}&by=auto&band=minmax"))
+    _open(page, served.open(f"#/groups?{runs}&by=auto&band=minmax"))
     page.wait_for_selector("#groups tbody tr")
     rows = page.locator("#groups tbody tr").all_inner_texts()
     assert [r.split("\t")[0] for r in rows] == ["lr=0.1", "lr=0.01"]
@@ -116,7 +134,7 @@ def test_grouped_chart_with_its_band(page, served):  # noqa: F811
 
 
 def test_sweep_page(page, served):  # noqa: F811
-    page.goto(served.open("#/sweep?group=sweep1&metric=val%2Facc"))
+    _open(page, served.open("#/sweep?group=sweep1&metric=val%2Facc"))
     page.wait_for_selector("#parcoords")
     lines = page.locator("#parcoords path[data-run]")
     assert lines.count() == 12  # one line per run
