@@ -60,7 +60,7 @@ def groups(
     metric: str | None = None,
     agg: str = "mean",
     band: str = "std",
-    width: int = 1000,
+    width: int | None = 1000,
 ) -> dict:
     """The runs ``run_ids`` grouped by ``by`` (config keys ``a,b`` or ``auto``).
 
@@ -86,6 +86,8 @@ def groups(
         raise BadRequest(f"{len(run_ids)} runs: at most {MAX_GROUP_RUNS} at once")
     if len(set(run_ids)) != len(run_ids):
         raise BadRequest("a run is given twice")
+    if width is None:
+        width = 1000
     if not 1 <= width <= 4000:
         raise BadRequest(f"width={width} is not valid: 1..4000")
     prods = [_main(catalog.get(r)) for r in run_ids]

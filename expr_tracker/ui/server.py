@@ -367,7 +367,7 @@ def create_app(
             metric=request.query_params.get("metric") or None,
             agg=agg,
             band=band,
-            width=q_int(request, "width", 1000) or 1000,
+            width=q_int(request, "width", 1000),
         )
 
     def api_sweep(request: Any) -> Any:
