@@ -55,8 +55,6 @@ RESAMPLES = 1000
 _SEED = re.compile(r"(?:seed|.*_seed|rng)", re.IGNORECASE)
 #: the value of a key a run does not have (never equal to a JSON value)
 MISSING = "(missing)"
-#: bootstrap work per chunk (values resampled at a time), to bound memory
-_CHUNK = 4_000_000
 
 # t quantiles at 0.975 for 1..30 degrees of freedom (beyond: the Cornish-Fisher expansion)
 _T975 = (
@@ -331,12 +329,14 @@ def _bootstrap(vals: Any, finite: Any, n: Any, agg: str, seed: int, resamples: i
             boots = v @ w.T / k  # (m, resamples)
             q = _quantiles(boots, qs)
         else:
-            idx = rng.integers(0, k, size=(resamples, k))
-            q = np.empty((2, len(at)))
-            step = max(1, _CHUNK // (resamples * k))
-            for s in range(0, len(at), step):
-                med = _median_last(v[s : s + step][:, idx])  # (chunk, resamples)
-                q[:, s : s + step] = _quantiles(med, qs)
+            # each row is sorted, so a resample's sorted values are the row's values
+            # repeated by the resample's counts: its median's position depends on the
+            # counts alone, the same for every row with k values (a gather, no sort)
+            w = rng.multinomial(k, np.full(k, 1.0 / k), size=resamples)
+            cum = np.cumsum(w, axis=1)
+            lower = (cum <= (k - 1) // 2).sum(axis=1)  # index of the value at that rank
+            upper = (cum <= k // 2).sum(axis=1)
+            q = _quantiles((v[:, lower] + v[:, upper]) / 2, qs)
         lo[at], hi[at] = q[0], q[1]
     return lo, hi
 
@@ -357,18 +357,6 @@ def _quantiles(a: Any, qs: tuple[float, float]) -> Any:
         upper = part[:, min(j + 1, m - 1)]
         out[i] = part[:, j] + frac * (upper - part[:, j]) if frac else part[:, j]
     return out
-
-
-def _median_last(a: Any) -> Any:
-    """The median over the last axis, by a partial sort."""
-    import numpy as np
-
-    k = a.shape[-1]
-    h = k // 2
-    if k % 2:
-        return np.partition(a, h, axis=-1)[..., h]
-    part = np.partition(a, (h - 1, h), axis=-1)
-    return (part[..., h - 1] + part[..., h]) / 2
 
 
 def summarize(
