@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import platform
 import statistics
 import time
@@ -30,7 +31,8 @@ def main() -> None:
     for k in range(a.seeds):  # every other seed logs every other step: different grids
         steps = np.arange(0, a.steps, 2 if k % 2 else 1)
         runs.append((steps, 1.0 / (1 + steps / 100) + rng.normal(0, 0.05, len(steps))))
-    out = {"seeds": a.seeds, "steps": a.steps, "machine": platform.machine(), "median_s": {}}
+    machine = {"arch": platform.machine(), "cores": os.cpu_count(), "load": os.getloadavg()[0]}
+    out = {"seeds": a.seeds, "steps": a.steps, "machine": machine, "median_s": {}}
     for agg, band in (
         ("mean", "std"),
         ("mean", "minmax"),
