@@ -141,14 +141,18 @@ def groups(
 
 
 def sweep_page(catalog: Catalog, run_ids: list[str], metric: str | None, group: str | None) -> dict:
-    """The sweep of the served runs (``run_ids``: only those; none: all), ``metric``
+    """The sweep of the served runs (``run_ids``: only those; none: every run served, none
+    linked from outside the folder), ``metric``
     explained by the varying config keys: :func:`expr_tracker.query.sweep.sweep`'s dict
     (its ``run`` is the dashboard's run id)."""
     from expr_tracker.query.sweep import SweepError, sweep
 
-    paths = None
+    # only the runs the dashboard serves: a run linked from outside the folder is not one
+    # (the runs view follows links, as et query does)
     if run_ids:
         paths = [str(_main(catalog.get(r)).run_dir) for r in run_ids]
+    else:
+        paths = [str(_main(prods).run_dir) for prods in catalog.runs().values() if prods]
     try:
         res = sweep(
             catalog.root,

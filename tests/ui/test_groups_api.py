@@ -91,3 +91,18 @@ def test_sweep_endpoint_and_no_sql_from_a_request(client):
     assert [x["run"] for x in r.json()["runs"]] == RUNS[:2]
     r = client.get("/api/sweep", params={"metric": "ac"})
     assert r.status_code == 400 and "did you mean 'acc'" in r.json()["error"]
+
+
+def test_sweep_leaves_out_a_run_linked_from_outside(tmp_path):
+    root = tmp_path / "served"
+    outside = tmp_path / "outside"
+    for where, name in ((root, "in"), (outside, "secret")):
+        et.init(project="p", name=name, dir=str(where), config={"lr": len(name)})
+        et.log({"acc": 0.5})
+        et.finish()
+    (root / "linked").symlink_to(outside / "p" / "secret")
+    app = create_app(root, cache_dir=tmp_path / "cache")
+    client = TestClient(app, base_url="http://127.0.0.1")
+    r = client.get("/api/sweep", params={"metric": "acc"})
+    assert r.status_code == 200, r.text
+    assert [x["run"] for x in r.json()["runs"]] == ["p/in"]
