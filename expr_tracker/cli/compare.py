@@ -15,6 +15,7 @@ from __future__ import annotations
 import argparse
 import json
 import math
+import os
 import re
 import sys
 import time
@@ -43,9 +44,10 @@ def register(subparsers: Any) -> None:
     )
     p.add_argument(
         "runs",
-        nargs="+",
+        nargs="*",
         metavar="RUN",
-        help="a run directory, or project/name or name of a run under --dir (at least two)",
+        help="a run directory, or project/name or name of a run under --dir (at least two); "
+        "with --group-by or --sweep also a folder of runs (a Hydra multirun directory)",
     )
     p.add_argument("--dir", default="runs", help="where names are looked up (default ./runs)")
     p.add_argument(
@@ -70,6 +72,31 @@ def register(subparsers: Any) -> None:
         help="table (default); json: one JSON document (an object: runs, identity, config, "
         "summary), strict JSON (NaN/inf as null); jsonl: the same object on one line",
     )
+    p.add_argument(
+        "--group-by",
+        default=None,
+        metavar="KEYS|auto",
+        help="a table of groups of runs (same values of config KEYS a,b; 'auto': every key "
+        "but seed-like ones): per metric the final and best values, mean ± std, n, 95%% CI",
+    )
+    p.add_argument(
+        "--sweep",
+        action="store_true",
+        help="the parameter-importance table of the runs (default: every run under --dir): "
+        "random-forest permutation importance and correlations with --metric",
+    )
+    p.add_argument(
+        "--metric",
+        default=None,
+        help="--sweep: the summary key to explain (default: the first loss/acc-like one)",
+    )
+    p.add_argument("--group", default=None, help="--sweep: only the runs of this group")
+    p.add_argument(
+        "--where",
+        default=None,
+        metavar="SQL",
+        help="--sweep: an SQL condition over the runs view ('\"config.lr\" > 1e-3')",
+    )
     p.set_defaults(func=run_compare)
 
 
@@ -79,6 +106,16 @@ def run_compare(args: argparse.Namespace, out: IO[str] | None = None) -> int:
     from expr_tracker.query.compare import CompareError, compare_runs
 
     out = out or sys.stdout
+    if args.sweep and args.group_by is not None:
+        sys.stderr.write("et compare: give --sweep or --group-by, not both\n")
+        return 2
+    if not args.sweep and (args.metric or args.group is not None or args.where is not None):
+        sys.stderr.write("et compare: --metric, --group and --where go with --sweep\n")
+        return 2
+    if args.sweep:
+        return _run_sweep(args, out)
+    if args.group_by is not None:
+        return _run_groups(args, out)
     if len(args.runs) < 2:
         sys.stderr.write(f"et compare: give at least two runs (got {len(args.runs)})\n")
         return 2
@@ -116,6 +153,177 @@ def run_compare(args: argparse.Namespace, out: IO[str] | None = None) -> int:
     if any(r["best"] for r in result["summary"]):
         console.print("* best value (min/max: the metric's define_metric goal, else its name)")
     return 0
+
+
+def _write_json(args: argparse.Namespace, result: dict[str, Any], out: IO[str]) -> None:
+    indent = 2 if args.format == "json" else None
+    out.write(json.dumps(json_safe(result, "null"), indent=indent, default=str) + "\n")
+
+
+def _run_groups(args: argparse.Namespace, out: IO[str]) -> int:
+    """``et compare --group-by``: one table per metric, a row per group."""
+    from expr_tracker.query.compare import CompareError, compare_groups
+
+    if not args.runs:
+        sys.stderr.write("et compare: --group-by needs runs or a folder of runs\n")
+        return 2
+    try:
+        result = compare_groups(
+            args.runs,
+            group_by=args.group_by,
+            root=args.dir,
+            metrics=args.metrics,
+            stream=args.stream,
+            rank=args.rank,
+        )
+    except CompareError as exc:
+        sys.stderr.write(f"et compare: {exc}\n")
+        return 1
+    for w in result["warnings"]:
+        sys.stderr.write(f"et compare: warning: {w}\n")
+    if output.is_machine(args.format):
+        _write_json(args, result, out)
+        return 0
+    from expr_tracker.cli.history import table_width
+
+    console = output.console(out, table_width(out, args.width), markup=False, emoji=False)
+    for t in groups_tables(result):
+        console.print(t)
+    console.print(
+        "mean ± std over the group's runs; n: runs with a finite value; CI: 95 % bootstrap "
+        "interval of the mean (below 6 runs it cannot reach 95 %: docs/compare.md)"
+    )
+    return 0
+
+
+def _stat(s: dict[str, Any] | None) -> tuple[str, str]:
+    """(``mean ± std``, ``[lo, hi]``) cells of one :func:`summarize` result."""
+    if s is None or s["mean"] is None:
+        return "", ""
+    text = _number(s["mean"]) + (f" ± {_number(s['std'])}" if s["std"] is not None else "")
+    ci = f"[{_number(s['ci'][0])}, {_number(s['ci'][1])}]" if s["ci"] else ""
+    return text, ci
+
+
+def groups_tables(result: dict[str, Any]) -> list[Any]:
+    """Rich tables of a :func:`~expr_tracker.query.compare.compare_groups` result: one per
+    metric, a row per group: its runs, then the final value's and (for a metric with a
+    direction) the best value's mean ± std, n and 95 % CI. Every cell is a ``Text``."""
+    from rich.table import Table
+    from rich.text import Text
+
+    tables = []
+    for m in result["metrics"]:
+        title = m["metric"] + (f" ({m['goal']})" if m["goal"] else "")
+        t = Table(
+            title=Text(output.printable(title), style="bold"),
+            title_justify="left",
+            box=None,
+            pad_edge=False,
+        )
+        for head in ("group", "runs", "final mean ± std", "n", "final 95% CI"):
+            t.add_column(Text(head, style="bold"), overflow="fold")
+        if m["best"] is not None:
+            for head in (f"best ({m['goal']}) mean ± std", "n", "best 95% CI"):
+                t.add_column(Text(head, style="bold"), overflow="fold")
+        for k, g in enumerate(result["groups"]):
+            final = m["final"][k]
+            cells = [
+                output.printable(_cut(g["label"])),
+                str(len(g["runs"])),
+                *_stat(final)[:1],
+                str(final["n"]),
+                _stat(final)[1],
+            ]
+            if m["best"] is not None:
+                best = m["best"][k]
+                cells += [_stat(best)[0], str(best["n"]), _stat(best)[1]]
+            t.add_row(*(Text(c) for c in cells))
+        tables.append(t)
+    if not tables:
+        tables.append(Text("(no summary values)"))
+    return tables
+
+
+def _run_sweep(args: argparse.Namespace, out: IO[str]) -> int:
+    """``et compare --sweep``: the importance table of the runs under --dir (or given)."""
+    from expr_tracker.query.groups import expand_run_args
+    from expr_tracker.query.sweep import SweepError, sweep
+
+    runs = None
+    if args.runs:
+        runs = expand_run_args(args.runs)
+        missing = [r for r in runs if not os.path.isdir(r)]
+        if missing:
+            sys.stderr.write(
+                f"et compare: --sweep takes run directories or folders of runs: "
+                f"{', '.join(repr(m) for m in missing)} is none\n"
+            )
+            return 1
+    try:
+        result = sweep(
+            args.dir if runs is None else os.path.commonpath([os.path.abspath(r) for r in runs]),
+            runs=runs,
+            metric=args.metric,
+            group=args.group,
+            where=args.where,
+        )
+    except SweepError as exc:
+        sys.stderr.write(f"et compare: {exc}\n")
+        return 1
+    except ImportError as exc:
+        sys.stderr.write(f"et compare: {exc}\n")
+        return 1
+    if output.is_machine(args.format):
+        _write_json(args, result, out)
+        return 0
+    from expr_tracker.cli.history import table_width
+
+    console = output.console(out, table_width(out, args.width), markup=False, emoji=False)
+    console.print(sweep_table(result))
+    for note in result["notes"]:
+        console.print(f"note: {note}")
+    return 0
+
+
+def sweep_table(result: dict[str, Any]) -> Any:
+    """A title line and a rich ``Table`` of a :func:`~expr_tracker.query.sweep.sweep`
+    result: a row per varying config key, its kind, importance ± std and correlations with
+    the metric."""
+    from rich.table import Table
+    from rich.text import Text
+
+    title = (
+        f"{result['metric']}"
+        + (f" ({result['goal']})" if result["goal"] else "")
+        + f" over {len(result['runs'])} runs: {result['method']}"
+        + f", fitted on {result['fitted_on']}"
+    )
+    t = Table(box=None, pad_edge=False)
+    for head in ("key", "kind", "importance", "± std", "pearson", "spearman"):
+        t.add_column(Text(head, style="bold"), overflow="fold")
+    kinds = {k["key"]: k["kind"] for k in result["keys"]}
+
+    def num(v: Any) -> str:
+        return "" if v is None else f"{v:.3f}"
+
+    for row in result["importance"]:
+        t.add_row(
+            *(
+                Text(c)
+                for c in (
+                    output.printable(_cut(row["key"])),
+                    kinds.get(row["key"], ""),
+                    num(row["importance"]),
+                    num(row["std"]),
+                    num(row["pearson"]),
+                    num(row["spearman"]),
+                )
+            )
+        )
+    from rich.console import Group
+
+    return Group(Text(output.printable(title)), t)
 
 
 def _cut(text: str) -> str:

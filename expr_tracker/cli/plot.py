@@ -47,7 +47,7 @@ from pathlib import Path
 from typing import IO, Any
 
 from expr_tracker.cli import output, runfiles
-from expr_tracker.cli.plotrender import Layout, render_frame
+from expr_tracker.cli.plotrender import Layout, render_frame, render_group_frame
 
 PLOT_EXTRA = "pip install 'expr-tracker[plot]'"
 _ENDED = ("finished", "failed", "crashed")
@@ -119,6 +119,24 @@ def register(subparsers: Any) -> None:
         help="seconds between redraws with --follow (default 1)",
     )
     p.add_argument("--no-color", action="store_true", help="no colours (also: NO_COLOR set)")
+    p.add_argument(
+        "--group-by",
+        default=None,
+        metavar="KEYS|auto",
+        help="one line per group of runs with the same config values of KEYS (a,b), or "
+        "'auto': every config key but seed-like ones (seed, *_seed, rng); a folder of runs "
+        "(a Hydra multirun) stands for the runs in it",
+    )
+    p.add_argument(
+        "--agg", choices=("mean", "median"), default="mean", help="a group's line (default mean)"
+    )
+    p.add_argument(
+        "--band",
+        choices=("minmax", "std", "sem", "ci", "none"),
+        default="std",
+        help="a group's band: min-max, ± std (default), ± standard error, 95%% bootstrap "
+        "CI, or none",
+    )
     p.set_defaults(func=run_plot)
 
 
@@ -306,7 +324,12 @@ def _split_args(args: argparse.Namespace) -> tuple[list[str], list[str]]:
     while pos:
         a = pos[0]
         p = Path(a)
-        if (p.is_file() and p.suffix == ".jsonl") or (p.is_dir() and find_runs(p, max_depth=0)):
+        holds = getattr(args, "group_by", None) and p.is_dir() and find_runs(p)
+        if (
+            (p.is_file() and p.suffix == ".jsonl")
+            or (p.is_dir() and find_runs(p, max_depth=0))
+            or holds
+        ):
             runs.append(pos.pop(0))  # a metrics file or a run directory (not any path)
             continue
         if known is None:
@@ -427,7 +450,21 @@ def frame(
     layout: Layout,
     color: bool,
 ) -> str:
-    """Every chart of the current data, as text (``cli/plotrender.py`` draws them)."""
+    """Every chart of the current data, as text (``cli/plotrender.py`` draws them); with
+    ``--group-by``, one line and band per group of runs."""
+    if getattr(args, "groups", None) is not None:
+        return render_group_frame(
+            plt,
+            sources,
+            args.groups,
+            chart_metrics(patterns, sources),
+            agg=args.agg,
+            band=args.band,
+            smooth=args.smooth,
+            log_y=args.log_y,
+            layout=layout,
+            color=color,
+        )
     return render_frame(
         plt,
         sources,
@@ -537,13 +574,24 @@ def _check(args: argparse.Namespace) -> None:
         runfiles.check_rank(args.rank)
     except ValueError as exc:
         raise PlotError(str(exc), 2) from None
+    if getattr(args, "group_by", None) is not None and args.x != "step":
+        raise PlotError(
+            "--group-by aligns runs on the step: --x time cannot be grouped (two runs "
+            "rarely log at the same second; see docs/compare.md)",
+            2,
+        )
 
 
 def _plot(args: argparse.Namespace, out: IO[str]) -> int:
     _check(args)
     plt = load_plotext()
     run_names, patterns = _split_args(args)
+    if getattr(args, "group_by", None) is not None:
+        from expr_tracker.query.groups import expand_run_args
+
+        run_names = expand_run_args(run_names)
     sources = open_runs(args, run_names)
+    args.groups = _groups(args, sources) if getattr(args, "group_by", None) is not None else None
     if args.follow and not patterns:
         patterns = _wait_for_defaults(sources, args.interval)
     elif not patterns:
@@ -579,6 +627,20 @@ def _plot(args: argparse.Namespace, out: IO[str]) -> int:
         out.flush()
         return 0
     return _follow(plt, sources, patterns, select, args, layout, color, out)
+
+
+def _groups(args: argparse.Namespace, sources: list[RunSource]) -> list[Any]:
+    """The groups of ``sources`` by ``--group-by`` (``query/stats.py``), from each run's
+    config of the plotted stream."""
+    from expr_tracker.query.groups import read_config
+    from expr_tracker.query.stats import GroupError, group_runs
+
+    configs = [read_config(s.path.parent, args.stream) for s in sources]
+    try:
+        _, groups = group_runs(configs, args.group_by)
+    except GroupError as exc:
+        raise PlotError(f"--group-by: {exc}", 2) from None
+    return groups
 
 
 def _nothing_since(sources: list[RunSource], since: int) -> str:

@@ -251,3 +251,190 @@ def render_frame(
             )
         )
     return "".join(charts)
+
+
+#: the marker of a band's edges (the centre line is drawn as the series are)
+BAND_MARK = "·"
+#: what each band is called in the legend
+BAND_NAMES = {
+    "minmax": "min–max",
+    "std": "± std",
+    "sem": "± standard error",
+    "ci": "95 % bootstrap CI",
+    "none": "no band",
+}
+
+
+def render_group_frame(
+    plt: Any,
+    sources: Sequence[Any],
+    groups: Sequence[Any],
+    metrics: list[str],
+    *,
+    agg: str,
+    band: str,
+    smooth: float | None,
+    log_y: bool,
+    layout: Layout,
+    color: bool,
+    seed: int = 0,
+) -> str:
+    """One chart per metric with one line per group of runs (``groups``: each with
+    ``label`` and ``members``, indexes into ``sources``), its ``agg`` line and ``band``
+    (``query/stats.py``: runs aligned on the step, nothing interpolated; the band where at
+    least two runs have a finite value). Smoothing, when asked, is applied to each run's
+    raw series before the runs are aggregated. A legend line per group says its runs, the
+    band, the range of runs per step and the non-finite values left out."""
+    import numpy as np
+
+    from expr_tracker.history.chartprep import ema
+    from expr_tracker.query.groups import band_points
+    from expr_tracker.query.stats import group_band
+
+    if not metrics:
+        return "(no data to plot yet)\n"
+    width = layout.width
+    if layout.height is not None:
+        height = layout.height
+    else:
+        rows = shutil.get_terminal_size((100, 30)).lines
+        height = max(10, (rows - 1) // len(metrics) - len(groups) - 1)
+    buckets = max(1, width - 8)
+    charts = []
+    for metric in metrics:
+        views = []
+        lo = hi = None
+        for g in groups:
+            series = []
+            for i in g.members:
+                col = sources[i].columns.columns.get(metric)
+                if col is None or not len(col):
+                    continue
+                col = col.ordered()
+                ys = ema(col.values, smooth) if smooth is not None else col.values
+                series.append((np.frombuffer(col.steps, dtype=np.int64), np.asarray(ys)))
+            if not series:
+                continue
+            b = group_band(series, agg=agg, band=band, seed=seed)
+            below = 0
+            if log_y:
+                for arr in (b.center, b.lo, b.hi):
+                    bad = np.isfinite(arr) & (arr <= 0)
+                    below += int(bad.sum())
+                    arr[bad] = np.nan
+            pts = band_points(b, buckets)
+            if pts["x"]:
+                lo = pts["x"][0] if lo is None else min(lo, pts["x"][0])
+                hi = pts["x"][-1] if hi is None else max(hi, pts["x"][-1])
+            views.append((g, len(series), b, pts, below))
+        if lo is None:
+            lo = hi = 0.0
+        charts.append(
+            _group_chart(
+                plt,
+                metric,
+                views,
+                width,
+                height,
+                float(lo),
+                float(hi),
+                log_y,
+                color,
+                agg,
+                band,
+                smooth,
+            )
+        )
+    return "".join(charts)
+
+
+def _group_chart(
+    plt: Any,
+    metric: str,
+    views: list[Any],
+    width: int,
+    height: int,
+    lo: float,
+    hi: float,
+    log_y: bool,
+    color: bool,
+    agg: str,
+    band: str,
+    smooth: float | None,
+) -> str:
+    fig = plt.figure
+    fig.clear()
+    plt.terminal.limit(False, False)
+    fig.plot_size(width, height)
+    fig.theme("simple" if color else "colorless")
+    finite = [
+        y
+        for _, _, _, p, _ in views
+        for key in ("center", "lo", "hi")
+        for y in p[key]
+        if y is not None
+    ]
+    y_lo, y_hi = (min(finite), max(finite)) if finite else ((1.0, 10.0) if log_y else (0.0, 1.0))
+    if y_hi <= y_lo:
+        pad = abs(y_lo) * 0.1 if y_lo else 1.0
+        y_lo, y_hi = (y_lo / 2, y_hi * 2) if log_y else (y_lo - pad, y_hi + pad)
+    x_lo, x_hi = (lo, hi) if hi > lo else (lo - 1, hi + 1)
+    legend = []
+    for k, (g, nruns, b, pts, below) in enumerate(views):
+        colour = PALETTE[k % len(PALETTE)]
+        symbol = "braille" if color or len(views) == 1 else PLAIN_MARKERS[k % len(PLAIN_MARKERS)]
+        sample = "⣿" if symbol == "braille" else symbol
+        pixel = colour if color else None
+        for key, mark in (("lo", BAND_MARK), ("hi", BAND_MARK), ("center", symbol)):
+            xs = [x for x, y in zip(pts["x"], pts[key], strict=True) if y is not None]
+            ys = [y for y in pts[key] if y is not None]
+            if xs:
+                s = fig.signal(xs, ys, marker=plt.marker(mark, pixel=pixel))
+                s.lines(key == "center")
+                fig.draw(s)
+        legend.append(
+            _group_legend(g, nruns, b, sample, colour if color else None, agg, band, below)
+        )
+    fig.ruler("x").lim(x_lo, x_hi)
+    fig.ruler("y").lim(y_lo, y_hi)
+    if log_y:
+        fig.ruler("y").scale("log")
+    pos, labels = _x_ticks(lo, hi, width, True)
+    fig.ruler("x").ticks(pos, labels)
+    title = f"{output.printable(metric)}: {agg}, {BAND_NAMES[band]}"
+    if smooth is not None:
+        title += f" (EMA alpha={smooth:g} per run)"
+    if len(title) > width:
+        head = (width - 1) // 2
+        title = title[:head] + "…" + title[len(title) - (width - 1 - head) :]
+    fig.title(title)
+    fig.label("step", "x")
+    text = fig.build().string(colorless=not color).rstrip("\n")
+    return text + "\n" + "\n".join(legend) + "\n"
+
+
+def _group_legend(
+    g: Any, nruns: int, b: Any, sample: str, colour: int | None, agg: str, band: str, below: int
+) -> str:
+    import numpy as np
+
+    mark = f"\x1b[38;5;{colour}m{sample}\x1b[0m" if colour is not None else sample
+    parts = [f"{nruns} run{'s' if nruns != 1 else ''}"]
+    n = b.n[b.n > 0]
+    if len(n):
+        lo_n, hi_n = int(n.min()), int(n.max())
+        parts.append(f"n per step {lo_n}" + (f"–{hi_n}" if hi_n != lo_n else ""))
+    fin = np.flatnonzero(np.isfinite(b.center))
+    if len(fin):
+        j = fin[-1]
+        parts.append(f"last {agg} {b.center[j]:.6g} at step {int(b.x[j])}")
+        if np.isfinite(b.lo[j]):
+            parts.append(f"band {b.lo[j]:.6g} … {b.hi[j]:.6g}")
+    if band != "none" and len(n) and int(n.max()) < 2:
+        parts.append("no band (one run per step)")
+    bad = int(b.nonfinite.sum())
+    if bad:
+        parts.append(f"{bad} NaN/inf values left out")
+    if below:
+        parts.append(f"{below} values <= 0 not drawn (log axis)")
+    return f" {mark} {output.printable(g.label)}: " + ", ".join(parts)

@@ -41,7 +41,7 @@ from expr_tracker.query.catalog import (
     run_entries,
 )
 
-__all__ = ["CompareError", "IDENTITY_KEYS", "compare_runs", "goal_from_name"]
+__all__ = ["CompareError", "IDENTITY_KEYS", "compare_groups", "compare_runs", "goal_from_name"]
 
 #: the identity rows, in the order shown
 IDENTITY_KEYS = (
@@ -502,3 +502,121 @@ def compare_runs(
         "summary": summary_rows,
         "warnings": warnings,
     }
+
+
+def compare_groups(
+    runs: Iterable[str | os.PathLike[str]],
+    *,
+    group_by: str | Sequence[str],
+    root: str | os.PathLike[str] = "runs",
+    metrics: str | Sequence[str] | None = None,
+    stream: str | None = None,
+    rank: int | None = None,
+    seed: int = 0,
+) -> dict[str, Any]:
+    """Groups of runs side by side: per group and metric, the final and the best value of
+    its runs summarised (docs/compare.md "Groups of runs").
+
+    Args:
+        runs: as :func:`compare_runs`; a folder that holds runs but is none (a Hydra
+            multirun directory, a project) stands for the runs in it.
+        group_by: config keys (a list or ``"a,b"``) or ``"auto"``: every config key but the
+            seed-like ones (``seed``, ``*_seed``, ``rng``).
+        root, metrics, stream, rank: as :func:`compare_runs`.
+        seed: the bootstrap's random seed.
+
+    Returns:
+        ``{"root", "stream", "group_keys": [key], "groups": [{"label", "values": {key:
+        value}, "runs": [run labels]}], "metrics": [{"metric", "goal", "goal_from",
+        "final": [stats per group], "best": [stats per group] or None}], "warnings"}``.
+        ``final`` summarises each run's ``summary.json`` value (its last value, or what the
+        run set), ``best`` its lowest (goal ``min``) or highest (``max``) finite value over
+        its whole series (None for a metric without a known direction or a nested summary
+        key). Stats: :func:`~expr_tracker.query.stats.summarize` (``n``, ``mean``, ``std``,
+        ``median``, ``min``, ``max``, ``ci``: the 95 % bootstrap interval of the mean, and
+        the counts of values left out).
+
+    Raises:
+        CompareError: as :func:`compare_runs`, or a bad ``group_by`` (naming the config
+            keys there are).
+    """
+    from expr_tracker.query.groups import expand_run_args
+    from expr_tracker.query.stats import GroupError, group_runs, summarize
+
+    if isinstance(runs, (str, bytes, os.PathLike)):
+        raise CompareError(f"runs={runs!r} is one value: give a list of runs or folders of runs")
+    given = expand_run_args([os.fspath(r) for r in runs])
+    res = compare_runs(
+        given, root=root, metrics=metrics, include_equal=True, stream=stream, rank=rank
+    )
+    n = len(res["runs"])
+    configs: list[dict[str, Any]] = [{} for _ in range(n)]
+    for row in res["config"]:
+        for i, v in enumerate(row["values"]):
+            if i not in row["missing"]:
+                configs[i][row["key"]] = v
+    try:
+        keys, groups = group_runs(configs, group_by)
+    except GroupError as exc:
+        raise CompareError(str(exc)) from None
+    flat = [r for r in res["summary"] if len(r["path"]) == 1 and r["goal"]]
+    has_best = {id(r) for r in flat}
+    bests = _best_values(res["runs"], [r["metric"] for r in flat], res["warnings"])
+    out_metrics = []
+    for row in res["summary"]:
+        vals = [None if i in row["missing"] else v for i, v in enumerate(row["values"])]
+        best = None
+        if id(row) in has_best:
+            per_run = [b.get((row["metric"], row["goal"])) for b in bests]
+            best = [summarize([per_run[i] for i in g.members], seed=seed) for g in groups]
+        out_metrics.append(
+            {
+                "metric": row["metric"],
+                "goal": row["goal"],
+                "goal_from": row["goal_from"],
+                "final": [summarize([vals[i] for i in g.members], seed=seed) for g in groups],
+                "best": best,
+            }
+        )
+    return {
+        "root": res["root"],
+        "stream": stream,
+        "group_keys": keys,
+        "groups": [
+            {
+                "label": g.label,
+                "values": g.values,
+                "runs": [res["runs"][i]["run"] for i in g.members],
+            }
+            for g in groups
+        ],
+        "metrics": out_metrics,
+        "warnings": res["warnings"],
+    }
+
+
+def _best_values(
+    runs: list[dict[str, Any]], names: list[str], warnings: list[str]
+) -> list[dict[tuple[str, str], float]]:
+    """Per run, ``(metric, goal) -> `` the lowest and highest finite value of each metric
+    over its whole series (a metrics file that cannot be read: none, with a warning)."""
+    from expr_tracker.history.columns import read_columns
+
+    want = set(names)
+    out: list[dict[tuple[str, str], float]] = []
+    for r in runs:
+        got: dict[tuple[str, str], float] = {}
+        path = Path(r["path"]) / file_name("metrics", r["stream"], r["rank"])
+        if want and path.is_file():
+            try:
+                cols = read_columns(path, want.__contains__)
+            except OSError as exc:
+                warnings.append(f"{r['run']}: {path.name} unreadable ({exc}); no best values")
+                cols = None
+            for name, col in cols.columns.items() if cols is not None else ():
+                finite = [v for v in col.values if math.isfinite(v)]
+                if finite:
+                    got[(name, "min")] = min(finite)
+                    got[(name, "max")] = max(finite)
+        out.append(got)
+    return out

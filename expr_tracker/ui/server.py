@@ -22,6 +22,11 @@ Endpoints (every run is named by its ``run`` id from ``/api/runs``, looked up, n
 - ``/api/spans?run=ID[&start=&stop=]``: mean ms per span path over a step range.
 - ``/api/trace?run=ID[&start=&stop=]``: the Chrome Trace JSON (download, for Perfetto).
 - ``/api/compare?run=A&run=B...``: config/summary differences and the metrics of the runs.
+- ``/api/groups?run=A&run=B...&by=KEYS|auto[&metric=M&agg=mean|median&band=...&width=W]``:
+  the runs grouped by config keys, and one metric's line and band per group
+  (``ui/groups.py``).
+- ``/api/sweep?[run=A...][&metric=M][&group=G]``: the sweep of the runs (varying config
+  keys, the metric per run, importance and correlations; ``query/sweep.py``).
 """
 
 from __future__ import annotations
@@ -34,7 +39,7 @@ from pathlib import Path
 from typing import Any
 
 from expr_tracker.history.values import json_safe
-from expr_tracker.ui import compare, runpage, runs, series, spans
+from expr_tracker.ui import compare, groups, runpage, runs, series, spans
 from expr_tracker.ui.catalog import Catalog
 from expr_tracker.ui.errors import BadRequest, NotFound, Unreadable, why
 from expr_tracker.ui.parts import parts_read
@@ -346,6 +351,33 @@ def create_app(
     def api_compare(request: Any) -> Any:
         return compare.compare(catalog, request.query_params.getlist("run"))
 
+    def api_groups(request: Any) -> Any:
+        from expr_tracker.query.stats import AGGREGATES, BANDS
+
+        agg = request.query_params.get("agg") or "mean"
+        band = request.query_params.get("band") or "std"
+        if agg not in AGGREGATES:
+            raise BadRequest(f"agg={agg!r} is not valid: one of {', '.join(AGGREGATES)}")
+        if band not in BANDS:
+            raise BadRequest(f"band={band!r} is not valid: one of {', '.join(BANDS)}")
+        return groups.groups(
+            catalog,
+            request.query_params.getlist("run"),
+            request.query_params.get("by") or "auto",
+            metric=request.query_params.get("metric") or None,
+            agg=agg,
+            band=band,
+            width=q_int(request, "width", 1000),
+        )
+
+    def api_sweep(request: Any) -> Any:
+        return groups.sweep_page(
+            catalog,
+            request.query_params.getlist("run"),
+            request.query_params.get("metric"),
+            request.query_params.get("group"),
+        )
+
     routes = [
         Route("/", page, methods=["GET"]),
         Route("/static/{name}", static, methods=["GET"]),
@@ -356,6 +388,8 @@ def create_app(
         Route("/api/spans", endpoint(api_spans), methods=["GET"]),
         Route("/api/trace", api_trace, methods=["GET"]),
         Route("/api/compare", endpoint(api_compare, is_heavy=True), methods=["GET"]),
+        Route("/api/groups", endpoint(api_groups, is_heavy=True), methods=["GET"]),
+        Route("/api/sweep", endpoint(api_sweep, is_heavy=True), methods=["GET"]),
     ]
     guard = Middleware(
         Guard,

@@ -107,6 +107,8 @@ function route() {
   const params = new URLSearchParams(query || "");
   if (path === "/run") return runPage(params.get("run"), page);
   if (path === "/compare") return comparePage(params.getAll("run"), page);
+  if (path === "/groups") return groupsPage(params, page);
+  if (path === "/sweep") return sweepPage(params, page);
   return runsPage(page);
 }
 
@@ -507,6 +509,8 @@ async function comparePage(runs, me) {
   setMain(
     el("h2", {}, "Compare"),
     el("p", {}, labels.map((l, i) => el("span", {}, i ? ", " : "", el("a", { href: runLink(l) }, l)))),
+    el("p", {}, el("a", { id: "group-link", href: "#/groups?" + qs({ run: labels, by: "auto" }) }, "Group these runs (seeds: mean and band)"),
+      " · ", el("a", { id: "sweep-link", href: "#/sweep?" + qs({ run: labels }) }, "Sweep page of these runs")),
     el("h3", {}, "Config (differences highlighted)"), table("compare-config", d.config),
     el("h3", {}, "Identity"), table("compare-identity", d.identity),
     el("h3", {}, "Summary"), table("compare-summary", d.summary),
@@ -540,6 +544,218 @@ async function comparePage(runs, me) {
     }
   };
   await Promise.all([worker(), worker(), worker()]);
+}
+
+// ------------------------------------------------------------------------- groups page
+
+// "#1f77b4" -> "rgba(31,119,180,a)"
+function rgba(hex, a) {
+  const n = parseInt(hex.slice(1), 16);
+  return `rgba(${(n >> 16) & 255},${(n >> 8) & 255},${n & 255},${a})`;
+}
+
+const BAND_NAMES = { minmax: "min–max", std: "± std", sem: "± standard error", ci: "95% bootstrap CI", none: "no band" };
+
+// one line per group (its mean or median) with its band filled between the band's edges;
+// the band's traces break where fewer than two runs have a value (lo/hi null there)
+function groupFigure(d, opts) {
+  const traces = [];
+  d.series.forEach((g, i) => {
+    const color = COLORS[i % COLORS.length];
+    const name = esc(`${g.label} (${g.runs} run${g.runs === 1 ? "" : "s"})`);
+    if (d.band !== "none") {
+      traces.push({ type: "scatter", mode: "lines", x: g.x, y: g.lo, line: { width: 0, color },
+        hoverinfo: "skip", showlegend: false, connectgaps: false, meta: { role: "band-lo", group: g.label } });
+      traces.push({ type: "scatter", mode: "lines", x: g.x, y: g.hi, line: { width: 0, color },
+        fill: "tonexty", fillcolor: rgba(color, 0.2), hoverinfo: "skip", showlegend: false,
+        connectgaps: false, meta: { role: "band", group: g.label } });
+    }
+    traces.push({ type: "scatter", mode: g.x.length < 60 ? "lines+markers" : "lines", name, x: g.x, y: g.center,
+      customdata: g.n, line: { color, width: 2 }, marker: { size: 4 }, connectgaps: false,
+      hovertemplate: `${name}<br>step %{x}: %{y}<br>n = %{customdata}<extra></extra>`,
+      meta: { role: "center", group: g.label } });
+  });
+  const layout = {
+    title: { text: esc(`${d.metric}: ${d.agg}, ${BAND_NAMES[d.band]}`), font: { size: 13 } },
+    margin: { l: 50, r: 10, t: 30, b: 35 }, showlegend: true,
+    legend: { orientation: "h", y: -0.2, font: { size: 10 } },
+    xaxis: { title: { text: "step" } }, yaxis: { type: opts.log ? "log" : "linear" },
+  };
+  return { data: traces, layout };
+}
+
+async function groupsPage(params, me) {
+  const runs = params.getAll("run");
+  const state = { by: params.get("by") || "auto", band: params.get("band") || "std", agg: params.get("agg") || "mean",
+    log: params.get("log") === "1" };
+  let d;
+  try { d = await api("groups", { run: runs, by: state.by }); } catch (e) { return showError(e); }
+  if (me !== page) return;
+  const go = () => { location.hash = "#/groups?" + qs({ run: runs, by: state.by, band: state.band, agg: state.agg, log: state.log ? "1" : "" }); };
+  const by = el("input", { id: "group-by", value: state.by, size: 30, on: { change: (e) => { state.by = e.target.value.trim() || "auto"; go(); } } });
+  const band = el("select", { id: "group-band", on: { change: (e) => { state.band = e.target.value; go(); } } },
+    Object.entries(BAND_NAMES).map(([k, v]) => el("option", { value: k, selected: k === state.band }, v)));
+  const agg = el("select", { id: "group-agg", on: { change: (e) => { state.agg = e.target.value; go(); } } },
+    ["mean", "median"].map((k) => el("option", { value: k, selected: k === state.agg }, k)));
+  const log = el("input", { type: "checkbox", id: "group-log", checked: state.log, on: { change: (e) => { state.log = e.target.checked; go(); } } });
+  const chartsBox = el("div", { class: "charts", id: "charts" });
+  setMain(
+    el("h2", {}, "Groups"),
+    el("div", { class: "controls" },
+      el("label", {}, "group by ", by), el("label", {}, "line ", agg), el("label", {}, "band ", band),
+      el("label", {}, log, " log y"),
+      el("span", { class: "muted" }, "auto: every config key but seed, *_seed, rng")),
+    el("table", { id: "groups" },
+      el("thead", {}, el("tr", {}, ["group", "runs"].map((h) => el("th", {}, h)))),
+      el("tbody", {}, d.groups.map((g) => el("tr", {}, el("td", {}, g.label),
+        el("td", {}, g.runs.map((r, i) => el("span", {}, i ? ", " : "", el("a", { href: runLink(r) }, r)))))))),
+    el("p", { class: "muted" }, "Runs are aligned on the step; nothing is interpolated. The band is drawn where two or more runs have a value; hover a point for its n."),
+    chartsBox);
+  const queue = d.metrics.filter((m) => !m.startsWith("time_ms/") && !m.startsWith("count/")).map((m) => {
+    const div = el("div", { class: "chart", "data-metric": m });
+    chartsBox.appendChild(div);
+    return { metric: m, div };
+  });
+  const worker = async () => {
+    while (queue.length) {
+      if (me !== page) return;
+      const c = queue.shift();
+      try {
+        const r = await api("groups", { run: runs, by: state.by, metric: c.metric, band: state.band, agg: state.agg, width: chartWidth(c.div) });
+        if (me !== page) return;
+        await plotlyReady;
+        const f = groupFigure(r, state);
+        await Plotly.react(c.div, f.data, f.layout, { responsive: true, displaylogo: false });
+        c.div.dataset.loaded = "1";
+      } catch (e) { c.div.textContent = String(e.message || e); }
+    }
+  };
+  await Promise.all([worker(), worker()]);
+}
+
+// ------------------------------------------------------------------------- sweep page
+
+// a colour from low (0) to high (1): dark blue to yellow
+function ramp(t) {
+  const stops = [[68, 1, 84], [59, 82, 139], [33, 145, 140], [94, 201, 98], [253, 231, 37]];
+  t = Math.max(0, Math.min(1, t)) * (stops.length - 1);
+  const i = Math.min(stops.length - 2, Math.floor(t)), f = t - i;
+  const c = stops[i].map((v, k) => Math.round(v + f * (stops[i + 1][k] - v)));
+  return `rgb(${c[0]},${c[1]},${c[2]})`;
+}
+
+const SVG = "http://www.w3.org/2000/svg";
+function svg(tag, attrs, ...children) {
+  const e = document.createElementNS(SVG, tag);
+  for (const [k, v] of Object.entries(attrs || {})) e.setAttribute(k, v);
+  for (const c of children) e.appendChild(typeof c === "object" ? c : document.createTextNode(String(c)));
+  return e;
+}
+
+// an axis of the parallel coordinates: value -> 0..1 (numbers linear, or log when all
+// positive over more than two decades; categories and booleans evenly spaced)
+function axisOf(key, kind, values) {
+  if (kind === "category" || kind === "bool") {
+    const cats = values.map((v) => JSON.stringify(v));
+    const pos = (v) => (v === undefined ? null : cats.length < 2 ? 0.5 : cats.indexOf(JSON.stringify(v)) / (cats.length - 1));
+    return { key, pos, ticks: values.map((v) => [pos(v), fmtValue(v)]) };
+  }
+  const nums = values.filter((v) => typeof v === "number" && Number.isFinite(v));
+  let lo = Math.min(...nums), hi = Math.max(...nums);
+  const log = lo > 0 && hi / lo > 100;
+  const f = log ? Math.log10 : (v) => v;
+  const a = f(lo), b = f(hi);
+  const pos = (v) => (typeof v !== "number" || !Number.isFinite(v) ? null : b > a ? (f(v) - a) / (b - a) : 0.5);
+  return { key: key + (log ? " (log)" : ""), pos, ticks: [[0, fmtValue(lo)], [1, fmtValue(hi)]] };
+}
+
+// parallel coordinates as SVG: an axis per varying config key and one for the metric, one
+// <path> per run (coloured by the metric; a run without a finite metric drawn grey, dashed)
+function parallel(d) {
+  const W = 1100, H = 340, top = 40, bottom = 30, left = 60, right = 60;
+  const axes = d.keys.map((k) => ({ ...axisOf(k.key, k.kind, k.values), get: (r) => r.config[k.key] }));
+  const ms = d.runs.map((r) => r.metric).filter((v) => typeof v === "number" && Number.isFinite(v));
+  const mlo = Math.min(...ms), mhi = Math.max(...ms);
+  const mpos = (v) => (typeof v !== "number" || !Number.isFinite(v) ? null : mhi > mlo ? (v - mlo) / (mhi - mlo) : 0.5);
+  axes.push({ key: d.metric, pos: mpos, ticks: ms.length ? [[0, fmtValue(mlo)], [1, fmtValue(mhi)]] : [], get: (r) => r.metric });
+  const xAt = (i) => left + (axes.length < 2 ? 0 : (i * (W - left - right)) / (axes.length - 1));
+  const yAt = (p) => top + (1 - p) * (H - top - bottom);
+  const root = svg("svg", { id: "parcoords", width: W, height: H, viewBox: `0 0 ${W} ${H}` });
+  const lines = svg("g", { class: "runs" });
+  for (const r of d.runs) {
+    const pts = [];
+    let pen = "M";
+    axes.forEach((a, i) => {
+      const p = a.pos(a.get(r));
+      if (p === null) { pen = "M"; return; }
+      pts.push(`${pen}${xAt(i).toFixed(1)},${yAt(p).toFixed(1)}`);
+      pen = "L";
+    });
+    const m = mpos(r.metric);
+    const path = svg("path", { d: pts.join(" "), fill: "none", "stroke-width": 1.5, "data-run": r.run,
+      stroke: m === null ? "#aaa" : ramp(m), "stroke-opacity": 0.8 });
+    if (m === null) path.setAttribute("stroke-dasharray", "4 3");
+    path.appendChild(svg("title", {}, `${r.run}: ${d.metric} = ${fmtValue(r.metric)}`));
+    lines.appendChild(path);
+  }
+  root.appendChild(lines);
+  axes.forEach((a, i) => {
+    const g = svg("g", { class: "axis" });
+    g.appendChild(svg("line", { x1: xAt(i), x2: xAt(i), y1: yAt(0), y2: yAt(1), stroke: "#333" }));
+    g.appendChild(svg("text", { x: xAt(i), y: top - 14, "text-anchor": "middle", "font-size": 12, "font-weight": "bold" }, a.key));
+    for (const [p, label] of a.ticks.slice(0, 12)) {
+      if (p === null) continue;
+      g.appendChild(svg("text", { x: xAt(i) + 4, y: yAt(p) + 4, "font-size": 10, fill: "#555" }, label));
+    }
+    root.appendChild(g);
+  });
+  return root;
+}
+
+async function sweepPage(params, me) {
+  const runs = params.getAll("run");
+  const group = params.get("group") || "";
+  let d;
+  try { d = await api("sweep", { run: runs, metric: params.get("metric") || "", group }); } catch (e) { return showError(e); }
+  if (me !== page) return;
+  const metric = el("select", { id: "sweep-metric", on: { change: (e) => {
+    location.hash = "#/sweep?" + qs({ run: runs, metric: e.target.value, group });
+  } } }, d.metrics.map((m) => el("option", { value: m, selected: m === d.metric }, m)));
+  const num = (v) => (v === null || v === undefined ? "" : Number(v).toFixed(3));
+  const scatters = el("div", { class: "charts", id: "scatters" });
+  setMain(
+    el("h2", {}, "Sweep"),
+    el("div", { class: "controls" }, el("label", {}, "metric ", metric),
+      el("span", { class: "muted", id: "sweep-count" }, `${d.runs.length} runs` + (group ? `, group ${group}` : "") + `, ${d.keys.length} varying config keys`)),
+    el("h3", {}, "Parallel coordinates"),
+    d.keys.length ? el("div", { class: "parcoords" }, parallel(d)) : el("p", { class: "muted" }, "no config key varies between these runs"),
+    el("h3", {}, "Parameter importance"),
+    el("p", { class: "muted" }, d.method + `, fitted on ${d.fitted_on} runs`),
+    el("table", { id: "importance" },
+      el("thead", {}, el("tr", {}, ["key", "kind", "importance", "± std", "pearson", "spearman"].map((h) => el("th", {}, h)))),
+      el("tbody", {}, d.importance.map((r) => el("tr", {}, el("td", {}, r.key),
+        el("td", {}, (d.keys.find((k) => k.key === r.key) || {}).kind || ""),
+        el("td", { class: "num" }, num(r.importance)), el("td", { class: "num" }, num(r.std)),
+        el("td", { class: "num" }, num(r.pearson)), el("td", { class: "num" }, num(r.spearman)))))),
+    d.notes.map((n) => el("p", { class: "muted note" }, n)),
+    el("h3", {}, `${d.metric} against each key`), scatters);
+  await plotlyReady;
+  for (const k of d.keys) {
+    const div = el("div", { class: "chart", "data-key": k.key });
+    scatters.appendChild(div);
+    const pts = d.runs.filter((r) => k.key in r.config && typeof r.metric === "number");
+    // category labels are drawn by Plotly (a subset of HTML): escaped
+    const xs = pts.map((r) => (k.kind === "category" ? esc(fmtValue(r.config[k.key])) : r.config[k.key]));
+    const positive = k.kind === "number" && xs.every((x) => x > 0);
+    const wide = positive && Math.max(...xs) / Math.min(...xs) > 100;
+    await Plotly.react(div, [{ type: "scatter", mode: "markers", x: xs, y: pts.map((r) => r.metric),
+      text: pts.map((r) => esc(r.run)), hovertemplate: "%{text}<br>%{x}: %{y}<extra></extra>",
+      marker: { size: 8, color: COLORS[0] } }],
+    { title: { text: esc(`${d.metric} vs ${k.key}`), font: { size: 13 } }, margin: { l: 50, r: 10, t: 30, b: 35 },
+      xaxis: { type: k.kind === "category" ? "category" : wide ? "log" : "linear", title: { text: esc(k.key) } } },
+    { responsive: true, displaylogo: false });
+    div.dataset.loaded = "1";
+  }
 }
 
 window.addEventListener("hashchange", route);
