@@ -380,7 +380,7 @@ class Columns:
             return name if name.startswith(("config.", "summary.")) else f"config.{name}"
         names = [*BUILTIN, *self.config_keys, *(f"config.{k}" for k in self.config_keys)]
         names += [*self.summary_keys, *(f"summary.{k}" for k in self.summary_keys)]
-        close = difflib.get_close_matches(name, names, n=4, cutoff=0.6)
+        close = difflib.get_close_matches(name, names, n=4, cutoff=0.5)
         hint = f"; close: {', '.join(close)}" if close else ""
         raise RunFilterError(
             field,
