@@ -76,10 +76,10 @@ def run_argv(argv: Sequence[str]) -> list[str]:
             elif a in ("--dir", "--add", "--remove", "--format"):
                 out.append(a)
                 takes_value = True
-            elif a.startswith("-") and not a.startswith("--") and a not in ("-h",) and len(a) > 1:
-                out += ["--remove", a[1:]]
-            elif a.startswith("+") and len(a) > 1:
-                out += ["--add", a[1:]]
+            elif a.startswith("-") and not a.startswith("--") and a != "-h":
+                out.append(f"--remove={a[1:]}")
+            elif a.startswith("+"):
+                out.append(f"--add={a[1:]}")
             else:
                 out.append(a)
         rest = out
@@ -196,7 +196,7 @@ def check_run(given: str, runs_dir: str | os.PathLike[str]) -> Path:
         raise RunCheckError(f"{given!r}: {d} is a file; name the run's folder")
     root = _runs_folder(d, Path(runs_dir))
     root_real, real = os.path.realpath(root), os.path.realpath(d)
-    if real == root_real:
+    if real in (root_real, os.path.realpath(runs_dir)):
         raise RunCheckError(f"{given!r}: {d} is the runs folder itself; name one run in it")
     if not _inside(real, root_real):
         raise RunCheckError(
@@ -208,7 +208,7 @@ def check_run(given: str, runs_dir: str | os.PathLike[str]) -> Path:
         raise RunCheckError(
             f"{given!r}: {d} holds no run (no run*.json and no metrics*.jsonl in it)"
         )
-    nested = [f for f in found if os.path.realpath(f) != real]
+    nested = _runs_below(d)
     if nested:
         names = ", ".join(str(f.relative_to(d)) for f in nested[:5])
         raise RunCheckError(
@@ -228,6 +228,23 @@ def check_run(given: str, runs_dir: str | os.PathLike[str]) -> Path:
     if "." in problems:
         raise RunCheckError(f"{given!r}: {d} cannot be listed ({problems['.']})")
     return d
+
+
+def _runs_below(d: Path) -> list[Path]:
+    """Folders below ``d`` (links not followed, its ``.et-cache`` left out) holding a run's
+    file: removing ``d`` would remove them. (``find_runs`` does not look inside a run.)"""
+    from expr_tracker.history.paths import parse_metrics_name
+    from expr_tracker.history.rundirs import RUN_FILE_RE
+
+    out = []
+    for dirpath, dirnames, filenames in os.walk(d, followlinks=False):
+        dirnames[:] = sorted(n for n in dirnames if n != ".et-cache")
+        if dirpath == str(d):
+            continue
+        if any(RUN_FILE_RE.match(n) or parse_metrics_name(n) for n in filenames):
+            out.append(Path(dirpath))
+            dirnames[:] = []
+    return out
 
 
 class WriterLocks:

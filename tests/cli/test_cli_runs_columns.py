@@ -20,7 +20,9 @@ def sweep(tmp_path):
         ("b", 0.01, 64, 0.5, 0),
         ("c", 1e-4, 32, 0.7, 1),
     ):
-        et.init(project="p", name=name, dir=str(root), config={"lr": lr, "batch": batch, "depth": 4})
+        et.init(
+            project="p", name=name, dir=str(root), config={"lr": lr, "batch": batch, "depth": 4}
+        )
         et.log({"loss": loss})
         et.summary["best"] = 1 - loss
         et.finish(exit_code=code)

@@ -129,7 +129,12 @@ def test_order_descending_missing_last_and_kinds():
     assert names(sort="-seed") == ["p/b", "p/a", "p/c"]  # missing last either way
     assert names(sort="loss") == ["p/b", "p/a", "p/c"]  # NaN after the numbers
     assert names(sort="opt,-lr") == ["p/c", "p/a", "p/b"]
-    assert [k.descending for k in parse_sort(["-a,b", "+c", "d:asc"])] == [True, False, False, False]
+    assert [k.descending for k in parse_sort(["-a,b", "+c", "d:asc"])] == [
+        True,
+        False,
+        False,
+        False,
+    ]
     with pytest.raises(RunFilterError):
         parse_sort("-")
 
