@@ -50,7 +50,7 @@ __all__ = [
     "AllOf",
     "AnyOf",
     "Columns",
-    "Compare",
+    "Comparison",
     "Negate",
     "RunFilterError",
     "Selection",
@@ -99,7 +99,7 @@ class RunFilterError(ValueError):
 
 
 @dataclasses.dataclass(frozen=True)
-class Compare:
+class Comparison:
     """``key op value`` (``text``: the value as written, for comparing text cells)."""
 
     key: str
@@ -165,11 +165,11 @@ def _transformer():
     class ToNodes(Transformer):
         """One method per word of ``runfilter.lark`` (its ``-> alias`` names)."""
 
-        def compare(self, items: list[Any]) -> Compare:
+        def compare(self, items: list[Any]) -> Comparison:
             key, op, value = (str(t) for t in items)
             quoted = value[:1] in ("'", '"')
             text = _unquote(value)
-            return Compare(
+            return Comparison(
                 _key(key), "=" if op == "==" else op, text if quoted else _bare_value(text), text
             )
 
@@ -203,7 +203,7 @@ EXAMPLE = "lr > 1e-3 and status = failed"
 
 
 def parse_where(text: str | None) -> Any:
-    """The filter ``text`` as a tree of :class:`Compare`, :class:`AllOf`, :class:`AnyOf`,
+    """The filter ``text`` as a tree of :class:`Comparison`, :class:`AllOf`, :class:`AnyOf`,
     :class:`Negate`; None for None or blank text.
 
     Raises:
@@ -278,7 +278,7 @@ def _kind(v: Any) -> int:
     return 4
 
 
-def _compare(cell: Any, node: Compare, present: bool) -> bool:
+def _compare(cell: Any, node: Comparison, present: bool) -> bool:
     op, want = node.op, node.value
     if want is None and op in ("=", "!="):
         return (cell is None) == (op == "=")
@@ -504,7 +504,7 @@ class Selection:
 
 
 def _keep(node: Any, run: dict[str, Any], cols: Columns) -> bool:
-    if isinstance(node, Compare):
+    if isinstance(node, Comparison):
         has, v = cols.value(run, node.key)
         return _compare(v, node, has)
     if isinstance(node, AllOf):
@@ -515,7 +515,7 @@ def _keep(node: Any, run: dict[str, Any], cols: Columns) -> bool:
 
 
 def _resolved(node: Any, cols: Columns) -> Any:
-    if isinstance(node, Compare):
+    if isinstance(node, Comparison):
         return dataclasses.replace(node, key=cols.resolve(node.key, "where"))
     if isinstance(node, (AllOf, AnyOf)):
         return type(node)(tuple(_resolved(p, cols) for p in node.parts))

@@ -14,8 +14,8 @@ Errors are JSON ``{"error"}``: 400 a bad parameter, 404 no such run or metric (o
 Endpoints (every run is named by its ``run`` id from ``/api/runs``, looked up, never a path):
 
 - ``/api/runs[?columns=A,B&sort=-A,B&where=FILTER&archived=1]``: the runs (status, steps,
-  duration, start, tags, group, the chosen config/summary ``values``; docs/ui.md "Runs
-  table": columns, order and filter as ``et runs``).
+  duration, start, tags, group, the chosen config/summary ``values``; as ``et runs``:
+  docs/ui.md "Columns, order and filter").
 - ``/api/run?run=ID``: a run's metrics, x-axis options, config, summary, alerts.
 - ``/api/series?run=ID&metric=M&x=step|time|METRIC&width=W[&lo=&hi=]``: one metric,
   downsampled to ``W`` buckets over the x range ``[lo, hi]``.

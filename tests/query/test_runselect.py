@@ -12,7 +12,7 @@ import pytest
 from expr_tracker.query.runselect import (
     AllOf,
     AnyOf,
-    Compare,
+    Comparison,
     Negate,
     RunFilterError,
     differing_config,
@@ -54,15 +54,15 @@ def test_parse_tree_and_precedence():
     t = parse_where("lr > 1e-3 and status = failed or not (opt = sgd)")
     assert isinstance(t, AnyOf)
     assert t.parts[0] == AllOf(
-        (Compare("lr", ">", 0.001, "1e-3"), Compare("status", "=", "failed", "failed"))
+        (Comparison("lr", ">", 0.001, "1e-3"), Comparison("status", "=", "failed", "failed"))
     )
-    assert t.parts[1] == Negate(Compare("opt", "=", "sgd", "sgd"))
+    assert t.parts[1] == Negate(Comparison("opt", "=", "sgd", "sgd"))
     assert parse_where("  ") is None and parse_where(None) is None
     # quoted values are text; a keyword-like key prefix is a key; backquotes name any key
-    assert parse_where('seed = "1"') == Compare("seed", "=", "1", "1")
-    assert parse_where("notes = x") == Compare("notes", "=", "x", "x")
-    assert parse_where("`not` != null") == Compare("not", "!=", None, "null")
-    assert parse_where("lr>=0.5") == Compare("lr", ">=", 0.5, "0.5")
+    assert parse_where('seed = "1"') == Comparison("seed", "=", "1", "1")
+    assert parse_where("notes = x") == Comparison("notes", "=", "x", "x")
+    assert parse_where("`not` != null") == Comparison("not", "!=", None, "null")
+    assert parse_where("lr>=0.5") == Comparison("lr", ">=", 0.5, "0.5")
 
 
 @pytest.mark.parametrize(

@@ -44,7 +44,7 @@ ARGS = [
 ARTIFACTS = ROOT / "test-artifacts" / "ui"
 DOCS_IMG = ROOT / "docs" / "img"
 #: the screenshots docs/ui.md shows
-DOCS_SHOTS = {"runs", "run", "chart-nan", "compare"}
+DOCS_SHOTS = {"runs", "run", "chart-nan", "compare", "runs-columns"}
 
 
 @pytest.fixture(scope="module")
