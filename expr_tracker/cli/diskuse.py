@@ -392,7 +392,8 @@ def _caches(root: Path, cache_dirs: Sequence[str | os.PathLike[str]]) -> list[Pa
     for d in find_runs(root):
         c = d / _CACHE
         if _ours(c):
-            out += [c / n for n in sorted(os.listdir(c)) if _ours(c / n)]
+            with contextlib.suppress(OSError):
+                out += [c / n for n in sorted(os.listdir(c)) if _ours(c / n)]
         out += outside_caches(d, cache_dirs)
     return out
 

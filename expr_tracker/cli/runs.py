@@ -364,7 +364,12 @@ def _cell(r: dict[str, Any], column: str) -> str:
     from expr_tracker.history.values import format_value
 
     values = r.get("columns") or {}
-    return output.printable(format_value(values[column], "cell")) if column in values else ""
+    if column not in values:
+        return ""
+    v = values[column]
+    if column == "tags" and isinstance(v, list):
+        return output.printable(", ".join(map(str, v)))
+    return output.printable(format_value(v, "cell"))
 
 
 def _started_cell(t: Any, fmt: str) -> str:
