@@ -417,18 +417,29 @@ def differing_config(runs: Sequence[dict[str, Any]], limit: int = DEFAULT_COLUMN
     most ``limit``; none for fewer than two runs."""
     if len(runs) < 2:
         return []
-    seen: dict[str, set[str]] = {}
+    seen: dict[str, set[Any]] = {}
+    count: dict[str, int] = {}
     for r in runs:
         for k, v in (r.get("config") or {}).items():
-            seen.setdefault(k, set()).add(json.dumps(v, sort_keys=True, default=str))
+            seen.setdefault(k, set()).add(_same_key(v))
+            count[k] = count.get(k, 0) + 1
     out = []
     for k, values in seen.items():
-        missing = any(k not in (r.get("config") or {}) for r in runs)
-        if len(values) > 1 or missing:
+        if len(values) > 1 or count[k] < len(runs):  # a run without the key differs
             out.append(f"config.{k}")
             if len(out) >= limit:
                 break
     return out
+
+
+def _same_key(v: Any) -> Any:
+    """A hashable stand-in equal for equal values only (1, 1.0 and True kept apart; every
+    NaN one value; lists and objects by their JSON)."""
+    if v is None or isinstance(v, (str, bool, int)):
+        return (type(v).__name__, v)
+    if isinstance(v, float):
+        return ("nan",) if v != v else ("float", v)
+    return ("json", json.dumps(v, sort_keys=True, default=str))
 
 
 # --------------------------------------------------------------------------- order

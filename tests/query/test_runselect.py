@@ -146,3 +146,11 @@ def test_default_columns_are_the_config_keys_that_differ():
     # what differs among the runs kept
     s = select_runs(RUNS, where="opt = sgd")
     assert s.columns == ["config.lr", "config.seed"]
+
+
+def test_differing_values_are_told_apart_by_kind():
+    runs = [
+        {"config": {"flag": True, "n": 1, "x": math.nan, "l": [1, 2]}},
+        {"config": {"flag": 1, "n": 1, "x": math.nan, "l": [1, 2]}},
+    ]
+    assert differing_config(runs) == ["config.flag"]  # True is not 1; NaN is NaN
