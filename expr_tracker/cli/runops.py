@@ -60,9 +60,17 @@ class RunCheckError(Exception):
 
 def run_argv(argv: Sequence[str]) -> list[str]:
     """``et runs rm ...`` as the parser reads it (``runs-rm ...``); ``tag``'s ``-t`` (remove
-    t) becomes ``--remove t`` so argparse does not take it for an option. Other argv is
-    returned as it is."""
+    t) becomes ``--remove=t`` and ``et runs --sort -loss`` ``--sort=-loss``, so argparse
+    does not take them for options. Other argv is returned as it is."""
     argv = list(argv)
+    if argv[:1] == ["runs"] and "--sort" in argv:  # --sort -loss: a value, not an option
+        out_sort: list[str] = []
+        for a in argv:
+            if out_sort and out_sort[-1] == "--sort" and a.startswith("-") and a != "--":
+                out_sort[-1] = f"--sort={a}"
+            else:
+                out_sort.append(a)
+        argv = out_sort
     if len(argv) < 2 or argv[0] != "runs" or argv[1] not in ACTIONS:
         return argv
     rest = argv[2:]

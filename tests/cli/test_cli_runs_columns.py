@@ -48,6 +48,8 @@ def test_columns_sort_where(sweep, capsys):
     recs = rows(capsys, str(sweep), "--columns", "best,depth", "--sort=-best")
     assert [r["run"] for r in recs] == ["p/b", "p/c", "p/a"]
     assert recs[0]["columns"] == {"summary.best": 0.5, "config.depth": 4}
+    recs = rows(capsys, str(sweep), "--sort", "-best")  # a value, not an option
+    assert [r["run"] for r in recs] == ["p/b", "p/c", "p/a"]
     recs = rows(capsys, str(sweep), "--sort", "lr:desc", "--where", "lr > 1e-3")
     assert [r["run"] for r in recs] == ["p/a", "p/b"]
     recs = rows(capsys, str(sweep), "--where", "status = failed or batch = 64", "--sort", "run")
