@@ -53,7 +53,8 @@ def column_texts(pg, column: str) -> list[str]:
 
 
 def test_config_columns_sort_and_filter(page, sweep_server):  # noqa: F811
-    page.goto(sweep_server.open())
+    page.set_default_timeout(120_000)  # a loaded test machine: the waits below say what
+    page.goto(sweep_server.open(), wait_until="domcontentloaded")
     page.wait_for_selector("#runs-body tr")
     heads = page.eval_on_selector_all("#runs th", "(ths) => ths.map((th) => th.textContent)")
     # the config keys that differ between the runs, model.depth (the same in all) not
