@@ -156,7 +156,9 @@ class ArtifactStore:
 
     def catalog(self) -> dict[str, dict[str, Any]]:
         """name -> {"versions": {N: index line}, "aliases": {alias: N}} from the index.
-        The first line of a version wins; an alias points where it was last given.
+        The first line of a version wins; an alias points where it was last given. A
+        version a ``removed`` line names (:meth:`remove_version`) is left out, its number
+        kept in ``"removed"`` (never given again).
 
         Every line is untrusted: one whose name, version (an ``int`` from 0), digest (64
         hex digits) or alias is not valid is skipped and counted in :attr:`skipped`.
@@ -168,6 +170,7 @@ class ArtifactStore:
 
         records, bad = self._read_index()
         out: dict[str, dict[str, Any]] = {}
+        removed: set[tuple[str, int]] = set()
         for rec in records:
             name, version, kind = rec.get("name"), rec.get("version"), rec.get("kind")
             try:
@@ -186,6 +189,9 @@ class ArtifactStore:
                         bad += 1  # the version stands; its bad aliases do not
                 elif kind == "alias":
                     aliases = [validate_alias(rec.get("alias"))]
+                elif kind == "removed":  # et gc --artifacts: the version is gone
+                    removed.add((name, version))
+                    continue
                 else:
                     raise ValueError
             except (ValueError, ArtifactNameError):
@@ -196,6 +202,10 @@ class ArtifactStore:
                 item["versions"].setdefault(version, rec)
             for alias in aliases:
                 item["aliases"][alias] = version
+        for name, version in removed:
+            if name in out:
+                out[name]["versions"].pop(version, None)
+                out[name].setdefault("removed", set()).add(version)
         # an alias given with a version that never made it (cannot happen) points nowhere
         for item in out.values():
             item["aliases"] = {a: v for a, v in item["aliases"].items() if v in item["versions"]}
@@ -583,10 +593,13 @@ class ArtifactStore:
                 "(a hard-linked source edited in place): storing them as a new version. Use "
                 "artifacts.mode: copy (the default) for files edited in place"
             )
-        self._remove_orphans(adir, set(item["versions"]))
+        removed = item.get("removed", set())
+        for v in removed:  # what an interrupted remove_version left
+            self._drop_files(adir, v)
+        self._remove_orphans(adir, set(item["versions"]) | removed)
         # from v0 (as wandb); a store whose first version is v1 (written before) goes on
-        # from its highest number
-        version = max(item["versions"], default=-1) + 1
+        # from its highest number; a removed version's number is never given again
+        version = max([*item["versions"], *removed], default=-1) + 1
         now = time.time()
         manifest = {
             "format": MANIFEST_FORMAT,
@@ -639,6 +652,43 @@ class ArtifactStore:
             "aliases": {**item["aliases"], **dict.fromkeys(aliases, version)},
         }
         return self._version(name, version, newest_item, max(newest_item["versions"])), True
+
+    def remove_version(self, name: str, version: int) -> None:
+        """Remove ``name:v<version>`` (``et gc --artifacts``): a ``removed`` line appended to
+        the index under the artifact's lock (the commit point: readers no longer list it),
+        then its directory and manifest deleted. Its number is never given again.
+
+        Raises:
+            ArtifactNotFoundError: no such version.
+            ArtifactError: it is the newest version (``latest``) or carries an alias.
+        """
+        validate_name(name)
+        adir = self.root / name
+        with locked(adir / ".lock"):
+            item = self.catalog().get(name)
+            if item is None or version not in item["versions"]:
+                raise ArtifactNotFoundError(f"artifact {name!r} has no version v{version}")
+            if version == max(item["versions"]):
+                raise ArtifactError(f"{name}:v{version} is the newest version (latest); kept")
+            aliases = sorted(a for a, v in item["aliases"].items() if v == version)
+            if aliases:
+                raise ArtifactError(
+                    f"{name}:v{version} carries the aliases {', '.join(aliases)}; kept"
+                )
+            self._append({"kind": "removed", "name": name, "version": version, "time": time.time()})
+            self._drop_files(adir, version)
+
+    @staticmethod
+    def _drop_files(adir: Path, version: int) -> None:
+        """The directory and manifest of a removed version (links not followed)."""
+        vdir = adir / f"v{version}"
+        with contextlib.suppress(FileNotFoundError):
+            if os.path.islink(vdir):
+                os.unlink(vdir)
+            elif vdir.is_dir():
+                _rmtree(vdir)
+        with contextlib.suppress(FileNotFoundError):
+            os.unlink(adir / manifest_name(version))
 
     def _append(self, record: dict[str, Any]) -> None:
         with locked(self.root / ".index.lock"):

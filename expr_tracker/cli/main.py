@@ -22,10 +22,13 @@ import sys
 #: (:class:`expr_tracker.cli.output.PrintableStream`; docs/cli.md "Output for people")
 READERS = frozenset(
     {"runs", "compare", "history", "query", "plot", "ui", "trace", "export", "alerts"}
-    | {"artifacts", "rules"}
+    | {"artifacts", "rules", "du", "gc"}
+    | {"runs-rm", "runs-mv", "runs-archive", "runs-unarchive", "runs-tag"}
 )
 COMMAND_MODULES = (
     "runs",
+    "runops",
+    "diskuse",
     "compare",
     "history",
     "query",
@@ -64,8 +67,10 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def main(argv: list[str] | None = None) -> int:
+    from expr_tracker.cli.runops import run_argv
+
     parser = build_parser()
-    args = parser.parse_args(argv)
+    args = parser.parse_args(run_argv(sys.argv[1:] if argv is None else argv))
     func = getattr(args, "func", None)
     if func is None:
         parser.print_help()

@@ -38,6 +38,7 @@ import math
 import os
 import sys
 import time
+from collections.abc import Sequence
 from pathlib import Path
 from typing import IO, Any
 
@@ -51,6 +52,7 @@ from expr_tracker.history.rundirs import (
 )
 from expr_tracker.history.runinfo import run_life
 from expr_tracker.history.untrusted import present
+from expr_tracker.query.runselect import RunFilterError, parse_column_list, parse_sort, select_runs
 
 MAIN_WORDS = ("loss", "acc", "score", "reward", "f1", "auc", "ppl", "perplexity", "bleu", "map")
 SPAN_GROUPS = ("time_ms/", "count/", "cpu_", "gpu_")
@@ -64,8 +66,38 @@ def register(subparsers: Any) -> None:
         "time over every attempt, metrics)",
         description="List the runs under DIR (default ./runs), newest first (by first start).",
     )
-    p.add_argument("dir", nargs="?", default="runs", help="directory to search (default ./runs)")
+    p.add_argument(
+        "dir",
+        nargs="?",
+        default="runs",
+        help="directory to search (default ./runs); rm, mv, archive, unarchive and tag "
+        "clean up runs instead: `et runs rm --help` (a folder named so: ./rm)",
+    )
     p.add_argument("--metrics", default=None, metavar="A,B", help="metrics to show")
+    p.add_argument(
+        "--columns",
+        action="append",
+        default=None,
+        metavar="A,B",
+        help="columns to show: config keys, summary keys (summary.KEY), built-in fields "
+        "(default: the config keys that differ between the listed runs; '' for none)",
+    )
+    p.add_argument(
+        "--sort",
+        action="append",
+        default=None,
+        metavar="[-]A,B",
+        help="order by these columns (- before one: descending; default: newest first)",
+    )
+    p.add_argument(
+        "--where",
+        default=None,
+        metavar="FILTER",
+        help="keep the runs it matches: 'lr > 1e-3 and status = failed' (see docs/runs.md)",
+    )
+    p.add_argument(
+        "--archived", action="store_true", help="list archived runs too (et runs archive)"
+    )
     output.add_format_option(p, "table", what="runs, with each producer's status")
     p.set_defaults(func=run_runs)
 
@@ -191,9 +223,16 @@ def describe_run(
     duration = ended - started if started is not None and ended is not None else None
     life = run_life(list(producers.values()), last_time=last_time)
     name = str(run_dir.relative_to(root)) if root is not None and run_dir != root else run_dir.name
+    tags = info.get("tags")
+    group = info.get("group")
     return {
         "run": name,
         "path": str(run_dir),
+        "project": info.get("project") if isinstance(info.get("project"), str) else None,
+        "name": info.get("name") if isinstance(info.get("name"), str) else run_dir.name,
+        "tags": [str(t) for t in tags] if isinstance(tags, list) else [],
+        "group": group if isinstance(group, str) else None,
+        "archived": info.get("archived") is True,
         "status": status,
         "reason": "; ".join(reasons) or None,
         "producers": len(statuses),
@@ -203,7 +242,21 @@ def describe_run(
         "duration_s": duration,
         **life,
         "metrics": last,
+        "config": _small_dotted(run_dir / "config.json", run_dir),
+        "summary": _small_dotted(run_dir / "summary.json", run_dir),
     }
+
+
+def _small_dotted(path: Path, run_dir: Path) -> dict[str, Any]:
+    """A run's ``config.json`` or ``summary.json`` flattened to dotted keys; ``{}`` when
+    absent or unreadable (the table's columns then show nothing for it)."""
+    from expr_tracker.history.untrusted import read_json
+    from expr_tracker.history.values import dotted
+
+    try:
+        return dotted(read_json(path, root=run_dir))
+    except (OSError, ValueError, RecursionError):
+        return {}
 
 
 def unlisted_run(run_dir: Path, reason: str, root: Path | None = None) -> dict[str, Any]:
@@ -212,6 +265,11 @@ def unlisted_run(run_dir: Path, reason: str, root: Path | None = None) -> dict[s
     return {
         "run": name,
         "path": str(run_dir),
+        "project": None,
+        "name": run_dir.name,
+        "tags": [],
+        "group": None,
+        "archived": False,
         "status": "unreadable",
         "reason": f"the folder cannot be listed: {reason}",
         "producers": 0,
@@ -223,6 +281,8 @@ def unlisted_run(run_dir: Path, reason: str, root: Path | None = None) -> dict[s
         "wall_duration_s": None,
         "active_duration_s": None,
         "metrics": {},
+        "config": {},
+        "summary": {},
     }
 
 
@@ -300,6 +360,18 @@ STATUS_STYLE = {
 }
 
 
+def _cell(r: dict[str, Any], column: str) -> str:
+    from expr_tracker.history.values import format_value
+
+    values = r.get("columns") or {}
+    if column not in values:
+        return ""
+    v = values[column]
+    if column == "tags" and isinstance(v, list):
+        return output.printable(", ".join(map(str, v)))
+    return output.printable(format_value(v, "cell"))
+
+
 def _started_cell(t: Any, fmt: str) -> str:
     if not _time_ok(t):
         return ""
@@ -325,6 +397,21 @@ def run_runs(args: argparse.Namespace, out: IO[str] | None = None) -> int:
     runs = [describe_run(d, wanted, root, notes=notes) for d in find_runs(root, unlisted=unlisted)]
     runs += [unlisted_run(d, why, root) for d, why in unlisted if d != root]
     runs.sort(key=lambda r: _first(r) or 0.0, reverse=True)
+    if not args.archived:
+        runs = [r for r in runs if not r.get("archived")]
+    try:
+        chosen = select_runs(
+            runs,
+            columns=parse_column_list(args.columns),
+            sort=parse_sort(args.sort),
+            where=args.where,
+        )
+    except RunFilterError as exc:
+        sys.stderr.write(f"et runs: --{exc}\n")
+        return 2
+    runs = chosen.runs
+    for r in runs:
+        r["columns"] = chosen.values(r)
     for note in dict.fromkeys(notes):
         sys.stderr.write(f"et runs: warning: {output.printable(note)}\n")
     bad = sum(r["status"] == "unreadable" for r in runs)
@@ -340,15 +427,22 @@ def run_runs(args: argparse.Namespace, out: IO[str] | None = None) -> int:
     if not runs:
         console.print(f"no runs under {output.printable(str(root))}")
         return 0
-    console.print(runs_renderable(runs, console.width))
+    console.print(runs_renderable(runs, console.width, chosen.columns, chosen.labels))
     return 0
 
 
-def runs_renderable(runs: list[dict[str, Any]], width: int) -> Any:
+def runs_renderable(
+    runs: list[dict[str, Any]],
+    width: int,
+    columns: Sequence[str] = (),
+    labels: Sequence[str] = (),
+) -> Any:
     """The ``et runs`` table (a rich ``Table``) for ``width`` terminal cells.
 
     ``started`` is the run's first start, ``duration`` its wall duration and ``active`` its
     active time, over every attempt (a resumed run's whole life).
+    ``columns`` (full names, :mod:`expr_tracker.query.runselect`) follow ``active``, headed
+    by ``labels``, each run's values read from its ``columns`` entry.
     ``status`` and ``steps`` are never cut or dropped: they keep their full width, and the
     other columns give way instead — ``run``, ``producers`` and ``last values`` wrap
     (folding a long name), and below 100 cells ``started`` drops its year. (Rich alone cuts
@@ -371,6 +465,8 @@ def runs_renderable(runs: list[dict[str, Any]], width: int) -> Any:
     table.add_column("started", no_wrap=True)
     table.add_column("duration", justify="right", no_wrap=True)
     table.add_column("active", justify="right", no_wrap=True)
+    for label in labels:
+        table.add_column(output.printable(label), overflow="fold")
     table.add_column("last values", overflow="fold")
     printable = output.printable
     for r in runs:
@@ -391,6 +487,7 @@ def runs_renderable(runs: list[dict[str, Any]], width: int) -> Any:
             _started_cell(_first(r), fmt),
             _duration(_wall(r)),
             _duration(r.get("active_duration_s")),
+            *(_cell(r, c) for c in columns),
             last,
         )
     return table

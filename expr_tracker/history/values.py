@@ -94,6 +94,18 @@ def flatten(value: Any, prefix: tuple[str, ...] = ()) -> dict[tuple[str, ...], A
     return out
 
 
+def dotted(d: Mapping[str, Any]) -> dict[str, Any]:
+    """``{"a": {"b": 1}}`` -> ``{"a.b": 1}`` (:func:`flatten`, names joined by ``"."``; of
+    two keys that read the same, ``{"a.b": 1}`` and ``{"a": {"b": 2}}``, the first is
+    kept). Not a mapping: ``{}``."""
+    out: dict[str, Any] = {}
+    if not isinstance(d, Mapping):
+        return out
+    for key, value in flatten(d).items():
+        out.setdefault(".".join(key), value)
+    return out
+
+
 #: the styles of :func:`format_value`
 STYLES = ("plain", "cell", "rule")
 

@@ -236,6 +236,18 @@ def cache_location(
     return src.parent / CACHE_DIR_NAME / src.name
 
 
+def fallback_location(source: str | os.PathLike[str]) -> Path:
+    """The cache folder of ``source`` under ``$XDG_CACHE_HOME`` (location 2 of the module
+    doc), where it is when the run directory could not hold it; it may not exist."""
+    return _xdg_root() / _digest(Path(source).absolute().resolve())
+
+
+def fallback_root() -> Path:
+    """The folder holding every source's fallback cache (``$XDG_CACHE_HOME/expr_tracker/
+    query``)."""
+    return _xdg_root()
+
+
 # --------------------------------------------------------------------------- folders
 
 

@@ -32,7 +32,7 @@ from expr_tracker.history import untrusted
 from expr_tracker.history.alertlog import read_alert_log
 from expr_tracker.history.rundirs import producer_status, worst_status
 from expr_tracker.history.runinfo import is_dead
-from expr_tracker.history.values import flatten, json_text
+from expr_tracker.history.values import dotted, json_text
 from expr_tracker.query import scan
 
 #: the range of a DuckDB BIGINT
@@ -346,13 +346,8 @@ def read_jsonl_records(
 
 
 def _dotted(d: dict[str, Any]) -> dict[str, Any]:
-    """``{"a": {"b": 1}}`` -> ``{"a.b": 1}`` (:func:`~expr_tracker.history.values.flatten`,
-    names joined by ``"."``; of two keys that read the same, ``{"a.b": 1}`` and
-    ``{"a": {"b": 2}}``, the first is kept)."""
-    out: dict[str, Any] = {}
-    for key, value in flatten(d).items():
-        out.setdefault(".".join(key), value)
-    return out
+    """``{"a": {"b": 1}}`` -> ``{"a.b": 1}`` (:func:`~expr_tracker.history.values.dotted`)."""
+    return dotted(d)
 
 
 def column_type(values: Iterable[Any]) -> str:

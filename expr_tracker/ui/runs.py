@@ -33,8 +33,15 @@ from expr_tracker.history.reader import meta_path_for
 from expr_tracker.history.rundirs import worst_status
 from expr_tracker.history.runinfo import is_dead, run_life
 from expr_tracker.history.untrusted import load_json_bytes, open_regular, read_json
+from expr_tracker.history.values import dotted
 from expr_tracker.query.catalog import Producer
-from expr_tracker.ui.errors import why
+from expr_tracker.query.runselect import (
+    RunFilterError,
+    parse_column_list,
+    parse_sort,
+    select_runs,
+)
+from expr_tracker.ui.errors import BadRequest, why
 
 if TYPE_CHECKING:
     from expr_tracker.ui.catalog import Catalog
@@ -46,6 +53,7 @@ __all__ = [
     "UNREADABLE",
     "RowFiles",
     "RunsTable",
+    "extra_files",
     "file_sig",
     "finite_number",
     "last_row",
@@ -53,6 +61,7 @@ __all__ = [
     "read_row",
     "row_files",
     "runs_list",
+    "runs_page",
     "settled",
     "table_row",
     "unreadable_row",
@@ -120,6 +129,8 @@ class _RowSeen:
     last_time: float | None
     errors: list[str]
     unreadable: bool = False  # nothing could be read (its run*.json could not be parsed)
+    config: dict[str, Any] = dataclasses.field(default_factory=dict)  # dotted keys
+    summary: dict[str, Any] = dataclasses.field(default_factory=dict)  # dotted keys
 
 
 def _gone(prods: list[Producer]) -> None:
@@ -212,7 +223,30 @@ def read_row(prods: list[Producer], root: str) -> _RowSeen:
             cands.append(ms)
         if cands:
             steps[producer_label(p)] = max(cands)
-    return _RowSeen((), False, infos, steps, last_time, errors)
+    config, summary = (
+        _small_dotted(getattr(prods[0], f), root, errors) for f in ("config", "summary")
+    )
+    return _RowSeen((), False, infos, steps, last_time, errors, config=config, summary=summary)
+
+
+def _small_dotted(path: Path | None, root: str, errors: list[str]) -> dict[str, Any]:
+    """The main producer's ``config.json`` or ``summary.json`` flattened to dotted keys
+    (``{}`` when absent; one that cannot be read named in ``errors``)."""
+    if path is None:
+        return {}
+    try:
+        return dotted(read_json(path, root=root, max_bytes=SMALL_MAX))
+    except FileNotFoundError:
+        return {}
+    except (OSError, ValueError, RecursionError) as exc:
+        errors.append(f"{path.name}: {why(exc)}")
+        return {}
+
+
+def extra_files(prods: list[Producer]) -> tuple[str | None, ...]:
+    """The files a line reads beyond :func:`row_files`: the main producer's
+    ``config.json`` and ``summary.json`` (its columns)."""
+    return tuple(str(f) if f is not None else None for f in (prods[0].config, prods[0].summary))
 
 
 def _status(info: dict[str, Any]) -> str:
@@ -263,9 +297,12 @@ def table_row(run_id: str, prods: list[Producer], seen: _RowSeen) -> dict[str, A
         **life,
         "tags": [str(t) for t in tags] if isinstance(tags, list) else [],
         "group": group if isinstance(group, str) else None,
+        "archived": info.get("archived") is True,
         "producers": [producer_label(p) for p in prods],
         "producer_steps": dict(seen.steps),
         "error": "; ".join(seen.errors) or None,
+        "config": seen.config,
+        "summary": seen.summary,
     }
 
 
@@ -285,9 +322,12 @@ def unreadable_row(run_id: str, prods: list[Producer], reason: str) -> dict[str,
         "active_duration_s": None,
         "tags": [],
         "group": None,
+        "archived": False,
         "producers": [producer_label(p) for p in prods],
         "producer_steps": {},
         "error": reason,
+        "config": {},
+        "summary": {},
     }
 
 
@@ -340,7 +380,7 @@ class RunsTable:
         found = self.found(prods[0].run_dir)
         if found is not None and found.error is not None:
             return _RowSeen((), False, [], {}, None, [found.error], unreadable=True)
-        files = found.files if found is not None else row_files(prods)
+        files = (found.files if found is not None else row_files(prods)) + extra_files(prods)
         key = (files,)
         sig = key + tuple(file_sig(f) for f in files)
         seen = self._seen.get(prods[0].run_dir)
@@ -359,3 +399,46 @@ def runs_list(catalog: Catalog) -> list[dict]:
     a run deleted since it was found is left out, one that cannot be read is listed with
     ``status`` ``unreadable`` and its ``error``."""
     return catalog.table()
+
+
+def runs_page(
+    catalog: Catalog,
+    *,
+    columns: str | None = None,
+    sort: str | None = None,
+    where: str | None = None,
+    archived: bool = False,
+) -> dict[str, Any]:
+    """What ``/api/runs`` answers: the runs ``where`` keeps, ordered by ``sort`` (newest
+    first between equal ones), archived ones only with ``archived``; each line without its
+    config and summary but with ``values``, the shown ``columns`` (``columns`` given, else
+    the config keys that differ between the kept runs), their ``labels``, every column
+    name (``keys``), how many runs there are in all (``total``) and how many archived ones
+    are hidden (``hidden``). The one parser and evaluation of ``et runs``
+    (:mod:`expr_tracker.query.runselect`).
+
+    Raises:
+        BadRequest: a filter that does not parse, a column no run has (the message names
+            the parameter, the text and what is valid).
+    """
+    rows = runs_list(catalog)
+    shown = rows if archived else [r for r in rows if not r.get("archived")]
+    try:
+        chosen = select_runs(
+            shown, columns=parse_column_list(columns), sort=parse_sort(sort), where=where
+        )
+    except RunFilterError as exc:
+        raise BadRequest(str(exc)) from None
+    out = []
+    for r in chosen.runs:
+        line = {k: v for k, v in r.items() if k not in ("config", "summary")}
+        line["values"] = chosen.values(r)
+        out.append(line)
+    return {
+        "runs": out,
+        "columns": chosen.columns,
+        "labels": chosen.labels,
+        "keys": chosen.available,
+        "total": len(rows),
+        "hidden": len(rows) - len(shown),
+    }

@@ -13,7 +13,9 @@ Errors are JSON ``{"error"}``: 400 a bad parameter, 404 no such run or metric (o
 
 Endpoints (every run is named by its ``run`` id from ``/api/runs``, looked up, never a path):
 
-- ``/api/runs``: every run (status, steps, duration, start, tags, group).
+- ``/api/runs[?columns=A,B&sort=-A,B&where=FILTER&archived=1]``: the runs (status, steps,
+  duration, start, tags, group, the chosen config/summary ``values``; as ``et runs``:
+  docs/ui.md "Columns, order and filter").
 - ``/api/run?run=ID``: a run's metrics, x-axis options, config, summary, alerts.
 - ``/api/series?run=ID&metric=M&x=step|time|METRIC&width=W[&lo=&hi=]``: one metric,
   downsampled to ``W`` buckets over the x range ``[lo, hi]``.
@@ -262,7 +264,17 @@ def create_app(
         return respond(body, _TYPES[Path(name).suffix], headers={"Cache-Control": "max-age=3600"})
 
     def api_runs(request: Any) -> Any:
-        return {"root": str(root), "runs": runs.runs_list(catalog)}
+        q = request.query_params
+        return {
+            "root": str(root),
+            **runs.runs_page(
+                catalog,
+                columns=q.get("columns"),
+                sort=q.get("sort"),
+                where=q.get("where"),
+                archived=q.get("archived") in ("1", "true"),
+            ),
+        }
 
     def api_run(request: Any) -> Any:
         return runpage.run_detail(catalog, q_str(request, "run"))

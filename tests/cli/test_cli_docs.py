@@ -21,7 +21,8 @@ def _commands(parser, path=()):
         yield path, parser
     for action in subs:
         for name, sub in action.choices.items():
-            yield from _commands(sub, (*path, name))
+            # `et runs rm` is registered as runs-rm (cli/runops.py run_argv)
+            yield from _commands(sub, (*path, *name.split("-")))
 
 
 def _rows():

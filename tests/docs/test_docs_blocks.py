@@ -125,6 +125,7 @@ SLOW_DOCS = {
     "history.md",
     "hydra.md",
     "integrations.md",
+    "runs.md",
     "streams.md",
 }
 

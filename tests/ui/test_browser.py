@@ -44,7 +44,7 @@ ARGS = [
 ARTIFACTS = ROOT / "test-artifacts" / "ui"
 DOCS_IMG = ROOT / "docs" / "img"
 #: the screenshots docs/ui.md shows
-DOCS_SHOTS = {"runs", "run", "chart-nan", "compare"}
+DOCS_SHOTS = {"runs", "run", "chart-nan", "compare", "runs-columns"}
 
 
 @pytest.fixture(scope="module")
@@ -248,7 +248,8 @@ def test_compare_view(page, ui_server):
 
 def test_live_run_gets_new_points(page, tmp_path):
     root = tmp_path / "runs"
-    writer = start_live_writer(page, root, 400, 0.05)
+    # 200 s of steps (killed at the end): still running however slowly the page loads
+    writer = start_live_writer(page, root, 4000, 0.05)
     try:
         server = Server(root, tmp_path / "cache")
         try:

@@ -109,7 +109,7 @@ function route() {
   if (path === "/compare") return comparePage(params.getAll("run"), page);
   if (path === "/groups") return groupsPage(params, page);
   if (path === "/sweep") return sweepPage(params, page);
-  return runsPage(page);
+  return runsPage(page, params);
 }
 
 function runLink(run) { return "#/run?" + qs({ run }); }
@@ -117,10 +117,46 @@ function runLink(run) { return "#/run?" + qs({ run }); }
 // ------------------------------------------------------------------------- runs page
 
 const runsState = { text: "", status: "", tag: "", group: "", selected: new Set() };
+// the built-in columns of the table: header -> the name a sort or filter uses (as et runs)
+const BUILTIN_COLUMNS = [["run", "run"], ["status", "status"], ["steps", "steps"],
+  ["duration", "duration"], ["active", "active"], ["started", "started"]];
 
-async function runsPage(me) {
-  let data;
-  try { data = await api("runs"); } catch (e) { return showError(e); }
+// the table's choice (columns, order, filter, archived), kept in the URL:
+// #/?columns=lr,summary.loss&sort=-summary.loss&where=lr%20%3E%201e-3&archived=1
+function tableChoice(params) {
+  return { columns: params.get("columns"), sort: params.get("sort") || "",
+    where: params.get("where") || "", archived: params.get("archived") === "1" };
+}
+
+function setTableChoice(choice) {
+  const p = {};
+  if (choice.columns !== null && choice.columns !== undefined) p.columns = choice.columns;
+  if (choice.sort) p.sort = choice.sort;
+  if (choice.where) p.where = choice.where;
+  if (choice.archived) p.archived = "1";
+  const u = new URLSearchParams();
+  for (const [k, v] of Object.entries(p)) u.append(k, v);
+  const s = u.toString();
+  location.hash = s ? "#/?" + s : "#/";
+}
+
+// the answer for the choice; a choice the server refuses (a filter that does not parse, a
+// column no run has) is shown with why, and the runs without it
+async function fetchRuns(choice) {
+  const q = { sort: choice.sort, where: choice.where, archived: choice.archived ? "1" : "" };
+  if (choice.columns !== null && choice.columns !== undefined) q.columns = choice.columns;
+  try {
+    return { data: await api("runs", q), problem: null };
+  } catch (e) {
+    if (e.status !== 400) throw e;
+    return { data: await api("runs", { archived: q.archived }), problem: String(e.message) };
+  }
+}
+
+async function runsPage(me, params) {
+  const choice = tableChoice(params || new URLSearchParams());
+  let data, problem;
+  try { ({ data, problem } = await fetchRuns(choice)); } catch (e) { return showError(e); }
   if (me !== page) return;
   document.getElementById("root").textContent = data.root;
   let runs = data.runs;
@@ -145,18 +181,47 @@ async function runsPage(me) {
     location.hash = "#/compare?" + qs({ run: [...runsState.selected] });
   } } }, "Compare selected");
   const tbody = el("tbody", { id: "runs-body" });
+  const thead = el("thead", {});
   const count = el("span", { class: "muted", id: "runs-count" });
+  const keyList = el("datalist", { id: "column-keys" });
+  const whereInput = el("input", { id: "filter-where", type: "search", size: 36, list: "column-keys",
+    placeholder: "filter: lr > 1e-3 and status = failed", value: choice.where,
+    on: { keydown: (e) => { if (e.key === "Enter") setTableChoice({ ...choice, where: e.target.value.trim() }); } } });
+  const columnsInput = el("input", { id: "filter-columns", type: "search", size: 36, list: "column-keys",
+    placeholder: "columns: lr, batch, summary.loss",
+    value: choice.columns !== null ? choice.columns : data.labels.join(","),
+    on: { keydown: (e) => { if (e.key === "Enter") setTableChoice({ ...choice, columns: e.target.value.replace(/\s+/g, "") }); } } });
+  const archivedBox = el("input", { id: "filter-archived", type: "checkbox", checked: choice.archived,
+    on: { change: (e) => setTableChoice({ ...choice, archived: e.target.checked }) } });
   setMain(
     el("h2", {}, "Runs"),
     el("div", { class: "filters" },
       el("input", { id: "filter-text", type: "search", placeholder: "filter by name, project, tag…",
         value: runsState.text, on: { input: (e) => { runsState.text = e.target.value; draw(); } } }),
       select("status", "status"), select("tag", "tag"), select("group", "group"),
+      el("label", {}, archivedBox, ` archived${data.hidden ? ` (${data.hidden} hidden)` : ""}`),
       compareBtn, count),
-    el("table", { id: "runs" },
-      el("thead", {}, el("tr", {}, ["", "run", "status", "steps", "duration", "active", "started", "tags", "group"]
-        .map((h) => el("th", {}, h)))),
-      tbody));
+    el("div", { class: "filters" }, whereInput, columnsInput, keyList,
+      el("span", { class: "muted" }, "Enter applies; click a header to sort")),
+    problem ? el("p", { class: "error", id: "table-problem" }, problem) : null,
+    el("table", { id: "runs" }, thead, tbody));
+
+  // the order: click a header for ascending, again for descending, a third time for none
+  const sorted = choice.sort.split(",")[0] || "";
+  const sortCol = sorted.replace(/^-/, ""), sortDesc = sorted.startsWith("-");
+  function header(label, column) {
+    const mark = column === sortCol ? (sortDesc ? " ▼" : " ▲") : "";
+    const next = column !== sortCol ? column : !sortDesc ? "-" + column : "";
+    return el("th", { class: "sortable", "data-column": column, title: `sort by ${column}`,
+      on: { click: () => setTableChoice({ ...choice, sort: next }) } }, label + mark);
+  }
+  function drawHead() {
+    keyList.replaceChildren(...data.keys.map((k) => el("option", { value: k })));
+    thead.replaceChildren(el("tr", {}, el("th", {}, ""),
+      ...BUILTIN_COLUMNS.map(([label, column]) => header(label, column)),
+      ...data.columns.map((c, i) => header(data.labels[i], c)),
+      el("th", {}, "tags"), el("th", {}, "group")));
+  }
 
   function visible(r) {
     const t = runsState.text.toLowerCase();
@@ -168,7 +233,7 @@ async function runsPage(me) {
   }
   function draw() {
     const shown = runs.filter(visible);
-    tbody.replaceChildren(...shown.map((r) => el("tr", { "data-run": r.run },
+    tbody.replaceChildren(...shown.map((r) => el("tr", { "data-run": r.run, class: r.archived ? "archived" : undefined },
       el("td", {}, el("input", { type: "checkbox", checked: runsState.selected.has(r.run), on: { change: (e) => {
         if (e.target.checked) runsState.selected.add(r.run); else runsState.selected.delete(r.run);
         compareBtn.disabled = runsState.selected.size < 2;
@@ -179,20 +244,31 @@ async function runsPage(me) {
       el("td", { class: "num" }, fmtDuration(wallOf(r))),
       el("td", { class: "num" }, fmtDuration(r.active_duration_s)),
       el("td", {}, fmtTime(firstStartOf(r))),
+      ...data.columns.map((c) => {
+        const has = Object.prototype.hasOwnProperty.call(r.values, c);
+        const v = r.values[c];
+        return el("td", { class: typeof v === "number" ? "num value" : "value", "data-column": c },
+          has ? fmtValue(v) : "");
+      }),
       el("td", {}, r.tags.map((t) => el("span", { class: "tag" }, t))),
       el("td", {}, r.group || ""))));
-    count.textContent = `${shown.length} of ${runs.length} runs`;
+    const hidden = data.total - data.hidden - runs.length;
+    count.textContent = `${shown.length} of ${runs.length} runs` + (hidden > 0 ? ` (${hidden} filtered out)` : "");
     compareBtn.disabled = runsState.selected.size < 2;
   }
+  drawHead();
   draw();
   // status and steps change while runs write: reload the rows now and then (the filters,
   // their focus and the selection stay)
   async function refresh() {
     if (me !== page) return;
     try {
-      const fresh = await api("runs");
+      const fresh = (await fetchRuns(problem ? { columns: null, sort: "", where: "", archived: choice.archived } : choice)).data;
       if (me !== page) return;
       runs = fresh.runs;
+      const headChanged = JSON.stringify(fresh.columns) !== JSON.stringify(data.columns);
+      data = fresh;
+      if (headChanged) drawHead();
       // a status, tag or group that appeared since (a sweep's runs finishing) can be chosen
       for (const [key, sel] of Object.entries(selects)) {
         if (document.activeElement !== sel) sel.replaceChildren(...options(key));
