@@ -809,12 +809,12 @@ def _append(fd: int, folder: _Folder, kind: str, m: dict[str, Any], end: int) ->
         rows, covered, lines = _decode_into(writer_of, fd, kind, m, end)
         if "writer" in state:
             state.pop("writer").close()
-            f = state.pop("file")
+            f = state["file"]  # left in state until closed: a full disk fails the flush
             f.flush()
             os.fsync(f.fileno())
             size = os.fstat(f.fileno()).st_size
             digest = _sha256_fd(f.fileno())
-            f.close()
+            state.pop("file").close()
             name = _new_part_name(first)
             os.replace(tmp, name, src_dir_fd=folder.fd, dst_dir_fd=folder.fd)
             m["parts"].append(
