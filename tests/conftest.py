@@ -2,7 +2,10 @@
 
 from __future__ import annotations
 
+import itertools
 import os
+import re
+import sys
 
 import pytest
 from helpers import read_lines
@@ -56,16 +59,86 @@ def rows_of():
     return read_lines
 
 
+# ``pytestmark = pytest.mark.slow`` (alone or first in a list) at the top of a test module
+WHOLE_MODULE_SLOW = re.compile(r"^pytestmark\s*=\s*\[?\s*pytest\.mark\.slow\b", re.MULTILINE)
+_NOT_COLLECTED = pytest.StashKey[list]()
+_DESELECTS_SLOW = pytest.StashKey[bool]()
+
+
+def _deselects_slow(config) -> bool:
+    if _DESELECTS_SLOW not in config.stash:
+        config.stash[_DESELECTS_SLOW] = _expression_deselects_slow(config.option.markexpr)
+    return config.stash[_DESELECTS_SLOW]
+
+
+def _expression_deselects_slow(markexpr: str) -> bool:
+    """Whether ``-m markexpr`` leaves out every test marked ``slow``, whatever its other marks:
+    the expression is false with ``slow`` true for every value of the other names in it."""
+    if not markexpr:
+        return False
+    try:
+        from _pytest.mark.expression import Expression
+
+        expr = Expression.compile(markexpr)
+    except Exception:  # noqa: BLE001 - pytest reports a bad -m itself; collect as usual
+        return False
+    names = set(re.findall(r"[\w:+\-.\[\]\\/]+", markexpr)) - {"and", "or", "not", "slow"}
+    if len(names) > 8:
+        return False
+    for values in itertools.product((False, True), repeat=len(names)):
+        marks = dict(zip(sorted(names), values, strict=True), slow=True)
+        if expr.evaluate(_matcher(marks)):
+            return False
+    return True
+
+
+def _matcher(marks):
+    return lambda name, **_: marks.get(name, False)
+
+
+def pytest_ignore_collect(collection_path, config):
+    """A module marked slow as a whole is not even imported when ``-m`` leaves slow tests out
+    (``-m "not slow"``): the framework tests (transformers, lightning, accelerate) import
+    seconds of code at module level, and every test in them would be deselected anyway."""
+    if collection_path.suffix != ".py" or not collection_path.name.startswith("test_"):
+        return None
+    if not _deselects_slow(config):
+        return None
+    try:
+        text = collection_path.read_text(encoding="utf-8")
+    except OSError:
+        return None
+    if WHOLE_MODULE_SLOW.search(text) is None:
+        return None
+    config.stash.setdefault(_NOT_COLLECTED, []).append(collection_path)
+    return True
+
+
+def pytest_report_collectionfinish(config, start_path, items):
+    left_out = config.stash.get(_NOT_COLLECTED, [])
+    if not left_out:
+        return None
+    return f"not collected: {len(left_out)} modules marked slow as a whole (by -m)"
+
+
+def _may_have_cuda() -> bool:
+    """False where no CUDA device can exist (Linux without the NVIDIA driver loaded), so that
+    collecting the ``gpu`` tests does not import torch (seconds) only to learn that."""
+    return not sys.platform.startswith("linux") or os.path.exists("/proc/driver/nvidia/version")
+
+
 def pytest_collection_modifyitems(config, items):
     gpu_items = [item for item in items if "gpu" in item.keywords]
     if not gpu_items or os.environ.get("ET_RUN_GPU_TESTS"):
         return
-    try:
-        import torch
+    has_cuda = False
+    if _may_have_cuda():
+        try:
+            import torch
 
-        has_cuda = torch.cuda.is_available()
-    except Exception:  # noqa: BLE001
-        has_cuda = False
+            has_cuda = torch.cuda.is_available()
+        except Exception:  # noqa: BLE001
+            has_cuda = False
     if has_cuda:
         return
     skip = pytest.mark.skip(reason="needs a CUDA device")
