@@ -199,7 +199,7 @@ class HistoryStore:
             commit = self._coerce_commit(commit)
             if commit is _DROP:
                 return -1
-        committed = None
+        committed: Any = None  # the row committed, a tuple of two rows, or None
         with self._lock:
             if self._closed:
                 self._drop("closed", "expr_tracker: log() after the history was closed; dropped")
@@ -306,6 +306,7 @@ class HistoryStore:
     def _merge(self, metrics: dict[str, Any]) -> None:
         open_row = self._open
         agg = self._agg
+        k: str | None
         for k, v in metrics.items():
             if type(k) is not str or not k or k in RESERVED:
                 k = self._fix_key(k)
@@ -819,7 +820,7 @@ class HistoryStore:
         w = self.writer
         r = self._reader
         q = r.queries
-        out = {
+        out: dict[str, Any] = {
             "open_step": self.open_step,
             "rows_logged": self.rows_committed,
             "patch_rows": self.patch_rows,
