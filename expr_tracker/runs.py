@@ -615,7 +615,7 @@ class Run:
         else:
             info["status"] = "finished"
         try:
-            write_run_info(self._info_path, info)
+            write_run_info(self._info_path, info)  # type: ignore[arg-type]  # None: a DisabledRun
         except OSError as exc:
             log.warning("expr_tracker: cannot write %s (%s)", self._info_path, exc)
 

@@ -770,7 +770,7 @@ def _decode_into(
     bad = scan.BadLines()
     if m["bad_lines"]:
         bad.count = m["bad_lines"]
-        bad.first = tuple(m["bad_first"]) if m["bad_first"] else None  # type: ignore[assignment]
+        bad.first = tuple(m["bad_first"]) if m["bad_first"] else None
     writer = None
     for new_covered, chunk in _blocks(fd, covered, end):
         if kind == "metrics":
@@ -881,7 +881,7 @@ def _in_memory(src: Path, sfd: int, kind: str) -> CachedSource:
         cache_dir=None,
         memory=memory,
         bad_lines=m["bad_lines"],
-        bad_first=tuple(m["bad_first"]) if m["bad_first"] else None,  # type: ignore[arg-type]
+        bad_first=tuple(m["bad_first"]) if m["bad_first"] else None,
     )
 
 
@@ -1220,7 +1220,7 @@ def _result(src: Path, kind: str, d: Path, m: dict[str, Any]) -> CachedSource:
         lines=m["lines"],
         cache_dir=d,
         bad_lines=m["bad_lines"],
-        bad_first=tuple(m["bad_first"]) if m["bad_first"] else None,  # type: ignore[arg-type]
+        bad_first=tuple(m["bad_first"]) if m["bad_first"] else None,
     )
 
 
