@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import itertools
 import os
 import re
 import sys
@@ -62,38 +61,15 @@ def rows_of():
 # ``pytestmark = pytest.mark.slow`` (alone or first in a list) at the top of a test module
 WHOLE_MODULE_SLOW = re.compile(r"^pytestmark\s*=\s*\[?\s*pytest\.mark\.slow\b", re.MULTILINE)
 _NOT_COLLECTED = pytest.StashKey[list]()
-_DESELECTS_SLOW = pytest.StashKey[bool]()
 
 
-def _deselects_slow(config) -> bool:
-    if _DESELECTS_SLOW not in config.stash:
-        config.stash[_DESELECTS_SLOW] = _expression_deselects_slow(config.option.markexpr)
-    return config.stash[_DESELECTS_SLOW]
-
-
-def _expression_deselects_slow(markexpr: str) -> bool:
-    """Whether ``-m markexpr`` leaves out every test marked ``slow``, whatever its other marks:
-    the expression is false with ``slow`` true for every value of the other names in it."""
-    if not markexpr:
+def deselects_slow(markexpr: str) -> bool:
+    """Whether ``-m markexpr`` leaves out every test marked ``slow``: ``not slow`` is one of
+    its terms joined by ``and`` (``not slow``, ``not slow and not gpu``). An expression with
+    ``or`` or parentheses is not read: its modules are collected as usual."""
+    if not markexpr or re.search(r"\bor\b|[()]", markexpr):
         return False
-    try:
-        from _pytest.mark.expression import Expression
-
-        expr = Expression.compile(markexpr)
-    except Exception:  # noqa: BLE001 - pytest reports a bad -m itself; collect as usual
-        return False
-    names = set(re.findall(r"[\w:+\-.\[\]\\/]+", markexpr)) - {"and", "or", "not", "slow"}
-    if len(names) > 8:
-        return False
-    for values in itertools.product((False, True), repeat=len(names)):
-        marks = dict(zip(sorted(names), values, strict=True), slow=True)
-        if expr.evaluate(_matcher(marks)):
-            return False
-    return True
-
-
-def _matcher(marks):
-    return lambda name, **_: marks.get(name, False)
+    return any(re.fullmatch(r"not\s+slow", t.strip()) for t in re.split(r"\band\b", markexpr))
 
 
 def pytest_ignore_collect(collection_path, config):
@@ -102,7 +78,7 @@ def pytest_ignore_collect(collection_path, config):
     seconds of code at module level, and every test in them would be deselected anyway."""
     if collection_path.suffix != ".py" or not collection_path.name.startswith("test_"):
         return None
-    if not _deselects_slow(config):
+    if not deselects_slow(config.option.markexpr):
         return None
     try:
         text = collection_path.read_text(encoding="utf-8")

@@ -17,8 +17,8 @@ it.
 from __future__ import annotations
 
 import math
-from typing import Any
 from collections.abc import Sequence
+from typing import Any
 
 __all__ = ["m4", "downsample", "bucket_index"]
 
