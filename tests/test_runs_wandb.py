@@ -270,8 +270,9 @@ def test_sigterm_with_a_finished_or_an_independent_run(tmp_path, mode):
     )
     assert p.stdout.readline().strip() == "ready"
     p.send_signal(signal.SIGTERM)
-    out = p.communicate(timeout=30)[0]  # waits, and closes the pipe
-    assert p.returncode == 128 + signal.SIGTERM
+    assert p.wait(timeout=30) == 128 + signal.SIGTERM
+    out = p.stdout.read()  # not communicate(): readline() left the rest in the buffer
+    p.stdout.close()
     assert "ignored" not in out
     run_dir = tmp_path / "runs" / "p" / "r"
     info = json.loads((run_dir / "run.json").read_text())
