@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from typing import Any
+
 
 class ExprTrackerError(Exception):
     """Base class of every error expr_tracker raises on purpose."""
@@ -40,14 +42,16 @@ class QueryError(ExprTrackerError, ValueError):
     list of (column, DuckDB type)).
     """
 
-    def __init__(self, message: str, sql: str = "", views: dict | None = None) -> None:
+    def __init__(self, message: str, sql: str = "", views: dict[str, Any] | None = None) -> None:
         self.message = message
         self.sql = sql
         self.views = dict(views or {})
         super().__init__(format_query_error(message, self.views))
 
 
-def format_query_error(message: str, views: dict, *, max_columns: int | None = None) -> str:
+def format_query_error(
+    message: str, views: dict[str, Any], *, max_columns: int | None = None
+) -> str:
     """DuckDB's ``message``, then one line per view: ``name(col TYPE, ...)``; with
     ``max_columns`` a longer list is cut, saying how many more there are."""
     lines = [message.rstrip(), "", 'views (column TYPE; quote dotted names: "config.lr"):']

@@ -424,7 +424,7 @@ class Run:
         ``data=`` is wandb's name of ``metrics`` (give one of the two, else ``TypeError``)."""
         if data is not None:
             metrics = wandb_data_arg(metrics, data)
-        return self.history.ingest(metrics, step, commit)
+        return self.history.ingest(metrics, step, commit)  # type: ignore[arg-type]
 
     def log_artifact(
         self,
@@ -661,7 +661,7 @@ class Run:
         else:
             info["status"] = "finished"
         try:
-            write_run_info(self._info_path, info)
+            write_run_info(self._info_path, info)  # type: ignore[arg-type]  # None: a DisabledRun
         except OSError as exc:
             log.warning("expr_tracker: cannot write %s (%s)", self._info_path, exc)
 

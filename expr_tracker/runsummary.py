@@ -135,7 +135,7 @@ class Summary(MutableMapping):
     def __setitem__(self, key: str, value: Any) -> None:
         self.update({key: value})
 
-    def update(self, other: Any = (), /, **kwargs: Any) -> None:  # type: ignore[override]
+    def update(self, other: Any = (), /, **kwargs: Any) -> None:
         """Assign several keys (they win over logged values); one ``"summary"`` event.
 
         Raises:

@@ -20,6 +20,7 @@ from __future__ import annotations
 import enum
 import math
 import re
+from collections.abc import Mapping
 from typing import Any
 
 __all__ = [
@@ -77,7 +78,7 @@ def _split(value: str) -> tuple[float, str] | None:
     return float(match.group(1)), match.group(2).lower()
 
 
-def _parse(value: Any, kind: str, units: dict[str, float], default: str, forms: str) -> float:
+def _parse(value: Any, kind: str, units: Mapping[str, float], default: str, forms: str) -> float:
     """``value`` (a number in ``default`` units, or ``"<number><unit>"``) times its unit."""
     if isinstance(value, bool) or not isinstance(value, (int, float, str)):
         raise ValueError(f"{value!r} is not a {kind}: expected {forms}")

@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import os
+import re
+import sys
 
 import pytest
 from helpers import read_lines
@@ -56,16 +58,63 @@ def rows_of():
     return read_lines
 
 
+# ``pytestmark = pytest.mark.slow`` (alone or first in a list) at the top of a test module
+WHOLE_MODULE_SLOW = re.compile(r"^pytestmark\s*=\s*\[?\s*pytest\.mark\.slow\b", re.MULTILINE)
+_NOT_COLLECTED = pytest.StashKey[list]()
+
+
+def deselects_slow(markexpr: str) -> bool:
+    """Whether ``-m markexpr`` leaves out every test marked ``slow``: ``not slow`` is one of
+    its terms joined by ``and`` (``not slow``, ``not slow and not gpu``). An expression with
+    ``or`` or parentheses is not read: its modules are collected as usual."""
+    if not markexpr or re.search(r"\bor\b|[()]", markexpr):
+        return False
+    return any(re.fullmatch(r"not\s+slow", t.strip()) for t in re.split(r"\band\b", markexpr))
+
+
+def pytest_ignore_collect(collection_path, config):
+    """A module marked slow as a whole is not even imported when ``-m`` leaves slow tests out
+    (``-m "not slow"``): the framework tests (transformers, lightning, accelerate) import
+    seconds of code at module level, and every test in them would be deselected anyway."""
+    if collection_path.suffix != ".py" or not collection_path.name.startswith("test_"):
+        return None
+    if not deselects_slow(config.option.markexpr):
+        return None
+    try:
+        text = collection_path.read_text(encoding="utf-8")
+    except OSError:
+        return None
+    if WHOLE_MODULE_SLOW.search(text) is None:
+        return None
+    config.stash.setdefault(_NOT_COLLECTED, []).append(collection_path)
+    return True
+
+
+def pytest_report_collectionfinish(config, start_path, items):
+    left_out = config.stash.get(_NOT_COLLECTED, [])
+    if not left_out:
+        return None
+    return f"not collected: {len(left_out)} modules marked slow as a whole (by -m)"
+
+
+def _may_have_cuda() -> bool:
+    """False where no CUDA device can exist (Linux without the NVIDIA driver loaded), so that
+    collecting the ``gpu`` tests does not import torch (seconds) only to learn that."""
+    return not sys.platform.startswith("linux") or os.path.exists("/proc/driver/nvidia/version")
+
+
 def pytest_collection_modifyitems(config, items):
     gpu_items = [item for item in items if "gpu" in item.keywords]
     if not gpu_items or os.environ.get("ET_RUN_GPU_TESTS"):
         return
-    try:
-        import torch
+    has_cuda = False
+    if _may_have_cuda():
+        try:
+            import torch
 
-        has_cuda = torch.cuda.is_available()
-    except Exception:  # noqa: BLE001
-        has_cuda = False
+            has_cuda = torch.cuda.is_available()
+        except Exception:  # noqa: BLE001
+            has_cuda = False
     if has_cuda:
         return
     skip = pytest.mark.skip(reason="needs a CUDA device")

@@ -6,6 +6,7 @@ Fixtures live in ``tests/conftest.py``; plain functions and classes live here.
 from __future__ import annotations
 
 import dis
+import importlib.util
 import json
 import linecache
 import os
@@ -15,6 +16,8 @@ import sys
 import textwrap
 import threading
 from pathlib import Path
+
+import pytest
 
 import expr_tracker as et
 
@@ -40,6 +43,14 @@ def alert_records(run):
     """The rows of a run's ``alerts.jsonl`` (none when the file does not exist)."""
     path = run.dir / "alerts.jsonl"
     return [json.loads(line) for line in path.read_text().splitlines()] if path.exists() else []
+
+
+def needs(*modules: str):
+    """Skip unless every module is installed, found without importing it: a module-level
+    ``pytest.importorskip("torch")`` costs seconds of collection even when the tests that
+    need torch are deselected."""
+    missing = [m for m in modules if importlib.util.find_spec(m) is None]
+    return pytest.mark.skipif(bool(missing), reason=f"needs {', '.join(missing)}")
 
 
 def run_py(code: str, *args: str, timeout: float = 60, check: bool = True, env=None):

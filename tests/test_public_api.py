@@ -122,3 +122,11 @@ def test_query_is_both_the_package_and_the_sql_function():
     from expr_tracker.query.views import connect  # the package's modules import as usual
 
     assert callable(connect)
+
+
+def test_the_package_says_it_is_typed():
+    """``py.typed`` (PEP 561) in the package, where wheels and editable installs find it:
+    without it a user's type checker ignores every annotation of the public API."""
+    from importlib.resources import files
+
+    assert files("expr_tracker").joinpath("py.typed").is_file()

@@ -52,6 +52,7 @@ import math
 from collections.abc import Callable
 from dataclasses import dataclass
 from operator import gt, lt, mul
+from typing import cast
 
 __all__ = ["FUNCTIONS", "TIME_BASED", "Signature"]
 
@@ -67,7 +68,7 @@ class Signature:
 
     params: tuple[str, ...]
     returns: str
-    impl: Callable | None
+    impl: Callable[..., float | bool | None] | None
     doc: str
     variadic: str | None = None
     min_args: int = 0
@@ -92,7 +93,7 @@ def _nan_in(v: list[float]) -> bool:
     return False
 
 
-def _kind(v) -> int:
+def _kind(v: list[float]) -> int:
     """The slow path's view of a window: ``_HAS_NAN``; ``_POS``/``_NEG`` when its only
     infinities are +inf/-inf; ``_BOTH`` when it holds both; ``_FINITE`` otherwise."""
     pos = neg = False
@@ -108,7 +109,7 @@ def _kind(v) -> int:
     return _POS if pos else (_NEG if neg else _FINITE)
 
 
-def _scale(v) -> float:
+def _scale(v: list[float]) -> float:
     """A power of two near the largest magnitude of finite ``v`` (1 for all zeros): dividing
     by it brings every value into [-2, 2], where sums of values or squares cannot
     overflow."""
@@ -118,11 +119,11 @@ def _scale(v) -> float:
     return 2.0 ** (math.frexp(top)[1] - 1)
 
 
-def _signed_infinity(sign: float):
+def _signed_infinity(sign: float) -> float:
     return _INF if sign > 0 else -_INF
 
 
-def _weighted_special(v, w):
+def _weighted_special(v: list[float], w: list[float]) -> float | None:
     """``sum(w * v)`` for a window holding NaN or an infinity, or whose finite sum
     overflowed: NaN when it holds NaN; the infinity of the terms that diverge when they all
     diverge the same way (terms of weight 0 do not count: ``0 * x`` is 0 for every
@@ -146,7 +147,7 @@ def _weighted_special(v, w):
     return _signed_infinity(sign)
 
 
-def _mean(v):
+def _mean(v: list[float]) -> float | None:
     s = sum(v)
     if s - s == 0.0:
         return s / len(v)
@@ -166,10 +167,10 @@ _TINY_SQUARES = 1e-250
 _TINY = 1e-290
 
 
-def _var(v):
+def _var(v: list[float]) -> float | None:
     n = len(v)
     m = sum(v) / n
-    ss = sum(map(mul, v, v)) / n
+    ss: float = sum(map(mul, v, v)) / n
     var = ss - m * m
     if var - var != 0.0:  # NaN, an infinity, or an overflow: not the fast path
         return _var_special(v)
@@ -177,7 +178,7 @@ def _var(v):
         if min(v) == max(v):
             return 0.0
         scale = _scale(v)
-        return _var([x / scale for x in v]) * scale * scale
+        return cast(float, _var([x / scale for x in v])) * scale * scale  # finite: never None
     if var <= 1e-9 * m * m:  # cancellation possible: recompute with two passes
         if min(v) == max(v):
             return 0.0
@@ -187,7 +188,7 @@ def _var(v):
     return var
 
 
-def _centred(v):
+def _centred(v: list[float]) -> tuple[list[float], float]:
     """``v`` shifted by its first value, and the mean of that: for values close together
     (where the one-pass variance cancels) the differences are exact (Sterbenz), so even a
     spread of one ulp keeps its size. var and zscore do not change under a shift."""
@@ -196,7 +197,7 @@ def _centred(v):
     return d, math.fsum(d) / len(d)
 
 
-def _var_special(v):
+def _var_special(v: list[float]) -> float | None:
     k = _kind(v)
     if k == _HAS_NAN:
         return _NAN
@@ -205,20 +206,20 @@ def _var_special(v):
         # only the same infinity repeated is undefined (inf - inf)
         return None if min(v) == max(v) else _INF
     scale = _scale(v)
-    return _var([x / scale for x in v]) * scale * scale  # inf when the true value is
+    return cast(float, _var([x / scale for x in v])) * scale * scale  # inf when the true one is
 
 
-def _std(v):
+def _std(v: list[float]) -> float | None:
     var = _var(v)
     if var is None or var != var:
         return var
     if 0.0 < var < _TINY_SQUARES:  # a variance this small lost digits: scale, then unscale
         scale = _scale(v)
-        return math.sqrt(_var([x / scale for x in v])) * scale
+        return math.sqrt(cast(float, _var([x / scale for x in v]))) * scale
     return math.sqrt(var)
 
 
-def _median(v):
+def _median(v: list[float]) -> float | None:
     if _nan_in(v):
         return _NAN
     s = sorted(v)
@@ -234,7 +235,7 @@ def _median(v):
     return s[h - 1] / 2.0 + s[h] / 2.0  # the sum overflowed (or an infinity: itself)
 
 
-def _sum(v):
+def _sum(v: list[float]) -> float | None:
     s = float(sum(v))
     if s == s:
         return s  # finite, or the infinity the values (or their overflow) give
@@ -242,27 +243,27 @@ def _sum(v):
     return _NAN if k == _HAS_NAN else None  # inf - inf
 
 
-def _wmin(v):
+def _wmin(v: list[float]) -> float:
     return _NAN if _nan_in(v) else min(v)
 
 
-def _wmax(v):
+def _wmax(v: list[float]) -> float:
     return _NAN if _nan_in(v) else max(v)
 
 
-def _first(v):
+def _first(v: list[float]) -> float:
     return v[0]
 
 
-def _last(v):
+def _last(v: list[float]) -> float:
     return v[-1]
 
 
-def _count(v):
+def _count(v: list[float]) -> float:
     return float(len(v))
 
 
-def _difference(a, b):
+def _difference(a: float, b: float) -> float | None:
     """``b - a``, UNKNOWN for the same infinity twice (``inf - inf``)."""
     d = b - a
     if d != d and a == a and b == b:
@@ -270,13 +271,13 @@ def _difference(a, b):
     return d
 
 
-def _diff(v):
+def _diff(v: list[float]) -> float | None:
     if len(v) < 2:
         return None
     return _difference(v[0], v[-1])
 
 
-def _rate(v, t):
+def _rate(v: list[float], t: list[float]) -> float | None:
     if len(v) < 2:
         return None
     dt = t[-1] - t[0]
@@ -289,7 +290,7 @@ def _rate(v, t):
     return None if r != r and d == d else r
 
 
-def _pct_change(v):
+def _pct_change(v: list[float]) -> float | None:
     if len(v) < 2:
         return None
     a, b = v[0], v[-1]
@@ -308,7 +309,7 @@ def _pct_change(v):
 _SLOPE_WEIGHTS: dict[int, list[float]] = {}
 
 
-def _slope(v, steps):
+def _slope(v: list[float], steps: list[int]) -> float | None:
     n = len(v)
     if n < 2:
         return None
@@ -318,7 +319,7 @@ def _slope(v, steps):
             mx = (n - 1) / 2.0
             sxx = n * (n * n - 1) / 12.0
             w = _SLOPE_WEIGHTS[n] = [(i - mx) / sxx for i in range(n)]
-        r = sum(map(mul, w, v))
+        r: float = sum(map(mul, w, v))
         if r - r == 0.0:
             return r
         return _weighted_special(v, w)
@@ -338,12 +339,12 @@ def _slope(v, steps):
     return _weighted_special(v, [(n * s - sx) / sxx for s in steps])
 
 
-def _zscore(v):
+def _zscore(v: list[float]) -> float | None:
     n = len(v)
     if n < 2:
         return None
     m = sum(v) / n
-    ss = sum(map(mul, v, v)) / n
+    ss: float = sum(map(mul, v, v)) / n
     var = ss - m * m
     if var - var != 0.0:  # NaN, an infinity, or an overflow
         return _zscore_special(v)
@@ -364,7 +365,7 @@ def _zscore(v):
     return (v[-1] - m) / math.sqrt(var)
 
 
-def _zscore_special(v):
+def _zscore_special(v: list[float]) -> float | None:
     k = _kind(v)
     if k == _HAS_NAN:
         return _NAN
@@ -394,11 +395,11 @@ def _ema_weights(n: int, alpha: float) -> list[float]:
     return w
 
 
-def _ema(v, alpha):
+def _ema(v: list[float], alpha: float | None) -> float | None:
     if alpha is None or alpha != alpha or not (0.0 < alpha <= 1.0):
         return None
     w = _ema_weights(len(v), alpha)
-    r = sum(map(mul, w, v))
+    r: float = sum(map(mul, w, v))
     if r - r != 0.0:
         return _weighted_special(v, w)
     if -_TINY < r < _TINY:  # products may have underflowed: scale up, stay within range
@@ -408,19 +409,19 @@ def _ema(v, alpha):
     return r
 
 
-def _increasing(v):
+def _increasing(v: list[float]) -> bool | None:
     if len(v) < 2 or _nan_in(v):
         return None
     return all(map(lt, v, v[1:]))
 
 
-def _decreasing(v):
+def _decreasing(v: list[float]) -> bool | None:
     if len(v) < 2 or _nan_in(v):
         return None
     return all(map(gt, v, v[1:]))
 
 
-def _stalled(v, eps):
+def _stalled(v: list[float], eps: float | None) -> bool | None:
     if eps is None or eps != eps or _nan_in(v):
         return None
     hi, lo = max(v), min(v)
@@ -429,52 +430,60 @@ def _stalled(v, eps):
     return hi - lo <= eps
 
 
-def _isnan(x):
+def _isnan(x: float | None) -> bool | None:
     return None if x is None else x != x
 
 
-def _isinf(x):
+def _isinf(x: float | None) -> bool | None:
     return None if x is None else (x == math.inf or x == -math.inf)
 
 
-def _abs(x):
+def _abs(x: float) -> float:
     return abs(x)
 
 
-def _log(x):
+def _log(x: float) -> float | None:
     if x != x:
         return x
     return math.log(x) if x > 0 else None
 
 
-def _exp(x):
+def _exp(x: float) -> float:
     try:
         return math.exp(x)
     except OverflowError:
         return math.inf
 
 
-def _sqrt(x):
+def _sqrt(x: float) -> float | None:
     if x != x:
         return x
     return math.sqrt(x) if x >= 0 else None
 
 
-def _smin(*xs):
+def _smin(*xs: float) -> float:
     for x in xs:
         if x != x:
             return _NAN
     return min(xs)
 
 
-def _smax(*xs):
+def _smax(*xs: float) -> float:
     for x in xs:
         if x != x:
             return _NAN
     return max(xs)
 
 
-def _agg(impl, doc, *, returns="scalar", min_points=1, needs="values", extra=()):
+def _agg(
+    impl: Callable[..., float | bool | None],
+    doc: str,
+    *,
+    returns: str = "scalar",
+    min_points: int = 1,
+    needs: str = "values",
+    extra: tuple[str, ...] = (),
+) -> Signature:
     return Signature(
         ("window", *extra),
         returns,

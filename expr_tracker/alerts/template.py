@@ -12,11 +12,12 @@ from __future__ import annotations
 
 import string
 from collections.abc import Mapping
+from typing import Any
 
 _FORMATTER = string.Formatter()
 
 
-def render_template(template: str, values: Mapping, none: str = "None") -> str:
+def render_template(template: str, values: Mapping[str, Any], none: str = "None") -> str:
     """Fill ``{field}`` / ``{field:spec}`` / ``{field!r}`` / ``{field!s}`` / ``{field!a}``
     from ``values``; ``none`` is how a None value reads (without a conversion)."""
     try:

@@ -46,7 +46,7 @@ def mirrors_on_rank(on_rank: Any, rank: int) -> bool:
         return True
     if isinstance(on_rank, list):
         return rank in on_rank
-    return rank == on_rank
+    return bool(rank == on_rank)
 
 
 def backend_identity(run: Run, rank: int) -> dict[str, Any]:

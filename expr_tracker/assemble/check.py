@@ -113,7 +113,7 @@ def _channel_issues(resolved: Any, env: Any) -> list[Any]:
     """Every channel's problems (``alerts.channels.channel_problems``) as SpecIssues."""
     from expr_tracker.alerts.delivery.channels import channel_problems
 
-    issues = []
+    issues: list[Any] = []
     for channel in resolved.spec.alerts.channels:
         issues.extend(channel_issue(resolved, exc) for exc in channel_problems(channel, env))
     return issues
@@ -176,7 +176,7 @@ def _rule_issue(resolved: Any, index: int, rule: Any, exc: Exception) -> Any:
     )
 
 
-def check_file(file: str, kind: str, environ: Any = None, package: str | None = None) -> list:
+def check_file(file: str, kind: str, environ: Any = None, package: str | None = None) -> list[Any]:
     """Every problem ``et.init(spec=file)`` would raise for ``file`` (an alerts file: as the
     ``alerts`` section of a run spec), from the same checks: the schema, then
     ``assemble.check`` (span plugins and their options, rules, channels with their options and

@@ -180,7 +180,7 @@ def finish_message(run: Any, notify_on: Iterable[str]) -> AlertMessage | None:
     )
 
 
-def _first_start(info: dict) -> float | None:
+def _first_start(info: dict[str, Any]) -> float | None:
     first = info.get("first_started_at")
     return first if isinstance(first, (int, float)) else info.get("started_at")
 

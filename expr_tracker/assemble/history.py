@@ -37,7 +37,8 @@ def run_directory(spec: Any) -> Path:
     """``run_dir`` when given, else ``<dir>/<project>/<name>``."""
     if spec.run_dir:
         return Path(spec.run_dir).expanduser()
-    return Path(spec.dir).expanduser() / spec.project / spec.name
+    path: Path = Path(spec.dir).expanduser() / spec.project / spec.name
+    return path
 
 
 def normalize_config(config: Any, warner: Warner | None = None) -> dict[str, Any]:

@@ -123,6 +123,7 @@ def choose(
     k = first
     moved: dict[str, Any] | None = None  # why the named run was not taken
     wait_until: float | None = None  # for a live holder of the named run to record its start
+    changes: dict[str, Any] | None
     while True:
         run_dir = _candidate(base, k)
         attempt = Attempt(run_dir, stream, file_rank)

@@ -199,8 +199,8 @@ def disk_use(
         caches = (
             [d / _CACHE] if os.path.isdir(d / _CACHE) and not os.path.islink(d / _CACHE) else []
         )
-        for c in caches + outside_caches(d, cache_dirs):
-            for _, st in _files(c, skip_cache=False):
+        for cache in caches + outside_caches(d, cache_dirs):
+            for _, st in _files(cache, skip_cache=False):
                 cats["cache"].append(((st.st_dev, st.st_ino), st.st_size))
         store = d.parent / "artifacts"
         for name, version in _logged_versions(d):
@@ -214,9 +214,9 @@ def disk_use(
     for store in _stores(root):
         cats = {c: [] for c in CATEGORIES}
         for p, st in _files(store, skip_cache=False):
-            rel = p.relative_to(store).parts
-            m = re.match(r"^v([0-9]+)(?:\.manifest\.json)?$", rel[1]) if len(rel) > 1 else None
-            if m and (store, rel[0], int(m.group(1))) in attributed:
+            parts = p.relative_to(store).parts
+            m = re.match(r"^v([0-9]+)(?:\.manifest\.json)?$", parts[1]) if len(parts) > 1 else None
+            if m and (store, parts[0], int(m.group(1))) in attributed:
                 continue
             cats["artifacts"].append(((st.st_dev, st.st_ino), st.st_size))
         lines.append((f"{store.relative_to(root)} (logged by no listed run)", str(store), cats))
@@ -227,9 +227,9 @@ def disk_use(
                 owners.setdefault(key, set()).add(i)
     records = []
     everything: dict[tuple[int, int], int] = {}
-    for rel, path, cats in lines:
+    for label, where, cats in lines:
         seen: set[tuple[int, int]] = set()
-        rec: dict[str, Any] = {"run": rel, "path": path}
+        rec: dict[str, Any] = {"run": label, "path": where}
         shared = 0
         for c in CATEGORIES:
             n = 0

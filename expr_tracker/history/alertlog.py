@@ -44,7 +44,7 @@ class AlertLog:
     a callable ``sink(event)`` for ``AlertEngine`` (``event.to_record()``), and ``write(record)``
     for any other record (delivery outcomes)."""
 
-    def __init__(self, path: str | os.PathLike) -> None:
+    def __init__(self, path: str | os.PathLike[str]) -> None:
         self.path = Path(path)
         self._lock = threading.Lock()
         self._file: Any = None
@@ -54,7 +54,7 @@ class AlertLog:
     def __call__(self, event: Any) -> None:
         self.write(event.to_record())
 
-    def write(self, record: dict) -> None:
+    def write(self, record: dict[str, Any]) -> None:
         """Append one record (NaN/inf written as ``NaN``/``Infinity``, like metrics.jsonl)."""
         line = json.dumps(record, default=str, ensure_ascii=False) + "\n"
         with self._lock:

@@ -23,8 +23,8 @@ try:
     from orjson import JSONDecodeError as _JSONDecodeError
     from orjson import loads as _loads
 except ImportError:  # pragma: no cover - orjson is a dependency
-    _loads = None
-    _JSONDecodeError = ValueError
+    _loads = None  # type: ignore[assignment]
+    _JSONDecodeError = ValueError  # type: ignore[assignment,misc]
 
 
 class _Segment:
@@ -251,7 +251,8 @@ def decode_lines(lines: list[bytes]) -> list[dict[str, Any]]:
         return []
     if _loads is not None:
         try:
-            return _loads(b"[" + b",".join(lines) + b"]")
+            rows: list[dict[str, Any]] = _loads(b"[" + b",".join(lines) + b"]")
+            return rows
         except _JSONDecodeError:
             pass
     return [decode_line(x) for x in lines]
@@ -309,4 +310,4 @@ class DecodedTail:
             )
             it = iter(fresh)
             out = [r if r is not None else next(it) for r in out]
-        return out
+        return out  # type: ignore[return-value]  # no None left in it

@@ -306,7 +306,7 @@ def has_nonfinite(value: Any) -> bool:
     """True when ``value`` (a normalised scalar, list or dict) holds NaN or ±inf."""
     t = type(value)
     if t is float:
-        return value - value != 0.0
+        return value - value != 0.0  # type: ignore[no-any-return]  # value is a float
     if t is list:
         return any(has_nonfinite(v) for v in value)
     if t is dict:
@@ -353,7 +353,7 @@ def _too_deep(value: Any, limit: int) -> bool:
     return False
 
 
-def _brackets(line: Any) -> int:
+def _brackets(line: str | bytes | bytearray | memoryview) -> int:
     """How many ``[`` and ``{`` ``line`` holds (a bound on its nesting depth)."""
     if isinstance(line, str):
         return line.count("[") + line.count("{")

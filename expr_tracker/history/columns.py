@@ -23,14 +23,14 @@ from typing import Any
 __all__ = ["Column", "MetricColumns", "read_columns", "to_float"]
 
 NAN = float("nan")
-_NEW = object()  # MetricColumns._known's answer for a key not met yet
+_NEW: Any = object()  # MetricColumns._known's answer for a key not met yet
 
 
 def to_float(v: Any) -> float | None:
     """``v`` as a float for a chart (None: not a number: str, list, dict, None)."""
     t = type(v)
     if t is float:
-        return v
+        return v  # type: ignore[no-any-return]  # v is a float
     if t is int or t is bool:
         try:
             return float(v)
@@ -187,7 +187,8 @@ def read_columns(
         head = next(reader.iter_rows(), None)
         t = head.get("_time") if head is not None else None
         if cols.first_time is None and type(t) in (int, float):
-            cols.first_time = float(t)  # the run's start, also when its rows are skipped
+            # the run's start, also when its rows are skipped
+            cols.first_time = float(t)  # type: ignore[arg-type]  # an int or a float
         start = reader.offset_of_step(since) if reader.sorted else 0
     cols.add_rows(reader.iter_rows(start))
     return cols

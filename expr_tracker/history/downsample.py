@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Sequence
+from typing import Any
 
 __all__ = ["m4", "downsample", "bucket_index"]
 
@@ -105,7 +106,7 @@ def downsample(
     return [xs[i] for i in idx], [ys[i] for i in idx]
 
 
-def _numpy():  # type: ignore[no-untyped-def]
+def _numpy() -> Any:
     try:
         import numpy
     except ImportError:
@@ -171,7 +172,8 @@ def _m4_numpy(
     nonfinite = np.flatnonzero(inr & ~fin)
     sel = np.flatnonzero(inr & fin)
     if sel.size == 0:
-        return nonfinite.tolist()
+        none_finite: list[int] = nonfinite.tolist()
+        return none_finite
     width = hi - lo
     scale = buckets / width if width > 0 else 0.0
     b = ((x[sel] - lo) * scale).astype(np.int64)
@@ -188,4 +190,5 @@ def _m4_numpy(
         ext = reduce.reduceat(yy, starts)
         pos = np.flatnonzero(yy == np.repeat(ext, counts))
         parts.append(sel[pos[np.searchsorted(pos, starts)]])
-    return np.unique(np.concatenate(parts)).tolist()
+    kept: list[int] = np.unique(np.concatenate(parts)).tolist()
+    return kept

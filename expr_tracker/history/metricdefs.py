@@ -102,7 +102,7 @@ class MetricDef:
 
     @property
     def aggregates(self) -> bool:
-        return bool(self.summary) and any(k in AGGREGATIONS for k in self.summary)
+        return bool(self.summary) and any(k in AGGREGATIONS for k in self.summary or ())
 
     @property
     def excluded(self) -> bool:

@@ -237,7 +237,7 @@ def query_history(
         if step_metrics is None and index is True and not isinstance(source, HistoryStore):
             step_metrics = read_step_metrics(resolve_run_path(source, stream=stream))
         index_name = index_column(index, cols, step_metrics or (lambda name: None))
-        if cols is not None and index_name not in cols:
+        if cols is not None and index_name is not None and index_name not in cols:
             asked, cols = cols, [*cols, index_name]
     if isinstance(source, HistoryStore):
         if bounds is None:

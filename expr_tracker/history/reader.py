@@ -90,7 +90,7 @@ def last_line_end(f: Any, end: int) -> int:
     while pos > 0:
         lo = max(0, pos - BLOCK)
         f.seek(lo)
-        chunk = f.read(pos - lo)
+        chunk: bytes = f.read(pos - lo)
         nl = chunk.rfind(b"\n")
         if nl >= 0:
             return lo + nl + 1
@@ -230,13 +230,13 @@ class _CountingFile(io.FileIO):
         super().__init__(open_regular(path, root=owner.root), "rb", closefd=True)
         self._owner = owner
 
-    def readinto(self, b: Any) -> int | None:  # type: ignore[override]
+    def readinto(self, b: Any) -> int | None:
         n = super().readinto(b)
         if n:
             self._owner.bytes_read += n
         return n
 
-    def read(self, size: int = -1) -> bytes | None:  # type: ignore[override]
+    def read(self, size: int | None = -1) -> bytes:  # a regular file: never None
         data = super().read(size)
         if data:
             self._owner.bytes_read += len(data)
@@ -358,6 +358,7 @@ class JsonlReader:
                 and isinstance(m.get("index"), list)
             )
             if ok:
+                assert m is not None
                 try:
                     ok = int(m["size"]) <= os.stat(self.path).st_size
                 except OSError:

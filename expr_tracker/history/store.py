@@ -199,7 +199,7 @@ class HistoryStore:
             commit = self._coerce_commit(commit)
             if commit is _DROP:
                 return -1
-        committed = None
+        committed: Any = None  # the row committed, a tuple of two rows, or None
         with self._lock:
             if self._closed:
                 self._drop("closed", "expr_tracker: log() after the history was closed; dropped")
@@ -306,6 +306,7 @@ class HistoryStore:
     def _merge(self, metrics: dict[str, Any]) -> None:
         open_row = self._open
         agg = self._agg
+        k: str | None
         for k, v in metrics.items():
             if type(k) is not str or not k or k in RESERVED:
                 k = self._fix_key(k)
@@ -822,7 +823,7 @@ class HistoryStore:
         r = self._reader
         q = r.queries
         last = self.last_row
-        out = {
+        out: dict[str, Any] = {
             "log_dir": str(w.path.parent) if w is not None else None,
             "metrics_file": str(w.path) if w is not None else None,
             "last_step": last.get("_step") if last else (w.last_step if w is not None else None),

@@ -346,7 +346,7 @@ class JsonlWriter:
             except BaseException:
                 if batch is not None and self.batches_written == written:
                     with self._lock:
-                        q.requeue(batch, steps, self._clock())
+                        q.requeue(batch, steps, self._clock())  # type: ignore[arg-type]  # set with batch
                 raise
             if not ok:
                 with self._lock:

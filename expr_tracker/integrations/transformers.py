@@ -50,6 +50,7 @@ import sys
 import weakref
 from collections.abc import Mapping
 from os import PathLike
+from types import FrameType
 from typing import Any
 
 try:
@@ -536,7 +537,7 @@ def _calling_trainer() -> Any:
     """The ``transformers.Trainer`` whose method called the current hook, from the stack."""
     from transformers import Trainer
 
-    frame = sys._getframe(2)
+    frame: FrameType | None = sys._getframe(2)
     for _ in range(12):
         if frame is None:
             return None

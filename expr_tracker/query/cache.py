@@ -782,7 +782,7 @@ def _decode_into(
     bad = scan.BadLines()
     if m["bad_lines"]:
         bad.count = m["bad_lines"]
-        bad.first = tuple(m["bad_first"]) if m["bad_first"] else None  # type: ignore[assignment]
+        bad.first = tuple(m["bad_first"]) if m["bad_first"] else None
     writer = None
     for new_covered, chunk in _blocks(fd, covered, end):
         if kind == "metrics":
@@ -821,12 +821,12 @@ def _append(fd: int, folder: _Folder, kind: str, m: dict[str, Any], end: int) ->
         rows, covered, lines = _decode_into(writer_of, fd, kind, m, end)
         if "writer" in state:
             state.pop("writer").close()
-            f = state.pop("file")
+            f = state["file"]  # left in state until closed: a full disk fails the flush
             f.flush()
             os.fsync(f.fileno())
             size = os.fstat(f.fileno()).st_size
             digest = _sha256_fd(f.fileno())
-            f.close()
+            state.pop("file").close()
             name = _new_part_name(first)
             os.replace(tmp, name, src_dir_fd=folder.fd, dst_dir_fd=folder.fd)
             m["parts"].append(
@@ -893,7 +893,7 @@ def _in_memory(src: Path, sfd: int, kind: str) -> CachedSource:
         cache_dir=None,
         memory=memory,
         bad_lines=m["bad_lines"],
-        bad_first=tuple(m["bad_first"]) if m["bad_first"] else None,  # type: ignore[arg-type]
+        bad_first=tuple(m["bad_first"]) if m["bad_first"] else None,
     )
 
 
@@ -1232,7 +1232,7 @@ def _result(src: Path, kind: str, d: Path, m: dict[str, Any]) -> CachedSource:
         lines=m["lines"],
         cache_dir=d,
         bad_lines=m["bad_lines"],
-        bad_first=tuple(m["bad_first"]) if m["bad_first"] else None,  # type: ignore[arg-type]
+        bad_first=tuple(m["bad_first"]) if m["bad_first"] else None,
     )
 
 

@@ -242,7 +242,7 @@ def parse_where(text: str | None) -> Any:
         raise RunFilterError(
             "where",
             text,
-            f"{text[exc.pos_in_stream]!r} where {want} was expected (as in {EXAMPLE!r})",
+            f"{text[exc.pos_in_stream or 0]!r} where {want} was expected (as in {EXAMPLE!r})",
             exc.column,
         ) from None
     except UnexpectedInput as exc:  # pragma: no cover - the kinds above are every kind
@@ -559,7 +559,8 @@ def select_runs(
         kept = [r for r in kept if _keep(tree, r, cols)]
     for key in reversed(keys):
         column = cols.resolve(key.column, "sort")
-        present, missing = [], []
+        present: list[tuple[Any, Any]] = []
+        missing: list[tuple[Any, Any]] = []
         for r in kept:
             has, v = cols.value(r, column)
             (present if has and v is not None else missing).append((r, v))

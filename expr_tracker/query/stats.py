@@ -332,8 +332,8 @@ def _bootstrap(vals: Any, finite: Any, n: Any, agg: str, seed: int, resamples: i
             # each row is sorted, so a resample's sorted values are the row's values
             # repeated by the resample's counts: its median's position depends on the
             # counts alone, the same for every row with k values (a gather, no sort)
-            w = rng.multinomial(k, np.full(k, 1.0 / k), size=resamples)
-            cum = np.cumsum(w, axis=1)
+            counts = rng.multinomial(k, np.full(k, 1.0 / k), size=resamples)
+            cum = np.cumsum(counts, axis=1)
             lower = (cum <= (k - 1) // 2).sum(axis=1)  # index of the value at that rank
             upper = (cum <= k // 2).sum(axis=1)
             q = _quantiles((v[:, lower] + v[:, upper]) / 2, qs)

@@ -23,7 +23,7 @@ out: what is read is one snapshot of the file.
 from __future__ import annotations
 
 import logging
-from collections.abc import Iterator
+from collections.abc import Generator, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -71,7 +71,7 @@ class StepReader:
         if self.limit < 0:
             self.limit = self.cached.lines
 
-    def parts(self) -> Iterator[Any]:
+    def parts(self) -> Generator[Any, None, None]:
         """The cache parts of one refresh (``pyarrow.parquet.ParquetFile``), all opened
         before the first is read (a cache folder deleted after that cannot take them away),
         one producer at a time (a folder of many runs must not hold a file descriptor per

@@ -265,7 +265,7 @@ def sweep(
         )
     y = np.array([y_all[i] for i in fit], dtype=np.float64)
     x = np.array([[c[i] for c in columns] for i in fit], dtype=np.float64).reshape(len(fit), -1)
-    table = []
+    table: list[dict[str, Any]] = []
     for j, info in enumerate(key_info):
         pear = spear = None
         if info["kind"] != "category":
@@ -289,8 +289,8 @@ def sweep(
         notes.append(f"importance needs {MIN_RUNS} or more runs with a finite {metric}")
     else:
         try:
-            from sklearn.ensemble import RandomForestRegressor
-            from sklearn.inspection import permutation_importance
+            from sklearn.ensemble import RandomForestRegressor  # type: ignore[import-untyped]
+            from sklearn.inspection import permutation_importance  # type: ignore[import-untyped]
         except ImportError:
             method = "none"
             notes.append(f"importance needs scikit-learn: {SKLEARN_HINT}")

@@ -171,7 +171,8 @@ class RowRenderer:
         if len(pieces) == 1:
             only = pieces[0]
             if isinstance(only, str):  # every column constant: one text, repeated
-                return (only * batch.num_rows).encode("utf-8")
+                rows: int = batch.num_rows
+                return (only * rows).encode("utf-8")
             lines = only
         else:
             lines = pc.binary_join_element_wise(

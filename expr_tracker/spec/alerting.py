@@ -110,7 +110,8 @@ class _Overrides(BaseModel):
 def _make_policy_overrides() -> type[BaseModel]:
     fields: dict[str, Any] = {}
     for name, info in PolicySpec.model_fields.items():
-        inner = Annotated[(info.annotation, *info.metadata)] if info.metadata else info.annotation
+        args = (info.annotation, *info.metadata)  # Annotated[args]: Annotated[type, *metadata]
+        inner = Annotated[args] if info.metadata else info.annotation
         fields[name] = (Optional[inner], Field(None, description=info.description))
     return create_model(
         "PolicyOverrides",

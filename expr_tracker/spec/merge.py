@@ -141,7 +141,7 @@ class _Merger:
                 self.locations[p] = layer.locations[p]
 
     def _merge_named(self, current: list, value: Any, path: str, layer: Layer) -> None:
-        earlier = {}
+        earlier: dict[str, Any] = {}
         for i, entry in enumerate(current):
             name = entry_name(path, entry)
             if name is not None:

@@ -199,7 +199,7 @@ def is_webhook_url(text: str) -> bool:
     return any(is_credential_key(k) or k.lower() in ("key", "sig", "sign") for k in names)
 
 
-def redact_config(value: Any, path: tuple = (), depth: int = 0) -> Any:
+def redact_config(value: Any, path: tuple[Any, ...] = (), depth: int = 0) -> Any:
     """The user's ``config`` (``config.json``, the ``config`` of ``spec.json``-like views)
     with credentials hidden and everything else kept, so hyper-parameters stay readable:
 
@@ -221,7 +221,7 @@ def redact_config(value: Any, path: tuple = (), depth: int = 0) -> Any:
         return mask_url_credentials(value)
     in_channel = len(path) >= 3 and path[-3] == "alerts" and path[-2] == "channels"
     if isinstance(value, Mapping):
-        out = {}
+        out: dict[Any, Any] = {}
         for k, child in value.items():
             key = str(k).lower()
             if child is None:

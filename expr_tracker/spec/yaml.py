@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import os
 import re
-from collections.abc import Mapping
+from collections.abc import Iterable, Mapping
 from typing import Any
 
 import yaml
@@ -319,6 +319,7 @@ def interpolation_note(text: str) -> str:
 def interpolated_leaves(data: Any, path: tuple = ()) -> list[tuple[tuple, str]]:
     """``(key path, interpolation)`` of every string value in ``data`` (nested mappings and
     lists) that holds an interpolation, in document order."""
+    items: Iterable[tuple[Any, Any]]
     if isinstance(data, dict):
         items = data.items()
     elif isinstance(data, list):

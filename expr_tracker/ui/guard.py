@@ -225,7 +225,12 @@ class Guard:
         return any(_equal(v, self.token) for v in _cookie_values(h.get("cookie", ""), self.cookie))
 
     async def _login(
-        self, scope: dict[str, Any], h: dict[str, str], query: list, given: str, send: Any
+        self,
+        scope: dict[str, Any],
+        h: dict[str, str],
+        query: list[tuple[str, str]],
+        given: str,
+        send: Any,
     ) -> None:
         assert self.token is not None
         own = f"{scope.get('scheme', 'http')}://{h.get('host', '')}".lower()

@@ -128,7 +128,7 @@ def test_sigkill_leaves_no_half_version(tmp_path, where):
         assert p.stdout.readline().strip() == "stop", p.stderr.read()
         os.kill(p.pid, signal.SIGKILL)
     finally:
-        p.wait(timeout=30)
+        p.communicate(timeout=30)  # waits, and closes the pipes
     adir = runs / "p" / "artifacts" / "ds"
     left = sorted(x.name for x in adir.iterdir())
     if where == "copy":

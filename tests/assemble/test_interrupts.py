@@ -98,6 +98,7 @@ print("finished", flush=True)
 """
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize(
     ("signame", "buffer_size"), [("SIGINT", 50), ("SIGINT", 1), ("SIGTERM", 1)]
 )
@@ -203,6 +204,7 @@ def test_interrupt_at_every_point_of_flush(tmp_path):
     assert_exactly_once(file_steps(run), returned)
 
 
+@pytest.mark.slow
 def test_interrupt_at_every_point_of_finish(tmp_path):
     """``finish()`` interrupted at each point, then called again: it completes, writes the
     rest and reports ``finished``; the run stays current until then."""

@@ -44,6 +44,7 @@ def _transitions(run_dir) -> list[tuple[str, int]]:
     return [(r["event"], r["step"]) for r in recs if r.get("kind") == "transition"]
 
 
+@pytest.mark.slow
 def test_interrupt_at_every_point_of_an_alerting_log(tmp_path):
     """``log(step=2)`` commits row 1 (loss=100), whose rule fires; a ``KeyboardInterrupt``
     at any point of it loses neither the row nor the firing alert (recorded, and sent to
@@ -94,6 +95,7 @@ def _run_child(code: str, *args: str) -> subprocess.CompletedProcess:
     )
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("where", ["flush", "close", "_write_final_info", "save"])
 def test_second_ctrl_c_during_the_exit_hook_is_finished_anyway(tmp_path, where):
     """An uncaught Ctrl-C, then a second one inside the exit hook's finish (raised at the
@@ -145,6 +147,7 @@ def test_real_sigint_during_the_exit_hook_is_held_off(tmp_path):
     assert (tmp_path / "p" / "x" / "summary.json").exists()
 
 
+@pytest.mark.slow
 def test_interrupted_drain_resumes_and_records_the_undelivered(tmp_path):
     """A real Ctrl-C while ``Dispatcher.close`` waits on a hanging channel, caught, then
     ``close()`` again: the drain continues within what is left of its deadline, then

@@ -63,6 +63,7 @@ def test_a_forked_child_does_not_keep_a_killed_parents_run_locked(tmp_path):
             et.init(project="p", name="r", dir=str(runs))
         parent.send_signal(signal.SIGKILL)
         parent.wait(timeout=30)
+        parent.stdout.close()  # the forked child keeps its copy: no communicate()
         os.kill(child_pid, 0)  # the forked helper still lives
         run = et.init(project="p", name="r", dir=str(runs))  # base: RunLockedError
         et.log({"loss": 2.0})

@@ -116,6 +116,7 @@ print(direct.strip(), wrapped.strip())
 """
 
 
+@pytest.mark.slow
 @pytest.mark.skipif(not Path("/proc/self/environ").exists(), reason="needs /proc")
 def test_torchrun_name_comes_from_the_agent_also_through_a_wrapper(tmp_path):
     """A rank started through a wrapper script (torchrun --no-python bash run.sh) finds the
@@ -729,6 +730,7 @@ print("RUN", run.name)
 """
 
 
+@pytest.mark.slow
 def test_values_named_by_an_address_compare_by_what_they_name(tmp_path):
     """A config holding a function, a partial or an object without a __repr__ is recorded as
     its repr(), which holds a memory address: another text in every process. The same

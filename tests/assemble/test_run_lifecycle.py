@@ -129,7 +129,7 @@ def test_sigkill_mid_run_then_resume(tmp_path):
     )
     assert p.stdout.readline().strip() == "flushed"
     p.send_signal(signal.SIGKILL)
-    p.wait(timeout=30)
+    p.communicate(timeout=30)  # waits, and closes the pipe
     run_dir = runs / "proj" / "r1"
     # a later reader finds the dead pid: crashed
     assert read_run_info(run_dir / "run.json")["status"] == "crashed"
@@ -252,6 +252,7 @@ if __name__ == "__main__":
 """
 
 
+@pytest.mark.slow
 def test_an_exception_in_a_spawned_torch_worker_marks_its_run_failed(tmp_path):
     """torch.multiprocessing (ddp_spawn's launcher) catches a worker's exception, sends it
     to the parent and exits with sys.exit(1): the worker's run is failed, not finished."""
@@ -353,7 +354,7 @@ def test_two_processes_on_one_stream_refused(tmp_path):
         assert (tmp_path / "runs" / "proj" / "r1" / "metrics.data.jsonl").exists()
     finally:
         holder.kill()
-        holder.wait()
+        holder.communicate()  # waits, and closes the pipe
 
 
 # ---------------------------------------------------------------- fork
@@ -532,7 +533,8 @@ def test_sigterm_flushes_and_records_the_signal(tmp_path):
     )
     assert p.stdout.readline().strip() == "logged"
     p.send_signal(signal.SIGTERM)
-    assert p.wait(timeout=30) == 128 + signal.SIGTERM
+    p.communicate(timeout=30)  # waits, and closes the pipe
+    assert p.returncode == 128 + signal.SIGTERM
     run_dir = tmp_path / "runs" / "proj" / "r1"
     assert [r["x"] for r in read_rows(run_dir / "metrics.jsonl")] == list(range(21))
     info = json.loads((run_dir / "run.json").read_text())
@@ -688,7 +690,7 @@ def test_summary_survives_a_crash_and_catches_up_on_resume(tmp_path):
     )
     assert p.stdout.readline().strip() == "flushed"
     p.send_signal(signal.SIGKILL)
-    p.wait(timeout=30)
+    p.communicate(timeout=30)  # waits, and closes the pipe
     start(tmp_path)
     s = et.summary()
     assert s["only_crash"] == 299 and s["loss"] == 299.0 and s["_step"] == 300

@@ -458,6 +458,7 @@ def test_ctrl_c_while_finish_waits_for_a_mirror_then_finish_again(tmp_path):
     }
 
 
+@pytest.mark.slow
 def test_a_stuck_backend_does_not_hold_the_process_past_the_deadline(tmp_path):
     from helpers import run_py
 

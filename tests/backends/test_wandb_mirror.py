@@ -192,6 +192,7 @@ def test_missing_libraries_warn_once_and_training_goes_on(tmp_path):
     assert len(read_lines(tmp_path / "runs" / "proj" / "r1" / "metrics.jsonl")) == 20
 
 
+@pytest.mark.slow
 def test_wandb_init_failing_turns_the_mirror_off(tmp_path):
     p = run_py(
         """

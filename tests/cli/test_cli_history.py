@@ -130,7 +130,7 @@ def test_follow_command_until_interrupted(tmp_path):
         if proc.poll() is None:
             proc.kill()  # never leave a follower behind, whatever failed above
             proc.wait()
-    err = proc.stderr.read()
+    err = proc.communicate()[1]  # the rest of the output, and the pipes closed
     assert rc == 0, err
     assert "Traceback" not in err and "KeyboardInterrupt" not in err
 
@@ -161,7 +161,8 @@ def test_follow_interrupt_works_when_the_launcher_ignored_sigint(tmp_path):
         if proc.poll() is None:
             proc.kill()
             proc.wait()
-    assert rc == 0, proc.stderr.read()
+    err = proc.communicate()[1]  # the rest of the output, and the pipes closed
+    assert rc == 0, err
 
 
 # --------------------------------------------------------------------------- et runs

@@ -120,7 +120,10 @@ def test_follow_waits_for_the_file_of_a_live_run_then_exits_when_it_ends(tmp_pat
         if proc.poll() is None:
             proc.kill()
     assert rc == 0
-    assert json.loads(proc.stdout.read()) == {"loss": 0.5, "_step": 1}
+    out = proc.stdout.read()  # not communicate(): readline() left the rest in the buffer
+    proc.stdout.close()
+    proc.stderr.close()
+    assert json.loads(out) == {"loss": 0.5, "_step": 1}
 
 
 def test_follow_table_takes_columns_from_the_first_rows(tmp_path):
@@ -138,7 +141,10 @@ def test_follow_table_takes_columns_from_the_first_rows(tmp_path):
         if proc.poll() is None:
             proc.kill()
     assert rc == 0
-    assert proc.stdout.read().split() == ["0", "1"]  # step 0, loss 1 (no _time)
+    out = proc.stdout.read()  # not communicate(): readline() left the rest in the buffer
+    proc.stdout.close()
+    proc.stderr.close()
+    assert out.split() == ["0", "1"]  # step 0, loss 1 (no _time)
 
 
 def test_follow_exits_when_the_run_crashed(tmp_path):

@@ -421,6 +421,7 @@ def test_artifacts_and_rules_text_escape_what_files_hold(tmp_path, capsys):
     assert "\x1b" not in out and "note is v\\x1b[2J\\u202eevil" in out, out
 
 
+@pytest.mark.slow
 def test_a_run_folder_that_cannot_be_listed_never_gives_a_traceback(runs_root, tmp_path):
     """A colleague's 0700 run folder named to a single-run command: `et plot` and `et
     alerts` died with a PermissionError traceback (pathlib's is_file() raises it); every

@@ -590,6 +590,7 @@ def test_follow_on_a_terminal_shows_the_cursor_again_on_sigterm(tmp_path):
     proc.wait(timeout=20)
     time.sleep(0.2)
     err = proc.stderr.read().decode()
+    proc.stderr.close()
     assert proc.returncode == 128 + signal.SIGTERM, err
     assert "Traceback" not in err
     assert got.rstrip(b"\r\n").endswith(b"\x1b[?25h")  # and shown again

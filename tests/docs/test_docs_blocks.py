@@ -119,14 +119,22 @@ def _runnable(path: Path) -> list[Block]:
 #: docs whose blocks take about a second or more (Hydra apps, subprocesses): marked slow
 SLOW_DOCS = {
     "alerts.md",
+    "artifacts.md",
     "channels.md",
     "cli.md",
+    "coming-from-wandb.md",
+    "compare.md",
+    "export.md",
     "getting-started.md",
     "history.md",
     "hydra.md",
     "integrations.md",
+    "mirrors.md",
+    "plot.md",
+    "query.md",
     "runs.md",
     "streams.md",
+    "ui.md",
 }
 
 

@@ -11,9 +11,7 @@ import subprocess
 import sys
 
 import pytest
-from helpers import ROOT
-
-pytest.importorskip("torch")
+from helpers import ROOT, needs
 
 SCRIPT = ROOT / "examples" / "nanogpt_wandb.py"
 
@@ -37,6 +35,7 @@ def test_the_script_is_a_wandb_script_but_for_its_import():
 
 
 @pytest.mark.slow
+@needs("torch")
 def test_nanogpt_style_training_is_tracked(tmp_path):
     p = subprocess.run(
         [sys.executable, str(SCRIPT), "max_iters=40", "eval_interval=10"],
@@ -83,6 +82,7 @@ def test_nanogpt_style_training_is_tracked(tmp_path):
 
 
 @pytest.mark.slow
+@needs("torch")
 def test_three_launches_under_one_name_never_merge_another_learning_rate(tmp_path):
     """nanoGPT names every run with a constant: launched twice with one config, the second
     launch continues the first run (a restart); a third with another learning rate is
@@ -134,6 +134,7 @@ def test_three_launches_under_one_name_never_merge_another_learning_rate(tmp_pat
 
 
 @pytest.mark.slow
+@needs("torch")
 def test_wandb_log_false_trains_without_a_run(tmp_path):
     """nanoGPT's switch: wandb_log=False (a bool, not bool("False")) trains, records nothing."""
     p = subprocess.run(

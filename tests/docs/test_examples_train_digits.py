@@ -10,6 +10,7 @@ import sys
 import pytest
 from helpers import ROOT
 
+pytestmark = pytest.mark.slow  # each test trains the main job in a subprocess
 pytest.importorskip("torch")
 pytest.importorskip("sklearn")
 pytest.importorskip("hydra")
@@ -35,7 +36,6 @@ def rows(path):
     return [json.loads(line) for line in path.read_text().splitlines()]
 
 
-@pytest.mark.slow
 def test_main_job_tracks_a_real_training_run(tmp_path):
     run_dir, p = run_job(tmp_path)
     assert f"run directory: {run_dir}" in p.stdout
@@ -63,7 +63,6 @@ def test_main_job_tracks_a_real_training_run(tmp_path):
     assert not alerts.exists() or not [r for r in rows(alerts) if r.get("event") == "firing"]
 
 
-@pytest.mark.slow
 def test_main_job_spike_fires_the_spike_rule(tmp_path):
     # the window needs 50 points before zscore is known: spike after that
     run_dir, _ = run_job(
@@ -74,7 +73,6 @@ def test_main_job_spike_fires_the_spike_rule(tmp_path):
     assert fired[0]["step"] == 70
 
 
-@pytest.mark.slow
 def test_main_job_nan_fires_the_nan_guard(tmp_path):
     run_dir, _ = run_job(tmp_path, "train.fault=nan", "train.fault_step=30", "trace=false")
     fired = [r for r in rows(run_dir / "alerts.jsonl") if r.get("event") == "firing"]

@@ -61,6 +61,7 @@ def _check(xs, ys, buckets, idx):  # type: ignore[no-untyped-def]
             assert min(members, key=lambda i: (-ys[i], i)) in kept
 
 
+@pytest.mark.slow
 @settings(max_examples=300, deadline=None)
 @given(series())
 def test_m4_keeps_first_last_min_max_and_nonfinite(case) -> None:  # type: ignore[no-untyped-def]
@@ -69,6 +70,7 @@ def test_m4_keeps_first_last_min_max_and_nonfinite(case) -> None:  # type: ignor
     _check(xs, ys, buckets, idx)
 
 
+@pytest.mark.slow
 @settings(max_examples=300, deadline=None)
 @given(series())
 def test_numpy_and_python_agree(case) -> None:  # type: ignore[no-untyped-def]

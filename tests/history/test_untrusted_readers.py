@@ -312,6 +312,7 @@ def test_a_colleagues_0600_run_is_listed_unreadable_and_the_rest_shows(tmp_path)
     no_traceback(p)
 
 
+@pytest.mark.slow
 def test_a_colleagues_unsearchable_folder_or_store_never_ends_a_listing(tmp_path):
     """A colleague's run folder of mode 0744 (listable, not searchable) or a store folder
     of 0700/0744: pathlib's exists()/is_dir()/is_file() raise PermissionError there (Python

@@ -17,6 +17,8 @@ import textwrap
 import pytest
 from helpers import ROOT, read_lines, run_py
 
+# a real Accelerator and torch (seconds to import): not collected under -m "not slow"
+pytestmark = pytest.mark.slow
 pytest.importorskip("accelerate")
 torch = pytest.importorskip("torch")
 
@@ -367,7 +369,6 @@ accelerator.end_training()
 """
 
 
-@pytest.mark.slow
 def test_an_exception_in_the_loop_marks_the_run_failed(tmp_path):
     p = run_py(FAILING, check=False, env={"PYTHONPATH": str(ROOT)})
     assert p.returncode == 1 and "diverged" in p.stderr
@@ -421,7 +422,6 @@ accelerator.end_training()
 """
 
 
-@pytest.mark.slow
 def test_two_processes_only_the_main_one_logs(tmp_path):
     pytest.importorskip("torch.distributed")
     script = tmp_path / "train.py"

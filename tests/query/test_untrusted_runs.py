@@ -130,6 +130,7 @@ def test_a_planted_manifest_removes_nothing_outside_the_cache(tmp_path, name):
     assert json.loads((cdir / "manifest.json").read_text())["garbage"] == []
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize(
     "numbers",
     [
@@ -484,6 +485,7 @@ def test_a_colleagues_0600_run_is_reported_and_the_rest_answers(tmp_path):
     assert not (theirs / ".et-cache").exists()  # nothing made in their run
 
 
+@pytest.mark.slow
 @pytest.mark.skipif(not IS_ROOT or shutil.which("setpriv") is None, reason="needs root and setpriv")
 def test_a_colleagues_0700_run_folder_is_reported_not_left_out(tmp_path):
     """A run folder that cannot be listed (another uid, mode 0700) was left out of `et
@@ -873,6 +875,7 @@ def test_export_reports_an_unreadable_run_and_exports_the_rest(tmp_path):
     assert sorted((r["run"], r["loss"]) for r in got) == [("p/a", 1.0), ("p/a", 2.0), ("p/b", 3.0)]
 
 
+@pytest.mark.slow
 def test_a_config_of_many_keys_is_flattened_in_linear_time(tmp_path):
     """The runs view flattens config.json into config.* columns; they were appended to the
     table one at a time (the schema copied each time): a config of 20,000 keys took 80 s

@@ -399,6 +399,8 @@ def test_a_full_disk_under_the_cache_still_shows_the_charts(tmp_path):
         assert r.json()["metrics"]["loss"][0]["y"] == [198.0, 199.0]
         r = c.get("/api/compare", params=[("run", "p/a"), ("run", "p/b")])
         assert r.status_code == 200
+        # a part the full disk failed to flush is closed and removed, not left half-written
+        assert not list(full.rglob(".tmp-*"))
     finally:
         subprocess.run(["umount", "-l", str(full)], check=False)
 

@@ -153,6 +153,8 @@ class Server:
         except subprocess.TimeoutExpired:
             self.proc.kill()
             self.proc.wait()
+        if self.proc.stdout is not None:  # the pipe is closed here, not left to the collector
+            self.proc.stdout.close()
 
 
 HOSTILE_RUN = "<img src=x onerror=alert(3)>'\""

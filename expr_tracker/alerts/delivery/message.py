@@ -224,7 +224,7 @@ def event_to_message(event: Any) -> AlertMessage:
     return AlertMessage(
         title=str(title),
         text=str(getattr(event, "message", "") or ""),
-        level=str(level),
+        level=AlertLevel.parse(str(level)),
         subtitle=subtitle,
         fields=fields_,
         tags=tuple(tags),
@@ -280,7 +280,7 @@ def run_end_message(
         return AlertMessage(
             title=f"Run {project}/{name} failed: {etype.__name__}",
             text=str(evalue)[:2000],
-            level="error",
+            level=AlertLevel.ERROR,
             traceback=text[-8000:] if "failure" in wanted else None,
             fields=fields,
             source="failure",
@@ -290,7 +290,7 @@ def run_end_message(
         return None
     return AlertMessage(
         title=f"Run {project}/{name} finished",
-        level="info",
+        level=AlertLevel.INFO,
         fields={"status": "finished", **fields},
         source="finish",
         dedup_key=f"run-end:{project}/{name}",

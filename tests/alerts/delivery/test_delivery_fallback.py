@@ -176,6 +176,7 @@ def test_fallback_is_injectable_and_can_be_turned_off(capfd):
     assert TEXT not in capfd.readouterr().err
 
 
+@pytest.mark.slow
 def test_et_alert_on_the_command_line_prints_outcomes_not_the_fallback(monkeypatch, capfd):
     from expr_tracker.cli.main import main
 

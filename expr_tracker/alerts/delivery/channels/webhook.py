@@ -100,7 +100,7 @@ class WebhookChannel(HttpChannel):
         from expr_tracker.alerts.delivery.channels.bounded_http import post_json
 
         response = post_json(
-            self.url,  # type: ignore[arg-type]
+            self.url,
             self.payload(message),
             timeout=timeout,
             headers=self.headers(),
