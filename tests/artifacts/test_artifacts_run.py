@@ -280,7 +280,8 @@ def test_wandb_style_keywords_of_add_file_and_add_dir(tmp_path, data):
     run = wandb.init(project="p", name="r", dir=str(tmp_path / "runs"))
     artifact = wandb.Artifact(name="model", type="model")
     assert artifact.add_file(local_path=str(data / "train.csv")) == "train.csv"
-    assert artifact.add_dir(local_path=str(data / "sub"), name="labels") == ["labels/labels.txt"]
+    assert artifact.add_dir(local_path=str(data / "sub"), name="labels") is artifact
+    assert sorted(artifact.files) == ["labels/labels.txt", "train.csv"]
     run.log_artifact(artifact, aliases=["best"])
     used = run.use_artifact("model:best", type="model")
     assert used.files() == ["labels/labels.txt", "train.csv"]
