@@ -292,6 +292,7 @@ def log_artifact(
     type: str | None = None,  # noqa: A002 - wandb's keyword
     aliases: Any = None,
     metadata: Mapping[str, Any] | None = None,
+    mode: str | None = None,
 ) -> Any:
     """Store an artifact as the next version of ``name`` in ``<dir>/<project>/artifacts/``
     and record it in the run's ``artifacts.jsonl`` (docs/artifacts.md).
@@ -303,17 +304,22 @@ def log_artifact(
     the existing version, with the aliases moved onto it. The first version is ``v0`` (as in
     wandb); a store whose first version is ``v1`` goes on from its highest.
 
-    The files are copied into the store, read-only (a reflink clone where the file system
-    has one, so it costs no data), so saving the source again in place (``torch.save`` to
-    the same path) never changes a logged version. ``artifacts.mode: link`` hard-links
-    instead: no copy, but an in-place rewrite of the source then changes the stored version
-    (docs/artifacts.md "Link or copy").
+    ``mode``: ``"copy"`` or ``"link"`` for this call (None: the run's ``artifacts.mode``,
+    ``copy`` by default). ``copy`` stores read-only copies (a reflink clone where the file
+    system has one, so it costs no data), so saving the source again in place
+    (``torch.save`` to the same path) never changes a logged version. ``link`` hard-links
+    instead: no copy, but an in-place rewrite of the source then changes the stored files;
+    that is detected, never handed out: a later ``use_artifact``/``get_path``/``dir``/
+    ``download`` raises ``ArtifactCorruptedError`` (docs/artifacts.md "Link or copy").
 
     Returns the ``ArtifactVersion`` (``name``, ``version`` int, ``digest``, ``type``,
-    ``aliases``, ``metadata``, ``path``, ``files()``, ``get_path()``, ``download()``).
+    ``aliases``, ``metadata``, ``run``, ``path``, ``dir``, ``files()``, ``get_path()``,
+    ``download()``); an ``et.Artifact`` passed in is resolved to it too (``artifact.version``,
+    ``artifact.digest`` ... work afterwards).
 
     Raises:
         NoActiveRunError: no run is active.
+        ValueError: a ``mode`` other than ``copy`` or ``link`` (nothing read).
         ArtifactNameError: a bad name, type, file name or alias (it says what is valid).
         ArtifactError: an empty artifact, an unreadable source, a store that cannot be
             written (read-only, full disk): nothing is published then.
@@ -321,21 +327,27 @@ def log_artifact(
     run = _state.run
     if run is None:
         raise no_run_error()
-    return run.log_artifact(artifact_or_path, name, type, aliases, metadata)
+    return run.log_artifact(artifact_or_path, name, type, aliases, metadata, mode)
 
 
 def use_artifact(artifact: Any, type: str | None = None) -> Any:  # noqa: A002
     """A stored version of the current project's artifact, recorded as used by the run.
 
     ``artifact``: ``"name"`` or ``"name:latest"`` (the newest), ``"name:v0"`` (the first),
-    ``"name:v3"``, ``"name:<alias>"``, or an ``ArtifactVersion``. ``type``: the type it must have. The
-    manifest is checked, and the stored files cheaply (regular files inside the version
-    directory, sizes; a file whose modification time changed, or with none recorded, is
-    re-hashed); ``version.verify()`` re-hashes everything.
+    ``"name:v3"``, ``"name:<alias>"``; or an object, returned itself once resolved: an
+    ``ArtifactVersion`` of this project (refreshed: its aliases as they are now; the store
+    must still hold its digest), or an ``et.Artifact`` (the version ``log_artifact`` made of
+    it, else the newest version of its name holding its contents, every file hashed; it then
+    answers ``version``, ``digest``, ``dir``, ``get_path()`` ...). ``type``: the type it must
+    have. The manifest is checked, and the stored files cheaply (regular files inside the
+    version directory, sizes; a file whose modification time changed, or with none recorded,
+    is re-hashed, and a hard-linked one also when its change time did);
+    ``version.verify()`` re-hashes everything.
 
     Raises:
         NoActiveRunError: no run is active.
-        ArtifactNotFoundError: no such artifact, version or alias.
+        ArtifactNotFoundError: no such artifact, version or alias, or none holding the
+            object's contents (also a ``FileNotFoundError``).
         ArtifactTypeError: the version's type is not ``type``.
         ArtifactCorruptedError: a stored file is missing or changed since it was logged, or
             the store was tampered with (a manifest that is not valid, a file outside the

@@ -433,13 +433,15 @@ class Run:
         type: str | None = None,  # noqa: A002 - wandb's keyword
         aliases: Any = None,
         metadata: dict[str, Any] | None = None,
+        mode: str | None = None,
     ) -> Any:
         """Log an ``et.Artifact`` or a file/directory path as the next version of an
         artifact of this run's project; see :func:`expr_tracker.api.log_artifact`."""
-        return self._artifacts().log_artifact(artifact_or_path, name, type, aliases, metadata)
+        return self._artifacts().log_artifact(artifact_or_path, name, type, aliases, metadata, mode)
 
     def use_artifact(self, artifact: Any, type: str | None = None) -> Any:  # noqa: A002
-        """A stored version (``"name"``, ``"name:v3"``, ``"name:<alias>"``), recorded as used
+        """A stored version (``"name"``, ``"name:v3"``, ``"name:<alias>"``; an
+        ``ArtifactVersion`` or ``et.Artifact`` is returned itself, resolved), recorded as used
         by this run; see :func:`expr_tracker.api.use_artifact`."""
         return self._artifacts().use_artifact(artifact, type)
 

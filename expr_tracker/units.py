@@ -125,13 +125,19 @@ _DSL_UNITS = (("d", 86400.0), ("h", 3600.0), ("m", 60.0), ("s", 1.0))
 
 
 def format_duration(seconds: float) -> str:
-    """Canonical DSL text of a duration in seconds (``90 -> "90s"``, ``3600 -> "1h"``)."""
+    """Canonical DSL text of a duration in seconds (``90 -> "90s"``, ``3600 -> "1h"``,
+    ``2.5 -> "2500ms"``) that :func:`parse_duration` reads back as exactly ``seconds``
+    (``255.069`` is ``"255.069s"``: ``255069ms`` would read back as ``255.06900000000002``).
+
+    Raises:
+        ValueError: a duration the DSL cannot spell (an exponent, NaN, an infinity).
+    """
     for unit, size in _DSL_UNITS:
         q = seconds / size
-        if q >= 1 and q == int(q):
+        if q >= 1 and q == int(q) and int(q) * size == seconds:
             return f"{int(q)}{unit}"
     ms = seconds * 1000.0
-    if ms == int(ms):
+    if ms == int(ms) and int(ms) * DURATION_UNITS["ms"] == seconds:
         return f"{int(ms)}ms"
     text = repr(float(seconds))
     if "e" in text or "inf" in text or "nan" in text:

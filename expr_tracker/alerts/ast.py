@@ -4,13 +4,18 @@ Every front end (the DSL string through ``parse.parse_expr``, the ``M`` builder 
 ``builder.py``, dict/YAML entries) produces these nodes, so two spellings of one condition
 compare equal. Nodes are immutable (``dataclass(frozen=True, slots=True)``) and hashable.
 
-``node.to_source()`` renders the condition fully parenthesised; parsing that text gives
-back an equal tree (tested as a hypothesis property in ``tests/alerts/test_alerts_parse.py``).
+``node.to_source()`` (and ``str(node)``) renders the condition as people write it: with the
+fewest parentheses that keep its meaning under the grammar's precedence and left
+associativity (``a > 1 and b < 2``, ``(a or b) and c``, ``a - (b - c)``, ``not (a and b)``);
+parsing that text gives back an equal tree, and dropping any pair of its parentheses would
+not (both tested as hypothesis properties in ``tests/alerts/test_alerts_parse.py``;
+docs/alerts.md "How a condition is printed").
 Numbers and durations keep the text they were written with (``50``, ``1e-3``, ``5m``), so
 every rendering shows them as the user wrote them; a number built in Python (``M.loss > 50``)
-renders as ``50``, not ``50.0``. ``to_source(canonical=True)`` renders every number as
-``repr(float)`` instead: the spelling-free form auto-derived rule names are hashed from, so
-``loss > 50`` keeps the name it always had.
+renders as ``50``, not ``50.0``. ``to_source(canonical=True)`` is the spelling-free form
+auto-derived rule names are hashed from: every number as ``repr(float)`` and every
+operation fully parenthesised, exactly as it always was, so ``loss > 50`` keeps the name it
+always had (a change to it would rename rules).
 Durations are held in seconds; a window holds either a point count or a duration.
 """
 
@@ -41,6 +46,23 @@ __all__ = [
     "render_name",
 ]
 
+#: Binding strength of each form, low to high, as grammar.lark reads them:
+#: or < and < not < comparison < + - < * / % < unary minus (and a negative literal) < atoms
+#: (numbers, durations, names, windows, calls, anything in parentheses).
+OR, AND, NOT, COMPARE, SUM, PRODUCT, UNARY, ATOM = range(1, 9)
+PRECEDENCE = {"or": OR, "and": AND, "not": NOT, "+": SUM, "-": SUM}
+PRECEDENCE.update(dict.fromkeys(("<", "<=", ">", ">=", "==", "!="), COMPARE))
+PRECEDENCE.update(dict.fromkeys(("*", "/", "%"), PRODUCT))
+
+
+def _operand(node: Node, need: int, canonical: bool) -> str:
+    """``node`` rendered where the grammar takes only forms binding at least as tightly as
+    ``need``: parenthesised when it binds less tightly. In canonical mode every compound
+    node wraps itself, so nothing is added here."""
+    text = node._render(canonical)
+    return f"({text})" if not canonical and node.precedence < need else text
+
+
 _BARE_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_.@]*(/[A-Za-z0-9_.@]+)*\Z")
 _KEYWORDS = frozenset({"or", "and", "not"})
 
@@ -63,7 +85,17 @@ class Node:
 
     __slots__ = ()
 
-    def to_source(self, canonical: bool = False) -> str:  # pragma: no cover - overridden
+    #: how tightly the node binds as the grammar reads it (``PRECEDENCE``); an operand that
+    #: binds less tightly than its place needs is parenthesised
+    precedence = ATOM
+
+    def to_source(self, canonical: bool = False) -> str:
+        """The DSL text of the condition: the fewest parentheses that keep the tree, numbers
+        and durations as written. ``canonical``: fully parenthesised with every number as
+        ``repr(float)`` (the frozen form rule names are hashed from)."""
+        return self._render(canonical)
+
+    def _render(self, canonical: bool) -> str:  # pragma: no cover - overridden
         raise NotImplementedError
 
     def children(self) -> tuple[Node, ...]:
@@ -121,12 +153,16 @@ class Number(Node):
     value: float
     text: str = field(default="", compare=False)
 
-    def to_source(self, canonical: bool = False) -> str:
+    @property
+    def precedence(self) -> int:  # type: ignore[override]
+        """A negative literal is read as a unary minus folded into the number."""
+        return UNARY if (self.text or format_number(self.value)).startswith("-") else ATOM
+
+    def _render(self, canonical: bool) -> str:
         if canonical:
             text = repr(float(self.value))
             return f"({text})" if self.value < 0 else text
-        text = self.text or format_number(self.value)
-        return f"({text})" if text.startswith("-") else text
+        return self.text or format_number(self.value)
 
 
 @dataclass(frozen=True, slots=True)
@@ -136,7 +172,7 @@ class Duration(Node):
     seconds: float
     text: str = field(default="", compare=False)
 
-    def to_source(self, canonical: bool = False) -> str:
+    def _render(self, canonical: bool) -> str:
         return self.text or format_duration(self.seconds)
 
 
@@ -146,7 +182,7 @@ class Name(Node):
 
     name: str
 
-    def to_source(self, canonical: bool = False) -> str:
+    def _render(self, canonical: bool) -> str:
         return render_name(self.name)
 
 
@@ -163,7 +199,7 @@ class Window(Node):
     seconds: float | None = None
     text: str = field(default="", compare=False)
 
-    def to_source(self, canonical: bool = False) -> str:
+    def _render(self, canonical: bool) -> str:
         if self.size is not None:
             inner = str(self.size)
         else:
@@ -181,8 +217,9 @@ class Call(Node):
     def children(self) -> tuple[Node, ...]:
         return self.args
 
-    def to_source(self, canonical: bool = False) -> str:
-        return f"{self.func}({', '.join(a.to_source(canonical) for a in self.args)})"
+    def _render(self, canonical: bool) -> str:
+        # an argument is a whole condition (grammar.lark ``args``): never parenthesised
+        return f"{self.func}({', '.join(a._render(canonical) for a in self.args)})"
 
 
 @dataclass(frozen=True, slots=True)
@@ -190,19 +227,26 @@ class Neg(Node):
     """Unary minus of a non-literal operand."""
 
     operand: Node
+    precedence = UNARY
 
     def children(self) -> tuple[Node, ...]:
         return (self.operand,)
 
-    def to_source(self, canonical: bool = False) -> str:
-        return f"(-{self.operand.to_source(canonical)})"
+    def _render(self, canonical: bool) -> str:
+        if canonical:
+            return f"(-{self.operand._render(canonical)})"
+        return f"-{_operand(self.operand, UNARY, canonical)}"
 
 
 class _Binary(Node):
-    """Shared by the two-operand nodes: children and the parenthesised rendering.
+    """Shared by the two-operand nodes: children and the rendering.
 
     ``_word`` is the operator as written in the DSL (``op`` for arithmetic and
-    comparisons, ``and``/``or`` for the logical nodes).
+    comparisons, ``and``/``or`` for the logical nodes). The grammar's binary forms are left
+    associative (``a - b - c`` is ``(a - b) - c``), and a comparison takes sums on both
+    sides (``a < b < c`` is a chain, read as two comparisons): so the left operand may bind
+    as loosely as the operator itself, except under a comparison, and the right operand
+    must bind more tightly.
     """
 
     __slots__ = ()
@@ -214,12 +258,19 @@ class _Binary(Node):
     def _word(self) -> str:
         return self.op  # type: ignore[attr-defined]
 
+    @property
+    def precedence(self) -> int:  # type: ignore[override]
+        return PRECEDENCE[self._word]
+
     def children(self) -> tuple[Node, ...]:
         return (self.left, self.right)
 
-    def to_source(self, canonical: bool = False) -> str:
-        left, right = self.left.to_source(canonical), self.right.to_source(canonical)
-        return f"({left} {self._word} {right})"
+    def _render(self, canonical: bool) -> str:
+        mine = self.precedence
+        left = _operand(self.left, mine + 1 if mine == COMPARE else mine, canonical)
+        right = _operand(self.right, mine + 1, canonical)
+        text = f"{left} {self._word} {right}"
+        return f"({text})" if canonical else text
 
 
 @dataclass(frozen=True, slots=True)
@@ -263,9 +314,12 @@ class Not(Node):
     """Kleene negation."""
 
     operand: Node
+    precedence = NOT
 
     def children(self) -> tuple[Node, ...]:
         return (self.operand,)
 
-    def to_source(self, canonical: bool = False) -> str:
-        return f"(not {self.operand.to_source(canonical)})"
+    def _render(self, canonical: bool) -> str:
+        if canonical:
+            return f"(not {self.operand._render(canonical)})"
+        return f"not {_operand(self.operand, NOT, canonical)}"

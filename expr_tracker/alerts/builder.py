@@ -1,18 +1,28 @@
 """``M``: build alert conditions in Python with editor completion (docs/alerts.md "Three front ends, one tree").
 
     M["train/loss"][50].zscore() > 4        # == parse_expr("zscore(train/loss[50]) > 4")
+    M("loss") > "val_loss"                  # a str operand is a metric: loss > val_loss
     M.loss.isnan() | (M.loss > 10)          # | & ~ are or / and / not
-    M.loss["5m"].mean()                     # duration windows as strings
-    mean(M.loss[20]) > 1                    # functions also as module-level helpers
+    M.loss["5m"].mean()                     # duration windows as strings ...
+    M.loss[2.5].mean()                      # ... or as a float: seconds (an int: points)
 
 Every operation returns an ``Expr`` wrapping a frozen AST node (``expr.node``), so the
-result compares equal to the parsed DSL. ``M.eval.acc`` is the metric ``eval.acc``
-(resolved to ``eval/acc`` when that is what was logged). Python's ``and``/``or``/``not``
-cannot be overloaded: use ``&``, ``|``, ``~`` (and parenthesise comparisons).
-Chained comparisons (``a < b < c``) do not work in Python here: write ``(a < b) & (b < c)``.
+result compares equal to the parsed DSL; ``str(expr)`` is its DSL text. ``M.eval.acc`` is
+the metric ``eval.acc`` (resolved to ``eval/acc`` when that is what was logged). Python's
+``and``/``or``/``not`` cannot be overloaded: use ``&``, ``|``, ``~`` (and parenthesise
+comparisons). Chained comparisons (``a < b < c``) do not work in Python here: write
+``(a < b) & (b < c)``.
+
+Operands: an ``Expr``, an AST node, a real number (``int``, ``float``, NumPy scalars) or a
+``str``, taken as a metric name. Anything else (``None``, a ``bool``, a list, a tensor)
+raises ``TypeError``; an empty name raises ``RuleError``.
 """
 
 from __future__ import annotations
+
+import datetime
+import math
+import numbers
 
 from expr_tracker.alerts import ast
 from expr_tracker.alerts.functions import FUNCTIONS
@@ -20,34 +30,91 @@ from expr_tracker.alerts.parse import RuleError
 
 __all__ = ["M", "Expr", "call"]
 
+_OPERANDS = "an M expression, a number or a metric name (str)"
+
 
 def _node(value) -> ast.Node:
+    """An operand as an AST node.
+
+    Raises:
+        TypeError: a value that is none of ``_OPERANDS`` (a ``bool`` included: a bare
+            True/False is not a condition).
+        RuleError: an empty metric name.
+    """
     if isinstance(value, Expr):
         return value.node
     if isinstance(value, ast.Node):
         return value
+    if isinstance(value, str):
+        return _metric(value).node
     if isinstance(value, bool):
-        raise RuleError("a bare True/False is not a condition; compare a metric instead")
-    if isinstance(value, (int, float)):
+        raise TypeError(
+            f"cannot use the bool {value!r} in an alert expression: a bare True/False is not "
+            f"a condition; use {_OPERANDS} (compare a metric instead)"
+        )
+    if isinstance(value, numbers.Real):
         try:
             return ast.Number(float(value))
         except OverflowError:  # an int beyond the float range compares like an infinity
             return ast.Number(float("inf") if value > 0 else float("-inf"))
-    raise RuleError(f"cannot use {type(value).__name__} in an alert expression")
+    raise TypeError(
+        f"cannot use {type(value).__name__} {_short(value)} in an alert expression: an "
+        f"operand is {_OPERANDS}"
+    )
+
+
+def _short(value) -> str:
+    text = repr(value)
+    return text if len(text) <= 40 else text[:37] + "..."
+
+
+def _metric(name) -> Metric:
+    if not isinstance(name, str):
+        raise TypeError(f"a metric name is a str, got {type(name).__name__} {_short(name)}")
+    if not name:
+        raise RuleError("a metric name is a non-empty string, got ''")
+    return Metric(ast.Name(name))
+
+
+_WINDOWS = (
+    "a window is a number of points (int), a duration in seconds (float, timedelta) or a "
+    "duration string such as '30s'"
+)
 
 
 def _window(name: str, key) -> ast.Window:
+    """``m[key]``: an ``int`` counts points, a ``float`` (or ``timedelta``) is a duration in
+    seconds, a ``str`` is read as the DSL reads a window (``"20"``, ``"30s"``, ``"5m"``).
+
+    Raises:
+        TypeError: another type (a ``bool`` included).
+        RuleError: a value no window has (not positive, not finite, a bad string).
+    """
     if isinstance(key, bool):
-        raise RuleError("a window is a number of points or a duration such as '30s'")
-    if isinstance(key, int):
-        return ast.Window(name, size=key)
+        raise TypeError(f"{_WINDOWS}, got the bool {key!r}")
+    if isinstance(key, numbers.Integral):
+        return ast.Window(name, size=int(key))
+    if isinstance(key, datetime.timedelta):
+        key = key.total_seconds()
+    if isinstance(key, numbers.Real):
+        seconds = float(key)
+        if not (math.isfinite(seconds) and seconds > 0):
+            raise RuleError(f"{_WINDOWS}: a duration must be finite and > 0 seconds, got {key!r}")
+        try:
+            text = ast.format_duration(seconds)
+        except ValueError:
+            raise RuleError(
+                f"{_WINDOWS}: {key!r} s has no DSL spelling (write it in ms, e.g. '5ms')"
+            ) from None
+        return ast.Window(name, seconds=seconds, text=text)
     if isinstance(key, str):
         from expr_tracker.alerts.parse import parse_expr
 
         node = parse_expr(f"x[{key.strip()}]")
         if isinstance(node, ast.Window):
             return ast.Window(name, size=node.size, seconds=node.seconds, text=node.text)
-    raise RuleError(f"a window is a number of points or a duration such as '30s', got {key!r}")
+        raise RuleError(f"{_WINDOWS}, got {key!r}")
+    raise TypeError(f"{_WINDOWS}, got {type(key).__name__} {_short(key)}")
 
 
 class Expr:
@@ -61,8 +128,12 @@ class Expr:
     def __repr__(self) -> str:
         return f"Expr({self.node.to_source()})"
 
-    def to_source(self) -> str:
+    def __str__(self) -> str:
         return self.node.to_source()
+
+    def to_source(self, canonical: bool = False) -> str:
+        """The condition as DSL text (``Node.to_source``): the fewest parentheses."""
+        return self.node.to_source(canonical)
 
     # comparisons
     def __lt__(self, other):
@@ -174,14 +245,18 @@ class Metric(Expr):
 
 
 class _MetricFactory:
-    """``M.name`` / ``M["any/name"]`` -> a metric expression."""
+    """``M.name`` / ``M["any/name"]`` / ``M("any/name")`` -> a metric expression.
+
+    Raises ``TypeError`` for a name that is not a ``str``, ``RuleError`` for ``""``.
+    """
 
     __slots__ = ()
 
     def __getitem__(self, name: str) -> Metric:
-        if not isinstance(name, str) or not name:
-            raise RuleError(f"a metric name is a non-empty string, got {name!r}")
-        return Metric(ast.Name(name))
+        return _metric(name)
+
+    def __call__(self, name: str) -> Metric:
+        return _metric(name)
 
     def __getattr__(self, name: str) -> Metric:
         if name.startswith("__"):
@@ -196,7 +271,9 @@ M = _MetricFactory()
 
 
 def call(func: str, *args) -> Expr:
-    """``call("max", M.a, M.b)`` -> ``max(a, b)``; ``func`` must be whitelisted."""
+    """``call("max", M.a, M.b)`` (or ``call("max", "a", "b")``) -> ``max(a, b)``; ``func``
+    must be whitelisted (``RuleError``); an argument is an operand as for the operators
+    (``TypeError`` otherwise)."""
     if func not in FUNCTIONS:
         raise RuleError(f"unknown function {func!r}")
     return Expr(ast.Call(func, tuple(_node(a) for a in args)))

@@ -86,17 +86,6 @@ def parse_seconds(value, what: str) -> float:
     return out
 
 
-def _display(node: ast.Node) -> str:
-    text = node.to_source()
-    if text.startswith("(") and text.endswith(")"):
-        try:
-            if parse_expr(text[1:-1]) == node:
-                return text[1:-1]
-        except RuleError:
-            pass
-    return text
-
-
 def _names(value, what: str) -> tuple[str, ...]:
     if value is None:
         return ()
@@ -132,7 +121,7 @@ def _condition(cond, source: str) -> tuple[ast.Node, str]:
             f"got {type(cond).__name__}",
             field="condition",
         )
-    return cond, source or _display(cond)
+    return cond, source or cond.to_source()
 
 
 def _check_mode(value):
@@ -263,6 +252,13 @@ class AlertRule:
         if len(short) > 60:
             short = short[:57] + "..."
         return f"{short} [{self.level}#{digest}]"
+
+    def __str__(self) -> str:
+        """The one-line form, ``"condition => level: message"`` (``": message"`` only when
+        there is one), the condition with the fewest parentheses; ``AlertRule.parse`` of it
+        gives back the condition, level and message."""
+        text = f"{self.condition.to_source()} => {self.level}"
+        return text if self.message is None else f"{text}: {self.message}"
 
     @property
     def metrics(self) -> tuple[str, ...]:

@@ -15,8 +15,12 @@ class ArtifactNameError(ArtifactError, ValueError):
     message names the field, the value and what is valid."""
 
 
-class ArtifactNotFoundError(ArtifactError, LookupError):
-    """No such artifact, version or alias in the project's store."""
+class ArtifactNotFoundError(ArtifactError, LookupError, FileNotFoundError):
+    """No such artifact, version, alias or file in the project's store.
+
+    Also a ``LookupError`` and a ``FileNotFoundError`` (so an ``OSError``, with ``errno``
+    None as for any ``FileNotFoundError("message")``): code written for a missing file
+    (``except FileNotFoundError``) catches a missing artifact too."""
 
 
 class ArtifactTypeError(ArtifactError, ValueError):

@@ -33,9 +33,15 @@ class Artifact:
     """A set of files (and references) to log as the next version of ``name``.
 
     ``et.Artifact("digits", type="dataset", description=None, metadata=None)``; add content
-    with :meth:`add_file`, :meth:`add_dir`, :meth:`add_reference`, then
-    ``et.log_artifact(artifact, aliases=["best"])``. Files are read when logged, not when
-    added (only their existence is checked here).
+    with :meth:`add_file`, :meth:`add_dir` (chains: it returns the artifact),
+    :meth:`add_reference`, then ``et.log_artifact(artifact, aliases=["best"])``. Files are
+    read when logged, not when added (only their existence is checked here).
+
+    Once ``log_artifact(artifact)`` or ``use_artifact(artifact)`` has resolved it to a stored
+    version (:attr:`resolved`), the artifact also answers that version's attributes
+    (``version``, ``digest``, ``aliases``, ``dir``, ``get_path()``, ``download()`` ... see
+    ``RESOLVED_ATTRIBUTES``); ``files`` and ``references`` keep their meaning here (the
+    sources added). Adding content afterwards unresolves it.
 
     Raises:
         ArtifactNameError: a bad ``name`` or ``type`` (the message says what is valid).
@@ -60,6 +66,30 @@ class Artifact:
         self._files: dict[str, Path] = {}  # name inside the artifact -> source file
         self._refs: dict[str, str] = {}  # name -> URI
         self._dirs: set[str] = set()  # every directory prefix of a name
+        self._resolved: ArtifactVersion | None = None
+
+    @property
+    def resolved(self) -> ArtifactVersion | None:
+        """The stored version ``log_artifact``/``use_artifact`` resolved this artifact to
+        (None before, or after content was added since)."""
+        return self._resolved
+
+    def resolve(self, version: ArtifactVersion | None) -> None:
+        """Set :attr:`resolved` (what ``log_artifact``/``use_artifact`` call)."""
+        self._resolved = version
+
+    def __getattr__(self, name: str) -> Any:
+        # only for names not found the usual way: the resolved version's attributes
+        if name in RESOLVED_ATTRIBUTES:
+            version = self.__dict__.get("_resolved")
+            if version is None:
+                raise AttributeError(
+                    f"artifact {self.__dict__.get('name')!r} has no {name!r} yet: it is not a "
+                    "stored version until et.log_artifact(artifact) or "
+                    "et.use_artifact(artifact) resolves it"
+                )
+            return getattr(version, name)
+        raise AttributeError(f"{type(self).__name__!r} object has no attribute {name!r}")
 
     # ------------------------------------------------------------------ building
 
@@ -84,14 +114,16 @@ class Artifact:
         self._files[entry] = src.absolute()
         return entry
 
-    def add_dir(self, local_path: str | os.PathLike[str], name: str | None = None) -> list[str]:
+    def add_dir(self, local_path: str | os.PathLike[str], name: str | None = None) -> Artifact:
         """Add every regular file under directory ``local_path`` (symbolic links to files
         are followed, links to directories are not), named by its path relative to it,
         under the prefix ``name`` when given (``add_dir("out", name="ckpt")`` adds
         ``ckpt/model.pt``). Other special files (sockets, FIFOs) are skipped, and so are a
         project's artifact store below (``artifacts/`` with its ``index.jsonl``) and a run's
-        query cache (``.et-cache/``: derived from the run's JSONL, rebuilt on demand). Returns
-        the names added, sorted.
+        query cache (``.et-cache/``: derived from the run's JSONL, rebuilt on demand).
+        Returns the artifact itself, so calls chain
+        (``et.log_artifact(et.Artifact("ds").add_dir("data"))``); :attr:`files` lists the
+        names.
 
         Raises:
             ArtifactError: ``local_path`` is not a directory.
@@ -124,7 +156,7 @@ class Artifact:
         except BaseException:
             self._files, self._dirs = saved
             raise
-        return sorted(entry for entry, _ in found)
+        return self
 
     def add_reference(self, uri: str, name: str | None = None) -> str:
         """Record ``uri`` (``s3://bucket/key``, ``https://...``, a path) by name, never
@@ -147,6 +179,7 @@ class Artifact:
         return entry
 
     def _claim(self, entry: str) -> None:
+        self._resolved = None  # other contents now: no longer the version resolved
         if entry in self._files or entry in self._refs:
             raise ArtifactNameError(f"name {entry!r} is already in artifact {self.name!r}")
         if entry in self._dirs:
@@ -180,6 +213,29 @@ class Artifact:
             f"Artifact({self.name!r}, type={self.type!r}, files={len(self._files)}, "
             f"references={len(self._refs)})"
         )
+
+
+#: the attributes of :class:`ArtifactVersion` an :class:`Artifact` answers once resolved
+RESOLVED_ATTRIBUTES = frozenset(
+    {
+        "version",
+        "qualified_name",
+        "digest",
+        "aliases",
+        "size",
+        "created_at",
+        "path",
+        "dir",
+        "run",
+        "run_info",
+        "manifest",
+        "get_path",
+        "download",
+        "check",
+        "verify",
+        "to_dict",
+    }
+)
 
 
 def is_store(path: Path) -> bool:
@@ -310,9 +366,10 @@ def check_manifest(manifest: Any, where: str) -> None:
                 sha = entry.get("sha256")
                 if not isinstance(sha, str) or not SHA256_RE.match(sha):
                     raise bad(f"{label}: sha256 {_show(sha)} is not 64 hex digits")
-                mtime = entry.get("mtime_ns")
-                if mtime is not None and type(mtime) is not int:
-                    raise bad(f"{label}: mtime_ns {_show(mtime)} is not an integer")
+                for stamp in ("mtime_ns", "ctime_ns"):
+                    value = entry.get(stamp)
+                    if value is not None and type(value) is not int:
+                        raise bad(f"{label}: {stamp} {_show(value)} is not an integer")
                 if entry.get("stored") not in (None, "link", "copy"):
                     raise bad(f"{label}: stored {_show(entry.get('stored'))} is not link or copy")
             else:
@@ -355,8 +412,12 @@ class ArtifactVersion:
         digest: sha256 (hex) over the sorted manifest entries (see docs/artifacts.md).
         aliases: the aliases pointing here, ``latest`` included when it is the newest.
         metadata: dict. ``size``: bytes of the stored files. ``created_at``: epoch seconds.
-        path: the version directory (``Path``): the files, as named in the artifact.
-        manifest: the whole manifest (dict). ``run``: the run that logged it (dict or None).
+        path: the version directory (``Path``): the files, as named in the artifact, not
+            checked; ``dir`` is the same directory once every stored file is checked
+            (:meth:`check`), what to read the files from.
+        manifest: the whole manifest (dict). ``run``: the name of the run that logged it
+            (``str``, None when unknown); ``run_info``: that run's identity (dict:
+            ``project``, ``name``, ``stream``, ``rank``, ``dir``; None when unknown).
 
     The manifest is checked when the version is made (:func:`check_manifest`), and every
     stored file when it is handed out (:meth:`get_path`, :meth:`download`, :meth:`check`,
@@ -380,7 +441,9 @@ class ArtifactVersion:
         self.metadata: dict[str, Any] = dict(manifest.get("metadata") or {})
         self.size: int = manifest.get("size") or 0
         self.created_at: float | None = manifest.get("created_at")
-        self.run: dict[str, Any] | None = manifest.get("run")
+        self.run_info: dict[str, Any] | None = manifest.get("run")
+        who = (self.run_info or {}).get("name")
+        self.run: str | None = who if isinstance(who, str) else None
         self.aliases = list(aliases)
         self._mode = mode
         self._files = {f["name"]: f for f in manifest.get("files", [])}
@@ -389,6 +452,32 @@ class ArtifactVersion:
     @property
     def qualified_name(self) -> str:
         return f"{self.name}:v{self.version}"
+
+    @property
+    def dir(self) -> Path:
+        """The version directory, once every stored file is checked (:meth:`check`: a
+        linked file edited since it was logged raises instead of being handed out); read
+        the files from it, do not edit them. ``download()`` with no root is the same.
+
+        Raises:
+            ArtifactCorruptedError: a stored file is missing or changed, or the store was
+                tampered with.
+        """
+        self.check()
+        return self.path
+
+    def refresh_from(self, other: ArtifactVersion) -> None:
+        """Take ``other``'s state (the same version read again: aliases as they are now).
+
+        Raises:
+            ArtifactCorruptedError: ``other`` is another version or other contents.
+        """
+        if (other.name, other.version, other.digest) != (self.name, self.version, self.digest):
+            raise ArtifactCorruptedError(
+                f"{self.qualified_name} (digest {self.digest[:16]}...) cannot be refreshed from "
+                f"{other.qualified_name} (digest {other.digest[:16]}...): other contents"
+            )
+        self.__dict__.update(other.__dict__)
 
     def files(self) -> list[str]:
         """The names of the stored files (relative, ``/``-separated), sorted. References
@@ -664,7 +753,14 @@ class ArtifactVersion:
             if st.st_size != entry["size"]:
                 raise _Bad(f"size {st.st_size} bytes, logged {entry['size']}")
             mtime = entry.get("mtime_ns")
-            if full or mtime is None or st.st_mtime_ns != mtime:
+            stale = mtime is None or st.st_mtime_ns != mtime
+            if entry.get("stored") == "link":
+                # a hard link is the user's file too: a write needs no chmod, and a tool may
+                # restore the modification time (rsync -t, touch -r); the change time cannot
+                # be set back, so it must match as well
+                ctime = entry.get("ctime_ns")
+                stale = stale or ctime is None or st.st_ctime_ns != ctime
+            if full or stale:
                 try:
                     digest = hash_fd(fd)
                 except OSError as exc:
@@ -692,7 +788,9 @@ class ArtifactVersion:
         """The cheap integrity check ``use_artifact`` runs: the version directory is at its
         place in the store, and every stored file is a regular file inside it with its
         recorded size; a file is re-hashed when its modification time differs from the
-        recorded one, or when none is recorded.
+        recorded one, or when none is recorded, and a hard-linked file (``mode="link"``)
+        also when its change time differs or none is recorded (docs/artifacts.md "Link or
+        copy").
 
         Raises:
             ArtifactCorruptedError: naming the files that differ.
@@ -718,7 +816,7 @@ class ArtifactVersion:
         if linked and any("content changed" in b or " bytes, logged " in b for b in bad):
             hint = (
                 " (a file stored as a hard link changes when its source is edited in place; "
-                "use artifacts.mode: copy to keep versions independent)"
+                "log with mode='copy' (artifacts.mode: copy) to keep versions independent)"
             )
         return ArtifactCorruptedError(
             f"{self.qualified_name} at {self.path} no longer matches its manifest: {shown}{hint}"
@@ -743,7 +841,7 @@ class ArtifactVersion:
             "files": len(self._files),
             "references": len(self._refs),
             "created_at": self.created_at,
-            "run": self.run,
+            "run": self.run_info,
         }
 
     def __repr__(self) -> str:

@@ -12,9 +12,9 @@ from typing import Any
 
 from expr_tracker.artifacts.errors import ArtifactError, ArtifactNotFoundError, ArtifactTypeError
 from expr_tracker.artifacts.lineage import append_lineage, current_step
-from expr_tracker.artifacts.model import Artifact, ArtifactVersion, check_metadata
+from expr_tracker.artifacts.model import Artifact, ArtifactVersion, check_metadata, version_digest
 from expr_tracker.artifacts.names import parse_ref, validate_name, validate_type
-from expr_tracker.artifacts.store import ArtifactStore
+from expr_tracker.artifacts.store import ArtifactStore, check_mode
 
 
 class RunArtifacts:
@@ -42,16 +42,21 @@ class RunArtifacts:
         type: str | None = None,  # noqa: A002 - wandb's keyword
         aliases: Any = None,
         metadata: dict[str, Any] | None = None,
+        mode: str | None = None,
     ) -> ArtifactVersion:
         """See :func:`expr_tracker.api.log_artifact`."""
+        if mode is not None:
+            check_mode(mode)  # before anything is read
         self._check_not_in_run_dir()
         artifact = as_artifact(artifact_or_path, name, type)
         merged = None
         if metadata is not None:
             merged = {**artifact.metadata, **check_metadata(metadata)}
         version, new = self.store.log(
-            artifact, aliases=aliases, metadata=merged, run=self._identity()
+            artifact, aliases=aliases, metadata=merged, run=self._identity(), mode=mode
         )
+        if artifact is artifact_or_path:
+            artifact.resolve(version)
         self._warn_skipped()
         for notice in self.store.notices:
             self.rewritten += 1
@@ -64,31 +69,92 @@ class RunArtifacts:
         self._record("logged", version, new=new)
         return version
 
-    def use_artifact(self, ref: str | ArtifactVersion, type: str | None = None) -> ArtifactVersion:  # noqa: A002
-        """See :func:`expr_tracker.api.use_artifact`."""
-        if isinstance(ref, ArtifactVersion):
-            # the same name and number in this project's store may be other contents
-            store = Path(ref.path).absolute().parent.parent
-            if store != self.store.root.absolute():
-                raise ArtifactNotFoundError(
-                    f"{ref.qualified_name} is a version of the store {store}, not of this run's "
-                    f"project ({self.store.root}); use_artifact reads the run's own project"
-                )
-            ref = ref.qualified_name
-        name, selector = parse_ref(ref)
+    def use_artifact(
+        self,
+        ref: str | ArtifactVersion | Artifact,
+        type: str | None = None,  # noqa: A002
+    ) -> ArtifactVersion | Artifact:
+        """See :func:`expr_tracker.api.use_artifact`. An ``ArtifactVersion`` or ``Artifact``
+        given is the object returned, resolved (refreshed from the store)."""
         if type is not None:
             validate_type(type, "type")
-        version = self.store.get(name, selector)
+        given: ArtifactVersion | Artifact | None = None
+        if isinstance(ref, ArtifactVersion):
+            given = ref
+            self._check_same_store(ref)
+            version = self._same_contents(ref.name, ref.version, ref.digest)
+        elif isinstance(ref, Artifact):
+            given = ref
+            version = self._resolve_artifact(ref)
+        else:
+            name, selector = parse_ref(ref)
+            version = self.store.get(name, selector)
         if type is not None and version.type != type:
+            shown = ref if isinstance(ref, str) else version.qualified_name
             raise ArtifactTypeError(
                 f"artifact {version.qualified_name} has type {version.type!r}, not {type!r} "
-                f"(use_artifact({ref!r}, type={version.type!r}), or no type= to take any)"
+                f"(use_artifact({shown!r}, type={version.type!r}), or no type= to take any)"
             )
         self._warn_skipped()
         version.check()
         self.used += 1
         self._record("used", version)
+        if isinstance(given, ArtifactVersion):
+            given.refresh_from(version)
+            return given
+        if isinstance(given, Artifact):
+            given.resolve(version)
+            return given
         return version
+
+    def _check_same_store(self, ref: ArtifactVersion) -> None:
+        # the same name and number in this project's store may be other contents
+        store = Path(ref.path).absolute().parent.parent
+        if store != self.store.root.absolute():
+            raise ArtifactNotFoundError(
+                f"{ref.qualified_name} is a version of the store {store}, not of this run's "
+                f"project ({self.store.root}); use_artifact reads the run's own project"
+            )
+
+    def _same_contents(self, name: str, number: int, digest: str) -> ArtifactVersion:
+        """``name:v<number>`` of the store, which must still hold ``digest``.
+
+        Raises:
+            ArtifactNotFoundError: it is gone, or the store's version holds other contents
+                (its index was replaced or edited since the object was made).
+        """
+        version = self.store.get(name, f"v{number}")
+        if version.digest != digest:
+            raise ArtifactNotFoundError(
+                f"{version.qualified_name} of {self.store.root} now holds other contents "
+                f"(digest {version.digest[:16]}..., not {digest[:16]}...): the version given "
+                "is no longer in the store"
+            )
+        return version
+
+    def _resolve_artifact(self, artifact: Artifact) -> ArtifactVersion:
+        """The stored version an ``et.Artifact`` stands for: the one ``log_artifact`` made
+        of it (when it was logged and not changed since), else the newest version of its name
+        whose digest is that of its contents as they are now (every file hashed).
+
+        Raises:
+            ArtifactNotFoundError: no version of its name holds these contents.
+            ArtifactError: a source file cannot be read.
+        """
+        done = artifact.resolved
+        if done is not None:
+            self._check_same_store(done)
+            return self._same_contents(done.name, done.version, done.digest)
+        digest = content_digest(artifact)
+        item = self.store.catalog().get(artifact.name) or {"versions": {}}
+        found = [v for v, rec in item["versions"].items() if rec.get("digest") == digest]
+        if not found:
+            raise ArtifactNotFoundError(
+                f"no version of artifact {artifact.name!r} in {self.store.root} holds the "
+                f"contents of this et.Artifact (digest {digest[:16]}...): log it first "
+                "(et.log_artifact(artifact))"
+            )
+        return self.store.get(artifact.name, f"v{max(found)}")
 
     def _warn_skipped(self) -> None:
         """One warning (counted in ``et.info()["warnings"]``) when the index read last held
@@ -235,3 +301,25 @@ def as_artifact(
     else:
         raise ArtifactError(f"log_artifact: {str(path)!r} is not a regular file or directory")
     return art
+
+
+def content_digest(artifact: Artifact) -> str:
+    """The digest the store would give ``artifact``'s contents as they are now (every file
+    hashed; see docs/artifacts.md "On disk").
+
+    Raises:
+        ArtifactError: a source file cannot be read.
+    """
+    from expr_tracker.artifacts.files import hash_file
+
+    files = []
+    for entry, src in sorted(artifact.files.items()):
+        try:
+            size, sha = hash_file(src)
+        except OSError as exc:
+            raise ArtifactError(
+                f"artifact file {entry!r}: cannot read {str(src)!r}: {exc}"
+            ) from exc
+        files.append({"name": entry, "size": size, "sha256": sha})
+    refs = [{"name": k, "uri": v} for k, v in sorted(artifact.references.items())]
+    return version_digest(files, refs)

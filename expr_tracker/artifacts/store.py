@@ -101,10 +101,8 @@ class ArtifactStore:
     """
 
     def __init__(self, root: str | os.PathLike[str], mode: str = "copy") -> None:
-        if mode not in MODES:
-            raise ValueError(f"artifacts mode {mode!r} is not valid: use 'link' or 'copy'")
         self.root = Path(root)
-        self.mode = mode
+        self.mode = check_mode(mode)
         self._local = threading.local()
 
     @property
@@ -318,14 +316,17 @@ class ArtifactStore:
         aliases: Any = None,
         metadata: dict[str, Any] | None = None,
         run: dict[str, Any] | None = None,
+        mode: str | None = None,
     ) -> tuple[ArtifactVersion, bool]:
         """Publish ``artifact`` as its next version; returns (the version, True), or (the
         existing version with the same digest, False) with ``aliases`` moved onto it.
 
         ``metadata`` (already JSON-able) replaces the artifact's; ``run`` (identity of the
-        logging run) is recorded in the manifest and the index.
+        logging run) is recorded in the manifest and the index; ``mode`` (``copy`` or
+        ``link``) is how this call stores its files, the store's :attr:`mode` when None.
 
         Raises:
+            ValueError: a ``mode`` other than ``copy`` or ``link``.
             ArtifactNameError: a bad alias.
             ArtifactError: an empty artifact, a source file that cannot be read, a store
                 that cannot be written (read-only, full disk). Nothing is published then
@@ -333,6 +334,7 @@ class ArtifactStore:
                 publisher of this artifact removes.
         """
         self.notices = []
+        mode = self.mode if mode is None else check_mode(mode)
         aliases = validate_aliases(aliases)
         name = validate_name(artifact.name)
         files, refs = artifact.files, artifact.references
@@ -360,7 +362,7 @@ class ArtifactStore:
             lock_file = open(lock_path, "xb")  # noqa: SIM115
             hold(lock_file.fileno())
             staging.mkdir()
-            entries, deferred = self._stage(files, staging)
+            entries, deferred = self._stage(files, staging, mode)
             references = [{"name": k, "uri": refs[k]} for k in sorted(refs)]
             digest = version_digest(entries, references)
             if deferred and not self._has_digest(name, digest):
@@ -379,7 +381,10 @@ class ArtifactStore:
                     aliases,
                     metadata,
                     run,
+                    mode,
                 )
+        except ArtifactError:
+            raise  # ArtifactNotFoundError is an OSError too: never "cannot log"
         except OSError as exc:
             raise ArtifactError(
                 f"cannot log artifact {name!r} to {self.root}: {exc}; nothing was published"
@@ -399,10 +404,14 @@ class ArtifactStore:
                 lock_file.close()
 
     def _stage(
-        self, files: dict[str, Path], staging: Path
+        self, files: dict[str, Path], staging: Path, mode: str
     ) -> tuple[list[dict[str, Any]], list[int]]:
-        """Link or copy every file into ``staging``, hashing it; returns (the manifest
-        entries, the indexes of entries deferred).
+        """Link (``mode`` ``link``) or copy every file into ``staging``, hashing it; returns
+        (the manifest entries, the indexes of entries deferred).
+
+        A linked file is hashed through its own descriptor with its stamps taken before and
+        after (:func:`_hash_linked`): one written to while hashed is copied instead, and
+        its stamps are recorded only when they can tell a later write apart (not racy).
 
         In ``link`` mode a source that already has other hard links (``st_nlink > 1``: most
         likely an earlier version of this store) is not linked again: it is only hashed here
@@ -429,7 +438,8 @@ class ArtifactStore:
                     made.add(d)
             try:
                 how = "copy"
-                if self.mode == "link":
+                stamps: dict[str, int] | None = None
+                if mode == "link":
                     if os.stat(src).st_nlink > 1:
                         size, sha = hash_file(src)
                         deferred.append(len(entries))
@@ -445,8 +455,13 @@ class ArtifactStore:
                         if exc.errno not in LINK_FALLBACK:
                             raise
                 if how == "link":
-                    size, sha = hash_file(dst)
-                else:
+                    linked = _hash_linked(dst)
+                    if linked is None:  # written to while hashed: a copy of it instead
+                        os.unlink(dst)
+                        how = "copy"
+                    else:
+                        size, sha, stamps = linked
+                if how == "copy":
                     # a copy is the store's own: the source's bits, write bits cleared (a
                     # 0600 key stays private), so nothing edits it in place
                     size, sha = copy_hashed(src, dst)
@@ -457,7 +472,7 @@ class ArtifactStore:
                         "nothing was published"
                     ) from exc
                 raise
-            entries.append(_entry(name, size, sha, how, dst))
+            entries.append(_entry(name, size, sha, how, dst, stamps))
         return entries, deferred
 
     def _copy_deferred(
@@ -542,9 +557,9 @@ class ArtifactStore:
                     out.append(
                         f"{name}:v{newest} file {fname!r} is a hard link of {str(files[fname])!r}, "
                         "which was rewritten in place since it was logged: the stored "
-                        f"{name}:v{newest} changed with it. Use artifacts.mode: copy (the "
-                        "default) for files saved again under the same name (this version is "
-                        "a copy)"
+                        f"{name}:v{newest} changed with it. Use mode='copy' (the default; "
+                        "artifacts.mode: copy) for files saved again under the same name "
+                        "(this version is a copy)"
                     )
         return out
 
@@ -560,6 +575,7 @@ class ArtifactStore:
         aliases: list[str],
         metadata: dict[str, Any] | None,
         run: dict[str, Any] | None,
+        mode: str,
     ) -> tuple[ArtifactVersion, bool]:
         """Under the artifact's lock: dedupe by digest, or number, rename and commit."""
         item = self.catalog().get(name) or {"versions": {}, "aliases": {}}
@@ -591,7 +607,7 @@ class ArtifactStore:
             self.notices.append(
                 f"{', '.join(changed)} logged these same contents, but its files changed since "
                 "(a hard-linked source edited in place): storing them as a new version. Use "
-                "artifacts.mode: copy (the default) for files edited in place"
+                "mode='copy' (the default; artifacts.mode: copy) for files edited in place"
             )
         removed = item.get("removed", set())
         for v in removed:  # what an interrupted remove_version left
@@ -611,7 +627,7 @@ class ArtifactStore:
             "digest": digest,
             "size": sum(e["size"] for e in entries),
             "created_at": now,
-            "mode": self.mode,
+            "mode": mode,
             "run": run,
             "files": entries,
             "references": references,
@@ -773,14 +789,60 @@ class ArtifactStore:
         return removed
 
 
-def _entry(name: str, size: int, sha: str, how: str, dst: Path) -> dict[str, Any]:
-    return {
-        "name": name,
-        "size": size,
-        "sha256": sha,
-        "stored": how,
-        "mtime_ns": dst.stat().st_mtime_ns,
-    }
+def check_mode(mode: Any) -> str:
+    """``mode`` of ``log_artifact``/``artifacts.mode``: ``copy`` or ``link``.
+
+    Raises:
+        ValueError: anything else, naming the value and what is valid.
+    """
+    if mode not in MODES:
+        raise ValueError(f"artifacts mode {mode!r} is not valid: use 'link' or 'copy'")
+    return mode
+
+
+#: a linked file whose modification or change time is closer than this to the time it was
+#: hashed (or in the future) has racy stamps: a write in the same tick of a coarse file
+#: system clock (a few ms locally, 1-2 s on some network or FAT file systems) would leave
+#: them equal, so none are recorded and every check re-hashes it
+RACY_NS = 2_000_000_000
+
+
+def _hash_linked(path: Path) -> tuple[int, str, dict[str, int] | None] | None:
+    """(size, sha256, stamps) of a file just hard-linked into the store, hashed through one
+    descriptor; None when it changed while it was hashed (its size, modification or change
+    time moved). ``stamps`` (``mtime_ns``, ``ctime_ns``) is None when they are racy
+    (:data:`RACY_NS`). Raises ``OSError``."""
+    from expr_tracker.artifacts.files import hash_fd
+    from expr_tracker.history.untrusted import open_regular
+
+    fd = open_regular(path)
+    try:
+        before = os.fstat(fd)
+        size, sha = hash_fd(fd)
+        after = os.fstat(fd)
+    finally:
+        os.close(fd)
+    key = ("st_size", "st_mtime_ns", "st_ctime_ns", "st_ino", "st_dev")
+    if size != after.st_size or any(getattr(before, k) != getattr(after, k) for k in key):
+        return None
+    age = time.time_ns() - max(after.st_mtime_ns, after.st_ctime_ns)
+    if age < RACY_NS:  # a negative age too: a file system clock ahead of ours
+        return size, sha, None
+    return size, sha, {"mtime_ns": after.st_mtime_ns, "ctime_ns": after.st_ctime_ns}
+
+
+def _entry(
+    name: str, size: int, sha: str, how: str, dst: Path, stamps: dict[str, int] | None = None
+) -> dict[str, Any]:
+    """A manifest file entry. A copy (the store's own, read-only) records its modification
+    time; a link records its modification and change times when they are not racy, and
+    none otherwise (so every check re-hashes it: docs/artifacts.md "Link or copy")."""
+    out: dict[str, Any] = {"name": name, "size": size, "sha256": sha, "stored": how}
+    if how == "copy":
+        out["mtime_ns"] = dst.stat().st_mtime_ns
+    elif stamps:
+        out.update(stamps)
+    return out
 
 
 def _is_alias(value: Any) -> bool:

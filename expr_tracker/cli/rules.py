@@ -121,7 +121,7 @@ def cmd_explain(args) -> int:
     info = {
         "valid": True,
         "name": rule.name,
-        "condition": _as_parsed(rule.condition),
+        "condition": rule.condition.to_source(),
         "level": rule.level,
         "message": rule.message,
         "metrics": {name: n for name, n in compiled.needs.items()},
@@ -145,16 +145,6 @@ def cmd_explain(args) -> int:
     for w in info["warnings"]:
         _out(f"WARNING: {w}")
     return EXIT_OK
-
-
-def _as_parsed(node) -> str:
-    """The condition as parsed: every operation in parentheses except the outermost one,
-    numbers and durations as written (``zscore(loss[50]) > 4``, ``(a > 1) and (b < 1e-3)``)."""
-    text = node.to_source()
-    # to_source() wraps each compound node whole, so the outermost pair is always redundant
-    if text.startswith("(") and text.endswith(")"):
-        return text[1:-1]
-    return text
 
 
 def cmd_check(args) -> int:

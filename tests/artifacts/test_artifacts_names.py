@@ -129,7 +129,7 @@ def test_duplicate_and_conflicting_names_in_one_artifact(tmp_path):
     with pytest.raises(ArtifactNameError):  # d/x/y under the file d/x: nothing added
         art.add_dir(tmp_path / "tree", name="d")
     assert sorted(art.files) == ["d/x"]
-    assert art.add_dir(tmp_path / "tree", name="e") == ["e/x/y", "e/z"]
+    assert art.add_dir(tmp_path / "tree", name="e") is art  # chains
     assert sorted(art.files) == ["d/x", "e/x/y", "e/z"]
 
 

@@ -242,7 +242,10 @@ def test_the_link_hazard_is_documented_where_the_mode_is_chosen():
     docs = (Path(__file__).parents[2] / "docs" / "artifacts.md").read_text()
     section = " ".join(docs.split("## Link or copy", 1)[1].split("\n## ", 1)[0].split())
     assert "`artifacts: {mode: copy}` (the default)" in section
-    assert "`artifacts: {mode: link}` is the opt-in" in section
+    assert "`artifacts: {mode: link}` (for every call of a run) or" in section
+    assert '`log_artifact(..., mode="link")` (for one call' in section
+    assert "is the opt-in" in section
+    assert "What link mode promises." in section and "never handed out changed" in section
     assert "a later in-place edit of the source changes the stored version" in section
     assert "torch.save" in section
 
@@ -280,7 +283,8 @@ def test_wandb_style_keywords_of_add_file_and_add_dir(tmp_path, data):
     run = wandb.init(project="p", name="r", dir=str(tmp_path / "runs"))
     artifact = wandb.Artifact(name="model", type="model")
     assert artifact.add_file(local_path=str(data / "train.csv")) == "train.csv"
-    assert artifact.add_dir(local_path=str(data / "sub"), name="labels") == ["labels/labels.txt"]
+    assert artifact.add_dir(local_path=str(data / "sub"), name="labels") is artifact
+    assert sorted(artifact.files) == ["labels/labels.txt", "train.csv"]
     run.log_artifact(artifact, aliases=["best"])
     used = run.use_artifact("model:best", type="model")
     assert used.files() == ["labels/labels.txt", "train.csv"]

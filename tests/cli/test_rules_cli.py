@@ -37,11 +37,31 @@ def test_explain_shows_numbers_as_written(capsys):
     rule = "loss > 50 and mean(x[5]) < 1e-3 or y == 0.5 or z > -2.50 => error: hi"
     code, out = et(capsys, "explain", rule)
     assert code == 0
-    cond = "(((loss > 50) and (mean(x[5]) < 1e-3)) or (y == 0.5)) or (z > (-2.50))"
+    cond = "loss > 50 and mean(x[5]) < 1e-3 or y == 0.5 or z > -2.50"
     assert f"condition:  {cond}\n" in out
     code, out = et(capsys, "explain", "loss > 50", "--format", "json")
     info = json.loads(out)
     assert info["condition"] == "loss > 50" and info["name"].startswith("loss > 50 [")
+
+
+@pytest.mark.parametrize(
+    ("rule", "shown"),
+    [
+        ("((a > 1) and (b < 2)) => warn", "a > 1 and b < 2"),
+        ("(a > 1 or b > 1) and c < 2 => warn", "(a > 1 or b > 1) and c < 2"),
+        ("not (a > 1 and b > 1) => warn", "not (a > 1 and b > 1)"),
+        ("x - (y - z) > 0 => warn", "x - (y - z) > 0"),
+        ("(x - y) - z > 0 => warn", "x - y - z > 0"),
+    ],
+)
+def test_explain_prints_the_fewest_parentheses(capsys, rule, shown):
+    code, out = et(capsys, "explain", rule)
+    assert code == 0 and f"condition:  {shown}\n" in out
+    code, out = et(capsys, "explain", rule, "--format", "json")
+    assert json.loads(out)["condition"] == shown
+    # what explain prints is a condition that explains the same way
+    code, again = et(capsys, "explain", shown, "--format", "json")
+    assert code == 0 and json.loads(again)["condition"] == shown
 
 
 def write(tmp_path, name, text):
