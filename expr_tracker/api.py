@@ -54,7 +54,9 @@ def init(
         spec: a run spec: a YAML/JSON/TOML path, a dict, or an OmegaConf DictConfig (e.g.
             ``cfg.tracker`` under Hydra; interpolations are resolved).
         config: the run's configuration (hyper-parameters), saved as ``config.json``; any
-            mapping, an OmegaConf container, a dataclass or a pydantic model.
+            mapping, an OmegaConf container, a dataclass or a pydantic model. The spec's own
+            node in it (``config=cfg`` with ``spec=cfg.tracker``, whatever its key) is left
+            out: it is the spec, in ``spec.json`` (docs/hydra.md).
         **kwargs: any spec field by its flat keyword name (``dir``, ``run_dir``, ``stream``,
             ``resume``, ``step_policy``, ``cache_bytes``, ``buffer_size``, ``spans``,
             ``span_metrics``, ``alert_rules``, ``entity``, ``job_type``, ``mode`` ...); see
@@ -81,9 +83,11 @@ def init(
             its files was read or touched).
         TypeError: an object in ``backends`` lacks ``init``/``log``/``finish``.
     """
+    from expr_tracker.runconfig import config_without_spec
     from expr_tracker.wandb_compat import wandb_init_call
 
-    call = wandb_init_call(project, name, config, kwargs)  # wandb's keywords mapped
+    # the spec's own node (cfg.tracker in cfg) is the spec, not a hyper-parameter
+    call = wandb_init_call(project, name, config_without_spec(config, spec), kwargs)
     if call.reinit == "create_new":
         return _independent_run(spec, call)
     with _lock:
@@ -162,11 +166,12 @@ def _independent_run(spec: Any, call: Any) -> Run:
 
 def _new_run(project: str | None, name: str | None, kwargs: dict[str, Any]) -> Run:
     """``et.Run(project, name, **kwargs)`` (registered in ``_current.new_run``)."""
+    from expr_tracker.runconfig import config_without_spec
     from expr_tracker.wandb_compat import wandb_init_call
 
     kwargs = dict(kwargs)
     spec = kwargs.pop("spec", None)
-    config = kwargs.pop("config", None)
+    config = config_without_spec(kwargs.pop("config", None), spec)
     kwargs.pop("reinit", None)  # an independent run replaces nothing
     return _independent_run(spec, wandb_init_call(project, name, config, kwargs))
 
