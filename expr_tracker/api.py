@@ -83,7 +83,7 @@ def init(
             its files was read or touched).
         TypeError: an object in ``backends`` lacks ``init``/``log``/``finish``.
     """
-    from expr_tracker.runconfig import config_without_spec
+    from expr_tracker.spec.sources import config_without_spec
     from expr_tracker.wandb_compat import wandb_init_call
 
     # the spec's own node (cfg.tracker in cfg) is the spec, not a hyper-parameter
@@ -166,7 +166,7 @@ def _independent_run(spec: Any, call: Any) -> Run:
 
 def _new_run(project: str | None, name: str | None, kwargs: dict[str, Any]) -> Run:
     """``et.Run(project, name, **kwargs)`` (registered in ``_current.new_run``)."""
-    from expr_tracker.runconfig import config_without_spec
+    from expr_tracker.spec.sources import config_without_spec
     from expr_tracker.wandb_compat import wandb_init_call
 
     kwargs = dict(kwargs)

@@ -31,7 +31,7 @@ from expr_tracker.errors import ConfigChangeError, ForkedRunError
 from expr_tracker.history.codec import dumps_pretty, normalize_value
 from expr_tracker.history.paths import atomic_write
 
-__all__ = ["RunConfig", "config_mapping", "config_without_spec"]
+__all__ = ["RunConfig", "config_mapping"]
 
 _MISSING = object()
 _OWN = frozenset({"_data", "_lock", "_path", "_redact", "_emit", "_allow", "_warn", "_gen"})
@@ -61,77 +61,6 @@ def config_mapping(value: Any) -> dict[str, Any]:
         f"a config must be a mapping, an argparse.Namespace, a dataclass or a pydantic model, "
         f"not {type(value).__name__}"
     )
-
-
-def config_without_spec(config: Any, spec: Any) -> Any:
-    """``config`` without the run spec's own node, wherever it sits (docs/hydra.md).
-
-    A Hydra app passes its whole config, ``et.init(spec=cfg.tracker, config=cfg)``: the
-    tracker's settings are the spec (``spec.json``), not hyper-parameters, so they are left
-    out of ``config.json`` whatever their key (``cfg.tracker``, ``cfg.logging.et``, an
-    interpolation naming that node). Recognised are: an OmegaConf spec node inside an
-    OmegaConf config (by identity: the node itself; the config is then returned resolved, as
-    plain data), and in a plain mapping config (``OmegaConf.to_container(cfg,
-    resolve=True)``, a YAML file read into a dict) a mapping value that is the spec or equals
-    it (resolved), at any depth of nested mappings. A spec given as a file path, an empty
-    spec, or a spec that is the whole config leaves ``config`` as it is.
-
-    Args:
-        config: what ``et.init(config=...)`` got (any accepted form; other forms pass).
-        spec: what ``et.init(spec=...)`` got.
-
-    Returns:
-        ``config`` itself when it holds no such node, else a copy without it.
-    """
-    if spec is None or config is None or spec is config:
-        return config
-    spec_is_omegaconf = type(spec).__module__.startswith("omegaconf")
-    if type(config).__module__.startswith("omegaconf"):
-        if spec_is_omegaconf and _below(spec, config):
-            from expr_tracker.spec.models import omegaconf_to_plain
-
-            return omegaconf_to_plain(config, key_path="config", skip=spec)
-        return config
-    if not isinstance(config, Mapping):
-        return config
-    if spec_is_omegaconf:
-        from expr_tracker.spec.models import omegaconf_to_plain
-
-        plain = omegaconf_to_plain(spec, on_error=lambda _path, _exc, raw: raw)
-    elif isinstance(spec, Mapping):
-        plain = spec
-    else:  # a path, a RunSpec: nothing to recognise in a mapping
-        return config
-    if not plain:
-        return config
-    return _drop_node(config, spec, plain)
-
-
-def _below(node: Any, root: Any) -> bool:
-    """Whether OmegaConf ``node`` sits (strictly) below container ``root``."""
-    parent = node._get_parent()
-    while parent is not None:
-        if parent is root:
-            return True
-        parent = parent._get_parent()
-    return False
-
-
-def _drop_node(config: Mapping[str, Any], spec: Any, plain: Any) -> Any:
-    """``config`` without its mapping values that are ``spec`` or equal ``plain``; the same
-    object when there are none."""
-    out: dict[Any, Any] = {}
-    dropped = False
-    for key, value in config.items():
-        if value is spec or (isinstance(value, Mapping) and value and value == plain):
-            dropped = True
-            continue
-        if isinstance(value, Mapping) and not type(value).__module__.startswith("omegaconf"):
-            kept = _drop_node(value, spec, plain)
-            dropped = dropped or kept is not value
-            value = kept
-        out[key] = value
-    return out if dropped else config
 
 
 def _same(old: Any, new: Any) -> bool:

@@ -14,7 +14,7 @@ from hydra.core.global_hydra import GlobalHydra  # noqa: E402
 from omegaconf import OmegaConf  # noqa: E402
 
 import expr_tracker as et  # noqa: E402
-from expr_tracker.runconfig import config_without_spec  # noqa: E402
+from expr_tracker.spec.sources import config_without_spec  # noqa: E402
 
 APP_CONFIG = """
 defaults:
