@@ -124,3 +124,11 @@ def __getattr__(name: str) -> object:  # PEP 562
 
 def __dir__() -> list[str]:
     return sorted(set(globals()) | set(_LAZY) | {"run"})
+
+
+# Accelerator(log_with="expr_tracker") without importing the integration first: registered
+# with Accelerate once it is (or now, if it is) loaded; imports no framework itself
+from expr_tracker.integrations.autoload import watch_frameworks  # noqa: E402
+
+watch_frameworks()
+del watch_frameworks
