@@ -363,6 +363,16 @@ def define_metric(
     )
 
 
+def mark_preempting() -> None:
+    """Mark the current run's attempt as being preempted: see :meth:`Run.mark_preempting`
+    (wandb's ``wandb.mark_preempting()``); the attempt ends as ``preempted``.
+
+    Raises:
+        NoActiveRunError: no run is active.
+    """
+    current_run().mark_preempting()
+
+
 def get_run() -> Run | None:
     """The current run, or None."""
     return _state.run
