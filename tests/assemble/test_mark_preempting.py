@@ -110,6 +110,10 @@ def test_a_marked_job_stopped_from_outside_is_preempted(tmp_path, capsys, how):
     assert read_run_info(run_dir / "run.json")["status"] == "preempted"
     assert et_main(["runs", str(tmp_path / "runs")]) == 0
     assert "preempted" in capsys.readouterr().out
+    if how == "SIGKILL":  # the query views judge a dead attempt as et runs does
+        pytest.importorskip("duckdb")
+        rows = et.query("SELECT status, run_status FROM runs", dir=str(tmp_path / "runs"))
+        assert rows.to_dict("records") == [{"status": "preempted", "run_status": "preempted"}]
 
     run = et.init(project="p", name="job", dir=str(tmp_path / "runs"), config={"lr": 0.1})
     assert "previous attempt: preempted" in capsys.readouterr().err

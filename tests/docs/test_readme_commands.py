@@ -19,6 +19,8 @@ import shlex
 import socket
 import subprocess
 import sys
+import threading
+import time
 import urllib.request
 from importlib import metadata
 from pathlib import Path
@@ -166,28 +168,44 @@ def run_command(command: list[str], absent: set[str], cwd: Path) -> tuple[int, s
         p = subprocess.run(argv, cwd=cwd, capture_output=True, text=True, timeout=240)
         return p.returncode, p.stdout, p.stderr
     argv += ["--port", str(_free_port())]
-    p = subprocess.Popen(argv, cwd=cwd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    # et ui prints its link on stderr, then serves until stopped
+    p = subprocess.Popen(
+        argv, cwd=cwd, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True
+    )
+    watchdog = threading.Timer(240, p.kill)  # never hang the suite on a silent server
+    watchdog.start()
+    seen = []
     try:
-        for line in p.stdout:
+        for line in p.stderr:
+            seen.append(line)
             m = re.search(r"http://127\.0\.0\.1:\d+/\S*", line)
             if m:
-                url = m.group(0)
-                for _ in range(200):
-                    try:
-                        with urllib.request.urlopen(url, timeout=10) as r:
-                            return (0 if r.status == 200 else 1), line, ""
-                    except OSError:
-                        if p.poll() is not None:
-                            break
-                        import time
-
-                        time.sleep(0.1)
-                break
+                return _served(m.group(0), p), line, ""
         p.wait(timeout=60)
-        return p.returncode, "", p.stderr.read()
+        return p.returncode, "", "".join(seen)
     finally:
+        watchdog.cancel()
         p.kill()
         p.wait(timeout=60)
+
+
+#: loopback only: never through a proxy from the environment; the login link sets a cookie
+#: and redirects to the page, which needs it
+NO_PROXY = urllib.request.build_opener(
+    urllib.request.ProxyHandler({}), urllib.request.HTTPCookieProcessor()
+)
+
+
+def _served(url: str, p: subprocess.Popen) -> int:
+    """0 once the page at ``url`` answers 200 (the server may still be starting), else 1."""
+    deadline = time.monotonic() + 120
+    while time.monotonic() < deadline and p.poll() is None:
+        try:
+            with NO_PROXY.open(url, timeout=10) as r:
+                return 0 if r.status == 200 else 1
+        except OSError:
+            time.sleep(0.2)
+    return 1
 
 
 def test_the_readme_lists_the_commands_and_the_install():
