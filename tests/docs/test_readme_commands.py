@@ -125,11 +125,12 @@ sys.exit(main(sys.argv[1:]))
 """
 
 
-@pytest.fixture(scope="module")
-def workdir(tmp_path_factory):
+@pytest.fixture
+def workdir(tmp_path):
     """runs/digits/{a,b}: two finished runs shaped like the main job's (train/loss, eval/acc,
-    spans), written by a real et.init in a subprocess."""
-    base = tmp_path_factory.mktemp("readme")
+    spans), written by a real et.init in a subprocess; a folder per test, as the commands
+    write files (exported/, trace.json)."""
+    base = tmp_path
     code = (
         "import expr_tracker as et\n"
         "for name, lr in (('a', 0.1), ('b', 0.2)):\n"
