@@ -28,6 +28,7 @@ from expr_tracker.api import (
     list_alert_rules,
     log,
     log_artifact,
+    mark_preempting,
     register_backend,
     register_channel,
     remove_alert_rule,
@@ -90,6 +91,7 @@ __all__ = [
     "list_alert_rules",
     "log",
     "log_artifact",
+    "mark_preempting",
     "query",
     "read_history",
     "register_backend",
@@ -124,3 +126,11 @@ def __getattr__(name: str) -> object:  # PEP 562
 
 def __dir__() -> list[str]:
     return sorted(set(globals()) | set(_LAZY) | {"run"})
+
+
+# Accelerator(log_with="expr_tracker") without importing the integration first: registered
+# with Accelerate once it is (or now, if it is) loaded; imports no framework itself
+from expr_tracker.integrations.autoload import watch_frameworks  # noqa: E402
+
+watch_frameworks()
+del watch_frameworks

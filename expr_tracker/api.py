@@ -55,7 +55,9 @@ def init(
         spec: a run spec: a YAML/JSON/TOML path, a dict, or an OmegaConf DictConfig (e.g.
             ``cfg.tracker`` under Hydra; interpolations are resolved).
         config: the run's configuration (hyper-parameters), saved as ``config.json``; any
-            mapping, an OmegaConf container, a dataclass or a pydantic model.
+            mapping, an OmegaConf container, a dataclass or a pydantic model. The spec's own
+            node in it (``config=cfg`` with ``spec=cfg.tracker``, whatever its key) is left
+            out: it is the spec, in ``spec.json`` (docs/hydra.md).
         **kwargs: any spec field by its flat keyword name (``dir``, ``run_dir``, ``stream``,
             ``resume``, ``step_policy``, ``cache_bytes``, ``buffer_size``, ``spans``,
             ``span_metrics``, ``alert_rules``, ``entity``, ``job_type``, ``mode`` ...); see
@@ -82,9 +84,11 @@ def init(
             its files was read or touched).
         TypeError: an object in ``backends`` lacks ``init``/``log``/``finish``.
     """
+    from expr_tracker.spec.sources import config_without_spec
     from expr_tracker.wandb_compat import wandb_init_call
 
-    call = wandb_init_call(project, name, config, kwargs)  # wandb's keywords mapped
+    # the spec's own node (cfg.tracker in cfg) is the spec, not a hyper-parameter
+    call = wandb_init_call(project, name, config_without_spec(config, spec), kwargs)
     if call.reinit == "create_new":
         return _independent_run(spec, call)
     with _lock:
@@ -163,11 +167,12 @@ def _independent_run(spec: Any, call: Any) -> Run:
 
 def _new_run(project: str | None, name: str | None, kwargs: dict[str, Any]) -> Run:
     """``et.Run(project, name, **kwargs)`` (registered in ``_current.new_run``)."""
+    from expr_tracker.spec.sources import config_without_spec
     from expr_tracker.wandb_compat import wandb_init_call
 
     kwargs = dict(kwargs)
     spec = kwargs.pop("spec", None)
-    config = kwargs.pop("config", None)
+    config = config_without_spec(kwargs.pop("config", None), spec)
     kwargs.pop("reinit", None)  # an independent run replaces nothing
     return _independent_run(spec, wandb_init_call(project, name, config, kwargs))
 
@@ -378,6 +383,16 @@ def define_metric(
     return current_run().define_metric(
         name, step_metric, summary, hidden, goal, step_sync, overwrite, **kwargs
     )
+
+
+def mark_preempting() -> None:
+    """Mark the current run's attempt as being preempted: see :meth:`Run.mark_preempting`
+    (wandb's ``wandb.mark_preempting()``); the attempt ends as ``preempted``.
+
+    Raises:
+        NoActiveRunError: no run is active.
+    """
+    current_run().mark_preempting()
 
 
 def get_run() -> Run | None:

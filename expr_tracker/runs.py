@@ -293,6 +293,22 @@ class Run:
         """True when this attempt continues a run that existed on disk."""
         return "resumed_at_step" in self.info_record
 
+    def mark_preempting(self) -> None:
+        """Mark this attempt as being preempted (wandb's ``run.mark_preempting()``): call it
+        when the scheduler announces the stop (SLURM's warning signal, a spot instance's
+        notice), before saving a checkpoint.
+
+        ``run.json`` gets ``preempting_at`` (epoch seconds) at once, and the attempt ends as
+        ``preempted`` however it ends: ``finish()``, an exception, SIGTERM, or a kill that
+        leaves no chance to finish (readers then report ``preempted`` instead of
+        ``crashed``). The next ``et.init`` that continues the run says ``previous attempt:
+        preempted`` and records it so in ``previous_attempts`` (docs/streams.md, "Run
+        identity"). Marking again keeps the first time; a finished run is not changed.
+        """
+        if self._finished or self.info_record.get("preempting_at") is not None:
+            return
+        self._set_info("preempting_at", time.time())
+
     @property
     def offline(self) -> bool:
         return True
@@ -662,6 +678,8 @@ class Run:
             info["error"] = "the history writer could not be closed (see the log)"
         else:
             info["status"] = "finished"
+        if info.get("preempting_at") is not None:  # mark_preempting(): however it ended
+            info["status"] = "preempted"
         try:
             write_run_info(self._info_path, info)  # type: ignore[arg-type]  # None: a DisabledRun
         except OSError as exc:

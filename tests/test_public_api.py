@@ -39,6 +39,7 @@ PUBLIC = [
     "list_alert_rules",
     "log",
     "log_artifact",
+    "mark_preempting",
     "query",
     "read_history",
     "register_backend",

@@ -18,6 +18,7 @@ from expr_tracker.history.metricdefs import MetricDefs
 from expr_tracker.history.paths import atomic_write, file_name
 from expr_tracker.history.recovery import release_lock_fd
 from expr_tracker.history.runinfo import (
+    dead_status,
     new_run_info,
     open_life,
     previous_attempt,
@@ -290,7 +291,7 @@ def construct_run(
     attempt.closers.append(writer.close)
     # we hold the one-writer lock now: a previous attempt that still says "running" is dead
     if previous is not None and previous.get("status") == "running":
-        previous["status"] = "crashed"
+        previous["status"] = dead_status(previous)  # crashed, or preempted when marked
     resumed = writer.prefix_lines > 0
     start_step = writer.max_step + 1 if writer.max_step is not None else 0
     store = HistoryStore(

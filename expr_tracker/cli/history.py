@@ -368,7 +368,7 @@ def complete_end(path: Path) -> int:
     return size - len(tail) + nl + 1
 
 
-_ENDED = ("finished", "failed", "crashed")
+_ENDED = ("finished", "failed", "crashed", "preempted")
 
 
 def _status(info_path: Path | None) -> str | None:

@@ -104,6 +104,14 @@ def run_query(args: argparse.Namespace, out: IO[str] | None = None) -> int:
         sys.stderr.write(f"et query: {str(root)!r} does not exist (a folder of runs, or a run)\n")
         return 1
     try:
+        from expr_tracker.query.views import (
+            describe,
+            import_duckdb,
+            no_runs_note,
+            referenced_views,
+        )
+
+        duckdb = import_duckdb()  # first: a missing duckdb or pyarrow names the extra
         import pyarrow as pa
 
         from expr_tracker.query.api import (
@@ -113,14 +121,6 @@ def run_query(args: argparse.Namespace, out: IO[str] | None = None) -> int:
             recover_cache,
             temp_cache,
         )
-        from expr_tracker.query.views import (
-            describe,
-            import_duckdb,
-            no_runs_note,
-            referenced_views,
-        )
-
-        duckdb = import_duckdb()
     except ImportError as exc:
         sys.stderr.write(f"et query: {exc}\n")
         return 1

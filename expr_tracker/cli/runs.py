@@ -356,6 +356,7 @@ STATUS_STYLE = {
     "finished": "green",
     "failed": "red",
     "crashed": "bold red",
+    "preempted": "yellow",
     "unreadable": "magenta",
 }
 

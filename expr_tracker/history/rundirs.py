@@ -31,7 +31,15 @@ RUN_FILE_RE = re.compile(r"^run(?:\.([A-Za-z0-9_-]+?))??(?:\.rank(\d+))?\.json$"
 #: a run's combined status is the worst of its producers' (a higher number is worse);
 #: ``unreadable`` (a producer's file could not be read, see :func:`read_producers`) is set
 #: by the readers that report it (``et runs``), above all others
-SEVERITY = {"finished": 0, "running": 1, "failed": 2, "crashed": 3, "unreadable": 4}
+#: (``preempted``: stopped on purpose, to be resumed; above running, below a failure)
+SEVERITY = {
+    "finished": 0,
+    "running": 1,
+    "preempted": 2,
+    "failed": 3,
+    "crashed": 4,
+    "unreadable": 5,
+}
 
 
 def find_runs(

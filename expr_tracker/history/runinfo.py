@@ -1,8 +1,10 @@
 """``run.json``: what a run is and how it ended.
 
-Statuses: ``running``, ``finished``, ``failed`` (with the exception type and message) and
+Statuses: ``running``, ``finished``, ``failed`` (with the exception type and message),
 ``crashed`` — a run whose file still says ``running`` but whose process is gone, detected
-when a later reader or a resume looks at it (same host, pid no longer alive).
+when a later reader or a resume looks at it (same host, pid no longer alive) — and
+``preempted``: an attempt marked with ``run.mark_preempting()`` (``preempting_at``), however
+it ended, also when it was killed before it could finish (:func:`dead_status`).
 
 A run resumed under its name has several attempts (``previous_attempts``: the earlier ones;
 ``started_at``/``ended_at``/``duration_s``: the latest). Its whole life (docs/streams.md "Run
@@ -171,7 +173,7 @@ def load_run_info(path: str | os.PathLike[str], *, repair: bool = False) -> dict
     if not isinstance(info, dict):
         raise ValueError(f"not a JSON object (a JSON {_json_kind(info)})")
     if info.get("status") == "running" and is_dead(info):
-        info["status"] = "crashed"
+        info["status"] = dead_status(info)
         info["crash_detected_at"] = time.time()
         if repair:
             try:
@@ -191,6 +193,12 @@ def _json_kind(value: Any) -> str:
     if isinstance(value, bool):
         return "boolean"
     return "number"
+
+
+def dead_status(info: dict[str, Any]) -> str:
+    """The status of an attempt whose ``run.json`` says ``running`` but whose process is gone:
+    ``preempted`` when it was marked so (``run.mark_preempting()``), else ``crashed``."""
+    return "preempted" if info.get("preempting_at") is not None else "crashed"
 
 
 def is_dead(info: dict[str, Any]) -> bool:

@@ -18,7 +18,9 @@ Accelerate runs ``init_trackers`` and ``log`` on the main process only, so the o
 processes start no run. Importing this module imports ``accelerate`` (an ``ImportError``
 naming the extra when it is missing) and registers the tracker under its name, so
 ``Accelerator(log_with="expr_tracker")`` works too where Accelerate has
-``accelerate.tracking.register_tracker_class``.
+``accelerate.tracking.register_tracker_class``; ``import expr_tracker`` imports this module
+as soon as ``accelerate.tracking`` is loaded (``expr_tracker.integrations.autoload``), so the
+name works without importing it here first.
 """
 
 from __future__ import annotations
@@ -72,12 +74,16 @@ class ExprTrackerTracker(GeneralTracker):
     ``Accelerator(log_with=ExprTrackerTracker(project="demo", spec="tracker.yaml", lr=...))``
     (an instance: Accelerate hands it neither ``init_trackers``' ``project_name`` nor its
     ``init_kwargs``, so give them here), or, by name, ``Accelerator(log_with="expr_tracker")``
-    after importing this module: Accelerate then builds the tracker in ``init_trackers`` as
-    ``ExprTrackerTracker(project_name, **init_kwargs["expr_tracker"])``.
+    once ``expr_tracker`` is imported (before or after accelerate): Accelerate then builds the
+    tracker in ``init_trackers`` as ``ExprTrackerTracker(project_name,
+    **init_kwargs["expr_tracker"])``.
 
     Args:
         project, name: the run's project and name, as for ``et.init`` (``name`` defaults to a
             timestamp plus a random suffix, the same on every rank of one launch).
+            ``run_name=`` is taken for ``project``: Accelerate's own trackers call their first
+            argument, ``init_trackers``' ``project_name``, ``run_name`` (and keep it as
+            ``tracker.run_name``, as this one does).
         spec: a run spec: a YAML/JSON/TOML path, a dict or an OmegaConf DictConfig (spans,
             alert rules, channels ...), as for ``et.init``.
         config: a starting configuration, saved with the run (``init_trackers``' ``config``
@@ -102,6 +108,11 @@ class ExprTrackerTracker(GeneralTracker):
             ``accelerator.get_tracker``.
         tracker: the :class:`~expr_tracker.Run` (None before ``init_trackers`` and on the
             processes other than the main one).
+        run_name: the project given (``project``, ``run_name`` or ``init_trackers``'
+            ``project_name``), as Accelerate's own trackers keep it; None when none was.
+
+    Raises:
+        TypeError: ``project`` and ``run_name`` both given, and different.
     """
 
     name = "expr_tracker"
@@ -118,6 +129,17 @@ class ExprTrackerTracker(GeneralTracker):
         **init_kwargs: Any,
     ) -> None:
         super().__init__()
+        run_name = init_kwargs.pop("run_name", None)
+        if run_name is not None:  # Accelerate's name for the first argument: the project
+            if project is not None and project != run_name:
+                raise TypeError(
+                    f"ExprTrackerTracker: project={project!r} and run_name={run_name!r}: "
+                    "run_name is Accelerate's name for the project (init_trackers' "
+                    "project_name); give one of them, and the run's own name as name="
+                )
+            project = run_name
+        #: Accelerate's trackers keep their first argument (the project) as ``run_name``
+        self.run_name = project
         # not ``self.name``: that is the tracker's name, which Accelerate looks trackers up by
         self._project = project
         self._run_name = name

@@ -31,7 +31,7 @@ from typing import Any
 from expr_tracker.history import untrusted
 from expr_tracker.history.alertlog import read_alert_log
 from expr_tracker.history.rundirs import producer_status, worst_status
-from expr_tracker.history.runinfo import is_dead
+from expr_tracker.history.runinfo import dead_status, is_dead
 from expr_tracker.history.values import dotted, json_text
 from expr_tracker.query import scan
 
@@ -421,7 +421,7 @@ def _run_infos(producers: Sequence[Any], problems: Problems | None) -> dict[Path
         if info is None and not untrusted.present(p.run_file):
             continue  # deleted since it was found: as if it never was
         if isinstance(info, dict) and info.get("status") == "running" and is_dead(info):
-            info = {**info, "status": "crashed"}
+            info = {**info, "status": dead_status(info)}
         infos[p.run_file.name] = info
     return out
 

@@ -174,7 +174,9 @@ def keep_literal(key_path: str, exc: Exception, raw: Any) -> Any:
     return raw
 
 
-def omegaconf_to_plain(node: Any, on_error: Any = None, key_path: str = "") -> Any:
+def omegaconf_to_plain(
+    node: Any, on_error: Any = None, key_path: str = "", skip: Any = None
+) -> Any:
     """An OmegaConf DictConfig/ListConfig as plain dicts/lists, each value resolved on its own.
 
     Args:
@@ -184,6 +186,8 @@ def omegaconf_to_plain(node: Any, on_error: Any = None, key_path: str = "") -> A
             ``"???"``); return ``SKIP`` to leave the key out. Default: keep the raw text,
             with one warning naming the key.
         key_path: dotted key of ``node`` (for messages).
+        skip: a container node left out wherever it appears below ``node`` (found by
+            identity: the node itself, or an interpolation that resolves to it).
     """
     from omegaconf import DictConfig, ListConfig, OmegaConf
 
@@ -202,6 +206,8 @@ def omegaconf_to_plain(node: Any, on_error: Any = None, key_path: str = "") -> A
         return node
     for key in keys:
         child_path = f"{key_path}.{key}" if key_path else str(key)
+        if skip is not None and node._get_node(key) is skip:
+            continue  # before resolving: nothing of the skipped node is read
         try:
             value = node[key]
         except Exception as exc:  # InterpolationResolutionError, MissingMandatoryValue, ...
@@ -209,8 +215,10 @@ def omegaconf_to_plain(node: Any, on_error: Any = None, key_path: str = "") -> A
             value = on_error(child_path, exc, raw)
             if value is SKIP:
                 continue
+        if skip is not None and value is skip:
+            continue
         if OmegaConf.is_config(value):
-            value = omegaconf_to_plain(value, on_error, child_path)
+            value = omegaconf_to_plain(value, on_error, child_path, skip)
         if isinstance(out, dict):
             out[key] = value
         else:

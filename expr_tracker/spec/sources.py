@@ -5,6 +5,9 @@ dict, DictConfig or RunSpec) and ``init`` keywords; ``load_file()`` reads YAML/J
 Provenance strings: ``"default"``, ``"env:ET_SLACK_WEBHOOK_URL"``, ``"ET_ALERT_CONFIG:<path>"``,
 ``"ET_CONFIG:<path>"``, ``"configure_alert"``, ``"file:<path>"`` (spec given as a path),
 ``"spec"`` (a dict or DictConfig given), ``"init"`` (keyword arguments).
+
+``config_without_spec()`` keeps the spec given out of the run's config (``et.init(spec=
+cfg.tracker, config=cfg)``).
 """
 
 from __future__ import annotations
@@ -41,6 +44,7 @@ __all__ = [
     "alert_config_layer",
     "app_package",
     "config_file_layer",
+    "config_without_spec",
     "configure_alert_layer",
     "env_layers",
     "file_layer",
@@ -481,3 +485,70 @@ def kwargs_to_dict(kwargs: Mapping[str, Any]) -> dict[str, Any]:
         raise SpecError(issues, title="invalid et.init() arguments")
     pieces.sort(key=lambda piece: piece[0])  # whole sections first, then single values
     return merge(*(p for _, p in pieces))
+
+
+def config_without_spec(config: Any, spec: Any) -> Any:
+    """``config`` without the run spec's own node, wherever it sits (docs/hydra.md).
+
+    A Hydra app passes its whole config, ``et.init(spec=cfg.tracker, config=cfg)``: the
+    tracker's settings are the spec (``spec.json``), not hyper-parameters, so they are left
+    out of ``config.json`` whatever their key (``cfg.tracker``, ``cfg.logging.et``, an
+    interpolation naming that node). Recognised are: an OmegaConf spec node inside an
+    OmegaConf config (by identity: the node itself; the config is then returned resolved, as
+    plain data), and in a plain mapping config (``OmegaConf.to_container(cfg,
+    resolve=True)``, a YAML file read into a dict) a mapping value that is the spec or equals
+    it (resolved), at any depth of nested mappings. A spec given as a file path, an empty
+    spec, or a spec that is the whole config leaves ``config`` as it is.
+
+    Args:
+        config: what ``et.init(config=...)`` got (any accepted form; other forms pass).
+        spec: what ``et.init(spec=...)`` got.
+
+    Returns:
+        ``config`` itself when it holds no such node, else a copy without it.
+    """
+    if spec is None or config is None or spec is config:
+        return config
+    spec_is_omegaconf = type(spec).__module__.startswith("omegaconf")
+    if type(config).__module__.startswith("omegaconf"):
+        if spec_is_omegaconf and _below(spec, config):
+            return omegaconf_to_plain(config, key_path="config", skip=spec)
+        return config
+    if not isinstance(config, Mapping):
+        return config
+    if spec_is_omegaconf:
+        plain = omegaconf_to_plain(spec, on_error=lambda _path, _exc, raw: raw)
+    elif isinstance(spec, Mapping):
+        plain = spec
+    else:  # a path, a RunSpec: nothing to recognise in a mapping
+        return config
+    if not plain:
+        return config
+    return _drop_node(config, spec, plain)
+
+
+def _below(node: Any, root: Any) -> bool:
+    """Whether OmegaConf ``node`` sits (strictly) below container ``root``."""
+    parent = node._get_parent()
+    while parent is not None:
+        if parent is root:
+            return True
+        parent = parent._get_parent()
+    return False
+
+
+def _drop_node(config: Mapping[str, Any], spec: Any, plain: Any) -> Any:
+    """``config`` without its mapping values that are ``spec`` or equal ``plain``; the same
+    object when there are none."""
+    out: dict[Any, Any] = {}
+    dropped = False
+    for key, value in config.items():
+        if value is spec or (isinstance(value, Mapping) and value and value == plain):
+            dropped = True
+            continue
+        if isinstance(value, Mapping) and not type(value).__module__.startswith("omegaconf"):
+            kept = _drop_node(value, spec, plain)
+            dropped = dropped or kept is not value
+            value = kept
+        out[key] = value
+    return out if dropped else config

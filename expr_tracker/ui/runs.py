@@ -31,7 +31,7 @@ from typing import TYPE_CHECKING, Any, NamedTuple
 
 from expr_tracker.history.reader import meta_path_for
 from expr_tracker.history.rundirs import worst_status
-from expr_tracker.history.runinfo import is_dead, run_life
+from expr_tracker.history.runinfo import dead_status, is_dead, run_life
 from expr_tracker.history.untrusted import load_json_bytes, open_regular, read_json
 from expr_tracker.history.values import dotted
 from expr_tracker.query.catalog import Producer
@@ -254,7 +254,7 @@ def _status(info: dict[str, Any]) -> str:
     if not isinstance(st, str):
         return "unknown"
     if st == "running" and is_dead(info):
-        return "crashed"  # as et runs judges it: its process is gone
+        return dead_status(info)  # as et runs judges it: its process is gone
     return st
 
 
