@@ -150,6 +150,7 @@ class Run:
         self.alerts: Any = None
         self.dispatcher: Any = None
         self.artifacts: Any = None  # expr_tracker.artifacts.RunArtifacts, attached by build
+        self.system: Any = None  # the SystemSampler of this host (docs/system.md), or None
         self._closers: list[tuple[str, Callable[[], Any]]] = []
         self._late_closers: list[tuple[str, Callable[[], Any]]] = []
         # monotonic time at run.json's started_at: duration_s never follows wall-clock jumps

@@ -414,6 +414,7 @@ def make_rule(obj, **overrides) -> AlertRule:
     if hasattr(obj, "model_dump"):  # RuleSpec (pydantic)
         data = obj.model_dump()
         data = {k: v for k, v in data.items() if v is not None or k == "max_fires"}
+        data.pop("stream", None)  # which rows a rule reads is its engine's (docs/system.md)
         return AlertRule.from_dict(data, **overrides)
     if isinstance(obj, ast.Node) or hasattr(obj, "node"):
         return AlertRule(condition=obj, **overrides)
