@@ -1,7 +1,8 @@
 """The import graph of expr_tracker keeps its direction (docs/architecture.md "Import
 direction"):
 
-    cli -> api -> assemble -> {alerts, spans, runs, artifacts, backends} -> history -> leaves
+    cli -> api -> assemble -> {alerts, spans, runs, artifacts, backends, system} -> history
+    -> leaves
 
 (``process_exit`` beside ``history``: runs, backends and api call it; it imports only leaves.)
 
@@ -42,13 +43,25 @@ ALLOWED: dict[str, set[str]] = {
     "alerts": LEAVES | {"history", "spec"},
     "trace": LEAVES | {"history"},
     "artifacts": LEAVES | {"history"},
+    # the system sampler (docs/system.md): leaves only (psutil, NVML, a write callable)
+    "system": LEAVES,
     "query": LEAVES | {"history"},
     "ui": LEAVES | {"history", "query", "trace"},
     "plugins": {"spans"},
     "integrations": LEAVES | {"api", "runs", "spec", "history"},
     "testing": LEAVES | {"alerts"},
     "assemble": LEAVES
-    | {"history", "spans", "runs", "runconfig", "alerts", "artifacts", "spec", "backends"},
+    | {
+        "history",
+        "spans",
+        "runs",
+        "runconfig",
+        "alerts",
+        "artifacts",
+        "spec",
+        "backends",
+        "system",
+    },
     "api": LEAVES
     | {
         "history",

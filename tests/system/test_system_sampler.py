@@ -10,6 +10,7 @@ import os
 import sys
 import threading
 import time
+from pathlib import Path
 
 import pytest
 from fake_nvml import two_gpus
@@ -278,3 +279,28 @@ def test_bad_interval_names_the_field(tmp_path):
         et.init(project="p", name="i", dir=str(tmp_path / "runs"), system_interval="1ms")
     text = str(err.value)
     assert "system.interval" in text and "at least" in text and "50ms" in text
+
+
+def test_the_shipped_system_rules_fire_on_a_full_gpu(tmp_path, monkeypatch):
+    """conf/tracker/alerts/system.yaml (+tracker/alerts=system): GPU memory > 95 % for 3
+    samples fires; a busy GPU is not stalled; the disk here is not full."""
+    import yaml
+
+    path = Path(et.__file__).parent / "conf" / "tracker" / "alerts" / "system.yaml"
+    rules = yaml.safe_load(path.read_text())["alerts"]["rules"]
+    assert {r["stream"] for r in rules.values()} == {"system"}
+    monkeypatch.setitem(sys.modules, "pynvml", two_gpus(os.getpid()))
+    run = et.init(
+        project="p",
+        name="shipped",
+        dir=str(tmp_path / "runs"),
+        spec={"alerts": {"rules": rules}},
+        system_interval="50ms",
+    )
+    alerts = run.dir / "alerts.system.jsonl"
+    _wait_rows(alerts, 3)
+    et.finish()
+    events = _rows(alerts)
+    firing = [e for e in events if e["state"] == "firing"]
+    assert firing and {e["rule"] for e in firing} == {"et_gpu_memory"}
+    assert "gpu0 memory 97.0% used" in firing[0]["message"]
