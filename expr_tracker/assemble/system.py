@@ -4,7 +4,8 @@
 One sampler per host: only the main stream's process samples, and of a ``torchrun``
 launch only the local rank 0 (``LOCAL_RANK``, else ``SLURM_LOCALID``); a second process
 that finds the file's one-writer lock taken (another stream's run on the same folder)
-skips with one debug line. Nothing here ever fails the start: a sampler that cannot be
+skips with one debug line. The file is opened with the first row (one interval after the
+start), so a run shorter than that leaves none. Nothing here ever fails the start: a sampler that cannot be
 made is a warning, and the run goes on without it.
 """
 
@@ -13,6 +14,7 @@ from __future__ import annotations
 import logging
 import os
 import socket
+import threading
 from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
@@ -85,48 +87,21 @@ def build_system(
     if local_rank(environ) != 0:
         log.debug("expr_tracker: local rank %s: the local rank 0 samples this host", rank)
         return
-    from expr_tracker.errors import RunLockedError
-    from expr_tracker.history.paths import file_name
-    from expr_tracker.history.writer import JsonlWriter
 
     warner = Warner()
     info = run.info_record if isinstance(run.info_record, dict) else {}
     host = info.get("host") or socket.gethostname()
-    try:
-        writer = JsonlWriter(
-            run_dir / file_name("metrics", SYSTEM_STREAM, file_rank),
-            buffer_size=1,  # one row every interval: written at once, on the sampler's thread
-            interval=None,
-            max_seconds=None,
-            async_write=False,  # never the shared flusher: no lock shared with log()
-            meta_path=run_dir / file_name("meta", SYSTEM_STREAM, file_rank),
-            run_meta={
-                "project": spec.project,
-                "name": spec.name,
-                "stream": SYSTEM_STREAM,
-                "rank": rank,
-                "host": host,
-                "started_at": info.get("started_at"),
-            },
-            warner=warner,
-        )
-    except RunLockedError:
-        log.debug("expr_tracker: another process samples this host into %s", run_dir)
-        return
-    except Exception as exc:  # noqa: BLE001 - the run goes on without system metrics
-        run.warner.warn(
-            ("system", type(exc).__name__),
-            "expr_tracker: system metrics are off: the file could not be opened (%s: %s)",
-            type(exc).__name__,
-            exc,
-        )
-        return
     from expr_tracker.history.codec import encode_row
     from expr_tracker.system.sampler import SystemSampler
 
     engine, record = _rules(run, resolved, run_dir, file_rank, rank)
+    out = _SystemFile(spec, run_dir, file_rank, rank, host, info.get("started_at"), warner)
 
     def write(row: dict[str, Any]) -> None:
+        writer = out.open()
+        if writer is None:
+            sampler.close(0)  # another process samples this host, or the file failed
+            return
         writer.append(encode_row(row), row["_step"])
 
     sampler = SystemSampler(
@@ -144,7 +119,7 @@ def build_system(
         finally:
             if engine is not None:
                 engine.close()
-            writer.close()
+            out.close()
             if record is not None:
                 record.close()
 
@@ -152,6 +127,79 @@ def build_system(
     run.add_stats("system", sampler.stats)
     run.system = sampler
     sampler.start()
+
+
+class _SystemFile:
+    """The sampler's writer, opened with its first row (a run shorter than one interval
+    leaves no system file), on the sampler's thread; None once it cannot be (its one-writer
+    lock is another process's: that one samples this host; or an I/O error, warned once)."""
+
+    def __init__(
+        self,
+        spec: Any,
+        run_dir: Path,
+        file_rank: int,
+        rank: int,
+        host: str,
+        started_at: Any,
+        warner: Warner,
+    ) -> None:
+        self._args = (spec, run_dir, file_rank, rank, host, started_at)
+        self._warner = warner
+        self._lock = threading.Lock()  # the sampler's thread vs the closer
+        self.writer: Any = None
+        self._done = False  # failed or closed: never opened again
+
+    def open(self) -> Any:
+        with self._lock:
+            if self.writer is None and not self._done:
+                try:
+                    self.writer = self._make()
+                except Exception as exc:  # noqa: BLE001 - the run goes on without the file
+                    self._done = True
+                    from expr_tracker.errors import RunLockedError
+
+                    if isinstance(exc, RunLockedError):
+                        log.debug("expr_tracker: another process samples this host: %s", exc)
+                    else:
+                        self._warner.warn(
+                            ("system", "file"),
+                            "expr_tracker: system metrics are off: the file could not be "
+                            "opened (%s: %s)",
+                            type(exc).__name__,
+                            exc,
+                        )
+            return self.writer
+
+    def _make(self) -> Any:
+        from expr_tracker.history.paths import file_name
+        from expr_tracker.history.writer import JsonlWriter
+
+        spec, run_dir, file_rank, rank, host, started_at = self._args
+        return JsonlWriter(
+            run_dir / file_name("metrics", SYSTEM_STREAM, file_rank),
+            buffer_size=1,  # one row every interval: written at once, on the sampler's thread
+            interval=None,
+            max_seconds=None,
+            async_write=False,  # never the shared flusher: no lock shared with log()
+            meta_path=run_dir / file_name("meta", SYSTEM_STREAM, file_rank),
+            run_meta={
+                "project": spec.project,
+                "name": spec.name,
+                "stream": SYSTEM_STREAM,
+                "rank": rank,
+                "host": host,
+                "started_at": started_at,
+            },
+            warner=self._warner,
+        )
+
+    def close(self) -> None:
+        with self._lock:
+            self._done = True
+            writer, self.writer = self.writer, None
+        if writer is not None:
+            writer.close()
 
 
 def _rules(run: Run, resolved: Any, run_dir: Path, file_rank: int, rank: int) -> Any:

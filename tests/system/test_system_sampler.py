@@ -304,3 +304,11 @@ def test_the_shipped_system_rules_fire_on_a_full_gpu(tmp_path, monkeypatch):
     firing = [e for e in events if e["state"] == "firing"]
     assert firing and {e["rule"] for e in firing} == {"et_gpu_memory"}
     assert "gpu0 memory 97.0% used" in firing[0]["message"]
+
+
+def test_a_run_shorter_than_one_interval_leaves_no_system_file(tmp_path):
+    run = et.init(project="p", name="short", dir=str(tmp_path / "runs"))  # 10 s default
+    et.log({"x": 1})
+    assert run.system is not None and run.system.interval == 10.0
+    et.finish()
+    assert not list(run.dir.glob("metrics.system*")) and not run.system._thread.is_alive()
