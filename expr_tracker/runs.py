@@ -457,11 +457,20 @@ class Run:
 
         Raises:
             RuleError: the rule does not compile.
+            ValueError: the rule reads the system sampler's rows (``stream: system``: those
+                rules come from the spec, docs/system.md).
             NoActiveRunError: alerts are disabled for this run (``alerts.enabled: false``).
         """
         engine = self.alerts
         if engine is None:
             raise NoActiveRunError("alerts are disabled for this run (alerts.enabled: false)")
+        stream = rule.get("stream") if isinstance(rule, dict) else getattr(rule, "stream", None)
+        if stream is not None:
+            raise ValueError(
+                f"a rule with stream {stream!r} cannot be added to a live run: give it in the "
+                "spec (alerts.rules) at et.init, where the system sampler's engine takes it "
+                "(docs/system.md); et.add_alert_rule reads the run's own rows"
+            )
         registered = engine.add_rule(rule, **overrides)
         sinks = self.history.sinks
         if engine.on_step not in sinks:

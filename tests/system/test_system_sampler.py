@@ -312,3 +312,18 @@ def test_a_run_shorter_than_one_interval_leaves_no_system_file(tmp_path):
     assert run.system is not None and run.system.interval == 10.0
     et.finish()
     assert not list(run.dir.glob("metrics.system*")) and not run.system._thread.is_alive()
+
+
+def test_a_live_system_rule_is_refused_with_where_it_goes(tmp_path):
+    et.init(project="p", name="live", dir=str(tmp_path / "runs"))
+    with pytest.raises(ValueError, match="alerts.rules"):
+        et.add_alert_rule({"condition": "gpu0/util_pct < 5", "stream": "system"})
+    assert et.list_alert_rules() == []
+
+
+def test_rules_check_knows_the_stream_field(tmp_path):
+    from expr_tracker.alerts.rules import entry_errors
+
+    assert entry_errors({"condition": "gpu0/util_pct < 5", "stream": "system"}) == []
+    (err,) = entry_errors({"condition": "x > 1", "stream": "data"})
+    assert err.field == "stream" and "'system'" in str(err)
