@@ -173,6 +173,7 @@ class Run:
         self.artifacts: Any = None  # expr_tracker.artifacts.RunArtifacts, attached by build
         #: the mirrors (``backends.mirror.Mirror``), attached by build (``run.backends``)
         self.mirrors: list[Any] = []
+        self.system: Any = None  # the SystemSampler of this host (docs/system.md), or None
         self._closers: list[tuple[str, Callable[[], Any]]] = []
         self._late_closers: list[tuple[str, Callable[[], Any]]] = []
         # monotonic time at run.json's started_at: duration_s never follows wall-clock jumps
@@ -517,11 +518,20 @@ class Run:
 
         Raises:
             RuleError: the rule does not compile.
+            ValueError: the rule reads the system sampler's rows (``stream: system``: those
+                rules come from the spec, docs/system.md).
             NoActiveRunError: alerts are disabled for this run (``alerts.enabled: false``).
         """
         engine = self.alerts
         if engine is None:
             raise NoActiveRunError("alerts are disabled for this run (alerts.enabled: false)")
+        stream = rule.get("stream") if isinstance(rule, dict) else getattr(rule, "stream", None)
+        if stream is not None:
+            raise ValueError(
+                f"a rule with stream {stream!r} cannot be added to a live run: give it in the "
+                "spec (alerts.rules) at et.init, where the system sampler's engine takes it "
+                "(docs/system.md); et.add_alert_rule reads the run's own rows"
+            )
         registered = engine.add_rule(rule, **overrides)
         sinks = self.history.sinks
         if engine.on_step not in sinks:

@@ -1,7 +1,8 @@
 """The import graph of expr_tracker keeps its direction (docs/architecture.md "Import
 direction"):
 
-    cli -> api -> assemble -> {alerts, spans, runs, artifacts, backends} -> history -> leaves
+    cli -> api -> assemble -> {alerts, spans, runs, artifacts, backends, system} -> history
+    -> leaves
 
 (``process_exit`` beside ``history``: runs, backends and api call it; it imports only leaves.)
 
@@ -42,6 +43,8 @@ ALLOWED: dict[str, set[str]] = {
     "alerts": LEAVES | {"history", "spec"},
     "trace": LEAVES | {"history"},
     "artifacts": LEAVES | {"history"},
+    # the system sampler (docs/system.md): leaves only (psutil, NVML, a write callable)
+    "system": LEAVES,
     "query": LEAVES | {"history"},
     "ui": LEAVES | {"history", "query", "trace"},
     "plugins": {"spans"},
@@ -58,6 +61,7 @@ ALLOWED: dict[str, set[str]] = {
         "artifacts",
         "spec",
         "backends",
+        "system",
     },
     "api": LEAVES
     | {

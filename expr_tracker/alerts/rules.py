@@ -305,6 +305,9 @@ class AlertRule:
                     "give either 'condition' or its alias 'expr', not both", field="expr"
                 )
             data["condition"] = data.pop("expr")
+        stream_error = _pop_stream(data)
+        if stream_error is not None:
+            raise stream_error
         unknown = _unknown_fields(data)
         if unknown:
             raise RuleError(
@@ -324,6 +327,27 @@ class AlertRule:
 _VALID_FIELDS: tuple[str, ...] = tuple(
     sorted(f.name for f in fields(AlertRule) if f.name != "source")
 )
+
+
+#: ``stream`` of a rule entry: which rows it reads (None: the run's own; ``system``: the
+#: system sampler's, docs/system.md). The engine a rule is given to decides; the
+#: AlertRule itself has no such field.
+RULE_STREAMS = (None, "system")
+
+
+def _pop_stream(data: dict) -> RuleError | None:
+    """Take ``stream`` out of a rule entry; the error when its value is not one of
+    :data:`RULE_STREAMS`."""
+    if "stream" not in data:
+        return None
+    value = data.pop("stream")
+    if value in RULE_STREAMS:
+        return None
+    return RuleError(
+        f"stream {value!r} is not valid: null (the run's own rows) or 'system' (the system "
+        "sampler's rows, docs/system.md)",
+        field="stream",
+    )
 
 
 def _unknown_fields(data: Mapping) -> list:
@@ -361,6 +385,9 @@ def entry_errors(
         else:
             cond_key = "expr"
             data["condition"] = data.pop("expr")
+    stream_error = _pop_stream(data)
+    if stream_error is not None:
+        errors.append(stream_error)
     for key in _unknown_fields(data):
         errors.append(
             RuleError(

@@ -17,6 +17,8 @@ to the runtime (the hot path never touches Pydantic):
   (``build_dispatcher``, also for ``et alert``), a run's delivery, and the run-less
   dispatcher of ``et.alert`` (``standalone_dispatcher``).
 - :mod:`.artifacts`: the project's artifact store and the run's lineage (``run.artifacts``).
+- :mod:`.system`: the background sampler of the machine (``metrics.system.jsonl``) and the
+  rules that read it.
 - :mod:`.backends`: the mirrors (wandb, trackio, backend objects), started last.
 """
 
@@ -41,6 +43,7 @@ from expr_tracker.assemble.history import (
 )
 from expr_tracker.assemble.identity import ResumeError, choose
 from expr_tracker.assemble.spans import build_spans
+from expr_tracker.assemble.system import build_system
 from expr_tracker.history.paths import detect_rank
 from expr_tracker.runs import Run
 
@@ -123,6 +126,7 @@ def build(
         build_spans(run, spec, run_dir, stream, file_rank, rank, warner, activate=not independent)
         build_alerts(run, spec, run_dir, stream, file_rank, rank, warner, engine)
         build_artifacts(run, spec, run_dir, stream, file_rank)
+        build_system(run, resolved, run_dir, stream, file_rank, rank, env)
     except BaseException as exc:
         attempt.undo()
         from expr_tracker.alerts.delivery.channels import ChannelConfigError
@@ -186,7 +190,10 @@ def build_disabled(resolved: Any, environ: Any = None) -> Run:
 
 
 def _undo_runtime(run: Run, engine: Any) -> None:
-    """Stop what a failed build started (span recorder, watchdog, delivery threads)."""
+    """Stop what a failed build started (span recorder, watchdog, delivery threads, the
+    system sampler)."""
+    if run.system is not None:
+        run.system.close(0.5)
     if run.spans is not None:
         run.spans.close()
     if engine is not None:

@@ -41,6 +41,12 @@ def check(
         engine = make_engine(resolved, stream, rank)
     except SpecError as exc:
         issues.extend(exc.issues)
+    try:  # the rules on the system sampler's rows (docs/system.md): compiled, then dropped
+        system_engine = make_engine(resolved, "system", rank, rule_stream="system")
+        if system_engine is not None:
+            system_engine.close()
+    except SpecError as exc:
+        issues.extend(exc.issues)
     if channels and spec.alerts.enabled and spec.alerts.channels:
         issues.extend(_channel_issues(resolved, env))
     if issues:
@@ -119,8 +125,15 @@ def _channel_issues(resolved: Any, env: Any) -> list[Any]:
     return issues
 
 
-def make_engine(resolved: Any, stream: str | None, rank: int) -> Any:
+def make_engine(
+    resolved: Any, stream: str | None, rank: int, *, rule_stream: str | None = None
+) -> Any:
     """The alert engine with every rule compiled; no thread, no file.
+
+    ``rule_stream``: the rules taken are those whose ``stream`` is this (None: the run's own
+    rows; ``"system"``: the system sampler's, docs/system.md); a one-line rule reads the
+    run's own. None (no engine) when alerts are off, or when ``rule_stream`` is given and
+    no rule reads it.
 
     Raises:
         SpecError: listing every rule that does not compile, each with its path
@@ -134,6 +147,11 @@ def make_engine(resolved: Any, stream: str | None, rank: int) -> Any:
     from expr_tracker.alerts.engine import AlertEngine
     from expr_tracker.alerts.parse import RuleError
 
+    chosen = [
+        (i, rule) for i, rule in enumerate(a.rules) if getattr(rule, "stream", None) == rule_stream
+    ]
+    if rule_stream is not None and not chosen:
+        return None
     engine = AlertEngine(
         (),
         window=spec.history.alert_window,
@@ -141,7 +159,7 @@ def make_engine(resolved: Any, stream: str | None, rank: int) -> Any:
         deliver=rank_alerts(a.on_rank, rank),
     )
     issues = []
-    for i, rule in enumerate(a.rules):
+    for i, rule in chosen:
         try:
             engine.add_rule(rule)
         except RuleError as exc:

@@ -85,8 +85,9 @@ def register(subparsers: Any) -> None:
     p.add_argument(
         "--x",
         choices=("step", "time"),
-        default="step",
-        help="x axis: step (default) or time (seconds since the run's first row)",
+        default=None,
+        help="x axis: step (default) or time (seconds since the run's first row; the "
+        "default of --stream system, whose step is the wall time in ms)",
     )
     p.add_argument(
         "--smooth",
@@ -469,7 +470,7 @@ def frame(
         plt,
         sources,
         chart_metrics(patterns, sources),
-        x_mode=args.x,
+        x_mode=args.x or ("time" if args.stream == "system" else "step"),
         since=args.since,
         smooth=args.smooth,
         log_y=args.log_y,

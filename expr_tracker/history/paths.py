@@ -10,6 +10,9 @@ Layout (docs/architecture.md "Files of a run"): ``<dir>/<project>/<name>/`` hold
     config[.S].json                  spec.json   (once per run)
     artifacts[.S][.rankN].jsonl      (artifacts logged and used: expr_tracker.artifacts)
     metric_defs[.S][.rankN].json     (define_metric: definitions and summary state)
+
+The system sampler's producer is the stream ``system`` (``metrics.system[.rankN].jsonl``,
+docs/system.md).
 """
 
 from __future__ import annotations

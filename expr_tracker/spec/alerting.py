@@ -212,6 +212,11 @@ class RuleSpec(BaseModel):
     channels: Optional[list[str]] = None
     tags: list[str] = Field(default_factory=list)
     enabled: bool = True
+    stream: Optional[Literal["system"]] = Field(
+        None,
+        description="the rows the rule reads: null, the run's own (et.log); system, the "
+        "system sampler's (gpu0/memory_used_pct, disk/used_pct ...; docs/system.md)",
+    )
 
 
 def _is_unquoted_rule(value: Any) -> bool:

@@ -1,7 +1,7 @@
 """The run spec: Pydantic v2 models for everything a run does.
 
-``RunSpec`` (here) is the root; its sections are ``HistorySpec``, ``SpansSpec`` and ``AlertsSpec``
-(with ``PolicySpec``, ``ChannelSpec`` and ``RuleSpec``). Every model forbids unknown keys and
+``RunSpec`` (here) is the root; its sections are ``HistorySpec``, ``SpansSpec``, ``AlertsSpec``
+(with ``PolicySpec``, ``ChannelSpec`` and ``RuleSpec``), ``ArtifactsSpec`` and ``SystemSpec``. Every model forbids unknown keys and
 is frozen once validated. The sections live in ``spec.recording`` (history, spans) and
 ``spec.alerting`` (alerts), the shared field types in ``spec.fields``; this module
 re-exports them all. Sizes are bytes and durations seconds; both accept units
@@ -61,6 +61,7 @@ from expr_tracker.spec.recording import (
     SpansSpec,
 )
 from expr_tracker.spec.redact import redact_config, redact_options
+from expr_tracker.spec.system import SystemSpec
 from expr_tracker.spec.units import Duration
 from expr_tracker.units import LEVEL_ALIASES, LEVELS, level_rank, normalize_level
 
@@ -81,6 +82,7 @@ __all__ = [
     "RuleSpec",
     "RunSpec",
     "SpansSpec",
+    "SystemSpec",
     "effective_policy",
     "entry_name",
     "level_rank",
@@ -139,6 +141,7 @@ class RunSpec(RedactedRepr, BaseModel):
     spans: SpansSpec = Field(default_factory=SpansSpec)
     alerts: AlertsSpec = Field(default_factory=AlertsSpec)
     artifacts: ArtifactsSpec = Field(default_factory=ArtifactsSpec)
+    system: SystemSpec = Field(default_factory=SystemSpec)
     # mirrors (spec/mirroring.py; docs/mirrors.md)
     backends: Annotated[
         list[Annotated[Union[str, dict[str, Any]], AfterValidator(check_backend_entry)]],

@@ -152,7 +152,7 @@ def reference_markdown() -> str:
         RunSpec,
         SpansSpec,
     )
-    from expr_tracker.spec.models import ArtifactsSpec
+    from expr_tracker.spec.models import ArtifactsSpec, SystemSpec
     from expr_tracker.spec.schema import run_spec_schema
     from expr_tracker.spec.sources import ALERT_CONFIG_ENV, CONFIG_ENV, KEYWORDS, WEBHOOK_ENV
 
@@ -200,6 +200,14 @@ def reference_markdown() -> str:
         schema,
         "artifacts.",
         "How `et.log_artifact` stores files; see [artifacts](artifacts.md).",
+    )
+    out += _section(
+        "system",
+        SystemSpec,
+        schema,
+        "system.",
+        "The background sampler of the machine; see [system metrics](system.md). "
+        "`system=` of `et.init` also takes a bool (`enabled`) or a whole mapping.",
     )
     out += [
         "## et.init keyword arguments",

@@ -96,6 +96,9 @@ KEYWORDS: dict[str, str] = {
     "alert_on_rank": "alerts.on_rank",
     "watchdog_interval": "alerts.watchdog_interval",
     "notify_on": "alerts.notify_on",
+    "system": "system.enabled",  # a mapping given as system= is the whole section
+    "system_interval": "system.interval",
+    "system_gpu": "system.gpu",
 }
 
 
@@ -441,7 +444,8 @@ def spec_layer(spec: Any) -> Layer | None:
 def kwargs_to_dict(kwargs: Mapping[str, Any]) -> dict[str, Any]:
     """Map ``et.init`` keyword arguments onto a RunSpec-shaped dict through ``KEYWORDS``.
 
-    ``spans=`` and ``alert=`` take a bool (``spans.enabled``/``alerts.enabled``) or a mapping
+    ``spans=``, ``system=`` and ``alert=`` take a bool (``spans.enabled``,
+    ``system.enabled``, ``alerts.enabled``) or a mapping
     (the whole section, merged deeply); a single string or object given as ``alert_rules``
     or ``span_plugins`` becomes a one-item list. Section-wide arguments apply first, so a
     flat keyword beats the same value inside ``alert={...}``. Pass only the arguments the
@@ -454,8 +458,8 @@ def kwargs_to_dict(kwargs: Mapping[str, Any]) -> dict[str, Any]:
     pieces: list[tuple[int, dict]] = []
     valid = sorted(set(KEYWORDS) | set(RunSpec.model_fields))
     for key, value in kwargs.items():
-        if key == "spans" and isinstance(value, Mapping):
-            target = "spans"
+        if key in ("spans", "system") and isinstance(value, Mapping):
+            target = key
         elif key == "alert" and isinstance(value, bool):
             target = "alerts.enabled"
         elif key in KEYWORDS:

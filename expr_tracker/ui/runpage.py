@@ -1,5 +1,6 @@
 """The dashboard's run page, but its charts: the run's line of the runs table, its metrics
-and step metrics, config and summary (flattened), and its alert events.
+and step metrics, config and summary (flattened), its alert events, and its System section
+(the ``system`` stream's metrics per node: docs/system.md).
 
 What cannot be read is named in ``error`` and the rest is shown. Small JSON files are read
 as untrusted input inside the served folder (:func:`~expr_tracker.history.untrusted.
@@ -25,7 +26,10 @@ from expr_tracker.ui.runs import SMALL_MAX, finite_number, producer_label
 if TYPE_CHECKING:
     from expr_tracker.ui.catalog import Catalog
 
-__all__ = ["ALERTS_MAX", "alert_events", "run_detail"]
+__all__ = ["ALERTS_MAX", "SYSTEM_STREAM", "alert_events", "run_detail"]
+
+#: the system sampler's stream (docs/system.md): its own section of the run page, on time
+SYSTEM_STREAM = "system"
 
 #: the most bytes of an alerts file read
 ALERTS_MAX = 64 << 20
@@ -65,6 +69,7 @@ def run_detail(catalog: Catalog, run_id: str) -> dict:
     con = duckdb_cursor()
     metrics: dict[str, set[str]] = {}
     producer_steps: dict[str, int] = {}
+    system: list[dict] = []  # the System section: one entry per node (docs/system.md)
     try:
         for p in prods:
             try:
@@ -74,6 +79,9 @@ def run_detail(catalog: Catalog, run_id: str) -> dict:
                     errors.append(str(exc))
                 continue
             if c is None:
+                continue
+            if p.stream == SYSTEM_STREAM:
+                system.append(_system_node(con, p, c))
                 continue
             (top,) = con.execute(f"SELECT max(step) FROM {PartsFrom(con, c)(c.parts)}").fetchall()[
                 0
@@ -89,7 +97,7 @@ def run_detail(catalog: Catalog, run_id: str) -> dict:
         con.close()
     step_metrics: dict[str, str] = {}
     for p in prods:
-        if p.metrics is not None:
+        if p.metrics is not None and p.stream != SYSTEM_STREAM:
             defs = MetricDefs()
             raw = _small(defs_path_for(p.metrics), root, errors)
             if raw is not None:
@@ -116,9 +124,27 @@ def run_detail(catalog: Catalog, run_id: str) -> dict:
         "config": _pairs(config),
         "summary": [kv for kv in _pairs(summary) if kv[0][:1] != "_"],
         "alerts": alerts,
+        "system": sorted(system, key=lambda n: (n["host"] or "", n["producer"])),
         "has_spans": any(p.spans is not None for p in prods),
         "error": "; ".join(dict.fromkeys(errors)) or None,
     }
+
+
+def _system_node(con: Any, p: Producer, c: Any) -> dict:
+    """One node of the System section: the system producer's label, the host its rows
+    name (the last one), and its metrics (numbers only)."""
+    sql = metrics_select(p, c.parts, c.merged, PartsFrom(con, c))
+    names = [
+        m
+        for (m,) in con.execute(
+            f"SELECT DISTINCT metric FROM ({sql}) WHERE value IS NOT NULL ORDER BY metric"
+        ).fetchall()
+    ]
+    host = con.execute(
+        f"SELECT text FROM ({sql}) WHERE metric = 'host' AND text IS NOT NULL "
+        "ORDER BY step DESC LIMIT 1"
+    ).fetchall()
+    return {"producer": producer_label(p), "host": host[0][0] if host else None, "metrics": names}
 
 
 def alert_events(prods: list[Producer], root: str, errors: list[str] | None = None) -> list[dict]:

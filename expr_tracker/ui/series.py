@@ -86,6 +86,7 @@ def series(
     lo: float | None = None,
     hi: float | None = None,
     sql_min: int = 100_000,
+    producer: str | None = None,
 ) -> dict:
     """One metric of a run, one trace per producer holding it, downsampled to ``width``
     buckets over ``[lo, hi]`` (default: all of it).
@@ -95,7 +96,8 @@ def series(
     step, epoch seconds (``time``) or the step metric's value. Up to ``sql_min`` points are
     cut by :func:`expr_tracker.history.downsample.m4`; more by the same M4 in DuckDB (the
     rows never leave it; first and last by step, a tie for min or max may pick another of
-    the equal points).
+    the equal points). ``producer``: only that producer's trace (its label: ``main``,
+    ``system/rank8`` ...; the run page's System section draws one node per chart).
     """
     if not 1 <= width <= MAX_WIDTH:
         raise BadRequest(f"width={width} is not valid: 1..{MAX_WIDTH}")
@@ -108,6 +110,8 @@ def series(
     traces = []
     try:
         for p in prods:
+            if producer is not None and producer_label(p) != producer:
+                continue
             sql = metrics_sql(con, catalog, p)
             if sql is None:
                 continue
@@ -189,6 +193,7 @@ def new_points(
     after: int,
     x: str = "step",
     since: dict[str, int] | None = None,
+    skip_streams: tuple[str, ...] = (),
 ) -> dict:
     """Rows of every metric with a step above ``after`` (a live page's poll), per metric
     and producer: ``{"max_step", "max_steps", "reset", "metrics": {metric: [trace]}}``.
@@ -198,8 +203,10 @@ def new_points(
     highest step (as far as read). ``reset``: more than :data:`MAX_NEW_ROWS` new rows
     (the page reloads its charts instead; ``max_steps`` are then the producers' last
     steps, so the next poll asks only for what comes after the reload). Rows whose x is
-    not finite (a NaN step metric) are left out, as :func:`series` leaves them out."""
-    prods = catalog.get(run_id)
+    not finite (a NaN step metric) are left out, as :func:`series` leaves them out.
+    ``skip_streams``: producers of these streams are not read (the run page's poll leaves
+    out ``system``, whose step is the wall time and whose section reloads on its own)."""
+    prods = [p for p in catalog.get(run_id) if p.stream not in skip_streams]
     since = since or {}
     con = duckdb_cursor()
     out: dict[str, list[dict]] = {}

@@ -16,11 +16,13 @@ Endpoints (every run is named by its ``run`` id from ``/api/runs``, looked up, n
 - ``/api/runs[?columns=A,B&sort=-A,B&where=FILTER&archived=1]``: the runs (status, steps,
   duration, start, tags, group, the chosen config/summary ``values``; as ``et runs``:
   docs/ui.md "Columns, order and filter").
-- ``/api/run?run=ID``: a run's metrics, x-axis options, config, summary, alerts.
-- ``/api/series?run=ID&metric=M&x=step|time|METRIC&width=W[&lo=&hi=]``: one metric,
-  downsampled to ``W`` buckets over the x range ``[lo, hi]``.
-- ``/api/points?run=ID&after=STEP[&since=PRODUCER:STEP...]&x=...``: rows with a step above
-  ``STEP`` (or the producer's own step in ``since``; live polling).
+- ``/api/run?run=ID``: a run's metrics, x-axis options, config, summary, alerts, and its
+  System section (``system``: per node, its producer, host and metrics).
+- ``/api/series?run=ID&metric=M&x=step|time|METRIC&width=W[&lo=&hi=][&producer=P]``: one
+  metric, downsampled to ``W`` buckets over the x range ``[lo, hi]`` (one producer's only).
+- ``/api/points?run=ID&after=STEP[&since=PRODUCER:STEP...]&x=...[&skip_stream=S...]``: rows
+  with a step above ``STEP`` (or the producer's own step in ``since``; live polling),
+  without the producers of the streams ``S``.
 - ``/api/spans?run=ID[&start=&stop=]``: mean ms per span path over a step range.
 - ``/api/trace?run=ID[&start=&stop=]``: the Chrome Trace JSON (download, for Perfetto).
 - ``/api/compare?run=A&run=B...``: config/summary differences and the metrics of the runs.
@@ -289,6 +291,7 @@ def create_app(
             width=q_int(request, "width", 1000),  # type: ignore[arg-type]
             lo=series.parse_float("lo", qp.get("lo")),
             hi=series.parse_float("hi", qp.get("hi")),
+            producer=qp.get("producer") or None,
         )
 
     def api_points(request: Any) -> Any:
@@ -307,6 +310,7 @@ def create_app(
             q_int(request, "after", -1),  # type: ignore[arg-type]
             request.query_params.get("x") or "step",
             since,
+            skip_streams=tuple(request.query_params.getlist("skip_stream")),
         )
 
     def api_spans(request: Any) -> Any:

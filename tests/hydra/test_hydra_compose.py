@@ -106,17 +106,28 @@ def test_rule_sets_merge_by_name(hydra_compose, sets, names):
 
 
 def test_rule_sets_compile():
-    from expr_tracker.alerts.rules import AlertRule
+    from expr_tracker.alerts.rules import make_rule
 
     GlobalHydra.instance().clear()
     with initialize_config_module(config_module="expr_tracker.conf", version_base="1.3"):
         cfg = compose(
-            overrides=["+tracker=default", "+tracker/alerts=[nan_guard,divergence,hung_run]"]
+            overrides=[
+                "+tracker=default",
+                "+tracker/alerts=[nan_guard,divergence,hung_run,system]",
+            ]
         )
     GlobalHydra.instance().clear()
     rules = resolve(cfg.tracker, environ={}).spec.alerts.rules
-    assert {r.name for r in rules} == {"et_nan_guard", "et_spike", "et_diverging", "et_hung_run"}
-    compiled = [AlertRule(**rule.model_dump()) for rule in rules]  # parses and compiles
+    assert {r.name for r in rules} == {
+        "et_nan_guard",
+        "et_spike",
+        "et_diverging",
+        "et_hung_run",
+        "et_gpu_memory",
+        "et_gpu_stalled",
+        "et_disk_full",
+    }
+    compiled = [make_rule(rule) for rule in rules]  # parses and compiles
     assert [r.name for r in compiled] == [r.name for r in rules]
 
 
@@ -171,7 +182,8 @@ def test_rule_sets_guard_the_metric_named_by_guard_metric(hydra_compose):
     sets = "+tracker/alerts=[nan_guard,divergence]"
     cfg = hydra_compose(["+tracker=default", sets, "tracker.alerts.guard_metric=train/loss"])
     rules = [
-        AlertRule(**r.model_dump()) for r in resolve(cfg.tracker, environ={}).spec.alerts.rules
+        AlertRule(**r.model_dump(exclude={"stream"}))
+        for r in resolve(cfg.tracker, environ={}).spec.alerts.rules
     ]
     assert {r.name: r.metrics for r in rules} == {
         "et_nan_guard": ("train/loss",),
@@ -181,11 +193,15 @@ def test_rule_sets_guard_the_metric_named_by_guard_metric(hydra_compose):
     # the default, with or without +tracker=default: loss
     for overrides in (["+tracker=default", sets], [sets]):
         spec = resolve(hydra_compose(overrides).tracker, environ={}).spec
-        assert {AlertRule(**r.model_dump()).metrics for r in spec.alerts.rules} == {("loss",)}
+        assert {
+            AlertRule(**r.model_dump(exclude={"stream"})).metrics for r in spec.alerts.rules
+        } == {("loss",)}
     # a name the bare grammar cannot spell still works (the sets quote it)
     cfg = hydra_compose([sets, "+tracker.alerts.guard_metric=val loss-2"])
     spec = resolve(cfg.tracker, environ={}).spec
-    assert {AlertRule(**r.model_dump()).metrics for r in spec.alerts.rules} == {("val loss-2",)}
+    assert {AlertRule(**r.model_dump(exclude={"stream"})).metrics for r in spec.alerts.rules} == {
+        ("val loss-2",)
+    }
 
 
 @pytest.fixture

@@ -102,4 +102,4 @@ def test_group_files_are_packaged_with_the_package():
     names = {p.name for p in tracker.iterdir()}
     assert {"default.yaml", "minimal.yaml", "timeline.yaml", "profile.yaml", "alerts"} <= names
     alerts = {p.name for p in (tracker / "alerts").iterdir()}
-    assert {"nan_guard.yaml", "divergence.yaml", "hung_run.yaml"} <= alerts
+    assert {"nan_guard.yaml", "divergence.yaml", "hung_run.yaml", "system.yaml"} <= alerts

@@ -203,6 +203,9 @@ def test_keyword_table_maps_every_flat_name():
         "alert_on_rank": "alerts.on_rank",
         "watchdog_interval": "alerts.watchdog_interval",
         "notify_on": "alerts.notify_on",
+        "system": "system.enabled",
+        "system_interval": "system.interval",
+        "system_gpu": "system.gpu",
     }
     assert KEYWORDS == expected
 
@@ -238,6 +241,9 @@ def test_every_flat_keyword_lands_on_its_path():
         "alert_on_rank": [0, 1],
         "watchdog_interval": "5s",
         "notify_on": ["failure"],
+        "system": False,
+        "system_interval": "30s",
+        "system_gpu": False,
         "project": "p",
         "name": "n",
         "dir": "d",
@@ -289,6 +295,7 @@ def test_every_flat_keyword_lands_on_its_path():
         "no",
     )
     assert (s.stream, s.resume, s.config, s.backends) == ("s", "must", {"lr": 1}, ["wandb"])
+    assert (s.system.enabled, s.system.interval, s.system.gpu) == (False, 30.0, False)
     assert r.sources["history.buffer.size"] == "init"
     assert r.sources["spans.print"] == "init"
 
@@ -296,6 +303,8 @@ def test_every_flat_keyword_lands_on_its_path():
 def test_keyword_shorthands():
     assert kwargs_to_dict({"spans": {"count": True}}) == {"spans": {"count": True}}
     assert kwargs_to_dict({"alert": False}) == {"alerts": {"enabled": False}}
+    assert kwargs_to_dict({"system": {"interval": "1s"}}) == {"system": {"interval": "1s"}}
+    assert kwargs_to_dict({"system": False}) == {"system": {"enabled": False}}
     assert kwargs_to_dict({"alert_rules": "x > 1"}) == {"alerts": {"rules": ["x > 1"]}}
     # a flat keyword beats the same value inside the section-wide argument
     d = kwargs_to_dict({"alert_on_rank": 1, "alert": {"on_rank": 2, "enabled": True}})

@@ -406,7 +406,8 @@ async function runPage(run, me) {
   if (me !== page) return;
   const opts = { x: "step", smooth: 0, log: false };
   const charts = new Map(); // metric -> chart
-  const multi = d.producers.length > 1;
+  // the system sampler's producers have their own section (docs/system.md)
+  const multi = d.producers.filter((p) => p !== "system" && !p.startsWith("system/")).length > 1;
   let maxStep = d.steps === null ? -1 : d.steps - 1;
   // live polling asks each producer (rank, stream) from its own last step: a rank that lags
   // the others, or a stream that stopped, loses nothing; one step is asked again (a metric
@@ -478,7 +479,8 @@ async function runPage(run, me) {
     if (me !== page) return;
     try {
       const since = Object.entries(lastBy).map(([p, st]) => `${p}:${st - 1}`);
-      const r = await api("points", { run, after: -1, since, x: opts.x });
+      const r = await api("points", { run, after: -1, since, x: opts.x, skip_stream: "system" });
+      if (d.system.length && ++systemPolls % SYSTEM_EVERY === 0) loadSystem();
       if (me !== page) return;
       statusEl.textContent = r.status; statusEl.className = `status-${r.status}`;
       if (r.reset) { lastBy = { ...r.max_steps }; maxStep = r.max_step; stepsEl.textContent = maxStep + 1; reloadAll(); }
@@ -508,6 +510,33 @@ async function runPage(run, me) {
       } /* else the server is away (restarting): the next poll tries again */
     }
     if (me === page) pollTimer = setTimeout(poll, POLL_MS);
+  }
+
+  // System: one group of charts per node, over wall time, redrawn every few polls
+  const SYSTEM_EVERY = 5;
+  let systemPolls = 0;
+  const systemCharts = [];
+  const systemBox = d.system.length ? el("div", { id: "system" }, el("h3", {}, "System"),
+    d.system.map((node) => {
+      const box = el("div", { class: "charts" });
+      for (const metric of node.metrics) {
+        const div = el("div", { class: "chart", "data-metric": metric });
+        box.appendChild(div);
+        systemCharts.push({ metric, title: metric, div, series: [], range: null, uirev: 1, alerts: [], producer: node.producer });
+      }
+      return el("section", { class: "group system-node", "data-producer": node.producer },
+        el("h3", {}, node.host ? `${node.host} (${node.producer})` : node.producer), box);
+    })) : null;
+  const sysOpts = { x: "time", smooth: 0, log: false };
+  async function loadSystemChart(chart) {
+    const r = await api("series", { run, metric: chart.metric, x: "time", width: chartWidth(chart.div), producer: chart.producer });
+    if (me !== page) return;
+    chart.series = r.traces.map((t) => ({ ...t, label: chart.metric }));
+    await draw(chart, sysOpts);
+    chart.div.dataset.loaded = "1";
+  }
+  async function loadSystem() {
+    for (const c of systemCharts) { try { await loadSystemChart(c); } catch (e) { c.div.textContent = String(e.message || e); } }
   }
 
   // span breakdown and trace link
@@ -546,6 +575,7 @@ async function runPage(run, me) {
       el("label", {}, log, " log y")),
     d.metrics.length ? null : el("p", { class: "muted" }, "no metrics yet"),
     chartsBox,
+    systemBox,
     el("div", { class: "tables" },
       kv("config", "Config", d.config), kv("summary", "Summary", d.summary),
       el("div", {}, el("h3", {}, "Alerts"), d.alerts.length ? el("table", { id: "alerts" },
@@ -560,6 +590,7 @@ async function runPage(run, me) {
   for (const m of d.metrics) addChart(m);
   if (d.has_spans) loadSpans();
   await loadAll([...charts.values()]);
+  await loadSystem();
   if (me === page) pollTimer = setTimeout(poll, POLL_MS);
 }
 
