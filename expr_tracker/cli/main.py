@@ -33,6 +33,7 @@ COMMAND_MODULES = (
     "ui",
     "trace",
     "export",
+    "sync",
     "rules",
     "alert",
     "alerts_cmd",

@@ -50,9 +50,10 @@ from expr_tracker.history.paths import file_name
 from expr_tracker.query import scan
 from expr_tracker.query.catalog import Producer, discover
 from expr_tracker.sync import layout
+from expr_tracker.sync.bucket import BucketError, read_manifest
 from expr_tracker.sync.store import ObjectStore, PreconditionFailed, StoreError, open_store
 
-__all__ = ["PART_BYTES", "SyncError", "SyncReport", "read_manifest", "sync_dir"]
+__all__ = ["PART_BYTES", "SyncError", "SyncReport", "sync_dir"]
 
 #: the most bytes of JSONL one part holds (a bigger backlog becomes several parts)
 PART_BYTES = 64 << 20
@@ -355,23 +356,6 @@ def _empty_manifest(project: str, p: Producer) -> dict[str, Any]:
     }
 
 
-def read_manifest(
-    store: ObjectStore, project: str, run: str, stream: str | None, rank: int
-) -> tuple[dict[str, Any] | None, str | None]:
-    """The checked manifest of one producer and its ETag, ``(None, None)`` when there is
-    none. Raises :class:`SyncError` for a manifest that is not valid (saying why)."""
-    key = layout.manifest_key(project, run, stream, rank)
-    got = store.get(key)
-    if got is None:
-        return None, None
-    data, etag = got
-    try:
-        m = layout.check_manifest(untrusted.load_json_bytes(data), project, run, stream, rank)
-    except ValueError as exc:
-        raise SyncError(f"{store.url}/{key}: not a valid manifest ({exc})") from None
-    return m, etag
-
-
 def _sync_producer(
     store: ObjectStore,
     p: Producer,
@@ -452,7 +436,7 @@ def sync_dir(
                 continue
             try:
                 _sync_producer(store, p, files, report, uploaded, part_bytes, sleep)
-            except (SyncError, StoreError) as exc:
+            except (SyncError, StoreError, BucketError) as exc:
                 report.errors.append(str(exc))
                 new_state.pop(skey, None)
                 continue
