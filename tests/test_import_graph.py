@@ -44,6 +44,7 @@ ALLOWED: dict[str, set[str]] = {
     "artifacts": LEAVES | {"history"},
     "query": LEAVES | {"history"},
     "ui": LEAVES | {"history", "query", "trace"},
+    "sync": LEAVES | {"history", "query"},
     "plugins": {"spans"},
     "integrations": LEAVES | {"api", "runs", "spec", "history"},
     "testing": LEAVES | {"alerts"},

@@ -2,7 +2,7 @@
 "Reading the bucket").
 
 Everything read here is untrusted input: a manifest is checked by
-:func:`expr_tracker.sync.layout.check_manifest` (only keys of its own producer), and each
+:func:`expr_tracker.sync.layout.check_sync_manifest` (only keys of its own producer), and each
 part's bytes are compared with the SHA-256 its manifest records before they are returned.
 A reader that takes one manifest and then its parts sees a consistent prefix of the
 producer's lines, whatever syncers do meanwhile: parts are immutable and a manifest only
@@ -50,7 +50,7 @@ def read_manifest(
         return None, None
     data, etag = got
     try:
-        m = layout.check_manifest(untrusted.load_json_bytes(data), project, run, stream, rank)
+        m = layout.check_sync_manifest(untrusted.load_json_bytes(data), project, run, stream, rank)
     except ValueError as exc:
         raise BucketError(f"{store.url}/{key}: not a valid manifest ({exc})") from None
     return m, etag

@@ -87,7 +87,7 @@ def collect(
             got = store.get(key)
             if got is None:  # deleted since the listing
                 continue
-            m = layout.check_manifest(untrusted.load_json_bytes(got[0]), *ident)
+            m = layout.check_sync_manifest(untrusted.load_json_bytes(got[0]), *ident)
         except (ValueError, StoreError) as exc:
             report.problems.append(f"{key}: {exc}")
             if run:

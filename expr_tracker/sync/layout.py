@@ -17,7 +17,7 @@ stream, empty for the main one, ``<N>``: the rank; each value percent-encoded ou
 ``_files``). Objects other than manifests are immutable: the same name always holds the
 same bytes.
 
-A manifest read back is untrusted input (it may be anyone's): :func:`check_manifest`
+A manifest read back is untrusted input (it may be anyone's): :func:`check_sync_manifest`
 accepts only the shape written here, with every key one this module would build for that
 producer, so a hostile manifest cannot name an object outside its own run (or a path with
 ``..``) for a reader, a sync or ``et gc`` to follow.
@@ -36,7 +36,7 @@ __all__ = [
     "ManifestError",
     "PARQUET_KINDS",
     "blob_key",
-    "check_manifest",
+    "check_sync_manifest",
     "file_key",
     "manifest_key",
     "part_keys",
@@ -107,7 +107,9 @@ def _int(v: Any, low: int = 0) -> bool:
     return isinstance(v, int) and not isinstance(v, bool) and v >= low
 
 
-def check_manifest(m: Any, project: str, run: str, stream: str | None, rank: int) -> dict[str, Any]:
+def check_sync_manifest(
+    m: Any, project: str, run: str, stream: str | None, rank: int
+) -> dict[str, Any]:
     """Return ``m`` when it is a manifest of exactly this producer, else raise
     :class:`ManifestError` (a ``ValueError``) saying why.
 
@@ -189,7 +191,9 @@ def referenced(m: dict[str, Any]) -> set[str]:
     return keys
 
 
-_MANIFEST_KEY = re.compile(r"^_manifests/project=([^/]*)/run=([^/]*)/stream=([^/]*)\.rank=(\d{1,9})\.json$")
+_MANIFEST_KEY = re.compile(
+    r"^_manifests/project=([^/]*)/run=([^/]*)/stream=([^/]*)\.rank=(\d{1,9})\.json$"
+)
 
 
 def parse_manifest_key(key: str) -> tuple[str, str, str | None, int] | None:

@@ -16,7 +16,7 @@ Keys are ``/``-separated and relative to the URL's prefix.
 itself. Nothing here writes a credential anywhere: errors name the operation, the key and
 the store's error code, never a header or a secret.
 
-:class:`FileStore` (``file:///shared/runs-bucket``) serves a shared file system: objects are
+:class:`FileStore` (``file:///mnt/team/runs``) serves a shared file system: objects are
 files below the folder, written to a temporary name and renamed; a conditional write holds
 an exclusive ``flock`` on a lock file under ``_locks/`` and compares the ETag (the SHA-256
 of the content). ``flock`` across hosts needs a file system that supports it (NFSv4 does);
@@ -111,7 +111,9 @@ def open_store(url: str, *, endpoint_url: str | None = None) -> ObjectStore:
             )
         prefix = parts.path.strip("/")
         if prefix and not valid_key(prefix):
-            raise ValueError(f"sync URL {url!r} is not valid: its prefix holds an empty or '..' part")
+            raise ValueError(
+                f"sync URL {url!r} is not valid: its prefix holds an empty or '..' part"
+            )
         return S3Store(bucket, prefix, endpoint_url=endpoint_url)
     if parts.scheme == "file":
         if parts.netloc not in ("", "localhost"):
@@ -133,9 +135,7 @@ class S3Store:
             import boto3
             from botocore.config import Config
         except ImportError:
-            raise StoreError(
-                "s3:// needs boto3: pip install 'expr-tracker[team]'"
-            ) from None
+            raise StoreError("s3:// needs boto3: pip install 'expr-tracker[team]'") from None
         self.bucket = bucket
         self.prefix = prefix
         self.url = f"s3://{bucket}/{prefix}".rstrip("/")
@@ -167,7 +167,11 @@ class S3Store:
         if code in ("PreconditionFailed", "ConditionalRequestConflict") or status == 412:
             return PreconditionFailed(f"{op} {self.url}/{key}: changed by another writer")
         what = code or type(exc).__name__
-        return StoreError(f"{op} {self.url}/{key}: {what} (HTTP {status})" if status else f"{op} {self.url}/{key}: {what}")
+        return StoreError(
+            f"{op} {self.url}/{key}: {what} (HTTP {status})"
+            if status
+            else f"{op} {self.url}/{key}: {what}"
+        )
 
     def get(self, key: str) -> tuple[bytes, str] | None:
         full = self._key(key)

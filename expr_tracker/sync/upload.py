@@ -228,11 +228,15 @@ class _ProducerSync:
         if log is None:
             log = {"file": path.name, "bytes": 0, "lines": 0, "parts": []}
         elif log["file"] != path.name:
-            raise SyncError(f"{self.where}: the bucket's {kind} file is {log['file']!r}, not {path.name!r}")
+            raise SyncError(
+                f"{self.where}: the bucket's {kind} file is {log['file']!r}, not {path.name!r}"
+            )
         try:
             fd = untrusted.open_regular(path, root=self.p.root)
         except OSError as exc:
-            raise SyncError(f"{self.where}: {path.name}: cannot be read ({exc.strerror or exc})") from None
+            raise SyncError(
+                f"{self.where}: {path.name}: cannot be read ({exc.strerror or exc})"
+            ) from None
         changed = False
         try:
             size = os.fstat(fd).st_size
@@ -263,15 +267,28 @@ class _ProducerSync:
                 sha = _sha(chunk)
                 lines = chunk.count(b"\n")
                 raw, pq = layout.part_keys(
-                    self.project, self.p.name, self.p.stream, self.p.rank, kind, path.name,
-                    log["lines"], sha,
+                    self.project,
+                    self.p.name,
+                    self.p.stream,
+                    self.p.rank,
+                    kind,
+                    path.name,
+                    log["lines"],
+                    sha,
                 )
                 self._put(raw, chunk)
                 if pq is not None:
                     self._put(pq, _parquet(kind, chunk, log["lines"]))
                 log["parts"].append(
-                    {"line": log["lines"], "offset": done, "lines": lines, "bytes": len(chunk),
-                     "sha256": sha, "raw": raw, "parquet": pq}
+                    {
+                        "line": log["lines"],
+                        "offset": done,
+                        "lines": lines,
+                        "bytes": len(chunk),
+                        "sha256": sha,
+                        "raw": raw,
+                        "parquet": pq,
+                    }
                 )
                 log["lines"] += lines
                 done += len(chunk)
@@ -287,7 +304,9 @@ class _ProducerSync:
         try:
             data = untrusted.read_regular(path, root=self.p.root)
         except OSError as exc:
-            raise SyncError(f"{self.where}: {path.name}: cannot be read ({exc.strerror or exc})") from None
+            raise SyncError(
+                f"{self.where}: {path.name}: cannot be read ({exc.strerror or exc})"
+            ) from None
         sha = _sha(data)
         old = m["files"].get(path.name)
         if old is not None and old["sha256"] == sha:
@@ -301,7 +320,9 @@ class _ProducerSync:
         try:
             fd = untrusted.open_regular(path, root=self.p.root)
         except OSError as exc:
-            raise SyncError(f"{self.where}: {rel}: cannot be read ({exc.strerror or exc})") from None
+            raise SyncError(
+                f"{self.where}: {rel}: cannot be read ({exc.strerror or exc})"
+            ) from None
         try:
             h = hashlib.sha256()
             size = 0

@@ -45,14 +45,19 @@ def moto_endpoint(tmp_path_factory):
     env = {k: v for k, v in os.environ.items() if k not in _PROXIES}
     with open(log, "wb") as out:
         proc = subprocess.Popen(
-            [binary, "-H", "127.0.0.1", "-p", str(port)], stdout=out, stderr=subprocess.STDOUT, env=env
+            [binary, "-H", "127.0.0.1", "-p", str(port)],
+            stdout=out,
+            stderr=subprocess.STDOUT,
+            env=env,
         )
     url = f"http://127.0.0.1:{port}"
     opener = urllib.request.build_opener(urllib.request.ProxyHandler({}))
     deadline = time.monotonic() + 30
     while True:
         if proc.poll() is not None:
-            pytest.skip(f"moto_server exited at start ({proc.returncode}): {log.read_text()[-300:]}")
+            pytest.skip(
+                f"moto_server exited at start ({proc.returncode}): {log.read_text()[-300:]}"
+            )
         try:
             opener.open(f"{url}/moto-api/", timeout=1).read()
             break

@@ -30,7 +30,9 @@ def write_lines(path: Path, start: int, n: int, *, torn: bool = False) -> None:
     path.parent.mkdir(parents=True, exist_ok=True)
     with open(path, "ab") as f:
         for i in range(start, start + n):
-            f.write(json.dumps({"_step": i, "_time": 1e9 + i, "loss": 1.0 / (i + 1)}).encode() + b"\n")
+            f.write(
+                json.dumps({"_step": i, "_time": 1e9 + i, "loss": 1.0 / (i + 1)}).encode() + b"\n"
+            )
         if torn:
             f.write(b'{"_step": ')
 
@@ -98,16 +100,30 @@ def test_parquet_parts_hold_every_line_once_with_hive_columns(s3_bucket, tmp_pat
     sync_dir(tmp_path / "runs", s3_bucket.url, part_bytes=4096)
     store = open_store(s3_bucket.url)
     m, _ = read_manifest(store, "proj", "r1", None, 0)
-    keys = [f"{s3_bucket.bucket}/{s3_bucket.prefix}/{p['parquet']}" for p in m["logs"]["metrics"]["parts"]]
+    keys = [
+        f"{s3_bucket.bucket}/{s3_bucket.prefix}/{p['parquet']}"
+        for p in m["logs"]["metrics"]["parts"]
+    ]
     assert len(keys) > 2
     fs = pafs.S3FileSystem(
-        endpoint_override=s3_bucket.endpoint, access_key="testing",
-        secret_key="testing-secret-value", region="us-east-1", scheme="http",
+        endpoint_override=s3_bucket.endpoint,
+        access_key="testing",
+        secret_key="testing-secret-value",
+        region="us-east-1",
+        scheme="http",
     )
     base = f"{s3_bucket.bucket}/{s3_bucket.prefix}/metrics"
-    t = ds.dataset(keys, filesystem=fs, format="parquet", partitioning=ds.partitioning(flavor="hive"), partition_base_dir=base).to_table()
+    t = ds.dataset(
+        keys,
+        filesystem=fs,
+        format="parquet",
+        partitioning=ds.partitioning(flavor="hive"),
+        partition_base_dir=base,
+    ).to_table()
     assert sorted(t.column("step").to_pylist()) == list(range(500))
-    assert set(t.column("run").to_pylist()) == {"r1"} and set(t.column("stream").to_pylist()) == {""}
+    assert set(t.column("run").to_pylist()) == {"r1"} and set(t.column("stream").to_pylist()) == {
+        ""
+    }
 
 
 def test_a_torn_last_line_waits_for_its_newline(s3_bucket, tmp_path):
@@ -183,7 +199,9 @@ def test_three_concurrent_syncers_of_a_growing_run_lose_nothing(s3_bucket, tmp_p
     procs = [
         subprocess.Popen(
             _sync_cmd(s3_bucket.url, tmp_path / "runs", tmp_path / f"state{k}", 2048, loops=8),
-            env=s3_bucket.env(), stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+            env=s3_bucket.env(),
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
         )
         for k in range(3)
     ]
@@ -215,7 +233,9 @@ def test_kill_9_anywhere_then_sync_again_loses_and_doubles_nothing(s3_bucket, tm
         n += 400
         proc = subprocess.Popen(
             _sync_cmd(s3_bucket.url, runs, tmp_path / "state", 1500),
-            env=s3_bucket.env(), stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+            env=s3_bucket.env(),
+            stdout=subprocess.DEVNULL,
+            stderr=subprocess.DEVNULL,
         )
         time.sleep(rng.uniform(0.3, 2.0))
         proc.send_signal(signal.SIGKILL)
@@ -238,22 +258,41 @@ def test_kill_9_anywhere_then_sync_again_loses_and_doubles_nothing(s3_bucket, tm
 
 @pytest.mark.slow
 def test_a_reader_during_a_sync_sees_a_consistent_prefix(s3_bucket, tmp_path):
+    """While a run grows and a syncer commits pass after pass, every read (one manifest,
+    then its parts) is a prefix of the file made of whole lines."""
     path = tmp_path / "runs" / "proj" / "r1" / "metrics.jsonl"
-    write_lines(path, 0, 3000)
+    write_lines(path, 0, 500)
+    stop = threading.Event()
+
+    def writer():
+        i = 500
+        while not stop.is_set():
+            write_lines(path, i, 50)
+            i += 50
+            time.sleep(0.05)
+
+    t = threading.Thread(target=writer)
+    t.start()
     proc = subprocess.Popen(
-        _sync_cmd(s3_bucket.url, tmp_path / "runs", tmp_path / "state", 2000),
-        env=s3_bucket.env(), stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+        _sync_cmd(s3_bucket.url, tmp_path / "runs", tmp_path / "state", 2000, loops=6),
+        env=s3_bucket.env(),
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
     )
     store = open_store(s3_bucket.url)
-    whole = path.read_bytes()
     seen = []
-    while proc.poll() is None:
-        data = bucket_bytes(store)
-        assert whole.startswith(data) and (not data or data.endswith(b"\n"))
-        seen.append(len(data))
+    try:
+        while proc.poll() is None:
+            data = bucket_bytes(store)
+            assert path.read_bytes().startswith(data) and (not data or data.endswith(b"\n"))
+            steps = [json.loads(x)["_step"] for x in data.splitlines()]
+            assert steps == list(range(len(steps)))
+            seen.append(len(data))
+    finally:
+        stop.set()
+        t.join()
     out, err = proc.communicate()
     assert proc.returncode == 0, err.decode()[-500:]
-    assert bucket_bytes(store) == whole
     assert seen == sorted(seen) and len(set(seen)) > 2, seen  # it grew while read
 
 
@@ -285,16 +324,34 @@ def test_cli_sync_and_gc_print_what_they_did_and_never_the_secret(s3_bucket, tmp
     write_lines(tmp_path / "runs" / "proj" / "r1" / "metrics.jsonl", 0, 5)
     env = s3_bucket.env()
     et = [sys.executable, "-m", "expr_tracker.cli.main"]
-    r = subprocess.run([*et, "sync", "runs", s3_bucket.url], env=env, capture_output=True, text=True, cwd=tmp_path)
+    r = subprocess.run(
+        [*et, "sync", "runs", s3_bucket.url], env=env, capture_output=True, text=True, cwd=tmp_path
+    )
     assert r.returncode == 0, r.stderr
     assert "1 commit(s)" in r.stdout
-    r = subprocess.run([*et, "sync", "runs", s3_bucket.url, "--json"], env=env, capture_output=True, text=True, cwd=tmp_path)
+    r = subprocess.run(
+        [*et, "sync", "runs", s3_bucket.url, "--json"],
+        env=env,
+        capture_output=True,
+        text=True,
+        cwd=tmp_path,
+    )
     assert json.loads(r.stdout)["bytes"] == 0
-    open_store(s3_bucket.url).put("_raw/project=proj/run=r1/metrics.jsonl/part-000000000099-" + "0" * 32 + ".jsonl", b"x\n")
-    r = subprocess.run([*et, "gc", s3_bucket.url, "--grace", "0"], env=env, capture_output=True, text=True)
+    open_store(s3_bucket.url).put(
+        "_raw/project=proj/run=r1/metrics.jsonl/part-000000000099-" + "0" * 32 + ".jsonl", b"x\n"
+    )
+    r = subprocess.run(
+        [*et, "gc", s3_bucket.url, "--grace", "0"], env=env, capture_output=True, text=True
+    )
     assert r.returncode == 0 and "deleted 1 unreferenced" in r.stdout, r.stdout + r.stderr
     # a bucket that does not exist: the error names it, never the secret key
-    r = subprocess.run([*et, "sync", "runs", "s3://no-such-bucket-et/x"], env=env, capture_output=True, text=True, cwd=tmp_path)
+    r = subprocess.run(
+        [*et, "sync", "runs", "s3://no-such-bucket-et/x"],
+        env=env,
+        capture_output=True,
+        text=True,
+        cwd=tmp_path,
+    )
     assert r.returncode == 1 and "no-such-bucket-et" in r.stderr
     assert "testing-secret-value" not in r.stdout + r.stderr
     for dirpath, _d, files in os.walk(tmp_path):
