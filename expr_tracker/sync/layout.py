@@ -29,6 +29,8 @@ import re
 from typing import Any
 from urllib.parse import quote
 
+from expr_tracker.history.paths import file_name
+
 __all__ = [
     "LOG_KINDS",
     "MANIFEST_VERSION",
@@ -44,6 +46,7 @@ __all__ = [
     "producer_id",
     "referenced",
     "run_prefix",
+    "small_files",
 ]
 
 MANIFEST_VERSION = 1
@@ -52,7 +55,6 @@ LOG_KINDS = ("metrics", "spans", "alerts", "artifacts")
 #: the kinds whose parts also get a Parquet object (the query cache's schemas)
 PARQUET_KINDS = ("metrics", "spans")
 _HEX = re.compile(r"^[0-9a-f]{64}$")
-_FILE_NAME = re.compile(r"^[A-Za-z0-9_.-]{1,255}$")
 MEDIA_RE = re.compile(r"^media(/[A-Za-z0-9_.=+-]{1,255}){1,8}$")
 
 
@@ -99,6 +101,18 @@ def blob_key(sha: str) -> str:
     return f"_blobs/sha256/{sha}"
 
 
+def small_files(stream: str | None, rank: int) -> tuple[str, ...]:
+    """The names of the small files a producer's manifest may list: its ``run``,
+    ``summary``, metrics sidecar and ``metric_defs`` files; rank 0 also its stream's
+    ``config``, and the main stream's rank 0 ``spec.json``."""
+    names = [file_name(k, stream, rank) for k in ("run", "summary", "meta", "metric_defs")]
+    if rank == 0:
+        names.append(file_name("config", stream))
+        if not stream:
+            names.append("spec.json")
+    return tuple(names)
+
+
 class ManifestError(ValueError):
     """A manifest that is not one this module writes (the message says what is wrong)."""
 
@@ -132,7 +146,7 @@ def check_sync_manifest(
         if not isinstance(log, dict) or not isinstance(log.get("parts"), list):
             raise ManifestError(f"logs.{kind} has no parts list")
         file = log.get("file")
-        if not isinstance(file, str) or not _FILE_NAME.match(file) or not file.startswith(kind):
+        if file != file_name(kind, stream, rank):
             raise ManifestError(f"logs.{kind}.file {str(file)[:80]!r} is not a {kind} file name")
         line = offset = 0
         for i, p in enumerate(log["parts"]):
@@ -156,8 +170,8 @@ def check_sync_manifest(
     if not isinstance(files, dict):
         raise ManifestError("'files' is not a mapping")
     for name, f in files.items():
-        if not isinstance(name, str) or not _FILE_NAME.match(name) or not isinstance(f, dict):
-            raise ManifestError(f"files entry {str(name)[:80]!r} is not a run file name")
+        if name not in small_files(stream, rank) or not isinstance(f, dict):
+            raise ManifestError(f"files entry {str(name)[:80]!r} is not a file of this producer")
         sha = f.get("sha256")
         if not isinstance(sha, str) or not _HEX.match(sha) or not _int(f.get("size")):
             raise ManifestError(f"files.{name} has no SHA-256 or size")

@@ -46,7 +46,6 @@ import orjson
 
 from expr_tracker.errors import ExprTrackerError
 from expr_tracker.history import untrusted
-from expr_tracker.history.paths import file_name
 from expr_tracker.query import scan
 from expr_tracker.query.catalog import Producer, discover
 from expr_tracker.sync import layout
@@ -113,25 +112,47 @@ def _project(p: Producer) -> str:
     return p.project or p.run_dir.parent.name or "default"
 
 
-class _Files:
-    """The local files of one producer, as the sync sees them."""
+def _listing(run_dir: Path) -> dict[str, tuple[int, int, int, bool]]:
+    """``name -> (size, mtime_ns, inode, is a folder)`` of a run directory's entries, from
+    one ``scandir`` (links not followed): what decides whether a producer changed."""
+    out: dict[str, tuple[int, int, int, bool]] = {}
+    try:
+        with os.scandir(run_dir) as it:
+            for e in it:
+                try:
+                    st = e.stat(follow_symlinks=False)
+                except OSError:
+                    continue
+                out[e.name] = (
+                    st.st_size,
+                    st.st_mtime_ns,
+                    st.st_ino,
+                    e.is_dir(follow_symlinks=False),
+                )
+    except OSError:
+        pass
+    return out
 
-    def __init__(self, p: Producer, first_of_run: bool):
+
+class _Files:
+    """The local files of one producer, as the sync sees them (``listing``: the run
+    directory's, from :func:`_listing`)."""
+
+    def __init__(self, p: Producer, first_of_run: bool, listing: dict[str, Any]):
         d = p.run_dir
         self.logs: dict[str, Path] = {}
+        names: list[str] = []
         for kind in layout.LOG_KINDS:
             path = getattr(p, kind)
             if path is not None:
                 self.logs[kind] = path
-        small = [p.run_file, p.summary]
-        for kind in ("meta", "metric_defs"):
-            small.append(d / file_name(kind, p.stream, p.rank))
-        if p.rank == 0:
-            small.append(p.config)
-            if p.stream is None:
-                small.append(d / "spec.json")
-        self.small = [f for f in small if f is not None and untrusted.present(f)]
-        self.media = d / "media" if first_of_run else None
+                names.append(path.name)
+        small = [n for n in layout.small_files(p.stream, p.rank) if n in listing]
+        self.small = [d / n for n in small]
+        names += small
+        media = listing.get("media")
+        self.media = d / "media" if first_of_run and media is not None and media[3] else None
+        self._sig: list[Any] = [[n, *listing.get(n, ())] for n in names]
 
     def media_files(self, root: Path) -> list[tuple[str, Path]]:
         if self.media is None or not self.media.is_dir() or self.media.is_symlink():
@@ -151,19 +172,19 @@ class _Files:
         return out
 
     def signature(self) -> list[Any]:
-        sig: list[Any] = []
-        paths = [*self.logs.values(), *self.small]
+        """What the producer's files look like now (sizes, mtimes, inodes; the media
+        folder's files too), compared with the state file's record."""
+        sig = list(self._sig)
         if self.media is not None:
-            paths.append(self.media)
-            if self.media.is_dir():
-                for dirpath, _dirs, files in os.walk(self.media):
-                    paths.extend(Path(dirpath) / f for f in files)
-        for path in paths:
-            try:
-                st = os.lstat(path)
-                sig.append([str(path), st.st_size, st.st_mtime_ns, st.st_ino])
-            except OSError:
-                sig.append([str(path)])
+            for dirpath, _dirs, files in os.walk(self.media):
+                for f in sorted(files):
+                    try:
+                        st = os.lstat(os.path.join(dirpath, f))
+                        sig.append(
+                            [os.path.join(dirpath, f), st.st_size, st.st_mtime_ns, st.st_ino]
+                        )
+                    except OSError:
+                        sig.append([os.path.join(dirpath, f)])
         return sig
 
 
@@ -440,6 +461,7 @@ def sync_dir(
     producers = discover(root)
     uploaded: set[str] = set()
     seen_dirs: set[Path] = set()
+    listing: dict[str, Any] = {}
     try:
         for p in producers:
             if p.unlisted:
@@ -448,8 +470,9 @@ def sync_dir(
             if first:
                 seen_dirs.add(p.run_dir)
                 report.runs += 1
+                listing = _listing(p.run_dir)
             report.producers += 1
-            files = _Files(p, first)
+            files = _Files(p, first, listing)
             skey = f"{p.root}\0{layout.producer_id(p.stream, p.rank)}"
             sig = files.signature()
             if not full and state.get(skey) == sig:

@@ -70,11 +70,21 @@ def test_keys_are_hive_partitions_with_values_encoded():
             "other part",
         ),
         (lambda m: m["logs"]["metrics"]["parts"][0].update(line=3), "does not follow"),
-        (lambda m: m["logs"]["metrics"].update(file="../metrics.jsonl"), "file name"),
+        (
+            lambda m: m["logs"]["metrics"].update(file="../metrics.jsonl"),
+            "is not a metrics file name",
+        ),
         (lambda m: m.update(run="r2"), "another producer"),
+        (lambda m: m["logs"]["metrics"].update(file="metrics.rank1.jsonl"), "not a metrics file"),
+        (
+            lambda m: m["files"].update(
+                {"run.rank1.json": {"key": "x", "sha256": "0" * 64, "size": 1}}
+            ),
+            "file of this producer",
+        ),
         (
             lambda m: m["files"].update({"../x": {"key": "x", "sha256": "0" * 64, "size": 1}}),
-            "run file name",
+            "file of this producer",
         ),
         (lambda m: m["blobs"].update({"media/../../x": {"sha256": "0" * 64, "size": 1}}), "media"),
         (lambda m: m["logs"].update(secrets={"file": "secrets", "parts": []}), "logs"),
