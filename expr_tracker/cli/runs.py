@@ -64,7 +64,12 @@ def register(subparsers: Any) -> None:
         "time over every attempt, metrics)",
         description="List the runs under DIR (default ./runs), newest first (by first start).",
     )
-    p.add_argument("dir", nargs="?", default="runs", help="directory to search (default ./runs)")
+    p.add_argument(
+        "dir",
+        nargs="?",
+        default="runs",
+        help="directory to search (default ./runs), or a sync bucket: s3://bucket/prefix, file:///path",
+    )
     p.add_argument("--metrics", default=None, metavar="A,B", help="metrics to show")
     output.add_format_option(p, "table", what="runs, with each producer's status")
     p.set_defaults(func=run_runs)
@@ -316,6 +321,18 @@ def run_runs(args: argparse.Namespace, out: IO[str] | None = None) -> int:
 
     out = out or sys.stdout
     root = Path(args.dir)
+    if "://" in args.dir:  # a sync bucket: read through a local copy (docs/team.md)
+        from expr_tracker.sync.mirror import mirror
+        from expr_tracker.sync.store import StoreError
+
+        try:
+            res = mirror(args.dir)
+        except (ValueError, StoreError) as exc:
+            sys.stderr.write(f"et runs: {output.printable(str(exc))}\n")
+            return 1
+        for line in res.problems:
+            sys.stderr.write(f"et runs: warning: {output.printable(line)}\n")
+        root = res.path
     if not root.is_dir():
         sys.stderr.write(f"et runs: {str(root)!r} is not a directory\n")
         return 1

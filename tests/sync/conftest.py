@@ -52,7 +52,7 @@ def moto_endpoint(tmp_path_factory):
         )
     url = f"http://127.0.0.1:{port}"
     opener = urllib.request.build_opener(urllib.request.ProxyHandler({}))
-    deadline = time.monotonic() + 30
+    deadline = time.monotonic() + 120
     while True:
         if proc.poll() is not None:
             pytest.skip(
@@ -65,7 +65,7 @@ def moto_endpoint(tmp_path_factory):
             if time.monotonic() > deadline:
                 proc.kill()
                 proc.wait()
-                pytest.skip("moto_server did not answer within 30 s")
+                pytest.skip("moto_server did not answer within 120 s")
             time.sleep(0.1)
     yield url
     proc.terminate()

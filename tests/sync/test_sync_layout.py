@@ -202,3 +202,60 @@ def test_gc_keeps_young_objects_and_what_is_not_ours(synced):
     assert rep.deleted_keys == [orphan] and store.exists(orphan)
     rep = collect(store, grace=0)
     assert rep.deleted == 1 and not store.exists(orphan) and store.exists("README.txt")
+
+
+def test_mirror_copies_committed_lines_and_fetches_only_new_parts(tmp_path):
+    from expr_tracker.sync.mirror import mirror
+
+    runs = tmp_path / "runs"
+    path = runs / "proj" / "r1" / "metrics.jsonl"
+    write_lines(path, 0, 50)
+    (runs / "proj" / "r1" / "run.json").write_text('{"project": "proj", "name": "r1"}')
+    url = f"file://{tmp_path / 'bucket'}"
+    sync_dir(runs, url, state_dir=tmp_path / "s")
+    first = mirror(url, cache_dir=tmp_path / "copy")
+    copy = tmp_path / "copy" / "proj" / "r1"
+    assert first.problems == [] and (copy / "metrics.jsonl").read_bytes() == path.read_bytes()
+    assert (copy / "run.json").read_bytes() == (runs / "proj" / "r1" / "run.json").read_bytes()
+    write_lines(path, 50, 5)
+    sync_dir(runs, url, state_dir=tmp_path / "s")
+    second = mirror(url, cache_dir=tmp_path / "copy")
+    assert (copy / "metrics.jsonl").read_bytes() == path.read_bytes()
+    new = len(path.read_bytes()) - first.fetched + len((copy / "run.json").read_bytes())
+    assert second.fetched == new  # the five new lines only
+
+
+def test_mirror_refuses_names_that_are_not_folder_names(tmp_path):
+    from expr_tracker.sync.mirror import mirror
+
+    store = FileStore(tmp_path / "bucket")
+    for project in ("..", ".hidden"):
+        m = {"version": 1, "project": project, "run": "r", "stream": "", "rank": 0}
+        m.update(logs={}, files={}, blobs={})
+        store.put(layout.manifest_key(project, "r", None, 0), json.dumps(m).encode())
+    res = mirror(store.url, cache_dir=tmp_path / "copy" / "inner")
+    assert len(res.problems) == 2 and all("not plain folder names" in p for p in res.problems)
+    assert sorted(os.listdir(tmp_path / "copy")) == ["inner"]
+    assert os.listdir(tmp_path / "copy" / "inner") == []
+
+
+def test_et_runs_lists_a_bucket(tmp_path):
+    import subprocess
+    import sys
+
+    from helpers import ROOT
+
+    runs = tmp_path / "runs"
+    write_lines(runs / "proj" / "r1" / "metrics.jsonl", 0, 7)
+    url = f"file://{tmp_path / 'bucket'}"
+    sync_dir(runs, url, state_dir=tmp_path / "s")
+    env = {**os.environ, "XDG_CACHE_HOME": str(tmp_path / "xdg"), "PYTHONPATH": str(ROOT)}
+    r = subprocess.run(
+        [sys.executable, "-m", "expr_tracker.cli.main", "runs", url, "--format", "json"],
+        capture_output=True,
+        text=True,
+        env=env,
+    )
+    assert r.returncode == 0, r.stderr
+    rows = json.loads(r.stdout)
+    assert [(row["run"], row["steps"]) for row in rows] == [("proj/r1", 7)]
