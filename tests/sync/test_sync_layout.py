@@ -259,3 +259,22 @@ def test_et_runs_lists_a_bucket(tmp_path):
     assert r.returncode == 0, r.stderr
     rows = json.loads(r.stdout)
     assert [(row["run"], row["steps"]) for row in rows] == [("proj/r1", 7)]
+
+
+def test_two_hosts_ranks_of_one_run_land_in_one_run(tmp_path):
+    """Rank 0 on host a and rank 1 on host b, each synced from its own disk: one run in the
+    bucket with both producers, read back as one run of two producers."""
+    from expr_tracker.sync.bucket import list_producers
+    from expr_tracker.sync.mirror import mirror
+
+    host_a = tmp_path / "host-a" / "runs" / "proj" / "launch-1"
+    host_b = tmp_path / "host-b" / "runs" / "proj" / "launch-1"
+    write_lines(host_a / "metrics.jsonl", 0, 4)
+    write_lines(host_b / "metrics.rank1.jsonl", 0, 6)
+    url = f"file://{tmp_path / 'bucket'}"
+    for host in (host_a, host_b):
+        assert sync_dir(host.parent.parent, url, state_dir=tmp_path / "s").errors == []
+    store = open_store(url)
+    assert list_producers(store) == [("proj", "launch-1", None, 0), ("proj", "launch-1", None, 1)]
+    copy = mirror(url, cache_dir=tmp_path / "copy").path / "proj" / "launch-1"
+    assert sorted(os.listdir(copy)) == ["metrics.jsonl", "metrics.rank1.jsonl"]
