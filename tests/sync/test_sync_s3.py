@@ -87,6 +87,12 @@ def test_sync_then_resync_uploads_nothing(s3_bucket, tmp_path):
     m, _ = read_manifest(store, "proj", "r1", None, 0)
     assert {"run.json", "summary.json", "config.json", "spec.json"} <= set(m["files"])
     assert list_producers(store) == [("proj", "r1", None, 0)]
+    from expr_tracker.sync.mirror import mirror
+
+    copy = mirror(s3_bucket.url, cache_dir=tmp_path / "copy")
+    assert copy.problems == []
+    for name in ("metrics.jsonl", "spans.jsonl", "run.json", "summary.json"):
+        assert (copy.path / "proj" / "r1" / name).read_bytes() == (run_dir / name).read_bytes()
 
 
 def test_parquet_parts_hold_every_line_once_with_hive_columns(s3_bucket, tmp_path):
