@@ -131,27 +131,37 @@ class S3Store:
     """An S3 bucket (or an S3-compatible store) under a key prefix, through boto3."""
 
     def __init__(self, bucket: str, prefix: str = "", *, endpoint_url: str | None = None):
-        try:
-            import boto3
-            from botocore.config import Config
-        except ImportError:
-            raise StoreError("s3:// needs boto3: pip install 'expr-tracker[team]'") from None
+        import importlib.util
+
+        if importlib.util.find_spec("boto3") is None:
+            raise StoreError("s3:// needs boto3: pip install 'expr-tracker[team]'")
         self.bucket = bucket
         self.prefix = prefix
         self.url = f"s3://{bucket}/{prefix}".rstrip("/")
-        cfg = Config(
-            retries={"max_attempts": 5, "mode": "standard"},
-            connect_timeout=10,
-            read_timeout=60,
-            max_pool_connections=16,
-        )
-        kwargs: dict[str, Any] = {"config": cfg}
-        if endpoint_url:
-            kwargs["endpoint_url"] = endpoint_url
-        self._client = boto3.session.Session().client("s3", **kwargs)
-        from botocore.exceptions import BotoCoreError, ClientError
+        self._endpoint_url = endpoint_url
+        self._made: Any = None
+        self._errors: tuple[type[BaseException], ...] = ()
 
-        self._errors = (ClientError, BotoCoreError)
+    @property
+    def _client(self) -> Any:
+        """The boto3 client, made on first use (a sync with nothing to do imports no boto3)."""
+        if self._made is None:
+            import boto3
+            from botocore.config import Config
+            from botocore.exceptions import BotoCoreError, ClientError
+
+            cfg = Config(
+                retries={"max_attempts": 5, "mode": "standard"},
+                connect_timeout=10,
+                read_timeout=60,
+                max_pool_connections=16,
+            )
+            kwargs: dict[str, Any] = {"config": cfg}
+            if self._endpoint_url:
+                kwargs["endpoint_url"] = self._endpoint_url
+            self._errors = (ClientError, BotoCoreError)
+            self._made = boto3.session.Session().client("s3", **kwargs)
+        return self._made
 
     def _key(self, key: str) -> str:
         _check_key(key)
