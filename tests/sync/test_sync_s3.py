@@ -211,9 +211,15 @@ def test_three_concurrent_syncers_of_a_growing_run_lose_nothing(s3_bucket, tmp_p
         )
         for k in range(3)
     ]
-    outs = [p.communicate(timeout=300) for p in procs]
-    stop.set()
-    t.join()
+    try:
+        outs = [p.communicate(timeout=900) for p in procs]
+    finally:
+        stop.set()
+        t.join()
+        for p in procs:
+            if p.poll() is None:
+                p.kill()
+                p.wait()
     reports = [json.loads(line) for out, _err in outs for line in out.decode().splitlines()]
     assert all(p.returncode == 0 for p in procs), [e.decode()[-500:] for _o, e in outs]
     assert all(r["errors"] == [] for r in reports)
