@@ -47,6 +47,7 @@ ALLOWED: dict[str, set[str]] = {
     "system": LEAVES,
     "query": LEAVES | {"history"},
     "ui": LEAVES | {"history", "query", "trace"},
+    "sync": LEAVES | {"history", "query"},
     "plugins": {"spans"},
     "integrations": LEAVES | {"api", "runs", "spec", "history"},
     "testing": LEAVES | {"alerts"},

@@ -36,6 +36,7 @@ COMMAND_MODULES = (
     "ui",
     "trace",
     "export",
+    "sync",
     "rules",
     "alert",
     "alerts_cmd",

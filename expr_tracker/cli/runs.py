@@ -70,8 +70,9 @@ def register(subparsers: Any) -> None:
         "dir",
         nargs="?",
         default="runs",
-        help="directory to search (default ./runs); rm, mv, archive, unarchive and tag "
-        "clean up runs instead: `et runs rm --help` (a folder named so: ./rm)",
+        help="directory to search (default ./runs), or a sync bucket: s3://bucket/prefix, "
+        "file:///path; rm, mv, archive, unarchive and tag clean up runs instead: "
+        "`et runs rm --help` (a folder named so: ./rm)",
     )
     p.add_argument("--metrics", default=None, metavar="A,B", help="metrics to show")
     p.add_argument(
@@ -389,6 +390,18 @@ def run_runs(args: argparse.Namespace, out: IO[str] | None = None) -> int:
 
     out = out or sys.stdout
     root = Path(args.dir)
+    if "://" in args.dir:  # a sync bucket: read through a local copy (docs/team.md)
+        from expr_tracker.sync.mirror import mirror
+        from expr_tracker.sync.store import StoreError
+
+        try:
+            res = mirror(args.dir)
+        except (ValueError, StoreError) as exc:
+            sys.stderr.write(f"et runs: {output.printable(str(exc))}\n")
+            return 1
+        for line in res.problems:
+            sys.stderr.write(f"et runs: warning: {output.printable(line)}\n")
+        root = res.path
     if not root.is_dir():
         sys.stderr.write(f"et runs: {str(root)!r} is not a directory\n")
         return 1

@@ -1,0 +1,114 @@
+"""``et sync DIR URL`` and ``et gc URL``: runs to object storage (docs/team.md)."""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import json
+import sys
+from typing import Any
+
+
+def register(subparsers: Any) -> None:
+    """Add the ``sync`` and ``gc`` sub-commands to ``subparsers`` (each sets ``func``)."""
+    p = subparsers.add_parser(
+        "sync",
+        help="upload runs to S3 (or a shared folder), incrementally",
+        description=(
+            "Upload every run under DIR to URL (s3://bucket/prefix, or file:///path for a "
+            "shared file system): each producer's new complete lines become immutable parts "
+            "(raw JSONL and Parquet) committed by a manifest written with a conditional "
+            "write, so syncers running at once never lose each other's commits. Re-running "
+            "uploads only what is new (nothing for an unchanged folder). Credentials come "
+            "from the standard AWS chain; AWS_ENDPOINT_URL (or --endpoint-url) names an "
+            "S3-compatible store. See docs/team.md."
+        ),
+    )
+    p.add_argument("dir", metavar="DIR", help="a folder of runs or one run directory")
+    p.add_argument("url", metavar="URL", help="s3://bucket/prefix or file:///path")
+    p.add_argument("--endpoint-url", default=None, metavar="URL", help="an S3-compatible endpoint")
+    p.add_argument(
+        "--full",
+        action="store_true",
+        help="ask the bucket about every producer (ignore the record of what was synced)",
+    )
+    p.add_argument("--json", action="store_true", help="print the report as JSON")
+    p.set_defaults(func=run_sync)
+
+    g = subparsers.add_parser(
+        "gc",
+        help="remove objects of a sync bucket that no manifest references",
+        description=(
+            "Delete the parts a killed or outrun sync left behind: objects under URL that no "
+            "manifest references and that are older than --grace seconds (a sync running "
+            "now has uploaded parts it has not committed yet). A manifest that cannot be "
+            "read protects its run's objects and every blob. See docs/team.md."
+        ),
+    )
+    g.add_argument("url", metavar="URL", help="s3://bucket/prefix or file:///path")
+    g.add_argument("--endpoint-url", default=None, metavar="URL", help="an S3-compatible endpoint")
+    g.add_argument(
+        "--grace",
+        type=float,
+        default=3600.0,
+        metavar="SECONDS",
+        help="keep unreferenced objects younger than this (default 3600)",
+    )
+    g.add_argument("--dry-run", action="store_true", help="list what would be deleted")
+    g.add_argument("--json", action="store_true", help="print the report as JSON")
+    g.set_defaults(func=run_gc)
+
+
+def run_sync(args: argparse.Namespace) -> int:
+    """Exit codes: 0 every producer synced, 1 a producer not synced (each named on stderr),
+    a bad URL, a folder that is not there, or a store that cannot be reached."""
+    from expr_tracker.sync.store import StoreError
+    from expr_tracker.sync.upload import sync_dir
+
+    try:
+        rep = sync_dir(args.dir, args.url, endpoint_url=args.endpoint_url, full=args.full)
+    except (ValueError, StoreError, FileNotFoundError, ImportError) as exc:
+        print(f"et sync: {exc}", file=sys.stderr)
+        return 1
+    for line in rep.errors:
+        print(f"et sync: {line}", file=sys.stderr)
+    if args.json:
+        print(json.dumps(dataclasses.asdict(rep)))
+    else:
+        print(
+            f"synced {rep.runs} run(s), {rep.producers} producer(s) to {args.url}: "
+            f"{rep.commits} commit(s), {rep.objects} object(s), {rep.bytes} bytes uploaded; "
+            f"{rep.unchanged} unchanged"
+            + (f"; {rep.lost} commit(s) lost to other syncers and retried" if rep.lost else "")
+            + (f"; {len(rep.errors)} not synced" if rep.errors else "")
+        )
+    return 1 if rep.errors else 0
+
+
+def run_gc(args: argparse.Namespace) -> int:
+    """Exit codes: 0 done (manifests not understood are listed on stderr; what they may
+    reference was kept), 1 a bad URL, a bad --grace or a store that cannot be reached."""
+    from expr_tracker.sync.collect import collect
+    from expr_tracker.sync.store import StoreError, open_store
+
+    if not args.grace >= 0:
+        print(f"et gc: --grace {args.grace}: must be a number of seconds >= 0", file=sys.stderr)
+        return 1
+    try:
+        store = open_store(args.url, endpoint_url=args.endpoint_url)
+        rep = collect(store, grace=args.grace, dry_run=args.dry_run)
+    except (ValueError, StoreError) as exc:
+        print(f"et gc: {exc}", file=sys.stderr)
+        return 1
+    for line in rep.problems:
+        print(f"et gc: kept everything {line!s}", file=sys.stderr)
+    if args.json:
+        print(json.dumps(dataclasses.asdict(rep)))
+    else:
+        verb = "would delete" if args.dry_run else "deleted"
+        print(
+            f"{args.url}: {rep.manifests} manifest(s), {rep.kept} object(s) referenced; "
+            f"{verb} {rep.deleted} unreferenced object(s) ({rep.freed} bytes); "
+            f"{rep.young} younger than the grace kept"
+        )
+    return 0

@@ -1,0 +1,165 @@
+"""A local read-through copy of a sync bucket, for the readers (``et runs s3://...``;
+docs/team.md "Reading the bucket").
+
+:func:`mirror` lists the bucket's manifests (one listing of ``_manifests/``, never of the
+parts), reads each, and brings a local runs folder up to date with them:
+``<cache>/<project>/<run>/`` holds each producer's JSONL files (the committed parts,
+appended in order: only parts not yet here are fetched), its small files and the run's
+media, with the names they have in a run directory, so every local reader reads it as it
+reads any runs folder. ``<cache>`` is ``$XDG_CACHE_HOME/expr_tracker/bucket/<hash of the
+URL>/`` (``0700``, this user's), or ``cache_dir=``.
+
+Everything comes from the bucket, which is untrusted input: manifests are checked
+(:func:`expr_tracker.sync.layout.check_sync_manifest`: every file name exactly one of the
+producer's own), a project or run name that is not one plain folder name (empty, ``.``,
+``..``, holding ``/``, starting with ``.``) is refused and reported, each part and file is
+compared with its SHA-256 before it is written, files are written only below the cache
+folder (never through a link: a path whose real location is elsewhere is refused).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import os
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from expr_tracker.history.paths import atomic_write
+from expr_tracker.sync import layout
+from expr_tracker.sync.bucket import BucketError, list_producers, read_manifest
+from expr_tracker.sync.store import ObjectStore, StoreError, open_store
+
+__all__ = ["MirrorResult", "mirror", "mirror_root"]
+
+
+@dataclass
+class MirrorResult:
+    """``path``: the local runs folder; ``producers``: manifests read; ``fetched``: bytes
+    downloaded; ``problems``: one line per producer not mirrored (and why)."""
+
+    path: Path
+    producers: int = 0
+    fetched: int = 0
+    problems: list[str] = field(default_factory=list)
+
+
+def mirror_root(url: str) -> Path:
+    """The default local folder of a bucket URL's copy."""
+    base = os.environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache")
+    digest = hashlib.sha256(url.encode("utf-8")).hexdigest()[:32]
+    return Path(base) / "expr_tracker" / "bucket" / digest
+
+
+def _folder_name(value: str) -> bool:
+    return (
+        bool(value)
+        and value not in (".", "..")
+        and not value.startswith(".")
+        and "/" not in value
+        and "\x00" not in value
+        and len(value.encode("utf-8", "replace")) <= 255
+    )
+
+
+def _inside(path: Path, root: Path) -> bool:
+    real = os.path.realpath(path)
+    base = os.path.realpath(root)
+    return real.startswith(base.rstrip(os.sep) + os.sep)
+
+
+def _sha_file(path: Path) -> str | None:
+    try:
+        h = hashlib.sha256()
+        with open(path, "rb") as f:
+            while block := f.read(1 << 20):
+                h.update(block)
+        return h.hexdigest()
+    except OSError:
+        return None
+
+
+def _fetch(store: ObjectStore, key: str, sha: str) -> bytes:
+    got = store.get(key)
+    if got is None:
+        raise BucketError(f"{store.url}/{key}: missing (its manifest references it)")
+    if hashlib.sha256(got[0]).hexdigest() != sha:
+        raise BucketError(f"{store.url}/{key}: changed (its SHA-256 differs)")
+    return got[0]
+
+
+def _mirror_producer(store: ObjectStore, root: Path, ident: tuple, res: MirrorResult) -> None:
+    project, run, stream, rank = ident
+    if not (_folder_name(project) and _folder_name(run)):
+        raise BucketError(
+            f"project {project[:80]!r} / run {run[:80]!r}: not plain folder names: not mirrored"
+        )
+    m, _etag = read_manifest(store, project, run, stream, rank)
+    if m is None:
+        return
+    run_dir = root / project / run
+    run_dir.mkdir(parents=True, exist_ok=True, mode=0o700)
+    if not _inside(run_dir, root) or run_dir.is_symlink():
+        raise BucketError(f"{project}/{run}: its folder lies outside {root}: not mirrored")
+    for log in m["logs"].values():
+        path = run_dir / log["file"]
+        if path.is_symlink():
+            path.unlink()
+        have = path.stat().st_size if path.exists() else 0
+        offsets = [p["offset"] for p in log["parts"]] + [log["bytes"]]
+        if have not in offsets:  # not a prefix we wrote: start again
+            have = 0
+        with open(path, "r+b" if have else "wb") as f:
+            f.truncate(have)
+            f.seek(have)
+            for p in log["parts"]:
+                if p["offset"] < have:
+                    continue
+                data = _fetch(store, p["raw"], p["sha256"])
+                f.write(data)
+                res.fetched += len(data)
+    for name, info in m["files"].items():
+        path = run_dir / name
+        if path.is_symlink():
+            path.unlink()
+        if _sha_file(path) == info["sha256"]:
+            continue
+        data = _fetch(store, info["key"], info["sha256"])
+        atomic_write(path, data)
+        res.fetched += len(data)
+    for rel, info in m["blobs"].items():
+        path = run_dir / rel
+        path.parent.mkdir(parents=True, exist_ok=True, mode=0o700)
+        if not _inside(path.parent, run_dir) or path.is_symlink():
+            raise BucketError(f"{project}/{run}: {rel} would lie outside the run: not mirrored")
+        if _sha_file(path) == info["sha256"]:
+            continue
+        data = _fetch(store, layout.blob_key(info["sha256"]), info["sha256"])
+        atomic_write(path, data)
+        res.fetched += len(data)
+
+
+def mirror(
+    url: str,
+    *,
+    cache_dir: str | os.PathLike[str] | None = None,
+    endpoint_url: str | None = None,
+    store: ObjectStore | None = None,
+) -> MirrorResult:
+    """Bring the local copy of the bucket at ``url`` up to date; see the module docstring.
+
+    A producer that cannot be mirrored (a manifest not valid, a part missing or changed, a
+    name that is no folder name) is reported in :attr:`MirrorResult.problems`; the others
+    are mirrored. Raises ``ValueError`` for a URL that is not valid and
+    :class:`~expr_tracker.sync.store.StoreError` when the store cannot be listed.
+    """
+    store = store if store is not None else open_store(url, endpoint_url=endpoint_url)
+    root = Path(cache_dir) if cache_dir is not None else mirror_root(store.url)
+    root.mkdir(parents=True, exist_ok=True, mode=0o700)
+    res = MirrorResult(path=root)
+    for ident in list_producers(store):
+        res.producers += 1
+        try:
+            _mirror_producer(store, root, ident, res)
+        except (BucketError, StoreError, OSError) as exc:
+            res.problems.append(str(exc))
+    return res
