@@ -220,7 +220,7 @@ def _rules(run: Run, resolved: Any, run_dir: Path, file_rank: int, rank: int) ->
     return engine, record
 
 
-def _make_probes(run_dir: Path, gpu: bool, environ: Mapping[str, str], warner: Warner) -> list:
+def _make_probes(run_dir: Path, gpu: bool, environ: Mapping[str, str], warner: Warner) -> list[Any]:
     """On the sampler's thread: psutil's probes and, with ``gpu``, NVML's (when the GPU
     extra is installed and the host has a GPU; a hint once when there is a GPU device but
     no nvidia-ml-py)."""

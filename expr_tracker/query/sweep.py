@@ -289,8 +289,8 @@ def sweep(
         notes.append(f"importance needs {MIN_RUNS} or more runs with a finite {metric}")
     else:
         try:
-            from sklearn.ensemble import RandomForestRegressor  # type: ignore[import-untyped]
-            from sklearn.inspection import permutation_importance  # type: ignore[import-untyped]
+            from sklearn.ensemble import RandomForestRegressor
+            from sklearn.inspection import permutation_importance
         except ImportError:
             method = "none"
             notes.append(f"importance needs scikit-learn: {SKLEARN_HINT}")

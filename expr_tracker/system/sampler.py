@@ -152,11 +152,15 @@ class SystemSampler:
         step = max(int(now * 1000), self._last_step + 1)  # wall time, ms, never backwards
         self._last_step = step
         row = {"host": self.host, **readings, "_step": step, "_time": now}
-        for what, fn in (("write", self._write), ("rules", self._on_row)):
-            if fn is None:
+        sinks: tuple[tuple[str, Callable[[dict[str, Any]], Any] | None], ...] = (
+            ("write", self._write),
+            ("rules", self._on_row),
+        )
+        for what, sink in sinks:
+            if sink is None:
                 continue
             try:
-                fn(row)
+                sink(row)
             except Exception as exc:  # noqa: BLE001
                 self.warner.warn(
                     ("system", what),
