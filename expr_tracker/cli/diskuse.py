@@ -77,12 +77,21 @@ def register(subparsers: Any) -> None:
     p = subparsers.add_parser(
         "gc",
         help="remove caches of deleted runs (--max-cache SIZE: bound the caches; "
-        "--artifacts: unreferenced artifact versions)",
+        "--artifacts: unreferenced artifact versions); et gc URL: a sync bucket's "
+        "unreferenced objects",
         description="Remove what no run needs any more under DIR: caches of runs that are "
         "gone, leftovers of an interrupted et runs rm, and with --artifacts the artifact "
-        "versions nothing refers to.",
+        "versions nothing refers to. Given a sync bucket (s3://bucket/prefix, file:///path), "
+        "delete the objects no manifest references that are older than --grace seconds "
+        "(docs/team.md).",
     )
-    p.add_argument("dir", nargs="?", default="runs", help="runs folder (default ./runs)")
+    p.add_argument(
+        "dir",
+        nargs="?",
+        default="runs",
+        metavar="DIR|URL",
+        help="runs folder (default ./runs), or a sync bucket: s3://bucket/prefix, file:///path",
+    )
     p.add_argument(
         "--cache-dir", action="append", default=[], metavar="D", help="clean the caches under D too"
     )
@@ -101,6 +110,19 @@ def register(subparsers: Any) -> None:
         "-n", "--dry-run", action="store_true", help="list what would go; remove nothing"
     )
     p.add_argument("-y", "--yes", action="store_true", help="do not ask")
+    bucket = p.add_argument_group("a sync bucket (et gc URL)")
+    bucket.add_argument(
+        "--endpoint-url", default=None, metavar="URL", help="an S3-compatible endpoint"
+    )
+    bucket.add_argument(
+        "--grace",
+        type=float,
+        default=3600.0,
+        metavar="SECONDS",
+        help="keep unreferenced objects younger than this (default 3600): a sync running now "
+        "has uploaded parts it has not committed yet",
+    )
+    bucket.add_argument("--json", action="store_true", help="print the report as JSON")
     p.set_defaults(func=run_gc)
 
 
@@ -480,6 +502,22 @@ def run_gc(args: argparse.Namespace, out: IO[str] | None = None) -> int:
     from expr_tracker.cli.runops import tree_bytes
     from expr_tracker.units import parse_size
 
+    if "://" in str(args.dir):  # a sync bucket
+        from expr_tracker.cli.sync import run_bucket_gc
+
+        local = [
+            flag
+            for flag, given in (
+                ("--cache-dir", args.cache_dir),
+                ("--max-cache", args.max_cache),
+                ("--artifacts", args.artifacts),
+            )
+            if given
+        ]
+        if local:
+            sys.stderr.write(f"et gc: {', '.join(local)} apply to a runs folder, not a bucket\n")
+            return 2
+        return run_bucket_gc(args)
     out, err = out or sys.stdout, sys.stderr
     root = Path(args.dir)
     if not root.is_dir():

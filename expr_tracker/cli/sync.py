@@ -1,4 +1,5 @@
-"""``et sync DIR URL`` and ``et gc URL``: runs to object storage (docs/team.md)."""
+"""``et sync DIR URL`` and ``et gc URL`` (a form of ``et gc``): runs to object storage
+(docs/team.md)."""
 
 from __future__ import annotations
 
@@ -10,7 +11,8 @@ from typing import Any
 
 
 def register(subparsers: Any) -> None:
-    """Add the ``sync`` and ``gc`` sub-commands to ``subparsers`` (each sets ``func``)."""
+    """Add the ``sync`` sub-command to ``subparsers`` (``et gc URL``, the bucket's clean-up, is
+    one form of ``et gc``: :func:`run_bucket_gc`, called by ``cli/diskuse.py``)."""
     p = subparsers.add_parser(
         "sync",
         help="upload runs to S3 (or a shared folder), incrementally",
@@ -34,29 +36,6 @@ def register(subparsers: Any) -> None:
     )
     p.add_argument("--json", action="store_true", help="print the report as JSON")
     p.set_defaults(func=run_sync)
-
-    g = subparsers.add_parser(
-        "gc",
-        help="remove objects of a sync bucket that no manifest references",
-        description=(
-            "Delete the parts a killed or outrun sync left behind: objects under URL that no "
-            "manifest references and that are older than --grace seconds (a sync running "
-            "now has uploaded parts it has not committed yet). A manifest that cannot be "
-            "read protects its run's objects and every blob. See docs/team.md."
-        ),
-    )
-    g.add_argument("url", metavar="URL", help="s3://bucket/prefix or file:///path")
-    g.add_argument("--endpoint-url", default=None, metavar="URL", help="an S3-compatible endpoint")
-    g.add_argument(
-        "--grace",
-        type=float,
-        default=3600.0,
-        metavar="SECONDS",
-        help="keep unreferenced objects younger than this (default 3600)",
-    )
-    g.add_argument("--dry-run", action="store_true", help="list what would be deleted")
-    g.add_argument("--json", action="store_true", help="print the report as JSON")
-    g.set_defaults(func=run_gc)
 
 
 def run_sync(args: argparse.Namespace) -> int:
@@ -85,8 +64,8 @@ def run_sync(args: argparse.Namespace) -> int:
     return 1 if rep.errors else 0
 
 
-def run_gc(args: argparse.Namespace) -> int:
-    """Exit codes: 0 done (manifests not understood are listed on stderr; what they may
+def run_bucket_gc(args: argparse.Namespace) -> int:
+    """``et gc URL``. Exit codes: 0 done (manifests not understood are listed on stderr; what they may
     reference was kept), 1 a bad URL, a bad --grace or a store that cannot be reached."""
     from expr_tracker.sync.collect import collect
     from expr_tracker.sync.store import StoreError, open_store
@@ -95,7 +74,7 @@ def run_gc(args: argparse.Namespace) -> int:
         print(f"et gc: --grace {args.grace}: must be a number of seconds >= 0", file=sys.stderr)
         return 1
     try:
-        store = open_store(args.url, endpoint_url=args.endpoint_url)
+        store = open_store(args.dir, endpoint_url=args.endpoint_url)
         rep = collect(store, grace=args.grace, dry_run=args.dry_run)
     except (ValueError, StoreError) as exc:
         print(f"et gc: {exc}", file=sys.stderr)
@@ -107,7 +86,7 @@ def run_gc(args: argparse.Namespace) -> int:
     else:
         verb = "would delete" if args.dry_run else "deleted"
         print(
-            f"{args.url}: {rep.manifests} manifest(s), {rep.kept} object(s) referenced; "
+            f"{args.dir}: {rep.manifests} manifest(s), {rep.kept} object(s) referenced; "
             f"{verb} {rep.deleted} unreferenced object(s) ({rep.freed} bytes); "
             f"{rep.young} younger than the grace kept"
         )

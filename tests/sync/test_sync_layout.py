@@ -204,6 +204,21 @@ def test_gc_keeps_young_objects_and_what_is_not_ours(synced):
     assert rep.deleted == 1 and not store.exists(orphan) and store.exists("README.txt")
 
 
+def test_et_gc_takes_a_bucket_url_or_a_runs_folder(synced, capsys):
+    """One `et gc`: a URL cleans the bucket, a folder its runs' caches; a folder-only option
+    given with a URL is refused (exit 2) rather than ignored."""
+    from expr_tracker.cli.main import main
+
+    _runs, store, _m = synced
+    orphan = "_raw/project=proj/run=r1/metrics.jsonl/part-000000000099-" + "e" * 32 + ".jsonl"
+    store.put(orphan, b"x\n")
+    assert main(["gc", store.url, "--artifacts"]) == 2
+    assert "--artifacts apply to a runs folder" in capsys.readouterr().err
+    assert store.exists(orphan)
+    assert main(["gc", store.url, "--grace", "0", "--json"]) == 0
+    assert json.loads(capsys.readouterr().out)["deleted"] == 1 and not store.exists(orphan)
+
+
 def test_mirror_copies_committed_lines_and_fetches_only_new_parts(tmp_path):
     from expr_tracker.sync.mirror import mirror
 
