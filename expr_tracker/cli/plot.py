@@ -575,6 +575,8 @@ def _check(args: argparse.Namespace) -> None:
         runfiles.check_rank(args.rank)
     except ValueError as exc:
         raise PlotError(str(exc), 2) from None
+    if getattr(args, "group_by", None) is not None and args.x is None:
+        args.x = "step"  # groups align on the step, whatever the stream's default
     if getattr(args, "group_by", None) is not None and args.x != "step":
         raise PlotError(
             "--group-by aligns runs on the step: --x time cannot be grouped (two runs "
