@@ -12,7 +12,7 @@ from __future__ import annotations
 import subprocess
 import sys
 
-BASE = "7ed7ad028310f0f03ff82e919d7de3c49cc25c78"
+BASE = "555cc97df047dc00a86ecf2c4050d2ab6a80f06d"
 MAX_SUBJECT = 72
 
 
