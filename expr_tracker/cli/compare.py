@@ -112,10 +112,18 @@ def run_compare(args: argparse.Namespace, out: IO[str] | None = None) -> int:
     if not args.sweep and (args.metric or args.group is not None or args.where is not None):
         sys.stderr.write("et compare: --metric, --group and --where go with --sweep\n")
         return 2
-    if args.sweep:
-        return _run_sweep(args, out)
-    if args.group_by is not None:
-        return _run_groups(args, out)
+    if args.sweep or args.group_by is not None:
+        # the statistics need numpy (the query extra) and the runs view duckdb
+        try:
+            import duckdb  # noqa: F401
+            import numpy  # noqa: F401
+        except ImportError as exc:
+            what = "--sweep" if args.sweep else "--group-by"
+            sys.stderr.write(
+                f"et compare {what} needs {exc.name}: pip install 'expr-tracker[query]'\n"
+            )
+            return 1
+        return _run_sweep(args, out) if args.sweep else _run_groups(args, out)
     if len(args.runs) < 2:
         sys.stderr.write(f"et compare: give at least two runs (got {len(args.runs)})\n")
         return 2
