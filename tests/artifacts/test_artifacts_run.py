@@ -122,13 +122,14 @@ def test_run_methods_and_no_run(tmp_path, data):
     run = et.init(project="p", name="r", dir=str(tmp_path / "runs"))
     v = run.log_artifact(data)
     assert run.use_artifact(v).version == 0  # a version object is accepted too
-    assert et.info()["artifacts"] | {"store": None} == {
+    assert et.info()["artifacts"] | {"store": None, "root": None} == {
         "logged": 1,
         "used": 1,
         "lineage_errors": 0,
         "rewritten_in_place": 0,
         "index_lines_skipped": 0,
         "store": None,
+        "root": None,
         "mode": "copy",
     }
     et.finish()

@@ -103,6 +103,7 @@ def test_a_marked_job_stopped_from_outside_is_preempted(tmp_path, capsys, how):
         p.wait(timeout=60)
     finally:
         p.kill()
+        p.communicate(timeout=30)  # waits, and closes the pipes
     run_dir = tmp_path / "runs" / "p" / "job"
     on_disk = _info(run_dir)
     # SIGTERM finishes the run (exit 128 + 15); SIGKILL leaves "running" for readers to judge
@@ -129,6 +130,7 @@ def test_an_unmarked_killed_job_is_still_crashed(tmp_path, capsys):
         p.wait(timeout=60)
     finally:
         p.kill()
+        p.communicate(timeout=30)  # waits, and closes the pipes
     run_dir = tmp_path / "runs" / "p" / "job"
     assert read_run_info(run_dir / "run.json")["status"] == "crashed"
     et.init(project="p", name="job", dir=str(tmp_path / "runs"), config={"lr": 0.1})

@@ -88,6 +88,7 @@ def life(tmp_path_factory):
     finally:
         p.kill()
         p.wait(timeout=60)
+        p.stdout.close()
     rows = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
     killed_last_row = rows[-1]["_time"]
     time.sleep(0.5)

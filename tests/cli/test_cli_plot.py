@@ -328,7 +328,8 @@ def test_follow_ctrl_c_exits_130(tmp_path):
     p.write_text("".join(json.dumps({"loss": float(i), "_step": i}) + "\n" for i in range(5)))
     proc = _et_plot(str(p), "loss", "-f", "--interval", "0.05", "--width", "50", "--height", "8")
     lines: queue.Queue = queue.Queue()
-    threading.Thread(target=lambda: [lines.put(x) for x in proc.stdout], daemon=True).start()
+    reader = threading.Thread(target=lambda: [lines.put(x) for x in proc.stdout], daemon=True)
+    reader.start()
 
     def wait_for(text: str) -> None:
         deadline = time.monotonic() + 30
@@ -348,6 +349,9 @@ def test_follow_ctrl_c_exits_130(tmp_path):
     proc.send_signal(signal.SIGINT)
     proc.wait(timeout=20)
     err = proc.stderr.read()
+    proc.stderr.close()
+    reader.join(timeout=20)  # at the end of the output, then the pipe is closed
+    proc.stdout.close()
     assert proc.returncode == 130, err
     assert "Traceback" not in err
 
