@@ -166,8 +166,8 @@ def test_second_process_reads_a_live_run(tmp_path):
                     t = [r["_step"] for r in read_history(run_dir, 3)]
                     assert t == list(range(t[0], t[0] + 3)) and t[-1] >= steps[-1]
     finally:
-        proc.wait(timeout=60)
-    assert proc.returncode == 0, proc.stderr.read().decode()
+        _out, err = proc.communicate(timeout=60)
+    assert proc.returncode == 0, err.decode()
     assert reads > 0
     final = read_history(run_dir)
     assert [r["_step"] for r in final] == list(range(total))

@@ -681,7 +681,7 @@ def test_a_live_run_exports_a_consistent_prefix(tmp_path):
         assert seen == sorted(seen) and seen[-1] > seen[0]
     finally:
         proc.kill()
-        proc.wait()
+        proc.communicate()
 
 
 def test_many_runs_export_within_a_small_file_descriptor_limit(tmp_path):

@@ -194,10 +194,12 @@ def test_three_concurrent_syncers_of_a_growing_run_lose_nothing(s3_bucket, tmp_p
     stop = threading.Event()
 
     def writer():
-        i = 100
-        while not stop.is_set():
+        # bounded growth (1,200 more lines over ~1 s): the syncers race the writer, then
+        # catch up; an unbounded writer outruns three 2 KB-part syncers on a slow machine
+        for i in range(100, 1300, 25):
+            if stop.is_set():
+                return
             write_lines(path, i, 25)
-            i += 25
             time.sleep(0.02)
 
     t = threading.Thread(target=writer)
@@ -212,7 +214,7 @@ def test_three_concurrent_syncers_of_a_growing_run_lose_nothing(s3_bucket, tmp_p
         for k in range(3)
     ]
     try:
-        outs = [p.communicate(timeout=900) for p in procs]
+        outs = [p.communicate(timeout=300) for p in procs]
     finally:
         stop.set()
         t.join()
