@@ -29,6 +29,10 @@ def _isolated(tmp_path, monkeypatch):
     monkeypatch.chdir(tmp_path)
     for var in ENV_VARS:
         monkeypatch.delenv(var, raising=False)
+    # piped tables are $COLUMNS wide (else 200): a COLUMNS left in the worker's environment
+    # by an earlier test or by the runner would change every table; tests that need one set it
+    monkeypatch.delenv("COLUMNS", raising=False)
+    monkeypatch.delenv("LINES", raising=False)
     yield
     import expr_tracker as et
 

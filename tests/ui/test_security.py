@@ -147,7 +147,7 @@ def test_a_bad_token_is_refused(ui_runs, tmp_path):
 def _printed(server: Server) -> str:
     """What ``et ui`` printed (it prints before serving, nothing after)."""
     server.close()
-    return server.proc.stdout.read().decode()  # type: ignore[union-attr]
+    return server.rest.decode()
 
 
 @pytest.mark.slow

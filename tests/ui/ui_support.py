@@ -103,6 +103,7 @@ class Server:
         self.port = free_port()
         self.url = f"http://127.0.0.1:{self.port}"
         self.token = token or None
+        self.rest = b""
         e = env()
         e.pop("ET_UI_TOKEN", None)
         if token:
@@ -154,6 +155,8 @@ class Server:
             self.proc.kill()
             self.proc.wait()
         if self.proc.stdout is not None:  # the pipe is closed here, not left to the collector
+            #: what the server printed that was not read yet (``b""`` without a pipe)
+            self.rest = self.proc.stdout.read()
             self.proc.stdout.close()
 
 
