@@ -29,6 +29,7 @@ PARENT = textwrap.dedent(
     et.log({"loss": 1.0})
     pid = os.fork()
     if pid == 0:  # a helper process that does not use the run
+        open(stop + ".child", "w").close()  # running: its copy of the lock is closed by now
         for _ in range(1200):
             if os.path.exists(stop):
                 break
@@ -58,6 +59,9 @@ def test_a_forked_child_does_not_keep_a_killed_parents_run_locked(tmp_path):
     )
     try:
         child_pid = int(parent.stdout.readline())
+        # on a loaded machine the child may not have run yet, and until it runs it holds the
+        # copy of the lock descriptor fork gave it
+        assert _wait_for((tmp_path / "stop.child").exists)
         # while the parent lives its lock holds, also after the child closed its copy
         with pytest.raises(RunLockedError):
             et.init(project="p", name="r", dir=str(runs))
