@@ -442,12 +442,15 @@ def sync_dir(
     state_dir: str | os.PathLike[str] | None = None,
     part_bytes: int = PART_BYTES,
     sleep: Callable[[float], None] = time.sleep,
+    select: Callable[[Producer], bool] | None = None,
 ) -> SyncReport:
     """Upload every run under ``root`` (a runs folder or one run directory) to ``url``
     (``s3://bucket/prefix`` or ``file:///path``), incrementally; see the module docstring.
 
     A producer that cannot be synced (unreadable, refused, a store error) is reported in
-    :attr:`SyncReport.errors` and the others go on.
+    :attr:`SyncReport.errors` and the others go on. ``select``: only the producers it
+    returns True for are synced (a training process syncs its own files: docs/team.md
+    "Sync during training"); a run's media go with its first producer all the same.
 
     Raises ``FileNotFoundError`` when ``root`` is not a folder, ``ValueError`` for a URL
     that is not valid, :class:`~expr_tracker.sync.store.StoreError` when the store cannot be
@@ -462,6 +465,7 @@ def sync_dir(
     uploaded: set[str] = set()
     seen_dirs: set[Path] = set()
     listing: dict[str, Any] = {}
+    listed: Path | None = None
     try:
         for p in producers:
             if p.unlisted:
@@ -469,6 +473,10 @@ def sync_dir(
             first = p.run_dir not in seen_dirs
             if first:
                 seen_dirs.add(p.run_dir)
+            if select is not None and not select(p):
+                continue
+            if first or p.run_dir != listed:
+                listed = p.run_dir
                 report.runs += 1
                 listing = _listing(p.run_dir)
             report.producers += 1
