@@ -11,7 +11,12 @@ whole `et sync` processes:
 - `unchanged`: a re-sync of the unchanged folder (median of --repeat); budget (issue 26):
   <= 5 s for 1,000 runs; uploads 0 bytes and asks the bucket nothing (the state file);
 - `unchanged --full`: the same asking the bucket for every manifest (median of --repeat);
-- `one appended`: one run got 10 lines, the rest unchanged (median of --repeat).
+- `one appended`: one run got 10 lines, the rest unchanged (median of --repeat);
+- `et runs URL first` / `et runs URL unchanged`: listing the runs from the bucket through the
+  local copy (the first fetches every run; then one LIST of the manifests and no read, as the
+  copy remembers each manifest's ETag); budget (issue 26): <= 2 s for 1,000 runs;
+- `et query URL`: a count over the bucket's runs (the copy up to date, the query cache built
+  on the first; median of --repeat).
 
 Prints one line per section, then the report as JSON with the machine.
 """
@@ -153,6 +158,32 @@ def main() -> None:
             times.append(dt)
             cpus.append(rep["cpu"])
         section("one appended", times, rep, cpus)
+
+        def plain(cmd: list[str]) -> tuple[float, float]:
+            import resource
+
+            before = resource.getrusage(resource.RUSAGE_CHILDREN)
+            t = time.perf_counter()
+            out = subprocess.run(cmd, env=env, capture_output=True, text=True)
+            dt = time.perf_counter() - t
+            after = resource.getrusage(resource.RUSAGE_CHILDREN)
+            if out.returncode != 0:
+                raise SystemExit(f"{cmd}: exit {out.returncode}: {out.stderr[-800:]}")
+            return dt, (after.ru_utime - before.ru_utime) + (after.ru_stime - before.ru_stime)
+
+        reader = [sys.executable, "-m", "expr_tracker.cli.main"]
+        for name, cmd, n in (
+            ("et runs URL first", [*reader, "runs", url], 1),
+            ("et runs URL unchanged", [*reader, "runs", url], args.repeat),
+            ("et query URL", [*reader, "query", "SELECT count(*) FROM metrics", url], args.repeat),
+        ):
+            got = [plain(cmd) for _ in range(n)]
+            section(
+                name,
+                [g[0] for g in got],
+                {"bytes": 0, "commits": 0, "unchanged": "-"},
+                [g[1] for g in got],
+            )
         print(json.dumps(report))
     finally:
         server.terminate()

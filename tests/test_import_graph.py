@@ -63,6 +63,7 @@ ALLOWED: dict[str, set[str]] = {
         "spec",
         "backends",
         "system",
+        "sync",
     },
     "api": LEAVES
     | {

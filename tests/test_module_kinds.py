@@ -29,6 +29,7 @@ FAMILIES: dict[str, str] = {
     "history/columns.py": "the columnar view of a history (a column, the columns)",
     "runs.py": "a run, and the disabled run that stands in for one",
     "spans/plugins.py": "span plugins (CPU time, torch memory, GPU stats)",
+    "sync/store.py": "object stores (S3 and a shared folder) behind one protocol",
     "testing.py": "test doubles for users' tests (channel, capture, clock, webhook server)",
 }
 

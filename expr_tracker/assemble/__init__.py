@@ -19,6 +19,7 @@ to the runtime (the hot path never touches Pydantic):
 - :mod:`.artifacts`: the project's artifact store and the run's lineage (``run.artifacts``).
 - :mod:`.system`: the background sampler of the machine (``metrics.system.jsonl``) and the
   rules that read it.
+- :mod:`.sync`: the background upload to a bucket (``sync.url``), last pass at finish.
 - :mod:`.backends`: the mirrors (wandb, trackio, backend objects), started last.
 """
 
@@ -43,6 +44,7 @@ from expr_tracker.assemble.history import (
 )
 from expr_tracker.assemble.identity import ResumeError, choose
 from expr_tracker.assemble.spans import build_spans
+from expr_tracker.assemble.sync import build_sync
 from expr_tracker.assemble.system import build_system
 from expr_tracker.history.paths import detect_rank
 from expr_tracker.runs import Run
@@ -127,6 +129,7 @@ def build(
         build_alerts(run, spec, run_dir, stream, file_rank, rank, warner, engine)
         build_artifacts(run, spec, run_dir, stream, file_rank)
         build_system(run, resolved, run_dir, stream, file_rank, rank, env)
+        build_sync(run, spec, run_dir, stream, file_rank)  # last: nothing after it can fail
     except BaseException as exc:
         attempt.undo()
         from expr_tracker.alerts.delivery.channels import ChannelConfigError

@@ -47,6 +47,11 @@ def check(
             system_engine.close()
     except SpecError as exc:
         issues.extend(exc.issues)
+    from expr_tracker.assemble.sync import sync_issue
+
+    why = sync_issue(spec)
+    if why is not None:
+        issues.append(_issue(resolved, "sync.url", why, value=spec.sync.url))
     if channels and spec.alerts.enabled and spec.alerts.channels:
         issues.extend(_channel_issues(resolved, env))
     if issues:

@@ -97,7 +97,11 @@ def register(subparsers: Any) -> None:
         metavar="SQL",
         help="--sweep: an SQL condition over the runs view ('\"config.lr\" > 1e-3')",
     )
-    p.set_defaults(func=run_compare)
+    from expr_tracker.cli.sync import on_buckets
+
+    p.set_defaults(
+        func=on_buckets(run_compare, "compare", "runs", "dir")
+    )  # s3://, file:// (docs/team.md)
 
 
 def run_compare(args: argparse.Namespace, out: IO[str] | None = None) -> int:

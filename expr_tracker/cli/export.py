@@ -63,7 +63,9 @@ def register(subparsers: Any) -> None:
     p.add_argument("--overwrite", action="store_true", help="replace an existing PATH")
     p.add_argument("--cache-dir", default=None, metavar="DIR", help="columnar cache location")
     p.add_argument("--json", action="store_true", help="print the summary as JSON")
-    p.set_defaults(func=run_export)
+    from expr_tracker.cli.sync import on_buckets
+
+    p.set_defaults(func=on_buckets(run_export, "export", "source"))  # s3://, file:// (docs/team.md)
 
 
 def run_export(args: argparse.Namespace) -> int:

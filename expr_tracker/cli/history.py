@@ -82,7 +82,11 @@ def register(subparsers: Any) -> None:
         default=0.5,
         help="seconds between polls with --follow (default 0.5)",
     )
-    p.set_defaults(func=run_history)
+    from expr_tracker.cli.sync import on_buckets
+
+    p.set_defaults(
+        func=on_buckets(run_history, "history", "run", "dir")
+    )  # s3://, file:// (docs/team.md)
 
 
 # --------------------------------------------------------------------------- values

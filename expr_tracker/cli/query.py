@@ -85,7 +85,11 @@ def register(subparsers: Any) -> None:
         metavar="N",
         help="table: rows shown (default 100; the count of all rows is printed)",
     )
-    p.set_defaults(func=run_query)
+    from expr_tracker.cli.sync import on_buckets
+
+    p.set_defaults(
+        func=on_buckets(run_query, "query", "sql", "dir")
+    )  # s3://, file:// (docs/team.md)
 
 
 class UsageError(Exception):

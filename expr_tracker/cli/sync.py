@@ -91,3 +91,55 @@ def run_bucket_gc(args: argparse.Namespace) -> int:
             f"{rep.young} younger than the grace kept"
         )
     return 0
+
+
+def is_bucket_url(value: Any) -> bool:
+    """True for an argument naming a sync bucket: ``s3://...`` or ``file://...`` (one word:
+    an SQL text that mentions a URL is not one)."""
+    return (
+        isinstance(value, str)
+        and value.startswith(("s3://", "file://"))
+        and not any(c.isspace() for c in value)
+    )
+
+
+def on_buckets(fn: Any, command: str, *names: str) -> Any:
+    """Wrap the ``func`` of a reading command so that each argument in ``names`` holding a
+    bucket URL (a string, or items of a list) is replaced by the local folder that stands
+    for it, brought up to date first (:func:`expr_tracker.sync.mirror.mirror_url`; docs/team.md
+    "Reading the bucket"). A URL that cannot be read ends the command with exit code 1 and
+    the reason on stderr; producers not mirrored are named as warnings."""
+
+    def local(value: str) -> str:
+        from expr_tracker.cli import output
+        from expr_tracker.sync.mirror import mirror_url
+        from expr_tracker.sync.store import StoreError
+
+        try:
+            res = mirror_url(value, endpoint_url=None)
+        except (ValueError, StoreError, OSError) as exc:
+            sys.stderr.write(f"et {command}: {output.printable(str(exc))}\n")
+            raise _Stop from None
+        for line in res.problems:
+            sys.stderr.write(f"et {command}: warning: {output.printable(line)}\n")
+        return str(res.target or res.path)
+
+    def wrapped(args: argparse.Namespace, *a: Any, **kw: Any) -> Any:
+        try:
+            for name in names:
+                value = getattr(args, name, None)
+                if isinstance(value, list):
+                    setattr(args, name, [local(v) if is_bucket_url(v) else v for v in value])
+                elif isinstance(value, str) and is_bucket_url(value):
+                    setattr(args, name, local(value))
+        except _Stop:
+            return 1
+        return fn(args, *a, **kw)
+
+    wrapped.__name__ = getattr(fn, "__name__", "run")
+    wrapped.__doc__ = fn.__doc__
+    return wrapped
+
+
+class _Stop(Exception):
+    """A bucket URL that could not be read (already reported)."""

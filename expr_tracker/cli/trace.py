@@ -44,7 +44,9 @@ def register(subparsers: Any) -> None:
     p.add_argument(
         "--temp-dir", default=None, metavar="DIR", help="existing directory for the SQLite spool"
     )
-    p.set_defaults(func=run_trace)
+    from expr_tracker.cli.sync import on_buckets
+
+    p.set_defaults(func=on_buckets(run_trace, "trace", "run"))  # s3://, file:// (docs/team.md)
 
 
 def run_trace(args: argparse.Namespace) -> int:

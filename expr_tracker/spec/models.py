@@ -1,7 +1,8 @@
 """The run spec: Pydantic v2 models for everything a run does.
 
-``RunSpec`` (here) is the root; its sections are ``HistorySpec``, ``SpansSpec``, ``AlertsSpec``
-(with ``PolicySpec``, ``ChannelSpec`` and ``RuleSpec``), ``ArtifactsSpec`` and ``SystemSpec``. Every model forbids unknown keys and
+``RunSpec`` (here) is the root; its sections are ``HistorySpec``, ``SpansSpec``,
+``AlertsSpec`` (with ``PolicySpec``, ``ChannelSpec`` and ``RuleSpec``), ``ArtifactsSpec``,
+``SystemSpec`` and ``SyncSpec``. Every model forbids unknown keys and
 is frozen once validated. The sections live in ``spec.recording`` (history, spans) and
 ``spec.alerting`` (alerts), the shared field types in ``spec.fields``; this module
 re-exports them all. Sizes are bytes and durations seconds; both accept units
@@ -61,6 +62,7 @@ from expr_tracker.spec.recording import (
     SpansSpec,
 )
 from expr_tracker.spec.redact import redact_config, redact_options
+from expr_tracker.spec.sync import SyncSpec
 from expr_tracker.spec.system import SystemSpec
 from expr_tracker.spec.units import Duration
 from expr_tracker.units import LEVEL_ALIASES, LEVELS, level_rank, normalize_level
@@ -82,6 +84,7 @@ __all__ = [
     "RuleSpec",
     "RunSpec",
     "SpansSpec",
+    "SyncSpec",
     "SystemSpec",
     "effective_policy",
     "entry_name",
@@ -142,6 +145,7 @@ class RunSpec(RedactedRepr, BaseModel):
     alerts: AlertsSpec = Field(default_factory=AlertsSpec)
     artifacts: ArtifactsSpec = Field(default_factory=ArtifactsSpec)
     system: SystemSpec = Field(default_factory=SystemSpec)
+    sync: SyncSpec = Field(default_factory=SyncSpec)
     # mirrors (spec/mirroring.py; docs/mirrors.md)
     backends: Annotated[
         list[Annotated[Union[str, dict[str, Any]], AfterValidator(check_backend_entry)]],

@@ -152,7 +152,7 @@ def reference_markdown() -> str:
         RunSpec,
         SpansSpec,
     )
-    from expr_tracker.spec.models import ArtifactsSpec, SystemSpec
+    from expr_tracker.spec.models import ArtifactsSpec, SyncSpec, SystemSpec
     from expr_tracker.spec.schema import run_spec_schema
     from expr_tracker.spec.sources import ALERT_CONFIG_ENV, CONFIG_ENV, KEYWORDS, WEBHOOK_ENV
 
@@ -208,6 +208,14 @@ def reference_markdown() -> str:
         "system.",
         "The background sampler of the machine; see [system metrics](system.md). "
         "`system=` of `et.init` also takes a bool (`enabled`) or a whole mapping.",
+    )
+    out += _section(
+        "sync",
+        SyncSpec,
+        schema,
+        "sync.",
+        "Upload the run to a bucket while it trains; see [team use](team.md). "
+        "`sync=` of `et.init` takes the URL or a whole mapping.",
     )
     out += [
         "## et.init keyword arguments",

@@ -99,6 +99,8 @@ KEYWORDS: dict[str, str] = {
     "system": "system.enabled",  # a mapping given as system= is the whole section
     "system_interval": "system.interval",
     "system_gpu": "system.gpu",
+    "sync": "sync.url",  # a mapping given as sync= is the whole section
+    "sync_interval": "sync.interval",
 }
 
 
@@ -445,8 +447,8 @@ def kwargs_to_dict(kwargs: Mapping[str, Any]) -> dict[str, Any]:
     """Map ``et.init`` keyword arguments onto a RunSpec-shaped dict through ``KEYWORDS``.
 
     ``spans=``, ``system=`` and ``alert=`` take a bool (``spans.enabled``,
-    ``system.enabled``, ``alerts.enabled``) or a mapping
-    (the whole section, merged deeply); a single string or object given as ``alert_rules``
+    ``system.enabled``, ``alerts.enabled``) or a mapping (the whole section, merged
+    deeply); ``sync=`` takes a URL (``sync.url``) or the whole section; a single string or object given as ``alert_rules``
     or ``span_plugins`` becomes a one-item list. Section-wide arguments apply first, so a
     flat keyword beats the same value inside ``alert={...}``. Pass only the arguments the
     caller actually gave: ``None`` is a value (``max_open_seconds=None`` disables).
@@ -458,7 +460,7 @@ def kwargs_to_dict(kwargs: Mapping[str, Any]) -> dict[str, Any]:
     pieces: list[tuple[int, dict]] = []
     valid = sorted(set(KEYWORDS) | set(RunSpec.model_fields))
     for key, value in kwargs.items():
-        if key in ("spans", "system") and isinstance(value, Mapping):
+        if key in ("spans", "system", "sync") and isinstance(value, Mapping):
             target = key
         elif key == "alert" and isinstance(value, bool):
             target = "alerts.enabled"

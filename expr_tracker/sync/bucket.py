@@ -20,7 +20,7 @@ from expr_tracker.history import untrusted
 from expr_tracker.sync import layout
 from expr_tracker.sync.store import ObjectStore
 
-__all__ = ["BucketError", "list_producers", "read_log", "read_manifest"]
+__all__ = ["BucketError", "list_manifests", "list_producers", "read_log", "read_manifest"]
 
 
 class BucketError(ExprTrackerError):
@@ -31,12 +31,31 @@ def list_producers(store: ObjectStore) -> list[tuple[str, str, str | None, int]]
     """``(project, run, stream, rank)`` of every manifest under the store's prefix (one
     listing of ``_manifests/``: no part is listed), sorted. Keys not named as this version
     names manifests are left out."""
+    return [ident for ident, _tag in list_manifests(store)]
+
+
+def list_manifests(
+    store: ObjectStore, project: str | None = None, run: str | None = None
+) -> list[tuple[tuple[str, str, str | None, int], str]]:
+    """``((project, run, stream, rank), tag)`` of every manifest under the store's prefix,
+    or of one project's or one run's only (the listing then starts at its folder), from
+    one listing (paged by 1,000 on S3); ``tag`` changes whenever the manifest is rewritten
+    (see :mod:`expr_tracker.sync.store`). Sorted; keys not named as this version names
+    manifests are left out."""
+    prefix = "_manifests/"
+    if project is not None:
+        prefix += (
+            layout.run_prefix(project, run) + "/"
+            if run is not None
+            else layout.run_prefix(project, "").rsplit("/", 1)[0] + "/"
+        )
     out = []
-    for key, _size, _mtime in store.list("_manifests/"):
+    for key, tag in store.tags(prefix):
         ident = layout.parse_manifest_key(key)
-        if ident is not None:
-            out.append(ident)
-    return sorted(out, key=lambda t: (t[0], t[1], t[2] or "", t[3]))
+        if ident is not None and (project is None or ident[0] == project):
+            if run is None or ident[1] == run:
+                out.append((ident, tag))
+    return sorted(out, key=lambda t: (t[0][0], t[0][1], t[0][2] or "", t[0][3]))
 
 
 def read_manifest(

@@ -9,6 +9,13 @@ media, with the names they have in a run directory, so every local reader reads 
 reads any runs folder. ``<cache>`` is ``$XDG_CACHE_HOME/expr_tracker/bucket/<hash of the
 URL>/`` (``0700``, this user's), or ``cache_dir=``.
 
+A manifest read and mirrored is remembered (``<cache>/.mirror-state.json``) with the tag
+the listing gave it (S3's ETag): the next :func:`mirror` reads again only the manifests
+whose tag changed, so a bucket of 1,000 unchanged runs costs one listing (one request per
+1,000 manifests) and no read. :func:`mirror_url` takes a URL naming the bucket, one of its
+projects or one run (``s3://bucket/prefix/<project>/<run>``), mirrors only that, and says
+which local folder stands for it: what ``et history``, ``et query``, ``et trace`` ... read.
+
 Everything comes from the bucket, which is untrusted input: manifests are checked
 (:func:`expr_tracker.sync.layout.check_sync_manifest`: every file name exactly one of the
 producer's own), a project or run name that is not one plain folder name (empty, ``.``,
@@ -24,12 +31,17 @@ import os
 from dataclasses import dataclass, field
 from pathlib import Path
 
+import orjson
+
+from expr_tracker.history import untrusted
 from expr_tracker.history.paths import atomic_write
 from expr_tracker.sync import layout
-from expr_tracker.sync.bucket import BucketError, list_producers, read_manifest
+from expr_tracker.sync.bucket import BucketError, list_manifests, read_manifest
 from expr_tracker.sync.store import ObjectStore, StoreError, open_store
 
-__all__ = ["MirrorResult", "mirror", "mirror_root"]
+__all__ = ["MirrorResult", "mirror", "mirror_root", "mirror_url"]
+
+_STATE = ".mirror-state.json"
 
 
 @dataclass
@@ -40,7 +52,11 @@ class MirrorResult:
     path: Path
     producers: int = 0
     fetched: int = 0
+    unchanged: int = 0
     problems: list[str] = field(default_factory=list)
+    #: the local folder standing for the URL given to :func:`mirror_url` (``path``, or a
+    #: project's or a run's folder below it)
+    target: Path | None = None
 
 
 def mirror_root(url: str) -> Path:
@@ -87,12 +103,16 @@ def _fetch(store: ObjectStore, key: str, sha: str) -> bytes:
     return got[0]
 
 
-def _mirror_producer(store: ObjectStore, root: Path, ident: tuple, res: MirrorResult) -> None:
-    project, run, stream, rank = ident
+def _check_names(project: str, run: str) -> None:
     if not (_folder_name(project) and _folder_name(run)):
         raise BucketError(
             f"project {project[:80]!r} / run {run[:80]!r}: not plain folder names: not mirrored"
         )
+
+
+def _mirror_producer(store: ObjectStore, root: Path, ident: tuple, res: MirrorResult) -> None:
+    project, run, stream, rank = ident
+    _check_names(project, run)
     m, _etag = read_manifest(store, project, run, stream, rank)
     if m is None:
         return
@@ -138,14 +158,32 @@ def _mirror_producer(store: ObjectStore, root: Path, ident: tuple, res: MirrorRe
         res.fetched += len(data)
 
 
+def _state_key(ident: tuple) -> str:
+    project, run, stream, rank = ident
+    return layout.manifest_key(project, run, stream, rank)
+
+
+def _load_state(root: Path) -> dict[str, str]:
+    try:
+        data = untrusted.read_json(root / _STATE)
+    except (OSError, ValueError):
+        return {}
+    if not isinstance(data, dict):
+        return {}
+    return {k: v for k, v in data.items() if isinstance(k, str) and isinstance(v, str)}
+
+
 def mirror(
     url: str,
     *,
     cache_dir: str | os.PathLike[str] | None = None,
     endpoint_url: str | None = None,
     store: ObjectStore | None = None,
+    project: str | None = None,
+    run: str | None = None,
 ) -> MirrorResult:
-    """Bring the local copy of the bucket at ``url`` up to date; see the module docstring.
+    """Bring the local copy of the bucket at ``url`` up to date (only ``project``, or only
+    its ``run``, when given); see the module docstring.
 
     A producer that cannot be mirrored (a manifest not valid, a part missing or changed, a
     name that is no folder name) is reported in :attr:`MirrorResult.problems`; the others
@@ -155,11 +193,78 @@ def mirror(
     store = store if store is not None else open_store(url, endpoint_url=endpoint_url)
     root = Path(cache_dir) if cache_dir is not None else mirror_root(store.url)
     root.mkdir(parents=True, exist_ok=True, mode=0o700)
-    res = MirrorResult(path=root)
-    for ident in list_producers(store):
+    res = MirrorResult(path=root, target=root)
+    state = _load_state(root)
+    changed = False
+    for ident, tag in list_manifests(store, project, run):
         res.producers += 1
+        key = _state_key(ident)
+        if tag and state.get(key) == tag and (root / ident[0] / ident[1]).is_dir():
+            res.unchanged += 1  # the same manifest as mirrored last time: no request
+            continue
         try:
             _mirror_producer(store, root, ident, res)
         except (BucketError, StoreError, OSError) as exc:
             res.problems.append(str(exc))
+            changed |= state.pop(key, None) is not None
+            continue
+        if tag:
+            state[key] = tag
+            changed = True
+    if changed:
+        try:
+            atomic_write(root / _STATE, orjson.dumps(state))
+        except OSError:
+            pass  # a hint only: the next mirror reads every manifest again
     return res
+
+
+def mirror_url(
+    url: str,
+    *,
+    cache_dir: str | os.PathLike[str] | None = None,
+    endpoint_url: str | None = None,
+) -> MirrorResult:
+    """Mirror what ``url`` names and set :attr:`MirrorResult.target` to its local folder:
+    the bucket (``s3://bucket/prefix``: a runs folder), one project
+    (``.../<project>``: its folder) or one run (``.../<project>/<run>``: the run
+    directory). The URL is read as a bucket first; when it holds no manifest, its last one
+    or two path segments are read as a project and a run of the bucket above.
+
+    Raises ``ValueError`` for a URL that is not valid or names nothing with a manifest
+    (saying what was looked for), :class:`~expr_tracker.sync.store.StoreError` when the
+    store cannot be listed.
+    """
+    from urllib.parse import unquote
+
+    head, sep, path = url.partition("://")
+    if not sep:
+        head, path = "", url
+    segments = path.rstrip("/").split("/")
+    first = 1 if head == "s3" else 0  # an s3:// URL's first segment is the bucket
+    for cut in (0, 1, 2):
+        if len(segments) - cut <= first or (cut and not segments[-1]):
+            break
+        base_path = "/".join(segments[: len(segments) - cut])
+        base = f"{head}{sep}{base_path}" if sep else base_path
+        tail = [unquote(x) for x in segments[len(segments) - cut :]]
+        if any(not _folder_name(x) for x in tail):
+            continue
+        store = open_store(base, endpoint_url=endpoint_url)
+        if cut and not list_manifests(store, *tail):
+            continue
+        res = mirror(
+            base,
+            cache_dir=cache_dir,
+            store=store,
+            project=tail[0] if tail else None,
+            run=tail[1] if cut == 2 else None,
+        )
+        if cut == 0 and res.producers == 0:
+            continue
+        res.target = res.path.joinpath(*tail)
+        return res
+    raise ValueError(
+        f"{url}: no run synced there (no manifest under _manifests/ of this URL, nor of "
+        "the bucket above it with the last segments read as <project>/<run>)"
+    )

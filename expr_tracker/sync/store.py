@@ -6,7 +6,10 @@ Both offer the few operations a sync needs (docs/team.md "How a sync commits"):
 - ``put(key, data, if_match=None, if_none_match=False)`` -> the new ETag; with
   ``if_none_match`` the write happens only when no object has the key, with ``if_match``
   only when the object's ETag is still that one; otherwise :class:`PreconditionFailed`;
-- ``exists(key)``, ``delete(key)``, ``list(prefix)`` -> ``(key, size, mtime)`` triples.
+- ``exists(key)``, ``delete(key)``, ``list(prefix)`` -> ``(key, size, mtime)`` triples;
+  ``tags(prefix)`` -> ``(key, tag)`` pairs, the tag changing whenever the object is
+  rewritten (S3: the ETag, from the same listing; a folder: size, mtime and inode), so a
+  reader tells from one listing which manifests changed since it last read them.
 
 Keys are ``/``-separated and relative to the URL's prefix.
 
@@ -75,6 +78,8 @@ class ObjectStore(Protocol):
     def delete(self, key: str) -> None: ...
 
     def list(self, prefix: str) -> Iterator[tuple[str, int, float]]: ...
+
+    def tags(self, prefix: str) -> Iterator[tuple[str, str]]: ...
 
 
 def valid_key(key: str) -> bool:
@@ -231,7 +236,7 @@ class S3Store:
         except self._errors as exc:
             raise self._fail("delete", key, exc) from None
 
-    def list(self, prefix: str) -> Iterator[tuple[str, int, float]]:
+    def _objects(self, prefix: str) -> Iterator[tuple[str, dict[str, Any]]]:
         full = f"{self.prefix}/{prefix}" if self.prefix else prefix
         cut = len(self.prefix) + 1 if self.prefix else 0
         try:
@@ -240,13 +245,17 @@ class S3Store:
             )
             for page in pages:
                 for obj in page.get("Contents", ()):
-                    yield (
-                        str(obj["Key"])[cut:],
-                        int(obj.get("Size", 0)),
-                        obj["LastModified"].timestamp(),
-                    )
+                    yield str(obj["Key"])[cut:], obj
         except self._errors as exc:
             raise self._fail("list", prefix, exc) from None
+
+    def list(self, prefix: str) -> Iterator[tuple[str, int, float]]:
+        for key, obj in self._objects(prefix):
+            yield key, int(obj.get("Size", 0)), obj["LastModified"].timestamp()
+
+    def tags(self, prefix: str) -> Iterator[tuple[str, str]]:
+        for key, obj in self._objects(prefix):
+            yield key, str(obj.get("ETag", ""))
 
 
 class FileStore:
@@ -330,10 +339,24 @@ class FileStore:
             raise StoreError(f"delete {self.url}/{key}: {exc.strerror or exc}") from None
 
     def list(self, prefix: str) -> Iterator[tuple[str, int, float]]:
+        for key, st in self._stats(prefix):
+            yield key, st.st_size, st.st_mtime
+
+    def tags(self, prefix: str) -> Iterator[tuple[str, str]]:
+        for key, st in self._stats(prefix):
+            yield key, f"{st.st_size}-{st.st_mtime_ns}-{st.st_ino}"
+
+    def _stats(self, prefix: str) -> Iterator[tuple[str, os.stat_result]]:
         base = self.root
-        if not base.is_dir():
+        # walk only below the prefix's folder part (a listing of _manifests/ never walks
+        # the parts)
+        head = prefix.rsplit("/", 1)[0] if "/" in prefix else ""
+        if head and not valid_key(head):
             return
-        for dirpath, dirnames, filenames in os.walk(base):
+        top = base / head if head else base
+        if not top.is_dir() or top.is_symlink():
+            return
+        for dirpath, dirnames, filenames in os.walk(top):
             rel_dir = os.path.relpath(dirpath, base)
             if rel_dir == "_locks":
                 dirnames[:] = []
@@ -351,4 +374,4 @@ class FileStore:
                     if exc.errno == errno.ENOENT:
                         continue
                     raise StoreError(f"list {self.url}/{key}: {exc.strerror}") from None
-                yield key, st.st_size, st.st_mtime
+                yield key, st

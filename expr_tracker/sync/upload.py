@@ -47,7 +47,7 @@ import orjson
 from expr_tracker.errors import ExprTrackerError
 from expr_tracker.history import untrusted
 from expr_tracker.query import scan
-from expr_tracker.query.catalog import Producer, discover
+from expr_tracker.query.catalog import Producer, discover, producers_of
 from expr_tracker.sync import layout
 from expr_tracker.sync.bucket import BucketError, read_manifest
 from expr_tracker.sync.store import ObjectStore, PreconditionFailed, StoreError, open_store
@@ -442,12 +442,15 @@ def sync_dir(
     state_dir: str | os.PathLike[str] | None = None,
     part_bytes: int = PART_BYTES,
     sleep: Callable[[float], None] = time.sleep,
+    select: Callable[[Producer], bool] | None = None,
 ) -> SyncReport:
     """Upload every run under ``root`` (a runs folder or one run directory) to ``url``
     (``s3://bucket/prefix`` or ``file:///path``), incrementally; see the module docstring.
 
     A producer that cannot be synced (unreadable, refused, a store error) is reported in
-    :attr:`SyncReport.errors` and the others go on.
+    :attr:`SyncReport.errors` and the others go on. ``select``: only the producers it
+    returns True for are synced (a training process syncs its own files: docs/team.md
+    "Sync during training"); a run's media go with its first producer all the same.
 
     Raises ``FileNotFoundError`` when ``root`` is not a folder, ``ValueError`` for a URL
     that is not valid, :class:`~expr_tracker.sync.store.StoreError` when the store cannot be
@@ -458,10 +461,31 @@ def sync_dir(
     state = {} if full else _load_state(state_file)
     new_state: dict[str, Any] = dict(state)
     report = SyncReport()
-    producers = discover(root)
+    # a whole run directory whose entries (names, sizes, mtimes, inodes) are the ones
+    # recorded after its last clean sync is skipped before its run.json is even read: a
+    # re-sync of 1,000 unchanged runs is one scandir per run (docs/team.md "Figures")
+    listings: dict[Path, dict[str, Any]] = {}
+    skipped: list[Path] = []
+
+    def per_dir(run_dir: Path) -> list[Producer]:
+        listing = listings[run_dir] = _listing(run_dir)
+        if select is None and not full:
+            rec = state.get(_dir_key(run_dir))
+            if isinstance(rec, dict) and rec.get("sig") == _dir_sig(listing):
+                skipped.append(run_dir)
+                report.runs += 1
+                report.producers += int(rec.get("producers") or 0)
+                report.unchanged += int(rec.get("producers") or 0)
+                return []
+        return producers_of(run_dir)
+
+    producers = discover(root, per_dir=per_dir)
     uploaded: set[str] = set()
     seen_dirs: set[Path] = set()
     listing: dict[str, Any] = {}
+    listed: Path | None = None
+    failed_dirs: set[Path] = set()
+    counts: dict[Path, int] = {}
     try:
         for p in producers:
             if p.unlisted:
@@ -469,9 +493,14 @@ def sync_dir(
             first = p.run_dir not in seen_dirs
             if first:
                 seen_dirs.add(p.run_dir)
+            if select is not None and not select(p):
+                continue
+            if first or p.run_dir != listed:
+                listed = p.run_dir
                 report.runs += 1
-                listing = _listing(p.run_dir)
+                listing = listings.get(p.run_dir) or _listing(p.run_dir)
             report.producers += 1
+            counts[p.run_dir] = counts.get(p.run_dir, 0) + 1
             files = _Files(p, first, listing)
             skey = f"{p.root}\0{layout.producer_id(p.stream, p.rank)}"
             sig = files.signature()
@@ -483,8 +512,26 @@ def sync_dir(
             except (SyncError, StoreError, BucketError) as exc:
                 report.errors.append(str(exc))
                 new_state.pop(skey, None)
+                failed_dirs.add(p.run_dir)
                 continue
             new_state[skey] = sig
+        if select is None:
+            for run_dir, n in counts.items():
+                key = _dir_key(run_dir)
+                listing = listings.get(run_dir, {})
+                media = listing.get("media")
+                if run_dir in failed_dirs or (media is not None and media[3]):
+                    new_state.pop(key, None)  # a media folder's files are not in the sig
+                else:
+                    new_state[key] = {"sig": _dir_sig(listing), "producers": n}
     finally:
         _save_state(state_file, new_state)
     return report
+
+
+def _dir_key(run_dir: Path) -> str:
+    return f"dir\0{os.path.realpath(run_dir)}"
+
+
+def _dir_sig(listing: dict[str, Any]) -> list[Any]:
+    return [[name, *listing[name]] for name in sorted(listing)]

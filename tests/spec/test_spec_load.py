@@ -206,6 +206,8 @@ def test_keyword_table_maps_every_flat_name():
         "system": "system.enabled",
         "system_interval": "system.interval",
         "system_gpu": "system.gpu",
+        "sync": "sync.url",
+        "sync_interval": "sync.interval",
     }
     assert KEYWORDS == expected
 
@@ -244,6 +246,8 @@ def test_every_flat_keyword_lands_on_its_path():
         "system": False,
         "system_interval": "30s",
         "system_gpu": False,
+        "sync": "s3://team-bucket/runs",
+        "sync_interval": "2m",
         "project": "p",
         "name": "n",
         "dir": "d",
@@ -296,6 +300,7 @@ def test_every_flat_keyword_lands_on_its_path():
     )
     assert (s.stream, s.resume, s.config, s.backends) == ("s", "must", {"lr": 1}, ["wandb"])
     assert (s.system.enabled, s.system.interval, s.system.gpu) == (False, 30.0, False)
+    assert (s.sync.url, s.sync.interval) == ("s3://team-bucket/runs", 120.0)
     assert r.sources["history.buffer.size"] == "init"
     assert r.sources["spans.print"] == "init"
 
@@ -305,6 +310,8 @@ def test_keyword_shorthands():
     assert kwargs_to_dict({"alert": False}) == {"alerts": {"enabled": False}}
     assert kwargs_to_dict({"system": {"interval": "1s"}}) == {"system": {"interval": "1s"}}
     assert kwargs_to_dict({"system": False}) == {"system": {"enabled": False}}
+    assert kwargs_to_dict({"sync": "file:///t"}) == {"sync": {"url": "file:///t"}}
+    assert kwargs_to_dict({"sync": {"interval": "1s"}}) == {"sync": {"interval": "1s"}}
     assert kwargs_to_dict({"alert_rules": "x > 1"}) == {"alerts": {"rules": ["x > 1"]}}
     # a flat keyword beats the same value inside the section-wide argument
     d = kwargs_to_dict({"alert_on_rank": 1, "alert": {"on_rank": 2, "enabled": True}})

@@ -293,3 +293,25 @@ def test_two_hosts_ranks_of_one_run_land_in_one_run(tmp_path):
     assert list_producers(store) == [("proj", "launch-1", None, 0), ("proj", "launch-1", None, 1)]
     copy = mirror(url, cache_dir=tmp_path / "copy").path / "proj" / "launch-1"
     assert sorted(os.listdir(copy)) == ["metrics.jsonl", "metrics.rank1.jsonl"]
+
+
+def test_an_unchanged_run_folder_is_skipped_before_its_files_are_read(tmp_path, monkeypatch):
+    """A re-sync skips a run folder whose entries match the record of its last clean sync
+    without reading run.json (one scandir); a changed folder is synced again."""
+    from expr_tracker.sync import upload
+
+    runs = tmp_path / "runs"
+    for name in ("a", "b"):
+        write_lines(runs / "proj" / name / "metrics.jsonl", 0, 5)
+    url = f"file://{tmp_path / 'bucket'}"
+    assert sync_dir(runs, url, state_dir=tmp_path / "s").commits == 2
+    read = []
+    real = upload.producers_of
+    monkeypatch.setattr(upload, "producers_of", lambda d: read.append(d.name) or real(d))
+    again = sync_dir(runs, url, state_dir=tmp_path / "s")
+    assert (again.runs, again.producers, again.unchanged, again.bytes, read) == (2, 2, 2, 0, [])
+    write_lines(runs / "proj" / "b" / "metrics.jsonl", 5, 3)
+    third = sync_dir(runs, url, state_dir=tmp_path / "s")
+    assert (third.commits, third.unchanged, read) == (1, 1, ["b"])
+    m, _ = read_manifest(open_store(url), "proj", "b", None, 0)
+    assert m["logs"]["metrics"]["lines"] == 8
