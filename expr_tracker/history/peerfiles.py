@@ -12,6 +12,8 @@ import time
 from collections.abc import Callable
 from pathlib import Path
 
+import orjson
+
 from expr_tracker._warn import Warner
 from expr_tracker.history.codec import decode_line
 from expr_tracker.history.paths import file_name
@@ -22,6 +24,7 @@ __all__ = ["PeerFiles"]
 log = logging.getLogger("expr_tracker")
 
 _READ = 1 << 20
+_loads = orjson.loads
 
 
 class PeerFiles:
@@ -34,8 +37,8 @@ class PeerFiles:
         interval: seconds between two polls of the files (0: every call).
         clock: monotonic seconds (injectable).
 
-    ``poll(names)`` returns ``[(rank, step, {name: value})]`` for the complete lines
-    appended since the last poll that hold one of ``names``. A file not there yet is
+    ``poll(names)`` returns ``[(rank, step, name, value)]`` for the tracked names in the
+    complete lines appended since the last poll. A file not there yet is
     retried at the next poll; one that cannot be read (not a regular file, outside the run
     directory, an I/O error) is given up with one warning.
     """
@@ -64,13 +67,16 @@ class PeerFiles:
         self.lines = 0
         self.polls = 0
 
-    def poll(self, names: frozenset[bytes]) -> list[tuple[int, int, dict[str, float]]]:
+    def poll(self, names: dict[bytes, str]) -> list[tuple[int, int, str, float]]:
+        """``[(rank, step, name, value)]`` of the tracked ``names`` (the key as it appears in
+        a line, ``b'"time_ms/forward"'`` -> the name) in the complete lines appended since
+        the last poll; nothing when the last poll was less than ``interval`` ago."""
         now = self.clock()
         if now < self._next:
             return []
         self._next = now + self.interval
         self.polls += 1
-        out: list[tuple[int, int, dict[str, float]]] = []
+        out: list[tuple[int, int, str, float]] = []
         for r in self.ranks:
             if r in self._dead:
                 continue
@@ -90,28 +96,34 @@ class PeerFiles:
             if not data:
                 continue
             self.bytes_read += len(data)
-            buf = self._rest[r] + data
+            rest = self._rest[r]
+            buf = rest + data if rest else data
             cut = buf.rfind(b"\n") + 1
             self._rest[r] = buf[cut:]
             for line in buf[:cut].split(b"\n"):
-                if not line or not any(n in line for n in names):
-                    continue
+                for key in names:
+                    if key in line:
+                        break
+                else:
+                    continue  # an empty line, or none of the names
                 self.lines += 1
                 try:
-                    row = decode_line(line)
+                    row = _loads(line)
                 except ValueError:
-                    continue
+                    try:
+                        row = decode_line(line)  # NaN / Infinity tokens
+                    except ValueError:
+                        continue
                 if type(row) is not dict:
                     continue
                 step = row.get("_step")
                 if type(step) is not int:
                     continue
-                vals = {}
-                for k, v in row.items():
+                for name in names.values():
+                    v = row.get(name)
                     t = type(v)
-                    if (t is float or t is int) and not k.startswith("_"):
-                        vals[k] = float(v)
-                out.append((r, step, vals))
+                    if t is float or t is int:
+                        out.append((r, step, name, float(v)))  # type: ignore[arg-type]
         return out
 
     @staticmethod

@@ -37,6 +37,14 @@ def rank_skew(values: Sequence[float]) -> tuple[float, int] | None:
     values, a NaN, a non-positive median or an infinite one. Ties name the lowest rank.
     """
     n = len(values)
+    if n == 2:  # the common case, without sorting
+        a, b = values
+        if a != a or b != b:
+            return None
+        med = (a + b) / 2.0
+        if not 0.0 < med < float("inf"):
+            return None
+        return (b / med, 1) if b > a else (a / med, 0)
     if n < 2:
         return None
     top = 0
@@ -59,7 +67,7 @@ def rank_skew(values: Sequence[float]) -> tuple[float, int] | None:
 class _Metric:
     """One metric's per-step values across ranks, until each step is judged."""
 
-    __slots__ = ("key", "steps", "ready", "judged", "last", "at", "at_answer")
+    __slots__ = ("key", "steps", "ready", "judged", "last", "at", "at_answer", "limit")
 
     def __init__(self, name: str) -> None:
         self.key = ('"' + name + '"').encode()
@@ -67,6 +75,7 @@ class _Metric:
         self.steps: dict[int, list[Any]] = {}
         self.ready: list[int] = []  # a heap of the steps every rank has written
         self.judged = -1  # the newest step judged
+        self.limit = 128  # the table's size that makes _prune run
         self.last: tuple[int, float, int] | None = None  # (step, skew, slowest rank)
         self.at: int | None = None  # the rank-0 step of the last call
         self.at_answer: tuple[float, int] | None = None  # and its answer
@@ -91,7 +100,7 @@ class RankSkew:
         self.peers = peers
         self.world = len(peers.ranks) + 1
         self._metrics: dict[str, _Metric] = {}
-        self._keys: frozenset[bytes] = frozenset()
+        self._keys: dict[bytes, str] = {}
         self.judgements = 0
 
     def skew(
@@ -102,7 +111,7 @@ class RankSkew:
         m = self._metrics.get(name)
         if m is None:
             m = self._metrics[name] = _Metric(name)
-            self._keys = frozenset(x.key for x in self._metrics.values())
+            self._keys = {**self._keys, m.key: name}
         if at is None or step is None:
             return None
         if m.at == at:
@@ -114,32 +123,48 @@ class RankSkew:
     def _judge(self, m: _Metric, step: int, value: float | None) -> tuple[float, int] | None:
         if value is not None:
             self._put(m, step, 0, value)
-        for rank, s, got in self.peers.poll(self._keys):
-            for k, v in got.items():
-                other = self._metrics.get(k)
-                if other is not None:
-                    self._put(other, s, rank, v)
-        ready = m.ready
+        metrics = self._metrics
+        for rank, s, name, v in self.peers.poll(self._keys):
+            self._put(metrics[name], s, rank, v)
         steps = m.steps
+        if len(steps) > m.limit:  # amortised: at most every doubling of the table
+            self._prune(m)
+        ready = m.ready
         if not ready:
-            if len(steps) > MAX_PENDING:  # a rank that stopped writing this metric
-                for old in sorted(steps)[: len(steps) - MAX_PENDING]:
-                    del steps[old]
             return None
         s = heappop(ready)
-        if len(ready) > MAX_PENDING:  # rank 0 evaluates less often: skip the oldest
-            ready[:] = nlargest(MAX_PENDING, ready)
+        if len(ready) > MAX_PENDING:  # rank 0 judges slower than steps complete: skip the
+            keep = nlargest(MAX_PENDING // 2, ready)  # oldest half (amortised)
+            for old in ready:
+                if old < keep[-1]:
+                    steps.pop(old, None)
+            ready[:] = keep
             heapify(ready)
         judged = steps.pop(s)
         m.judged = s
-        if len(steps) > 64:  # steps older than the judged one will not complete: a rank
-            for old in [x for x in steps if x < s]:  # never wrote them
-                del steps[old]
         self.judgements += 1
         res = rank_skew(judged[1:])  # complete: no None left
         if res is not None:
             m.last = (s, res[0], res[1])
         return res
+
+    @staticmethod
+    def _prune(m: _Metric) -> None:
+        """Drop the steps that can no longer be judged (older than the last judged one: a
+        rank never wrote them) and, past ``MAX_PENDING`` waiting, the oldest (a rank that
+        stopped writing the metric); then wait for the table to double again."""
+        steps = m.steps
+        for old in [x for x in steps if x <= m.judged]:
+            del steps[old]
+        if len(steps) > MAX_PENDING:
+            waiting = sorted(steps)
+            for old in waiting[: len(waiting) - MAX_PENDING]:
+                del steps[old]
+            ready = set(m.ready)
+            if ready - steps.keys():
+                m.ready = [x for x in m.ready if x in steps]
+                heapify(m.ready)
+        m.limit = max(2 * len(steps), 128)
 
     def _put(self, m: _Metric, step: int, rank: int, value: float) -> None:
         if step <= m.judged:

@@ -99,6 +99,24 @@ def test_four_ranks_name_the_slowest_and_a_dead_rank_is_missing(tmp_path):
     sk.close()
 
 
+def test_a_step_a_rank_skipped_is_passed_over_and_memory_stays_bounded(tmp_path, monkeypatch):
+    from expr_tracker.history import peers
+
+    monkeypatch.setattr(peers, "MAX_PENDING", 8)
+    sk = tracker(tmp_path)
+    write_rows(tmp_path / "metrics.rank1.jsonl", [row(s, 30.0) for s in (0, 1, 2, 4)])
+    answers = [sk.skew(KEY, s, s, 10.0) for s in range(6)]
+    assert sum(a is not None for a in answers) == 4  # steps 0, 1, 2, 4; never 3 or 5
+    assert sk.last(KEY)[0] == 4
+    for s in range(6, 400):  # rank 1 stopped: rank 0's own values wait, bounded
+        assert sk.skew(KEY, s, s, 10.0) is None
+    m = sk._metrics[KEY]
+    assert len(m.steps) <= 2 * 8 + 128 and not m.ready
+    write_rows(tmp_path / "metrics.rank1.jsonl", [row(s, 30.0) for s in range(390, 400)])
+    assert sk.skew(KEY, 400, 400, 10.0) == (pytest.approx(1.5), 1)  # judging resumes
+    sk.close()
+
+
 def test_an_unreadable_peer_is_given_up_with_one_warning(tmp_path, caplog):
     os.mkfifo(tmp_path / "metrics.rank1.jsonl")  # a FIFO: reading it must never block
     sk = tracker(tmp_path)

@@ -105,7 +105,7 @@ def firings_of(path):
     return [r for r in recs if r.get("state") == "firing"]
 
 
-@pytest.mark.slow  # two torch processes start: 15-35 s on 2 loaded cores (the 4-rank
+@pytest.mark.slow  # two torch processes start: 30-45 s on 2 loaded cores (the 4-rank
 # variant takes longer than the 30 s allowed; four ranks are tested in-process in
 # tests/alerts/test_alerts_skew.py)
 def test_torchrun_two_ranks_the_rule_names_the_slow_rank(tmp_path):
