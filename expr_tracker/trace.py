@@ -84,6 +84,13 @@ class _Stats:
     events: int = 0
     tracks: int = 0
     unreadable: dict[str, str] = field(default_factory=dict)
+    clock_offsets: dict[str, float] = field(default_factory=dict)  # host -> seconds added
+    aligned_at: int | None = None  # the first step every host recorded
+
+
+#: distinct steps per span file remembered for the clock alignment (the first shared step
+#: is among the first few in any real run)
+_ALIGN_STEPS = 1000
 
 
 def _scan(
@@ -94,6 +101,7 @@ def _scan(
     tracks: dict[tuple[Any, ...], list[Any]],
     stats: _Stats,
     root: str | os.PathLike[str] | None = None,
+    firsts: list[dict[int, float]] | None = None,
 ) -> None:
     slo, shi = step_range if step_range else (None, None)
     tlo, thi = time_range if time_range else (None, None)
@@ -102,6 +110,9 @@ def _scan(
     batch: list[tuple[Any, ...]] = []
     for fi, f in enumerate(files):
         cat = f.stream or "main"
+        first: dict[int, float] = {}
+        if firsts is not None:
+            firsts.append(first)
         try:
             fd = open_regular(f.path, root=root)
         except OSError as exc:  # permissions, a FIFO in its place: the other files still count
@@ -144,6 +155,9 @@ def _scan(
                         continue
                     if (slo is not None and step < slo) or (shi is not None and step >= shi):
                         continue
+                if type(step) is int and (step in first or len(first) < _ALIGN_STEPS):
+                    if start < first.get(step, math.inf):
+                        first[step] = start
                 end = start + dur / 1e3
                 if timed:
                     if dur <= 0:
@@ -186,7 +200,6 @@ def _scan(
                             "name": leaf,
                             "cat": cat,
                             "ph": "X",
-                            "ts": round(ts, 3),
                             "dur": round(dur * 1e3, 3),
                             "args": args,
                         },
@@ -230,6 +243,7 @@ def _events(
     temp_dir: str | os.PathLike[str] | None,
     stats: _Stats,
     root: str | os.PathLike[str] | None = None,
+    align_clocks: bool = True,
 ) -> Iterator[bytes]:
     """Yield the encoded events (metadata first, then one complete event per span)."""
     if temp_dir is not None and not Path(temp_dir).is_dir():
@@ -248,12 +262,14 @@ def _events(
             "CREATE TABLE s (track INTEGER, ts REAL, te REAL, depth INTEGER, id, parent, body BLOB)"
         )
         tracks: dict[tuple[Any, ...], list[Any]] = {}
+        firsts: list[dict[int, float]] = []
         if not empty:
             conn.execute("BEGIN")
-            _scan(files, conn, step_range, time_range, tracks, stats, root)
+            _scan(files, conn, step_range, time_range, tracks, stats, root, firsts)
             conn.execute("COMMIT")
         ranked = any(f.rank is not None for f in files)
         used = sorted({k[0] for k in tracks})
+        offsets = _clock_offsets(files, used, firsts, stats) if align_clocks else {}
         for fi in used:
             f = files[fi]
             yield _dumps(
@@ -267,11 +283,25 @@ def _events(
             yield _dumps(
                 {"ph": "M", "name": "process_sort_index", "pid": fi + 1, "args": {"sort_index": fi}}
             )
+            if stats.aligned_at is not None:
+                off = offsets.get(fi, 0.0)
+                yield _dumps(
+                    {
+                        "ph": "M",
+                        "name": "process_labels",
+                        "pid": fi + 1,
+                        "args": {
+                            "labels": f"clock {off * 1e3:+.3f} ms (hosts aligned at step "
+                            f"{stats.aligned_at})"
+                        },
+                    }
+                )
         by_index = {info[0]: (key, info[1]) for key, info in tracks.items()}
         cur = conn.execute(
             "SELECT track, ts, te, id, parent, body FROM s ORDER BY track, ts, te DESC, depth"
         )
-        yield from _assign_lanes(cur, files, by_index, stats)
+        shift = {fi: off * 1e6 for fi, off in offsets.items()}
+        yield from _assign_lanes(cur, files, by_index, stats, shift)
     finally:
         conn.close()
         for suffix in ("", "-journal", "-wal", "-shm"):
@@ -286,6 +316,7 @@ def _assign_lanes(
     files: list[SpanFile],
     by_index: dict[int, tuple[tuple[Any, ...], str]],
     stats: _Stats,
+    shift: dict[int, float] | None = None,
 ) -> Iterator[bytes]:
     """Place each span of a track on a lane where it nests; yield events with pid/tid.
 
@@ -302,6 +333,8 @@ def _assign_lanes(
     lane_tid: dict[int, int] = {}
     pid = 0
     next_tid = 0
+    add = 0.0
+    shift = shift or {}
     for t, ts, te, sid, parent, body in rows:
         if t != track:
             track = t
@@ -309,6 +342,7 @@ def _assign_lanes(
             key, track_label = by_index[t]
             fi = key[0]
             pid = fi + 1
+            add = shift.get(fi, 0.0)
         lane = -1
         if parent is not None:
             pl = open_ids.get(parent)
@@ -360,7 +394,43 @@ def _assign_lanes(
                 }
             )
         stats.events += 1
-        yield body[:-1] + b',"pid":%d,"tid":%d}' % (pid, tid)
+        stamp = repr(round(ts + add, 3)).encode()
+        yield body[:-1] + b',"ts":%s,"pid":%d,"tid":%d}' % (stamp, pid, tid)
+
+
+def _clock_offsets(
+    files: list[SpanFile], used: list[int], firsts: list[dict[int, float]], stats: _Stats
+) -> dict[int, float]:
+    """Seconds to add to each span file's times so that every host's clock agrees with the
+    first file's host at the first step every host recorded (docs/streams.md "Straggler
+    ranks"): per host, the earliest span start at that step. Files of one host share its
+    clock and keep their real differences (a straggler's late start stays visible); with a
+    single host nothing moves. Fills ``stats.clock_offsets`` and ``stats.aligned_at``."""
+    hosts: dict[str, list[int]] = {}
+    for fi in used:
+        hosts.setdefault(files[fi].host or "", []).append(fi)
+    if len(hosts) < 2:
+        return {}
+    steps_of = {}
+    for h, fis in hosts.items():
+        steps_of[h] = set().union(*(firsts[fi].keys() for fi in fis if fi < len(firsts)))
+    shared = set.intersection(*steps_of.values())
+    if not shared:
+        return {}
+    at = min(shared)
+
+    def start(h: str) -> float:
+        return min(firsts[fi][at] for fi in hosts[h] if fi < len(firsts) and at in firsts[fi])
+
+    ref = start(files[used[0]].host or "")
+    offsets: dict[int, float] = {}
+    for h, fis in hosts.items():
+        off = ref - start(h)
+        stats.clock_offsets[h] = off
+        for fi in fis:
+            offsets[fi] = off
+    stats.aligned_at = at
+    return offsets
 
 
 def _prepare(
@@ -382,6 +452,7 @@ def build_trace(
     time_range: Any = None,
     temp_dir: str | os.PathLike[str] | None = None,
     ranks: Any = None,
+    align_clocks: bool = True,
 ) -> dict[str, Any]:
     """The Chrome Trace of a run as an in-memory dict (use :func:`write_trace` for large runs).
 
@@ -393,13 +464,17 @@ def build_trace(
       half-open interval, not clipped; zero-duration spans are then excluded. An empty or
       reversed range selects nothing.
     - ``temp_dir``: an existing directory for the SQLite spool.
+    - ``align_clocks``: with span files from several hosts, shift each host's times so the
+      hosts agree at the first step they all recorded (its earliest span start); files of
+      one host keep their own clock. Each process then carries a ``process_labels`` event
+      saying its shift (docs/streams.md "Straggler ranks").
 
     Raises ``FileNotFoundError`` (no run, no span file, missing temp_dir) and ``ValueError``
     (a malformed range, a stream with no span file).
     """
     files, sr, tr = _prepare(run, streams, step_range, time_range, ranks)
     stats = _Stats()
-    events = [_loads(e) for e in _events(files, sr, tr, temp_dir, stats)]
+    events = [_loads(e) for e in _events(files, sr, tr, temp_dir, stats, None, align_clocks)]
     return {"traceEvents": events, "displayTimeUnit": "ms"}
 
 
@@ -413,6 +488,7 @@ def iter_trace(
     ranks: Any = None,
     root: str | os.PathLike[str] | None = None,
     chunk_bytes: int = 1 << 16,
+    align_clocks: bool = True,
 ) -> Iterator[bytes]:
     """The Chrome Trace of ``run`` as the bytes :func:`write_trace` writes, in chunks of
     about ``chunk_bytes``, made while they are consumed (an HTTP response streams them;
@@ -431,7 +507,7 @@ def iter_trace(
         buf = [b'{"traceEvents":[']
         size = 0
         sep = b"\n"
-        for ev in _events(files, sr, tr, temp_dir, _Stats(), root):
+        for ev in _events(files, sr, tr, temp_dir, _Stats(), root, align_clocks):
             buf.append(sep)
             buf.append(ev)
             sep = b",\n"
@@ -468,6 +544,7 @@ def write_trace(
     compresslevel: int = 6,
     _write_hook: Callable[[int], None] | None = None,
     ranks: Any = None,
+    align_clocks: bool = True,
 ) -> dict[str, Any]:
     """Write the Chrome Trace of ``run`` to ``out`` (default ``<run dir>/trace.json``).
 
@@ -478,7 +555,9 @@ def write_trace(
 
     Returns ``{"path", "spans" (selected), "events" (complete events written), "tracks"
     (thread lanes), "skipped" (unreadable lines), "files" (span files read), "unreadable"
-    (span file -> why it could not be read: left out, with one warning each)}``.
+    (span file -> why it could not be read: left out, with one warning each), "clock_offsets"
+    (host -> seconds added to its times; empty when one host or not aligned), "aligned_at"
+    (the step the hosts were aligned at, or None)}``.
     """
     files, sr, tr = _prepare(run, streams, step_range, time_range, ranks)
     if out is None:
@@ -498,7 +577,7 @@ def write_trace(
             write(b'{"traceEvents":[')
             sep = b"\n"
             n = 0
-            for ev in _events(files, sr, tr, temp_dir, stats):
+            for ev in _events(files, sr, tr, temp_dir, stats, None, align_clocks):
                 write(sep)
                 write(ev)
                 sep = b",\n"
@@ -526,4 +605,6 @@ def write_trace(
         "skipped": stats.skipped,
         "files": [str(f.path) for f in files if str(f.path) not in stats.unreadable],
         "unreadable": dict(stats.unreadable),
+        "clock_offsets": dict(stats.clock_offsets),
+        "aligned_at": stats.aligned_at,
     }

@@ -3,6 +3,7 @@ indexed under) with its runtime state and counters."""
 
 from __future__ import annotations
 
+from expr_tracker.alerts import ast
 from expr_tracker.alerts.evaluate import compile_expr
 from expr_tracker.alerts.rules import AlertRule, RuleState
 
@@ -29,6 +30,7 @@ class CompiledRule:
         "timed",
         "every_step",
         "keys",
+        "skewed",
     )
 
     def __init__(self, rule: AlertRule, window: int) -> None:
@@ -52,3 +54,12 @@ class CompiledRule:
             if alt != name:
                 keys.append(alt)
         self.keys = tuple(keys)
+        #: the metrics of the rule's skew() calls ({rank} in its messages names the slowest)
+        self.skewed = tuple(
+            n.args[0].name
+            for n in rule.condition.walk()
+            if isinstance(n, ast.Call)
+            and n.func == "skew"
+            and n.args
+            and isinstance(n.args[0], ast.Name)
+        )

@@ -98,6 +98,9 @@ class AlertEngine:
         run_info: ``{"project": ..., "run": ...}`` for templates and events.
         deliver: False on ranks that do not alert (``notify`` is never called).
         max_errors: consecutive evaluation errors before a rule is disabled.
+        peers: what ``skew(m)`` reads: the other ranks' values on rank 0 of a multi-rank
+            run (``expr_tracker.history.peers.RankSkew``); None: ``skew`` is UNKNOWN.
+            Assignable later (``engine.peers = ...``), before the first row.
     """
 
     def __init__(
@@ -113,6 +116,7 @@ class AlertEngine:
         run_info: Mapping | None = None,
         deliver: bool = True,
         max_errors: int = 10,
+        peers: object = None,
     ) -> None:
         if int(window) < 1:
             raise RuleError(f"alert window must be >= 1, got {window!r}")
@@ -148,7 +152,7 @@ class AlertEngine:
         self._series: dict[str, MetricSeries] = {}
         self._seen: set[str] = set()
         start = clock()
-        self._ctx = EvalContext(self._series, now=wall_clock(), mono=start)
+        self._ctx = EvalContext(self._series, now=wall_clock(), mono=start, peers=peers)
         self._token = 0
         self._last_row: Mapping = {}
         self._delivery_errors = 0
@@ -158,6 +162,15 @@ class AlertEngine:
         self._closed = False
         for rule in rules:
             self.add_rule(rule)
+
+    @property
+    def peers(self) -> object:
+        """What ``skew(m)`` reads (None: nothing, ``skew`` is UNKNOWN)."""
+        return self._ctx.peers
+
+    @peers.setter
+    def peers(self, value: object) -> None:
+        self._ctx.peers = value
 
     # -- rules ---------------------------------------------------------------------------
     @property
@@ -365,6 +378,7 @@ class AlertEngine:
             ctx.last_commit_mono = main.last_commit_mono
             ctx.start_mono = main.start_mono
             ctx.truncated = main.truncated
+            ctx.peers = main.peers
             self._process_rows()  # a row an interrupt left behind
             self._pending.extend(self._evaluate(timed, ctx, ctx.mono))
         if self._pending:
@@ -488,6 +502,10 @@ class AlertEngine:
         metrics = self._values(c, ctx)
         for key, value in metrics.items():
             values.setdefault(key, value)
+        if c.skewed and ctx.peers is not None:  # {rank}: the slowest rank of the last step judged
+            last = ctx.peers.last(c.skewed[0])
+            if last is not None:
+                values["rank"] = last[2]
         t = ctx.now
         try:
             stamp = _dt.datetime.fromtimestamp(t).isoformat(timespec="seconds")

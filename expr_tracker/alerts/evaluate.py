@@ -33,6 +33,7 @@ import difflib
 import operator
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
+from typing import Any
 
 from expr_tracker.alerts import ast
 from expr_tracker.alerts.closures import (
@@ -83,9 +84,25 @@ _KIND_TEXT = {
 class EvalContext:
     """What compiled closures read. One per engine, updated in place per evaluation."""
 
-    __slots__ = ("series", "now", "mono", "step", "last_commit_mono", "start_mono", "truncated")
+    __slots__ = (
+        "series",
+        "now",
+        "mono",
+        "step",
+        "last_commit_mono",
+        "start_mono",
+        "truncated",
+        "peers",
+    )
 
-    def __init__(self, series: dict | None = None, *, now: float = 0.0, mono: float = 0.0):
+    def __init__(
+        self,
+        series: dict | None = None,
+        *,
+        now: float = 0.0,
+        mono: float = 0.0,
+        peers: object = None,
+    ):
         self.series: dict = {} if series is None else series
         self.now = now
         self.mono = mono
@@ -93,6 +110,7 @@ class EvalContext:
         self.last_commit_mono: float | None = None
         self.start_mono = mono
         self.truncated: set[str] = set()
+        self.peers: Any = peers  # RankSkew on rank 0 of a multi-rank run, else None
 
 
 @dataclass(frozen=True, slots=True)
@@ -417,6 +435,27 @@ class _Compiler:
             return None if s is None else float(s)
 
         return step
+
+    def f_skew(self, node: ast.Call):
+        """max / median across ranks of the metric's value at one step, judged on rank 0
+        once every rank has written that step (``expr_tracker.history.peers.RankSkew``);
+        UNKNOWN elsewhere, for a missing rank, or when no new step is complete
+        (docs/streams.md "Straggler ranks")."""
+        name = self._name_arg(node)
+        self.need(name, 1)
+        get = series_getter(name)
+
+        def skew(ctx):
+            peers = ctx.peers
+            if peers is None:
+                return None
+            s = get(ctx)
+            if s is None or not s.values:
+                return None
+            res = peers.skew(s.name, ctx.step, s.steps[-1], s.values[-1])
+            return None if res is None else res[0]
+
+        return skew
 
     def f_elapsed(self, node: ast.Call):
         return lambda ctx: ctx.mono - ctx.start_mono

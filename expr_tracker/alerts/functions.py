@@ -536,6 +536,14 @@ FUNCTIONS: dict[str, tuple[Signature, ...]] = {
     "age": (Signature(("name",), "scalar", None, "seconds since the metric was last recorded"),),
     "no_data": (Signature(("duration",), "bool", None, "no step committed for this long"),),
     "step": (Signature((), "scalar", None, "the latest committed step"),),
+    "skew": (
+        Signature(
+            ("name",),
+            "scalar",
+            None,
+            "max / median across ranks of the metric at one step (rank 0, multi-rank runs)",
+        ),
+    ),
     "elapsed": (Signature((), "scalar", None, "seconds since the rules started"),),
     "abs": (Signature(("scalar",), "scalar", _abs, "absolute value"),),
     "log": (Signature(("scalar",), "scalar", _log, "natural logarithm (UNKNOWN for x <= 0)"),),

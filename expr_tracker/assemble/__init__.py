@@ -126,7 +126,7 @@ def build(
         attempt.closers.append(lambda: _undo_runtime(run, engine))
         run.independent = independent
         build_spans(run, spec, run_dir, stream, file_rank, rank, warner, activate=not independent)
-        build_alerts(run, spec, run_dir, stream, file_rank, rank, warner, engine)
+        build_alerts(run, spec, run_dir, stream, file_rank, rank, warner, engine, world_size(env))
         build_artifacts(run, spec, run_dir, stream, file_rank)
         build_system(run, resolved, run_dir, stream, file_rank, rank, env)
         build_sync(run, spec, run_dir, stream, file_rank)  # last: nothing after it can fail
@@ -153,6 +153,15 @@ def build(
             exc,
         )
     return run
+
+
+def world_size(environ: Any) -> int:
+    """Processes in the job, from ``WORLD_SIZE`` as torchrun sets it (1 when unset or not
+    an int)."""
+    try:
+        return max(1, int(environ.get("WORLD_SIZE") or 1))
+    except ValueError:
+        return 1
 
 
 def build_disabled(resolved: Any, environ: Any = None) -> Run:

@@ -26,12 +26,16 @@ def build_alerts(
     rank: int,
     warner: Warner,
     engine: Any,
+    world_size: int = 1,
 ) -> None:
     """Hook the alert engine (rules compiled by :func:`make_engine`) into the run: its
     record file, delivery, the watchdog and the row sink.
 
     Rules on a rank that does not alert (``alerts.on_rank``) stay registered, listed and
     evaluated, and recorded in that rank's ``alerts.rankN.jsonl``; they just do not deliver.
+
+    On rank 0 of a multi-rank run (``world_size`` > 1, rank-aware files) the engine reads
+    the other ranks' metrics files for ``skew(m)`` (docs/streams.md "Straggler ranks").
     """
     if engine is None:
         return
@@ -54,6 +58,12 @@ def build_alerts(
     run.add_closer("alert_log", record.close, late=True)  # after delivery records outcomes
     engine.start_watchdog(a.watchdog_interval)
     run.alerts = engine
+    if rank == 0 and world_size > 1 and spec.history.rank_aware:
+        from expr_tracker.history.peers import PeerFiles, RankSkew
+
+        peers = RankSkew(PeerFiles(run_dir, stream, world_size, warner=warner))
+        engine.peers = peers
+        run.add_closer("peers", peers.close, late=True)
     if engine.rules:
         run.history.sinks.append(engine.on_step)
     run.add_stats("alerts", engine.stats)

@@ -21,7 +21,7 @@ import sys
 #: errors naming paths, run names and lines) has control characters escaped
 #: (:class:`expr_tracker.cli.output.PrintableStream`; docs/cli.md "Output for people")
 READERS = frozenset(
-    {"runs", "compare", "history", "query", "plot", "ui", "trace", "export", "alerts"}
+    {"runs", "compare", "history", "query", "plot", "ui", "trace", "export", "alerts", "ranks"}
     | {"artifacts", "rules", "du", "gc"}
     | {"runs-rm", "runs-mv", "runs-archive", "runs-unarchive", "runs-tag"}
 )
@@ -35,6 +35,7 @@ COMMAND_MODULES = (
     "plot",
     "ui",
     "trace",
+    "ranks",
     "export",
     "sync",
     "rules",

@@ -44,6 +44,12 @@ def register(subparsers: Any) -> None:
     p.add_argument(
         "--temp-dir", default=None, metavar="DIR", help="existing directory for the SQLite spool"
     )
+    p.add_argument(
+        "--no-align-clocks",
+        dest="align_clocks",
+        action="store_false",
+        help="keep each host's own clock (default: hosts aligned at their first shared step)",
+    )
     from expr_tracker.cli.sync import on_buckets
 
     p.set_defaults(func=on_buckets(run_trace, "trace", "run"))  # s3://, file:// (docs/team.md)
@@ -52,6 +58,7 @@ def register(subparsers: Any) -> None:
 def run_trace(args: argparse.Namespace) -> int:
     """Exit codes: 0 written, 1 no run / no span files / write failure, 2 a malformed range
     or ``--rank``."""
+    from expr_tracker.cli import output
     from expr_tracker.trace import parse_range, rank_set, write_trace
 
     try:
@@ -70,6 +77,7 @@ def run_trace(args: argparse.Namespace) -> int:
             time_range=time_range,
             temp_dir=args.temp_dir,
             ranks=getattr(args, "rank", None),
+            align_clocks=getattr(args, "align_clocks", True),
         )
     except (OSError, ValueError) as exc:
         print(f"et trace: {exc}", file=sys.stderr)
@@ -77,5 +85,11 @@ def run_trace(args: argparse.Namespace) -> int:
     msg = f"wrote {res['path']}: {res['events']} spans on {res['tracks']} tracks"
     if res["skipped"]:
         msg += f" ({res['skipped']} unreadable lines skipped)"
+    if res.get("aligned_at") is not None:
+        shifts = ", ".join(
+            f"{output.printable(h or '?')} {off * 1e3:+.3f} ms"
+            for h, off in res["clock_offsets"].items()
+        )
+        msg += f"; host clocks aligned at step {res['aligned_at']} ({shifts})"
     print(msg)
     return 0

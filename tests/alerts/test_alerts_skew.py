@@ -1,0 +1,202 @@
+"""skew(m): the straggler rank, judged on rank 0 from the other ranks' files written here
+directly (docs/streams.md "Straggler ranks"). The real torchrun run is in
+tests/spans/test_straggler_torchrun.py."""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+
+import pytest
+
+import expr_tracker as et
+from expr_tracker.alerts import AlertEngine, RuleError
+from expr_tracker.alerts.testing import EventCapture
+from expr_tracker.history.peers import PeerFiles, RankSkew, rank_skew
+
+KEY = "time_ms/forward"
+
+
+def write_rows(path, rows, *, end=b"\n"):
+    with open(path, "ab") as fh:
+        for r in rows:
+            fh.write(json.dumps(r).encode() + b"\n")
+        if end != b"\n":
+            fh.write(end)
+
+
+def row(step, ms, **kw):
+    return {"_step": step, "_time": 1.7e9 + step, KEY: ms, **kw}
+
+
+@pytest.mark.parametrize(
+    ("values", "want"),
+    [
+        ([10.0, 10.0], (1.0, 0)),
+        ([10.0, 30.0], (1.5, 1)),  # median of two is their mean: 30 / 20
+        ([10.0, 10.0, 40.0, 10.0], (4.0, 2)),
+        ([5.0, 10.0, 20.0], (2.0, 2)),
+        ([10.0, 10.0, 10.0], (1.0, 0)),  # a tie names the lowest rank
+        ([10.0], None),
+        ([10.0, float("nan")], None),
+        ([0.0, 0.0], None),
+        ([-1.0, 0.5], None),
+        ([1.0, float("inf")], None),
+    ],
+)
+def test_rank_skew_golden_values(values, want):
+    got = rank_skew(values)
+    assert got == (pytest.approx(want[0]), want[1]) if want else got is None
+
+
+def tracker(tmp_path, world=2):
+    return RankSkew(PeerFiles(tmp_path, None, world, interval=0.0))
+
+
+def test_each_step_is_judged_once_when_every_rank_wrote_it(tmp_path):
+    sk = tracker(tmp_path)
+    # rank 1 has not started: missing, UNKNOWN
+    assert sk.skew(KEY, 0, 0, 10.0) is None
+    write_rows(tmp_path / "metrics.rank1.jsonl", [row(0, 30.0), row(1, 30.0)])
+    # rank 0 at step 1: step 0 is complete (judged), step 1 waits for rank 0's own value...
+    assert sk.skew(KEY, 1, 1, 10.0) == (pytest.approx(1.5), 1)
+    # ...which came with that call: step 1 is judged at the next rank-0 step
+    assert sk.skew(KEY, 2, 2, 10.0) == (pytest.approx(1.5), 1)
+    assert sk.last(KEY) == (1, pytest.approx(1.5), 1)
+    assert sk.skew(KEY, 3, 3, 10.0) is None  # rank 1 has not reached step 2 yet
+    assert sk.skew(KEY, 3, 3, 10.0) is None  # the same rank-0 step: the same answer
+    write_rows(tmp_path / "metrics.rank1.jsonl", [row(2, 10.0), row(3, 10.0)])
+    assert sk.skew(KEY, 4, 4, 10.0) == (1.0, 0)
+    assert sk.last("time_ms.forward")[0] == 2  # `.` reads as `/`, as metric names do
+    assert sk.stats()["judgements"] == 3
+    sk.close()
+
+
+def test_torn_lines_patch_lines_and_foreign_lines(tmp_path):
+    sk = tracker(tmp_path)
+    path = tmp_path / "metrics.rank1.jsonl"
+    write_rows(path, [row(0, 30.0)], end=b'{"_step": 1, "time_ms/for')  # a torn tail
+    assert sk.skew(KEY, 0, 0, 10.0) == (pytest.approx(1.5), 1)
+    assert sk.skew(KEY, 1, 1, 10.0) is None  # step 1 of rank 1 is not complete on disk
+    with open(path, "ab") as fh:  # the line completes; a patch line of step 1 follows
+        fh.write(b'ward": 10.0}\nnot json\n[1, 2]\n{"_step": "x", "time_ms/forward": 1}\n')
+        fh.write(b'{"_step": 1, "time_ms/forward": 50.0}\n')
+    assert sk.skew(KEY, 2, 2, 10.0) == (pytest.approx(50.0 / 30.0), 1)  # the later line wins
+    sk.close()
+
+
+def test_four_ranks_name_the_slowest_and_a_dead_rank_is_missing(tmp_path):
+    sk = tracker(tmp_path, world=4)
+    for r, ms in ((1, 10.0), (2, 40.0)):
+        write_rows(tmp_path / f"metrics.rank{r}.jsonl", [row(s, ms) for s in range(3)])
+    # rank 3 never writes: no step is complete, never a guess
+    for s in range(3):
+        assert sk.skew(KEY, s, s, 10.0) is None
+    write_rows(tmp_path / "metrics.rank3.jsonl", [row(s, 10.0) for s in range(3)])
+    assert sk.skew(KEY, 3, 3, 10.0) == (4.0, 2)
+    assert sk.skew(KEY, 4, 4, 10.0) == (4.0, 2)
+    sk.close()
+
+
+def test_a_step_a_rank_skipped_is_passed_over_and_memory_stays_bounded(tmp_path, monkeypatch):
+    from expr_tracker.history import peers
+
+    monkeypatch.setattr(peers, "MAX_PENDING", 8)
+    sk = tracker(tmp_path)
+    write_rows(tmp_path / "metrics.rank1.jsonl", [row(s, 30.0) for s in (0, 1, 2, 4)])
+    answers = [sk.skew(KEY, s, s, 10.0) for s in range(6)]
+    assert sum(a is not None for a in answers) == 4  # steps 0, 1, 2, 4; never 3 or 5
+    assert sk.last(KEY)[0] == 4
+    for s in range(6, 400):  # rank 1 stopped: rank 0's own values wait, bounded
+        assert sk.skew(KEY, s, s, 10.0) is None
+    m = sk._metrics[KEY]
+    assert len(m.steps) <= 2 * 8 + 128 and not m.ready
+    write_rows(tmp_path / "metrics.rank1.jsonl", [row(s, 30.0) for s in range(390, 400)])
+    assert sk.skew(KEY, 400, 400, 10.0) == (pytest.approx(1.5), 1)  # judging resumes
+    sk.close()
+
+
+def test_an_unreadable_peer_is_given_up_with_one_warning(tmp_path, caplog):
+    os.mkfifo(tmp_path / "metrics.rank1.jsonl")  # a FIFO: reading it must never block
+    sk = tracker(tmp_path)
+    with caplog.at_level(logging.WARNING, logger="expr_tracker"):
+        for s in range(3):
+            assert sk.skew(KEY, s, s, 10.0) is None
+    assert sum("rank 1's metrics file" in r.getMessage() for r in caplog.records) == 1
+    sk.close()
+
+
+def test_reads_only_new_bytes(tmp_path):
+    sk = tracker(tmp_path)
+    path = tmp_path / "metrics.rank1.jsonl"
+    write_rows(path, [row(s, 10.0, loss=1.0) for s in range(100)])
+    sk.skew(KEY, 0, 0, 10.0)
+    first = sk.peers.bytes_read
+    assert first == path.stat().st_size
+    for s in range(1, 50):
+        sk.skew(KEY, s, s, 10.0)
+    assert sk.peers.bytes_read == first  # nothing appended, nothing read again
+    write_rows(path, [row(100, 10.0)])
+    sk.skew(KEY, 50, 50, 10.0)
+    assert sk.peers.bytes_read == path.stat().st_size
+    sk.close()
+
+
+RULE = {
+    "name": "straggler",
+    "condition": "skew(time_ms/forward) > 1.5",
+    "for_steps": 3,
+    "level": "warning",
+    "message": "straggler rank {rank} ({expr})",
+}
+
+
+def test_the_rule_names_the_slow_rank(tmp_path):
+    cap = EventCapture()
+    sk = RankSkew(PeerFiles(tmp_path, None, 3, interval=0.0))
+    engine = AlertEngine([RULE], notify=cap, peers=sk)
+    for s in range(12):
+        slow = 40.0 if s >= 4 else 10.0
+        write_rows(tmp_path / "metrics.rank1.jsonl", [row(s, 10.0)])
+        write_rows(tmp_path / "metrics.rank2.jsonl", [row(s, slow)])
+        engine.on_step(row(s, 10.0))
+    fired = [e for e in cap.events if e.kind == "firing"]
+    assert len(fired) == 1
+    # the peers wrote each step before rank 0 committed it: judged at once, true at steps
+    # 4, 5 and 6, fires at 6
+    assert fired[0].step == 6
+    assert fired[0].message.startswith("straggler rank 2 (skew(time_ms/forward)=4")
+    engine.close()
+
+
+def test_without_peers_skew_is_unknown_and_checked_like_has():
+    cap = EventCapture()
+    engine = AlertEngine(["skew(time_ms/forward) > 0 => warning: x"], notify=cap)
+    for s in range(5):
+        engine.on_step(row(s, 10.0))
+    assert cap.events == []
+    with pytest.raises(RuleError, match="bare metric name"):
+        AlertEngine(["skew(time_ms/forward[5]) > 1 => warning: x"])
+    with pytest.raises(RuleError, match=r"skew\(\) takes"):
+        AlertEngine(["skew(a, b) > 1 => warning: x"])
+
+
+def test_a_rank0_run_reads_its_peers(tmp_path, monkeypatch):
+    """et.init on rank 0 with WORLD_SIZE=2: the rule reads rank 1's shard."""
+    run_dir = tmp_path / "runs" / "p" / "r"
+    run_dir.mkdir(parents=True)
+    write_rows(run_dir / "metrics.rank1.jsonl", [row(s, 50.0) for s in range(8)])
+    monkeypatch.setenv("WORLD_SIZE", "2")
+    monkeypatch.setenv("RANK", "0")
+    cap = EventCapture()
+    run = et.init(
+        run_dir=str(run_dir),
+        alert_rules=[{**RULE, "for_steps": 2, "message": "straggler rank {rank}"}],
+    )
+    run.alerts.notify = cap
+    for _ in range(8):
+        et.log({KEY: 10.0})
+    et.finish()
+    fired = [e for e in cap.events if e.kind == "firing"]
+    assert [e.message for e in fired] == ["straggler rank 1"]
