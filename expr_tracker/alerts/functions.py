@@ -537,6 +537,15 @@ FUNCTIONS: dict[str, tuple[Signature, ...]] = {
     "no_data": (Signature(("duration",), "bool", None, "no step committed for this long"),),
     "step": (Signature((), "scalar", None, "the latest committed step"),),
     "elapsed": (Signature((), "scalar", None, "seconds since the rules started"),),
+    "baseline": (
+        Signature(
+            ("name",),
+            "scalar",
+            None,
+            'q-quantile of the metric at this step across finished runs: baseline(m, runs="p/*", '
+            "q=0.5, min_runs=1)",
+        ),
+    ),
     "abs": (Signature(("scalar",), "scalar", _abs, "absolute value"),),
     "log": (Signature(("scalar",), "scalar", _log, "natural logarithm (UNKNOWN for x <= 0)"),),
     "exp": (Signature(("scalar",), "scalar", _exp, "e ** x"),),
