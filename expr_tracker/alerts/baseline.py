@@ -27,7 +27,7 @@ import logging
 import os
 import threading
 from bisect import bisect_right
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -188,12 +188,19 @@ class Baselines:
     """
 
     def __init__(
-        self, root: str | os.PathLike[str] | None = None, project: str | None = None
+        self,
+        root: str | os.PathLike[str] | None = None,
+        project: str | None = None,
+        *,
+        peers: Mapping[str, Mapping[str, tuple[Sequence[int], Sequence[float]]]] | None = None,
     ) -> None:
         self.root = Path(root) if root is not None else None
         self.project = project
         self.exclude: Path | None = None
-        self.opened = False
+        #: in-memory peer runs instead of a runs root (``et rules test``'s ``peer_runs``):
+        #: ``"project/name"`` -> metric -> ``(steps, values)``; open from the start
+        self.peers = peers
+        self.opened = peers is not None
         self._tables: dict[tuple, BaselineTable] = {}
         self._lock = threading.Lock()
 
@@ -219,11 +226,21 @@ class Baselines:
     def _load(self, table: BaselineTable, cache: dict | None = None) -> None:
         metric, runs, q, min_runs = table.key
         pattern = runs if runs is not None else f"{self.project}/*"
-        if self.root is None:
-            return
         key = (metric, pattern)
         got = cache.get(key) if cache is not None else None
+        if got is None and self.peers is not None:
+            got = []
+            alt = metric.replace(".", "/")
+            for name, columns in sorted(self.peers.items()):
+                if runs is not None or self.project is not None:
+                    if not fnmatch.fnmatchcase(name, pattern):
+                        continue
+                column = columns.get(metric) or columns.get(alt)
+                if column is not None:
+                    got.append((name, column))
         if got is None:
+            if self.root is None:
+                return
             got = []
             for run_dir in find_peers(self.root, pattern, self.exclude):
                 column = _peer_column(run_dir, metric)
