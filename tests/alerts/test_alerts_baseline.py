@@ -148,9 +148,19 @@ def test_shipped_rule_set_prunes_a_diverging_trial(tmp_path):
 
     GlobalHydra.instance().clear()
     with initialize_config_module(config_module="expr_tracker.conf", version_base="1.3"):
-        cfg = compose(overrides=["+tracker=default", "+tracker/alerts=prune_median"])
+        cfg = compose(
+            overrides=[
+                "+tracker=default",
+                "+tracker/alerts=prune_median",
+                "tracker.alerts.guard_metric=val/loss",
+            ]
+        )
     GlobalHydra.instance().clear()
-    tracker = dict(cfg.tracker)
+    from omegaconf import OmegaConf
+
+    tracker = OmegaConf.to_container(cfg.tracker, resolve=True)
+    (rule,) = tracker["alerts"]["rules"].values()
+    assert rule["condition"] == "`val/loss` > baseline(`val/loss`, q=0.5, min_runs=3)"
     # three "learning rates" that converge, one that diverges; 60 logged steps each
     for i, rate in enumerate([0.05, 0.06, 0.07]):
         _finished_run(tmp_path, "sweep", f"ok{i}", [float(np.exp(-rate * s)) for s in range(60)])
