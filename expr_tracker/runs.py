@@ -109,7 +109,7 @@ def _optuna_pruned() -> type[BaseException] | None:
     optuna = sys.modules.get("optuna")
     if optuna is None:
         return None
-    frame = sys._getframe(1)
+    frame: Any = sys._getframe(1)
     while frame is not None:
         if frame.f_code.co_name == "_run_trial" and frame.f_globals.get("__name__") == (
             "optuna.study._optimize"

@@ -73,22 +73,16 @@ class BaselineTable:
         if step is None or not n:
             return None
         i = self._i
-        if i >= n:
-            i = 0
-        if steps[i] <= step:
-            # forward: one or two moves per call while the run advances as its peers did
+        if i < n and steps[i] <= step:
             j = i + 1
-            while j < n and steps[j] <= step:
-                if j - i > 8:  # a jump: search the rest
-                    j = bisect_right(steps, step, j)
-                    break
-                j += 1
-            i = j - 1
+            if j < n and steps[j] <= step:  # moved on: usually to the next step
+                i = j if j + 1 == n or step < steps[j + 1] else bisect_right(steps, step) - 1
+                self._i = i
         else:
             i = bisect_right(steps, step) - 1
             if i < 0:
                 return None
-        self._i = i
+            self._i = i
         v = values[i]
         return None if v != v else v
 
@@ -117,8 +111,25 @@ def quantile_table(
         counts = np.count_nonzero(~np.isnan(votes), axis=1)
         enough = counts >= max(int(min_runs), 1)
         if enough.any():
-            out[lo : lo + len(block)][enough] = np.nanquantile(votes[enough], q, axis=1)
+            out[lo : lo + len(block)][enough] = _row_quantiles(votes[enough], counts[enough], q)
     return steps, out
+
+
+def _row_quantiles(votes: Any, counts: Any, q: float) -> Any:
+    """The ``q``-quantile of each row's non-NaN values (``counts`` of them, >= 1), NumPy's
+    linear method (``np.nanquantile``'s answer), vectorised: ``np.nanquantile`` along an axis
+    goes row by row in Python when NaNs are present."""
+    import numpy as np
+
+    ordered = np.sort(votes, axis=1)  # NaN last
+    pos = q * (counts - 1)
+    below = np.floor(pos).astype(np.int64)
+    above = np.minimum(below + 1, counts - 1)
+    frac = pos - below
+    rows = np.arange(len(ordered))
+    a, b = ordered[rows, below], ordered[rows, above]
+    with np.errstate(invalid="ignore"):  # inf - inf where frac is 0: not used
+        return np.where(frac == 0, a, a + (b - a) * frac)
 
 
 def find_peers(root: Path, pattern: str, exclude: Path | None = None) -> list[Path]:

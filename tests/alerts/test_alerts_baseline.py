@@ -42,6 +42,26 @@ def test_quantile_table_blocks_match_one_pass(monkeypatch):
     np.testing.assert_array_equal(quantile_table(peers, 0.3)[1], whole)
 
 
+def test_quantiles_match_numpy_with_gaps_and_nan():
+    rng = np.random.default_rng(1)
+    peers = []
+    for _ in range(6):
+        steps = np.sort(rng.choice(40, 25, replace=False))
+        values = rng.normal(size=25)
+        values[rng.random(25) < 0.2] = np.nan
+        peers.append((steps, values))
+    for q in (0.0, 0.25, 0.5, 0.9, 1.0):
+        steps, got = quantile_table(peers, q)
+        for k, step in enumerate(steps):
+            votes = []
+            for s, v in peers:
+                at = np.searchsorted(s, step, side="right") - 1
+                if at >= 0 and step <= s[-1] and not np.isnan(v[at]):
+                    votes.append(v[at])
+            want = np.quantile(votes, q) if votes else np.nan
+            np.testing.assert_allclose(got[k], want, rtol=1e-12, equal_nan=True)
+
+
 def test_table_lookup_is_the_last_known_step():
     table = BaselineTable(("m", None, 0.5, 1))
     assert table.at(3) is None  # empty
