@@ -32,6 +32,7 @@ from expr_tracker.api import (
     register_backend,
     register_channel,
     remove_alert_rule,
+    should_stop,
     use_artifact,
 )
 from expr_tracker.artifacts import Artifact
@@ -99,6 +100,7 @@ __all__ = [
     "remove_alert_rule",
     "resolve_run_path",
     "run",
+    "should_stop",
     "span",
     "start_span",
     "summary",

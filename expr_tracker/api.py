@@ -395,6 +395,19 @@ def mark_preempting() -> None:
     current_run().mark_preempting()
 
 
+def should_stop() -> bool:
+    """True once an alert rule with an action fired in the current run (``=> stop: ...``
+    or ``=> prune: ...``; docs/alerts.md "Actions"): end the training loop at the next step
+    boundary, e.g. ``for batch in loader: ...; et.log(m); if et.should_stop(): break``.
+
+    The rules run when a step is committed, so the answer changes at a ``log()`` that
+    commits a step, and stays True for the rest of the run. False when no run is active.
+    The request is ``et.run.stop_request`` (action, rule, step, message).
+    """
+    run = _state.run
+    return run is not None and run.should_stop()
+
+
 def get_run() -> Run | None:
     """The current run, or None."""
     return _state.run

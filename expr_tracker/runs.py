@@ -11,10 +11,12 @@ from __future__ import annotations
 
 import logging
 import numbers
+import sys
 import threading
 import time
 import traceback
 from collections.abc import Callable, Mapping
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -78,6 +80,44 @@ def _unknown_rule_message(name: Any, known: list[str], *, alerts_on: bool) -> st
     close = difflib.get_close_matches(str(name), known, n=1)
     hint = f" (did you mean {close[0]!r}?)" if close else ""
     return f"no alert rule {name!r}{hint}; registered: {', '.join(repr(k) for k in known)}"
+
+
+@dataclass(frozen=True)
+class StopRequest:
+    """What a rule with an action asked for (docs/alerts.md "Actions"): ``action``
+    (``stop`` or ``prune``), the ``rule``'s name, the ``step`` it fired at and its
+    rendered ``message``. ``run.stop_request``; ``run.json`` holds it as ``stop_request``."""
+
+    action: str
+    rule: str
+    step: int | None
+    message: str
+
+    def to_record(self) -> dict[str, Any]:
+        return {
+            "action": self.action,
+            "rule": self.rule,
+            "step": self.step,
+            "message": self.message,
+        }
+
+
+def _optuna_pruned() -> type[BaseException] | None:
+    """``optuna.TrialPruned`` when this thread runs inside an Optuna objective (a frame of
+    ``Study.optimize``'s ``_run_trial`` on the stack), else None. Optuna is never imported
+    here: a process that did not import it runs no objective."""
+    optuna = sys.modules.get("optuna")
+    if optuna is None:
+        return None
+    frame: Any = sys._getframe(1)
+    while frame is not None:
+        if frame.f_code.co_name == "_run_trial" and frame.f_globals.get("__name__") == (
+            "optuna.study._optimize"
+        ):
+            pruned = getattr(optuna, "TrialPruned", None)
+            return pruned if isinstance(pruned, type) else None
+        frame = frame.f_back
+    return None
 
 
 class Run:
@@ -190,6 +230,7 @@ class Run:
         self.exception: tuple[type[BaseException], BaseException, Any] | None = None
         self._listeners: list[Callable[[str, dict[str, Any]], Any]] = []
         self.ingest = store.ingest
+        self._stop_request: StopRequest | None = None  # set by a rule's action
         self.independent = False  # et.Run(...): not the current run
         config.connect(self.emit)
         self.quiet = False
@@ -310,6 +351,59 @@ class Run:
         if self._finished or self.info_record.get("preempting_at") is not None:
             return
         self._set_info("preempting_at", time.time())
+
+    # ------------------------------------------------------------------ actions
+
+    @property
+    def stop_request(self) -> StopRequest | None:
+        """What a rule with an action asked for (the first stop, or a prune), or None."""
+        return self._stop_request
+
+    def should_stop(self) -> bool:
+        """True once a rule with an action (``=> stop: ...``, ``=> prune: ...``) fired: end
+        the training loop at the next step boundary (docs/alerts.md "Actions"). Stays
+        True for the rest of the run."""
+        return self._stop_request is not None
+
+    def take_action(self, event: Any) -> None:
+        """The alert engine's ``on_action``: record what a firing rule with an action asks
+        for (``run.json`` gets ``stop_request`` at once). A ``prune`` also makes the next
+        ``log()`` inside an Optuna objective finish the run (``pruned``) and raise
+        ``optuna.TrialPruned``. The first request is kept, except that a prune replaces a
+        stop (the run ends ``pruned`` then)."""
+        action = getattr(event, "action", None)
+        if action not in ("stop", "prune") or self._finished:
+            return
+        current = self._stop_request
+        if current is not None and not (current.action == "stop" and action == "prune"):
+            return
+        request = StopRequest(action, str(event.rule.name), event.step, str(event.message))
+        self._stop_request = request
+        self._set_info("stop_request", request.to_record())
+        if action == "prune":
+            self.ingest = self._ingest_then_prune
+
+    def _ingest_then_prune(
+        self, metrics: Any, step: int | None = None, commit: bool | None = None
+    ) -> int:
+        """``log()`` once a prune was requested: the values are recorded as always; inside
+        an Optuna objective the run is then finished (``pruned``) and ``optuna.TrialPruned``
+        raised, as ``trial.should_prune()`` would have the objective do."""
+        landed = self.history.ingest(metrics, step, commit)
+        pruned = _optuna_pruned()
+        if pruned is not None and not self._finished:
+            request = self._stop_request
+            message = f"pruned by alert rule {request.rule!r}" if request else "pruned"
+            if self is _current.run:
+                end = _current.end_run
+                if end is not None:
+                    end(self, None)
+                else:
+                    self.finish()
+            else:
+                self.finish()
+            raise pruned(f"{message} at step {request.step if request else None}")
+        return landed
 
     @property
     def offline(self) -> bool:
@@ -442,7 +536,7 @@ class Run:
         ``data=`` is wandb's name of ``metrics`` (give one of the two, else ``TypeError``)."""
         if data is not None:
             metrics = wandb_data_arg(metrics, data)
-        return self.history.ingest(metrics, step, commit)  # type: ignore[arg-type]
+        return self.ingest(metrics, step, commit)  # type: ignore[arg-type]
 
     def log_artifact(
         self,
@@ -689,6 +783,14 @@ class Run:
             info["error"] = "the history writer could not be closed (see the log)"
         else:
             info["status"] = "finished"
+        request = self._stop_request
+        if request is not None and request.action == "prune":
+            # a pruned trial ends pruned, also when optuna.TrialPruned ended it
+            if info["status"] == "finished" or (
+                self.exception is not None and self.exception[0].__name__ == "TrialPruned"
+            ):
+                info["status"] = "pruned"
+                info.pop("exception", None)
         if info.get("preempting_at") is not None:  # mark_preempting(): however it ended
             info["status"] = "preempted"
         try:

@@ -23,6 +23,7 @@ PACKAGE = ROOT / "expr_tracker"
 FAMILIES: dict[str, str] = {
     "alerts/delivery/policy.py": "delivery policies (token bucket, dedup, retry rule)",
     "alerts/delivery/stages.py": "a lane's stages and the tickets they pass along",
+    "alerts/baseline.py": "baseline() tables (one call's per-step values, an engine's tables)",
     "artifacts/model.py": "the artifact model (an artifact and its logged versions)",
     "cli/output.py": "terminal/record writers of et commands",
     "history/cache.py": "the row cache and its decoded disk tail",

@@ -47,6 +47,7 @@ PUBLIC = [
     "remove_alert_rule",
     "resolve_run_path",
     "run",
+    "should_stop",
     "span",
     "start_span",
     "summary",

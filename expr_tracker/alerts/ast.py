@@ -34,12 +34,14 @@ __all__ = [
     "Call",
     "Compare",
     "Duration",
+    "Keyword",
     "Name",
     "Neg",
     "Node",
     "Not",
     "Number",
     "Or",
+    "Text",
     "Window",
     "format_duration",
     "format_number",
@@ -205,6 +207,35 @@ class Window(Node):
         else:
             inner = self.text or format_duration(float(self.seconds or 0.0))
         return f"{render_name(self.name)}[{inner}]"
+
+
+@dataclass(frozen=True, slots=True)
+class Text(Node):
+    """A quoted text given to a keyword argument (``runs="sweep/*"``): a word, never a
+    metric."""
+
+    text: str
+
+    def _render(self, canonical: bool) -> str:
+        for q in ('"', "'", "`"):
+            if q not in self.text:
+                return f"{q}{self.text}{q}"
+        raise ValueError(f"text {self.text!r} holds all three quote characters: no DSL spelling")
+
+
+@dataclass(frozen=True, slots=True)
+class Keyword(Node):
+    """``name=value``, a keyword argument of a call (``q=0.5``); a quoted value is a
+    :class:`Text`."""
+
+    name: str
+    value: Node
+
+    def children(self) -> tuple[Node, ...]:
+        return (self.value,)
+
+    def _render(self, canonical: bool) -> str:
+        return f"{self.name}={self.value._render(canonical)}"
 
 
 @dataclass(frozen=True, slots=True)

@@ -3,6 +3,8 @@ indexed under) with its runtime state and counters."""
 
 from __future__ import annotations
 
+from typing import Any
+
 from expr_tracker.alerts import ast
 from expr_tracker.alerts.evaluate import compile_expr
 from expr_tracker.alerts.rules import AlertRule, RuleState
@@ -33,9 +35,11 @@ class CompiledRule:
         "skewed",
     )
 
-    def __init__(self, rule: AlertRule, window: int) -> None:
+    def __init__(self, rule: AlertRule, window: int, baselines: Any = None) -> None:
         self.rule = rule
-        self.expr = compile_expr(rule.condition, window=window, text=rule.source)
+        self.expr = compile_expr(
+            rule.condition, window=window, text=rule.source, baselines=baselines
+        )
         self.fn = self.expr.fn
         self.state = RuleState(rule)
         self.mark = 0

@@ -28,6 +28,11 @@ by one drainer at a time in queue order (a caller that finds another thread drai
 its events to it), so ``alerts.jsonl`` and the channels see transitions in the order they
 happened.
 
+``on_action(event)`` receives each ``firing`` event of a rule with an action (``stop``,
+``prune``: docs/alerts.md "Actions"), after it was recorded and before it is notified, on
+every rank (``deliver=False`` included: each rank stops its own loop); the run sets its
+stop request there.
+
 ``notify(event)`` receives the events to deliver (``firing``, level-mode ``repeat``,
 ``resolved`` with notify_recovery, ``disabled``); ``record(event)`` receives every
 transition (the ``alerts.jsonl`` sink). ``deliver=False`` (a rank that does not alert):
@@ -54,6 +59,7 @@ import threading
 import time
 from collections import deque
 from collections.abc import Callable, Iterable, Mapping
+from typing import Any
 
 from expr_tracker._warn import Warner
 from expr_tracker.alerts.compiled import CompiledRule
@@ -101,6 +107,10 @@ class AlertEngine:
         peers: what ``skew(m)`` reads: the other ranks' values on rank 0 of a multi-rank
             run (``expr_tracker.history.peers.RankSkew``); None: ``skew`` is UNKNOWN.
             Assignable later (``engine.peers = ...``), before the first row.
+        on_action: called with each ``firing`` event of a rule with an ``action`` (outside
+            locks, in order with record and notify).
+        baselines: where ``baseline()`` calls find the other runs (an
+            ``alerts.baseline.Baselines``); None: every ``baseline()`` is UNKNOWN.
     """
 
     def __init__(
@@ -117,6 +127,8 @@ class AlertEngine:
         deliver: bool = True,
         max_errors: int = 10,
         peers: object = None,
+        on_action: Callable[[AlertEvent], None] | None = None,
+        baselines: Any = None,
     ) -> None:
         if int(window) < 1:
             raise RuleError(f"alert window must be >= 1, got {window!r}")
@@ -129,6 +141,8 @@ class AlertEngine:
         self.run_info = dict(run_info or {})
         self.deliver = bool(deliver)
         self.max_errors = int(max_errors)
+        self.on_action = on_action
+        self.baselines = baselines
         # guards the rule table, the series and evaluation (on_step vs the watchdog); never
         # held while calling record/notify
         self._lock = threading.Lock()
@@ -184,7 +198,7 @@ class AlertEngine:
         identical rule is a no-op). Starts the watchdog if one was requested and this is
         the first time-based rule."""
         rule = make_rule(rule, **overrides)
-        compiled = CompiledRule(rule, self.window)
+        compiled = CompiledRule(rule, self.window, self.baselines)
         with self._lock:
             existing = self._by_name.get(rule.name)  # type: ignore[arg-type]
             if existing is not None:
@@ -403,6 +417,8 @@ class AlertEngine:
                     if self._recorded is not ev:
                         self._emit_record(ev)
                         self._recorded = ev
+                        if ev.action is not None:
+                            self._emit_action(ev)
                     self._emit_notify(ev)
                     with self._lock:
                         pending.popleft()
@@ -494,7 +510,9 @@ class AlertEngine:
 
     def _event(self, c: CompiledRule, kind: str, notify: bool, ctx: EvalContext) -> AlertEvent:
         rule = c.rule
-        observed = render_observed(rule.condition, ctx, window=self.window)
+        observed = render_observed(
+            rule.condition, ctx, window=self.window, baselines=self.baselines
+        )
         values: dict = {}
         for key, value in self._last_row.items():
             if value is None or isinstance(value, (bool, int, float, str)):
@@ -545,6 +563,7 @@ class AlertEngine:
             run_info=self.run_info,
             episode=st.episode,
             fires=st.fires,
+            action=rule.action if kind == "firing" else None,
         )
 
     def _emit_record(self, ev: AlertEvent) -> None:
@@ -555,6 +574,14 @@ class AlertEngine:
             except Exception as exc:
                 self._delivery_errors += 1
                 self._report(ev.rule, exc, "recording")
+
+    def _emit_action(self, ev: AlertEvent) -> None:
+        on_action = self.on_action
+        if on_action is not None:
+            try:
+                on_action(ev)
+            except Exception as exc:
+                self._report(ev.rule, exc, "taking the action of")
 
     def _emit_notify(self, ev: AlertEvent) -> None:
         notify = self.notify
@@ -609,7 +636,8 @@ class AlertEngine:
     def stats(self) -> dict:
         """``{"rules": {name: {evaluations, fires, errors, state, disabled, level,
         last_error, unresolved_metrics}}, "unresolved_metrics": [...], "truncated_windows":
-        [...], "delivery_errors": n, "watchdog": bool}``. ``state`` is ok/pending/firing;
+        [...], "delivery_errors": n, "watchdog": bool}`` (and ``"baselines"``: per
+        ``baseline()`` call, the peer runs and steps read). ``state`` is ok/pending/firing;
         a rule's ``unresolved_metrics`` are the names it reads that no committed row held
         (the top-level list: every rule's)."""
         rules = {}
@@ -624,13 +652,17 @@ class AlertEngine:
                 "level": c.rule.level,
                 "last_error": c.last_error,
             }
-        return {
+        out = {
             "rules": rules,
             "unresolved_metrics": self.unresolved_metrics(),
             "truncated_windows": sorted(self._ctx.truncated),
             "delivery_errors": self._delivery_errors,
             "watchdog": self.watchdog_running,
         }
+        tables = self.baselines.stats() if self.baselines is not None else None
+        if tables:  # baseline() calls: the peer runs and steps each table holds
+            out["baselines"] = tables
+        return out
 
     def finish_warnings(self) -> list[str]:
         """Messages to warn about once at finish: unresolved metrics (with close matches

@@ -135,10 +135,13 @@ class CompiledExpr:
 
 
 class _Compiler:
-    def __init__(self, window: int | None, known: set[str] | None, text: str):
+    def __init__(
+        self, window: int | None, known: set[str] | None, text: str, baselines: Any = None
+    ):
         self.window = window
         self.known = known
         self.text = text
+        self.baselines = baselines
         self.needs: dict[str, int] = {}
         self.time_based = False
 
@@ -306,6 +309,16 @@ class _Compiler:
 
         return not_, "bool"
 
+    def c_keyword(self, node: ast.Keyword):
+        raise self.error(f"a keyword argument ({node.to_source()}) belongs in a call", node)
+
+    def c_text(self, node: ast.Text):
+        raise self.error(
+            f"a quoted text ({node.to_source()}) is only a keyword argument's value, such as "
+            'runs="sweep/*"',
+            node,
+        )
+
     # -- calls -------------------------------------------------------------------------
     def c_call(self, node: ast.Call):
         sigs = FUNCTIONS.get(node.func)
@@ -313,6 +326,13 @@ class _Compiler:
             close = difflib.get_close_matches(node.func, list(FUNCTIONS), n=3)
             hint = f" (did you mean {', '.join(close)}?)" if close else ""
             raise self.error(f"unknown function {node.func!r}{hint}", node)
+        if node.func == "baseline":
+            return self.f_baseline(node), "scalar"
+        for arg in node.args:
+            if isinstance(arg, ast.Keyword):
+                raise self.error(
+                    f"{node.func}() takes no keyword arguments, got {arg.to_source()}", node
+                )
         if node.func in TIME_BASED:
             self.time_based = True
         sig = self._pick(node, sigs)
@@ -457,6 +477,73 @@ class _Compiler:
 
         return skew
 
+    def f_baseline(self, node: ast.Call):
+        """``baseline(metric, runs="project/glob", q=0.5, min_runs=1)``: the q-quantile of
+        ``metric`` at this step across finished peer runs (alerts/baseline.py)."""
+        usage = 'baseline(metric, runs="project/*", q=0.5, min_runs=1)'
+        positional = [a for a in node.args if not isinstance(a, ast.Keyword)]
+        keywords: dict[str, ast.Node] = {}
+        for a in node.args:
+            if isinstance(a, ast.Keyword):
+                if a.name in keywords:
+                    raise self.error(f"baseline(): {a.name}= given twice", node)
+                if a.name not in ("runs", "q", "min_runs"):
+                    raise self.error(
+                        f"baseline() has no argument {a.name!r}: {usage} (runs, q and "
+                        "min_runs are keywords)",
+                        node,
+                    )
+                keywords[a.name] = a.value
+            elif keywords:
+                raise self.error(
+                    f"baseline(): a positional argument after a keyword: {usage}", node
+                )
+        if len(positional) != 1 or not isinstance(positional[0], ast.Name):
+            raise self.error(f"baseline() takes one bare metric name first: {usage}", node)
+        metric = positional[0].name
+        runs = keywords.get("runs")
+        if runs is not None and not isinstance(runs, ast.Text):
+            raise self.error(
+                f'baseline(): runs must be a quoted glob of project/name such as "sweep/*", '
+                f"got {runs.to_source()}",
+                node,
+            )
+        pattern = runs.text if isinstance(runs, ast.Text) else None
+        if pattern is not None and (
+            not pattern or pattern.startswith("/") or ".." in pattern.split("/")
+        ):
+            raise self.error(
+                f"baseline(): runs={pattern!r} must name runs inside the runs root as "
+                '"project/name" with globs ("sweep/*"), not a path',
+                node,
+            )
+        q = self._number_kw(keywords, "q", 0.5, node)
+        if not 0.0 <= q <= 1.0:
+            raise self.error(f"baseline(): q must be a quantile in [0, 1], got {q:g}", node)
+        min_runs = self._number_kw(keywords, "min_runs", 1.0, node)
+        if min_runs < 1 or not float(min_runs).is_integer():
+            raise self.error(
+                f"baseline(): min_runs must be a whole number >= 1, got {min_runs:g}", node
+            )
+        provider = self.baselines
+        if provider is None:  # checked only (no engine): UNKNOWN
+            return lambda ctx: None
+        table = provider.table(metric, pattern, q, int(min_runs))
+        at = table.at
+
+        def baseline(ctx):
+            return at(ctx.step)
+
+        return baseline
+
+    def _number_kw(self, keywords: dict, key: str, default: float, node: ast.Call) -> float:
+        value = keywords.get(key)
+        if value is None:
+            return default
+        if isinstance(value, ast.Neg) or not isinstance(value, ast.Number):
+            raise self.error(f"baseline(): {key} must be a number, got {value.to_source()}", node)
+        return float(value.value)
+
     def f_elapsed(self, node: ast.Call):
         return lambda ctx: ctx.mono - ctx.start_mono
 
@@ -475,6 +562,7 @@ def compile_expr(
     window: int | None = DEFAULT_WINDOW,
     known_metrics: Iterable[str] | None = None,
     text: str = "",
+    baselines: Any = None,
 ) -> CompiledExpr:
     """Check ``node`` and compile it. ``window`` caps point windows (``alert_window``);
     None checks everything but the cap (a rule made without an engine: the engine checks
@@ -484,12 +572,14 @@ def compile_expr(
 
     Raises ``RuleError`` for unknown functions, wrong arity or argument kinds, a window
     outside a function, a window narrower than the function needs or wider than
-    ``window``, and (with ``known_metrics``) unknown metric names.
+    ``window``, and (with ``known_metrics``) unknown metric names. ``baselines`` (an
+    ``alerts.baseline.Baselines``) gives ``baseline()`` calls their tables; None: they are
+    checked and UNKNOWN.
     """
     if not isinstance(node, ast.Node):
         raise RuleError(f"a condition must be an expression node, got {type(node).__name__}")
     known = set(known_metrics) if known_metrics is not None else None
-    comp = _Compiler(None if window is None else int(window), known, text)
+    comp = _Compiler(None if window is None else int(window), known, text, baselines)
     fn, kind = comp.compile(node)
     if kind == "scalar":
         fn = as_truthy(fn)
@@ -498,7 +588,9 @@ def compile_expr(
     return CompiledExpr(node, fn, comp.needs, comp.time_based, kind)
 
 
-def render_observed(node: ast.Node, ctx: EvalContext, *, window: int = DEFAULT_WINDOW) -> str:
+def render_observed(
+    node: ast.Node, ctx: EvalContext, *, window: int = DEFAULT_WINDOW, baselines: Any = None
+) -> str:
     """The condition with the values observed now: ``zscore(loss[50])=4.2 > 3.0``.
 
     Used for the ``{expr}`` template placeholder; runs only when a message is rendered.
@@ -507,7 +599,7 @@ def render_observed(node: ast.Node, ctx: EvalContext, *, window: int = DEFAULT_W
 
     def value_of(n: ast.Node) -> str:
         try:
-            fn, kind = _Compiler(window, None, "").compile(n)
+            fn, kind = _Compiler(window, None, "", baselines).compile(n)
             return format_value(fn(ctx), "rule")
         except Exception:
             return "UNKNOWN"

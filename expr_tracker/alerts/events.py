@@ -23,6 +23,8 @@ class AlertEvent:
     ``episode``: the rule's firing episode (1 for its first entry into FIRING; a ``resolved``
     event carries the episode it ends); ``fires``: the rule's notifications so far, this one
     included. Together they make each notification's dedup key unique (``event_to_message``).
+    ``action``: the rule's action (``stop``/``prune``) on the ``firing`` event that takes it,
+    else None (docs/alerts.md "Actions").
     """
 
     rule: AlertRule
@@ -39,14 +41,16 @@ class AlertEvent:
     run_info: Mapping = field(default_factory=dict)
     episode: int = 0
     fires: int = 0
+    action: str | None = None
 
     @property
     def name(self) -> str:
         return self.rule.name  # type: ignore[return-value]
 
     def to_record(self) -> dict:
-        """The ``alerts.jsonl`` record (``kind: "transition"``)."""
-        return {
+        """The ``alerts.jsonl`` record (``kind: "transition"``; ``action`` only on the event
+        that takes one)."""
+        out = {
             "kind": "transition",
             "rule": self.rule.name,
             "event": self.kind,
@@ -61,3 +65,6 @@ class AlertEvent:
             "tags": list(self.rule.tags),
             "channels": list(self.rule.channels) if self.rule.channels is not None else None,
         }
+        if self.action is not None:
+            out["action"] = self.action
+        return out

@@ -545,6 +545,15 @@ FUNCTIONS: dict[str, tuple[Signature, ...]] = {
         ),
     ),
     "elapsed": (Signature((), "scalar", None, "seconds since the rules started"),),
+    "baseline": (
+        Signature(
+            ("name",),
+            "scalar",
+            None,
+            'q-quantile of the metric at this step across finished runs: baseline(m, runs="p/*", '
+            "q=0.5, min_runs=1)",
+        ),
+    ),
     "abs": (Signature(("scalar",), "scalar", _abs, "absolute value"),),
     "log": (Signature(("scalar",), "scalar", _log, "natural logarithm (UNKNOWN for x <= 0)"),),
     "exp": (Signature(("scalar",), "scalar", _exp, "e ** x"),),

@@ -275,6 +275,12 @@ class _ToAstMethods:
     def args(self, children):
         return list(children)
 
+    def keyword(self, children):
+        key, value = children
+        if type(value) is ast.Name:  # a keyword's name value is a word: runs="sweep/*"
+            value = ast.Text(value.name)
+        return ast.Keyword(str(key), value)
+
     def neg(self, children):
         (operand,) = children
         if type(operand) is ast.Number:
@@ -438,7 +444,10 @@ def _syntax_error(text: str, exc) -> AlertSyntaxError:
 
     label = None
     pos = getattr(exc, "pos_in_stream", None)
-    if pos is not None and getattr(exc, "char", None) == "=":
+    bad = getattr(exc, "char", None)
+    if bad is None and getattr(getattr(exc, "token", None), "type", None) == "EQUAL":
+        bad = "="  # '=' is a token now (keyword arguments): refused where one is not due
+    if pos is not None and bad == "=":
         if text.startswith("=>", pos):
             label = "'=>' inside the condition: the rule separator must be at the top level"
         else:

@@ -30,9 +30,11 @@ from dataclasses import dataclass, field, fields, replace
 from expr_tracker import units
 from expr_tracker.alerts import ast
 from expr_tracker.alerts.parse import RuleError, parse_expr, split_rule
+from expr_tracker.ruletext import ACTIONS, split_for
 from expr_tracker.units import LEVEL_RANK, LEVELS
 
 __all__ = [
+    "ACTIONS",
     "FIRING",
     "LEVELS",
     "OK",
@@ -113,6 +115,13 @@ def _condition(cond, source: str) -> tuple[ast.Node, str]:
                 text=cond,
                 field="condition",
             )
+        if split_for(cond)[1] is not None:
+            raise RuleError(
+                f"the condition ends in 'for {split_for(cond)[1]}': give it as the field "
+                "for_steps, or pass the one-line form to make_rule()/AlertRule.parse()",
+                text=cond,
+                field="condition",
+            )
         source = source or cond.strip()
         cond = parse_expr(cond)
     if not isinstance(cond, ast.Node):
@@ -136,6 +145,31 @@ def _check_for_steps(value):
     if value < 1:
         raise RuleError(f"for_steps must be >= 1, got {value}")
     return value
+
+
+def _check_action(value):
+    if value is not None and value not in ACTIONS:
+        raise RuleError(
+            f"action must be one of {', '.join(ACTIONS)} (or null for none), got {value!r}"
+        )
+    return value
+
+
+def for_steps_of(text: str, rule: str = "") -> int:
+    """The ``N`` of a one-line rule's ``for N`` as an int (``RuleError`` when it is not a
+    whole number of steps >= 1)."""
+    try:
+        n = int(text)
+    except ValueError:
+        n = 0
+    if n < 1 or not text.isdigit():
+        raise RuleError(
+            f"'for {text}': for takes a whole number of consecutive steps >= 1 "
+            "(e.g. 'loss > 3 for 5 => warning: ...'); a duration is no_data()/age()'s",
+            text=rule,
+            field="for_steps",
+        )
+    return n
 
 
 def _check_max_fires(value):
@@ -170,7 +204,8 @@ def _check_name(value) -> None:
 #: field -> check returning the canonical value (``RuleError`` when invalid), in the order
 #: ``AlertRule`` applies them.
 _FIELD_CHECKS = {
-    "level": rule_level,
+    "action": _check_action,
+    "level": lambda v: v if v is None else rule_level(v),
     "mode": _check_mode,
     "for_steps": _check_for_steps,
     "cooldown": lambda v: parse_seconds(v, "cooldown"),
@@ -189,7 +224,10 @@ class AlertRule:
     """One alert rule (docs/alerts.md "Rule options"). Immutable; ``replace()`` makes variants.
 
     ``condition`` is an AST node (a DSL condition string or an ``M`` expression is accepted
-    and converted); ``level`` is canonical; ``cooldown`` is seconds (level mode only);
+    and converted); ``level`` is canonical (None: ``error`` for a rule with an ``action``,
+    else ``warning``); ``action`` is None, ``"stop"`` (end the training loop:
+    ``et.should_stop()``) or ``"prune"`` (prune the trial), taken when the rule enters
+    FIRING (docs/alerts.md "Actions"); ``cooldown`` is seconds (level mode only);
     ``channels=None`` routes to every channel admitting the level and tags. ``name=None``
     derives a name from everything that distinguishes two rules (condition, level, title,
     message, mode, for_steps, cooldown, max_fires, notify_recovery, channels, tags).
@@ -198,7 +236,7 @@ class AlertRule:
 
     name: str | None = None
     condition: ast.Node | str = field(default=None)  # type: ignore[assignment]
-    level: str = "warning"
+    level: str = None  # type: ignore[assignment]  # None: error with an action, else warning
     title: str | None = None
     message: str | None = None
     mode: str = "edge"
@@ -209,6 +247,7 @@ class AlertRule:
     channels: tuple[str, ...] | None = None
     tags: tuple[str, ...] = ()
     enabled: bool = True
+    action: str | None = None
     source: str = field(default="", compare=False)
 
     def __post_init__(self) -> None:
@@ -222,6 +261,8 @@ class AlertRule:
             except RuleError as exc:
                 exc.field = exc.field or key
                 raise
+        if self.level is None:
+            set_(self, "level", "error" if self.action is not None else "warning")
         if self.name is None:
             set_(self, "name", self._auto_name())
         else:
@@ -245,19 +286,26 @@ class AlertRule:
                 self.notify_recovery,
                 self.channels,
                 self.tags,
+                # only when set, so the names of rules without an action never change
+                *([self.action] if self.action is not None else []),
             ]
         )
         digest = hashlib.sha1(key.encode()).hexdigest()[:6]
         short = " ".join(self.source.split())
         if len(short) > 60:
             short = short[:57] + "..."
-        return f"{short} [{self.level}#{digest}]"
+        return f"{short} [{self.action or self.level}#{digest}]"
 
     def __str__(self) -> str:
-        """The one-line form, ``"condition => level: message"`` (``": message"`` only when
-        there is one), the condition with the fewest parentheses; ``AlertRule.parse`` of it
-        gives back the condition, level and message."""
-        text = f"{self.condition.to_source()} => {self.level}"
+        """The one-line form, ``"condition [for N] => level: message"`` (``for N`` when
+        ``for_steps`` > 1, the action in place of the level when there is one, ``": message"``
+        only when there is one), the condition with the fewest parentheses;
+        ``AlertRule.parse`` of it gives back the condition, for_steps, level (or action) and
+        message."""
+        text = self.condition.to_source()
+        if self.for_steps > 1:
+            text += f" for {self.for_steps}"
+        text += f" => {self.action or self.level}"
         return text if self.message is None else f"{text}: {self.message}"
 
     @property
@@ -283,11 +331,17 @@ class AlertRule:
 
     @classmethod
     def parse(cls, text: str, **options) -> AlertRule:
-        """From the one-line form ``"condition => level: message"``; ``options`` win over
-        the level and message written in the text."""
+        """From the one-line form ``"condition [for N] => level: message"``, where an action
+        (``stop``, ``prune``) may stand in the level's place (docs/alerts.md "The one-line
+        form", "Actions"); ``options`` win over what the text says."""
         cond, level, message = split_rule(text)
-        kwargs = {"condition": cond, "source": cond}
-        if level is not None:
+        cond, steps = split_for(cond)
+        kwargs: dict = {"condition": cond, "source": cond}
+        if steps is not None:
+            kwargs["for_steps"] = for_steps_of(steps, text)
+        if level is not None and level.lower() in ACTIONS:
+            kwargs["action"] = level.lower()
+        elif level is not None:
             kwargs["level"] = level
         if message is not None:
             kwargs["message"] = message

@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Iterable, Mapping
+from typing import Any
 
 from expr_tracker.alerts.engine import AlertEngine, AlertEvent
 
@@ -89,17 +90,26 @@ def replay(
     window: int = 4096,
     run_info: Mapping | None = None,
     watchdog_interval: float | None = None,
+    baselines: Any = None,
 ) -> EventCapture:
     """Feed ``rows`` to a fresh engine whose clocks (the monotonic time base and the
     displayed wall clock alike) follow each row's ``_time``; with
     ``watchdog_interval``, time-based rules are also checked between rows at that period.
-    Returns the capture of every event (``record`` side, so ``notify`` flags are kept)."""
+    ``baselines`` (an ``alerts.baseline.Baselines``, e.g. over in-memory ``peers``) gives
+    ``baseline()`` calls their values. Returns the capture of every event (``record`` side,
+    so ``notify`` flags are kept)."""
     rows = list(rows)
     t0 = float(rows[0].get("_time", 0.0)) if rows else 0.0
     clock = _SimClock(t0)
     capture = EventCapture()
     engine = AlertEngine(
-        rules, window=window, record=capture, clock=clock, wall_clock=clock, run_info=run_info
+        rules,
+        window=window,
+        record=capture,
+        clock=clock,
+        wall_clock=clock,
+        run_info=run_info,
+        baselines=baselines,
     )
     last = t0
     for row in rows:

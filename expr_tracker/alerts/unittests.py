@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import re
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict
 
@@ -85,7 +85,9 @@ def _seconds(value, default: float) -> float:
 
 class ExpectedAlert(BaseModel):
     """One expectation: the rule (``rule``, or promtool's ``alertname``, or ``name``) and the
-    steps it notifies at (``steps: [...]``, or ``step: N``; none: the rule stays quiet)."""
+    steps it notifies at (``steps: [...]``, or ``step: N``; none: the rule stays quiet).
+    With ``action`` (``stop``/``prune``), the steps it takes that action at (the rule must
+    have that action; docs/alerts.md "Actions")."""
 
     model_config = ConfigDict(extra="forbid")
 
@@ -94,6 +96,7 @@ class ExpectedAlert(BaseModel):
     name: Any = None
     steps: list[int] | None = None
     step: int | None = None
+    action: Literal["stop", "prune"] | None = None
 
     @property
     def rule_name(self) -> Any:
@@ -105,13 +108,16 @@ class ExpectedAlert(BaseModel):
 
 class UnitTest(BaseModel):
     """One test: input series (promtool notation, ``expand_series``) sampled every
-    ``interval``, and the alerts expected (``expected_alerts``, or ``alerts``)."""
+    ``interval``, and the alerts expected (``expected_alerts``, or ``alerts``).
+    ``peer_runs`` (``"project/name"`` -> metric -> series, step 0 first) are the finished
+    runs ``baseline()`` reads (docs/alerts.md "Comparing with other runs")."""
 
     model_config = ConfigDict(extra="forbid")
 
     name: Any = None
     interval: Any = None
     input_series: dict[str, Any] | None = None
+    peer_runs: dict[str, dict[str, Any]] | None = None
     expected_alerts: list[ExpectedAlert] | None = None
     alerts: list[ExpectedAlert] | None = None
 
@@ -190,6 +196,25 @@ def _steps(exp) -> list[int]:
     ):
         raise ValueError(f"steps must be a list of step numbers (integers >= 0), got {raw!r}")
     return sorted(raw)
+
+
+def _peer_baselines(peer_runs: dict[str, dict[str, Any]] | None) -> Any:
+    """A test's ``peer_runs`` as in-memory baselines (None without them); each series in
+    promtool notation, its values at steps 0, 1, ... (``_``: no value that step)."""
+    if not peer_runs:
+        return None
+    from expr_tracker.alerts.baseline import Baselines
+
+    peers: dict[str, dict[str, tuple[list[int], list[float]]]] = {}
+    for run, metrics in peer_runs.items():
+        if not isinstance(metrics, dict):
+            raise ValueError(f"peer_runs.{run}: a mapping of metric -> series, got {metrics!r}")
+        peers[run] = {}
+        for metric, text in metrics.items():
+            values = expand_series(text)
+            steps = [i for i, v in enumerate(values) if v is not None]
+            peers[run][metric] = (steps, [v for v in values if v is not None])
+    return Baselines(peers=peers)
 
 
 def load_unit_file(path: Path):
@@ -354,21 +379,34 @@ def run_unit_tests(path: Path) -> tuple[list[str], list, int | None]:
         try:
             interval = _seconds(test.interval, default_interval)
             series = {k: expand_series(v) for k, v in (test.input_series or {}).items()}
+            baselines = _peer_baselines(test.peer_runs)
         except (ValueError, RuleError) as exc:
             failures.append(f"{label}: {exc}")
             continue
-        cap = replay(rules, rows_from_series(series, interval=interval))
+        cap = replay(rules, rows_from_series(series, interval=interval), baselines=baselines)
         for exp in test.expected:
             rname = exp.rule_name
             if rname not in by_name:
                 failures.append(f"{label}: no rule named {rname!r} (have: {', '.join(by_name)})")
                 continue
             want = exp.want()
-            got = sorted(e.step for e in cap.fired() if e.rule.name == rname and e.notify)
+            what = "firing"
+            if exp.action is not None:
+                have = by_name[rname].action
+                if have != exp.action:
+                    failures.append(
+                        f"{label}: rule {rname!r} has action {have or 'none'}, "
+                        f"expected {exp.action}"
+                    )
+                    continue
+                what = exp.action
+                got = sorted(e.step for e in cap.events if e.rule.name == rname and e.action)
+            else:
+                got = sorted(e.step for e in cap.fired() if e.rule.name == rname and e.notify)
             if want != got:
                 diff = [f"{label}: rule {rname!r}"]
-                diff += [f"  - expected firing at step {s}" for s in want if s not in got]
-                diff += [f"  + got firing at step {s}" for s in got if s not in want]
+                diff += [f"  - expected {what} at step {s}" for s in want if s not in got]
+                diff += [f"  + got {what} at step {s}" for s in got if s not in want]
                 if not want:
                     diff.insert(1, "  expected quiet")
                 failures.append("\n".join(diff))

@@ -54,6 +54,8 @@ def build_alerts(
     # nothing is submitted to a closed dispatcher; the record file closes last
     run.add_closer("alerts", close)
     engine.record = record
+    engine.on_action = run.take_action  # => stop / => prune (docs/alerts.md "Actions")
+    open_baselines(engine, spec, run_dir)
     engine.notify = _delivery(run, a, alerts_path, record, engine.deliver)
     run.add_closer("alert_log", record.close, late=True)  # after delivery records outcomes
     engine.start_watchdog(a.watchdog_interval)
@@ -67,6 +69,21 @@ def build_alerts(
     if engine.rules:
         run.history.sinks.append(engine.on_step)
     run.add_stats("alerts", engine.stats)
+
+
+def open_baselines(engine: Any, spec: Any, run_dir: Path) -> None:
+    """Read the peer runs of the engine's ``baseline()`` calls, once (docs/alerts.md
+    "Comparing with other runs"): under the runs root (``dir``; with ``run_dir=`` given, the
+    folder two levels above it), this run excluded. A root that cannot be read leaves the
+    tables empty (``baseline()`` UNKNOWN), with one warning."""
+    baselines = getattr(engine, "baselines", None)
+    if baselines is None:
+        return
+    root = Path(spec.dir).expanduser() if not spec.run_dir else run_dir.parent.parent
+    try:
+        baselines.open(root, spec.project, run_dir)
+    except Exception as exc:  # noqa: BLE001 - a peer that cannot be read never stops the start
+        log.warning("expr_tracker: baseline(): the runs under %s could not be read: %s", root, exc)
 
 
 def _delivery(run: Run, alerts: Any, alerts_path: Path, record: Any, deliver: bool) -> Any:

@@ -157,11 +157,15 @@ def make_engine(
     ]
     if rule_stream is not None and not chosen:
         return None
+    from expr_tracker.alerts.baseline import Baselines
+
     engine = AlertEngine(
         (),
         window=spec.history.alert_window,
         run_info={"project": spec.project, "run": spec.name, "stream": stream, "rank": rank},
         deliver=rank_alerts(a.on_rank, rank),
+        # baseline() tables: read by build_alerts once the run directory is chosen
+        baselines=Baselines(project=spec.project),
     )
     issues = []
     for i, rule in chosen:

@@ -215,6 +215,7 @@ def _rules(run: Run, resolved: Any, run_dir: Path, file_rank: int, rank: int) ->
 
     record = AlertLog(run_dir / file_name("alerts", SYSTEM_STREAM, file_rank))
     engine.record = record
+    engine.on_action = run.take_action  # a system rule may stop the run too
     dispatcher = run.dispatcher
     engine.notify = dispatcher.notify if dispatcher is not None and engine.deliver else None
     return engine, record

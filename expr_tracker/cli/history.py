@@ -372,7 +372,7 @@ def complete_end(path: Path) -> int:
     return size - len(tail) + nl + 1
 
 
-_ENDED = ("finished", "failed", "crashed", "preempted")
+_ENDED = ("finished", "failed", "crashed", "preempted", "pruned")
 
 
 def _status(info_path: Path | None) -> str | None:

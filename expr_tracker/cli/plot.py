@@ -50,7 +50,7 @@ from expr_tracker.cli import output, runfiles
 from expr_tracker.cli.plotrender import Layout, render_frame, render_group_frame
 
 PLOT_EXTRA = "pip install 'expr-tracker[plot]'"
-_ENDED = ("finished", "failed", "crashed", "preempted")
+_ENDED = ("finished", "failed", "crashed", "preempted", "pruned")
 
 
 class PlotError(Exception):

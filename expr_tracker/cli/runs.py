@@ -358,6 +358,7 @@ STATUS_STYLE = {
     "failed": "red",
     "crashed": "bold red",
     "preempted": "yellow",
+    "pruned": "yellow",
     "unreadable": "magenta",
 }
 

@@ -31,9 +31,11 @@ RUN_FILE_RE = re.compile(r"^run(?:\.([A-Za-z0-9_-]+?))??(?:\.rank(\d+))?\.json$"
 #: a run's combined status is the worst of its producers' (a higher number is worse);
 #: ``unreadable`` (a producer's file could not be read, see :func:`read_producers`) is set
 #: by the readers that report it (``et runs``), above all others
-#: (``preempted``: stopped on purpose, to be resumed; above running, below a failure)
+#: (``preempted``: stopped on purpose, to be resumed; above running, below a failure;
+#: ``pruned``: ended early by a ``=> prune`` rule, docs/alerts.md "Actions", above finished)
 SEVERITY = {
     "finished": 0,
+    "pruned": 0.5,
     "running": 1,
     "preempted": 2,
     "failed": 3,

@@ -338,7 +338,11 @@ class ExprTrackerLogger(Logger):
                     self._offset,
                 )
             run.log(dict(metrics), step=target)
+            if run.should_stop():  # a => stop / => prune rule fired (docs/alerts.md "Actions")
+                _stop_trainer(self, sys._getframe())
         except Exception as exc:  # noqa: BLE001 - measuring never breaks training
+            if type(exc).__name__ == "TrialPruned":  # a => prune rule in an Optuna objective
+                raise
             self._warn("log_metrics", exc)
 
     @rank_zero_only
@@ -475,6 +479,19 @@ def _hparams_on_stack(logger: Any, frame: Any) -> dict[str, Any] | None:
         hparams.update(datamodule.hparams_initial)
     hparams.pop("_class_path", None)  # LightningCLI's, never logged
     return hparams or None
+
+
+def _stop_trainer(logger: Any, frame: Any) -> None:
+    """Set ``trainer.should_stop`` on the ``Trainer`` calling ``logger`` (found on the stack
+    as :func:`_hparams_on_stack` finds it): Lightning ends ``fit`` after this batch."""
+    for _ in range(_STACK_DEPTH):
+        if frame is None:
+            return
+        candidate = frame.f_locals.get("self")
+        if any(x is logger for x in getattr(candidate, "loggers", None) or ()):
+            candidate.should_stop = True
+            return
+        frame = frame.f_back
 
 
 def _identity(run: Any) -> dict[str, Any]:

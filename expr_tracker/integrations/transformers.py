@@ -212,6 +212,8 @@ class ExprTrackerCallback(TrainerCallback):
         try:
             return fn(*args)
         except Exception as exc:  # noqa: BLE001 - measuring never breaks training
+            if type(exc).__name__ == "TrialPruned":  # a => prune rule in an Optuna objective
+                raise
             self._warner.warn(
                 ("hook", what),
                 "expr_tracker: ExprTrackerCallback %s failed (%s: %s); training goes on "
@@ -476,10 +478,18 @@ class ExprTrackerCallback(TrainerCallback):
             self._guarded("opening the step", self._log, {}, state.global_step + 1)
 
     def on_step_end(self, args: Any, state: Any, control: Any, **kwargs: Any) -> None:
-        """Place the span time of the step just trained in its row (``global_step``)."""
+        """Place the span time of the step just trained in its row (``global_step``); stop
+        training when a rule's action asked to (docs/alerts.md "Actions")."""
         if self._training:
             self._in_step = False
             self._guarded("closing the step", self._log, {}, state.global_step)
+            self._stop_if_asked(control)
+
+    def _stop_if_asked(self, control: Any) -> None:
+        """``control.should_training_stop`` once a ``=> stop``/``=> prune`` rule fired."""
+        run = self.run
+        if run is not None and run.should_stop():
+            control.should_training_stop = True
 
     def on_prediction_step(self, args: Any, state: Any, control: Any, **kwargs: Any) -> None:
         """An evaluation or prediction while an optimizer step is open: the ``train()`` that
@@ -505,6 +515,8 @@ class ExprTrackerCallback(TrainerCallback):
                 kwargs.get("model"),
             )
         self._guarded("logging", self._log, dict(logs), state.global_step)
+        if self._training:
+            self._stop_if_asked(control)
 
     def on_evaluate(self, args: Any, state: Any, control: Any, **kwargs: Any) -> None:
         """After an evaluation outside training, finish the run it (re)opened."""

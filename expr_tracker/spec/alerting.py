@@ -200,7 +200,15 @@ class RuleSpec(BaseModel):
         validation_alias=AliasChoices("condition", "expr"),
         description="DSL condition, e.g. zscore(loss[50]) > 4",
     )
-    level: Level = "warning"
+    level: Optional[Level] = Field(
+        None, description="the level it is delivered at; default warning, error with an action"
+    )
+    action: Optional[Literal["stop", "prune"]] = Field(
+        None,
+        description="taken when the rule fires: stop (et.should_stop() turns true, "
+        "integrations stop their trainer) or prune (the Optuna trial is pruned); "
+        "docs/alerts.md Actions",
+    )
     title: Optional[str] = None
     message: Optional[str] = None
     mode: Literal["edge", "level"] = "edge"

@@ -18,7 +18,7 @@ from pydantic import (
     Field,
 )
 
-from expr_tracker.ruletext import split_rule
+from expr_tracker.ruletext import ACTIONS, split_for, split_rule
 from expr_tracker.units import normalize_level
 
 # --- levels -------------------------------------------------------------------------------
@@ -79,7 +79,13 @@ def _one_line_rule(text: str) -> dict[str, Any]:
     cond, level, message = split_rule(text)
     out: dict[str, Any] = {"condition": cond if level is not None else text}
     if level is not None:
-        out["level"] = level
+        cond, steps = split_for(cond)
+        if steps is not None and steps.isdigit():  # else left to the condition's check
+            out["condition"], out["for_steps"] = cond, int(steps)
+        if level.lower() in ACTIONS:
+            out["action"] = level.lower()
+        else:
+            out["level"] = level
     if message is not None:
         out["message"] = message
     return out

@@ -559,3 +559,19 @@ def test_spans_over_batches_and_epochs_land_on_the_logged_steps(tmp_path):
     epochs = [(s["_step"], s["args"]["epoch"]) for s in spans if s["name"] == "epoch"]
     assert epochs == [(4, 0), (9, 1)]
     assert [s["_step"] for s in spans if s["name"] == "epoch/batch"] == list(range(10))
+
+
+def test_a_stop_rule_stops_the_trainer(tmp_path):
+    """``=> stop`` (docs/alerts.md "Actions"): the logger sets ``trainer.should_stop``."""
+    logger = ExprTrackerLogger(
+        project="lit",
+        name="stop",
+        save_dir=tmp_path / "runs",
+        alert_rules=["train_loss > -1 for 3 => stop: enough"],
+    )
+    tr = trainer(logger, max_epochs=5)  # noqa: F821
+    tr.fit(Tiny(lr=0.05), loader(), loader())  # noqa: F821
+    # fired at the commit of step 2 (when step 3 was logged): fit ends after that batch
+    assert tr.global_step == 4
+    info = _run_json(tmp_path / "runs" / "lit" / "stop")
+    assert info["status"] == "finished" and info["stop_request"]["step"] == 2

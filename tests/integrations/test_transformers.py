@@ -635,3 +635,20 @@ def test_the_keywords_left_to_et_init_cover_wandbs():
     from expr_tracker.wandb_compat import _WANDB_ONLY
 
     assert _WANDB_ONLY <= integration._MAPPED_BY_INIT
+
+
+def test_a_stop_rule_stops_the_trainer(tmp_path):
+    """``=> stop`` (docs/alerts.md "Actions"): the callback sets
+    ``control.should_training_stop``, the Trainer ends at that optimizer step."""
+    callback = ExprTrackerCallback(
+        project="hf", name="stop", dir=tmp_path / "runs", alert_rules=["step() >= 3 => stop"]
+    )
+    tr = trainer(tmp_path, callback)
+    tr.train()
+    run_dir = tmp_path / "runs" / "hf" / "stop"
+    info = json.loads((run_dir / "run.json").read_text())
+    fired = info["stop_request"]["step"]
+    assert fired in (3, 4)  # the commit of row 3 or 4, whichever first sees step() >= 3
+    # the Trainer stops at the end of the optimizer step during which the rule fired
+    assert tr.state.global_step in (fired, fired + 1) and tr.state.global_step < 10
+    assert status_of(run_dir) == "finished"

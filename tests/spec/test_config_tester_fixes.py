@@ -148,6 +148,7 @@ RULE_FIELDS = [
     "channels",
     "tags",
     "enabled",
+    "action",
 ]
 WRONG = {"int": 5, "str": "x y", "list": [1], "dict": {"a": 1}, "none": None, "bool": True}
 #: (field, type) pairs that are valid values
@@ -158,6 +159,8 @@ VALID = {
     ("title", "none"),
     ("message", "str"),
     ("message", "none"),
+    ("level", "none"),  # the default: warning, error for a rule with an action
+    ("action", "none"),
     ("for_steps", "int"),
     ("cooldown", "int"),
     ("max_fires", "int"),

@@ -81,7 +81,7 @@ def test_rule_and_channel_defaults():
     r = RuleSpec(condition="loss > 1")
     assert (r.name, r.level, r.title, r.message, r.mode, r.for_steps) == (
         None,
-        "warning",
+        None,  # the rule's default: warning, or error for a rule with an action
         None,
         None,
         "edge",
