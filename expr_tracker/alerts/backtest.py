@@ -60,12 +60,14 @@ from expr_tracker.alerts.rules import AlertRule, make_rule
 
 __all__ = [
     "Frame",
+    "RunOutcome",
     "RuleTrace",
     "VectorUnsupported",
     "backtest_frame",
     "frame_from_rows",
     "rows_of",
     "state_steps",
+    "summarize",
     "vector_support",
 ]
 
@@ -818,3 +820,94 @@ def _replay(
     firing = [e.step for e in cap.events if e.kind == "firing"]
     resolved = [e.step for e in cap.events if e.kind == "resolved"]
     return RuleTrace(rule, firing, resolved, "replay", why)
+
+
+# -- the report ------------------------------------------------------------------------------
+
+
+@dataclass
+class RunOutcome:
+    """One run's part of a backtest: ``label`` True (it went bad: failed, crashed,
+    diverged, or the label column said so), False (finished fine), None (unlabelled);
+    ``last_step`` its last recorded step; ``traces`` one per rule, in rule order."""
+
+    run: str
+    label: bool | None
+    last_step: int | None
+    traces: list[RuleTrace]
+
+
+def _middle(values: list[int]) -> float | None:
+    if not values:
+        return None
+    s = sorted(values)
+    h = len(s) // 2
+    return float(s[h]) if len(s) % 2 else (s[h - 1] + s[h]) / 2.0
+
+
+def summarize(outcomes: Sequence[RunOutcome]) -> list[dict[str, Any]]:
+    """Per rule (in rule order), over the runs: ``runs`` evaluated, ``fired`` (runs where it
+    entered FIRING at least once), ``bad_runs``/``caught``/``missed`` (bad runs it fired on
+    or not), ``fine_runs``/``false_positives`` (runs that finished fine and it fired on),
+    ``first_step_median`` (of the first firing step over the runs it fired on),
+    ``lead_median``/``lead_min``/``lead_max`` (steps between the first firing and the
+    last step of each bad run it caught), ``engine`` (``vector``/``replay``, ``reason``)
+    and ``per_run``: ``{run, label, last_step, firing, resolved, lead}``."""
+    if not outcomes:
+        return []
+    out = []
+    for i, first in enumerate(outcomes[0].traces):
+        per_run = []
+        firsts, leads = [], []
+        fired = bad = caught = fine = fp = 0
+        for o in outcomes:
+            t = o.traces[i]
+            lead = None
+            if t.firing:
+                fired += 1
+                firsts.append(t.firing[0])
+            if o.label is True:
+                bad += 1
+                if t.firing:
+                    caught += 1
+                    if o.last_step is not None:
+                        lead = o.last_step - t.firing[0]
+                        leads.append(lead)
+            elif o.label is False:
+                fine += 1
+                if t.firing:
+                    fp += 1
+            per_run.append(
+                {
+                    "run": o.run,
+                    "label": {True: "bad", False: "fine", None: None}[o.label],
+                    "last_step": o.last_step,
+                    "firing": t.firing,
+                    "resolved": t.resolved,
+                    "lead": lead,
+                }
+            )
+        rule = first.rule
+        out.append(
+            {
+                "rule": rule.name,
+                "condition": rule.condition.to_source(),
+                "level": rule.level,
+                "for_steps": rule.for_steps,
+                "engine": first.engine,
+                "reason": first.reason,
+                "runs": len(outcomes),
+                "fired": fired,
+                "bad_runs": bad,
+                "caught": caught,
+                "missed": bad - caught,
+                "fine_runs": fine,
+                "false_positives": fp,
+                "first_step_median": _middle(firsts),
+                "lead_median": _middle(leads),
+                "lead_min": min(leads) if leads else None,
+                "lead_max": max(leads) if leads else None,
+                "per_run": per_run,
+            }
+        )
+    return out
