@@ -753,10 +753,17 @@ def _median(x: np.ndarray, n: int) -> tuple[np.ndarray, np.ndarray]:
 # -- rules -----------------------------------------------------------------------------------
 
 
+def _node(rule: AlertRule) -> ast.Node:
+    """The rule's condition (a node once the rule is made)."""
+    node = rule.condition
+    assert isinstance(node, ast.Node)
+    return node
+
+
 def vector_support(rule: AlertRule) -> str | None:
     """None when ``rule`` has a vector form, else why it replays (``duration window
     loss[5m]``, ``age()``)."""
-    for node in rule.condition.walk():
+    for node in _node(rule).walk():
         if isinstance(node, ast.Window) and node.size is None:
             return f"duration window {node.to_source()}"
         if isinstance(node, ast.Call) and node.func in _REPLAY_FUNCS:
@@ -804,7 +811,7 @@ def backtest_frame(
             continue
         rows = _evaluation_rows(frame, compiled)
         ctx = _Ctx(frame, rows, _clock(frame.times))
-        result = _Vector(ctx).logical(rule.condition)
+        result = _Vector(ctx).logical(_node(rule))
         firing, resolved = state_steps(frame.steps[rows], result, rule.for_steps)
         out.append(RuleTrace(rule, firing, resolved, "vector"))
     return out
@@ -817,8 +824,8 @@ def _replay(
 
     names = [k for k in compiled.keys if k in frame.columns]
     cap = replay([rule], rows_of(frame, names), window=window)
-    firing = [e.step for e in cap.events if e.kind == "firing"]
-    resolved = [e.step for e in cap.events if e.kind == "resolved"]
+    firing = [int(e.step or 0) for e in cap.events if e.kind == "firing"]
+    resolved = [int(e.step or 0) for e in cap.events if e.kind == "resolved"]
     return RuleTrace(rule, firing, resolved, "replay", why)
 
 
@@ -891,7 +898,7 @@ def summarize(outcomes: Sequence[RunOutcome]) -> list[dict[str, Any]]:
         out.append(
             {
                 "rule": rule.name,
-                "condition": rule.condition.to_source(),
+                "condition": _node(rule).to_source(),
                 "level": rule.level,
                 "for_steps": rule.for_steps,
                 "engine": first.engine,

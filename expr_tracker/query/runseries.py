@@ -225,7 +225,7 @@ def read_series(
     r = run.steps.shape[0]
     for code, name in enumerate(dictionary):
         sel = codes == code
-        if not sel.any():
+        if not has_value[sel].any():  # never a number (text only): never recorded
             continue
         present = np.zeros(r, dtype=bool)
         col = np.full(r, np.nan)
