@@ -158,26 +158,102 @@ def read_series(
 ) -> bool:
     """Fill ``run.steps``, ``run.times`` and ``run.columns`` (the metrics ``names`` the run
     has) from its cache. Returns False (with the reason in ``problems``) when the run's
-    metrics cannot be read. ``con``: a DuckDB connection to reuse across runs."""
-    import numpy as np
+    metrics cannot be read. ``con``: a DuckDB connection to reuse across runs.
+
+    A cache whose steps each lie in one line (:attr:`CachedSource.merged`, the usual case)
+    is read with pyarrow and numpy: a row per line. Otherwise DuckDB merges the patch lines
+    (a window per (step, metric), the later line winning), as the ``metrics`` view does."""
     import pyarrow as pa
-    import pyarrow.compute as pc
+    import pyarrow.parquet as pq
 
     problems = problems if problems is not None else Problems()
     cached, _ = cache_of(run.producer, "metrics", cache_dir, problems)
     if cached is None:
         return False
-    duckdb = import_duckdb()
-    con = con if con is not None else duckdb.connect()
-    if cached.memory:
-        import pyarrow.parquet as pq
-
-        src: Any = pa.concat_tables([pq.read_table(pa.BufferReader(b)) for b in cached.memory])
+    columns = ["step", "time", "metric", "value", "line"]
+    sources = [pa.BufferReader(b) for b in cached.memory] or [os.fspath(p) for p in cached.parts]
+    try:
+        tables = [
+            pq.read_table(src, columns=columns, read_dictionary=["metric"]) for src in sources
+        ]
+    except (OSError, pa.ArrowInvalid) as exc:
+        what = run.producer.metrics.name if run.producer.metrics else "metrics"
+        problems.add(run.producer, f"{what}: cannot be read ({exc})")
+        return False
+    table = pa.concat_tables(tables).unify_dictionaries() if tables else None
+    wanted = sorted(set(names))
+    if table is None or table.num_rows == 0:
+        _fill(run, [], [], {}, wanted)
+        return True
+    if cached.merged:
+        _read_merged(run, table, wanted)
     else:
-        import pyarrow.dataset as ds
+        _read_patched(run, table, wanted, con)
+    return True
 
-        src = ds.dataset([os.fspath(p) for p in cached.parts], format="parquet")
-    con.register("_et_backtest_src", src)
+
+def _fill(run: RunSeries, steps: Any, times: Any, columns: dict, names: list[str]) -> None:
+    import numpy as np
+
+    run.steps = np.ascontiguousarray(steps, dtype=np.int64)
+    run.times = np.ascontiguousarray(times, dtype=np.float64)
+    run.columns = columns
+
+
+def _numbers(col: Any, fill: float) -> Any:
+    import pyarrow as pa
+    import pyarrow.compute as pc
+
+    return pc.fill_null(col.cast(pa.float64()), fill).to_numpy()
+
+
+def _read_merged(run: RunSeries, table: Any, names: list[str]) -> None:
+    """One line per step: the rows are the lines holding an integer ``_step``, in order."""
+    import numpy as np
+    import pyarrow.compute as pc
+
+    table = table.filter(pc.is_valid(table.column("step")))
+    n = table.num_rows
+    line = table.column("line").to_numpy()
+    new = np.ones(n, dtype=bool)
+    if n:
+        new[1:] = line[1:] != line[:-1]
+    row_of = np.cumsum(new) - 1
+    steps = table.column("step").to_numpy()[new]
+    times = _numbers(table.column("time"), math.nan)[new]
+    metric = table.column("metric").combine_chunks()
+    dictionary = metric.dictionary.to_pylist()
+    codes = metric.indices.to_numpy(zero_copy_only=False)
+    value = table.column("value")
+    has_value = pc.is_valid(value).to_numpy(zero_copy_only=False)
+    vals = _numbers(value, math.nan)
+    columns = {}
+    r = steps.shape[0]
+    for name in names:
+        if name not in dictionary:
+            continue
+        sel = codes == dictionary.index(name)
+        sel &= has_value  # text, null, lists and dicts are not recorded
+        if not sel.any():
+            continue
+        present = np.zeros(r, dtype=bool)
+        col = np.full(r, np.nan)
+        idx = row_of[sel]
+        present[idx] = True
+        col[idx] = vals[sel]
+        columns[name] = (present, col)
+    _fill(run, steps, times, columns, names)
+
+
+def _read_patched(run: RunSeries, table: Any, names: list[str], con: Any) -> None:
+    """Steps spread over several lines: DuckDB merges them (the later line wins)."""
+    import numpy as np
+    import pyarrow.compute as pc
+
+    duckdb = import_duckdb()
+    own = con is None
+    con = duckdb.connect() if own else con
+    con.register("_et_backtest_src", table)
     try:
         rows = _arrow(
             con.sql(
@@ -185,55 +261,37 @@ def read_series(
                 "FROM _et_backtest_src WHERE step IS NOT NULL GROUP BY step ORDER BY first"
             )
         )
-        names = sorted(set(names))
-        if names:
-            latest = (
-                ""
-                if cached.merged
-                else "QUALIFY row_number() OVER (PARTITION BY step, metric ORDER BY line DESC) = 1"
+        values = _arrow(
+            con.sql(
+                "SELECT step, CAST(metric AS VARCHAR) AS metric, value FROM _et_backtest_src "
+                "WHERE step IS NOT NULL AND CAST(metric AS VARCHAR) IN (SELECT unnest(?)) "
+                "QUALIFY row_number() OVER (PARTITION BY step, metric ORDER BY line DESC) = 1",
+                params=[names or [""]],
             )
-            values = _arrow(
-                con.sql(
-                    "SELECT step, metric, value FROM _et_backtest_src "
-                    f"WHERE step IS NOT NULL AND metric IN (SELECT unnest(?)) {latest}",
-                    params=[names],
-                )
-            )
-        else:
-            values = None
+        )
     finally:
         con.unregister("_et_backtest_src")
+        if own:
+            con.close()
     steps = rows.column("step").to_numpy()
-    times = pc.fill_null(rows.column("time").cast(pa.float64()), math.nan).to_numpy()
-    run.steps = np.ascontiguousarray(steps, dtype=np.int64)
-    run.times = np.ascontiguousarray(times, dtype=np.float64)
-    run.columns = {}
-    if values is None or values.num_rows == 0:
-        return True
-    order = np.argsort(run.steps, kind="stable")
-    sorted_steps = run.steps[order]
-    vstep = values.column("step").to_numpy()
-    where = order[np.searchsorted(sorted_steps, vstep)]
-    metric = values.column("metric").combine_chunks()
-    if not pa.types.is_dictionary(metric.type):
-        metric = metric.dictionary_encode()
-    codes = metric.indices.to_numpy(zero_copy_only=False)
-    dictionary = metric.dictionary.to_pylist()
+    times = _numbers(rows.column("time"), math.nan)
+    order = np.argsort(steps, kind="stable")
+    where = order[np.searchsorted(steps[order], values.column("step").to_numpy())]
+    metric = np.array(values.column("metric").to_pylist(), dtype=object)
     value = values.column("value")
     has_value = pc.is_valid(value).to_numpy(zero_copy_only=False)
-    vals = pc.fill_null(value, math.nan).to_numpy()
-    r = run.steps.shape[0]
-    for code, name in enumerate(dictionary):
-        sel = codes == code
-        if not has_value[sel].any():  # never a number (text only): never recorded
+    vals = _numbers(value, math.nan)
+    columns = {}
+    for name in names:
+        sel = (metric == name) & has_value
+        if not sel.any():
             continue
-        present = np.zeros(r, dtype=bool)
-        col = np.full(r, np.nan)
-        idx = where[sel]
-        present[idx] = has_value[sel]
-        col[idx] = vals[sel]
-        run.columns[name] = (present, col)
-    return True
+        present = np.zeros(steps.shape[0], dtype=bool)
+        col = np.full(steps.shape[0], np.nan)
+        present[where[sel]] = True
+        col[where[sel]] = vals[sel]
+        columns[name] = (present, col)
+    _fill(run, steps, times, columns, names)
 
 
 def _arrow(res: Any) -> Any:

@@ -181,3 +181,27 @@ def test_frame_from_rows_is_what_the_cache_gives(runs):
     present, values = run.columns["loss"]
     assert present.all()
     np.testing.assert_array_equal(values, frame.columns["loss"][1])  # NaN at step 38 too
+
+
+def test_patch_lines_are_merged_as_the_history_reader_merges_them(tmp_path):
+    """A step written in two lines (an open row flushed, then patched): DuckDB keeps the
+    later line per metric, as read_history does; text in the later line wins too."""
+    run = tmp_path / "runs" / "p" / "patched"
+    run.mkdir(parents=True)
+    lines = [f'{{"_step": {i}, "_time": {100 + i}, "loss": {i % 3}}}' for i in range(12)]
+    lines.insert(6, '{"_step": 4, "_time": 104.5, "loss": 9, "acc": 1}')  # patches step 4
+    lines.insert(9, '{"_step": 6, "loss": "oops"}')  # a string: step 6 records no loss
+    (run / "metrics.jsonl").write_text("\n".join(lines) + "\n")
+    rules = ["loss > 1.5 => warn", "has(acc) and loss >= 0 => warn"]
+    (found,) = labelled_runs(tmp_path / "runs")
+    assert found.label is None  # no run.json: status unknown, unlabelled
+    series = next(iter_series([found], ["loss", "acc"]))
+    assert series.steps.tolist() == list(range(12))
+    assert series.times.tolist()[4] == 104.5
+    assert series.columns["loss"][0].tolist()[6] is False
+    got = backtest_frame(rules, frame_from_rows_of(series))
+    expected = replay(rules, read_metrics(str(run)))
+    for trace in got:
+        name = trace.rule.name
+        want = [e.step for e in expected.events if e.rule.name == name and e.kind == "firing"]
+        assert trace.firing == want != []
