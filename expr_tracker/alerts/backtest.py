@@ -87,6 +87,8 @@ class Frame:
     steps: np.ndarray
     times: np.ndarray
     columns: dict[str, tuple[np.ndarray, np.ndarray]] = field(default_factory=dict)
+    #: what the rules over this frame share (the clock, evaluation rows, series)
+    cache: dict[Any, Any] = field(default_factory=dict, repr=False, compare=False)
 
     def __len__(self) -> int:
         return int(self.steps.shape[0])
@@ -208,20 +210,51 @@ class _Series:
     """One metric as the engine's ``MetricSeries`` holds it: the recorded values in order
     (``v``), their steps and times, and per evaluation row how many were recorded so far."""
 
-    def __init__(self, v: np.ndarray, steps: np.ndarray, times: np.ndarray, cnt: np.ndarray):
+    def __init__(self, v: np.ndarray, steps: np.ndarray, times: Any, cnt: np.ndarray, dense: bool):
         self.v = v
         self.steps = steps
         self.times = times
         self.cnt = cnt  # at each evaluation row
+        #: every row is evaluated and records the metric: cnt[j] == j + 1
+        self.dense = dense
 
 
 class _Ctx:
-    def __init__(self, frame: Frame, rows: np.ndarray, clock: tuple[np.ndarray, float]):
+    def __init__(self, frame: Frame, rows: np.ndarray, rows_key: Any):
         self.frame = frame
         self.rows = rows  # indices of the evaluation rows
+        self.rows_key = rows_key
+        self.all_rows = rows.shape[0] == len(frame)
         self.m = int(rows.shape[0])
-        self.clock, self.start = clock  # the time base at every row; at the engine's start
-        self.series: dict[str, _Series | None] = {}
+
+    @property
+    def clock(self) -> np.ndarray:
+        """The time base at every row."""
+        return self._clock()[0]
+
+    @property
+    def start(self) -> float:
+        """The time base when the engine started."""
+        return self._clock()[1]
+
+    def _clock(self) -> tuple[np.ndarray, float]:
+        cache = self.frame.cache
+        if "clock" not in cache:
+            cache["clock"] = _clock(self.frame.times)
+        return cache["clock"]
+
+
+class _Lazy:
+    """A series' times, computed when a function reads them (``rate``)."""
+
+    def __init__(self, ctx: _Ctx, idx: np.ndarray | None = None):
+        self.ctx = ctx
+        self.idx = idx
+
+    def __getitem__(self, key: Any) -> np.ndarray:
+        clock = self.ctx.clock
+        times = clock if self.idx is None else clock[self.idx]
+        return times[key]
 
 
 def _clock(times: np.ndarray) -> tuple[np.ndarray, float]:
@@ -292,17 +325,24 @@ class _Vector:
         self.ctx = ctx
 
     def series(self, name: str) -> _Series | None:
-        if name in self.ctx.series:
-            return self.ctx.series[name]
-        frame, rows = self.ctx.frame, self.ctx.rows
+        ctx = self.ctx
+        key = ("series", name, ctx.rows_key)
+        cache = ctx.frame.cache
+        if key in cache:
+            return cache[key]
+        frame, rows = ctx.frame, ctx.rows
         col = _resolve(frame, name)
         s = None
         if col is not None:
             present, values = col
-            idx = np.flatnonzero(present)
-            cnt = np.cumsum(present, dtype=np.int64)[rows] if rows.size else rows
-            s = _Series(values[idx], frame.steps[idx], self.ctx.clock[idx], cnt)
-        self.ctx.series[name] = s
+            if ctx.all_rows and bool(present.all()):
+                n = len(frame)
+                s = _Series(values, frame.steps, _Lazy(ctx), np.arange(1, n + 1), True)
+            else:
+                idx = np.flatnonzero(present)
+                cnt = np.cumsum(present, dtype=np.int64)[rows] if rows.size else rows
+                s = _Series(values[idx], frame.steps[idx], _Lazy(ctx, idx), cnt, False)
+        cache[key] = s
         return s
 
     # -- dispatch ---------------------------------------------------------------------------
@@ -340,6 +380,8 @@ class _Vector:
         m = self.ctx.m
         if s is None:
             return "scalar", (np.full(m, np.nan), np.zeros(m, dtype=bool))
+        if s.dense:
+            return "scalar", (s.v, np.ones(m, dtype=bool))
         known = s.cnt > 0
         val = np.full(m, np.nan)
         val[known] = s.v[s.cnt[known] - 1]
@@ -503,8 +545,12 @@ class _Vector:
         )
         if s is None or s.v.shape[0] < n:
             return unknown_out
-        full = s.cnt >= n  # evaluation rows whose window is complete
-        pos = s.cnt[full] - 1  # the index of the window's last value
+        if s.dense:  # row j ends the window at value j: no gathering
+            full: Any = slice(n - 1, None)
+            pos = np.arange(n - 1, m)
+        else:
+            full = s.cnt >= n  # evaluation rows whose window is complete
+            pos = s.cnt[full] - 1  # the index of the window's last value
         if extras:
             evals = [(v[full], k[full]) for v, k in extras]
             const = all(
@@ -515,10 +561,12 @@ class _Vector:
             else:
                 params = [float(v[0]) if v.size else math.nan for v, _ in evals]
                 val, known = _window_values(f, s, n, params)
-                val, known = val[pos - (n - 1)], known[pos - (n - 1)]
+                if not s.dense:
+                    val, known = val[pos - (n - 1)], known[pos - (n - 1)]
         else:
             val, known = _window_values(f, s, n, [])
-            val, known = val[pos - (n - 1)], known[pos - (n - 1)]
+            if not s.dense:
+                val, known = val[pos - (n - 1)], known[pos - (n - 1)]
         if returns == "bool":
             out = np.full(m, -1, dtype=np.int8)
             out[full] = np.where(known, val.astype(np.int8), np.int8(-1))
@@ -683,6 +731,8 @@ def _window_values(f: str, s: _Series, n: int, params: list[float]) -> tuple:
                 val = (hi - lo <= eps).astype(np.float64)
         else:  # pragma: no cover - every window function is listed
             raise VectorUnsupported(f"{f}()")
+        if f in _SPECIAL_FORMS and slow.any():
+            slow, val, known = _specials(f, x, n, slow, val, known)
     if slow.any():
         impl = _impl(f)
         needs = next(sig.needs for sig in FUNCTIONS[f] if sig.window_param)
@@ -701,6 +751,42 @@ def _window_values(f: str, s: _Series, n: int, params: list[float]) -> tuple:
                 known[i] = True
                 val[i] = float(r)
     return val, known
+
+
+#: window functions whose answer for a window holding NaN or infinities is known in closed
+#: form (alerts/functions.py: a NaN propagates; one infinity, or several of one sign, is
+#: where the value diverges; +inf beside -inf is undefined)
+_SPECIAL_FORMS = frozenset({"mean", "sum", "var", "std", "zscore", "slope", "ema"})
+
+
+def _specials(f: str, x: np.ndarray, n: int, slow, val, known):
+    """The slow windows of ``f`` that hold NaN or infinities, answered as the scalar
+    function answers them, so a diverging run (NaN or inf from some step on) does not call
+    it per window; the rest stay slow (overflow of finite values, cancellation)."""
+    nan_n = _rolling_count(x != x, n)
+    has_nan = slow & (nan_n > 0)
+    val = np.where(has_nan, np.nan, val)  # every one of these propagates a NaN
+    known = known | has_nan
+    slow = slow & ~has_nan
+    if f in ("mean", "var", "std", "zscore") and slow.any():
+        pos = _rolling_count(x == np.inf, n)
+        neg = _rolling_count(x == -np.inf, n)
+        inf_n = pos + neg
+        some = slow & (inf_n > 0)
+        if f == "mean":
+            both = some & (pos > 0) & (neg > 0)
+            val = np.where(some & ~both, np.where(pos > 0, np.inf, -np.inf), val)
+            known = np.where(both, False, known | some)
+        elif f in ("var", "std"):
+            same = some & (inf_n == n) & ((pos == n) | (neg == n))  # one infinity throughout
+            val = np.where(some & ~same, np.inf, val)
+            known = np.where(same, False, known | some)
+        else:  # zscore: several infinities have no limit; one is left to the function
+            several = some & (inf_n > 1)
+            known = np.where(several, False, known)
+            some = several
+        slow = slow & ~some
+    return slow, val, known
 
 
 def _weighted(x: np.ndarray, w: Sequence[float]) -> np.ndarray:
@@ -809,8 +895,11 @@ def backtest_frame(
         if why is not None:
             out.append(_replay(rule, compiled, frame, window, why))
             continue
-        rows = _evaluation_rows(frame, compiled)
-        ctx = _Ctx(frame, rows, _clock(frame.times))
+        rows_key = "all" if (compiled.every_step or compiled.timed) else compiled.keys
+        rows = frame.cache.get(("rows", rows_key))
+        if rows is None:
+            rows = frame.cache[("rows", rows_key)] = _evaluation_rows(frame, compiled)
+        ctx = _Ctx(frame, rows, rows_key)
         result = _Vector(ctx).logical(_node(rule))
         firing, resolved = state_steps(frame.steps[rows], result, rule.for_steps)
         out.append(RuleTrace(rule, firing, resolved, "vector"))
