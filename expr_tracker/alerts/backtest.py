@@ -67,7 +67,7 @@ __all__ = [
     "frame_from_rows",
     "rows_of",
     "state_steps",
-    "summarize",
+    "score_rules",
     "vector_support",
 ]
 
@@ -941,7 +941,7 @@ def _middle(values: list[int]) -> float | None:
     return float(s[h]) if len(s) % 2 else (s[h - 1] + s[h]) / 2.0
 
 
-def summarize(outcomes: Sequence[RunOutcome]) -> list[dict[str, Any]]:
+def score_rules(outcomes: Sequence[RunOutcome]) -> list[dict[str, Any]]:
     """Per rule (in rule order), over the runs: ``runs`` evaluated, ``fired`` (runs where it
     entered FIRING at least once), ``bad_runs``/``caught``/``missed`` (bad runs it fired on
     or not), ``fine_runs``/``false_positives`` (runs that finished fine and it fired on),

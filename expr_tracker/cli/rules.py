@@ -302,7 +302,7 @@ def cmd_backtest(args) -> int:
         Frame,
         RunOutcome,
         backtest_frame,
-        summarize,
+        score_rules,
     )
     from expr_tracker.alerts.compiled import CompiledRule
     from expr_tracker.query.runseries import LabelError, iter_series, labelled_runs
@@ -334,7 +334,7 @@ def cmd_backtest(args) -> int:
         outcomes.append(RunOutcome(run.run, run.label, last, backtest_frame(rules, frame)))
     if problems:
         output.PrintableStream(sys.stderr).write((problems.message() or "") + "\n")
-    report = summarize(outcomes) if outcomes else []
+    report = score_rules(outcomes) if outcomes else []
     if output.is_machine(args.format):
         output.write_records(report, args.format)
         return EXIT_OK

@@ -18,7 +18,7 @@ values of the metrics asked for, patch lines merged as every reader merges them 
 A line holding nothing but ``_step``/``_time`` (a ``log({})`` commit) gives no row in the
 cache, so it is not a step here.
 
-Labels (:func:`label_of`): the run's status (``--label status``, the default: ``failed``,
+Labels (:func:`run_label`): the run's status (``--label status``, the default: ``failed``,
 ``crashed`` and ``diverged`` are bad, ``finished`` fine, anything else unlabelled), or any
 column of the ``runs`` view (``summary.diverged``, ``config.lr``, ``tags``...), also named
 without its ``summary.``/``config.`` prefix: true, non-zero, or one of ``failed``,
@@ -47,7 +47,7 @@ __all__ = [
     "LabelError",
     "RunSeries",
     "iter_series",
-    "label_of",
+    "run_label",
     "labelled_runs",
     "read_series",
 ]
@@ -76,7 +76,7 @@ class RunSeries:
     columns: dict[str, tuple[Any, Any]] = field(default_factory=dict)
 
 
-def label_of(value: Any) -> bool | None:
+def run_label(value: Any) -> bool | None:
     """Bad (True), fine (False) or unlabelled (None), as the module doc says."""
     if value is None:
         return None
@@ -143,7 +143,7 @@ def labelled_runs(
                 else (False if low == "finished" else None)
             )
         else:
-            lab = label_of(value)
+            lab = run_label(value)
         out.append(RunSeries(p.run_id, p.run_dir, status, lab, value, p))
     return out
 

@@ -17,7 +17,7 @@ from expr_tracker.alerts.backtest import (
     frame_from_rows,
     rows_of,
     state_steps,
-    summarize,
+    score_rules,
 )
 from expr_tracker.alerts.testing import replay
 
@@ -225,7 +225,7 @@ def test_summary_scores_runs_by_label():
         RunOutcome("ok", False, 9, backtest_frame([rule], frame_from_rows(rows_ok))),
         RunOutcome("quiet", None, 9, backtest_frame([rule], frame_from_rows(rows_ok[:2]))),
     ]
-    (r,) = summarize(outcomes)
+    (r,) = score_rules(outcomes)
     assert (r["fired"], r["caught"], r["bad_runs"], r["false_positives"], r["fine_runs"]) == (
         2,
         1,

@@ -14,7 +14,7 @@ from expr_tracker.alerts.backtest import backtest_frame, frame_from_rows
 from expr_tracker.alerts.testing import replay
 from expr_tracker.cli.main import main
 from expr_tracker.cli.rules import read_metrics
-from expr_tracker.query.runseries import iter_series, label_of, labelled_runs
+from expr_tracker.query.runseries import iter_series, run_label, labelled_runs
 
 RULES = """\
 rules:
@@ -168,7 +168,7 @@ def frame_from_rows_of(run):
     ],
 )
 def test_label_values(value, label):
-    assert label_of(value) is label
+    assert run_label(value) is label
 
 
 def test_frame_from_rows_is_what_the_cache_gives(runs):
