@@ -16,8 +16,8 @@ from expr_tracker.alerts.backtest import (
     backtest_frame,
     frame_from_rows,
     rows_of,
-    state_steps,
     score_rules,
+    state_steps,
 )
 from expr_tracker.alerts.testing import replay
 

@@ -14,7 +14,7 @@ from expr_tracker.alerts.backtest import backtest_frame, frame_from_rows
 from expr_tracker.alerts.testing import replay
 from expr_tracker.cli.main import main
 from expr_tracker.cli.rules import read_metrics
-from expr_tracker.query.runseries import iter_series, run_label, labelled_runs
+from expr_tracker.query.runseries import iter_series, labelled_runs, run_label
 
 RULES = """\
 rules:
