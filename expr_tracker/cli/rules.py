@@ -17,6 +17,7 @@ jsonl`` one object per line (``cli/output.py``).
 
 from __future__ import annotations
 
+import os
 import sys
 from pathlib import Path
 
@@ -305,7 +306,7 @@ def cmd_backtest(args) -> int:
         score_rules,
     )
     from expr_tracker.alerts.compiled import CompiledRule
-    from expr_tracker.query.runseries import LabelError, iter_series, labelled_runs
+    from expr_tracker.query.runseries import LabelError, labelled_runs, read_series
     from expr_tracker.query.tables import Problems
 
     target = args.rules
@@ -327,11 +328,24 @@ def cmd_backtest(args) -> int:
     except (FileNotFoundError, LabelError) as exc:
         sys.stderr.write(f"et rules backtest: {exc}\n")
         return EXIT_USAGE
-    outcomes = []
-    for run in iter_series(runs, names, problems=problems):
+
+    def one(run):
+        """Read one run and backtest every rule over it (None: unreadable, in problems);
+        its arrays are dropped once scored."""
+        if not read_series(run, names, problems=problems):
+            return None
         frame = Frame(run.steps, run.times, run.columns)
         last = int(run.steps.max()) if run.steps.size else None
-        outcomes.append(RunOutcome(run.run, run.label, last, backtest_frame(rules, frame)))
+        outcome = RunOutcome(run.run, run.label, last, backtest_frame(rules, frame))
+        run.steps = run.times = None
+        run.columns = {}
+        return outcome
+
+    # numpy, pyarrow and the Parquet reads release the GIL: a run per core at a time
+    from concurrent.futures import ThreadPoolExecutor
+
+    with ThreadPoolExecutor(max_workers=max(1, min(4, os.cpu_count() or 1))) as pool:
+        outcomes = [o for o in pool.map(one, runs) if o is not None]
     if problems:
         output.PrintableStream(sys.stderr).write((problems.message() or "") + "\n")
     report = score_rules(outcomes) if outcomes else []

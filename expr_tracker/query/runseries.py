@@ -204,7 +204,11 @@ def _numbers(col: Any, fill: float) -> Any:
     import pyarrow as pa
     import pyarrow.compute as pc
 
-    return pc.fill_null(col.cast(pa.float64()), fill).to_numpy()
+    if col.type != pa.float64():
+        col = col.cast(pa.float64())
+    if col.null_count:
+        col = pc.fill_null(col, fill)
+    return col.to_numpy()
 
 
 def _read_merged(run: RunSeries, table: Any, names: list[str]) -> None:
@@ -212,7 +216,8 @@ def _read_merged(run: RunSeries, table: Any, names: list[str]) -> None:
     import numpy as np
     import pyarrow.compute as pc
 
-    table = table.filter(pc.is_valid(table.column("step")))
+    if table.column("step").null_count:  # lines without an integer _step are no step
+        table = table.filter(pc.is_valid(table.column("step")))
     n = table.num_rows
     line = table.column("line").to_numpy()
     new = np.ones(n, dtype=bool)
@@ -225,7 +230,10 @@ def _read_merged(run: RunSeries, table: Any, names: list[str]) -> None:
     dictionary = metric.dictionary.to_pylist()
     codes = metric.indices.to_numpy(zero_copy_only=False)
     value = table.column("value")
-    has_value = pc.is_valid(value).to_numpy(zero_copy_only=False)
+    if value.null_count:
+        has_value = pc.is_valid(value).to_numpy(zero_copy_only=False)
+    else:
+        has_value = np.ones(n, dtype=bool)
     vals = _numbers(value, math.nan)
     columns = {}
     r = steps.shape[0]
