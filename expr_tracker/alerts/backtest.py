@@ -857,6 +857,20 @@ def vector_support(rule: AlertRule) -> str | None:
     return None
 
 
+def _both_spellings(frame: Frame, compiled: CompiledRule) -> str | None:
+    """Why a rule replays on this frame: it reads ``a.b`` and the run logged both ``a.b``
+    and ``a/b``. The engine settles which one the name means at the first evaluation that
+    reads it, which the rule's other operands decide (a short window returns before its
+    parameters are read): the replay answers that exactly."""
+    for name in compiled.expr.needs:
+        if "." not in name:
+            continue
+        alt = name.replace(".", "/")
+        if name in frame.columns and alt in frame.columns:
+            return f"both {name} and {alt} logged"
+    return None
+
+
 def _evaluation_rows(frame: Frame, compiled: CompiledRule) -> np.ndarray:
     """Indices of the rows at which the engine evaluates the rule."""
     n = len(frame)
@@ -891,7 +905,7 @@ def backtest_frame(
         if not rule.enabled:
             out.append(RuleTrace(rule, [], [], "vector", "disabled"))
             continue
-        why = "asked" if replay_only else vector_support(rule)
+        why = "asked" if replay_only else (vector_support(rule) or _both_spellings(frame, compiled))
         if why is not None:
             out.append(_replay(rule, compiled, frame, window, why))
             continue
@@ -939,6 +953,13 @@ def _middle(values: list[int]) -> float | None:
     s = sorted(values)
     h = len(s) // 2
     return float(s[h]) if len(s) % 2 else (s[h - 1] + s[h]) / 2.0
+
+
+def _engine(traces: Iterable[RuleTrace]) -> str:
+    """``vector``, ``replay``, or ``vector+replay`` when the runs differed (a run that
+    logged both spellings of a name replays)."""
+    engines = {t.engine for t in traces}
+    return engines.pop() if len(engines) == 1 else "vector+replay"
 
 
 def score_rules(outcomes: Sequence[RunOutcome]) -> list[dict[str, Any]]:
@@ -990,8 +1011,9 @@ def score_rules(outcomes: Sequence[RunOutcome]) -> list[dict[str, Any]]:
                 "condition": _node(rule).to_source(),
                 "level": rule.level,
                 "for_steps": rule.for_steps,
-                "engine": first.engine,
-                "reason": first.reason,
+                "engine": _engine(o.traces[i] for o in outcomes),
+                "reason": "; ".join(sorted({o.traces[i].reason or "" for o in outcomes} - {""}))
+                or None,
                 "runs": len(outcomes),
                 "fired": fired,
                 "bad_runs": bad,

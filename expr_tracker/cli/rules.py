@@ -358,8 +358,9 @@ def cmd_backtest(args) -> int:
     console = output.console(file=sys.stdout)
     console.print(backtest_renderable(report))
     for r in report:
-        if r["engine"] == "replay":
-            _out(f"replay: {r['rule']} ran through the per-step engine ({r['reason']})")
+        if r["engine"] != "vector":
+            where = "" if r["engine"] == "replay" else " on some runs"
+            _out(f"replay: {r['rule']} ran through the per-step engine{where} ({r['reason']})")
     bad = sum(o.label is True for o in outcomes)
     fine = sum(o.label is False for o in outcomes)
     _out(
@@ -390,7 +391,7 @@ def backtest_renderable(report: list[dict]):
             lead = f"{num(r['lead_median'])} ({num(r['lead_min'])}-{num(r['lead_max'])})"
         table.add_row(
             Text(output.printable(str(r["rule"]))),
-            Text(r["engine"], style="yellow" if r["engine"] == "replay" else ""),
+            Text(r["engine"], style="" if r["engine"] == "vector" else "yellow"),
             f"{r['fired']}/{r['runs']}",
             f"{r['caught']}/{r['bad_runs']}",
             f"{r['false_positives']}/{r['fine_runs']}",
