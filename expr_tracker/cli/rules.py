@@ -4,6 +4,7 @@
     et rules check FILE... [--run DIR] [--package P] [--format text|json|jsonl] [--lint-fatal]
     et rules test RULE|FILE --run DIR [-n N] [--format text|json|jsonl]   replay history
     et rules test TESTFILE.yaml                      rule unit tests (like promtool test rules)
+    et rules backtest RULES DIR [--label status|COLUMN] [--format table|json|jsonl]
 
 Exit codes (stable, CONVENTIONS.md "Rule checking in CI"): 0 success, 1 invalid rules or
 failed tests, 2 usage error, 3 lint warnings only with ``--lint-fatal`` (without it
@@ -16,6 +17,7 @@ jsonl`` one object per line (``cli/output.py``).
 
 from __future__ import annotations
 
+import os
 import sys
 from pathlib import Path
 
@@ -88,6 +90,31 @@ def register(subparsers) -> None:
     p.add_argument("-n", type=int, metavar="N", help="replay only the last N steps")
     output.add_format_option(p, "text", what="firings with --run, else of test-file results")
     p.set_defaults(func=cmd_test)
+
+    p = sub.add_parser(
+        "backtest",
+        help="run rules over every past run and score them against how the runs ended",
+        description=(
+            "Evaluate every rule of RULES (a rules file or one rule) over every run under DIR, "
+            "as the per-step engine would have, and report per rule: runs where it fired, "
+            "the median first firing step, how many steps before the end of each bad run "
+            "it fired (lead time) and how many runs that finished fine it fired on (false "
+            "positives). A run is bad when its status is failed, crashed or diverged (or "
+            "as --label says). Exit 0 done, 1 invalid rules, 2 usage error."
+        ),
+    )
+    p.add_argument("rules", metavar="RULES", help="a rules file (as et rules check) or a rule")
+    p.add_argument("dir", metavar="DIR", help="a folder of runs (or one run directory)")
+    p.add_argument(
+        "--label",
+        default="status",
+        metavar="status|COLUMN",
+        help="what makes a run bad: its status (default), or a column of the runs view "
+        "(summary.diverged, config.x, or the key alone): true, non-zero, failed, crashed, "
+        "diverged, bad, yes is bad; false, zero, finished, ok, good, no is fine",
+    )
+    output.add_format_option(p, "table", what="rules")
+    p.set_defaults(func=cmd_backtest)
 
     parser.set_defaults(func=lambda args: _usage(parser))
 
@@ -263,3 +290,112 @@ def _unit_tests(path: Path, args) -> int:
         for line, col, message in warned:
             _out(f"  {path}:{line}:{col}: WARNING: {message}")
     return EXIT_INVALID if failures else EXIT_OK
+
+
+# -- backtest ---------------------------------------------------------------------------------
+
+
+def cmd_backtest(args) -> int:
+    """``et rules backtest``: rules (alerts/backtest.py) over runs read from the cache
+    (query/runseries.py); docs/alerts.md "Backtesting"."""
+    from expr_tracker.alerts import RuleError
+    from expr_tracker.alerts.backtest import (
+        Frame,
+        RunOutcome,
+        backtest_frame,
+        score_rules,
+    )
+    from expr_tracker.alerts.compiled import CompiledRule
+    from expr_tracker.query.runseries import LabelError, labelled_runs, read_series
+    from expr_tracker.query.tables import Problems
+
+    target = args.rules
+    if looks_like_file(target) and not Path(target).is_file():
+        sys.stderr.write(f"et rules backtest: {target}: no such file\n")
+        return EXIT_USAGE
+    try:
+        rules = rules_from(target)
+        names: set[str] = set()
+        for rule in rules:
+            compiled = CompiledRule(rule, 4096)
+            names.update(compiled.keys)
+    except RuleError as exc:
+        _out(f"FAILED: {exc}")
+        return EXIT_INVALID
+    problems = Problems()
+    try:
+        runs = labelled_runs(args.dir, label=args.label, problems=problems)
+    except (FileNotFoundError, LabelError) as exc:
+        sys.stderr.write(f"et rules backtest: {exc}\n")
+        return EXIT_USAGE
+
+    def one(run):
+        """Read one run and backtest every rule over it (None: unreadable, in problems);
+        its arrays are dropped once scored."""
+        if not read_series(run, names, problems=problems):
+            return None
+        frame = Frame(run.steps, run.times, run.columns)
+        last = int(run.steps.max()) if run.steps.size else None
+        outcome = RunOutcome(run.run, run.label, last, backtest_frame(rules, frame))
+        run.steps = run.times = None
+        run.columns = {}
+        return outcome
+
+    # numpy, pyarrow and the Parquet reads release the GIL: a run per core at a time
+    from concurrent.futures import ThreadPoolExecutor
+
+    with ThreadPoolExecutor(max_workers=max(1, min(4, os.cpu_count() or 1))) as pool:
+        outcomes = [o for o in pool.map(one, runs) if o is not None]
+    if problems:
+        output.PrintableStream(sys.stderr).write((problems.message() or "") + "\n")
+    report = score_rules(outcomes) if outcomes else []
+    if output.is_machine(args.format):
+        output.write_records(report, args.format)
+        return EXIT_OK
+    if not outcomes:
+        _out(f"no runs with metrics under {args.dir}")
+        return EXIT_OK
+    console = output.console(file=sys.stdout)
+    console.print(backtest_renderable(report))
+    for r in report:
+        if r["engine"] != "vector":
+            where = "" if r["engine"] == "replay" else " on some runs"
+            _out(f"replay: {r['rule']} ran through the per-step engine{where} ({r['reason']})")
+    bad = sum(o.label is True for o in outcomes)
+    fine = sum(o.label is False for o in outcomes)
+    _out(
+        f"{len(outcomes)} runs: {bad} bad, {fine} fine, {len(outcomes) - bad - fine} "
+        f"unlabelled (--label {args.label})"
+    )
+    return EXIT_OK
+
+
+def backtest_renderable(report: list[dict]):
+    """The ``et rules backtest`` table (a rich ``Table``): one row per rule."""
+    from rich.table import Table
+    from rich.text import Text
+
+    def num(v) -> str:
+        if v is None:
+            return "-"
+        return str(int(v)) if float(v).is_integer() else f"{v:.1f}"
+
+    table = Table(box=None, header_style="bold", pad_edge=False)
+    table.add_column("rule", overflow="fold", ratio=1, min_width=12)
+    table.add_column("engine", no_wrap=True, min_width=6)
+    for head in ("fired", "caught", "false pos", "first step", "lead"):
+        table.add_column(head, justify="right", no_wrap=True, min_width=len(head))
+    for r in report:
+        lead = "-"
+        if r["lead_median"] is not None:
+            lead = f"{num(r['lead_median'])} ({num(r['lead_min'])}-{num(r['lead_max'])})"
+        table.add_row(
+            Text(output.printable(str(r["rule"]))),
+            Text(r["engine"], style="" if r["engine"] == "vector" else "yellow"),
+            f"{r['fired']}/{r['runs']}",
+            f"{r['caught']}/{r['bad_runs']}",
+            f"{r['false_positives']}/{r['fine_runs']}",
+            num(r["first_step_median"]),
+            lead,
+        )
+    return table
