@@ -42,6 +42,7 @@ from expr_tracker.assemble.history import (
     run_directory,
 )
 from expr_tracker.assemble.identity import ResumeError, choose
+from expr_tracker.assemble.media import build_media
 from expr_tracker.assemble.spans import build_spans
 from expr_tracker.assemble.system import build_system
 from expr_tracker.history.paths import detect_rank
@@ -126,6 +127,7 @@ def build(
         build_spans(run, spec, run_dir, stream, file_rank, rank, warner, activate=not independent)
         build_alerts(run, spec, run_dir, stream, file_rank, rank, warner, engine)
         build_artifacts(run, spec, run_dir, stream, file_rank)
+        build_media(run, run_dir)
         build_system(run, resolved, run_dir, stream, file_rank, rank, env)
     except BaseException as exc:
         attempt.undo()
