@@ -4,7 +4,7 @@ Imports only leaves and ``history`` (the codec, the untrusted-file reader); NumP
 media object is made, torch and Pillow only when given theirs.
 """
 
-from expr_tracker.media.read import load_image, load_table, media_path
+from expr_tracker.media.read import load_image, load_table, media_path, read_media
 from expr_tracker.media.store import MediaStore
 from expr_tracker.media.types import Histogram, Image, Media, Table
 from expr_tracker.media.watch import unwatch, watch
@@ -18,6 +18,7 @@ __all__ = [
     "load_image",
     "load_table",
     "media_path",
+    "read_media",
     "unwatch",
     "watch",
 ]
