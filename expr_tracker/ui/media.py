@@ -88,10 +88,10 @@ def media_section(catalog: Catalog, run_id: str) -> dict:
     run_dir = _run_dir(catalog.get(run_id))
     for key in sorted(found):
         by_step = found[key]
-        kinds = {_kind(v) for v in by_step.values()}
-        kind = kinds.pop() if len(kinds) == 1 else "image" if "image" in kinds else sorted(kinds)[0]
+        kinds = sorted(k for k in (_kind(v) for v in by_step.values()) if k is not None)
+        kind = "image" if "image" in kinds else kinds[0]
         steps = _spread(sorted(s for s, v in by_step.items() if _kind(v) == kind), MAX_STEPS)
-        items = []
+        items: list[Any] = []
         for s in steps:
             v = by_step[s]
             if kind == "image":
