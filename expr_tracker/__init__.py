@@ -57,6 +57,11 @@ _LAZY = {
     "AlertConfig": ("expr_tracker.spec.alerting", "AlertsSpec"),
     "AlertMessage": ("expr_tracker.alerts.delivery.message", "AlertMessage"),
     "ChannelConfig": ("expr_tracker.spec.alerting", "ChannelSpec"),
+    "Histogram": ("expr_tracker.media.types", "Histogram"),
+    "Image": ("expr_tracker.media.types", "Image"),
+    "Table": ("expr_tracker.media.types", "Table"),
+    "unwatch": ("expr_tracker.media.watch", "unwatch"),
+    "watch": ("expr_tracker.media.watch", "watch"),
     "WebhookPolicy": ("expr_tracker.spec.alerting", "PolicySpec"),
 }
 
@@ -70,6 +75,8 @@ __all__ = [
     "ConfigChangeError",
     "ExprTrackerError",
     "ForkedRunError",
+    "Histogram",
+    "Image",
     "M",
     "NoActiveRunError",
     "QueryError",
@@ -77,6 +84,7 @@ __all__ = [
     "RunAlreadyActiveError",
     "RunLockedError",
     "Span",
+    "Table",
     "WebhookPolicy",
     "__version__",
     "add_alert_rule",
@@ -104,7 +112,9 @@ __all__ = [
     "span",
     "start_span",
     "summary",
+    "unwatch",
     "use_artifact",
+    "watch",
 ]
 
 

@@ -215,6 +215,7 @@ class Run:
         self.mirrors: list[Any] = []
         self.system: Any = None  # the SystemSampler of this host (docs/system.md), or None
         self.sync: Any = None  # the BackgroundSync to a bucket (docs/team.md), or None
+        self.media: Any = None  # the run folder's MediaStore (docs/media.md), or None
         self._closers: list[tuple[str, Callable[[], Any]]] = []
         self._late_closers: list[tuple[str, Callable[[], Any]]] = []
         # monotonic time at run.json's started_at: duration_s never follows wall-clock jumps

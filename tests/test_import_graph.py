@@ -43,10 +43,12 @@ ALLOWED: dict[str, set[str]] = {
     "alerts": LEAVES | {"history", "spec"},
     "trace": LEAVES | {"history"},
     "artifacts": LEAVES | {"history"},
+    # media types, their store and readers, et.watch (docs/media.md)
+    "media": LEAVES | {"history"},
     # the system sampler (docs/system.md): leaves only (psutil, NVML, a write callable)
     "system": LEAVES,
     "query": LEAVES | {"history"},
-    "ui": LEAVES | {"history", "query", "trace"},
+    "ui": LEAVES | {"history", "query", "trace", "media"},
     "sync": LEAVES | {"history", "query"},
     "plugins": {"spans"},
     "integrations": LEAVES | {"api", "runs", "spec", "history"},
@@ -64,6 +66,7 @@ ALLOWED: dict[str, set[str]] = {
         "backends",
         "system",
         "sync",
+        "media",
     },
     "api": LEAVES
     | {

@@ -17,6 +17,8 @@ PUBLIC = [
     "ConfigChangeError",
     "ExprTrackerError",
     "ForkedRunError",
+    "Histogram",
+    "Image",
     "M",
     "NoActiveRunError",
     "QueryError",
@@ -24,6 +26,7 @@ PUBLIC = [
     "RunAlreadyActiveError",
     "RunLockedError",
     "Span",
+    "Table",
     "WebhookPolicy",
     "__version__",
     "add_alert_rule",
@@ -51,7 +54,9 @@ PUBLIC = [
     "span",
     "start_span",
     "summary",
+    "unwatch",
     "use_artifact",
+    "watch",
 ]
 
 

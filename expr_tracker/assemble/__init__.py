@@ -43,6 +43,7 @@ from expr_tracker.assemble.history import (
     run_directory,
 )
 from expr_tracker.assemble.identity import ResumeError, choose
+from expr_tracker.assemble.media import build_media
 from expr_tracker.assemble.spans import build_spans
 from expr_tracker.assemble.sync import build_sync
 from expr_tracker.assemble.system import build_system
@@ -128,6 +129,7 @@ def build(
         build_spans(run, spec, run_dir, stream, file_rank, rank, warner, activate=not independent)
         build_alerts(run, spec, run_dir, stream, file_rank, rank, warner, engine, world_size(env))
         build_artifacts(run, spec, run_dir, stream, file_rank)
+        build_media(run, run_dir)
         build_system(run, resolved, run_dir, stream, file_rank, rank, env)
         build_sync(run, spec, run_dir, stream, file_rank)  # last: nothing after it can fail
     except BaseException as exc:

@@ -142,6 +142,9 @@ class HistoryStore:
             else None
         )
         self._closed = False
+        #: values that are not float/int/str/bool/None become row data through this (run with
+        #: the lock held): normalize_value, or the run's media store (docs/media.md)
+        self.convert: Callable[[Any, Warner], Any] = normalize_value
         self.sinks: list[Callable[[dict[str, Any]], Any]] = []
         self.flush_hooks: list[Callable[[], Any]] = []
         self._fanq: deque[dict[str, Any]] = deque()
@@ -328,7 +331,7 @@ class HistoryStore:
                     )
                     continue
             elif t is not str and t is not bool and v is not None:
-                v = normalize_value(v, self.warner)
+                v = self.convert(v, self.warner)
                 if has_nonfinite(v):
                     self._open_nonfinite = True
             if k in open_row:

@@ -22,7 +22,7 @@ import math
 from collections.abc import Mapping
 from typing import Any
 
-__all__ = ["NONFINITE", "flatten", "format_value", "json_safe", "json_text"]
+__all__ = ["NONFINITE", "flatten", "format_value", "json_safe", "json_text", "media_label"]
 
 #: the ways a JSON dialect writes NaN, inf and -inf (docs/architecture.md "One home per
 #: concept": JSON dialects)
@@ -110,6 +110,24 @@ def dotted(d: Mapping[str, Any]) -> dict[str, Any]:
 STYLES = ("plain", "cell", "rule")
 
 
+def _is_image(v: Any) -> bool:
+    return isinstance(v, dict) and v.get("_type") == "image"
+
+
+def media_label(ref: dict[str, Any]) -> str:
+    """A media reference for a table cell (docs/media.md): ``<image 64x64>``,
+    ``<histogram 64 bins>``, ``<table 10x3>``; another ``_type`` as ``<TYPE>``."""
+    kind = str(ref.get("_type"))[:40]
+    if kind == "image":
+        return f"<image {ref.get('width')}x{ref.get('height')}>"
+    if kind == "histogram":
+        values = ref.get("values")
+        return f"<histogram {len(values) if isinstance(values, list) else '?'} bins>"
+    if kind == "table":
+        return f"<table {ref.get('nrows')}x{ref.get('ncols')}>"
+    return f"<{kind}>"
+
+
 def format_value(value: Any, style: str = "plain") -> str:
     """``value`` for people; floats to 6 significant digits in every style.
 
@@ -129,6 +147,10 @@ def format_value(value: Any, style: str = "plain") -> str:
     if style == "cell":
         if value is None:
             return ""
+        if isinstance(value, dict) and isinstance(value.get("_type"), str):
+            return media_label(value)
+        if isinstance(value, list) and value and all(_is_image(v) for v in value):
+            return f"<{len(value)} images>"
         if isinstance(value, (list, dict)):
             return json.dumps(json_safe(value, "null"), separators=(",", ":"), default=str)
         return str(value)

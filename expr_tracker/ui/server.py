@@ -18,6 +18,9 @@ Endpoints (every run is named by its ``run`` id from ``/api/runs``, looked up, n
   docs/ui.md "Columns, order and filter").
 - ``/api/run?run=ID``: a run's metrics, x-axis options, config, summary, alerts, and its
   System section (``system``: per node, its producer, host and metrics).
+- ``/api/media?run=ID``: the run's media keys, their steps and references, histograms'
+  counts, the latest table's rows (``ui/media.py``); ``/api/media/file?run=ID&path=
+  media/<sha256>.<ext>``: one media file, only from the run's ``media`` folder.
 - ``/api/series?run=ID&metric=M&x=step|time|METRIC&width=W[&lo=&hi=][&producer=P]``: one
   metric, downsampled to ``W`` buckets over the x range ``[lo, hi]`` (one producer's only).
 - ``/api/points?run=ID&after=STEP[&since=PRODUCER:STEP...]&x=...[&skip_stream=S...]``: rows
@@ -43,7 +46,7 @@ from pathlib import Path
 from typing import Any
 
 from expr_tracker.history.values import json_safe
-from expr_tracker.ui import compare, groups, runpage, runs, series, spans
+from expr_tracker.ui import compare, groups, media, runpage, runs, series, spans
 from expr_tracker.ui.catalog import Catalog
 from expr_tracker.ui.errors import BadRequest, NotFound, Unreadable, why
 from expr_tracker.ui.parts import parts_read
@@ -54,7 +57,7 @@ HEAVY_LIMIT = 2
 #: the ``Retry-After`` of that 503, seconds
 RETRY_AFTER_S = 5
 
-_STATIC = ("app.js", "style.css")
+_STATIC = ("app.js", "media.js", "style.css")
 _TYPES = {".js": "text/javascript; charset=utf-8", ".css": "text/css; charset=utf-8"}
 #: headers of every response: no framing, no sniffing, scripts only from this server
 SECURITY_HEADERS = {
@@ -281,6 +284,28 @@ def create_app(
     def api_run(request: Any) -> Any:
         return runpage.run_detail(catalog, q_str(request, "run"))
 
+    def api_media(request: Any) -> Any:
+        return media.media_section(catalog, q_str(request, "run"))
+
+    def media_file(request: Any) -> Any:
+        """One media file of a run (ui/media.py): its own Content-Type, nosniff, and a
+        sandbox so even a file a browser would run cannot run here."""
+        try:
+            body, ctype = media.media_file(catalog, q_str(request, "run"), q_str(request, "path"))
+        except Exception as exc:
+            answer = failure(exc)
+            if answer is None:
+                raise
+            return answer
+        return respond(
+            body,
+            ctype,
+            headers={
+                "Cache-Control": "private, max-age=86400, immutable",  # named by its hash
+                "Content-Security-Policy": "default-src 'none'; sandbox",
+            },
+        )
+
     def api_series(request: Any) -> Any:
         qp = request.query_params
         return series.series(
@@ -399,6 +424,8 @@ def create_app(
         Route("/static/{name}", static, methods=["GET"]),
         Route("/api/runs", endpoint(api_runs), methods=["GET"]),
         Route("/api/run", endpoint(api_run), methods=["GET"]),
+        Route("/api/media", endpoint(api_media), methods=["GET"]),
+        Route("/api/media/file", media_file, methods=["GET"]),
         Route("/api/series", endpoint(api_series), methods=["GET"]),
         Route("/api/points", endpoint(api_points), methods=["GET"]),
         Route("/api/spans", endpoint(api_spans), methods=["GET"]),

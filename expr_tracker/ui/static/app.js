@@ -576,6 +576,7 @@ async function runPage(run, me) {
     d.metrics.length ? null : el("p", { class: "muted" }, "no metrics yet"),
     chartsBox,
     systemBox,
+    el("div", { id: "media" }),
     el("div", { class: "tables" },
       kv("config", "Config", d.config), kv("summary", "Summary", d.summary),
       el("div", {}, el("h3", {}, "Alerts"), d.alerts.length ? el("table", { id: "alerts" },
@@ -589,6 +590,7 @@ async function runPage(run, me) {
       : null);
   for (const m of d.metrics) addChart(m);
   if (d.has_spans) loadSpans();
+  mediaSection(run, document.getElementById("media"), me); // media.js (docs/media.md)
   await loadAll([...charts.values()]);
   await loadSystem();
   if (me === page) pollTimer = setTimeout(poll, POLL_MS);

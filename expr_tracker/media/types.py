@@ -1,0 +1,485 @@
+"""``et.Image``, ``et.Histogram``, ``et.Table``: values for ``et.log`` that are more than a
+number (docs/media.md).
+
+Each object does its expensive work when it is made, on the caller's thread (an image is
+encoded to PNG bytes, a histogram's counts are computed), so logging it costs the store a
+file write handed to a background thread and a small reference in the row. The reference
+is a plain dict with a ``_type`` (``image``, ``histogram``, ``table``), which is what
+``et.history()`` and every reader hand back.
+
+NumPy is imported when an object is made; torch and Pillow only when given one of theirs.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import math
+import os
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any, Protocol
+
+from expr_tracker.media.png import encode_png, png_size
+
+__all__ = [
+    "MAX_BINS",
+    "Histogram",
+    "Image",
+    "Media",
+    "MediaSink",
+    "Table",
+]
+
+#: the most bins a histogram may have (as wandb)
+MAX_BINS = 512
+#: the file kinds an image given as a path may be, by their first bytes -> extension
+_MAGIC = {
+    b"\x89PNG\r\n\x1a\n": "png",
+    b"\xff\xd8\xff": "jpg",
+    b"GIF87a": "gif",
+    b"GIF89a": "gif",
+}
+#: Pillow's modes an image may be converted to (``mode=``)
+_MODES = ("L", "LA", "RGB", "RGBA")
+
+
+class MediaSink(Protocol):
+    """Where a logged media object puts its file (the run's :class:`MediaStore`)."""
+
+    def put(self, data: bytes, ext: str) -> tuple[str, str] | None:
+        """Store ``data``; returns (path relative to the run folder, sha256) or None
+        when it was refused (the media bound)."""
+        ...
+
+
+class Media:
+    """Base class of the media types: :meth:`to_ref` gives what the row holds."""
+
+    _type = "media"
+
+    def to_ref(self, sink: MediaSink | None) -> dict[str, Any] | None:
+        raise NotImplementedError
+
+
+def _np() -> Any:
+    import numpy as np
+
+    return np
+
+
+def _to_numpy(data: Any) -> Any:
+    """NumPy view of a NumPy array, torch tensor, jax/cupy array-like or nested sequence."""
+    np = _np()
+    mod = type(data).__module__ or ""
+    if mod.startswith("torch") and hasattr(data, "detach"):
+        t = data.detach()
+        if hasattr(t, "float") and str(t.dtype) in ("torch.bfloat16", "torch.float16"):
+            t = t.float()
+        return t.cpu().numpy()
+    return np.asarray(data)
+
+
+def _rescale(a: Any, field: str) -> Any:
+    """uint8 pixels from an array of any numeric dtype (docs/media.md "Images")."""
+    np = _np()
+    if a.dtype == np.uint8:
+        return a
+    if a.dtype == np.bool_:
+        return a.astype(np.uint8) * 255
+    if a.dtype.kind == "f":
+        if not np.isfinite(a).all():
+            raise ValueError(f"{field}: the image holds NaN or infinite values")
+        lo = float(a.min()) if a.size else 0.0
+        hi = float(a.max()) if a.size else 0.0
+        if lo >= 0.0 and hi <= 1.0:
+            a = a * 255.0
+        elif lo >= -1.0 and hi <= 1.0:
+            a = (a + 1.0) * 127.5
+        return np.clip(np.rint(a), 0, 255).astype(np.uint8)
+    if a.dtype.kind in "iu":
+        return np.clip(a, 0, 255).astype(np.uint8)
+    raise ValueError(
+        f"{field}: pixels of dtype {a.dtype} are not valid: uint8, bool, ints in 0..255 or "
+        "floats in [0, 1] (or [-1, 1])"
+    )
+
+
+def _hwc(a: Any, field: str) -> Any:
+    """(H, W) or (H, W, C) from HW, HWC or CHW (C in 1, 3, 4; a leading batch of 1 dropped)."""
+    shape = tuple(a.shape)
+    if a.ndim == 4 and shape[0] == 1:
+        a = a[0]
+    if a.ndim == 3:
+        c_last, c_first = a.shape[2] in (1, 2, 3, 4), a.shape[0] in (1, 2, 3, 4)
+        if c_first and not c_last:
+            a = a.transpose(1, 2, 0)
+        elif not c_last:
+            raise ValueError(
+                f"{field}: an image of shape {shape} is not valid: (H, W), (H, W, C) or "
+                "(C, H, W) with C in 1 (grey), 2 (grey+alpha), 3 (RGB), 4 (RGBA)"
+            )
+        if a.shape[2] == 1:
+            a = a[:, :, 0]
+    elif a.ndim != 2:
+        raise ValueError(
+            f"{field}: an image of shape {shape} is not valid: (H, W), (H, W, C) or "
+            "(C, H, W) with C in 1 (grey), 2 (grey+alpha), 3 (RGB), 4 (RGBA)"
+        )
+    if a.shape[0] == 0 or a.shape[1] == 0:
+        raise ValueError(f"{field}: an image of shape {shape} has no pixels")
+    return a
+
+
+class Image(Media):
+    """An image for ``et.log`` (as ``wandb.Image``).
+
+    Args:
+        data_or_path: a NumPy array or torch tensor of shape (H, W), (H, W, C) or (C, H, W)
+            (C in 1, 2, 3, 4; torch's CHW is recognised by its small first dimension), dtype
+            uint8 (as is), float in [0, 1] (× 255) or [-1, 1], bool, or ints clipped to
+            0..255; a PIL image; or the path of a PNG, JPEG or GIF file (its bytes stored as
+            they are).
+        caption: text shown under the image.
+        mode: a Pillow mode (``L``, ``LA``, ``RGB``, ``RGBA``) to convert to (needs Pillow
+            for anything but an array already in that number of channels).
+        file_type: accepted for wandb compatibility; images are stored as PNG (a path keeps
+            its own format).
+
+    Raises:
+        ValueError: a shape, dtype, value range, mode or file kind that is not valid (the
+            message names it and what is valid).
+        FileNotFoundError: a path that does not exist.
+    """
+
+    _type = "image"
+    __slots__ = ("caption", "data", "ext", "height", "sha256", "width")
+    data: bytes
+    ext: str
+    width: int
+    height: int
+
+    def __init__(
+        self,
+        data_or_path: Any,
+        caption: str | None = None,
+        mode: str | None = None,
+        file_type: str | None = None,
+        **kwargs: Any,
+    ) -> None:
+        if caption is not None and not isinstance(caption, str):
+            caption = str(caption)
+        if mode is not None and mode not in _MODES:
+            raise ValueError(f"Image(mode={mode!r}) is not valid: one of {', '.join(_MODES)}")
+        self.caption = caption
+        if isinstance(data_or_path, Image):
+            self.data, self.ext = data_or_path.data, data_or_path.ext
+            self.width, self.height = data_or_path.width, data_or_path.height
+        elif isinstance(data_or_path, (str, os.PathLike)):
+            self._from_path(Path(data_or_path), mode)
+        elif type(data_or_path).__module__.startswith("PIL."):
+            self._from_pil(data_or_path, mode)
+        else:
+            a = _hwc(_to_numpy(data_or_path), "Image(data)")
+            a = _rescale(a, "Image(data)")
+            if mode is not None:
+                a = _convert_mode(a, mode)
+            self.data, self.ext = encode_png(a), "png"
+            self.height, self.width = int(a.shape[0]), int(a.shape[1])
+        self.sha256 = hashlib.sha256(self.data).hexdigest()
+
+    def _from_pil(self, img: Any, mode: str | None) -> None:
+        if mode is not None:
+            img = img.convert(mode)
+        elif img.mode not in _MODES:
+            img = img.convert("RGBA" if "A" in img.mode or "transparency" in img.info else "RGB")
+        a = _np().asarray(img)
+        self.data, self.ext = encode_png(a), "png"
+        self.height, self.width = int(a.shape[0]), int(a.shape[1])
+
+    def _from_path(self, path: Path, mode: str | None) -> None:
+        if not path.is_file():
+            raise FileNotFoundError(f"Image({str(path)!r}): no such file")
+        data = path.read_bytes()
+        ext = next((e for m, e in _MAGIC.items() if data.startswith(m)), None)
+        if ext is None:
+            raise ValueError(
+                f"Image({str(path)!r}): the file is not a PNG, JPEG or GIF (by its first bytes)"
+            )
+        if mode is not None or ext != "png":
+            try:
+                from PIL import Image as PILImage
+            except ImportError:
+                if mode is not None:
+                    raise ValueError(f"Image(mode={mode!r}) of a file needs Pillow") from None
+                raise ValueError(
+                    f"Image({str(path)!r}): reading a {ext.upper()} file needs Pillow "
+                    "(pip install pillow); PNG files are read without it"
+                ) from None
+            with PILImage.open(path) as img:
+                if mode is not None:
+                    self._from_pil(img, mode)
+                    return
+                self.width, self.height = img.size
+            self.data, self.ext = data, ext
+            return
+        self.data, self.ext = data, ext
+        self.width, self.height = png_size(data)
+
+    def to_ref(self, sink: MediaSink | None) -> dict[str, Any] | None:
+        ref: dict[str, Any] = {
+            "_type": "image",
+            "path": None,
+            "sha256": self.sha256,
+            "format": self.ext,
+            "width": self.width,
+            "height": self.height,
+        }
+        if sink is not None:
+            put = sink.put(self.data, self.ext)
+            if put is None:
+                return None
+            ref["path"] = put[0]
+        if self.caption is not None:
+            ref["caption"] = self.caption
+        return ref
+
+    def __repr__(self) -> str:
+        return f"et.Image({self.width}x{self.height} {self.ext}, sha256={self.sha256[:12]})"
+
+
+def _convert_mode(a: Any, mode: str) -> Any:
+    channels = {"L": 1, "LA": 2, "RGB": 3, "RGBA": 4}[mode]
+    have = 1 if a.ndim == 2 else a.shape[2]
+    if have == channels:
+        return a
+    try:
+        from PIL import Image as PILImage
+    except ImportError:
+        raise ValueError(
+            f"Image(mode={mode!r}) of {have}-channel pixels needs Pillow (pip install pillow)"
+        ) from None
+    return _np().asarray(PILImage.fromarray(a).convert(mode))
+
+
+class Histogram(Media):
+    """A histogram for ``et.log`` (as ``wandb.Histogram``), stored in the row itself.
+
+    Args:
+        sequence: values (a sequence, NumPy array or torch tensor of any shape, flattened);
+            NaN and ±inf are left out and counted (``nonfinite`` in the row).
+        np_histogram: ``(counts, edges)`` as ``numpy.histogram`` returns them
+            (``len(edges) == len(counts) + 1``), instead of ``sequence``.
+        num_bins: bins between the finite minimum and maximum, 1..512 (default 64).
+
+    The row holds ``{"_type": "histogram", "values": counts, "bins": edges}`` (wandb's
+    names), plus ``nonfinite`` when values were left out.
+
+    Raises:
+        ValueError: both or neither of ``sequence`` and ``np_histogram``, a bad
+            ``num_bins``, or counts and edges that do not fit together.
+    """
+
+    _type = "histogram"
+    __slots__ = ("bins", "nonfinite", "values")
+
+    def __init__(
+        self,
+        sequence: Any = None,
+        np_histogram: tuple[Any, Any] | None = None,
+        num_bins: int = 64,
+    ) -> None:
+        np = _np()
+        if (sequence is None) == (np_histogram is None):
+            raise ValueError("Histogram takes one of sequence= or np_histogram=(counts, edges)")
+        self.nonfinite = 0
+        if np_histogram is not None:
+            if not isinstance(np_histogram, (tuple, list)) or len(np_histogram) != 2:
+                raise ValueError("Histogram(np_histogram=) must be a pair (counts, edges)")
+            counts = _to_numpy(np_histogram[0]).ravel()
+            edges = _to_numpy(np_histogram[1]).ravel().astype(float)
+            if len(edges) != len(counts) + 1 or len(counts) == 0:
+                raise ValueError(
+                    f"Histogram(np_histogram=): {len(counts)} counts need {len(counts) + 1} "
+                    f"edges, got {len(edges)}"
+                )
+            if len(counts) > MAX_BINS:
+                raise ValueError(
+                    f"Histogram(np_histogram=): {len(counts)} bins; at most {MAX_BINS}"
+                )
+            if not np.isfinite(edges).all() or (np.diff(edges) < 0).any():
+                raise ValueError("Histogram(np_histogram=): edges must be finite and increasing")
+            self.values = [_num(c) for c in counts.tolist()]
+            self.bins = [float(e) for e in edges.tolist()]
+            return
+        if type(num_bins) is not int or not 1 <= num_bins <= MAX_BINS:
+            raise ValueError(
+                f"Histogram(num_bins={num_bins!r}) is not valid: an int in 1..{MAX_BINS}"
+            )
+        a = _to_numpy(sequence).ravel()
+        if a.dtype.kind not in "biuf":
+            try:
+                a = a.astype(float)
+            except (TypeError, ValueError):
+                raise ValueError(
+                    f"Histogram(sequence): values of dtype {a.dtype} are not numbers"
+                ) from None
+        if a.dtype.kind == "f":
+            finite = np.isfinite(a)
+            if not finite.all():
+                self.nonfinite = int(a.size - int(finite.sum()))
+                a = a[finite]
+        if a.size == 0:
+            a = np.zeros(0)
+            counts, edges = np.zeros(num_bins, dtype=np.int64), np.linspace(0.0, 1.0, num_bins + 1)
+        else:
+            counts, edges = np.histogram(a.astype(np.float64, copy=False), bins=num_bins)
+        self.values = [int(c) for c in counts.tolist()]
+        self.bins = [float(e) for e in edges.tolist()]
+
+    def to_ref(self, sink: MediaSink | None) -> dict[str, Any] | None:
+        ref: dict[str, Any] = {"_type": "histogram", "values": self.values, "bins": self.bins}
+        if self.nonfinite:
+            ref["nonfinite"] = self.nonfinite
+        return ref
+
+    def __repr__(self) -> str:
+        return f"et.Histogram({len(self.values)} bins, {sum(self.values)} values)"
+
+
+def _num(c: Any) -> Any:
+    """A count as an int when it is one, else a finite float (np_histogram may be density)."""
+    if isinstance(c, bool):
+        return int(c)
+    if isinstance(c, int):
+        return c
+    f = float(c)
+    if not math.isfinite(f):
+        raise ValueError(f"Histogram(np_histogram=): count {c!r} is not finite")
+    return int(f) if f.is_integer() else f
+
+
+def _cell(v: Any, field: str) -> Any:
+    """A table cell: a JSON scalar, or an Image (encoded now, stored when logged)."""
+    if v is None or isinstance(v, (bool, str)):
+        return v
+    if isinstance(v, int):
+        return int(v)
+    if isinstance(v, float):
+        return float(v)  # NaN and ±inf written as NaN/Infinity, as in rows
+    if isinstance(v, (Image, Histogram)):
+        return v
+    mod = type(v).__module__ or ""
+    if mod.startswith(("numpy", "torch")) and hasattr(v, "item"):
+        try:
+            return _cell(v.item(), field)
+        except (ValueError, RuntimeError):  # an array of more than one element
+            pass
+    if mod.startswith("pandas") and type(v).__name__ in ("Timestamp", "Timedelta"):
+        return str(v)
+    if mod.startswith("PIL."):
+        return Image(v)
+    raise ValueError(
+        f"{field}: a cell of type {type(v).__name__} is not valid: numbers, strings, bools, "
+        "None, et.Image or et.Histogram"
+    )
+
+
+class Table(Media):
+    """A table for ``et.log`` (as ``wandb.Table``), stored as ``media/<sha256>.table.json``.
+
+    Args:
+        columns: column names (strings; default ``col0``, ``col1`` ... from the first row).
+        data: rows, each a sequence of as many cells as there are columns. A cell is a
+            number, string, bool, None, an ``et.Image`` (stored as its own file, the table
+            holding its reference) or an ``et.Histogram``; NumPy and torch scalars become
+            numbers, PIL images become ``et.Image``.
+        dataframe: a pandas DataFrame instead of ``columns`` and ``data``.
+        rows: wandb's other name of ``data``.
+
+    Raises:
+        ValueError: both ``data`` and ``dataframe``, a row of the wrong length, a column
+            name that is not a string, or a cell of a type not listed above (named with
+            its row and column).
+    """
+
+    _type = "table"
+    __slots__ = ("columns", "data")
+
+    def __init__(
+        self,
+        columns: Sequence[str] | None = None,
+        data: Sequence[Sequence[Any]] | None = None,
+        rows: Sequence[Sequence[Any]] | None = None,
+        dataframe: Any = None,
+        **kwargs: Any,
+    ) -> None:
+        if rows is not None:
+            if data is not None:
+                raise ValueError("Table takes data= or rows=, not both")
+            data = rows
+        if dataframe is not None:
+            if data is not None:
+                raise ValueError("Table takes data= or dataframe=, not both")
+            columns = [str(c) for c in dataframe.columns]
+            data = dataframe.itertuples(index=False, name=None)
+        rows_in = [list(r) for r in (data or [])]
+        if columns is None:
+            columns = [f"col{i}" for i in range(len(rows_in[0]) if rows_in else 0)]
+        cols = list(columns)
+        for c in cols:
+            if not isinstance(c, str):
+                raise ValueError(f"Table(columns): {c!r} is not a string")
+        if len(set(cols)) != len(cols):
+            raise ValueError(f"Table(columns): names repeat in {cols!r}")
+        self.columns = cols
+        self.data: list[list[Any]] = []
+        for i, r in enumerate(rows_in):
+            if len(r) != len(cols):
+                raise ValueError(
+                    f"Table(data): row {i} has {len(r)} cells; the table has {len(cols)} columns"
+                )
+            self.data.append(
+                [_cell(v, f"Table(data) row {i} column {cols[j]!r}") for j, v in enumerate(r)]
+            )
+
+    def add_data(self, *cells: Any) -> None:
+        """Append one row (as ``wandb.Table.add_data``).
+
+        Raises:
+            ValueError: the wrong number of cells or a cell type that is not valid.
+        """
+        i = len(self.data)
+        if len(cells) != len(self.columns):
+            raise ValueError(
+                f"Table.add_data: {len(cells)} cells; the table has {len(self.columns)} columns"
+            )
+        self.data.append(
+            [_cell(v, f"Table row {i} column {self.columns[j]!r}") for j, v in enumerate(cells)]
+        )
+
+    def to_ref(self, sink: MediaSink | None) -> dict[str, Any] | None:
+        import json
+
+        out = []
+        for r in self.data:
+            out.append([v.to_ref(sink) if isinstance(v, Media) else v for v in r])
+        body = json.dumps(
+            {"columns": self.columns, "data": out}, ensure_ascii=False, separators=(",", ":")
+        ).encode("utf-8")
+        sha = hashlib.sha256(body).hexdigest()
+        ref: dict[str, Any] = {
+            "_type": "table",
+            "path": None,
+            "sha256": sha,
+            "nrows": len(self.data),
+            "ncols": len(self.columns),
+        }
+        if sink is not None:
+            put = sink.put(body, "table.json")
+            if put is None:
+                return None
+            ref["path"] = put[0]
+        return ref
+
+    def __repr__(self) -> str:
+        return f"et.Table({len(self.data)} rows x {len(self.columns)} columns)"

@@ -1,0 +1,143 @@
+"""The run page's Media section and the media files it shows (docs/media.md "In the
+dashboard").
+
+:func:`media_section` finds the media keys of a run's main producers in the columnar cache
+(values that are media references: images, galleries, histograms, tables) with their
+steps: images as references per step (the page asks each file by its name), histograms as
+counts and edges per step (a heatmap of bins × steps and the latest as bars), and the
+latest table's content (its first :data:`TABLE_ROWS` rows). At most :data:`MAX_STEPS`
+steps per key are sent, spread evenly over the run and always with the last one.
+
+:func:`media_file` serves one file: only a name ``media/<sha256>.<ext>`` of the run, read
+through :func:`expr_tracker.media.read.read_media` (a regular file inside the run's
+``media`` folder, no symbolic link out, its hash checked), with its Content-Type.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from expr_tracker.history.codec import decode_line
+from expr_tracker.media.read import load_table, read_media
+from expr_tracker.ui.catalog import Catalog
+from expr_tracker.ui.errors import NotFound, Unreadable, why
+from expr_tracker.ui.parts import duckdb_cursor, metrics_sql
+
+__all__ = ["MAX_STEPS", "TABLE_ROWS", "media_file", "media_section"]
+
+#: steps per media key sent to the page
+MAX_STEPS = 200
+#: rows of a table sent to the page
+TABLE_ROWS = 1000
+_SYSTEM = "system"
+
+
+def _kind(value: Any) -> str | None:
+    if isinstance(value, dict):
+        k = value.get("_type")
+        return k if k in ("image", "histogram", "table") else None
+    if isinstance(value, list) and value and all(_kind(v) == "image" for v in value):
+        return "image"
+    return None
+
+
+def _spread(items: list[Any], n: int) -> list[Any]:
+    if len(items) <= n:
+        return items
+    step = (len(items) - 1) / (n - 1)
+    return [items[round(i * step)] for i in range(n)]
+
+
+def _run_dir(prods: list[Any]) -> Any:
+    p = prods[0]
+    return p.real_dir or p.run_dir
+
+
+def media_section(catalog: Catalog, run_id: str) -> dict:
+    """``{"media": [{"key", "kind", "steps", "items"} ...], "error"}``: per media key, its
+    steps and, per step, the image references (a list: a gallery), the histogram
+    (``values``, ``bins``) or, for tables, the reference (and ``table``: the latest one's
+    ``columns`` and first rows)."""
+    prods = [p for p in catalog.get(run_id) if p.stream != _SYSTEM]
+    found: dict[str, dict[int, Any]] = {}
+    errors: list[str] = []
+    con = duckdb_cursor()
+    try:
+        for p in prods:
+            try:
+                sql = metrics_sql(con, catalog, p)
+            except Unreadable as exc:
+                errors.append(str(exc))
+                continue
+            if sql is None:
+                continue
+            rows = con.execute(
+                f"SELECT metric, step, text FROM ({sql}) WHERE text LIKE '{{\"_type\":%' "
+                'OR text LIKE \'[{"_type":"image"%\' ORDER BY metric, step'
+            ).fetchall()
+            for metric, step, text in rows:
+                try:
+                    value = decode_line(text)
+                except ValueError:
+                    continue
+                if _kind(value) is not None:
+                    found.setdefault(metric, {})[int(step)] = value
+    finally:
+        con.close()
+    out = []
+    run_dir = _run_dir(catalog.get(run_id))
+    for key in sorted(found):
+        by_step = found[key]
+        kinds = sorted(k for k in (_kind(v) for v in by_step.values()) if k is not None)
+        kind = "image" if "image" in kinds else kinds[0]
+        steps = _spread(sorted(s for s, v in by_step.items() if _kind(v) == kind), MAX_STEPS)
+        items: list[Any] = []
+        for s in steps:
+            v = by_step[s]
+            if kind == "image":
+                refs = v if isinstance(v, list) else [v]
+                items.append([_image_ref(r) for r in refs])
+            elif kind == "histogram":
+                items.append({"values": v.get("values"), "bins": v.get("bins")})
+            else:
+                items.append(_image_ref(v))
+        entry: dict[str, Any] = {"key": key, "kind": kind, "steps": steps, "items": items}
+        if kind == "table" and steps:
+            try:
+                t = load_table(run_dir, by_step[steps[-1]], output_type="dict")
+                entry["table"] = {
+                    "columns": [str(c) for c in t["columns"]],
+                    "data": t["data"][:TABLE_ROWS],
+                    "nrows": len(t["data"]),
+                }
+            except (OSError, ValueError) as exc:
+                errors.append(f"table {key!r}: {why(exc) if isinstance(exc, OSError) else exc}")
+        out.append(entry)
+    return {"media": out, "error": "; ".join(errors) or None}
+
+
+def _image_ref(ref: Any) -> dict[str, Any]:
+    """The fields of a reference the page uses (strings and numbers only)."""
+    if not isinstance(ref, dict):
+        return {}
+    keep = ("_type", "path", "width", "height", "caption", "nrows", "ncols", "format")
+    return {k: ref[k] for k in keep if isinstance(ref.get(k), (str, int, float))}
+
+
+def media_file(catalog: Catalog, run_id: str, path: str) -> tuple[bytes, str]:
+    """The bytes and Content-Type of the run's media file ``path`` (``media/<sha256>.<ext>``).
+
+    Raises:
+        NotFound: no such run, or no such file.
+        Unreadable: a name that is not a media name, or a file that is not a regular file
+            inside the run's media folder, or whose content is not its hash.
+    """
+    prods = catalog.get(run_id)
+    try:
+        return read_media(_run_dir(prods), path)
+    except FileNotFoundError:
+        raise NotFound(f"no media file {path[:100]!r} in run {run_id!r}") from None
+    except OSError as exc:
+        raise Unreadable(f"{path[:100]!r}: {why(exc)}") from None
+    except ValueError as exc:
+        raise Unreadable(str(exc)) from None

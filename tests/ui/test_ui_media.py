@@ -1,0 +1,140 @@
+"""The run page's Media section (docs/media.md "In the dashboard"): the media keys with
+their steps, histograms' counts, the latest table; media files served only from the run's
+media folder (names, links, FIFOs and changed files refused, Content-Type and nosniff set);
+and in a real headless Chromium, the image slider and the histogram heatmap (screenshot
+in test-artifacts/ui/media.png)."""
+
+from __future__ import annotations
+
+import os
+import shutil
+
+import numpy as np
+import pytest
+from helpers import ROOT
+from ui_support import Server
+
+import expr_tracker as et
+from expr_tracker.ui.server import create_app
+
+TestClient = pytest.importorskip("starlette.testclient").TestClient
+
+
+@pytest.fixture(scope="module")
+def media_runs(tmp_path_factory):
+    root = tmp_path_factory.mktemp("uimedia") / "runs"
+    et.init(project="demo", name="media", dir=str(root), system=False)
+    rng = np.random.default_rng(0)
+    for step in range(4):
+        img = np.full((8, 8, 3), 60 * step, dtype=np.uint8)
+        row = {"loss": 1.0 / (step + 1), "samples": et.Image(img, caption=f"s{step}")}
+        row["weights"] = et.Histogram(rng.normal(step, 1.0, size=500), num_bins=16)
+        if step == 3:
+            row["preds"] = et.Table(
+                columns=["id", "label", "img"],
+                data=[[i, f"c{i}", et.Image(img)] for i in range(30)],
+            )
+        et.log(row)
+    et.finish()
+    return root
+
+
+@pytest.fixture(scope="module")
+def client(media_runs, tmp_path_factory):
+    app = create_app(media_runs, cache_dir=tmp_path_factory.mktemp("uimediac"))
+    return TestClient(app, base_url="http://127.0.0.1")
+
+
+def test_media_section_lists_keys_steps_and_content(client):
+    d = client.get("/api/media", params={"run": "demo/media"}).json()
+    by = {m["key"]: m for m in d["media"]}
+    assert set(by) == {"samples", "weights", "preds"} and d["error"] is None
+    assert by["samples"]["kind"] == "image" and by["samples"]["steps"] == [0, 1, 2, 3]
+    assert by["samples"]["items"][2][0]["caption"] == "s2"
+    w = by["weights"]
+    assert w["kind"] == "histogram" and [sum(h["values"]) for h in w["items"]] == [500] * 4
+    t = by["preds"]["table"]
+    assert t["columns"] == ["id", "label", "img"] and t["nrows"] == 30
+    assert t["data"][1][:2] == [1, "c1"] and t["data"][1][2]["_type"] == "image"
+    # media keys are not charts of the run
+    assert client.get("/api/run", params={"run": "demo/media"}).json()["metrics"] == ["loss"]
+
+
+def test_media_file_is_served_with_its_type_and_nosniff(client):
+    d = client.get("/api/media", params={"run": "demo/media"}).json()
+    path = d["media"][1]["items"][0][0]["path"] if d["media"][1]["key"] == "samples" else None
+    path = path or next(m for m in d["media"] if m["key"] == "samples")["items"][0][0]["path"]
+    r = client.get("/api/media/file", params={"run": "demo/media", "path": path})
+    assert r.status_code == 200 and r.content.startswith(b"\x89PNG")
+    assert r.headers["content-type"] == "image/png"
+    assert r.headers["x-content-type-options"] == "nosniff"
+    assert "sandbox" in r.headers["content-security-policy"]
+
+
+def test_media_file_refuses_what_is_not_a_media_file_of_the_run(client, media_runs, tmp_path):
+    media = media_runs / "demo" / "media" / "media"
+    secret = tmp_path / "secret.png"
+    secret.write_bytes(b"secret")
+    link = media / ("a" * 64 + ".png")
+    os.symlink(secret, link)
+    fifo = media / ("b" * 64 + ".png")
+    os.mkfifo(fifo)
+    changed = media / ("c" * 64 + ".png")
+    changed.write_bytes(b"not what the name says")
+    try:
+        for path, status in [
+            ("media/../run.json", 422),
+            ("../../../etc/passwd", 422),
+            ("media/" + "a" * 64 + ".html", 422),
+            ("media/" + "a" * 64 + ".png", 422),  # a symbolic link out
+            ("media/" + "b" * 64 + ".png", 422),  # a FIFO
+            ("media/" + "c" * 64 + ".png", 422),  # content not its hash
+            ("media/" + "d" * 64 + ".png", 404),
+        ]:
+            r = client.get("/api/media/file", params={"run": "demo/media", "path": path})
+            assert r.status_code == status, path
+            assert r.headers["content-type"] == "application/json"
+        r = client.get("/api/media/file", params={"run": "nope", "path": "media/x.png"})
+        assert r.status_code == 404
+    finally:
+        for p in (link, fifo, changed):
+            p.unlink()
+
+
+@pytest.mark.slow
+def test_browser_shows_image_slider_histogram_heatmap_and_table(media_runs, tmp_path):
+    """A real Chromium (about 5 s: the browser's start)."""
+    chromium = shutil.which("chromium") or shutil.which("chromium-browser")
+    if chromium is None:
+        pytest.skip("no chromium installed")
+    sync_api = pytest.importorskip("playwright.sync_api")
+    server = Server(media_runs, tmp_path / "cache")
+    try:
+        with sync_api.sync_playwright() as pw:
+            b = pw.chromium.launch(
+                executable_path=chromium, args=["--headless", "--no-sandbox"], headless=True
+            )
+            pg = b.new_page(viewport={"width": 1200, "height": 1400})
+            errors: list[str] = []
+            pg.on("pageerror", lambda e: errors.append(str(e)))
+            pg.goto(server.open("#/run?run=demo%2Fmedia"), timeout=180_000)
+            pg.wait_for_selector("#media section.media-image img", timeout=120_000)
+            pg.wait_for_function(
+                "() => document.querySelector('#media img').naturalWidth === 8", timeout=60_000
+            )
+            assert pg.locator("#media .media-step").inner_text() == "step 3"
+            pg.locator("#media .media-slider").fill("1")
+            assert pg.locator("#media .media-step").inner_text() == "step 1"
+            assert pg.locator("#media figcaption").inner_text() == "s1"
+            pg.wait_for_selector("#media .media-heatmap .heatmaplayer", timeout=120_000)
+            assert pg.locator("#media table.media-table tbody tr").count() == 25
+            pg.locator("#media table.media-table th", has_text="id").click()
+            pg.locator("#media table.media-table th", has_text="id").click()  # descending
+            assert pg.locator("#media table.media-table tbody td").first.inner_text() == "29"
+            out = ROOT / "test-artifacts" / "ui"
+            out.mkdir(parents=True, exist_ok=True)
+            pg.locator("#media").screenshot(path=str(out / "media.png"))
+            assert errors == []
+            b.close()
+    finally:
+        server.close()
