@@ -10,19 +10,18 @@ override set is the composed config's default. An override sets the key it names
 (``optimizer.*``, ``model.encoder.*``, ``backup.*``). For any other run defaults are not
 known and every key is shown.
 
-:func:`config_view` is the pure function both readers call; :func:`run_config_view`
-resolves runs by name as ``et compare`` does and reads their files.
+:func:`config_view` is the pure function both readers call;
+:func:`expr_tracker.query.compare.run_config_view` resolves runs by name as ``et compare``
+does and reads their files.
 """
 
 from __future__ import annotations
 
-import os
-from pathlib import Path
 from typing import Any
 
 from expr_tracker.history.values import flatten
 
-__all__ = ["config_view", "hydra_overrides", "override_keys", "run_config_view"]
+__all__ = ["config_view", "hydra_overrides", "override_keys"]
 
 _MISSING = object()
 
@@ -112,37 +111,3 @@ def _same(a: Any, b: Any) -> bool:
     if a != a and b != b:
         return True
     return bool(a == b)
-
-
-def run_config_view(
-    run: str | os.PathLike[str],
-    baseline: str | os.PathLike[str] | None = None,
-    root: str | os.PathLike[str] = "runs",
-) -> dict:
-    """:func:`config_view` of the run ``run`` names (a run directory, or ``project/name``
-    or ``name`` under ``root``, as ``et compare``), against ``baseline`` when given; plus
-    ``run`` and ``baseline_run`` (their ids) and ``warnings`` (files left out).
-
-    Raises:
-        expr_tracker.query.compare.CompareError: a name that names no run, or several.
-    """
-    from expr_tracker.query.compare import _index, _read_object, _resolve
-
-    root_p = Path(root)
-    index = _index(root_p)
-    warnings: list[str] = []
-
-    def load(given: Any) -> tuple[str, Any, Any]:
-        r = _resolve(given, root_p, index)
-        main = min(r.producers, key=lambda p: (p.stream is not None, p.rank or 0))
-        cfg = _read_object(main.config, warnings, r.run_id)
-        info = _read_object(main.run_file, warnings, r.run_id)
-        return r.run_id, cfg, info
-
-    rid, cfg, info = load(run)
-    if baseline is None:
-        view = config_view(cfg, overrides=hydra_overrides(info))
-        return {**view, "run": rid, "baseline_run": None, "warnings": warnings}
-    bid, bcfg, _ = load(baseline)
-    view = config_view(cfg, overrides=hydra_overrides(info), baseline=bcfg)
-    return {**view, "run": rid, "baseline_run": bid, "warnings": warnings}
