@@ -326,8 +326,7 @@ def shown_config_rows(view: dict, show_all: bool) -> list[dict]:
 def cmd_run(args: argparse.Namespace) -> int:
     """Exit codes: 0 shown, 1 no such run (or a name that names several)."""
     from expr_tracker.history.values import json_safe
-    from expr_tracker.query.compare import CompareError
-    from expr_tracker.query.compare import run_config_view
+    from expr_tracker.query.compare import CompareError, run_config_view
 
     try:
         view = run_config_view(args.run, args.baseline, root=args.dir)
