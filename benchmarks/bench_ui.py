@@ -16,6 +16,9 @@ Measured:
 - ``series warm``: the same request again, median of ``--repeat`` — in process
   (:func:`expr_tracker.ui.series.series`) and over HTTP from a real ``et ui`` (uvicorn) on
   127.0.0.1; the points returned (M4: at most 4 per bucket plus every non-finite point);
+- ``series smoothed warm``: the same with ``smooth=ema:0.9`` and ``smooth=mean:20``
+  (the whole raw series read out of DuckDB and smoothed before both lines are cut), median
+  of ``--repeat``, in process;
 - ``first chart``: headless Chromium (Debian's ``chromium``, through Playwright) opening
   the run page of the warm server: milliseconds from navigation start until the first chart
   is drawn (Plotly's graph div holds its data): the first visit of a fresh browser profile
@@ -116,8 +119,20 @@ def main() -> int:
     assert tr["total"] == args.steps, tr["total"]
     assert max(y for y in tr["y"] if y is not None) == 50.0, "a spike was lost"
     assert {p["kind"] for p in tr["nonfinite"]} == {"nan", "inf"}
+    from expr_tracker.history.smoothing import parse_smoothing
+
+    smoothed = {}
+    for how in ("ema:0.9", "mean:20"):
+        times = []
+        for _ in range(args.repeat):
+            t = time.perf_counter()
+            sres = series(cat, "bench/big", "loss", width=args.width, smooth=parse_smoothing(how))
+            times.append(time.perf_counter() - t)
+        assert sres["traces"][0]["total"] == args.steps
+        smoothed[how] = round(statistics.median(times), 4)
     report = {
         "steps": args.steps,
+        "series_smoothed_warm_s": smoothed,
         "width": args.width,
         "points": len(tr["x"]),
         "series_cold_s": round(cold, 3),

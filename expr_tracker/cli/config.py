@@ -8,6 +8,10 @@
   with its source (``default``, ``env VAR``, ``ET_ALERT_CONFIG``, ``ET_CONFIG``, ``file``,
   ``override``) and, for a value read from a file, ``file:line:column``; secrets are ``***``.
   ``--format json`` prints the same as one JSON array, ``--format jsonl`` one object per line.
+- ``et config run RUN [--baseline OTHER] [--all] [--dir DIR]`` — a run's config: the keys
+  that are not defaults (a Hydra job's: the keys its overrides set; other runs: every key;
+  ``--all`` every key), and with ``--baseline`` the baseline run's values beside them, only
+  the keys that differ unless ``--all`` (``query/configview.py``). Exit 0, 1 no such run.
 - ``et config reference [-o FILE] [--check]`` — the Markdown configuration reference
   (``docs/configuration.md``), generated from the models so it cannot drift.
 """
@@ -81,6 +85,22 @@ def register(subparsers: Any) -> None:
         help="table width (default: the terminal's; piped: $COLUMNS or 200, as et history)",
     )
     s.set_defaults(func=cmd_show)
+
+    c = verbs.add_parser(
+        "run",
+        help="a run's config: defaults hidden, differences to a --baseline run",
+        description=(
+            "Show a run's config. Defaults are hidden where they are known (a Hydra job: the "
+            "keys no override set); with --baseline OTHER only the keys whose values differ "
+            "from OTHER's are listed, both values side by side. --all shows every key."
+        ),
+    )
+    c.add_argument("run", metavar="RUN", help="a run directory, or project/name or name")
+    c.add_argument("--baseline", default=None, metavar="OTHER", help="a run to diff against")
+    c.add_argument("--all", action="store_true", help="every key (defaults, equal values)")
+    c.add_argument("--dir", default="runs", help="where names are looked up (default ./runs)")
+    output.add_format_option(c, "table", what="{key, value, default, baseline, differs}")
+    c.set_defaults(func=cmd_run)
 
     r = verbs.add_parser(
         "reference",
@@ -283,6 +303,74 @@ def cmd_show(args: argparse.Namespace) -> int:
     console = output.console(width=table_width(sys.stdout, args.width), highlight=True)
     console.print(render_table(rows))
     return 0
+
+
+# ------------------------------------------------------------------ run
+
+
+def shown_config_rows(view: dict, show_all: bool) -> list[dict]:
+    """The rows of a :func:`~expr_tracker.query.configview.config_view` a reader sees: all
+    with ``show_all``; else with a baseline the keys that differ (the baseline's own keys
+    too, ``value`` missing), without one the keys that are not defaults."""
+    rows = list(view["rows"])
+    if view["baseline"]:
+        rows += [
+            {"key": r["key"], "value": None, "missing": True, "default": None,
+             "baseline": r["baseline"], "in_baseline": True, "differs": True}
+            for r in view["only_in_baseline"]
+        ]  # fmt: skip
+        return rows if show_all else [r for r in rows if r["differs"]]
+    return rows if show_all else [r for r in rows if r["default"] is not True]
+
+
+def cmd_run(args: argparse.Namespace) -> int:
+    """Exit codes: 0 shown, 1 no such run (or a name that names several)."""
+    from expr_tracker.history.values import json_safe
+    from expr_tracker.query.compare import CompareError, run_config_view
+
+    try:
+        view = run_config_view(args.run, args.baseline, root=args.dir)
+    except CompareError as exc:
+        print(f"et config run: {exc}", file=sys.stderr)
+        return 1
+    for w in view["warnings"]:
+        print(f"et config run: warning: {w}", file=sys.stderr)
+    rows = shown_config_rows(view, args.all)
+    hidden = len(view["rows"]) + len(view["only_in_baseline"]) - len(rows)
+    if output.is_machine(args.format):
+        keep = ("key", "value", "default", "baseline", "differs")
+        data = [{k: r.get(k) for k in keep if k != "baseline" or view["baseline"]} for r in rows]
+        output.write_records(json_safe(data, "null"), args.format)
+        return 0
+    from rich.table import Table
+
+    from expr_tracker.cli.history import table_width
+
+    title = f"config of {view['run']}"
+    if view["baseline_run"]:
+        title += f" against {view['baseline_run']}"
+    table = Table(title=title, expand=False)
+    table.add_column("key", no_wrap=True)
+    table.add_column("value", overflow="fold")
+    if view["baseline"]:
+        table.add_column(f"baseline {view['baseline_run']}", overflow="fold")
+    for r in rows:
+        cells = ["—" if r.get("missing") else _cell(r["value"])]
+        if view["baseline"]:
+            cells.append(_cell(r["baseline"]) if r["in_baseline"] else "—")
+        table.add_row(r["key"], *cells, style="dim" if r["default"] else None)
+    console = output.console(width=table_width(sys.stdout, None), highlight=False)
+    console.print(table)
+    if hidden:
+        why = "equal to the baseline" if view["baseline"] else "defaults (no override set them)"
+        console.print(f"{hidden} keys {why} not shown (--all shows them)", markup=False)
+    elif not view["baseline"] and not view["defaults_known"] and not args.all:
+        console.print("defaults unknown (not a Hydra job): every key shown", markup=False)
+    return 0
+
+
+def _cell(v: Any) -> str:
+    return v if isinstance(v, str) else json.dumps(v, ensure_ascii=False, default=str)
 
 
 # ------------------------------------------------------------------ reference

@@ -18,11 +18,12 @@ What is drawn, and what is not hidden:
   and +inf ``▲`` on the top edge, -inf ``▼`` on the bottom one, at its x; the line is broken
   there), and the legend under the chart counts them. Values that are not numbers (strings, lists) are counted
   there too; with ``--log-y``, so are the values <= 0 that a log axis cannot show.
-- ``--smooth ALPHA`` draws the exponential moving average ``s = ALPHA * y + (1 - ALPHA) *
-  s_prev`` (pandas' ``ewm(alpha=ALPHA, adjust=False)``; 1 is the raw series, smaller is
-  smoother) instead of the raw line — the terminal has no faint colour to keep both
-  readable; the legend's ``last`` is still the raw last value. NaN/inf are not averaged in
-  (they are marked as above).
+- ``--smooth ema:W|mean:N`` draws the smoothed series (``history/smoothing.py``: the
+  debiased EMA of weight W as TensorBoard's, or the mean of the last N points, computed on
+  every point before the cut) instead of the raw line — the terminal has no faint colour
+  to keep both readable; the legend's ``last`` is still the raw last value. NaN/inf are not
+  averaged in (they are marked as above). A plain number ALPHA (the older form) is
+  ``ema:1-ALPHA``.
 
 ``--follow`` redraws as the runs write (only the bytes appended since the last poll are
 read), until every run's ``run.json`` says it ended (a final draw, exit 0) or Ctrl-C (exit
@@ -91,10 +92,11 @@ def register(subparsers: Any) -> None:
     )
     p.add_argument(
         "--smooth",
-        type=float,
         default=None,
-        metavar="ALPHA",
-        help="draw the EMA of each series (0 < ALPHA <= 1; smaller is smoother)",
+        metavar="ema:W|mean:N",
+        help="draw each series smoothed: ema:0.9 (the debiased EMA of weight W, 0 <= W < 1, "
+        "as TensorBoard's) or mean:20 (the mean of the last N points); a plain number ALPHA "
+        "is ema:1-ALPHA",
     )
     p.add_argument("--log-y", action="store_true", help="logarithmic y axis")
     p.add_argument(
@@ -558,9 +560,32 @@ def run_plot(args: argparse.Namespace, out: IO[str] | None = None) -> int:
         return exc.code
 
 
+def smoothing_option(text: Any) -> Any:
+    """``--smooth``'s value as a :class:`~expr_tracker.history.smoothing.Smoothing` (None:
+    none): ``ema:W``, ``mean:N``, or a plain number ALPHA in (0, 1] (``ema:1-ALPHA``; 1 is
+    the raw series); :class:`PlotError` (usage) else."""
+    from expr_tracker.history.smoothing import Smoothing, parse_smoothing
+
+    if text is None or not isinstance(text, str):
+        return text
+    try:
+        alpha = float(text)
+    except ValueError:
+        try:
+            return parse_smoothing(text, name="--smooth")
+        except ValueError as exc:
+            raise PlotError(str(exc), 2) from None
+    if not 0 < alpha <= 1:
+        raise PlotError(
+            f"--smooth {text} is not valid: ema:W (0 <= W < 1), mean:N (N >= 1), or a plain "
+            "ALPHA with 0 < ALPHA <= 1 (1: raw)",
+            2,
+        )
+    return None if alpha == 1 else Smoothing("ema", 1.0 - alpha)
+
+
 def _check(args: argparse.Namespace) -> None:
-    if args.smooth is not None and not (0 < args.smooth <= 1):
-        raise PlotError(f"--smooth {args.smooth:g} is not valid: 0 < ALPHA <= 1 (1: raw)", 2)
+    args.smooth = smoothing_option(args.smooth)
     if args.since is not None and args.since < 0:
         raise PlotError(f"--since {args.since} is not valid: a step >= 0", 2)
     if args.width is not None and args.width < 30:

@@ -23,6 +23,7 @@ from typing import Any
 
 from expr_tracker.cli import output
 from expr_tracker.history.chartprep import SeriesView, column_xy, series_view
+from expr_tracker.history.smoothing import Smoothing
 
 #: series colours (xterm 256-colour codes of the 16 basic colours, readable on dark and light)
 PALETTE = (12, 10, 9, 14, 13, 11, 6, 5)
@@ -183,7 +184,7 @@ def render_frame(
     *,
     x_mode: str,
     since: int | None,
-    smooth: float | None,
+    smooth: Smoothing | None,
     log_y: bool,
     layout: Layout,
     color: bool,
@@ -234,7 +235,7 @@ def render_frame(
         ]
         title = output.printable(metric)
         if smooth is not None:
-            title += f" (EMA alpha={smooth:g})"
+            title += f" ({smooth.label})"
         charts.append(
             render_chart(
                 plt,
@@ -273,7 +274,7 @@ def render_group_frame(
     *,
     agg: str,
     band: str,
-    smooth: float | None,
+    smooth: Smoothing | None,
     log_y: bool,
     layout: Layout,
     color: bool,
@@ -287,7 +288,7 @@ def render_group_frame(
     band, the range of runs per step and the non-finite values left out."""
     import numpy as np
 
-    from expr_tracker.history.chartprep import ema
+    from expr_tracker.history.smoothing import smooth as smooth_values
     from expr_tracker.query.groups import band_points
     from expr_tracker.query.stats import group_band
 
@@ -311,7 +312,7 @@ def render_group_frame(
                 if col is None or not len(col):
                     continue
                 col = col.ordered()
-                ys = ema(col.values, smooth) if smooth is not None else col.values
+                ys = smooth_values(col.values, smooth) if smooth is not None else col.values
                 series.append((np.frombuffer(col.steps, dtype=np.int64), np.asarray(ys)))
             if not series:
                 continue
@@ -360,7 +361,7 @@ def _group_chart(
     color: bool,
     agg: str,
     band: str,
-    smooth: float | None,
+    smooth: Smoothing | None,
 ) -> str:
     fig = plt.figure
     fig.clear()
@@ -403,7 +404,7 @@ def _group_chart(
     fig.ruler("x").ticks(pos, labels)
     title = f"{output.printable(metric)}: {agg}, {BAND_NAMES[band]}"
     if smooth is not None:
-        title += f" (EMA alpha={smooth:g} per run)"
+        title += f" ({smooth.label} per run)"
     if len(title) > width:
         head = (width - 1) // 2
         title = title[:head] + "…" + title[len(title) - (width - 1 - head) :]

@@ -9,14 +9,16 @@ points and drawing them, written once.
   sorting alone, for points cut elsewhere (the dashboard's M4 in DuckDB) or not cut at all
   (a live page's new rows). The dashboard's series (``ui/series.py``) and ``et plot``'s
   views (:func:`series_view`) are both made from it.
-- :func:`ema` smooths (``et plot --smooth``; the dashboard smooths in the browser, with its
-  own slider), :func:`drop_nonpositive` leaves out what a log axis cannot show, and
+- Smoothing (``et plot --smooth``, the dashboard's ``smooth=``) is
+  :mod:`expr_tracker.history.smoothing`'s, on the raw series before any cut;
+  :func:`drop_nonpositive` leaves out what a log axis cannot show, and
   :func:`column_xy` takes x and y from a :class:`~expr_tracker.history.columns.Column`
   (the step, or seconds since the run's first row).
 - :class:`SeriesView` / :func:`series_view`: one series of one ``et plot`` chart with the
   totals its legend shows (``cli/plotrender.py`` draws it).
 
-Pure functions over sequences; imports only ``history/downsample.py``.
+Pure functions over sequences; imports only ``history/downsample.py`` and
+``history/smoothing.py``.
 """
 
 from __future__ import annotations
@@ -26,6 +28,8 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from expr_tracker.history.downsample import bucket_index, m4
+from expr_tracker.history.smoothing import Smoothing
+from expr_tracker.history.smoothing import smooth as smooth_values
 
 __all__ = [
     "ChartPoints",
@@ -33,7 +37,6 @@ __all__ = [
     "chart_points",
     "column_xy",
     "drop_nonpositive",
-    "ema",
     "kept_points",
     "nonfinite_kind",
     "series_view",
@@ -85,22 +88,6 @@ def chart_points(
     :func:`~expr_tracker.history.downsample.m4` (same arguments and errors), as
     :class:`ChartPoints`."""
     return kept_points(xs, ys, m4(xs, ys, buckets, lo, hi) if len(xs) else ())
-
-
-def ema(values: Any, alpha: float) -> list[float]:
-    """The exponential moving average of ``values``: ``s = alpha * y + (1 - alpha) *
-    s_prev``, starting at the first finite value (pandas ``ewm(alpha, adjust=False)``);
-    a non-finite value is not averaged in and stays as it is."""
-    out: list[float] = []
-    s = None
-    b = 1.0 - alpha
-    for y in values:
-        if y - y != 0:  # NaN or inf: marked, not averaged
-            out.append(y)
-            continue
-        s = y if s is None else alpha * y + b * s
-        out.append(s)
-    return out
 
 
 def drop_nonpositive(xs: Sequence[Any], ys: Sequence[Any]) -> tuple[Any, Any, int]:
@@ -156,17 +143,18 @@ def series_view(
     buckets: int,
     lo: float,
     hi: float,
-    smooth: float | None,
+    smooth: Smoothing | None,
     log_y: bool,
 ) -> SeriesView:
     """The :class:`SeriesView` of a column, cut to ``buckets`` columns over ``[lo, hi]``
-    (:func:`chart_points`), smoothed by :func:`ema` when ``smooth`` is given."""
+    (:func:`chart_points`), smoothed (:func:`~expr_tracker.history.smoothing.smooth`, on
+    every point, before the cut) when ``smooth`` is given."""
     view = SeriesView(label, skipped=col.skipped)
     xs, ys, view.no_time = column_xy(col, x_mode, t0)
     if len(ys):
         view.last, view.last_x = ys[-1], xs[-1]
     if smooth is not None:
-        ys = ema(ys, smooth)
+        ys = smooth_values(ys, smooth)
     if log_y:
         xs, ys, view.nonpositive = drop_nonpositive(xs, ys)
     pts = chart_points(xs, ys, buckets, lo, hi)

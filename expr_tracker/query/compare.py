@@ -41,7 +41,14 @@ from expr_tracker.query.catalog import (
     run_entries,
 )
 
-__all__ = ["CompareError", "IDENTITY_KEYS", "compare_groups", "compare_runs", "goal_from_name"]
+__all__ = [
+    "CompareError",
+    "IDENTITY_KEYS",
+    "compare_groups",
+    "compare_runs",
+    "goal_from_name",
+    "run_config_view",
+]
 
 #: the identity rows, in the order shown
 IDENTITY_KEYS = (
@@ -620,3 +627,37 @@ def _best_values(
                     got[(name, "max")] = max(finite)
         out.append(got)
     return out
+
+
+def run_config_view(
+    run: str | os.PathLike[str],
+    baseline: str | os.PathLike[str] | None = None,
+    root: str | os.PathLike[str] = "runs",
+) -> dict:
+    """:func:`~expr_tracker.query.configview.config_view` of the run ``run`` names (a run directory, or ``project/name``
+    or ``name`` under ``root``, as ``et compare``), against ``baseline`` when given; plus
+    ``run`` and ``baseline_run`` (their ids) and ``warnings`` (files left out).
+
+    Raises:
+        CompareError: a name that names no run, or several.
+    """
+    from expr_tracker.query.configview import config_view, hydra_overrides
+
+    root_p = Path(root)
+    index = _index(root_p)
+    warnings: list[str] = []
+
+    def load(given: Any) -> tuple[str, Any, Any]:
+        r = _resolve(given, root_p, index)
+        main = min(r.producers, key=lambda p: (p.stream is not None, p.rank or 0))
+        cfg = _read_object(main.config, warnings, r.run_id)
+        info = _read_object(main.run_file, warnings, r.run_id)
+        return r.run_id, cfg, info
+
+    rid, cfg, info = load(run)
+    if baseline is None:
+        view = config_view(cfg, overrides=hydra_overrides(info))
+        return {**view, "run": rid, "baseline_run": None, "warnings": warnings}
+    bid, bcfg, _ = load(baseline)
+    view = config_view(cfg, overrides=hydra_overrides(info), baseline=bcfg)
+    return {**view, "run": rid, "baseline_run": bid, "warnings": warnings}

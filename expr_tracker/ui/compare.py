@@ -48,7 +48,8 @@ def _check_compare_files(run_id: str, prods: list[Producer], root: str) -> None:
 
 def compare(catalog: Catalog, run_ids: list[str]) -> dict:
     """Config and summary differences of the runs (:func:`expr_tracker.query.compare.compare_runs`,
-    every key, ``equal`` telling which differ) plus the metrics each run has."""
+    every key, ``equal`` telling which differ) plus the metrics each run has and their step
+    metrics (``x_options``)."""
     from expr_tracker.query.compare import CompareError, compare_runs
 
     if len(run_ids) < 2:
@@ -68,4 +69,26 @@ def compare(catalog: Catalog, run_ids: list[str]) -> dict:
     for ps in prods:
         metrics |= metric_names(catalog, ps)
     res["metrics"] = sorted(metrics)
+    res["x_options"] = step_metrics(catalog, prods, metrics)
     return json_safe(res, "string")
+
+
+def step_metrics(catalog: Catalog, prods: list[list[Producer]], metrics: set[str]) -> list[str]:
+    """The step metrics (``define_metric(..., step_metric=)``) of the runs' metrics that
+    the runs log: the compare page's x-axis choices besides step and time. A definitions
+    file that cannot be read adds none."""
+    from expr_tracker.history.metricdefs import MetricDefs, defs_path_for
+    from expr_tracker.history.untrusted import read_json
+
+    found: set[str] = set()
+    for ps in prods:
+        for p in ps:
+            if p.metrics is None:
+                continue
+            defs = MetricDefs()
+            try:
+                defs.load(read_json(defs_path_for(p.metrics), root=catalog.root_real))
+            except Exception:  # noqa: BLE001 - absent or unreadable: no step metrics
+                continue
+            found.update(sm for m in metrics if (sm := defs.step_metric_of(m)) and sm in metrics)
+    return sorted(found)

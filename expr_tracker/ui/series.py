@@ -8,6 +8,11 @@ preparation ``et plot`` uses too), more by the same M4 in DuckDB (the rows never
 first and last by step, a tie for min or max may pick another of the equal points).
 :func:`new_points` answers a live page's poll with the rows past the steps it has.
 
+With ``smooth`` (:mod:`expr_tracker.history.smoothing`: ``ema:W``, ``mean:N``) the whole
+raw series is read, smoothed point by point, and then both the raw and the smoothed series
+are cut by M4 (:func:`smoothed_trace`): the smoothing never sees downsampled points and a
+zoom does not restart it at the zoom's edge.
+
 Non-finite numbers cannot travel in JSON: a trace carries ``y`` with ``None`` there and
 lists the point in ``nonfinite`` as ``{"x", "step", "kind": "nan"|"inf"|"-inf"}``.
 """
@@ -18,6 +23,8 @@ import math
 from typing import TYPE_CHECKING, Any
 
 from expr_tracker.history.chartprep import ChartPoints, chart_points, kept_points
+from expr_tracker.history.smoothing import Smoothing
+from expr_tracker.history.smoothing import smooth as smooth_values
 from expr_tracker.query.catalog import Producer
 from expr_tracker.query.views import sql_literal
 from expr_tracker.ui.errors import BadRequest, NotFound
@@ -41,6 +48,8 @@ def _xsql(x: str) -> tuple[str, str]:
         return "m.step::DOUBLE", ""
     if x == "time":
         return "m.time", ""
+    if x == "relative":  # seconds since the producer's first row
+        return "(m.time - (SELECT min(time) FROM src))", ""
     return "s.value", (
         f" JOIN (SELECT step, value FROM src WHERE metric = {sql_literal(x)}) s ON s.step = m.step"
     )
@@ -87,6 +96,7 @@ def series(
     hi: float | None = None,
     sql_min: int = 100_000,
     producer: str | None = None,
+    smooth: Smoothing | None = None,
 ) -> dict:
     """One metric of a run, one trace per producer holding it, downsampled to ``width``
     buckets over ``[lo, hi]`` (default: all of it).
@@ -98,6 +108,9 @@ def series(
     rows never leave it; first and last by step, a tie for min or max may pick another of
     the equal points). ``producer``: only that producer's trace (its label: ``main``,
     ``system/rank8`` ...; the run page's System section draws one node per chart).
+    ``smooth``: each trace also has ``smooth`` (``{"x", "y", "step"}``: the smoothed
+    series, computed on every raw point, then cut the same way; :func:`smoothed_trace`)
+    and the answer names it (``"smooth": "ema:0.9"``).
     """
     if not 1 <= width <= MAX_WIDTH:
         raise BadRequest(f"width={width} is not valid: 1..{MAX_WIDTH}")
@@ -118,6 +131,15 @@ def series(
             xexpr, join = _xsql(x)
             where = [f"m.metric = {sql_literal(metric)}", "m.value IS NOT NULL"]
             where.append(f"{xexpr} IS NOT NULL AND isfinite({xexpr})")
+            if smooth is not None:
+                every = (
+                    f"WITH src AS ({sql}) SELECT {xexpr} AS x, m.value AS y, m.step AS step "
+                    f"FROM src m{join} WHERE {' AND '.join(where)} ORDER BY step"
+                )
+                tr = smoothed_trace(p, con.execute(every).fetchnumpy(), smooth, width, lo, hi)
+                if tr is not None:
+                    traces.append(tr)
+                continue
             if lo is not None:
                 where.append(f"{xexpr} >= {lo!r}")
             if hi is not None:
@@ -146,7 +168,31 @@ def series(
         con.close()
     if not traces and metric not in metric_names(catalog, prods):
         raise NotFound(f"run {run_id!r} has no metric {metric!r}")
-    return {"metric": metric, "x": x, "traces": traces}
+    out = {"metric": metric, "x": x, "traces": traces}
+    if smooth is not None:
+        out["smooth"] = smooth.text
+    return out
+
+
+def smoothed_trace(
+    p: Producer, cols: dict, how: Smoothing, width: int, lo: float | None, hi: float | None
+) -> dict | None:
+    """One producer's trace from all its points (``cols``: numpy ``x``, ``y``, ``step``
+    ordered by step) with ``how`` applied to the whole series before both it and the raw
+    series are cut to ``width`` buckets over ``[lo, hi]`` (None: all); ``total`` counts the
+    points in range. None when no point is in range."""
+    xs, ys, steps = cols["x"], cols["y"], cols["step"]
+    inr = (xs >= (xs.min() if lo is None else lo)) & (xs <= (xs.max() if hi is None else hi))
+    total = int(inr.sum()) if len(xs) else 0
+    if total == 0:
+        return None
+    a = float(xs[inr].min()) if lo is None else lo
+    b = float(xs[inr].max()) if hi is None else hi
+    _span(a, b, width)
+    tr = _trace(p, chart_points(xs, ys, width, a, b), steps, total)
+    sm = chart_points(xs, smooth_values(ys, how), width, a, b)
+    tr["smooth"] = {"x": sm.x, "y": sm.y, "step": [int(steps[i]) for i in sm.index]}
+    return tr
 
 
 def _m4_sql(con: Any, pts: str, width: int, lo: float, hi: float) -> dict:

@@ -16,13 +16,16 @@ Endpoints (every run is named by its ``run`` id from ``/api/runs``, looked up, n
 - ``/api/runs[?columns=A,B&sort=-A,B&where=FILTER&archived=1]``: the runs (status, steps,
   duration, start, tags, group, the chosen config/summary ``values``; as ``et runs``:
   docs/ui.md "Columns, order and filter").
-- ``/api/run?run=ID``: a run's metrics, x-axis options, config, summary, alerts, and its
-  System section (``system``: per node, its producer, host and metrics).
+- ``/api/run?run=ID[&pin=A,B][&baseline=ID2]``: a run's metrics (first-logged order) and
+  their sections (pinned, the user's, span timings), x-axis options, config (and its view:
+  defaults, the baseline's differences), summary, alerts, and its System section
+  (``system``: per node, its producer, host and metrics).
 - ``/api/media?run=ID``: the run's media keys, their steps and references, histograms'
   counts, the latest table's rows (``ui/media.py``); ``/api/media/file?run=ID&path=
   media/<sha256>.<ext>``: one media file, only from the run's ``media`` folder.
-- ``/api/series?run=ID&metric=M&x=step|time|METRIC&width=W[&lo=&hi=][&producer=P]``: one
-  metric, downsampled to ``W`` buckets over the x range ``[lo, hi]`` (one producer's only).
+- ``/api/series?run=ID&metric=M&x=step|time|METRIC&width=W[&lo=&hi=][&producer=P]
+  [&smooth=ema:W|mean:N]``: one metric, downsampled to ``W`` buckets over the x range
+  ``[lo, hi]`` (one producer's only), with its smoothed series computed on the raw one.
 - ``/api/points?run=ID&after=STEP[&since=PRODUCER:STEP...]&x=...[&skip_stream=S...]``: rows
   with a step above ``STEP`` (or the producer's own step in ``since``; live polling),
   without the producers of the streams ``S``.
@@ -210,6 +213,14 @@ def create_app(
             raise BadRequest(f"missing query parameter {name!r}")
         return v
 
+    def q_smooth(request: Any) -> Any:
+        from expr_tracker.history.smoothing import parse_smoothing
+
+        try:
+            return parse_smoothing(request.query_params.get("smooth"))
+        except ValueError as exc:
+            raise BadRequest(str(exc)) from None
+
     def busy() -> Any:
         return respond(
             _dumps({"error": f"busy: {heavy.limit} traces or compares are being made; retry"}),
@@ -282,7 +293,11 @@ def create_app(
         }
 
     def api_run(request: Any) -> Any:
-        return runpage.run_detail(catalog, q_str(request, "run"))
+        qp = request.query_params
+        pin = [m for v in qp.getlist("pin") for m in v.split(",") if m]
+        return runpage.run_detail(
+            catalog, q_str(request, "run"), pin=pin, baseline=qp.get("baseline") or None
+        )
 
     def api_media(request: Any) -> Any:
         return media.media_section(catalog, q_str(request, "run"))
@@ -317,6 +332,7 @@ def create_app(
             lo=series.parse_float("lo", qp.get("lo")),
             hi=series.parse_float("hi", qp.get("hi")),
             producer=qp.get("producer") or None,
+            smooth=q_smooth(request),
         )
 
     def api_points(request: Any) -> Any:

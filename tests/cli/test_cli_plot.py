@@ -21,7 +21,7 @@ import pytest
 
 import expr_tracker as et
 from expr_tracker.cli.main import main
-from expr_tracker.history.chartprep import ema, series_view
+from expr_tracker.history.chartprep import series_view
 from expr_tracker.history.columns import read_columns
 from expr_tracker.history.downsample import m4
 
@@ -160,6 +160,8 @@ def test_usage_errors(runs, capsys):
     for bad, word in (
         (["--smooth", "0"], "--smooth"),
         (["--smooth", "1.5"], "--smooth"),
+        (["--smooth", "ema:1"], "--smooth"),
+        (["--smooth", "gauss:2"], "--smooth"),
         (["--since", "-1"], "--since"),
         (["--width", "5"], "--width"),
         (["--rank", "-2"], "--rank"),
@@ -182,20 +184,12 @@ def test_since_time_axis_smooth_and_log(runs, capsys):
     code, out, _ = plot(capsys, str(a), "acc", "--x", "time", "--width", "60", "--height", "10")
     assert code == 0 and "seconds since the run's first row" in out
     code, out, _ = plot(capsys, str(a), "loss", "--smooth", "0.1", "--width", "60")
-    assert code == 0 and "loss (EMA alpha=0.1)" in out
+    assert code == 0 and "loss (EMA 0.9)" in out  # a plain ALPHA, the older form
+    code, out, _ = plot(capsys, str(a), "loss", "--smooth", "mean:5", "--width", "60")
+    assert code == 0 and "loss (mean of 5)" in out
     code, out, err = plot(capsys, str(a), "acc", "--log-y", "--width", "60", "--height", "10")
     assert code == 0, err
     assert "1 values <= 0 not drawn (log axis)" in out  # acc is 0.0 at step 0
-
-
-def test_ema_matches_pandas():
-    pd = pytest.importorskip("pandas")
-    values = [3.0, 1.0, 4.0, 1.0, 5.0, 9.0, 2.0, 6.0]
-    want = pd.Series(values).ewm(alpha=0.3, adjust=False).mean().tolist()
-    assert ema(values, 0.3) == pytest.approx(want)
-    out = ema([1.0, float("nan"), 3.0], 0.5)  # NaN is not averaged in, and stays marked
-    assert out[0] == 1.0 and math.isnan(out[1]) and out[2] == 2.0
-    assert ema(values, 1.0) == values
 
 
 class _Tty(io.StringIO):

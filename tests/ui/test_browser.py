@@ -173,14 +173,24 @@ def test_run_page_charts(page, ui_server):
     # groups by prefix: train, eval, time_ms (spans)
     groups = page.eval_on_selector_all("section.group", "els => els.map(e => e.dataset.group)")
     assert {"train", "eval", "time_ms"} <= set(groups)
-    # smoothing keeps the raw series, faint, and adds the EMA
-    page.locator("#smooth").fill("0.6")
+    # the user's metrics first, as logged; span timings in their own section after them
+    sections = page.eval_on_selector_all(
+        "section.metric-section", "els => els.map(e => e.dataset.section)"
+    )
+    assert sections == ["metrics", "spans"]
+    first = page.eval_on_selector_all(
+        "div.chart", "els => els.slice(0, 2).map(e => e.dataset.metric)"
+    )
+    assert first == ["train/loss", "eval/acc"]
+    # smoothing (the server's, on the raw series) keeps the raw series, faint, and adds it
+    page.select_option("#smooth-kind", "ema")
     page.wait_for_function(
         """() => [...document.querySelectorAll('div.chart')].some(
               (e) => e.dataset.metric === 'train/loss' && e.data.some((t) => t.meta.role === 'smooth'))"""
     )
     data = chart_data(page, "train/loss")
     assert {t["role"] for t in data} >= {"raw", "smooth"}
+    assert "smooth=ema%3A0.9" in page.url  # kept in the address
     page.check("#log-y")
     page.wait_for_function(
         """() => document.querySelector('div.chart').layout.yaxis.type === 'log'"""
@@ -202,7 +212,7 @@ def test_run_page_charts(page, ui_server):
                    return d.data && Math.max(...d.data[0].x) === 39; }"""
     )
     page.uncheck("#log-y")
-    page.locator("#smooth").fill("0")
+    page.select_option("#smooth-kind", "")
     page.wait_for_function(
         "() => document.querySelector('div.chart').layout.yaxis.type === 'linear'"
     )
@@ -244,6 +254,17 @@ def test_compare_view(page, ui_server):
     assert any(t.startswith("lr") for t in differs)
     assert not any(t.startswith("model.depth") for t in differs)
     shot(page, "compare")
+    # the run page's controls, kept in the address: a reload smooths on relative time
+    page.select_option("#smooth-kind", "mean")
+    page.select_option("#x-axis", "relative")
+    page.goto(page.url)
+    page.reload()
+    page.wait_for_function(
+        """() => { const d = document.querySelector('div.chart[data-metric="train/loss"]');
+                   return d && d.data && d.data.filter((t) => t.meta.role === 'smooth').length === 2
+                     && d.layout.xaxis.title.text === 'seconds since the first row'; }"""
+    )
+    assert page.input_value("#smooth-arg") == "20"
 
 
 def test_live_run_gets_new_points(page, tmp_path):

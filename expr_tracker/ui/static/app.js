@@ -105,8 +105,8 @@ function route() {
   const h = location.hash.replace(/^#/, "") || "/";
   const [path, query] = h.split("?");
   const params = new URLSearchParams(query || "");
-  if (path === "/run") return runPage(params.get("run"), page);
-  if (path === "/compare") return comparePage(params.getAll("run"), page);
+  if (path === "/run") return runPage(params.get("run"), page, params);
+  if (path === "/compare") return comparePage(params.getAll("run"), page, params);
   if (path === "/groups") return groupsPage(params, page);
   if (path === "/sweep") return sweepPage(params, page);
   return runsPage(page, params);
@@ -282,19 +282,54 @@ async function runsPage(me, params) {
 
 // ------------------------------------------------------------------------- charts
 
-function ema(ys, w) {
-  const out = new Array(ys.length);
-  let s = null;
-  for (let i = 0; i < ys.length; i++) {
-    const y = ys[i];
-    if (y === null || !Number.isFinite(y)) { out[i] = null; continue; }
-    s = s === null ? y : w * s + (1 - w) * y;
-    out[i] = s;
-  }
-  return out;
+// ------------------------------------------------------------------------- chart controls
+// smoothing (computed by the server on the raw series: /api/series?smooth=ema:0.9|mean:20),
+// log y and the x axis of the run and compare pages, kept in the page's address
+// (#/run?run=A&smooth=ema:0.9&log=1&x=epoch&pin=train/loss,val/acc&baseline=B)
+
+function chartOpts(params) {
+  const smooth = params.get("smooth") || "";
+  return { x: params.get("x") || "step", smooth: /^(ema|mean):/.test(smooth) ? smooth : "", log: params.get("log") === "1" };
+}
+
+// the page's address with these values (others kept); replaceState: no reload, no hashchange
+function keepInUrl(values) {
+  const h = location.hash.replace(/^#/, "") || "/";
+  const [path, query] = h.split("?");
+  const u = new URLSearchParams(query || "");
+  for (const [k, v] of Object.entries(values)) { if (v === "" || v === null || v === false) u.delete(k); else u.set(k, v); }
+  history.replaceState(null, "", "#" + path + (u.toString() ? "?" + u.toString() : ""));
+}
+
+// the controls: x axis (step, wall time, relative time, step metrics), smoothing kind and
+// its weight or window, log y; onChange(what) is called with "x", "smooth" or "log"
+function chartControls(opts, xOptions, onChange) {
+  const [kind0, arg0] = opts.smooth ? opts.smooth.split(":") : ["", ""];
+  const xSelect = el("select", { id: "x-axis", on: { change: (e) => { opts.x = e.target.value; keepInUrl({ x: opts.x === "step" ? "" : opts.x }); onChange("x"); } } },
+    [["step", "step"], ["time", "wall time"], ["relative", "relative time"], ...xOptions.map((m) => [m, m])]
+      .map(([v, t]) => el("option", { value: v, selected: v === opts.x }, t)));
+  const kind = el("select", { id: "smooth-kind" },
+    [["", "none"], ["ema", "EMA (debiased)"], ["mean", "running mean"]].map(([v, t]) => el("option", { value: v, selected: v === kind0 }, t)));
+  const arg = el("input", { id: "smooth-arg", type: "number", size: 6, style: "width: 6em",
+    value: arg0 || "0.9", step: kind0 === "mean" ? "1" : "0.01", min: kind0 === "mean" ? "1" : "0", max: kind0 === "mean" ? "" : "0.999" });
+  const apply = () => {
+    if (kind.value === "mean" && arg.step !== "1") { arg.step = "1"; arg.min = "1"; arg.max = ""; if (!(Number(arg.value) >= 1)) arg.value = "20"; }
+    if (kind.value === "ema" && arg.step !== "0.01") { arg.step = "0.01"; arg.min = "0"; arg.max = "0.999"; if (!(Number(arg.value) < 1)) arg.value = "0.9"; }
+    opts.smooth = kind.value ? `${kind.value}:${arg.value}` : "";
+    keepInUrl({ smooth: opts.smooth });
+    onChange("smooth");
+  };
+  kind.addEventListener("change", apply);
+  arg.addEventListener("change", apply);
+  const log = el("input", { id: "log-y", type: "checkbox", checked: opts.log, on: { change: (e) => { opts.log = e.target.checked; keepInUrl({ log: opts.log ? "1" : "" }); onChange("log"); } } });
+  return el("div", { class: "controls", id: "chart-controls" },
+    el("label", {}, "x axis ", xSelect),
+    el("label", { title: "computed on every raw point; the raw series stays, faint" }, "smoothing ", kind, " ", arg),
+    el("label", {}, log, " log y"));
 }
 
 function xOut(x, mode) { return mode === "time" ? new Date(x * 1000) : x; }
+function xTitle(mode) { return mode === "step" || mode === "time" ? "" : mode === "relative" ? "seconds since the first row" : esc(mode); }
 
 // a zoomed range back to x: Plotly shows a Date in the browser's local time and answers a
 // date axis' range as local-time text ("2026-12-01 17:02:47.7719"), so it is read as local
@@ -332,7 +367,7 @@ function figure(chart, opts) {
   const nonfinite = { x: [], y: [], text: [] };
   chart.series.forEach((s, i) => {
     const color = COLORS[i % COLORS.length];
-    const smooth = opts.smooth > 0;
+    const smooth = !!s.smooth; // the server's smoothing of the raw series
     traces.push({
       type: "scatter", mode: s.x.length < 60 ? "lines+markers" : "lines",
       name: esc(s.label), x: s.x.map((x) => xOut(x, opts.x)), y: s.y,
@@ -342,8 +377,8 @@ function figure(chart, opts) {
     });
     if (smooth) {
       traces.push({
-        type: "scatter", mode: "lines", name: esc(s.label), x: s.x.map((x) => xOut(x, opts.x)),
-        y: ema(s.y, opts.smooth), line: { color, width: 2 }, meta: { role: "smooth", series: s.label },
+        type: "scatter", mode: "lines", name: esc(s.label), x: s.smooth.x.map((x) => xOut(x, opts.x)),
+        y: s.smooth.y, line: { color, width: 2 }, connectgaps: false, meta: { role: "smooth", series: s.label },
       });
     }
     for (const p of s.nonfinite) {
@@ -372,7 +407,7 @@ function figure(chart, opts) {
     margin: { l: 50, r: 10, t: 30, b: 35 },
     showlegend: chart.series.length > 1 || nonfinite.x.length > 0 || alerts.length > 0,
     legend: { orientation: "h", y: -0.2, font: { size: 10 } },
-    xaxis: { type: opts.x === "time" ? "date" : "linear", title: { text: opts.x === "step" || opts.x === "time" ? "" : esc(opts.x) } },
+    xaxis: { type: opts.x === "time" ? "date" : "linear", title: { text: xTitle(opts.x) } },
     yaxis: { type: opts.log ? "log" : "linear" },
     yaxis2: { overlaying: "y", range: [0, 1.02], visible: false, fixedrange: true },
     uirevision: chart.uirev,
@@ -397,14 +432,94 @@ async function draw(chart, opts) {
 
 function chartWidth(div) { return Math.max(100, Math.min(4000, Math.round(div.clientWidth || 560))); }
 
+// ------------------------------------------------------------------------- run page sections
+
+const SECTION_TITLES = { pinned: "Pinned", metrics: "", spans: "Span timings" };
+
+// the run page's chart sections (the server's order: pinned, the user's metrics as first
+// logged, span timings), each metric's charts grouped by the prefix before the first "/"
+// in the order the groups first appear; returns metric -> the box its chart goes in (a
+// metric first seen live goes to the span timings or the user's section)
+function metricSections(chartsBox, sections) {
+  const where = new Map(); // metric -> section name
+  const boxes = new Map(); // section name -> { sec, groups: Map(prefix -> box) }
+  const order = ["pinned", "metrics", "spans"];
+  for (const s of sections) for (const m of s.metrics) where.set(m, s.name);
+  function sectionBox(name) {
+    if (boxes.has(name)) return boxes.get(name);
+    const sec = el("section", { class: "metric-section", "data-section": name },
+      SECTION_TITLES[name] ? el("h2", { class: "section-title" }, SECTION_TITLES[name]) : null);
+    const next = order.slice(order.indexOf(name) + 1).map((n) => boxes.get(n)).find((b) => b);
+    chartsBox.insertBefore(sec, next ? next.sec : null);
+    const entry = { sec, groups: new Map() };
+    boxes.set(name, entry);
+    return entry;
+  }
+  function groupOf(m) { const i = m.indexOf("/"); return i > 0 ? m.slice(0, i) : ""; }
+  return (metric) => {
+    const name = where.get(metric) || (/^(time_ms|count)\//.test(metric) ? "spans" : "metrics");
+    const entry = sectionBox(name);
+    const g = name === "pinned" ? "pinned" : groupOf(metric);
+    if (!entry.groups.has(g)) {
+      const box = el("div", { class: "charts" });
+      entry.sec.appendChild(el("section", { class: "group", "data-group": g },
+        name === "pinned" ? null : el("h3", {}, g || "(no prefix)"), box));
+      entry.groups.set(g, box);
+    }
+    return entry.groups.get(g);
+  };
+}
+
+// the config: the keys that are not defaults (a Hydra job's: those its overrides set;
+// "show defaults" shows all), and against a baseline run (?baseline=ID) its values beside
+// them, the keys that differ highlighted ("only differences" hides the others)
+function configBox(d, run) {
+  const v = d.config_view;
+  const state = { defaults: !v.defaults_known, same: !v.baseline };
+  const body = el("tbody");
+  const head = el("thead", {}, el("tr", {}, el("th", {}, "key"), el("th", {}, "value"),
+    v.baseline ? el("th", {}, `baseline ${v.baseline_run}`) : null));
+  const rows = [...v.rows, ...v.only_in_baseline.map((r) => ({ key: r.key, missing: true, default: null, baseline: r.baseline, in_baseline: true, differs: true }))];
+  const count = el("span", { class: "muted", id: "config-hidden" });
+  function draw() {
+    const shown = rows.filter((r) => (state.defaults || r.default !== true) && (state.same || r.differs));
+    body.replaceChildren(...shown.map((r) => el("tr", { class: r.differs ? "differs" : r.default ? "default" : undefined, "data-key": r.key },
+      el("td", {}, r.key), el("td", {}, r.missing ? "—" : fmtValue(r.value)),
+      v.baseline ? el("td", {}, r.in_baseline ? fmtValue(r.baseline) : "—") : null)));
+    const hidden = rows.length - shown.length;
+    count.textContent = hidden ? `${hidden} hidden` : "";
+  }
+  const runsList = el("datalist", { id: "baseline-runs" });
+  const baseline = el("input", { id: "config-baseline", type: "search", size: 20, list: "baseline-runs",
+    placeholder: "baseline run…", value: v.baseline_run || "",
+    on: { focus: async () => {
+      if (runsList.childElementCount) return;
+      try { const r = await api("runs", {}); runsList.replaceChildren(...r.runs.filter((x) => x.run !== run).map((x) => el("option", { value: x.run }))); } catch (e) { /* typed by hand */ }
+    }, keydown: (e) => {
+      if (e.key !== "Enter") return;
+      keepInUrl({ baseline: e.target.value.trim() });
+      route(); // the page again, with the baseline's differences
+    } } });
+  const toggles = el("div", { class: "controls" },
+    v.defaults_known ? el("label", {}, el("input", { type: "checkbox", id: "config-defaults", checked: state.defaults,
+      on: { change: (e) => { state.defaults = e.target.checked; draw(); } } }), " show defaults") : null,
+    v.baseline ? el("label", {}, el("input", { type: "checkbox", id: "config-same", checked: state.same,
+      on: { change: (e) => { state.same = e.target.checked; draw(); } } }), " show equal keys") : null,
+    baseline, runsList, count);
+  draw();
+  return el("div", {}, el("h3", {}, "Config"), toggles,
+    v.defaults_known ? null : el("p", { class: "muted" }, "defaults unknown (not a Hydra job): every key shown"),
+    rows.length ? el("table", { id: "config" }, head, body) : el("p", { class: "muted" }, "none"));
+}
+
 // ------------------------------------------------------------------------- run page
 
-async function runPage(run, me) {
+async function runPage(run, me, params) {
   if (!run) return showError("no run given");
   let d;
-  try { d = await api("run", { run }); } catch (e) { return showError(e); }
+  try { d = await api("run", { run, pin: params.get("pin"), baseline: params.get("baseline") }); } catch (e) { return showError(e); }
   if (me !== page) return;
-  const opts = { x: "step", smooth: 0, log: false };
+  const opts = chartOpts(params);
   const charts = new Map(); // metric -> chart
   // the system sampler's producers have their own section (docs/system.md)
   const multi = d.producers.filter((p) => p !== "system" && !p.startsWith("system/")).length > 1;
@@ -416,31 +531,13 @@ async function runPage(run, me) {
 
   const statusEl = el("span", { id: "run-status", class: `status-${d.status}` }, d.status);
   const stepsEl = el("span", { id: "run-steps" }, d.steps ?? 0);
-  const xSelect = el("select", { id: "x-axis", on: { change: (e) => { opts.x = e.target.value; reloadAll(); } } },
-    el("option", { value: "step" }, "step"), el("option", { value: "time" }, "wall time"),
-    d.x_options.map((m) => el("option", { value: m }, m)));
-  const smoothVal = el("span", {}, "0");
-  const smooth = el("input", { id: "smooth", type: "range", min: "0", max: "0.99", step: "0.01", value: "0",
-    on: { input: (e) => { opts.smooth = Number(e.target.value); smoothVal.textContent = e.target.value; redrawAll(); } } });
-  const log = el("input", { id: "log-y", type: "checkbox", on: { change: (e) => { opts.log = e.target.checked; redrawAll(); } } });
+  const controls = chartControls(opts, d.x_options, (what) => (what === "log" ? redrawAll() : reloadAll()));
   const chartsBox = el("div", { id: "charts" });
-
-  // groups by the prefix before the first "/"
-  const groups = new Map();
-  function groupOf(m) { const i = m.indexOf("/"); return i > 0 ? m.slice(0, i) : ""; }
+  const place = metricSections(chartsBox, d.sections);
   function addChart(metric) {
     if (charts.has(metric)) return charts.get(metric);
-    const g = groupOf(metric);
-    if (!groups.has(g)) {
-      const box = el("div", { class: "charts" });
-      const sec = el("section", { class: "group", "data-group": g }, el("h3", {}, g || "(no prefix)"), box);
-      groups.set(g, box);
-      const keys = [...groups.keys()].sort();
-      const after = keys.indexOf(g) + 1 < keys.length ? chartsBox.querySelector(`section[data-group="${CSS.escape(keys[keys.indexOf(g) + 1])}"]`) : null;
-      chartsBox.insertBefore(sec, after);
-    }
     const div = el("div", { class: "chart", "data-metric": metric });
-    groups.get(g).appendChild(div);
+    place(metric).appendChild(div);
     const chart = { metric, title: metric, div, series: [], range: null, uirev: 1, alerts: [] };
     charts.set(metric, chart);
     return chart;
@@ -453,7 +550,7 @@ async function runPage(run, me) {
   }
 
   async function load(chart) {
-    const params = { run, metric: chart.metric, x: opts.x, width: chartWidth(chart.div) };
+    const params = { run, metric: chart.metric, x: opts.x, width: chartWidth(chart.div), smooth: opts.smooth };
     if (chart.range) { params.lo = chart.range[0]; params.hi = chart.range[1]; }
     const r = await api("series", params);
     if (me !== page) return;
@@ -489,6 +586,8 @@ async function runPage(run, me) {
         for (const [metric, traces] of Object.entries(r.metrics)) {
           let chart = charts.get(metric);
           if (!chart) { chart = addChart(metric); load(chart); continue; }
+          // a smoothed chart is asked again: the server smooths the whole raw series
+          if (opts.smooth) { if (chart.div.dataset.loaded) load(chart); continue; }
           for (const t of traces) {
             let s = chart.series.find((x) => x.producer === t.producer);
             if (!s) { s = { ...t, x: [], y: [], step: [], nonfinite: [], label: multi ? `${metric} (${t.producer})` : metric }; chart.series.push(s); }
@@ -527,7 +626,7 @@ async function runPage(run, me) {
       return el("section", { class: "group system-node", "data-producer": node.producer },
         el("h3", {}, node.host ? `${node.host} (${node.producer})` : node.producer), box);
     })) : null;
-  const sysOpts = { x: "time", smooth: 0, log: false };
+  const sysOpts = { x: "time", smooth: "", log: false };
   async function loadSystemChart(chart) {
     const r = await api("series", { run, metric: chart.metric, x: "time", width: chartWidth(chart.div), producer: chart.producer });
     if (me !== page) return;
@@ -569,16 +668,13 @@ async function runPage(run, me) {
       el("span", { id: "run-started" }, "started: " + fmtTime(firstStartOf(d))),
       d.tags.length ? el("span", {}, "tags: ", d.tags.map((t) => el("span", { class: "tag" }, t))) : null,
       d.group ? el("span", {}, "group: " + d.group) : null),
-    el("div", { class: "controls" },
-      el("label", {}, "x axis ", xSelect),
-      el("label", {}, "smoothing ", smooth, " ", smoothVal),
-      el("label", {}, log, " log y")),
+    controls,
     d.metrics.length ? null : el("p", { class: "muted" }, "no metrics yet"),
     chartsBox,
     systemBox,
     el("div", { id: "media" }),
     el("div", { class: "tables" },
-      kv("config", "Config", d.config), kv("summary", "Summary", d.summary),
+      configBox(d, run), kv("summary", "Summary", d.summary),
       el("div", {}, el("h3", {}, "Alerts"), d.alerts.length ? el("table", { id: "alerts" },
         el("thead", {}, el("tr", {}, ["step", "rule", "event", "level", "message"].map((h) => el("th", {}, h)))),
         el("tbody", {}, d.alerts.map((a) => el("tr", {}, el("td", { class: "num" }, a.step ?? ""), el("td", {}, a.rule || ""),
@@ -588,7 +684,7 @@ async function runPage(run, me) {
       el("div", { class: "controls" }, spanStart, spanStop, el("button", { on: { click: loadSpans } }, "Apply"), traceLink),
       el("table", { id: "spans" }, el("thead", {}, el("tr", {}, ["span", "count", "mean ms", "total ms", "max ms"].map((h) => el("th", {}, h)))), spanBody))
       : null);
-  for (const m of d.metrics) addChart(m);
+  for (const sec of d.sections) for (const m of sec.metrics) addChart(m);
   if (d.has_spans) loadSpans();
   mediaSection(run, document.getElementById("media"), me); // media.js (docs/media.md)
   await loadAll([...charts.values()]);
@@ -598,7 +694,7 @@ async function runPage(run, me) {
 
 // ------------------------------------------------------------------------- compare page
 
-async function comparePage(runs, me) {
+async function comparePage(runs, me, params) {
   let d;
   try { d = await api("compare", { run: runs }); } catch (e) { return showError(e); }
   if (me !== page) return;
@@ -623,20 +719,30 @@ async function comparePage(runs, me) {
     el("h3", {}, "Config (differences highlighted)"), table("compare-config", d.config),
     el("h3", {}, "Identity"), table("compare-identity", d.identity),
     el("h3", {}, "Summary"), table("compare-summary", d.summary),
-    el("h3", {}, "Metrics"), chartsBox);
-  const opts = { x: "step", smooth: 0, log: false };
+    el("h3", {}, "Metrics"), null, chartsBox);
+  const opts = chartOpts(params);
+  const xOptions = d.x_options || [];
+  const controls = chartControls(opts, xOptions, (what) => {
+    if (what === "log") { for (const c of all) if (c.div.dataset.loaded) draw(c, opts); return; }
+    for (const c of all) { c.range = null; c.uirev += 1; }
+    const again = [...all];
+    const w = async () => { while (again.length) { if (me !== page) return; await load(again.shift()); } };
+    Promise.all([w(), w(), w()]);
+  });
+  chartsBox.before(controls);
   const queue = d.metrics.map((m) => {
     const div = el("div", { class: "chart", "data-metric": m });
     chartsBox.appendChild(div);
     return { metric: m, title: m, div, series: [], range: null, uirev: 1 };
   });
+  const all = [...queue];
   async function load(chart) {
     const series = [];
     for (const run of labels) {
-      const params = { run, metric: chart.metric, width: chartWidth(chart.div) };
-      if (chart.range) { params.lo = chart.range[0]; params.hi = chart.range[1]; }
+      const q = { run, metric: chart.metric, width: chartWidth(chart.div), x: opts.x, smooth: opts.smooth };
+      if (chart.range) { q.lo = chart.range[0]; q.hi = chart.range[1]; }
       try {
-        const r = await api("series", params);
+        const r = await api("series", q);
         for (const t of r.traces) series.push({ ...t, label: t.producer === "main" ? run : `${run} (${t.producer})` });
       } catch (e) { /* this run lacks the metric */ }
     }
