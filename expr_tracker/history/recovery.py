@@ -22,6 +22,7 @@ import json
 import logging
 import os
 import socket
+import stat
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -88,6 +89,10 @@ if hasattr(os, "register_at_fork"):
     os.register_at_fork(after_in_child=_close_inherited_locks)
 
 
+_NOFOLLOW = getattr(os, "O_NOFOLLOW", 0)
+_NONBLOCK = getattr(os, "O_NONBLOCK", 0)
+
+
 def lock_path_of(path: str | os.PathLike[str]) -> Path:
     """The one-writer lock file of a producer file: ``<path>.lock``."""
     p = Path(path)
@@ -118,10 +123,28 @@ def acquire_lock(path: str | os.PathLike[str]) -> tuple[int | None, bool]:
             fd = os.open(lock_path, os.O_RDWR | os.O_CREAT | os.O_EXCL, 0o644)
             created = True
         except FileExistsError:
+            # a runs folder may come from someone else: a lock file planted as a symlink (to
+            # a file of the writer's) is never followed, a FIFO never blocks, and neither is
+            # truncated (docs/streams.md "Locks")
             try:
-                fd = os.open(lock_path, os.O_RDWR)
+                fd = os.open(lock_path, os.O_RDWR | _NOFOLLOW | _NONBLOCK)
             except FileNotFoundError:
                 continue  # removed in between: create it again
+            except OSError as exc:
+                if exc.errno != errno.ELOOP:
+                    raise
+                raise OSError(
+                    errno.ELOOP,
+                    f"the lock file {lock_path} is not a regular file (a symbolic link); "
+                    "it was left alone: remove it if this run folder is yours",
+                ) from None
+            if not stat.S_ISREG(os.fstat(fd).st_mode):
+                os.close(fd)
+                raise OSError(
+                    errno.EINVAL,
+                    f"the lock file {lock_path} is not a regular file; it was left alone: "
+                    "remove it if this run folder is yours",
+                ) from None
         try:
             fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
         except OSError as exc:
