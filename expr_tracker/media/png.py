@@ -1,4 +1,4 @@
-"""PNG bytes from pixels and back, with zlib and NumPy alone (docs/media.md "Files").
+"""PNG bytes from pixels and back, with zlib and NumPy alone (docs/media.md "Images").
 
 Our own encoder, not Pillow's: the same pixels give the same bytes on every machine and
 every Pillow version, so an image's SHA-256 (its file name under ``media/``) depends on the

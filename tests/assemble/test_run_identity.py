@@ -456,16 +456,22 @@ et.finish()
 at, rounds = float(sys.argv[2]), int(sys.argv[3])
 for k in range(rounds):
     time.sleep(max(0.0, at + 2.0 * k - time.time()))
+    tried = os.path.join(sys.argv[1], f"tried{k}")
     try:
         # one experiment started several times at once (another config would start race{k}-2)
         et.init(project="proj", name=f"race{k}", dir=sys.argv[1], config={"lr": 0.1})
     except et.RunLockedError as e:
         print("R", k, "LOCKED", flush=True)
+        open(os.path.join(tried, str(os.getpid())), "w").close()
         continue
     et.config.update({"pid": os.getpid()})
     for i in range(50):
         et.log({"pid": os.getpid(), "i": i})
-    time.sleep(1.0)  # hold the run while the others try
+    # hold the run until every other racer has tried (a loaded machine starts some late)
+    os.makedirs(tried, exist_ok=True)
+    end = time.time() + 120
+    while len(os.listdir(tried)) < int(sys.argv[4]) - 1 and time.time() < end:
+        time.sleep(0.02)
     et.finish()
     print("R", k, "WON", os.getpid(), flush=True)
 """
@@ -475,7 +481,10 @@ for k in range(rounds):
 def test_racing_starts_of_a_new_run_one_wins_and_keeps_everything(tmp_path):
     racers, rounds = 6, 4
     at = _next_second_plus(3.0)
-    procs = [_spawn(RACER, str(tmp_path / "runs"), at, str(rounds)) for _ in range(racers)]
+    runs = tmp_path / "runs"
+    for k in range(rounds):
+        (runs / f"tried{k}").mkdir(parents=True)
+    procs = [_spawn(RACER, str(runs), at, str(rounds), str(racers)) for _ in range(racers)]
     results = [_finish(p, timeout=240) for p in procs]
     for rc, out, err in results:
         assert rc == 0, out + err
