@@ -39,7 +39,7 @@ ALLOWED: dict[str, set[str]] = {
     "process_exit": LEAVES,
     "proxies": LEAVES,
     "wandb_compat": LEAVES | {"spec", "runconfig"},
-    "backends": LEAVES | {"history", "process_exit"},
+    "backends": LEAVES | {"history", "process_exit", "media"},
     "alerts": LEAVES | {"history", "spec"},
     "trace": LEAVES | {"history"},
     "artifacts": LEAVES | {"history"},
@@ -47,7 +47,7 @@ ALLOWED: dict[str, set[str]] = {
     "media": LEAVES | {"history"},
     # the system sampler (docs/system.md): leaves only (psutil, NVML, a write callable)
     "system": LEAVES,
-    "query": LEAVES | {"history"},
+    "query": LEAVES | {"history", "media"},
     "ui": LEAVES | {"history", "query", "trace", "media"},
     "sync": LEAVES | {"history", "query"},
     "plugins": {"spans"},

@@ -11,7 +11,10 @@ is a :class:`BackendUnavailable` (one warning naming ``pip install 'expr-tracker
   context of its own, so the user's own ``trackio`` run (on their thread) is left alone.
   trackio reserves config keys starting with ``_``: those keys are not mirrored (they stay
   in ``config.json``).
-- ``log``: ``run.log(metrics, step=<_step>)``.
+- ``log``: ``run.log(metrics, step=<_step>)``; media references become ``trackio.Image(path)``,
+  ``trackio.Histogram(np_histogram=(values, bins))`` and ``trackio.Table(columns, data)``
+  (``backends/mediaconv.py``; a type the installed trackio lacks: the key is left out, one
+  warning).
 - events: ``config`` updates the trackio run's config; after the first row, the change is
   sent with the next row (trackio stores a run's config with a logged row, and keeps the
   first config of rows it writes together: a change within the second of an earlier
@@ -24,8 +27,10 @@ is a :class:`BackendUnavailable` (one warning naming ``pip install 'expr-tracker
 
 from __future__ import annotations
 
+import logging
 from typing import Any
 
+from expr_tracker.backends.mediaconv import MediaConverter
 from expr_tracker.backends.mirror import BackendOff, BackendUnavailable
 
 __all__ = ["TrackioBackend"]
@@ -49,6 +54,7 @@ class TrackioBackend:
         self.run: Any = None
         self._trackio: Any = None
         self._init_kwargs: dict[str, Any] = {}
+        self._media: MediaConverter | None = None
 
     def init(self, **info: Any) -> None:
         try:
@@ -56,6 +62,9 @@ class TrackioBackend:
         except ImportError:
             raise BackendUnavailable("trackio", "trackio") from None
         self._trackio = trackio
+        self._media = MediaConverter(
+            trackio, info["run_dir"], logging.getLogger("expr_tracker").warning, "trackio"
+        )
         kw: dict[str, Any] = {
             "project": info["project"],
             "name": info["name"],
@@ -78,6 +87,8 @@ class TrackioBackend:
         return self.run
 
     def log(self, metrics: dict[str, Any], step: int) -> None:
+        if self._media is not None:
+            metrics = self._media.row(metrics)
         self._start().log(metrics, step=step)
 
     def on_event(self, event: str, payload: dict[str, Any]) -> None:

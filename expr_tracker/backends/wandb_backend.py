@@ -11,7 +11,9 @@ What it does with each call (docs/mirrors.md):
   unless ``WANDB_DIR`` or a ``dir`` keyword says otherwise, settings={"console": "off"})``,
   with the spec's ``backend_kwargs.wandb`` (and a ``{type: wandb, ...}`` entry's keys) over
   these. ``reinit="create_new"`` leaves the user's own ``wandb.run`` alone.
-- ``log``: ``run.log(metrics, step=<_step>, commit=True)``: our step is wandb's step.
+- ``log``: ``run.log(metrics, step=<_step>, commit=True)``: our step is wandb's step; media
+  references become ``wandb.Image(path)``, ``wandb.Histogram(np_histogram=(values, bins))``
+  and ``wandb.Table(columns, data)`` (``backends/mediaconv.py``).
 - events: ``config`` -> ``run.config.update(allow_val_change=True)``; ``summary`` ->
   ``run.summary.update`` (the final summary without the metrics wandb was logged: it
   summarises those itself, honouring the mirrored ``define_metric``); ``define_metric`` -> ``run.define_metric`` (name, step_metric,
@@ -24,11 +26,13 @@ What it does with each call (docs/mirrors.md):
 
 from __future__ import annotations
 
+import logging
 import os
 import re
 import sys
 from typing import Any
 
+from expr_tracker.backends.mediaconv import MediaConverter
 from expr_tracker.backends.mirror import BackendUnavailable
 
 __all__ = ["WandbBackend"]
@@ -71,6 +75,7 @@ class WandbBackend:
         self.run: Any = None
         self._wandb: Any = None
         self._logged: set[str] = set()  # metric names wandb summarises itself
+        self._media: MediaConverter | None = None
 
     def init(self, **info: Any) -> None:
         try:
@@ -78,6 +83,9 @@ class WandbBackend:
         except ImportError:
             raise BackendUnavailable("wandb", "wandb") from None
         self._wandb = wandb
+        self._media = MediaConverter(
+            wandb, info["run_dir"], logging.getLogger("expr_tracker").warning, "wandb"
+        )
         kw: dict[str, Any] = {
             "project": info["project"],
             "name": info["name"],
@@ -107,6 +115,8 @@ class WandbBackend:
         _one_traceback(before)
 
     def log(self, metrics: dict[str, Any], step: int, commit: bool = True) -> None:
+        if self._media is not None:
+            metrics = self._media.row(metrics)
         self._logged.update(metrics)
         self.run.log(metrics, step=step, commit=commit)
 

@@ -62,6 +62,21 @@ def register(subparsers: Any) -> None:
     )
     p.add_argument("--overwrite", action="store_true", help="replace an existing PATH")
     p.add_argument("--cache-dir", default=None, metavar="DIR", help="columnar cache location")
+    med = p.add_mutually_exclusive_group()
+    med.add_argument(
+        "--media-dir",
+        default=None,
+        metavar="DIR",
+        help="copy the referenced media files here (default: media/ next to PATH, "
+        "PATH/_media/ when partitioned)",
+    )
+    med.add_argument(
+        "--no-media",
+        dest="media",
+        action="store_false",
+        default=True,
+        help="copy no media files (references keep pointing into the runs)",
+    )
     p.add_argument("--json", action="store_true", help="print the summary as JSON")
     from expr_tracker.cli.sync import on_buckets
 
@@ -89,6 +104,8 @@ def run_export(args: argparse.Namespace) -> int:
                 partition=args.partition,
                 overwrite=args.overwrite,
                 cache_dir=args.cache_dir,
+                media=args.media,
+                media_dir=args.media_dir,
             )
     except (ExportError, ImportError, OSError) as exc:
         print(f"et export: {exc}", file=sys.stderr)
@@ -99,6 +116,11 @@ def run_export(args: argparse.Namespace) -> int:
     where = "files" if res["files"] != 1 else "file"
     skipped = res.get("skipped") or []
     note = f"; {len(skipped)} producer(s) not read whole (see the warning)" if skipped else ""
+    m = res.get("media")
+    if m and (m["files"] or m["refused"]):
+        note += f"; {m['files']} media file(s) ({m['bytes']} bytes) copied to {m['dir']}"
+        if m["refused"]:
+            note += f", {m['refused']} reference(s) not copied (see the warning)"
     print(
         f"wrote {res['path']}: {res['rows']} rows ({res['layout']}, {len(res['columns'])} "
         f"columns) from {res['producers']} producer(s) of {res['runs']} run(s), "

@@ -274,10 +274,18 @@ def _foreign_entry(path: Path) -> Path | None:
     """The first entry of the directory ``path`` that is not part of an export's layout
     (``project=P/run=R/part*.<parquet|csv|jsonl>``), else None."""
     exts = tuple("." + e for e in _EXTENSIONS.values())
+    from expr_tracker.query.exportmedia import MEDIA_FOLDER, is_media_name
+
     for level, pattern in enumerate(("project=", "run=")):
-        dirs = [path] if level == 0 else [d for d in path.iterdir()]
+        dirs = [path] if level == 0 else [d for d in path.iterdir() if d.name != MEDIA_FOLDER]
         for d in dirs:
             for entry in d.iterdir():
+                if level == 0 and entry.name == MEDIA_FOLDER and not entry.is_symlink():
+                    if entry.is_dir():  # the export's copied media (docs/media.md)
+                        for f in entry.iterdir():
+                            if f.is_symlink() or not f.is_file() or not is_media_name(f.name):
+                                return f
+                        continue
                 if entry.is_symlink() or not entry.is_dir() or not entry.name.startswith(pattern):
                     return entry
                 if level == 1:
@@ -341,6 +349,8 @@ def export_runs(
     partition: bool | None = None,
     overwrite: bool = False,
     cache_dir: str | os.PathLike[str] | None = None,
+    media: bool = True,
+    media_dir: str | os.PathLike[str] | None = None,
 ) -> dict[str, Any]:
     """Export the metrics of the run(s) under ``source`` to ``path``.
 
@@ -360,6 +370,11 @@ def export_runs(
             folder of runs, false when it is one run directory.
         overwrite: replace an existing ``path``.
         cache_dir: where the columnar cache lives (default: the cache's own default).
+        media: copy the media files the rows reference (images, tables; docs/media.md
+            "Exporting") into ``media/`` next to the output file, or ``PATH/_media/`` in a
+            partitioned export; false leaves the references pointing into the runs.
+        media_dir: the folder to copy them to instead; the references are rewritten to
+            its path relative to the output's folder (partitioned: to ``PATH``).
 
     A producer whose metrics cannot be read (permissions, not a regular file, outside its
     run directory) is left out, named in one logged warning and in ``skipped``; lines that
@@ -369,8 +384,9 @@ def export_runs(
     Returns:
         ``{"path", "format", "layout", "partitioned", "runs", "producers", "rows", "files",
         "bytes", "columns", "seconds", "skipped"}``: rows written (all files), output
-        bytes, the column names (wide: with the metric columns), wall seconds, and
-        ``skipped``: ``{"run", "stream", "rank", "problem"}`` per producer not read whole.
+        bytes, the column names (wide: with the metric columns), wall seconds,
+        ``skipped``: ``{"run", "stream", "rank", "problem"}`` per producer not read whole,
+        and ``media``: ``{"dir", "files", "bytes", "refused"}`` (None with ``media=False``).
 
     Raises:
         ExportError: a bad argument, a missing source, no metrics files (or none that can
@@ -386,11 +402,15 @@ def export_runs(
         raise ExportError(f"format={format!r} is not valid: use one of {', '.join(FORMATS)}")
     if layout not in LAYOUTS:
         raise ExportError(f"layout={layout!r} is not valid: use one of {', '.join(LAYOUTS)}")
-    for name, flag in (("partition", partition), ("overwrite", overwrite)):
+    for name, flag in (("partition", partition), ("overwrite", overwrite), ("media", media)):
         if flag is not None and not isinstance(flag, bool):
             raise ExportError(f"{name}={flag!r} is not valid: use True or False")
     if cache_dir is not None and not isinstance(cache_dir, (str, os.PathLike)):
         raise ExportError(f"cache_dir={cache_dir!r} is not valid: give a folder's path")
+    if media_dir is not None and not isinstance(media_dir, (str, os.PathLike)):
+        raise ExportError(f"media_dir={media_dir!r} is not valid: give a folder's path")
+    if media_dir is not None and not media:
+        raise ExportError("media_dir= (--media-dir) and media=False (--no-media) contradict")
     patterns = _as_list(metrics, "metrics")
     src_path = Path(source)
     if not src_path.exists():
@@ -471,6 +491,7 @@ def export_runs(
         schema = layouts.long_schema(pa, with_run)
     place = Placement(out, overwrite=overwrite, replaceable=_check_replaceable)
     tmp = place.tmp
+    copier = _media_copier(out, tmp, media, media_dir, partition, run_dirs) if media else None
     rows = 0
     files = 0
     tmpdir = tempfile.mkdtemp(prefix="et-export-")
@@ -482,6 +503,8 @@ def export_runs(
                 rows = layouts.wide_rows(tables, s.producer, is_text, schema, with_run)
             else:
                 rows = layouts.long_rows(tables, s.producer, chosen, schema, with_run)
+            if copier is not None:
+                rows = copier.batches(s.producer.run_dir, rows)
             return _named_failures(s, rows, pa)
 
         if partition:
@@ -502,6 +525,8 @@ def export_runs(
 
             rows = _write(tmp, format, schema, chained())
             files = 1
+        if copier is not None:
+            copier.copy()
         size = _tree_size(tmp)
         try:
             place.commit()
@@ -511,6 +536,8 @@ def export_runs(
             ) from None
     except OSError as exc:  # a full disk, a read-only folder: say where
         place.abort()
+        if copier is not None:
+            copier.abort()
         why = exc.strerror or str(exc)
         msg = f"export to {out} failed: {why}" + (
             f" ({exc.filename})" if exc.filename and exc.strerror else ""
@@ -518,6 +545,8 @@ def export_runs(
         raise (OSError(exc.errno, msg) if exc.errno else OSError(msg)) from exc
     except BaseException:
         place.abort()
+        if copier is not None:
+            copier.abort()
         raise
     finally:
         shutil.rmtree(tmpdir, ignore_errors=True)
@@ -534,7 +563,42 @@ def export_runs(
         "columns": schema.names,
         "seconds": _time.perf_counter() - t0,
         "skipped": skipped,
+        "media": copier.summary() if copier is not None else None,
     }
+
+
+def _media_copier(
+    out: Path,
+    tmp: Path,
+    media: bool,
+    media_dir: str | os.PathLike[str] | None,
+    partition: bool,
+    run_dirs: set[Path],
+) -> Any:
+    """The :class:`~expr_tracker.query.exportmedia.MediaCopier` of an export: where its
+    files go and the path its references get (docs/media.md "Exporting")."""
+    from expr_tracker.query.exportmedia import MEDIA_FOLDER, MediaCopier, prefix_for
+
+    identity = {"project", "run", "stream", "rank", "step", "time", "metric"}
+    base = out if partition else out.parent
+    if media_dir is None:
+        if partition:  # inside the folder renamed into place: atomic with it
+            return MediaCopier(tmp / MEDIA_FOLDER, MEDIA_FOLDER + "/", identity)
+        return MediaCopier(out.parent / "media", "media/", identity)
+    dest = Path(media_dir)
+    target = dest.resolve()
+    for d in run_dirs:
+        if target == d or d in target.parents:
+            raise ExportError(
+                f"--media-dir {dest}: it is inside the run directory {d} being exported; "
+                "choose a folder outside it"
+            )
+    if partition and (target == out.resolve() or out.resolve() in target.parents):
+        raise ExportError(
+            f"--media-dir {dest}: it is inside the partitioned output {out}, which is replaced "
+            f"when the export completes; leave --media-dir out ({MEDIA_FOLDER}/ goes there)"
+        )
+    return MediaCopier(dest, prefix_for(dest, base), identity)
 
 
 def _check_output(out: Path, run_dirs: set[Path]) -> None:
