@@ -125,7 +125,7 @@ def acquire_lock(path: str | os.PathLike[str]) -> tuple[int | None, bool]:
         except FileExistsError:
             # a runs folder may come from someone else: a lock file planted as a symlink (to
             # a file of the writer's) is never followed, a FIFO never blocks, and neither is
-            # truncated (docs/streams.md "Locks")
+            # truncated (docs/streams.md "Run identity")
             try:
                 fd = os.open(lock_path, os.O_RDWR | _NOFOLLOW | _NONBLOCK)
             except FileNotFoundError:
