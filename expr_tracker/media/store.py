@@ -154,6 +154,10 @@ class MediaStore:
             self.bytes_written += len(data)
         except OSError as exc:
             self.write_errors += 1
+            with self._lock:  # not on disk: the same content logged later is tried again
+                self._known.discard(name)
+                if self._used is not None:
+                    self._used -= len(data)
             self.warner.warn(
                 ("media_write", type(exc).__name__),
                 "expr_tracker: a media file could not be written to %s (%s); its row keeps "

@@ -332,7 +332,13 @@ class Histogram(Media):
             a = np.zeros(0)
             counts, edges = np.zeros(num_bins, dtype=np.int64), np.linspace(0.0, 1.0, num_bins + 1)
         else:
-            counts, edges = np.histogram(a.astype(np.float64, copy=False), bins=num_bins)
+            a = a.astype(np.float64, copy=False)
+            lo, hi = float(a.min()), float(a.max())
+            if np.isfinite(hi - lo):
+                counts, edges = np.histogram(a, bins=num_bins)
+            else:  # a range past float64's largest: bin halved values, double the edges
+                counts, edges = np.histogram(a / 2.0, bins=num_bins)
+                edges = np.clip(edges * 2.0, lo, hi)
         self.values = [int(c) for c in counts.tolist()]
         self.bins = [float(e) for e in edges.tolist()]
 

@@ -25,6 +25,8 @@ __all__ = ["LOG_CHOICES", "unwatch", "watch"]
 
 #: what ``watch(log=)`` takes
 LOG_CHOICES = ("gradients", "parameters", "all")
+#: above this (max - min) * bins, float32 arithmetic in ``torch.histc`` may overflow
+_FLOAT32_SAFE = 1e37
 
 _watchers: dict[int, _Watcher] = {}
 _watchers_lock = threading.Lock()
@@ -93,6 +95,12 @@ class _Watcher:
                 lo, hi = float(finite.min()), float(finite.max())
                 if lo == hi:
                     lo, hi = lo - 0.5, hi + 0.5
+                if (hi - lo) * self.num_bins > _FLOAT32_SAFE:
+                    # histc computes (x - min) * bins / (max - min) in the tensor's dtype:
+                    # in float32 that overflows near its limits and every value lands in
+                    # bin 0, so such (rare: diverging) tensors are binned in float64
+                    cpu = finite.device.type == "mps"  # MPS has no float64
+                    finite = finite.to("cpu" if cpu else finite.device, torch.float64)
                 counts = torch.histc(finite, bins=self.num_bins, min=lo, max=hi)
                 edges = torch.linspace(lo, hi, self.num_bins + 1)
                 out[f"{kind}/{name}"] = Histogram(

@@ -36,6 +36,7 @@ import hashlib
 import io
 import os
 import random
+import re
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -338,6 +339,13 @@ class _ProducerSync:
         return True
 
     def _blob(self, m: dict[str, Any], rel: str, path: Path) -> bool:
+        old = m["blobs"].get(rel)
+        named = _HASHED_MEDIA.match(rel)
+        if old is not None and named is not None and old.get("sha256") == named.group(1):
+            # content-addressed (media/<sha256>.<ext>, docs/media.md): already in the
+            # manifest under its hash, so not read again (each background pass would
+            # otherwise re-hash the whole media folder)
+            return False
         try:
             fd = untrusted.open_regular(path, root=self.p.root)
         except OSError as exc:
@@ -366,6 +374,10 @@ class _ProducerSync:
             os.close(fd)
         m["blobs"][rel] = {"sha256": sha, "size": size}
         return True
+
+
+#: a media file named by its content's SHA-256 (expr_tracker/media/store.py)
+_HASHED_MEDIA = re.compile(r"^media/([0-9a-f]{64})\.[a-z.]{1,16}$")
 
 
 def _read_line(fd: int, start: int, size: int) -> bytes:

@@ -139,3 +139,10 @@ def test_table_rows_dataframe_and_cells():
 def test_table_bad_input(kwargs, message):
     with pytest.raises(ValueError, match=message):
         et.Table(**kwargs)
+
+
+def test_histogram_of_values_spanning_float64_range_bins_them():
+    # max - min overflows float64: numpy alone raises "Too many bins for data range"
+    h = et.Histogram(np.array([1.7e308, -1.7e308, 0.0]), num_bins=4)
+    assert h.values == [1, 0, 1, 1] or h.values == [1, 1, 0, 1]
+    assert h.bins[0] == -1.7e308 and h.bins[-1] == 1.7e308
