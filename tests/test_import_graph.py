@@ -49,7 +49,7 @@ ALLOWED: dict[str, set[str]] = {
     "system": LEAVES,
     "query": LEAVES | {"history", "media"},
     "ui": LEAVES | {"history", "query", "trace", "media"},
-    "sync": LEAVES | {"history", "query"},
+    "sync": LEAVES | {"history", "query", "media"},
     "plugins": {"spans"},
     "integrations": LEAVES | {"api", "runs", "spec", "history"},
     "testing": LEAVES | {"alerts"},

@@ -49,7 +49,7 @@ def run_sync(args: argparse.Namespace) -> int:
     except (ValueError, StoreError, FileNotFoundError, ImportError) as exc:
         print(f"et sync: {exc}", file=sys.stderr)
         return 1
-    for line in rep.errors:
+    for line in rep.errors + rep.skipped:
         print(f"et sync: {line}", file=sys.stderr)
     if args.json:
         print(json.dumps(dataclasses.asdict(rep)))
@@ -60,6 +60,7 @@ def run_sync(args: argparse.Namespace) -> int:
             f"{rep.unchanged} unchanged"
             + (f"; {rep.lost} commit(s) lost to other syncers and retried" if rep.lost else "")
             + (f"; {len(rep.errors)} not synced" if rep.errors else "")
+            + (f"; {len(rep.skipped)} media file(s) unreadable" if rep.skipped else "")
         )
     return 1 if rep.errors else 0
 

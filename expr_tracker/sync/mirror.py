@@ -35,9 +35,10 @@ import orjson
 
 from expr_tracker.history import untrusted
 from expr_tracker.history.paths import atomic_write
+from expr_tracker.media.read import MAX_READ_BYTES
 from expr_tracker.sync import layout
 from expr_tracker.sync.bucket import BucketError, list_manifests, read_manifest
-from expr_tracker.sync.store import ObjectStore, StoreError, open_store
+from expr_tracker.sync.store import MAX_OBJECT_BYTES, ObjectStore, StoreError, open_store
 
 __all__ = ["MirrorResult", "mirror", "mirror_root", "mirror_url"]
 
@@ -94,8 +95,8 @@ def _sha_file(path: Path) -> str | None:
         return None
 
 
-def _fetch(store: ObjectStore, key: str, sha: str) -> bytes:
-    got = store.get(key)
+def _fetch(store: ObjectStore, key: str, sha: str, max_bytes: int = MAX_OBJECT_BYTES) -> bytes:
+    got = store.get(key, max_bytes)
     if got is None:
         raise BucketError(f"{store.url}/{key}: missing (its manifest references it)")
     if hashlib.sha256(got[0]).hexdigest() != sha:
@@ -153,7 +154,8 @@ def _mirror_producer(store: ObjectStore, root: Path, ident: tuple, res: MirrorRe
             raise BucketError(f"{project}/{run}: {rel} would lie outside the run: not mirrored")
         if _sha_file(path) == info["sha256"]:
             continue
-        data = _fetch(store, layout.blob_key(info["sha256"]), info["sha256"])
+        # a media file: as large as the media readers read (docs/media.md), not a run file's
+        data = _fetch(store, layout.blob_key(info["sha256"]), info["sha256"], MAX_READ_BYTES)
         atomic_write(path, data)
         res.fetched += len(data)
 

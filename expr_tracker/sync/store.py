@@ -67,7 +67,7 @@ class PreconditionFailed(StoreError):
 class ObjectStore(Protocol):
     url: str
 
-    def get(self, key: str) -> tuple[bytes, str] | None: ...
+    def get(self, key: str, max_bytes: int = MAX_OBJECT_BYTES) -> tuple[bytes, str] | None: ...
 
     def put(
         self, key: str, data: bytes, *, if_match: str | None = None, if_none_match: bool = False
@@ -188,15 +188,15 @@ class S3Store:
             else f"{op} {self.url}/{key}: {what}"
         )
 
-    def get(self, key: str) -> tuple[bytes, str] | None:
+    def get(self, key: str, max_bytes: int = MAX_OBJECT_BYTES) -> tuple[bytes, str] | None:
         full = self._key(key)
         try:
             r = self._client.get_object(Bucket=self.bucket, Key=full)
             size = int(r.get("ContentLength") or 0)
-            if size > MAX_OBJECT_BYTES:
+            if size > max_bytes:
                 raise StoreError(f"get {self.url}/{key}: {size:,} bytes, larger than read whole")
-            body = r["Body"].read(MAX_OBJECT_BYTES + 1)
-            if len(body) > MAX_OBJECT_BYTES:
+            body = r["Body"].read(max_bytes + 1)
+            if len(body) > max_bytes:
                 raise StoreError(f"get {self.url}/{key}: larger than read whole")
             return body, str(r["ETag"])
         except self._errors as exc:
@@ -273,10 +273,10 @@ class FileStore:
     def _etag(data: bytes) -> str:
         return '"' + hashlib.sha256(data).hexdigest() + '"'
 
-    def get(self, key: str) -> tuple[bytes, str] | None:
+    def get(self, key: str, max_bytes: int = MAX_OBJECT_BYTES) -> tuple[bytes, str] | None:
         path = self._path(key)
         try:
-            data = untrusted.read_regular(path, root=self.root, max_bytes=MAX_OBJECT_BYTES)
+            data = untrusted.read_regular(path, root=self.root, max_bytes=max_bytes)
         except (FileNotFoundError, NotADirectoryError):
             return None
         except OSError as exc:

@@ -71,7 +71,9 @@ class SyncReport:
     """What one :func:`sync_dir` did. ``bytes``: bytes uploaded (objects' bodies, manifests
     included); ``objects``: objects written; ``commits``: manifests written; ``lost``:
     conditional writes another syncer won (each followed by a retry); ``unchanged``:
-    producers skipped without a request; ``errors``: one line per producer not synced."""
+    producers skipped without a request; ``errors``: one line per producer not synced;
+    ``skipped``: one line per media file that could not be read (a FIFO, no permission):
+    left out, the rest of its run synced, tried again next time."""
 
     runs: int = 0
     producers: int = 0
@@ -81,6 +83,7 @@ class SyncReport:
     objects: int = 0
     bytes: int = 0
     errors: list[str] = field(default_factory=list)
+    skipped: list[str] = field(default_factory=list)
 
 
 def _state_path(url: str, state_dir: str | os.PathLike[str] | None) -> Path:
@@ -349,9 +352,12 @@ class _ProducerSync:
         try:
             fd = untrusted.open_regular(path, root=self.p.root)
         except OSError as exc:
-            raise SyncError(
-                f"{self.where}: {rel}: cannot be read ({exc.strerror or exc})"
-            ) from None
+            # one unreadable media file must not hold back the run's metrics: left out,
+            # reported, and tried again by the next sync (media are not in the state's sig)
+            self.report.skipped.append(
+                f"{self.where}: {rel}: cannot be read ({exc.strerror or exc}): not synced"
+            )
+            return False
         try:
             h = hashlib.sha256()
             size = 0
