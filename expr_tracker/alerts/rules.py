@@ -65,7 +65,10 @@ def rule_level(level: str) -> str:
     ``units.normalize_level``), ``RuleError`` when it is none."""
     key = units.normalize_level(str(level))
     if key not in LEVEL_RANK:
-        raise RuleError(units.level_error(level))
+        raise RuleError(
+            units.level_error(level)
+            + f"; or an action, {' or '.join(ACTIONS)} (`=> stop: ...`, or the action field)"
+        )
     return key
 
 

@@ -428,7 +428,20 @@ class Table(Media):
                 raise ValueError("Table takes data= or dataframe=, not both")
             columns = [str(c) for c in dataframe.columns]
             data = dataframe.itertuples(index=False, name=None)
-        rows_in = [list(r) for r in (data or [])]
+        # a string is a sequence too: "abc" would be three rows of one letter each
+        if isinstance(data, (str, bytes)):
+            raise ValueError(
+                f"Table(data): rows are sequences of cells (a list of lists), got a "
+                f"{type(data).__name__}"
+            )
+        rows_in = []
+        for i, r in enumerate(data or []):
+            if isinstance(r, (str, bytes)):
+                raise ValueError(
+                    f"Table(data): row {i} is a {type(r).__name__}; a row is a sequence of "
+                    "cells (a list), one per column"
+                )
+            rows_in.append(list(r))
         if columns is None:
             columns = [f"col{i}" for i in range(len(rows_in[0]) if rows_in else 0)]
         cols = list(columns)

@@ -134,6 +134,8 @@ def test_table_rows_dataframe_and_cells():
         ({"columns": ["a", "a"], "data": []}, "names repeat"),
         ({"columns": [1], "data": []}, "1 is not a string"),
         ({"columns": ["a"], "data": [[object()]]}, "row 0 column 'a': a cell of type object"),
+        ({"columns": ["a"], "data": "abc"}, "rows are sequences of cells"),
+        ({"columns": ["a"], "data": [[1], "b"]}, "row 1 is a str"),
     ],
 )
 def test_table_bad_input(kwargs, message):
