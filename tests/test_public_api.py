@@ -139,3 +139,23 @@ def test_the_package_says_it_is_typed():
     from importlib.resources import files
 
     assert files("expr_tracker").joinpath("py.typed").is_file()
+
+
+def test_a_plain_init_builds_no_http_stack_and_no_mirror(tmp_path):
+    # a run without alert rules, channels or backends: the dispatcher is there (et.alert
+    # prints and records), but the HTTP channels and the mirrors are not imported
+    code = (
+        "import sys, expr_tracker as et\n"
+        "et.init(dir=sys.argv[1], project='p', system={'enabled': False})\n"
+        "et.log({'loss': 1.0})\n"
+        "et.finish()\n"
+        "lazy = {'http.client', 'ssl', 'urllib.request', 'lark', 'numpy', 'duckdb', 'rich',\n"
+        "        'expr_tracker.alerts.delivery.channels.bounded_http',\n"
+        "        'expr_tracker.backends.mirror', 'expr_tracker.backends.wandb_backend',\n"
+        "        'expr_tracker.backends.trackio_backend'}\n"
+        "print(sorted(lazy & set(sys.modules)))\n"
+    )
+    out = subprocess.run(
+        [sys.executable, "-c", code, str(tmp_path)], capture_output=True, text=True, check=True
+    )
+    assert out.stdout.strip().splitlines()[-1] == "[]"
