@@ -159,3 +159,18 @@ def test_a_plain_init_builds_no_http_stack_and_no_mirror(tmp_path):
         [sys.executable, "-c", code, str(tmp_path)], capture_output=True, text=True, check=True
     )
     assert out.stdout.strip().splitlines()[-1] == "[]"
+
+
+def test_the_et_parser_loads_no_heavy_library():
+    # every `et` command builds the whole parser: a command module importing pydantic, yaml,
+    # rich or duckdb at its top would slow `et runs` and `et history` (issue 27)
+    code = (
+        "import sys\n"
+        "from expr_tracker.cli.main import build_parser\n"
+        "build_parser()\n"
+        "heavy = {'pydantic', 'yaml', 'rich', 'numpy', 'duckdb', 'pyarrow', 'lark',\n"
+        "         'expr_tracker.spec', 'expr_tracker.alerts.rules'}\n"
+        "print(sorted(heavy & set(sys.modules)))\n"
+    )
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    assert out.stdout.strip() == "[]"
