@@ -9,6 +9,7 @@ Each sample is a fresh interpreter. Measured (medians of ``--repeat``):
 
 - ``import_ms``: ``import expr_tracker`` timed inside the child (interpreter start excluded);
 - ``init_ms``: the first ``et.init(dir=TMP, project="p")`` right after that import;
+- ``start_ms``: both (what a training script waits for before its first step);
 - ``finish_ms``: the ``et.finish()`` that follows;
 - ``runs_s``, ``history_s``: ``python -m expr_tracker.cli.main runs DIR`` and
   ``... history RUN -n 5`` over a folder of 20 small runs, whole process, wall clock.
@@ -44,7 +45,9 @@ et.finish()
 t3 = time.perf_counter()
 import json
 print(json.dumps({"import_ms": (t1 - t0) * 1e3, "init_ms": (t2 - t1) * 1e3,
-                  "finish_ms": (t3 - t2) * 1e3, "modules": len(sys.modules)}))
+                  "start_ms": (t2 - t0) * 1e3,
+                  "finish_ms": (t3 - t2) * 1e3, "modules": len(sys.modules),
+                  "file": et.__file__}))
 """
 
 
@@ -58,7 +61,9 @@ def make_data(root: Path, checkout: Path) -> Path:
         "        et.log({'loss': 1 / (s + 1), 'acc': s / 50, 'lr': 0.1})\n"
         "    et.finish()\n"
     )
-    subprocess.run([sys.executable, "-c", code, str(root)], env=child_env(checkout), check=True)
+    subprocess.run(
+        [sys.executable, "-c", code, str(root)], env=child_env(checkout), cwd=root, check=True
+    )
     return root
 
 
@@ -73,20 +78,28 @@ def child_env(checkout: Path) -> dict[str, str]:
 
 def sample(checkout: Path, data: Path, run: str) -> dict[str, float]:
     env = child_env(checkout)
+    # cwd: the data folder, so that neither ``-c`` nor ``-m`` puts this checkout first on
+    # the path (both prepend the working directory, ahead of PYTHONPATH)
     out = subprocess.run(
-        [sys.executable, "-c", CHILD], env=env, capture_output=True, text=True, check=True
+        [sys.executable, "-c", CHILD], env=env, cwd=data, capture_output=True, text=True
     )
+    if out.returncode:
+        raise SystemExit(f"{checkout}: the import/init child failed:\n{out.stderr}")
     res = json.loads(out.stdout.strip().splitlines()[-1])
+    if not res["file"].startswith(str(checkout)):
+        raise SystemExit(f"{checkout}: imported {res['file']} instead")
     for key, argv in (("runs_s", ["runs", str(data)]), ("history_s", ["history", run, "-n", "5"])):
         t0 = time.perf_counter()
-        subprocess.run(
+        done = subprocess.run(
             [sys.executable, "-m", "expr_tracker.cli.main", *argv],
             env=env,
+            cwd=data,
             capture_output=True,
             text=True,
-            check=True,
         )
         res[key] = time.perf_counter() - t0
+        if done.returncode:
+            raise SystemExit(f"{checkout}: et {' '.join(argv)} failed:\n{done.stderr}")
     return res
 
 
@@ -111,11 +124,11 @@ def main() -> None:
     load = os.getloadavg()[0] if hasattr(os, "getloadavg") else None
     report["load1"] = load
     for name, runs in samples.items():
-        med = {k: round(statistics.median(r[k] for r in runs), 4) for k in runs[0]}
+        med = {k: round(statistics.median(r[k] for r in runs), 4) for k in runs[0] if k != "file"}
         report[name] = med
         print(
             f"{name:8s} import {med['import_ms']:6.1f} ms  init {med['init_ms']:6.1f} ms  "
-            f"finish {med['finish_ms']:5.1f} ms  modules {med['modules']:.0f}  "
+            f"(both {med['start_ms']:6.1f} ms)  finish {med['finish_ms']:5.1f} ms  modules {med['modules']:.0f}  "
             f"runs {med['runs_s']:.3f} s  history -n 5 {med['history_s']:.3f} s",
             flush=True,
         )
