@@ -149,7 +149,7 @@ def test_a_plain_init_builds_no_http_stack_and_no_mirror(tmp_path):
         "et.init(dir=sys.argv[1], project='p', system={'enabled': False})\n"
         "et.log({'loss': 1.0})\n"
         "et.finish()\n"
-        "lazy = {'http.client', 'ssl', 'urllib.request', 'lark', 'numpy', 'duckdb', 'rich',\n"
+        "lazy = {'http.client', 'ssl', 'urllib.request', 'lark', 'numpy', 'duckdb', 'rich', 'yaml',\n"
         "        'expr_tracker.alerts.delivery.channels.bounded_http',\n"
         "        'expr_tracker.backends.mirror', 'expr_tracker.backends.wandb_backend',\n"
         "        'expr_tracker.backends.trackio_backend'}\n"
