@@ -10,6 +10,8 @@ Each sample is a fresh interpreter. Measured (medians of ``--repeat``):
 - ``import_ms``: ``import expr_tracker`` timed inside the child (interpreter start excluded);
 - ``init_ms``: the first ``et.init(dir=TMP, project="p")`` right after that import;
 - ``start_ms``: both (what a training script waits for before its first step);
+- ``import_cpu_ms``, ``init_cpu_ms``: the same two as CPU time of the main thread, which a
+  loaded machine disturbs far less than the wall clock (the sampler's thread not counted);
 - ``finish_ms``: the ``et.finish()`` that follows;
 - ``runs_s``, ``history_s``: ``python -m expr_tracker.cli.main runs DIR`` and
   ``... history RUN -n 5`` over a folder of 20 small runs, whole process, wall clock.
@@ -35,17 +37,18 @@ ROOT = Path(__file__).resolve().parent.parent
 
 CHILD = """
 import sys, time, tempfile
-t0 = time.perf_counter()
+c0, t0 = time.thread_time(), time.perf_counter()
 import expr_tracker as et
-t1 = time.perf_counter()
+c1, t1 = time.thread_time(), time.perf_counter()
 d = tempfile.mkdtemp()
 et.init(dir=d, project="p")
-t2 = time.perf_counter()
+c2, t2 = time.thread_time(), time.perf_counter()
 et.finish()
 t3 = time.perf_counter()
 import json
 print(json.dumps({"import_ms": (t1 - t0) * 1e3, "init_ms": (t2 - t1) * 1e3,
-                  "start_ms": (t2 - t0) * 1e3,
+                  "start_ms": (t2 - t0) * 1e3, "import_cpu_ms": (c1 - c0) * 1e3,
+                  "init_cpu_ms": (c2 - c1) * 1e3,
                   "finish_ms": (t3 - t2) * 1e3, "modules": len(sys.modules),
                   "file": et.__file__}))
 """
@@ -128,7 +131,8 @@ def main() -> None:
         report[name] = med
         print(
             f"{name:8s} import {med['import_ms']:6.1f} ms  init {med['init_ms']:6.1f} ms  "
-            f"(both {med['start_ms']:6.1f} ms)  finish {med['finish_ms']:5.1f} ms  modules {med['modules']:.0f}  "
+            f"(both {med['start_ms']:6.1f} ms; CPU {med['import_cpu_ms']:5.1f} + "
+            f"{med['init_cpu_ms']:5.1f} ms)  finish {med['finish_ms']:5.1f} ms  modules {med['modules']:.0f}  "
             f"runs {med['runs_s']:.3f} s  history -n 5 {med['history_s']:.3f} s",
             flush=True,
         )
