@@ -14,8 +14,6 @@ from expr_tracker import (
     query,  # the package, callable: et.query(sql, dir=...)
 )
 from expr_tracker._version import __version__
-from expr_tracker.alerts.builder import M
-from expr_tracker.alerts.rules import AlertRule
 from expr_tracker.api import (
     add_alert_rule,
     alert,
@@ -35,7 +33,6 @@ from expr_tracker.api import (
     should_stop,
     use_artifact,
 )
-from expr_tracker.artifacts import Artifact
 from expr_tracker.errors import (
     ConfigChangeError,
     ExprTrackerError,
@@ -51,11 +48,15 @@ from expr_tracker.runs import Run
 from expr_tracker.spans import Span, span, start_span
 from expr_tracker.units import AlertLevel
 
-#: public names loaded on first use (pydantic and the delivery package stay out of
-#: ``import expr_tracker``): name -> (module, attribute)
+#: public names loaded on first use (pydantic, the alert rule language, the delivery
+#: and artifact packages stay out of ``import expr_tracker``; docs/architecture.md
+#: "Cold start"): name -> (module, attribute)
 _LAZY = {
     "AlertConfig": ("expr_tracker.spec.alerting", "AlertsSpec"),
     "AlertMessage": ("expr_tracker.alerts.delivery.message", "AlertMessage"),
+    "AlertRule": ("expr_tracker.alerts.rules", "AlertRule"),
+    "Artifact": ("expr_tracker.artifacts.model", "Artifact"),
+    "M": ("expr_tracker.alerts.builder", "M"),
     "ChannelConfig": ("expr_tracker.spec.alerting", "ChannelSpec"),
     "Histogram": ("expr_tracker.media.types", "Histogram"),
     "Image": ("expr_tracker.media.types", "Image"),

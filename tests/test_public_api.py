@@ -99,7 +99,9 @@ def test_import_stays_light():
     code = (
         "import sys, expr_tracker\n"
         "heavy = {'torch', 'pandas', 'polars', 'hydra', 'numpy', 'pydantic', 'lark', 'pynvml',\n"
-        "        'duckdb', 'pyarrow'}\n"
+        "        'duckdb', 'pyarrow', 'rich', 'yaml', 'psutil', 'ssl', 'http',\n"
+        "        'expr_tracker.spec', 'expr_tracker.alerts', 'expr_tracker.artifacts',\n"
+        "        'expr_tracker.media', 'expr_tracker.assemble', 'expr_tracker.backends'}\n"
         "print(sorted(heavy & set(sys.modules)))\n"
     )
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
@@ -137,3 +139,38 @@ def test_the_package_says_it_is_typed():
     from importlib.resources import files
 
     assert files("expr_tracker").joinpath("py.typed").is_file()
+
+
+def test_a_plain_init_builds_no_http_stack_and_no_mirror(tmp_path):
+    # a run without alert rules, channels or backends: the dispatcher is there (et.alert
+    # prints and records), but the HTTP channels and the mirrors are not imported
+    code = (
+        "import sys, expr_tracker as et\n"
+        "et.init(dir=sys.argv[1], project='p', system={'enabled': False})\n"
+        "et.log({'loss': 1.0})\n"
+        "et.finish()\n"
+        "lazy = {'http.client', 'ssl', 'urllib.request', 'lark', 'numpy', 'duckdb', 'rich', 'yaml',\n"
+        "        'expr_tracker.alerts.delivery.channels.bounded_http',\n"
+        "        'expr_tracker.backends.mirror', 'expr_tracker.backends.wandb_backend',\n"
+        "        'expr_tracker.backends.trackio_backend'}\n"
+        "print(sorted(lazy & set(sys.modules)))\n"
+    )
+    out = subprocess.run(
+        [sys.executable, "-c", code, str(tmp_path)], capture_output=True, text=True, check=True
+    )
+    assert out.stdout.strip().splitlines()[-1] == "[]"
+
+
+def test_the_et_parser_loads_no_heavy_library():
+    # every `et` command builds the whole parser: a command module importing pydantic, yaml,
+    # rich or duckdb at its top would slow `et runs` and `et history` (issue 27)
+    code = (
+        "import sys\n"
+        "from expr_tracker.cli.main import build_parser\n"
+        "build_parser()\n"
+        "heavy = {'pydantic', 'yaml', 'rich', 'numpy', 'duckdb', 'pyarrow', 'lark',\n"
+        "         'expr_tracker.spec', 'expr_tracker.alerts.rules'}\n"
+        "print(sorted(heavy & set(sys.modules)))\n"
+    )
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    assert out.stdout.strip() == "[]"

@@ -35,7 +35,6 @@ from expr_tracker.assemble.alerts import build_alerts
 from expr_tracker.assemble.artifacts import build_artifacts
 from expr_tracker.assemble.backends import build_backends
 from expr_tracker.assemble.check import channel_issue, check
-from expr_tracker.assemble.delivery import build_dispatcher
 from expr_tracker.assemble.history import (
     announce,
     construct_run,
@@ -61,6 +60,16 @@ __all__ = [
 ]
 
 log = logging.getLogger("expr_tracker")
+
+
+def __getattr__(name: str) -> Any:  # PEP 562
+    """``build_dispatcher`` on first use: the delivery package (channels, HTTP, policies)
+    is imported only by a run with alert rules, ``et alert`` and ``et.alert``."""
+    if name == "build_dispatcher":
+        from expr_tracker.assemble.delivery import build_dispatcher
+
+        return build_dispatcher
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
 
 
 def build(

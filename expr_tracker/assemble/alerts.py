@@ -10,7 +10,6 @@ from pathlib import Path
 from typing import Any
 
 from expr_tracker._warn import Warner
-from expr_tracker.assemble.delivery import attach_delivery
 from expr_tracker.history.paths import file_name
 from expr_tracker.runs import Run
 
@@ -92,5 +91,7 @@ def _delivery(run: Run, alerts: Any, alerts_path: Path, record: Any, deliver: bo
     not alert."""
     if not deliver:
         return None
+    from expr_tracker.assemble.delivery import attach_delivery  # only with rules: cold start
+
     dispatcher = attach_delivery(run, alerts, record)
     return dispatcher.notify

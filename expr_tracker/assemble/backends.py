@@ -25,19 +25,28 @@ import hashlib
 import importlib.util
 import sys
 from collections.abc import Iterable
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from expr_tracker._warn import Warner
-from expr_tracker.backends.mirror import Mirror, close_mirrors
-from expr_tracker.backends.protocol import adapt
-from expr_tracker.backends.trackio_backend import TrackioBackend
-from expr_tracker.backends.wandb_backend import WandbBackend
 from expr_tracker.runs import Run
+
+if TYPE_CHECKING:
+    from expr_tracker.backends.mirror import Mirror
 
 __all__ = ["backend_identity", "build_backends", "mirrors_on_rank"]
 
-#: built-in backend name -> its class (which imports its library only in ``init``)
-_BUILTIN: dict[str, Any] = {"wandb": WandbBackend, "trackio": TrackioBackend}
+#: built-in backend name -> (module, class); the class imports its library only in
+#: ``init``, and the module itself is imported only by a run that mirrors (cold start)
+_BUILTIN: dict[str, tuple[str, str]] = {
+    "wandb": ("expr_tracker.backends.wandb_backend", "WandbBackend"),
+    "trackio": ("expr_tracker.backends.trackio_backend", "TrackioBackend"),
+}
+
+
+def _builtin(kind: str) -> Any:
+    """The class of built-in backend ``kind`` (a key of ``_BUILTIN``)."""
+    module, name = _BUILTIN[kind]
+    return getattr(importlib.import_module(module), name)
 
 
 def mirrors_on_rank(on_rank: Any, rank: int) -> bool:
@@ -114,9 +123,13 @@ def build_backends(
             # et.init(mode="offline") as a wandb user writes it: no network for the mirror
             kwargs.setdefault("mode", "offline")
         entries.append((kind, kwargs))
-    adapted = [adapt(obj) for obj in objects]  # TypeError before anything starts
-    if not (entries or adapted):
+    if not (entries or objects):
         return []
+    # imported only by a run that mirrors (cold start: docs/architecture.md)
+    from expr_tracker.backends.mirror import Mirror, close_mirrors
+    from expr_tracker.backends.protocol import adapt
+
+    adapted = [adapt(obj) for obj in objects]  # TypeError before anything starts
     if not mirrors_on_rank(spec.backend_on_rank, rank):
         # the same code runs on every rank: et.info()["backends"] is there, with no mirror
         run.add_stats("backends", dict)
@@ -147,7 +160,7 @@ def build_backends(
             mirror.disable(f"{kind} is not installed; pip install 'expr-tracker[{kind}]'")
             mirrors.append(mirror)
             continue
-        mirror = make(adapt(_BUILTIN[kind](kwargs)), label)
+        mirror = make(adapt(_builtin(kind)(kwargs)), label)
         if nth:  # a second wandb entry (another entity, say) is a backend run of its own
             key = f"{mirror.info['id']}\0{nth}"
             mirror.info["id"] = hashlib.sha256(key.encode()).hexdigest()[:16]

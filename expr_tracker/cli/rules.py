@@ -21,8 +21,8 @@ import os
 import sys
 from pathlib import Path
 
-from expr_tracker.alerts.rulefiles import check_rules_file, lint, looks_like_file, rules_from
-from expr_tracker.alerts.unittests import run_unit_tests
+# the rule files and their pydantic models are imported by the commands that read them:
+# every other `et` command builds this parser too (cold start, docs/architecture.md)
 from expr_tracker.cli import appconfig, output
 from expr_tracker.history import read_history, resolve_run_path
 
@@ -135,6 +135,7 @@ def _out(text: str = "") -> None:
 
 def cmd_explain(args) -> int:
     from expr_tracker.alerts import RuleError, compile_expr, make_rule
+    from expr_tracker.alerts.rulefiles import lint
 
     try:
         rule = make_rule(args.rule)
@@ -175,6 +176,8 @@ def cmd_explain(args) -> int:
 
 
 def cmd_check(args) -> int:
+    from expr_tracker.alerts.rulefiles import check_rules_file
+
     known = None
     if args.run:
         try:
@@ -219,6 +222,7 @@ def read_metrics(run: str) -> list[dict]:
 
 def cmd_test(args) -> int:
     from expr_tracker.alerts import RuleError
+    from expr_tracker.alerts.rulefiles import looks_like_file, rules_from
 
     path = Path(args.target)
     if looks_like_file(args.target) and not path.is_file():
@@ -273,6 +277,8 @@ def cmd_test(args) -> int:
 def _unit_tests(path: Path, args) -> int:
     """Run a rule unit-test file (``alerts.unittests``) and print the outcome: a record
     (json/jsonl: one per file, as ``check``) or text lines; exit 1 on any failure."""
+    from expr_tracker.alerts.unittests import run_unit_tests
+
     failures, warned, tests = run_unit_tests(path)
     fmt = getattr(args, "format", "text")
     warn = [f"{path}:{line}:{col}: {message}" for line, col, message in warned]
@@ -306,6 +312,7 @@ def cmd_backtest(args) -> int:
         score_rules,
     )
     from expr_tracker.alerts.compiled import CompiledRule
+    from expr_tracker.alerts.rulefiles import looks_like_file, rules_from
     from expr_tracker.query.runseries import LabelError, labelled_runs, read_series
     from expr_tracker.query.tables import Problems
 

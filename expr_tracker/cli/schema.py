@@ -11,8 +11,6 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from expr_tracker.spec.schema import stale_files, write
-
 
 def register(subparsers: Any) -> None:
     """Add the ``schema`` sub-command to ``subparsers`` (sets ``func``)."""
@@ -42,6 +40,9 @@ def register(subparsers: Any) -> None:
 
 def run_schema(args: argparse.Namespace) -> int:
     """Exit codes: 0 written (or up to date with ``--check``), 1 stale or not writable."""
+    # the Pydantic models load here, not when `et` builds its parser (cold start)
+    from expr_tracker.spec.schema import stale_files, write
+
     if args.check:
         stale = stale_files(args.out_dir)
         if stale:

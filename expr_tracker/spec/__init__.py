@@ -29,7 +29,6 @@ from expr_tracker.spec.models import (
 from expr_tracker.spec.resolve import ResolvedSpec, resolve, validate_file
 from expr_tracker.spec.sources import KEYWORDS, kwargs_to_dict, load_file
 from expr_tracker.spec.units import Duration, OptionalDuration, Size, parse_duration, parse_size
-from expr_tracker.spec.yaml import load_yaml
 
 __all__ = [
     "KEYWORDS",
@@ -66,3 +65,12 @@ __all__ = [
     "resolve",
     "validate_file",
 ]
+
+
+def __getattr__(name: str) -> object:  # PEP 562
+    """``load_yaml`` on first use: PyYAML stays out of a run started without a spec file."""
+    if name == "load_yaml":
+        from expr_tracker.spec.yaml import load_yaml
+
+        return load_yaml
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

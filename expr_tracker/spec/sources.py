@@ -18,7 +18,6 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
-import yaml
 from pydantic import BaseModel
 
 from expr_tracker.spec.alerting import alerts_data
@@ -26,14 +25,6 @@ from expr_tracker.spec.errors import SpecError, SpecIssue, suggest
 from expr_tracker.spec.fields import SKIP, is_omegaconf, keep_literal, omegaconf_to_plain
 from expr_tracker.spec.merge import Layer, Location, copy_plain, merge, nest_path
 from expr_tracker.spec.models import RunSpec
-from expr_tracker.spec.yaml import (
-    compose_unique,
-    duplicate_key_message,
-    key_path,
-    package_section,
-    yaml_error,
-    yaml_locations,
-)
 
 __all__ = [
     "ALERT_CONFIG_ENV",
@@ -149,6 +140,18 @@ def load_file(
         SpecError: the file is missing or unreadable, does not parse (with its line and
             column), or its top level is not a mapping.
     """
+    # PyYAML and the located loader: imported by the runs that read a file (cold start)
+    import yaml
+
+    from expr_tracker.spec.yaml import (
+        compose_unique,
+        duplicate_key_message,
+        key_path,
+        package_section,
+        yaml_error,
+        yaml_locations,
+    )
+
     p = Path(path)
     file = str(path)
     source = source or f"file:{file}"

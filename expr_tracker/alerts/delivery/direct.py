@@ -18,12 +18,14 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Iterable, Mapping
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from expr_tracker import _current
 from expr_tracker._warn import Warner
-from expr_tracker.alerts.delivery.dispatcher import Dispatcher
 from expr_tracker.alerts.delivery.message import AlertMessage, normalize_level
+
+if TYPE_CHECKING:  # imported on use: a run without rules never loads the channels
+    from expr_tracker.alerts.delivery.dispatcher import Dispatcher
 
 __all__ = ["alert", "make_message", "rank_alerts"]
 
@@ -52,10 +54,13 @@ def _run_dispatcher() -> Dispatcher | str | None:
     if run is None or getattr(run, "finished", False):
         return None
     d = getattr(run, "dispatcher", None)
-    if isinstance(d, Dispatcher):
-        if getattr(run, "forked", False) or d.closed:
-            return None
-        return d
+    if d is not None:
+        from expr_tracker.alerts.delivery.dispatcher import Dispatcher
+
+        if isinstance(d, Dispatcher):
+            if getattr(run, "forked", False) or d.closed:
+                return None
+            return d
     engine = getattr(run, "alerts", None)
     if engine is None:
         return "alerts are disabled for this run (alerts.enabled: false)"

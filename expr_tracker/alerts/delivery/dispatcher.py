@@ -79,7 +79,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from expr_tracker._warn import Warner
-from expr_tracker.alerts.delivery.channels.bounded_http import ATTEMPT_TIMEOUTS
+from expr_tracker.alerts.delivery.channels.base import ATTEMPT_TIMEOUTS
 from expr_tracker.alerts.delivery.lane import EXIT, Lane
 from expr_tracker.alerts.delivery.message import AlertMessage, event_to_message
 from expr_tracker.alerts.delivery.policy import URGENT_LEVEL, Policy, TokenBucket

@@ -40,7 +40,7 @@ from collections import deque
 from collections.abc import Callable, Iterable
 from typing import Any
 
-from expr_tracker.alerts.delivery.channels.bounded_http import ATTEMPT_TIMEOUTS
+from expr_tracker.alerts.delivery.channels.base import ATTEMPT_TIMEOUTS
 from expr_tracker.alerts.delivery.message import LEVELS, AlertMessage, normalize_level
 from expr_tracker.alerts.delivery.policy import Dedup, Policy, RetryRule, TokenBucket
 from expr_tracker.alerts.delivery.stages import (

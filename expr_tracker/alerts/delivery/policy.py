@@ -18,8 +18,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, fields
 from typing import Any
 
-from expr_tracker.alerts.delivery.channels.base import DeliveryError
-from expr_tracker.alerts.delivery.channels.bounded_http import ATTEMPT_TIMEOUTS
+from expr_tracker.alerts.delivery.channels.base import ATTEMPT_TIMEOUTS, DeliveryError
 from expr_tracker.alerts.delivery.message import LEVELS, AlertMessage
 
 __all__ = ["URGENT_LEVEL", "URGENT_RANK", "Dedup", "Policy", "RetryRule", "TokenBucket"]

@@ -16,9 +16,7 @@ The bounded HTTP client (``post_json``), ``HttpChannel`` and ``check_code`` are 
 from __future__ import annotations
 
 import base64
-import urllib.error
 import urllib.parse
-import urllib.request
 from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any, ClassVar
@@ -27,12 +25,17 @@ from expr_tracker.alerts.delivery.message import AlertMessage
 from expr_tracker.alerts.delivery.scrub import ambiguous_authority, redact_url, scrub
 
 __all__ = [
+    "ATTEMPT_TIMEOUTS",
     "Channel",
     "ChannelConfigError",
     "DeliveryError",
     "SendResult",
     "excerpt",
 ]
+
+#: one HTTP attempt lasts at most this many ``timeout``s (connect, then exchange); here,
+#: not in ``bounded_http``, so the dispatcher does not import the HTTP stack (cold start)
+ATTEMPT_TIMEOUTS = 2
 
 #: characters of a response body kept for reports (logs, records, stats, the CLIs)
 EXCERPT_LIMIT = 200

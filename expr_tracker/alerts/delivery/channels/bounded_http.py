@@ -35,6 +35,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from expr_tracker.alerts.delivery.channels.base import (
+    ATTEMPT_TIMEOUTS,
     URL_HELP,
     Channel,
     DeliveryError,
@@ -58,8 +59,6 @@ __all__ = [
 
 #: bytes of a response body read (a JSON answer is parsed from them)
 BODY_LIMIT = 2048
-#: one HTTP attempt lasts at most this many ``timeout``s (connect, then exchange)
-ATTEMPT_TIMEOUTS = 2
 
 
 def parse_retry_after(value: str | None, now: float | None = None) -> float | None:
