@@ -161,6 +161,16 @@ def _combine(acc: np.ndarray, node: np.ndarray, take: np.ndarray) -> None:
         acc[f] = np.where(take, acc[f] + node[f], acc[f])
 
 
+def _combine_at(
+    acc: np.ndarray, lev: np.ndarray, pix: np.ndarray, node: np.ndarray, m: int
+) -> None:
+    """Fold bucket ``node[pix]`` of ``lev`` (``m`` buckets) into ``acc[pix]``."""
+    if pix.size:
+        sub = acc[pix]
+        _combine(sub, lev[np.clip(node[pix], 0, m - 1)], np.ones(pix.size, dtype=bool))
+        acc[pix] = sub
+
+
 def _as_columns(xs: Any, ys: Any) -> tuple[np.ndarray, np.ndarray]:
     x = np.ascontiguousarray(xs, dtype=np.float64)
     y = np.ascontiguousarray(ys, dtype=np.float64)
@@ -276,12 +286,13 @@ class Pyramid:
             if not live.any():
                 break
             m = lev.shape[0]
+            lev = np.asarray(lev)  # a memory map's fancy indexing, without its subclass
             tl = live & (lft & 1 == 1)
-            _combine(acc, lev[np.minimum(lft, m - 1)], tl)
+            _combine_at(acc, lev, np.flatnonzero(tl), lft, m)
             lft = lft + tl
             tr = (lft < r) & (r & 1 == 1)
             r = r - tr
-            _combine(acc, lev[np.clip(r, 0, m - 1)], tr)
+            _combine_at(acc, lev, np.flatnonzero(tr), r, m)
             lft >>= 1
             r >>= 1
         out = {f: acc[f] for f in NODE.names or ()}
