@@ -140,35 +140,48 @@ def _pairs(level: np.ndarray, start: int) -> np.ndarray:
     return _merge(child[0::2], child[1::2])
 
 
-def _combine(acc: np.ndarray, node: np.ndarray, take: np.ndarray) -> None:
-    """Fold ``node`` into ``acc`` where ``take``, in any row order (ties: lower row wins)."""
-    t = take & (
-        (node["min"] < acc["min"])
-        | ((node["min"] == acc["min"]) & (node["imin"] >= 0) & (node["imin"] < acc["imin"]))
-    )
-    acc["min"] = np.where(t, node["min"], acc["min"])
-    acc["imin"] = np.where(t, node["imin"], acc["imin"])
-    t = take & (
-        (node["max"] > acc["max"])
-        | ((node["max"] == acc["max"]) & (node["imax"] >= 0) & (node["imax"] < acc["imax"]))
-    )
-    acc["max"] = np.where(t, node["max"], acc["max"])
-    acc["imax"] = np.where(t, node["imax"], acc["imax"])
-    nf, af = node["ifirst"], acc["ifirst"]
-    acc["ifirst"] = np.where(take & (nf >= 0) & ((af < 0) | (nf < af)), nf, af)
-    acc["ilast"] = np.where(take, np.maximum(acc["ilast"], node["ilast"]), acc["ilast"])
+_NF = len(NODE.names or ())  # fields of a bucket, all 8 bytes: a row of a float64 matrix
+_COL = {f: k for k, f in enumerate(NODE.names or ())}
+
+
+def _matrix(level: np.ndarray) -> np.ndarray:
+    """``level`` (1-D of :data:`NODE`) as a ``(m, 11)`` float64 matrix (ints as their bits)."""
+    return np.asarray(level).view(np.float64).reshape(-1, _NF)
+
+
+def _reduce(
+    rec: np.ndarray, owner: np.ndarray, a: np.ndarray, b: np.ndarray
+) -> dict[str, np.ndarray]:
+    """Fold the buckets ``rec`` (rows of a :func:`_matrix`) into their pixels ``owner``
+    (each pixel owns at least one)."""
+    order = np.argsort(owner, kind="stable")
+    rec = rec[order]
+    own = owner[order]
+    starts = np.flatnonzero(np.concatenate(([True], own[1:] != own[:-1])))
+    sizes = np.diff(np.append(starts, rec.shape[0]))
+    ints = rec[:, 3:].view(np.int64)
+
+    def col(f: str) -> np.ndarray:
+        k = _COL[f]
+        return rec[:, k] if k < 3 else ints[:, k - 3]
+
+    big = np.iinfo(np.int64).max
+    out: dict[str, np.ndarray] = {}
+    for f, ext in (("min", np.minimum), ("max", np.maximum)):
+        vals = col(f)
+        v = ext.reduceat(vals, starts)
+        i = col("i" + f)
+        cand = np.where((vals == np.repeat(v, sizes)) & (i >= 0), i, big)
+        first = np.minimum.reduceat(cand, starts)
+        out[f], out["i" + f] = v, np.where(first == big, -1, first)
+    i = col("ifirst")
+    first = np.minimum.reduceat(np.where(i >= 0, i, big), starts)
+    out["ifirst"] = np.where(first == big, -1, first)
+    out["ilast"] = np.maximum.reduceat(col("ilast"), starts)
     for f in ("sum", "count", "nan", "pinf", "ninf"):
-        acc[f] = np.where(take, acc[f] + node[f], acc[f])
-
-
-def _combine_at(
-    acc: np.ndarray, lev: np.ndarray, pix: np.ndarray, node: np.ndarray, m: int
-) -> None:
-    """Fold bucket ``node[pix]`` of ``lev`` (``m`` buckets) into ``acc[pix]``."""
-    if pix.size:
-        sub = acc[pix]
-        _combine(sub, lev[np.clip(node[pix], 0, m - 1)], np.ones(pix.size, dtype=bool))
-        acc[pix] = sub
+        out[f] = np.add.reduceat(col(f), starts)
+    out["start"], out["stop"] = a, b
+    return out
 
 
 def _as_columns(xs: Any, ys: Any) -> tuple[np.ndarray, np.ndarray]:
@@ -263,41 +276,61 @@ class Pyramid:
         b = np.empty_like(a)
         b[:-1] = a[1:]
         b[-1] = np.searchsorted(self.xs, hi, side="right")
-        acc = _empty(pixels)
-        # raw rows at the edges: [a, ceil(a/LEAF)*LEAF) and [floor(b/LEAF)*LEAF, b)
         la = -(-a // LEAF)
         lb = b // LEAF
-        inner = la < lb
-        lend = np.where(inner, la * LEAF, b)
-        rbeg = np.where(inner, lb * LEAF, b)
-        width = 2 * LEAF - 1
-        cols = np.arange(width)[None, :]
-        left = a[:, None] + cols
-        right = rbeg[:, None] + cols
-        # pixels with no bucket inside have < 2 * LEAF rows: all of them on the left side
-        idx = np.concatenate([left, right], axis=1)
-        valid = np.concatenate([left < lend[:, None], right < b[:, None]], axis=1)
-        _combine(acc, _from_rows(self.ys, idx, valid), np.ones(pixels, dtype=bool))
-        # whole buckets: the segment-tree walk, two per level at most
+        inner = la < lb  # the pixel holds whole leaf buckets [la, lb)
+        edge, edge_owner = self._edge_rows(a, b, la, lb, inner)
+        recs = [_matrix(_empty(pixels)), _matrix(edge)]
+        owners = [np.arange(pixels), edge_owner]
+        # whole buckets: the segment-tree walk, two per level at most, gathered per level
         lft = np.where(inner, la, 0)
         r = np.where(inner, lb, 0)
         for lev in self.levels:
             live = lft < r
             if not live.any():
                 break
-            m = lev.shape[0]
-            lev = np.asarray(lev)  # a memory map's fancy indexing, without its subclass
             tl = live & (lft & 1 == 1)
-            _combine_at(acc, lev, np.flatnonzero(tl), lft, m)
+            pl = np.flatnonzero(tl)
             lft = lft + tl
             tr = (lft < r) & (r & 1 == 1)
             r = r - tr
-            _combine_at(acc, lev, np.flatnonzero(tr), r, m)
+            pr = np.flatnonzero(tr)
+            ids = np.concatenate([lft[pl] - 1, r[pr]])
+            if ids.size:
+                m = lev.shape[0]
+                recs.append(_matrix(lev)[np.clip(ids, 0, m - 1)])
+                owners.append(np.concatenate([pl, pr]))
             lft >>= 1
             r >>= 1
-        out = {f: acc[f] for f in NODE.names or ()}
-        out["start"], out["stop"] = a, b
-        return out
+        return _reduce(np.concatenate(recs), np.concatenate(owners), a, b)
+
+    def _edge_rows(
+        self, a: np.ndarray, b: np.ndarray, la: np.ndarray, lb: np.ndarray, inner: np.ndarray
+    ) -> tuple[np.ndarray, np.ndarray]:
+        """One record per raw row of a pixel not in its whole leaf buckets (the rows of the
+        leaf buckets holding each pixel's first and last row), and its pixel."""
+        ne = b > a
+        leaves = np.unique(np.concatenate([a[ne] // LEAF, (b[ne] - 1) // LEAF]))
+        rows = (leaves[:, None] * LEAF + np.arange(LEAF)[None, :]).ravel()
+        q = np.searchsorted(a, rows, side="right") - 1  # an empty pixel never owns a row
+        qc = np.clip(q, 0, a.size - 1)
+        leaf = rows // LEAF
+        ok = (q >= 0) & (rows < b[qc]) & ~(inner[qc] & (la[qc] <= leaf) & (leaf < lb[qc]))
+        rows, q = rows[ok], q[ok]
+        y = np.asarray(self.ys[rows])
+        fin = np.isfinite(y)
+        rec = np.empty(rows.size, dtype=NODE)
+        rec["min"] = np.where(fin, y, np.inf)
+        rec["max"] = np.where(fin, y, -np.inf)
+        rec["sum"] = np.where(fin, y, 0.0)
+        ri = np.where(fin, rows, -1)
+        for f in ("imin", "imax", "ifirst", "ilast"):
+            rec[f] = ri
+        rec["count"] = fin
+        rec["nan"] = np.isnan(y)
+        rec["pinf"] = y == np.inf
+        rec["ninf"] = y == -np.inf
+        return rec, q
 
     def save(self, folder: str | os.PathLike[str]) -> None:
         """Write the pyramid to ``folder`` (created; files replaced atomically, the
