@@ -39,7 +39,7 @@ def run_series(i: int, n: int) -> tuple[np.ndarray, np.ndarray]:
 
 
 def overlay(pyrs: list[pm.Pyramid], lo: float, hi: float, pixels: int) -> list[dict]:
-    return [p.query(lo, hi, pixels) for p in pyrs]
+    return pm.query_many(pyrs, lo, hi, pixels)
 
 
 def main() -> None:

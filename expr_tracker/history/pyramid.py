@@ -267,70 +267,7 @@ class Pyramid:
         Raises:
             PyramidError: ``pixels`` < 1, or ``lo``/``hi`` not finite or ``lo > hi``.
         """
-        if not isinstance(pixels, int) or pixels < 1:
-            raise PyramidError(f"pixels={pixels!r} is not valid: an int >= 1")
-        if not (np.isfinite(lo) and np.isfinite(hi)) or lo > hi:
-            raise PyramidError(f"the range [{lo!r}, {hi!r}] is not valid: finite, lo <= hi")
-        edges = lo + (hi - lo) * (np.arange(pixels + 1, dtype=np.float64) / pixels)
-        a = np.searchsorted(self.xs, edges[:-1], side="left").astype(np.int64)
-        b = np.empty_like(a)
-        b[:-1] = a[1:]
-        b[-1] = np.searchsorted(self.xs, hi, side="right")
-        la = -(-a // LEAF)
-        lb = b // LEAF
-        inner = la < lb  # the pixel holds whole leaf buckets [la, lb)
-        edge, edge_owner = self._edge_rows(a, b, la, lb, inner)
-        recs = [_matrix(_empty(pixels)), _matrix(edge)]
-        owners = [np.arange(pixels), edge_owner]
-        # whole buckets: the segment-tree walk, two per level at most, gathered per level
-        lft = np.where(inner, la, 0)
-        r = np.where(inner, lb, 0)
-        for lev in self.levels:
-            live = lft < r
-            if not live.any():
-                break
-            tl = live & (lft & 1 == 1)
-            pl = np.flatnonzero(tl)
-            lft = lft + tl
-            tr = (lft < r) & (r & 1 == 1)
-            r = r - tr
-            pr = np.flatnonzero(tr)
-            ids = np.concatenate([lft[pl] - 1, r[pr]])
-            if ids.size:
-                m = lev.shape[0]
-                recs.append(_matrix(lev)[np.clip(ids, 0, m - 1)])
-                owners.append(np.concatenate([pl, pr]))
-            lft >>= 1
-            r >>= 1
-        return _reduce(np.concatenate(recs), np.concatenate(owners), a, b)
-
-    def _edge_rows(
-        self, a: np.ndarray, b: np.ndarray, la: np.ndarray, lb: np.ndarray, inner: np.ndarray
-    ) -> tuple[np.ndarray, np.ndarray]:
-        """One record per raw row of a pixel not in its whole leaf buckets (the rows of the
-        leaf buckets holding each pixel's first and last row), and its pixel."""
-        ne = b > a
-        leaves = np.unique(np.concatenate([a[ne] // LEAF, (b[ne] - 1) // LEAF]))
-        rows = (leaves[:, None] * LEAF + np.arange(LEAF)[None, :]).ravel()
-        q = np.searchsorted(a, rows, side="right") - 1  # an empty pixel never owns a row
-        qc = np.clip(q, 0, a.size - 1)
-        leaf = rows // LEAF
-        ok = (q >= 0) & (rows < b[qc]) & ~(inner[qc] & (la[qc] <= leaf) & (leaf < lb[qc]))
-        rows, q = rows[ok], q[ok]
-        y = np.asarray(self.ys[rows])
-        fin = np.isfinite(y)
-        rec = np.empty(rows.size, dtype=NODE)
-        rec["min"] = np.where(fin, y, np.inf)
-        rec["max"] = np.where(fin, y, -np.inf)
-        rec["sum"] = np.where(fin, y, 0.0)
-        ri = np.where(fin, rows, -1)
-        for f in ("imin", "imax", "ifirst", "ilast"):
-            rec[f] = ri
-        rec["count"] = fin
-        rec["nan"] = np.isnan(y)
-        rec["pinf"] = y == np.inf
-        rec["ninf"] = y == -np.inf
-        return rec, q
+        return query_many([self], lo, hi, pixels)[0]
 
     def save(self, folder: str | os.PathLike[str]) -> None:
         """Write the pyramid to ``folder`` (created; files replaced atomically, the
@@ -347,6 +284,102 @@ class Pyramid:
         tmp = d / ".tmp-meta.json"
         tmp.write_text(json.dumps(meta))
         os.replace(tmp, d / "meta.json")
+
+
+def query_many(
+    pyramids: list[Pyramid], lo: float, hi: float, pixels: int
+) -> list[dict[str, np.ndarray]]:
+    """:meth:`Pyramid.query` of each pyramid over the same window, done together (an overlay
+    of many runs costs a few numpy calls per run, not per run and level).
+
+    Returns:
+        One dict per pyramid, as :meth:`Pyramid.query` returns.
+
+    Raises:
+        PyramidError: as :meth:`Pyramid.query`.
+    """
+    if not isinstance(pixels, int) or isinstance(pixels, bool) or pixels < 1:
+        raise PyramidError(f"pixels={pixels!r} is not valid: an int >= 1")
+    if not (np.isfinite(lo) and np.isfinite(hi)) or lo > hi:
+        raise PyramidError(f"the range [{lo!r}, {hi!r}] is not valid: finite, lo <= hi")
+    nr = len(pyramids)
+    if nr == 0:
+        return []
+    edges = lo + (hi - lo) * (np.arange(pixels + 1, dtype=np.float64) / pixels)
+    a = np.empty((nr, pixels), dtype=np.int64)
+    b = np.empty((nr, pixels), dtype=np.int64)
+    for k, p in enumerate(pyramids):
+        a[k] = np.searchsorted(p.xs, edges[:-1], side="left")
+        b[k, -1] = np.searchsorted(p.xs, hi, side="right")
+    b[:, :-1] = a[:, 1:]
+    # rows of all runs in one numbering: run k's rows start at off[k], a multiple of LEAF
+    sizes = np.array([-(-p.n // LEAF) * LEAF for p in pyramids], dtype=np.int64)
+    off = np.concatenate(([0], np.cumsum(sizes)))
+    ga = (a + off[:-1, None]).ravel()
+    gb = (b + off[:-1, None]).ravel()
+    la = -(-ga // LEAF)
+    lb = gb // LEAF
+    inner = la < lb  # the pixel holds whole leaf buckets [la, lb)
+    recs = [_matrix(_empty(nr * pixels))]
+    owners = [np.arange(nr * pixels)]
+    # raw rows: those of the leaf buckets holding a pixel's first and last row, less the
+    # leaves the pixel holds whole
+    ne = gb > ga
+    leaves = np.unique(np.concatenate([ga[ne] // LEAF, (gb[ne] - 1) // LEAF]))
+    rows = (leaves[:, None] * LEAF + np.arange(LEAF)[None, :]).ravel()
+    q = np.searchsorted(ga, rows, side="right") - 1  # an empty pixel never owns a row
+    qc = np.clip(q, 0, ga.size - 1)
+    leaf = rows // LEAF
+    ok = (q >= 0) & (rows < gb[qc]) & ~(inner[qc] & (la[qc] <= leaf) & (leaf < lb[qc]))
+    rows, q = rows[ok], q[ok]
+    cut = np.searchsorted(rows, off)
+    y = np.concatenate(
+        [np.asarray(p.ys[rows[cut[k] : cut[k + 1]] - off[k]]) for k, p in enumerate(pyramids)]
+    )
+    fin = np.isfinite(y)
+    rec = np.empty(rows.size, dtype=NODE)
+    rec["min"] = np.where(fin, y, np.inf)
+    rec["max"] = np.where(fin, y, -np.inf)
+    rec["sum"] = np.where(fin, y, 0.0)
+    run_of_row = np.repeat(np.arange(nr), np.diff(cut))
+    ri = np.where(fin, rows - off[run_of_row], -1)
+    for f in ("imin", "imax", "ifirst", "ilast"):
+        rec[f] = ri
+    rec["count"] = fin
+    rec["nan"] = np.isnan(y)
+    rec["pinf"] = y == np.inf
+    rec["ninf"] = y == -np.inf
+    recs.append(_matrix(rec))
+    owners.append(q)
+    # whole buckets: the segment-tree walk (two per pixel and level at most), in each run's
+    # own bucket numbering
+    loff = (off[:-1] // LEAF)[:, None]
+    lft = np.where(inner, la - np.repeat(loff.ravel(), pixels), 0)
+    r = np.where(inner, lb - np.repeat(loff.ravel(), pixels), 0)
+    for level in range(max(len(p.levels) for p in pyramids)):
+        live = lft < r
+        if not live.any():
+            break
+        tl = live & (lft & 1 == 1)
+        pl = np.flatnonzero(tl)
+        lft = lft + tl
+        tr = (lft < r) & (r & 1 == 1)
+        r = r - tr
+        pr = np.flatnonzero(tr)
+        sel = np.concatenate([pl, pr])
+        ids = np.concatenate([lft[pl] - 1, r[pr]])
+        order = np.argsort(sel, kind="stable")
+        sel, ids = sel[order], ids[order]
+        cut = np.searchsorted(sel, np.arange(nr + 1) * pixels)
+        for k, p in enumerate(pyramids):
+            if cut[k] < cut[k + 1]:
+                lev = p.levels[level]
+                recs.append(_matrix(lev)[np.clip(ids[cut[k] : cut[k + 1]], 0, lev.shape[0] - 1)])
+                owners.append(sel[cut[k] : cut[k + 1]])
+        lft >>= 1
+        r >>= 1
+    out = _reduce(np.concatenate(recs), np.concatenate(owners), a.ravel(), b.ravel())
+    return [{f: v[k * pixels : (k + 1) * pixels] for f, v in out.items()} for k in range(nr)]
 
 
 def _levels_for(n: int) -> list[int]:

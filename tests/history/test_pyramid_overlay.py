@@ -55,17 +55,19 @@ def _truth(xs, ys, lo, hi, pixels):
 
 
 @settings(max_examples=50, deadline=None)
-@given(series(), st.integers(1, 40), st.floats(0, 1), st.floats(0, 1))
-def test_pixels_equal_the_truth(s, pixels, f1, f2):
-    xs, ys = s
-    top = float(xs[-1]) if xs.size else 10.0
+@given(
+    st.lists(series(), min_size=1, max_size=3), st.integers(1, 40), st.floats(0, 1), st.floats(0, 1)
+)
+def test_pixels_equal_the_truth(runs, pixels, f1, f2):
+    top = max([float(xs[-1]) for xs, _ in runs if xs.size] + [10.0])
     lo, hi = sorted((f1 * (top + 2) - 1, f2 * (top + 2) - 1))
-    got = pm.Pyramid(xs, ys).query(lo, hi, pixels)
-    for p, want in enumerate(_truth(xs, ys, lo, hi, pixels)):
-        for k, v in want.items():
-            assert got[k][p] == v, (p, k, got[k][p], v)
-        fin = ys[got["start"][p] : got["stop"][p]]
-        assert got["sum"][p] == pytest.approx(float(fin[np.isfinite(fin)].sum()), abs=1e-6)
+    answers = pm.query_many([pm.Pyramid(xs, ys) for xs, ys in runs], lo, hi, pixels)
+    for (xs, ys), got in zip(runs, answers, strict=True):
+        for p, want in enumerate(_truth(xs, ys, lo, hi, pixels)):
+            for k, v in want.items():
+                assert got[k][p] == v, (p, k, got[k][p], v)
+            fin = ys[got["start"][p] : got["stop"][p]]
+            assert got["sum"][p] == pytest.approx(float(fin[np.isfinite(fin)].sum()), abs=1e-6)
 
 
 @settings(max_examples=50, deadline=None)
