@@ -10,7 +10,7 @@ Levels below :data:`LEAF` are the raw rows themselves.
 
 A chart ``P`` pixels wide over ``[lo, hi]`` asks :meth:`Pyramid.query`: the rows of each
 pixel are found by binary search on ``x``, and each pixel's row range is covered by at most
-two buckets per level (the segment-tree decomposition) plus at most ``2 * LEAF - 2`` raw
+two buckets per level (the segment-tree decomposition) plus at most ``2 * LEAF`` raw
 rows at its edges. So a query reads ``O(P * log n)`` entries whatever ``n`` is, and each
 pixel's minimum, maximum, first, last and non-finite counts are the true ones: nothing is
 sampled, no extreme or NaN/inf is dropped.
@@ -37,9 +37,11 @@ import numpy as np
 __all__ = ["LEAF_LOG2", "LEAF", "NODE", "Pyramid", "PyramidError", "load", "build_or_load"]
 
 #: log2 of the smallest stored bucket (smaller ones are read from the raw rows)
-LEAF_LOG2 = 4
+LEAF_LOG2 = 3
 #: rows in a bucket of the lowest stored level
 LEAF = 1 << LEAF_LOG2
+#: runs queried together by :func:`query_many` (fewer numpy calls, arrays still in cache)
+CHUNK = 8
 #: version of the files; another one is rebuilt
 VERSION = 1
 
@@ -302,9 +304,16 @@ def query_many(
         raise PyramidError(f"pixels={pixels!r} is not valid: an int >= 1")
     if not (np.isfinite(lo) and np.isfinite(hi)) or lo > hi:
         raise PyramidError(f"the range [{lo!r}, {hi!r}] is not valid: finite, lo <= hi")
+    out: list[dict[str, np.ndarray]] = []
+    for k in range(0, len(pyramids), CHUNK):
+        out.extend(_query_chunk(pyramids[k : k + CHUNK], lo, hi, pixels))
+    return out
+
+
+def _query_chunk(
+    pyramids: list[Pyramid], lo: float, hi: float, pixels: int
+) -> list[dict[str, np.ndarray]]:
     nr = len(pyramids)
-    if nr == 0:
-        return []
     edges = lo + (hi - lo) * (np.arange(pixels + 1, dtype=np.float64) / pixels)
     a = np.empty((nr, pixels), dtype=np.int64)
     b = np.empty((nr, pixels), dtype=np.int64)
