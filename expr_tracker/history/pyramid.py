@@ -34,7 +34,19 @@ from typing import Any
 
 import numpy as np
 
-__all__ = ["LEAF_LOG2", "LEAF", "NODE", "Pyramid", "PyramidError", "load", "build_or_load"]
+from expr_tracker.history.chartprep import ChartPoints
+
+__all__ = [
+    "LEAF_LOG2",
+    "LEAF",
+    "NODE",
+    "Pyramid",
+    "PyramidError",
+    "build_or_load",
+    "load",
+    "overlay_points",
+    "query_many",
+]
 
 #: log2 of the smallest stored bucket (smaller ones are read from the raw rows)
 LEAF_LOG2 = 3
@@ -478,3 +490,46 @@ def build_or_load(folder: str | os.PathLike[str], xs: Any, ys: Any) -> Pyramid:
         p.extend(x[p.n :], y[p.n :])
         p.save(folder)
     return p
+
+
+def overlay_points(pyramids: list[Pyramid], lo: float, hi: float, pixels: int) -> list[ChartPoints]:
+    """The points to draw of each run of an overlay, ``pixels`` wide over ``[lo, hi]``.
+
+    Per pixel and run: the first, minimum, maximum and last finite point (the true ones,
+    from :func:`query_many`), in row order; and, for each kind of non-finite value the
+    pixel holds (NaN, +inf, -inf), one marker (``y`` None, a gap in the line) at the
+    pixel's first row, so none is hidden. At most ``7 * pixels`` points per run.
+
+    Raises:
+        PyramidError: as :meth:`Pyramid.query`.
+    """
+    out = []
+    for p, q in zip(pyramids, query_many(pyramids, lo, hi, pixels), strict=True):
+        rows = np.concatenate([q["ifirst"], q["imin"], q["imax"], q["ilast"]])
+        rows = np.unique(rows[rows >= 0])
+        pts = ChartPoints()
+        marks: list[tuple[int, str]] = []
+        for f, kind in (("nan", "nan"), ("pinf", "inf"), ("ninf", "-inf")):
+            marks.extend((int(s), kind) for s in q["start"][q[f] > 0])
+        marks.sort()
+        xs = np.asarray(p.xs[rows]).tolist()
+        ys = np.asarray(p.ys[rows]).tolist()
+        m = 0
+        for i, row in enumerate(rows.tolist()):
+            while m < len(marks) and marks[m][0] <= row:
+                _mark(pts, p, *marks[m])
+                m += 1
+            pts.index.append(row)
+            pts.x.append(xs[i])
+            pts.y.append(ys[i])
+        for mk in marks[m:]:
+            _mark(pts, p, *mk)
+        out.append(pts)
+    return out
+
+
+def _mark(pts: ChartPoints, p: Pyramid, row: int, kind: str) -> None:
+    pts.nonfinite.append((len(pts.y), kind))
+    pts.index.append(row)
+    pts.x.append(float(p.xs[row]))
+    pts.y.append(None)

@@ -140,3 +140,15 @@ def test_bad_input_names_the_problem():
         pm.Pyramid([0, 1], [1, 2]).query(0, 1, 0)
     with pytest.raises(pm.PyramidError, match="append-only"):
         pm.Pyramid([0, 5], [1, 2]).extend([3], [1])
+
+
+def test_overlay_points_keep_every_extreme_and_mark_non_finite():
+    xs, ys = _series()
+    other = pm.Pyramid(xs, -ys)
+    a, b = pm.overlay_points([pm.Pyramid(xs, ys), other], 0, 2000, 20)
+    assert max(v for v in a.y if v is not None) == 1e9
+    assert min(v for v in b.y if v is not None) == -1e9
+    assert sorted(k for _, k in a.nonfinite) == ["inf", "nan"]
+    assert sorted(k for _, k in b.nonfinite) == ["-inf", "nan"]
+    assert all(a.y[i] is None for i, _ in a.nonfinite)
+    assert a.index == sorted(a.index) and len(a.x) <= 7 * 20
