@@ -346,7 +346,10 @@ def _query_chunk(
     # raw rows: those of the leaf buckets holding a pixel's first and last row, less the
     # leaves the pixel holds whole
     ne = gb > ga
-    leaves = np.unique(np.concatenate([ga[ne] // LEAF, (gb[ne] - 1) // LEAF]))
+    leaves = np.sort(np.concatenate([ga[ne] // LEAF, (gb[ne] - 1) // LEAF]))
+    first = np.ones(leaves.size, dtype=bool)
+    first[1:] = leaves[1:] != leaves[:-1]
+    leaves = leaves[first]
     rows = (leaves[:, None] * LEAF + np.arange(LEAF)[None, :]).ravel()
     q = np.searchsorted(ga, rows, side="right") - 1  # an empty pixel never owns a row
     qc = np.clip(q, 0, ga.size - 1)
