@@ -1,0 +1,538 @@
+"""Multi-resolution summaries of one metric, so an overlay of many runs stays exact (docs/ui.md
+"Overlays of many runs: exact at any zoom").
+
+A series of ``n`` points ``(x[i], y[i])`` (``x`` ascending: steps or seconds) is summarised at
+every power-of-two bucket size from :data:`LEAF` rows up: bucket ``j`` of level ``k`` covers
+the rows ``[j * 2**k, (j + 1) * 2**k)`` and keeps, over its rows whose ``y`` is finite, the
+minimum and maximum (with the row of each, the first of equal ones), the first and last row,
+the count and the sum; and the number of its rows that are NaN, +inf and -inf (:data:`NODE`).
+Levels below :data:`LEAF` are the raw rows themselves.
+
+A chart ``P`` pixels wide over ``[lo, hi]`` asks :meth:`Pyramid.query`: the rows of each
+pixel are found by binary search on ``x``, and each pixel's row range is covered by at most
+two buckets per level (the segment-tree decomposition) plus at most ``2 * LEAF`` raw
+rows at its edges. So a query reads ``O(P * log n)`` entries whatever ``n`` is, and each
+pixel's minimum, maximum, first, last and non-finite counts are the true ones: nothing is
+sampled, no extreme or NaN/inf is dropped.
+
+Growth is append-only: :meth:`Pyramid.extend` recomputes only the buckets the new rows fall
+in (the last partial bucket of each level and those after it); the result equals a build
+from scratch, array for array.
+
+Files (:meth:`Pyramid.save`, :func:`load`) are one ``.npy`` per column and per level in a
+folder beside the query cache parts. They are untrusted input (docs/query.md "Security"):
+:func:`load` checks every file's dtype and shape against the row count before use, never
+unpickles, and any mismatch raises :class:`PyramidError` so the caller rebuilds.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from expr_tracker.history.chartprep import ChartPoints
+
+__all__ = [
+    "LEAF_LOG2",
+    "LEAF",
+    "NODE",
+    "Pyramid",
+    "PyramidError",
+    "build_or_load",
+    "load",
+    "overlay_points",
+    "query_many",
+]
+
+#: log2 of the smallest stored bucket (smaller ones are read from the raw rows)
+LEAF_LOG2 = 3
+#: rows in a bucket of the lowest stored level
+LEAF = 1 << LEAF_LOG2
+#: runs queried together by :func:`query_many` (fewer numpy calls, arrays still in cache)
+CHUNK = 8
+#: version of the files; another one is rebuilt
+VERSION = 1
+
+#: one bucket: finite min/max (+inf/-inf and row -1 when the bucket has no finite row), their
+#: rows (first of equal ones), first/last finite row (-1: none), finite count and sum, and the
+#: NaN, +inf and -inf counts
+NODE = np.dtype(
+    [
+        ("min", "<f8"),
+        ("max", "<f8"),
+        ("sum", "<f8"),
+        ("imin", "<i8"),
+        ("imax", "<i8"),
+        ("ifirst", "<i8"),
+        ("ilast", "<i8"),
+        ("count", "<i8"),
+        ("nan", "<i8"),
+        ("pinf", "<i8"),
+        ("ninf", "<i8"),
+    ]
+)
+
+
+class PyramidError(ValueError):
+    """Bad input to a pyramid (unsorted or non-finite x, mismatched lengths) or a pyramid
+    folder that does not match what it claims (wrong dtype, shape, version): rebuild it."""
+
+
+def _empty(n: int) -> np.ndarray:
+    out = np.zeros(n, dtype=NODE)
+    out["min"] = np.inf
+    out["max"] = -np.inf
+    for f in ("imin", "imax", "ifirst", "ilast"):
+        out[f] = -1
+    return out
+
+
+def _from_rows(ys: np.ndarray, idx: np.ndarray, valid: np.ndarray) -> np.ndarray:
+    """Summaries of each row of ``idx`` (shape ``(m, w)``, row numbers into ``ys``, ascending
+    along a row; ``valid`` masks the cells that count)."""
+    out = _empty(idx.shape[0])
+    if idx.shape[0] == 0 or ys.shape[0] == 0:
+        return out
+    y = ys[np.where(valid, idx, 0)]
+    fin = valid & np.isfinite(y)
+    lo = np.where(fin, y, np.inf)
+    hi = np.where(fin, y, -np.inf)
+    am = lo.argmin(axis=1)
+    ax = hi.argmax(axis=1)
+    r = np.arange(idx.shape[0])
+    cnt = fin.sum(axis=1)
+    has = cnt > 0
+    out["count"] = cnt
+    out["sum"] = np.where(fin, y, 0.0).sum(axis=1)
+    out["min"] = lo[r, am]
+    out["max"] = hi[r, ax]
+    out["imin"] = np.where(has, idx[r, am], -1)
+    out["imax"] = np.where(has, idx[r, ax], -1)
+    out["ifirst"] = np.where(has, idx[r, fin.argmax(axis=1)], -1)
+    w = idx.shape[1]
+    out["ilast"] = np.where(has, idx[r, w - 1 - fin[:, ::-1].argmax(axis=1)], -1)
+    out["nan"] = (valid & np.isnan(y)).sum(axis=1)
+    out["pinf"] = (valid & (y == np.inf)).sum(axis=1)
+    out["ninf"] = (valid & (y == -np.inf)).sum(axis=1)
+    return out
+
+
+def _leaves(ys: np.ndarray, start: int) -> np.ndarray:
+    """Level-``LEAF_LOG2`` buckets from bucket ``start`` to the end of ``ys``."""
+    n = ys.shape[0]
+    m = -(-n // LEAF)
+    idx = (np.arange(start, m)[:, None] * LEAF) + np.arange(LEAF)[None, :]
+    return _from_rows(ys, idx, idx < n)
+
+
+def _merge(a: np.ndarray, b: np.ndarray) -> np.ndarray:
+    """Buckets ``a`` followed (in row order) by buckets ``b``, pairwise; ties keep ``a``."""
+    out = a.copy()
+    t = b["min"] < a["min"]
+    out["min"] = np.where(t, b["min"], a["min"])
+    out["imin"] = np.where(t, b["imin"], a["imin"])
+    t = b["max"] > a["max"]
+    out["max"] = np.where(t, b["max"], a["max"])
+    out["imax"] = np.where(t, b["imax"], a["imax"])
+    out["ifirst"] = np.where(a["ifirst"] >= 0, a["ifirst"], b["ifirst"])
+    out["ilast"] = np.where(b["ilast"] >= 0, b["ilast"], a["ilast"])
+    for f in ("sum", "count", "nan", "pinf", "ninf"):
+        out[f] = a[f] + b[f]
+    merged: np.ndarray = out
+    return merged
+
+
+def _pairs(level: np.ndarray, start: int) -> np.ndarray:
+    """Parent buckets ``start ..`` of ``level`` (a last odd bucket is merged with nothing)."""
+    child = level[2 * start :]
+    if child.shape[0] % 2:
+        child = np.concatenate([child, _empty(1)])
+    return _merge(child[0::2], child[1::2])
+
+
+_NF = len(NODE.names or ())  # fields of a bucket, all 8 bytes: a row of a float64 matrix
+_COL = {f: k for k, f in enumerate(NODE.names or ())}
+
+
+def _matrix(level: np.ndarray) -> np.ndarray:
+    """``level`` (1-D of :data:`NODE`) as a ``(m, 11)`` float64 matrix (ints as their bits)."""
+    return np.asarray(level).view(np.float64).reshape(-1, _NF)
+
+
+def _reduce(
+    rec: np.ndarray, owner: np.ndarray, a: np.ndarray, b: np.ndarray
+) -> dict[str, np.ndarray]:
+    """Fold the buckets ``rec`` (rows of a :func:`_matrix`) into their pixels ``owner``
+    (each pixel owns at least one)."""
+    order = np.argsort(owner, kind="stable")
+    rec = rec[order]
+    own = owner[order]
+    starts = np.flatnonzero(np.concatenate(([True], own[1:] != own[:-1])))
+    sizes = np.diff(np.append(starts, rec.shape[0]))
+    ints = rec[:, 3:].view(np.int64)
+
+    def col(f: str) -> np.ndarray:
+        k = _COL[f]
+        return rec[:, k] if k < 3 else ints[:, k - 3]
+
+    big = np.iinfo(np.int64).max
+    out: dict[str, np.ndarray] = {}
+    for f, ext in (("min", np.minimum), ("max", np.maximum)):
+        vals = col(f)
+        v = ext.reduceat(vals, starts)
+        i = col("i" + f)
+        cand = np.where((vals == np.repeat(v, sizes)) & (i >= 0), i, big)
+        first = np.minimum.reduceat(cand, starts)
+        out[f], out["i" + f] = v, np.where(first == big, -1, first)
+    i = col("ifirst")
+    first = np.minimum.reduceat(np.where(i >= 0, i, big), starts)
+    out["ifirst"] = np.where(first == big, -1, first)
+    out["ilast"] = np.maximum.reduceat(col("ilast"), starts)
+    for f in ("sum", "count", "nan", "pinf", "ninf"):
+        out[f] = np.add.reduceat(col(f), starts)
+    out["start"], out["stop"] = a, b
+    return out
+
+
+def _as_columns(xs: Any, ys: Any) -> tuple[np.ndarray, np.ndarray]:
+    x = np.ascontiguousarray(xs, dtype=np.float64)
+    y = np.ascontiguousarray(ys, dtype=np.float64)
+    if x.ndim != 1 or y.shape != x.shape:
+        raise PyramidError(
+            f"x and y must be 1-D of one length (got shapes {x.shape} and {y.shape})"
+        )
+    if x.size and not np.isfinite(x).all():
+        i = int(np.flatnonzero(~np.isfinite(x))[0])
+        raise PyramidError(f"x[{i}] = {x[i]!r} is not finite")
+    if x.size > 1 and (np.diff(x) < 0).any():
+        i = int(np.flatnonzero(np.diff(x) < 0)[0]) + 1
+        raise PyramidError(f"x[{i}] = {x[i]!r} < x[{i - 1}] = {x[i - 1]!r}: x must be ascending")
+    return x, y
+
+
+class Pyramid:
+    """The summaries of one series (see the module doc).
+
+    Args:
+        xs: x of each row, ascending, finite (steps or seconds); shape ``(n,)``.
+        ys: y of each row (NaN and ±inf allowed); shape ``(n,)``.
+
+    Raises:
+        PyramidError: lengths differ, an x is not finite, or ``xs`` is not ascending.
+    """
+
+    def __init__(self, xs: Any = (), ys: Any = ()) -> None:
+        self.xs, self.ys = _as_columns(xs, ys)
+        self.levels: list[np.ndarray] = []  # levels[i] has bucket size 2 ** (LEAF_LOG2 + i)
+        self._grow(0)
+
+    @property
+    def n(self) -> int:
+        """Rows summarised."""
+        return int(self.xs.shape[0])
+
+    def _grow(self, old_n: int) -> None:
+        start = old_n // LEAF
+        if not self.levels:
+            self.levels.append(_empty(0))
+        lev = self.levels[0]
+        self.levels[0] = np.concatenate([lev[:start], _leaves(self.ys, start)])
+        i = 1
+        while self.levels[i - 1].shape[0] > 1:
+            start //= 2
+            if i == len(self.levels):
+                self.levels.append(_empty(0))
+                start = 0
+            self.levels[i] = np.concatenate(
+                [self.levels[i][:start], _pairs(self.levels[i - 1], start)]
+            )
+            i += 1
+        del self.levels[i:]
+
+    def extend(self, xs: Any, ys: Any) -> None:
+        """Append rows (x ascending and not below the last x); only the buckets they fall
+        in are recomputed. Raises :class:`PyramidError` as the constructor does."""
+        x, y = _as_columns(xs, ys)
+        if not x.size:
+            return
+        if self.n and x[0] < self.xs[-1]:
+            raise PyramidError(f"x = {x[0]!r} < the last x {self.xs[-1]!r}: rows are append-only")
+        old = self.n
+        self.xs = np.concatenate([np.asarray(self.xs), x])
+        self.ys = np.concatenate([np.asarray(self.ys), y])
+        self._grow(old)
+
+    def query(self, lo: float, hi: float, pixels: int) -> dict[str, np.ndarray]:
+        """Per-pixel summaries of the rows with ``lo <= x <= hi``.
+
+        Pixel ``p`` holds the rows with ``edge[p] <= x < edge[p + 1]`` where ``edge`` splits
+        ``[lo, hi]`` in ``pixels`` equal parts; the last pixel also holds ``x == hi``.
+
+        Returns:
+            A dict of arrays of shape ``(pixels,)``: the :data:`NODE` fields (``min``/``max``
+            of finite y, ``imin``/``imax``/``ifirst``/``ilast`` row numbers, -1 when the
+            pixel has no finite y; ``count``, ``sum``, ``nan``, ``pinf``, ``ninf``) plus
+            ``start``/``stop``, the pixel's row range.
+
+        Raises:
+            PyramidError: ``pixels`` < 1, or ``lo``/``hi`` not finite or ``lo > hi``.
+        """
+        return query_many([self], lo, hi, pixels)[0]
+
+    def save(self, folder: str | os.PathLike[str]) -> None:
+        """Write the pyramid to ``folder`` (created; files replaced atomically, the
+        ``meta.json`` last)."""
+        d = Path(folder)
+        d.mkdir(parents=True, exist_ok=True)
+        arrays = {"xs": self.xs, "ys": self.ys}
+        arrays.update({f"level{i}": lev for i, lev in enumerate(self.levels)})
+        for name, arr in arrays.items():
+            tmp = d / f".tmp-{name}.npy"
+            np.save(tmp, np.asarray(arr), allow_pickle=False)
+            os.replace(tmp, d / f"{name}.npy")
+        meta = {"version": VERSION, "n": self.n, "leaf_log2": LEAF_LOG2, "levels": len(self.levels)}
+        tmp = d / ".tmp-meta.json"
+        tmp.write_text(json.dumps(meta))
+        os.replace(tmp, d / "meta.json")
+
+
+def query_many(
+    pyramids: list[Pyramid], lo: float, hi: float, pixels: int
+) -> list[dict[str, np.ndarray]]:
+    """:meth:`Pyramid.query` of each pyramid over the same window, done together (an overlay
+    of many runs costs a few numpy calls per run, not per run and level).
+
+    Returns:
+        One dict per pyramid, as :meth:`Pyramid.query` returns.
+
+    Raises:
+        PyramidError: as :meth:`Pyramid.query`.
+    """
+    if not isinstance(pixels, int) or isinstance(pixels, bool) or pixels < 1:
+        raise PyramidError(f"pixels={pixels!r} is not valid: an int >= 1")
+    if not (np.isfinite(lo) and np.isfinite(hi)) or lo > hi:
+        raise PyramidError(f"the range [{lo!r}, {hi!r}] is not valid: finite, lo <= hi")
+    out: list[dict[str, np.ndarray]] = []
+    for k in range(0, len(pyramids), CHUNK):
+        out.extend(_query_chunk(pyramids[k : k + CHUNK], lo, hi, pixels))
+    return out
+
+
+def _query_chunk(
+    pyramids: list[Pyramid], lo: float, hi: float, pixels: int
+) -> list[dict[str, np.ndarray]]:
+    nr = len(pyramids)
+    edges = lo + (hi - lo) * (np.arange(pixels + 1, dtype=np.float64) / pixels)
+    a = np.empty((nr, pixels), dtype=np.int64)
+    b = np.empty((nr, pixels), dtype=np.int64)
+    for k, p in enumerate(pyramids):
+        a[k] = np.searchsorted(p.xs, edges[:-1], side="left")
+        b[k, -1] = np.searchsorted(p.xs, hi, side="right")
+    b[:, :-1] = a[:, 1:]
+    # rows of all runs in one numbering: run k's rows start at off[k], a multiple of LEAF
+    sizes = np.array([-(-p.n // LEAF) * LEAF for p in pyramids], dtype=np.int64)
+    off = np.concatenate(([0], np.cumsum(sizes)))
+    ga = (a + off[:-1, None]).ravel()
+    gb = (b + off[:-1, None]).ravel()
+    la = -(-ga // LEAF)
+    lb = gb // LEAF
+    inner = la < lb  # the pixel holds whole leaf buckets [la, lb)
+    recs = [_matrix(_empty(nr * pixels))]
+    owners = [np.arange(nr * pixels)]
+    # raw rows: those of the leaf buckets holding a pixel's first and last row, less the
+    # leaves the pixel holds whole
+    ne = gb > ga
+    leaves = np.sort(np.concatenate([ga[ne] // LEAF, (gb[ne] - 1) // LEAF]))
+    first = np.ones(leaves.size, dtype=bool)
+    first[1:] = leaves[1:] != leaves[:-1]
+    leaves = leaves[first]
+    rows = (leaves[:, None] * LEAF + np.arange(LEAF)[None, :]).ravel()
+    q = np.searchsorted(ga, rows, side="right") - 1  # an empty pixel never owns a row
+    qc = np.clip(q, 0, ga.size - 1)
+    leaf = rows // LEAF
+    ok = (q >= 0) & (rows < gb[qc]) & ~(inner[qc] & (la[qc] <= leaf) & (leaf < lb[qc]))
+    rows, q = rows[ok], q[ok]
+    cut = np.searchsorted(rows, off)
+    y = np.concatenate(
+        [np.asarray(p.ys[rows[cut[k] : cut[k + 1]] - off[k]]) for k, p in enumerate(pyramids)]
+    )
+    fin = np.isfinite(y)
+    rec = np.empty(rows.size, dtype=NODE)
+    rec["min"] = np.where(fin, y, np.inf)
+    rec["max"] = np.where(fin, y, -np.inf)
+    rec["sum"] = np.where(fin, y, 0.0)
+    run_of_row = np.repeat(np.arange(nr), np.diff(cut))
+    ri = np.where(fin, rows - off[run_of_row], -1)
+    for f in ("imin", "imax", "ifirst", "ilast"):
+        rec[f] = ri
+    rec["count"] = fin
+    rec["nan"] = np.isnan(y)
+    rec["pinf"] = y == np.inf
+    rec["ninf"] = y == -np.inf
+    recs.append(_matrix(rec))
+    owners.append(q)
+    # whole buckets: the segment-tree walk (two per pixel and level at most), in each run's
+    # own bucket numbering
+    loff = (off[:-1] // LEAF)[:, None]
+    lft = np.where(inner, la - np.repeat(loff.ravel(), pixels), 0)
+    r = np.where(inner, lb - np.repeat(loff.ravel(), pixels), 0)
+    for level in range(max(len(p.levels) for p in pyramids)):
+        live = lft < r
+        if not live.any():
+            break
+        tl = live & (lft & 1 == 1)
+        pl = np.flatnonzero(tl)
+        lft = lft + tl
+        tr = (lft < r) & (r & 1 == 1)
+        r = r - tr
+        pr = np.flatnonzero(tr)
+        sel = np.concatenate([pl, pr])
+        ids = np.concatenate([lft[pl] - 1, r[pr]])
+        order = np.argsort(sel, kind="stable")
+        sel, ids = sel[order], ids[order]
+        cut = np.searchsorted(sel, np.arange(nr + 1) * pixels)
+        for k, p in enumerate(pyramids):
+            if cut[k] < cut[k + 1]:
+                lev = p.levels[level]
+                recs.append(_matrix(lev)[np.clip(ids[cut[k] : cut[k + 1]], 0, lev.shape[0] - 1)])
+                owners.append(sel[cut[k] : cut[k + 1]])
+        lft >>= 1
+        r >>= 1
+    out = _reduce(np.concatenate(recs), np.concatenate(owners), a.ravel(), b.ravel())
+    return [{f: v[k * pixels : (k + 1) * pixels] for f, v in out.items()} for k in range(nr)]
+
+
+def _levels_for(n: int) -> list[int]:
+    sizes = [-(-n // LEAF)]
+    while sizes[-1] > 1:
+        sizes.append(-(-sizes[-1] // 2))
+    return sizes
+
+
+def load(folder: str | os.PathLike[str], *, mmap: bool = True) -> Pyramid:
+    """Read a pyramid written by :meth:`Pyramid.save`, memory-mapped (``mmap=True``: a query
+    touches only the pages it reads; such a pyramid cannot :meth:`~Pyramid.extend` until
+    copied with ``mmap=False``).
+
+    Raises:
+        PyramidError: a file is missing, not an ``.npy`` of the expected dtype and shape, or
+            the version differs; the caller rebuilds from the rows.
+    """
+    d = Path(folder)
+    try:
+        raw = (d / "meta.json").read_bytes()
+        if len(raw) > 4096:
+            raise PyramidError(f"{d}/meta.json is {len(raw)} bytes (at most 4096)")
+        meta = json.loads(raw)
+    except (OSError, ValueError) as e:
+        raise PyramidError(f"{d}: no readable meta.json ({e})") from None
+    if (
+        not isinstance(meta, dict)
+        or meta.get("version") != VERSION
+        or meta.get("leaf_log2") != LEAF_LOG2
+    ):
+        raise PyramidError(f"{d}/meta.json: version or leaf size differs ({meta!r:.200})")
+    n = meta.get("n")
+    if not isinstance(n, int) or isinstance(n, bool) or n < 0:
+        raise PyramidError(f"{d}/meta.json: n={n!r} is not a row count")
+    sizes = _levels_for(n)
+    if meta.get("levels") != len(sizes):
+        raise PyramidError(f"{d}/meta.json: levels={meta.get('levels')!r}, expected {len(sizes)}")
+
+    def arr(name: str, dtype: np.dtype, length: int) -> np.ndarray:
+        try:
+            a = np.load(d / f"{name}.npy", mmap_mode="r" if mmap else None, allow_pickle=False)
+        except (OSError, ValueError, EOFError) as e:
+            raise PyramidError(f"{d}/{name}.npy: not readable ({e})") from None
+        if a.dtype != dtype or a.shape != (length,):
+            raise PyramidError(
+                f"{d}/{name}.npy: dtype {a.dtype} shape {a.shape}, expected {dtype} ({length},)"
+            )
+        checked: np.ndarray = a
+        return checked
+
+    p = Pyramid.__new__(Pyramid)
+    f8 = np.dtype("<f8")
+    p.xs = arr("xs", f8, n)
+    p.ys = arr("ys", f8, n)
+    p.levels = [arr(f"level{i}", NODE, s) for i, s in enumerate(sizes)]
+    if n > 1 and not (p.xs[0] <= p.xs[n // 2] <= p.xs[-1]):
+        raise PyramidError(f"{d}/xs.npy: not ascending")
+    return p
+
+
+def build_or_load(folder: str | os.PathLike[str], xs: Any, ys: Any) -> Pyramid:
+    """The pyramid of ``(xs, ys)`` kept in ``folder``: loaded when the files there hold a
+    prefix of these rows (extended with the rest and saved), else rebuilt and saved.
+    Row indices are checked on use: :func:`load` output whose stored ``x`` at its last row
+    differs from ``xs`` is rebuilt."""
+    x, y = _as_columns(xs, ys)
+    try:
+        p = load(folder, mmap=False)
+    except PyramidError:
+        p = None
+    if p is not None and (
+        p.n > x.size
+        or (
+            p.n
+            and (
+                p.xs[-1] != x[p.n - 1]
+                or not np.array_equal(p.ys[-LEAF:], y[max(0, p.n - LEAF) : p.n], equal_nan=True)
+            )
+        )
+    ):
+        p = None
+    if p is None:
+        p = Pyramid(x, y)
+        p.save(folder)
+    elif p.n < x.size:
+        p.extend(x[p.n :], y[p.n :])
+        p.save(folder)
+    return p
+
+
+def overlay_points(pyramids: list[Pyramid], lo: float, hi: float, pixels: int) -> list[ChartPoints]:
+    """The points to draw of each run of an overlay, ``pixels`` wide over ``[lo, hi]``.
+
+    Per pixel and run: the first, minimum, maximum and last finite point (the true ones,
+    from :func:`query_many`), in row order; and, for each kind of non-finite value the
+    pixel holds (NaN, +inf, -inf), one marker (``y`` None, a gap in the line) at the
+    pixel's first row, so none is hidden. At most ``7 * pixels`` points per run.
+
+    Raises:
+        PyramidError: as :meth:`Pyramid.query`.
+    """
+    out = []
+    for p, q in zip(pyramids, query_many(pyramids, lo, hi, pixels), strict=True):
+        rows = np.concatenate([q["ifirst"], q["imin"], q["imax"], q["ilast"]])
+        rows = np.unique(rows[rows >= 0])
+        pts = ChartPoints()
+        marks: list[tuple[int, str]] = []
+        for f, kind in (("nan", "nan"), ("pinf", "inf"), ("ninf", "-inf")):
+            marks.extend((int(s), kind) for s in q["start"][q[f] > 0])
+        marks.sort()
+        xs = np.asarray(p.xs[rows]).tolist()
+        ys = np.asarray(p.ys[rows]).tolist()
+        m = 0
+        for i, row in enumerate(rows.tolist()):
+            while m < len(marks) and marks[m][0] <= row:
+                _mark(pts, p, *marks[m])
+                m += 1
+            pts.index.append(row)
+            pts.x.append(xs[i])
+            pts.y.append(ys[i])
+        for mk in marks[m:]:
+            _mark(pts, p, *mk)
+        out.append(pts)
+    return out
+
+
+def _mark(pts: ChartPoints, p: Pyramid, row: int, kind: str) -> None:
+    pts.nonfinite.append((len(pts.y), kind))
+    pts.index.append(row)
+    pts.x.append(float(p.xs[row]))
+    pts.y.append(None)
