@@ -229,11 +229,15 @@ def _make_probes(run_dir: Path, gpu: bool, environ: Mapping[str, str], warner: W
 
     try:
         import psutil
-    except ImportError:
+    except ModuleNotFoundError as exc:
+        if exc.name != "psutil":  # psutil is there, one of its parts is not
+            raise RuntimeError(f"psutil cannot be imported: {exc}") from None
         raise RuntimeError(
             "psutil is not installed (pip install psutil); set system.enabled: false to "
             "silence this"
         ) from None
+    except ImportError as exc:  # e.g. the interpreter shutting down under the thread
+        raise RuntimeError(f"psutil cannot be imported: {exc}") from None
     probes = host_probes(psutil, run_dir)
     if gpu:
         nvml = load_nvml()

@@ -92,7 +92,12 @@ def test_config_columns_sort_and_filter(page, sweep_server):  # noqa: F811
     shot(page, "runs-columns")
     page.fill("#filter-where", "status = failed or batch = 64")
     page.press("#filter-where", "Enter")
-    page.wait_for_function("document.querySelectorAll('#runs-body tr').length === 3")
+    # three rows before and after: wait for the new three, not for a count already true
+    page.wait_for_function(
+        """() => { const runs = [...document.querySelectorAll('#runs-body tr')]
+                     .map((tr) => tr.dataset.run).sort().join(',');
+                   return runs === 'sweep/b,sweep/c,sweep/d'; }"""
+    )
     assert set(order(page)) == {"sweep/b", "sweep/c", "sweep/d"}
 
     # a filter that does not parse: said so, with where; every run still listed
