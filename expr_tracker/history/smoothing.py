@@ -162,13 +162,22 @@ def _ema_numpy(values: Any, weight: float) -> Any:
     ``L`` values, ``s_j = W**(j+1) * carry + (1 - W) * W**j * cumsum(y_i * W**-i)``, ``L``
     small enough that ``W**-L`` stays far from overflowing); a weight whose memory is
     short (``W**64 < 1e-16``) by a convolution with the kernel ``(1 - W) * W**i``."""
+    return _on_finite(values, lambda np, v: _ema_finite(np, v, weight))
+
+
+def _on_finite(values: Any, smooth: Any) -> Any:
+    """``values`` as float64 with ``smooth(np, finite_values)`` in place of its finite
+    entries (NaN and ±inf stay where they are, left out of every average)."""
     np = _numpy()
     y = np.array(values, dtype=np.float64)
     fin = np.isfinite(y)
-    v = y[fin]
+    if fin.any():
+        y[fin] = smooth(np, y[fin])
+    return y
+
+
+def _ema_finite(np: Any, v: Any, weight: float) -> Any:
     n = v.size
-    if n == 0:
-        return y
     scale = float(np.max(np.abs(v))) or 1.0
     v = v / scale
     w = float(weight)
@@ -196,8 +205,7 @@ def _ema_numpy(values: Any, weight: float) -> Any:
             out[start : start + k] = acc
             carry = float(acc[-1])
         out /= _debias(np, n, lnw)
-    y[fin] = out * scale
-    return y
+    return out * scale
 
 
 def _debias(np: Any, n: int, lnw: float) -> Any:
@@ -209,16 +217,12 @@ def _debias(np: Any, n: int, lnw: float) -> Any:
 def _mean_numpy(values: Any, window: int) -> Any:
     """:func:`mean_reference` with numpy: differences of a cumulative sum of the finite
     values (taken about their mean, which keeps the sum's rounding small)."""
-    np = _numpy()
-    y = np.array(values, dtype=np.float64)
-    fin = np.isfinite(y)
-    v = y[fin]
-    n = v.size
-    if n == 0:
-        return y
-    mid = float(np.mean(v)) if np.isfinite(np.mean(v)) else 0.0
-    c = np.concatenate(([0.0], np.cumsum(v - mid)))
-    hi = np.arange(1, n + 1)
-    lo = np.maximum(hi - window, 0)
-    y[fin] = (c[hi] - c[lo]) / (hi - lo) + mid
-    return y
+
+    def mean(np: Any, v: Any) -> Any:
+        mid = float(np.mean(v)) if np.isfinite(np.mean(v)) else 0.0
+        c = np.concatenate(([0.0], np.cumsum(v - mid)))
+        hi = np.arange(1, v.size + 1)
+        lo = np.maximum(hi - window, 0)
+        return (c[hi] - c[lo]) / (hi - lo) + mid
+
+    return _on_finite(values, mean)
