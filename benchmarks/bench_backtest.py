@@ -35,12 +35,13 @@ import math
 import os
 import platform
 import shutil
-import statistics
 import subprocess
 import sys
 import time
 from pathlib import Path
 from typing import Any
+
+from harness import child_medians  # benchmarks/harness.py: fresh processes, medians
 
 MANIFEST = "bench-backtest.json"
 VERSION = 1
@@ -225,17 +226,11 @@ def main() -> None:
     }
     print(f"data: {args.runs} runs x {args.steps} steps; first cache build {build:.2f} s")
     for sec in sections:
-        outs = []
-        for _ in range(args.repeat):
-            p = subprocess.run(
-                [sys.executable, __file__, "--child", sec, "--runs", str(args.runs)]
-                + ["--steps", str(args.steps), "--data", str(data)],
-                capture_output=True,
-                text=True,
-                check=True,
-            )
-            outs.append(json.loads(p.stdout.strip().splitlines()[-1]))
-        merged = {k: statistics.median(o[k] for o in outs) for k in outs[0]}
+        merged = child_medians(
+            [__file__, "--child", sec, "--runs", str(args.runs)]
+            + ["--steps", str(args.steps), "--data", str(data)],
+            args.repeat,
+        )
         report["sections"][sec] = merged
         shown = "  ".join(
             f"{k}={v:.3f}" if isinstance(v, float) else f"{k}={v}" for k, v in merged.items()

@@ -38,16 +38,17 @@ def run(
     report: dict[str, Any] = {"python": sys.version.split()[0], "cpus": os.cpu_count()}
     report["sections"] = {}
     for sec in args.sections.split(","):
-        runs = []
-        for _ in range(args.repeat):
-            out = subprocess.run(
-                [sys.executable, script, "--child", sec, "--n", str(args.n)],
-                capture_output=True,
-                text=True,
-                check=True,
-            )
-            runs.append(json.loads(out.stdout.strip().splitlines()[-1]))
-        merged = {k: statistics.median(r[k] for r in runs) for k in runs[0]}
+        merged = child_medians([script, "--child", sec, "--n", str(args.n)], args.repeat)
         report["sections"][sec] = merged
         print(line(sec, merged), flush=True)
     print(json.dumps(report))
+
+
+def child_medians(argv: Sequence[str], repeat: int) -> dict[str, Any]:
+    """Run ``python argv...`` ``repeat`` times, each a fresh interpreter whose last stdout
+    line is one JSON object, and return the per-key median of those objects."""
+    runs = []
+    for _ in range(repeat):
+        out = subprocess.run([sys.executable, *argv], capture_output=True, text=True, check=True)
+        runs.append(json.loads(out.stdout.strip().splitlines()[-1]))
+    return {k: statistics.median(r[k] for r in runs) for k in runs[0]}
