@@ -206,8 +206,9 @@ def _reduce(
 
 
 def _as_columns(xs: Any, ys: Any) -> tuple[np.ndarray, np.ndarray]:
-    x = np.ascontiguousarray(xs, dtype=np.float64)
-    y = np.ascontiguousarray(ys, dtype=np.float64)
+    # copies: a view of the caller's buffer (an array.array) would stop it from growing
+    x = np.array(xs, dtype=np.float64)
+    y = np.array(ys, dtype=np.float64)
     if x.ndim != 1 or y.shape != x.shape:
         raise PyramidError(
             f"x and y must be 1-D of one length (got shapes {x.shape} and {y.shape})"
