@@ -416,8 +416,9 @@ def _read_npy_at(dir_fd: int, name: str, dtype: np.dtype, length: int, mmap: boo
             )
         if length == 0:
             return np.empty(0, dtype=dtype)
-        if mmap:
-            return np.memmap(f, dtype=dtype, mode="r", offset=offset, shape=(length,))
+        if mmap:  # a plain ndarray view (a memmap's indexing costs more per call)
+            mm = np.memmap(f, dtype=dtype, mode="r", offset=offset, shape=(length,))
+            return np.asarray(mm)
         a = np.fromfile(f, dtype=dtype, count=length)
         if a.shape != (length,):  # pragma: no cover - cut short while read
             raise PyramidError(f"{name}: cut short")
@@ -681,34 +682,37 @@ def overlay_points(pyramids: list[Pyramid], lo: float, hi: float, pixels: int) -
 
 def pixel_points(p: Pyramid, q: dict[str, np.ndarray]) -> ChartPoints:
     """The points to draw of one run from its :func:`query_many` answer ``q`` (see
-    :func:`overlay_points`). Raises :class:`PyramidError` when a row named in ``q`` is not
-    one of ``p``'s (a damaged file: rebuild)."""
+    :func:`overlay_points`): in row order, a pixel's NaN/±inf markers (at its first row,
+    ordered ``-inf``, ``inf``, ``nan``) before a point of the same row. Raises
+    :class:`PyramidError` when a row named in ``q`` is not one of ``p``'s (a damaged file:
+    rebuild)."""
     rows = np.concatenate([q["ifirst"], q["imin"], q["imax"], q["ilast"]])
-    rows = np.unique(rows[rows >= 0])
+    rows = np.sort(rows[rows >= 0])
+    rows = rows[np.concatenate(([True], rows[1:] != rows[:-1]))] if rows.size else rows
     if rows.size and rows[-1] >= p.n:
         raise PyramidError(f"row {int(rows[-1])} of {p.n}: the summaries are damaged")
+    mrows, mkind = [], []
+    for k, f in enumerate(("ninf", "pinf", "nan")):  # the kinds' names in sorted order
+        r = q["start"][q[f] > 0]
+        mrows.append(r)
+        mkind.append(np.full(r.size, k))
+    mr = np.concatenate(mrows)
+    all_rows = np.concatenate([mr, rows])
+    # order: row, then a marker before a point of the same row, then the marker's kind
+    second = np.concatenate([np.zeros(mr.size, dtype=np.int64), np.ones(rows.size, dtype=np.int64)])
+    kind = np.concatenate([*mkind, np.zeros(rows.size, dtype=np.int64)])
+    order = np.lexsort((kind, second, all_rows))
+    idx = all_rows[order]
     pts = ChartPoints()
-    marks: list[tuple[int, str]] = []
-    for f, kind in (("nan", "nan"), ("pinf", "inf"), ("ninf", "-inf")):
-        marks.extend((int(s), kind) for s in q["start"][q[f] > 0])
-    marks.sort()
-    xs = np.asarray(p.xs[rows]).tolist()
-    ys = np.asarray(p.ys[rows]).tolist()
-    m = 0
-    for i, row in enumerate(rows.tolist()):
-        while m < len(marks) and marks[m][0] <= row:
-            _mark(pts, p, *marks[m])
-            m += 1
-        pts.index.append(row)
-        pts.x.append(xs[i])
-        pts.y.append(ys[i])
-    for mk in marks[m:]:
-        _mark(pts, p, *mk)
+    pts.index = idx.tolist()
+    pts.x = np.asarray(p.xs[idx]).tolist()
+    y = np.asarray(p.ys[idx])
+    is_mark = second[order] == 0
+    ys: list[float | None] = y.tolist()
+    names = ("-inf", "inf", "nan")
+    kinds = kind[order]
+    for j in np.flatnonzero(is_mark).tolist():
+        ys[j] = None
+        pts.nonfinite.append((j, names[kinds[j]]))
+    pts.y = ys
     return pts
-
-
-def _mark(pts: ChartPoints, p: Pyramid, row: int, kind: str) -> None:
-    pts.nonfinite.append((len(pts.y), kind))
-    pts.index.append(row)
-    pts.x.append(float(p.xs[row]))
-    pts.y.append(None)

@@ -46,15 +46,16 @@ def overlay(
     width: int = 1000,
     lo: float | None = None,
     hi: float | None = None,
+    pixels: bool = False,
 ) -> dict:
     """``metric`` of each run of ``run_ids`` over ``[lo, hi]`` (steps; default: from the
     first to the last step of any of them) in ``width`` pixels.
 
     Returns ``{"metric", "x": "step", "lo", "hi", "width", "runs": [{"run", "traces":
-    [trace]}]}``; a trace is ``{"producer", "x", "y", "step", "nonfinite", "total",
-    "pixels"}``: ``x``/``y``/``step`` the points to draw (``y`` None at a non-finite
-    marker, each listed in ``nonfinite`` as ``{"x", "step", "kind"}``), ``total`` the rows
-    in range, ``pixels`` the per-pixel summaries of the pixels holding a row: ``i`` (pixel
+    [trace]}]}``; a trace is ``{"producer", "x", "y", "nonfinite", "total"}``: ``x``/``y``
+    the points to draw (``x`` the step; ``y`` None at a non-finite marker, each listed in
+    ``nonfinite`` as ``{"x", "step", "kind"}``), ``total`` the rows in range; with
+    ``pixels`` also ``"pixels"``, the per-pixel summaries of the pixels holding a row: ``i`` (pixel
     number; pixel ``i`` covers ``[lo + i*(hi-lo)/width, lo + (i+1)*(hi-lo)/width)``, the last
     one also ``hi``), ``min``/``max``/``first``/``last`` (of the finite values; None when
     none), ``count`` (finite values), ``nan``/``pinf``/``ninf``. A run without the metric
@@ -122,7 +123,7 @@ def overlay(
                 con.close()
             q = pm.query_many([pyr], a, b, width)[0]
             pts = pm.pixel_points(pyr, q)
-        by_run[rid].append(_trace(label, pyr, q, pts))
+        by_run[rid].append(_trace(label, pyr, q, pts, pixels))
     return {
         "metric": metric,
         "x": "step",
@@ -133,8 +134,17 @@ def overlay(
     }
 
 
-def _trace(label: str, pyr: pm.Pyramid, q: dict[str, np.ndarray], pts: Any) -> dict:
-    step = [int(x) for x in pts.x]
+def _trace(label: str, pyr: pm.Pyramid, q: dict[str, np.ndarray], pts: Any, pixels: bool) -> dict:
+    xs = pts.x
+    out = {
+        "producer": label,
+        "x": xs,
+        "y": pts.y,
+        "nonfinite": [{"x": xs[j], "step": int(xs[j]), "kind": k} for j, k in pts.nonfinite],
+        "total": int(q["stop"][-1] - q["start"][0]) if len(q["start"]) else 0,
+    }
+    if not pixels:
+        return out
     held = np.flatnonzero(q["stop"] > q["start"])
     none = q["count"][held] == 0
     ys = np.asarray(pyr.ys)
@@ -142,22 +152,15 @@ def _trace(label: str, pyr: pm.Pyramid, q: dict[str, np.ndarray], pts: Any) -> d
     def at(rows: np.ndarray) -> list[Any]:
         return _num(ys[np.where(rows >= 0, rows, 0)], rows < 0)
 
-    return {
-        "producer": label,
-        "x": pts.x,
-        "y": pts.y,
-        "step": step,
-        "nonfinite": [{"x": pts.x[j], "step": step[j], "kind": k} for j, k in pts.nonfinite],
-        "total": int(q["stop"][-1] - q["start"][0]) if len(q["start"]) else 0,
-        "pixels": {
-            "i": held.tolist(),
-            "min": _num(q["min"][held], none),
-            "max": _num(q["max"][held], none),
-            "first": at(q["ifirst"][held]),
-            "last": at(q["ilast"][held]),
-            "count": q["count"][held].tolist(),
-            "nan": q["nan"][held].tolist(),
-            "pinf": q["pinf"][held].tolist(),
-            "ninf": q["ninf"][held].tolist(),
-        },
+    out["pixels"] = {
+        "i": held.tolist(),
+        "min": _num(q["min"][held], none),
+        "max": _num(q["max"][held], none),
+        "first": at(q["ifirst"][held]),
+        "last": at(q["ilast"][held]),
+        "count": q["count"][held].tolist(),
+        "nan": q["nan"][held].tolist(),
+        "pinf": q["pinf"][held].tolist(),
+        "ninf": q["ninf"][held].tolist(),
     }
+    return out

@@ -26,7 +26,7 @@ Endpoints (every run is named by its ``run`` id from ``/api/runs``, looked up, n
 - ``/api/series?run=ID&metric=M&x=step|time|METRIC&width=W[&lo=&hi=][&producer=P]
   [&smooth=ema:W|mean:N]``: one metric, downsampled to ``W`` buckets over the x range
   ``[lo, hi]`` (one producer's only), with its smoothed series computed on the raw one.
-- ``/api/overlay?run=A&run=B...&metric=M&width=W[&lo=&hi=]``: one metric of many runs, x
+- ``/api/overlay?run=A&run=B...&metric=M&width=W[&lo=&hi=][&pixels=1]``: one metric of many runs, x
   the step, cut to ``W`` pixels from the runs' multi-resolution summaries (per pixel the
   true min/max/first/last and NaN/±inf counts; ``ui/overlay.py``).
 - ``/api/points?run=ID&after=STEP[&since=PRODUCER:STEP...]&x=...[&skip_stream=S...]``: rows
@@ -347,6 +347,7 @@ def create_app(
             width=q_int(request, "width", 1000),  # type: ignore[arg-type]
             lo=series.parse_float("lo", qp.get("lo")),
             hi=series.parse_float("hi", qp.get("hi")),
+            pixels=qp.get("pixels") == "1",
         )
 
     def api_points(request: Any) -> Any:

@@ -93,7 +93,7 @@ def _check(trace: dict, ys: np.ndarray, lo: float, hi: float, width: int) -> Non
 def test_overlay_is_exact_per_pixel_and_keeps_nan_and_inf(runs):
     root, data = runs
     client = TestClient(create_app(root), base_url="http://127.0.0.1")
-    r = client.get("/api/overlay", params={"run": RUNS, "metric": "loss", "width": 50})
+    r = client.get("/api/overlay", params={"run": RUNS, "metric": "loss", "width": 50, "pixels": 1})
     assert r.status_code == 200, r.text
     d = r.json()
     assert (d["lo"], d["hi"], d["x"]) == (0.0, N - 1.0, "step")
@@ -111,22 +111,22 @@ def test_overlay_is_exact_per_pixel_and_keeps_nan_and_inf(runs):
     for rid in RUNS:
         files = os.listdir(root / rid / ".et-cache" / "metrics.jsonl" / "pyramids")
         assert sum(f.endswith("-meta.json") for f in files) == 1
-    # a zoom: 3 pixels per step around the NaN/inf of run 1; every row its own pixel
+    # a zoom: 3 pixels per step around the NaN of run 1; every row its own pixel
     r = client.get(
         "/api/overlay",
-        params={"run": RUNS[1:], "metric": "loss", "width": 90, "lo": 320, "hi": 350},
+        params={"run": RUNS[1:], "metric": "loss", "width": 90, "lo": 320, "hi": 350, "pixels": 1},
     )
     d = r.json()
     t = d["runs"][0]["traces"][0]
     _check(t, data["p/r1"], 320.0, 350.0, 90)
     assert {(p["step"], p["kind"]) for p in t["nonfinite"]} == {(333, "nan")}
-    assert t["total"] == 31 and t["step"][0] == 320 and t["step"][-1] == 350
+    assert t["total"] == 31 and t["x"][0] == 320 and t["x"][-1] == 350
 
 
 def test_a_run_being_written_extends_its_summaries(runs):
     root, data = runs
     client = TestClient(create_app(root), base_url="http://127.0.0.1")
-    q = {"run": RUNS[:1], "metric": "loss", "width": 40}
+    q = {"run": RUNS[:1], "metric": "loss", "width": 40, "pixels": 1}
     assert client.get("/api/overlay", params=q).json()["hi"] == N - 1.0
     folder = root / RUNS[0] / ".et-cache" / "metrics.jsonl" / "pyramids"
     (meta,) = [f for f in os.listdir(folder) if f.endswith("-meta.json")]
@@ -148,7 +148,7 @@ def test_a_run_being_written_extends_its_summaries(runs):
 def test_a_rewritten_run_is_summarised_again(runs):
     root, _data = runs
     client = TestClient(create_app(root), base_url="http://127.0.0.1")
-    q = {"run": RUNS[:1], "metric": "loss", "width": 10}
+    q = {"run": RUNS[:1], "metric": "loss", "width": 10, "pixels": 1}
     client.get("/api/overlay", params=q)
     ys = np.full(50, 3.0)
     (root / RUNS[0] / "metrics.jsonl").write_text(_lines(ys, 0))  # rewritten, shorter
@@ -197,7 +197,7 @@ def _answer_within(client, params, seconds=20.0):
 def test_planted_pyramid_files_are_never_followed_nor_waited_on(runs, tmp_path, what):
     root, data = runs
     client = TestClient(create_app(root), base_url="http://127.0.0.1")
-    q = {"run": RUNS[:2], "metric": "loss", "width": 30}
+    q = {"run": RUNS[:2], "metric": "loss", "width": 30, "pixels": 1}
     first = client.get("/api/overlay", params=q).json()
     folder = _pyramids(root, RUNS[1])
     (meta,) = [f for f in os.listdir(folder) if f.endswith("-meta.json")]
@@ -238,7 +238,9 @@ def test_a_linked_pyramids_folder_is_not_used(runs, tmp_path):
     client.get("/api/series", params={"run": RUNS[0], "metric": "loss"})  # makes the cache
     assert not (cache / "pyramids").exists()
     os.symlink(elsewhere, cache / "pyramids")
-    r = client.get("/api/overlay", params={"run": RUNS[:1], "metric": "loss", "width": 20})
+    r = client.get(
+        "/api/overlay", params={"run": RUNS[:1], "metric": "loss", "width": 20, "pixels": 1}
+    )
     assert r.status_code == 200
     _check(r.json()["runs"][0]["traces"][0], data[RUNS[0]], 0.0, N - 1.0, 20)
     assert os.listdir(elsewhere) == []  # answered in memory, nothing written there
