@@ -686,17 +686,24 @@ def pixel_points(p: Pyramid, q: dict[str, np.ndarray]) -> ChartPoints:
     ordered ``-inf``, ``inf``, ``nan``) before a point of the same row. Raises
     :class:`PyramidError` when a row named in ``q`` is not one of ``p``'s (a damaged file:
     rebuild)."""
-    rows = np.concatenate([q["ifirst"], q["imin"], q["imax"], q["ilast"]])
-    rows = np.sort(rows[rows >= 0])
+    # already in order without a sort: a pixel's rows lie before the next pixel's, and
+    # first <= min, max <= last inside one (-1 in all four when it has no finite value)
+    lo_, hi_ = np.minimum(q["imin"], q["imax"]), np.maximum(q["imin"], q["imax"])
+    rows = np.stack([q["ifirst"], lo_, hi_, q["ilast"]], axis=1).ravel()
+    rows = rows[rows >= 0]
     rows = rows[np.concatenate(([True], rows[1:] != rows[:-1]))] if rows.size else rows
-    if rows.size and rows[-1] >= p.n:
-        raise PyramidError(f"row {int(rows[-1])} of {p.n}: the summaries are damaged")
+    if rows.size and (rows.max() >= p.n or (rows.size > 1 and (np.diff(rows) <= 0).any())):
+        raise PyramidError(f"rows beyond {p.n} or out of order: the summaries are damaged")
     mrows, mkind = [], []
     for k, f in enumerate(("ninf", "pinf", "nan")):  # the kinds' names in sorted order
         r = q["start"][q[f] > 0]
         mrows.append(r)
         mkind.append(np.full(r.size, k))
     mr = np.concatenate(mrows)
+    if not mr.size:  # no NaN/inf in range (the usual case): the rows as they are
+        pts = ChartPoints(index=rows.tolist(), x=np.asarray(p.xs[rows]).tolist())
+        pts.y = np.asarray(p.ys[rows]).tolist()
+        return pts
     all_rows = np.concatenate([mr, rows])
     # order: row, then a marker before a point of the same row, then the marker's kind
     second = np.concatenate([np.zeros(mr.size, dtype=np.int64), np.ones(rows.size, dtype=np.int64)])
