@@ -523,7 +523,9 @@ def _query_chunk(
         for k, p in enumerate(pyramids):
             if cut[k] < cut[k + 1]:
                 lev = p.levels[level]
-                recs.append(_matrix(lev)[np.clip(ids[cut[k] : cut[k + 1]], 0, lev.shape[0] - 1)])
+                # bounded (a ufunc: np.clip costs more in Python than in numpy here)
+                at = np.minimum(np.maximum(ids[cut[k] : cut[k + 1]], 0), lev.shape[0] - 1)
+                recs.append(_matrix(lev)[at])
                 owners.append(sel[cut[k] : cut[k + 1]])
         lft >>= 1
         r >>= 1
