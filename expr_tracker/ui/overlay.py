@@ -108,6 +108,8 @@ def overlay(
         raise NotFound(f"no run of {', '.join(map(repr, run_ids[:5]))} has a metric {metric!r}")
     a = float(min(f[2].xs[0] for f in found)) if lo is None else lo
     b = float(max(f[2].xs[-1] for f in found)) if hi is None else hi
+    if a > b:  # one end given, past the other end of the runs' steps
+        raise BadRequest(f"the x range [{a!r}, {b!r}] is empty: lo must be <= hi")
     check_range(a, b, width)
     answers = pm.query_many([f[2] for f in found], a, b, width)
     by_run: dict[str, list[dict]] = {rid: [] for rid in run_ids}

@@ -164,6 +164,7 @@ def test_a_rewritten_run_is_summarised_again(runs):
         ({"run": ["p/r0", "p/r0"], "metric": "loss"}, 400, "twice"),
         ({"run": ["p/r0"], "metric": "loss", "width": 0}, 400, "width=0"),
         ({"run": ["p/r0"], "metric": "loss", "lo": 5, "hi": 1}, 400, "lo=5.0 > hi=1.0"),
+        ({"run": ["p/r0"], "metric": "loss", "lo": 5000}, 400, "lo must be <= hi"),
         ({"run": ["p/r0"], "metric": "nope"}, 404, "'nope'"),
         ({"run": ["p/zz"], "metric": "loss"}, 404, "p/zz"),
     ],
