@@ -27,7 +27,8 @@ descriptor in a folder opened as the cache's are, never through a link, a FIFO n
 on, every header, size and count checked; one that does not pass is rebuilt (one warning
 per folder and cause) and replaced by rename, never written through. Building holds the
 cache's ``flock`` (the one a refresh holds). When no folder can be written (a read-only
-run, a cache in memory) the pyramid is built in memory and kept in the memo only.
+run, a cache in memory) the pyramid is built in memory and kept in the memo only, for
+that state of the cache.
 """
 
 from __future__ import annotations
@@ -135,12 +136,14 @@ def metric_pyramid(
     prefix = _prefix(metric)
     src = cached.source
     key_base = (str(src), prefix)
+    # kept in memory only (no folder of ours, or one that cannot be written): valid for
+    # exactly this state of the cache
+    mtoken: tuple = ("memory", cached.covered, cached.fingerprint, cached.dev, cached.ino)
+    hit = None if distrust else _memo_get(key_base, mtoken)
+    if hit is not None:
+        return hit
     d = qcache.derived_folder(cached, FOLDER)
-    if d is None:  # in memory: no folder of ours to keep it in
-        mtoken: tuple = ("memory", cached.covered, cached.fingerprint, cached.dev, cached.ino)
-        hit = None if distrust else _memo_get(key_base, mtoken)
-        if hit is not None:
-            return hit
+    if d is None:
         p = pm.Pyramid(*_all_rows(cached, producer, metric, con, source))
         _memo_put(key_base, mtoken, p)
         return p
@@ -156,7 +159,9 @@ def metric_pyramid(
         try:
             p = _load_or_build(d, prefix, cached, producer, metric, con, source, root, distrust)
             now = _meta_token(d, prefix)
-            if now is not None and p.meta:
+            if not p.meta:  # not written (a read-only folder): in memory
+                _memo_put(key_base, mtoken, p)
+            elif now is not None:
                 _memo_put(key, now, p)
             return p
         finally:
