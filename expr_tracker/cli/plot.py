@@ -43,7 +43,7 @@ import shutil
 import sys
 import time
 import unicodedata
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import IO, Any
 
@@ -181,6 +181,8 @@ class RunSource:
     offset: int = 0
     carry: bytes = b""
     inode: tuple[int, int] | None = None  # (st_dev, st_ino) of the file read
+    #: an overlay's summaries per metric, extended as --follow reads (cli/plotrender.py)
+    pyramids: dict = field(default_factory=dict)
 
 
 def _run_path(arg: str, root: Path, entries: list[Any] | None) -> Path:

@@ -219,6 +219,9 @@ def render_frame(
                 hi = b if hi is None else max(hi, b)
         if lo is None:
             lo = hi = float(since or 0)
+        cuts: list[Any] = [None] * len(cols)
+        if len(cols) > 1 and x_mode == "step" and smooth is None and not log_y:
+            cuts = overlay_cuts(cols, metric, float(lo), float(hi), buckets)
         views = [
             series_view(
                 f"{src.label}/{output.printable(metric)}",
@@ -230,8 +233,9 @@ def render_frame(
                 hi=float(hi),
                 smooth=smooth,
                 log_y=log_y,
+                cut=cut,
             )
-            for src, col in cols
+            for (src, col), cut in zip(cols, cuts, strict=True)
         ]
         title = output.printable(metric)
         if smooth is not None:
@@ -252,6 +256,55 @@ def render_frame(
             )
         )
     return "".join(charts)
+
+
+def _pyramid(src: Any, metric: str, col: Any) -> Any:
+    """The summaries (``history/pyramid.py``) of ``src``'s column ``col`` of ``metric``
+    (ordered by step), kept on ``src`` (its ``pyramids``) and extended with the rows
+    ``--follow`` appended since the last frame; rebuilt when the columns were read again
+    (a file rewritten) or re-sorted (a step out of order), or the last value was patched."""
+    from expr_tracker.history.pyramid import Pyramid
+
+    keep = getattr(src, "pyramids", None)
+    n = len(col)
+    had = keep.get(metric) if keep is not None else None
+    if had is not None:
+        columns, steps, h_n, last, pyr = had
+        if columns is src.columns and steps is col.steps and h_n <= n:
+            same = h_n == 0 or _same_float(col.values[h_n - 1], last)
+            if same and h_n == n:
+                return pyr
+            if same:
+                pyr.extend(col.steps[h_n:], col.values[h_n:])
+                keep[metric] = (src.columns, col.steps, n, col.values[n - 1], pyr)  # type: ignore[index]
+                return pyr
+    pyr = Pyramid(col.steps, col.values)
+    if keep is not None:
+        keep[metric] = (src.columns, col.steps, n, col.values[n - 1] if n else None, pyr)
+    return pyr
+
+
+def _same_float(a: float, b: Any) -> bool:
+    return a == b or (a != a and b != b)
+
+
+def overlay_cuts(
+    cols: Sequence[tuple[Any, Any]], metric: str, lo: float, hi: float, buckets: int
+) -> list[tuple[Any, dict[str, int]]]:
+    """Each run's points of an overlay (``cols``: ``(source, column)`` pairs, x the step)
+    cut to ``buckets`` over ``[lo, hi]`` from the runs' summaries, all runs queried together
+    (:func:`expr_tracker.history.pyramid.query_many`: per bucket the true first, minimum,
+    maximum and last point and a mark per kind of NaN/±inf, as the dashboard's compare page
+    draws them), with the NaN/±inf counts in range for the legend."""
+    from expr_tracker.history.pyramid import pixel_points, query_many
+
+    pyrs = [_pyramid(src, metric, col) for src, col in cols]
+    out = []
+    for p, q in zip(pyrs, query_many(pyrs, lo, hi, buckets), strict=True):
+        counts = {"nan": int(q["nan"].sum()), "inf": int(q["pinf"].sum())}
+        counts["-inf"] = int(q["ninf"].sum())
+        out.append((pixel_points(p, q), counts))
+    return out
 
 
 #: the marker of a band's edges (the centre line is drawn as the series are)

@@ -145,10 +145,13 @@ def series_view(
     hi: float,
     smooth: Smoothing | None,
     log_y: bool,
+    cut: tuple[ChartPoints, dict[str, int]] | None = None,
 ) -> SeriesView:
     """The :class:`SeriesView` of a column, cut to ``buckets`` columns over ``[lo, hi]``
     (:func:`chart_points`), smoothed (:func:`~expr_tracker.history.smoothing.smooth`, on
-    every point, before the cut) when ``smooth`` is given."""
+    every point, before the cut) when ``smooth`` is given. ``cut``: the points already cut
+    (an overlay's, from the runs' summaries: ``history/pyramid.py``, one mark per kind and
+    bucket) and the number of NaN/±inf points per kind in range, used instead."""
     view = SeriesView(label, skipped=col.skipped)
     xs, ys, view.no_time = column_xy(col, x_mode, t0)
     if len(ys):
@@ -157,7 +160,7 @@ def series_view(
         ys = smooth_values(ys, smooth)
     if log_y:
         xs, ys, view.nonpositive = drop_nonpositive(xs, ys)
-    pts = chart_points(xs, ys, buckets, lo, hi)
+    pts = chart_points(xs, ys, buckets, lo, hi) if cut is None else cut[0]
     kinds = dict(pts.nonfinite)
     seen: set[tuple[str, int]] = set()
     gap = False
@@ -180,4 +183,6 @@ def series_view(
             seen.add(key)
             view.marks.setdefault(kind, []).append(x)
     view.points = len(xs)  # [lo, hi] is the range of every series of the chart
+    if cut is not None:
+        view.counts = {k: n for k, n in cut[1].items() if n}
     return view

@@ -27,8 +27,12 @@ unpickles, and any mismatch raises :class:`PyramidError` so the caller rebuilds.
 
 from __future__ import annotations
 
+import errno
 import json
 import os
+import re
+import secrets
+import stat
 from pathlib import Path
 from typing import Any
 
@@ -44,7 +48,10 @@ __all__ = [
     "PyramidError",
     "build_or_load",
     "load",
+    "load_at",
+    "read_meta_at",
     "overlay_points",
+    "pixel_points",
     "query_many",
 ]
 
@@ -199,8 +206,9 @@ def _reduce(
 
 
 def _as_columns(xs: Any, ys: Any) -> tuple[np.ndarray, np.ndarray]:
-    x = np.ascontiguousarray(xs, dtype=np.float64)
-    y = np.ascontiguousarray(ys, dtype=np.float64)
+    # copies: a view of the caller's buffer (an array.array) would stop it from growing
+    x = np.array(xs, dtype=np.float64)
+    y = np.array(ys, dtype=np.float64)
     if x.ndim != 1 or y.shape != x.shape:
         raise PyramidError(
             f"x and y must be 1-D of one length (got shapes {x.shape} and {y.shape})"
@@ -228,6 +236,7 @@ class Pyramid:
     def __init__(self, xs: Any = (), ys: Any = ()) -> None:
         self.xs, self.ys = _as_columns(xs, ys)
         self.levels: list[np.ndarray] = []  # levels[i] has bucket size 2 ** (LEAF_LOG2 + i)
+        self.meta: dict[str, Any] = {}  # the meta.json it was loaded with (load_at)
         self._grow(0)
 
     @property
@@ -285,19 +294,135 @@ class Pyramid:
 
     def save(self, folder: str | os.PathLike[str]) -> None:
         """Write the pyramid to ``folder`` (created; files replaced atomically, the
-        ``meta.json`` last)."""
+        ``meta.json`` last). See :meth:`save_at`."""
         d = Path(folder)
         d.mkdir(parents=True, exist_ok=True)
+        fd = os.open(d, _DIR_FLAGS)
+        try:
+            self.save_at(fd)
+        finally:
+            os.close(fd)
+
+    def save_at(self, dir_fd: int, prefix: str = "", extra: dict[str, Any] | None = None) -> None:
+        """Write the pyramid into the folder open as ``dir_fd``, every file named
+        ``<prefix><name>``: ``xs.npy``, ``ys.npy``, ``level<k>.npy`` and ``meta.json`` (with
+        ``extra``'s keys besides its own), each written under a temporary name
+        (``.tmp-<pid>-<8 hex>.npy|json``, created exclusively, never through a link),
+        synced and renamed into place relative to the descriptor, ``meta.json`` last; a
+        link or FIFO planted at a final name is replaced, never followed. Level files of
+        an older, taller pyramid are removed. Raises ``OSError`` when writing fails."""
         arrays = {"xs": self.xs, "ys": self.ys}
         arrays.update({f"level{i}": lev for i, lev in enumerate(self.levels)})
         for name, arr in arrays.items():
-            tmp = d / f".tmp-{name}.npy"
-            np.save(tmp, np.asarray(arr), allow_pickle=False)
-            os.replace(tmp, d / f"{name}.npy")
-        meta = {"version": VERSION, "n": self.n, "leaf_log2": LEAF_LOG2, "levels": len(self.levels)}
-        tmp = d / ".tmp-meta.json"
-        tmp.write_text(json.dumps(meta))
-        os.replace(tmp, d / "meta.json")
+            _write_at(dir_fd, f"{prefix}{name}.npy", lambda f, a=arr: _save_npy(f, a))
+        meta = dict(extra or {})
+        meta.update(
+            {"version": VERSION, "n": self.n, "leaf_log2": LEAF_LOG2, "levels": len(self.levels)}
+        )
+        _write_at(dir_fd, f"{prefix}meta.json", lambda f: f.write(json.dumps(meta).encode()))
+        k = len(self.levels)
+        while True:  # a taller pyramid written before (a rebuild of fewer rows)
+            try:
+                os.unlink(f"{prefix}level{k}.npy", dir_fd=dir_fd)
+            except FileNotFoundError:
+                break
+            k += 1
+
+
+_DIR_FLAGS = os.O_RDONLY | getattr(os, "O_DIRECTORY", 0) | getattr(os, "O_CLOEXEC", 0)
+_NEW = (
+    os.O_WRONLY
+    | os.O_CREAT
+    | os.O_EXCL
+    | getattr(os, "O_NOFOLLOW", 0)
+    | getattr(os, "O_CLOEXEC", 0)
+)
+_READ = (
+    os.O_RDONLY
+    | getattr(os, "O_NOFOLLOW", 0)
+    | getattr(os, "O_NONBLOCK", 0)
+    | getattr(os, "O_CLOEXEC", 0)
+)
+#: the temporary names :meth:`Pyramid.save_at` writes under (a builder that died leaves them)
+TMP_RE = re.compile(r"^\.tmp-[0-9]+-[0-9a-f]{8}\.(?:npy|json)$")
+
+
+def _save_npy(f: Any, arr: np.ndarray) -> None:
+    np.save(f, np.ascontiguousarray(arr), allow_pickle=False)
+
+
+def _write_at(dir_fd: int, name: str, write: Any) -> None:
+    ext = "json" if name.endswith(".json") else "npy"
+    tmp = f".tmp-{os.getpid()}-{secrets.token_hex(4)}.{ext}"
+    fd = os.open(tmp, _NEW, 0o644, dir_fd=dir_fd)
+    try:
+        with os.fdopen(fd, "wb") as f:
+            write(f)
+            f.flush()
+            os.fsync(f.fileno())
+        os.replace(tmp, name, src_dir_fd=dir_fd, dst_dir_fd=dir_fd)
+    except BaseException:
+        try:
+            os.unlink(tmp, dir_fd=dir_fd)
+        except OSError:
+            pass
+        raise
+
+
+def _open_regular_at(dir_fd: int, name: str) -> tuple[int, os.stat_result]:
+    """``(fd, stat)`` of ``name`` in the folder ``dir_fd``, only a regular file of this user:
+    a link is not followed, a FIFO not waited on (:class:`PyramidError` else)."""
+    try:
+        fd = os.open(name, _READ, dir_fd=dir_fd)
+    except FileNotFoundError:
+        raise PyramidError(f"{name}: missing") from None
+    except OSError as e:
+        why = "a symbolic link" if e.errno == errno.ELOOP else (e.strerror or str(e))
+        raise PyramidError(f"{name}: not readable ({why})") from None
+    try:
+        st = os.fstat(fd)
+        if not stat.S_ISREG(st.st_mode):
+            raise PyramidError(f"{name}: not a regular file")
+        uid = os.geteuid() if hasattr(os, "geteuid") else None
+        if uid is not None and st.st_uid != uid:
+            raise PyramidError(f"{name}: owned by uid {st.st_uid}, not this user")
+    except BaseException:
+        os.close(fd)
+        raise
+    return fd, st
+
+
+def _read_npy_at(dir_fd: int, name: str, dtype: np.dtype, length: int, mmap: bool) -> np.ndarray:
+    """The 1-D array of ``length`` items of ``dtype`` in the ``.npy`` file ``name``: its
+    header parsed without pickles, its size checked, then memory-mapped (or read)."""
+    fd, st = _open_regular_at(dir_fd, name)
+    with os.fdopen(fd, "rb") as f:
+        try:
+            version = np.lib.format.read_magic(f)
+            if version == (1, 0):
+                shape, fortran, dt = np.lib.format.read_array_header_1_0(f)
+            elif version in ((2, 0), (3, 0)):
+                shape, fortran, dt = np.lib.format.read_array_header_2_0(f)
+            else:
+                raise ValueError(f"format version {version}")
+        except (ValueError, EOFError, SyntaxError, TypeError) as e:
+            raise PyramidError(f"{name}: not an .npy file ({e})") from None
+        if dt != dtype or tuple(shape) != (length,) or fortran:
+            raise PyramidError(f"{name}: dtype {dt} shape {shape}, expected {dtype} ({length},)")
+        offset = f.tell()
+        if st.st_size != offset + length * dtype.itemsize:
+            raise PyramidError(
+                f"{name}: {st.st_size:,} bytes, expected {offset + length * dtype.itemsize:,}"
+            )
+        if length == 0:
+            return np.empty(0, dtype=dtype)
+        if mmap:  # a plain ndarray view (a memmap's indexing costs more per call)
+            mm = np.memmap(f, dtype=dtype, mode="r", offset=offset, shape=(length,))
+            return np.asarray(mm)
+        a = np.fromfile(f, dtype=dtype, count=length)
+        if a.shape != (length,):  # pragma: no cover - cut short while read
+            raise PyramidError(f"{name}: cut short")
+        return a
 
 
 def query_many(
@@ -398,7 +523,9 @@ def _query_chunk(
         for k, p in enumerate(pyramids):
             if cut[k] < cut[k + 1]:
                 lev = p.levels[level]
-                recs.append(_matrix(lev)[np.clip(ids[cut[k] : cut[k + 1]], 0, lev.shape[0] - 1)])
+                # bounded (a ufunc: np.clip costs more in Python than in numpy here)
+                at = np.minimum(np.maximum(ids[cut[k] : cut[k + 1]], 0), lev.shape[0] - 1)
+                recs.append(_matrix(lev)[at])
                 owners.append(sel[cut[k] : cut[k + 1]])
         lft >>= 1
         r >>= 1
@@ -414,54 +541,97 @@ def _levels_for(n: int) -> list[int]:
 
 
 def load(folder: str | os.PathLike[str], *, mmap: bool = True) -> Pyramid:
-    """Read a pyramid written by :meth:`Pyramid.save`, memory-mapped (``mmap=True``: a query
-    touches only the pages it reads; such a pyramid cannot :meth:`~Pyramid.extend` until
-    copied with ``mmap=False``).
+    """Read a pyramid written by :meth:`Pyramid.save` (see :func:`load_at`).
 
     Raises:
-        PyramidError: a file is missing, not an ``.npy`` of the expected dtype and shape, or
-            the version differs; the caller rebuilds from the rows.
+        PyramidError: as :func:`load_at`, or the folder cannot be opened.
     """
     d = Path(folder)
     try:
-        raw = (d / "meta.json").read_bytes()
-        if len(raw) > 4096:
-            raise PyramidError(f"{d}/meta.json is {len(raw)} bytes (at most 4096)")
+        fd = os.open(d, _DIR_FLAGS)
+    except OSError as e:
+        raise PyramidError(f"{d}: not an open folder ({e.strerror or e})") from None
+    try:
+        return load_at(fd, mmap=mmap)
+    except PyramidError as e:
+        raise PyramidError(f"{d}/{e}") from None
+    finally:
+        os.close(fd)
+
+
+#: the largest meta.json read
+MAX_META_BYTES = 4096
+
+
+def read_meta_at(dir_fd: int, prefix: str = "") -> dict[str, Any]:
+    """The ``<prefix>meta.json`` of a pyramid written by :meth:`Pyramid.save_at`, checked
+    (version, leaf size, row count, levels). Raises :class:`PyramidError` when it is
+    missing, not a regular file of this user, too big, not JSON or does not match."""
+    name = f"{prefix}meta.json"
+    fd, st = _open_regular_at(dir_fd, name)
+    try:
+        if st.st_size > MAX_META_BYTES:
+            raise PyramidError(f"{name} is {st.st_size} bytes (at most {MAX_META_BYTES})")
+        raw = os.pread(fd, MAX_META_BYTES + 1, 0)
+    except OSError as e:
+        raise PyramidError(f"{name}: not readable ({e.strerror or e})") from None
+    finally:
+        os.close(fd)
+    try:
         meta = json.loads(raw)
-    except (OSError, ValueError) as e:
-        raise PyramidError(f"{d}: no readable meta.json ({e})") from None
+    except ValueError as e:
+        raise PyramidError(f"{name}: not JSON ({e})") from None
     if (
         not isinstance(meta, dict)
         or meta.get("version") != VERSION
         or meta.get("leaf_log2") != LEAF_LOG2
     ):
-        raise PyramidError(f"{d}/meta.json: version or leaf size differs ({meta!r:.200})")
+        raise PyramidError(f"{name}: version or leaf size differs ({meta!r:.200})")
     n = meta.get("n")
     if not isinstance(n, int) or isinstance(n, bool) or n < 0:
-        raise PyramidError(f"{d}/meta.json: n={n!r} is not a row count")
-    sizes = _levels_for(n)
-    if meta.get("levels") != len(sizes):
-        raise PyramidError(f"{d}/meta.json: levels={meta.get('levels')!r}, expected {len(sizes)}")
+        raise PyramidError(f"{name}: n={n!r} is not a row count")
+    if meta.get("levels") != len(_levels_for(n)):
+        raise PyramidError(f"{name}: levels={meta.get('levels')!r}, expected {len(_levels_for(n))}")
+    return meta
 
-    def arr(name: str, dtype: np.dtype, length: int) -> np.ndarray:
-        try:
-            a = np.load(d / f"{name}.npy", mmap_mode="r" if mmap else None, allow_pickle=False)
-        except (OSError, ValueError, EOFError) as e:
-            raise PyramidError(f"{d}/{name}.npy: not readable ({e})") from None
-        if a.dtype != dtype or a.shape != (length,):
-            raise PyramidError(
-                f"{d}/{name}.npy: dtype {a.dtype} shape {a.shape}, expected {dtype} ({length},)"
-            )
-        checked: np.ndarray = a
-        return checked
 
-    p = Pyramid.__new__(Pyramid)
+def load_at(dir_fd: int, prefix: str = "", *, mmap: bool = True) -> Pyramid:
+    """Read the pyramid that :meth:`Pyramid.save_at` wrote in the folder open as
+    ``dir_fd`` under ``prefix``, memory-mapped (``mmap=True``: a query touches only the
+    pages it reads; such a pyramid cannot :meth:`~Pyramid.extend` until copied with
+    ``mmap=False``). Its ``meta`` attribute holds the ``meta.json`` read.
+
+    Every file is untrusted (docs/ui.md "Overlays of many runs: exact at any zoom"): opened
+    relative to the descriptor without following a link or waiting on a FIFO, only a
+    regular file of this user; the ``.npy`` header parsed without pickles; dtype, shape and
+    size checked against the row count; the top bucket's counts must add up to it and its
+    rows lie inside.
+
+    Raises:
+        PyramidError: a file is missing, planted (a link, a FIFO, another user's), not an
+            ``.npy`` of the expected dtype, shape and size, or the version differs; the
+            caller rebuilds from the rows.
+    """
+    meta = read_meta_at(dir_fd, prefix)
+    n = meta["n"]
     f8 = np.dtype("<f8")
-    p.xs = arr("xs", f8, n)
-    p.ys = arr("ys", f8, n)
-    p.levels = [arr(f"level{i}", NODE, s) for i, s in enumerate(sizes)]
+    p = Pyramid.__new__(Pyramid)
+    p.xs = _read_npy_at(dir_fd, f"{prefix}xs.npy", f8, n, mmap)
+    p.ys = _read_npy_at(dir_fd, f"{prefix}ys.npy", f8, n, mmap)
+    p.levels = [
+        _read_npy_at(dir_fd, f"{prefix}level{i}.npy", NODE, s, mmap)
+        for i, s in enumerate(_levels_for(n))
+    ]
+    p.meta = meta
     if n > 1 and not (p.xs[0] <= p.xs[n // 2] <= p.xs[-1]):
-        raise PyramidError(f"{d}/xs.npy: not ascending")
+        raise PyramidError(f"{prefix}xs.npy: not ascending")
+    top = p.levels[-1]
+    if top.shape[0]:
+        t = top[0]
+        total = int(t["count"]) + int(t["nan"]) + int(t["pinf"]) + int(t["ninf"])
+        rows = [int(t[f]) for f in ("imin", "imax", "ifirst", "ilast")]
+        if total != n or not all(-1 <= r < n for r in rows):
+            raise PyramidError(f"{prefix}level{len(p.levels) - 1}.npy: counts do not add up")
     return p
 
 
@@ -506,33 +676,52 @@ def overlay_points(pyramids: list[Pyramid], lo: float, hi: float, pixels: int) -
     Raises:
         PyramidError: as :meth:`Pyramid.query`.
     """
-    out = []
-    for p, q in zip(pyramids, query_many(pyramids, lo, hi, pixels), strict=True):
-        rows = np.concatenate([q["ifirst"], q["imin"], q["imax"], q["ilast"]])
-        rows = np.unique(rows[rows >= 0])
-        pts = ChartPoints()
-        marks: list[tuple[int, str]] = []
-        for f, kind in (("nan", "nan"), ("pinf", "inf"), ("ninf", "-inf")):
-            marks.extend((int(s), kind) for s in q["start"][q[f] > 0])
-        marks.sort()
-        xs = np.asarray(p.xs[rows]).tolist()
-        ys = np.asarray(p.ys[rows]).tolist()
-        m = 0
-        for i, row in enumerate(rows.tolist()):
-            while m < len(marks) and marks[m][0] <= row:
-                _mark(pts, p, *marks[m])
-                m += 1
-            pts.index.append(row)
-            pts.x.append(xs[i])
-            pts.y.append(ys[i])
-        for mk in marks[m:]:
-            _mark(pts, p, *mk)
-        out.append(pts)
-    return out
+    return [
+        pixel_points(p, q)
+        for p, q in zip(pyramids, query_many(pyramids, lo, hi, pixels), strict=True)
+    ]
 
 
-def _mark(pts: ChartPoints, p: Pyramid, row: int, kind: str) -> None:
-    pts.nonfinite.append((len(pts.y), kind))
-    pts.index.append(row)
-    pts.x.append(float(p.xs[row]))
-    pts.y.append(None)
+def pixel_points(p: Pyramid, q: dict[str, np.ndarray]) -> ChartPoints:
+    """The points to draw of one run from its :func:`query_many` answer ``q`` (see
+    :func:`overlay_points`): in row order, a pixel's NaN/±inf markers (at its first row,
+    ordered ``-inf``, ``inf``, ``nan``) before a point of the same row. Raises
+    :class:`PyramidError` when a row named in ``q`` is not one of ``p``'s (a damaged file:
+    rebuild)."""
+    # already in order without a sort: a pixel's rows lie before the next pixel's, and
+    # first <= min, max <= last inside one (-1 in all four when it has no finite value)
+    lo_, hi_ = np.minimum(q["imin"], q["imax"]), np.maximum(q["imin"], q["imax"])
+    rows = np.stack([q["ifirst"], lo_, hi_, q["ilast"]], axis=1).ravel()
+    rows = rows[rows >= 0]
+    rows = rows[np.concatenate(([True], rows[1:] != rows[:-1]))] if rows.size else rows
+    if rows.size and (rows.max() >= p.n or (rows.size > 1 and (np.diff(rows) <= 0).any())):
+        raise PyramidError(f"rows beyond {p.n} or out of order: the summaries are damaged")
+    mrows, mkind = [], []
+    for k, f in enumerate(("ninf", "pinf", "nan")):  # the kinds' names in sorted order
+        r = q["start"][q[f] > 0]
+        mrows.append(r)
+        mkind.append(np.full(r.size, k))
+    mr = np.concatenate(mrows)
+    if not mr.size:  # no NaN/inf in range (the usual case): the rows as they are
+        pts = ChartPoints(index=rows.tolist(), x=np.asarray(p.xs[rows]).tolist())
+        pts.y = np.asarray(p.ys[rows]).tolist()
+        return pts
+    all_rows = np.concatenate([mr, rows])
+    # order: row, then a marker before a point of the same row, then the marker's kind
+    second = np.concatenate([np.zeros(mr.size, dtype=np.int64), np.ones(rows.size, dtype=np.int64)])
+    kind = np.concatenate([*mkind, np.zeros(rows.size, dtype=np.int64)])
+    order = np.lexsort((kind, second, all_rows))
+    idx = all_rows[order]
+    pts = ChartPoints()
+    pts.index = idx.tolist()
+    pts.x = np.asarray(p.xs[idx]).tolist()
+    y = np.asarray(p.ys[idx])
+    is_mark = second[order] == 0
+    ys: list[float | None] = y.tolist()
+    names = ("-inf", "inf", "nan")
+    kinds = kind[order]
+    for j in np.flatnonzero(is_mark).tolist():
+        ys[j] = None
+        pts.nonfinite.append((j, names[kinds[j]]))
+    pts.y = ys
+    return pts

@@ -125,8 +125,11 @@ except ImportError:  # pragma: no cover - Windows: no lock, one refresher at a t
 
 __all__ = [
     "CachedSource",
+    "DerivedFolder",
     "cache_location",
     "damaged",
+    "derived_folder",
+    "fingerprint_of",
     "invalidate",
     "is_part_name",
     "refresh",
@@ -209,6 +212,9 @@ class CachedSource:
     memory: tuple[Any, ...] = ()
     bad_lines: int = 0
     bad_first: tuple[int, str] | None = None
+    fingerprint: str | None = None
+    dev: int | None = None
+    ino: int | None = None
 
 
 def is_part_name(name: str) -> bool:
@@ -501,6 +507,12 @@ def _fingerprint(fd: int, covered: int) -> str:
 #: the largest count, size, device or inode number a manifest may hold (a file anyone may
 #: have written: an int past it, decoded by the standard module, overflows float arithmetic)
 _MAX_INT = (1 << 64) - 1
+
+
+def fingerprint_of(fd: int, covered: int) -> str:
+    """The fingerprint the cache records of the first ``covered`` bytes of the source open
+    as ``fd`` (the manifest's ``fingerprint``: see the module doc). Raises ``OSError``."""
+    return _fingerprint(fd, covered)
 
 
 def _is_int(v: Any, low: int = 0) -> bool:
@@ -894,6 +906,9 @@ def _in_memory(src: Path, sfd: int, kind: str) -> CachedSource:
         memory=memory,
         bad_lines=m["bad_lines"],
         bad_first=tuple(m["bad_first"]) if m["bad_first"] else None,
+        fingerprint=_fingerprint(sfd, covered),
+        dev=m["dev"],
+        ino=m["ino"],
     )
 
 
@@ -1233,7 +1248,67 @@ def _result(src: Path, kind: str, d: Path, m: dict[str, Any]) -> CachedSource:
         cache_dir=d,
         bad_lines=m["bad_lines"],
         bad_first=tuple(m["bad_first"]) if m["bad_first"] else None,
+        fingerprint=m["fingerprint"],
+        dev=m["dev"],
+        ino=m["ino"],
     )
+
+
+class DerivedFolder:
+    """A folder for files derived from a source's cache (the overlay summaries:
+    :mod:`expr_tracker.query.pyramids`), inside that cache's folder: ``fd`` a descriptor
+    of it, opened as the cache's own folders are (no link followed, this user's, not
+    writable by group or others). :meth:`lock` takes the cache's ``flock`` (the one a
+    refresh holds) so that a builder never races a refresh or another builder."""
+
+    __slots__ = ("_folder", "fd", "path")
+
+    def __init__(self, folder: _Folder, fd: int, path: Path) -> None:
+        self._folder = folder
+        self.fd = fd
+        self.path = path
+
+    def lock(self) -> int | None:
+        """Take the cache's lock, exclusively; its descriptor (close it to release), or
+        None when the folder cannot be written."""
+        fd = _lock(self._folder)
+        if fd is not None and fcntl is not None:
+            fcntl.flock(fd, fcntl.LOCK_EX)
+        return fd
+
+    def close(self) -> None:
+        os.close(self.fd)
+        self._folder.close()
+
+
+def derived_folder(
+    cached: CachedSource, name: str, create: bool = True, sfd: int | None = None
+) -> DerivedFolder | None:
+    """The folder ``name`` (letters, digits, ``-``, ``_``) inside ``cached``'s cache folder,
+    made (0755) when ``create``; None when the cache is in memory or a folder on the way
+    is not this user's, a link or cannot be opened or made (the caller keeps what it
+    derives in memory). The cache folder is opened again as :func:`refresh` opens it: by
+    descriptors from the run directory, a link at ``.et-cache`` or below never followed;
+    with ``sfd`` (the source as opened) only in the folder holding that very file. Close it with :meth:`DerivedFolder.close`."""
+    if not re.fullmatch(r"[A-Za-z0-9_-]+", name):
+        raise ValueError(f"name={name!r} is not valid: letters, digits, '-' or '_'")
+    d = cached.cache_dir
+    if d is None:
+        return None
+    src = cached.source
+    try:
+        if d == src.parent / CACHE_DIR_NAME / src.name:
+            folder = _open_in_run(src, False, sfd)
+        else:
+            folder = _Folder(d, _open_dir(d, None, False))
+    except (OSError, _Refused):
+        return None
+    try:
+        fd = _open_dir(name, folder.fd, create)
+    except (OSError, _Refused):
+        folder.close()
+        return None
+    return DerivedFolder(folder, fd, d / name)
 
 
 def invalidate(part: str | os.PathLike[str]) -> bool:

@@ -34,7 +34,7 @@ from expr_tracker.ui.runs import producer_label
 if TYPE_CHECKING:
     from expr_tracker.ui.catalog import Catalog
 
-__all__ = ["MAX_NEW_ROWS", "MAX_WIDTH", "new_points", "parse_float", "series"]
+__all__ = ["MAX_NEW_ROWS", "MAX_WIDTH", "check_range", "new_points", "parse_float", "series"]
 
 #: most chart buckets a request may ask for (``width``)
 MAX_WIDTH = 4000
@@ -69,7 +69,7 @@ def parse_float(name: str, v: str | None) -> float | None:
     return f
 
 
-def _span(lo: float, hi: float, width: int) -> None:
+def check_range(lo: float, hi: float, width: int) -> None:
     """BadRequest when ``[lo, hi]`` cannot be cut into ``width`` buckets with finite
     numbers: ``hi - lo`` overflows (``lo=-1e308&hi=1e308``: a point's offset from ``lo``
     may too) or ``width / (hi - lo)`` does (``lo=0&hi=5e-324``: an infinite scale)."""
@@ -117,7 +117,7 @@ def series(
     if lo is not None and hi is not None and lo > hi:
         raise BadRequest(f"lo={lo} > hi={hi}")
     if lo is not None and hi is not None:
-        _span(lo, hi, width)
+        check_range(lo, hi, width)
     prods = catalog.get(run_id)
     con = duckdb_cursor()
     traces = []
@@ -154,7 +154,7 @@ def series(
                 continue
             a = float(xmin) if lo is None else lo
             b = float(xmax) if hi is None else hi
-            _span(a, b, width)
+            check_range(a, b, width)
             if n <= sql_min:
                 cols = con.execute(f"{pts}SELECT x, y, step FROM pts ORDER BY step").fetchnumpy()
                 xs, ys, steps = cols["x"], cols["y"], cols["step"]
@@ -188,7 +188,7 @@ def smoothed_trace(
         return None
     a = float(xs[inr].min()) if lo is None else lo
     b = float(xs[inr].max()) if hi is None else hi
-    _span(a, b, width)
+    check_range(a, b, width)
     tr = _trace(p, chart_points(xs, ys, width, a, b), steps, total)
     sm = chart_points(xs, smooth_values(ys, how), width, a, b)
     tr["smooth"] = {"x": sm.x, "y": sm.y, "step": [int(steps[i]) for i in sm.index]}

@@ -26,6 +26,9 @@ Endpoints (every run is named by its ``run`` id from ``/api/runs``, looked up, n
 - ``/api/series?run=ID&metric=M&x=step|time|METRIC&width=W[&lo=&hi=][&producer=P]
   [&smooth=ema:W|mean:N]``: one metric, downsampled to ``W`` buckets over the x range
   ``[lo, hi]`` (one producer's only), with its smoothed series computed on the raw one.
+- ``/api/overlay?run=A&run=B...&metric=M&width=W[&lo=&hi=][&pixels=1]``: one metric of many runs, x
+  the step, cut to ``W`` pixels from the runs' multi-resolution summaries (per pixel the
+  true min/max/first/last and NaN/±inf counts; ``ui/overlay.py``).
 - ``/api/points?run=ID&after=STEP[&since=PRODUCER:STEP...]&x=...[&skip_stream=S...]``: rows
   with a step above ``STEP`` (or the producer's own step in ``since``; live polling),
   without the producers of the streams ``S``.
@@ -49,7 +52,7 @@ from pathlib import Path
 from typing import Any
 
 from expr_tracker.history.values import json_safe
-from expr_tracker.ui import compare, groups, media, runpage, runs, series, spans
+from expr_tracker.ui import compare, groups, media, overlay, runpage, runs, series, spans
 from expr_tracker.ui.catalog import Catalog
 from expr_tracker.ui.errors import BadRequest, NotFound, Unreadable, why
 from expr_tracker.ui.parts import parts_read
@@ -335,6 +338,18 @@ def create_app(
             smooth=q_smooth(request),
         )
 
+    def api_overlay(request: Any) -> Any:
+        qp = request.query_params
+        return overlay.overlay(
+            catalog,
+            qp.getlist("run"),
+            q_str(request, "metric"),
+            width=q_int(request, "width", 1000),  # type: ignore[arg-type]
+            lo=series.parse_float("lo", qp.get("lo")),
+            hi=series.parse_float("hi", qp.get("hi")),
+            pixels=qp.get("pixels") == "1",
+        )
+
     def api_points(request: Any) -> Any:
         since: dict[str, int] = {}
         for v in request.query_params.getlist("since"):
@@ -443,6 +458,7 @@ def create_app(
         Route("/api/media", endpoint(api_media), methods=["GET"]),
         Route("/api/media/file", media_file, methods=["GET"]),
         Route("/api/series", endpoint(api_series), methods=["GET"]),
+        Route("/api/overlay", endpoint(api_overlay), methods=["GET"]),
         Route("/api/points", endpoint(api_points), methods=["GET"]),
         Route("/api/spans", endpoint(api_spans), methods=["GET"]),
         Route("/api/trace", api_trace, methods=["GET"]),

@@ -736,20 +736,35 @@ async function comparePage(runs, me, params) {
     return { metric: m, title: m, div, series: [], range: null, uirev: 1 };
   });
   const all = [...queue];
+  // x = step, no smoothing: every run at once from their summaries (/api/overlay: per pixel
+  // the true first/min/max/last, so each run's line spans its min-max envelope, and every
+  // NaN/inf); else each run's series (smoothing is computed on the raw series)
   async function load(chart) {
     const series = [];
-    for (const run of labels) {
-      const q = { run, metric: chart.metric, width: chartWidth(chart.div), x: opts.x, smooth: opts.smooth };
+    const label = (run, t) => (t.producer === "main" ? run : `${run} (${t.producer})`);
+    const overlay = !opts.smooth && opts.x === "step";
+    if (overlay) {
+      const q = { run: labels, metric: chart.metric, width: chartWidth(chart.div) };
       if (chart.range) { q.lo = chart.range[0]; q.hi = chart.range[1]; }
       try {
-        const r = await api("series", q);
-        for (const t of r.traces) series.push({ ...t, label: t.producer === "main" ? run : `${run} (${t.producer})` });
-      } catch (e) { /* this run lacks the metric */ }
+        const r = await api("overlay", q);
+        for (const one of r.runs) for (const t of one.traces) series.push({ ...t, label: label(one.run, t) });
+      } catch (e) { /* no run has the metric */ }
+    } else {
+      for (const run of labels) {
+        const q = { run, metric: chart.metric, width: chartWidth(chart.div), x: opts.x, smooth: opts.smooth };
+        if (chart.range) { q.lo = chart.range[0]; q.hi = chart.range[1]; }
+        try {
+          const r = await api("series", q);
+          for (const t of r.traces) series.push({ ...t, label: label(run, t) });
+        } catch (e) { /* this run lacks the metric */ }
+      }
     }
     if (me !== page) return;
     chart.series = series;
     await draw(chart, opts);
     hookZoom(chart, opts, load); // every run's series asked again for the range
+    chart.div.dataset.source = overlay ? "overlay" : "series";
     chart.div.dataset.loaded = "1";
   }
   const worker = async () => {
