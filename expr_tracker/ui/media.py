@@ -4,9 +4,11 @@ dashboard").
 :func:`media_section` finds the media keys of a run's main producers in the columnar cache
 (values that are media references: images, galleries, histograms, tables) with their
 steps: images as references per step (the page asks each file by its name), histograms as
-counts and edges per step (a heatmap of bins × steps and the latest as bars), and the
-latest table's content (its first :data:`TABLE_ROWS` rows). At most :data:`MAX_STEPS`
-steps per key are sent, spread evenly over the run and always with the last one.
+counts and edges per step, read from their ``.npz`` files (a heatmap of bins × steps and
+the latest as bars; a file that cannot be read leaves its step out, named in ``error``),
+and the latest table's content, read from its Parquet file (its first :data:`TABLE_ROWS`
+rows). At most :data:`MAX_STEPS` steps per key are sent, spread evenly over the run and
+always with the last one.
 
 :func:`media_file` serves one file: only a name ``media/<sha256>.<ext>`` of the run, read
 through :func:`expr_tracker.media.read.read_media` (a regular file inside the run's
@@ -18,7 +20,7 @@ from __future__ import annotations
 from typing import Any
 
 from expr_tracker.history.codec import decode_line
-from expr_tracker.media.read import load_table, read_media
+from expr_tracker.media.read import load_histogram, load_table, read_media
 from expr_tracker.ui.catalog import Catalog
 from expr_tracker.ui.errors import NotFound, Unreadable, why
 from expr_tracker.ui.parts import duckdb_cursor, metrics_sql
@@ -92,15 +94,29 @@ def media_section(catalog: Catalog, run_id: str) -> dict:
         kind = "image" if "image" in kinds else kinds[0]
         steps = _spread(sorted(s for s, v in by_step.items() if _kind(v) == kind), MAX_STEPS)
         items: list[Any] = []
+        kept: list[int] = []
+        bad = 0
         for s in steps:
             v = by_step[s]
             if kind == "image":
                 refs = v if isinstance(v, list) else [v]
                 items.append([_image_ref(r) for r in refs])
             elif kind == "histogram":
-                items.append({"values": v.get("values"), "bins": v.get("bins")})
+                try:
+                    counts, edges = load_histogram(run_dir, v)
+                except (OSError, ValueError) as exc:
+                    if not bad:
+                        msg = why(exc) if isinstance(exc, OSError) else str(exc)
+                        errors.append(f"histogram {key!r} at step {s}: {msg}")
+                    bad += 1
+                    continue
+                items.append({"values": counts.tolist(), "bins": edges.tolist()})
             else:
                 items.append(_image_ref(v))
+            kept.append(s)
+        if bad > 1:
+            errors.append(f"histogram {key!r}: {bad} steps unreadable in all")
+        steps = kept
         entry: dict[str, Any] = {"key": key, "kind": kind, "steps": steps, "items": items}
         if kind == "table" and steps:
             try:
