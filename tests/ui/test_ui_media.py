@@ -6,6 +6,8 @@ in test-artifacts/ui/media.png)."""
 
 from __future__ import annotations
 
+import hashlib
+import json
 import os
 import shutil
 
@@ -36,7 +38,30 @@ def media_runs(tmp_path_factory):
             )
         et.log(row)
     et.finish()
+    _older_run(root)
     return root
+
+
+def _older_run(root):
+    """demo/old as earlier versions wrote it (histogram counts in the row, the table as
+    .table.json), then a step whose .npz file is damaged."""
+    run = et.init(project="demo", name="old", dir=str(root), system=False)
+    et.log({"loss": 1.0})
+    run_dir = run.dir
+    et.finish()
+    (run_dir / "media").mkdir()
+    body = json.dumps({"columns": ["a", "b"], "data": [[1, "x"], [2, "y"]]}).encode()
+    sha = hashlib.sha256(body).hexdigest()
+    (run_dir / "media" / f"{sha}.table.json").write_bytes(body)
+    bad = b"PK not a zip"
+    bad_sha = hashlib.sha256(bad).hexdigest()
+    (run_dir / "media" / f"{bad_sha}.npz").write_bytes(bad)
+    hist = {"_type": "histogram", "values": [1, 3], "bins": [0.0, 0.5, 1.0]}
+    table = {"_type": "table", "path": f"media/{sha}.table.json", "nrows": 2, "ncols": 2}
+    with open(run_dir / "metrics.jsonl", "a") as f:
+        f.write(json.dumps({"_step": 1, "_time": 2.0, "h": hist, "t": table}) + "\n")
+        damaged = {"_type": "histogram", "path": f"media/{bad_sha}.npz", "num_bins": 2}
+        f.write(json.dumps({"_step": 2, "_time": 3.0, "h": damaged}) + "\n")
 
 
 @pytest.fixture(scope="module")
@@ -58,6 +83,16 @@ def test_media_section_lists_keys_steps_and_content(client):
     assert t["data"][1][:2] == [1, "c1"] and t["data"][1][2]["_type"] == "image"
     # media keys are not charts of the run
     assert client.get("/api/run", params={"run": "demo/media"}).json()["metrics"] == ["loss"]
+
+
+def test_an_older_run_reads_and_a_damaged_file_is_named(client):
+    d = client.get("/api/media", params={"run": "demo/old"}).json()
+    by = {m["key"]: m for m in d["media"]}
+    assert by["h"]["steps"] == [1] and by["h"]["items"] == [
+        {"values": [1, 3], "bins": [0.0, 0.5, 1.0]}
+    ]
+    assert by["t"]["table"] == {"columns": ["a", "b"], "data": [[1, "x"], [2, "y"]], "nrows": 2}
+    assert "histogram 'h' at step 2" in d["error"] and "not a histogram .npz" in d["error"]
 
 
 def test_media_file_is_served_with_its_type_and_nosniff(client):
