@@ -10,6 +10,10 @@ and the latest table's content, read from its Parquet file (its first :data:`TAB
 rows). At most :data:`MAX_STEPS` steps per key are sent, spread evenly over the run and
 always with the last one.
 
+:func:`media_table` serves one page of a table larger than what the section sends, sorted
+over the whole table by one column (the page asks it when a table has more than
+:data:`TABLE_ROWS` rows).
+
 :func:`media_file` serves one file: only a name ``media/<sha256>.<ext>`` of the run, read
 through :func:`expr_tracker.media.read.read_media` (a regular file inside the run's
 ``media`` folder, no symbolic link out, its hash checked), with its Content-Type.
@@ -22,10 +26,10 @@ from typing import Any
 from expr_tracker.history.codec import decode_line
 from expr_tracker.media.read import load_histogram, load_table, read_media
 from expr_tracker.ui.catalog import Catalog
-from expr_tracker.ui.errors import NotFound, Unreadable, why
+from expr_tracker.ui.errors import BadRequest, NotFound, Unreadable, why
 from expr_tracker.ui.parts import duckdb_cursor, metrics_sql
 
-__all__ = ["MAX_STEPS", "TABLE_ROWS", "media_file", "media_section"]
+__all__ = ["MAX_STEPS", "TABLE_ROWS", "media_file", "media_section", "media_table"]
 
 #: steps per media key sent to the page
 MAX_STEPS = 200
@@ -157,3 +161,60 @@ def media_file(catalog: Catalog, run_id: str, path: str) -> tuple[bytes, str]:
         raise Unreadable(f"{path[:100]!r}: {why(exc)}") from None
     except ValueError as exc:
         raise Unreadable(str(exc)) from None
+
+
+def _sort_key(v: Any) -> tuple[int, Any]:
+    """Numbers before strings before anything else, None last (as the page sorts)."""
+    if v is None:
+        return (3, 0)
+    if isinstance(v, (int, float)) and not isinstance(v, bool):
+        return (0, v) if v == v else (3, 0)  # NaN with the missing
+    if isinstance(v, (str, bool)):
+        return (1, str(v))
+    return (2, str(v))
+
+
+def media_table(
+    catalog: Catalog,
+    run_id: str,
+    path: str,
+    offset: int = 0,
+    limit: int = 25,
+    sort: str | None = None,
+    desc: bool = False,
+) -> dict[str, Any]:
+    """``{"columns", "data", "nrows", "offset"}``: rows ``offset`` .. ``offset + limit`` of
+    the run's table file ``path``, sorted by column ``sort`` first when given (numbers,
+    then text, missing last; ``desc`` reverses all but the missing).
+
+    Raises:
+        BadRequest: a negative offset, a limit outside 1..1000, or an unknown column.
+        NotFound: no such run or file. Unreadable: not a table of the run's media folder.
+    """
+    if offset < 0 or not 1 <= limit <= TABLE_ROWS:
+        raise BadRequest(f"offset must be >= 0 and limit in 1..{TABLE_ROWS}")
+    run_dir = _run_dir(catalog.get(run_id))
+    try:
+        t = load_table(run_dir, path, output_type="dict")
+    except FileNotFoundError:
+        raise NotFound(f"no media file {path[:100]!r} in run {run_id!r}") from None
+    except OSError as exc:
+        raise Unreadable(f"{path[:100]!r}: {why(exc)}") from None
+    except (ValueError, ImportError) as exc:
+        raise Unreadable(str(exc)) from None
+    columns = [str(c) for c in t["columns"]]
+    rows = t["data"]
+    if sort is not None:
+        if sort not in columns:
+            raise BadRequest(f"sort={sort[:80]!r} is not a column of the table")
+        j = columns.index(sort)
+        present = [r for r in rows if _sort_key(r[j])[0] < 3]
+        missing = [r for r in rows if _sort_key(r[j])[0] == 3]
+        present.sort(key=lambda r: _sort_key(r[j]), reverse=desc)
+        rows = present + missing
+    return {
+        "columns": columns,
+        "data": rows[offset : offset + limit],
+        "nrows": len(t["data"]),
+        "offset": offset,
+    }
