@@ -352,6 +352,11 @@ class Histogram(Media):
         return self.counts.tolist()
 
     @property
+    def histogram(self) -> list[Any]:
+        """The counts as a list (``wandb.Histogram``'s name)."""
+        return self.counts.tolist()
+
+    @property
     def bins(self) -> list[float]:
         """The edges as a list of floats (wandb's name)."""
         return self.edges.tolist()
@@ -433,6 +438,8 @@ def _cell(v: Any, field: str) -> Any:
             return _cell(v.item(), field)
         except (ValueError, RuntimeError):  # an array of more than one element
             pass
+    if mod.startswith("pandas") and type(v).__name__ in ("NAType", "NaTType"):
+        return None  # a nullable column's missing value
     if mod.startswith("pandas") and type(v).__name__ in ("Timestamp", "Timedelta"):
         return str(v)
     if mod.startswith("PIL."):

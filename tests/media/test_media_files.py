@@ -104,6 +104,9 @@ def test_a_table_comes_back_as_the_same_dataframe(tmp_path):
     assert back["data"][0][1]["_type"] == "image" and back["data"][0][1]["width"] == 3
     assert [r[2] for r in back["data"]] == [1, "x"]  # mixed kinds kept as they were
     assert back["data"][0][3] == 2**70 and back["data"][1][4] is None
+    # pandas' missing values of nullable columns are missing cells
+    nullable = pd.DataFrame({"a": pd.array([1, None], dtype="Int64"), "t": [pd.NaT, pd.NaT]})
+    assert et.Table(dataframe=nullable).data == [[1, None], [None, None]]
     # the same table, the same file
     again = et.Table(dataframe=df).to_ref(None)
     assert again["sha256"] == row["df"]["sha256"]

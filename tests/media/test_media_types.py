@@ -93,7 +93,7 @@ def test_histogram_counts_are_numpys_and_nonfinite_are_counted():
     h = et.Histogram(np.append(vals, [np.nan, np.inf]), num_bins=10)
     ref = h.to_ref(None)
     counts, edges = np.histogram(vals, bins=10)
-    assert h.values == counts.tolist() and h.bins == edges.tolist()
+    assert h.values == h.histogram == counts.tolist() and h.bins == edges.tolist()
     assert (ref["nonfinite"], ref["count"], ref["num_bins"]) == (2, 1000, 10)
     assert (ref["min"], ref["max"]) == (edges[0], edges[-1])
     h2 = et.Histogram(np_histogram=(counts, edges))
