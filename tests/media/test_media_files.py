@@ -263,15 +263,20 @@ def test_an_older_run_still_reads(tmp_path):
         load_histogram(run_dir, {"_type": "histogram", "values": [1], "bins": [0.0]})
 
 
-def test_export_and_mirrors_take_old_and_new_references(tmp_path):
+def test_export_copies_an_older_runs_table_and_its_image(tmp_path):
     pytest.importorskip("duckdb")
-    wandb = pytest.importorskip("wandb")
-    from expr_tracker.backends.mediaconv import MediaConverter
     from expr_tracker.query.export import export_runs
 
-    run_dir, row = legacy_run(tmp_path / "runs")
+    run_dir, _ = legacy_run(tmp_path / "runs")
     res = export_runs(run_dir, tmp_path / "out" / "x.jsonl")
     assert res["media"] == {**res["media"], "files": 2, "refused": 0}  # table + its image
+
+
+def test_mirrors_take_old_and_new_references(tmp_path):
+    wandb = pytest.importorskip("wandb")
+    from expr_tracker.backends.mediaconv import MediaConverter
+
+    run_dir, row = legacy_run(tmp_path / "runs")
     warnings: list[str] = []
     conv = MediaConverter(wandb, run_dir, warnings.append, "wandb")
     out = conv.row({"h": row["h"], "t": row["t"]})
