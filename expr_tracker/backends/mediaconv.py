@@ -2,8 +2,10 @@
 "Mirrors").
 
 A row reaches a mirror as it was written: an image is ``{"_type": "image", "path":
-"media/<sha256>.png", ...}``, a table ``{"_type": "table", "path": ...}``, a histogram
-``{"_type": "histogram", "values", "bins"}``. :class:`MediaConverter` turns them into the
+"media/<sha256>.png", ...}``, a histogram ``{"_type": "histogram", "path":
+"media/<sha256>.npz", ...}``, a table ``{"_type": "table", "path": "media/<sha256>.parquet",
+...}`` (older runs: a histogram's ``values`` and ``bins`` in the row, a table in
+``.table.json``). :class:`MediaConverter` reads the files and turns them into the
 library's ``Image(path, caption=)`` (the file in the run's media folder), ``Histogram(
 np_histogram=(values, bins))`` and ``Table(columns=, data=)`` (image cells as ``Image``,
 histogram cells as ``Histogram``); a list of image references (a gallery) into a list of
@@ -67,7 +69,7 @@ class MediaConverter:
                 out = dict(metrics)
             try:
                 out[key] = self._convert(value)
-            except (OSError, ValueError, TypeError) as exc:
+            except (OSError, ValueError, TypeError, ImportError) as exc:
                 del out[key]
                 if key not in self._warned:
                     self._warned.add(key)
@@ -85,41 +87,33 @@ class MediaConverter:
         if make is None:
             raise TypeError(f"{self.label} has no {kind.capitalize()} type")
         if kind == "histogram":
-            import numpy as np
+            from expr_tracker.media import load_histogram
 
-            counts = np.asarray(value.get("values"), dtype=np.float64)
-            bins = np.asarray(value.get("bins"), dtype=np.float64)
-            if counts.ndim != 1 or bins.shape != (counts.size + 1,):
-                raise ValueError(
-                    f"a histogram of {counts.size} values and {bins.size} bin edges "
-                    "(edges must be one more than values)"
-                )
-            return make(np_histogram=(counts, bins))
-        path, data = self._read(value)
+            counts, bins = self._wait(lambda: load_histogram(self.run_dir, value))
+            return make(np_histogram=(counts.astype("float64"), bins))
         if kind == "image":
+            from expr_tracker.media import media_path, read_media
+
+            self._wait(lambda: read_media(self.run_dir, value))  # name, place, SHA-256
+            path = media_path(self.run_dir, value)[0]
             caption = value.get("caption")
             return make(str(path), caption=caption) if caption else make(str(path))
-        from expr_tracker.history.codec import decode_line
+        from expr_tracker.media import load_table
 
-        table = decode_line(data)
-        if not isinstance(table, dict) or not isinstance(table.get("columns"), list):
-            raise ValueError(f"{value.get('path')}: not a table")
+        table = self._wait(lambda: load_table(self.run_dir, value, output_type="dict"))
         rows = [
             [self._convert(c) if isinstance(c, dict) and _is_media(c) else c for c in row]
-            for row in table.get("data") or []
+            for row in table["data"]
         ]
         return make(columns=table["columns"], data=rows)
 
-    def _read(self, ref: dict[str, Any]) -> tuple[Path, bytes]:
-        """The path and bytes of a reference's file, checked, waiting for the media thread
-        to write it."""
-        from expr_tracker.media import media_path, read_media
-
+    def _wait(self, read: Callable[[], Any]) -> Any:
+        """``read()`` (a checked read of a reference's file), retried while the file is
+        missing: the run's media thread writes it shortly after the row."""
         deadline = time.monotonic() + FILE_WAIT_S
         while True:
             try:
-                data = read_media(self.run_dir, ref)[0]  # name, place, size, SHA-256 checked
-                return media_path(self.run_dir, ref)[0], data
+                return read()
             except FileNotFoundError:
                 if time.monotonic() >= deadline:
                     raise

@@ -121,8 +121,11 @@ def media_label(ref: dict[str, Any]) -> str:
     if kind == "image":
         return f"<image {ref.get('width')}x{ref.get('height')}>"
     if kind == "histogram":
-        values = ref.get("values")
-        return f"<histogram {len(values) if isinstance(values, list) else '?'} bins>"
+        n = ref.get("num_bins")  # older runs: the counts themselves in the row
+        if not isinstance(n, int) or isinstance(n, bool):
+            values = ref.get("values")
+            n = len(values) if isinstance(values, list) else "?"
+        return f"<histogram {n} bins>"
     if kind == "table":
         return f"<table {ref.get('nrows')}x{ref.get('ncols')}>"
     return f"<{kind}>"

@@ -2,7 +2,12 @@
 inside the run's ``media/`` folder, checked as every reader checks a file that may come
 from anyone (``history/untrusted.py``): the name must be ``media/<64 hex>.<ext>`` with a
 known extension, the file opened must be a regular file inside the run's media folder (no
-``..``, no symbolic link out), bounded in size, and its SHA-256 must match its name.
+``..``, no symbolic link out), bounded in size, and its SHA-256 must match its name. The
+content is then decoded by its format's own module, which checks it again
+(``media/npz.py``, ``media/parquet.py``, ``media/png.py``).
+
+Runs written before histograms and tables had files of their own still read: a histogram
+reference holding ``values`` and ``bins`` in the row, a table in ``media/<sha256>.table.json``.
 """
 
 from __future__ import annotations
@@ -19,6 +24,7 @@ from expr_tracker.history.untrusted import UnsafeFileError, read_regular
 __all__ = [
     "CONTENT_TYPES",
     "MAX_READ_BYTES",
+    "load_histogram",
     "load_image",
     "load_table",
     "media_path",
@@ -30,9 +36,11 @@ CONTENT_TYPES = {
     "png": "image/png",
     "jpg": "image/jpeg",
     "gif": "image/gif",
-    "table.json": "application/json",
+    "npz": "application/zip",
+    "parquet": "application/vnd.apache.parquet",
+    "table.json": "application/json",  # tables of runs written before Parquet
 }
-_NAME = re.compile(r"^media/([0-9a-f]{64})\.(png|jpg|gif|table\.json)$")
+_NAME = re.compile(r"^media/([0-9a-f]{64})\.(png|jpg|gif|npz|parquet|table\.json)$")
 #: the largest media file read whole
 MAX_READ_BYTES = 256 << 20
 
@@ -49,7 +57,7 @@ def media_path(run_dir: str | os.PathLike[str], ref: Any) -> tuple[Path, str, st
     m = _NAME.match(rel)
     if m is None:
         raise ValueError(
-            f"media path {rel[:80]!r} is not valid: media/<sha256>.<png|jpg|gif|table.json>"
+            f"media path {rel[:80]!r} is not valid: media/<sha256>.<png|jpg|gif|npz|parquet|table.json>"
         )
     return Path(run_dir) / rel, m.group(1), m.group(2)
 
@@ -94,19 +102,81 @@ def load_image(run_dir: str | os.PathLike[str], ref: Any) -> Any:
     return a
 
 
+def load_histogram(run_dir: str | os.PathLike[str], ref: Any) -> tuple[Any, Any]:
+    """``(counts, edges)`` of a histogram reference: NumPy arrays of N counts (int64, or
+    float64 for fractional counts) and N + 1 float64 edges. A reference of an older run,
+    holding ``values`` and ``bins`` itself, is read without a file.
+
+    Raises: what :func:`read_media` raises; ValueError for a reference that is not a
+    histogram or a file that is not a valid histogram (``media/npz.py``).
+    """
+    import numpy as np
+
+    if isinstance(ref, dict) and ref.get("path") is None and "values" in ref:
+        counts, edges = ref.get("values"), ref.get("bins")
+        if not isinstance(counts, list) or not isinstance(edges, list):
+            raise ValueError("a histogram reference whose values and bins are not lists")
+        from expr_tracker.media.types import Histogram
+
+        try:
+            h = Histogram(np_histogram=(np.asarray(counts), np.asarray(edges)))
+        except (TypeError, ValueError) as exc:
+            raise ValueError(f"a histogram reference that is not valid: {exc}") from None
+        return h.counts, h.edges
+    data, ctype = read_media(run_dir, ref)
+    if ctype != CONTENT_TYPES["npz"]:
+        raise ValueError(f"{_rel(ref)}: not a histogram")
+    from expr_tracker.media.npz import decode_histogram
+
+    try:
+        return decode_histogram(data)
+    except ValueError as exc:
+        raise ValueError(f"{_rel(ref)}: {exc}") from None
+
+
+def _rel(ref: Any) -> str:
+    rel = ref.get("path") if isinstance(ref, dict) else ref
+    return str(rel)[:100]
+
+
+def _decode_cell(text: Any) -> Any:
+    return None if text is None else decode_line(text)
+
+
 def load_table(run_dir: str | os.PathLike[str], ref: Any, output_type: str = "pandas") -> Any:
     """A table reference's content: a pandas DataFrame (``output_type="pandas"``) or the
-    dict ``{"columns": [...], "data": [[...], ...]}`` (``"dict"``); image cells are their
-    reference dicts.
+    dict ``{"columns": [...], "data": [[...], ...]}`` (``"dict"``); image and histogram
+    cells are their reference dicts. A table logged from a DataFrame comes back with its
+    numeric and bool dtypes (``media/parquet.py``); tables of older runs
+    (``.table.json``) read as before.
 
     Raises: what :func:`read_media` raises; ValueError for a bad ``output_type`` or a file
-    that is not a table.
+    that is not a table (or passes the bounds of ``media/parquet.py``); ImportError when a
+    Parquet table is read without pyarrow.
     """
     if output_type not in ("pandas", "dict"):
         raise ValueError(f"output_type={output_type!r} is not valid: 'pandas' or 'dict'")
     data, ctype = read_media(run_dir, ref)
-    if ctype != "application/json":
-        raise ValueError(f"{ref.get('path') if isinstance(ref, dict) else ref}: not a table")
+    if ctype == CONTENT_TYPES["parquet"]:
+        from expr_tracker.media.parquet import decode_table
+
+        try:
+            table, json_cols = decode_table(data)
+            columns = [str(c) for c in table.column_names]
+            if output_type == "dict":
+                cols = []
+                for name, col in zip(columns, table.columns, strict=True):
+                    cells = col.to_pylist()
+                    cols.append([_decode_cell(c) for c in cells] if name in json_cols else cells)
+                return {"columns": columns, "data": [list(r) for r in zip(*cols, strict=True)]}
+            df = table.to_pandas()
+            for name in json_cols:
+                df[name] = [_decode_cell(c) for c in table.column(name).to_pylist()]
+            return df
+        except ValueError as exc:
+            raise ValueError(f"{_rel(ref)}: {exc}") from None
+    if ctype != CONTENT_TYPES["table.json"]:
+        raise ValueError(f"{_rel(ref)}: not a table")
     table = decode_line(data)
     if (
         not isinstance(table, dict)

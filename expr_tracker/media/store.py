@@ -4,9 +4,9 @@ plain scalars (docs/media.md "What a row holds").
 The history store calls :meth:`MediaStore.convert` only for values whose type is not
 float, int, str, bool or None, so logging numbers costs what it did. ``convert`` turns
 
-- ``et.Image`` / ``et.Table`` into a reference whose file is written content-addressed,
-  ``media/<sha256>.<ext>``, by this store's own thread (never the training thread, never
-  under the history lock); ``et.Histogram`` into counts and edges held in the row;
+- ``et.Image`` / ``et.Histogram`` / ``et.Table`` into a reference whose file (PNG, ``.npz``,
+  Parquet) is written content-addressed, ``media/<sha256>.<ext>``, by this store's own
+  thread (never the training thread, never under the history lock);
 - a list or tuple of ``et.Image`` (a gallery) into a list of references;
 - a NumPy array or torch tensor: one element -> a float (or int/bool); more -> a
   histogram of 64 bins, with one warning per process saying so (as wandb does); beyond

@@ -1,24 +1,26 @@
 """``et.Image``, ``et.Histogram``, ``et.Table``: values for ``et.log`` that are more than a
 number (docs/media.md).
 
-Each object does its expensive work when it is made, on the caller's thread (an image is
-encoded to PNG bytes, a histogram's counts are computed), so logging it costs the store a
-file write handed to a background thread and a small reference in the row. The reference
-is a plain dict with a ``_type`` (``image``, ``histogram``, ``table``), which is what
-``et.history()`` and every reader hand back.
+Each object does its expensive work on the caller's thread (an image is encoded to PNG
+bytes when made, a histogram's counts computed when made and packed into a small ``.npz``
+when logged, a table written as Parquet when logged), so logging it costs the store a file
+write handed to a background thread and a small reference in the row. The reference is a
+plain dict with a ``_type`` (``image``, ``histogram``, ``table``), which is what
+``et.history()`` and every reader hand back (docs/media.md "Storage layout").
 
-NumPy is imported when an object is made; torch and Pillow only when given one of theirs.
+NumPy is imported when an object is made; pyarrow when a table is logged; torch and Pillow
+only when given one of theirs.
 """
 
 from __future__ import annotations
 
 import hashlib
-import math
 import os
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any, Protocol
 
+from expr_tracker.media.npz import MAX_BINS, encode_histogram
 from expr_tracker.media.png import encode_png, png_size
 
 __all__ = [
@@ -30,8 +32,6 @@ __all__ = [
     "Table",
 ]
 
-#: the most bins a histogram may have (as wandb)
-MAX_BINS = 512
 #: the file kinds an image given as a path may be, by their first bytes -> extension
 _MAGIC = {
     b"\x89PNG\r\n\x1a\n": "png",
@@ -262,7 +262,8 @@ def _convert_mode(a: Any, mode: str) -> Any:
 
 
 class Histogram(Media):
-    """A histogram for ``et.log`` (as ``wandb.Histogram``), stored in the row itself.
+    """A histogram for ``et.log`` (as ``wandb.Histogram``), stored as
+    ``media/<sha256>.npz``.
 
     Args:
         sequence: values (a sequence, NumPy array or torch tensor of any shape, flattened);
@@ -271,8 +272,11 @@ class Histogram(Media):
             (``len(edges) == len(counts) + 1``), instead of ``sequence``.
         num_bins: bins between the finite minimum and maximum, 1..512 (default 64).
 
-    The row holds ``{"_type": "histogram", "values": counts, "bins": edges}`` (wandb's
-    names), plus ``nonfinite`` when values were left out.
+    ``counts`` (int64, or float64 when ``np_histogram`` gave fractional counts) and ``edges``
+    (float64) are NumPy arrays of N and N + 1 values. The row holds a reference
+    ``{"_type": "histogram", "path", "sha256", "num_bins", "count", "min", "max"}`` (plus
+    ``nonfinite`` when values were left out); the arrays are in the file
+    (:func:`expr_tracker.media.load_histogram` reads them back).
 
     Raises:
         ValueError: both or neither of ``sequence`` and ``np_histogram``, a bad
@@ -280,7 +284,7 @@ class Histogram(Media):
     """
 
     _type = "histogram"
-    __slots__ = ("bins", "nonfinite", "values")
+    __slots__ = ("_data", "counts", "edges", "nonfinite")
 
     def __init__(
         self,
@@ -292,11 +296,12 @@ class Histogram(Media):
         if (sequence is None) == (np_histogram is None):
             raise ValueError("Histogram takes one of sequence= or np_histogram=(counts, edges)")
         self.nonfinite = 0
+        self._data: bytes | None = None
         if np_histogram is not None:
             if not isinstance(np_histogram, (tuple, list)) or len(np_histogram) != 2:
                 raise ValueError("Histogram(np_histogram=) must be a pair (counts, edges)")
             counts = _to_numpy(np_histogram[0]).ravel()
-            edges = _to_numpy(np_histogram[1]).ravel().astype(float)
+            edges = _to_numpy(np_histogram[1]).ravel().astype(np.float64)
             if len(edges) != len(counts) + 1 or len(counts) == 0:
                 raise ValueError(
                     f"Histogram(np_histogram=): {len(counts)} counts need {len(counts) + 1} "
@@ -308,8 +313,8 @@ class Histogram(Media):
                 )
             if not np.isfinite(edges).all() or (np.diff(edges) < 0).any():
                 raise ValueError("Histogram(np_histogram=): edges must be finite and increasing")
-            self.values = [_num(c) for c in counts.tolist()]
-            self.bins = [float(e) for e in edges.tolist()]
+            self.counts = _counts(counts)
+            self.edges = edges
             return
         if type(num_bins) is not int or not 1 <= num_bins <= MAX_BINS:
             raise ValueError(
@@ -329,7 +334,6 @@ class Histogram(Media):
                 self.nonfinite = int(a.size - int(finite.sum()))
                 a = a[finite]
         if a.size == 0:
-            a = np.zeros(0)
             counts, edges = np.zeros(num_bins, dtype=np.int64), np.linspace(0.0, 1.0, num_bins + 1)
         else:
             a = a.astype(np.float64, copy=False)
@@ -339,29 +343,83 @@ class Histogram(Media):
             else:  # a range past float64's largest: bin halved values, double the edges
                 counts, edges = np.histogram(a / 2.0, bins=num_bins)
                 edges = np.clip(edges * 2.0, lo, hi)
-        self.values = [int(c) for c in counts.tolist()]
-        self.bins = [float(e) for e in edges.tolist()]
+        self.counts = counts.astype(np.int64, copy=False)
+        self.edges = edges.astype(np.float64, copy=False)
+
+    @property
+    def values(self) -> list[Any]:
+        """The counts as a list (ints, or floats for fractional counts)."""
+        return self.counts.tolist()
+
+    @property
+    def histogram(self) -> list[Any]:
+        """The counts as a list (``wandb.Histogram``'s name)."""
+        return self.counts.tolist()
+
+    @property
+    def bins(self) -> list[float]:
+        """The edges as a list of floats (wandb's name)."""
+        return self.edges.tolist()
+
+    @property
+    def data(self) -> bytes:
+        """The ``.npz`` file's bytes (deterministic: the same histogram, the same bytes)."""
+        if self._data is None:
+            self._data = encode_histogram(self.counts, self.edges)
+        return self._data
 
     def to_ref(self, sink: MediaSink | None) -> dict[str, Any] | None:
-        ref: dict[str, Any] = {"_type": "histogram", "values": self.values, "bins": self.bins}
+        data = self.data
+        total = self.counts.sum()
+        ref: dict[str, Any] = {
+            "_type": "histogram",
+            "path": None,
+            "sha256": hashlib.sha256(data).hexdigest(),
+            "num_bins": int(self.counts.shape[0]),
+            "count": int(total) if self.counts.dtype.kind == "i" else float(total),
+            "min": float(self.edges[0]),
+            "max": float(self.edges[-1]),
+        }
+        if sink is not None:
+            put = sink.put(data, "npz")
+            if put is None:
+                return None
+            ref["path"] = put[0]
         if self.nonfinite:
             ref["nonfinite"] = self.nonfinite
         return ref
 
     def __repr__(self) -> str:
-        return f"et.Histogram({len(self.values)} bins, {sum(self.values)} values)"
+        return f"et.Histogram({len(self.counts)} bins, {self.counts.sum()} values)"
 
 
-def _num(c: Any) -> Any:
-    """A count as an int when it is one, else a finite float (np_histogram may be density)."""
-    if isinstance(c, bool):
-        return int(c)
-    if isinstance(c, int):
-        return c
-    f = float(c)
-    if not math.isfinite(f):
-        raise ValueError(f"Histogram(np_histogram=): count {c!r} is not finite")
-    return int(f) if f.is_integer() else f
+def _counts(c: Any) -> Any:
+    """Counts as int64 when they are whole numbers, else float64 (np_histogram may be a
+    density); NaN or ±inf is an error."""
+    np = _np()
+    if c.dtype.kind in "biu":
+        return c.astype(np.int64)
+    try:
+        f = c.astype(np.float64)
+    except (TypeError, ValueError):
+        raise ValueError(
+            f"Histogram(np_histogram=): counts of dtype {c.dtype} are not numbers"
+        ) from None
+    if not np.isfinite(f).all():
+        bad = f[~np.isfinite(f)][0]
+        raise ValueError(f"Histogram(np_histogram=): count {bad!r} is not finite")
+    whole = np.all(f == np.rint(f)) and np.all(np.abs(f) < 2.0**63)
+    return f.astype(np.int64) if whole else f
+
+
+#: column names a table's reference lists
+_REF_COLUMNS = 64
+
+
+def _kept_dtype(t: Any) -> Any:
+    """A DataFrame column's NumPy dtype when Parquet keeps it (numbers, bools), else None."""
+    np = _np()
+    return t if isinstance(t, np.dtype) and t.kind in "biuf" and t.itemsize <= 8 else None
 
 
 def _cell(v: Any, field: str) -> Any:
@@ -380,6 +438,8 @@ def _cell(v: Any, field: str) -> Any:
             return _cell(v.item(), field)
         except (ValueError, RuntimeError):  # an array of more than one element
             pass
+    if mod.startswith("pandas") and type(v).__name__ in ("NAType", "NaTType"):
+        return None  # a nullable column's missing value
     if mod.startswith("pandas") and type(v).__name__ in ("Timestamp", "Timedelta"):
         return str(v)
     if mod.startswith("PIL."):
@@ -391,7 +451,8 @@ def _cell(v: Any, field: str) -> Any:
 
 
 class Table(Media):
-    """A table for ``et.log`` (as ``wandb.Table``), stored as ``media/<sha256>.table.json``.
+    """A table for ``et.log`` (as ``wandb.Table``), stored as ``media/<sha256>.parquet``
+    (needs pyarrow).
 
     Args:
         columns: column names (strings; default ``col0``, ``col1`` ... from the first row).
@@ -399,8 +460,13 @@ class Table(Media):
             number, string, bool, None, an ``et.Image`` (stored as its own file, the table
             holding its reference) or an ``et.Histogram``; NumPy and torch scalars become
             numbers, PIL images become ``et.Image``.
-        dataframe: a pandas DataFrame instead of ``columns`` and ``data``.
+        dataframe: a pandas DataFrame instead of ``columns`` and ``data``; its numeric and
+            bool columns keep their dtypes in the file (``int32`` reads back as ``int32``).
         rows: wandb's other name of ``data``.
+
+    The row holds ``{"_type": "table", "path", "sha256", "nrows", "ncols", "columns"}``
+    (``columns``: the first 64 names); :func:`expr_tracker.media.load_table` reads the
+    table back.
 
     Raises:
         ValueError: both ``data`` and ``dataframe``, a row of the wrong length, a column
@@ -409,7 +475,7 @@ class Table(Media):
     """
 
     _type = "table"
-    __slots__ = ("columns", "data")
+    __slots__ = ("columns", "data", "dtypes")
 
     def __init__(
         self,
@@ -423,10 +489,12 @@ class Table(Media):
             if data is not None:
                 raise ValueError("Table takes data= or rows=, not both")
             data = rows
+        dtypes: list[Any] | None = None
         if dataframe is not None:
             if data is not None:
                 raise ValueError("Table takes data= or dataframe=, not both")
             columns = [str(c) for c in dataframe.columns]
+            dtypes = [_kept_dtype(t) for t in dataframe.dtypes]
             data = dataframe.itertuples(index=False, name=None)
         # a string is a sequence too: "abc" would be three rows of one letter each
         if isinstance(data, (str, bytes)):
@@ -434,6 +502,7 @@ class Table(Media):
                 f"Table(data): rows are sequences of cells (a list of lists), got a "
                 f"{type(data).__name__}"
             )
+        self.dtypes = dtypes
         rows_in = []
         for i, r in enumerate(data or []):
             if isinstance(r, (str, bytes)):
@@ -477,14 +546,12 @@ class Table(Media):
         )
 
     def to_ref(self, sink: MediaSink | None) -> dict[str, Any] | None:
-        import json
+        from expr_tracker.media.parquet import encode_table
 
         out = []
         for r in self.data:
             out.append([v.to_ref(sink) if isinstance(v, Media) else v for v in r])
-        body = json.dumps(
-            {"columns": self.columns, "data": out}, ensure_ascii=False, separators=(",", ":")
-        ).encode("utf-8")
+        body = encode_table(self.columns, out, self.dtypes)
         sha = hashlib.sha256(body).hexdigest()
         ref: dict[str, Any] = {
             "_type": "table",
@@ -492,9 +559,10 @@ class Table(Media):
             "sha256": sha,
             "nrows": len(self.data),
             "ncols": len(self.columns),
+            "columns": self.columns[:_REF_COLUMNS],
         }
         if sink is not None:
-            put = sink.put(body, "table.json")
+            put = sink.put(body, "parquet")
             if put is None:
                 return None
             ref["path"] = put[0]

@@ -1,7 +1,9 @@
 """The media files of an export (``et export``, docs/media.md "Exporting").
 
 Rows hold references like ``{"_type": "image", "path": "media/<sha256>.png", ...}`` (and
-``table`` references to ``media/<sha256>.table.json``), relative to the run directory. An
+``histogram`` references to ``media/<sha256>.npz``, ``table`` references to
+``media/<sha256>.parquet``, or ``.table.json`` in older runs), relative to the run
+directory; a histogram of an older run holds its counts in the row and has no file. An
 export copies each referenced file once into a media folder beside its output:
 
 - one file ``out.parquet``: ``media/`` next to it, so the references keep their
@@ -15,9 +17,9 @@ export copies each referenced file once into a media folder beside its output:
 Sources are read as every media reader reads them (:func:`expr_tracker.media.read_media`: a
 name ``media/<64 hex>.<ext>``, a regular file inside the run's media folder, its SHA-256 its
 name); a reference whose name or file fails that is left as it is in the row, not copied,
-counted in ``refused`` and named in one warning. A table's image cells are copied too (the
-table file itself is copied unchanged: its name is its hash, and its cells' ``media/...``
-paths resolve against the media folder's parent, as in a run). Each file is written to a
+counted in ``refused`` and named in one warning. A table's image and histogram cells are
+copied too (the table file itself is copied unchanged: its name is its hash, and its cells'
+``media/...`` paths resolve against the media folder's parent, as in a run). Each file is written to a
 temporary name and renamed; files this export created are removed again when it fails.
 """
 
@@ -38,10 +40,10 @@ MEDIA_FOLDER = "_media"
 
 log = logging.getLogger("expr_tracker")
 
-_REF_TYPES = ("image", "table")
+_REF_TYPES = ("image", "histogram", "table")
 # a reference's path inside the compact JSON text of a cell (our codec writes no spaces);
 # RE2 syntax (pyarrow.compute)
-_PATH_RE = r'("path":")media/([0-9a-f]{64}\.(?:png|jpg|gif|table\.json)")'
+_PATH_RE = r'("path":")media/([0-9a-f]{64}\.(?:png|jpg|gif|npz|parquet|table\.json)")'
 
 
 class MediaCopier:
@@ -118,7 +120,7 @@ class MediaCopier:
 
         Raises: OSError when the destination cannot be written (a source that cannot be
         read or verified is refused, not raised)."""
-        from expr_tracker.media import read_media
+        from expr_tracker.media import load_table, read_media
 
         done: set[str] = set()
         todo = list(self.wanted.items())
@@ -128,15 +130,15 @@ class MediaCopier:
                 continue
             done.add(rel)
             try:
-                data, ctype = read_media(run_dir, rel)
+                data = read_media(run_dir, rel)[0]
             except (OSError, ValueError) as exc:
                 self.refused.append(f"{run_dir}/{rel} ({exc})")
                 continue
-            if ctype == "application/json":
+            if rel.endswith((".parquet", ".table.json")):
                 try:
-                    table = json.loads(data)
-                except ValueError:
-                    table = None
+                    table = load_table(run_dir, rel, output_type="dict")
+                except (OSError, ValueError, ImportError):
+                    table = None  # copied all the same: a reader says what is wrong with it
                 for ref in _refs(table.get("data") if isinstance(table, dict) else None):
                     before = len(self.wanted)
                     self._want(run_dir, ref.get("path"))
@@ -211,7 +213,7 @@ def prefix_for(media_dir: Path, base: Path) -> str:
 
 
 def is_media_name(name: str) -> bool:
-    """Whether ``name`` is a media file's name, ``<sha256>.<png|jpg|gif|table.json>``."""
+    """Whether ``name`` is a media file's name, ``<sha256>.<png|jpg|gif|npz|parquet|table.json>``."""
     from expr_tracker.media import media_path
 
     try:

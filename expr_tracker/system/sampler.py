@@ -5,6 +5,11 @@ It never slows or breaks training: it runs on its own daemon thread, shares no l
 ``log()`` (its own file writer, written on this thread; its own warning counter; its own
 alert engine), drops a probe after that probe's first failure with one warning, and
 ``close(timeout)`` waits for it at most ``timeout`` seconds.
+
+A run that ends while the thread is still making its probes (``import psutil`` can take
+seconds on a loaded machine) is not held up by them, and what that import then does is
+not reported: an import cut short by the run's end or the interpreter's shutdown says
+nothing about psutil, and no sample would follow it anyway (docs/system.md).
 """
 
 from __future__ import annotations
@@ -12,6 +17,7 @@ from __future__ import annotations
 import logging
 import math
 import os
+import sys
 import threading
 import time
 from collections.abc import Callable
@@ -111,6 +117,9 @@ class SystemSampler:
             self._probes = list(self._make_probes())
         except Exception as exc:  # noqa: BLE001
             self._probes = []
+            if self._stop.is_set() or sys.is_finalizing():  # the module docstring
+                log.debug("expr_tracker: system probes not made, the run ended: %s", exc)
+                return
             self.warner.warn(
                 ("system", "probes"),
                 "expr_tracker: system metrics are off: %s",
@@ -177,11 +186,14 @@ class SystemSampler:
 
     def close(self, timeout: float = 2.0) -> bool:
         """Stop the thread and wait for it at most ``timeout`` seconds (a probe stuck in a
-        driver call is given up on: the thread is a daemon). True when it stopped. In a
+        driver call is given up on: the thread is a daemon). True when it stopped, or
+        when it is still making its probes (it stops after them without sampling). In a
         forked child (where the thread does not run) it returns at once."""
         self._stop.set()
         t = self._thread
         if t is None or os.getpid() != self._pid or t is threading.current_thread():
+            return True
+        if self._probes is None:  # still making its probes: nothing is sampled after them
             return True
         t.join(timeout)
         if t.is_alive():

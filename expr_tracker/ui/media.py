@@ -4,9 +4,15 @@ dashboard").
 :func:`media_section` finds the media keys of a run's main producers in the columnar cache
 (values that are media references: images, galleries, histograms, tables) with their
 steps: images as references per step (the page asks each file by its name), histograms as
-counts and edges per step (a heatmap of bins × steps and the latest as bars), and the
-latest table's content (its first :data:`TABLE_ROWS` rows). At most :data:`MAX_STEPS`
-steps per key are sent, spread evenly over the run and always with the last one.
+counts and edges per step, read from their ``.npz`` files (a heatmap of bins × steps and
+the latest as bars; a file that cannot be read leaves its step out, named in ``error``),
+and the latest table's content, read from its Parquet file (its first :data:`TABLE_ROWS`
+rows). At most :data:`MAX_STEPS` steps per key are sent, spread evenly over the run and
+always with the last one.
+
+:func:`media_table` serves one page of a table larger than what the section sends, sorted
+over the whole table by one column (the page asks it when a table has more than
+:data:`TABLE_ROWS` rows).
 
 :func:`media_file` serves one file: only a name ``media/<sha256>.<ext>`` of the run, read
 through :func:`expr_tracker.media.read.read_media` (a regular file inside the run's
@@ -18,12 +24,12 @@ from __future__ import annotations
 from typing import Any
 
 from expr_tracker.history.codec import decode_line
-from expr_tracker.media.read import load_table, read_media
+from expr_tracker.media.read import load_histogram, load_table, read_media
 from expr_tracker.ui.catalog import Catalog
-from expr_tracker.ui.errors import NotFound, Unreadable, why
+from expr_tracker.ui.errors import BadRequest, NotFound, Unreadable, why
 from expr_tracker.ui.parts import duckdb_cursor, metrics_sql
 
-__all__ = ["MAX_STEPS", "TABLE_ROWS", "media_file", "media_section"]
+__all__ = ["MAX_STEPS", "TABLE_ROWS", "media_file", "media_section", "media_table"]
 
 #: steps per media key sent to the page
 MAX_STEPS = 200
@@ -92,15 +98,29 @@ def media_section(catalog: Catalog, run_id: str) -> dict:
         kind = "image" if "image" in kinds else kinds[0]
         steps = _spread(sorted(s for s, v in by_step.items() if _kind(v) == kind), MAX_STEPS)
         items: list[Any] = []
+        kept: list[int] = []
+        bad = 0
         for s in steps:
             v = by_step[s]
             if kind == "image":
                 refs = v if isinstance(v, list) else [v]
                 items.append([_image_ref(r) for r in refs])
             elif kind == "histogram":
-                items.append({"values": v.get("values"), "bins": v.get("bins")})
+                try:
+                    counts, edges = load_histogram(run_dir, v)
+                except (OSError, ValueError) as exc:
+                    if not bad:
+                        msg = why(exc) if isinstance(exc, OSError) else str(exc)
+                        errors.append(f"histogram {key!r} at step {s}: {msg}")
+                    bad += 1
+                    continue
+                items.append({"values": counts.tolist(), "bins": edges.tolist()})
             else:
                 items.append(_image_ref(v))
+            kept.append(s)
+        if bad > 1:
+            errors.append(f"histogram {key!r}: {bad} steps unreadable in all")
+        steps = kept
         entry: dict[str, Any] = {"key": key, "kind": kind, "steps": steps, "items": items}
         if kind == "table" and steps:
             try:
@@ -141,3 +161,60 @@ def media_file(catalog: Catalog, run_id: str, path: str) -> tuple[bytes, str]:
         raise Unreadable(f"{path[:100]!r}: {why(exc)}") from None
     except ValueError as exc:
         raise Unreadable(str(exc)) from None
+
+
+def _sort_key(v: Any) -> tuple[int, Any]:
+    """Numbers before strings before anything else, None last (as the page sorts)."""
+    if v is None:
+        return (3, 0)
+    if isinstance(v, (int, float)) and not isinstance(v, bool):
+        return (0, v) if v == v else (3, 0)  # NaN with the missing
+    if isinstance(v, (str, bool)):
+        return (1, str(v))
+    return (2, str(v))
+
+
+def media_table(
+    catalog: Catalog,
+    run_id: str,
+    path: str,
+    offset: int = 0,
+    limit: int = 25,
+    sort: str | None = None,
+    desc: bool = False,
+) -> dict[str, Any]:
+    """``{"columns", "data", "nrows", "offset"}``: rows ``offset`` .. ``offset + limit`` of
+    the run's table file ``path``, sorted by column ``sort`` first when given (numbers,
+    then text, missing last; ``desc`` reverses all but the missing).
+
+    Raises:
+        BadRequest: a negative offset, a limit outside 1..1000, or an unknown column.
+        NotFound: no such run or file. Unreadable: not a table of the run's media folder.
+    """
+    if offset < 0 or not 1 <= limit <= TABLE_ROWS:
+        raise BadRequest(f"offset must be >= 0 and limit in 1..{TABLE_ROWS}")
+    run_dir = _run_dir(catalog.get(run_id))
+    try:
+        t = load_table(run_dir, path, output_type="dict")
+    except FileNotFoundError:
+        raise NotFound(f"no media file {path[:100]!r} in run {run_id!r}") from None
+    except OSError as exc:
+        raise Unreadable(f"{path[:100]!r}: {why(exc)}") from None
+    except (ValueError, ImportError) as exc:
+        raise Unreadable(str(exc)) from None
+    columns = [str(c) for c in t["columns"]]
+    rows = t["data"]
+    if sort is not None:
+        if sort not in columns:
+            raise BadRequest(f"sort={sort[:80]!r} is not a column of the table")
+        j = columns.index(sort)
+        present = [r for r in rows if _sort_key(r[j])[0] < 3]
+        missing = [r for r in rows if _sort_key(r[j])[0] == 3]
+        present.sort(key=lambda r: _sort_key(r[j]), reverse=desc)
+        rows = present + missing
+    return {
+        "columns": columns,
+        "data": rows[offset : offset + limit],
+        "nrows": len(t["data"]),
+        "offset": offset,
+    }

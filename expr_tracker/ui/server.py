@@ -22,7 +22,9 @@ Endpoints (every run is named by its ``run`` id from ``/api/runs``, looked up, n
   (``system``: per node, its producer, host and metrics).
 - ``/api/media?run=ID``: the run's media keys, their steps and references, histograms'
   counts, the latest table's rows (``ui/media.py``); ``/api/media/file?run=ID&path=
-  media/<sha256>.<ext>``: one media file, only from the run's ``media`` folder.
+  media/<sha256>.<ext>``: one media file, only from the run's ``media`` folder;
+  ``/api/media/table?run=ID&path=...&offset=&limit=&sort=COL&desc=1``: one page of a
+  table, sorted over the whole table.
 - ``/api/series?run=ID&metric=M&x=step|time|METRIC&width=W[&lo=&hi=][&producer=P]
   [&smooth=ema:W|mean:N]``: one metric, downsampled to ``W`` buckets over the x range
   ``[lo, hi]`` (one producer's only), with its smoothed series computed on the raw one.
@@ -305,6 +307,19 @@ def create_app(
     def api_media(request: Any) -> Any:
         return media.media_section(catalog, q_str(request, "run"))
 
+    def api_media_table(request: Any) -> Any:
+        qp = request.query_params
+        limit = q_int(request, "limit", 25)
+        return media.media_table(
+            catalog,
+            q_str(request, "run"),
+            q_str(request, "path"),
+            offset=q_int(request, "offset", 0) or 0,
+            limit=25 if limit is None else limit,
+            sort=qp.get("sort") or None,
+            desc=qp.get("desc") in ("1", "true"),
+        )
+
     def media_file(request: Any) -> Any:
         """One media file of a run (ui/media.py): its own Content-Type, nosniff, and a
         sandbox so even a file a browser would run cannot run here."""
@@ -457,6 +472,7 @@ def create_app(
         Route("/api/run", endpoint(api_run), methods=["GET"]),
         Route("/api/media", endpoint(api_media), methods=["GET"]),
         Route("/api/media/file", media_file, methods=["GET"]),
+        Route("/api/media/table", endpoint(api_media_table, is_heavy=True), methods=["GET"]),
         Route("/api/series", endpoint(api_series), methods=["GET"]),
         Route("/api/overlay", endpoint(api_overlay), methods=["GET"]),
         Route("/api/points", endpoint(api_points), methods=["GET"]),

@@ -104,7 +104,7 @@ def test_logged_values_round_trip(tmp_path):
     et.finish()
     row = json.loads((run.dir / "metrics.jsonl").read_text())
     # an array logged bare is a histogram, as in wandb (docs/media.md "Arrays")
-    assert row["arr"]["_type"] == "histogram" and sum(row["arr"]["values"]) == 2
+    assert row["arr"]["_type"] == "histogram" and row["arr"]["count"] == 2
     assert row["np"] == 0.5 and row["when"] == "2026-01-02"
     assert row["path"] == "x" and row["color"] == "red" and row["opaque"] == "<opaque>"
 

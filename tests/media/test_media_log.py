@@ -11,7 +11,7 @@ import pytest
 
 import expr_tracker as et
 from expr_tracker.history.untrusted import UnsafeFileError
-from expr_tracker.media import load_image, load_table, read_media
+from expr_tracker.media import load_histogram, load_image, load_table, read_media
 
 
 def _init(tmp_path, **kw):
@@ -35,81 +35,20 @@ def test_images_tables_and_histograms_land_in_the_row_and_on_disk(tmp_path):
     back = load_table(run_dir, rows[0]["tab"])
     pd.testing.assert_frame_equal(back, df)
     assert [g["path"] for g in rows[1]["gallery"]][0] == ref["path"]  # stored once
-    assert rows[1]["h"]["values"] == [
-        1,
-        0,
-        0,
-        0,
-        0,
-        0,
-        0,
-        0,
-        0,
-        0,
-        0,
-        0,
-        0,
-        0,
-        0,
-        0,
-        0,
-        0,
-        0,
-        0,
-        0,
-        0,
-        0,
-        0,
-        0,
-        0,
-        0,
-        0,
-        0,
-        0,
-        0,
-        0,
-        0,
-        0,
-        0,
-        0,
-        0,
-        0,
-        0,
-        0,
-        0,
-        0,
-        0,
-        0,
-        0,
-        0,
-        0,
-        0,
-        0,
-        0,
-        0,
-        0,
-        0,
-        0,
-        0,
-        0,
-        0,
-        0,
-        0,
-        0,
-        0,
-        0,
-        0,
-        2,
-    ]
+    h = rows[1]["h"]
+    assert h["path"] == f"media/{h['sha256']}.npz" and (h["num_bins"], h["count"]) == (64, 3)
+    counts, edges = load_histogram(run_dir, h)
+    assert counts.tolist() == [1] + [0] * 62 + [2] and (edges[0], edges[-1]) == (1.0, 2.0)
+    assert rows[0]["tab"]["path"].endswith(".parquet") and rows[0]["tab"]["columns"] == ["n", "s"]
     names = sorted(os.listdir(run_dir / "media"))
-    assert len(names) == 3 and not [n for n in names if n.startswith(".")]
+    assert len(names) == 4 and not [n for n in names if n.startswith(".")]
     # the reader gets the same references from the file
     assert et.read_history(run_dir)[0]["img"] == ref
 
 
 def test_arrays_become_numbers_or_a_histogram_with_one_warning(tmp_path, caplog):
     torch = pytest.importorskip("torch")
-    _init(tmp_path)
+    run = _init(tmp_path)
     with caplog.at_level(logging.WARNING, logger="expr_tracker"):
         et.log(
             {
@@ -124,11 +63,13 @@ def test_arrays_become_numbers_or_a_histogram_with_one_warning(tmp_path, caplog)
         )
         et.log({"arr": np.arange(10)})
     row = et.history()[0]
+    run.media.flush()  # the files are written by the run's media thread
     assert (row["s"], row["one"], row["t0"], row["plain"]) == (2.5, 3.0, 1.5, [1, 2, 3])
-    assert row["arr"]["_type"] == "histogram" and sum(row["arr"]["values"]) == 100
-    assert sum(row["t2"]["values"]) == 20
-    edges = np.histogram([1, 2, 2, 3], bins=3)[1].tolist()
-    assert row["pair"] == {"_type": "histogram", "values": [1, 2, 1], "bins": edges}
+    assert row["arr"]["_type"] == "histogram" and row["arr"]["count"] == 100
+    assert load_histogram(run.dir, row["t2"])[0].sum() == 20
+    counts, edges = load_histogram(run.dir, row["pair"])
+    assert counts.tolist() == [1, 2, 1]
+    assert edges.tolist() == np.histogram([1, 2, 2, 3], bins=3)[1].tolist()
     warned = [r for r in caplog.records if "64-bin histogram" in r.getMessage()]
     assert len(warned) == 1 and "et.Histogram" in warned[0].getMessage()
     assert et.info()["media"]["arrays_as_histograms"] == 3
@@ -160,7 +101,7 @@ def test_a_failing_conversion_never_breaks_log(tmp_path, monkeypatch):
 
 def test_wandb_objects_are_logged_as_ours(tmp_path):
     wandb = pytest.importorskip("wandb")
-    _init(tmp_path)
+    run = _init(tmp_path)
     counts, edges = np.histogram([1, 2, 2, 3], bins=3)
     et.log(
         {
@@ -170,8 +111,9 @@ def test_wandb_objects_are_logged_as_ours(tmp_path):
         }
     )
     row = et.history()[0]
+    run.media.flush()
     assert row["img"]["_type"] == "image" and (row["img"]["width"], row["img"]["height"]) == (4, 4)
-    assert row["h"]["values"] == [1, 2, 1] and row["t"]["nrows"] == 1
+    assert load_histogram(run.dir, row["h"])[0].tolist() == [1, 2, 1] and row["t"]["nrows"] == 1
 
 
 def test_reading_refuses_names_links_and_changed_files(tmp_path):

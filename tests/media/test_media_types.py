@@ -90,13 +90,16 @@ def test_image_bad_mode_and_file(tmp_path):
 
 def test_histogram_counts_are_numpys_and_nonfinite_are_counted():
     vals = np.random.default_rng(3).normal(size=1000)
-    ref = et.Histogram(np.append(vals, [np.nan, np.inf]), num_bins=10).to_ref(None)
+    h = et.Histogram(np.append(vals, [np.nan, np.inf]), num_bins=10)
+    ref = h.to_ref(None)
     counts, edges = np.histogram(vals, bins=10)
-    assert ref["values"] == counts.tolist() and ref["bins"] == edges.tolist()
-    assert ref["nonfinite"] == 2
-    ref2 = et.Histogram(np_histogram=(counts, edges)).to_ref(None)
-    assert ref2["values"] == counts.tolist() and "nonfinite" not in ref2
-    assert sum(et.Histogram([]).to_ref(None)["values"]) == 0
+    assert h.values == h.histogram == counts.tolist() and h.bins == edges.tolist()
+    assert (ref["nonfinite"], ref["count"], ref["num_bins"]) == (2, 1000, 10)
+    assert (ref["min"], ref["max"]) == (edges[0], edges[-1])
+    h2 = et.Histogram(np_histogram=(counts, edges))
+    assert h2.values == counts.tolist() and "nonfinite" not in h2.to_ref(None)
+    assert h2.to_ref(None)["sha256"] == ref["sha256"]  # the same arrays, the same file
+    assert et.Histogram([]).to_ref(None)["count"] == 0
 
 
 @pytest.mark.parametrize(

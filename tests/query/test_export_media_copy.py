@@ -12,7 +12,7 @@ import pytest
 
 import expr_tracker as et
 from expr_tracker.cli.main import main
-from expr_tracker.media import load_image, load_table
+from expr_tracker.media import load_histogram, load_image, load_table
 from expr_tracker.query.export import ExportError, export_runs
 
 pytest.importorskip("pyarrow")
@@ -23,8 +23,8 @@ PIX = np.arange(4 * 5 * 3, dtype=np.uint8).reshape(4, 5, 3)
 
 def _run(root: Path, name: str = "r") -> Path:
     run = et.init(project="p", name=name, dir=str(root), system=False)
-    table = et.Table(columns=["id", "im"])
-    table.add_data(0, et.Image(PIX[:, :, 0]))
+    table = et.Table(columns=["id", "im", "hist"])
+    table.add_data(0, et.Image(PIX[:, :, 0]), et.Histogram([5, 6, 6]))
     et.log({"loss": 1.0, "img": et.Image(PIX), "tab": table, "h": et.Histogram([1, 2, 2])})
     et.log({"loss": 0.5, "gallery": [et.Image(PIX), et.Image(PIX[::-1].copy())]})
     d = Path(run.dir)
@@ -40,12 +40,15 @@ def test_one_file_gets_media_beside_it_and_references_that_resolve(tmp_path):
     run_dir = _run(tmp_path / "runs")
     out = tmp_path / "out" / "r.jsonl"
     res = export_runs(run_dir, out)
-    assert res["media"]["files"] == 4 and res["media"]["refused"] == 0  # 3 images + a table
+    # 3 images, a table, 2 histograms (one a table cell)
+    assert res["media"]["files"] == 6 and res["media"]["refused"] == 0
     assert sorted(p.name.split(".", 1)[1] for p in (out.parent / "media").iterdir()) == [
+        "npz",
+        "npz",
+        "parquet",
         "png",
         "png",
         "png",
-        "table.json",
     ]
     rows = _rows(out)
     img = json.loads(rows[0]["img"])
@@ -54,7 +57,8 @@ def test_one_file_gets_media_beside_it_and_references_that_resolve(tmp_path):
     assert np.array_equal(load_image(out.parent, img), PIX)
     df = load_table(out.parent, json.loads(rows[0]["tab"]))
     assert np.array_equal(load_image(out.parent, df["im"][0]), PIX[:, :, :1])
-    assert json.loads(rows[0]["h"])["values"][0] == 1  # histograms stay inline
+    assert load_histogram(out.parent, df["hist"][0])[0].sum() == 3
+    assert load_histogram(out.parent, json.loads(rows[0]["h"]))[0][0] == 1
     # a second export to the same folder copies nothing again
     again = export_runs(run_dir, tmp_path / "out" / "r2.jsonl")
     assert again["media"]["files"] == 0
@@ -64,7 +68,7 @@ def test_media_dir_rewrites_references_and_no_media_copies_nothing(tmp_path):
     run_dir = _run(tmp_path / "runs")
     out = tmp_path / "out" / "r.parquet"
     res = export_runs(run_dir, out, media_dir=tmp_path / "assets" / "m")
-    assert res["media"]["files"] == 4
+    assert res["media"]["files"] == 6
     import pyarrow.parquet as pq
 
     cells = pq.read_table(out).column("gallery").to_pylist()
@@ -84,8 +88,8 @@ def test_partitioned_export_holds_media_and_can_be_overwritten(tmp_path):
     _run(tmp_path / "runs", "b")
     out = tmp_path / "export"
     res = export_runs(tmp_path / "runs", out, layout="long")
-    assert res["media"]["files"] == 4  # the same content in both runs: stored once
-    assert len(list((out / "_media").iterdir())) == 4
+    assert res["media"]["files"] == 6  # the same content in both runs: stored once
+    assert len(list((out / "_media").iterdir())) == 6
     import pyarrow.dataset as ds
 
     texts = ds.dataset(out, format="parquet").to_table().column("text").to_pylist()
@@ -105,7 +109,7 @@ def test_hostile_or_damaged_references_are_refused_not_copied(tmp_path, caplog):
     out = tmp_path / "o.jsonl"
     with caplog.at_level(logging.WARNING, logger="expr_tracker"):
         res = export_runs(run_dir, out)
-    assert res["media"]["refused"] == 2 and res["media"]["files"] == 4
+    assert res["media"]["refused"] == 2 and res["media"]["files"] == 6
     assert "etc/passwd" in caplog.text and "SHA-256" in caplog.text
     assert sorted(os.listdir(tmp_path / "media")) == sorted(
         p.name for p in (run_dir / "media").iterdir() if p.name != "0" * 64 + ".png"
@@ -115,7 +119,7 @@ def test_hostile_or_damaged_references_are_refused_not_copied(tmp_path, caplog):
 def test_cli_flags(tmp_path, capsys):
     run_dir = _run(tmp_path / "runs")
     assert main(["export", str(run_dir), "-o", str(tmp_path / "a.csv")]) == 0
-    assert "4 media file(s)" in capsys.readouterr().out
+    assert "6 media file(s)" in capsys.readouterr().out
     assert main(["export", str(run_dir), "-o", str(tmp_path / "b.csv"), "--no-media"]) == 0
     assert "media" not in capsys.readouterr().out
     code = main(["export", str(run_dir), "-o", str(tmp_path / "c.csv"), "--media-dir", "m"])

@@ -327,3 +327,31 @@ def test_rules_check_knows_the_stream_field(tmp_path):
     assert entry_errors({"condition": "gpu0/util_pct < 5", "stream": "system"}) == []
     (err,) = entry_errors({"condition": "x > 1", "stream": "data"})
     assert err.field == "stream" and "'system'" in str(err)
+
+
+def test_a_run_ended_during_the_psutil_import_warns_nothing(caplog):
+    """finish() right after init() on a loaded machine: the sampler's thread is still in
+    ``import psutil`` when the run ends, and that import then fails as the interpreter
+    shuts down. No "psutil is not installed", no wait, no row."""
+    entered, release = threading.Event(), threading.Event()
+    rows: list[dict] = []
+
+    def slow_import():
+        entered.set()
+        release.wait(30)
+        raise ModuleNotFoundError("No module named 'psutil'", name="psutil")
+
+    s = SystemSampler(slow_import, rows.append, interval=0.01, host="h")
+    with caplog.at_level(logging.DEBUG, logger="expr_tracker"):
+        s.start()
+        assert entered.wait(10)
+        t0 = time.monotonic()
+        assert s.close(5) is True and time.monotonic() - t0 < 1.0  # not held up
+        release.set()
+        s._thread.join(10)
+    assert not s._thread.is_alive() and rows == [] and s.warner.counts == {}
+    assert not [r for r in caplog.records if r.levelno >= logging.WARNING]
+    # the same failure while the run goes on is reported, once
+    s2 = SystemSampler(slow_import, rows.append, interval=0.01, host="h")
+    s2.prepare()
+    assert list(s2.warner.counts) == ["system: probes"]

@@ -6,6 +6,8 @@ in test-artifacts/ui/media.png)."""
 
 from __future__ import annotations
 
+import hashlib
+import json
 import os
 import shutil
 
@@ -36,7 +38,34 @@ def media_runs(tmp_path_factory):
             )
         et.log(row)
     et.finish()
+    _older_run(root)
+    et.init(project="demo", name="big", dir=str(root), system=False)
+    data = [[i, f"r{i % 7}", None if i % 10 == 0 else float(i % 13)] for i in range(1005)]
+    et.log({"big": et.Table(columns=["i", "s", "x"], data=data)})
+    et.finish()
     return root
+
+
+def _older_run(root):
+    """demo/old as earlier versions wrote it (histogram counts in the row, the table as
+    .table.json), then a step whose .npz file is damaged."""
+    run = et.init(project="demo", name="old", dir=str(root), system=False)
+    et.log({"loss": 1.0})
+    run_dir = run.dir
+    et.finish()
+    (run_dir / "media").mkdir()
+    body = json.dumps({"columns": ["a", "b"], "data": [[1, "x"], [2, "y"]]}).encode()
+    sha = hashlib.sha256(body).hexdigest()
+    (run_dir / "media" / f"{sha}.table.json").write_bytes(body)
+    bad = b"PK not a zip"
+    bad_sha = hashlib.sha256(bad).hexdigest()
+    (run_dir / "media" / f"{bad_sha}.npz").write_bytes(bad)
+    hist = {"_type": "histogram", "values": [1, 3], "bins": [0.0, 0.5, 1.0]}
+    table = {"_type": "table", "path": f"media/{sha}.table.json", "nrows": 2, "ncols": 2}
+    with open(run_dir / "metrics.jsonl", "a") as f:
+        f.write(json.dumps({"_step": 1, "_time": 2.0, "h": hist, "t": table}) + "\n")
+        damaged = {"_type": "histogram", "path": f"media/{bad_sha}.npz", "num_bins": 2}
+        f.write(json.dumps({"_step": 2, "_time": 3.0, "h": damaged}) + "\n")
 
 
 @pytest.fixture(scope="module")
@@ -58,6 +87,37 @@ def test_media_section_lists_keys_steps_and_content(client):
     assert t["data"][1][:2] == [1, "c1"] and t["data"][1][2]["_type"] == "image"
     # media keys are not charts of the run
     assert client.get("/api/run", params={"run": "demo/media"}).json()["metrics"] == ["loss"]
+
+
+def test_an_older_run_reads_and_a_damaged_file_is_named(client):
+    d = client.get("/api/media", params={"run": "demo/old"}).json()
+    by = {m["key"]: m for m in d["media"]}
+    assert by["h"]["steps"] == [1] and by["h"]["items"] == [
+        {"values": [1, 3], "bins": [0.0, 0.5, 1.0]}
+    ]
+    assert by["t"]["table"] == {"columns": ["a", "b"], "data": [[1, "x"], [2, "y"]], "nrows": 2}
+    assert "histogram 'h' at step 2" in d["error"] and "not a histogram .npz" in d["error"]
+
+
+def test_a_large_table_is_paged_and_sorted_by_the_server(client):
+    d = client.get("/api/media", params={"run": "demo/big"}).json()
+    (m,) = d["media"]
+    assert m["table"]["nrows"] == 1005 and len(m["table"]["data"]) == 1000
+    q = {"run": "demo/big", "path": m["items"][-1]["path"], "limit": 5}
+    page = client.get("/api/media/table", params={**q, "offset": 1000}).json()
+    assert [r[0] for r in page["data"]] == [1000, 1001, 1002, 1003, 1004]
+    top = client.get("/api/media/table", params={**q, "sort": "x", "desc": 1}).json()
+    assert [r[2] for r in top["data"]] == [12.0] * 5 and top["nrows"] == 1005
+    last = client.get("/api/media/table", params={**q, "sort": "x", "offset": 1000}).json()
+    assert [r[2] for r in last["data"]] == [None] * 5  # missing last, either way
+    by_i = client.get("/api/media/table", params={**q, "sort": "i", "desc": "1"}).json()
+    assert by_i["data"][0][0] == 1004
+    assert client.get("/api/media/table", params={**q, "sort": "nope"}).status_code == 400
+    assert client.get("/api/media/table", params={**q, "limit": 0}).status_code == 400
+    png = client.get("/api/media", params={"run": "demo/media"}).json()["media"]
+    img = next(x for x in png if x["key"] == "samples")["items"][0][0]["path"]
+    r = client.get("/api/media/table", params={**q, "run": "demo/media", "path": img})
+    assert r.status_code == 422 and "not a table" in r.json()["error"]
 
 
 def test_media_file_is_served_with_its_type_and_nosniff(client):
@@ -134,6 +194,20 @@ def test_browser_shows_image_slider_histogram_heatmap_and_table(media_runs, tmp_
             out = ROOT / "test-artifacts" / "ui"
             out.mkdir(parents=True, exist_ok=True)
             pg.locator("#media").screenshot(path=str(out / "media.png"))
+            # a table past what the section sends: pages and sorts through the server
+            pg.goto(server.open("#/run?run=demo%2Fbig"), timeout=180_000)
+            first = pg.locator("#media table.media-table tbody td").first
+            pg.wait_for_selector("#media table.media-table tbody tr", timeout=120_000)
+            head = pg.locator("#media table.media-table th", has_text="i")
+            head.first.click()
+            head.first.click()  # descending, over all 1,005 rows
+            pg.wait_for_function(
+                "() => document.querySelector('#media table.media-table tbody td')"
+                ".textContent === '1004'",
+                timeout=60_000,
+            )
+            assert first.inner_text() == "1004"
+            assert "of 41" in pg.locator("#media .controls .muted").inner_text()
             assert errors == []
             b.close()
     finally:

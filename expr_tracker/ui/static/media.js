@@ -74,13 +74,27 @@ function mediaTable(run, m) {
     });
     return r;
   }
-  function draw() {
-    const r = rows();
-    const pages = Math.max(1, Math.ceil(r.length / MEDIA_PAGE_ROWS));
-    pageNo = Math.min(pageNo, pages - 1);
-    body.replaceChildren(...r.slice(pageNo * MEDIA_PAGE_ROWS, (pageNo + 1) * MEDIA_PAGE_ROWS).map((row) =>
+  // a table larger than what /api/media sent is paged and sorted by the server (whole table)
+  const remote = t.nrows > t.data.length ? m.items[m.items.length - 1].path : null;
+  let asked = 0;
+  function fill(r, pages) {
+    body.replaceChildren(...r.map((row) =>
       el("tr", {}, row.map((v) => el("td", { class: typeof v === "number" ? "num" : null }, mediaCell(run, v))))));
     info.textContent = `page ${pageNo + 1} of ${pages} · ${t.nrows} rows (step ${m.steps[m.steps.length - 1]})`;
+  }
+  async function draw() {
+    const pages = Math.max(1, Math.ceil(t.nrows / MEDIA_PAGE_ROWS));
+    pageNo = Math.min(pageNo, pages - 1);
+    if (!remote) {
+      fill(rows().slice(pageNo * MEDIA_PAGE_ROWS, (pageNo + 1) * MEDIA_PAGE_ROWS), pages);
+      return;
+    }
+    const me = ++asked, q = { run, path: remote, offset: pageNo * MEDIA_PAGE_ROWS, limit: MEDIA_PAGE_ROWS };
+    if (sortCol >= 0) { q.sort = t.columns[sortCol]; if (desc) q.desc = 1; }
+    try {
+      const d = await api("media/table", q);
+      if (me === asked) fill(d.data, pages);
+    } catch (e) { if (me === asked) info.textContent = String(e.message || e); }
   }
   const head = el("tr", {}, t.columns.map((c, i) => el("th", { class: "sortable", on: { click: () => {
     desc = sortCol === i ? !desc : false; sortCol = i; draw(); } } }, c)));
