@@ -551,7 +551,18 @@ class Table(Media):
         out = []
         for r in self.data:
             out.append([v.to_ref(sink) if isinstance(v, Media) else v for v in r])
-        body = encode_table(self.columns, out, self.dtypes)
+        ext = "parquet"
+        try:
+            body = encode_table(self.columns, out, self.dtypes)
+        except ImportError:
+            # without pyarrow the table is kept, in the JSON file every reader still reads
+            # (docs/media.md "Storage layout"): a logged table is never dropped for a library
+            import json
+
+            body = json.dumps(
+                {"columns": self.columns, "data": out}, ensure_ascii=False, separators=(",", ":")
+            ).encode("utf-8")
+            ext = "table.json"
         sha = hashlib.sha256(body).hexdigest()
         ref: dict[str, Any] = {
             "_type": "table",
@@ -562,7 +573,7 @@ class Table(Media):
             "columns": self.columns[:_REF_COLUMNS],
         }
         if sink is not None:
-            put = sink.put(body, "parquet")
+            put = sink.put(body, ext)
             if put is None:
                 return None
             ref["path"] = put[0]

@@ -113,6 +113,26 @@ def test_a_table_comes_back_as_the_same_dataframe(tmp_path):
     assert media_label(row["mixed"]) == "<table 2x5>"
 
 
+def test_without_pyarrow_a_table_is_kept_as_json(tmp_path, monkeypatch):
+    """A wandb.Table logged where pyarrow is missing is never dropped: it goes to the JSON
+    file every reader reads (the format of runs written before Parquet)."""
+    import sys
+
+    _init(tmp_path)
+    for mod in ("pyarrow", "pyarrow.parquet", "pyarrow.compute"):
+        monkeypatch.setitem(sys.modules, mod, None)  # import pyarrow raises ImportError
+    et.log({"t": et.Table(columns=["a", "b"], data=[[1, "x"], [2.5, None]])})
+    row = et.history()[0]
+    run_dir = Path(et.info()["dir"])
+    et.finish()
+    assert row["t"]["path"].endswith(".table.json")
+    monkeypatch.undo()
+    assert load_table(run_dir, row["t"], output_type="dict") == {
+        "columns": ["a", "b"],
+        "data": [[1, "x"], [2.5, None]],
+    }
+
+
 def test_past_the_bound_a_histogram_or_table_is_dropped_with_one_error(tmp_path, caplog):
     run = _init(tmp_path)
     run.media.max_bytes = 1500
