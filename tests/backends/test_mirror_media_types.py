@@ -85,6 +85,11 @@ def test_wandb_offline_run_holds_image_histogram_and_table(tmp_path, monkeypatch
     et.log({"img": et.Image(PIX), "h": et.Histogram([1, 2, 2]), "tab": table})
     et.finish()
     assert run.info()["backends"]["wandb"]["sent"] == 1
+    import wandb
+
+    # run.finish() returns before wandb's service has written its transaction log (the file
+    # can still be its 7-byte header); a script's exit waits for the service, here teardown
+    wandb.teardown()
     [path] = (tmp_path / "wb").rglob("*.wandb")
     items: dict = {}  # wandb writes a media value's fields as nested keys
     for h in of_kind(wandb_records(path), "history"):
