@@ -178,7 +178,8 @@ def create_app(
     ``source``: what ``root`` stands for, when it is a copy (``s3://bucket/prefix`` for
     ``et ui s3://...``): ``/api/runs`` names it, and a refused write says so.
     ``refresh``: called (at most every :data:`REFRESH_TTL` seconds, one at a time, in a
-    worker thread) before ``/api/runs`` and ``/api/run`` answer, to bring ``root`` up to date
+    worker thread) before ``/api/runs``, ``/api/run`` and ``/api/points`` (a live page's
+    polling) answer, to bring ``root`` up to date
     with ``source`` (docs/team.md "The dashboard over a bucket"); it returns problems to
     report (``/api/runs`` ``refresh_problems``), and an exception it raises is reported the
     same way (``refresh_error``) while the copy is served as it is.
@@ -374,6 +375,8 @@ def create_app(
                 raise BadRequest(f"since={v!r} is not PRODUCER:STEP") from None
             if not sep or not label:
                 raise BadRequest(f"since={v!r} is not PRODUCER:STEP")
+        if refresher is not None:  # a live run's page polls: follow the bucket's syncs
+            refresher()
         return series.new_points(
             catalog,
             q_str(request, "run"),

@@ -121,6 +121,13 @@ def test_a_project_url_serves_that_project_and_refreshes_it(file_bucket, monkeyp
     assert "refresh_error" not in got and "refresh_problems" not in got
     detail = client.get("/api/run", params={"run": "proj/b"})
     assert detail.status_code == 200 and "loss" in json.dumps(detail.json())
+    # a live page's polling follows the run's syncs
+    et.init(project="proj", name="a", dir=str(tmp / "runs"), system=False, resume="must")
+    et.log({"loss": 0.01})
+    et.finish()
+    assert sync_dir(tmp / "runs", url).errors == []
+    polled = client.get("/api/points", params={"run": "proj/a", "after": 19}).json()
+    assert polled["max_step"] == 20
     r = client.post("/api/runs")
     assert r.status_code == 405 and r.headers["allow"] == "GET, HEAD"
     assert "read-only" in r.json()["error"]
