@@ -2,6 +2,7 @@
 """`et sync` of N runs (default 1,000) to a real S3 endpoint on loopback (moto_server).
 
 python benchmarks/bench_sync.py [--runs 1000] [--lines 50] [--repeat 5] [--data DIR]
+                                [--readers-only] [--against CHECKOUT]
 
 Starts `moto_server -H 127.0.0.1 -p PORT` (the dev extra's moto[server]), makes a bucket and
 N small runs (each `metrics.jsonl` of --lines lines, `run.json`, `summary.json`), then times
@@ -17,6 +18,12 @@ whole `et sync` processes:
   copy remembers each manifest's ETag); budget (issue 26): <= 2 s for 1,000 runs;
 - `et query URL`: a count over the bucket's runs (the copy up to date, the query cache built
   on the first; median of --repeat).
+
+`--readers-only` times only the readers (after the first sync, which fills the bucket).
+`--against CHECKOUT` (a folder holding another version's `expr_tracker/`, e.g. from
+`git archive`) times its `et runs URL unchanged` too, alternating with this one's, fresh
+processes, the same minutes (both over one local copy: kept files of either are ignored
+by the other).
 
 Prints one line per section, then the report as JSON with the machine.
 """
@@ -79,6 +86,8 @@ def main() -> None:
     ap.add_argument("--lines", type=int, default=50)
     ap.add_argument("--repeat", type=int, default=5)
     ap.add_argument("--data", default=None)
+    ap.add_argument("--readers-only", action="store_true", help="time only the readers")
+    ap.add_argument("--against", default=None, metavar="CHECKOUT", help="another version")
     args = ap.parse_args()
     import boto3
 
@@ -140,7 +149,9 @@ def main() -> None:
 
         dt, rep = timed([*et, url, "--json"], env)
         section("first", [dt], rep, [rep["cpu"]])
-        for name, extra in (("unchanged", []), ("unchanged --full", ["--full"])):
+        for name, extra in (
+            () if args.readers_only else (("unchanged", []), ("unchanged --full", ["--full"]))
+        ):
             times, cpus = [], []
             for _ in range(args.repeat):
                 dt, rep = timed([*et, url, "--json", *extra], env)
@@ -150,21 +161,24 @@ def main() -> None:
             section(name, times, rep, cpus)
         times, cpus = [], []
         victim = work / "runs" / "bench" / "run-00000" / "metrics.jsonl"
-        for r in range(args.repeat):
+        for r in range(0 if args.readers_only else args.repeat):
             with open(victim, "a") as f:
                 for i in range(10):
                     f.write(json.dumps({"_step": 10_000 + r * 10 + i, "loss": 0.1}) + "\n")
             dt, rep = timed([*et, url, "--json"], env)
             times.append(dt)
             cpus.append(rep["cpu"])
-        section("one appended", times, rep, cpus)
+        if times:
+            section("one appended", times, rep, cpus)
 
-        def plain(cmd: list[str]) -> tuple[float, float]:
+        def plain(cmd: list[str], root: str | None = None) -> tuple[float, float]:
             import resource
 
             before = resource.getrusage(resource.RUSAGE_CHILDREN)
             t = time.perf_counter()
-            out = subprocess.run(cmd, env=env, capture_output=True, text=True)
+            e = dict(env, PYTHONPATH=root) if root else env
+            # not from this folder: `python -m` would import the checkout it runs in first
+            out = subprocess.run(cmd, env=e, capture_output=True, text=True, cwd=work)
             dt = time.perf_counter() - t
             after = resource.getrusage(resource.RUSAGE_CHILDREN)
             if out.returncode != 0:
@@ -177,6 +191,8 @@ def main() -> None:
             ("et runs URL unchanged", [*reader, "runs", url], args.repeat),
             ("et query URL", [*reader, "query", "SELECT count(*) FROM metrics", url], args.repeat),
         ):
+            if args.readers_only and name == "et query URL":
+                continue  # bench_bucket_query.py times et query over a bucket
             got = [plain(cmd) for _ in range(n)]
             section(
                 name,
@@ -184,6 +200,18 @@ def main() -> None:
                 {"bytes": 0, "commits": 0, "unchanged": "-"},
                 [g[1] for g in got],
             )
+        if args.against:
+            here = str(Path(__file__).resolve().parents[1])
+            cmd = [*reader, "runs", url]
+            pairs = [(plain(cmd, args.against), plain(cmd, here)) for _ in range(args.repeat)]
+            for name, k in (("et runs URL, against", 0), ("et runs URL, this", 1)):
+                section(
+                    name,
+                    [p[k][0] for p in pairs],
+                    {"bytes": 0, "commits": 0, "unchanged": "-"},
+                    [p[k][1] for p in pairs],
+                )
+        report["load_after"] = os.getloadavg()
         print(json.dumps(report))
     finally:
         server.terminate()

@@ -69,7 +69,9 @@ def register(subparsers: Any) -> None:
         help="chart a run's metrics in the terminal (several runs overlaid; --follow a live run)",
         description=(
             "Chart metrics of one or more runs in the terminal, one chart per metric. RUN: a "
-            "run directory, a metrics file or a run name under --dir; METRIC: names or globs "
+            "run directory, a metrics file, a run name under --dir, or a run of a sync bucket "
+            "(s3://bucket/prefix/PROJECT/RUN, file:///path/PROJECT/RUN; --dir may name a "
+            "bucket too: docs/team.md); METRIC: names or globs "
             "('train/*'); default: the run's main metrics. Needs the plot extra: "
             f"{PLOT_EXTRA}."
         ),
@@ -81,7 +83,11 @@ def register(subparsers: Any) -> None:
         metavar="A,B",
         help="runs to overlay (then every positional argument is a metric)",
     )
-    p.add_argument("--dir", default="runs", help="where run names are looked up (default ./runs)")
+    p.add_argument(
+        "--dir",
+        default="runs",
+        help="where run names are looked up (default ./runs; a sync bucket's URL too)",
+    )
     p.add_argument("--since", type=int, default=None, metavar="STEP", help="from step STEP on")
     p.add_argument(
         "--x",
@@ -140,7 +146,9 @@ def register(subparsers: Any) -> None:
         help="a group's band: min-max, ± std (default), ± standard error, 95%% bootstrap "
         "CI, or none",
     )
-    p.set_defaults(func=run_plot)
+    from expr_tracker.cli.sync import on_buckets
+
+    p.set_defaults(func=on_buckets(run_plot, "plot", "args", "dir"))  # s3://, file:// (team.md)
 
 
 # --------------------------------------------------------------------------- plotext

@@ -383,6 +383,10 @@ def _checked(
     held: list[tuple[str, Path, WriterLocks]] = []
     bad = False
     seen: set[str] = set()
+    refused = _read_only(given, runs_dir)
+    if refused is not None:
+        err.write(f"{output.printable(refused)}\n")
+        return None
     for g in given:
         try:
             d = check_run(g, runs_dir)
@@ -398,6 +402,31 @@ def _checked(
             locks.release()
         return None
     return held
+
+
+def _read_only(given: Sequence[str], runs_dir: str) -> str | None:
+    """Why these runs cannot be changed here (None: they can): a sync bucket's URL, or a
+    run of a bucket's local copy (which the next read of the bucket would put back), is
+    read-only (docs/team.md "Reading the bucket")."""
+    from expr_tracker.cli.sync import is_bucket_url
+    from expr_tracker.sync.mirror import mirror_root
+
+    copies = os.path.realpath(mirror_root("").parent) + os.sep
+    for g in (runs_dir, *given):
+        if is_bucket_url(g):
+            return (
+                f"{g}: a sync bucket is read-only: change the run where it is written "
+                "(et runs tag|archive|mv|rm there), then et sync it again"
+            )
+    for g in given:
+        if os.path.realpath(os.path.join(runs_dir, g) if not os.path.exists(g) else g).startswith(
+            copies
+        ):
+            return (
+                f"{g}: a run of a sync bucket's local copy is read-only (the next read of the "
+                "bucket puts it back): change it where it is written, then et sync it again"
+            )
+    return None
 
 
 def _ask(question: str, err: IO[str]) -> bool:

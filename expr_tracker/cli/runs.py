@@ -248,6 +248,104 @@ def describe_run(
     }
 
 
+#: the listing of a bucket's local copy kept by :func:`describe_runs` (in the copy's folder)
+LISTING_FILE = ".runs-listing.json"
+#: a run whose files changed this recently is described but not kept (a change within the
+#: file system's time granularity would not show in the signature)
+_SETTLE_NS = 2_000_000_000
+
+
+def _run_sig(run_dir: Path, now_ns: int) -> list[Any] | None:
+    """What :func:`describe_run` reads of ``run_dir`` may have changed when this changes: each
+    entry's name, and each file's size, mode, inode, mtime and ctime (one ``scandir``). None:
+    not to be kept (a link, a file changed within :data:`_SETTLE_NS`, a folder that cannot be
+    listed)."""
+    sig: list[Any] = []
+    try:
+        with os.scandir(run_dir) as it:
+            for e in it:
+                if e.is_symlink():
+                    return None
+                if e.is_dir(follow_symlinks=False):
+                    sig.append(e.name)
+                    continue
+                st = e.stat(follow_symlinks=False)
+                if max(st.st_mtime_ns, st.st_ctime_ns) > now_ns - _SETTLE_NS:
+                    return None
+                sig.append(
+                    [e.name, st.st_size, st.st_mode, st.st_ino, st.st_mtime_ns, st.st_ctime_ns]
+                )
+    except OSError:
+        return None
+    sig.sort(key=lambda x: x if isinstance(x, str) else x[0])
+    return sig
+
+
+def describe_runs(
+    dirs: Sequence[Path],
+    metrics: list[str] | None,
+    root: Path,
+    *,
+    notes: list[str] | None = None,
+    keep: Path,
+) -> list[dict[str, Any]]:
+    """:func:`describe_run` of each of ``dirs``, reusing the lines kept in the file ``keep``
+    for the runs whose folder did not change since (:func:`_run_sig`), and keeping the
+    lines again. Only the lines of settled runs are kept: not ``running`` (a live process
+    is judged anew each time), ``unreadable``, nor a line that made a note. Used for a
+    bucket's local copy (docs/team.md "Figures"), a folder only the copy writes; a
+    ``keep`` file that cannot be read or written is ignored (everything is read)."""
+    import json
+
+    try:
+        with open(keep, "rb") as f:
+            kept = json.loads(f.read())
+        if not (isinstance(kept, dict) and kept.get("version") == 1):
+            kept = {}
+        if kept.get("metrics") != metrics or not isinstance(kept.get("runs"), dict):
+            kept = {}
+    except (OSError, ValueError, RecursionError):
+        kept = {}
+    old: dict[str, Any] = kept.get("runs", {})
+    new: dict[str, Any] = {}
+    now = time.time_ns()
+    out = []
+    for d in dirs:
+        name = str(d.relative_to(root)) if d != root else d.name
+        sig = _run_sig(d, now)
+        hit = old.get(name)
+        if sig is not None and isinstance(hit, dict) and hit.get("sig") == sig:
+            row = dict(hit["row"])
+            row["run"], row["path"] = name, str(d)
+            new[name] = hit
+            out.append(row)
+            continue
+        mine: list[str] = []
+        row = describe_run(d, metrics, root, notes=mine)
+        out.append(row)
+        if notes is not None:
+            notes.extend(mine)
+        keepable = (
+            sig is not None
+            and not mine
+            and row["status"] not in ("running", "unreadable")
+            and "running" not in row["producer_status"].values()
+        )
+        if keepable:
+            new[name] = {
+                "sig": sig,
+                "row": {k: v for k, v in row.items() if k not in ("run", "path")},
+            }
+    if new != old:
+        from expr_tracker.history.paths import atomic_write
+
+        try:
+            atomic_write(keep, json.dumps({"version": 1, "metrics": metrics, "runs": new}).encode())
+        except (OSError, ValueError):
+            pass  # a hint only: the next listing reads every run
+    return out
+
+
 def _small_dotted(path: Path, run_dir: Path) -> dict[str, Any]:
     """A run's ``config.json`` or ``summary.json`` flattened to dotted keys; ``{}`` when
     absent or unreadable (the table's columns then show nothing for it)."""
@@ -391,7 +489,8 @@ def run_runs(args: argparse.Namespace, out: IO[str] | None = None) -> int:
 
     out = out or sys.stdout
     root = Path(args.dir)
-    if "://" in args.dir:  # a sync bucket: read through a local copy (docs/team.md)
+    copy = "://" in args.dir
+    if copy:  # a sync bucket: read through a local copy (docs/team.md)
         from expr_tracker.sync.mirror import mirror
         from expr_tracker.sync.store import StoreError
 
@@ -409,7 +508,11 @@ def run_runs(args: argparse.Namespace, out: IO[str] | None = None) -> int:
     wanted = parse_columns(args.metrics)
     unlisted: list[tuple[Path, str]] = []
     notes: list[str] = []
-    runs = [describe_run(d, wanted, root, notes=notes) for d in find_runs(root, unlisted=unlisted)]
+    found = find_runs(root, unlisted=unlisted)
+    if copy:  # the bucket's copy is ours: its listing is kept beside it (describe_runs)
+        runs = describe_runs(found, wanted, root, notes=notes, keep=root / LISTING_FILE)
+    else:
+        runs = [describe_run(d, wanted, root, notes=notes) for d in found]
     runs += [unlisted_run(d, why, root) for d, why in unlisted if d != root]
     runs.sort(key=lambda r: _first(r) or 0.0, reverse=True)
     if not args.archived:
@@ -451,8 +554,10 @@ def runs_renderable(
     width: int,
     columns: Sequence[str] = (),
     labels: Sequence[str] = (),
+    *,
+    direct: bool = True,
 ) -> Any:
-    """The ``et runs`` table (a rich ``Table``) for ``width`` terminal cells.
+    """The ``et runs`` table (a rich renderable) for ``width`` terminal cells.
 
     ``started`` is the run's first start, ``duration`` its wall duration and ``active`` its
     active time, over every attempt (a resumed run's whole life).
@@ -462,6 +567,10 @@ def runs_renderable(
     other columns give way instead — ``run``, ``producers`` and ``last values`` wrap
     (folding a long name), and below 100 cells ``started`` drops its year. (Rich alone cuts
     columns that may not wrap to nothing when the table is too wide.)
+
+    When every cell fits on one line the lines are made directly (``direct``; the same
+    characters as rich's ``Table`` prints, ~30 times faster for 1,000 runs); else a rich
+    ``Table`` lays them out.
     """
     from rich.table import Table
     from rich.text import Text
@@ -470,39 +579,106 @@ def runs_renderable(
     from expr_tracker.history.values import format_value
 
     fmt = "%Y-%m-%d %H:%M" if width >= 100 else "%m-%d %H:%M"
+    printable = output.printable
+    heads = ["run", "status", "steps", "producers", "started", "duration", "active"]
+    heads += [printable(label) for label in labels] + ["last values"]
+    right = {2, 3, 5, 6}
+    # each row's cells as (text, style); the table is laid out once over these
+    rows: list[list[tuple[str, str | None]]] = []
+    for r in runs:
+        last: tuple[str, str | None]
+        if r.get("reason"):
+            last = (printable(r["reason"]), STATUS_STYLE["unreadable"])
+        else:
+            last = (
+                "  ".join(
+                    f"{printable(k)}={printable(format_value(v, 'cell'))}"
+                    for k, v in r["metrics"].items()
+                ),
+                None,
+            )
+        rows.append(
+            [
+                (printable(r["run"]), None),
+                (printable(r["status"]), STATUS_STYLE.get(r["status"], "dim")),
+                (str(r["steps"]), None),
+                (_producers_cell(r), None),
+                (_started_cell(_first(r), fmt), None),
+                (_duration(_wall(r)), None),
+                (_duration(r.get("active_duration_s")), None),
+                *((_cell(r, c), None) for c in columns),
+                last,
+            ]
+        )
+    widths = [cell_len(h) for h in heads]
+    for row in rows:
+        for i, (text, _) in enumerate(row):
+            n = cell_len(text) if not text.isascii() else len(text)
+            if n > widths[i]:
+                widths[i] = n
+    if direct and sum(widths) + 2 * (len(widths) - 1) <= width:
+        # every cell fits on one line: the lines rich's table would print, made directly
+        # (rich lays out a 1,000-run table in ~0.7 s, this in ~20 ms)
+        return _plain_table(heads, rows, widths, right)
     table = Table(box=None, header_style="bold", pad_edge=False)
-    status_w = max(cell_len("status"), *(cell_len(output.printable(r["status"])) for r in runs))
-    steps_w = max(cell_len("steps"), *(cell_len(str(r["steps"])) for r in runs))
     table.add_column("run", overflow="fold")
-    table.add_column("status", no_wrap=True, min_width=status_w)
-    table.add_column("steps", justify="right", no_wrap=True, min_width=steps_w)
+    table.add_column("status", no_wrap=True, min_width=widths[1])
+    table.add_column("steps", justify="right", no_wrap=True, min_width=widths[2])
     table.add_column("producers", justify="right", overflow="fold")
     table.add_column("started", no_wrap=True)
     table.add_column("duration", justify="right", no_wrap=True)
     table.add_column("active", justify="right", no_wrap=True)
-    for label in labels:
-        table.add_column(output.printable(label), overflow="fold")
+    for label in heads[7:-1]:
+        table.add_column(label, overflow="fold")
     table.add_column("last values", overflow="fold")
-    printable = output.printable
-    for r in runs:
-        if r.get("reason"):
-            last = Text(printable(r["reason"]), style=STATUS_STYLE["unreadable"])
-        else:
-            last = Text(
-                "  ".join(
-                    f"{printable(k)}={printable(format_value(v, 'cell'))}"
-                    for k, v in r["metrics"].items()
-                )
-            )
-        table.add_row(
-            Text(printable(r["run"])),
-            Text(printable(r["status"]), style=STATUS_STYLE.get(r["status"], "dim")),
-            str(r["steps"]),
-            _producers_cell(r),
-            _started_cell(_first(r), fmt),
-            _duration(_wall(r)),
-            _duration(r.get("active_duration_s")),
-            *(_cell(r, c) for c in columns),
-            last,
-        )
+    for row in rows:
+        table.add_row(*(Text(text, style=style) if style else text for text, style in row))
     return table
+
+
+def _plain_table(
+    heads: list[str],
+    rows: list[list[tuple[str, str | None]]],
+    widths: list[int],
+    right: set[int],
+) -> Any:
+    """The table as rich segments: a bold header, then a line per row, each cell padded to
+    its column's width (``right``: right-aligned) and two spaces between columns, as a rich
+    ``Table(box=None, pad_edge=False)`` prints one whose cells all fit (segments go out as
+    they are: no layout, no wrapping)."""
+    from rich.segment import Segment
+    from rich.style import Style
+
+    from expr_tracker.cli.history import cell_len
+
+    styles: dict[str | None, Any] = {None: None}
+    last = len(widths) - 1
+    newline = Segment.line()
+
+    def line(cells: list[tuple[str, str | None]], whole: Any = None) -> list[Any]:
+        out = []
+        for i, (text, name) in enumerate(cells):
+            style = styles.get(name)
+            if style is None and name is not None:
+                style = styles[name] = Style.parse(name)
+            gap = " " * (widths[i] - (len(text) if text.isascii() else cell_len(text)))
+            if i in right:
+                out += [Segment(gap), Segment(text, style)]
+            else:
+                out += [Segment(text, style), Segment(gap)]
+            if i != last:
+                out.append(Segment("  "))
+        if whole is not None:
+            out = [Segment("".join(seg.text for seg in out), whole)]
+        out.append(newline)
+        return out
+
+    segments = line([(h, None) for h in heads], Style(bold=True))  # rich's header_style
+    for row in rows:
+        segments += line(row)
+
+    class _Lines:
+        def __rich_console__(self, console: Any, options: Any) -> Any:
+            return iter(segments)
+
+    return _Lines()

@@ -30,7 +30,22 @@ def register(subparsers: Any) -> None:
             f"link (http://127.0.0.1:8050/?token=...). Needs the ui extra: {UI_EXTRA}."
         ),
     )
-    p.add_argument("dir", nargs="?", default="runs", help="folder of runs (default ./runs)")
+    p.add_argument(
+        "dir",
+        nargs="?",
+        default="runs",
+        help=(
+            "folder of runs (default ./runs), or a sync bucket (s3://bucket/prefix, "
+            "file:///path; a project or a run of it): served read-only from a local copy "
+            "brought up to date on each page load (docs/team.md)"
+        ),
+    )
+    p.add_argument(
+        "--endpoint-url",
+        default=None,
+        metavar="URL",
+        help="the S3-compatible endpoint of an s3:// DIR (default: AWS_ENDPOINT_URL)",
+    )
     p.add_argument(
         "--host",
         default="127.0.0.1",
@@ -86,9 +101,54 @@ def _cannot_listen(host: str, port: int) -> str | None:
     return None
 
 
+def _bucket(url: str, endpoint_url: str | None) -> tuple[Path, Any] | None:
+    """The local copy standing for a bucket URL, brought up to date, and the callable that
+    refreshes it (returns the problems to report); None (the reason on stderr) when the URL
+    cannot be read."""
+    from expr_tracker.cli import output
+    from expr_tracker.sync.mirror import mirror_url
+    from expr_tracker.sync.store import StoreError
+
+    try:
+        res = mirror_url(url, endpoint_url=endpoint_url)
+    except (ValueError, StoreError, OSError) as exc:
+        print(f"et ui: {output.printable(str(exc))}", file=sys.stderr)
+        return None
+    for line in res.problems:
+        print(f"et ui: warning: {output.printable(line)}", file=sys.stderr)
+    target = res.target or res.path
+    # a refresh reads again only what the first look named: the bucket, a project or a run
+    rel = target.relative_to(res.path).parts
+    base = url.rstrip("/")
+    for _ in rel:
+        base = base.rsplit("/", 1)[0]
+    seen = set(res.problems)
+
+    def refresh() -> list[str]:
+        from expr_tracker.sync.mirror import mirror
+
+        got = mirror(
+            base,
+            cache_dir=res.path,
+            endpoint_url=endpoint_url,
+            project=rel[0] if rel else None,
+            run=rel[1] if len(rel) > 1 else None,
+        )
+        for line in got.problems:
+            if line not in seen:  # each problem once on the terminal; every time in the API
+                seen.add(line)
+                print(f"et ui: warning: {output.printable(line)}", file=sys.stderr)
+        return got.problems
+
+    return target, refresh
+
+
 def run_ui(args: argparse.Namespace) -> int:
+    from expr_tracker.cli.sync import is_bucket_url
+
+    bucket_url = args.dir if is_bucket_url(args.dir) else None
     root = Path(args.dir)
-    if not root.is_dir():
+    if bucket_url is None and not root.is_dir():
         print(
             f"et ui: DIR {args.dir!r} is not a folder (a folder of runs or a run)", file=sys.stderr
         )
@@ -124,6 +184,12 @@ def run_ui(args: argparse.Namespace) -> int:
     if why is not None:
         print(f"et ui: {why} (another --port, or --host)", file=sys.stderr)
         return 1
+    refresh = None
+    if bucket_url is not None:  # copied now, after every check of the arguments
+        got = _bucket(bucket_url, args.endpoint_url)
+        if got is None:
+            return 1
+        root, refresh = got
     if token is None:
         print(
             "et ui: warning: --no-token: anyone who can reach the port "
@@ -144,9 +210,18 @@ def run_ui(args: argparse.Namespace) -> int:
     url = f"http://{shown}:{args.port}/"
     if token is not None:
         url += f"?token={token}"
-    print(f"et ui: serving {root} at {url} (Ctrl-C to stop)", file=sys.stderr)
+    what = f"{bucket_url} (read-only, through the local copy {root})" if bucket_url else str(root)
+    print(f"et ui: serving {what} at {url} (Ctrl-C to stop)", file=sys.stderr)
     try:
-        serve(root, args.host, args.port, cache_dir=args.cache_dir, token=token)
+        serve(
+            root,
+            args.host,
+            args.port,
+            cache_dir=args.cache_dir,
+            token=token,
+            source=bucket_url,
+            refresh=refresh,
+        )
     except KeyboardInterrupt:
         pass
     return 0

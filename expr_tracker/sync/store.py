@@ -33,6 +33,7 @@ import fcntl
 import hashlib
 import os
 import secrets
+import threading
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any, Protocol
@@ -53,6 +54,7 @@ __all__ = [
 
 #: the largest object read whole (a manifest, a small run file): 64 MiB
 MAX_OBJECT_BYTES = 64 << 20
+_MAKING = threading.Lock()
 
 
 class StoreError(ExprTrackerError):
@@ -150,6 +152,12 @@ class S3Store:
     @property
     def _client(self) -> Any:
         """The boto3 client, made on first use (a sync with nothing to do imports no boto3)."""
+        if self._made is None:
+            with _MAKING:  # one client, however many threads ask first (sync/mirror.py)
+                return self._make()
+        return self._made
+
+    def _make(self) -> Any:
         if self._made is None:
             import boto3
             from botocore.config import Config

@@ -144,6 +144,12 @@ class Catalog:
                 self._runs, self._at = runs, now
             return self._runs
 
+    def invalidate(self) -> None:
+        """Search the folder again at the next look (runs added since, e.g. by a refresh
+        of a bucket's copy), however recent the last search."""
+        with self._lock:
+            self._at = -1e18
+
     def get(self, run_id: str) -> list[Producer]:
         """The producers of ``run_id`` (the id the runs table gives, else a name by the rule
         of every command: ``catalog.match_runs``, docs/cli.md "Naming a run");

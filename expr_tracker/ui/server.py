@@ -49,6 +49,7 @@ from __future__ import annotations
 import json
 import os
 import threading
+from collections.abc import Callable, Sequence
 from importlib import resources
 from pathlib import Path
 from typing import Any
@@ -64,6 +65,15 @@ INSTALL_HINT = "pip install 'expr-tracker[ui]'"
 HEAVY_LIMIT = 2
 #: the ``Retry-After`` of that 503, seconds
 RETRY_AFTER_S = 5
+#: seconds between two refreshes of a served source (``et ui s3://...``): a page load
+#: within this time of the last refresh reads the copy as it is
+REFRESH_TTL = 2.0
+#: the methods served; anything else is refused (405) with :data:`READ_ONLY`
+READ_METHODS = ("GET", "HEAD")
+READ_ONLY = (
+    "read-only: the dashboard changes nothing; tag, archive, rename or remove runs with "
+    "et runs tag|archive|mv|rm where they are written"
+)
 
 _STATIC = ("app.js", "media.js", "style.css")
 _TYPES = {".js": "text/javascript; charset=utf-8", ".css": "text/css; charset=utf-8"}
@@ -157,6 +167,8 @@ def create_app(
     host: str | None = None,
     port: int | None = None,
     heavy_limit: int = HEAVY_LIMIT,
+    source: str | None = None,
+    refresh: Callable[[], Sequence[str]] | None = None,
 ):
     """The Starlette app serving the runs under ``root``.
 
@@ -167,6 +179,18 @@ def create_app(
     token (``et ui --no-token``; ``et ui`` itself always passes one unless told so).
     ``port``: names the login cookie (one per port). ``heavy_limit``: traces and compares
     served at once (more: 503).
+
+    ``source``: what ``root`` stands for, when it is a copy (``s3://bucket/prefix`` for
+    ``et ui s3://...``): ``/api/runs`` names it, and a refused write says so.
+    ``refresh``: called (at most every :data:`REFRESH_TTL` seconds, one at a time, in a
+    worker thread) before ``/api/runs``, ``/api/run`` and ``/api/points`` (a live page's
+    polling) answer, to bring ``root`` up to date
+    with ``source`` (docs/team.md "The dashboard over a bucket"); it returns problems to
+    report (``/api/runs`` ``refresh_problems``), and an exception it raises is reported the
+    same way (``refresh_error``) while the copy is served as it is.
+
+    Only GET and HEAD are served: any other method is answered 405 with a JSON ``error``
+    saying the dashboard is read-only (:data:`READ_ONLY`).
 
     Raises:
         ImportError: starlette, uvicorn or plotly missing (names the extra).
@@ -190,6 +214,7 @@ def create_app(
         raise FileNotFoundError(f"DIR {str(root)!r} is not a folder (a folder of runs or a run)")
     catalog = Catalog(root, cache_dir)
     heavy = _Heavy(heavy_limit)
+    refresher = _Refresher(refresh, catalog) if refresh is not None else None
     assets = {name: _static(name) for name in _STATIC}
     assets["plotly.min.js"] = plotly_js()
     index = _static("index.html")
@@ -286,8 +311,11 @@ def create_app(
 
     def api_runs(request: Any) -> Any:
         q = request.query_params
+        state = refresher() if refresher is not None else {}
         return {
             "root": str(root),
+            **({"source": source} if source is not None else {}),
+            **state,
             **runs.runs_page(
                 catalog,
                 columns=q.get("columns"),
@@ -300,6 +328,8 @@ def create_app(
     def api_run(request: Any) -> Any:
         qp = request.query_params
         pin = [m for v in qp.getlist("pin") for m in v.split(",") if m]
+        if refresher is not None:
+            refresher()
         return runpage.run_detail(
             catalog, q_str(request, "run"), pin=pin, baseline=qp.get("baseline") or None
         )
@@ -375,6 +405,8 @@ def create_app(
                 raise BadRequest(f"since={v!r} is not PRODUCER:STEP") from None
             if not sep or not label:
                 raise BadRequest(f"since={v!r} is not PRODUCER:STEP")
+        if refresher is not None:  # a live run's page polls: follow the bucket's syncs
+            refresher()
         return series.new_points(
             catalog,
             q_str(request, "run"),
@@ -489,9 +521,63 @@ def create_app(
         cookie=cookie_name(port),
         headers=SECURITY_HEADERS,
     )
-    app = Starlette(routes=routes, middleware=[guard])
+    refuse = READ_ONLY + (f" (for a bucket: there, then et sync to {source})" if source else "")
+    read_only = Middleware(_ReadOnly, message=refuse, headers=SECURITY_HEADERS)
+    app = Starlette(routes=routes, middleware=[guard, read_only])
     app.state.catalog = catalog
     return app
+
+
+class _Refresher:
+    """Brings the served folder up to date with its source (``refresh``), at most every
+    :data:`REFRESH_TTL` seconds and one at a time (a request arriving meanwhile waits for the
+    refresh under way, then reads what it brought); the catalog looks at the folder again
+    after each. Returns what ``/api/runs`` reports of the last refresh."""
+
+    def __init__(self, refresh: Callable[[], Sequence[str]], catalog: Catalog) -> None:
+        import time
+
+        self._refresh, self._catalog, self._clock = refresh, catalog, time.monotonic
+        self._lock = threading.Lock()
+        self._at = -1e18
+        self._state: dict[str, Any] = {}
+
+    def __call__(self) -> dict[str, Any]:
+        with self._lock:
+            if self._clock() - self._at >= REFRESH_TTL:
+                try:
+                    problems = list(self._refresh())
+                    self._state = {"refresh_problems": problems} if problems else {}
+                except Exception as exc:  # noqa: BLE001 - the copy is served as it is
+                    self._state = {
+                        "refresh_error": why(exc) if isinstance(exc, OSError) else str(exc)
+                    }
+                self._at = self._clock()
+                self._catalog.invalidate()
+            return dict(self._state)
+
+
+class _ReadOnly:
+    """ASGI middleware: requests of a method other than GET or HEAD are answered 405 (JSON
+    ``error``: the dashboard is read-only, and where runs are changed), whatever the path."""
+
+    def __init__(self, app: Any, *, message: str, headers: dict[str, str]) -> None:
+        self.app = app
+        self.body = _dumps({"error": message})
+        self.headers = [
+            (b"content-type", b"application/json"),
+            (b"content-length", str(len(self.body)).encode()),
+            (b"allow", b"GET, HEAD"),
+            (b"cache-control", b"no-store"),
+            *((k.lower().encode(), v.encode()) for k, v in headers.items()),
+        ]
+
+    async def __call__(self, scope: dict[str, Any], receive: Any, send: Any) -> None:
+        if scope["type"] == "http" and scope.get("method", "GET") not in READ_METHODS:
+            await send({"type": "http.response.start", "status": 405, "headers": self.headers})
+            await send({"type": "http.response.body", "body": self.body})
+            return
+        await self.app(scope, receive, send)
 
 
 def serve(
@@ -502,10 +588,21 @@ def serve(
     cache_dir: str | os.PathLike[str] | None = None,
     token: str | None = None,
     log_level: str = "warning",
+    source: str | None = None,
+    refresh: Callable[[], Sequence[str]] | None = None,
 ) -> None:
-    """Serve the dashboard until interrupted (uvicorn); ``token`` as :func:`create_app`."""
+    """Serve the dashboard until interrupted (uvicorn); ``token``, ``source`` and
+    ``refresh`` as :func:`create_app`."""
     _, uvicorn = import_web()
-    app = create_app(root, cache_dir=cache_dir, token=token, host=host, port=port)
+    app = create_app(
+        root,
+        cache_dir=cache_dir,
+        token=token,
+        host=host,
+        port=port,
+        source=source,
+        refresh=refresh,
+    )
     # no colour codes: et ui's stderr escapes control characters (warnings name run files)
     uvicorn.run(
         app, host=host, port=port, log_level=log_level, server_header=False, use_colors=False
