@@ -25,6 +25,13 @@ Measured on the 2-core development machine while shared (load average ~15), 10 r
 100,000 steps (a tenth of the budget's scale): ``vector`` 0.56 s CPU (1.5 s wall), ``read``
 1.2 s CPU, ``cli`` 2.4 s CPU (6.9 s wall, imports included), ``replay`` 7.6 s a run
 (~76 s for the ten); first cache build 192 s.
+
+At the budget's full scale (100 runs x 100,000 steps, load average 8-12 on the 2 cores):
+``vector`` 5.3 s CPU (16.3 s wall), ``read`` 5.4 s CPU (21.9 s wall), ``cli`` 10.3 s CPU
+(31.1 s wall): at the 10 s budget in CPU time, over it in wall time while the machine is
+shared; first cache build 107 s. Per run, ``vector`` spends most in ``ema(loss[20], 0.1) -
+median(loss[21])`` (16 ms), ``slope`` and ``zscore`` (9 ms each); ``read`` half in the
+Parquet read, half in ``_read_merged``.
 """
 
 from __future__ import annotations

@@ -15,6 +15,7 @@ from __future__ import annotations
 import math
 import sys
 import time
+from collections.abc import Callable
 from pathlib import Path
 
 import hydra
@@ -68,7 +69,12 @@ def evaluate(model: nn.Module, x: torch.Tensor, y: torch.Tensor) -> dict[str, fl
     }
 
 
-def train(cfg: DictConfig) -> et.Run:
+def train(
+    cfg: DictConfig, on_eval: Callable[[int, int, dict[str, float]], None] | None = None
+) -> et.Run:
+    """Train and track; the run is left open (the caller finishes it). ``on_eval(epoch,
+    step, metrics)`` is called after each epoch's evaluation is logged: an Optuna objective
+    reports ``metrics["eval/loss"]`` there and may raise ``optuna.TrialPruned``."""
     torch.manual_seed(cfg.seed)
     torch.set_num_threads(1)
     (x_tr, y_tr), (x_te, y_te) = make_data(cfg)
@@ -117,6 +123,8 @@ def train(cfg: DictConfig) -> et.Run:
                 with et.span("eval"):
                     metrics.update(evaluate(model, x_te, y_te))
             et.log(metrics)
+            if on_eval is not None and "eval/loss" in metrics:
+                on_eval(epoch, step, metrics)
             step += 1
     return run
 

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import logging
 import os
+import re
 import time
 from collections.abc import Callable
 from pathlib import Path
@@ -25,6 +26,17 @@ log = logging.getLogger("expr_tracker")
 
 _READ = 1 << 20
 _loads = orjson.loads
+#: a JSON number as the writers write it (orjson; the standard module's NaN and Infinity)
+_NUMBER = rb"(-?(?:[0-9]+(?:\.[0-9]*)?(?:[eE][-+]?[0-9]+)?|Infinity)|NaN)"
+#: the step of a row (a literal, found by a fast search)
+_STEP = re.compile(rb'"_step": ?([0-9]+) ?(?=[,}])')
+
+
+def _value_pattern(key: bytes) -> re.Pattern[bytes]:
+    """A number held by ``key`` (quoted, as in a line): ``"key":`` is a literal, found by
+    a fast search. A ``"`` inside a JSON string is always escaped, so it never matches
+    inside a string; a nested ``{...}`` is ruled out by the caller."""
+    return re.compile(re.escape(key) + rb": ?" + _NUMBER + rb"(?= ?[,}])")
 
 
 class PeerFiles:
@@ -37,7 +49,7 @@ class PeerFiles:
         interval: seconds between two polls of the files (0: every call).
         clock: monotonic seconds (injectable).
 
-    ``poll(names)`` returns ``[(rank, step, name, value)]`` for the tracked names in the
+    ``poll(names)`` returns ``[(rank, name, steps, values)]`` for the tracked names in the
     complete lines appended since the last poll. A file not there yet is
     retried at the next poll; one that cannot be read (not a regular file, outside the run
     directory, an I/O error) is given up with one warning.
@@ -62,21 +74,30 @@ class PeerFiles:
         self._fds: dict[int, int] = {}
         self._rest: dict[int, bytes] = {}
         self._dead: set[int] = set()
-        self._next = 0.0
+        self._patterns: dict[bytes, re.Pattern[bytes]] = {}
+        self.next_poll = 0.0  # the clock time of the next poll that reads
         self.bytes_read = 0
         self.lines = 0
         self.polls = 0
 
-    def poll(self, names: dict[bytes, str]) -> list[tuple[int, int, str, float]]:
-        """``[(rank, step, name, value)]`` of the tracked ``names`` (the key as it appears in
-        a line, ``b'"time_ms/forward"'`` -> the name) in the complete lines appended since
-        the last poll; nothing when the last poll was less than ``interval`` ago."""
+    def poll(self, names: dict[bytes, str]) -> list[tuple[int, str, list[int], list[float]]]:
+        """``[(rank, name, steps, values)]``: per peer and tracked name (the key as it
+        appears in a line, ``b'"time_ms/forward"'`` -> the name), the steps and numeric
+        values in the complete lines appended since the last poll, in file order (a later
+        line of a step after an earlier one); nothing when the last poll was less than
+        ``interval`` ago.
+
+        The bytes read are scanned at once, not line by line: when every line is a flat
+        row as the history writer writes it and holds the name with a number (a span's
+        time, every step), one search for the steps and one for the values; otherwise (a
+        line without the name, a patch line, another layout, a nested value) the lines
+        holding the name are decoded as one JSON array (line by line if that fails)."""
         now = self.clock()
-        if now < self._next:
+        if now < self.next_poll:
             return []
-        self._next = now + self.interval
+        self.next_poll = now + self.interval
         self.polls += 1
-        out: list[tuple[int, int, str, float]] = []
+        out: list[tuple[int, str, list[int], list[float]]] = []
         for r in self.ranks:
             if r in self._dead:
                 continue
@@ -100,31 +121,69 @@ class PeerFiles:
             buf = rest + data if rest else data
             cut = buf.rfind(b"\n") + 1
             self._rest[r] = buf[cut:]
-            for line in buf[:cut].split(b"\n"):
-                for key in names:
-                    if key in line:
-                        break
-                else:
-                    continue  # an empty line, or none of the names
-                self.lines += 1
-                try:
-                    row = _loads(line)
-                except ValueError:
-                    try:
-                        row = decode_line(line)  # NaN / Infinity tokens
-                    except ValueError:
-                        continue
-                if type(row) is not dict:
+            if not cut:
+                continue
+            chunk = buf[:cut] if cut < len(buf) else buf
+            n = chunk.count(b"\n")
+            steps: list[int] | None = None  # every line's step, when every line is a flat row
+            for key, name in names.items():
+                k = chunk.count(key)
+                if not k:
                     continue
-                step = row.get("_step")
-                if type(step) is not int:
-                    continue
-                for name in names.values():
-                    v = row.get(name)
-                    t = type(v)
-                    if t is float or t is int:
-                        out.append((r, step, name, float(v)))  # type: ignore[arg-type]
+                self.lines += k
+                if k == n:  # the key on every line: read the whole chunk at once
+                    if steps is None:
+                        steps = self._steps(chunk, n)
+                    if steps:
+                        pattern = self._patterns.get(key)
+                        if pattern is None:
+                            pattern = self._patterns[key] = _value_pattern(key)
+                        found = pattern.findall(chunk)
+                        if len(found) == n:
+                            out.append((r, name, steps, list(map(float, found))))
+                            continue
+                out.append((r, name, *self._decode(chunk, key, name)))
         return out
+
+    @staticmethod
+    def _steps(chunk: bytes, n: int) -> list[int]:
+        """The step of each of the ``n`` lines of ``chunk`` when every line is a flat row
+        (no ``{`` but the row's own: nothing nested) holding an integer ``_step``, else
+        ``[]``."""
+        if chunk.count(b"{") != n:
+            return []
+        found = _STEP.findall(chunk)
+        return list(map(int, found)) if len(found) == n else []
+
+    @staticmethod
+    def _decode(chunk: bytes, key: bytes, name: str) -> tuple[list[int], list[float]]:
+        """Each line holding ``key`` decoded as JSON (all of them in one call when they all
+        decode; else line by line, NaN and Infinity tokens accepted, a bad line skipped):
+        the steps and numeric values of ``name``."""
+        lines = [line for line in chunk.split(b"\n") if key in line]
+        try:
+            rows = _loads(b"[" + b",".join(lines) + b"]")
+        except ValueError:
+            rows = None
+        if rows is None or len(rows) != len(lines):
+            rows = []
+            for line in lines:
+                try:
+                    rows.append(decode_line(line))
+                except ValueError:
+                    continue
+        steps: list[int] = []
+        values: list[float] = []
+        for row in rows:
+            if type(row) is not dict:
+                continue
+            step = row.get("_step")
+            v = row.get(name)
+            t = type(v)
+            if type(step) is int and (t is float or t is int):
+                steps.append(step)
+                values.append(float(v))  # type: ignore[arg-type]  # int or float, checked above
+        return steps, values
 
     @staticmethod
     def _read(fd: int) -> bytes:

@@ -14,9 +14,8 @@ values are missing (UNKNOWN), with one warning per file.
 from __future__ import annotations
 
 import logging
+from collections import deque
 from collections.abc import Sequence
-from heapq import heapify, heappop, heappush, nlargest
-from typing import Any
 
 from expr_tracker.history.peerfiles import PeerFiles
 
@@ -24,10 +23,11 @@ __all__ = ["PeerFiles", "RankSkew", "rank_skew"]  # PeerFiles: from peerfiles.py
 
 log = logging.getLogger("expr_tracker")
 
-#: complete-but-unjudged steps kept per metric: past it the oldest are skipped (rank 0
-#: evaluates less often than peers complete steps); also bounds steps no rank 0 row reached
+#: steps kept waiting per metric and rank: past it the oldest are skipped (a rank that
+#: stopped writing the metric; rank 0 far behind its peers)
 MAX_PENDING = 4096
-_READ = 1 << 20
+#: a peer's table size that makes it pruned (amortised: a few per MAX_PENDING steps)
+_LIMIT = MAX_PENDING + 256
 
 
 def rank_skew(values: Sequence[float]) -> tuple[float, int] | None:
@@ -65,17 +65,18 @@ def rank_skew(values: Sequence[float]) -> tuple[float, int] | None:
 
 
 class _Metric:
-    """One metric's per-step values across ranks, until each step is judged."""
+    """One metric's values across ranks, until each step is judged: rank 0's own values in
+    step order, and per peer its values by step and the highest step it wrote."""
 
-    __slots__ = ("key", "steps", "ready", "judged", "last", "at", "at_answer", "limit")
+    __slots__ = ("key", "own", "own_top", "peers", "top", "judged", "last", "at", "at_answer")
 
-    def __init__(self, name: str) -> None:
+    def __init__(self, name: str, world: int) -> None:
         self.key = ('"' + name + '"').encode()
-        # step -> [ranks still missing, value of rank 0, of rank 1, ...]
-        self.steps: dict[int, list[Any]] = {}
-        self.ready: list[int] = []  # a heap of the steps every rank has written
+        self.own: deque[tuple[int, float]] = deque()  # rank 0's (step, value), not judged
+        self.own_top = -1  # rank 0's newest step seen
+        self.peers: list[dict[int, float]] = [{} for _ in range(world - 1)]  # rank r at r-1
+        self.top = [-1] * (world - 1)  # each peer's highest step holding the metric
         self.judged = -1  # the newest step judged
-        self.limit = 128  # the table's size that makes _prune run
         self.last: tuple[int, float, int] | None = None  # (step, skew, slowest rank)
         self.at: int | None = None  # the rank-0 step of the last call
         self.at_answer: tuple[float, int] | None = None  # and its answer
@@ -85,15 +86,18 @@ class RankSkew:
     """``skew(m)`` on rank 0: each step judged once, when every rank has written it.
 
     ``skew(name, at, step, value)`` is called by the rule at rank 0's step ``at`` with rank
-    0's own latest ``value`` of ``name`` (recorded at ``step``); it polls the peers' files and returns ``(skew, slowest rank)`` of
-    the oldest step not judged yet that every rank has reached, or None (UNKNOWN) when no
-    step became complete since the last judgement (a rank that has not written the step
-    yet is missing). Calls for the same rank-0 step return the same answer (two rules, or
-    the ``{expr}`` rendering, never judge a second step). ``last(name)``: the last
-    judgement, ``(step, skew, rank)``, for ``{rank}`` in messages.
+    0's own latest ``value`` of ``name`` (recorded at ``step``); it polls the peers' files
+    and returns ``(skew, slowest rank)`` of the oldest step not judged yet that every rank
+    has reached, or None (UNKNOWN) when no step became complete since the last judgement
+    (a rank that has not written the step yet is missing; a step a rank passed over without
+    writing the metric is never complete and is skipped). Each rank writes its steps in
+    order, so the oldest of rank 0's waiting steps is the only candidate. Calls for the
+    same rank-0 step return the same answer (two rules, or the ``{expr}`` rendering, never
+    judge a second step). ``last(name)``: the last judgement, ``(step, skew, rank)``, for
+    ``{rank}`` in messages.
 
-    Cost per call: a dict lookup, a clock read, and, once per ``interval``, one ``read``
-    per peer file plus decoding the new lines that hold a tracked name.
+    Cost per call: a few dict and deque operations, a clock read, and, once per
+    ``interval``, one ``read`` per peer file and one scan of the bytes read per name.
     """
 
     def __init__(self, peers: PeerFiles) -> None:
@@ -110,73 +114,100 @@ class RankSkew:
         ``value`` of it (recorded at ``step``): ``(skew, slowest rank)`` or None."""
         m = self._metrics.get(name)
         if m is None:
-            m = self._metrics[name] = _Metric(name)
+            m = self._metrics[name] = _Metric(name, self.world)
             self._keys = {**self._keys, m.key: name}
         if at is None or step is None:
             return None
         if m.at == at:
             return m.at_answer
         m.at = at
-        m.at_answer = answer = self._judge(m, step, value)
+        own = m.own
+        if value is not None:
+            if step > m.own_top:
+                m.own_top = step
+                own.append((step, value))
+                if len(own) > MAX_PENDING:  # a rank stopped writing the metric
+                    own.popleft()
+            elif own and own[-1][0] == step:
+                own[-1] = (step, value)
+        files = self.peers
+        if files.clock() >= files.next_poll:  # the clock check without the call
+            polled = files.poll(self._keys)
+            if polled:
+                self._take(polled)
+        answer: tuple[float, int] | None = None
+        peers = m.peers
+        top = m.top
+        while own:
+            s, v0 = own[0]
+            if len(peers) == 1:  # two ranks: the common case
+                v1 = peers[0].pop(s, None)
+                if v1 is None:
+                    if top[0] > s:  # rank 1 passed over this step
+                        own.popleft()
+                        continue
+                    break  # rank 1 has not reached it yet
+                own.popleft()
+                m.judged = s
+                self.judgements += 1
+                answer = rank_skew((v0, v1))
+                if answer is not None:
+                    m.last = (s, answer[0], answer[1])
+                break
+            vals = [v0]
+            state = 0  # 0: every rank wrote it, 1: a rank has not reached it, 2: passed over
+            for i, d in enumerate(peers):
+                v = d.get(s)
+                if v is not None:
+                    vals.append(v)
+                elif top[i] > s:
+                    state = 2
+                    break
+                else:
+                    state = 1
+            if state == 2:
+                own.popleft()
+                continue
+            if state == 1:
+                break
+            own.popleft()
+            for d in peers:
+                del d[s]
+            m.judged = s
+            self.judgements += 1
+            answer = rank_skew(vals)
+            if answer is not None:
+                m.last = (s, answer[0], answer[1])
+            break
+        m.at_answer = answer
         return answer
 
-    def _judge(self, m: _Metric, step: int, value: float | None) -> tuple[float, int] | None:
-        if value is not None:
-            self._put(m, step, 0, value)
+    def _take(self, polled: list[tuple[int, str, list[int], list[float]]]) -> None:
+        """Store the peers' new values (a later line of a step replaces an earlier one)."""
         metrics = self._metrics
-        for rank, s, name, v in self.peers.poll(self._keys):
-            self._put(metrics[name], s, rank, v)
-        steps = m.steps
-        if len(steps) > m.limit:  # amortised: at most every doubling of the table
-            self._prune(m)
-        ready = m.ready
-        if not ready:
-            return None
-        s = heappop(ready)
-        if len(ready) > MAX_PENDING:  # rank 0 judges slower than steps complete: skip the
-            keep = nlargest(MAX_PENDING // 2, ready)  # oldest half (amortised)
-            for old in ready:
-                if old < keep[-1]:
-                    steps.pop(old, None)
-            ready[:] = keep
-            heapify(ready)
-        judged = steps.pop(s)
-        m.judged = s
-        self.judgements += 1
-        res = rank_skew(judged[1:])  # complete: no None left
-        if res is not None:
-            m.last = (s, res[0], res[1])
-        return res
+        for rank, name, steps, values in polled:
+            if not steps:
+                continue
+            m = metrics[name]
+            d = m.peers[rank - 1]
+            d.update(zip(steps, values, strict=True))
+            hi = max(steps)
+            if hi > m.top[rank - 1]:
+                m.top[rank - 1] = hi
+            if len(d) > _LIMIT:
+                self._prune(m, d)
 
     @staticmethod
-    def _prune(m: _Metric) -> None:
-        """Drop the steps that can no longer be judged (older than the last judged one: a
-        rank never wrote them) and, past ``MAX_PENDING`` waiting, the oldest (a rank that
-        stopped writing the metric); then wait for the table to double again."""
-        steps = m.steps
-        for old in [x for x in steps if x <= m.judged]:
-            del steps[old]
-        if len(steps) > MAX_PENDING:
-            waiting = sorted(steps)
-            for old in waiting[: len(waiting) - MAX_PENDING]:
-                del steps[old]
-            ready = set(m.ready)
-            if ready - steps.keys():
-                m.ready = [x for x in m.ready if x in steps]
-                heapify(m.ready)
-        m.limit = max(2 * len(steps), 128)
-
-    def _put(self, m: _Metric, step: int, rank: int, value: float) -> None:
-        if step <= m.judged:
-            return
-        vals = m.steps.get(step)
-        if vals is None:
-            vals = m.steps[step] = [self.world] + [None] * self.world
-        if vals[rank + 1] is None:
-            vals[0] -= 1
-            if vals[0] == 0:
-                heappush(m.ready, step)
-        vals[rank + 1] = value
+    def _prune(m: _Metric, d: dict[int, float]) -> None:
+        """Drop a peer's values that can no longer be judged (steps rank 0 is past without
+        them waiting) and, past ``MAX_PENDING``, the oldest (rank 0 stopped writing the
+        metric, or is far behind)."""
+        floor = m.own[0][0] if m.own else m.own_top + 1
+        for old in [x for x in d if x < floor]:
+            del d[old]
+        if len(d) > MAX_PENDING:
+            for old in sorted(d)[: len(d) - MAX_PENDING]:
+                del d[old]
 
     def last(self, name: str) -> tuple[int, float, int] | None:
         """The last judgement of ``name`` (``.`` read as ``/`` too): (step, skew, rank)."""

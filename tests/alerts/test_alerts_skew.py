@@ -111,7 +111,7 @@ def test_a_step_a_rank_skipped_is_passed_over_and_memory_stays_bounded(tmp_path,
     for s in range(6, 400):  # rank 1 stopped: rank 0's own values wait, bounded
         assert sk.skew(KEY, s, s, 10.0) is None
     m = sk._metrics[KEY]
-    assert len(m.steps) <= 2 * 8 + 128 and not m.ready
+    assert len(m.own) <= 8 and len(m.peers[0]) <= 4  # rank 1's steps 0-4 judged or passed
     write_rows(tmp_path / "metrics.rank1.jsonl", [row(s, 30.0) for s in range(390, 400)])
     assert sk.skew(KEY, 400, 400, 10.0) == (pytest.approx(1.5), 1)  # judging resumes
     sk.close()
@@ -200,3 +200,93 @@ def test_a_rank0_run_reads_its_peers(tmp_path, monkeypatch):
     et.finish()
     fired = [e for e in cap.events if e.kind == "firing"]
     assert [e.message for e in fired] == ["straggler rank 1"]
+
+
+def reference_poll(data: bytes, name: str):
+    """What a reader decoding each line as JSON finds: (steps, values) of ``name``."""
+    steps, values = [], []
+    for line in data.split(b"\n"):
+        try:
+            r = json.loads(line)
+        except ValueError:
+            continue
+        if isinstance(r, dict) and type(r.get("_step")) is int:
+            v = r.get(name)
+            if type(v) in (int, float):
+                steps.append(r["_step"])
+                values.append(float(v))
+    return steps, values
+
+
+def _same(got, want):
+    gs, gv = got
+    ws, wv = want
+    return (
+        gs == ws
+        and len(gv) == len(wv)
+        and all(a == b or (a != a and b != b) for a, b in zip(gv, wv, strict=True))
+    )
+
+
+LINES = [  # each a layout a peer file may hold; the fast scan must agree with decoding them
+    lambda s: {"_step": s, "_time": 1.7e9, KEY: 0.25 * s, "loss": 1.0},
+    lambda s: {"_step": s, KEY: s},  # an int
+    lambda s: {"_step": s, KEY: float("nan")},  # the standard module's NaN (with spaces)
+    lambda s: {"_step": s, KEY: -float("inf"), "x": 1e-300},
+    lambda s: {"_step": s, "loss": 2.0},  # no such key: a step this rank did not time
+    lambda s: {"_step": s, "cfg": {KEY: 99.0}, KEY: 1.5},  # nested under another key
+    lambda s: {"_step": s, "note": f'"{KEY}": 7, {{'},  # the key inside a string
+    lambda s: {"_step": s, KEY: "fast"},  # not a number
+    lambda s: {"_step": s, KEY: True},  # bool is not a number here
+    lambda s: {"_step": s, KEY + "/x": 3.0},  # a longer name
+    lambda s: {"_time": 1.0, "_step": s, KEY: 2.5},  # another key order
+]
+
+
+@pytest.mark.parametrize(
+    "layouts", [[0], [1], [0, 2], [0, 3], [0, 4], [5], [0, 6], [7], [8], [9], [10], list(range(11))]
+)
+def test_the_chunk_scan_reads_what_decoding_each_line_reads(tmp_path, layouts):
+    import orjson
+
+    rows = [LINES[layouts[s % len(layouts)]](s) for s in range(40)]
+    data = b"".join(
+        (
+            orjson.dumps(r)
+            if all(
+                v == v and v not in (float("inf"), -float("inf"))
+                for v in r.values()
+                if isinstance(v, float)
+            )
+            else json.dumps(r).encode()
+        )
+        + b"\n"
+        for r in rows
+    )
+    (tmp_path / "metrics.rank1.jsonl").write_bytes(data)
+    files = PeerFiles(tmp_path, None, 2, interval=0.0)
+    polled = files.poll({('"' + KEY + '"').encode(): KEY})
+    files.close()
+    got = ([], [])
+    for _rank, _name, steps, values in polled:
+        got[0].extend(steps)
+        got[1].extend(values)
+    assert _same(got, reference_poll(data, KEY))
+
+
+def test_rows_as_the_writer_writes_them_are_scanned_without_decoding(tmp_path, monkeypatch):
+    run_dir = tmp_path / "r"
+    with et.init(run_dir=str(run_dir), name="r") as run:
+        for s in range(30):
+            et.log({"loss": 1.0 / (s + 1), KEY: 0.5 + s, "nan": float("nan") if s == 3 else 1.0})
+    path = run.dir / "metrics.jsonl"
+    (tmp_path / "metrics.rank1.jsonl").write_bytes(path.read_bytes())
+
+    def no_decoding(*args):
+        raise AssertionError("decoded line by line")
+
+    monkeypatch.setattr(PeerFiles, "_decode", staticmethod(no_decoding))
+    files = PeerFiles(tmp_path, None, 2, interval=0.0)
+    ((rank, name, steps, values),) = files.poll({('"' + KEY + '"').encode(): KEY})
+    files.close()
+    assert (rank, name, steps, values) == (1, KEY, list(range(30)), [0.5 + s for s in range(30)])
