@@ -191,7 +191,7 @@ def _load_or_build(
             if _current(meta, cached, metric):
                 return pm.load_at(d.fd, prefix)
             if _extendable(meta, cached, metric, root):
-                old = pm.load_at(d.fd, prefix, mmap=False)
+                old = pm.load_at(d.fd, prefix)
         except pm.PyramidError as exc:
             if "meta.json: missing" not in str(exc):
                 why = str(exc)
@@ -203,17 +203,6 @@ def _load_or_build(
             d.path,
             why,
         )
-    p = None
-    if old is not None:
-        x, y = _new_rows(cached, metric, con, source, old.meta["lines"])
-        if not x.size or x[0] > (old.xs[-1] if old.n else -np.inf):
-            if x.size > 1 and (np.diff(x) <= 0).any():
-                p = None
-            else:
-                old.extend(x, y)
-                p = old
-    if p is None:
-        p = pm.Pyramid(*_all_rows(cached, producer, metric, con, source))
     extra = {
         "metric": metric,
         "covered": cached.covered,
@@ -223,6 +212,25 @@ def _load_or_build(
         "ino": cached.ino,
         "merged": cached.merged,
     }
+    if old is not None:
+        x, y = _new_rows(cached, metric, con, source, old.meta["lines"])
+        if (not x.size or x[0] > (old.xs[-1] if old.n else -np.inf)) and not (
+            x.size > 1 and (np.diff(x) <= 0).any()
+        ):
+            try:  # in place: the new rows and buckets, then the meta (the commit point)
+                pm.append_at(d.fd, prefix, old, x, y, extra)
+                return pm.load_at(d.fd, prefix)
+            except pm.PyramidError as exc:  # a file planted or cut since it was read
+                _warner.warn(
+                    ("pyramid", str(d.path), str(exc)),
+                    "expr_tracker: the overlay summaries in %s were damaged or not their "
+                    "own (%s): rebuilt from the query cache",
+                    d.path,
+                    exc,
+                )
+            except OSError:  # nothing committed: a rebuild says why, or keeps it in memory
+                pass
+    p = pm.Pyramid(*_all_rows(cached, producer, metric, con, source))
     try:
         p.save_at(d.fd, prefix, extra)
     except OSError as exc:
