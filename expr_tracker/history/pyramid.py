@@ -19,10 +19,15 @@ Growth is append-only: :meth:`Pyramid.extend` recomputes only the buckets the ne
 in (the last partial bucket of each level and those after it); the result equals a build
 from scratch, array for array.
 
-Files (:meth:`Pyramid.save`, :func:`load`) are one ``.npy`` per column and per level in a
-folder beside the query cache parts. They are untrusted input (docs/query.md "Security"):
-:func:`load` checks every file's dtype and shape against the row count before use, never
-unpickles, and any mismatch raises :class:`PyramidError` so the caller rebuilds.
+Files (:meth:`Pyramid.save_at`, :func:`append_at`, :func:`load_at`) are raw columns in a
+folder beside the query cache parts: the rows (``xs``, ``ys``) and each level's complete
+buckets, which never change as rows are appended, named with a generation; each level's
+partial last bucket lives in the small ``meta.json``, the commit point: growth writes only
+past the committed lengths, then renames a new ``meta.json`` into place, so a reader or a
+crash sees the old state or the new one. They are untrusted input (docs/query.md
+"Security"): :func:`load_at` opens them without following links or waiting on FIFOs, checks
+the meta and every size against the row count, never unpickles, and any mismatch raises
+:class:`PyramidError` so the caller rebuilds.
 """
 
 from __future__ import annotations
@@ -47,6 +52,7 @@ __all__ = [
     "NODE",
     "Pyramid",
     "PyramidError",
+    "PyramidOutdated",
     "append_at",
     "build_or_load",
     "load",
@@ -89,6 +95,11 @@ NODE = np.dtype(
 class PyramidError(ValueError):
     """Bad input to a pyramid (unsorted or non-finite x, mismatched lengths) or a pyramid
     folder that does not match what it claims (wrong dtype, shape, version): rebuild it."""
+
+
+class PyramidOutdated(PyramidError):
+    """Files of another version or leaf size (written by another release): rebuild them,
+    nothing is wrong."""
 
 
 def _empty(n: int) -> np.ndarray:
@@ -502,8 +513,9 @@ def _append_raw_at(dir_fd: int, name: str, at: int, arr: np.ndarray) -> None:
             while data:
                 k = os.pwrite(fd, data, off)
                 data, off = data[k:], off + k
-        if st.st_size > size or arr.shape[0]:
+        if st.st_size > size:
             os.ftruncate(fd, size)  # what an append that died left past it
+        if st.st_size > size or arr.shape[0]:
             os.fsync(fd)
     finally:
         os.close(fd)
@@ -705,7 +717,7 @@ def load(folder: str | os.PathLike[str], *, mmap: bool = True) -> Pyramid:
     try:
         return load_at(fd, mmap=mmap)
     except PyramidError as e:
-        raise PyramidError(f"{d}/{e}") from None
+        raise type(e)(f"{d}/{e}") from None
     finally:
         os.close(fd)
 
@@ -738,7 +750,9 @@ def read_meta_at(dir_fd: int, prefix: str = "") -> dict[str, Any]:
         or meta.get("version") != VERSION
         or meta.get("leaf_log2") != LEAF_LOG2
     ):
-        raise PyramidError(f"{name}: version or leaf size differs ({meta!r:.200})")
+        if isinstance(meta, dict) and "version" in meta and "leaf_log2" in meta:
+            raise PyramidOutdated(f"{name}: version or leaf size differs ({meta!r:.200})")
+        raise PyramidError(f"{name}: not a pyramid's meta ({meta!r:.200})")
     n = meta.get("n")
     if not isinstance(n, int) or isinstance(n, bool) or n < 0:
         raise PyramidError(f"{name}: n={n!r} is not a row count")

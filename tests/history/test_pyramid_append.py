@@ -171,3 +171,19 @@ def test_a_file_planted_before_an_append_is_refused(tmp_path, what):
     r = pm.build_or_load(folder, np.append(xs, 1000.0), np.append(ys, 1.0))
     assert r.n == 1001 and not os.path.lexists(target)
     _same(pm.load(folder), pm.Pyramid(np.append(xs, 1000.0), np.append(ys, 1.0)))
+
+
+def test_files_of_the_previous_version_are_outdated_and_removed(tmp_path):
+    xs, ys = _series(1000)
+    # what version 1 wrote: .npy files and a meta.json without a generation
+    np.save(tmp_path / "xs.npy", xs)
+    np.save(tmp_path / "level0.npy", np.zeros(125, dtype=pm.NODE))
+    (tmp_path / "meta.json").write_text('{"version": 1, "n": 1000, "leaf_log2": 3, "levels": 8}')
+    (tmp_path / "notes.txt").write_text("not ours")
+    with pytest.raises(pm.PyramidOutdated, match="version"):
+        pm.load(tmp_path)
+    p = pm.build_or_load(tmp_path, xs, ys)
+    names = sorted(os.listdir(tmp_path))
+    assert "xs.npy" not in names and "level0.npy" not in names and "notes.txt" in names
+    gen = json.loads((tmp_path / "meta.json").read_text())["gen"]
+    assert f"{gen}-xs.f8" in names and p.n == 1000
