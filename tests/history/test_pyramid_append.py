@@ -46,7 +46,7 @@ def _sizes_exact(folder: Path, p: pm.Pyramid) -> None:
         assert os.path.getsize(f"{g}-level{k}.node") == f.shape[0] * pm.NODE.itemsize
 
 
-@settings(max_examples=30, deadline=None)
+@settings(max_examples=20, deadline=None)
 @given(
     st.lists(_vals, min_size=0, max_size=300),
     st.lists(st.integers(0, 300), min_size=1, max_size=4),
