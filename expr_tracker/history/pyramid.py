@@ -19,14 +19,20 @@ Growth is append-only: :meth:`Pyramid.extend` recomputes only the buckets the ne
 in (the last partial bucket of each level and those after it); the result equals a build
 from scratch, array for array.
 
-Files (:meth:`Pyramid.save`, :func:`load`) are one ``.npy`` per column and per level in a
-folder beside the query cache parts. They are untrusted input (docs/query.md "Security"):
-:func:`load` checks every file's dtype and shape against the row count before use, never
-unpickles, and any mismatch raises :class:`PyramidError` so the caller rebuilds.
+Files (:meth:`Pyramid.save_at`, :func:`append_at`, :func:`load_at`) are raw columns in a
+folder beside the query cache parts: the rows (``xs``, ``ys``) and each level's complete
+buckets, which never change as rows are appended, named with a generation; each level's
+partial last bucket lives in the small ``meta.json``, the commit point: growth writes only
+past the committed lengths, then renames a new ``meta.json`` into place, so a reader or a
+crash sees the old state or the new one. They are untrusted input (docs/query.md
+"Security"): :func:`load_at` opens them without following links or waiting on FIFOs, checks
+the meta and every size against the row count, never unpickles, and any mismatch raises
+:class:`PyramidError` so the caller rebuilds.
 """
 
 from __future__ import annotations
 
+import base64
 import errno
 import json
 import os
@@ -46,6 +52,8 @@ __all__ = [
     "NODE",
     "Pyramid",
     "PyramidError",
+    "PyramidOutdated",
+    "append_at",
     "build_or_load",
     "load",
     "load_at",
@@ -62,7 +70,7 @@ LEAF = 1 << LEAF_LOG2
 #: runs queried together by :func:`query_many` (fewer numpy calls, arrays still in cache)
 CHUNK = 8
 #: version of the files; another one is rebuilt
-VERSION = 1
+VERSION = 2
 
 #: one bucket: finite min/max (+inf/-inf and row -1 when the bucket has no finite row), their
 #: rows (first of equal ones), first/last finite row (-1: none), finite count and sum, and the
@@ -89,6 +97,11 @@ class PyramidError(ValueError):
     folder that does not match what it claims (wrong dtype, shape, version): rebuild it."""
 
 
+class PyramidOutdated(PyramidError):
+    """Files of another version or leaf size (written by another release): rebuild them,
+    nothing is wrong."""
+
+
 def _empty(n: int) -> np.ndarray:
     out = np.zeros(n, dtype=NODE)
     out["min"] = np.inf
@@ -98,13 +111,13 @@ def _empty(n: int) -> np.ndarray:
     return out
 
 
-def _from_rows(ys: np.ndarray, idx: np.ndarray, valid: np.ndarray) -> np.ndarray:
-    """Summaries of each row of ``idx`` (shape ``(m, w)``, row numbers into ``ys``, ascending
-    along a row; ``valid`` masks the cells that count)."""
+def _from_rows(ys: np.ndarray, idx: np.ndarray, valid: np.ndarray, base: int = 0) -> np.ndarray:
+    """Summaries of each row of ``idx`` (shape ``(m, w)``, row numbers, ascending along a
+    row; ``valid`` masks the cells that count); ``ys`` holds the rows from ``base`` on."""
     out = _empty(idx.shape[0])
     if idx.shape[0] == 0 or ys.shape[0] == 0:
         return out
-    y = ys[np.where(valid, idx, 0)]
+    y = ys[np.where(valid, idx - base, 0)]
     fin = valid & np.isfinite(y)
     lo = np.where(fin, y, np.inf)
     hi = np.where(fin, y, -np.inf)
@@ -128,12 +141,13 @@ def _from_rows(ys: np.ndarray, idx: np.ndarray, valid: np.ndarray) -> np.ndarray
     return out
 
 
-def _leaves(ys: np.ndarray, start: int) -> np.ndarray:
-    """Level-``LEAF_LOG2`` buckets from bucket ``start`` to the end of ``ys``."""
-    n = ys.shape[0]
+def _leaves(ys: np.ndarray, start: int, base: int = 0) -> np.ndarray:
+    """Level-``LEAF_LOG2`` buckets from bucket ``start`` to the last row; ``ys`` holds the
+    rows from ``base`` (at most ``start * LEAF``) on."""
+    n = base + ys.shape[0]
     m = -(-n // LEAF)
     idx = (np.arange(start, m)[:, None] * LEAF) + np.arange(LEAF)[None, :]
-    return _from_rows(ys, idx, idx < n)
+    return _from_rows(ys, idx, idx < n, base)
 
 
 def _merge(a: np.ndarray, b: np.ndarray) -> np.ndarray:
@@ -222,8 +236,42 @@ def _as_columns(xs: Any, ys: Any) -> tuple[np.ndarray, np.ndarray]:
     return x, y
 
 
+def _tails(
+    ytail: np.ndarray, old_n: int, n: int, full: list[np.ndarray]
+) -> list[tuple[int, np.ndarray]]:
+    """The buckets that change when rows ``[old_n, n)`` are appended, per level ``k``:
+    ``(s, buckets)``, the buckets from ``s`` (the number of complete buckets of ``old_n``
+    rows at that level) to the last one. ``ytail`` holds the rows from
+    ``old_n // LEAF * LEAF`` to ``n``; ``full`` the complete buckets of the old levels
+    (only the last of them is read)."""
+    start = old_n // LEAF
+    t = _leaves(ytail, start, start * LEAF)
+    out = [(start, t)]
+    for _ in range(1, len(_levels_for(n))):
+        s = start // 2
+        if 2 * s < start:  # the complete left child of the first changed parent
+            t = np.concatenate([np.asarray(full[len(out) - 1][2 * s : start]), t])
+        t = _pairs(t, 0)
+        out.append((s, t))
+        start = s
+    return out
+
+
+def _split(n: int, tails: list[tuple[int, np.ndarray]]) -> list[tuple[int, np.ndarray, np.ndarray]]:
+    """``(s, new complete buckets, the partial one)`` per level of ``_tails`` for ``n`` rows."""
+    out = []
+    for k, (s, t) in enumerate(tails):
+        f = n // (LEAF << k)  # complete buckets of n rows at level k
+        out.append((s, t[: f - s], t[f - s :]))
+    return out
+
+
 class Pyramid:
     """The summaries of one series (see the module doc).
+
+    Each level is kept as its complete buckets (``full[k]``, which never change as rows are
+    appended) and its last, partial bucket (``part[k]``, 0 or 1 of them);
+    :attr:`levels` joins them.
 
     Args:
         xs: x of each row, ascending, finite (steps or seconds); shape ``(n,)``.
@@ -235,32 +283,32 @@ class Pyramid:
 
     def __init__(self, xs: Any = (), ys: Any = ()) -> None:
         self.xs, self.ys = _as_columns(xs, ys)
-        self.levels: list[np.ndarray] = []  # levels[i] has bucket size 2 ** (LEAF_LOG2 + i)
+        self.full: list[np.ndarray] = []  # full[k]: complete buckets of 2 ** (LEAF_LOG2 + k)
+        self.part: list[np.ndarray] = []  # part[k]: the last bucket when partial (0 or 1)
         self.meta: dict[str, Any] = {}  # the meta.json it was loaded with (load_at)
-        self._grow(0)
+        self._apply(_split(self.n, _tails(self.ys, 0, self.n, [])))
 
     @property
     def n(self) -> int:
         """Rows summarised."""
         return int(self.xs.shape[0])
 
-    def _grow(self, old_n: int) -> None:
-        start = old_n // LEAF
-        if not self.levels:
-            self.levels.append(_empty(0))
-        lev = self.levels[0]
-        self.levels[0] = np.concatenate([lev[:start], _leaves(self.ys, start)])
-        i = 1
-        while self.levels[i - 1].shape[0] > 1:
-            start //= 2
-            if i == len(self.levels):
-                self.levels.append(_empty(0))
-                start = 0
-            self.levels[i] = np.concatenate(
-                [self.levels[i][:start], _pairs(self.levels[i - 1], start)]
-            )
-            i += 1
-        del self.levels[i:]
+    @property
+    def levels(self) -> list[np.ndarray]:
+        """Every level's buckets (level ``k``: ``ceil(n / 2 ** (LEAF_LOG2 + k))`` of
+        :data:`NODE`), joined from :attr:`full` and :attr:`part` (a copy when partial)."""
+        return [
+            np.concatenate([f, p]) if p.shape[0] else f
+            for f, p in zip(self.full, self.part, strict=True)
+        ]
+
+    def _apply(self, split: list[tuple[int, np.ndarray, np.ndarray]]) -> None:
+        full = []
+        for k, (s, new, _) in enumerate(split):
+            old = self.full[k][:s] if k < len(self.full) else new[:0]
+            full.append(np.concatenate([np.asarray(old), new]) if new.shape[0] else old)
+        self.full = full
+        self.part = [part for _, _, part in split]
 
     def extend(self, xs: Any, ys: Any) -> None:
         """Append rows (x ascending and not below the last x); only the buckets they fall
@@ -271,9 +319,10 @@ class Pyramid:
         if self.n and x[0] < self.xs[-1]:
             raise PyramidError(f"x = {x[0]!r} < the last x {self.xs[-1]!r}: rows are append-only")
         old = self.n
+        ytail = np.concatenate([np.asarray(self.ys[old // LEAF * LEAF :]), y])
         self.xs = np.concatenate([np.asarray(self.xs), x])
         self.ys = np.concatenate([np.asarray(self.ys), y])
-        self._grow(old)
+        self._apply(_split(self.n, _tails(ytail, old, self.n, self.full)))
 
     def query(self, lo: float, hi: float, pixels: int) -> dict[str, np.ndarray]:
         """Per-pixel summaries of the rows with ``lo <= x <= hi``.
@@ -293,8 +342,7 @@ class Pyramid:
         return query_many([self], lo, hi, pixels)[0]
 
     def save(self, folder: str | os.PathLike[str]) -> None:
-        """Write the pyramid to ``folder`` (created; files replaced atomically, the
-        ``meta.json`` last). See :meth:`save_at`."""
+        """Write the pyramid to ``folder`` (created). See :meth:`save_at`."""
         d = Path(folder)
         d.mkdir(parents=True, exist_ok=True)
         fd = os.open(d, _DIR_FLAGS)
@@ -304,29 +352,112 @@ class Pyramid:
             os.close(fd)
 
     def save_at(self, dir_fd: int, prefix: str = "", extra: dict[str, Any] | None = None) -> None:
-        """Write the pyramid into the folder open as ``dir_fd``, every file named
-        ``<prefix><name>``: ``xs.npy``, ``ys.npy``, ``level<k>.npy`` and ``meta.json`` (with
-        ``extra``'s keys besides its own), each written under a temporary name
-        (``.tmp-<pid>-<8 hex>.npy|json``, created exclusively, never through a link),
-        synced and renamed into place relative to the descriptor, ``meta.json`` last; a
-        link or FIFO planted at a final name is replaced, never followed. Level files of
-        an older, taller pyramid are removed. Raises ``OSError`` when writing fails."""
-        arrays = {"xs": self.xs, "ys": self.ys}
-        arrays.update({f"level{i}": lev for i, lev in enumerate(self.levels)})
-        for name, arr in arrays.items():
-            _write_at(dir_fd, f"{prefix}{name}.npy", lambda f, a=arr: _save_npy(f, a))
-        meta = dict(extra or {})
-        meta.update(
-            {"version": VERSION, "n": self.n, "leaf_log2": LEAF_LOG2, "levels": len(self.levels)}
-        )
-        _write_at(dir_fd, f"{prefix}meta.json", lambda f: f.write(json.dumps(meta).encode()))
-        k = len(self.levels)
-        while True:  # a taller pyramid written before (a rebuild of fewer rows)
+        """Write the pyramid whole into the folder open as ``dir_fd`` as a new generation
+        ``g`` (16 random hex digits): ``<prefix><g>-xs.f8``, ``-ys.f8`` (the rows, raw
+        little-endian float64) and ``-level<k>.node`` (the complete buckets of level ``k``,
+        raw :data:`NODE`), then ``<prefix>meta.json`` (``extra``'s keys besides its own: the
+        generation, the row count and each level's partial bucket), the commit point. Each
+        is written under a temporary name (``.tmp-<pid>-<8 hex>.dat|json``, created
+        exclusively, never through a link), synced and renamed into place relative to the
+        descriptor, so a link or FIFO planted at a final name is replaced, never followed;
+        the files of other generations of ``prefix`` are then removed (a reader that
+        opened them keeps them). Raises ``OSError`` when writing fails."""
+        gen = secrets.token_hex(8)
+        for name, arr in self._columns():
+            _write_at(dir_fd, f"{prefix}{gen}-{name}", lambda f, a=arr: _write_raw(f, a))
+        _commit(dir_fd, prefix, gen, self.n, self.part, extra)
+        _remove_stale(dir_fd, prefix, gen)
+
+    def _columns(self) -> list[tuple[str, np.ndarray]]:
+        out = [("xs.f8", self.xs), ("ys.f8", self.ys)]
+        out += [(f"level{k}.node", f) for k, f in enumerate(self.full)]
+        return out
+
+
+def append_at(
+    dir_fd: int,
+    prefix: str,
+    p: Pyramid,
+    xs: Any,
+    ys: Any,
+    extra: dict[str, Any] | None = None,
+) -> dict[str, Any]:
+    """Append rows to the pyramid ``p`` that :func:`load_at` read from ``dir_fd`` and
+    ``prefix``, in place: only the new rows and each level's new complete buckets are
+    written, past the lengths the current ``meta.json`` records (bytes already there, left
+    by an append that died before its commit, are overwritten or cut), each file synced;
+    then a new ``meta.json`` (same generation, ``extra``'s keys, the new row count and
+    partial buckets) is renamed into place, the commit point. A reader, or a crash, before
+    that sees the old state whole: no byte it reads is written. A level the pyramid did not
+    have is written whole under a temporary name and renamed. ``p`` itself is not changed
+    (read it again with :func:`load_at`).
+
+    Returns the new meta (as :func:`read_meta_at` would read it).
+
+    Raises:
+        PyramidError: the rows are not valid (see :class:`Pyramid`), ``p`` was not read
+            from these files, or a file to extend is no longer the regular file of this
+            user it was (planted since): rebuild.
+        OSError: writing failed (nothing committed).
+    """
+    x, y = _as_columns(xs, ys)
+    gen = p.meta.get("gen")
+    if not isinstance(gen, str) or not _GEN_RE.match(gen) or p.meta.get("n") != p.n:
+        raise PyramidError("the pyramid was not read from these files: rebuild")
+    if x.size and p.n and x[0] < p.xs[-1]:
+        raise PyramidError(f"x = {x[0]!r} < the last x {p.xs[-1]!r}: rows are append-only")
+    old, n = p.n, p.n + x.size
+    ytail = np.concatenate([np.asarray(p.ys[old // LEAF * LEAF :]), y])
+    split = _split(n, _tails(ytail, old, n, p.full))
+    cols = [("xs.f8", old, x), ("ys.f8", old, y)]
+    cols += [(f"level{k}.node", s, new) for k, (s, new, _) in enumerate(split)]
+    for k, (name, at, new) in enumerate(cols):
+        fname = f"{prefix}{gen}-{name}"
+        if k - 2 >= len(p.full):  # a new level
+            _write_at(dir_fd, fname, lambda f, a=new: _write_raw(f, a))
+        else:
+            _append_raw_at(dir_fd, fname, at, new)
+    return _commit(dir_fd, prefix, gen, n, [part for _, _, part in split], extra)
+
+
+def _commit(
+    dir_fd: int,
+    prefix: str,
+    gen: str,
+    n: int,
+    part: list[np.ndarray],
+    extra: dict[str, Any] | None,
+) -> dict[str, Any]:
+    meta = dict(extra or {})
+    meta.update(
+        {
+            "version": VERSION,
+            "n": n,
+            "leaf_log2": LEAF_LOG2,
+            "levels": len(part),
+            "gen": gen,
+            "part": [base64.b64encode(np.ascontiguousarray(b).tobytes()).decode() for b in part],
+        }
+    )
+    _write_at(dir_fd, f"{prefix}meta.json", lambda f: f.write(json.dumps(meta).encode()))
+    return meta
+
+
+def _remove_stale(dir_fd: int, prefix: str, gen: str) -> None:
+    """Remove the files of ``prefix`` of other generations (and of version 1)."""
+    try:
+        names = os.listdir(dir_fd)
+    except OSError:
+        return
+    for name in names:
+        rest = name[len(prefix) :] if name.startswith(prefix) else None
+        if rest is None or rest.startswith(gen + "-"):
+            continue
+        if _STALE_RE.match(rest):
             try:
-                os.unlink(f"{prefix}level{k}.npy", dir_fd=dir_fd)
-            except FileNotFoundError:
-                break
-            k += 1
+                os.unlink(name, dir_fd=dir_fd)
+            except OSError:
+                pass
 
 
 _DIR_FLAGS = os.O_RDONLY | getattr(os, "O_DIRECTORY", 0) | getattr(os, "O_CLOEXEC", 0)
@@ -343,16 +474,55 @@ _READ = (
     | getattr(os, "O_NONBLOCK", 0)
     | getattr(os, "O_CLOEXEC", 0)
 )
+_APPEND = os.O_WRONLY | getattr(os, "O_NOFOLLOW", 0) | getattr(os, "O_NONBLOCK", 0)
+_APPEND |= getattr(os, "O_CLOEXEC", 0)
 #: the temporary names :meth:`Pyramid.save_at` writes under (a builder that died leaves them)
-TMP_RE = re.compile(r"^\.tmp-[0-9]+-[0-9a-f]{8}\.(?:npy|json)$")
+TMP_RE = re.compile(r"^\.tmp-[0-9]+-[0-9a-f]{8}\.(?:npy|dat|json)$")
+_GEN_RE = re.compile(r"^[0-9a-f]{16}$")
+#: the data files of a prefix (after it), of any generation, and version 1's
+_STALE_RE = re.compile(
+    r"^(?:[0-9a-f]{16}-(?:xs\.f8|ys\.f8|level[0-9]+\.node)|(?:xs|ys|level[0-9]+)\.npy)$"
+)
 
 
-def _save_npy(f: Any, arr: np.ndarray) -> None:
-    np.save(f, np.ascontiguousarray(arr), allow_pickle=False)
+def _write_raw(f: Any, arr: np.ndarray) -> None:
+    f.write(np.ascontiguousarray(arr).data.cast("B"))
+
+
+def _append_raw_at(dir_fd: int, name: str, at: int, arr: np.ndarray) -> None:
+    """Write ``arr`` at item ``at`` of the raw file ``name`` (which must hold at least
+    ``at`` items: the committed ones), cut what lies past it, sync. Only a regular file of
+    this user, opened without following a link or waiting on a FIFO."""
+    size = (at + arr.shape[0]) * arr.dtype.itemsize
+    try:
+        fd = os.open(name, _APPEND, dir_fd=dir_fd)
+    except OSError as e:
+        why = "a symbolic link" if e.errno == errno.ELOOP else (e.strerror or str(e))
+        raise PyramidError(f"{name}: not writable ({why})") from None
+    try:
+        st = os.fstat(fd)
+        if not stat.S_ISREG(st.st_mode):
+            raise PyramidError(f"{name}: not a regular file")
+        if hasattr(os, "geteuid") and st.st_uid != os.geteuid():
+            raise PyramidError(f"{name}: owned by uid {st.st_uid}, not this user")
+        if st.st_size < at * arr.dtype.itemsize:
+            raise PyramidError(f"{name}: {st.st_size:,} bytes, shorter than what was committed")
+        if arr.shape[0]:
+            data = np.ascontiguousarray(arr).data.cast("B")
+            off = at * arr.dtype.itemsize
+            while data:
+                k = os.pwrite(fd, data, off)
+                data, off = data[k:], off + k
+        if st.st_size > size:
+            os.ftruncate(fd, size)  # what an append that died left past it
+        if st.st_size > size or arr.shape[0]:
+            os.fsync(fd)
+    finally:
+        os.close(fd)
 
 
 def _write_at(dir_fd: int, name: str, write: Any) -> None:
-    ext = "json" if name.endswith(".json") else "npy"
+    ext = "json" if name.endswith(".json") else "dat"
     tmp = f".tmp-{os.getpid()}-{secrets.token_hex(4)}.{ext}"
     fd = os.open(tmp, _NEW, 0o644, dir_fd=dir_fd)
     try:
@@ -392,32 +562,19 @@ def _open_regular_at(dir_fd: int, name: str) -> tuple[int, os.stat_result]:
     return fd, st
 
 
-def _read_npy_at(dir_fd: int, name: str, dtype: np.dtype, length: int, mmap: bool) -> np.ndarray:
-    """The 1-D array of ``length`` items of ``dtype`` in the ``.npy`` file ``name``: its
-    header parsed without pickles, its size checked, then memory-mapped (or read)."""
+def _read_raw_at(dir_fd: int, name: str, dtype: np.dtype, length: int, mmap: bool) -> np.ndarray:
+    """The first ``length`` items of ``dtype`` in the raw file ``name`` (bytes past them,
+    left by an append that died before its commit, are not read): its size checked, then
+    memory-mapped (or read)."""
     fd, st = _open_regular_at(dir_fd, name)
     with os.fdopen(fd, "rb") as f:
-        try:
-            version = np.lib.format.read_magic(f)
-            if version == (1, 0):
-                shape, fortran, dt = np.lib.format.read_array_header_1_0(f)
-            elif version in ((2, 0), (3, 0)):
-                shape, fortran, dt = np.lib.format.read_array_header_2_0(f)
-            else:
-                raise ValueError(f"format version {version}")
-        except (ValueError, EOFError, SyntaxError, TypeError) as e:
-            raise PyramidError(f"{name}: not an .npy file ({e})") from None
-        if dt != dtype or tuple(shape) != (length,) or fortran:
-            raise PyramidError(f"{name}: dtype {dt} shape {shape}, expected {dtype} ({length},)")
-        offset = f.tell()
-        if st.st_size != offset + length * dtype.itemsize:
-            raise PyramidError(
-                f"{name}: {st.st_size:,} bytes, expected {offset + length * dtype.itemsize:,}"
-            )
+        need = length * dtype.itemsize
+        if st.st_size < need:
+            raise PyramidError(f"{name}: {st.st_size:,} bytes, expected at least {need:,}")
         if length == 0:
             return np.empty(0, dtype=dtype)
         if mmap:  # a plain ndarray view (a memmap's indexing costs more per call)
-            mm = np.memmap(f, dtype=dtype, mode="r", offset=offset, shape=(length,))
+            mm = np.memmap(f, dtype=dtype, mode="r", offset=0, shape=(length,))
             return np.asarray(mm)
         a = np.fromfile(f, dtype=dtype, count=length)
         if a.shape != (length,):  # pragma: no cover - cut short while read
@@ -505,7 +662,7 @@ def _query_chunk(
     loff = (off[:-1] // LEAF)[:, None]
     lft = np.where(inner, la - np.repeat(loff.ravel(), pixels), 0)
     r = np.where(inner, lb - np.repeat(loff.ravel(), pixels), 0)
-    for level in range(max(len(p.levels) for p in pyramids)):
+    for level in range(max(len(p.full) for p in pyramids)):
         live = lft < r
         if not live.any():
             break
@@ -522,10 +679,16 @@ def _query_chunk(
         cut = np.searchsorted(sel, np.arange(nr + 1) * pixels)
         for k, p in enumerate(pyramids):
             if cut[k] < cut[k + 1]:
-                lev = p.levels[level]
+                full, part = p.full[level], p.part[level]
+                m = full.shape[0]
                 # bounded (a ufunc: np.clip costs more in Python than in numpy here)
-                at = np.minimum(np.maximum(ids[cut[k] : cut[k + 1]], 0), lev.shape[0] - 1)
-                recs.append(_matrix(lev)[at])
+                at = np.minimum(np.maximum(ids[cut[k] : cut[k + 1]], 0), m + part.shape[0] - 1)
+                if part.shape[0] and at.max() >= m:  # the partial bucket, kept apart
+                    got = _matrix(full)[np.minimum(at, m - 1)] if m else np.empty((at.size, _NF))
+                    got[at >= m] = _matrix(part)[0]
+                    recs.append(got)
+                else:
+                    recs.append(_matrix(full)[at])
                 owners.append(sel[cut[k] : cut[k + 1]])
         lft >>= 1
         r >>= 1
@@ -554,19 +717,20 @@ def load(folder: str | os.PathLike[str], *, mmap: bool = True) -> Pyramid:
     try:
         return load_at(fd, mmap=mmap)
     except PyramidError as e:
-        raise PyramidError(f"{d}/{e}") from None
+        raise type(e)(f"{d}/{e}") from None
     finally:
         os.close(fd)
 
 
-#: the largest meta.json read
-MAX_META_BYTES = 4096
+#: the largest meta.json read (its partial buckets take 120 bytes a level)
+MAX_META_BYTES = 16384
 
 
 def read_meta_at(dir_fd: int, prefix: str = "") -> dict[str, Any]:
     """The ``<prefix>meta.json`` of a pyramid written by :meth:`Pyramid.save_at`, checked
-    (version, leaf size, row count, levels). Raises :class:`PyramidError` when it is
-    missing, not a regular file of this user, too big, not JSON or does not match."""
+    (version, leaf size, row count, levels, generation, partial buckets). Raises
+    :class:`PyramidError` when it is missing, not a regular file of this user, too big, not
+    JSON or does not match."""
     name = f"{prefix}meta.json"
     fd, st = _open_regular_at(dir_fd, name)
     try:
@@ -586,63 +750,84 @@ def read_meta_at(dir_fd: int, prefix: str = "") -> dict[str, Any]:
         or meta.get("version") != VERSION
         or meta.get("leaf_log2") != LEAF_LOG2
     ):
-        raise PyramidError(f"{name}: version or leaf size differs ({meta!r:.200})")
+        if isinstance(meta, dict) and "version" in meta and "leaf_log2" in meta:
+            raise PyramidOutdated(f"{name}: version or leaf size differs ({meta!r:.200})")
+        raise PyramidError(f"{name}: not a pyramid's meta ({meta!r:.200})")
     n = meta.get("n")
     if not isinstance(n, int) or isinstance(n, bool) or n < 0:
         raise PyramidError(f"{name}: n={n!r} is not a row count")
-    if meta.get("levels") != len(_levels_for(n)):
-        raise PyramidError(f"{name}: levels={meta.get('levels')!r}, expected {len(_levels_for(n))}")
+    sizes = _levels_for(n)
+    if meta.get("levels") != len(sizes):
+        raise PyramidError(f"{name}: levels={meta.get('levels')!r}, expected {len(sizes)}")
+    gen = meta.get("gen")
+    if not isinstance(gen, str) or not _GEN_RE.match(gen):
+        raise PyramidError(f"{name}: gen={gen!r:.40} is not 16 hex digits")
+    part = meta.get("part")
+    if not isinstance(part, list) or len(part) != len(sizes):
+        raise PyramidError(f"{name}: part is not a list of {len(sizes)} buckets")
+    buckets = []
+    for k, b64 in enumerate(part):
+        want = 1 if n % (LEAF << k) else 0
+        try:
+            raw_b = base64.b64decode(b64, validate=True) if isinstance(b64, str) else None
+        except ValueError:
+            raw_b = None
+        if raw_b is None or len(raw_b) != want * NODE.itemsize:
+            raise PyramidError(f"{name}: part[{k}] is not {want} bucket(s)")
+        buckets.append(np.frombuffer(raw_b, dtype=NODE).copy())
+    meta["part"] = buckets
     return meta
 
 
 def load_at(dir_fd: int, prefix: str = "", *, mmap: bool = True) -> Pyramid:
-    """Read the pyramid that :meth:`Pyramid.save_at` wrote in the folder open as
-    ``dir_fd`` under ``prefix``, memory-mapped (``mmap=True``: a query touches only the
-    pages it reads; such a pyramid cannot :meth:`~Pyramid.extend` until copied with
-    ``mmap=False``). Its ``meta`` attribute holds the ``meta.json`` read.
+    """Read the pyramid that :meth:`Pyramid.save_at` (and :func:`append_at`) wrote in the
+    folder open as ``dir_fd`` under ``prefix``, memory-mapped (``mmap=True``: a query
+    touches only the pages it reads). Its ``meta`` attribute holds the ``meta.json`` read
+    (``part``: its partial buckets, decoded).
 
-    Every file is untrusted (docs/ui.md "Overlays of many runs: exact at any zoom"): opened
+    The ``meta.json`` is the commit point: the row count and the generation it names bound
+    what is read, so bytes an append wrote past them before it died are not read. Every
+    file is untrusted (docs/ui.md "Overlays of many runs: exact at any zoom"): opened
     relative to the descriptor without following a link or waiting on a FIFO, only a
-    regular file of this user; the ``.npy`` header parsed without pickles; dtype, shape and
-    size checked against the row count; the top bucket's counts must add up to it and its
-    rows lie inside.
+    regular file of this user, at least as long as the meta says; the top bucket's counts
+    must add up to the row count and its rows lie inside.
 
     Raises:
-        PyramidError: a file is missing, planted (a link, a FIFO, another user's), not an
-            ``.npy`` of the expected dtype, shape and size, or the version differs; the
-            caller rebuilds from the rows.
+        PyramidError: a file is missing, planted (a link, a FIFO, another user's), shorter
+            than the meta says, or the meta does not match; the caller rebuilds from the rows.
     """
     meta = read_meta_at(dir_fd, prefix)
-    n = meta["n"]
+    n, gen = meta["n"], meta["gen"]
     f8 = np.dtype("<f8")
     p = Pyramid.__new__(Pyramid)
-    p.xs = _read_npy_at(dir_fd, f"{prefix}xs.npy", f8, n, mmap)
-    p.ys = _read_npy_at(dir_fd, f"{prefix}ys.npy", f8, n, mmap)
-    p.levels = [
-        _read_npy_at(dir_fd, f"{prefix}level{i}.npy", NODE, s, mmap)
-        for i, s in enumerate(_levels_for(n))
+    p.xs = _read_raw_at(dir_fd, f"{prefix}{gen}-xs.f8", f8, n, mmap)
+    p.ys = _read_raw_at(dir_fd, f"{prefix}{gen}-ys.f8", f8, n, mmap)
+    p.full = [
+        _read_raw_at(dir_fd, f"{prefix}{gen}-level{k}.node", NODE, n // (LEAF << k), mmap)
+        for k in range(len(meta["part"]))
     ]
+    p.part = meta["part"]
     p.meta = meta
     if n > 1 and not (p.xs[0] <= p.xs[n // 2] <= p.xs[-1]):
-        raise PyramidError(f"{prefix}xs.npy: not ascending")
-    top = p.levels[-1]
+        raise PyramidError(f"{prefix}{gen}-xs.f8: not ascending")
+    top = p.part[-1] if p.part[-1].shape[0] else p.full[-1]
     if top.shape[0]:
         t = top[0]
         total = int(t["count"]) + int(t["nan"]) + int(t["pinf"]) + int(t["ninf"])
         rows = [int(t[f]) for f in ("imin", "imax", "ifirst", "ilast")]
         if total != n or not all(-1 <= r < n for r in rows):
-            raise PyramidError(f"{prefix}level{len(p.levels) - 1}.npy: counts do not add up")
+            raise PyramidError(f"{prefix}meta.json: the top bucket's counts do not add up")
     return p
 
 
 def build_or_load(folder: str | os.PathLike[str], xs: Any, ys: Any) -> Pyramid:
     """The pyramid of ``(xs, ys)`` kept in ``folder``: loaded when the files there hold a
-    prefix of these rows (extended with the rest and saved), else rebuilt and saved.
-    Row indices are checked on use: :func:`load` output whose stored ``x`` at its last row
-    differs from ``xs`` is rebuilt."""
+    prefix of these rows (the rest appended in place, :func:`append_at`), else rebuilt and
+    saved. Files whose stored ``x`` at their last row, or last ``LEAF`` ``y``, differ from
+    ``xs``/``ys`` are rebuilt. Raises ``OSError`` when the folder cannot be written."""
     x, y = _as_columns(xs, ys)
     try:
-        p = load(folder, mmap=False)
+        p = load(folder)
     except PyramidError:
         p = None
     if p is not None and (
@@ -656,11 +841,17 @@ def build_or_load(folder: str | os.PathLike[str], xs: Any, ys: Any) -> Pyramid:
         )
     ):
         p = None
+    if p is not None and p.n < x.size:
+        fd = os.open(Path(folder), _DIR_FLAGS)
+        try:
+            append_at(fd, "", p, x[p.n :], y[p.n :])
+            p = load_at(fd)
+        except PyramidError:
+            p = None
+        finally:
+            os.close(fd)
     if p is None:
         p = Pyramid(x, y)
-        p.save(folder)
-    elif p.n < x.size:
-        p.extend(x[p.n :], y[p.n :])
         p.save(folder)
     return p
 

@@ -7,7 +7,8 @@ metric of one producer, x the step, built from the rows of its columnar cache
 ``<cache folder>/pyramids/`` (``<run>/.et-cache/metrics.jsonl/pyramids/`` by default; the
 cache's own fallback location under ``$XDG_CACHE_HOME`` or a temporary folder when the run
 cannot hold it), one set of files per metric named ``<32 hex of the metric's SHA-256>-``
-``meta.json``, ``xs.npy``, ``ys.npy``, ``level<k>.npy``.
+``meta.json`` and ``<gen>-xs.f8``, ``<gen>-ys.f8``, ``<gen>-level<k>.node`` (see
+:meth:`~expr_tracker.history.pyramid.Pyramid.save_at`).
 
 What the files cover is recorded in their ``meta.json`` with the cache's own terms: the
 source's device and inode, ``covered`` bytes, ``lines`` and the fingerprint of the covered
@@ -18,14 +19,15 @@ prefix. On each use:
 - the cache grew and its covered prefix is the one summarised (same file, same fingerprint
   of that prefix), every step logged once (``CachedSource.merged``) and the new rows' steps
   above the last one: only the rows of the new lines are read (``line >= lines``) and
-  appended (:meth:`~expr_tracker.history.pyramid.Pyramid.extend`);
+  appended in place (:func:`~expr_tracker.history.pyramid.append_at`: the new bytes, then
+  ``meta.json`` renamed over, the commit point);
 - anything else (the cache rebuilt from a rewritten file, patch lines, steps out of order,
   a file missing, planted or damaged): rebuilt from every row of the metric.
 
 The files are untrusted (:func:`expr_tracker.history.pyramid.load_at`): opened by
 descriptor in a folder opened as the cache's are, never through a link, a FIFO never waited
 on, every header, size and count checked; one that does not pass is rebuilt (one warning
-per folder and cause) and replaced by rename, never written through. Building holds the
+per folder and cause) as a new generation, never written through. Building holds the
 cache's ``flock`` (the one a refresh holds). When no folder can be written (a read-only
 run, a cache in memory) the pyramid is built in memory and kept in the memo only, for
 that state of the cache.
@@ -191,7 +193,9 @@ def _load_or_build(
             if _current(meta, cached, metric):
                 return pm.load_at(d.fd, prefix)
             if _extendable(meta, cached, metric, root):
-                old = pm.load_at(d.fd, prefix, mmap=False)
+                old = pm.load_at(d.fd, prefix)
+        except pm.PyramidOutdated:  # another release's files: rebuilt without a word
+            pass
         except pm.PyramidError as exc:
             if "meta.json: missing" not in str(exc):
                 why = str(exc)
@@ -203,17 +207,6 @@ def _load_or_build(
             d.path,
             why,
         )
-    p = None
-    if old is not None:
-        x, y = _new_rows(cached, metric, con, source, old.meta["lines"])
-        if not x.size or x[0] > (old.xs[-1] if old.n else -np.inf):
-            if x.size > 1 and (np.diff(x) <= 0).any():
-                p = None
-            else:
-                old.extend(x, y)
-                p = old
-    if p is None:
-        p = pm.Pyramid(*_all_rows(cached, producer, metric, con, source))
     extra = {
         "metric": metric,
         "covered": cached.covered,
@@ -223,6 +216,25 @@ def _load_or_build(
         "ino": cached.ino,
         "merged": cached.merged,
     }
+    if old is not None:
+        x, y = _new_rows(cached, metric, con, source, old.meta["lines"])
+        if (not x.size or x[0] > (old.xs[-1] if old.n else -np.inf)) and not (
+            x.size > 1 and (np.diff(x) <= 0).any()
+        ):
+            try:  # in place: the new rows and buckets, then the meta (the commit point)
+                pm.append_at(d.fd, prefix, old, x, y, extra)
+                return pm.load_at(d.fd, prefix)
+            except pm.PyramidError as exc:  # a file planted or cut since it was read
+                _warner.warn(
+                    ("pyramid", str(d.path), str(exc)),
+                    "expr_tracker: the overlay summaries in %s were damaged or not their "
+                    "own (%s): rebuilt from the query cache",
+                    d.path,
+                    exc,
+                )
+            except OSError:  # nothing committed: a rebuild says why, or keeps it in memory
+                pass
+    p = pm.Pyramid(*_all_rows(cached, producer, metric, con, source))
     try:
         p.save_at(d.fd, prefix, extra)
     except OSError as exc:

@@ -4,6 +4,7 @@ that are checked before use."""
 
 from __future__ import annotations
 
+import json
 import math
 
 import numpy as np
@@ -108,22 +109,27 @@ def test_saved_pyramid_answers_the_same(tmp_path):
 
 @pytest.mark.parametrize(
     "damage",
-    ["meta", "dtype", "shape", "pickle", "missing"],
+    ["meta", "part", "short", "counts", "missing"],
 )
 def test_damaged_files_are_refused_and_rebuilt(tmp_path, damage):
     xs, ys = _series()
     d = tmp_path / "loss"
     pm.Pyramid(xs, ys).save(d)
+    meta = json.loads((d / "meta.json").read_text())
+    g = d / meta["gen"]
     if damage == "meta":
-        (d / "meta.json").write_text('{"version": 1, "n": -3}')
-    elif damage == "dtype":
-        np.save(d / "level0.npy", np.zeros(63, dtype="<f8"))
-    elif damage == "shape":
-        np.save(d / "ys.npy", np.zeros(999))
-    elif damage == "pickle":
-        np.save(d / "xs.npy", np.array([object()] * 1000, dtype=object), allow_pickle=True)
+        (d / "meta.json").write_text('{"version": 2, "n": -3}')
+    elif damage == "part":  # a partial bucket of the wrong size
+        k = next(i for i, b in enumerate(meta["part"]) if b)
+        meta["part"][k] = meta["part"][k][:-4]
+        (d / "meta.json").write_text(json.dumps(meta))
+    elif damage == "short":
+        (d / f"{g}-ys.f8").write_bytes(np.zeros(999).tobytes())
+    elif damage == "counts":  # the right sizes, the top bucket's counts wrong
+        meta["part"][-1] = meta["part"][1]
+        (d / "meta.json").write_text(json.dumps(meta))
     else:
-        (d / "level2.npy").unlink()
+        (d / f"{g}-level2.node").unlink()
     with pytest.raises(pm.PyramidError):
         pm.load(d)
     p = pm.build_or_load(d, xs, ys)

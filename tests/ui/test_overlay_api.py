@@ -12,6 +12,7 @@ import os
 import numpy as np
 import pytest
 
+from expr_tracker.history import pyramid as pm
 from expr_tracker.query import pyramids
 from expr_tracker.ui.server import create_app
 
@@ -131,6 +132,8 @@ def test_a_run_being_written_extends_its_summaries(runs):
     folder = root / RUNS[0] / ".et-cache" / "metrics.jsonl" / "pyramids"
     (meta,) = [f for f in os.listdir(folder) if f.endswith("-meta.json")]
     before = json.loads((folder / meta).read_text())
+    xs_file = folder / f"{meta[: -len('meta.json')]}{before['gen']}-xs.f8"
+    ino = xs_file.stat().st_ino
     more = np.linspace(-5, 5, 300)
     more[123] = -99.0
     with open(root / RUNS[0] / "metrics.jsonl", "a") as f:
@@ -143,6 +146,9 @@ def test_a_run_being_written_extends_its_summaries(runs):
     after = json.loads((folder / meta).read_text())
     assert after["n"] == ys.size and after["lines"] == before["lines"] + 300
     assert after["fingerprint"] != before["fingerprint"]
+    # appended in place: the same generation and files, grown by the new rows only
+    assert after["gen"] == before["gen"] and xs_file.stat().st_ino == ino
+    assert xs_file.stat().st_size == ys.size * 8
 
 
 def test_a_rewritten_run_is_summarised_again(runs):
@@ -203,22 +209,23 @@ def test_planted_pyramid_files_are_never_followed_nor_waited_on(runs, tmp_path, 
     folder = _pyramids(root, RUNS[1])
     (meta,) = [f for f in os.listdir(folder) if f.endswith("-meta.json")]
     prefix = meta[: -len("meta.json")]
+    gen = prefix + json.loads((folder / meta).read_text())["gen"]
     secret = tmp_path / "secret.npy"
     np.save(secret, np.zeros(3))
     before = secret.read_bytes()
-    target = folder / (prefix + ("meta.json" if what == "meta-fifo" else "ys.npy"))
+    target = folder / (prefix + "meta.json" if what == "meta-fifo" else gen + "-ys.f8")
     target.unlink()
     if what == "symlink":
         os.symlink(secret, target)
     elif what in ("fifo", "meta-fifo"):
         os.mkfifo(target)
-    else:  # the right header and size, the wrong numbers: rows out of range
-        lev = folder / (prefix + "level0.npy")
-        arr = np.load(lev)
+    else:  # the right sizes, the wrong numbers: rows out of range
+        lev = folder / (gen + "-level0.node")
+        arr = np.fromfile(lev, dtype=pm.NODE)
         arr["imax"] = 10**9
-        target.write_bytes((folder / (prefix + "xs.npy")).read_bytes())
+        target.write_bytes((folder / (gen + "-xs.f8")).read_bytes())
         os.chmod(lev, 0o644)
-        np.save(lev, arr)
+        arr.tofile(lev)
     # as a fresh process (nothing kept open): the planted file is refused and rebuilt
     pyramids.forget()
     r = _answer_within(client, q)
@@ -227,7 +234,11 @@ def test_planted_pyramid_files_are_never_followed_nor_waited_on(runs, tmp_path, 
     assert d == first
     _check(d["runs"][1]["traces"][0], data[RUNS[1]], 0.0, N - 1.0, 30)
     assert secret.read_bytes() == before  # never written through
-    assert target.is_file() and not target.is_symlink()  # replaced by its own file
+    if what == "meta-fifo":
+        assert target.is_file() and not target.is_symlink()  # replaced by its own file
+    else:  # rebuilt as a new generation; the old one, planted file included, removed
+        assert not os.path.lexists(target)
+        assert any(f.endswith("-ys.f8") for f in os.listdir(folder))
 
 
 def test_a_linked_pyramids_folder_is_not_used(runs, tmp_path):
