@@ -551,36 +551,68 @@ def _fast_metrics(chunk: bytes, first_line: int) -> tuple[Any, Any] | None:
     return table.combine_chunks(), steps
 
 
+def _numpy(column: Any) -> Any:
+    """The values of an int64 or float64 Arrow column without nulls as a numpy array, read
+    from its buffer (``to_numpy`` would import pandas, ~0.5 s, on a process's first call)."""
+    import numpy as np
+    import pyarrow as pa
+
+    arr = column.combine_chunks() if isinstance(column, pa.ChunkedArray) else column
+    dtype = np.int64 if pa.types.is_int64(arr.type) else np.float64
+    return np.frombuffer(arr.buffers()[1], dtype=dtype, count=len(arr), offset=arr.offset * 8)
+
+
 def _unpivot_dense(cols: list[tuple[str, Any]], step: Any, tm: Any, first_line: int, n: int) -> Any:
     """The LONG rows of a block where every line holds every metric as a number (the
     common case: a metric per ``log()`` key): the ``m`` columns interleaved line by line
-    with numpy (one copy each) instead of a table per metric sorted back into line order."""
+    with numpy (one copy each) instead of a table per metric sorted back into line order.
+    Arrays are made from numpy buffers: ``pyarrow.array`` and ``pyarrow.table`` import
+    pandas (~0.5 s) on a process's first call, which a refresh of a few new lines would
+    otherwise pay."""
     import numpy as np
     import pyarrow as pa
 
     m = len(cols)
     values = np.empty((n, m), dtype=np.float64)
     for j, (_k, c) in enumerate(cols):
-        values[:, j] = c.to_numpy()  # int64 columns are converted exactly (|v| <= 2**53)
-    codes = pa.array(np.tile(np.arange(m, dtype=np.int32), n))
-    names = pa.array([k for k, _c in cols], type=pa.string())
-    step_np = step.to_numpy()
-    table = pa.table(
-        {
-            "step": pa.array(np.repeat(step_np, m)),
-            "time": (
-                pa.array(np.repeat(tm.to_numpy(), m), type=pa.float64())
-                if not tm.null_count  # else ``_time`` absent from some line: kept NULL
-                else tm.take(pa.array(np.repeat(np.arange(n, dtype=np.int64), m)))
-            ),
-            "metric": names.take(codes),
-            "value": pa.array(values.reshape(-1)),
-            "text": pa.nulls(n * m, pa.string()),
-            "line": pa.array(np.repeat(np.arange(first_line, first_line + n, dtype=np.int64), m)),
-        },
-        schema=schema("metrics"),
-    )
-    return table, pa.array(step_np, type=pa.int64())
+        values[:, j] = _numpy(c)  # int64 columns are converted exactly (|v| <= 2**53)
+    step_np = _numpy(step)
+    rows = np.repeat(np.arange(n, dtype=np.int64), m)
+    if tm.null_count:  # ``_time`` absent from some line: kept NULL
+        time = tm.take(_from_numpy(rows, pa.int64()))
+    else:
+        time = _from_numpy(np.repeat(_numpy(tm), m), pa.float64())
+    codes = _from_numpy(np.tile(np.arange(m, dtype=np.int32), n), pa.int32())
+    arrays = [
+        _from_numpy(np.repeat(step_np, m), pa.int64()),
+        time,
+        _strings([k for k, _c in cols]).take(codes),
+        _from_numpy(values.reshape(-1), pa.float64()),
+        pa.nulls(n * m, pa.string()),
+        _from_numpy(rows + first_line, pa.int64()),
+    ]
+    table = pa.Table.from_arrays(arrays, schema=schema("metrics"))
+    return table, _from_numpy(step_np, pa.int64())
+
+
+def _from_numpy(a: Any, typ: Any) -> Any:
+    """A contiguous numpy array of a fixed-width type as an Arrow array without nulls."""
+    import pyarrow as pa
+
+    return pa.Array.from_buffers(typ, len(a), [None, pa.py_buffer(a)])
+
+
+def _strings(items: list[str]) -> Any:
+    """``items`` as an Arrow string array (see :func:`_unpivot_dense` for why not
+    ``pyarrow.array``)."""
+    import numpy as np
+    import pyarrow as pa
+
+    data = [x.encode("utf-8") for x in items]
+    offsets = np.zeros(len(data) + 1, dtype=np.int32)
+    np.cumsum([len(d) for d in data], out=offsets[1:])
+    buffers = [None, pa.py_buffer(offsets), pa.py_buffer(b"".join(data))]
+    return pa.Array.from_buffers(pa.string(), len(data), buffers)
 
 
 #: the JSON fields of a span line the vectorised path reads, with their types: the part's
