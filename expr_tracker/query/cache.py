@@ -814,7 +814,7 @@ def _append(fd: int, folder: _Folder, kind: str, m: dict[str, Any], end: int) ->
     def writer_of() -> Any:
         f = os.fdopen(os.open(tmp, _NEW_FILE, 0o644, dir_fd=folder.fd), "wb")
         state["file"] = f
-        state["writer"] = pq.ParquetWriter(f, scan.schema(kind), **scan.WRITE_OPTIONS[kind])
+        state["writer"] = pq.ParquetWriter(f, scan.schema(kind), **scan.CACHE_WRITE_OPTIONS[kind])
         return state["writer"]
 
     try:
@@ -870,7 +870,7 @@ def _in_memory(src: Path, sfd: int, kind: str) -> CachedSource:
     state: dict[str, Any] = {}
 
     def writer_of() -> Any:
-        state["w"] = pq.ParquetWriter(sink, scan.schema(kind), **scan.WRITE_OPTIONS[kind])
+        state["w"] = pq.ParquetWriter(sink, scan.schema(kind), **scan.CACHE_WRITE_OPTIONS[kind])
         return state["w"]
 
     rows, covered, lines = _decode_into(writer_of, sfd, kind, m, st.st_size)
@@ -993,7 +993,7 @@ def _compact(folder: _Folder, kind: str, m: dict[str, Any], now: float) -> None:
     rows = 0
     f = os.fdopen(os.open(tmp, _NEW_FILE, 0o644, dir_fd=folder.fd), "wb")
     try:
-        with pq.ParquetWriter(f, scan.schema(kind), **scan.WRITE_OPTIONS[kind]) as w:
+        with pq.ParquetWriter(f, scan.schema(kind), **scan.CACHE_WRITE_OPTIONS[kind]) as w:
             for p in run:
                 pf = _read_part(folder, p)
                 try:

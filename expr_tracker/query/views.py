@@ -373,7 +373,7 @@ def connect(
     span_selects: list[str] = []
     stats: dict[int, tuple[Any, Any]] = {}
     parts: list[str] = []
-    refreshed = _refresh_all(producers, cdir, need_metrics, need_spans)
+    refreshed = _refresh_all(producers, cdir, need_metrics, need_spans, "runs" in wanted)
     for i, (p, (m_cached, st, s_cached, found)) in enumerate(
         zip(producers, refreshed, strict=True)
     ):
@@ -431,18 +431,19 @@ REFRESH_THREADS = 8
 
 
 def _refresh_all(
-    producers: Sequence[Any], cdir: Path | None, metrics: bool, spans: bool
+    producers: Sequence[Any], cdir: Path | None, metrics: bool, spans: bool, stats: bool
 ) -> list[tuple[Any, Any, Any, Problems]]:
     """Each producer's ``(metrics cache, its stats, spans cache, problems)``, in producer
     order, refreshed in parallel threads when there are several (a first query over 100
     runs decodes them on every core; the answer and its problems do not depend on the
-    order in which the threads finish)."""
+    order in which the threads finish). ``stats`` (the ``runs`` view's ``steps``) are read
+    from the parts' footers only when asked for."""
 
     def one(p: Any) -> tuple[Any, Any, Any, Problems]:
         found = Problems()
         m_cached = st = s_cached = None
         if p.metrics is not None and metrics:
-            m_cached, st = cache_of(p, "metrics", cdir, found, stats=True)
+            m_cached, st = cache_of(p, "metrics", cdir, found, stats=stats)
         if p.spans is not None and spans:
             s_cached, _ = cache_of(p, "spans", cdir, found)
         return m_cached, st, s_cached, found
