@@ -84,6 +84,7 @@ def child_generate(data: Path, i: int, first: int, count: int, total: int) -> No
         dir=str(data / "runs"),
         config={"lr": 10 ** -(1 + i % 4), "seed": i, "model": {"depth": 2 + i % 3}},
         resume="allow",
+        system=False,  # the 5 metrics only: no sampler lines in a run slower than 10 s
     )
     lr = 10 ** -(1 + i % 4)
     nan_step = nan_from(i, total)
@@ -118,8 +119,9 @@ def child_query(data: Path, query: str) -> dict[str, Any]:
 # ---------------------------------------------------------------------------- the driver
 
 
-def spawn_measured(cmd: list[str]) -> tuple[float, float, str]:
-    """Run ``cmd`` and reap it with ``os.wait4``: (wall s, its own peak RSS MB, stdout)."""
+def spawn_measured(cmd: list[str]) -> tuple[float, float, str, float]:
+    """Run ``cmd`` and reap it with ``os.wait4``: (wall s, its own peak RSS MB, stdout,
+    its CPU s: user + system, every thread; on a shared machine the steadier figure)."""
     with tempfile.TemporaryFile("w+") as out, tempfile.TemporaryFile("w+") as err:
         t0 = time.perf_counter()
         proc = subprocess.Popen(cmd, stdout=out, stderr=err, text=True)
@@ -133,7 +135,7 @@ def spawn_measured(cmd: list[str]) -> tuple[float, float, str]:
                 f"{' '.join(cmd[:5])} ... exited {proc.returncode}: {err.read()[-2000:]}"
             )
         rss_mb = usage.ru_maxrss / 1024  # KiB on Linux
-        return wall, rss_mb, out.read()
+        return wall, rss_mb, out.read(), usage.ru_utime + usage.ru_stime
 
 
 def gen_command(data: Path, i: int, first: int, count: int, steps: int) -> list[str]:
@@ -241,7 +243,7 @@ def measure(data: Path, path: str, query: str, expect: int) -> dict[str, Any]:
     """One fresh process running ``query`` by ``path`` (``py`` or ``cli``)."""
     if path == "py":
         cmd = [sys.executable, __file__, "--data", str(data), "--child-query", query]
-        wall, rss, out = spawn_measured(cmd)
+        wall, rss, out, cpu = spawn_measured(cmd)
         res = json.loads(out.strip().splitlines()[-1])
     else:
         with tempfile.TemporaryDirectory() as tmp:
@@ -256,12 +258,12 @@ def measure(data: Path, path: str, query: str, expect: int) -> dict[str, Any]:
                 "-o",
                 str(csv),
             ]
-            wall, rss, _ = spawn_measured(cmd)
+            wall, rss, _, cpu = spawn_measured(cmd)
             with open(csv, encoding="utf-8") as f:
                 res = {"rows": sum(1 for _ in f) - 1, "query_s": None}
     if res["rows"] != expect:
         raise SystemExit(f"{path} {query}: {res['rows']} rows, expected {expect}")
-    return {"wall_s": wall, "rss_mb": rss, "query_s": res.get("query_s")}
+    return {"wall_s": wall, "cpu_s": cpu, "rss_mb": rss, "query_s": res.get("query_s")}
 
 
 def machine() -> dict[str, Any]:
@@ -345,7 +347,7 @@ def main() -> None:
     results: dict[str, dict[str, Any]] = {}
     header = (
         f"{'query':6} {'path':9} {'cold s':>8} {'warm s':>8} {'+1000 s':>8} "
-        f"{'warm query s':>12} {'RSS MB cold/warm/+1000':>24}"
+        f"{'warm query s':>12} {'CPU s cold/warm':>16} {'RSS MB cold/warm/+1000':>24}"
     )
     print(header)
     print("-" * len(header))
@@ -367,6 +369,7 @@ def main() -> None:
             print(
                 f"{q:6} {label:9} {cold['wall_s']:8.2f} {warm['wall_s']:8.2f} {inc['wall_s']:8.2f} "
                 f"{fmt_s(warm['query_s']):>12} "
+                f"{cold['cpu_s']:>10.2f}/{warm['cpu_s']:.2f} "
                 f"{cold['rss_mb']:>8.0f}/{warm['rss_mb']:.0f}/{inc['rss_mb']:.0f}",
                 flush=True,
             )

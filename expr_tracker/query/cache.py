@@ -89,10 +89,12 @@ line are read back once per refresh with new lines to tell a patch line (the sam
 two lines: ``merged`` False for good) from steps merely out of order.
 
 Size and speed (this machine, 2 shared cores): 100,000 lines of 5 random float metrics
-(17.7 MB of JSONL) give ~3.6 MB of parts; a first build decodes ~160,000-350,000 such lines
-a second once pyarrow is warm (a process's first refresh also pays pyarrow's one-time
-import of pandas, ~0.5-0.9 s); a refresh with nothing new takes ~0.5 ms; the peak RSS of a
-refresh stays ~215 MiB for a 1,000,000-line file as for a 100,000-line one.
+(17.7 MB of JSONL) give ~3.9 MB of parts (LZ4: :data:`~expr_tracker.query.scan.CACHE_WRITE_OPTIONS`);
+decoding a 4 MiB block of such lines takes ~31 ms of CPU (~23 ms of it ``pyarrow.json``)
+and writing it ~8 ms; a refresh imports no pandas; a refresh with nothing new takes
+~0.5 ms; the peak RSS of a refresh stays ~215 MiB for a 1,000,000-line file as for a
+100,000-line one. :func:`expr_tracker.query.views.connect` refreshes the runs of a
+folder in parallel threads (each refresh holds only its own source's lock).
 """
 
 from __future__ import annotations
@@ -826,7 +828,7 @@ def _append(fd: int, folder: _Folder, kind: str, m: dict[str, Any], end: int) ->
     def writer_of() -> Any:
         f = os.fdopen(os.open(tmp, _NEW_FILE, 0o644, dir_fd=folder.fd), "wb")
         state["file"] = f
-        state["writer"] = pq.ParquetWriter(f, scan.schema(kind), **scan.WRITE_OPTIONS[kind])
+        state["writer"] = pq.ParquetWriter(f, scan.schema(kind), **scan.CACHE_WRITE_OPTIONS[kind])
         return state["writer"]
 
     try:
@@ -882,7 +884,7 @@ def _in_memory(src: Path, sfd: int, kind: str) -> CachedSource:
     state: dict[str, Any] = {}
 
     def writer_of() -> Any:
-        state["w"] = pq.ParquetWriter(sink, scan.schema(kind), **scan.WRITE_OPTIONS[kind])
+        state["w"] = pq.ParquetWriter(sink, scan.schema(kind), **scan.CACHE_WRITE_OPTIONS[kind])
         return state["w"]
 
     rows, covered, lines = _decode_into(writer_of, sfd, kind, m, st.st_size)
@@ -1008,7 +1010,7 @@ def _compact(folder: _Folder, kind: str, m: dict[str, Any], now: float) -> None:
     rows = 0
     f = os.fdopen(os.open(tmp, _NEW_FILE, 0o644, dir_fd=folder.fd), "wb")
     try:
-        with pq.ParquetWriter(f, scan.schema(kind), **scan.WRITE_OPTIONS[kind]) as w:
+        with pq.ParquetWriter(f, scan.schema(kind), **scan.CACHE_WRITE_OPTIONS[kind]) as w:
             for p in run:
                 pf = _read_part(folder, p)
                 try:

@@ -219,6 +219,12 @@ class Problems:
         if text not in items:
             items.append(text)
 
+    def extend(self, other: Problems) -> None:
+        """Record every problem of ``other`` (gathered apart, by a thread) here too."""
+        for key, items in other._items.items():
+            mine = self._items.setdefault(key, [])
+            mine.extend(t for t in items if t not in mine)
+
     def of(self, p: Any) -> str | None:
         """The problems of producer ``p`` joined by ``"; "``, None when it has none."""
         items = self._items.get(self._key(p))

@@ -373,20 +373,22 @@ def connect(
     span_selects: list[str] = []
     stats: dict[int, tuple[Any, Any]] = {}
     parts: list[str] = []
-    for i, p in enumerate(producers):
-        if p.metrics is not None and need_metrics:
-            cached, st = cache_of(p, "metrics", cdir, problems, stats=True)
-            if cached is not None and (cached.parts or cached.memory):
-                metric_selects.append(
-                    metrics_select(p, cached.parts, cached.merged, lambda _, c=cached: source.of(c))
-                )
-                stats[i] = st
-                parts.extend(map(str, cached.parts))
-        if p.spans is not None and need_spans:
-            cached, _ = cache_of(p, "spans", cdir, problems)
-            if cached is not None and (cached.parts or cached.memory):
-                span_selects.append(spans_select(p, cached.parts, lambda _, c=cached: source.of(c)))
-                parts.extend(map(str, cached.parts))
+    refreshed = _refresh_all(producers, cdir, need_metrics, need_spans, "runs" in wanted)
+    for i, (p, (m_cached, st, s_cached, found)) in enumerate(
+        zip(producers, refreshed, strict=True)
+    ):
+        problems.extend(found)
+        cached = m_cached
+        if cached is not None and (cached.parts or cached.memory):
+            metric_selects.append(
+                metrics_select(p, cached.parts, cached.merged, lambda _, c=cached: source.of(c))
+            )
+            stats[i] = st
+            parts.extend(map(str, cached.parts))
+        cached = s_cached
+        if cached is not None and (cached.parts or cached.memory):
+            span_selects.append(spans_select(p, cached.parts, lambda _, c=cached: source.of(c)))
+            parts.extend(map(str, cached.parts))
     try:
         con.execute(f"CREATE TABLE _et_found AS SELECT {len(producers)}::BIGINT AS producers")
         # the parts the views read: when DuckDB fails on one without naming it (a damaged
@@ -422,6 +424,37 @@ def connect(
 
 
 _unreadable = Warner()
+
+#: producers whose caches are refreshed at once (threads: decoding and writing Parquet
+#: release the GIL), at most this many and at most the machine's cores
+REFRESH_THREADS = 8
+
+
+def _refresh_all(
+    producers: Sequence[Any], cdir: Path | None, metrics: bool, spans: bool, stats: bool
+) -> list[tuple[Any, Any, Any, Problems]]:
+    """Each producer's ``(metrics cache, its stats, spans cache, problems)``, in producer
+    order, refreshed in parallel threads when there are several (a first query over 100
+    runs decodes them on every core; the answer and its problems do not depend on the
+    order in which the threads finish). ``stats`` (the ``runs`` view's ``steps``) are read
+    from the parts' footers only when asked for."""
+
+    def one(p: Any) -> tuple[Any, Any, Any, Problems]:
+        found = Problems()
+        m_cached = st = s_cached = None
+        if p.metrics is not None and metrics:
+            m_cached, st = cache_of(p, "metrics", cdir, found, stats=stats)
+        if p.spans is not None and spans:
+            s_cached, _ = cache_of(p, "spans", cdir, found)
+        return m_cached, st, s_cached, found
+
+    workers = min(REFRESH_THREADS, os.cpu_count() or 1, len(producers))
+    if workers < 2:
+        return [one(p) for p in producers]
+    from concurrent.futures import ThreadPoolExecutor
+
+    with ThreadPoolExecutor(workers, thread_name_prefix="et-query-cache") as pool:
+        return list(pool.map(one, producers))
 
 
 def cache_of(

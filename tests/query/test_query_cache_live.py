@@ -338,6 +338,46 @@ def test_vectorised_and_line_by_line_decoders_agree(seed):
     assert fsteps.to_pylist() == ssteps
 
 
+@pytest.mark.parametrize("seed", range(4))
+def test_dense_blocks_unpivoted_exactly(seed, monkeypatch):
+    """Every line holding every metric as a number (what et.log writes) takes the numpy
+    unpivot; its rows are the line-by-line decoder's, bit for bit."""
+    calls = []
+    real = scan._unpivot_dense
+    monkeypatch.setattr(scan, "_unpivot_dense", lambda *a: calls.append(1) or real(*a))
+    rnd = random.Random(seed)
+    names = ["loss", "acc", "q'x", "ünï/☃", "lr"][: 1 + seed]
+    lines = []
+    for i in range(200):
+        row = {}
+        for n in names:
+            k = rnd.random()
+            row[n] = (
+                rnd.randint(-(2**53), 2**53)
+                if k < 0.2
+                else rnd.choice([math.nan, math.inf, -math.inf, -0.0, 5e-324])
+                if k < 0.3
+                else rnd.uniform(-1e9, 1e9)
+            )
+        row["_step"] = i * 3 - 7
+        if seed % 2 == 0 or i % 5:  # odd seeds: some lines without _time
+            row["_time"] = 1.7e9 + i / 7
+        lines.append(json.dumps(row, separators=(",", ":")).encode())
+    chunk = b"\n".join(lines) + b"\n"
+    fast = scan._fast_metrics(chunk, 10)
+    assert fast is not None and calls
+    table, steps = fast
+    slow, ssteps = scan.decode_metrics(lines, 10)
+    assert table.schema == slow.schema
+    for col in ("step", "metric", "text", "line"):
+        assert table.column(col).to_pylist() == slow.column(col).to_pylist()
+    for col in ("value", "time"):
+        a = [None if v is None else v.hex() for v in table.column(col).to_pylist()]
+        b = [None if v is None else v.hex() for v in slow.column(col).to_pylist()]
+        assert a == b
+    assert steps.to_pylist() == ssteps
+
+
 def test_small_blocks_and_long_lines(tmp_path, monkeypatch):
     monkeypatch.setattr(qcache, "BLOCK_BYTES", 64)
     src = tmp_path / "metrics.jsonl"

@@ -734,3 +734,33 @@ def test_ungrouped_aggregates_and_nan_filters_read_the_values_not_statistics(tmp
     # DuckDB orders NaN above every number: the filter must see it, not skip its row group
     assert q(con, "SELECT step FROM metrics WHERE value > 1e9") == [(150,)]
     con.close()
+
+
+def test_parallel_refresh_gives_the_sequential_answer_and_problems(tmp_path, monkeypatch):
+    """Runs are refreshed in threads: the rows, the ``runs`` view's problems and the one
+    warning are those of refreshing them one after another."""
+    import expr_tracker.query.views as views
+
+    root = tmp_path / "runs"
+    for i in range(6):
+        d = root / "p" / f"r{i}"
+        d.mkdir(parents=True)
+        lines = [json.dumps({"loss": s * 0.5 + i, "_step": s}) for s in range(20)]
+        if i in (1, 4):
+            lines.insert(3, "{not json")  # a bad line, reported per run
+        (d / "metrics.jsonl").write_text("\n".join(lines) + "\n")
+    sql_rows = "SELECT run, step, metric, value FROM metrics ORDER BY ALL"
+    sql_problems = "SELECT run, problem FROM runs ORDER BY run"
+    answers = []
+    for threads in (1, 8):
+        monkeypatch.setattr(views, "REFRESH_THREADS", threads)
+        shutil.rmtree(root / "p" / "r0" / ".et-cache", ignore_errors=True)
+        con = connect(root)
+        try:
+            answers.append((con.sql(sql_rows).fetchall(), con.sql(sql_problems).fetchall()))
+        finally:
+            con.close()
+    assert answers[0] == answers[1]
+    rows, problems = answers[0]
+    assert len(rows) == 6 * 20
+    assert [r for r, p in problems if p] == ["p/r1", "p/r4"]
