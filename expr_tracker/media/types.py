@@ -12,7 +12,6 @@ NumPy is imported when an object is made; torch and Pillow only when given one o
 
 from __future__ import annotations
 
-import hashlib
 import math
 import os
 from collections.abc import Sequence
@@ -20,6 +19,15 @@ from pathlib import Path
 from typing import Any, Protocol
 
 from expr_tracker.media.png import encode_png, png_size
+
+
+def _sha256(data: bytes) -> Any:
+    """``hashlib.sha256(data)``, hashlib loaded on first use (a run's start does not need
+    OpenSSL, docs/architecture.md "Cold start")."""
+    import hashlib
+
+    return hashlib.sha256(data)
+
 
 __all__ = [
     "MAX_BINS",
@@ -185,7 +193,7 @@ class Image(Media):
                 a = _convert_mode(a, mode)
             self.data, self.ext = encode_png(a), "png"
             self.height, self.width = int(a.shape[0]), int(a.shape[1])
-        self.sha256 = hashlib.sha256(self.data).hexdigest()
+        self.sha256 = _sha256(self.data).hexdigest()
 
     def _from_pil(self, img: Any, mode: str | None) -> None:
         if mode is not None:
@@ -485,7 +493,7 @@ class Table(Media):
         body = json.dumps(
             {"columns": self.columns, "data": out}, ensure_ascii=False, separators=(",", ":")
         ).encode("utf-8")
-        sha = hashlib.sha256(body).hexdigest()
+        sha = _sha256(body).hexdigest()
         ref: dict[str, Any] = {
             "_type": "table",
             "path": None,
