@@ -278,6 +278,12 @@ class Run:
             self._build_alerts()
         self._dispatcher = dispatcher
 
+    @property
+    def alerts_deferred(self) -> bool:
+        """True while the alert engine and delivery wait for their first need
+        (:meth:`defer_alerts`); a forked child never builds them."""
+        return self._alerts_factory is not None
+
     def defer_alerts(self, build: Callable[[], None]) -> None:
         """Have ``build()`` (which sets :attr:`alerts` and :attr:`dispatcher`) run on the
         first need of either, at most once (``assemble.build``, a run with no rule)."""

@@ -70,3 +70,13 @@ def test_a_finished_run_builds_no_engine(tmp_path):
     run = start(tmp_path)
     et.finish()
     assert run.alerts is None and run.alert_rules() == []
+
+
+def test_a_forked_child_sends_as_without_a_run_and_builds_nothing(tmp_path, monkeypatch):
+    from expr_tracker.alerts.delivery import direct
+
+    run = start(tmp_path)
+    with monkeypatch.context() as m:
+        m.setattr(type(run), "forked", property(lambda self: True))
+        assert direct._run_dispatcher() is None  # the run-less dispatcher, as before
+        assert run.alerts is None and run.alerts_deferred
