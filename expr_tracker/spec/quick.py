@@ -17,7 +17,6 @@ table, :data:`DEFAULTS` and the models equal.
 
 from __future__ import annotations
 
-import copy
 import os
 from collections.abc import Callable, Mapping
 from pathlib import PurePath
@@ -254,7 +253,7 @@ LEAVES: dict[str, Callable[[Any], Any]] = {
 def quick_check(merged: Mapping[str, Any]) -> dict[str, Any] | None:
     """``RunSpec.model_validate(merged).model_dump()`` when every value of ``merged`` is
     one :data:`LEAVES` vouches for, else None (validate with Pydantic). Never raises."""
-    out = copy.deepcopy(DEFAULTS)
+    out = _plain_copy(DEFAULTS)
     try:
         return out if _overlay(merged, out, "") else None
     except Exception:  # noqa: BLE001 - any doubt: Pydantic decides
