@@ -4,6 +4,7 @@ after it ≤ 30 ms, ``et runs`` / ``et history -n 5`` as whole processes ≤ 0.2
 
     python benchmarks/bench_startup.py                       # this checkout, median of 7
     python benchmarks/bench_startup.py --repeat 7 --against /path/to/other/checkout
+    python benchmarks/bench_startup.py --no-bytecode   # every module compiled on each start
 
 Each sample is a fresh interpreter. Measured (medians of ``--repeat``):
 
@@ -19,6 +20,11 @@ Each sample is a fresh interpreter. Measured (medians of ``--repeat``):
 ``--against DIR`` measures another checkout (e.g. ``git archive main | tar -x -C DIR``)
 with the samples interleaved one by one, so both sides see the same load on a shared
 machine; the report gives both medians side by side.
+
+``--no-bytecode`` measures what a ``PYTHONDONTWRITEBYTECODE=1`` shell sees where no
+bytecode was ever written: the children get that variable and an empty
+``PYTHONPYCACHEPREFIX``, so every module (ours, the standard library's, the packages')
+is compiled from source on each start.
 """
 
 from __future__ import annotations
@@ -70,12 +76,19 @@ def make_data(root: Path, checkout: Path) -> Path:
     return root
 
 
+#: set by ``--no-bytecode``: an empty folder for PYTHONPYCACHEPREFIX
+NO_BYTECODE: str | None = None
+
+
 def child_env(checkout: Path) -> dict[str, str]:
     """The environment of a sample: ``checkout`` first on the path, bytecode written and
     read as in an installed package (a ``PYTHONDONTWRITEBYTECODE=1`` shell would time the
-    compiler: about 3x the import)."""
+    compiler: about 3x the import); with ``--no-bytecode``, none read or written."""
     env = dict(os.environ, PYTHONPATH=str(checkout))
     env.pop("PYTHONDONTWRITEBYTECODE", None)
+    env.pop("PYTHONPYCACHEPREFIX", None)
+    if NO_BYTECODE is not None:
+        env.update(PYTHONDONTWRITEBYTECODE="1", PYTHONPYCACHEPREFIX=NO_BYTECODE)
     return env
 
 
@@ -110,12 +123,15 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--repeat", type=int, default=7)
     ap.add_argument("--against", type=Path, help="another checkout, sampled interleaved")
+    ap.add_argument("--no-bytecode", action="store_true", help="compile every module on each start")
     args = ap.parse_args()
+    global NO_BYTECODE
     sides = {"this": ROOT}
     if args.against:
         sides["against"] = args.against.resolve()
-    with tempfile.TemporaryDirectory() as tmp:
-        data = make_data(Path(tmp), ROOT)
+    with tempfile.TemporaryDirectory() as tmp, tempfile.TemporaryDirectory() as empty:
+        data = make_data(Path(tmp), ROOT)  # with bytecode: the data is not what is timed
+        NO_BYTECODE = empty if args.no_bytecode else None
         run = str(next(Path(tmp).rglob("run.json")).parent)
         for checkout in sides.values():  # warm-up: bytecode caches written, not counted
             sample(checkout, data, run)
@@ -123,7 +139,12 @@ def main() -> None:
         for _ in range(args.repeat):
             for name, checkout in sides.items():
                 samples[name].append(sample(checkout, data, run))
-    report = {"python": sys.version.split()[0], "cpus": os.cpu_count(), "repeat": args.repeat}
+    report = {
+        "python": sys.version.split()[0],
+        "cpus": os.cpu_count(),
+        "repeat": args.repeat,
+        "bytecode": not args.no_bytecode,
+    }
     load = os.getloadavg()[0] if hasattr(os, "getloadavg") else None
     report["load1"] = load
     for name, runs in samples.items():

@@ -135,10 +135,11 @@ def _resolve_and_build(
     from expr_tracker.assemble import build
     from expr_tracker.spec import SpecError, resolve
 
-    resolved = resolve(spec, kwargs=given, configure_alert=_state.configured_alert or None)
+    alert = _state.configured_alert or None
+    resolved = resolve(spec, kwargs=given, configure_alert=alert, quick=True)
     if parent is not None and _joins_parent(resolved, parent):
         given.update(project=parent.project, name=parent.name, run_dir=str(parent.dir))
-        resolved = resolve(spec, kwargs=given, configure_alert=_state.configured_alert or None)
+        resolved = resolve(spec, kwargs=given, configure_alert=alert, quick=True)
     try:
         return build(
             resolved, independent=independent, backend_objects=backend_objects, pinned=pinned
@@ -505,7 +506,7 @@ def configure_alert(config: Any = None, /, **values: Any) -> None:
     """
     from expr_tracker.assemble import check
     from expr_tracker.spec import merge, resolve
-    from expr_tracker.spec.alerting import alerts_data
+    from expr_tracker.spec.plain import alerts_data
 
     given = alerts_data(values)
     if config is not None:

@@ -120,6 +120,11 @@ def _optuna_pruned() -> type[BaseException] | None:
     return None
 
 
+#: serialises the deferred alert builds (``Run._build_alerts``): a rule added from one
+#: thread and an alert sent from another build one engine
+_ALERTS_BUILD = threading.RLock()
+
+
 class Run:
     """One tracked run of this process (one stream, one rank).
 
@@ -132,7 +137,9 @@ class Run:
     Attributes:
         project, name, stream, rank: identity; ``id`` is the name (the run directory's).
         dir: the run directory (``Path``).
-        spec: the validated, frozen ``RunSpec``.
+        spec: the validated, frozen ``RunSpec`` (a run started from a plain spec builds it
+            on first access: Pydantic is not imported at start, docs/architecture.md
+            "Cold start").
         history: the :class:`HistoryStore` (``run.history.flush()`` waits for the write).
         summary: the :class:`Summary`.
         config: the :class:`~expr_tracker.runconfig.RunConfig` (what ``config.json`` holds).
@@ -194,7 +201,7 @@ class Run:
         warner: Warner,
         started_mono: float | None = None,
     ) -> None:
-        self.spec = spec
+        self._spec = spec
         self.resolved = resolved
         self.dir = run_dir
         self.project = spec.project
@@ -208,8 +215,11 @@ class Run:
         self._info_path = info_path
         self.warner = warner
         self.spans: Any = None
-        self.alerts: Any = None
-        self.dispatcher: Any = None
+        self._alerts: Any = None
+        self._dispatcher: Any = None
+        #: builds the alert engine and its delivery on first need (a run started with no
+        #: rule: ``assemble.build``); None once built or when there is nothing to build
+        self._alerts_factory: Callable[[], None] | None = None
         self.artifacts: Any = None  # expr_tracker.artifacts.RunArtifacts, attached by build
         #: the mirrors (``backends.mirror.Mirror``), attached by build (``run.backends``)
         self.mirrors: list[Any] = []
@@ -238,6 +248,77 @@ class Run:
         summary.on_assign = self._summary_assigned
 
     # ------------------------------------------------------------------ wandb-style identity
+
+    @property
+    def alerts(self) -> Any:
+        """The alert engine, None when alerts are disabled. A run started with no rule
+        builds it here on first need (``add_rule``, ``et.alert``, ``info()``), not at
+        ``et.init`` (docs/architecture.md "Cold start")."""
+        if self._alerts_factory is not None:
+            self._build_alerts()
+        return self._alerts
+
+    @alerts.setter
+    def alerts(self, engine: Any) -> None:
+        if self._alerts_factory is not None:  # the deferred build first, as at the start
+            self._build_alerts()
+        self._alerts = engine
+
+    @property
+    def dispatcher(self) -> Any:
+        """The alert delivery (``Dispatcher``), None when the run does not alert; built
+        with :attr:`alerts`."""
+        if self._alerts_factory is not None:
+            self._build_alerts()
+        return self._dispatcher
+
+    @dispatcher.setter
+    def dispatcher(self, dispatcher: Any) -> None:
+        if self._alerts_factory is not None:  # the deferred build first, as at the start
+            self._build_alerts()
+        self._dispatcher = dispatcher
+
+    @property
+    def alerts_deferred(self) -> bool:
+        """True while the alert engine and delivery wait for their first need
+        (:meth:`defer_alerts`); a forked child never builds them."""
+        return self._alerts_factory is not None
+
+    def defer_alerts(self, build: Callable[[], None]) -> None:
+        """Have ``build()`` (which sets :attr:`alerts` and :attr:`dispatcher`) run on the
+        first need of either, at most once (``assemble.build``, a run with no rule)."""
+        self._alerts_factory = build
+
+    def _build_alerts(self) -> None:
+        """Run the deferred alert build once (not in a forked child, nor once finishing);
+        a failure leaves the run without alerts, with one warning: measuring never breaks
+        the training loop."""
+        with _ALERTS_BUILD:
+            factory = self._alerts_factory
+            if factory is None or self.forked or self._finished or self.finishing:
+                return
+            self._alerts_factory = None
+            try:
+                factory()
+            except Exception as exc:  # noqa: BLE001
+                self._alerts = self._dispatcher = None
+                self.warner.warn(
+                    ("alerts", type(exc).__name__),
+                    "expr_tracker: the alert engine could not be built (%s: %s); the run "
+                    "goes on without alerts",
+                    type(exc).__name__,
+                    exc,
+                )
+
+    @property
+    def spec(self) -> Any:
+        """The validated, frozen ``RunSpec``; built here on first access when the run
+        started from a spec checked without Pydantic (``spec.quick.SpecView``)."""
+        spec = self._spec
+        materialize = getattr(type(spec), "materialize", None)
+        if materialize is not None:
+            spec = self._spec = materialize(spec)
+        return spec
 
     @property
     def id(self) -> str:
@@ -277,15 +358,15 @@ class Run:
 
     @property
     def entity(self) -> str | None:
-        return self.spec.entity
+        return self._spec.entity
 
     @property
     def job_type(self) -> str | None:
-        return self.spec.job_type
+        return self._spec.job_type
 
     @property
     def group(self) -> str | None:
-        return self.spec.group
+        return self._spec.group
 
     @property
     def tags(self) -> list[str]:
@@ -683,6 +764,8 @@ class Run:
             "summary": self.summary.to_dict(),
             "warnings": {str(k): v for k, v in self.warner.counts.items()},
         }
+        if self._alerts_factory is not None:  # its "alerts" and "delivery" sections
+            self._build_alerts()
         for name, fn in self._stats.items():
             try:
                 out[name] = fn()

@@ -142,8 +142,9 @@ def test_the_package_says_it_is_typed():
 
 
 def test_a_plain_init_builds_no_http_stack_and_no_mirror(tmp_path):
-    # a run without alert rules, channels or backends: the dispatcher is there (et.alert
-    # prints and records), but the HTTP channels and the mirrors are not imported
+    # a run without alert rules, channels or backends, from a plain spec: the spec is not
+    # validated by Pydantic (spec.quick), the alert engine and its delivery wait for their
+    # first need, the HTTP channels and the mirrors are not imported
     code = (
         "import sys, expr_tracker as et\n"
         "et.init(dir=sys.argv[1], project='p', system={'enabled': False})\n"
@@ -152,7 +153,8 @@ def test_a_plain_init_builds_no_http_stack_and_no_mirror(tmp_path):
         "lazy = {'http.client', 'ssl', 'urllib.request', 'lark', 'numpy', 'duckdb', 'rich', 'yaml',\n"
         "        'expr_tracker.alerts.delivery.channels.bounded_http',\n"
         "        'expr_tracker.backends.mirror', 'expr_tracker.backends.wandb_backend',\n"
-        "        'expr_tracker.backends.trackio_backend'}\n"
+        "        'expr_tracker.backends.trackio_backend', 'pydantic', 'expr_tracker.spec.models',\n"
+        "        'expr_tracker.alerts', 'importlib.metadata'}\n"
         "print(sorted(lazy & set(sys.modules)))\n"
     )
     out = subprocess.run(

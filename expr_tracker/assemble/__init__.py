@@ -34,7 +34,7 @@ from expr_tracker._warn import Warner
 from expr_tracker.assemble.alerts import build_alerts
 from expr_tracker.assemble.artifacts import build_artifacts
 from expr_tracker.assemble.backends import build_backends
-from expr_tracker.assemble.check import channel_issue, check
+from expr_tracker.assemble.check import channel_issue, check, deferrable_alerts
 from expr_tracker.assemble.history import (
     announce,
     construct_run,
@@ -136,7 +136,16 @@ def build(
         attempt.closers.append(lambda: _undo_runtime(run, engine))
         run.independent = independent
         build_spans(run, spec, run_dir, stream, file_rank, rank, warner, activate=not independent)
-        build_alerts(run, spec, run_dir, stream, file_rank, rank, warner, engine, world_size(env))
+        if engine is not None:
+            build_alerts(
+                run, spec, run_dir, stream, file_rank, rank, warner, engine, world_size(env)
+            )
+        elif deferrable_alerts(spec):  # no rule yet: the engine and its delivery on first need
+            run.defer_alerts(
+                _late_alerts(
+                    run, resolved, run_dir, stream, file_rank, rank, warner, world_size(env)
+                )
+            )
         build_artifacts(run, spec, run_dir, stream, file_rank)
         build_media(run, run_dir)
         build_system(run, resolved, run_dir, stream, file_rank, rank, env)
@@ -164,6 +173,29 @@ def build(
             exc,
         )
     return run
+
+
+def _late_alerts(
+    run: Run,
+    resolved: Any,
+    run_dir: Any,
+    stream: str | None,
+    file_rank: int,
+    rank: int,
+    warner: Warner,
+    size: int,
+) -> Any:
+    """The deferred build of a run started with no rule (``Run.alerts``): the engine with
+    no rule, hooked in as :func:`build_alerts` hooks one in at the start."""
+
+    def late() -> None:
+        from expr_tracker.assemble.check import make_engine
+
+        engine = make_engine(resolved, stream, rank)
+        if engine is not None:
+            build_alerts(run, resolved.spec, run_dir, stream, file_rank, rank, warner, engine, size)
+
+    return late
 
 
 def world_size(environ: Any) -> int:

@@ -21,8 +21,7 @@ so a resumed run continues the same backend run.
 
 from __future__ import annotations
 
-import hashlib
-import importlib.util
+import importlib
 import sys
 from collections.abc import Iterable
 from typing import TYPE_CHECKING, Any
@@ -82,13 +81,21 @@ def backend_identity(run: Run, rank: int) -> dict[str, Any]:
         "rank": rank,
         "run_dir": str(run.dir),
         "resumed": bool(info.get("resumed_at_step")),
-        "id": hashlib.sha256(key.encode()).hexdigest()[:16],
+        "id": _digest(key),
     }
+
+
+def _digest(key: str) -> str:
+    import hashlib  # here: a run without mirrors never loads OpenSSL
+
+    return hashlib.sha256(key.encode()).hexdigest()[:16]
 
 
 def _available(module: str) -> bool:
     if module in sys.modules:
         return sys.modules[module] is not None
+    import importlib.util
+
     try:
         return importlib.util.find_spec(module) is not None
     except (ImportError, ValueError):
@@ -163,7 +170,7 @@ def build_backends(
         mirror = make(adapt(_builtin(kind)(kwargs)), label)
         if nth:  # a second wandb entry (another entity, say) is a backend run of its own
             key = f"{mirror.info['id']}\0{nth}"
-            mirror.info["id"] = hashlib.sha256(key.encode()).hexdigest()[:16]
+            mirror.info["id"] = _digest(key)
         mirrors.append(mirror)
     for backend in adapted:
         mirrors.append(make(backend, label_for(backend.label)))

@@ -23,8 +23,9 @@ def check(
     ``environ``, not started). ``et.init`` (through :func:`build`), ``et.configure_alert``
     and ``et config validate`` all call this, so they accept and reject the same specs.
 
-    Returns the alert engine with the rules compiled (None when alerts are disabled), for
-    :func:`build` to use. ``channels=False`` skips the channels.
+    Returns the alert engine with the rules compiled, for :func:`build` to use; None when
+    alerts are disabled or :func:`deferrable_alerts` (a run builds that engine on first
+    need, docs/architecture.md "Cold start"). ``channels=False`` skips the channels.
 
     Raises:
         SpecError: every problem found, each with its spec path
@@ -38,7 +39,8 @@ def check(
     issues = _plugin_issues(resolved)
     engine = None
     try:
-        engine = make_engine(resolved, stream, rank)
+        if not deferrable_alerts(spec):
+            engine = make_engine(resolved, stream, rank)
     except SpecError as exc:
         issues.extend(exc.issues)
     try:  # the rules on the system sampler's rows (docs/system.md): compiled, then dropped
@@ -130,6 +132,19 @@ def _channel_issues(resolved: Any, env: Any) -> list[Any]:
     return issues
 
 
+def deferrable_alerts(spec: Any) -> bool:
+    """Whether a run's alert engine and delivery may wait for their first need: alerts on
+    with no rule on the run's rows, no channel and nothing in ``notify_on``, so that until
+    a rule is added or an alert sent they would never do anything."""
+    a = spec.alerts
+    return bool(
+        a.enabled
+        and not a.channels
+        and not a.notify_on
+        and all(getattr(rule, "stream", None) is not None for rule in a.rules)
+    )
+
+
 def make_engine(
     resolved: Any, stream: str | None, rank: int, *, rule_stream: str | None = None
 ) -> Any:
@@ -148,16 +163,15 @@ def make_engine(
     a = spec.alerts
     if not a.enabled:
         return None
-    from expr_tracker.alerts.delivery import rank_alerts
-    from expr_tracker.alerts.engine import AlertEngine
-    from expr_tracker.alerts.parse import RuleError
-
     chosen = [
         (i, rule) for i, rule in enumerate(a.rules) if getattr(rule, "stream", None) == rule_stream
     ]
     if rule_stream is not None and not chosen:
         return None
     from expr_tracker.alerts.baseline import Baselines
+    from expr_tracker.alerts.delivery import rank_alerts
+    from expr_tracker.alerts.engine import AlertEngine
+    from expr_tracker.alerts.parse import RuleError
 
     engine = AlertEngine(
         (),

@@ -59,6 +59,9 @@ def alerts_spec_of(alerts: Any) -> Any:
         return AlertsSpec()
     if isinstance(alerts, AlertsSpec):
         return alerts
+    materialize = getattr(type(alerts), "materialize", None)
+    if materialize is not None:  # spec.quick.SpecView: the model, now that delivery needs it
+        return materialize(alerts)
     if isinstance(alerts, Mapping):
         return AlertsSpec.model_validate(dict(alerts))
     raise TypeError(f"alerts must be an AlertsSpec, a mapping or None, not {type(alerts).__name__}")

@@ -64,9 +64,9 @@ def git_info(cwd: str | None = None) -> dict[str, Any] | None:
 
 
 def package_versions() -> dict[str, str]:
-    """Versions of expr_tracker and of the ML packages this process already imported."""
-    from importlib import metadata
-
+    """Versions of expr_tracker and of the ML packages this process already imported: the
+    module's own ``__version__``, else the installed distribution's (``importlib.metadata``
+    is imported only then: reading it costs more than the rest of a run's start)."""
     out: dict[str, str] = {}
     from expr_tracker._version import __version__
 
@@ -80,11 +80,19 @@ def package_versions() -> dict[str, str]:
         ("pydantic", "pydantic"),
         ("sklearn", "scikit-learn"),
     ):
-        if mod in sys.modules:
-            try:
-                out[dist] = metadata.version(dist)
-            except metadata.PackageNotFoundError:
-                pass
+        module = sys.modules.get(mod)
+        if module is None:
+            continue
+        version = getattr(module, "__version__", None)
+        if isinstance(version, str) and version:
+            out[dist] = str(version)
+            continue
+        from importlib import metadata
+
+        try:
+            out[dist] = metadata.version(dist)
+        except metadata.PackageNotFoundError:
+            pass
     return out
 
 

@@ -12,7 +12,6 @@ reference holding ``values`` and ``bins`` in the row, a table in ``media/<sha256
 
 from __future__ import annotations
 
-import hashlib
 import os
 import re
 from pathlib import Path
@@ -20,6 +19,15 @@ from typing import Any
 
 from expr_tracker.history.codec import decode_line
 from expr_tracker.history.untrusted import UnsafeFileError, read_regular
+
+
+def _sha256(data: bytes) -> Any:
+    """``hashlib.sha256(data)``, hashlib loaded on first use (a run's start does not need
+    OpenSSL, docs/architecture.md "Cold start")."""
+    import hashlib
+
+    return hashlib.sha256(data)
+
 
 __all__ = [
     "CONTENT_TYPES",
@@ -75,7 +83,7 @@ def read_media(run_dir: str | os.PathLike[str], ref: Any) -> tuple[bytes, str]:
     if root.is_symlink():
         raise UnsafeFileError(root, "a symbolic link, not the run's media folder")
     data = read_regular(path, root=root, max_bytes=MAX_READ_BYTES)
-    if hashlib.sha256(data).hexdigest() != sha:
+    if _sha256(data).hexdigest() != sha:
         raise ValueError(f"{path}: its content does not match its SHA-256 name")
     return data, CONTENT_TYPES[ext]
 

@@ -14,7 +14,6 @@ only when given one of theirs.
 
 from __future__ import annotations
 
-import hashlib
 import os
 from collections.abc import Sequence
 from pathlib import Path
@@ -22,6 +21,15 @@ from typing import Any, Protocol
 
 from expr_tracker.media.npz import MAX_BINS, encode_histogram
 from expr_tracker.media.png import encode_png, png_size
+
+
+def _sha256(data: bytes) -> Any:
+    """``hashlib.sha256(data)``, hashlib loaded on first use (a run's start does not need
+    OpenSSL, docs/architecture.md "Cold start")."""
+    import hashlib
+
+    return hashlib.sha256(data)
+
 
 __all__ = [
     "MAX_BINS",
@@ -185,7 +193,7 @@ class Image(Media):
                 a = _convert_mode(a, mode)
             self.data, self.ext = encode_png(a), "png"
             self.height, self.width = int(a.shape[0]), int(a.shape[1])
-        self.sha256 = hashlib.sha256(self.data).hexdigest()
+        self.sha256 = _sha256(self.data).hexdigest()
 
     def _from_pil(self, img: Any, mode: str | None) -> None:
         if mode is not None:
@@ -374,7 +382,7 @@ class Histogram(Media):
         ref: dict[str, Any] = {
             "_type": "histogram",
             "path": None,
-            "sha256": hashlib.sha256(data).hexdigest(),
+            "sha256": _sha256(data).hexdigest(),
             "num_bins": int(self.counts.shape[0]),
             "count": int(total) if self.counts.dtype.kind == "i" else float(total),
             "min": float(self.edges[0]),
@@ -563,7 +571,7 @@ class Table(Media):
                 {"columns": self.columns, "data": out}, ensure_ascii=False, separators=(",", ":")
             ).encode("utf-8")
             ext = "table.json"
-        sha = hashlib.sha256(body).hexdigest()
+        sha = _sha256(body).hexdigest()
         ref: dict[str, Any] = {
             "_type": "table",
             "path": None,

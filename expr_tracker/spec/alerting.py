@@ -4,7 +4,7 @@ per-channel ``PolicyOverrides``), ``RuleSpec`` and ``effective_policy``.
 Public at the top level as ``et.AlertConfig`` (``AlertsSpec``), ``et.ChannelConfig``
 (``ChannelSpec``) and ``et.WebhookPolicy`` (``PolicySpec``): built in Python and handed to
 ``et.configure_alert(cfg)`` / ``et.configure_alert(**cfg)`` / ``et.init(alert=cfg)``, where
-:func:`alerts_data` turns them back into the values that were set on them.
+:func:`~expr_tracker.spec.plain.alerts_data` turns them back into the values that were set on them.
 """
 
 from __future__ import annotations
@@ -29,14 +29,8 @@ from pydantic import (
 )
 from pydantic.json_schema import SkipJsonSchema
 
-from expr_tracker.spec.fields import (
-    FORBID,
-    IDENTIFIER,
-    Level,
-    NonEmpty,
-    RedactedRepr,
-    named_entries,
-)
+from expr_tracker.spec.fields import FORBID, Level, NonEmpty, RedactedRepr
+from expr_tracker.spec.plain import IDENTIFIER, named_entries
 from expr_tracker.spec.redact import redact_options
 from expr_tracker.spec.units import Duration
 
@@ -352,18 +346,3 @@ class AlertsSpec(BaseModel):
         if dupes:
             raise ValueError(f"channel names must be unique; repeated: {', '.join(dupes)}")
         return value
-
-
-def alerts_data(value: Any) -> Any:
-    """Alert configuration as plain data: every pydantic model in ``value`` (``AlertsSpec``,
-    ``ChannelSpec``, ``PolicySpec``, ``RuleSpec`` ..., at any depth of dicts and lists)
-    becomes the dict of the fields set on it (``model_dump(exclude_unset=True)``: defaults
-    it did not set leave lower-precedence sources alone; secrets stay ``SecretStr``).
-    Anything else is returned as it is."""
-    if isinstance(value, BaseModel):
-        return value.model_dump(exclude_unset=True)
-    if isinstance(value, Mapping):
-        return {k: alerts_data(v) for k, v in value.items()}
-    if isinstance(value, (list, tuple)):
-        return [alerts_data(v) for v in value]
-    return value

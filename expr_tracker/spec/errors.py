@@ -17,9 +17,10 @@ import json
 import re
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field, replace
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-from pydantic import BaseModel, ValidationError
+if TYPE_CHECKING:  # Pydantic is imported only once a spec is validated by it
+    from pydantic import BaseModel, ValidationError
 
 from expr_tracker.errors import ExprTrackerError
 from expr_tracker.spec.redact import (
@@ -253,6 +254,8 @@ def _message(error: Mapping[str, Any]) -> str:
 def _unwrap_models(annotation: Any) -> list[type[BaseModel]]:
     """Every BaseModel class mentioned by a type annotation (through unions, lists, Annotated)."""
     from typing import get_args
+
+    from pydantic import BaseModel
 
     found: list[type[BaseModel]] = []
     stack = [annotation]

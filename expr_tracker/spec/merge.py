@@ -11,12 +11,11 @@ from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from pydantic import BaseModel
-
 from expr_tracker.spec.errors import join_path
-from expr_tracker.spec.fields import (
+from expr_tracker.spec.plain import (
     NAMED_LISTS,
     entry_name,
+    is_model,
     is_omegaconf,
     named_entry,
     omegaconf_to_plain,
@@ -56,7 +55,7 @@ def item_key(list_path: str, item: Any, index: int) -> Any:
 def leaves(path: str, value: Any) -> Iterator[tuple[str, Any]]:
     """(path, value) of every leaf: mappings recurse, named lists recurse by entry name,
     other lists and empty mappings are leaves."""
-    if isinstance(value, Mapping) and value and not isinstance(value, BaseModel):
+    if isinstance(value, Mapping) and value and not is_model(value):
         for key, child in value.items():
             yield from leaves(join_path(path, key), child)
     elif isinstance(value, (list, tuple)) and path in NAMED_LISTS and value:
@@ -70,7 +69,7 @@ def copy_plain(value: Any) -> Any:
     """Copy the containers of a plain-data value; leave every other object as it is."""
     if is_omegaconf(value):
         return omegaconf_to_plain(value)
-    if isinstance(value, Mapping) and not isinstance(value, BaseModel):
+    if isinstance(value, Mapping) and not is_model(value):
         return {k: copy_plain(v) for k, v in value.items()}
     if isinstance(value, list):
         return [copy_plain(v) for v in value]
@@ -124,7 +123,7 @@ class _Merger:
                         self._forget(p)
                     current = dst[key] = []
                 self._merge_named(current, value, p, layer)
-            elif isinstance(value, Mapping) and not isinstance(value, BaseModel):
+            elif isinstance(value, Mapping) and not is_model(value):
                 if not isinstance(dst.get(key), dict):
                     if key in dst:
                         self._forget(p)

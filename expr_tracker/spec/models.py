@@ -33,13 +33,15 @@ from expr_tracker.spec.alerting import (
     effective_policy,
 )
 from expr_tracker.spec.artifacts import ArtifactsSpec
-from expr_tracker.spec.fields import (
-    FORBID,
+from expr_tracker.spec.fields import FORBID, FsName, Level, PathStr, RedactedRepr
+from expr_tracker.spec.mirroring import (
+    backends_as_list,
+    check_backend_entry,
+    check_backend_kwargs,
+    redact_backend_kwargs,
+)
+from expr_tracker.spec.plain import (
     NAMED_LISTS,
-    FsName,
-    Level,
-    PathStr,
-    RedactedRepr,
     check_fs_name,
     check_stream_name,
     config_to_dict,
@@ -47,12 +49,6 @@ from expr_tracker.spec.fields import (
     named_entries,
     named_entry,
     omegaconf_to_plain,
-)
-from expr_tracker.spec.mirroring import (
-    backends_as_list,
-    check_backend_entry,
-    check_backend_kwargs,
-    redact_backend_kwargs,
 )
 from expr_tracker.spec.recording import (
     BufferSpec,

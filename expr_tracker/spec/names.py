@@ -28,7 +28,6 @@ the same run, as a restart should.
 
 from __future__ import annotations
 
-import hashlib
 import os
 import re
 import socket
@@ -96,6 +95,8 @@ def _torchrun_name(env: Mapping[str, str]) -> str:
 
 
 def _digest(text: str) -> str:
+    import hashlib  # on first use: loading OpenSSL is a few ms of every start
+
     return hashlib.sha1(text.encode("utf-8", "surrogatepass")).hexdigest()[:6]
 
 

@@ -12,7 +12,7 @@ import re
 from collections.abc import Iterable, Mapping
 from typing import Any
 
-from pydantic import BaseModel, SecretBytes, SecretStr
+from expr_tracker.spec.plain import is_model, is_secret
 
 __all__ = [
     "SECRET_KEY_PATTERN",
@@ -41,11 +41,11 @@ def is_secret_key(key: Any) -> bool:
 
 
 def _redact(value: Any, depth: int = 0) -> Any:
-    if isinstance(value, (SecretStr, SecretBytes)):
+    if is_secret(value):
         return "***"
     if isinstance(value, str):
         return "***" if "://" in value else value
-    if isinstance(value, BaseModel):
+    if is_model(value):
         value = value.model_dump()
     if isinstance(value, Mapping):
         if depth > 6:
@@ -63,7 +63,7 @@ def redact_options(value: Any, depth: int = 0) -> Any:
     as ``spec.json`` shows it: values under secret-looking keys (``is_secret_key``) and every
     value of a ``headers`` mapping are ``***``; ``SecretStr`` values too. Other values are
     kept as they are (objects are not converted)."""
-    if isinstance(value, (SecretStr, SecretBytes)):
+    if is_secret(value):
         return "***"
     if depth > 64:
         return value
@@ -215,7 +215,7 @@ def redact_config(value: Any, path: tuple[Any, ...] = (), depth: int = 0) -> Any
     ``value`` is plain data (mappings, lists, scalars); the result is a new structure."""
     if depth > 64:
         return value
-    if isinstance(value, (SecretStr, SecretBytes)):
+    if is_secret(value):
         return "***"
     if isinstance(value, str):
         return mask_url_credentials(value)
@@ -232,7 +232,7 @@ def redact_config(value: Any, path: tuple[Any, ...] = (), depth: int = 0) -> Any
                 out[k] = redact_options(child)
             elif key == "headers" and isinstance(child, Mapping):
                 out[k] = {h: "***" if v is not None else None for h, v in child.items()}
-            elif is_credential_key(k) and isinstance(child, (str, SecretStr, SecretBytes)):
+            elif is_credential_key(k) and (isinstance(child, str) or is_secret(child)):
                 out[k] = "***"
             else:
                 out[k] = redact_config(child, (*path, k), depth + 1)

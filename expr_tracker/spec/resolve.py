@@ -16,9 +16,7 @@ import os
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from pathlib import Path
-from typing import Any
-
-from pydantic import BaseModel, SecretBytes, SecretStr, ValidationError
+from typing import TYPE_CHECKING, Any
 
 from expr_tracker.spec.errors import (
     SpecError,
@@ -29,8 +27,8 @@ from expr_tracker.spec.errors import (
     redact_config,
 )
 from expr_tracker.spec.merge import Layer, Location, item_key, leaves, lookup, merge_layers, nearest
-from expr_tracker.spec.models import AlertsSpec, RunSpec
 from expr_tracker.spec.names import default_run_name
+from expr_tracker.spec.plain import is_model, is_secret
 from expr_tracker.spec.sources import (
     ALERT_CONFIG_ENV,
     CONFIG_ENV,
@@ -43,6 +41,9 @@ from expr_tracker.spec.sources import (
     source_file_layer,
     spec_layer,
 )
+
+if TYPE_CHECKING:
+    from expr_tracker.spec.models import RunSpec
 
 __all__ = [
     "ResolvedSpec",
@@ -57,11 +58,11 @@ __all__ = [
 
 
 def _jsonable(value: Any, free_form: bool, depth: int = 0) -> Any:
-    if isinstance(value, (SecretStr, SecretBytes)):
+    if is_secret(value):
         return "***"
     if value is None or isinstance(value, (bool, int, float, str)):
         return value
-    if isinstance(value, BaseModel):
+    if is_model(value):
         value = value.model_dump()
     if isinstance(value, Mapping) and depth < 64:
         return {
@@ -154,6 +155,10 @@ def _validate(
     locations: Mapping[str, Location],
     layers: Sequence[Layer],
 ) -> tuple[RunSpec | None, list[SpecIssue]]:
+    from pydantic import ValidationError
+
+    from expr_tracker.spec.models import RunSpec
+
     by_source = {layer.source: layer for layer in layers}
 
     def source_of(path: str) -> str | None:
@@ -191,6 +196,10 @@ def check_stream(stream: Any, source: str = "history") -> None:
     validation), with ``source`` as where the value came from: a reader asked for a stream
     that no run can have (``et.history(stream=...)``) says why instead of failing on its
     file name. None and valid names pass."""
+    from pydantic import ValidationError
+
+    from expr_tracker.spec.models import RunSpec
+
     global _STREAM_FIELD
     if _STREAM_FIELD is None:
         from pydantic import TypeAdapter
@@ -218,6 +227,7 @@ def resolve(
     kwargs: Mapping[str, Any] | None = None,
     configure_alert: Mapping[str, Any] | None = None,
     environ: Mapping[str, str] | None = None,
+    quick: bool = False,
 ) -> ResolvedSpec:
     """Build the run's spec from every source, validate it once, and keep provenance.
 
@@ -228,6 +238,10 @@ def resolve(
         configure_alert: the values given to ``et.configure_alert()`` (the alerts section).
         environ: environment variables (default ``os.environ``): webhook URLs,
             ``ET_ALERT_CONFIG`` and ``ET_CONFIG``.
+        quick: ``et.init``'s start: a spec that :func:`~expr_tracker.spec.quick.quick_check`
+            vouches for is not validated by Pydantic, and ``spec`` is a
+            :class:`~expr_tracker.spec.quick.SpecView` of it (docs/architecture.md "Cold
+            start"); any other spec, a bad one included, is validated as without.
 
     Returns:
         ResolvedSpec.
@@ -263,8 +277,16 @@ def resolve(
         add(lambda kw: Layer("init", kwargs_to_dict(kw)), kwargs)
 
     merged, sources, locations = merge_layers(layers)
-    model, problems = _validate(merged, sources, locations, layers)
-    issues.extend(problems)
+    model: Any = None
+    if quick and not issues:
+        from expr_tracker.spec.quick import SpecView, quick_check
+
+        data = quick_check(merged)
+        if data is not None:
+            model = SpecView(data, merged)
+    if model is None:
+        model, problems = _validate(merged, sources, locations, layers)
+        issues.extend(problems)
     if issues or model is None:
         raise SpecError(issues)
     if model.name is None:
@@ -344,6 +366,8 @@ def detect_kind(path: str | Path, package: str | None = None) -> str:
         data, _ = load_file(path, package=package)
     except SpecError:
         return "run"
+    from expr_tracker.spec.models import AlertsSpec, RunSpec
+
     keys = set(data)
     if keys and keys <= set(AlertsSpec.model_fields) and not keys <= set(RunSpec.model_fields):
         return "alerts"

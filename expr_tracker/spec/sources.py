@@ -14,23 +14,28 @@ from __future__ import annotations
 
 import json
 import os
+import sys
 from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
-from pydantic import BaseModel
-
-from expr_tracker.spec.alerting import alerts_data
 from expr_tracker.spec.errors import SpecError, SpecIssue, suggest
-from expr_tracker.spec.fields import SKIP, is_omegaconf, keep_literal, omegaconf_to_plain
 from expr_tracker.spec.merge import Layer, Location, copy_plain, merge, nest_path
-from expr_tracker.spec.models import RunSpec
+from expr_tracker.spec.plain import (
+    SKIP,
+    alerts_data,
+    is_model,
+    is_omegaconf,
+    keep_literal,
+    omegaconf_to_plain,
+)
 
 __all__ = [
     "ALERT_CONFIG_ENV",
     "APP_PACKAGE",
     "CONFIG_ENV",
     "KEYWORDS",
+    "RUN_FIELDS",
     "WEBHOOK_ENV",
     "alert_config_layer",
     "app_package",
@@ -56,6 +61,35 @@ WEBHOOK_ENV: tuple[tuple[str, str], ...] = (
     ("ET_DINGTALK_WEBHOOK_URL", "dingtalk"),
     ("ET_WECOM_WEBHOOK_URL", "wecom"),
     ("ET_WEBHOOK_URL", "webhook"),
+)
+
+#: The fields of ``RunSpec``, in its order (known here without building the model: a test
+#: keeps the two equal).
+RUN_FIELDS: tuple[str, ...] = (
+    "project",
+    "name",
+    "dir",
+    "run_dir",
+    "group",
+    "tags",
+    "notes",
+    "entity",
+    "job_type",
+    "mode",
+    "stream",
+    "resume",
+    "config",
+    "history",
+    "spans",
+    "alerts",
+    "artifacts",
+    "system",
+    "sync",
+    "backends",
+    "backend_kwargs",
+    "backend_on_rank",
+    "backend_queue_size",
+    "backend_finish_timeout",
 )
 
 #: Flat keyword arguments of ``et.init`` -> dotted spec paths. The top-level RunSpec field
@@ -267,7 +301,7 @@ def app_package(data: Any) -> str | None:
     if (
         isinstance(data, Mapping)
         and isinstance(data.get(APP_PACKAGE), Mapping)
-        and APP_PACKAGE not in RunSpec.model_fields
+        and APP_PACKAGE not in RUN_FIELDS
     ):
         return APP_PACKAGE
     return None
@@ -427,7 +461,8 @@ def spec_layer(spec: Any) -> Layer | None:
     if isinstance(spec, (str, os.PathLike)):
         path = os.fspath(spec)
         return source_file_layer(path, f"file:{path}", "run", find_package=True)
-    if isinstance(spec, RunSpec):
+    models = sys.modules.get("expr_tracker.spec.models")  # no RunSpec exists before it
+    if models is not None and isinstance(spec, models.RunSpec):
         return Layer("spec", spec.model_dump(exclude_unset=True))
     if is_omegaconf(spec):
         data, prefix = _omegaconf_to_dict(spec)
@@ -461,7 +496,7 @@ def kwargs_to_dict(kwargs: Mapping[str, Any]) -> dict[str, Any]:
     """
     issues = []
     pieces: list[tuple[int, dict]] = []
-    valid = sorted(set(KEYWORDS) | set(RunSpec.model_fields))
+    valid = sorted(set(KEYWORDS) | set(RUN_FIELDS))
     for key, value in kwargs.items():
         if key in ("spans", "system", "sync") and isinstance(value, Mapping):
             target = key
@@ -469,7 +504,7 @@ def kwargs_to_dict(kwargs: Mapping[str, Any]) -> dict[str, Any]:
             target = "alerts.enabled"
         elif key in KEYWORDS:
             target = KEYWORDS[key]
-        elif key in RunSpec.model_fields:
+        elif key in RUN_FIELDS:
             target = key
         else:
             issues.append(
@@ -481,7 +516,7 @@ def kwargs_to_dict(kwargs: Mapping[str, Any]) -> dict[str, Any]:
                 )
             )
             continue
-        if target == "alerts.rules" and isinstance(value, (str, BaseModel)):
+        if target == "alerts.rules" and (isinstance(value, str) or is_model(value)):
             value = [value]
         if target == "spans.plugins" and value is not None and not isinstance(value, (list, tuple)):
             value = [value]

@@ -10,7 +10,8 @@ from pydantic import ValidationError
 import expr_tracker as et
 from expr_tracker import _current
 from expr_tracker.spec import SpecError
-from expr_tracker.spec.alerting import AlertsSpec, ChannelSpec, PolicySpec, alerts_data
+from expr_tracker.spec.alerting import AlertsSpec, ChannelSpec, PolicySpec
+from expr_tracker.spec.plain import alerts_data
 from expr_tracker.testing import InMemoryChannel
 
 

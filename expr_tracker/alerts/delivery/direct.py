@@ -53,6 +53,8 @@ def _run_dispatcher() -> Dispatcher | str | None:
     run = _current.run
     if run is None or getattr(run, "finished", False):
         return None
+    if getattr(run, "forked", False) and getattr(run, "alerts_deferred", False):
+        return None  # as a forked child of a run whose delivery was built at its start
     d = getattr(run, "dispatcher", None)
     if d is not None:
         from expr_tracker.alerts.delivery.dispatcher import Dispatcher
