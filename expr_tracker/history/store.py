@@ -148,12 +148,6 @@ class HistoryStore:
             else None
         )
         self._closed = False
-        # committed rows (cached) held back from the writer while a flush of it is
-        # scheduled: that flush takes them first (writer.feed), so they reach the file when
-        # they would have anyway, without a writer call per row; ``(line, step)`` pairs
-        self._hand: list[tuple[bytes, int | None]] = []
-        if writer is not None:
-            writer.feed = self._feed_writer
         #: values that are not float/int/str/bool/None become row data through this (run with
         #: the lock held): normalize_value, or the run's media store (docs/media.md)
         self.convert: Callable[[Any, Warner], Any] = normalize_value
@@ -668,51 +662,26 @@ class HistoryStore:
 
     def _append_locked(self, line: bytes, step: int) -> None:
         """Append to the cache and the writer: both or neither, whatever exception arrives
-        in between (the cache ordinal, the held rows and the writer's count say how far it
-        got). While a flush of the writer is scheduled the row is held (``_hand``) for that
-        flush to take, up to the writer's ``buffer_size`` rows (then they are handed over,
-        which makes a flush due, as appending them one by one would)."""
+        in between (the cache ordinal and the writer's count say how far it got)."""
         cache = self.cache
         w = self.writer
-        hand = self._hand
-        hold = w is not None and w.flush_scheduled and len(hand) < w.buffer_size
-        if w is not None and not hold and hand:
-            w.extend(hand)  # the held rows first: the file keeps the commit order
-        held = len(hand)
         mark = cache.next_ordinal
         queued = w.appended if w is not None else 0
         try:
             cache.append(line, step)
-            if hold:
-                hand.append((line, step))
-            elif w is not None:
+            if w is not None:
                 w.append(line, step)
         except BaseException:
             in_cache = cache.next_ordinal != mark
-            in_writer = len(hand) != held or (w is not None and w.appended != queued)
+            in_writer = w is not None and w.appended != queued
             if in_cache or in_writer:  # it got in somewhere: finish the other half
                 if not in_cache:
                     cache.append(line, step)
                 if w is not None and not in_writer:
-                    if hold:
-                        hand.append((line, step))
-                    else:
-                        w.append(line, step)
+                    w.append(line, step)
             raise
         if cache.nbytes > cache.max_bytes or cache.nrows > cache.max_rows:
             self._evict_locked()
-
-    def _hand_off_locked(self) -> None:
-        """Give the writer the rows held back for it (before anything that reads or
-        flushes the writer: flush, close, eviction, stats)."""
-        if self._hand and self.writer is not None:
-            self.writer.extend(self._hand)
-
-    def _feed_writer(self) -> None:
-        """The writer's ``feed``: on the flusher thread, before a scheduled flush."""
-        with self._lock:
-            if self._hand and self.writer is not None:
-                self.writer.extend(self._hand, schedule=False)
 
     def _write_row_locked(self, row: dict[str, Any], step: int) -> None:
         """Append ``row`` whole, or, once this step was written early (max_open_seconds), as
@@ -741,7 +710,6 @@ class HistoryStore:
         if cache.needs_flush_to_evict(flushed) and self.writer is not None:
             # over budget with rows not on disk: flush first, then evict (not while the disk
             # fails: the writer spaces its retries, and the rows stay cached meanwhile)
-            self._hand_off_locked()
             self.writer.flush(only_if_due=True)
             flushed = self._flushed_ordinal()
         cache.evict(flushed)
@@ -860,7 +828,6 @@ class HistoryStore:
             if timer is None or not timer.expired(waiting, self._touched):
                 return
             self._write_open_locked()
-            self._hand_off_locked()
         if self.writer is not None:
             self.writer.flush()
 
@@ -894,8 +861,6 @@ class HistoryStore:
         self._check_fork()
         self.fold_spans()
         if self.writer is not None:
-            with self._lock:
-                self._hand_off_locked()
             self.writer.flush()
         for hook in self.flush_hooks:
             hook()
@@ -920,7 +885,6 @@ class HistoryStore:
                         exc,
                     )
             self._closed = True
-            self._hand_off_locked()  # before the writer closes: every committed row
             if row is not None and self.sinks:
                 self._fanq.append(row)
                 self._fan_seq += 1
@@ -953,9 +917,6 @@ class HistoryStore:
         """
         c = self.cache
         w = self.writer
-        if w is not None and self._hand:
-            with self._lock:  # the writer's counts include every committed row
-                self._hand_off_locked()
         r = self._reader
         q = r.queries
         last = self.last_row

@@ -157,10 +157,6 @@ class JsonlWriter:
         self.flushes = 0
         self.batches_written = 0  # successful writes (the commit point of a flush)
         self._meta_written_at = -1e18
-        #: called on the flusher thread at the start of a scheduled flush, with no lock of
-        #: this writer held: the store hands over the records it held back while this
-        #: flush was scheduled (HistoryStore: docs/logging.md "What one log() costs")
-        self.feed: Callable[[], Any] | None = None
 
         try:
             self.path.parent.mkdir(parents=True, exist_ok=True)
@@ -290,86 +286,6 @@ class JsonlWriter:
             raise
         return True
 
-    @property
-    def flush_scheduled(self) -> bool:
-        """A flush is scheduled on the flusher thread and the disk works: a record queued
-        now is written by it (or by an earlier one), and the ``feed`` runs before it.
-        (While writes fail, records are queued one by one: the pending bound and the probe
-        of ``append`` see each.)"""
-        return self._scheduled and not self._failing
-
-    def extend(self, records: list[tuple[bytes, int | None]], *, schedule: bool = True) -> int:
-        """Queue ``records`` (``(line, step)`` pairs, in order) as that many :meth:`append`
-        calls would, and remove them from ``records`` as they are taken (so an interrupt
-        leaves there exactly those not queued). The common case (async writes, the disk
-        working, room below ``max_pending_records`` and ``max_pending_bytes``) takes the
-        lock once. Returns how many were dropped (what ``append`` returns False for).
-
-        ``schedule``: False when the caller is about to flush (the writer's ``feed``): no
-        flush is scheduled for these records.
-        """
-        if not records:
-            return 0
-        due = 0.0
-        with self._lock:
-            q = self.queue
-            lines = q.lines
-            count = len(lines)
-            k = len(records)
-            bulk = (
-                not self._closed
-                and self.async_write
-                and not self._failing
-                and count + k <= self.max_pending_records
-            )
-            if bulk:
-                new_lines = [r[0] for r in records]
-                nbytes = q.nbytes + sum(map(len, new_lines))
-                limit = self.max_pending_bytes
-                bulk = limit is None or nbytes <= limit
-            if bulk:
-                new_steps = [r[1] for r in records]
-                steps = q.steps
-                appended = self.appended
-                try:  # all or nothing, as append
-                    lines.extend(new_lines)
-                    steps.extend(new_steps)
-                    self.appended = appended + k
-                    del records[:]
-                except BaseException:
-                    del lines[count:]
-                    del steps[count:]
-                    self.appended = appended
-                    raise
-                q.nbytes = nbytes
-                if count == 0:
-                    q.oldest = self._clock()
-                count += k
-                if not schedule or (self._scheduled and (count < self.buffer_size or self._urgent)):
-                    return 0
-                now = self._clock()
-                due = self._due_time(now, count)
-                self._scheduled = True
-                self._urgent = due <= now
-        if not bulk:
-            refused = 0
-            while records:  # one by one: the drops and bounds of append, in order
-                line, step = records[0]
-                mark = (self.appended, self.dropped_closed, self.dropped_oversize)
-                try:
-                    if self.append(line, step) is False:
-                        refused += 1
-                finally:  # taken (queued or counted as dropped): it leaves ``records``
-                    if (self.appended, self.dropped_closed, self.dropped_oversize) != mark:
-                        del records[0]
-            return refused
-        try:
-            (self._flusher or get_flusher()).schedule(id(self), due, self._flush_from_worker)
-        except BaseException:  # interrupted: let the next append schedule it again
-            self._scheduled = False
-            raise
-        return 0
-
     def _due_time(self, now: float, count: int) -> float:
         if self._failing:  # spaced from the last failed attempt, whatever is pending
             return max(now, self._next_retry)
@@ -387,19 +303,6 @@ class JsonlWriter:
         with self._lock:
             self._scheduled = False
             self._urgent = False
-        feed = self.feed  # after _scheduled is cleared: later records are not held back
-        if feed is not None:
-            try:
-                feed()
-            except Exception as exc:  # noqa: BLE001 - the flusher thread never dies of it
-                self._warner.warn(
-                    ("feed", str(self.path)),
-                    "expr_tracker: %s: handing held records to the writer failed (%s: %s); "
-                    "they are handed over at the next log() or flush()",
-                    self.path.name,
-                    type(exc).__name__,
-                    exc,
-                )
         self.flush(only_if_due=True)
         # records that arrived during the write (or a retry not yet due) need a due time
         with self._lock:

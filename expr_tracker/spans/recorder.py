@@ -276,9 +276,9 @@ class SpanRecorder:
         writer = self._writer
         if writer is None:
             return
+        append = writer.append
         limit = self._max_record
         head = None
-        lines: list[tuple[bytes, None]] = []  # one hand-over per step (writer.extend)
         for item in items:
             if type(item) is dict:
                 item["_step"] = step
@@ -293,14 +293,6 @@ class SpanRecorder:
                 line = self._line_at(*item)
                 if line is None:
                     continue
-            lines.append((line, None))
-        extend = getattr(writer, "extend", None)
-        if extend is not None and len(lines) > 1:
-            for _ in range(extend(lines)):
-                self._refused()
-            return
-        append = writer.append
-        for line, _ in lines:
             if append(line) is False:
                 self._refused()
 

@@ -88,14 +88,12 @@ def test_the_callers_dict_is_copied():
     assert _rows(s) == [{"a": 1.0, "_step": 0}]
 
 
-def test_held_rows_reach_the_file_in_order_through_flush_stats_and_close(tmp_path):
+def test_plain_rows_reach_the_file_in_order_through_flush_and_close(tmp_path):
     w = JsonlWriter(tmp_path / "m.jsonl", buffer_size=50, interval=30.0, max_seconds=30.0)
     s = HistoryStore(w, max_open_seconds=None)
-    for i in range(120):
+    for i in range(130):
         s.ingest({"i": float(i)})
-    assert s.stats()["rows_on_disk"] + s.stats()["pending_rows"] == 120  # none held back
-    for i in range(120, 130):
-        s.ingest({"i": float(i)})
+    assert s.stats()["rows_on_disk"] + s.stats()["pending_rows"] == 130
     s.flush()
     assert [r["i"] for r in read_rows(tmp_path / "m.jsonl")] == [float(i) for i in range(130)]
     for i in range(130, 140):
@@ -106,58 +104,31 @@ def test_held_rows_reach_the_file_in_order_through_flush_stats_and_close(tmp_pat
     assert [r["i"] for r in rows] == [float(i) for i in range(140)]
 
 
-def test_a_scheduled_flush_takes_the_held_rows(tmp_path):
-    w = JsonlWriter(tmp_path / "m.jsonl", buffer_size=1000, interval=0.05, max_seconds=0.05)
+@pytest.mark.parametrize("where", ["cache", "writer"])
+def test_an_interrupt_in_a_plain_commit_writes_each_row_once(tmp_path, monkeypatch, where):
+    w = JsonlWriter(tmp_path / "m.jsonl", interval=30.0, max_seconds=30.0)
     s = HistoryStore(w, max_open_seconds=None)
-    for i in range(30):
-        s.ingest({"i": float(i)})
-    w.flush()  # a flush of the writer alone writes what it was handed ...
-    import time
-
-    deadline = time.monotonic() + 10
-    while w.flushed < 30 and time.monotonic() < deadline:  # ... the scheduled one the rest
-        time.sleep(0.01)
-    assert [r["i"] for r in read_rows(tmp_path / "m.jsonl")] == [float(i) for i in range(30)]
-    s.close()
-
-
-def test_an_interrupt_while_handing_over_keeps_every_row_once(tmp_path, monkeypatch):
-    w = JsonlWriter(tmp_path / "m.jsonl", buffer_size=4, interval=30.0, max_seconds=30.0)
-    s = HistoryStore(w, max_open_seconds=None)
-    for i in range(3):
-        s.ingest({"i": float(i)})
-    real = JsonlWriter.extend
+    s.ingest({"i": 0.0})
+    target = s.cache if where == "cache" else w
+    real = type(target).append
     calls = []
 
-    def interrupted(self, records, **kw):
+    def interrupted(self, *args):
         if not calls:
             calls.append(1)
             raise KeyboardInterrupt
-        return real(self, records, **kw)
+        return real(self, *args)
 
-    monkeypatch.setattr(JsonlWriter, "extend", interrupted)
-    for i in range(3, 12):
-        try:
-            s.ingest({"i": float(i)})
-        except KeyboardInterrupt:
-            pass
+    monkeypatch.setattr(type(target), "append", interrupted)
+    with pytest.raises(KeyboardInterrupt):
+        s.ingest({"i": 1.0})
+    s.ingest({"j": 2.0})
     s.close()
-    rows = read_rows(tmp_path / "m.jsonl")
-    # the interrupted call (the 6th: handing the 3 held rows over failed before its own
-    # commit began) left its values in the open row, as an interrupted merge does; the next
-    # call merged over them (last value wins): every other row once, in order
-    assert [r["_step"] for r in rows] == list(range(11))
-    assert [r["i"] for r in rows] == [0.0, 1.0, 2.0, 3.0, 4.0] + [float(i) for i in range(6, 12)]
-
-
-def test_writer_extend_counts_what_append_would_refuse(tmp_path):
-    w = JsonlWriter(tmp_path / "m.jsonl", max_pending_bytes=10, interval=30.0)
-    recs = [(b'{"a":1}', 0), (b'{"a":2222222}', 1)]  # 7 bytes fit, 13 more do not
-    assert w.extend(recs) == 1 and recs == []
-    w.close()
-    assert (tmp_path / "m.jsonl").read_bytes() == b'{"a":1}\n'
-    closed = [(b'{"a":4}', 3)]
-    assert w.extend(closed) == 1 and closed == [] and w.dropped_closed == 1
+    rows = [{k: v for k, v in r.items() if k != "_time"} for r in read_rows(w.path)]
+    if where == "cache":  # nothing was written: the values waited in the open row
+        assert rows == [{"i": 0.0, "_step": 0}, {"i": 1.0, "j": 2.0, "_step": 1}]
+    else:  # the row was in the cache: its commit completed, the writer got it too
+        assert rows == [{"i": 0.0, "_step": 0}, {"i": 1.0, "_step": 1}, {"j": 2.0, "_step": 2}]
 
 
 def test_the_summary_shares_the_store_lock(run_dir):
