@@ -37,18 +37,52 @@ def run(
         return
     report: dict[str, Any] = {"python": sys.version.split()[0], "cpus": os.cpu_count()}
     report["sections"] = {}
+    report["load"] = _load()
     for sec in args.sections.split(","):
-        merged = child_medians([script, "--child", sec, "--n", str(args.n)], args.repeat)
+        runs = child_runs([script, "--child", sec, "--n", str(args.n)], args.repeat)
+        merged = medians(runs)
+        merged.update(spreads(runs))
         report["sections"][sec] = merged
         print(line(sec, merged), flush=True)
+    report["load_after"] = _load()
     print(json.dumps(report))
+
+
+def child_runs(argv: Sequence[str], repeat: int) -> list[dict[str, Any]]:
+    """Run ``python argv...`` ``repeat`` times, each a fresh interpreter whose last stdout
+    line is one JSON object; returns those objects."""
+    runs = []
+    for _ in range(repeat):
+        out = subprocess.run([sys.executable, *argv], capture_output=True, text=True, check=True)
+        runs.append(json.loads(out.stdout.strip().splitlines()[-1]))
+    return runs
+
+
+def medians(runs: Sequence[dict[str, Any]]) -> dict[str, Any]:
+    """The per-key median of ``runs``."""
+    return {k: statistics.median(r[k] for r in runs) for k in runs[0]}
+
+
+def spreads(runs: Sequence[dict[str, Any]]) -> dict[str, float]:
+    """``<key>_spread``: max/min across the fresh processes of every ``*p50_us`` key (the
+    run-to-run spread the budgets bound)."""
+    out = {}
+    for k in runs[0]:
+        if k.endswith("p50_us"):
+            lo = min(r[k] for r in runs)
+            out[k + "_spread"] = max(r[k] for r in runs) / lo if lo > 0 else float("nan")
+    return out
 
 
 def child_medians(argv: Sequence[str], repeat: int) -> dict[str, Any]:
     """Run ``python argv...`` ``repeat`` times, each a fresh interpreter whose last stdout
     line is one JSON object, and return the per-key median of those objects."""
-    runs = []
-    for _ in range(repeat):
-        out = subprocess.run([sys.executable, *argv], capture_output=True, text=True, check=True)
-        runs.append(json.loads(out.stdout.strip().splitlines()[-1]))
-    return {k: statistics.median(r[k] for r in runs) for k in runs[0]}
+    return medians(child_runs(argv, repeat))
+
+
+def _load() -> list[float] | None:
+    """The 1-, 5- and 15-minute load averages (None where the OS has none)."""
+    try:
+        return [round(x, 2) for x in os.getloadavg()]
+    except OSError:
+        return None

@@ -60,11 +60,14 @@ class Summary(MutableMapping):
         clock: Callable[[], float] = time.monotonic,
         defs_path: Path | None = None,
         defs: MetricDefs | None = None,
+        lock: threading.Lock | None = None,
     ) -> None:
         self.path = path
         self._last: dict[str, Any] = dict(initial or {})
         self._assigned: dict[str, Any] = {}
-        self._lock = threading.Lock()
+        # its own lock, or the history store's (the run's summary: its rows then arrive
+        # through on_row_locked, under that lock, without a second one)
+        self._lock = lock if lock is not None else threading.Lock()
         self._clock = clock
         self._save_scheduled = False
         self._failed = False
@@ -77,10 +80,17 @@ class Summary(MutableMapping):
         self._fork_gen = fork_generation()  # a forked child reads, never assigns
 
     def on_row(self, row: dict[str, Any]) -> None:
+        """Take one committed row (a row sink)."""
         with self._lock:
-            self._last.update(row)
-            if self._aggregating:
-                self.defs.update(row)
+            self.on_row_locked(row)
+
+    def on_row_locked(self, row: dict[str, Any]) -> None:
+        """``on_row`` with the summary's lock already held: the history store's
+        ``on_commit`` when the summary shares the store's lock (``Summary(lock=store.lock)``,
+        as a run's does)."""
+        self._last.update(row)
+        if self._aggregating:
+            self.defs.update(row)
         if not self._save_scheduled and self.path is not None:
             self._save_scheduled = True
             get_flusher().schedule(

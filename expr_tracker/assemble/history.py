@@ -378,8 +378,10 @@ def construct_run(
     initial = None
     if resumed:
         initial = _resumed_summary(summary_path, defs_path, defs, writer)
-    summary = Summary(summary_path, initial, defs_path=defs_path, defs=defs)
-    store.sinks.append(summary.on_row)
+    # the summary shares the store's lock: each committed row reaches it under that lock,
+    # in commit order, before the sinks (docs/logging.md "What one log() costs")
+    summary = Summary(summary_path, initial, defs_path=defs_path, defs=defs, lock=store.lock)
+    store.on_commit = summary.on_row_locked
 
     return Run._assemble(
         spec=spec,

@@ -314,6 +314,16 @@ def has_nonfinite(value: Any) -> bool:
     return False
 
 
+#: the value types a row can hold as they are (no conversion): the store's one-call path
+#: (``HistoryStore.ingest``) takes a row whose values are all of these types, encodes it
+#: with :data:`encode_plain` and keeps the line unless it holds ``null`` (a NaN or ±inf,
+#: which orjson writes as null, or a None: both go through :func:`encode_row` instead)
+PLAIN_TYPES = frozenset({float, int, str, bool, type(None)})
+#: orjson's ``dumps``: raises ``TypeError`` (an ``orjson.JSONEncodeError``) for a key that is
+#: not exactly ``str`` and for an int beyond 64 bits, so such rows take the general path
+encode_plain = _orjson_dumps
+
+
 def encode_row(row: dict[str, Any], nonfinite: bool | None = None) -> bytes:
     """Encode one normalised row as JSON bytes (no trailing newline).
 

@@ -51,6 +51,8 @@ from expr_tracker.errors import ForkedRunError
 from expr_tracker.history.cache import RowCache
 from expr_tracker.history.codec import (
     FLOAT_MAX_INT,
+    PLAIN_TYPES,
+    encode_plain,
     encode_row,
     has_nonfinite,
     normalize_value,
@@ -67,6 +69,10 @@ log = logging.getLogger("expr_tracker")
 #: the largest step (int64, what every reader and the cache index can hold exactly)
 MAX_STEP = (1 << 63) - 1
 _DROP = object()
+#: keys a row of one log() call may not hold as they are (the general path drops or
+#: renames them with a warning): the reserved ones and the empty name
+_NOT_PLAIN_KEYS = RESERVED | {""}
+_JSONEncodeError = TypeError  # orjson.JSONEncodeError is a TypeError
 
 
 def _same_value(a: Any, b: Any) -> bool:
@@ -146,6 +152,11 @@ class HistoryStore:
         #: the lock held): normalize_value, or the run's media store (docs/media.md)
         self.convert: Callable[[Any, Warner], Any] = normalize_value
         self.sinks: list[Callable[[dict[str, Any]], Any]] = []
+        #: called with each committed row under the store lock, in commit order, before the
+        #: sinks see it (the run's summary: a dict update, cheaper here than a sink's
+        #: hand-off); it must be quick, never call back into the store, and its exceptions
+        #: are counted in ``sink_errors`` as a sink's
+        self.on_commit: Callable[[dict[str, Any]], Any] | None = None
         self.flush_hooks: list[Callable[[], Any]] = []
         self._fanq: deque[dict[str, Any]] = deque()
         # fan-out: rows are numbered as they are queued (under _lock) and delivered in that
@@ -166,6 +177,12 @@ class HistoryStore:
         )
 
     # ------------------------------------------------------------------ ingress
+
+    @property
+    def lock(self) -> threading.Lock:
+        """The store's lock (not re-entrant): held while a row is committed and while
+        ``on_commit`` runs; the run's summary shares it."""
+        return self._lock
 
     def _check_fork(self) -> None:
         if self._fork_gen != _current.fork_gen:
@@ -202,6 +219,22 @@ class HistoryStore:
             commit = self._coerce_commit(commit)
             if commit is _DROP:
                 return -1
+        if step is None and commit is None:
+            # the one-call path (docs/logging.md "What one log() costs"): log(d) of plain
+            # values into an empty open row with no span data waiting is the row itself,
+            # copied and encoded once; anything else takes the general path below
+            row = metrics.copy()
+            if _NOT_PLAIN_KEYS.isdisjoint(row) and PLAIN_TYPES.issuperset(map(type, row.values())):
+                with self._lock:
+                    landed = self._commit_plain_locked(row)
+                    upto = 0
+                    if landed >= 0 and self.sinks:
+                        self._fanq.append(row)
+                        self._fan_seq = upto = self._fan_seq + 1
+                if landed >= 0:
+                    if upto:
+                        self._drain(upto)
+                    return landed
         committed: Any = None  # the row committed, a tuple of two rows, or None
         with self._lock:
             if self._closed:
@@ -276,6 +309,64 @@ class HistoryStore:
         if upto:
             self._drain(upto)
         return landed
+
+    def _commit_plain_locked(self, row: dict[str, Any]) -> int:
+        """Commit ``row`` (a copy of one ``log(d)``'s plain values) as the open step, as
+        ``_merge`` and ``_commit_locked`` would, when the open row is empty and no span data
+        waits; returns the step, or -1 when the general path must decide (the store is
+        closed, the open row holds data, a value is NaN/±inf/None or orjson refuses the row),
+        with nothing changed.
+
+        All or nothing, as ``_commit_locked``: an interrupt after the line reached the cache
+        completes the commit; before that, the values stay in the open row.
+        """
+        if self._closed or self._open or self._spans.row or self._written_open is not None:
+            return -1
+        step = self.open_step
+        row["_step"] = step
+        row["_time"] = self._wall()
+        try:
+            line = encode_plain(row)
+        except _JSONEncodeError:
+            return -1
+        if b"null" in line:  # NaN/±inf (orjson writes null) or a None: the general path
+            return -1
+        self._log_mark = next(_sequence)
+        committed = self.rows_committed
+        mark = self.cache.next_ordinal
+        try:
+            self._append_locked(line, step)
+            self.rows_committed = committed + 1
+            self.last_row = row
+            self.open_step = step + 1
+            if self._agg:
+                self._agg = {}
+            hook = self.on_commit
+            if hook is not None:
+                self._call_hook(hook, row)
+        except BaseException:
+            if self.cache.next_ordinal != mark:
+                if self.open_step == step:
+                    self._open_step_after(row, step, committed)
+            else:  # nothing written: the values wait in the open row, as a merge leaves them
+                self._open = row
+            raise
+        return step
+
+    def _call_hook(self, hook: Callable[[dict[str, Any]], Any], row: dict[str, Any]) -> None:
+        """``on_commit(row)`` under the store lock; an exception is counted and warned about
+        once, as a sink's, never raised into ``log()``."""
+        try:
+            hook(row)
+        except Exception as exc:  # noqa: BLE001 - a consumer never breaks log()
+            self.sink_errors += 1
+            self.warner.warn(
+                ("sink", getattr(hook, "__qualname__", repr(hook))),
+                "expr_tracker: a row consumer failed (%s: %s); it is skipped for this row "
+                "(warned once)",
+                type(exc).__name__,
+                exc,
+            )
 
     def _coerce_step(self, step: Any) -> int | None:
         if isinstance(step, bool):
@@ -538,6 +629,9 @@ class HistoryStore:
             self.rows_committed = committed + 1
             self.last_row = row
             self.open_step = step + 1
+            hook = self.on_commit
+            if hook is not None:
+                self._call_hook(hook, row)
         except BaseException:
             if self.cache.next_ordinal != mark and self.open_step == step:
                 self._open_step_after(row, step, committed)
