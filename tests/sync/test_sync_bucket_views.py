@@ -124,3 +124,15 @@ def test_a_bucket_folder_gone_is_an_error_not_an_empty_bucket(tmp_path):
     with pytest.raises(StoreError, match="not a folder"):
         mirror(url, cache_dir=copy)
     assert (copy / "proj" / "a" / "metrics.jsonl").is_file()
+
+
+def test_et_plot_runs_takes_run_urls(three_runs, capsys):
+    pytest.importorskip("plotext")
+    url = three_runs.url
+    runs = f"{url}/proj/a,{url}/other/c,proj/b"  # two URLs and a name under --dir
+    args = ["--dir", url, "--width", "60", "--height", "12", "--no-color"]
+    assert main(["plot", "--runs", runs, "loss", *args]) == 0
+    out = capsys.readouterr().out  # labelled as local runs are: the fewest trailing parts
+    assert all(f"{r}/loss: 5 points" in out for r in ("a", "b", "c")), out
+    assert main(["plot", "--runs", f"{url}/proj/zz,proj/a", *args]) == 1
+    assert "no run synced there" in capsys.readouterr().err
