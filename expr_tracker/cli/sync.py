@@ -39,8 +39,8 @@ def register(subparsers: Any) -> None:
 
 
 def run_sync(args: argparse.Namespace) -> int:
-    """Exit codes: 0 every producer synced, 1 a producer not synced (each named on stderr),
-    a bad URL, a folder that is not there, or a store that cannot be reached."""
+    """Exit codes: 0 every producer synced, 1 a producer or a media file not synced (each
+    named on stderr; the rest synced all the same), a bad URL, a folder that is not there, or a store that cannot be reached."""
     from expr_tracker.sync.store import StoreError
     from expr_tracker.sync.upload import sync_dir
 
@@ -60,9 +60,11 @@ def run_sync(args: argparse.Namespace) -> int:
             f"{rep.unchanged} unchanged"
             + (f"; {rep.lost} commit(s) lost to other syncers and retried" if rep.lost else "")
             + (f"; {len(rep.errors)} not synced" if rep.errors else "")
-            + (f"; {len(rep.skipped)} media file(s) unreadable" if rep.skipped else "")
+            + (f"; {len(rep.skipped)} media file(s) not synced" if rep.skipped else "")
         )
-    return 1 if rep.errors else 0
+    # a media file left out is a file the bucket lacks: a script checking the exit status
+    # must see it (the next sync tries it again; docs/team.md "Sync")
+    return 1 if rep.errors or rep.skipped else 0
 
 
 def run_bucket_gc(args: argparse.Namespace) -> int:

@@ -136,3 +136,35 @@ def test_et_plot_runs_takes_run_urls(three_runs, capsys):
     assert all(f"{r}/loss: 5 points" in out for r in ("a", "b", "c")), out
     assert main(["plot", "--runs", f"{url}/proj/zz,proj/a", *args]) == 1
     assert "no run synced there" in capsys.readouterr().err
+
+
+def test_et_sync_exits_1_when_a_media_file_was_left_out(tmp_path, capsys):
+    run = tmp_path / "runs" / "proj" / "r1"
+    (run / "media").mkdir(parents=True)
+    os.mkfifo(run / "media" / f"{'0' * 64}.png")
+    (run / "metrics.jsonl").write_text(json.dumps({"_step": 0, "_time": 1.0, "loss": 1}) + "\n")
+    url = f"file://{tmp_path / 'bucket'}"
+    assert main(["sync", str(tmp_path / "runs"), url]) == 1
+    got = capsys.readouterr()
+    assert "cannot be read" in got.err and "1 media file(s) not synced" in got.out
+    assert "1 commit(s)" in got.out  # the run's lines went all the same
+
+
+@pytest.mark.parametrize(
+    ("sync", "shown", "hidden"),
+    [
+        ({"url": "ftp://host/x"}, "'ftp://host/x'", None),
+        ({"url": "s3://AKIAKEY:s3cr3t@bucket/p"}, "'s3://***@bucket/p'", "s3cr3t"),
+        ({"url": "s3://bucket/p?X-Amz-Signature=abc"}, "'s3://bucket/p?***'", "abc"),
+        ({"url": "s3://b/p", "interval": -1}, "at least 0.1 s", ">= 0"),
+        ({"url": "s3://b/p", "interval": "-5s"}, "at least 0.1 s", ">= 0"),
+    ],
+)
+def test_sync_spec_errors_show_the_url_but_its_secrets(tmp_path, sync, shown, hidden):
+    from expr_tracker.spec import SpecError
+
+    with pytest.raises(SpecError) as err:
+        et.init(project="p", name="n", dir=str(tmp_path), sync=sync, system=False)
+    text = str(err.value)
+    assert shown in text, text
+    assert hidden is None or hidden not in text, text
