@@ -148,7 +148,8 @@ def register(subparsers: Any) -> None:
     )
     from expr_tracker.cli.sync import on_buckets
 
-    p.set_defaults(func=on_buckets(run_plot, "plot", "args", "dir"))  # s3://, file:// (team.md)
+    # s3://, file:// (docs/team.md): in DIR, a RUN and each run of --runs A,B
+    p.set_defaults(func=on_buckets(run_plot, "plot", "args", "dir", lists=("runs",)))
 
 
 # --------------------------------------------------------------------------- plotext

@@ -489,26 +489,27 @@ def run_runs(args: argparse.Namespace, out: IO[str] | None = None) -> int:
 
     out = out or sys.stdout
     root = Path(args.dir)
+    top = root  # where runs are looked for (a bucket URL: the project's or run's copy)
     copy = "://" in args.dir
-    if copy:  # a sync bucket: read through a local copy (docs/team.md)
-        from expr_tracker.sync.mirror import mirror
+    if copy:  # a sync bucket, one project or one run: read through a local copy (team.md)
+        from expr_tracker.sync.mirror import mirror_url
         from expr_tracker.sync.store import StoreError
 
         try:
-            res = mirror(args.dir)
-        except (ValueError, StoreError) as exc:
+            res = mirror_url(args.dir)
+        except (ValueError, StoreError, OSError) as exc:
             sys.stderr.write(f"et runs: {output.printable(str(exc))}\n")
             return 1
         for line in res.problems:
             sys.stderr.write(f"et runs: warning: {output.printable(line)}\n")
-        root = res.path
+        root, top = res.path, res.target or res.path
     if not root.is_dir():
         sys.stderr.write(f"et runs: {str(root)!r} is not a directory\n")
         return 1
     wanted = parse_columns(args.metrics)
     unlisted: list[tuple[Path, str]] = []
     notes: list[str] = []
-    found = find_runs(root, unlisted=unlisted)
+    found = find_runs(top, unlisted=unlisted)
     if copy:  # the bucket's copy is ours: its listing is kept beside it (describe_runs)
         runs = describe_runs(found, wanted, root, notes=notes, keep=root / LISTING_FILE)
     else:

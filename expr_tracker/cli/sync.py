@@ -39,8 +39,8 @@ def register(subparsers: Any) -> None:
 
 
 def run_sync(args: argparse.Namespace) -> int:
-    """Exit codes: 0 every producer synced, 1 a producer not synced (each named on stderr),
-    a bad URL, a folder that is not there, or a store that cannot be reached."""
+    """Exit codes: 0 every producer synced, 1 a producer or a media file not synced (each
+    named on stderr; the rest synced all the same), a bad URL, a folder that is not there, or a store that cannot be reached."""
     from expr_tracker.sync.store import StoreError
     from expr_tracker.sync.upload import sync_dir
 
@@ -60,9 +60,11 @@ def run_sync(args: argparse.Namespace) -> int:
             f"{rep.unchanged} unchanged"
             + (f"; {rep.lost} commit(s) lost to other syncers and retried" if rep.lost else "")
             + (f"; {len(rep.errors)} not synced" if rep.errors else "")
-            + (f"; {len(rep.skipped)} media file(s) unreadable" if rep.skipped else "")
+            + (f"; {len(rep.skipped)} media file(s) not synced" if rep.skipped else "")
         )
-    return 1 if rep.errors else 0
+    # a media file left out is a file the bucket lacks: a script checking the exit status
+    # must see it (the next sync tries it again; docs/team.md "Sync")
+    return 1 if rep.errors or rep.skipped else 0
 
 
 def run_bucket_gc(args: argparse.Namespace) -> int:
@@ -104,26 +106,61 @@ def is_bucket_url(value: Any) -> bool:
     )
 
 
-def on_buckets(fn: Any, command: str, *names: str) -> Any:
+def on_buckets(fn: Any, command: str, *names: str, lists: tuple[str, ...] = ()) -> Any:
     """Wrap the ``func`` of a reading command so that each argument in ``names`` holding a
     bucket URL (a string, or items of a list) is replaced by the local folder that stands
     for it, brought up to date first (:func:`expr_tracker.sync.mirror.mirror_url`; docs/team.md
-    "Reading the bucket"). A URL that cannot be read ends the command with exit code 1 and
-    the reason on stderr; producers not mirrored are named as warnings."""
+    "Reading the bucket"). Each argument in ``lists`` is a comma-separated list (``--runs
+    A,B``) whose URL items are replaced so (an item is joined with the next pieces while
+    it names nothing alone: a run name holding a comma). A URL that cannot be read ends
+    the command with exit code 1 and the reason on stderr; producers not mirrored are named
+    as warnings."""
 
-    def local(value: str) -> str:
+    def resolve(value: str) -> str:
         from expr_tracker.cli import output
         from expr_tracker.sync.mirror import mirror_url
-        from expr_tracker.sync.store import StoreError
 
-        try:
-            res = mirror_url(value, endpoint_url=None)
-        except (ValueError, StoreError, OSError) as exc:
-            sys.stderr.write(f"et {command}: {output.printable(str(exc))}\n")
-            raise _Stop from None
+        res = mirror_url(value, endpoint_url=None)
         for line in res.problems:
             sys.stderr.write(f"et {command}: warning: {output.printable(line)}\n")
         return str(res.target or res.path)
+
+    def fail(exc: Exception) -> _Stop:
+        from expr_tracker.cli import output
+
+        sys.stderr.write(f"et {command}: {output.printable(str(exc))}\n")
+        return _Stop()
+
+    def local(value: str) -> str:
+        from expr_tracker.sync.store import StoreError
+
+        try:
+            return resolve(value)
+        except (ValueError, StoreError, OSError) as exc:
+            raise fail(exc) from None
+
+    def local_list(text: str) -> str:
+        from expr_tracker.sync.store import StoreError
+
+        pieces, out, i = text.split(","), [], 0
+        while i < len(pieces):
+            if not is_bucket_url(pieces[i].strip()):
+                out.append(pieces[i])
+                i += 1
+                continue
+            first: Exception | None = None
+            j = i + 1
+            while True:
+                try:
+                    out.append(resolve(",".join(pieces[i:j]).strip()))
+                    i = j
+                    break
+                except (ValueError, StoreError, OSError) as exc:
+                    first = first or exc
+                j += 1
+                if j > len(pieces) or is_bucket_url(pieces[j - 1].strip()):
+                    raise fail(first) from None
+        return ",".join(out)
 
     def wrapped(args: argparse.Namespace, *a: Any, **kw: Any) -> Any:
         try:
@@ -133,6 +170,10 @@ def on_buckets(fn: Any, command: str, *names: str) -> Any:
                     setattr(args, name, [local(v) if is_bucket_url(v) else v for v in value])
                 elif isinstance(value, str) and is_bucket_url(value):
                     setattr(args, name, local(value))
+            for name in lists:
+                value = getattr(args, name, None)
+                if isinstance(value, str) and "://" in value:
+                    setattr(args, name, local_list(value))
         except _Stop:
             return 1
         return fn(args, *a, **kw)

@@ -245,6 +245,17 @@ def redact_config(value: Any, path: tuple[Any, ...] = (), depth: int = 0) -> Any
 def display_value(path: str, value: Any, limit: int = 80) -> str:
     """A short repr of ``value`` for an error message, secrets replaced by ``***``."""
     last = path.rsplit(".", 1)[-1]
+    if path.split(".")[-2:] in (["sync", "url"], ["sync", "endpoint_url"]) and isinstance(
+        value, str
+    ):
+        # a bucket's URL holds no secret but its user:password@ (refused) or a query
+        # (refused): those are masked, the rest says which URL is wrong (docs/team.md)
+        text = mask_url_credentials(value)
+        for mark in "?#":
+            if mark in text:
+                text = text.split(mark, 1)[0] + mark + "***"
+        text = repr(text)
+        return text if len(text) <= limit else text[: limit - 3] + "..."
     shown = "***" if is_secret_key(last) and value is not None else _redact(value)
     # `is`/isinstance, never ==: a value may overload == (the alert builder's M expressions)
     text = shown if isinstance(shown, str) and shown == "***" else repr(shown)

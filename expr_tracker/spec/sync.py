@@ -3,9 +3,9 @@
 
 from __future__ import annotations
 
-from typing import Annotated, Optional
+from typing import Annotated, Any, Optional
 
-from pydantic import AfterValidator, BaseModel, Field
+from pydantic import AfterValidator, BaseModel, BeforeValidator, Field
 
 from expr_tracker.spec.fields import FORBID
 from expr_tracker.spec.units import Duration
@@ -15,12 +15,26 @@ from expr_tracker.spec.units import Duration
 SYNC_MIN_INTERVAL = 0.1
 
 
+_INTERVAL_RULE = (
+    f"must be at least {SYNC_MIN_INTERVAL:g} s (100ms), e.g. 60s or 5m: each pass asks the "
+    "bucket about every producer that changed"
+)
+
+
 def _sync_interval(value: float) -> float:
     if not value >= SYNC_MIN_INTERVAL:
-        raise ValueError(
-            f"must be at least {SYNC_MIN_INTERVAL:g} s (100ms), e.g. 60s or 5m: each pass "
-            "asks the bucket about every producer that changed"
-        )
+        raise ValueError(_INTERVAL_RULE)
+    return value
+
+
+def _sync_interval_sign(value: Any) -> Any:
+    """A negative interval gets the interval's own rule, not a duration's ``>= 0`` (this
+    runs before the duration is parsed)."""
+    negative = (isinstance(value, (int, float)) and not isinstance(value, bool) and value < 0) or (
+        isinstance(value, str) and value.strip().startswith("-")
+    )
+    if negative:
+        raise ValueError(_INTERVAL_RULE)
     return value
 
 
@@ -53,9 +67,9 @@ class SyncSpec(BaseModel):
     url: Annotated[Optional[str], AfterValidator(_sync_url)] = Field(
         None, description="s3://bucket/prefix or file:///path; null: no background sync"
     )
-    interval: Annotated[Duration, AfterValidator(_sync_interval)] = Field(
-        60.0, description="seconds between two uploads (at least 100ms)"
-    )
+    interval: Annotated[
+        Duration, AfterValidator(_sync_interval), BeforeValidator(_sync_interval_sign)
+    ] = Field(60.0, description="seconds between two uploads (at least 100ms)")
     finish_timeout: Duration = Field(
         30.0,
         ge=0,

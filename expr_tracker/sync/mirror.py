@@ -28,6 +28,7 @@ from __future__ import annotations
 
 import hashlib
 import os
+import shutil
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -57,6 +58,8 @@ class MirrorResult:
     fetched: int = 0
     unchanged: int = 0
     problems: list[str] = field(default_factory=list)
+    #: runs dropped from the copy: their manifests are gone from the bucket
+    dropped: int = 0
     #: the local folder standing for the URL given to :func:`mirror_url` (``path``, or a
     #: project's or a run's folder below it)
     target: Path | None = None
@@ -167,6 +170,57 @@ def _state_key(ident: tuple) -> str:
     return layout.manifest_key(project, run, stream, rank)
 
 
+def _root_gone(store: ObjectStore) -> bool:
+    """True for a ``file://`` store whose folder is not there (a share not mounted): its
+    listing is empty, which must not read as a bucket whose runs were all removed."""
+    from expr_tracker.sync.store import FileStore
+
+    return isinstance(store, FileStore) and not store.root.is_dir()
+
+
+def _real_dirs(folder: Path) -> list[str]:
+    """Names of the folders in ``folder`` that are plain folder names and real folders (a
+    link is never one: the copy never writes links, so one is not the copy's to drop)."""
+    try:
+        with os.scandir(folder) as it:
+            return [e.name for e in it if _folder_name(e.name) and e.is_dir(follow_symlinks=False)]
+    except OSError:
+        return []
+
+
+def _drop_gone(
+    root: Path, listed: set[tuple[str, str]], project: str | None, run: str | None
+) -> tuple[int, list[str]]:
+    """Delete from the copy ``root`` the run folders (of ``project``, of its ``run``, or
+    all) that no manifest of the listing names: the bucket no longer has them (``et gc``,
+    manifests deleted). Only real folders inside ``root`` are deleted (never through a
+    link: ``shutil.rmtree`` unlinks a link inside, it does not follow it). Returns the
+    number dropped and a line per folder that could not be."""
+    projects = [project] if project is not None else _real_dirs(root)
+    dropped, problems = 0, []
+    for p in projects:
+        pdir = root / p
+        if pdir.is_symlink() or not _inside(pdir, root):
+            continue
+        for r in [run] if run is not None else _real_dirs(pdir):
+            rdir = pdir / r
+            if (p, r) in listed or rdir.is_symlink() or not rdir.is_dir():
+                continue
+            if not _inside(rdir, root):
+                continue
+            try:
+                shutil.rmtree(rdir)
+                dropped += 1
+            except OSError as exc:
+                problems.append(f"{p}/{r}: gone from the bucket, not dropped from the copy: {exc}")
+        if project is None or run is not None:
+            try:
+                pdir.rmdir()  # only an empty one
+            except OSError:
+                pass
+    return dropped, problems
+
+
 def _load_state(root: Path) -> dict[str, str]:
     try:
         data = untrusted.read_json(root / _STATE)
@@ -201,7 +255,21 @@ def mirror(
     state = _load_state(root)
     changed = False
     todo: dict[tuple[str, str], list[tuple[tuple, str]]] = {}
-    for ident, tag in list_manifests(store, project, run):
+    listing = list_manifests(store, project, run)
+    if not listing and _root_gone(store):
+        # a folder unmounted is no empty bucket: the copy is kept as it is
+        raise StoreError(f"{store.url}: not a folder (not there, or not readable)")
+    # the copy mirrors the listing: runs whose manifests are gone leave it
+    listed = {(ident[0], ident[1]) for ident, _tag in listing}
+    res.dropped, dropped_problems = _drop_gone(root, listed, project, run)
+    res.problems += dropped_problems
+    for key in list(state):
+        ident = layout.parse_manifest_key(key)
+        in_scope = ident is not None and project in (None, ident[0]) and run in (None, ident[1])
+        if ident is None or (in_scope and (ident[0], ident[1]) not in listed):
+            del state[key]
+            changed = True
+    for ident, tag in listing:
         res.producers += 1
         key = _state_key(ident)
         if tag and state.get(key) == tag and (root / ident[0] / ident[1]).is_dir():
@@ -282,6 +350,8 @@ def mirror_url(
         if any(not _folder_name(x) for x in tail):
             continue
         store = open_store(base, endpoint_url=endpoint_url)
+        if cut == 0 and _root_gone(store):  # a project's or run's URL of a folder bucket
+            continue
         if cut and not list_manifests(store, *tail):
             continue
         res = mirror(

@@ -177,12 +177,16 @@ def test_a_lost_commit_is_retried_from_what_the_winner_committed(s3_bucket, tmp_
     assert bucket_bytes(real) == (runs_a / "proj" / "r1" / "metrics.jsonl").read_bytes()
 
 
-def _sync_cmd(url: str, root: Path, state: Path, part_bytes: int, loops: int = 1) -> list[str]:
+def _sync_cmd(
+    url: str, root: Path, state: Path, part_bytes: int, loops: int = 1, pause: float = 0.0
+) -> list[str]:
+    """A process syncing ``loops`` times, ``pause`` seconds between two passes."""
     code = (
-        "import sys, json; from expr_tracker.sync.upload import sync_dir\n"
+        "import sys, json, time; from expr_tracker.sync.upload import sync_dir\n"
         f"for _ in range({loops}):\n"
         f"    r = sync_dir({str(root)!r}, {url!r}, state_dir={str(state)!r}, part_bytes={part_bytes}, full=True)\n"
         "    print(json.dumps({'lost': r.lost, 'commits': r.commits, 'errors': r.errors}), flush=True)\n"
+        f"    time.sleep({pause})\n"
     )
     return [sys.executable, "-c", code]
 
@@ -289,7 +293,8 @@ def test_a_reader_during_a_sync_sees_a_consistent_prefix(s3_bucket, tmp_path):
     t = threading.Thread(target=writer)
     t.start()
     proc = subprocess.Popen(
-        _sync_cmd(s3_bucket.url, tmp_path / "runs", tmp_path / "state", 2000, loops=4),
+        # passes spread over ~2 s, past the writer's 1.5 s, however fast a pass is
+        _sync_cmd(s3_bucket.url, tmp_path / "runs", tmp_path / "state", 2000, loops=5, pause=0.4),
         env=s3_bucket.env(),
         stdout=subprocess.PIPE,
         stderr=subprocess.PIPE,

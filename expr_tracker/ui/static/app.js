@@ -153,6 +153,15 @@ async function fetchRuns(choice) {
   }
 }
 
+// et ui s3://...: a refresh of the bucket's copy that failed (the copy is shown as it was)
+// or runs of the bucket not copied, from /api/runs; "" when all is well
+function refreshNote(d) {
+  if (d.refresh_error) return `The bucket could not be read; showing the copy as it was: ${d.refresh_error}`;
+  const p = d.refresh_problems || [];
+  if (!p.length) return "";
+  return `${p.length} producer${p.length > 1 ? "s" : ""} of the bucket not copied: ${p.slice(0, 3).join("; ")}${p.length > 3 ? "; …" : ""}`;
+}
+
 async function runsPage(me, params) {
   const choice = tableChoice(params || new URLSearchParams());
   let data, problem;
@@ -183,6 +192,7 @@ async function runsPage(me, params) {
   const tbody = el("tbody", { id: "runs-body" });
   const thead = el("thead", {});
   const count = el("span", { class: "muted", id: "runs-count" });
+  const banner = el("p", { class: "error", id: "refresh-banner", role: "status" });
   const keyList = el("datalist", { id: "column-keys" });
   const whereInput = el("input", { id: "filter-where", type: "search", size: 36, list: "column-keys",
     placeholder: "filter: lr > 1e-3 and status = failed", value: choice.where,
@@ -204,6 +214,7 @@ async function runsPage(me, params) {
     el("div", { class: "filters" }, whereInput, columnsInput, keyList,
       el("span", { class: "muted" }, "Enter applies; click a header to sort")),
     problem ? el("p", { class: "error", id: "table-problem" }, problem) : null,
+    banner,
     el("table", { id: "runs" }, thead, tbody));
 
   // the order: click a header for ascending, again for descending, a third time for none
@@ -254,6 +265,8 @@ async function runsPage(me, params) {
       el("td", {}, r.group || ""))));
     const hidden = data.total - data.hidden - runs.length;
     count.textContent = `${shown.length} of ${runs.length} runs` + (hidden > 0 ? ` (${hidden} filtered out)` : "");
+    banner.textContent = refreshNote(data);
+    banner.hidden = !banner.textContent;
     compareBtn.disabled = runsState.selected.size < 2;
   }
   drawHead();
