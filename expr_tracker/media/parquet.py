@@ -111,6 +111,18 @@ def encode_table(
     return buf.getvalue()
 
 
+def _cell_bytes(pa: Any, t: Any) -> int:
+    """The least bytes one cell of an allowed type takes once read (strings: the
+    dictionary index and offset; their text is bounded after the read)."""
+    if pa.types.is_dictionary(t):
+        return 4 + _cell_bytes(pa, t.value_type)
+    if pa.types.is_string(t) or pa.types.is_large_string(t):
+        return 8
+    if pa.types.is_boolean(t) or pa.types.is_null(t):
+        return 1
+    return max(1, t.bit_width // 8)
+
+
 def _allowed(pa: Any, t: Any) -> bool:
     types = pa.types
     return bool(
@@ -150,6 +162,9 @@ def decode_table(data: bytes) -> tuple[Any, set[str]]:
         if not _allowed(pa, f.type):
             raise ValueError(f"table column {f.name[:80]!r} has type {f.type}, not written here")
     size = sum(md.row_group(i).total_byte_size for i in range(md.num_row_groups))
+    # the footer's sizes are of the encoded pages: run-length encoded zeros are a few bytes
+    # for millions of rows, so bound what reading will allocate too (rows x cell widths)
+    size = max(size, md.num_rows * sum(_cell_bytes(pa, f.type) for f in schema))
     if size > MAX_TABLE_BYTES:
         raise ValueError(f"a table of {size} bytes uncompressed; at most {MAX_TABLE_BYTES}")
     strings = [f.name for f in schema if pa.types.is_string(f.type) or pa.types.is_large_string(f.type)]  # fmt: skip

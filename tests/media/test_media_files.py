@@ -249,6 +249,16 @@ def test_a_planted_parquet_is_read_bounded(tmp_path, monkeypatch):
         load_table(run_dir, _plant(run_dir, _parquet(bad_meta), "parquet"))
 
 
+def test_a_planted_parquet_of_run_length_zeros_is_refused_before_reading(tmp_path, monkeypatch):
+    # 200k int64 zeros: 1.6 MB once read, a few hundred bytes of pages (the footer's size)
+    data = _parquet(pa.table({"z": np.zeros(200_000, dtype=np.int64)}))
+    assert len(data) < 10_000
+    ref = _plant(tmp_path / "run", data, "parquet")
+    monkeypatch.setattr(parquet, "MAX_TABLE_BYTES", 1_000_000)
+    with pytest.raises(ValueError, match="1600000 bytes uncompressed; at most 1000000"):
+        load_table(tmp_path / "run", ref)
+
+
 # -- runs written before the files -----------------------------------------------------------
 
 
