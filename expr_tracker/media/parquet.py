@@ -17,7 +17,8 @@ past :data:`MAX_COLUMNS` columns, :data:`MAX_ROWS` rows, :data:`MAX_TABLE_BYTES`
 uncompressed data, or a column type the writer does not write (nested lists, structs,
 binary...); string columns are read dictionary-encoded and their decoded size checked
 against the same bound before being expanded, so a small file of repeated long strings is
-refused instead of filling memory. Errors raise ``ValueError`` naming the bound.
+refused instead of filling memory. Errors raise ``ValueError`` naming the bound. The writer refuses (``ValueError``) a table
+past the same bounds, so that no table is kept that cannot be read back.
 """
 
 from __future__ import annotations
@@ -106,9 +107,31 @@ def encode_table(
     meta = {JSON_COLUMNS_KEY: json.dumps(json_cols).encode("utf-8")}
     fields = [pa.field(name, a.type) for name, a in zip(columns, arrays, strict=True)]
     table = pa.Table.from_arrays(arrays, schema=pa.schema(fields, metadata=meta))
+    _check_readable(pa, table)
     buf = io.BytesIO()
     pa.parquet.write_table(table, buf, compression="zstd")
     return buf.getvalue()
+
+
+def _check_readable(pa: Any, table: Any) -> None:
+    """Refuse to write a table :func:`decode_table` would refuse to read (its bounds)."""
+    rows, ncols = table.num_rows, table.num_columns
+    if ncols > MAX_COLUMNS or rows > MAX_ROWS:
+        raise ValueError(
+            f"a table of {rows} rows x {ncols} columns is not kept: at most {MAX_ROWS} rows "
+            f"and {MAX_COLUMNS} columns can be read back"
+        )
+    size = rows * sum(_cell_bytes(pa, f.type) for f in table.schema)
+    text = sum(
+        pa.compute.sum(pa.compute.binary_length(col)).as_py() or 0
+        for f, col in zip(table.schema, table.columns, strict=True)
+        if pa.types.is_string(f.type)
+    )
+    if max(size, text) > MAX_TABLE_BYTES:
+        raise ValueError(
+            f"a table of {max(size, text)} bytes once read is not kept: at most "
+            f"{MAX_TABLE_BYTES} can be read back"
+        )
 
 
 def _cell_bytes(pa: Any, t: Any) -> int:

@@ -146,6 +146,21 @@ def test_past_the_bound_a_histogram_or_table_is_dropped_with_one_error(tmp_path,
     assert et.read_history(run.dir)[3].get("t") is None
 
 
+def test_a_table_past_the_readers_bounds_is_dropped_not_kept_unreadable(tmp_path, monkeypatch):
+    monkeypatch.setattr(parquet, "MAX_COLUMNS", 3)
+    monkeypatch.setattr(parquet, "MAX_TABLE_BYTES", 1000)
+    run = _init(tmp_path)
+    et.log({"wide": et.Table(columns=list("abcd"), data=[[1, 2, 3, 4]])})
+    et.log({"long": et.Table(columns=["x"], data=[[i] for i in range(200)])})  # 1.6 KB
+    et.log({"text": et.Table(columns=["s"], data=[["y" * 600], ["z" * 600]])})
+    et.log({"ok": et.Table(columns=list("abc"), data=[[1, "x", 2.5]])})
+    rows = et.history()
+    et.finish()
+    assert [r.get(k) for r, k in zip(rows[:3], ("wide", "long", "text"), strict=True)] == [None] * 3
+    assert load_table(run.dir, rows[3]["ok"], output_type="dict")["data"] == [[1, "x", 2.5]]
+    assert len(list((Path(run.dir) / "media").iterdir())) == 1
+
+
 # -- hostile files ---------------------------------------------------------------------------
 
 
