@@ -64,6 +64,16 @@ def test_histogram_counts_come_back_exact_and_the_row_stays_small(tmp_path):
         assert sorted(z.files) == ["counts", "edges"] and z["counts"].sum() == 1000
 
 
+def test_a_histogram_of_values_a_few_ulps_apart_is_kept():
+    # NumPy cannot cut [1, 1 + 1 ulp] into 64 bins and raised out of et.Histogram
+    for a in ([1.0, np.nextafter(1.0, 2.0)], [1e300, 1e300 * (1 + 1e-15)], [-3.0, -3.0 + 4e-16]):
+        h = et.Histogram(np.array(a))
+        assert int(h.counts.sum()) == 2 and len(h.counts) == 64
+        assert h.edges[0] <= min(a) and max(a) <= h.edges[-1]
+        counts, edges = decode_histogram(encode_histogram(h.counts, h.edges))
+        assert (counts == h.counts).all() and (np.diff(edges) > 0).all()
+
+
 def test_the_same_histogram_is_the_same_file_whenever_it_is_written():
     counts, edges = np.histogram(np.random.default_rng(1).normal(size=500), bins=32)
     a = encode_histogram(counts, edges)
