@@ -570,6 +570,13 @@ class Table(Media):
                 {"columns": self.columns, "data": out}, ensure_ascii=False, separators=(",", ":")
             ).encode("utf-8")
             ext = "table.json"
+        from expr_tracker.media import read
+
+        if len(body) > read.MAX_READ_BYTES:  # every reader refuses a larger file
+            raise ValueError(
+                f"a table file of {len(body)} bytes is not kept: at most {read.MAX_READ_BYTES} "
+                "can be read back"
+            )
         sha = hashlib.sha256(body).hexdigest()
         ref: dict[str, Any] = {
             "_type": "table",

@@ -171,6 +171,20 @@ def test_a_table_past_the_readers_bounds_is_dropped_not_kept_unreadable(tmp_path
     assert len(list((Path(run.dir) / "media").iterdir())) == 1
 
 
+def test_a_table_file_larger_than_the_readers_read_is_dropped(tmp_path, monkeypatch):
+    from expr_tracker.media import read
+
+    monkeypatch.setattr(read, "MAX_READ_BYTES", 2000)
+    run = _init(tmp_path)
+    noise = np.random.default_rng(0).random(400)  # 3.2 KB of incompressible floats
+    et.log({"t": et.Table(columns=["x"], data=[[float(v)] for v in noise])})
+    et.log({"small": et.Table(columns=["x"], data=[[1.0]])})
+    rows = et.history()
+    et.finish()
+    assert rows[0].get("t") is None
+    assert load_table(run.dir, rows[1]["small"], output_type="dict")["data"] == [[1.0]]
+
+
 # -- hostile files ---------------------------------------------------------------------------
 
 
