@@ -64,11 +64,37 @@ def _json_cell(v: Any) -> str | None:
     return json.dumps(v, ensure_ascii=False, separators=(",", ":"))
 
 
+def _fits(values: list[Any], kinds: set[type], dtype: Any) -> bool:
+    """Whether every cell keeps its value in the DataFrame's ``dtype``: Arrow casts 3.5 to
+    an int32 3, 1e300 to a float32 inf and True to a float 1.0 without a word, so a row
+    added later holding such a cell makes the column inferred from its cells instead."""
+    import numpy as np
+
+    dt = np.dtype(dtype)
+    if dt.kind in "iu":
+        return kinds <= {int}  # out of range: Arrow raises
+    if dt.kind == "b":
+        return kinds <= {bool}
+    if dt.kind != "f" or not kinds <= {int, float}:
+        return dt.kind != "f"
+    if kinds <= {float} and dt.itemsize == 8:
+        return True
+    kind = float if kinds <= {float} else object  # ints: compared exactly, not as floats
+    a = np.array([np.nan if v is None else v for v in values], dtype=kind)
+    with np.errstate(over="ignore", invalid="ignore"):
+        try:
+            b = a.astype(dt).astype(kind)
+        except (OverflowError, ValueError, TypeError):
+            return False
+        same = (a == b) | ((a != a) & (b != b))
+    return bool(np.asarray(same, dtype=bool).all())
+
+
 def _column(pa: Any, values: list[Any], dtype: Any) -> tuple[Any, bool]:
     """(Arrow array, is_json) of one column's cells."""
     if not any(isinstance(v, (dict, list)) for v in values):
         kinds = {type(v) for v in values if v is not None}
-        if dtype is not None:
+        if dtype is not None and _fits(values, kinds, dtype):
             try:
                 return pa.array(values, type=pa.from_numpy_dtype(dtype)), False
             except (pa.ArrowInvalid, pa.ArrowTypeError, pa.ArrowNotImplementedError, TypeError):

@@ -123,6 +123,25 @@ def test_a_table_comes_back_as_the_same_dataframe(tmp_path):
     assert media_label(row["mixed"]) == "<table 2x5>"
 
 
+def test_a_row_added_to_a_dataframe_table_keeps_its_values(tmp_path):
+    # Arrow cast 3.5 into an int32 column as 3 and 1e300 into a float32 one as inf
+    df = pd.DataFrame({"i": np.array([1], np.int32), "f": np.array([0.5], np.float32)})
+    kept = et.Table(dataframe=df)
+    grown = et.Table(dataframe=df)
+    grown.add_data(3.5, 1e300)
+    mixed = et.Table(dataframe=df)
+    mixed.add_data(2, True)
+    run = _init(tmp_path)
+    et.log({"kept": kept, "grown": grown, "mixed": mixed})
+    row = et.history()[0]
+    et.finish()
+    back = load_table(run.dir, row["kept"])
+    assert back.dtypes.astype(str).tolist() == ["int32", "float32"]
+    assert load_table(run.dir, row["grown"], output_type="dict")["data"] == [[1, 0.5], [3.5, 1e300]]
+    cells = load_table(run.dir, row["mixed"], output_type="dict")["data"]
+    assert cells == [[1, 0.5], [2, True]] and cells[1][1] is True
+
+
 def test_without_pyarrow_a_table_is_kept_as_json(tmp_path, monkeypatch):
     """A wandb.Table logged where pyarrow is missing is never dropped: it goes to the JSON
     file every reader reads (the format of runs written before Parquet)."""
