@@ -153,9 +153,9 @@ def _check_readable(pa: Any, table: Any) -> None:
         for f, col in zip(table.schema, table.columns, strict=True)
         if pa.types.is_string(f.type)
     )
-    if max(size, text) > MAX_TABLE_BYTES:
+    if size + text > MAX_TABLE_BYTES:  # the reader's bounds, and its footer's page sizes
         raise ValueError(
-            f"a table of {max(size, text)} bytes once read is not kept: at most "
+            f"a table of {size + text} bytes once read is not kept: at most "
             f"{MAX_TABLE_BYTES} can be read back"
         )
 
