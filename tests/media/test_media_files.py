@@ -268,6 +268,21 @@ def test_a_planted_npz_is_refused_never_unpickled(tmp_path):
         load_histogram(run_dir, _plant(run_dir, b"x", "parquet"))
 
 
+def test_a_planted_npz_of_many_entries_is_refused_before_its_directory_is_parsed(tmp_path):
+    from expr_tracker.media import npz
+
+    buf = io.BytesIO()
+    with zipfile.ZipFile(buf, "w", zipfile.ZIP_STORED) as zf:
+        for i in range(3000):  # 3,000 directory entries: ~260 KB; 256 MiB held 3 million
+            zf.writestr(str(i), b"")
+    assert len(buf.getvalue()) > npz.MAX_FILE_BYTES
+    ref = _plant(tmp_path / "run", buf.getvalue(), "npz")
+    with pytest.raises(ValueError, match=f"at most {npz.MAX_FILE_BYTES}"):
+        load_histogram(tmp_path / "run", ref)
+    h = et.Histogram(np.arange(10**6), num_bins=npz.MAX_BINS)  # the largest kept: it reads
+    assert len(encode_histogram(h.counts, h.edges)) <= npz.MAX_FILE_BYTES
+
+
 def test_an_npz_linked_from_outside_the_media_folder_is_refused(tmp_path):
     data = encode_histogram(np.ones(2, dtype=np.int64), np.arange(3.0))
     sha = hashlib.sha256(data).hexdigest()
