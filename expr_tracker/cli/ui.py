@@ -175,8 +175,9 @@ def run_ui(args: argparse.Namespace) -> int:
 
         import_web()
         plotly_js()
-    except ImportError as exc:
-        print(f"et ui: {exc}", file=sys.stderr)
+    except ImportError as exc:  # import_web names the extra; a module the server imports may not
+        msg = str(exc) if "expr-tracker[ui]" in str(exc) else f"{exc.name or exc} is missing"
+        print(f"et ui: {msg}" + ("" if msg == str(exc) else f": {UI_EXTRA}"), file=sys.stderr)
         return 1
     from expr_tracker.ui.server import serve
 

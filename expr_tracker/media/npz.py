@@ -11,7 +11,8 @@ thread's time to the media writer thread) made ``log()`` slower by 2x at the med
 member has the same fixed date and attributes, so the same histogram gives the same bytes,
 hence the same SHA-256 and file name, whenever and wherever it is logged.
 
-The reader treats the bytes as untrusted (a run folder may be anyone's): exactly the two
+The reader treats the bytes as untrusted (a run folder may be anyone's): at most
+:data:`MAX_FILE_BYTES` (checked before the zip's directory is parsed), exactly the two
 members, each at most :data:`MAX_MEMBER_BYTES` once inflated (read with a bound, so a zip
 bomb of a planted deflated member stops at the bound), parsed by NumPy's ``.npy`` reader with ``allow_pickle=False``
 (an object array is refused, never unpickled), then checked: 1-D, numeric dtypes, 1 to
@@ -25,13 +26,15 @@ import io
 import zipfile
 from typing import Any
 
-__all__ = ["MAX_BINS", "MAX_MEMBER_BYTES", "decode_histogram", "encode_histogram"]
+__all__ = ["MAX_BINS", "MAX_FILE_BYTES", "MAX_MEMBER_BYTES", "decode_histogram", "encode_histogram"]
 
 #: the most bins a histogram may have (as wandb)
 MAX_BINS = 512
 #: the largest member read back: a ``.npy`` header and MAX_BINS + 1 eight-byte values fit
 #: many times over
 MAX_MEMBER_BYTES = 64 << 10
+#: the largest ``.npz`` read: its two members and their zip headers
+MAX_FILE_BYTES = 2 * MAX_MEMBER_BYTES + 4096
 _MEMBERS = ("counts.npy", "edges.npy")
 #: the date every member carries (the zip format's earliest)
 _EPOCH = (1980, 1, 1, 0, 0, 0)
@@ -95,13 +98,15 @@ def decode_histogram(data: bytes) -> tuple[Any, Any]:
     """``(counts, edges)`` NumPy arrays from ``.npz`` bytes, checked (the module docstring).
 
     Raises:
-        ValueError: not a zip, other members than ``counts.npy`` and ``edges.npy``, a
+        ValueError: larger than :data:`MAX_FILE_BYTES`, not a zip, other members than ``counts.npy`` and ``edges.npy``, a
             member too large or not a numeric 1-D array (object arrays are never
             unpickled), counts and edges that do not fit, non-finite values or edges that
             decrease.
     """
     import numpy as np
 
+    if len(data) > MAX_FILE_BYTES:  # zipfile would parse every entry of a planted directory
+        raise ValueError(f"a histogram .npz of {len(data)} bytes; at most {MAX_FILE_BYTES}")
     try:
         zf = zipfile.ZipFile(io.BytesIO(data))
     except (zipfile.BadZipFile, ValueError, OSError) as exc:

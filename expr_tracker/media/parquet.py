@@ -17,7 +17,8 @@ past :data:`MAX_COLUMNS` columns, :data:`MAX_ROWS` rows, :data:`MAX_TABLE_BYTES`
 uncompressed data, or a column type the writer does not write (nested lists, structs,
 binary...); string columns are read dictionary-encoded and their decoded size checked
 against the same bound before being expanded, so a small file of repeated long strings is
-refused instead of filling memory. Errors raise ``ValueError`` naming the bound.
+refused instead of filling memory. Errors raise ``ValueError`` naming the bound. The writer refuses (``ValueError``) a table
+past the same bounds, so that no table is kept that cannot be read back.
 """
 
 from __future__ import annotations
@@ -63,11 +64,37 @@ def _json_cell(v: Any) -> str | None:
     return json.dumps(v, ensure_ascii=False, separators=(",", ":"))
 
 
+def _fits(values: list[Any], kinds: set[type], dtype: Any) -> bool:
+    """Whether every cell keeps its value in the DataFrame's ``dtype``: Arrow casts 3.5 to
+    an int32 3, 1e300 to a float32 inf and True to a float 1.0 without a word, so a row
+    added later holding such a cell makes the column inferred from its cells instead."""
+    import numpy as np
+
+    dt = np.dtype(dtype)
+    if dt.kind in "iu":
+        return kinds <= {int}  # out of range: Arrow raises
+    if dt.kind == "b":
+        return kinds <= {bool}
+    if dt.kind != "f" or not kinds <= {int, float}:
+        return dt.kind != "f"
+    if kinds <= {float} and dt.itemsize == 8:
+        return True
+    kind = float if kinds <= {float} else object  # ints: compared exactly, not as floats
+    a = np.array([np.nan if v is None else v for v in values], dtype=kind)
+    with np.errstate(over="ignore", invalid="ignore"):
+        try:
+            b = a.astype(dt).astype(kind)
+        except (OverflowError, ValueError, TypeError):
+            return False
+        same = (a == b) | ((a != a) & (b != b))
+    return bool(np.asarray(same, dtype=bool).all())
+
+
 def _column(pa: Any, values: list[Any], dtype: Any) -> tuple[Any, bool]:
     """(Arrow array, is_json) of one column's cells."""
     if not any(isinstance(v, (dict, list)) for v in values):
         kinds = {type(v) for v in values if v is not None}
-        if dtype is not None:
+        if dtype is not None and _fits(values, kinds, dtype):
             try:
                 return pa.array(values, type=pa.from_numpy_dtype(dtype)), False
             except (pa.ArrowInvalid, pa.ArrowTypeError, pa.ArrowNotImplementedError, TypeError):
@@ -106,9 +133,43 @@ def encode_table(
     meta = {JSON_COLUMNS_KEY: json.dumps(json_cols).encode("utf-8")}
     fields = [pa.field(name, a.type) for name, a in zip(columns, arrays, strict=True)]
     table = pa.Table.from_arrays(arrays, schema=pa.schema(fields, metadata=meta))
+    _check_readable(pa, table)
     buf = io.BytesIO()
     pa.parquet.write_table(table, buf, compression="zstd")
     return buf.getvalue()
+
+
+def _check_readable(pa: Any, table: Any) -> None:
+    """Refuse to write a table :func:`decode_table` would refuse to read (its bounds)."""
+    rows, ncols = table.num_rows, table.num_columns
+    if ncols > MAX_COLUMNS or rows > MAX_ROWS:
+        raise ValueError(
+            f"a table of {rows} rows x {ncols} columns is not kept: at most {MAX_ROWS} rows "
+            f"and {MAX_COLUMNS} columns can be read back"
+        )
+    size = rows * sum(_cell_bytes(pa, f.type) for f in table.schema)
+    text = sum(
+        pa.compute.sum(pa.compute.binary_length(col)).as_py() or 0
+        for f, col in zip(table.schema, table.columns, strict=True)
+        if pa.types.is_string(f.type)
+    )
+    if size + text > MAX_TABLE_BYTES:  # the reader's bounds, and its footer's page sizes
+        raise ValueError(
+            f"a table of {size + text} bytes once read is not kept: at most "
+            f"{MAX_TABLE_BYTES} can be read back"
+        )
+
+
+def _cell_bytes(pa: Any, t: Any) -> int:
+    """The least bytes one cell of an allowed type takes once read (strings: the
+    dictionary index and offset; their text is bounded after the read)."""
+    if pa.types.is_dictionary(t):
+        return 4 + _cell_bytes(pa, t.value_type)
+    if pa.types.is_string(t) or pa.types.is_large_string(t):
+        return 8
+    if pa.types.is_boolean(t) or pa.types.is_null(t):
+        return 1
+    return max(1, t.bit_width // 8)
 
 
 def _allowed(pa: Any, t: Any) -> bool:
@@ -150,6 +211,9 @@ def decode_table(data: bytes) -> tuple[Any, set[str]]:
         if not _allowed(pa, f.type):
             raise ValueError(f"table column {f.name[:80]!r} has type {f.type}, not written here")
     size = sum(md.row_group(i).total_byte_size for i in range(md.num_row_groups))
+    # the footer's sizes are of the encoded pages: run-length encoded zeros are a few bytes
+    # for millions of rows, so bound what reading will allocate too (rows x cell widths)
+    size = max(size, md.num_rows * sum(_cell_bytes(pa, f.type) for f in schema))
     if size > MAX_TABLE_BYTES:
         raise ValueError(f"a table of {size} bytes uncompressed; at most {MAX_TABLE_BYTES}")
     strings = [f.name for f in schema if pa.types.is_string(f.type) or pa.types.is_large_string(f.type)]  # fmt: skip

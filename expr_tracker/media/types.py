@@ -347,7 +347,14 @@ class Histogram(Media):
             a = a.astype(np.float64, copy=False)
             lo, hi = float(a.min()), float(a.max())
             if np.isfinite(hi - lo):
-                counts, edges = np.histogram(a, bins=num_bins)
+                try:
+                    counts, edges = np.histogram(a, bins=num_bins)
+                except ValueError:  # values a few ulps apart: no num_bins finite-sized bins
+                    # between them; widened as NumPy widens a constant (lo - 0.5, hi + 0.5),
+                    # or by enough ulps for the bins where 0.5 is below the spacing
+                    half = max(0.5, 4.0 * num_bins * float(np.spacing(max(abs(lo), abs(hi)))))
+                    mid = lo / 2.0 + hi / 2.0
+                    counts, edges = np.histogram(a, bins=num_bins, range=(mid - half, mid + half))
             else:  # a range past float64's largest: bin halved values, double the edges
                 counts, edges = np.histogram(a / 2.0, bins=num_bins)
                 edges = np.clip(edges * 2.0, lo, hi)
@@ -571,6 +578,13 @@ class Table(Media):
                 {"columns": self.columns, "data": out}, ensure_ascii=False, separators=(",", ":")
             ).encode("utf-8")
             ext = "table.json"
+        from expr_tracker.media import read
+
+        if len(body) > read.MAX_READ_BYTES:  # every reader refuses a larger file
+            raise ValueError(
+                f"a table file of {len(body)} bytes is not kept: at most {read.MAX_READ_BYTES} "
+                "can be read back"
+            )
         sha = _sha256(body).hexdigest()
         ref: dict[str, Any] = {
             "_type": "table",

@@ -492,6 +492,7 @@ def export_runs(
     place = Placement(out, overwrite=overwrite, replaceable=_check_replaceable)
     tmp = place.tmp
     copier = _media_copier(out, tmp, media, media_dir, partition, run_dirs) if media else None
+    media_inside = copier is not None and copier.dest.parent == tmp  # renamed with the output
     rows = 0
     files = 0
     tmpdir = tempfile.mkdtemp(prefix="et-export-")
@@ -527,7 +528,8 @@ def export_runs(
             files = 1
         if copier is not None:
             copier.copy()
-        size = _tree_size(tmp)
+        # the metrics' bytes: media copied inside a partitioned output are counted in "media"
+        size = _tree_size(tmp) - (copier.bytes if media_inside and copier is not None else 0)
         try:
             place.commit()
         except OutputAppeared:
@@ -563,8 +565,17 @@ def export_runs(
         "columns": schema.names,
         "seconds": _time.perf_counter() - t0,
         "skipped": skipped,
-        "media": copier.summary() if copier is not None else None,
+        "media": _media_summary(copier, out, media_inside) if copier is not None else None,
     }
+
+
+def _media_summary(copier: Any, out: Path, inside: bool) -> dict[str, Any]:
+    """The copier's summary, its folder named where it is once the output is in place
+    (inside a partitioned output it was filled under the temporary name)."""
+    summary = dict(copier.summary())
+    if inside:
+        summary["dir"] = str(out / copier.dest.name)
+    return summary
 
 
 def _media_copier(

@@ -64,6 +64,16 @@ def test_histogram_counts_come_back_exact_and_the_row_stays_small(tmp_path):
         assert sorted(z.files) == ["counts", "edges"] and z["counts"].sum() == 1000
 
 
+def test_a_histogram_of_values_a_few_ulps_apart_is_kept():
+    # NumPy cannot cut [1, 1 + 1 ulp] into 64 bins and raised out of et.Histogram
+    for a in ([1.0, np.nextafter(1.0, 2.0)], [1e300, 1e300 * (1 + 1e-15)], [-3.0, -3.0 + 4e-16]):
+        h = et.Histogram(np.array(a))
+        assert int(h.counts.sum()) == 2 and len(h.counts) == 64
+        assert h.edges[0] <= min(a) and max(a) <= h.edges[-1]
+        counts, edges = decode_histogram(encode_histogram(h.counts, h.edges))
+        assert (counts == h.counts).all() and (np.diff(edges) > 0).all()
+
+
 def test_the_same_histogram_is_the_same_file_whenever_it_is_written():
     counts, edges = np.histogram(np.random.default_rng(1).normal(size=500), bins=32)
     a = encode_histogram(counts, edges)
@@ -113,6 +123,25 @@ def test_a_table_comes_back_as_the_same_dataframe(tmp_path):
     assert media_label(row["mixed"]) == "<table 2x5>"
 
 
+def test_a_row_added_to_a_dataframe_table_keeps_its_values(tmp_path):
+    # Arrow cast 3.5 into an int32 column as 3 and 1e300 into a float32 one as inf
+    df = pd.DataFrame({"i": np.array([1], np.int32), "f": np.array([0.5], np.float32)})
+    kept = et.Table(dataframe=df)
+    grown = et.Table(dataframe=df)
+    grown.add_data(3.5, 1e300)
+    mixed = et.Table(dataframe=df)
+    mixed.add_data(2, True)
+    run = _init(tmp_path)
+    et.log({"kept": kept, "grown": grown, "mixed": mixed})
+    row = et.history()[0]
+    et.finish()
+    back = load_table(run.dir, row["kept"])
+    assert back.dtypes.astype(str).tolist() == ["int32", "float32"]
+    assert load_table(run.dir, row["grown"], output_type="dict")["data"] == [[1, 0.5], [3.5, 1e300]]
+    cells = load_table(run.dir, row["mixed"], output_type="dict")["data"]
+    assert cells == [[1, 0.5], [2, True]] and cells[1][1] is True
+
+
 def test_without_pyarrow_a_table_is_kept_as_json(tmp_path, monkeypatch):
     """A wandb.Table logged where pyarrow is missing is never dropped: it goes to the JSON
     file every reader reads (the format of runs written before Parquet)."""
@@ -144,6 +173,35 @@ def test_past_the_bound_a_histogram_or_table_is_dropped_with_one_error(tmp_path,
     assert rows[0]["h"]["path"] and [r.get("h") for r in rows[2:]] == [None, None]
     assert len([r for r in caplog.records if "media.max_bytes" in r.getMessage()]) == 1
     assert et.read_history(run.dir)[3].get("t") is None
+
+
+def test_a_table_past_the_readers_bounds_is_dropped_not_kept_unreadable(tmp_path, monkeypatch):
+    monkeypatch.setattr(parquet, "MAX_COLUMNS", 3)
+    monkeypatch.setattr(parquet, "MAX_TABLE_BYTES", 1000)
+    run = _init(tmp_path)
+    et.log({"wide": et.Table(columns=list("abcd"), data=[[1, 2, 3, 4]])})
+    et.log({"long": et.Table(columns=["x"], data=[[i] for i in range(200)])})  # 1.6 KB
+    et.log({"text": et.Table(columns=["s"], data=[["y" * 600], ["z" * 600]])})
+    et.log({"ok": et.Table(columns=list("abc"), data=[[1, "x", 2.5]])})
+    rows = et.history()
+    et.finish()
+    assert [r.get(k) for r, k in zip(rows[:3], ("wide", "long", "text"), strict=True)] == [None] * 3
+    assert load_table(run.dir, rows[3]["ok"], output_type="dict")["data"] == [[1, "x", 2.5]]
+    assert len(list((Path(run.dir) / "media").iterdir())) == 1
+
+
+def test_a_table_file_larger_than_the_readers_read_is_dropped(tmp_path, monkeypatch):
+    from expr_tracker.media import read
+
+    monkeypatch.setattr(read, "MAX_READ_BYTES", 2000)
+    run = _init(tmp_path)
+    noise = np.random.default_rng(0).random(400)  # 3.2 KB of incompressible floats
+    et.log({"t": et.Table(columns=["x"], data=[[float(v)] for v in noise])})
+    et.log({"small": et.Table(columns=["x"], data=[[1.0]])})
+    rows = et.history()
+    et.finish()
+    assert rows[0].get("t") is None
+    assert load_table(run.dir, rows[1]["small"], output_type="dict")["data"] == [[1.0]]
 
 
 # -- hostile files ---------------------------------------------------------------------------
@@ -210,6 +268,21 @@ def test_a_planted_npz_is_refused_never_unpickled(tmp_path):
         load_histogram(run_dir, _plant(run_dir, b"x", "parquet"))
 
 
+def test_a_planted_npz_of_many_entries_is_refused_before_its_directory_is_parsed(tmp_path):
+    from expr_tracker.media import npz
+
+    buf = io.BytesIO()
+    with zipfile.ZipFile(buf, "w", zipfile.ZIP_STORED) as zf:
+        for i in range(3000):  # 3,000 directory entries: ~260 KB; 256 MiB held 3 million
+            zf.writestr(str(i), b"")
+    assert len(buf.getvalue()) > npz.MAX_FILE_BYTES
+    ref = _plant(tmp_path / "run", buf.getvalue(), "npz")
+    with pytest.raises(ValueError, match=f"at most {npz.MAX_FILE_BYTES}"):
+        load_histogram(tmp_path / "run", ref)
+    h = et.Histogram(np.arange(10**6), num_bins=npz.MAX_BINS)  # the largest kept: it reads
+    assert len(encode_histogram(h.counts, h.edges)) <= npz.MAX_FILE_BYTES
+
+
 def test_an_npz_linked_from_outside_the_media_folder_is_refused(tmp_path):
     data = encode_histogram(np.ones(2, dtype=np.int64), np.arange(3.0))
     sha = hashlib.sha256(data).hexdigest()
@@ -247,6 +320,16 @@ def test_a_planted_parquet_is_read_bounded(tmp_path, monkeypatch):
     bad_meta = pa.table({"a": ["1"]}).replace_schema_metadata({parquet.JSON_COLUMNS_KEY: b"{"})
     with pytest.raises(ValueError, match="JSON column list"):
         load_table(run_dir, _plant(run_dir, _parquet(bad_meta), "parquet"))
+
+
+def test_a_planted_parquet_of_run_length_zeros_is_refused_before_reading(tmp_path, monkeypatch):
+    # 200k int64 zeros: 1.6 MB once read, a few hundred bytes of pages (the footer's size)
+    data = _parquet(pa.table({"z": np.zeros(200_000, dtype=np.int64)}))
+    assert len(data) < 10_000
+    ref = _plant(tmp_path / "run", data, "parquet")
+    monkeypatch.setattr(parquet, "MAX_TABLE_BYTES", 1_000_000)
+    with pytest.raises(ValueError, match="1600000 bytes uncompressed; at most 1000000"):
+        load_table(tmp_path / "run", ref)
 
 
 # -- runs written before the files -----------------------------------------------------------

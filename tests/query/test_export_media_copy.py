@@ -89,6 +89,9 @@ def test_partitioned_export_holds_media_and_can_be_overwritten(tmp_path):
     out = tmp_path / "export"
     res = export_runs(tmp_path / "runs", out, layout="long")
     assert res["media"]["files"] == 6  # the same content in both runs: stored once
+    assert res["media"]["dir"] == str(out / "_media")  # not the temporary name it had
+    parts = sum(f.stat().st_size for f in out.rglob("*.parquet") if "_media" not in f.parts)
+    assert res["bytes"] == parts  # the metrics' bytes, as for one file; media apart
     assert len(list((out / "_media").iterdir())) == 6
     import pyarrow.dataset as ds
 

@@ -120,6 +120,42 @@ def test_a_large_table_is_paged_and_sorted_by_the_server(client):
     assert r.status_code == 422 and "not a table" in r.json()["error"]
 
 
+def test_a_parquet_tables_pages_sort_as_python_sorts_them(tmp_path):
+    # Arrow sorts and cuts a Parquet table's page; it must order rows as _sort_key does
+    from expr_tracker.ui import media as ui_media
+
+    rng = np.random.default_rng(3)
+    n = 60
+    f = rng.choice([1.5, -2.0, 0.0, float("nan"), None, 7.25], size=n).tolist()
+    cols = {
+        "f": f,
+        "i": [None if k % 9 == 0 else int(v) for k, v in enumerate(rng.integers(-3, 4, n))],
+        "s": [
+            None if k % 7 == 0 else str(v)
+            for k, v in enumerate(rng.choice(["b", "a", "é", "Z"], n))
+        ],
+        "b": [bool(v) for v in rng.integers(0, 2, n)],
+        "mix": [1 if k % 3 == 0 else "x" if k % 3 == 1 else None for k in range(n)],
+    }
+    rows = [[k] + [cols[c][k] for c in cols] for k in range(n)]
+    run = et.init(project="p", name="sorts", dir=str(tmp_path), system=False)
+    et.log({"t": et.Table(columns=["k", *cols], data=rows)})
+    ref = et.history()[0]["t"]
+    et.finish()
+    for sort in [None, "k", *cols]:
+        for desc in (False, True):
+            want = (
+                rows
+                if sort is None
+                else ui_media._sorted_rows(rows, ["k", *cols].index(sort), desc)
+            )
+            for offset, limit in ((0, n), (7, 11), (n - 3, 10)):
+                got = ui_media._table_page(run.dir, ref, offset, limit, sort, desc)
+                assert got["nrows"] == n
+                expect = want[offset : offset + limit]
+                assert [r[0] for r in got["data"]] == [r[0] for r in expect], (sort, desc, offset)
+
+
 def test_media_file_is_served_with_its_type_and_nosniff(client):
     d = client.get("/api/media", params={"run": "demo/media"}).json()
     path = d["media"][1]["items"][0][0]["path"] if d["media"][1]["key"] == "samples" else None
