@@ -51,7 +51,8 @@ et.init(dir=d, project="p")
 c2, t2 = time.thread_time(), time.perf_counter()
 et.finish()
 t3 = time.perf_counter()
-import json
+import json, shutil
+shutil.rmtree(d, ignore_errors=True)
 print(json.dumps({"import_ms": (t1 - t0) * 1e3, "init_ms": (t2 - t1) * 1e3,
                   "start_ms": (t2 - t0) * 1e3, "import_cpu_ms": (c1 - c0) * 1e3,
                   "init_cpu_ms": (c2 - c1) * 1e3,

@@ -119,12 +119,14 @@ def main() -> None:
     runs: dict[str, list[dict]] = {s: [] for s in sections}
     for _ in range(args.repeat):  # interleaved: every section in each round
         for sec in sections:
-            out = subprocess.run(
-                [sys.executable, __file__, "--child", sec, "--n", str(args.n)],
-                capture_output=True,
-                text=True,
-                check=True,
-            )
+            with tempfile.TemporaryDirectory(prefix="et-bench-") as tmp:  # its runs
+                out = subprocess.run(
+                    [sys.executable, __file__, "--child", sec, "--n", str(args.n)],
+                    capture_output=True,
+                    text=True,
+                    check=True,
+                    env={**os.environ, "TMPDIR": tmp},
+                )
             runs[sec].append(json.loads(out.stdout.strip().splitlines()[-1]))
     report = {"python": sys.version.split()[0], "cpus": os.cpu_count(), "sections": {}}
     for sec in sections:

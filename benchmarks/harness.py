@@ -13,6 +13,7 @@ import os
 import statistics
 import subprocess
 import sys
+import tempfile
 from collections.abc import Callable, Sequence
 from typing import Any
 
@@ -53,7 +54,15 @@ def child_runs(argv: Sequence[str], repeat: int) -> list[dict[str, Any]]:
     line is one JSON object; returns those objects."""
     runs = []
     for _ in range(repeat):
-        out = subprocess.run([sys.executable, *argv], capture_output=True, text=True, check=True)
+        # each child's temporary files (its runs) in a folder of its own, removed after it
+        with tempfile.TemporaryDirectory(prefix="et-bench-") as tmp:
+            out = subprocess.run(
+                [sys.executable, *argv],
+                capture_output=True,
+                text=True,
+                check=True,
+                env={**os.environ, "TMPDIR": tmp},
+            )
         runs.append(json.loads(out.stdout.strip().splitlines()[-1]))
     return runs
 
