@@ -75,8 +75,8 @@ OPEN_NONFINITE = 4
 
 
 def _encoded_size(record: tuple[int, Any]) -> int:
-    """Bytes of a held ``(step, record)`` pair (0 for a record dict)."""
-    return 0 if type(record[1]) is dict else len(record[1])
+    """Bytes of a held ``(step, record)`` pair (0 for a record not yet encoded)."""
+    return len(record[1]) if type(record[1]) is bytes else 0
 
 
 def _raised_in(exc: BaseException, fn: Callable[..., Any]) -> bool:
@@ -265,7 +265,7 @@ class PendingSpans:
             if record is None:
                 return OUT
             held.append(record)
-            if type(record) is not dict:  # an encoded record (attributes, plugins, error)
+            if type(record) is bytes:  # an encoded record (attributes, plugins, error)
                 self._held_bytes += len(record)
             if len(held) < self._cap and self._held_bytes < self._max_bytes:
                 return HELD

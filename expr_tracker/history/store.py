@@ -139,6 +139,11 @@ class HistoryStore:
             warner=self.warner,
         )
         self._place = self._spans.place  # bound once: ingest_span is a hot path
+        # ended spans not placed yet, in the order they ended, and what places them
+        # (attach_raw_spans): a span costs one list append, its data is placed in a batch
+        self._raw: list[Any] = []
+        self._raw_place: Callable[..., Any] | None = None
+        self._raw_since = 0.0  # monotonic time the first of them arrived
         self._written_open: dict[str, Any] | None = None  # what a timeout wrote for this step
         self._touched = 0.0  # monotonic time the open row last changed (for the timer)
         # the open row's crash bound (None: max_open_seconds=None, never written early)
@@ -237,6 +242,8 @@ class HistoryStore:
                     return landed
         committed: Any = None  # the row committed, a tuple of two rows, or None
         with self._lock:
+            if self._raw:  # spans that ended before this call are placed first
+                self._pull_locked()
             if self._closed:
                 self._drop("closed", "expr_tracker: log() after the history was closed; dropped")
                 return -1
@@ -320,7 +327,13 @@ class HistoryStore:
         All or nothing, as ``_commit_locked``: an interrupt after the line reached the cache
         completes the commit; before that, the values stay in the open row.
         """
-        if self._closed or self._open or self._spans.row or self._written_open is not None:
+        if (
+            self._closed
+            or self._open
+            or self._spans.row
+            or self._raw
+            or self._written_open is not None
+        ):
             return -1
         step = self.open_step
         row["_step"] = step
@@ -485,29 +498,102 @@ class HistoryStore:
         if self._fork_gen != _current.fork_gen:
             raise ForkedRunError(FORK_MESSAGE)
         with self._lock:
-            if self._closed:
-                return -1
-            if since >= self._log_mark:  # no log() came while the span ran: it waits
-                verdict = self._place(metrics, dur_ms, record, None, None, 0)
-                if verdict == HELD:
-                    return None
-            else:  # a log() came while the span ran (it chose the step): the open row
-                verdict = self._place(
-                    metrics, dur_ms, record, self._open, self._agg, self.open_step
-                )
-                if verdict & OPEN_NONFINITE:
-                    self._open_nonfinite = True
-                    verdict ^= OPEN_NONFINITE
-                timer = self._timer
-                if timer is not None and not timer.armed:  # the open row's crash bound
-                    self._touched = now = self._clock()  # (a running deadline stays)
-                    timer.arm(now)
-            if verdict == OUT:
-                return self.open_step
-            if verdict == FULL:  # bounded memory: the pending data joins the open row now
-                self._fold_locked()
-                self._spans.emit(self.open_step)
-            return None
+            if self._raw:  # spans that ended before this one are placed first
+                self._pull_locked()
+            return self._ingest_span_locked(metrics, dur_ms, record, since)
+
+    def _ingest_span_locked(
+        self, metrics: dict[str, Any], dur_ms: float, record: Any, since: int
+    ) -> int | None:
+        """:meth:`ingest_span` under the lock (also what a batch of raw spans is placed
+        with: :meth:`attach_raw_spans`)."""
+        if self._closed:
+            return -1
+        if since >= self._log_mark:  # no log() came while the span ran: it waits
+            verdict = self._place(metrics, dur_ms, record, None, None, 0)
+            if verdict == HELD:
+                return None
+        else:  # a log() came while the span ran (it chose the step): the open row
+            verdict = self._place(metrics, dur_ms, record, self._open, self._agg, self.open_step)
+            if verdict & OPEN_NONFINITE:
+                self._open_nonfinite = True
+                verdict ^= OPEN_NONFINITE
+            timer = self._timer
+            if timer is not None and not timer.armed:  # the open row's crash bound
+                self._touched = now = self._clock()  # (a running deadline stays)
+                timer.arm(now)
+        if verdict == OUT:
+            return self.open_step
+        if verdict == FULL:  # bounded memory: the pending data joins the open row now
+            self._fold_locked()
+            self._spans.emit(self.open_step)
+        return None
+
+    # ------------------------------------------------------------------ raw spans
+
+    def attach_raw_spans(
+        self, place: Callable[[list[Any], Callable[[dict[str, Any], float, Any, int], Any]], Any]
+    ) -> list[Any]:
+        """Let a span producer hand over ended spans in batches (docs/spans.md "Cost").
+
+        Returns the list the producer appends one entry per ended span to (any object;
+        ``list.append`` is atomic, so any thread may append without the store lock); it
+        calls :meth:`raw_spans_waiting` when it appends to an empty list, and may call
+        :meth:`pull_raw_spans` to bound the list. Before anything reads or changes the open
+        row or the pending span data (every ``log()``, ``commit``, ``flush``, ``close``, a
+        query of the open row, a deadline), the store calls ``place(entries, ingest)``
+        under its lock, with the entries in append order; ``place`` calls ``ingest(metrics,
+        dur_ms, record, since)`` for each, in order: :meth:`ingest_span`'s arguments and
+        return value, without the lock. The entries are removed from the list afterwards,
+        also when ``place`` raises (an exception is warned about once, never raised into
+        ``log()``). Held records reach the ``hold_spans`` sink as ``place`` handed them.
+        """
+        with self._lock:
+            self._raw_place = place
+            return self._raw
+
+    def raw_spans_waiting(self) -> None:
+        """The producer appended to an empty raw-span list: start the span hold deadline
+        (:meth:`hold_spans`) from now, as :meth:`ingest_span` would have."""
+        now = self._clock()
+        self._raw_since = now
+        spans = self._spans
+        if not spans._armed:
+            with self._lock:
+                if not self._closed and not spans._armed:
+                    if not spans.row:
+                        spans._since = now
+                    spans._arm()
+
+    def pull_raw_spans(self) -> None:
+        """Place the waiting raw spans now (the producer's bound on their number)."""
+        self._check_fork()
+        with self._lock:
+            if self._raw:
+                self._pull_locked()
+
+    def _pull_locked(self) -> None:
+        """Place the raw spans waiting (under the lock)."""
+        raw = self._raw
+        n = len(raw)
+        place = self._raw_place
+        if place is None or not n:
+            return
+        spans = self._spans
+        fresh = not spans.row
+        try:
+            place(raw[:n], self._ingest_span_locked)
+        except Exception as exc:  # noqa: BLE001 - measuring never breaks log()
+            self.warner.warn(
+                ("raw_spans", type(exc).__name__),
+                "expr_tracker: placing span data failed (%s: %s); ignored (warned once)",
+                type(exc).__name__,
+                exc,
+            )
+        finally:
+            del raw[:n]
+        if fresh and spans.row and self._raw_since < spans._since:
+            spans._since = self._raw_since  # the deadline counts from the first span's end
 
     def hold_spans(
         self,
@@ -542,13 +628,18 @@ class HistoryStore:
     @property
     def held_span_records(self) -> int:
         """Span records waiting for the ``log()`` that fixes their step."""
-        return len(self._spans.held)
+        with self._lock:
+            if self._raw:
+                self._pull_locked()
+            return len(self._spans.held)
 
     def fold_spans(self) -> None:
         """Place pending span data in the open row now and hand its records to the sink
         (what ``flush()`` and a closing span recorder do). Never commits."""
         self._check_fork()
         with self._lock:
+            if self._raw:
+                self._pull_locked()
             if self._spans.row:
                 self._fold_locked()
                 self._spans.emit(self.open_step)
@@ -584,6 +675,8 @@ class HistoryStore:
         """Runs on the flusher thread at the span hold deadline: fold span data that waited
         past it into the open row (spanfold.py)."""
         with self._lock:
+            if self._raw:
+                self._pull_locked()
             if not self._spans.expired(self._closed):
                 return
             self._fold_locked()
@@ -721,6 +814,8 @@ class HistoryStore:
         """
         self._check_fork()
         with self._lock:
+            if self._raw:
+                self._pull_locked()
             if self._spans.row:
                 self._fold_locked()
                 self._spans.emit(self.open_step)
@@ -772,6 +867,8 @@ class HistoryStore:
         the open row as a query shows it, with its ``_step`` and with the pending span data
         folded in (a view: the next ``log()`` decides the row that data really joins; None
         when it holds nothing); whether the open row was written early (max_open_seconds)."""
+        if self._raw:
+            self._pull_locked()
         step = self.open_step
         row = None
         if include_open:
@@ -823,6 +920,8 @@ class HistoryStore:
         """Runs on the flusher thread at the open-row timer's deadline: write an idle open
         row to disk without committing it (openrow.py)."""
         with self._lock:
+            if self._raw:
+                self._pull_locked()
             timer = self._timer
             waiting = not self._closed and bool(self._open)
             if timer is None or not timer.expired(waiting, self._touched):
@@ -847,6 +946,8 @@ class HistoryStore:
     def write_open_row(self) -> bool:
         """Write the open row to disk now, without committing it (what the timer does)."""
         with self._lock:
+            if self._raw:
+                self._pull_locked()
             if not self._open:
                 return False
             self._write_open_locked()
@@ -869,6 +970,8 @@ class HistoryStore:
         """Commit the open row (if it holds data), flush and close the writer."""
         self._check_fork()
         with self._lock:  # commit and close in one step: nothing can slip in between
+            if self._raw:
+                self._pull_locked()
             if self._spans.row:
                 self._fold_locked()
                 self._spans.emit(self.open_step)

@@ -55,6 +55,9 @@ _NUMBER = (float, int)
 
 #: an encoded record starts with ``{"_step":null,`` until its step is known: cut there
 _NULL_STEP = len(b'{"_step":null,')
+#: plain spans waiting to be placed at most: one more places them at once (the store's own
+#: bounds on held records then apply)
+RAW_MAX = 1024
 #: bytes a step adds to a cut record at most (``{"_step":`` + 20 characters + ``,``)
 _STEP_ROOM = 30
 
@@ -162,6 +165,17 @@ class SpanRecorder:
                 max_seconds=getattr(writer, "max_seconds", None),
                 max_bytes=self._max_pending,
             )
+        # a plain span (no plugin measurement, attribute, step= or error) costs one list
+        # append when it ends: the store places a batch of them before it next reads or
+        # changes its rows (store.attach_raw_spans), and the records are encoded then
+        self._raw: list[Any] | None = None
+        self._keys: dict[str, str] = {}  # path -> "time_ms/<path>"
+        self._names: dict[str, bytes] = {}  # path -> its JSON string
+        self._tails: dict[Any, bytes] = {}  # (thread identity, task) -> the record's tail
+        if self._hold and callable(getattr(store, "attach_raw_spans", None)):
+            self._raw = store.attach_raw_spans(self._place_raw)
+            self._raw_waiting = store.raw_spans_waiting
+            self._raw_pull = store.pull_raw_spans
         self._lock = threading.Lock()  # counters only, never on the fast path
         self._dropped_oversize = 0
         self._dropped_pending = 0
@@ -184,6 +198,21 @@ class SpanRecorder:
             span._pm = pm
             self._after_close()
             return
+        raw = self._raw
+        if raw is not None and not pm and span.attrs is None and span.step is None:
+            if span.error is None:
+                try:
+                    ident = _tl.v
+                except AttributeError:
+                    ident = _thread_identity()
+                aio = _modules.get("asyncio")  # no asyncio imported: no task, and no call
+                if not raw:
+                    self._raw_waiting()
+                raw.append((span, ident, _task_name(aio) if aio is not None else None))
+                span._pm = None
+                if len(raw) >= RAW_MAX:
+                    self._raw_pull()
+                return
         path = span.path
         start_ns = span._start_ns
         dur_ms = (span._end_ns - start_ns) / 1e6
@@ -251,6 +280,95 @@ class SpanRecorder:
         if writer.append(line) is False:
             self._refused()
 
+    def _place_raw(self, batch: list[Any], ingest: Callable[..., Any]) -> None:
+        """Place a batch of plain spans, each ``(span, thread identity, task name)``, in
+        the order they ended, as :meth:`record` would have one by one (the store calls it
+        under its lock, ``ingest`` being ``ingest_span`` without the lock). A span's record
+        is the entry itself, encoded when its step is known (:meth:`_raw_lines`)."""
+        keys = self._keys
+        count = self._count
+        writer = self._writer
+        for entry in batch:
+            span = entry[0]
+            path = span.path
+            key = keys.get(path)
+            if key is None:
+                if len(keys) >= 65536:  # unique span names cannot grow it without limit
+                    keys.clear()
+                key = keys[path] = "time_ms/" + path
+            start_ns = span._start_ns
+            dur_ms = (span._end_ns - start_ns) / 1e6
+            m = {key: dur_ms}
+            if count:
+                m["count/" + path] = 1
+            if writer is None:
+                ingest(m, dur_ms, None, span.id)
+                continue
+            step = ingest(m, dur_ms, entry, span.id)
+            if step is not None:  # its row is known and no held record is ahead of it
+                line = self._raw_lines(step, (entry,))[0]
+                if line is not None and writer.append(line) is False:
+                    self._refused()
+
+    def _raw_lines(self, step: Any, entries: Iterable[Any]) -> list[bytes | None]:
+        """The lines of plain span records (``(span, thread identity, task)`` entries) at
+        ``step``, one per entry: byte for byte what ``orjson.dumps`` of :meth:`record`'s dict
+        writes, the numbers encoded in one call, the names and the thread's part once per
+        name and thread. None for a line over ``max_record_bytes`` (dropped, counted)."""
+        entries = entries if type(entries) is list else list(entries)
+        wall0 = self._wall0
+        perf0 = self._perf0
+        floats = []
+        add = floats.append
+        for span, _, _ in entries:
+            start_ns = span._start_ns
+            add(wall0 + (start_ns - perf0) / 1e9)
+            add((span._end_ns - start_ns) / 1e6)
+        nums = _dumps(floats)[1:-1].split(b",")
+        head = b'{"_step":%d,' % step if type(step) is int else b'{"_step":null,'
+        names = self._names
+        tails = self._tails
+        limit = self._max_record
+        out = []
+        i = 0
+        for span, ident, task in entries:
+            path = span.path
+            name = names.get(path)
+            if name is None:
+                if len(names) >= 65536:
+                    names.clear()
+                name = names[path] = _dumps(path)
+            tail = tails.get((ident, task))
+            if tail is None:
+                tail = self._tail(ident, task)
+            parent = span.parent
+            line = head + b'"name":%s,"depth":%d,"start":%s,"dur_ms":%s,"id":%d,"parent":%s,%s' % (
+                name,
+                span.depth,
+                nums[i],
+                nums[i + 1],
+                span.id,
+                b"null" if parent is None else b"%d" % parent.id,
+                tail,
+            )
+            i += 2
+            out.append(line if len(line) <= limit or self._fits(len(line), path) else None)
+        return out
+
+    def _tail(self, ident: tuple[int, str, str], task: str | None) -> bytes:
+        """``"pid":..,"tid":..,"thread":..,"track":..[,"task":..]}`` of one thread (and
+        asyncio task), as the record dict encodes them."""
+        tid, tname, track = ident
+        d: dict[str, Any] = {"pid": self._rec_pid, "tid": tid, "thread": tname, "track": track}
+        if task is not None:
+            d["track"] = track_name(tname, tid, task)
+            d["task"] = task
+        tails = self._tails
+        if len(tails) >= 4096:
+            tails.clear()
+        tail = tails[(ident, task)] = _dumps(d)[1:]
+        return tail
+
     def _fits(self, size: int, path: str) -> bool:
         """False (the record dropped, counted, warned once) when ``size`` bytes are over
         ``max_record_bytes``."""
@@ -279,8 +397,14 @@ class SpanRecorder:
         append = writer.append
         limit = self._max_record
         head = None
+        raws = [item for item in items if type(item) is tuple and len(item) == 3]
+        lines = iter(self._raw_lines(step, raws)) if raws else None
         for item in items:
-            if type(item) is dict:
+            if type(item) is tuple and len(item) == 3:  # a plain span (see _place_raw)
+                line = next(lines)  # type: ignore[call-overload]
+                if line is None:
+                    continue
+            elif type(item) is dict:
                 item["_step"] = step
                 line = _dumps(item)
                 if len(line) > limit and not self._fits(len(line), item["name"]):
@@ -299,6 +423,8 @@ class SpanRecorder:
     def _line_at(self, step: Any, item: Any) -> bytes | None:
         """One record (a dict, or encoded bytes without ``_step``) as its line at ``step``;
         None when it is over ``max_record_bytes`` (dropped, counted)."""
+        if type(item) is tuple:  # a plain span (see _place_raw)
+            return self._raw_lines(step, (item,))[0]
         if type(item) is dict:
             item["_step"] = step
             line = _dumps(item)
