@@ -284,6 +284,14 @@ class PendingSpans:
             return HELD | flag
         return FULL | flag
 
+    def start_row(self, row: dict[str, Any]) -> None:
+        """The pending row is empty: it becomes ``row``, finite numbers of span metrics
+        each placed once (what :meth:`place` gives for them, in one step)."""
+        self._since = self._clock()
+        if not self._armed:
+            self._arm()
+        self.row = row
+
     def _kind(self, k: str) -> int:
         kinds = self._kinds
         if len(kinds) >= 65536:
@@ -378,6 +386,31 @@ class PendingSpans:
         except BaseException as exc:
             if self.held is held and _raised_in(exc, sink):
                 self.held, self._held_bytes = [], 0
+            raise
+
+    def write_now(self, step: int, record: Any, done: Callable[[], Any]) -> None:
+        """Hand one record to the sink now with ``step`` (nothing is held ahead of it) and
+        call ``done()`` in the same statement (the caller's queue lets go of it). As
+        :meth:`emit` under an interrupt: one raised inside the sink leaves the record with
+        the sink (``done()`` runs), one raised before it leaves it with the caller."""
+        self._first_hold = False
+        sink = self._sink
+        if sink is None:  # nothing will ever take it
+            done()
+            return
+        try:
+            sink(step, [record]) or done()
+        except Exception as exc:  # noqa: BLE001 - a span sink never breaks log()
+            done()
+            self._warner.warn(
+                ("span_sink", type(exc).__name__),
+                "expr_tracker: writing span records failed (%s: %s); ignored (warned once)",
+                type(exc).__name__,
+                exc,
+            )
+        except BaseException as exc:
+            if _raised_in(exc, sink):
+                done()
             raise
 
     # ------------------------------------------------------------------ hold deadline

@@ -41,6 +41,8 @@ import threading
 import time
 from collections import deque
 from collections.abc import Callable, Mapping
+from functools import partial
+from operator import delitem, itemgetter
 from typing import Any
 
 from expr_tracker import _current
@@ -65,6 +67,8 @@ from expr_tracker.history.storeread import StoreReader
 from expr_tracker.history.writer import JsonlWriter
 
 log = logging.getLogger("expr_tracker")
+
+_since_of = itemgetter(3)  # of a converted raw span: (metrics, dur_ms, record, since)
 
 #: the largest step (int64, what every reader and the cache index can hold exactly)
 MAX_STEP = (1 << 63) - 1
@@ -142,7 +146,7 @@ class HistoryStore:
         # ended spans not placed yet, in the order they ended, and what places them
         # (attach_raw_spans): a span costs one list append, its data is placed in a batch
         self._raw: list[Any] = []
-        self._raw_place: Callable[..., Any] | None = None
+        self._raw_convert: Callable[..., Any] | None = None
         self._raw_since = 0.0  # monotonic time the first of them arrived
         self._written_open: dict[str, Any] | None = None  # what a timeout wrote for this step
         self._touched = 0.0  # monotonic time the open row last changed (for the timer)
@@ -224,7 +228,7 @@ class HistoryStore:
             commit = self._coerce_commit(commit)
             if commit is _DROP:
                 return -1
-        if step is None and commit is None:
+        if step is None and commit is None and not self._raw and not self._spans.row:
             # the one-call path (docs/logging.md "What one log() costs"): log(d) of plain
             # values into an empty open row with no span data waiting is the row itself,
             # copied and encoded once; anything else takes the general path below
@@ -505,8 +509,7 @@ class HistoryStore:
     def _ingest_span_locked(
         self, metrics: dict[str, Any], dur_ms: float, record: Any, since: int
     ) -> int | None:
-        """:meth:`ingest_span` under the lock (also what a batch of raw spans is placed
-        with: :meth:`attach_raw_spans`)."""
+        """:meth:`ingest_span` under the lock."""
         if self._closed:
             return -1
         if since >= self._log_mark:  # no log() came while the span ran: it waits
@@ -532,28 +535,33 @@ class HistoryStore:
     # ------------------------------------------------------------------ raw spans
 
     def attach_raw_spans(
-        self, place: Callable[[list[Any], Callable[[dict[str, Any], float, Any, int], Any]], Any]
+        self, convert: Callable[[list[Any]], list[tuple[dict[str, Any], float, Any, int]]]
     ) -> list[Any]:
         """Let a span producer hand over ended spans in batches (docs/spans.md "Cost").
 
         Returns the list the producer appends one entry per ended span to (any object;
         ``list.append`` is atomic, so any thread may append without the store lock); it
         calls :meth:`raw_spans_waiting` when it appends to an empty list, and may call
-        :meth:`pull_raw_spans` to bound the list. Before anything reads or changes the open
-        row or the pending span data (every ``log()``, ``commit``, ``flush``, ``close``, a
-        query of the open row, a deadline), the store calls ``place(entries, ingest)``
-        under its lock, with the entries in append order; ``place`` calls ``ingest(metrics,
-        dur_ms, record, since)`` for each, in order: :meth:`ingest_span`'s arguments and
-        return value, without the lock. The entries are removed from the list afterwards,
-        also when ``place`` raises (an exception is warned about once, never raised into
-        ``log()``). Held records reach the ``hold_spans`` sink as ``place`` handed them.
+        :meth:`pull_raw_spans` to bound it. Before anything reads or changes the open row
+        or the pending span data (every ``log()``, ``commit``, ``flush``, ``close``, a
+        query of the open row, a deadline), the store places the waiting entries, in
+        order: ``convert(entries)`` (under the store lock; it must not change anything)
+        returns one ``(metrics, dur_ms, record, since)`` per entry, :meth:`ingest_span`'s
+        arguments, and each is placed as that call would have placed it.
+
+        Under an interrupt (Ctrl-C, SIGTERM's ``SystemExit``) a record leaves the queue in
+        the statement that hands it on (held, or to the ``hold_spans`` sink), so it reaches
+        the sink exactly once; the span's metrics are placed after that (an interrupt then
+        loses that one span's metrics, never counts them twice). An exception from
+        ``convert`` is warned about once and the entries are dropped, never raised into
+        ``log()``.
         """
         with self._lock:
-            self._raw_place = place
+            self._raw_convert = convert
             return self._raw
 
     def raw_spans_waiting(self) -> None:
-        """The producer appended to an empty raw-span list: start the span hold deadline
+        """The producer appended to an empty raw-span queue: start the span hold deadline
         (:meth:`hold_spans`) from now, as :meth:`ingest_span` would have."""
         now = self._clock()
         self._raw_since = now
@@ -573,26 +581,83 @@ class HistoryStore:
                 self._pull_locked()
 
     def _pull_locked(self) -> None:
-        """Place the raw spans waiting (under the lock)."""
+        """Place the raw spans waiting, in order (under the lock; see attach_raw_spans)."""
         raw = self._raw
-        n = len(raw)
-        place = self._raw_place
-        if place is None or not n:
+        convert = self._raw_convert
+        if convert is None:
             return
-        spans = self._spans
-        fresh = not spans.row
+        n = len(raw)
         try:
-            place(raw[:n], self._ingest_span_locked)
+            items = convert(raw[:n])
         except Exception as exc:  # noqa: BLE001 - measuring never breaks log()
+            del raw[:n]
             self.warner.warn(
                 ("raw_spans", type(exc).__name__),
                 "expr_tracker: placing span data failed (%s: %s); ignored (warned once)",
                 type(exc).__name__,
                 exc,
             )
-        finally:
-            del raw[:n]
+            return
+        spans = self._spans
+        fresh = not spans.row
+        if (
+            fresh
+            and not self._closed
+            and min(map(_since_of, items)) >= self._log_mark
+            and len(spans.held) + n < spans._cap
+            and spans._held_bytes < spans._max_bytes
+        ):
+            # the common case (a loop's spans, then its log()): none saw a log(), no bound
+            # is reached and, when each metric comes once, the pending row is the metrics
+            # as they are (what placing them one by one in the empty row gives)
+            keys = [k for item in items for k in item[0]]
+            if len(set(keys)) == len(keys):
+                self._pull_fresh_locked(items, keys, n)
+                return
+        place = self._place
+        for metrics, dur_ms, record, since in items:
+            if self._closed:  # as ingest_span: nothing kept
+                del raw[0]
+                continue
+            if since >= self._log_mark:  # no log() came while the span ran: it waits
+                if record is None:
+                    del raw[0]
+                else:
+                    # one expression: no interrupt between the two (exactly once)
+                    spans.held.append(record) or delitem(raw, 0)  # type: ignore[func-returns-value]
+                place(metrics, dur_ms, None, None, None, 0)
+                if record is not None and len(spans.held) >= spans._cap:
+                    self._fold_locked()  # bounded memory: the pending data joins the open row
+                    spans.emit(self.open_step)
+                continue
+            step = self.open_step
+            if record is None:
+                del raw[0]
+            elif spans.held:  # behind held records: waits with them, its step fixed
+                spans.held.append((step, record)) or delitem(raw, 0)  # type: ignore[func-returns-value]
+            else:
+                spans.write_now(step, record, partial(delitem, raw, 0))
+            if place(metrics, dur_ms, None, self._open, self._agg, step) & OPEN_NONFINITE:
+                self._open_nonfinite = True
+            timer = self._timer
+            if timer is not None and not timer.armed:  # the open row's crash bound
+                self._touched = now = self._clock()
+                timer.arm(now)
         if fresh and spans.row and self._raw_since < spans._since:
+            spans._since = self._raw_since  # the deadline counts from the first span's end
+
+    def _pull_fresh_locked(self, items: list[Any], keys: list[str], n: int) -> None:
+        """``_pull_locked`` when every span waits, the pending row is empty and no metric
+        comes twice (span ids grow, so the first span's is the smallest)."""
+        spans = self._spans
+        records = [item[2] for item in items if item[2] is not None]
+        raw = self._raw
+        head = slice(0, n)
+        # records first, in one expression with their removal (exactly once); an interrupt
+        # before the metrics are placed loses only metrics
+        spans.held.extend(records) or delitem(raw, head)  # type: ignore[func-returns-value]
+        spans.start_row(dict(zip(keys, [v for it in items for v in it[0].values()], strict=True)))
+        if self._raw_since < spans._since:
             spans._since = self._raw_since  # the deadline counts from the first span's end
 
     def hold_spans(

@@ -154,6 +154,7 @@ class SpanRecorder:
         self._rec_pid = self.identity.get("pid") or self._pid
         self.identity.setdefault("pid", self._rec_pid)
         self._owns_writer = bool(owns_writer)
+        self._append_many = getattr(writer, "append_many", None)
         self._closed = False
         # the store fixes each record's step at the log() that places its metrics
         self._hold = self._metrics and callable(getattr(store, "hold_spans", None))
@@ -168,12 +169,10 @@ class SpanRecorder:
         # a plain span (no plugin measurement, attribute, step= or error) costs one list
         # append when it ends: the store places a batch of them before it next reads or
         # changes its rows (store.attach_raw_spans), and the records are encoded then
-        self._raw: list[Any] | None = None
+        self._raw: Any = None  # the store's queue (a deque), or None
         self._keys: dict[str, str] = {}  # path -> "time_ms/<path>"
-        self._names: dict[str, bytes] = {}  # path -> its JSON string
-        self._tails: dict[Any, bytes] = {}  # (thread identity, task) -> the record's tail
         if self._hold and callable(getattr(store, "attach_raw_spans", None)):
-            self._raw = store.attach_raw_spans(self._place_raw)
+            self._raw = store.attach_raw_spans(self._convert_raw)
             self._raw_waiting = store.raw_spans_waiting
             self._raw_pull = store.pull_raw_spans
         self._lock = threading.Lock()  # counters only, never on the fast path
@@ -280,14 +279,17 @@ class SpanRecorder:
         if writer.append(line) is False:
             self._refused()
 
-    def _place_raw(self, batch: list[Any], ingest: Callable[..., Any]) -> None:
-        """Place a batch of plain spans, each ``(span, thread identity, task name)``, in
-        the order they ended, as :meth:`record` would have one by one (the store calls it
-        under its lock, ``ingest`` being ``ingest_span`` without the lock). A span's record
-        is the entry itself, encoded when its step is known (:meth:`_raw_lines`)."""
+    def _convert_raw(self, batch: list[Any]) -> list[tuple[dict[str, Any], float, Any, int]]:
+        """``(metrics, dur_ms, record, span id)`` of each plain span, each entry ``(span,
+        thread identity, task name)``, in order: what :meth:`record` would have handed to
+        ``ingest_span`` one by one (the store calls it under its lock before it places
+        them). A span's record is its entry, encoded when its step is known
+        (:meth:`_raw_lines`); None without a span file."""
         keys = self._keys
         count = self._count
-        writer = self._writer
+        keep = self._writer is not None
+        out = []
+        add = out.append
         for entry in batch:
             span = entry[0]
             path = span.path
@@ -301,73 +303,42 @@ class SpanRecorder:
             m = {key: dur_ms}
             if count:
                 m["count/" + path] = 1
-            if writer is None:
-                ingest(m, dur_ms, None, span.id)
-                continue
-            step = ingest(m, dur_ms, entry, span.id)
-            if step is not None:  # its row is known and no held record is ahead of it
-                line = self._raw_lines(step, (entry,))[0]
-                if line is not None and writer.append(line) is False:
-                    self._refused()
+            add((m, dur_ms, entry if keep else None, span.id))
+        return out
 
     def _raw_lines(self, step: Any, entries: Iterable[Any]) -> list[bytes | None]:
         """The lines of plain span records (``(span, thread identity, task)`` entries) at
-        ``step``, one per entry: byte for byte what ``orjson.dumps`` of :meth:`record`'s dict
-        writes, the numbers encoded in one call, the names and the thread's part once per
-        name and thread. None for a line over ``max_record_bytes`` (dropped, counted)."""
-        entries = entries if type(entries) is list else list(entries)
+        ``step``, one per entry: the dict :meth:`record` builds, encoded by orjson (a
+        template with the numbers encoded apart measured slower). None for a line over
+        ``max_record_bytes`` (dropped, counted)."""
         wall0 = self._wall0
         perf0 = self._perf0
-        floats = []
-        add = floats.append
-        for span, _, _ in entries:
-            start_ns = span._start_ns
-            add(wall0 + (start_ns - perf0) / 1e9)
-            add((span._end_ns - start_ns) / 1e6)
-        nums = _dumps(floats)[1:-1].split(b",")
-        head = b'{"_step":%d,' % step if type(step) is int else b'{"_step":null,'
-        names = self._names
-        tails = self._tails
+        pid = self._rec_pid
         limit = self._max_record
-        out = []
-        i = 0
-        for span, ident, task in entries:
-            path = span.path
-            name = names.get(path)
-            if name is None:
-                if len(names) >= 65536:
-                    names.clear()
-                name = names[path] = _dumps(path)
-            tail = tails.get((ident, task))
-            if tail is None:
-                tail = self._tail(ident, task)
+        out: list[bytes | None] = []
+        add = out.append
+        for span, (tid, tname, track), task in entries:
+            start_ns = span._start_ns
             parent = span.parent
-            line = head + b'"name":%s,"depth":%d,"start":%s,"dur_ms":%s,"id":%d,"parent":%s,%s' % (
-                name,
-                span.depth,
-                nums[i],
-                nums[i + 1],
-                span.id,
-                b"null" if parent is None else b"%d" % parent.id,
-                tail,
-            )
-            i += 2
-            out.append(line if len(line) <= limit or self._fits(len(line), path) else None)
+            item = {
+                "_step": step,
+                "name": span.path,
+                "depth": span.depth,
+                "start": wall0 + (start_ns - perf0) / 1e9,
+                "dur_ms": (span._end_ns - start_ns) / 1e6,
+                "id": span.id,
+                "parent": parent.id if parent is not None else None,
+                "pid": pid,
+                "tid": tid,
+                "thread": tname,
+                "track": track,
+            }
+            if task is not None:
+                item["task"] = task
+                item["track"] = track_name(tname, tid, task)
+            line = _dumps(item)
+            add(line if len(line) <= limit or self._fits(len(line), span.path) else None)
         return out
-
-    def _tail(self, ident: tuple[int, str, str], task: str | None) -> bytes:
-        """``"pid":..,"tid":..,"thread":..,"track":..[,"task":..]}`` of one thread (and
-        asyncio task), as the record dict encodes them."""
-        tid, tname, track = ident
-        d: dict[str, Any] = {"pid": self._rec_pid, "tid": tid, "thread": tname, "track": track}
-        if task is not None:
-            d["track"] = track_name(tname, tid, task)
-            d["task"] = task
-        tails = self._tails
-        if len(tails) >= 4096:
-            tails.clear()
-        tail = tails[(ident, task)] = _dumps(d)[1:]
-        return tail
 
     def _fits(self, size: int, path: str) -> bool:
         """False (the record dropped, counted, warned once) when ``size`` bytes are over
@@ -394,14 +365,25 @@ class SpanRecorder:
         writer = self._writer
         if writer is None:
             return
-        append = writer.append
+        if type(items) is not list:
+            items = list(items)
+        for item in items:
+            if type(item) is not tuple or len(item) != 3:
+                break
+        else:  # every record a plain span (see _convert_raw): the common case
+            lines = self._raw_lines(step, items)
+            if None in lines:
+                lines = [line for line in lines if line is not None]
+            self._append_lines(writer, lines)
+            return
         limit = self._max_record
         head = None
         raws = [item for item in items if type(item) is tuple and len(item) == 3]
-        lines = iter(self._raw_lines(step, raws)) if raws else None
+        it = iter(self._raw_lines(step, raws)) if raws else None
+        out: list[bytes] = []
         for item in items:
-            if type(item) is tuple and len(item) == 3:  # a plain span (see _place_raw)
-                line = next(lines)  # type: ignore[call-overload]
+            if type(item) is tuple and len(item) == 3:  # a plain span (see _convert_raw)
+                line = next(it)  # type: ignore[call-overload]
                 if line is None:
                     continue
             elif type(item) is dict:
@@ -417,8 +399,19 @@ class SpanRecorder:
                 line = self._line_at(*item)
                 if line is None:
                     continue
-            if append(line) is False:
-                self._refused()
+            out.append(line)
+        self._append_lines(writer, out)
+
+    def _append_lines(self, writer: Any, lines: list[bytes]) -> None:
+        """Queue ``lines`` in one call where the writer takes a batch; count refusals."""
+        many = self._append_many
+        if many is not None:
+            refused = many(lines)
+        else:
+            append = writer.append
+            refused = sum(append(line) is False for line in lines)
+        for _ in range(refused):
+            self._refused()
 
     def _line_at(self, step: Any, item: Any) -> bytes | None:
         """One record (a dict, or encoded bytes without ``_step``) as its line at ``step``;
