@@ -42,7 +42,7 @@ import time
 from collections import deque
 from collections.abc import Callable, Mapping
 from functools import partial
-from operator import delitem, itemgetter
+from operator import delitem
 from typing import Any
 
 from expr_tracker import _current
@@ -67,8 +67,6 @@ from expr_tracker.history.storeread import StoreReader
 from expr_tracker.history.writer import JsonlWriter
 
 log = logging.getLogger("expr_tracker")
-
-_since_of = itemgetter(3)  # of a converted raw span: (metrics, dur_ms, record, since)
 
 #: the largest step (int64, what every reader and the cache index can hold exactly)
 MAX_STEP = (1 << 63) - 1
@@ -545,9 +543,12 @@ class HistoryStore:
         :meth:`pull_raw_spans` to bound it. Before anything reads or changes the open row
         or the pending span data (every ``log()``, ``commit``, ``flush``, ``close``, a
         query of the open row, a deadline), the store places the waiting entries, in
-        order: ``convert(entries)`` (under the store lock; it must not change anything)
-        returns one ``(metrics, dur_ms, record, since)`` per entry, :meth:`ingest_span`'s
-        arguments, and each is placed as that call would have placed it.
+        order. ``convert(entries)`` (under the store lock; it must not change anything)
+        returns ``(items, merged, first, keep)``: one ``(metrics, dur_ms, record, since)``
+        per entry, :meth:`ingest_span`'s arguments, each placed as that call would have
+        placed it (``record`` is the entry itself, or None); ``merged``, every entry's
+        metrics in one dict when no key repeats (else None); ``first``, the smallest
+        ``since``; ``keep``, whether the records are the entries (else all None).
 
         Under an interrupt (Ctrl-C, SIGTERM's ``SystemExit``) a record leaves the queue in
         the statement that hands it on (held, or to the ``hold_spans`` sink), so it reaches
@@ -587,8 +588,9 @@ class HistoryStore:
         if convert is None:
             return
         n = len(raw)
+        batch = raw[:n]
         try:
-            items = convert(raw[:n])
+            items, merged, first, keep = convert(batch)
         except Exception as exc:  # noqa: BLE001 - measuring never breaks log()
             del raw[:n]
             self.warner.warn(
@@ -602,18 +604,25 @@ class HistoryStore:
         fresh = not spans.row
         if (
             fresh
+            and merged is not None
+            and first >= self._log_mark
             and not self._closed
-            and min(map(_since_of, items)) >= self._log_mark
             and len(spans.held) + n < spans._cap
             and spans._held_bytes < spans._max_bytes
         ):
             # the common case (a loop's spans, then its log()): none saw a log(), no bound
-            # is reached and, when each metric comes once, the pending row is the metrics
-            # as they are (what placing them one by one in the empty row gives)
-            keys = [k for item in items for k in item[0]]
-            if len(set(keys)) == len(keys):
-                self._pull_fresh_locked(items, keys, n)
-                return
+            # is reached and each metric comes once, so the pending row is the metrics as
+            # they are (what placing them one by one in the empty row gives). The records
+            # first, in one expression with their removal (exactly once); an interrupt
+            # before the row is placed loses only metrics
+            if keep:
+                spans.held.extend(batch) or delitem(raw, slice(0, n))  # type: ignore[func-returns-value]
+            else:
+                del raw[:n]
+            spans.start_row(merged)
+            if self._raw_since < spans._since:
+                spans._since = self._raw_since  # the deadline counts from the first span's end
+            return
         place = self._place
         for metrics, dur_ms, record, since in items:
             if self._closed:  # as ingest_span: nothing kept
@@ -644,20 +653,6 @@ class HistoryStore:
                 self._touched = now = self._clock()
                 timer.arm(now)
         if fresh and spans.row and self._raw_since < spans._since:
-            spans._since = self._raw_since  # the deadline counts from the first span's end
-
-    def _pull_fresh_locked(self, items: list[Any], keys: list[str], n: int) -> None:
-        """``_pull_locked`` when every span waits, the pending row is empty and no metric
-        comes twice (span ids grow, so the first span's is the smallest)."""
-        spans = self._spans
-        records = [item[2] for item in items if item[2] is not None]
-        raw = self._raw
-        head = slice(0, n)
-        # records first, in one expression with their removal (exactly once); an interrupt
-        # before the metrics are placed loses only metrics
-        spans.held.extend(records) or delitem(raw, head)  # type: ignore[func-returns-value]
-        spans.start_row(dict(zip(keys, [v for it in items for v in it[0].values()], strict=True)))
-        if self._raw_since < spans._since:
             spans._since = self._raw_since  # the deadline counts from the first span's end
 
     def hold_spans(

@@ -208,7 +208,6 @@ class SpanRecorder:
                 if not raw:
                     self._raw_waiting()
                 raw.append((span, ident, _task_name(aio) if aio is not None else None))
-                span._pm = None
                 if len(raw) >= RAW_MAX:
                     self._raw_pull()
                 return
@@ -279,17 +278,20 @@ class SpanRecorder:
         if writer.append(line) is False:
             self._refused()
 
-    def _convert_raw(self, batch: list[Any]) -> list[tuple[dict[str, Any], float, Any, int]]:
-        """``(metrics, dur_ms, record, span id)`` of each plain span, each entry ``(span,
-        thread identity, task name)``, in order: what :meth:`record` would have handed to
-        ``ingest_span`` one by one (the store calls it under its lock before it places
-        them). A span's record is its entry, encoded when its step is known
-        (:meth:`_raw_lines`); None without a span file."""
+    def _convert_raw(self, batch: list[Any]) -> tuple[list[Any], Any, int, bool]:
+        """Plain spans, each entry ``(span, thread identity, task name)``, in order, as the
+        store places them (``HistoryStore.attach_raw_spans``): ``(metrics, dur_ms, record,
+        span id)`` each, what :meth:`record` would have handed to ``ingest_span`` one by
+        one; all the metrics in one dict when no key repeats (else None); the smallest span
+        id; whether the records are kept. A span's record is its entry, encoded when its
+        step is known (:meth:`_raw_lines`); None without a span file."""
         keys = self._keys
         count = self._count
         keep = self._writer is not None
         out = []
         add = out.append
+        merged: dict[str, Any] | None = {}
+        first = 1 << 62
         for entry in batch:
             span = entry[0]
             path = span.path
@@ -301,10 +303,21 @@ class SpanRecorder:
             start_ns = span._start_ns
             dur_ms = (span._end_ns - start_ns) / 1e6
             m = {key: dur_ms}
+            sid = span.id
+            if sid < first:
+                first = sid
+            if merged is not None:
+                if key in merged:
+                    merged = None
+                else:
+                    merged[key] = dur_ms
             if count:
-                m["count/" + path] = 1
-            add((m, dur_ms, entry if keep else None, span.id))
-        return out
+                ck = "count/" + path
+                m[ck] = 1
+                if merged is not None:
+                    merged[ck] = 1  # a new path: its count key is new too
+            add((m, dur_ms, entry if keep else None, sid))
+        return out, merged, first, keep
 
     def _raw_lines(self, step: Any, entries: Iterable[Any]) -> list[bytes | None]:
         """The lines of plain span records (``(span, thread identity, task)`` entries) at
@@ -374,7 +387,12 @@ class SpanRecorder:
             lines = self._raw_lines(step, items)
             if None in lines:
                 lines = [line for line in lines if line is not None]
-            self._append_lines(writer, lines)
+            many = self._append_many
+            if many is None:
+                self._append_lines(writer, lines)
+                return
+            for _ in range(many(lines)):  # refused: counted
+                self._refused()
             return
         limit = self._max_record
         head = None
