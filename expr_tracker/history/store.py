@@ -543,10 +543,11 @@ class HistoryStore:
         :meth:`pull_raw_spans` to bound it. Before anything reads or changes the open row
         or the pending span data (every ``log()``, ``commit``, ``flush``, ``close``, a
         query of the open row, a deadline), the store places the waiting entries, in
-        order. ``convert(entries)`` (under the store lock; it must not change anything)
-        returns ``(items, merged, first, keep)``: one ``(metrics, dur_ms, record, since)``
-        per entry, :meth:`ingest_span`'s arguments, each placed as that call would have
-        placed it (``record`` is the entry itself, or None); ``merged``, every entry's
+        order. ``convert(entries, full=False)`` (under the store lock; it must not change
+        anything) returns ``(items, merged, first, keep)``: one ``(metrics, dur_ms, record,
+        since)`` per entry, :meth:`ingest_span`'s arguments, each placed as that call would
+        have placed it (``record`` is the entry itself, or None; ``items`` may be None
+        when ``merged`` is given and ``full`` is false); ``merged``, every entry's
         metrics in one dict when no key repeats (else None); ``first``, the smallest
         ``since``; ``keep``, whether the records are the entries (else all None).
 
@@ -623,6 +624,18 @@ class HistoryStore:
             if self._raw_since < spans._since:
                 spans._since = self._raw_since  # the deadline counts from the first span's end
             return
+        if items is None:
+            try:
+                items = convert(batch, True)[0]
+            except Exception as exc:  # noqa: BLE001 - measuring never breaks log()
+                del raw[:n]
+                self.warner.warn(
+                    ("raw_spans", type(exc).__name__),
+                    "expr_tracker: placing span data failed (%s: %s); ignored (warned once)",
+                    type(exc).__name__,
+                    exc,
+                )
+                return
         place = self._place
         for metrics, dur_ms, record, since in items:
             if self._closed:  # as ingest_span: nothing kept

@@ -278,19 +278,22 @@ class SpanRecorder:
         if writer.append(line) is False:
             self._refused()
 
-    def _convert_raw(self, batch: list[Any]) -> tuple[list[Any], Any, int, bool]:
+    def _convert_raw(
+        self, batch: list[Any], full: bool = False
+    ) -> tuple[list[Any] | None, Any, int, bool]:
         """Plain spans, each entry ``(span, thread identity, task name)``, in order, as the
         store places them (``HistoryStore.attach_raw_spans``): ``(metrics, dur_ms, record,
         span id)`` each, what :meth:`record` would have handed to ``ingest_span`` one by
-        one; all the metrics in one dict when no key repeats (else None); the smallest span
-        id; whether the records are kept. A span's record is its entry, encoded when its
-        step is known (:meth:`_raw_lines`); None without a span file."""
+        one (None when the merged metrics are given and ``full`` is false: the store asks
+        again with ``full`` when it needs them); all the metrics in one dict when no key
+        repeats (else None); the smallest span id; whether the records are kept. A span's
+        record is its entry, encoded when its step is known (:meth:`_raw_lines`); None
+        without a span file."""
         keys = self._keys
         count = self._count
         keep = self._writer is not None
-        out = []
-        add = out.append
-        merged: dict[str, Any] | None = {}
+        merged: dict[str, Any] = {}
+        unique = True
         first = 1 << 62
         for entry in batch:
             span = entry[0]
@@ -300,24 +303,32 @@ class SpanRecorder:
                 if len(keys) >= 65536:  # unique span names cannot grow it without limit
                     keys.clear()
                 key = keys[path] = "time_ms/" + path
-            start_ns = span._start_ns
-            dur_ms = (span._end_ns - start_ns) / 1e6
-            m = {key: dur_ms}
             sid = span.id
             if sid < first:
                 first = sid
-            if merged is not None:
-                if key in merged:
-                    merged = None
-                else:
-                    merged[key] = dur_ms
+            if key in merged:
+                unique = False
+                break
+            merged[key] = (span._end_ns - span._start_ns) / 1e6
             if count:
-                ck = "count/" + path
-                m[ck] = 1
-                if merged is not None:
-                    merged[ck] = 1  # a new path: its count key is new too
+                merged["count/" + path] = 1  # a new path: its count key is new too
+        if unique and not full:
+            return None, merged, first, keep
+        out = []
+        add = out.append
+        first = 1 << 62
+        for entry in batch:
+            span = entry[0]
+            path = span.path
+            dur_ms = (span._end_ns - span._start_ns) / 1e6
+            m = {keys.get(path) or "time_ms/" + path: dur_ms}
+            if count:
+                m["count/" + path] = 1
+            sid = span.id
+            if sid < first:
+                first = sid
             add((m, dur_ms, entry if keep else None, sid))
-        return out, merged, first, keep
+        return out, merged if unique else None, first, keep
 
     def _raw_lines(self, step: Any, entries: Iterable[Any]) -> list[bytes | None]:
         """The lines of plain span records (``(span, thread identity, task)`` entries) at
