@@ -16,6 +16,8 @@ medians over the repeats. Sections:
   (the summary aggregates one key; the two others cost one dict lookup each)
 - ``log_rules``: ``log()`` of 3 floats with the two rules of the shared harness,
   ``zscore(loss[50]) > 3`` and ``isnan(loss)`` (budget 6 µs p50)
+- ``span``: one span enter+exit, no plugins, active run, no ``log()`` (budget 2 µs p50)
+- ``nested``: two nested spans + ``log({})`` per step (budget 10 µs p50)
 
 Timing uses ``time.perf_counter_ns`` around each call (the timer's own ~50 ns included).
 
@@ -43,6 +45,8 @@ SECTIONS = (
     "log_numpy",
     "log_defined",
     "log_rules",
+    "span",
+    "nested",
 )
 RULES = ["zscore(loss[50]) > 3 => error: spike", "isnan(loss) => critical: nan"]
 CHUNK = 2000
@@ -80,7 +84,12 @@ def child(section: str, n: int) -> dict:
             return {"loss": 1.0 + (i % 97) * 1e-3, "lr": 1e-3, "acc": 0.5 + (i % 89) * 1e-3}
 
     payloads = [make(i) for i in range(1024)]
+    span = et.span
     for i in range(WARMUP):
+        if section in ("span", "nested"):
+            with span("forward"):
+                with span("attention"):
+                    pass
         log(payloads[i & 1023])
     pc = time.perf_counter_ns
     n = max(CHUNK, n - n % CHUNK)
@@ -98,6 +107,20 @@ def child(section: str, n: int) -> dict:
                     log({})
                 else:
                     log(p, commit=False)
+                samples[i] = pc() - t0
+        elif section == "span":
+            for i in range(c, c + CHUNK):
+                t0 = pc()
+                with span("forward"):
+                    pass
+                samples[i] = pc() - t0
+        elif section == "nested":
+            for i in range(c, c + CHUNK):
+                t0 = pc()
+                with span("forward"):
+                    with span("attention"):
+                        pass
+                log({})
                 samples[i] = pc() - t0
         else:
             for i in range(c, c + CHUNK):

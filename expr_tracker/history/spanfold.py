@@ -75,8 +75,8 @@ OPEN_NONFINITE = 4
 
 
 def _encoded_size(record: tuple[int, Any]) -> int:
-    """Bytes of a held ``(step, record)`` pair (0 for a record dict)."""
-    return 0 if type(record[1]) is dict else len(record[1])
+    """Bytes of a held ``(step, record)`` pair (0 for a record not yet encoded)."""
+    return len(record[1]) if type(record[1]) is bytes else 0
 
 
 def _raised_in(exc: BaseException, fn: Callable[..., Any]) -> bool:
@@ -265,7 +265,7 @@ class PendingSpans:
             if record is None:
                 return OUT
             held.append(record)
-            if type(record) is not dict:  # an encoded record (attributes, plugins, error)
+            if type(record) is bytes:  # an encoded record (attributes, plugins, error)
                 self._held_bytes += len(record)
             if len(held) < self._cap and self._held_bytes < self._max_bytes:
                 return HELD
@@ -283,6 +283,14 @@ class PendingSpans:
         if len(held) < self._cap and self._held_bytes < self._max_bytes:
             return HELD | flag
         return FULL | flag
+
+    def start_row(self, row: dict[str, Any]) -> None:
+        """The pending row is empty: it becomes ``row``, finite numbers of span metrics
+        each placed once (what :meth:`place` gives for them, in one step)."""
+        self._since = self._clock()
+        if not self._armed:
+            self._arm()
+        self.row = row
 
     def _kind(self, k: str) -> int:
         kinds = self._kinds
@@ -378,6 +386,31 @@ class PendingSpans:
         except BaseException as exc:
             if self.held is held and _raised_in(exc, sink):
                 self.held, self._held_bytes = [], 0
+            raise
+
+    def write_now(self, step: int, record: Any, done: Callable[[], Any]) -> None:
+        """Hand one record to the sink now with ``step`` (nothing is held ahead of it) and
+        call ``done()`` in the same statement (the caller's queue lets go of it). As
+        :meth:`emit` under an interrupt: one raised inside the sink leaves the record with
+        the sink (``done()`` runs), one raised before it leaves it with the caller."""
+        self._first_hold = False
+        sink = self._sink
+        if sink is None:  # nothing will ever take it
+            done()
+            return
+        try:
+            sink(step, [record]) or done()
+        except Exception as exc:  # noqa: BLE001 - a span sink never breaks log()
+            done()
+            self._warner.warn(
+                ("span_sink", type(exc).__name__),
+                "expr_tracker: writing span records failed (%s: %s); ignored (warned once)",
+                type(exc).__name__,
+                exc,
+            )
+        except BaseException as exc:
+            if _raised_in(exc, sink):
+                done()
             raise
 
     # ------------------------------------------------------------------ hold deadline

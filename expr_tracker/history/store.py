@@ -41,6 +41,8 @@ import threading
 import time
 from collections import deque
 from collections.abc import Callable, Mapping
+from functools import partial
+from operator import delitem
 from typing import Any
 
 from expr_tracker import _current
@@ -139,6 +141,11 @@ class HistoryStore:
             warner=self.warner,
         )
         self._place = self._spans.place  # bound once: ingest_span is a hot path
+        # ended spans not placed yet, in the order they ended, and what places them
+        # (attach_raw_spans): a span costs one list append, its data is placed in a batch
+        self._raw: list[Any] = []
+        self._raw_convert: Callable[..., Any] | None = None
+        self._raw_since = 0.0  # monotonic time the first of them arrived
         self._written_open: dict[str, Any] | None = None  # what a timeout wrote for this step
         self._touched = 0.0  # monotonic time the open row last changed (for the timer)
         # the open row's crash bound (None: max_open_seconds=None, never written early)
@@ -219,7 +226,7 @@ class HistoryStore:
             commit = self._coerce_commit(commit)
             if commit is _DROP:
                 return -1
-        if step is None and commit is None:
+        if step is None and commit is None and not self._raw and not self._spans.row:
             # the one-call path (docs/logging.md "What one log() costs"): log(d) of plain
             # values into an empty open row with no span data waiting is the row itself,
             # copied and encoded once; anything else takes the general path below
@@ -237,6 +244,8 @@ class HistoryStore:
                     return landed
         committed: Any = None  # the row committed, a tuple of two rows, or None
         with self._lock:
+            if self._raw:  # spans that ended before this call are placed first
+                self._pull_locked()
             if self._closed:
                 self._drop("closed", "expr_tracker: log() after the history was closed; dropped")
                 return -1
@@ -320,7 +329,13 @@ class HistoryStore:
         All or nothing, as ``_commit_locked``: an interrupt after the line reached the cache
         completes the commit; before that, the values stay in the open row.
         """
-        if self._closed or self._open or self._spans.row or self._written_open is not None:
+        if (
+            self._closed
+            or self._open
+            or self._spans.row
+            or self._raw
+            or self._written_open is not None
+        ):
             return -1
         step = self.open_step
         row["_step"] = step
@@ -485,29 +500,173 @@ class HistoryStore:
         if self._fork_gen != _current.fork_gen:
             raise ForkedRunError(FORK_MESSAGE)
         with self._lock:
-            if self._closed:
-                return -1
-            if since >= self._log_mark:  # no log() came while the span ran: it waits
-                verdict = self._place(metrics, dur_ms, record, None, None, 0)
-                if verdict == HELD:
-                    return None
-            else:  # a log() came while the span ran (it chose the step): the open row
-                verdict = self._place(
-                    metrics, dur_ms, record, self._open, self._agg, self.open_step
+            if self._raw:  # spans that ended before this one are placed first
+                self._pull_locked()
+            return self._ingest_span_locked(metrics, dur_ms, record, since)
+
+    def _ingest_span_locked(
+        self, metrics: dict[str, Any], dur_ms: float, record: Any, since: int
+    ) -> int | None:
+        """:meth:`ingest_span` under the lock."""
+        if self._closed:
+            return -1
+        if since >= self._log_mark:  # no log() came while the span ran: it waits
+            verdict = self._place(metrics, dur_ms, record, None, None, 0)
+            if verdict == HELD:
+                return None
+        else:  # a log() came while the span ran (it chose the step): the open row
+            verdict = self._place(metrics, dur_ms, record, self._open, self._agg, self.open_step)
+            if verdict & OPEN_NONFINITE:
+                self._open_nonfinite = True
+                verdict ^= OPEN_NONFINITE
+            timer = self._timer
+            if timer is not None and not timer.armed:  # the open row's crash bound
+                self._touched = now = self._clock()  # (a running deadline stays)
+                timer.arm(now)
+        if verdict == OUT:
+            return self.open_step
+        if verdict == FULL:  # bounded memory: the pending data joins the open row now
+            self._fold_locked()
+            self._spans.emit(self.open_step)
+        return None
+
+    # ------------------------------------------------------------------ raw spans
+
+    def attach_raw_spans(
+        self, convert: Callable[[list[Any]], list[tuple[dict[str, Any], float, Any, int]]]
+    ) -> list[Any]:
+        """Let a span producer hand over ended spans in batches (docs/spans.md "Cost").
+
+        Returns the list the producer appends one entry per ended span to (any object;
+        ``list.append`` is atomic, so any thread may append without the store lock); it
+        calls :meth:`raw_spans_waiting` when it appends to an empty list, and may call
+        :meth:`pull_raw_spans` to bound it. Before anything reads or changes the open row
+        or the pending span data (every ``log()``, ``commit``, ``flush``, ``close``, a
+        query of the open row, a deadline), the store places the waiting entries, in
+        order. ``convert(entries, full=False)`` (under the store lock; it must not change
+        anything) returns ``(items, merged, first, keep)``: one ``(metrics, dur_ms, record,
+        since)`` per entry, :meth:`ingest_span`'s arguments, each placed as that call would
+        have placed it (``record`` is the entry itself, or None; ``items`` may be None
+        when ``merged`` is given and ``full`` is false); ``merged``, every entry's
+        metrics in one dict when no key repeats (else None); ``first``, the smallest
+        ``since``; ``keep``, whether the records are the entries (else all None).
+
+        Under an interrupt (Ctrl-C, SIGTERM's ``SystemExit``) a record leaves the queue in
+        the statement that hands it on (held, or to the ``hold_spans`` sink), so it reaches
+        the sink exactly once; the span's metrics are placed after that (an interrupt then
+        loses that one span's metrics, never counts them twice). An exception from
+        ``convert`` is warned about once and the entries are dropped, never raised into
+        ``log()``.
+        """
+        with self._lock:
+            self._raw_convert = convert
+            return self._raw
+
+    def raw_spans_waiting(self) -> None:
+        """The producer appended to an empty raw-span queue: start the span hold deadline
+        (:meth:`hold_spans`) from now, as :meth:`ingest_span` would have."""
+        now = self._clock()
+        self._raw_since = now
+        spans = self._spans
+        if not spans._armed:
+            with self._lock:
+                if not self._closed and not spans._armed:
+                    if not spans.row:
+                        spans._since = now
+                    spans._arm()
+
+    def pull_raw_spans(self) -> None:
+        """Place the waiting raw spans now (the producer's bound on their number)."""
+        self._check_fork()
+        with self._lock:
+            if self._raw:
+                self._pull_locked()
+
+    def _pull_locked(self) -> None:
+        """Place the raw spans waiting, in order (under the lock; see attach_raw_spans)."""
+        raw = self._raw
+        convert = self._raw_convert
+        if convert is None:
+            return
+        n = len(raw)
+        batch = raw[:n]
+        try:
+            items, merged, first, keep = convert(batch)
+        except Exception as exc:  # noqa: BLE001 - measuring never breaks log()
+            del raw[:n]
+            self.warner.warn(
+                ("raw_spans", type(exc).__name__),
+                "expr_tracker: placing span data failed (%s: %s); ignored (warned once)",
+                type(exc).__name__,
+                exc,
+            )
+            return
+        spans = self._spans
+        fresh = not spans.row
+        if (
+            fresh
+            and merged is not None
+            and first >= self._log_mark
+            and not self._closed
+            and len(spans.held) + n < spans._cap
+            and spans._held_bytes < spans._max_bytes
+        ):
+            # the common case (a loop's spans, then its log()): none saw a log(), no bound
+            # is reached and each metric comes once, so the pending row is the metrics as
+            # they are (what placing them one by one in the empty row gives). The records
+            # first, in one expression with their removal (exactly once); an interrupt
+            # before the row is placed loses only metrics
+            if keep:
+                spans.held.extend(batch) or delitem(raw, slice(0, n))  # type: ignore[func-returns-value]
+            else:
+                del raw[:n]
+            spans.start_row(merged)
+            if self._raw_since < spans._since:
+                spans._since = self._raw_since  # the deadline counts from the first span's end
+            return
+        if items is None:
+            try:
+                items = convert(batch, True)[0]
+            except Exception as exc:  # noqa: BLE001 - measuring never breaks log()
+                del raw[:n]
+                self.warner.warn(
+                    ("raw_spans", type(exc).__name__),
+                    "expr_tracker: placing span data failed (%s: %s); ignored (warned once)",
+                    type(exc).__name__,
+                    exc,
                 )
-                if verdict & OPEN_NONFINITE:
-                    self._open_nonfinite = True
-                    verdict ^= OPEN_NONFINITE
-                timer = self._timer
-                if timer is not None and not timer.armed:  # the open row's crash bound
-                    self._touched = now = self._clock()  # (a running deadline stays)
-                    timer.arm(now)
-            if verdict == OUT:
-                return self.open_step
-            if verdict == FULL:  # bounded memory: the pending data joins the open row now
-                self._fold_locked()
-                self._spans.emit(self.open_step)
-            return None
+                return
+        place = self._place
+        for metrics, dur_ms, record, since in items:
+            if self._closed:  # as ingest_span: nothing kept
+                del raw[0]
+                continue
+            if since >= self._log_mark:  # no log() came while the span ran: it waits
+                if record is None:
+                    del raw[0]
+                else:
+                    # one expression: no interrupt between the two (exactly once)
+                    spans.held.append(record) or delitem(raw, 0)  # type: ignore[func-returns-value]
+                place(metrics, dur_ms, None, None, None, 0)
+                if record is not None and len(spans.held) >= spans._cap:
+                    self._fold_locked()  # bounded memory: the pending data joins the open row
+                    spans.emit(self.open_step)
+                continue
+            step = self.open_step
+            if record is None:
+                del raw[0]
+            elif spans.held:  # behind held records: waits with them, its step fixed
+                spans.held.append((step, record)) or delitem(raw, 0)  # type: ignore[func-returns-value]
+            else:
+                spans.write_now(step, record, partial(delitem, raw, 0))
+            if place(metrics, dur_ms, None, self._open, self._agg, step) & OPEN_NONFINITE:
+                self._open_nonfinite = True
+            timer = self._timer
+            if timer is not None and not timer.armed:  # the open row's crash bound
+                self._touched = now = self._clock()
+                timer.arm(now)
+        if fresh and spans.row and self._raw_since < spans._since:
+            spans._since = self._raw_since  # the deadline counts from the first span's end
 
     def hold_spans(
         self,
@@ -542,13 +701,18 @@ class HistoryStore:
     @property
     def held_span_records(self) -> int:
         """Span records waiting for the ``log()`` that fixes their step."""
-        return len(self._spans.held)
+        with self._lock:
+            if self._raw:
+                self._pull_locked()
+            return len(self._spans.held)
 
     def fold_spans(self) -> None:
         """Place pending span data in the open row now and hand its records to the sink
         (what ``flush()`` and a closing span recorder do). Never commits."""
         self._check_fork()
         with self._lock:
+            if self._raw:
+                self._pull_locked()
             if self._spans.row:
                 self._fold_locked()
                 self._spans.emit(self.open_step)
@@ -584,6 +748,8 @@ class HistoryStore:
         """Runs on the flusher thread at the span hold deadline: fold span data that waited
         past it into the open row (spanfold.py)."""
         with self._lock:
+            if self._raw:
+                self._pull_locked()
             if not self._spans.expired(self._closed):
                 return
             self._fold_locked()
@@ -721,6 +887,8 @@ class HistoryStore:
         """
         self._check_fork()
         with self._lock:
+            if self._raw:
+                self._pull_locked()
             if self._spans.row:
                 self._fold_locked()
                 self._spans.emit(self.open_step)
@@ -772,6 +940,8 @@ class HistoryStore:
         the open row as a query shows it, with its ``_step`` and with the pending span data
         folded in (a view: the next ``log()`` decides the row that data really joins; None
         when it holds nothing); whether the open row was written early (max_open_seconds)."""
+        if self._raw:
+            self._pull_locked()
         step = self.open_step
         row = None
         if include_open:
@@ -823,6 +993,8 @@ class HistoryStore:
         """Runs on the flusher thread at the open-row timer's deadline: write an idle open
         row to disk without committing it (openrow.py)."""
         with self._lock:
+            if self._raw:
+                self._pull_locked()
             timer = self._timer
             waiting = not self._closed and bool(self._open)
             if timer is None or not timer.expired(waiting, self._touched):
@@ -847,6 +1019,8 @@ class HistoryStore:
     def write_open_row(self) -> bool:
         """Write the open row to disk now, without committing it (what the timer does)."""
         with self._lock:
+            if self._raw:
+                self._pull_locked()
             if not self._open:
                 return False
             self._write_open_locked()
@@ -869,6 +1043,8 @@ class HistoryStore:
         """Commit the open row (if it holds data), flush and close the writer."""
         self._check_fork()
         with self._lock:  # commit and close in one step: nothing can slip in between
+            if self._raw:
+                self._pull_locked()
             if self._spans.row:
                 self._fold_locked()
                 self._spans.emit(self.open_step)

@@ -286,6 +286,43 @@ class JsonlWriter:
             raise
         return True
 
+    def append_many(self, lines: list[bytes]) -> int:
+        """Queue records (encoded JSON, no newline, no step) in order, exactly as
+        :meth:`append` of each in turn would; returns how many were dropped. Under one lock
+        in the common case (a write already scheduled and the batch within every bound);
+        otherwise one :meth:`append` each."""
+        k = len(lines)
+        with self._lock:
+            q = self.queue
+            count = len(q.lines)
+            if (
+                count
+                and self._scheduled
+                and self.async_write
+                and not self._closed
+                and (count + k < self.buffer_size or self._urgent or self._failing)
+                and count + k <= self.max_pending_records
+            ):
+                size = q.nbytes + sum(map(len, lines))
+                limit = self.max_pending_bytes
+                if limit is None or size <= limit:
+                    ql = q.lines
+                    steps = q.steps
+                    appended = self.appended
+                    try:  # all or nothing, as append
+                        ql.extend(lines)
+                        steps.extend([None] * k)
+                        self.appended = appended + k
+                    except BaseException:
+                        del ql[count:]
+                        del steps[count:]
+                        self.appended = appended
+                        raise
+                    q.nbytes = size
+                    return 0
+        append = self.append
+        return sum(append(line) is False for line in lines)
+
     def _due_time(self, now: float, count: int) -> float:
         if self._failing:  # spaced from the last failed attempt, whatever is pending
             return max(now, self._next_retry)

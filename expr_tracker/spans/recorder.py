@@ -55,6 +55,9 @@ _NUMBER = (float, int)
 
 #: an encoded record starts with ``{"_step":null,`` until its step is known: cut there
 _NULL_STEP = len(b'{"_step":null,')
+#: plain spans waiting to be placed at most: one more places them at once (the store's own
+#: bounds on held records then apply)
+RAW_MAX = 1024
 #: bytes a step adds to a cut record at most (``{"_step":`` + 20 characters + ``,``)
 _STEP_ROOM = 30
 
@@ -151,6 +154,7 @@ class SpanRecorder:
         self._rec_pid = self.identity.get("pid") or self._pid
         self.identity.setdefault("pid", self._rec_pid)
         self._owns_writer = bool(owns_writer)
+        self._append_many = getattr(writer, "append_many", None)
         self._closed = False
         # the store fixes each record's step at the log() that places its metrics
         self._hold = self._metrics and callable(getattr(store, "hold_spans", None))
@@ -162,6 +166,15 @@ class SpanRecorder:
                 max_seconds=getattr(writer, "max_seconds", None),
                 max_bytes=self._max_pending,
             )
+        # a plain span (no plugin measurement, attribute, step= or error) costs one list
+        # append when it ends: the store places a batch of them before it next reads or
+        # changes its rows (store.attach_raw_spans), and the records are encoded then
+        self._raw: Any = None  # the store's queue (a deque), or None
+        self._keys: dict[str, str] = {}  # path -> "time_ms/<path>"
+        if self._hold and callable(getattr(store, "attach_raw_spans", None)):
+            self._raw = store.attach_raw_spans(self._convert_raw)
+            self._raw_waiting = store.raw_spans_waiting
+            self._raw_pull = store.pull_raw_spans
         self._lock = threading.Lock()  # counters only, never on the fast path
         self._dropped_oversize = 0
         self._dropped_pending = 0
@@ -184,6 +197,20 @@ class SpanRecorder:
             span._pm = pm
             self._after_close()
             return
+        raw = self._raw
+        if raw is not None and not pm and span.attrs is None and span.step is None:
+            if span.error is None:
+                try:
+                    ident = _tl.v
+                except AttributeError:
+                    ident = _thread_identity()
+                aio = _modules.get("asyncio")  # no asyncio imported: no task, and no call
+                if not raw:
+                    self._raw_waiting()
+                raw.append((span, ident, _task_name(aio) if aio is not None else None))
+                if len(raw) >= RAW_MAX:
+                    self._raw_pull()
+                return
         path = span.path
         start_ns = span._start_ns
         dur_ms = (span._end_ns - start_ns) / 1e6
@@ -251,6 +278,92 @@ class SpanRecorder:
         if writer.append(line) is False:
             self._refused()
 
+    def _convert_raw(
+        self, batch: list[Any], full: bool = False
+    ) -> tuple[list[Any] | None, Any, int, bool]:
+        """Plain spans, each entry ``(span, thread identity, task name)``, in order, as the
+        store places them (``HistoryStore.attach_raw_spans``): ``(metrics, dur_ms, record,
+        span id)`` each, what :meth:`record` would have handed to ``ingest_span`` one by
+        one (None when the merged metrics are given and ``full`` is false: the store asks
+        again with ``full`` when it needs them); all the metrics in one dict when no key
+        repeats (else None); the smallest span id; whether the records are kept. A span's
+        record is its entry, encoded when its step is known (:meth:`_raw_lines`); None
+        without a span file."""
+        keys = self._keys
+        count = self._count
+        keep = self._writer is not None
+        merged: dict[str, Any] = {}
+        unique = True
+        first = 1 << 62
+        for entry in batch:
+            span = entry[0]
+            path = span.path
+            key = keys.get(path)
+            if key is None:
+                if len(keys) >= 65536:  # unique span names cannot grow it without limit
+                    keys.clear()
+                key = keys[path] = "time_ms/" + path
+            sid = span.id
+            if sid < first:
+                first = sid
+            if key in merged:
+                unique = False
+                break
+            merged[key] = (span._end_ns - span._start_ns) / 1e6
+            if count:
+                merged["count/" + path] = 1  # a new path: its count key is new too
+        if unique and not full:
+            return None, merged, first, keep
+        out = []
+        add = out.append
+        first = 1 << 62
+        for entry in batch:
+            span = entry[0]
+            path = span.path
+            dur_ms = (span._end_ns - span._start_ns) / 1e6
+            m = {keys.get(path) or "time_ms/" + path: dur_ms}
+            if count:
+                m["count/" + path] = 1
+            sid = span.id
+            if sid < first:
+                first = sid
+            add((m, dur_ms, entry if keep else None, sid))
+        return out, merged if unique else None, first, keep
+
+    def _raw_lines(self, step: Any, entries: Iterable[Any]) -> list[bytes | None]:
+        """The lines of plain span records (``(span, thread identity, task)`` entries) at
+        ``step``, one per entry: the dict :meth:`record` builds, encoded by orjson (a
+        template with the numbers encoded apart measured slower). None for a line over
+        ``max_record_bytes`` (dropped, counted)."""
+        wall0 = self._wall0
+        perf0 = self._perf0
+        pid = self._rec_pid
+        limit = self._max_record
+        out: list[bytes | None] = []
+        add = out.append
+        for span, (tid, tname, track), task in entries:
+            start_ns = span._start_ns
+            parent = span.parent
+            item = {
+                "_step": step,
+                "name": span.path,
+                "depth": span.depth,
+                "start": wall0 + (start_ns - perf0) / 1e9,
+                "dur_ms": (span._end_ns - start_ns) / 1e6,
+                "id": span.id,
+                "parent": parent.id if parent is not None else None,
+                "pid": pid,
+                "tid": tid,
+                "thread": tname,
+                "track": track,
+            }
+            if task is not None:
+                item["task"] = task
+                item["track"] = track_name(tname, tid, task)
+            line = _dumps(item)
+            add(line if len(line) <= limit or self._fits(len(line), span.path) else None)
+        return out
+
     def _fits(self, size: int, path: str) -> bool:
         """False (the record dropped, counted, warned once) when ``size`` bytes are over
         ``max_record_bytes``."""
@@ -276,11 +389,33 @@ class SpanRecorder:
         writer = self._writer
         if writer is None:
             return
-        append = writer.append
+        if type(items) is not list:
+            items = list(items)
+        for item in items:
+            if type(item) is not tuple or len(item) != 3:
+                break
+        else:  # every record a plain span (see _convert_raw): the common case
+            lines = self._raw_lines(step, items)
+            if None in lines:
+                lines = [line for line in lines if line is not None]
+            many = self._append_many
+            if many is None:
+                self._append_lines(writer, lines)
+                return
+            for _ in range(many(lines)):  # refused: counted
+                self._refused()
+            return
         limit = self._max_record
         head = None
+        raws = [item for item in items if type(item) is tuple and len(item) == 3]
+        it = iter(self._raw_lines(step, raws)) if raws else None
+        out: list[bytes] = []
         for item in items:
-            if type(item) is dict:
+            if type(item) is tuple and len(item) == 3:  # a plain span (see _convert_raw)
+                line = next(it)  # type: ignore[call-overload]
+                if line is None:
+                    continue
+            elif type(item) is dict:
                 item["_step"] = step
                 line = _dumps(item)
                 if len(line) > limit and not self._fits(len(line), item["name"]):
@@ -293,12 +428,25 @@ class SpanRecorder:
                 line = self._line_at(*item)
                 if line is None:
                     continue
-            if append(line) is False:
-                self._refused()
+            out.append(line)
+        self._append_lines(writer, out)
+
+    def _append_lines(self, writer: Any, lines: list[bytes]) -> None:
+        """Queue ``lines`` in one call where the writer takes a batch; count refusals."""
+        many = self._append_many
+        if many is not None:
+            refused = many(lines)
+        else:
+            append = writer.append
+            refused = sum(append(line) is False for line in lines)
+        for _ in range(refused):
+            self._refused()
 
     def _line_at(self, step: Any, item: Any) -> bytes | None:
         """One record (a dict, or encoded bytes without ``_step``) as its line at ``step``;
         None when it is over ``max_record_bytes`` (dropped, counted)."""
+        if type(item) is tuple:  # a plain span (see _place_raw)
+            return self._raw_lines(step, (item,))[0]
         if type(item) is dict:
             item["_step"] = step
             line = _dumps(item)
