@@ -30,6 +30,10 @@
 - the sidecar ``*.meta.json`` (docs/history.md "Where the answer comes from") is written
   atomically (temp file +
   ``os.replace``) at most every 2 s during flushes and always on close;
+- ``before_write``: callables run after a batch is taken and before it is written (the
+  run's media store waits there for the files the batch's rows reference, docs/media.md
+  "Storage layout"); each one bounds its own wait, and one that raises an ``Exception``
+  is logged once and skipped (the rows are still written);
 - opening an existing file, the one-writer lock and the repairs are in
   :mod:`~expr_tracker.history.recovery`.
 """
@@ -157,6 +161,8 @@ class JsonlWriter:
         self.flushes = 0
         self.batches_written = 0  # successful writes (the commit point of a flush)
         self._meta_written_at = -1e18
+        #: run before each batch is written, on the writing thread (the module docstring)
+        self.before_write: list[Callable[[], object]] = []
 
         try:
             self.path.parent.mkdir(parents=True, exist_ok=True)
@@ -379,6 +385,8 @@ class JsonlWriter:
                     batch, steps, q.lines, q.steps = q.lines, q.steps, [], []
                     q.nbytes = 0
                     q.oldest = None
+                if self.before_write:
+                    self._run_before_write()
                 ok = self._write_batch(batch, steps)
             except BaseException:
                 if batch is not None and self.batches_written == written:
@@ -417,6 +425,8 @@ class JsonlWriter:
             return False  # a flush is writing now: it is the probe
         try:
             q = self.queue
+            if self.before_write:
+                self._run_before_write()
             retry = (self._retry_delay, self._next_retry)
             written = self.batches_written
             try:
@@ -428,6 +438,21 @@ class JsonlWriter:
             return ok
         finally:
             self._io_lock.release()
+
+    def _run_before_write(self) -> None:
+        """The ``before_write`` hooks; an interrupt propagates (the caller requeues)."""
+        for fn in list(self.before_write):
+            try:
+                fn()
+            except Exception as exc:  # noqa: BLE001 - the rows are written regardless
+                self._warner.warn(
+                    ("before_write", type(exc).__name__),
+                    "expr_tracker: a hook before writing %s failed (%s: %s); the rows are "
+                    "written anyway (warned once per cause)",
+                    self.path,
+                    type(exc).__name__,
+                    exc,
+                )
 
     def _write_batch(
         self, batch: list[bytes], steps: list[int | None], *, probe: bool = False

@@ -20,6 +20,12 @@ The folder is bounded (``max_bytes``, 10 GiB by default): a file past the bound 
 written, the value is dropped from the row, with one loud warning, counted in
 ``et.info()["media"]``. Files are written to a temporary name and renamed, so a reader
 never sees half a file; one already there (the same content) is not written again.
+
+Ordering (docs/media.md "Storage layout"): the run's history writer calls
+:meth:`MediaStore.wait_written` before it writes a batch of rows, so a row on disk means
+the files it references are on disk, unless their write failed or took longer than
+``WAIT_TIMEOUT_S`` (then the rows are written anyway, with one warning). A run that logs
+no media pays one integer comparison per batch: no thread hop, no lock.
 """
 
 from __future__ import annotations
@@ -35,7 +41,7 @@ from expr_tracker._warn import Warner
 from expr_tracker.history.codec import normalize_value
 from expr_tracker.media.types import Histogram, Image, Media, Table
 
-__all__ = ["DEFAULT_MAX_BYTES", "MAX_AUTO_ELEMENTS", "MEDIA_DIR", "MediaStore"]
+__all__ = ["DEFAULT_MAX_BYTES", "MAX_AUTO_ELEMENTS", "MEDIA_DIR", "WAIT_TIMEOUT_S", "MediaStore"]
 
 log = logging.getLogger("expr_tracker")
 
@@ -45,6 +51,8 @@ MEDIA_DIR = "media"
 DEFAULT_MAX_BYTES = 10 << 30
 #: the largest array ``log()`` turns into a histogram by itself
 MAX_AUTO_ELEMENTS = 1 << 24
+#: seconds the history writer waits for queued media files before it writes rows anyway
+WAIT_TIMEOUT_S = 5.0
 _STOP = object()
 
 
@@ -71,7 +79,15 @@ class MediaStore:
         self._used: int | None = None  # bytes in the folder (scanned on the first put)
         self._queue: queue.SimpleQueue[Any] = queue.SimpleQueue()
         self._thread: threading.Thread | None = None
+        self._worker: threading.Thread | None = None  # the thread ever started (kept at close)
         self._closed = False
+        # files handed to the thread vs files it finished (written or failed): rows wait
+        # for the difference (wait_written); ``_done`` is notified under ``_lock``
+        self._queued = 0
+        self._done = 0
+        self._cond = threading.Condition(self._lock)
+        self._stalled_at = -1  # ``_done`` when a wait timed out: no wait until it moves
+        self.wait_timeouts = 0
         self.files_written = 0
         self.bytes_written = 0
         self.dropped = 0
@@ -126,7 +142,9 @@ class MediaStore:
                 self._thread = threading.Thread(
                     target=self._run, name="expr_tracker-media", daemon=True
                 )
+                self._worker = self._thread
                 self._thread.start()
+            self._queued += 1  # counted before the row holding the reference is committed
         self._queue.put((name, data))
         return rel, sha
 
@@ -138,7 +156,47 @@ class MediaStore:
             if isinstance(item, threading.Event):
                 item.set()
                 continue
-            self._write(*item)
+            try:
+                self._write(*item)
+            finally:
+                with self._cond:
+                    self._done += 1
+                    self._cond.notify_all()
+
+    def wait_written(self, timeout: float | None = None) -> bool:
+        """Block until every file queued before this call is written (or its write
+        failed); the history writer calls it before it writes a batch of rows.
+
+        Returns at once, True, when nothing is outstanding (a run that logs no media, or
+        whose files are all written): one comparison, no lock. ``timeout`` (seconds, default
+        ``WAIT_TIMEOUT_S``) bounds the wait: past it the method returns False, one warning
+        is logged (counted in ``stats()["wait_timeouts"]``), and later calls do not wait
+        again until the stuck write moves (a hung file system delays rows once, not at
+        every flush). Returns False at once too when the media thread is gone (a forked
+        child, or a close that timed out)."""
+        target = self._queued
+        if self._done >= target:
+            return True
+        worker = self._worker
+        if worker is None or not worker.is_alive() or worker is threading.current_thread():
+            return self._done >= target
+        limit = WAIT_TIMEOUT_S if timeout is None else timeout
+        with self._cond:
+            if self._done == self._stalled_at:
+                return False  # still stuck since the last timeout: write the rows now
+            if self._cond.wait_for(lambda: self._done >= target, limit):
+                return True
+            self._stalled_at = self._done
+            self.wait_timeouts += 1
+        self.warner.warn(
+            ("media_wait",),
+            "expr_tracker: media files queued for %s were not written within %.1f s; the "
+            "rows referencing them are written anyway and may point to files that are not "
+            "on disk yet (warned once, counted in et.info()['media'])",
+            self.dir,
+            limit,
+        )
+        return False
 
     def _write(self, name: str, data: bytes) -> None:
         path = self.dir / name
@@ -200,6 +258,7 @@ class MediaStore:
             "max_bytes": self.max_bytes,
             "dropped": self.dropped,
             "write_errors": self.write_errors,
+            "wait_timeouts": self.wait_timeouts,
             "arrays_as_histograms": self.auto_histograms,
         }
 
