@@ -21,6 +21,7 @@ from expr_tracker.media import load_histogram, load_table, parquet
 from expr_tracker.media.npz import decode_histogram, encode_histogram
 
 pa = pytest.importorskip("pyarrow")
+pytest.importorskip("pyarrow.parquet")  # pa.parquet below: a submodule, loaded on import
 pd = pytest.importorskip("pandas")
 
 
