@@ -29,9 +29,11 @@ Measured on the 2-core development machine while shared (load average ~15), 10 r
 At the budget's full scale (100 runs x 100,000 steps, load average 8-12 on the 2 cores):
 ``vector`` 5.3 s CPU (16.3 s wall), ``read`` 5.4 s CPU (21.9 s wall), ``cli`` 10.3 s CPU
 (31.1 s wall): at the 10 s budget in CPU time, over it in wall time while the machine is
-shared; first cache build 107 s. Per run, ``vector`` spends most in ``ema(loss[20], 0.1) -
-median(loss[21])`` (16 ms), ``slope`` and ``zscore`` (9 ms each); ``read`` half in the
-Parquet read, half in ``_read_merged``.
+shared; first cache build 107 s. Again at load 2-3 (2026-12-02, 16:10 UTC, the query cache's
+faster build merged): ``cli`` 7.9 s wall / 8.2 s CPU (within the budget), ``vector`` 5.6 s,
+``read`` 5.5 s; first cache build 26 s. Per run, ``vector`` spends most in
+``ema(loss[20], 0.1) - median(loss[21])`` (16 ms), ``slope`` and ``zscore`` (9 ms each);
+``read`` half in the Parquet read, half in ``_read_merged``.
 """
 
 from __future__ import annotations
