@@ -56,11 +56,12 @@ class _Segment:
     at the first row that breaks the run.
     """
 
-    __slots__ = ("first", "data", "ends", "steps", "step0")
+    __slots__ = ("first", "data", "cap", "ends", "steps", "step0")
 
     def __init__(self, first: int, capacity: int, step0: int) -> None:
         self.first = first  # ordinal of the first row
         self.data = _buffer(capacity)
+        self.cap = capacity  # bytes this segment may hold (0 once closed)
         self.ends = array("I")
         self.steps: array[int] | None = None
         self.step0 = step0
@@ -77,6 +78,7 @@ class _Segment:
         """Give back the unused capacity (the segment is closed: no row comes after)."""
         data = self.data
         used = self.size()
+        self.cap = 0
         if isinstance(data, bytearray):
             if len(data) - used > used >> 3:  # an eighth or less: not worth a copy
                 self.data = data[:used]
@@ -150,28 +152,33 @@ class RowCache:
         All or nothing: an exception raised at any point (a Ctrl-C on the main thread)
         leaves the cache as it was, so ``next_ordinal`` tells whether the row is in.
         """
-        segs = self._segments
         k = len(line)
-        seg = segs[-1] if segs else None
-        if seg is None or len(seg.ends) >= self.segment_rows or seg.size() + k > len(seg.data):
+        try:
+            seg = self._segments[-1]
+            ends = seg.ends
+            n = len(ends)
+            size = ends[-1] if n else 0
+            if n >= self.segment_rows or size + k > seg.cap:
+                raise IndexError  # full: a new segment
+        except IndexError:
             seg = self._new_segment(k, step)
-        ends = seg.ends
-        n = len(ends)
-        if not n:
-            seg.step0 = step
-        size = ends[-1] if n else 0
+            ends = seg.ends
+            n = size = 0
+        end = size + k
         o = self.next_ordinal
         try:
-            end = size + k
             seg.data[size:end] = line  # within the capacity: a copy, never a reallocation
             ends.append(end)
             steps = seg.steps
             if steps is not None:
                 steps.append(step)  # ingest bounds steps to [0, 2**63-1]
-            elif step != seg.step0 + n:  # the run of consecutive steps ends: keep them all
-                steps = array("q", range(seg.step0, seg.step0 + n))
-                steps.append(step)
-                seg.steps = steps
+            elif step - n != seg.step0:
+                if n:  # the run of consecutive steps ends: keep them all from here on
+                    steps = array("q", range(seg.step0, seg.step0 + n))
+                    steps.append(step)
+                    seg.steps = steps
+                else:  # an empty segment (left by an interrupt): its run starts here
+                    seg.step0 = step
             last = self.last_step
             # the counters in one statement, the ordinal last: the commit point
             self.sorted, self.last_step, self.nbytes, self.nrows, self.next_ordinal = (
