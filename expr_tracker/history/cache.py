@@ -29,6 +29,8 @@ except ImportError:  # pragma: no cover - orjson is a dependency
     _JSONDecodeError = ValueError  # type: ignore[assignment,misc]
 
 
+#: the line size the first segment is sized for (a 3-float row is 79 bytes)
+FIRST_ROW_BYTES = 128
 #: segments of at least this capacity get a private anonymous mapping of their own
 MAP_MIN_BYTES = 64 * 1024
 
@@ -133,7 +135,15 @@ class RowCache:
         # uint32 end offsets of a segment never overflow)
         self.segment_rows = max(1, min(4096, self.max_rows // 4 or 1))
         self.segment_bytes = max(1, min(1 << 30, self.max_bytes // 4))
-        self._segments: deque[_Segment] = deque()
+        # the first segment now (so the first append is as cheap as the others), sized for
+        # rows of FIRST_ROW_BYTES; later ones for the rows actually seen
+        self._segments: deque[_Segment] = deque(
+            [
+                _Segment(
+                    first_ordinal, min(self.segment_bytes, FIRST_ROW_BYTES * self.segment_rows), 0
+                )
+            ]
+        )
         self.first_ordinal = first_ordinal  # ordinal of the oldest cached row
         self.next_ordinal = first_ordinal
         self.nbytes = 0
