@@ -287,6 +287,11 @@ class RowCache:
         step in strictly increasing step order (nothing to merge).
         """
         limit = nsteps + 1
+        segs = self._segments
+        if segs and segs[-1].steps is None and len(segs[-1]) > limit:
+            # the newest segment's steps are consecutive: its newest ``limit`` rows are the
+            # window, one row per step in increasing order (the walk below, worked out)
+            return self.next_ordinal - limit, True, True
         seen: set[int] = set()
         simple = True
         prev = None
