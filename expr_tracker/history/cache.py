@@ -2,12 +2,14 @@
 
 Rows are addressed by their physical row ordinal (one append sequence number per record,
 equal to the line number in the file; docs/history.md "Where the answer comes from"), never
-by step. Each row is
-stored as its encoded line in a segment: one ``bytearray`` of line bytes, an ``array`` of
-uint32 end offsets and an ``array`` of int64 steps, so a cached row costs its JSON bytes plus
-12 bytes (no Python object per row). A segment holds at most 4096 rows and a quarter of
-each limit. Eviction drops whole segments from the front, and only
-segments whose rows are all on disk (below the ``flushed`` watermark).
+by step. Each row is stored as its encoded line in a segment: one buffer of line bytes
+allocated once at its final size (its own anonymous mapping when 64 KiB or more), an
+``array`` of uint32 end offsets, and the steps: a ``range`` while they are consecutive (the
+common case), an ``array`` of int64 once a row breaks the run. A cached 3-float row costs
+its JSON bytes plus about 5 bytes (no Python object per row; docs/history.md "Figures"). A
+segment holds at most 4096 rows and a quarter of each limit. Eviction drops whole segments
+from the front, and only segments whose rows are all on disk (below the ``flushed``
+watermark).
 """
 
 from __future__ import annotations
