@@ -2,19 +2,23 @@
 
 Rows are addressed by their physical row ordinal (one append sequence number per record,
 equal to the line number in the file; docs/history.md "Where the answer comes from"), never
-by step. Each row is
-stored as its encoded line in a segment: one ``bytearray`` of line bytes, an ``array`` of
-uint32 end offsets and an ``array`` of int64 steps, so a cached row costs its JSON bytes plus
-12 bytes (no Python object per row). A segment holds at most 4096 rows and a quarter of
-each limit. Eviction drops whole segments from the front, and only
-segments whose rows are all on disk (below the ``flushed`` watermark).
+by step. Each row is stored as its encoded line in a segment: one buffer of line bytes
+allocated once at its final size (its own anonymous mapping when 64 KiB or more), an
+``array`` of uint32 end offsets, and the steps: a ``range`` while they are consecutive (the
+common case), an ``array`` of int64 once a row breaks the run. A cached 3-float row costs
+its JSON bytes plus about 5 bytes (no Python object per row; docs/history.md "Figures"). A
+segment holds at most 4096 rows and a quarter of each limit. Eviction drops whole segments
+from the front, and only segments whose rows are all on disk (below the ``flushed``
+watermark).
 """
 
 from __future__ import annotations
 
+import mmap
 from array import array
 from bisect import bisect_left, bisect_right
 from collections import deque
+from collections.abc import Sequence
 from typing import Any
 
 from expr_tracker.history.codec import decode_line
@@ -27,17 +31,73 @@ except ImportError:  # pragma: no cover - orjson is a dependency
     _JSONDecodeError = ValueError  # type: ignore[assignment,misc]
 
 
-class _Segment:
-    __slots__ = ("first", "data", "ends", "steps")
+#: the line size the first segment is sized for (a 3-float row is 79 bytes)
+FIRST_ROW_BYTES = 128
+#: segments of at least this capacity get a private anonymous mapping of their own
+MAP_MIN_BYTES = 64 * 1024
 
-    def __init__(self, first: int) -> None:
+
+def _buffer(capacity: int) -> bytearray | mmap.mmap:
+    """A zeroed writable buffer of ``capacity`` bytes: its own anonymous mapping when large
+    (pages count in RSS once written; dropping it returns them to the system at once; it
+    never shares the heap with short-lived objects, so it leaves no holes there), else a
+    ``bytearray`` (also the fallback when the system refuses a mapping)."""
+    if capacity >= MAP_MIN_BYTES:
+        try:
+            return mmap.mmap(-1, capacity)
+        except (OSError, ValueError):
+            pass
+    return bytearray(capacity)
+
+
+class _Segment:
+    """One run of consecutive rows: ``data[:ends[-1]]`` holds their lines back to back.
+
+    ``data`` is allocated once at its final capacity (never grown: growing a buffer by
+    reallocation leaves holes in the heap) and trimmed when the segment closes; the cache
+    opens a new segment when a line does not fit. ``steps`` is None while the steps are
+    ``step0, step0 + 1, ...`` (the common case: no array at all) and becomes an int64 array
+    at the first row that breaks the run.
+    """
+
+    __slots__ = ("first", "data", "cap", "ends", "steps", "step0")
+
+    def __init__(self, first: int, capacity: int, step0: int) -> None:
         self.first = first  # ordinal of the first row
-        self.data = bytearray()
+        self.data = _buffer(capacity)
+        self.cap = capacity  # bytes this segment may hold (0 once closed)
         self.ends = array("I")
-        self.steps = array("q")
+        self.steps: array[int] | None = None
+        self.step0 = step0
 
     def __len__(self) -> int:
         return len(self.ends)
+
+    def size(self) -> int:
+        """Line bytes held (``data`` may be longer: unused capacity)."""
+        ends = self.ends
+        return ends[-1] if ends else 0
+
+    def trim(self) -> None:
+        """Give back the unused capacity (the segment is closed: no row comes after)."""
+        data = self.data
+        used = self.size()
+        self.cap = 0
+        if isinstance(data, bytearray):
+            if len(data) - used > used >> 3:  # an eighth or less: not worth a copy
+                self.data = data[:used]
+        elif 0 < used < len(data):
+            try:
+                data.resize(used)  # an anonymous mapping shrinks in place
+            except (BufferError, OSError, SystemError, ValueError):
+                pass
+
+    def step_seq(self) -> Sequence[int]:
+        """The rows' steps, oldest first (a ``range`` while they are consecutive)."""
+        steps = self.steps
+        if steps is None:
+            return range(self.step0, self.step0 + len(self.ends))
+        return steps
 
 
 def _first_of(seg: _Segment) -> int:
@@ -77,7 +137,15 @@ class RowCache:
         # uint32 end offsets of a segment never overflow)
         self.segment_rows = max(1, min(4096, self.max_rows // 4 or 1))
         self.segment_bytes = max(1, min(1 << 30, self.max_bytes // 4))
-        self._segments: deque[_Segment] = deque()
+        # the first segment now (so the first append is as cheap as the others), sized for
+        # rows of FIRST_ROW_BYTES; later ones for the rows actually seen
+        self._segments: deque[_Segment] = deque(
+            [
+                _Segment(
+                    first_ordinal, min(self.segment_bytes, FIRST_ROW_BYTES * self.segment_rows), 0
+                )
+            ]
+        )
         self.first_ordinal = first_ordinal  # ordinal of the oldest cached row
         self.next_ordinal = first_ordinal
         self.nbytes = 0
@@ -86,42 +154,82 @@ class RowCache:
         self.sorted = True  # every step appended so far was >= the one before it
         self.last_step: int | None = None
 
-    def append(self, line: bytes, step: int) -> int:
-        """Add one row; returns its ordinal.
+    def append(self, line: bytes, step: int) -> bytes:
+        """Add one row (its ordinal is ``next_ordinal`` before the call).
+
+        Returns the line as cached: an exact-size copy, for whoever keeps the line a while
+        (the writer's queue): ``orjson.dumps`` hands back 4 KiB objects whatever the row's
+        size, and a few thousand of them queued grow the heap for good.
 
         All or nothing: an exception raised at any point (a Ctrl-C on the main thread)
         leaves the cache as it was, so ``next_ordinal`` tells whether the row is in.
         """
-        segs = self._segments
-        seg = segs[-1] if segs else None
-        if seg is None or len(seg.ends) >= self.segment_rows or len(seg.data) >= self.segment_bytes:
-            seg = _Segment(self.next_ordinal)
-            segs.append(seg)  # an empty segment left by an interrupt is reused next time
-        data = seg.data
-        ends = seg.ends
-        n = len(ends)
-        size = len(data)
+        k = len(line)
+        try:
+            seg = self._segments[-1]
+            ends = seg.ends
+            n = len(ends)
+            size = ends[-1] if n else 0
+            if n >= self.segment_rows or size + k > seg.cap:
+                raise IndexError  # full: a new segment
+        except IndexError:
+            seg = self._new_segment(k, step)
+            ends = seg.ends
+            n = size = 0
+        end = size + k
         o = self.next_ordinal
         try:
-            data += line
-            ends.append(len(data))
-            seg.steps.append(step)  # ingest bounds steps to [0, 2**63-1]
+            seg.data[size:end] = line  # within the capacity: a copy, never a reallocation
+            ends.append(end)
+            steps = seg.steps
+            if steps is not None:
+                steps.append(step)  # ingest bounds steps to [0, 2**63-1]
+            elif step - n != seg.step0:
+                if n:  # the run of consecutive steps ends: keep them all from here on
+                    steps = array("q", range(seg.step0, seg.step0 + n))
+                    steps.append(step)
+                    seg.steps = steps
+                else:  # an empty segment (left by an interrupt): its run starts here
+                    seg.step0 = step
             last = self.last_step
             # the counters in one statement, the ordinal last: the commit point
             self.sorted, self.last_step, self.nbytes, self.nrows, self.next_ordinal = (
                 self.sorted and (last is None or step >= last),
                 step,
-                self.nbytes + len(line),
+                self.nbytes + k,
                 self.nrows + 1,
                 o + 1,
             )
         except BaseException:
             if self.next_ordinal == o:
-                del data[size:]
                 del ends[n:]
-                del seg.steps[n:]
+                if seg.steps is not None:
+                    del seg.steps[n:]
             raise
-        return o
+        kept = seg.data[size:end]
+        return kept if type(kept) is bytes else bytes(kept)  # a bytearray segment's slice
+
+    def _new_segment(self, k: int, step: int) -> _Segment:
+        """Close the newest segment and open one for a line of ``k`` bytes at ``step``.
+
+        Its capacity is ``segment_rows`` lines at the closed segment's mean line size (the
+        first: at ``k``), at least ``k`` and at most ``segment_bytes``, so a segment mostly
+        closes when its bytes are used, wasting less than a line; a closed segment gives
+        its unused capacity back.
+        """
+        segs = self._segments
+        if segs and not len(segs[-1]):
+            segs.pop()  # an empty segment left by an interrupt: replaced
+        last = segs[-1] if segs else None
+        if last is not None:
+            last.trim()
+            mean = last.size() / len(last)
+        else:
+            mean = k
+        cap = max(k, min(self.segment_bytes, int(mean * self.segment_rows)))
+        seg = _Segment(self.next_ordinal, cap, step)
+        segs.append(seg)
+        return seg
 
     def over_limit(self) -> bool:
         return self.nbytes > self.max_bytes or self.nrows > self.max_rows
@@ -139,7 +247,7 @@ class RowCache:
             if seg.first + len(seg) > flushed:
                 break
             segs.popleft()
-            self.nbytes -= len(seg.data)
+            self.nbytes -= seg.size()
             self.nrows -= len(seg)
             n += len(seg)
             self.first_ordinal = segs[0].first if segs else self.next_ordinal
@@ -169,7 +277,7 @@ class RowCache:
     def first_step(self) -> int | None:
         """The step of the oldest cached row (None when empty)."""
         segs = self._segments
-        return segs[0].steps[0] if segs and len(segs[0]) else None
+        return segs[0].step_seq()[0] if segs and len(segs[0]) else None
 
     def tail_start(self, nsteps: int) -> tuple[int, bool, bool]:
         """Where the rows covering the newest ``nsteps`` distinct steps plus one begin.
@@ -181,12 +289,17 @@ class RowCache:
         step in strictly increasing step order (nothing to merge).
         """
         limit = nsteps + 1
+        segs = self._segments
+        if segs and segs[-1].steps is None and len(segs[-1]) > limit:
+            # the newest segment's steps are consecutive: its newest ``limit`` rows are the
+            # window, one row per step in increasing order (the walk below, worked out)
+            return self.next_ordinal - limit, True, True
         seen: set[int] = set()
         simple = True
         prev = None
         o = self.next_ordinal
         for seg in reversed(self._segments):
-            ss = seg.steps
+            ss = seg.step_seq()
             for i in range(len(ss) - 1, -1, -1):
                 s = ss[i]
                 if s not in seen:
@@ -229,16 +342,20 @@ class RowCache:
     def ordinal_of_step(self, step: int) -> int:
         """For a sorted cache: the ordinal of the first cached row with ``step`` or later."""
         for seg in self._segments:
-            ss = seg.steps
+            ss = seg.step_seq()
             if ss and ss[-1] >= step:
                 return seg.first + bisect_left(ss, step)
         return self.next_ordinal
 
     def ordinals_in(self, lo: int, hi: int) -> list[int]:
         """For any cache: the ordinals whose step lies in ``[lo, hi)`` (a full walk)."""
-        out = []
+        out: list[int] = []
         for seg in self._segments:
             first = seg.first
+            if seg.steps is None:  # consecutive steps: the ordinals are one slice
+                s0 = seg.step0
+                out.extend(range(first + max(lo, s0) - s0, first + min(hi, s0 + len(seg)) - s0))
+                continue
             for i, s in enumerate(seg.steps):
                 if lo <= s < hi:
                     out.append(first + i)

@@ -834,9 +834,9 @@ class HistoryStore:
         mark = cache.next_ordinal
         queued = w.appended if w is not None else 0
         try:
-            cache.append(line, step)
+            kept = cache.append(line, step)  # an exact-size copy: the queue holds it a while
             if w is not None:
-                w.append(line, step)
+                w.append(kept, step)
         except BaseException:
             in_cache = cache.next_ordinal != mark
             in_writer = w is not None and w.appended != queued
