@@ -281,9 +281,13 @@ def test_a_reader_during_a_sync_sees_a_consistent_prefix(s3_bucket, tmp_path):
     path = tmp_path / "runs" / "proj" / "r1" / "metrics.jsonl"
     write_lines(path, 0, 500)
     stop = threading.Event()
+    first_seen = threading.Event()
+    enough = tmp_path / "enough"
 
     def writer():
-        # bounded (1,500 more lines over ~1.5 s), as in the concurrent-syncers test
+        # 1,500 more lines over ~1.5 s, started once the reader saw the first commit: the
+        # growth races the syncer's later passes however slow its start is on a loaded box
+        first_seen.wait(120)
         for i in range(500, 2000, 50):
             if stop.is_set():
                 return
@@ -292,9 +296,17 @@ def test_a_reader_during_a_sync_sees_a_consistent_prefix(s3_bucket, tmp_path):
 
     t = threading.Thread(target=writer)
     t.start()
+    # a syncer passing again and again (bounded) until the test has seen the whole file
+    code = (
+        "import os, time; from expr_tracker.sync.upload import sync_dir\n"
+        "for _ in range(300):\n"
+        f"    sync_dir({str(tmp_path / 'runs')!r}, {s3_bucket.url!r}, "
+        f"state_dir={str(tmp_path / 'state')!r}, part_bytes=2000, full=True)\n"
+        f"    if os.path.exists({str(enough)!r}): break\n"
+        "    time.sleep(0.1)\n"
+    )
     proc = subprocess.Popen(
-        # passes spread over ~2 s, past the writer's 1.5 s, however fast a pass is
-        _sync_cmd(s3_bucket.url, tmp_path / "runs", tmp_path / "state", 2000, loops=5, pause=0.4),
+        [sys.executable, "-c", code],
         env=s3_bucket.env(),
         stdout=subprocess.PIPE,
         stderr=subprocess.PIPE,
@@ -308,9 +320,14 @@ def test_a_reader_during_a_sync_sees_a_consistent_prefix(s3_bucket, tmp_path):
             steps = [json.loads(x)["_step"] for x in data.splitlines()]
             assert steps == list(range(len(steps)))
             seen.append(len(data))
+            if data:
+                first_seen.set()
+            if not t.is_alive() and len(data) == path.stat().st_size:
+                enough.touch()
             time.sleep(0.02)  # a reader polls; it does not hammer the endpoint
     finally:
         stop.set()
+        first_seen.set()
         t.join()
     out, err = proc.communicate()
     assert proc.returncode == 0, err.decode()[-500:]
