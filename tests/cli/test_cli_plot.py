@@ -269,9 +269,18 @@ def test_patch_lines_torn_line_and_unsorted_steps(tmp_path):
     assert sorted(late.columns["a"].steps) == [3, 5] and late.first_time == 10.0
 
 
+#: `et` as started from a terminal: a child inherits an *ignored* SIGINT (pytest started in
+#: the background, `pytest ... &`, some CI runners) and Python then installs no
+#: KeyboardInterrupt handler, so the Ctrl-C test hung; the default handler is restored first
+_ET_AS_FROM_A_TERMINAL = (
+    "import runpy, signal; signal.signal(signal.SIGINT, signal.default_int_handler); "
+    "runpy.run_module('expr_tracker.cli.main', run_name='__main__')"
+)
+
+
 def _et_plot(*args: str) -> subprocess.Popen:
     return subprocess.Popen(
-        [sys.executable, "-m", "expr_tracker.cli.main", "plot", *args],
+        [sys.executable, "-c", _ET_AS_FROM_A_TERMINAL, "plot", *args],
         stdout=subprocess.PIPE,
         stderr=subprocess.PIPE,
         text=True,
@@ -342,7 +351,7 @@ def test_follow_ctrl_c_exits_130(tmp_path):
     wait_for("loss: 6 points")  # the appended row was drawn
     proc.send_signal(signal.SIGINT)
     try:
-        proc.wait(timeout=60)  # once (of many runs) over 20 s with the suite at load 7-8
+        proc.wait(timeout=60)
     except subprocess.TimeoutExpired:
         proc.kill()
         proc.wait()
