@@ -7,9 +7,11 @@ over the process's own files) decides *what*. It reads the files the run writes 
 no lock with ``et.log()``: a slow or unreachable bucket never blocks or breaks training.
 
 A pass that fails (the store unreachable, a producer refused) is warned about once per
-cause, counted in :meth:`stats` (``et.info()["sync"]``) and simply retried at the next
-interval (the S3 client itself retries each request with backoff within a pass); the
-upload is incremental, so a later pass uploads whatever an earlier one could not.
+cause, counted in :meth:`stats` (``et.info()["sync"]``) and retried with backoff: the wait
+before the next pass doubles with each failure in a row, from ``interval`` up to 32 times
+it (at most :data:`MAX_BACKOFF_S`, never below ``interval``), and is back to ``interval``
+after a clean pass (the S3 client itself retries each request within a pass); the upload
+is incremental, so a later pass uploads whatever an earlier one could not.
 :meth:`close` asks for the last pass and waits for it at most ``timeout`` seconds; past
 that the run ends all the same (the thread is a daemon) and ``et sync DIR URL`` uploads
 the rest.
@@ -24,7 +26,12 @@ from typing import Any
 
 from expr_tracker._warn import Warner
 
-__all__ = ["BackgroundSync"]
+__all__ = ["MAX_BACKOFF_S", "BackgroundSync"]
+
+#: the longest wait (seconds) between two passes after failures, unless ``interval`` is longer
+MAX_BACKOFF_S = 600.0
+#: the wait doubles at most this many times (32 x ``interval``)
+_MAX_DOUBLINGS = 5
 
 
 class BackgroundSync:
@@ -68,13 +75,22 @@ class BackgroundSync:
 
     def _loop(self) -> None:
         while True:
-            self._wake.wait(self.interval)
+            self._wake.wait(self.next_wait())
             self._wake.clear()
             final = self._final
             self._pass()
             if final:
                 self._done.set()
                 return
+
+    def next_wait(self) -> float:
+        """Seconds until the next pass: ``interval``, doubled for each failed pass in a
+        row (up to 32x, at most :data:`MAX_BACKOFF_S` unless ``interval`` is longer)."""
+        with self._lock:
+            n = min(self.failed_in_row, _MAX_DOUBLINGS)
+        if n == 0:
+            return self.interval
+        return max(self.interval, min(self.interval * 2**n, MAX_BACKOFF_S))
 
     def _pass(self) -> None:
         error: str | None
@@ -102,8 +118,8 @@ class BackgroundSync:
         if error is not None:
             self._warner.warn(
                 ("sync", error.split(":", 1)[0][:80]),
-                "expr_tracker: background sync to %s failed (%s); retried every %gs, "
-                "training goes on (et.info()['sync'])",
+                "expr_tracker: background sync to %s failed (%s); retried with backoff "
+                "from %gs, training goes on (et.info()['sync'])",
                 self.url,
                 error[:300],
                 self.interval,
@@ -131,8 +147,10 @@ class BackgroundSync:
     def stats(self) -> dict[str, Any]:
         """``et.info()["sync"]``: ``url``, ``interval`` (s), ``passes``, ``failures`` (all
         and ``failed_in_row``), ``bytes`` uploaded and manifest ``commits``, ``last_error``
-        (None after a clean pass), ``last_ok_at`` (wall time) and ``lag_s`` (seconds since
-        the last clean pass, None before one)."""
+        (None after a clean pass), ``last_ok_at`` (wall time), ``lag_s`` (seconds since
+        the last clean pass, None before one) and ``next_wait_s`` (the wait before the next
+        pass: ``interval``, or longer after failures)."""
+        wait = self.next_wait()
         with self._lock:
             lag = None if self._last_ok_mono is None else self._clock() - self._last_ok_mono
             return {
@@ -146,4 +164,5 @@ class BackgroundSync:
                 "last_error": self.last_error,
                 "last_ok_at": self.last_ok_at,
                 "lag_s": None if lag is None else round(lag, 3),
+                "next_wait_s": wait,
             }

@@ -111,6 +111,28 @@ def test_finish_waits_for_the_last_pass_at_most_its_deadline(caplog):
     release.set()
 
 
+def test_failed_passes_back_off_and_a_clean_one_resets_the_wait():
+    outcomes = [OSError("unreachable")] * 7 + [None]
+
+    def upload():
+        err = outcomes.pop(0)
+        if err is not None:
+            raise err
+        return type("R", (), {"bytes": 1, "commits": 1, "errors": []})()
+
+    bg = BackgroundSync(upload, interval=60, url="s3://b/p")  # never started: passes by hand
+    waits = [bg.next_wait()]
+    for _ in range(8):
+        bg._pass()
+        waits.append(bg.stats()["next_wait_s"])
+    # doubling from the interval, capped at 600 s (32 x 60 would be 1,920), reset when clean
+    assert waits == [60, 120, 240, 480, 600, 600, 600, 600, 60]
+    assert BackgroundSync(upload, interval=3600, url="s3://b/p").next_wait() == 3600
+    slow = BackgroundSync(upload, interval=1200, url="s3://b/p")
+    slow.failed_in_row = 3
+    assert slow.next_wait() == 1200  # never below the interval itself
+
+
 def test_close_runs_one_last_pass_without_waiting_an_interval():
     calls = []
 
