@@ -582,6 +582,17 @@ class HistoryStore:
             if self._raw:
                 self._pull_locked()
 
+    def _drop_raw(self, n: int, exc: Exception) -> None:
+        """Drop the first ``n`` raw spans, whose conversion raised ``exc`` (warned once per
+        kind of error): measuring never breaks ``log()``."""
+        del self._raw[:n]
+        self.warner.warn(
+            ("raw_spans", type(exc).__name__),
+            "expr_tracker: placing span data failed (%s: %s); ignored (warned once)",
+            type(exc).__name__,
+            exc,
+        )
+
     def _pull_locked(self) -> None:
         """Place the raw spans waiting, in order (under the lock; see attach_raw_spans)."""
         raw = self._raw
@@ -593,13 +604,7 @@ class HistoryStore:
         try:
             items, merged, first, keep = convert(batch)
         except Exception as exc:  # noqa: BLE001 - measuring never breaks log()
-            del raw[:n]
-            self.warner.warn(
-                ("raw_spans", type(exc).__name__),
-                "expr_tracker: placing span data failed (%s: %s); ignored (warned once)",
-                type(exc).__name__,
-                exc,
-            )
+            self._drop_raw(n, exc)
             return
         spans = self._spans
         fresh = not spans.row
@@ -628,13 +633,7 @@ class HistoryStore:
             try:
                 items = convert(batch, True)[0]
             except Exception as exc:  # noqa: BLE001 - measuring never breaks log()
-                del raw[:n]
-                self.warner.warn(
-                    ("raw_spans", type(exc).__name__),
-                    "expr_tracker: placing span data failed (%s: %s); ignored (warned once)",
-                    type(exc).__name__,
-                    exc,
-                )
+                self._drop_raw(n, exc)
                 return
         place = self._place
         for metrics, dur_ms, record, since in items:
