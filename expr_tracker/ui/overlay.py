@@ -20,7 +20,7 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 
 from expr_tracker.history import pyramid as pm
-from expr_tracker.ui.errors import BadRequest, NotFound
+from expr_tracker.ui.errors import BadRequest, NotFound, Unreadable
 from expr_tracker.ui.parts import PartsFrom, duckdb_cursor, producer_cache
 from expr_tracker.ui.runs import producer_label
 from expr_tracker.ui.series import MAX_WIDTH, check_range
@@ -59,11 +59,12 @@ def overlay(
     number; pixel ``i`` covers ``[lo + i*(hi-lo)/width, lo + (i+1)*(hi-lo)/width)``, the last
     one also ``hi``), ``min``/``max``/``first``/``last`` (of the finite values; None when
     none), ``count`` (finite values), ``nan``/``pinf``/``ninf``. A run without the metric
-    has no trace.
+    has no trace; a run whose file cannot be read has none either, and its ``"problem"``
+    says why (the overlay of the other runs is still answered).
 
     Raises :class:`~expr_tracker.ui.errors.BadRequest` (no run, too many, one twice, a bad
     width or range), :class:`~expr_tracker.ui.errors.NotFound` (an unknown run, or no run
-    has the metric).
+    has the metric), :class:`~expr_tracker.ui.errors.Unreadable` (every run asked unreadable).
     """
     if not run_ids:
         raise BadRequest("an overlay needs at least one run (run=...)")
@@ -80,11 +81,16 @@ def overlay(
     from expr_tracker.query.pyramids import metric_pyramid
 
     found: list[tuple[str, str, pm.Pyramid, Any]] = []
+    problems: dict[str, str] = {}  # one unreadable run is named, never fails the overlay
     con = duckdb_cursor()
     try:
         for rid in run_ids:
             for p in catalog.get(rid):
-                c = producer_cache(catalog, p, "metrics")
+                try:
+                    c = producer_cache(catalog, p, "metrics")
+                except Unreadable as exc:
+                    problems[rid] = str(exc)
+                    continue
                 if c is None:
                     continue
 
@@ -105,6 +111,8 @@ def overlay(
     finally:
         con.close()
     if not found:
+        if problems and len(problems) == len(run_ids):
+            raise Unreadable("; ".join(problems.values()))
         raise NotFound(f"no run of {', '.join(map(repr, run_ids[:5]))} has a metric {metric!r}")
     a = float(min(f[2].xs[0] for f in found)) if lo is None else lo
     b = float(max(f[2].xs[-1] for f in found)) if hi is None else hi
@@ -132,7 +140,14 @@ def overlay(
         "lo": a,
         "hi": b,
         "width": width,
-        "runs": [{"run": rid, "traces": by_run[rid]} for rid in run_ids],
+        "runs": [
+            {
+                "run": rid,
+                "traces": by_run[rid],
+                **({"problem": problems[rid]} if rid in problems else {}),
+            }
+            for rid in run_ids
+        ],
     }
 
 

@@ -256,3 +256,20 @@ def test_a_linked_pyramids_folder_is_not_used(runs, tmp_path):
     assert r.status_code == 200
     _check(r.json()["runs"][0]["traces"][0], data[RUNS[0]], 0.0, N - 1.0, 20)
     assert os.listdir(elsewhere) == []  # answered in memory, nothing written there
+
+
+def test_one_unreadable_run_is_named_and_the_others_drawn(runs):
+    """A FIFO named like a run's file: that run gets a problem, not the whole overlay a 422."""
+    root, data = runs
+    fifo = root / "p" / "fifo"
+    fifo.mkdir(parents=True)
+    os.mkfifo(fifo / "metrics.jsonl")
+    client = TestClient(create_app(root), base_url="http://127.0.0.1")
+    asked = [*RUNS, "p/fifo"]
+    r = client.get("/api/overlay", params={"run": asked, "metric": "loss", "width": 20})
+    assert r.status_code == 200, r.text
+    by = {x["run"]: x for x in r.json()["runs"]}
+    assert all(len(by[rid]["traces"]) == 1 and "problem" not in by[rid] for rid in RUNS)
+    assert by["p/fifo"]["traces"] == [] and "FIFO" in by["p/fifo"]["problem"]
+    alone = client.get("/api/overlay", params={"run": "p/fifo", "metric": "loss", "width": 20})
+    assert alone.status_code == 422 and "FIFO" in alone.text
