@@ -14,8 +14,9 @@ run's checkpoint). Links are never followed; nothing is opened.
 
 ``et gc``: removes (``--dry-run``: only lists) the caches of runs that no longer exist (a
 ``.et-cache/<file>`` folder whose file is gone, a cache folder under ``$XDG_CACHE_HOME`` or
-``--cache-dir`` whose manifest names a file under DIR that is gone) and what an interrupted
-``et runs rm`` left (``.NAME.removing-PID`` of a process that is gone); with
+``--cache-dir`` whose manifest names a file under DIR that is gone), what an interrupted
+``et runs rm`` left (``.NAME.removing-PID`` of a process that is gone) and the partial media
+files of a killed writer (``media/.NAME.PID.tmp`` of a process that is gone); with
 ``--max-cache SIZE`` then whole caches of existing runs, least recently refreshed first,
 until the caches under DIR (and theirs elsewhere) take at most SIZE (a cache a query
 holds locked is left); with ``--artifacts`` the artifact versions nothing refers to (see
@@ -51,6 +52,8 @@ __all__ = [
 CATEGORIES = ("metrics", "spans", "other", "cache", "artifacts")
 _DIGEST_RE = re.compile(r"^[0-9a-f]{32}$")
 _REMOVING_RE = re.compile(r"^\..+\.removing-([0-9]+)$")
+#: a media file being written (media/store.py writes ``.NAME.PID.tmp`` then renames it)
+_MEDIA_TMP_RE = re.compile(r"^\.[^/]+\.([0-9]+)\.tmp$")
 _CACHE = ".et-cache"
 
 
@@ -329,6 +332,30 @@ def _ours(path: Path) -> bool:
     return stat.S_ISDIR(st.st_mode) and st.st_uid == os.geteuid()
 
 
+def _our_file(path: Path) -> bool:
+    """A regular file of this user, not a link."""
+    try:
+        st = os.lstat(path)
+    except OSError:
+        return False
+    return stat.S_ISREG(st.st_mode) and st.st_uid == os.geteuid()
+
+
+def _file_bytes(path: Path) -> int:
+    try:
+        return os.lstat(path).st_size
+    except OSError:
+        return 0
+
+
+def _remove(path: Path) -> None:
+    """Remove a folder tree or, for a leftover file, the file (never through a link)."""
+    if stat.S_ISDIR(os.lstat(path).st_mode):
+        shutil.rmtree(path)
+    else:
+        os.unlink(path)
+
+
 def _pid_gone(pid: int) -> bool:
     from expr_tracker.history.runinfo import pid_alive
 
@@ -363,8 +390,13 @@ def garbage(
     root = Path(root)
     tops = {os.path.abspath(root), os.path.realpath(root)}
     out: list[tuple[Path, str]] = []
-    for dirpath, dirnames, _ in os.walk(root, followlinks=False):
+    for dirpath, dirnames, filenames in os.walk(root, followlinks=False):
         here = Path(dirpath)
+        if here.name == "media":
+            for n in filenames:
+                m = _MEDIA_TMP_RE.match(n)
+                if m and _pid_gone(int(m.group(1))) and _our_file(here / n):
+                    out.append((here / n, "a media file a killed writer left"))
         for d in list(dirnames):
             m = _REMOVING_RE.match(d)
             if m and _pid_gone(int(m.group(1))) and _ours(here / d):
@@ -536,10 +568,10 @@ def run_gc(args: argparse.Namespace, out: IO[str] | None = None) -> int:
     found = garbage(root, args.cache_dir)
     gone_now = {f for f, _ in found}
     for f, why in found:
-        n = tree_bytes(f)
+        n = tree_bytes(f) if f.is_dir() else _file_bytes(f)
         if not args.dry_run:
             try:
-                shutil.rmtree(f)
+                _remove(f)
             except OSError as exc:
                 err.write(f"et gc: {output.printable(str(f))}: {exc.strerror or exc}\n")
                 code = 1

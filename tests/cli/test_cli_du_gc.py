@@ -152,3 +152,31 @@ def test_gc_artifacts_removes_unreferenced_versions(tmp_path, capsys, monkeypatc
     assert main(["artifacts", "show", "model:v0", "--project-dir", str(root / "p")]) == 1
     assert main(["gc", str(root), "--artifacts", "--yes"]) == 0
     assert "model:" not in capsys.readouterr().out  # v1 aliased, v2 used by d, v3 newest
+
+
+def test_gc_removes_partial_media_files_of_killed_writers(tmp_path, capsys):
+    """A writer killed between writing ``media/.NAME.PID.tmp`` and renaming it leaves that
+    file; et gc removes it once PID is gone, never one being written now or a link."""
+    np = pytest.importorskip("numpy")
+    root = tmp_path / "runs"
+    et.init(project="p", name="m", dir=str(root))
+    et.log({"h": et.Histogram(np.arange(100.0))})
+    et.finish()
+    media = root / "p" / "m" / "media"
+    (kept,) = os.listdir(media)  # the histogram's file
+    dead = media / f".{'0' * 64}.npz.999999999.tmp"  # what a SIGKILL mid-write leaves
+    dead.write_bytes(b"x" * 300)
+    live = media / f".{'1' * 64}.npz.{os.getpid()}.tmp"  # a write going on now
+    live.write_bytes(b"y")
+    outside = tmp_path / "outside.bin"
+    outside.write_bytes(b"z")
+    os.symlink(outside, media / f".{'2' * 64}.npz.999999999.tmp")
+    capsys.readouterr()
+    assert main(["gc", str(root), "--dry-run"]) == 0
+    out = capsys.readouterr().out
+    assert out.count("would remove") == 1 and "killed writer" in out and "300 B" in out
+    assert dead.exists()
+    assert main(["gc", str(root)]) == 0
+    assert "removed" in capsys.readouterr().out
+    assert sorted(os.listdir(media)) == sorted([kept, live.name, f".{'2' * 64}.npz.999999999.tmp"])
+    assert outside.read_bytes() == b"z"
