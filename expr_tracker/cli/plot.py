@@ -259,6 +259,13 @@ def open_runs(args: argparse.Namespace, names: list[str]) -> list[RunSource]:
             # a live run that has not written a row yet: wait for its file (--follow)
             if args.follow and run.is_dir() and _status(info) == "running":
                 path = run / file_name("metrics", args.stream, args.rank)
+            elif len(names) > 1 and run.is_dir() and info is not None and info.exists():
+                # a run with no row (yet) among others: drawn empty, the others still are
+                path = run / file_name("metrics", args.stream, args.rank)
+                sys.stderr.write(
+                    f"et plot: warning: {output.printable(str(run))} has no rows"
+                    f"{'' if path.name == 'metrics.jsonl' else ' in ' + path.name}\n"
+                )
             else:
                 inside = find_runs(run) if run.is_dir() else []
                 if inside and run not in inside:  # a project (or runs) directory

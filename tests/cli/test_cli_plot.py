@@ -433,6 +433,21 @@ def test_runs_without_a_main_metrics_file(tmp_path, capsys):
     assert code == 1 and "only rank shards" in err and "--rank 1" in err
 
 
+def test_a_run_without_rows_among_others_is_named_the_others_drawn(runs, capsys):
+    root, a, _ = runs
+    empty = et.init(project="p", name="empty", dir=str(root))
+    et.finish()  # no row: no metrics file
+    for args in ([str(a), str(empty.dir), "loss"], ["--runs", "p/a,p/empty", "--dir", str(root)]):
+        code, out, err = plot(capsys, *args, "--width", "70", "--height", "14")
+        assert code == 0, err
+        assert "empty has no rows" in err
+        assert "a/loss: 300 points" in out
+    code, out, err = plot(capsys, str(empty.dir), str(empty.dir), "loss")  # nothing at all
+    assert code == 1 and out == ""
+    code, out, err = plot(capsys, str(a), str(root / "p" / "nope"), "loss")  # no run: an error
+    assert code == 1 and out == "" and "nope" in err
+
+
 def test_since_beyond_the_last_step_says_so_not_unknown_metric(runs, capsys):
     _root, a, b = runs  # a: steps 0..299, b: 0..199
     code, out, err = plot(capsys, str(a), str(b), "loss", "--since", "5000")
