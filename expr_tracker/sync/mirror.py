@@ -26,6 +26,7 @@ folder (never through a link: a path whose real location is elsewhere is refused
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import os
 import shutil
@@ -354,6 +355,8 @@ def mirror_url(
             continue
         if cut and not list_manifests(store, *tail):
             continue
+        copy = Path(cache_dir) if cache_dir is not None else mirror_root(store.url)
+        fresh = not copy.exists()
         res = mirror(
             base,
             cache_dir=cache_dir,
@@ -362,6 +365,10 @@ def mirror_url(
             run=tail[1] if cut == 2 else None,
         )
         if cut == 0 and res.producers == 0:
+            if fresh:  # no bucket there: the empty copy this lookup made goes again
+                with contextlib.suppress(OSError):
+                    (copy / _STATE).unlink(missing_ok=True)
+                    copy.rmdir()
             continue
         res.target = res.path.joinpath(*tail)
         return res

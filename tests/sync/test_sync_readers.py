@@ -5,6 +5,7 @@ and a mirror that reads only the manifests that changed."""
 from __future__ import annotations
 
 import json
+import os
 import socket
 
 import pytest
@@ -112,6 +113,19 @@ def test_mirror_reads_only_the_manifests_that_changed(tmp_path):
     assert (third.path / "proj" / "r1" / "metrics.jsonl").read_bytes() == local.read_bytes()
     one = mirror_url(f"{url}/proj/r2", cache_dir=tmp_path / "copy")
     assert one.target == tmp_path / "copy" / "proj" / "r2" and one.producers == 1
+
+
+def test_a_url_lookup_leaves_no_empty_copy_behind(s3_bucket, tmp_path, monkeypatch):
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "xdg"))
+    train(tmp_path / "runs", "r", steps=2)
+    url = s3_bucket.url
+    assert sync_dir(tmp_path / "runs", url).errors == []
+    copies = tmp_path / "xdg" / "expr_tracker" / "bucket"
+    one = mirror_url(f"{url}/proj/r")  # read as a bucket first: nothing there
+    assert one.producers == 1 and os.listdir(copies) == [one.path.name]
+    with pytest.raises(ValueError, match="no run synced there"):
+        mirror_url(f"{url}/proj/none")
+    assert os.listdir(copies) == [one.path.name]
 
 
 def test_readers_on_s3(s3_bucket, tmp_path, capsys):
