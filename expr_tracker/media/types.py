@@ -206,6 +206,8 @@ class Image(Media):
 
     def _from_path(self, path: Path, mode: str | None) -> None:
         if not path.is_file():
+            if path.exists():  # a device, a FIFO, a folder: never read (it may not end)
+                raise ValueError(f"Image({str(path)!r}): not a regular file")
             raise FileNotFoundError(f"Image({str(path)!r}): no such file")
         data = path.read_bytes()
         ext = next((e for m, e in _MAGIC.items() if data.startswith(m)), None)
@@ -223,11 +225,18 @@ class Image(Media):
                     f"Image({str(path)!r}): reading a {ext.upper()} file needs Pillow "
                     "(pip install pillow); PNG files are read without it"
                 ) from None
-            with PILImage.open(path) as img:
-                if mode is not None:
-                    self._from_pil(img, mode)
-                    return
-                self.width, self.height = img.size
+            try:
+                with PILImage.open(path) as img:
+                    if mode is not None:
+                        self._from_pil(img, mode)
+                        return
+                    self.width, self.height = img.size
+            except (OSError, SyntaxError, ValueError) as exc:  # Pillow's errors of a bad file
+                if isinstance(exc, FileNotFoundError):
+                    raise
+                raise ValueError(
+                    f"Image({str(path)!r}): a damaged {ext.upper()} file ({exc})"
+                ) from None
             self.data, self.ext = data, ext
             return
         self.data, self.ext = data, ext

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import hashlib
 import io
+import os
 
 import numpy as np
 import pytest
@@ -86,6 +87,15 @@ def test_image_bad_mode_and_file(tmp_path):
         et.Image(tmp_path / "t.txt")
     with pytest.raises(FileNotFoundError):
         et.Image(tmp_path / "missing.png")
+    fifo = tmp_path / "fifo.png"
+    os.mkfifo(fifo)  # never opened: a read would wait for a writer
+    for odd in (fifo, tmp_path, "/dev/zero"):
+        with pytest.raises(ValueError, match="not a regular file"):
+            et.Image(odd)
+    (tmp_path / "bad.gif").write_bytes(b"GIF89a then nothing an image has")
+    pytest.importorskip("PIL")
+    with pytest.raises(ValueError, match="damaged GIF"):
+        et.Image(tmp_path / "bad.gif")
 
 
 def test_histogram_counts_are_numpys_and_nonfinite_are_counted():
