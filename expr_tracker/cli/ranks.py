@@ -107,11 +107,12 @@ def run_ranks(args: argparse.Namespace, out: IO[str] | None = None) -> int:
     except (RunNotFoundError, OSError) as exc:
         err.write(f"et ranks: {exc}\n")
         return 1
-    if len(report["ranks"]) < 2:
-        err.write(
-            f"et ranks: {run!r} has one rank ({len(report['ranks'])} metrics file of this "
-            "stream): nothing to compare\n"
-        )
+    n = len(report["ranks"])
+    if n < 2:
+        what = "one rank (1 metrics file" if n else "no rank (no metrics file"
+        err.write(f"et ranks: {run!r} has {what} of this stream): nothing to compare\n")
+        if not output.is_machine(args.format):
+            return 0  # no empty table under the message
     if output.is_machine(args.format):
         output.write_records(report["spans"], args.format, out)
     else:

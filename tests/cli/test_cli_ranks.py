@@ -110,5 +110,10 @@ def test_cli_errors(tmp_path, capsys):
     one = tmp_path / "one"
     one.mkdir()
     write(one / "metrics.jsonl", [{"_step": 0, "time_ms/f": 1.0}])
-    assert run_ranks(args(one), io.StringIO()) == 0
+    out = io.StringIO()
+    assert run_ranks(args(one), out) == 0
     assert "has one rank" in capsys.readouterr().err
+    assert out.getvalue() == ""  # the message alone, no empty table under it
+    out = io.StringIO()
+    assert run_ranks(args(one, format="json"), out) == 0
+    assert [r["ranks"] for r in json.loads(out.getvalue())] == [1]  # records stay whole
