@@ -37,7 +37,7 @@ Two decoders give the same rows (tests check it on random blocks):
   by ``pyarrow.json`` (C++, full-precision doubles, NaN/Infinity accepted) when it is plain:
   every line one flat object (no ``[`` and one ``{`` per line outside strings), metrics lines
   of numbers, bools and strings only, an int ``_step`` in every line, no ``null`` token, no
-  finite number beyond 2**53, at most :data:`WIDE_KEYS` keys in the first line; span lines
+  finite number of 2**53 or more, at most :data:`WIDE_KEYS` keys in the first line; span lines
   without ``args``/``metrics`` and with every field of its type. When every line holds
   every metric as a number (what ``et.log`` writes) the columns are interleaved into the
   LONG rows with numpy (:func:`_unpivot_dense`); a 4 MiB block of 5-float lines (~24,000)
@@ -417,7 +417,7 @@ def decode_metrics_block(
     """Decode a block of complete metrics lines (``chunk`` ends with a newline) numbered
     from ``first_line``: vectorised with ``pyarrow.json`` when the block is plain (every
     line an object of numbers, bools and strings with an int ``_step``; no ``null``, no
-    finite number beyond 2**53 in magnitude, no empty line), else line by line (:func:`decode_metrics`). Both give the
+    finite number of 2**53 or more in magnitude, no empty line), else line by line (:func:`decode_metrics`). Both give the
     same rows in line order (within one line, the per-line path keeps the line's key order,
     the vectorised one the order in which the block's keys first appear).
 
@@ -492,7 +492,10 @@ def _fast_metrics(chunk: bytes, first_line: int) -> tuple[Any, Any] | None:
         return None
     if t.num_rows != n:
         return None
-    names = t.column_names
+    try:
+        names = t.column_names
+    except UnicodeDecodeError:  # pyarrow.json keeps a key of invalid UTF-8 as it is
+        return None
     step = t.column("_step") if "_step" in names else None
     if step is None or str(step.type) != "int64" or step.null_count:
         return None
@@ -508,13 +511,14 @@ def _fast_metrics(chunk: bytes, first_line: int) -> tuple[Any, Any] | None:
             return None
         if ty in ("int64", "double") and c.length() - c.null_count:
             # pyarrow reads an int token beyond int64 as a double, and an int in a column
-            # of floats as a double: a finite magnitude beyond 2**53 might have been an int
-            # a double cannot hold exactly, which the line-by-line path keeps in ``text``
+            # of floats as a double: a finite magnitude of 2**53 or more might have been an
+            # int a double cannot hold exactly (2**53 + 1 reads as 2**53), which the
+            # line-by-line path keeps in ``text``
             a = pc.abs(c)
             if ty == "double":
                 a = pc.filter(a, pc.is_finite(a))
             hi = pc.max(a).as_py()
-            if hi is not None and hi > _EXACT:
+            if hi is not None and hi >= _EXACT:
                 return None
     m = len(cols)
     if m and all(c.null_count == 0 and str(c.type) in ("double", "int64") for _k, c in cols):
