@@ -90,7 +90,8 @@ two lines: ``merged`` False for good) from steps merely out of order.
 
 Size and speed (this machine, 2 shared cores): 100,000 lines of 5 random float metrics
 (17.7 MB of JSONL) give ~3.9 MB of parts (LZ4: :data:`~expr_tracker.query.scan.CACHE_WRITE_OPTIONS`);
-decoding a 4 MiB block of such lines takes ~31 ms of CPU (~23 ms of it ``pyarrow.json``)
+decoding a 4 MiB block of such lines takes ~31 ms of CPU with ``pyarrow.json`` (~23 ms of it
+the parser), about a third less with polars when installed (:mod:`~expr_tracker.query.scan`),
 and writing it ~8 ms; a refresh imports no pandas; a refresh with nothing new takes
 ~0.5 ms; the peak RSS of a refresh stays ~215 MiB for a 1,000,000-line file as for a
 100,000-line one. :func:`expr_tracker.query.views.connect` refreshes the runs of a
@@ -744,27 +745,26 @@ def _blocks(fd: int, start: int, end: int):
     """``(offset, chunk)``: complete lines of ``[start, end)`` (``chunk`` ends with a newline;
     ``offset`` is where it ends), a block at a time; the bytes after the last newline are
     not yielded."""
-    pos = start
+    pos = start  # the next byte to read; ``pieces`` hold the bytes of a line before it
     pieces: list[bytes] = []  # a line longer than a block, gathered: joined once
-    carry = b""
     while pos < end:
         data = os.pread(fd, min(BLOCK_BYTES, end - pos), pos)
         if not data:
             break
-        pos += len(data)
         cut = data.rfind(b"\n")
         if cut < 0:
             pieces.append(data)
+            pos += len(data)
             continue
+        pos += cut + 1
+        # the bytes after the last newline are read again with the next block (from the
+        # page cache): one copy of the block instead of two (a carry joined to the next)
+        if cut + 1 < len(data):
+            data = data[: cut + 1]
         if pieces:
-            buf = b"".join([carry, *pieces, data])
-            cut += len(buf) - len(data)
+            data = b"".join([*pieces, data])
             pieces = []
-        else:
-            buf = carry + data if carry else data
-            cut += len(buf) - len(data)
-        carry = buf[cut + 1 :]
-        yield pos - len(carry), buf[: cut + 1]
+        yield pos, data
 
 
 def _new_part_name(first_line: int) -> str:
@@ -804,7 +804,7 @@ def _decode_into(
             _track_steps(m, steps)
         else:
             table = scan.decode_spans_block(chunk, lines, bad)
-        lines += chunk.count(b"\n")
+        lines += scan.count_lines(chunk)
         covered = new_covered
         if table.num_rows:
             if writer is None:

@@ -490,3 +490,19 @@ def test_an_unwritable_cache_dir_is_named_in_the_warning(tmp_path, monkeypatch, 
     assert cached(c) == expected(src)
     assert f"under cache_dir {str(blocked)!r}" in caplog.text
     assert "beside the runs" not in caplog.text
+
+
+def test_an_int_just_past_2_53_keeps_its_digits_in_a_block_with_nan():
+    """2**53 + 1 in a column pyarrow reads as doubles (a NaN beside it) rounds to 2**53:
+    the block must go line by line, which keeps the exact digits in ``text``."""
+    chunk = b'{"a":NaN,"_step":0}\n{"a":9007199254740993,"_step":1}\n'
+    table, _steps = scan.decode_metrics_block(chunk, 0)
+    assert table.column("text").to_pylist() == [None, "9007199254740993"]
+
+
+def test_a_key_of_invalid_utf8_is_an_unreadable_line_not_an_exception():
+    chunk = b'{"a\xff":1,"_step":0}\n{"b":2,"_step":1}\n'
+    bad = scan.BadLines()
+    table, _steps = scan.decode_metrics_block(chunk, 0, bad)
+    assert table.column("metric").to_pylist() == ["b"]
+    assert bad.count == 1 and bad.first is not None and bad.first[0] == 0
