@@ -266,7 +266,7 @@ def test_json_sum_of_integers_is_an_int_and_an_interval_seconds(runs, capsys):
 def test_ctrl_c_while_writing_o_file_leaves_no_temporary_file(runs, tmp_path, capsys, monkeypatch):
     import expr_tracker.cli.query as cq
 
-    def interrupted(rel, args, sink):
+    def interrupted(rel, args, sink, **_):
         sink.text().write("run,step\n")
         raise KeyboardInterrupt
 
