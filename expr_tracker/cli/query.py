@@ -109,14 +109,16 @@ def run_query(args: argparse.Namespace, out: IO[str] | None = None) -> int:
         return 1
     try:
         from expr_tracker.query.views import (
+            arrow_errors,
             describe,
             import_duckdb,
             no_runs_note,
             referenced_views,
         )
 
-        duckdb = import_duckdb()  # first: a missing duckdb or pyarrow names the extra
-        import pyarrow as pa
+        # first: a missing duckdb or pyarrow names the extra; pyarrow is imported only
+        # where used (a cache part to write, a result that needs Arrow: _write)
+        duckdb = import_duckdb(arrow=False)
 
         from expr_tracker.query.api import (
             ATTEMPTS,
@@ -153,10 +155,10 @@ def run_query(args: argparse.Namespace, out: IO[str] | None = None) -> int:
         sink = _Sink(args.output, out, binary=args.format == "parquet")
         try:
             rel = execute(con, sql)
-            _write(rel, args, sink)
+            _write(rel, args, sink, con=con, sql=sql)
             sink.commit()
             return 0
-        except (duckdb.Error, pa.ArrowException) as exc:
+        except (duckdb.Error, *arrow_errors()) as exc:
             sink.abort()
             if attempt < ATTEMPTS and not sink.wrote_stdout and recover_cache(exc, con):
                 # a cache part replaced, deleted or damaged under the query: refresh (the
@@ -403,8 +405,13 @@ def _short_float(v: float) -> str:
     return f"{v:.6g}"
 
 
-def _rows(reader: Any, names: list[str]) -> Iterator[list[Any]]:
-    """Each row of a record batch reader as a list of Python values (column order)."""
+def _rows(reader: Any, names: list[str]) -> Iterator[Any]:
+    """Each row of a record batch reader (or of :class:`_PlainRows`) as a sequence of
+    Python values (column order)."""
+    if isinstance(reader, _PlainRows):
+        for rows in reader:
+            yield from rows
+        return
     for batch in reader:
         cols = [c.to_pylist() for c in batch.columns]
         yield from zip(*cols, strict=True) if cols else ([] for _ in range(batch.num_rows))
@@ -413,15 +420,81 @@ def _rows(reader: Any, names: list[str]) -> Iterator[list[Any]]:
 # --------------------------------------------------------------------------- writers
 
 
-def _write(rel: Any, args: argparse.Namespace, sink: _Sink) -> None:
-    from expr_tracker.query.api import arrow_reader, unique_names
+#: DuckDB result types whose Python values (``fetchmany``) are those of pyarrow's
+#: ``to_pylist`` (bool, int, float, str, None): a result of only these is written without
+#: Arrow (no pyarrow import in the process); any other type goes through Arrow
+_PLAIN_TYPES = frozenset(
+    {"BOOLEAN", "TINYINT", "SMALLINT", "INTEGER", "BIGINT", "FLOAT", "DOUBLE", "VARCHAR"}
+    | {"UTINYINT", "USMALLINT", "UINTEGER", "UBIGINT"}
+)
+_NUMERIC_TYPES = _PLAIN_TYPES - {"BOOLEAN", "VARCHAR"}
+
+#: rows fetched from DuckDB at a time when writing without Arrow
+FETCH_ROWS = 10_000
+
+
+class _PlainRows:
+    """A result of :data:`_PLAIN_TYPES` columns read as Python tuples straight from
+    DuckDB (a streamed cursor: never the whole result in memory): the same values the
+    Arrow path gives, without importing pyarrow. Iterating yields batches (lists of
+    tuples) of at most :data:`FETCH_ROWS` rows."""
+
+    def __init__(self, cursor: Any, names: list[str], types: list[str]) -> None:
+        self.cursor = cursor
+        self.names = names
+        self.numeric = [t in _NUMERIC_TYPES for t in types]
+
+    def __iter__(self) -> Iterator[list[tuple[Any, ...]]]:
+        while True:
+            batch = self.cursor.fetchmany(FETCH_ROWS)
+            if not batch:
+                return
+            yield batch
+
+
+def _plain_rows(rel: Any, fmt: str, con: Any, sql: str | None) -> _PlainRows | None:
+    """The rows of ``sql`` (the statement ``rel`` is of, on ``con``) as
+    :class:`_PlainRows` when ``fmt`` is a text format, ``sql`` is one statement and every
+    column of ``rel`` is of a plain type; else None (the Arrow path). The statement is run
+    here (``rel`` is only bound, not run)."""
+    if fmt == "parquet" or con is None or sql is None:
+        return None
+    try:
+        types = [str(t) for t in rel.types]
+        names = list(rel.columns)
+        fetchmany = getattr(con, "fetchmany", None)
+        single = len(con.extract_statements(sql)) == 1
+    except Exception:  # noqa: BLE001 - anything unusual: the Arrow path decides
+        return None
+    if fetchmany is None or not single or len(types) != len(names):
+        return None
+    if not all(t in _PLAIN_TYPES for t in types):
+        return None
+    cursor = con.execute(sql)
+    got = [str(d[1]) for d in cursor.description or ()]
+    if got != types:  # pragma: no cover - the same statement bound twice
+        raise ResultError(f"the result's types changed between two bindings: {types} {got}")
+    return _PlainRows(cursor, names, types)
+
+
+def _write(
+    rel: Any, args: argparse.Namespace, sink: _Sink, *, con: Any = None, sql: str | None = None
+) -> None:
+    from expr_tracker.query.api import unique_names
 
     if rel is None:  # a statement without a result (CREATE, SET ...)
         if args.format == "table":
             sink.text().write("ok\n")
         return
-    reader = arrow_reader(rel)
-    names = list(reader.schema.names)
+    plain = _plain_rows(rel, args.format, con, sql)
+    if plain is not None:
+        reader: Any = plain
+        names = plain.names
+    else:
+        from expr_tracker.query.api import arrow_reader
+
+        reader = arrow_reader(rel)
+        names = list(reader.schema.names)
     if args.format == "parquet":
         _write_parquet(reader, unique_names(names), sink.binary_path())
     elif args.format == "csv":
@@ -486,9 +559,13 @@ def _write_table(reader: Any, names: list[str], max_rows: int, sink: _Sink) -> N
         if len(shown) < max_rows:
             shown.append(list(row))
         total += 1
-    numeric = [
-        str(f.type).startswith(("int", "uint", "float", "double", "decimal")) for f in reader.schema
-    ]
+    if isinstance(reader, _PlainRows):
+        numeric = reader.numeric
+    else:
+        numeric = [
+            str(f.type).startswith(("int", "uint", "float", "double", "decimal"))
+            for f in reader.schema
+        ]
     f = sink.text()
     to_file = sink.path is not None
     console = output.console(

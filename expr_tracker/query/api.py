@@ -184,7 +184,7 @@ def connect_retrying(root: Any, cache_dir: Any, views: Any) -> tuple[Any, Any]:
     raises."""
     from expr_tracker.query.views import connect, import_duckdb
 
-    duckdb = import_duckdb()
+    duckdb = import_duckdb(arrow=False)
     cache = cache_dir
     for attempt in range(1, ATTEMPTS + 1):
         try:

@@ -218,6 +218,10 @@ class CachedSource:
     fingerprint: str | None = None
     dev: int | None = None
     ino: int | None = None
+    #: metrics: True when every row's ``step`` is known to be non-NULL (the manifest's
+    #: ``monotonic``: the steps of the lines with rows strictly increase, none missing), so
+    #: a reader may leave out its ``WHERE step IS NOT NULL``; False when not known
+    steps_not_null: bool = False
 
 
 def is_part_name(name: str) -> bool:
@@ -1253,6 +1257,7 @@ def _result(src: Path, kind: str, d: Path, m: dict[str, Any]) -> CachedSource:
         fingerprint=m["fingerprint"],
         dev=m["dev"],
         ino=m["ino"],
+        steps_not_null=kind == "metrics" and m["monotonic"] is True,
     )
 
 
@@ -1399,10 +1404,11 @@ def damaged(parts: Any) -> list[tuple[Path, str]]:
 
 
 def _need_pyarrow() -> None:
-    try:
-        import pyarrow  # noqa: F401
-        import pyarrow.parquet  # noqa: F401
-    except ImportError as exc:
-        raise ImportError(
-            "the query cache needs pyarrow: pip install 'expr-tracker[query]'"
-        ) from exc
+    """ImportError naming the extra when pyarrow is not installed. Only looked for, not
+    imported: a refresh with nothing new never uses it (a fresh ``et query`` over an
+    up-to-date cache so skips its import); the code writing parts imports it."""
+    import importlib.util
+    import sys
+
+    if sys.modules.get("pyarrow") is None and importlib.util.find_spec("pyarrow") is None:
+        raise ImportError("the query cache needs pyarrow: pip install 'expr-tracker[query]'")

@@ -266,7 +266,7 @@ def test_json_sum_of_integers_is_an_int_and_an_interval_seconds(runs, capsys):
 def test_ctrl_c_while_writing_o_file_leaves_no_temporary_file(runs, tmp_path, capsys, monkeypatch):
     import expr_tracker.cli.query as cq
 
-    def interrupted(rel, args, sink):
+    def interrupted(rel, args, sink, **_):
         sink.text().write("run,step\n")
         raise KeyboardInterrupt
 
@@ -275,3 +275,81 @@ def test_ctrl_c_while_writing_o_file_leaves_no_temporary_file(runs, tmp_path, ca
     dest.parent.mkdir()
     code = main(["query", "SELECT * FROM metrics", str(runs), "--format", "csv", "-o", str(dest)])
     assert code == 130 and list(dest.parent.iterdir()) == []
+
+
+#: every plain column type, with NULL, NaN, ±inf, -0.0, text needing CSV quotes, repeated names
+PLAIN_SQL = (
+    "SELECT run, step, metric, value, text, value::FLOAT AS f, step::TINYINT AS t, "
+    "step::UBIGINT AS u, step % 2 = 0 AS even, NULL::DOUBLE AS nothing, "
+    "'-0.0'::DOUBLE AS negzero, 'a,\"b\"\nc' AS quoted, step AS step "
+    "FROM metrics ORDER BY run, step, metric"
+)
+
+
+@pytest.mark.parametrize("fmt", ["csv", "json", "jsonl", "table"])
+def test_plain_columns_written_without_arrow_as_through_arrow(runs, capsys, monkeypatch, fmt):
+    """A result of plain columns (bool, integers, floats, text) is written from DuckDB's
+    rows without pyarrow: byte for byte what the Arrow path writes."""
+    import expr_tracker.cli.query as cq
+
+    monkeypatch.setenv("COLUMNS", "200")
+    calls = []
+    real = cq._plain_rows
+
+    def spy(*a):
+        got = real(*a)
+        calls.append(got is not None)
+        return got
+
+    monkeypatch.setattr(cq, "_plain_rows", spy)
+    code, plain, err = cli(capsys, PLAIN_SQL, runs, "--format", fmt)
+    assert code == 0, err
+    assert calls == [True]
+    monkeypatch.setattr(cq, "_plain_rows", lambda *a: None)
+    code, arrow, err = cli(capsys, PLAIN_SQL, runs, "--format", fmt)
+    assert code == 0, err
+    assert plain == arrow
+
+
+def test_other_types_and_scripts_go_through_arrow(runs, capsys, monkeypatch):
+    import expr_tracker.cli.query as cq
+
+    calls = []
+    real = cq._plain_rows
+
+    def spy(*a):
+        got = real(*a)
+        calls.append(got is not None)
+        return got
+
+    monkeypatch.setattr(cq, "_plain_rows", spy)
+    for sql in (
+        "SELECT 1.5 AS d, [1, 2] AS l",  # DECIMAL, a list
+        "CREATE TABLE t AS SELECT 1 AS a; SELECT a FROM t",  # two statements: run once
+    ):
+        code, out, err = cli(capsys, sql, runs, "--format", "csv")
+        assert code == 0, err
+    assert calls == [False, False]
+    assert out == "a\n1\n"
+
+
+def test_warm_csv_query_imports_no_pyarrow(runs):
+    """A fresh `et query --format csv` over an up-to-date cache, of plain columns, never
+    imports pyarrow (nor numpy): ~0.15 s of a fresh process."""
+    code = (
+        "import sys\n"
+        "from expr_tracker.cli.main import main\n"
+        f"rc = main(['query', {SQL!r}, {str(runs)!r}, '--format', 'csv', '-o', sys.argv[1]])\n"
+        "print(rc, sorted({'pyarrow', 'numpy', 'pandas'} & set(sys.modules)))\n"
+    )
+    out_file = runs.parent / "out.csv"
+    first = subprocess.run(
+        [sys.executable, "-c", code, str(out_file)], capture_output=True, text=True, check=True
+    )  # builds the cache: pyarrow is needed there
+    assert first.stdout.split()[0] == "0"
+    warm = subprocess.run(
+        [sys.executable, "-c", code, str(out_file)], capture_output=True, text=True, check=True
+    )
+    assert warm.stdout.strip() == "0 []", warm.stderr
+    with open(out_file, encoding="utf-8") as f:
+        assert len(list(csv.reader(f))) == 1 + 2 * 5  # header + 2 runs x (2 + 3 metrics)

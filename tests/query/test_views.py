@@ -658,6 +658,35 @@ def test_lines_without_a_step_are_left_out_as_et_history_does(tmp_path, cache, p
     assert got == want
 
 
+def _view_sql(con, name="metrics"):
+    return con.execute("SELECT sql FROM duckdb_views() WHERE view_name = ?", [name]).fetchall()[0][
+        0
+    ]
+
+
+def test_step_filter_left_out_only_while_no_step_is_null(tmp_path, cache):
+    """A cache whose steps are all known (the manifest's ``monotonic``) is read without
+    ``WHERE step IS NOT NULL``; once a line without an integer ``_step`` is appended (an
+    incremental refresh), the filter is back and that line gives no row."""
+    path = tmp_path / "runs" / "p" / "r" / "metrics.jsonl"
+    _write_lines(path, [{"a": float(i), "_step": i, "_time": 10.0 + i} for i in range(3)])
+    con = connect(tmp_path / "runs", cache_dir=cache)
+    assert "IS NOT NULL" not in _view_sql(con).upper()
+    assert q(con, "SELECT count(*), count(step) FROM metrics") == [(3, 3)]
+    con.close()
+    with open(path, "a", encoding="utf-8") as f:
+        f.write(json.dumps({"a": 9.0, "_time": 20.0}) + "\n")  # no step
+        f.write(json.dumps({"a": 4.0, "_step": 4, "_time": 21.0}) + "\n")
+    con = connect(tmp_path / "runs", cache_dir=cache)
+    assert "IS NOT NULL" in _view_sql(con).upper()
+    assert q(con, "SELECT step, value FROM metrics ORDER BY step") == [
+        (0, 0.0),
+        (1, 1.0),
+        (2, 2.0),
+        (4, 4.0),
+    ]
+
+
 def test_an_unreadable_metrics_file_leaves_out_that_run_only(tmp_path, monkeypatch, caplog):
     # a colleague's run in a shared folder, its metrics file without read permission (as
     # root permissions do not stop a read, so the open is made to fail as it would)
