@@ -388,6 +388,47 @@ class PendingSpans:
                 self.held, self._held_bytes = [], 0
             raise
 
+    def emit_now(
+        self,
+        step: int,
+        records: list[Any],
+        done: Callable[[], Any],
+        sink: Callable[[int, list[Any], Callable[[], Any]], Any] | None = None,
+    ) -> None:
+        """Hand ``records`` (nothing is held ahead of them) to the sink with ``step`` and
+        call ``done()`` (the caller's queue lets go of them; it must do so once however
+        often it is called), as :meth:`write_now` does with one record. ``sink(step,
+        records, done)``: one that does what the sink would do with these records and
+        calls ``done()`` itself once they are queued, before it returns (None: the sink).
+
+        Under an interrupt: one raised inside ``sink`` leaves the records with it (``done()``
+        runs); one raised as it returns finds ``done()`` already run; one raised before it
+        was entered leaves them with the caller."""
+        self._first_hold = False
+        own = self._sink
+        if own is None:  # nothing will ever take them
+            done()
+            return
+        called: Callable[..., Any] = own if sink is None else sink
+        try:
+            if sink is None:
+                own(step, records) or done()
+            else:
+                sink(step, records, done)
+                done()
+        except Exception as exc:  # noqa: BLE001 - a span sink never breaks log()
+            done()
+            self._warner.warn(
+                ("span_sink", type(exc).__name__),
+                "expr_tracker: writing span records failed (%s: %s); ignored (warned once)",
+                type(exc).__name__,
+                exc,
+            )
+        except BaseException as exc:
+            if _raised_in(exc, called):
+                done()
+            raise
+
     def write_now(self, step: int, record: Any, done: Callable[[], Any]) -> None:
         """Hand one record to the sink now with ``step`` (nothing is held ahead of it) and
         call ``done()`` in the same statement (the caller's queue lets go of it). As

@@ -145,6 +145,7 @@ class HistoryStore:
         # (attach_raw_spans): a span costs one list append, its data is placed in a batch
         self._raw: list[Any] = []
         self._raw_convert: Callable[..., Any] | None = None
+        self._raw_sink: Callable[..., Any] | None = None  # entries' records
         self._raw_since = 0.0  # monotonic time the first of them arrived
         self._written_open: dict[str, Any] | None = None  # what a timeout wrote for this step
         self._touched = 0.0  # monotonic time the open row last changed (for the timer)
@@ -226,14 +227,21 @@ class HistoryStore:
             commit = self._coerce_commit(commit)
             if commit is _DROP:
                 return -1
-        if step is None and commit is None and not self._raw and not self._spans.row:
+        if step is None and commit is None and not self._spans.row:
             # the one-call path (docs/logging.md "What one log() costs"): log(d) of plain
             # values into an empty open row with no span data waiting is the row itself,
-            # copied and encoded once; anything else takes the general path below
+            # copied and encoded once; with plain spans waiting (docs/spans.md "Cost") it
+            # is their metrics and the row in one dict; anything else takes the general
+            # path below
             row = metrics.copy()
             if _NOT_PLAIN_KEYS.isdisjoint(row) and PLAIN_TYPES.issuperset(map(type, row.values())):
                 with self._lock:
-                    landed = self._commit_plain_locked(row)
+                    if self._raw:
+                        landed = self._commit_spans_plain_locked(row)
+                        if landed >= 0:  # the row committed: the spans' metrics and row
+                            row = self.last_row  # type: ignore[assignment]
+                    else:
+                        landed = self._commit_plain_locked(row)
                     upto = 0
                     if landed >= 0 and self.sinks:
                         self._fanq.append(row)
@@ -347,6 +355,86 @@ class HistoryStore:
         if b"null" in line:  # NaN/±inf (orjson writes null) or a None: the general path
             return -1
         self._log_mark = next(_sequence)
+        committed = self.rows_committed
+        mark = self.cache.next_ordinal
+        try:
+            self._append_locked(line, step)
+            self.rows_committed = committed + 1
+            self.last_row = row
+            self.open_step = step + 1
+            if self._agg:
+                self._agg = {}
+            hook = self.on_commit
+            if hook is not None:
+                self._call_hook(hook, row)
+        except BaseException:
+            if self.cache.next_ordinal != mark:
+                if self.open_step == step:
+                    self._open_step_after(row, step, committed)
+            else:  # nothing written: the values wait in the open row, as a merge leaves them
+                self._open = row
+            raise
+        return step
+
+    def _commit_spans_plain_locked(self, values: dict[str, Any]) -> int:
+        """Commit ``values`` (a copy of one ``log(d)``'s plain values) with the plain spans
+        waiting in the raw queue as the open step, in one dict, as placing the spans
+        (``_pull_locked``), folding, emitting their records, ``_merge`` and
+        ``_commit_locked`` would; returns the step, or -1 with nothing changed when the
+        general path must decide: the open row, the pending span data or the held records
+        are not empty, a span saw a ``log()`` while it ran, a metric repeats (within the
+        spans or with ``values``), a bound on held records is reached, the row holds a
+        NaN/±inf/None (or ``null`` in a name) or orjson refuses it, or the store is closed.
+
+        Under an interrupt (Ctrl-C, SIGTERM's ``SystemExit``): the records leave the queue
+        in the statement that hands them to the span sink (exactly once,
+        ``PendingSpans.emit_now``); after that the row is committed all or nothing, as
+        ``_commit_plain_locked``: before its line reached the cache, the row (the spans'
+        metrics and ``values``) waits in the open row.
+        """
+        spans = self._spans
+        convert = self._raw_convert
+        if (
+            convert is None
+            or self._closed
+            or self._open
+            or spans.row
+            or spans.held
+            or self._written_open is not None
+        ):
+            return -1
+        raw = self._raw
+        n = len(raw)
+        if n >= spans._cap:
+            return -1
+        batch = raw[:n]
+        try:
+            _items, row, first, keep = convert(batch)
+        except Exception:  # noqa: BLE001 - the general path drops them with a warning
+            return -1
+        if row is None or first < self._log_mark or not values.keys().isdisjoint(row):
+            return -1
+        row.update(values)
+        step = self.open_step
+        row["_step"] = step
+        row["_time"] = self._wall()
+        try:
+            line = encode_plain(row)
+        except _JSONEncodeError:
+            return -1
+        if b"null" in line:
+            return -1
+        self._log_mark = next(_sequence)
+        if keep:
+            head = batch[0]
+
+            def done() -> None:  # once, however often it is called (emit_now)
+                if raw and raw[0] is head:
+                    del raw[:n]
+
+            spans.emit_now(step, batch, done, self._raw_sink)
+        else:
+            del raw[:n]
         committed = self.rows_committed
         mark = self.cache.next_ordinal
         try:
@@ -533,7 +621,9 @@ class HistoryStore:
     # ------------------------------------------------------------------ raw spans
 
     def attach_raw_spans(
-        self, convert: Callable[[list[Any]], list[tuple[dict[str, Any], float, Any, int]]]
+        self,
+        convert: Callable[[list[Any]], list[tuple[dict[str, Any], float, Any, int]]],
+        sink: Callable[[int, list[Any], Callable[[], Any]], Any] | None = None,
     ) -> list[Any]:
         """Let a span producer hand over ended spans in batches (docs/spans.md "Cost").
 
@@ -557,9 +647,17 @@ class HistoryStore:
         loses that one span's metrics, never counts them twice). An exception from
         ``convert`` is warned about once and the entries are dropped, never raised into
         ``log()``.
+
+        ``sink(step, entries, done)``, when given, takes a list of entries whose records
+        all go out at ``step`` (a ``log(d)`` that commits them with its row at once, see
+        ``_commit_spans_plain_locked``) instead of the ``hold_spans`` sink: what that sink
+        does with the same entries, without asking what each item is; it calls ``done()``
+        (the queue lets go of them) once they are queued, before it returns
+        (``PendingSpans.emit_now``).
         """
         with self._lock:
             self._raw_convert = convert
+            self._raw_sink = sink
             return self._raw
 
     def raw_spans_waiting(self) -> None:

@@ -161,6 +161,7 @@ class JsonlWriter:
         self.flushes = 0
         self.batches_written = 0  # successful writes (the commit point of a flush)
         self._meta_written_at = -1e18
+        self._deferred = False  # an append_deferred entry was ever queued
         #: run before each batch is written, on the writing thread (the module docstring)
         self.before_write: list[Callable[[], object]] = []
 
@@ -291,6 +292,47 @@ class JsonlWriter:
             self._scheduled = False
             raise
         return True
+
+    def append_deferred(self, entry: Any) -> bool:
+        """Queue ``entry``, whose records are encoded when they are written: one queue
+        entry (counted once in ``appended``, ``pending`` and ``max_pending_records``) that
+        ``entry.lines() -> list[bytes]`` turns into its lines (encoded JSON, no newline;
+        possibly none) on the thread that writes, each time a write of it is tried;
+        ``len(entry)`` is its bytes as counted against ``max_pending_bytes`` (an
+        estimate). ``lines()`` must not change anything it reads and should not raise: an
+        ``Exception`` from it drops the entry's records with one warning per cause. In
+        order with :meth:`append`; returns False when it was dropped (as ``append``)."""
+        self._deferred = True
+        n = len(entry)
+        with self._lock:  # the common case, as append_many's: a write already scheduled
+            q = self.queue
+            lines = q.lines
+            count = len(lines)
+            if (
+                count
+                and self._scheduled
+                and self.async_write
+                and not self._closed
+                and (count + 1 < self.buffer_size or self._urgent or self._failing)
+                and count < self.max_pending_records
+            ):
+                size = q.nbytes + n
+                limit = self.max_pending_bytes
+                if limit is None or size <= limit:
+                    steps = q.steps
+                    appended = self.appended
+                    try:  # all or nothing, as append
+                        lines.append(entry)
+                        steps.append(None)
+                        self.appended = appended + 1
+                    except BaseException:
+                        del lines[count:]
+                        del steps[count:]
+                        self.appended = appended
+                        raise
+                    q.nbytes = size
+                    return True
+        return self.append(entry)
 
     def append_many(self, lines: list[bytes]) -> int:
         """Queue records (encoded JSON, no newline, no step) in order, exactly as
@@ -479,6 +521,15 @@ class JsonlWriter:
     def _write_batch_inner(
         self, batch: list[bytes], steps: list[int | None], probe: bool = False
     ) -> bool:
+        entries = len(batch)
+        if self._deferred:  # entries of append_deferred become their lines here
+            batch, steps = self._expand(batch, steps)
+            if not batch:  # every record dropped: nothing to write (the commit point)
+                self.flushed, self.batches_written = (
+                    self.flushed + entries,
+                    self.batches_written + 1,
+                )
+                return True
         data = b"\n".join(batch) + b"\n"
         f = self.file
         start = f.size
@@ -528,8 +579,38 @@ class JsonlWriter:
         f.size = off
         f.meta_dirty = True
         # the commit point (see _write_batch): one line, no call in between
-        self.flushed, self.batches_written = self.flushed + len(batch), self.batches_written + 1
+        self.flushed, self.batches_written = self.flushed + entries, self.batches_written + 1
         return True
+
+    def _expand(
+        self, batch: list[Any], steps: list[int | None]
+    ) -> tuple[list[bytes], list[int | None]]:
+        """``batch`` with each :meth:`append_deferred` entry replaced by its lines (their
+        steps None); the queue keeps the entries (a failed write tries them again)."""
+        if all(type(x) is bytes for x in batch):
+            return batch, steps
+        out: list[bytes] = []
+        out_steps: list[int | None] = []
+        for x, step in zip(batch, steps, strict=True):
+            if type(x) is bytes:
+                out.append(x)
+                out_steps.append(step)
+                continue
+            try:
+                lines = x.lines()
+            except Exception as exc:  # noqa: BLE001 - one entry never stops the others
+                self._warner.warn(
+                    ("deferred", type(exc).__name__),
+                    "expr_tracker: encoding records for %s failed (%s: %s); they were "
+                    "dropped (warned once per cause)",
+                    self.path.name,
+                    type(exc).__name__,
+                    exc,
+                )
+                continue
+            out.extend(lines)
+            out_steps.extend([None] * len(lines))
+        return out, out_steps
 
     def _write_all(self, data: bytes) -> None:
         view = memoryview(data)

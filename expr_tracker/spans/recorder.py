@@ -4,7 +4,9 @@
 ``count/<path>``) plus ``<key>/<path>`` for each plugin measurement, hands them to
 ``store.ingest_span(metrics, dur_ms) -> step`` (the store aggregates: sum / max /
 duration-weighted mean, and resets on commit), and enqueues one encoded record with
-``writer.append(line_bytes)``. It never writes a file itself.
+``writer.append(line_bytes)``, or, for a writer with ``append_deferred`` (the
+``JsonlWriter``), a step's plain span records as one entry that the writer encodes when it
+writes it (:class:`_PlainRecords`). It never writes a file itself.
 
 A store with ``hold_spans`` (the :class:`~expr_tracker.history.store.HistoryStore`) places
 the time of a span that saw no ``log()`` while it ran in the row the next ``log()`` writes,
@@ -58,6 +60,9 @@ _NULL_STEP = len(b'{"_step":null,')
 #: plain spans waiting to be placed at most: one more places them at once (the store's own
 #: bounds on held records then apply)
 RAW_MAX = 1024
+#: bytes a plain span's record counts for against the writer's ``max_pending_bytes``
+#: until it is encoded (a record of a short name in the main thread is about 200)
+DEFERRED_RECORD_BYTES = 256
 #: bytes a step adds to a cut record at most (``{"_step":`` + 20 characters + ``,``)
 _STEP_ROOM = 30
 
@@ -93,6 +98,30 @@ def _task_name(aio: Any) -> str | None:
     return task.get_name() if task is not None else None
 
 
+class _PlainRecords:
+    """Plain span records of one step, queued to the span file's writer as one entry
+    (``JsonlWriter.append_deferred``) and encoded when it writes them:
+    ``SpanRecorder._raw_lines`` of the entries (ended spans: everything it reads is fixed),
+    the records over ``max_record_bytes`` dropped and counted then."""
+
+    __slots__ = ("_rec", "_step", "_entries", "_size")
+
+    def __init__(self, rec: SpanRecorder, step: Any, entries: list[Any]) -> None:
+        self._rec = rec
+        self._step = step
+        self._entries = entries
+        self._size = DEFERRED_RECORD_BYTES * len(entries)
+
+    def __len__(self) -> int:
+        return self._size
+
+    def lines(self) -> list[bytes]:
+        lines = self._rec._raw_lines(self._step, self._entries)
+        if None in lines:
+            return [line for line in lines if line is not None]
+        return lines  # type: ignore[return-value]
+
+
 class SpanRecorder:
     """Receives every span that ends while it is the active recorder.
 
@@ -107,7 +136,9 @@ class SpanRecorder:
       written at once with the open step.
     - ``writer``: an object with ``append(line: bytes) -> bool | None`` (one record, no
       newline; ``False`` means it was dropped, e.g. past the writer's pending-byte bound) and
-      ``flush()``, or None for no span file (``spans=False``).
+      ``flush()``, or None for no span file (``spans=False``). Optional: ``append_many``
+      (a batch of lines) and ``append_deferred`` (an entry encoded when it is written; plain
+      span records then go that way).
     - ``metrics``: False keeps every metric out of the store (``span_metrics=False``).
     - ``count``: also add ``count/<path>`` = 1 per span (``span_count=True``).
     - ``print_fn`` / ``plugins``: run-wide defaults for outermost spans (children inherit).
@@ -155,6 +186,9 @@ class SpanRecorder:
         self.identity.setdefault("pid", self._rec_pid)
         self._owns_writer = bool(owns_writer)
         self._append_many = getattr(writer, "append_many", None)
+        # a writer that encodes queued entries itself when it writes (JsonlWriter): a step's
+        # plain span records go to it as one entry, built and encoded on its thread
+        self._append_deferred = getattr(writer, "append_deferred", None)
         self._closed = False
         # the store fixes each record's step at the log() that places its metrics
         self._hold = self._metrics and callable(getattr(store, "hold_spans", None))
@@ -172,7 +206,7 @@ class SpanRecorder:
         self._raw: Any = None  # the store's queue (a deque), or None
         self._keys: dict[str, str] = {}  # path -> "time_ms/<path>"
         if self._hold and callable(getattr(store, "attach_raw_spans", None)):
-            self._raw = store.attach_raw_spans(self._convert_raw)
+            self._raw = store.attach_raw_spans(self._convert_raw, self._write_raw)
             self._raw_waiting = store.raw_spans_waiting
             self._raw_pull = store.pull_raw_spans
         self._lock = threading.Lock()  # counters only, never on the fast path
@@ -395,15 +429,7 @@ class SpanRecorder:
             if type(item) is not tuple or len(item) != 3:
                 break
         else:  # every record a plain span (see _convert_raw): the common case
-            lines = self._raw_lines(step, items)
-            if None in lines:
-                lines = [line for line in lines if line is not None]
-            many = self._append_many
-            if many is None:
-                self._append_lines(writer, lines)
-                return
-            for _ in range(many(lines)):  # refused: counted
-                self._refused()
+            self._write_raw(step, items)
             return
         limit = self._max_record
         head = None
@@ -430,6 +456,36 @@ class SpanRecorder:
                     continue
             out.append(line)
         self._append_lines(writer, out)
+
+    def _write_raw(
+        self, step: Any, entries: list[Any], done: Callable[[], Any] | None = None
+    ) -> None:
+        """Write plain spans' records (``(span, thread identity, task)`` entries, see
+        :meth:`_convert_raw`) at ``step``: to a writer that encodes when it writes
+        (``append_deferred``) as one entry, else encoded now. ``done()``, when given, is
+        called once they are queued (the store's raw queue lets go of them:
+        ``HistoryStore.attach_raw_spans``), before this returns."""
+        deferred = self._append_deferred
+        if deferred is not None:  # encoded when the writer writes them, off this thread
+            refused = deferred(_PlainRecords(self, step, entries)) is False
+        else:
+            refused = False
+            writer = self._writer
+            if writer is not None:
+                lines = self._raw_lines(step, entries)
+                if None in lines:
+                    lines = [line for line in lines if line is not None]
+                many = self._append_many
+                if many is None:
+                    self._append_lines(writer, lines)
+                else:
+                    for _ in range(many(lines)):  # refused: counted
+                        self._refused()
+        if done is not None:
+            done()
+        if refused:
+            for _ in entries:  # counted
+                self._refused()
 
     def _append_lines(self, writer: Any, lines: list[bytes]) -> None:
         """Queue ``lines`` in one call where the writer takes a batch; count refusals."""

@@ -11,7 +11,10 @@ from __future__ import annotations
 
 import itertools
 import json
+import shutil
+import tempfile
 import threading
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -20,12 +23,16 @@ from hypothesis import strategies as st
 
 from expr_tracker import _current
 from expr_tracker.history.store import HistoryStore
+from expr_tracker.history.writer import JsonlWriter
 from expr_tracker.spans import core
 from expr_tracker.spans.recorder import RAW_MAX, SpanRecorder
 
 
 class NoFlusher:
     """No deadline ever fires: both runs fold only where the program says."""
+
+    def start(self) -> None:
+        pass
 
     def schedule(self, key: Any, due: float, callback: Any) -> None:
         pass
@@ -58,7 +65,9 @@ TREE = st.recursive(st.tuples(st.just("span"), NAMES, st.just([])) | LOGS, _node
 PROGRAM = st.lists(TREE, min_size=1, max_size=8)
 
 
-def _run(program: list[Any], *, batched: bool, count: bool, monkeypatch: Any) -> dict:
+def _run(
+    program: list[Any], *, batched: bool, count: bool, monkeypatch: Any, deferred: bool = False
+) -> dict:
     ticks = itertools.count(1_000, 7_919)  # ns: durations vary, and repeat the same
     monkeypatch.setattr(core, "perf_counter_ns", lambda: next(ticks))
     store = HistoryStore(
@@ -70,7 +79,11 @@ def _run(program: list[Any], *, batched: bool, count: bool, monkeypatch: Any) ->
     )
     rows: list[dict] = []
     store.sinks.append(rows.append)
-    writer = ListWriter()
+    if deferred:  # the span file's writer: plain records encoded when it writes them
+        path = Path(tempfile.mkdtemp(prefix="spans_diff_")) / "spans.jsonl"
+        writer: Any = JsonlWriter(path, flusher=NoFlusher(), lock=False)  # type: ignore[arg-type]
+    else:
+        writer = ListWriter()
     rec = SpanRecorder(store, writer, count=count, identity={"pid": 7})
     if not batched:
         rec._raw = None  # every span through ingest_span as it ends (the old path)
@@ -106,15 +119,20 @@ def _run(program: list[Any], *, batched: bool, count: bool, monkeypatch: Any) ->
         store.close()
     finally:
         core.set_active_recorder(prev)
+    lines = writer.lines
+    if deferred:
+        writer.close()
+        lines = path.read_bytes().splitlines() if path.exists() else []
+        shutil.rmtree(path.parent)
     out = []
-    for line in writer.lines:
+    for line in lines:
         r = json.loads(line)
         r["id"] -= base
         if r["parent"] is not None:
             r["parent"] -= base
         out.append(r)
     # the lines without their ids: the bytes the two paths wrote, compared as bytes
-    cut = [line.split(b',"id":')[0] + line.split(b',"pid":')[1] for line in writer.lines]
+    cut = [line.split(b',"id":')[0] + line.split(b',"pid":')[1] for line in lines]
     return {"rows": rows, "open": open_row, "held": held, "records": out, "bytes": cut}
 
 
@@ -132,6 +150,25 @@ def test_batched_spans_write_what_one_by_one_does(program, count, monkeypatch):
     assert many["held"] == one["held"]
     assert many["records"] == one["records"]
     # byte for byte apart from the ids (the shared sequence moved on between the runs)
+    assert many["bytes"] == one["bytes"]
+
+
+@settings(
+    max_examples=40,
+    deadline=None,
+    suppress_health_check=[HealthCheck.function_scoped_fixture],
+)
+@given(program=PROGRAM, count=st.booleans())
+def test_records_encoded_by_the_writer_are_the_bytes_one_by_one_writes(program, count, monkeypatch):
+    """The span file's writer encodes a step's plain records when it writes them
+    (``JsonlWriter.append_deferred``): the file holds what placing each span as it ended
+    and encoding it then wrote, byte for byte, and the rows are the same."""
+    one = _run(program, batched=False, count=count, monkeypatch=monkeypatch)
+    many = _run(program, batched=True, count=count, monkeypatch=monkeypatch, deferred=True)
+    assert many["rows"] == one["rows"]
+    assert many["open"] == one["open"]
+    assert many["held"] == one["held"]
+    assert many["records"] == one["records"]
     assert many["bytes"] == one["bytes"]
 
 
