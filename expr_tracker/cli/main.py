@@ -48,8 +48,38 @@ COMMAND_MODULES = (
 )
 
 
-def build_parser() -> argparse.ArgumentParser:
-    from expr_tracker import __version__
+#: command -> the module of COMMAND_MODULES that registers it: ``et runs DIR`` imports only
+#: ``cli/runs.py`` (docs/architecture.md "Cold start"); tests/cli/test_cli_groups.py keeps
+#: this table equal to what the modules register
+COMMANDS = {
+    "runs": "runs",
+    **{f"runs-{a}": "runops" for a in ("rm", "mv", "archive", "unarchive", "tag")},
+    "du": "diskuse",
+    "gc": "diskuse",
+    "compare": "compare",
+    "history": "history",
+    "query": "query",
+    "plot": "plot",
+    "ui": "ui",
+    "trace": "trace",
+    "ranks": "ranks",
+    "export": "export",
+    "sync": "sync",
+    "rules": "rules",
+    "alert": "alert",
+    "alerts": "alerts_cmd",
+    "artifacts": "artifacts",
+    "channels": "channels",
+    "config": "config",
+    "schema": "schema",
+}
+
+
+def build_parser(command: str | None = None) -> argparse.ArgumentParser:
+    """The ``et`` parser. ``command`` (the first word of the command line): only the module
+    of that command is imported and registered, the command parses the same; any other
+    word, or None, registers every module (``et --help``, a misspelt command)."""
+    from expr_tracker._version import __version__
 
     parser = argparse.ArgumentParser(
         prog="et",
@@ -57,7 +87,8 @@ def build_parser() -> argparse.ArgumentParser:
     )
     parser.add_argument("--version", action="version", version=f"expr_tracker {__version__}")
     sub = parser.add_subparsers(dest="command", metavar="COMMAND")
-    for name in COMMAND_MODULES:
+    only = COMMANDS.get(command) if command is not None else None
+    for name in COMMAND_MODULES if only is None else (only,):
         try:
             module = importlib.import_module(f"expr_tracker.cli.{name}")
         except ModuleNotFoundError as exc:
@@ -71,8 +102,9 @@ def build_parser() -> argparse.ArgumentParser:
 def main(argv: list[str] | None = None) -> int:
     from expr_tracker.cli.runops import run_argv
 
-    parser = build_parser()
-    args = parser.parse_args(run_argv(sys.argv[1:] if argv is None else argv))
+    words = run_argv(sys.argv[1:] if argv is None else argv)
+    parser = build_parser(words[0] if words else None)
+    args = parser.parse_args(words)
     func = getattr(args, "func", None)
     if func is None:
         parser.print_help()
