@@ -100,9 +100,11 @@ def build_parser(command: str | None = None) -> argparse.ArgumentParser:
 
 
 def main(argv: list[str] | None = None) -> int:
-    from expr_tracker.cli.runops import run_argv
+    words = list(sys.argv[1:] if argv is None else argv)
+    if words[:1] == ["runs"]:  # `et runs rm ...` -> `runs-rm ...`: runops for runs alone
+        from expr_tracker.cli.runops import run_argv
 
-    words = run_argv(sys.argv[1:] if argv is None else argv)
+        words = run_argv(words)
     parser = build_parser(words[0] if words else None)
     args = parser.parse_args(words)
     func = getattr(args, "func", None)

@@ -483,7 +483,7 @@ def _remove_run(d: Path, caches: list[Path]) -> None:
     is listed by nothing), then delete it and ``caches`` without following links."""
     hidden = d.with_name(f".{d.name}.removing-{os.getpid()}")
     os.rename(d, hidden)
-    import shutil  # here: every et command imports this module for run_argv
+    import shutil  # here: `et runs` imports this module for run_argv
 
     shutil.rmtree(hidden)
     for c in caches:

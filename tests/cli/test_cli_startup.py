@@ -51,7 +51,7 @@ def test_et_runs_and_history_import_no_other_command_module(tmp_path):
             [sys.executable, "-c", code, *argv], capture_output=True, text=True, check=True
         )
         code_out, mods = json.loads(out.stderr.strip().splitlines()[-1])
-        # runops: run_argv reads `et runs rm ...` for every command line; history: the
-        # table width helper the table commands share; sync: on_buckets (a bucket URL)
+        # runops: run_argv reads `et runs rm ...`; history: the table width helper the
+        # table commands share; sync: on_buckets (a bucket URL)
         assert code_out == 0 and own in mods, out.stderr
         assert set(mods) <= {own, "runops", "history", "sync"}, out.stderr
