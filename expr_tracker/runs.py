@@ -123,6 +123,8 @@ def _optuna_pruned() -> type[BaseException] | None:
 #: serialises the deferred alert builds (``Run._build_alerts``): a rule added from one
 #: thread and an alert sent from another build one engine
 _ALERTS_BUILD = threading.RLock()
+#: one build of a run's deferred ``artifacts`` at a time (``Run.artifacts``)
+_ARTIFACTS_BUILD = threading.Lock()
 
 
 class Run:
@@ -220,7 +222,9 @@ class Run:
         #: builds the alert engine and its delivery on first need (a run started with no
         #: rule: ``assemble.build``); None once built or when there is nothing to build
         self._alerts_factory: Callable[[], None] | None = None
-        self.artifacts: Any = None  # expr_tracker.artifacts.RunArtifacts, attached by build
+        self._artifacts_obj: Any = None  # expr_tracker.artifacts.RunArtifacts (artifacts)
+        #: builds ``artifacts`` on first access (``assemble.build``); None once built
+        self._artifacts_factory: Callable[[], Any] | None = None
         #: the mirrors (``backends.mirror.Mirror``), attached by build (``run.backends``)
         self.mirrors: list[Any] = []
         self.system: Any = None  # the SystemSampler of this host (docs/system.md), or None
@@ -283,6 +287,32 @@ class Run:
         """True while the alert engine and delivery wait for their first need
         (:meth:`defer_alerts`); a forked child never builds them."""
         return self._alerts_factory is not None
+
+    @property
+    def artifacts(self) -> Any:
+        """The run's :class:`~expr_tracker.artifacts.RunArtifacts` (what ``log_artifact``
+        and ``use_artifact`` delegate to), or None (a disabled run). Built on first access
+        (:meth:`defer_artifacts`): a run that never logs an artifact never imports the
+        artifact package (docs/architecture.md "Cold start")."""
+        obj = self._artifacts_obj
+        if obj is None and self._artifacts_factory is not None:
+            with _ARTIFACTS_BUILD:
+                obj = self._artifacts_obj
+                factory = self._artifacts_factory
+                if obj is None and factory is not None:
+                    obj = self._artifacts_obj = factory()
+                    self._artifacts_factory = None
+        return obj
+
+    @artifacts.setter
+    def artifacts(self, value: Any) -> None:
+        self._artifacts_obj = value
+        self._artifacts_factory = None
+
+    def defer_artifacts(self, build: Callable[[], Any]) -> None:
+        """Have ``build()`` make :attr:`artifacts` on its first access, once
+        (``assemble.build``)."""
+        self._artifacts_factory = build
 
     def defer_alerts(self, build: Callable[[], None]) -> None:
         """Have ``build()`` (which sets :attr:`alerts` and :attr:`dispatcher`) run on the

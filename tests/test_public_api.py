@@ -163,6 +163,34 @@ def test_a_plain_init_builds_no_http_stack_and_no_mirror(tmp_path):
     assert out.stdout.strip().splitlines()[-1] == "[]"
 
 
+def test_the_start_loads_no_heavy_module_and_starts_no_process(tmp_path):
+    # issue 27's cold start: after `import expr_tracker` and after a plain et.init with the
+    # system sampler on (its default 10 s interval: psutil waits for its first sample),
+    # outside any git repository: none of these is loaded (docs/architecture.md "Cold start")
+    code = (
+        "import sys\n"
+        "heavy = ['pydantic', 'duckdb', 'pyarrow', 'numpy', 'rich', 'torch', 'psutil',\n"
+        "         'socket', 'subprocess', 'difflib', 'expr_tracker.spans.plugins']\n"
+        "import expr_tracker as et\n"
+        "print(sorted(set(heavy) & set(sys.modules)))\n"
+        "run = et.init(dir=sys.argv[1], project='p')\n"
+        "heavy += ['zipfile', 'expr_tracker.artifacts.store', 'expr_tracker.media.read',\n"
+        "          'expr_tracker.alerts', 'importlib.metadata']\n"
+        "print(sorted(set(heavy) & set(sys.modules)))\n"
+        "et.log({'loss': 1.0})\n"
+        "print(run.artifacts.stats()['logged'], et.info()['artifacts']['mode'])\n"
+        "et.finish()\n"
+    )
+    out = subprocess.run(
+        [sys.executable, "-c", code, str(tmp_path / "runs")],
+        capture_output=True,
+        text=True,
+        check=True,
+        cwd=tmp_path,
+    )
+    assert out.stdout.strip().splitlines()[-3:] == ["[]", "[]", "0 copy"], out.stderr
+
+
 def test_the_et_parser_loads_no_heavy_library():
     # every `et` command builds the whole parser: a command module importing pydantic, yaml,
     # rich or duckdb at its top would slow `et runs` and `et history` (issue 27)

@@ -32,7 +32,6 @@ from __future__ import annotations
 import json
 import os
 import re
-import socket
 import time
 from dataclasses import dataclass, replace
 from pathlib import Path
@@ -41,7 +40,7 @@ from typing import Any
 from expr_tracker._warn import Warner
 from expr_tracker.assemble.history import Attempt, normalize_config, run_directory
 from expr_tracker.errors import ExprTrackerError, RunLockedError
-from expr_tracker.history.paths import file_name
+from expr_tracker.history.paths import file_name, hostname
 from expr_tracker.history.runinfo import read_run_info
 
 __all__ = [
@@ -288,7 +287,7 @@ def _live_init_config(info_path: Path, metrics_path: Path, wait_until: float | N
     except OSError:
         holder = ""
     fields = dict(part.split("=", 1) for part in holder.split() if "=" in part)
-    if fields.get("pid") == str(os.getpid()) and fields.get("host") == socket.gethostname():
+    if fields.get("pid") == str(os.getpid()) and fields.get("host") == hostname():
         return None  # a run open in this process: refused, as two runs of one name are
     info = read_run_info(info_path, repair=False) if info_path.exists() else None
     if (

@@ -13,13 +13,13 @@ from __future__ import annotations
 
 import logging
 import os
-import socket
 import threading
 from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
 from expr_tracker._warn import Warner
+from expr_tracker.history.paths import hostname
 from expr_tracker.runs import Run
 
 __all__ = ["SYSTEM_STREAM", "build_system", "local_rank", "sampler_pids"]
@@ -90,7 +90,7 @@ def build_system(
 
     warner = Warner()
     info = run.info_record if isinstance(run.info_record, dict) else {}
-    host = info.get("host") or socket.gethostname()
+    host = info.get("host") or hostname()
     from expr_tracker.history.codec import encode_row
     from expr_tracker.system.sampler import SystemSampler
 

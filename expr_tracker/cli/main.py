@@ -48,16 +48,38 @@ COMMAND_MODULES = (
 )
 
 
-#: commands whose module is the only one a run of them needs: ``et query ...`` builds a
-#: parser of that module alone (a fresh ``et query`` skips importing the other 18
-#: commands' modules, ~0.1 s of CPU); any other first word builds every command
-SOLO_COMMANDS = {"query": "query"}
+#: command -> the module of COMMAND_MODULES that registers it: ``et runs DIR`` imports only
+#: ``cli/runs.py`` (docs/architecture.md "Cold start"); tests/cli/test_cli_groups.py keeps
+#: this table equal to what the modules register
+COMMANDS = {
+    "runs": "runs",
+    **{f"runs-{a}": "runops" for a in ("rm", "mv", "archive", "unarchive", "tag")},
+    "du": "diskuse",
+    "gc": "diskuse",
+    "compare": "compare",
+    "history": "history",
+    "query": "query",
+    "plot": "plot",
+    "ui": "ui",
+    "trace": "trace",
+    "ranks": "ranks",
+    "export": "export",
+    "sync": "sync",
+    "rules": "rules",
+    "alert": "alert",
+    "alerts": "alerts_cmd",
+    "artifacts": "artifacts",
+    "channels": "channels",
+    "config": "config",
+    "schema": "schema",
+}
 
 
 def build_parser(command: str | None = None) -> argparse.ArgumentParser:
-    """The ``et`` parser: every command, or, for a ``command`` of :data:`SOLO_COMMANDS`,
-    only that one (what ``et COMMAND ...`` parses the same way)."""
-    from expr_tracker import __version__
+    """The ``et`` parser. ``command`` (the first word of the command line): only the module
+    of that command is imported and registered, the command parses the same; any other
+    word, or None, registers every module (``et --help``, a misspelt command)."""
+    from expr_tracker._version import __version__
 
     parser = argparse.ArgumentParser(
         prog="et",
@@ -65,8 +87,8 @@ def build_parser(command: str | None = None) -> argparse.ArgumentParser:
     )
     parser.add_argument("--version", action="version", version=f"expr_tracker {__version__}")
     sub = parser.add_subparsers(dest="command", metavar="COMMAND")
-    modules = (SOLO_COMMANDS[command],) if command in SOLO_COMMANDS else COMMAND_MODULES
-    for name in modules:
+    only = COMMANDS.get(command) if command is not None else None
+    for name in COMMAND_MODULES if only is None else (only,):
         try:
             module = importlib.import_module(f"expr_tracker.cli.{name}")
         except ModuleNotFoundError as exc:
@@ -78,13 +100,13 @@ def build_parser(command: str | None = None) -> argparse.ArgumentParser:
 
 
 def main(argv: list[str] | None = None) -> int:
-    argv = list(sys.argv[1:] if argv is None else argv)
-    if argv[:1] == ["runs"]:
+    words = list(sys.argv[1:] if argv is None else argv)
+    if words[:1] == ["runs"]:  # `et runs rm ...` -> `runs-rm ...`: runops for runs alone
         from expr_tracker.cli.runops import run_argv
 
-        argv = run_argv(argv)
-    parser = build_parser(argv[0] if argv else None)
-    args = parser.parse_args(argv)
+        words = run_argv(words)
+    parser = build_parser(words[0] if words else None)
+    args = parser.parse_args(words)
     func = getattr(args, "func", None)
     if func is None:
         parser.print_help()

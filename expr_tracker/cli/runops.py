@@ -29,8 +29,6 @@ from __future__ import annotations
 import argparse
 import errno
 import os
-import shutil
-import socket
 import stat
 import sys
 from collections.abc import Sequence
@@ -182,6 +180,7 @@ def check_run(given: str, runs_dir: str | os.PathLike[str]) -> Path:
             a folder outside the runs folder, the runs folder itself, a folder holding
             other runs, a live run (the message says which and why).
     """
+    from expr_tracker.history.paths import hostname
     from expr_tracker.history.rundirs import find_runs, read_producers
     from expr_tracker.history.runinfo import is_dead
     from expr_tracker.query.catalog import RunNotFoundError, resolve_run
@@ -227,7 +226,7 @@ def check_run(given: str, runs_dir: str | os.PathLike[str]) -> Path:
     for name, info in infos.items():
         if info.get("status") == "running" and not is_dead(info):
             where = f"pid {info.get('pid')} on {info.get('host')}"
-            other = info.get("host") != socket.gethostname()
+            other = info.get("host") != hostname()
             raise RunCheckError(
                 f"{given!r}: {d} is live ({name} says running, {where}"
                 f"{'; another host: its process cannot be checked from here' if other else ''}); "
@@ -484,6 +483,8 @@ def _remove_run(d: Path, caches: list[Path]) -> None:
     is listed by nothing), then delete it and ``caches`` without following links."""
     hidden = d.with_name(f".{d.name}.removing-{os.getpid()}")
     os.rename(d, hidden)
+    import shutil  # here: `et runs` imports this module for run_argv
+
     shutil.rmtree(hidden)
     for c in caches:
         shutil.rmtree(c, ignore_errors=True)
@@ -557,6 +558,8 @@ def run_mv(args: argparse.Namespace, out: IO[str] | None = None) -> int:
             return False
 
         _rewrite_infos(target, rename)
+        import shutil
+
         for c in old_caches:  # keyed by the old path: of no use any more
             shutil.rmtree(c, ignore_errors=True)
         out.write(

@@ -10,7 +10,6 @@ naming the extra to install.
 
 from __future__ import annotations
 
-import difflib
 from collections.abc import Iterable, Mapping
 from typing import Any
 
@@ -106,6 +105,8 @@ def unknown_columns(
     if not missing:
         return []
     known = columns_of(rows)
+    import difflib  # only once a metric asked for is missing
+
     return [(c, difflib.get_close_matches(c, known, n=3, cutoff=0.6)) for c in missing]
 
 

@@ -51,6 +51,17 @@ KINDS = {
 QUERY_CACHE_DIR = ".et-cache"
 
 
+def hostname() -> str:
+    """This machine's name as ``socket.gethostname()`` gives it (the same ``uname`` field),
+    without importing :mod:`socket` (a run's start has no other use for it)."""
+    uname = getattr(os, "uname", None)
+    if uname is None:  # not POSIX
+        import socket
+
+        return socket.gethostname()
+    return str(uname().nodename)
+
+
 def atomic_write(path: str | os.PathLike[str], data: bytes | str) -> None:
     """Replace ``path`` with ``data`` atomically (a temporary file beside it + ``os.replace``).
 

@@ -21,7 +21,6 @@ import errno
 import json
 import logging
 import os
-import socket
 import stat
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -30,6 +29,7 @@ from typing import Any
 from expr_tracker._warn import Warner
 from expr_tracker.errors import RunLockedError
 from expr_tracker.history.codec import decode_line
+from expr_tracker.history.paths import hostname
 from expr_tracker.history.reader import META_SCHEMA, last_line_end
 
 log = logging.getLogger("expr_tracker")
@@ -181,7 +181,7 @@ def acquire_lock(path: str | os.PathLike[str]) -> tuple[int | None, bool]:
         track_lock_fd(fd)
         try:
             os.ftruncate(fd, 0)
-            os.pwrite(fd, f"pid={os.getpid()} host={socket.gethostname()}\n".encode(), 0)
+            os.pwrite(fd, f"pid={os.getpid()} host={hostname()}\n".encode(), 0)
         except OSError:
             pass
         return fd, created
@@ -191,7 +191,7 @@ def acquire_lock(path: str | os.PathLike[str]) -> tuple[int | None, bool]:
 def _held_here(holder: str) -> bool:
     """True when the lock file names this very process (``pid=N host=H``)."""
     fields = dict(part.split("=", 1) for part in holder.split() if "=" in part)
-    return fields.get("pid") == str(os.getpid()) and fields.get("host") == socket.gethostname()
+    return fields.get("pid") == str(os.getpid()) and fields.get("host") == hostname()
 
 
 def _describe_holder(holder: str, lock_path: Path) -> str:
@@ -202,7 +202,7 @@ def _describe_holder(holder: str, lock_path: Path) -> str:
         pid = int(fields.get("pid", ""))
     except ValueError:
         return holder
-    if fields.get("host") != socket.gethostname():
+    if fields.get("host") != hostname():
         return holder
     try:
         os.kill(pid, 0)

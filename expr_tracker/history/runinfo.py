@@ -22,16 +22,13 @@ object is unreadable (:func:`load_run_info` says why), never a crash or a hang.
 from __future__ import annotations
 
 import os
-import platform
-import socket
-import subprocess
 import sys
 import time
 from pathlib import Path
 from typing import Any
 
 from expr_tracker.history.codec import dumps_pretty
-from expr_tracker.history.paths import atomic_write
+from expr_tracker.history.paths import atomic_write, hostname
 from expr_tracker.history.untrusted import read_json
 
 
@@ -40,27 +37,90 @@ def _iso(t: float) -> str:
 
 
 def git_info(cwd: str | None = None) -> dict[str, Any] | None:
-    """The commit (and whether the tree is dirty) of the repository around ``cwd``."""
-    try:
-        commit = subprocess.run(
-            ["git", "rev-parse", "HEAD"],
+    """The commit (and whether the tree is dirty) of the repository around ``cwd``: ``git
+    rev-parse HEAD`` and ``git status`` run side by side; neither is started where no folder
+    from ``cwd`` up looks like a repository (:func:`_in_repository`)."""
+    if not _in_repository(cwd):
+        return None
+    import subprocess
+
+    def start(*args: str) -> subprocess.Popen[str]:
+        return subprocess.Popen(
+            ["git", *args],
             cwd=cwd,
-            capture_output=True,
+            stdin=subprocess.DEVNULL,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.DEVNULL,
             text=True,
-            timeout=2,
         )
+
+    started: list[subprocess.Popen[str]] = []
+    try:
+        commit = start("rev-parse", "HEAD")
+        started.append(commit)
+        status = start("status", "--porcelain", "--untracked-files=no")
+        started.append(status)
+        commit_out = commit.communicate(timeout=2)[0]
         if commit.returncode != 0:
             return None
-        status = subprocess.run(
-            ["git", "status", "--porcelain", "--untracked-files=no"],
-            cwd=cwd,
-            capture_output=True,
-            text=True,
-            timeout=2,
-        )
-        return {"commit": commit.stdout.strip(), "dirty": bool(status.stdout.strip())}
+        status_out = status.communicate(timeout=2)[0]
+        return {"commit": commit_out.strip(), "dirty": bool(status_out.strip())}
     except (OSError, subprocess.SubprocessError):
         return None
+    finally:
+        for proc in started:
+            if proc.returncode is None:
+                proc.kill()
+                proc.wait()
+
+
+def _in_repository(cwd: str | None) -> bool:
+    """False only where git would find no repository either: ``GIT_DIR`` unset and no folder
+    from ``cwd`` (default: the working directory) up to ``/`` holding ``.git`` or being a
+    bare repository (``HEAD``, ``objects/``, ``refs/``). A few ``stat`` calls instead of two
+    processes for a run started outside any repository."""
+    if os.environ.get("GIT_DIR"):
+        return True
+    try:
+        here = os.path.abspath(cwd if cwd is not None else os.getcwd())
+    except OSError:
+        return True  # git decides
+    while True:
+        if os.path.lexists(os.path.join(here, ".git")):
+            return True
+        if (
+            os.path.isfile(os.path.join(here, "HEAD"))
+            and os.path.isdir(os.path.join(here, "objects"))
+            and os.path.isdir(os.path.join(here, "refs"))
+        ):
+            return True
+        parent = os.path.dirname(here)
+        if parent == here:
+            return False
+        here = parent
+
+
+def python_version() -> str:
+    """``platform.python_version()`` (``3.11.7``, ``3.13.0rc1``)."""
+    import platform
+
+    return platform.python_version()
+
+
+def platform_name() -> str:
+    """``platform.platform()`` as ``run.json`` records it (``Linux-6.8.0-x86_64-with-glibc2.36``).
+    On Linux it is built from ``os.uname()`` and ``platform.libc_ver()`` without the
+    ``uname -p`` process ``platform.platform()`` starts for the processor field, which
+    Linux's ``uname -p`` gives as ``unknown`` or the machine name, both left out of the
+    string anyway. Elsewhere, ``platform.platform()`` itself."""
+    import platform
+
+    join = getattr(platform, "_platform", None)  # the standard library's own formatting
+    if sys.platform != "linux" or join is None:
+        return platform.platform()
+    uname = os.uname()
+    libc, version = platform.libc_ver()
+    return str(join(uname.sysname, uname.release, uname.machine, "", "with", libc + version))
 
 
 def package_versions() -> dict[str, str]:
@@ -119,13 +179,13 @@ def new_run_info(
         "started_at_iso": _iso(now),
         "ended_at": None,
         "duration_s": None,
-        "host": socket.gethostname(),
+        "host": hostname(),
         "pid": os.getpid(),
         "argv": list(sys.argv if argv is None else argv),
         "cwd": os.getcwd(),
         "git": git_info(),
-        "python": platform.python_version(),
-        "platform": platform.platform(),
+        "python": python_version(),
+        "platform": platform_name(),
         "packages": package_versions(),
     }
 
@@ -212,7 +272,7 @@ def dead_status(info: dict[str, Any]) -> str:
 def is_dead(info: dict[str, Any]) -> bool:
     """True when ``info`` describes a process on this host that no longer runs."""
     pid = info.get("pid")
-    if info.get("host") != socket.gethostname() or type(pid) is not int or pid <= 0:
+    if info.get("host") != hostname() or type(pid) is not int or pid <= 0:
         return False
     if pid == os.getpid():
         return False

@@ -23,8 +23,10 @@ raises ``ValueError`` saying what is wrong.
 from __future__ import annotations
 
 import io
-import zipfile
-from typing import Any
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    import zipfile
 
 __all__ = ["MAX_BINS", "MAX_FILE_BYTES", "MAX_MEMBER_BYTES", "decode_histogram", "encode_histogram"]
 
@@ -55,6 +57,8 @@ def encode_histogram(counts: Any, edges: Any) -> bytes:
         counts: 1-D array of N counts (any integer dtype -> int64; floats -> float64).
         edges: 1-D array of N + 1 edges (-> float64).
     """
+    import zipfile  # here: a run's start imports this module, not zipfile
+
     import numpy as np
 
     c = np.asarray(counts)
@@ -103,6 +107,8 @@ def decode_histogram(data: bytes) -> tuple[Any, Any]:
             unpickled), counts and edges that do not fit, non-finite values or edges that
             decrease.
     """
+    import zipfile
+
     import numpy as np
 
     if len(data) > MAX_FILE_BYTES:  # zipfile would parse every entry of a planted directory

@@ -741,6 +741,8 @@ def resolve_plugins(entries: Iterable[Any]) -> list[Any]:
     type, an unknown option, an option of the wrong type); ``assemble.check`` reports every
     one as a ``SpecError`` first (``plugin_problems``)."""
     entries = list(entries or ())
+    if not entries:  # the usual start: spans/plugins.py is not imported
+        return []
     problems = plugin_problems(entries)
     if problems:
         p = problems[0]

@@ -12,7 +12,6 @@ secret, webhook, api_key), ``SecretStr`` values and strings holding ``://`` show
 
 from __future__ import annotations
 
-import difflib
 import json
 import re
 from collections.abc import Iterable, Mapping, Sequence
@@ -82,6 +81,8 @@ def join_path(parent: str, key: Any) -> str:
 
 def suggest(key: str, valid: Iterable[str]) -> str | None:
     """``"did you mean `size`?"`` for the closest valid key, or None when nothing is close."""
+    import difflib  # here: a start whose spec is valid never needs it
+
     matches = difflib.get_close_matches(str(key), sorted(set(valid)), n=3, cutoff=0.6)
     if not matches:
         return None

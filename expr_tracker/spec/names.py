@@ -30,7 +30,6 @@ from __future__ import annotations
 
 import os
 import re
-import socket
 import sys
 import time
 from collections.abc import Mapping
@@ -68,6 +67,8 @@ def launch_key(environ: Mapping[str, str] | None = None) -> str | None:
     agent = _process_start(agent_pid)
     start = agent[0] if agent else ""
     if run_id.strip().lower() in _NO_RUN_ID:
+        import socket  # torchrun only: a plain start has no other use for it
+
         key = f"torchrun:{socket.gethostname()}:{agent_pid}:{start}"
     elif _int(env.get("GROUP_WORLD_SIZE")) > 1:  # several nodes: only the id is shared
         key = f"torchrun:{run_id}"
@@ -87,6 +88,8 @@ def _torchrun_name(env: Mapping[str, str]) -> str:
             return f"torchrun-{safe}"
         key = run_id
     else:
+        import socket
+
         key = f"{socket.gethostname()}:{agent_pid}:{agent[0] if agent else ''}"
     suffix = _digest(key)
     if agent is None:

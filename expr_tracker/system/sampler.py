@@ -83,11 +83,13 @@ class SystemSampler:
         self.cpu_s = 0.0  # CPU seconds the sampling took (its thread's)
         self.dropped: list[str] = []  # probes dropped after a failure, in order
         self.started_at: float | None = None  # monotonic
+        self._preparing = False  # the thread has begun making its probes
 
     # ------------------------------------------------------------------ the thread
 
     def start(self) -> None:
-        """Start the thread (once). Returns at once: the probes are made on the thread."""
+        """Start the thread (once). Returns at once: the probes are made on the thread, by
+        its first sample."""
         if self._thread is not None:
             return
         self.started_at = time.monotonic()
@@ -96,8 +98,14 @@ class SystemSampler:
 
     def _run(self) -> None:
         try:
-            self.prepare()
+            # the probes (``import psutil``, NVML) are made by the first sample, one interval
+            # in, not while the run starts: the start and its first steps never share the
+            # GIL with that import (docs/architecture.md "Cold start")
             while not self._stop.wait(self.interval):
+                if self._probes is None:
+                    self.prepare()
+                    if self._stop.is_set():  # the run ended during the import: no sample
+                        break
                 self.sample()
         except Exception as exc:  # noqa: BLE001 - the sampler never takes training down
             self.warner.warn(
@@ -108,11 +116,12 @@ class SystemSampler:
             )
 
     def prepare(self) -> None:
-        """Make the probes (:func:`start` does it on the thread). A failure leaves no probe,
-        with one warning."""
+        """Make the probes (the thread does it before its first sample). A failure leaves no
+        probe, with one warning."""
         if self._probes is not None:
             return
         t0 = time.thread_time()
+        self._preparing = True
         try:
             self._probes = list(self._make_probes())
         except Exception as exc:  # noqa: BLE001
@@ -193,8 +202,8 @@ class SystemSampler:
         t = self._thread
         if t is None or os.getpid() != self._pid or t is threading.current_thread():
             return True
-        if self._probes is None:  # still making its probes: nothing is sampled after them
-            return True
+        if self._probes is None and self._preparing:  # still making its probes: nothing
+            return True  # is sampled after them
         t.join(timeout)
         if t.is_alive():
             self.warner.warn(
