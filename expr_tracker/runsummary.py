@@ -78,6 +78,21 @@ class Summary(MutableMapping):
         #: called with ``{key: value}`` after user assignments (the run's "summary" event)
         self.on_assign: Callable[[dict[str, Any]], Any] | None = None
         self._fork_gen = fork_generation()  # a forked child reads, never assigns
+        # the history store whose on_commit hook this is (attach): between two saves the
+        # hook is the dict's own update (see on_row_locked)
+        self._store: Any = None
+
+    def attach(self, store: Any) -> None:
+        """Take ``store``'s committed rows through its ``on_commit`` hook, under its lock
+        (the summary must share that lock: ``Summary(lock=store.lock)``).
+
+        While no aggregation is defined and a save is already scheduled, the hook is
+        ``dict.update`` of the last values itself: what :meth:`on_row_locked` would do
+        then, without a call into Python (docs/logging.md "What one log() costs"); a due
+        save and :meth:`define` put :meth:`on_row_locked` back.
+        """
+        self._store = store
+        store.on_commit = self.on_row_locked
 
     def on_row(self, row: dict[str, Any]) -> None:
         """Take one committed row (a row sink)."""
@@ -96,6 +111,10 @@ class Summary(MutableMapping):
             get_flusher().schedule(
                 ("summary", id(self)), self._clock() + SUMMARY_SAVE_INTERVAL_S, self._save_due
             )
+        store = self._store
+        if store is not None and not self._aggregating and self._save_scheduled:
+            # until the save is due: only the update above happens for a row
+            store.on_commit = self._last.update
 
     def define(self, name: str, **options: Any) -> MetricDef:
         """Record one ``define_metric`` and save it (see
@@ -103,11 +122,21 @@ class Summary(MutableMapping):
         with self._lock:
             d = self.defs.define(name, **options)
             self._aggregating = self.defs.aggregating
+            self._full_hook_locked()
         self.save()
         return d
 
+    def _full_hook_locked(self) -> None:
+        """The store's hook back to :meth:`on_row_locked` (under the lock: no row is being
+        committed meanwhile)."""
+        store = self._store
+        if store is not None:
+            store.on_commit = self.on_row_locked
+
     def _save_due(self) -> None:
-        self._save_scheduled = False
+        with self._lock:  # a row committed from here on schedules the next save
+            self._save_scheduled = False
+            self._full_hook_locked()
         self.save()
 
     def close(self) -> None:

@@ -381,7 +381,7 @@ def construct_run(
     # the summary shares the store's lock: each committed row reaches it under that lock,
     # in commit order, before the sinks (docs/logging.md "What one log() costs")
     summary = Summary(summary_path, initial, defs_path=defs_path, defs=defs, lock=store.lock)
-    store.on_commit = summary.on_row_locked
+    summary.attach(store)
 
     return Run._assemble(
         spec=spec,

@@ -23,8 +23,10 @@ import logging
 import os
 import stat
 from dataclasses import dataclass, field
+from itertools import accumulate, islice
+from operator import lt
 from pathlib import Path
-from typing import Any
+from typing import Any, cast
 
 from expr_tracker._warn import Warner
 from expr_tracker.errors import RunLockedError
@@ -287,6 +289,36 @@ class FileState:
         else:
             self.max_step = step
         self.last_step = step
+
+    def note_batch(
+        self, batch: list[bytes], steps: list[int | None], line_no: int, offset: int
+    ) -> tuple[int, int]:
+        """:meth:`note_step` for each line of ``batch`` (written from line ``line_no``, byte
+        ``offset``, one newline after each); returns the line number and byte offset after
+        it. Steps that all rise past ``max_step`` (the common case) are noted without a
+        Python call per line: the writer thread then holds the GIL a shorter while."""
+        k = len(batch)
+        if k and None not in steps:
+            known = cast("list[int]", steps)  # no None among them
+            top = self.max_step
+            if (top is None or known[0] > top) and (
+                k == 1 or all(map(lt, known, islice(known, 1, None)))
+            ):
+                every = self.index_every
+                first = -line_no % every  # the batch's first anchor line (relative)
+                if first < k:
+                    ends = list(accumulate(map(len, batch), initial=0))
+                    index = self.index
+                    for j in range(first, k, every):
+                        index.append([known[j], line_no + j, offset + ends[j] + j])
+                self.max_step = self.last_step = known[-1]
+                return line_no + k, offset + sum(map(len, batch)) + k
+        note = self.note_step
+        for line, step in zip(batch, steps, strict=True):
+            note(step, line_no, offset)
+            offset += len(line) + 1
+            line_no += 1
+        return line_no, offset
 
     def saved(self) -> tuple[Any, ...]:
         """What a write changes, to :meth:`restore` if it does not complete."""

@@ -352,13 +352,19 @@ class HistoryStore:
             line = encode_plain(row)
         except _JSONEncodeError:
             return -1
-        if b"null" in line:  # NaN/±inf (orjson writes null) or a None: the general path
-            return -1
+        if line.count(b"null"):  # NaN/±inf (orjson writes null) or a None: the general path
+            return -1  # (count, not `in`: bytes.__contains__ tries the operand as an int first)
         self._log_mark = next(_sequence)
         committed = self.rows_committed
-        mark = self.cache.next_ordinal
+        # _append_locked and _call_hook, inlined (one frame for the whole commit)
+        cache = self.cache
+        w = self.writer
+        mark = cache.next_ordinal
+        queued = w.appended if w is not None else 0
         try:
-            self._append_locked(line, step)
+            kept = cache.append(line, step)  # an exact-size copy: the queue holds it a while
+            if w is not None:
+                w.append(kept, step)
             self.rows_committed = committed + 1
             self.last_row = row
             self.open_step = step + 1
@@ -366,14 +372,27 @@ class HistoryStore:
                 self._agg = {}
             hook = self.on_commit
             if hook is not None:
-                self._call_hook(hook, row)
+                try:
+                    hook(row)
+                except Exception as exc:  # noqa: BLE001 - a consumer never breaks log()
+                    self._hook_failed(hook, exc)
         except BaseException:
-            if self.cache.next_ordinal != mark:
+            in_cache = cache.next_ordinal != mark
+            if w is not None:  # both or neither (as _append_locked): finish the other half
+                in_writer = w.appended != queued
+                if in_cache and not in_writer:
+                    w.append(line, step)
+                elif in_writer and not in_cache:
+                    cache.append(line, step)
+                    in_cache = True
+            if in_cache:
                 if self.open_step == step:
                     self._open_step_after(row, step, committed)
             else:  # nothing written: the values wait in the open row, as a merge leaves them
                 self._open = row
             raise
+        if cache.nbytes > cache.max_bytes or cache.nrows > cache.max_rows:
+            self._evict_locked()
         return step
 
     def _commit_spans_plain_locked(self, values: dict[str, Any]) -> int:
@@ -462,14 +481,17 @@ class HistoryStore:
         try:
             hook(row)
         except Exception as exc:  # noqa: BLE001 - a consumer never breaks log()
-            self.sink_errors += 1
-            self.warner.warn(
-                ("sink", getattr(hook, "__qualname__", repr(hook))),
-                "expr_tracker: a row consumer failed (%s: %s); it is skipped for this row "
-                "(warned once)",
-                type(exc).__name__,
-                exc,
-            )
+            self._hook_failed(hook, exc)
+
+    def _hook_failed(self, hook: Callable[[dict[str, Any]], Any], exc: Exception) -> None:
+        self.sink_errors += 1
+        self.warner.warn(
+            ("sink", getattr(hook, "__qualname__", repr(hook))),
+            "expr_tracker: a row consumer failed (%s: %s); it is skipped for this row "
+            "(warned once)",
+            type(exc).__name__,
+            exc,
+        )
 
     def _coerce_step(self, step: Any) -> int | None:
         if isinstance(step, bool):

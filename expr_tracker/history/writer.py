@@ -568,15 +568,7 @@ class JsonlWriter:
                 self.path,
                 len(batch),
             )
-        line_no = f.lines
-        off = start
-        note = f.note_step
-        for line, step in zip(batch, steps, strict=True):
-            note(step, line_no, off)
-            off += len(line) + 1
-            line_no += 1
-        f.lines = line_no
-        f.size = off
+        f.lines, f.size = f.note_batch(batch, steps, f.lines, start)
         f.meta_dirty = True
         # the commit point (see _write_batch): one line, no call in between
         self.flushed, self.batches_written = self.flushed + entries, self.batches_written + 1
