@@ -18,7 +18,9 @@ __all__ = [
     "as_truthy",
     "duration_call",
     "fused_compare",
+    "fused_isnan",
     "fused_latest_call",
+    "series_cell",
     "series_getter",
     "points_call",
     "scalar_call",
@@ -26,8 +28,14 @@ __all__ = [
 
 
 def series_getter(name: str):
+    return series_cell(name)[0]
+
+
+def series_cell(name: str):
+    """``(get, cell)``: ``get(ctx)`` finds the series of ``name`` (exact, else with ``.`` read
+    as ``/``) and keeps it in ``cell[0]``, where a hot closure reads it without the call."""
     alt = name.replace(".", "/") if "." in name else None
-    cell = [None]
+    cell: list = [None]
 
     def get(ctx):
         s = cell[0]
@@ -41,7 +49,7 @@ def series_getter(name: str):
             cell[0] = s
         return s
 
-    return get
+    return get, cell
 
 
 def fused_compare(name, op, right):
@@ -62,6 +70,25 @@ def fused_compare(name, op, right):
         return op(a, c)
 
     return cmp_metric
+
+
+def fused_isnan(name):
+    """``isnan(metric)`` in one closure: True/False of the latest value, None before one."""
+    get, cell = series_cell(name)
+
+    def isnan_latest(ctx):
+        s = cell[0]
+        if s is None:
+            s = get(ctx)
+            if s is None:
+                return None
+        v = s.values
+        if not v:
+            return None
+        a = v[-1]
+        return a != a
+
+    return isnan_latest
 
 
 def fused_latest_call(name, impl):

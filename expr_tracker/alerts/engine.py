@@ -9,7 +9,8 @@
 ``on_step(row)`` appends the row's values to the metric series the rules read, then
 evaluates the rules whose metrics the row touched (dependency index), the time-based ones
 (``no_data``/``age``/``elapsed``) and those using ``has``/``step`` or no metric at all.
-Costs a few microseconds for a couple of rules.
+Costs a few microseconds for a couple of rules (docs/alerts.md "Cost": one function per row,
+plans per row shape, running sums for ``zscore``).
 
 Time base (docs/alerts.md "Time base"; a clock that can move is for display only): each value
 appended at ``on_step`` is stamped with ``clock()`` (monotonic, injectable), and ``age()``,
@@ -80,6 +81,28 @@ log = logging.getLogger("expr_tracker.alerts")
 #: placeholders every template may use besides the metrics of the latest row
 RESERVED_FIELDS = ("step", "time", "run", "project", "expr", "name", "level")
 DEFAULT_MESSAGE = "{expr}"
+
+
+def _as_float(value: Any, t: type) -> float | None:
+    """A row value as the float a series records (int/bool and number-likes converted, an
+    int beyond the float range as an infinity); None when it is not recorded (None, str,
+    not a number)."""
+    if t is int or t is bool:
+        try:
+            return float(value)
+        except OverflowError:  # an int beyond the float range
+            return math.inf if value > 0 else -math.inf
+    if value is None or t is str:
+        return None
+    try:
+        return float(value)
+    except OverflowError:
+        try:
+            return math.inf if value > 0 else -math.inf
+        except Exception:  # noqa: BLE001 - an object that will not compare
+            return None
+    except Exception:  # noqa: BLE001 - not a number: not recorded
+        return None
 
 
 class AlertEngine:
@@ -163,6 +186,9 @@ class AlertEngine:
         self._always: tuple[CompiledRule, ...] = ()
         self._timed: tuple[CompiledRule, ...] = ()
         self._capacity: dict[str, int] = {}
+        #: row shape (its keys in order) -> ((key, series) of the metrics rules read, the
+        #: rules to evaluate): what _append_row found for the last row of that shape
+        self._plans: dict[tuple, tuple] = {}
         self._series: dict[str, MetricSeries] = {}
         self._seen: set[str] = set()
         start = clock()
@@ -269,6 +295,7 @@ class AlertEngine:
                 s.ensure_capacity(n)
         self._capacity = capacity
         self._index = {k: tuple(v) for k, v in index.items()}
+        self._plans.clear()  # the rules of a row shape changed
         self._always = tuple(c for c in self._rules if c.every_step or c.timed)
         self._timed = tuple(c for c in self._rules if c.timed)
 
@@ -292,19 +319,130 @@ class AlertEngine:
     def _process_rows(self) -> None:
         """With ``_lock`` held: process the taken rows in order. Each is all or nothing:
         an interrupted one is rolled back (series values, rule states, queued events) and
-        stays at the front."""
+        stays at the front.
+
+        One function for the whole row (docs/alerts.md "Cost"): the values appended, the
+        rules the row concerns evaluated in place; a rule whose result leaves its state as
+        it was (False while OK, UNKNOWN) costs its call and two counters."""
         rows = self._rows
+        ctx = self._ctx
+        pending = self._pending
+        plans = self._plans
         while rows:
             row = rows[0]
             undo: list = []
-            mark = len(self._pending)
+            mark = len(pending)
             try:
-                self._process_row(row, undo)
+                step = row.get("_step")
+                now = row.get("_time")
+                if now is None:
+                    now = self.wall_clock()
+                mono = self.clock()
+                ctx.now = now
+                ctx.step = step
+                ctx.mono = mono
+                ctx.last_commit_mono = mono
+                self._last_row = row
+                plan = plans.get(tuple(row))
+                if plan is not None:  # a row of a shape seen before: its series, its rules
+                    for key, s in plan[0]:
+                        value = row[key]
+                        if type(value) is not float:
+                            value = _as_float(value, type(value))
+                            if value is None:  # not recorded: this row takes the general path
+                                self._undo(undo, mark)
+                                undo = []
+                                todo = self._append_row(row, mono, step, undo, False)
+                                break
+                        undo.append((s, s.count))
+                        # MetricSeries.append inlined (same statements, same order)
+                        vals = s.values
+                        vals.append(value)
+                        s.times.append(mono)  # the monotonic commit time
+                        s.steps.append(step)
+                        s.count += 1
+                        if len(vals) > s.limit:
+                            s.trim()
+                    else:
+                        todo = plan[1]
+                else:
+                    todo = self._append_row(row, mono, step, undo, True)
+                for c in todo:  # _evaluate, inlined for the results that change nothing
+                    if c.disabled:
+                        continue
+                    c.evaluations += 1
+                    try:
+                        result = c.fn(ctx)
+                    except Exception as exc:  # a bug in a function: counted, never UNKNOWN
+                        ev = self._rule_error(c, exc, ctx)
+                        if ev is not None:
+                            pending.append(ev)
+                        continue
+                    if c.consecutive_errors:
+                        c.consecutive_errors = 0
+                    if result is None:
+                        continue
+                    st = c.state
+                    if result is False and st.state is OK:
+                        st.streak = 0
+                        continue
+                    ev = self._advance(c, st, result is True, ctx, mono, undo)
+                    if ev is not None:
+                        pending.append(ev)
                 rows.popleft()  # the commit point
             except BaseException:
                 if rows and rows[0] is row:  # not committed: as if never started
                     self._undo(undo, mark)
                 raise
+
+    def _append_row(
+        self, row: Mapping, mono: float, step: Any, undo: list, learn: bool
+    ) -> list[CompiledRule]:
+        """With ``_lock`` held: append the values of ``row`` the rules read to their series
+        (each on ``undo``) and return the rules to evaluate, in order: those of the row's
+        metrics in row order (registration order within one), then the ones evaluated on
+        every step. ``learn``: remember the row's shape when every metric a rule reads was
+        recorded, so the next row of that shape skips this lookup."""
+        self._token = tok = self._token + 1
+        index = self._index
+        series = self._series
+        seen = self._seen
+        todo: list[CompiledRule] = []
+        entries = []
+        complete = True
+        for key, value in row.items():
+            rules = index.get(key)
+            if rules is None:
+                if key not in seen:
+                    seen.add(key)
+                continue
+            t = type(value)
+            if t is not float:
+                value = _as_float(value, t)
+                if value is None:
+                    complete = False
+                    continue
+            s = series.get(key)
+            if s is None:
+                seen.add(key)
+                s = series[key] = MetricSeries(key, self._capacity.get(key, 1))
+            undo.append((s, s.count))
+            s.append(value, mono, step)  # the monotonic commit time
+            entries.append((key, s))
+            for c in rules:
+                if c.mark != tok:
+                    c.mark = tok
+                    todo.append(c)
+        for c in self._always:
+            if c.mark != tok:
+                c.mark = tok
+                todo.append(c)
+        if learn and complete:
+            plans = self._plans
+            if len(plans) >= 256:  # rows of ever new shapes: forget, stay bounded
+                plans.clear()
+            plans[tuple(row)] = (tuple(entries), tuple(todo))
+        return todo
 
     def _undo(self, undo: list, mark: int) -> None:
         pending = self._pending
@@ -320,65 +458,6 @@ class AlertEngine:
                 del obj.times[-n:]
                 del obj.steps[-n:]
                 obj.count = before
-
-    def _process_row(self, row: Mapping, undo: list) -> None:
-        ctx = self._ctx
-        self._token = tok = self._token + 1
-        step = row.get("_step")
-        now = row.get("_time")
-        if now is None:
-            now = self.wall_clock()
-        mono = self.clock()
-        ctx.now = now
-        ctx.step = step
-        ctx.mono = mono
-        ctx.last_commit_mono = mono
-        self._last_row = row
-        index = self._index
-        series = self._series
-        seen = self._seen
-        todo = []
-        for key, value in row.items():
-            rules = index.get(key)
-            if rules is None:
-                if key not in seen:
-                    seen.add(key)
-                continue
-            t = type(value)
-            if t is not float:
-                if t is int or t is bool:
-                    try:
-                        value = float(value)
-                    except OverflowError:  # an int beyond the float range
-                        value = math.inf if value > 0 else -math.inf
-                elif value is None or t is str:
-                    continue
-                else:
-                    try:
-                        value = float(value)
-                    except OverflowError:
-                        try:
-                            value = math.inf if value > 0 else -math.inf
-                        except Exception:  # noqa: BLE001 - an object that will not compare
-                            continue
-                    except Exception:  # noqa: BLE001 - not a number: not recorded
-                        continue
-            s = series.get(key)
-            if s is None:
-                seen.add(key)
-                s = series[key] = MetricSeries(key, self._capacity.get(key, 1))
-            undo.append((s, s.count))
-            s.append(value, mono, step)  # the monotonic commit time
-            for c in rules:
-                if c.mark != tok:
-                    c.mark = tok
-                    todo.append(c)
-        for c in self._always:
-            if c.mark != tok:
-                c.mark = tok
-                todo.append(c)
-        if todo:
-            self._pending.extend(self._evaluate(todo, ctx, mono, undo))
 
     def check_time(self) -> None:
         """Evaluate the time-based rules now (what the watchdog does every interval)."""
@@ -445,19 +524,29 @@ class AlertEngine:
             if result is False and st.state is OK:
                 st.streak = 0
                 continue
-            with st.lock:
-                snap = st.snapshot()
-                if undo is not None:
-                    undo.append((st, snap))
-                change = st.advance(result is True, mono)
-                if change is None:
-                    continue
-                try:
-                    events.append(self._event(c, change[0], change[1], ctx))
-                except Exception as exc:  # a failed render does not advance the state
-                    st.restore(snap)
-                    self._report(c.rule, exc, "rendering")
+            ev = self._advance(c, st, result is True, ctx, mono, undo)
+            if ev is not None:
+                events.append(ev)
         return events
+
+    def _advance(
+        self, c: CompiledRule, st: Any, result: bool, ctx: EvalContext, mono: float, undo
+    ) -> AlertEvent | None:
+        """Move a rule's state on a True/False result; the event of a transition (None
+        when there is none). The snapshot goes on ``undo`` (a row's roll-back)."""
+        with st.lock:
+            snap = st.snapshot()
+            if undo is not None:
+                undo.append((st, snap))
+            change = st.advance(result, mono)
+            if change is None:
+                return None
+            try:
+                return self._event(c, change[0], change[1], ctx)
+            except Exception as exc:  # a failed render does not advance the state
+                st.restore(snap)
+                self._report(c.rule, exc, "rendering")
+                return None
 
     def _rule_error(self, c: CompiledRule, exc: BaseException, ctx) -> AlertEvent | None:
         c.errors += 1

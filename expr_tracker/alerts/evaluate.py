@@ -41,13 +41,16 @@ from expr_tracker.alerts.closures import (
     as_truthy,
     duration_call,
     fused_compare,
+    fused_isnan,
     fused_latest_call,
     points_call,
     scalar_call,
+    series_cell,
     series_getter,
 )
 from expr_tracker.alerts.functions import FUNCTIONS, TIME_BASED, Signature
 from expr_tracker.alerts.parse import RuleError
+from expr_tracker.alerts.running import zscore_call
 from expr_tracker.history.values import format_value
 
 __all__ = [
@@ -251,6 +254,9 @@ class _Compiler:
                 node.right.value if isinstance(node.right, ast.Number) else node.right.seconds
             )
             self.scalar(node.right, f"'{node.op}'")
+            fuse = getattr(lf, "with_compare", None)
+            if fuse is not None:  # zscore(m[N]) <op> c in one closure (running.py)
+                return fuse(op, c), "bool"
 
             def cmp_const(ctx):
                 a = lf(ctx)
@@ -343,6 +349,8 @@ class _Compiler:
             return special(node), sig.returns
         fns = [self.scalar(a, f"{node.func}()") for a in node.args]
         if len(node.args) == 1 and isinstance(node.args[0], ast.Name):
+            if node.func == "isnan":
+                return fused_isnan(node.args[0].name), sig.returns
             return fused_latest_call(node.args[0].name, sig.impl), sig.returns
         return scalar_call(sig.impl, fns), sig.returns
 
@@ -383,7 +391,7 @@ class _Compiler:
             win = ast.Window(win.name, size=2)
         extras = [self.scalar(a, f"{node.func}()") for a in node.args[1:]]
         impl = sig.impl
-        get = series_getter(win.name)
+        get, cell = series_cell(win.name)
         if win.size is not None:
             n = win.size
             if n < max(sig.min_points, 1):
@@ -400,6 +408,8 @@ class _Compiler:
                     node,
                 )
             self.need(win.name, n)
+            if node.func == "zscore" and not extras and n >= 2:  # O(1) a step (running.py)
+                return zscore_call(get, n, impl, cell), sig.returns
             return points_call(get, n, impl, sig.needs, extras), sig.returns
         secs = float(win.seconds or 0.0)
         if not secs > 0:

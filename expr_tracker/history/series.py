@@ -32,12 +32,12 @@ class MetricSeries:
     ``count`` counts every value ever appended; ``dropped`` those trimmed away.
     """
 
-    __slots__ = ("name", "capacity", "values", "times", "steps", "count", "dropped", "_limit")
+    __slots__ = ("name", "capacity", "values", "times", "steps", "count", "dropped", "limit")
 
     def __init__(self, name: str, capacity: int = 1) -> None:
         self.name = name
         self.capacity = max(int(capacity), 1)
-        self._limit = self.capacity * 2 + 16
+        self.limit = self.capacity * 2 + 16
         self.values: list[float] = []
         self.times: list[float] = []
         self.steps: list[int] = []
@@ -54,7 +54,7 @@ class MetricSeries:
         """Keep at least ``n`` values from now on (never shrinks)."""
         if n > self.capacity:
             self.capacity = int(n)
-            self._limit = self.capacity * 2 + 16
+            self.limit = self.capacity * 2 + 16
 
     def append(self, value: float, time: float, step: int) -> None:
         """Record ``value`` seen at ``time`` (the engine's time base) and ``step``."""
@@ -63,12 +63,18 @@ class MetricSeries:
         self.times.append(time)
         self.steps.append(step)
         self.count += 1
-        if len(values) > self._limit:
-            cut = len(values) - self.capacity
-            del values[:cut]
-            del self.times[:cut]
-            del self.steps[:cut]
-            self.dropped += cut
+        if len(values) > self.limit:
+            self.trim()
+
+    def trim(self) -> None:
+        """Drop the oldest values down to ``capacity`` (``append`` does this once the lists
+        grew past ``limit``, about twice the capacity: O(1) amortised)."""
+        values = self.values
+        cut = len(values) - self.capacity
+        del values[:cut]
+        del self.times[:cut]
+        del self.steps[:cut]
+        self.dropped += cut
 
     @property
     def last(self) -> float | None:
