@@ -354,7 +354,7 @@ class AlertEngine:
                                 undo = []
                                 todo = self._append_row(row, mono, step, undo, False)
                                 break
-                        undo.append((s, s.count))
+                        undo.append((s, s.count, len(s.values)))
                         # MetricSeries.append inlined (same statements, same order)
                         vals = s.values
                         vals.append(value)
@@ -426,7 +426,7 @@ class AlertEngine:
             if s is None:
                 seen.add(key)
                 s = series[key] = MetricSeries(key, self._capacity.get(key, 1))
-            undo.append((s, s.count))
+            undo.append((s, s.count, len(s.values)))
             s.append(value, mono, step)  # the monotonic commit time
             entries.append((key, s))
             for c in rules:
@@ -448,16 +448,27 @@ class AlertEngine:
         pending = self._pending
         while len(pending) > mark:
             pending.pop()
-        for obj, before in reversed(undo):
-            if type(before) is tuple:  # a rule state's snapshot
-                obj.restore(before)
+        for entry in reversed(undo):
+            if len(entry) == 2:  # a rule state's snapshot
+                entry[0].restore(entry[1])
                 continue
-            n = obj.count - before  # a series: drop what this row appended
-            if n > 0:
-                del obj.values[-n:]
-                del obj.times[-n:]
-                del obj.steps[-n:]
-                obj.count = before
+            # a series: (series, count, len(values)) before this row appended to it
+            s, before, length = entry
+            values, times, steps = s.values, s.times, s.steps
+            if s.count == before:  # the append was cut short: drop what it added
+                del values[length:]
+                del times[length:]
+                del steps[length:]
+                continue
+            n = s.count - before  # appended (and maybe trimmed since): drop the last n
+            del values[-n:]
+            del times[-n:]
+            del steps[-n:]
+            s.count = before
+            m = min(len(values), len(times), len(steps))
+            if not len(values) == len(times) == len(steps):  # a trim cut short: finish it
+                for lst in (values, times, steps):
+                    del lst[: len(lst) - m]
 
     def check_time(self) -> None:
         """Evaluate the time-based rules now (what the watchdog does every interval)."""
