@@ -36,6 +36,9 @@ def two_hosts(tmp_path, monkeypatch):
     url = f"file://{tmp_path / 'bucket'}"
     for host, rank in (("host-a", 0), ("host-b", 1)):
         monkeypatch.setattr(socket, "gethostname", lambda host=host: host)
+        u = os.uname()  # run.json's host is uname's node name (socket's, without socket)
+        fake = os.uname_result((u.sysname, host, u.release, u.version, u.machine))
+        monkeypatch.setattr(os, "uname", lambda fake=fake: fake)
         monkeypatch.setenv("RANK", str(rank))
         monkeypatch.setenv("WORLD_SIZE", "2")
         train(tmp_path / host / "runs", "launch-1", steps=5 + rank)
