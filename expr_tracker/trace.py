@@ -93,6 +93,20 @@ class _Stats:
 _ALIGN_STEPS = 1000
 
 
+def _dumps_wide(event: dict[str, Any]) -> bytes | None:
+    """``event`` encoded by the standard library, for what orjson refuses: an int beyond
+    64 bits in a span's attributes (the spans file holds it exactly; the trace keeps its
+    digits too). None when that fails as well (nesting too deep)."""
+    import json
+
+    try:
+        return json.dumps(
+            event, separators=(",", ":"), ensure_ascii=False, allow_nan=False
+        ).encode()
+    except (ValueError, TypeError, RecursionError):
+        return None
+
+
 def _scan(
     files: list[SpanFile],
     conn: sqlite3.Connection,
@@ -194,22 +208,22 @@ def _scan(
                     args = json_safe(args, "string")
                 leaf = name.rsplit("/", 1)[-1]
                 ts = start * 1e6
+                event = {
+                    "name": leaf,
+                    "cat": cat,
+                    "ph": "X",
+                    "dur": round(dur * 1e3, 3),
+                    "args": args,
+                }
                 try:
-                    body = _dumps(
-                        {
-                            "name": leaf,
-                            "cat": cat,
-                            "ph": "X",
-                            "dur": round(dur * 1e3, 3),
-                            "args": args,
-                        },
-                        option=orjson.OPT_NON_STR_KEYS,
-                    )
+                    body = _dumps(event, option=orjson.OPT_NON_STR_KEYS)
                 except (orjson.JSONEncodeError, RecursionError):
-                    # args nested too deeply for the encoder (orjson decodes 1,024 levels
-                    # and encodes 254): one bad line, never a crash
-                    stats.skipped += 1
-                    continue
+                    body = _dumps_wide(event)
+                    if body is None:
+                        # args nested too deeply for the encoders (orjson decodes 1,024
+                        # levels and encodes 254): one bad line, never a crash
+                        stats.skipped += 1
+                        continue
                 depth = r.get("depth")
                 batch.append(
                     (

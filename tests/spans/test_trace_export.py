@@ -240,6 +240,18 @@ def test_single_file_and_infinity_tokens(tmp_path):
     assert e["args"]["x"] == "Infinity" and e["args"]["y"] == "-Infinity"
 
 
+def test_an_int_beyond_64_bits_beside_nan_keeps_its_span(tmp_path):
+    """orjson encodes no int wider than 64 bits: with a NaN beside it (the line read by the
+    fallback decoder) the span was skipped as unreadable; the standard library encodes it."""
+    p = tmp_path / "spans.jsonl"
+    p.write_text(
+        '{"_step":0,"name":"a","depth":0,"start":1.0,"dur_ms":1.0,"id":1,"parent":null,'
+        '"pid":1,"tid":1,"thread":"M","args":{"big":1180591620717411303424,"f":NaN}}\n'
+    )
+    (e,) = spans_only(build_trace(p))
+    assert e["args"]["big"] == 2**70 and e["args"]["f"] == "NaN"
+
+
 def test_trace_file_is_readable_by_others_like_any_new_file(tmp_path):
     import stat
 

@@ -46,16 +46,17 @@ def test_hostile_lines_are_skipped_and_counted(tmp_path):
     deep += b"[" * 20000 + b"]" * 20000 + b"}"
     surrogate = json.dumps(rec("s", T, 1.0, args={"x": float("nan")})).encode()
     surrogate = surrogate.replace(b'"s"', b'"\\ud800"', 1)
-    args300 = b"[" * 300 + b"]" * 300  # orjson decodes it, but encodes at most 254 levels
+    # orjson decodes it but encodes at most 254 levels: the standard library encodes it
+    args300 = b"[" * 300 + b"]" * 300
     too_deep_args = (
         json.dumps(rec("d", T, 1.0)).encode()[:-1] + b', "args": {"x": ' + args300 + b"}}"
     )
     write(tmp_path / "spans.jsonl", *good_lines(), deep, surrogate, too_deep_args)
     out = tmp_path / "trace.json"
     res = write_trace(tmp_path, out)
-    assert res["skipped"] == 3 and res["unreadable"] == {}
-    assert spans(json.loads(out.read_text())) == ["a", "b"]
-    assert spans(build_trace(tmp_path)) == ["a", "b"]
+    assert res["skipped"] == 2 and res["unreadable"] == {}
+    assert sorted(spans(json.loads(out.read_text()))) == ["a", "b", "d"]
+    assert sorted(spans(build_trace(tmp_path))) == ["a", "b", "d"]
 
 
 @pytest.mark.slow
