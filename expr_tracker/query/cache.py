@@ -218,10 +218,6 @@ class CachedSource:
     fingerprint: str | None = None
     dev: int | None = None
     ino: int | None = None
-    #: metrics: True when every row's ``step`` is known to be non-NULL (the manifest's
-    #: ``monotonic``: the steps of the lines with rows strictly increase, none missing), so
-    #: a reader may leave out its ``WHERE step IS NOT NULL``; False when not known
-    steps_not_null: bool = False
 
 
 def is_part_name(name: str) -> bool:
@@ -1257,7 +1253,6 @@ def _result(src: Path, kind: str, d: Path, m: dict[str, Any]) -> CachedSource:
         fingerprint=m["fingerprint"],
         dev=m["dev"],
         ino=m["ino"],
-        steps_not_null=kind == "metrics" and m["monotonic"] is True,
     )
 
 

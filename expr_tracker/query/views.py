@@ -261,21 +261,17 @@ def _plain_link(part: Path) -> Path | None:
         return None
 
 
-def metrics_select(
-    p: Any, parts: Sequence[Path], merged: bool, source: Any, steps_not_null: bool = False
-) -> str:
+def metrics_select(p: Any, parts: Sequence[Path], merged: bool, source: Any) -> str:
     """One producer's ``SELECT`` of the ``metrics`` view, as ``et.history`` reads the file:
     lines without an integer ``_step`` are left out, and when not ``merged`` (a step in
     several lines) per (step, metric) only the row of the largest ``line`` is kept (a later
     patch line wins) and every row of the step carries the time of its last line.
 
-    ``steps_not_null``: the cache says no row has a NULL ``step``
-    (:attr:`~expr_tracker.query.cache.CachedSource.steps_not_null`): the ``WHERE step IS
-    NOT NULL`` is left out (~12 % of the DuckDB CPU of an aggregate over every row)."""
+    The ``WHERE step IS NOT NULL`` stays even when the cache's manifest says every line had
+    a step: a cache may be planted in someone else's folder, and its manifest is no proof
+    of what its parts hold (docs/query.md "Security")."""
     cols = _select_list(p, METRICS_COLUMNS, METRICS_IDENTITY)
     src = source(parts)
-    if merged and steps_not_null:
-        return f"SELECT {cols} FROM {src}"
     if not merged:
         src = (
             f"(SELECT * REPLACE (max_by(time, line) OVER (PARTITION BY step) AS time) "
@@ -412,7 +408,6 @@ def connect(
                     cached.parts,
                     cached.merged,
                     lambda _, c=cached: source.of(c),
-                    steps_not_null=cached.steps_not_null,
                 )
             )
             stats[i] = st

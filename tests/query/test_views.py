@@ -664,27 +664,33 @@ def _view_sql(con, name="metrics"):
     ]
 
 
-def test_step_filter_left_out_only_while_no_step_is_null(tmp_path, cache):
-    """A cache whose steps are all known (the manifest's ``monotonic``) is read without
-    ``WHERE step IS NOT NULL``; once a line without an integer ``_step`` is appended (an
-    incremental refresh), the filter is back and that line gives no row."""
+def test_a_planted_cache_claiming_every_step_cannot_add_stepless_rows(tmp_path, cache):
+    """A cache in someone else's folder may be consistent with itself (hashes right) and say
+    every line had a step while a part holds a NULL step: such a row is still no row."""
+    import hashlib
+
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
     path = tmp_path / "runs" / "p" / "r" / "metrics.jsonl"
     _write_lines(path, [{"a": float(i), "_step": i, "_time": 10.0 + i} for i in range(3)])
     con = connect(tmp_path / "runs", cache_dir=cache)
-    assert "IS NOT NULL" not in _view_sql(con).upper()
     assert q(con, "SELECT count(*), count(step) FROM metrics") == [(3, 3)]
     con.close()
-    with open(path, "a", encoding="utf-8") as f:
-        f.write(json.dumps({"a": 9.0, "_time": 20.0}) + "\n")  # no step
-        f.write(json.dumps({"a": 4.0, "_step": 4, "_time": 21.0}) + "\n")
+    (folder,) = [m.parent for m in Path(cache).rglob("manifest.json")]
+    manifest = json.loads((folder / "manifest.json").read_text())
+    assert manifest["monotonic"] is True
+    entry = manifest["parts"][0]
+    table = pq.read_table(folder / entry["file"])
+    steps = table.column("step").to_pylist()
+    steps[1] = None
+    table = table.set_column(table.column_names.index("step"), "step", pa.array(steps, pa.int64()))
+    pq.write_table(table, folder / entry["file"])
+    data = (folder / entry["file"]).read_bytes()
+    entry.update(sha256=hashlib.sha256(data).hexdigest(), bytes=len(data))
+    (folder / "manifest.json").write_text(json.dumps(manifest))
     con = connect(tmp_path / "runs", cache_dir=cache)
-    assert "IS NOT NULL" in _view_sql(con).upper()
-    assert q(con, "SELECT step, value FROM metrics ORDER BY step") == [
-        (0, 0.0),
-        (1, 1.0),
-        (2, 2.0),
-        (4, 4.0),
-    ]
+    assert q(con, "SELECT step FROM metrics ORDER BY step") == [(0,), (2,)]
 
 
 def test_an_unreadable_metrics_file_leaves_out_that_run_only(tmp_path, monkeypatch, caplog):
