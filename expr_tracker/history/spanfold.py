@@ -377,12 +377,7 @@ class PendingSpans:
         except Exception as exc:  # noqa: BLE001 - a span sink never breaks log()
             if self.held is held:
                 self.held, self._held_bytes = [], 0
-            self._warner.warn(
-                ("span_sink", type(exc).__name__),
-                "expr_tracker: writing span records failed (%s: %s); ignored (warned once)",
-                type(exc).__name__,
-                exc,
-            )
+            self._sink_failed(exc)
         except BaseException as exc:
             if self.held is held and _raised_in(exc, sink):
                 self.held, self._held_bytes = [], 0
@@ -418,16 +413,20 @@ class PendingSpans:
                 done()
         except Exception as exc:  # noqa: BLE001 - a span sink never breaks log()
             done()
-            self._warner.warn(
-                ("span_sink", type(exc).__name__),
-                "expr_tracker: writing span records failed (%s: %s); ignored (warned once)",
-                type(exc).__name__,
-                exc,
-            )
+            self._sink_failed(exc)
         except BaseException as exc:
             if _raised_in(exc, called):
                 done()
             raise
+
+    def _sink_failed(self, exc: Exception) -> None:
+        """The span sink raised: warned once per cause, never into ``log()``."""
+        self._warner.warn(
+            ("span_sink", type(exc).__name__),
+            "expr_tracker: writing span records failed (%s: %s); ignored (warned once)",
+            type(exc).__name__,
+            exc,
+        )
 
     def write_now(self, step: int, record: Any, done: Callable[[], Any]) -> None:
         """Hand one record to the sink now with ``step`` (nothing is held ahead of it) and
@@ -443,12 +442,7 @@ class PendingSpans:
             sink(step, [record]) or done()
         except Exception as exc:  # noqa: BLE001 - a span sink never breaks log()
             done()
-            self._warner.warn(
-                ("span_sink", type(exc).__name__),
-                "expr_tracker: writing span records failed (%s: %s); ignored (warned once)",
-                type(exc).__name__,
-                exc,
-            )
+            self._sink_failed(exc)
         except BaseException as exc:
             if _raised_in(exc, sink):
                 done()
