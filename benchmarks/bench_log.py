@@ -27,7 +27,9 @@ at least): ``floor_p50_us`` and ``x_floor`` (the median over chunks of log's chu
 over the floor's next to it). This machine's speed moves in phases of about 0.1 s (the
 floor alone, no library code, goes from 0.66 to 1.1 µs and back within one process), so a
 median over one process is a mix of phases: ``x_floor`` is the figure that does not move
-with them. The report adds ``p50_us_spread``: max/min of the processes' medians.
+with them. The report adds ``p50_us_spread``: max/min of the processes' medians, and
+``x_floor_spread``: max/min of the processes' ``x_floor`` (the run-to-run spread with the
+machine's phases divided out).
 """
 
 from __future__ import annotations
@@ -175,7 +177,8 @@ def _median(xs: list) -> float:
 def _line(sec: str, m: dict) -> str:
     return (
         f"{sec:<18} p50 {m['p50_us']:6.2f} µs (spread {m['p50_us_spread']:.2f})  "
-        f"p99 {m['p99_us']:7.2f} µs  {m['x_floor']:5.2f}x floor ({m['floor_p50_us']:.2f} µs)  "
+        f"p99 {m['p99_us']:7.2f} µs  {m['x_floor']:5.2f}x floor ({m['floor_p50_us']:.2f} µs, "
+        f"spread {m['x_floor_spread']:.2f})  "
         f"{m['throughput_per_s_incl_finish']:>10,.0f} rows/s incl finish"
     )
 

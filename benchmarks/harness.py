@@ -74,10 +74,11 @@ def medians(runs: Sequence[dict[str, Any]]) -> dict[str, Any]:
 
 def spreads(runs: Sequence[dict[str, Any]]) -> dict[str, float]:
     """``<key>_spread``: max/min across the fresh processes of every ``*p50_us`` key (the
-    run-to-run spread the budgets bound)."""
+    run-to-run spread the budgets bound) and of ``x_floor`` (the same spread with the
+    machine's own speed phases divided out: the floor is measured beside each chunk)."""
     out = {}
     for k in runs[0]:
-        if k.endswith("p50_us"):
+        if k.endswith("p50_us") or k == "x_floor":
             lo = min(r[k] for r in runs)
             out[k + "_spread"] = max(r[k] for r in runs) / lo if lo > 0 else float("nan")
     return out
