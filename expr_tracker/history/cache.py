@@ -18,7 +18,7 @@ import mmap
 from array import array
 from bisect import bisect_left, bisect_right
 from collections import deque
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from typing import Any
 
 from expr_tracker.history.codec import decode_line
@@ -359,6 +359,7 @@ class RowCache:
         steps: list[int] = []
         if start >= stop:
             return lines, steps
+        add = lines.append
         segs = list(self._segments)
         k = bisect_right(segs, start, key=_first_of) - 1
         o = start
@@ -370,16 +371,20 @@ class RowCache:
             last = min(len(ends), stop - first)
             a = ends[j - 1] if j else 0
             data = seg.data
-            offs: Sequence[int] = ends[j:last]
-            cut: Callable[[slice], bytes]
+            offs = ends[j:last]
+            # one slice a line, in a plain loop (map(slice, ...) costs a call a line more)
             if isinstance(data, bytearray):  # its slices are bytearrays: one bytes copy
                 chunk = bytes(data[a : offs[-1]])
-                offs = [e - a for e in offs]
-                a = 0
-                cut = chunk.__getitem__
-            else:
-                cut = data.__getitem__  # a mapping's slices are bytes
-            lines += map(cut, map(slice, [a, *offs[:-1]], offs))
+                prev = 0
+                for e in offs:
+                    e -= a
+                    add(chunk[prev:e])
+                    prev = e
+            else:  # a mapping's slices are bytes
+                prev = a
+                for e in offs:
+                    add(data[prev:e])
+                    prev = e
             steps += seg.step_seq()[j:last]
             o = first + last
             k += 1
