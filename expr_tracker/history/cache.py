@@ -354,6 +354,10 @@ class RowCache:
           (``trim``) replaces a ``bytearray`` by a copy of its used bytes or shrinks a
           mapping in place above them, both holding every committed line; appends write
           only above them; no ``memoryview`` is held across a call that releases the GIL.
+
+        Raises:
+            ValueError: ``start`` is below the oldest cached row (a bug: eviction keeps
+                every row not on disk).
         """
         lines: list[bytes] = []
         steps: list[int] = []
@@ -362,6 +366,8 @@ class RowCache:
         add = lines.append
         segs = list(self._segments)
         k = bisect_right(segs, start, key=_first_of) - 1
+        if k < 0:  # a row not on disk was evicted: never (evict's rule); say so, loudly
+            raise ValueError(f"row {start} is no longer cached")
         o = start
         while o < stop:
             seg = segs[k]
