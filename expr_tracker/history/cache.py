@@ -154,12 +154,10 @@ class RowCache:
         self.sorted = True  # every step appended so far was >= the one before it
         self.last_step: int | None = None
 
-    def append(self, line: bytes, step: int) -> bytes:
-        """Add one row (its ordinal is ``next_ordinal`` before the call).
-
-        Returns the line as cached: an exact-size copy, for whoever keeps the line a while
-        (the writer's queue): ``orjson.dumps`` hands back 4 KiB objects whatever the row's
-        size, and a few thousand of them queued grow the heap for good.
+    def append(self, line: bytes, step: int) -> None:
+        """Add one row (its ordinal is ``next_ordinal`` before the call). The store's
+        writer takes its pending lines from here (:meth:`batch`): this is the row's one
+        copy until it is written.
 
         All or nothing: an exception raised at any point (a Ctrl-C on the main thread)
         leaves the cache as it was, so ``next_ordinal`` tells whether the row is in.
@@ -206,8 +204,6 @@ class RowCache:
                 if seg.steps is not None:
                     del seg.steps[n:]
             raise
-        kept = seg.data[size:end]
-        return kept if type(kept) is bytes else bytes(kept)  # a bytearray segment's slice
 
     def _new_segment(self, k: int, step: int) -> _Segment:
         """Close the newest segment and open one for a line of ``k`` bytes at ``step``.
@@ -338,6 +334,67 @@ class RowCache:
             o = seg.first + last
             k += 1
         return out
+
+    def batch(self, start: int, stop: int) -> tuple[list[bytes], list[int]]:
+        """Copies of the lines of ordinals ``[start, stop)`` and their steps, for the
+        writer's flush, which calls it WITHOUT the store's lock, on its own thread, while
+        rows are appended (and segments evicted) on others. ``start`` must not be evicted
+        nor be evicted meanwhile, and every ordinal below ``stop`` must be committed (below
+        ``next_ordinal`` when the call begins). Safe under the GIL because:
+
+        - ``list(self._segments)`` copies the deque in one C call (no Python code runs
+          during it, so no other thread changes it meanwhile): every segment holding a row
+          of the range is in the copy (eviction only drops segments wholly below
+          ``start``; the segment an interrupt left empty holds no committed row);
+        - a segment's ``first`` never changes; its ``ends`` and ``steps`` only grow, and
+          their entries of committed rows never change (an interrupted append removes
+          only its own, uncommitted, entry); ``step0`` changes only while the segment
+          holds no committed row;
+        - ``data`` is read once per segment and sliced in one C call: closing a segment
+          (``trim``) replaces a ``bytearray`` by a copy of its used bytes or shrinks a
+          mapping in place above them, both holding every committed line; appends write
+          only above them; no ``memoryview`` is held across a call that releases the GIL.
+
+        Raises:
+            ValueError: ``start`` is below the oldest cached row (a bug: eviction keeps
+                every row not on disk).
+        """
+        lines: list[bytes] = []
+        steps: list[int] = []
+        if start >= stop:
+            return lines, steps
+        add = lines.append
+        segs = list(self._segments)
+        k = bisect_right(segs, start, key=_first_of) - 1
+        if k < 0:  # a row not on disk was evicted: never (evict's rule); say so, loudly
+            raise ValueError(f"row {start} is no longer cached")
+        o = start
+        while o < stop:
+            seg = segs[k]
+            first = seg.first
+            ends = seg.ends
+            j = o - first
+            last = min(len(ends), stop - first)
+            a = ends[j - 1] if j else 0
+            data = seg.data
+            offs = ends[j:last]
+            # one slice a line, in a plain loop (map(slice, ...) costs a call a line more)
+            if isinstance(data, bytearray):  # its slices are bytearrays: one bytes copy
+                chunk = bytes(data[a : offs[-1]])
+                prev = 0
+                for e in offs:
+                    e -= a
+                    add(chunk[prev:e])
+                    prev = e
+            else:  # a mapping's slices are bytes
+                prev = a
+                for e in offs:
+                    add(data[prev:e])
+                    prev = e
+            steps += seg.step_seq()[j:last]
+            o = first + last
+            k += 1
+        return lines, steps
 
     def ordinal_of_step(self, step: int) -> int:
         """For a sorted cache: the ordinal of the first cached row with ``step`` or later."""

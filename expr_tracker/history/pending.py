@@ -18,6 +18,10 @@ from __future__ import annotations
 import logging
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import TYPE_CHECKING, cast
+
+if TYPE_CHECKING:
+    from expr_tracker.history.cache import RowCache
 
 log = logging.getLogger("expr_tracker")
 
@@ -47,6 +51,18 @@ class PendingQueue:
     dropped_steps: list[list[int]] = field(default_factory=list)  # [first, last] ranges
     drop_logged_at: int = 1  # log the pending-limit drops again at this count
 
+    def count(self, flushed: int) -> int:
+        """Records pending (``flushed``, the writer's count of records written or dropped,
+        matters to :class:`CacheQueue` only)."""
+        return len(self.lines)
+
+    def pending_bytes(self, flushed: int) -> int:
+        return self.nbytes
+
+    def first(self, flushed: int) -> tuple[list[bytes], list[int | None]]:
+        """The oldest record alone, left in the queue (what a probe tries on disk)."""
+        return self.lines[:1], self.steps[:1]
+
     def requeue(self, batch: list[bytes], steps: list[int | None], now: float) -> None:
         """Put a batch that did not reach the file back at the front (one assignment, so
         an interrupt cannot requeue it twice)."""
@@ -61,17 +77,20 @@ class PendingQueue:
         self.lines, self.steps = self.lines[1:], self.steps[1:]
         self.nbytes = sum(map(len, self.lines))
 
-    def drop_oldest(self, limit: int, path: Path) -> int:
+    def drop_oldest(self, limit: int, path: Path, flushed: int = 0) -> int:
         """Drop the oldest records past ``limit`` (``max_pending_records`` of the writer of
-        ``path``); returns how many. Counted in ``dropped`` and logged as an error at the
-        first drop of an outage and each time the count doubles (loud, but not one line per
-        row)."""
+        ``path``); returns how many (the writer adds them to its ``flushed``). Counted in
+        ``dropped`` and logged as an error at the first drop of an outage and each time the
+        count doubles (loud, but not one line per row)."""
         over = len(self.lines) - limit
         if over <= 0:
             return 0
         note_dropped(self.dropped_steps, self.steps[:over])
         lines = self.lines[over:]
         self.lines, self.steps, self.nbytes = lines, self.steps[over:], sum(map(len, lines))
+        return self._count_dropped(over, limit, path)
+
+    def _count_dropped(self, over: int, limit: int, path: Path) -> int:
         self.dropped += over
         if self.dropped >= self.drop_logged_at:
             self.drop_logged_at = self.dropped * 2
@@ -84,6 +103,65 @@ class PendingQueue:
                 self.dropped,
             )
         return over
+
+
+@dataclass(slots=True)
+class CacheQueue(PendingQueue):
+    """The pending queue of a writer fed by a store's row cache
+    (:meth:`~expr_tracker.history.writer.JsonlWriter.feed_from`): the records are the
+    cache's rows ``[base + flushed, cache.next_ordinal)``, ``flushed`` being the writer's
+    count of records written or dropped, so a committed row is queued by the one
+    ``RowCache.append`` that caches it. ``lines``/``steps``/``nbytes`` stay empty: the
+    cache holds the records. A batch is a copy (:meth:`take`); nothing leaves the queue
+    but through ``flushed``, which the writer advances in the statement that commits a
+    write (or counts a drop), under its I/O lock. ``oldest`` is set by the writer.
+
+    The cache is read without the store's lock, on the writing thread; what makes that
+    safe is in :meth:`~expr_tracker.history.cache.RowCache.batch`.
+    """
+
+    cache: RowCache | None = None
+    base: int = 0  # the ordinal of the writer's first record (the disk prefix)
+
+    def count(self, flushed: int) -> int:
+        assert self.cache is not None  # set at construction
+        return self.cache.next_ordinal - self.base - flushed
+
+    def pending_bytes(self, flushed: int) -> int:
+        assert self.cache is not None
+        start = self.base + flushed
+        return sum(map(len, self.cache.batch(start, start + self.count(flushed))[0]))
+
+    def take(self, flushed: int, limit: int | None = None) -> tuple[list[bytes], list[int | None]]:
+        """A copy of the pending records (at most ``limit``) and their steps, oldest first;
+        they stay queued until the write commits."""
+        assert self.cache is not None
+        start = self.base + flushed
+        stop = self.cache.next_ordinal
+        if limit is not None:
+            stop = min(stop, start + limit)
+        lines, steps = self.cache.batch(start, stop)
+        return lines, cast("list[int | None]", steps)  # ints, as the writer takes them
+
+    def first(self, flushed: int) -> tuple[list[bytes], list[int | None]]:
+        return self.take(flushed, 1)
+
+    def requeue(self, batch: list[bytes], steps: list[int | None], now: float) -> None:
+        """A batch that did not reach the file: still queued (``flushed`` did not move)."""
+        self.oldest = now
+
+    def pop_front(self) -> None:
+        """A probe's record reached the file: ``flushed`` moved past it already."""
+
+    def drop_oldest(self, limit: int, path: Path, flushed: int = 0) -> int:
+        """Count and log the oldest records past ``limit`` as dropped and return how many;
+        the writer then adds them to ``flushed`` (which drops them: the cache keeps the
+        rows, now evictable), holding its I/O lock, so no write of them is in flight."""
+        over = self.count(flushed) - limit
+        if over <= 0:
+            return 0
+        note_dropped(self.dropped_steps, self.take(flushed, over)[1])
+        return self._count_dropped(over, limit, path)
 
 
 def note_dropped(ranges: list[list[int]], steps: list[int | None]) -> None:

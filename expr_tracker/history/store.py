@@ -2,10 +2,11 @@
 
 One ingress for everything that becomes a metric (docs/architecture.md, the history
 contract): :meth:`HistoryStore.ingest` for ``et.log`` and :meth:`HistoryStore.ingest_span`
-for span and plugin measurements. A committed row is encoded once, appended to the cache
-and queued to the :class:`~expr_tracker.history.writer.JsonlWriter` under one lock (so a
-row's ordinal in the cache is its line in the file: docs/history.md "Where the answer comes
-from"), then handed to every sink outside the lock, in commit order.
+for span and plugin measurements. A committed row is encoded once and appended to the cache
+under one lock; the cache is the :class:`~expr_tracker.history.writer.JsonlWriter`'s queue
+too (``JsonlWriter.feed_from``: one append per row, so a row's ordinal in the cache is its
+line in the file: docs/history.md "Where the answer comes from"); then it is handed to every
+sink outside the lock, in commit order.
 
 Commit table (docs/logging.md "The commit table", aligned with wandb)::
 
@@ -123,6 +124,8 @@ class HistoryStore:
         prefix = writer.prefix_lines if writer is not None else 0
         self.disk_prefix_rows = prefix
         self.cache = RowCache(cache_bytes, cache_rows, first_ordinal=prefix)
+        if writer is not None:  # the cache is the writer's queue: one append per row
+            writer.feed_from(self.cache)
         self.open_step = int(start_step)
         self._open: dict[str, Any] = {}
         self._open_nonfinite = False
@@ -360,11 +363,10 @@ class HistoryStore:
         cache = self.cache
         w = self.writer
         mark = cache.next_ordinal
-        queued = w.appended if w is not None else 0
         try:
-            kept = cache.append(line, step)  # an exact-size copy: the queue holds it a while
-            if w is not None:
-                w.append(kept, step)
+            cache.append(line, step)  # the writer's queue too (JsonlWriter.feed_from)
+            if w is not None and cache.next_ordinal > w.poke_at:
+                w.added()  # a flush to schedule (not the common case)
             self.rows_committed = committed + 1
             self.last_row = row
             self.open_step = step + 1
@@ -377,15 +379,7 @@ class HistoryStore:
                 except Exception as exc:  # noqa: BLE001 - a consumer never breaks log()
                     self._hook_failed(hook, exc)
         except BaseException:
-            in_cache = cache.next_ordinal != mark
-            if w is not None:  # both or neither (as _append_locked): finish the other half
-                in_writer = w.appended != queued
-                if in_cache and not in_writer:
-                    w.append(line, step)
-                elif in_writer and not in_cache:
-                    cache.append(line, step)
-                    in_cache = True
-            if in_cache:
+            if cache.next_ordinal != mark:  # committed (the cache's append is all or nothing)
                 if self.open_step == step:
                     self._open_step_after(row, step, committed)
             else:  # nothing written: the values wait in the open row, as a merge leaves them
@@ -946,25 +940,14 @@ class HistoryStore:
             return encode_row(row, None)
 
     def _append_locked(self, line: bytes, step: int) -> None:
-        """Append to the cache and the writer: both or neither, whatever exception arrives
-        in between (the cache ordinal and the writer's count say how far it got)."""
+        """Append to the cache, which is the writer's queue too (``JsonlWriter.feed_from``):
+        all or nothing, whatever exception arrives (the cache ordinal says which); then
+        tell the writer when it asks to be told (``poke_at``: a flush to schedule)."""
         cache = self.cache
+        cache.append(line, step)
         w = self.writer
-        mark = cache.next_ordinal
-        queued = w.appended if w is not None else 0
-        try:
-            kept = cache.append(line, step)  # an exact-size copy: the queue holds it a while
-            if w is not None:
-                w.append(kept, step)
-        except BaseException:
-            in_cache = cache.next_ordinal != mark
-            in_writer = w is not None and w.appended != queued
-            if in_cache or in_writer:  # it got in somewhere: finish the other half
-                if not in_cache:
-                    cache.append(line, step)
-                if w is not None and not in_writer:
-                    w.append(line, step)
-            raise
+        if w is not None and cache.next_ordinal > w.poke_at:
+            w.added()
         if cache.nbytes > cache.max_bytes or cache.nrows > cache.max_rows:
             self._evict_locked()
 

@@ -35,7 +35,12 @@
   "Storage layout"); each one bounds its own wait, and one that raises an ``Exception``
   is logged once and skipped (the rows are still written);
 - opening an existing file, the one-writer lock and the repairs are in
-  :mod:`~expr_tracker.history.recovery`.
+  :mod:`~expr_tracker.history.recovery`;
+- a store's writer is fed by its row cache (:meth:`JsonlWriter.feed_from`): the cache's rows
+  from ``flushed`` on are the queue (a :class:`~expr_tracker.history.pending.CacheQueue`),
+  a flush copies its batch from the cache, and the store tells the writer of new rows only
+  past :attr:`JsonlWriter.poke_at` (:meth:`JsonlWriter.added`: what ``append`` does after
+  queueing); everything above (retries, the probe, drop-oldest, rollback) works the same.
 """
 
 from __future__ import annotations
@@ -47,7 +52,7 @@ import threading
 import time
 from collections.abc import Callable
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from expr_tracker._warn import Warner
 from expr_tracker.history.flusher import BackgroundFlusher, get_flusher
@@ -55,6 +60,7 @@ from expr_tracker.history.paths import atomic_write
 from expr_tracker.history.pending import (  # MAX_DROPPED_RANGES re-exported: its old home
     MAX_DROPPED_RANGES,  # noqa: F401
     PROBE_INTERVAL_S,
+    CacheQueue,
     PendingQueue,
 )
 from expr_tracker.history.reader import META_SCHEMA
@@ -69,6 +75,9 @@ from expr_tracker.history.recovery import (
     take_lock,
     warn_io,
 )
+
+if TYPE_CHECKING:
+    from expr_tracker.history.cache import RowCache
 
 log = logging.getLogger("expr_tracker")
 
@@ -162,6 +171,11 @@ class JsonlWriter:
         self.batches_written = 0  # successful writes (the commit point of a flush)
         self._meta_written_at = -1e18
         self._deferred = False  # an append_deferred entry was ever queued
+        self._fed: CacheQueue | None = None  # the store's row cache is the queue (feed_from)
+        #: fed by a cache: the store calls :meth:`added` once ``cache.next_ordinal`` exceeds
+        #: this (-1: at every row); below it a flush (or a running flush's check) covers
+        #: every row appended (written under ``_lock``; read without it: :meth:`added`)
+        self.poke_at = -1
         #: run before each batch is written, on the writing thread (the module docstring)
         self.before_write: list[Callable[[], object]] = []
 
@@ -293,6 +307,119 @@ class JsonlWriter:
             raise
         return True
 
+    def feed_from(self, cache: RowCache) -> None:
+        """Take the pending records from ``cache`` (the store's :class:`RowCache`, holding
+        exactly the records this writer is to write, in order, from ordinal
+        ``prefix_lines``) instead of a queue of its own: one append per row. The store
+        appends each row to the cache, then calls :meth:`added` when ``cache.next_ordinal``
+        exceeds :attr:`poke_at`. A flush copies its batch from the cache
+        (:meth:`RowCache.batch`) and the rows stay queued until it commits; a drop past
+        ``max_pending_records`` advances ``flushed`` (the cache keeps those rows, now
+        evictable). ``append``, ``append_many`` and ``append_deferred`` then raise
+        ``RuntimeError``; a row the cache receives after ``close()`` is not written (the
+        store refuses rows after its own close).
+
+        Raises:
+            ValueError: records were appended already, or the cache does not start at
+                ``prefix_lines``.
+        """
+        with self._lock:
+            if self.appended or self.queue.lines or self._fed is not None:
+                raise ValueError(f"{self.path}: the writer holds records already")
+            if cache.next_ordinal != self.prefix_lines:
+                raise ValueError(f"{self.path}: the cache does not start at the file's end")
+            q = CacheQueue(cache=cache, base=self.prefix_lines)
+            self.queue = self._fed = q
+            self.poke_at = -1
+            self.append = self.append_many = self.append_deferred = self._refuse  # type: ignore[method-assign,assignment]
+
+    def _refuse(self, *args: Any) -> Any:
+        raise RuntimeError(f"{self.path}: this writer takes its records from the row cache")
+
+    def _set_poke_locked(self) -> None:
+        """Fed by a cache, under ``_lock``: :attr:`poke_at` for the state now. While a flush
+        is scheduled, rows below it need no call: the scheduled flush's check covers them;
+        past ``buffer_size`` pending (or ``max_pending_records`` when the flush is urgent
+        or a retry) the store calls :meth:`added` again. Otherwise -1 (at every row)."""
+        fed = self._fed
+        if fed is None:
+            return
+        if self._scheduled and self.async_write and not self._closed:
+            if self._urgent or self._failing:
+                room = self.max_pending_records
+            else:
+                room = self.buffer_size - 1
+            self.poke_at = fed.base + self.flushed + room
+        else:
+            self.poke_at = -1
+
+    def added(self) -> None:
+        """Fed by a cache (:meth:`feed_from`): rows reached the cache up to its
+        ``next_ordinal``; what :meth:`append` does after queueing one. The store calls it
+        (holding its own lock, so producers are serialised) after ``RowCache.append``
+        when ``cache.next_ordinal > poke_at``; nothing to call below that, the common
+        case: one attribute read per row.
+
+        Why no row is left without a flush: ``poke_at`` is raised only under ``_lock``
+        while a flush is scheduled (:meth:`_set_poke_locked`) or running on the worker
+        (:meth:`_flush_from_worker`), and the worker's check after its flush sets it to
+        -1 before it counts the pending rows: a row appended before that is counted (and
+        scheduled), one appended after finds -1 and calls this (the GIL orders the two
+        threads' statements). An interrupt between the cache append and this call leaves
+        the row queued (the next row, ``flush()`` or ``close()`` writes it)."""
+        fed = self._fed
+        assert fed is not None  # only the store calls it, after feed_from
+        scheduling = False
+        try:
+            with self._lock:
+                if self._closed:
+                    return
+                appended = fed.cache.next_ordinal - fed.base  # type: ignore[union-attr]
+                self.appended = appended
+                count = appended - self.flushed
+                if count <= 0:
+                    self._set_poke_locked()
+                    return
+                if fed.oldest is None:
+                    fed.oldest = self._clock()
+                sync = not self.async_write
+                if count > self.max_pending_records:
+                    if self._failing and not (self._clock() >= self._probe_at and self._probe()):
+                        # memory is bounded here, not only when a retry runs; in order: not
+                        # while a write of the oldest rows is in flight (it drops when it fails)
+                        if self._io_lock.acquire(blocking=False):
+                            try:
+                                self.flushed += fed.drop_oldest(
+                                    self.max_pending_records, self.path, self.flushed
+                                )
+                            finally:
+                                self._io_lock.release()
+                        self._set_poke_locked()
+                        return
+                    sync = True  # the disk works but the flusher fell behind: write now
+                if not sync and self._scheduled:
+                    if count < self.buffer_size or self._urgent or self._failing:
+                        self._set_poke_locked()
+                        return  # a flush (or a retry) is scheduled already
+                now = self._clock()
+                due = self._due_time(now, count)
+                if not self.async_write:
+                    if due > now and count <= self.max_pending_records:
+                        return
+                elif not sync:
+                    self._scheduled = scheduling = True
+                    self._urgent = due <= now
+                    self._set_poke_locked()
+            if sync:
+                self.flush()  # back-pressure: the producer waits for the disk
+                return
+            (self._flusher or get_flusher()).schedule(id(self), due, self._flush_from_worker)
+        except BaseException:  # interrupted: the next row calls this again
+            if scheduling:
+                self._scheduled = False
+            self.poke_at = -1
+            raise
+
     def append_deferred(self, entry: Any) -> bool:
         """Queue ``entry``, whose records are encoded when they are written: one queue
         entry (counted once in ``appended``, ``pending`` and ``max_pending_records``) that
@@ -388,18 +515,31 @@ class JsonlWriter:
         with self._lock:
             self._scheduled = False
             self._urgent = False
-        self.flush(only_if_due=True)
+            if self._fed is not None:  # the check below covers rows appended meanwhile
+                self.poke_at = self._fed.base + self.flushed + self.max_pending_records
+        try:
+            self.flush(only_if_due=True)
+        except BaseException:
+            self.poke_at = -1  # the next row schedules again (as after a plain append)
+            raise
         # records that arrived during the write (or a retry not yet due) need a due time
         with self._lock:
-            lines = self.queue.lines
-            if lines and not self._closed and not self._scheduled:
+            # fed by a cache: -1 BEFORE counting, so a row the count below misses was
+            # appended after it, by a producer that then read -1 (and calls added())
+            self.poke_at = -1
+            q = self.queue
+            count = q.count(self.flushed)
+            if count and not self._closed and not self._scheduled:
                 now = self._clock()
-                due = self._due_time(now, len(lines))
+                if q.oldest is None:
+                    q.oldest = now
+                due = self._due_time(now, count)
                 if due != float("inf"):
                     self._scheduled = True
                     (self._flusher or get_flusher()).schedule(
                         id(self), due, self._flush_from_worker
                     )
+            self._set_poke_locked()
 
     def flush(self, wait: bool = True, *, only_if_due: bool = False) -> bool:
         """Write every pending record now. Returns True when nothing is left pending.
@@ -410,23 +550,33 @@ class JsonlWriter:
         callers such as the store's eviction path. An explicit ``flush()`` always tries.
         """
         q = self.queue
+        fed = self._fed
         if only_if_due and self._failing and self._clock() < self._next_retry:
-            return not q.lines
+            return not q.count(self.flushed)
         with self._io_lock:
             if only_if_due and self._failing and self._clock() < self._next_retry:
-                return not q.lines  # another thread just failed
+                return not q.count(self.flushed)  # another thread just failed
             # A batch taken for writing is on disk or back at the front of the queue, whatever
             # exception (Ctrl-C, SIGTERM's SystemExit) arrives at any point: the write rolls
             # the file back unless it completed, and ``batches_written`` tells which happened.
-            batch = steps = None
+            # Fed by a cache, the batch is a copy and never leaves the queue: ``flushed``
+            # moves past it in the statement that commits the write.
+            batch: list[bytes] | None = None
+            steps: list[int | None] | None = None
             written = self.batches_written
+            taken_at = self._clock()
             try:
-                with self._lock:
-                    if not q.lines:
+                if fed is not None:
+                    batch, steps = fed.take(self.flushed)
+                    if not batch:
                         return True
-                    batch, steps, q.lines, q.steps = q.lines, q.steps, [], []
-                    q.nbytes = 0
-                    q.oldest = None
+                else:
+                    with self._lock:
+                        if not q.lines:
+                            return True
+                        batch, steps, q.lines, q.steps = q.lines, q.steps, [], []
+                        q.nbytes = 0
+                        q.oldest = None
                 if self.before_write:
                     self._run_before_write()
                 ok = self._write_batch(batch, steps)
@@ -438,14 +588,18 @@ class JsonlWriter:
             if not ok:
                 with self._lock:
                     q.requeue(batch, steps, self._clock())
-                    self.flushed += q.drop_oldest(self.max_pending_records, self.path)
-                    left = bool(q.lines)
+                    self.flushed += q.drop_oldest(self.max_pending_records, self.path, self.flushed)
+                    left = q.count(self.flushed) > 0
                     if left and self.async_write and not self._closed and not self._scheduled:
                         self._scheduled = True
                         (self._flusher or get_flusher()).schedule(
                             id(self), self._next_retry, self._flush_from_worker
                         )
+                    self._set_poke_locked()
                 return False
+            if fed is not None:
+                with self._lock:  # rows appended during the write arrived after taken_at
+                    fed.oldest = taken_at if fed.count(self.flushed) else None
             self.flushes += 1
             self._last_flush = self._clock()
             if (
@@ -472,7 +626,7 @@ class JsonlWriter:
             retry = (self._retry_delay, self._next_retry)
             written = self.batches_written
             try:
-                ok = self._write_batch(q.lines[:1], q.steps[:1], probe=True)
+                ok = self._write_batch(*q.first(self.flushed), probe=True)
             finally:
                 if self.batches_written != written:  # on disk: it leaves the queue
                     q.pop_front()
@@ -676,18 +830,20 @@ class JsonlWriter:
 
     @property
     def pending(self) -> int:
-        return len(self.queue.lines)
+        return self.queue.count(self.flushed)
 
     def close(self) -> None:
         """Flush what is pending, write the sidecar, release the file and the lock."""
         with self._lock:  # refuse new records first, so nothing accepted is left behind
             self._closed = True
+            self.poke_at = -1
         with self._io_lock:
             self.flush()
-            if self.queue.lines:
+            left = self.queue.count(self.flushed)
+            if left:
                 log.error(
                     "expr_tracker: %d records could not be written to %s before close",
-                    len(self.queue.lines),
+                    left,
                     self.path,
                 )
             (self._flusher or get_flusher()).cancel(id(self))
@@ -713,13 +869,15 @@ class JsonlWriter:
 
     def stats(self) -> dict[str, Any]:
         f, q = self.file, self.queue
+        flushed = self.flushed
+        pending = q.count(flushed)
         return {
             "path": str(self.path),
             "lines": f.lines,
             "bytes": f.size,
-            "appended": self.appended,
-            "pending": len(q.lines),
-            "pending_bytes": q.nbytes,
+            "appended": flushed + pending if self._fed is not None else self.appended,
+            "pending": pending,
+            "pending_bytes": q.pending_bytes(flushed),
             "flushes": self.flushes,
             "write_errors": self.write_errors,
             "dropped": q.dropped,

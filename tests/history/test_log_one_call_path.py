@@ -106,11 +106,15 @@ def test_plain_rows_reach_the_file_in_order_through_flush_and_close(tmp_path):
 
 @pytest.mark.parametrize("where", ["cache", "writer"])
 def test_an_interrupt_in_a_plain_commit_writes_each_row_once(tmp_path, monkeypatch, where):
-    w = JsonlWriter(tmp_path / "m.jsonl", interval=30.0, max_seconds=30.0)
+    # async_write=False: no flusher thread, the writer is told of every row (poke_at -1)
+    w = JsonlWriter(tmp_path / "m.jsonl", interval=30.0, max_seconds=30.0, async_write=False)
     s = HistoryStore(w, max_open_seconds=None)
     s.ingest({"i": 0.0})
+    # "writer": the row reached the cache (the writer's queue) and telling the writer
+    # (JsonlWriter.added, a flush to schedule) is interrupted
     target = s.cache if where == "cache" else w
-    real = type(target).append
+    name = "append" if where == "cache" else "added"
+    real = getattr(type(target), name)
     calls = []
 
     def interrupted(self, *args):
@@ -119,7 +123,8 @@ def test_an_interrupt_in_a_plain_commit_writes_each_row_once(tmp_path, monkeypat
             raise KeyboardInterrupt
         return real(self, *args)
 
-    monkeypatch.setattr(type(target), "append", interrupted)
+    monkeypatch.setattr(type(target), name, interrupted)
+    assert w.poke_at == -1
     with pytest.raises(KeyboardInterrupt):
         s.ingest({"i": 1.0})
     s.ingest({"j": 2.0})
@@ -127,7 +132,7 @@ def test_an_interrupt_in_a_plain_commit_writes_each_row_once(tmp_path, monkeypat
     rows = [{k: v for k, v in r.items() if k != "_time"} for r in read_rows(w.path)]
     if where == "cache":  # nothing was written: the values waited in the open row
         assert rows == [{"i": 0.0, "_step": 0}, {"i": 1.0, "j": 2.0, "_step": 1}]
-    else:  # the row was in the cache: its commit completed, the writer got it too
+    else:  # the row was in the cache: its commit completed, the writer writes it too
         assert rows == [{"i": 0.0, "_step": 0}, {"i": 1.0, "_step": 1}, {"j": 2.0, "_step": 2}]
 
 

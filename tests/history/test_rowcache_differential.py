@@ -63,8 +63,7 @@ def test_cache_reads_equal_a_list_model(ops, max_rows, max_bytes, first):
                     move, max(0, step - 1 - arg % 5)
                 )
             line = encode_row({**r, "_step": step})
-            kept = cache.append(line, step)
-            assert type(kept) is bytes and kept == line
+            cache.append(line, step)
             model.append((ordinal, line, step))
             appended.append(step)
             ordinal += 1
