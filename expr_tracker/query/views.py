@@ -459,7 +459,8 @@ REFRESH_THREADS = 8
 #: (seconds): one with nothing new (~0.3 ms) is Python and system calls under the GIL,
 #: which threads only slow down (100 up-to-date runs: ~25 ms in one thread, ~80-110 ms
 #: in a pool of 2 on 2 cores); from the first that takes longer (it decoded new lines)
-#: the rest go to the threads
+#: the rest go to the threads (the very first always does, so two runs to decode are
+#: decoded at once)
 SERIAL_REFRESH_S = 0.005
 
 
@@ -486,23 +487,23 @@ def _refresh_all(
     if workers < 2:
         return [one(p) for p in producers]
     import time
+    from concurrent.futures import ThreadPoolExecutor
 
     import expr_tracker.query.cache  # noqa: F401 - imported before the first is timed
 
-    out = []
-    rest = iter(producers)
-    for p in rest:
-        t0 = time.thread_time()  # CPU: a thread preempted under load is not "slow"
-        out.append(one(p))
-        if time.thread_time() - t0 > SERIAL_REFRESH_S:
-            break
-    left = list(rest)
-    if len(left) < 2:
-        return out + [one(p) for p in left]
-    from concurrent.futures import ThreadPoolExecutor
-
-    with ThreadPoolExecutor(min(workers, len(left)), thread_name_prefix="et-query-cache") as pool:
-        return out + list(pool.map(one, left))
+    with ThreadPoolExecutor(workers, thread_name_prefix="et-query-cache") as pool:
+        # the first in a thread of the pool, the next ones here one after the other while
+        # each is quick (up to date); from the first that is not, the rest in the pool
+        first = pool.submit(one, producers[0])
+        here = []
+        rest = iter(producers[1:])
+        for p in rest:
+            t0 = time.thread_time()  # CPU: a thread preempted under load is not "slow"
+            here.append(one(p))
+            if time.thread_time() - t0 > SERIAL_REFRESH_S:
+                break
+        pooled = [pool.submit(one, p) for p in rest]
+        return [first.result(), *here, *(f.result() for f in pooled)]
 
 
 def cache_of(
