@@ -92,10 +92,13 @@ Size and speed (this machine, 2 shared cores): 100,000 lines of 5 random float m
 (17.7 MB of JSONL) give ~3.9 MB of parts (LZ4: :data:`~expr_tracker.query.scan.CACHE_WRITE_OPTIONS`);
 decoding a 4 MiB block of such lines takes ~31 ms of CPU with ``pyarrow.json`` (~23 ms of it
 the parser), about a third less with polars when installed (:mod:`~expr_tracker.query.scan`),
-and writing it ~8 ms; a refresh imports no pandas; a refresh with nothing new takes
-~0.5 ms; the peak RSS of a refresh stays ~215 MiB for a 1,000,000-line file as for a
-100,000-line one. :func:`expr_tracker.query.views.connect` refreshes the runs of a
-folder in parallel threads (each refresh holds only its own source's lock).
+and writing it ~8-10 ms (its ``metric`` column given to the writer dictionary-encoded:
+:func:`~expr_tracker.query.scan.part_schema`); a refresh imports no pandas; a refresh with
+nothing new takes ~0.3 ms of CPU (~0.55 ms before pyarrow was looked for once a process
+and the path resolved only where needed); the peak RSS of a refresh stays ~215 MiB for a
+1,000,000-line file as for a 100,000-line one. :func:`expr_tracker.query.views.connect`
+refreshes the runs of a folder in parallel threads once one has new lines (each refresh
+holds only its own source's lock).
 """
 
 from __future__ import annotations
@@ -426,13 +429,20 @@ def _open_cache(
     mount) and already holds a cache covering every complete line of the source. A folder
     that is a symbolic link, owned by another user or writable by group or others is never
     used, nor a run directory of another user (see the module docstring)."""
-    digest = _digest(src.resolve())
+    digests: list[str] = []
+
+    def digest() -> str:
+        # resolved only where a folder is named by it (not beside the runs: ~0.1 ms)
+        if not digests:
+            digests.append(_digest(src.resolve()))
+        return digests[0]
+
     if cache_dir is not None:
-        candidates = [lambda c: _open_under(Path(cache_dir).absolute(), digest, c)]
+        candidates = [lambda c: _open_under(Path(cache_dir).absolute(), digest(), c)]
     else:
         candidates = [
             lambda c: _open_in_run(src, c, sfd),
-            lambda c: _open_under(_xdg_root(), digest, c),
+            lambda c: _open_under(_xdg_root(), digest(), c),
         ]
     for i, opener in enumerate(candidates):
         try:
@@ -457,7 +467,7 @@ def _open_cache(
         if cache_dir is not None
         else f"beside the runs nor under {_xdg_root()}"
     )
-    folder = _open_under(_temp_dir(tried), digest, True)
+    folder = _open_under(_temp_dir(tried), digest(), True)
     fd = _lock(folder)
     if fd is None:  # pragma: no cover - the temp dir we just made is not writable
         folder.close()
@@ -800,11 +810,12 @@ def _decode_into(
     writer = None
     for new_covered, chunk in _blocks(fd, covered, end):
         if kind == "metrics":
-            table, steps = scan.decode_metrics_block(chunk, lines, bad)
+            table, steps, count = scan.decode_metrics_part(chunk, lines, bad)
             _track_steps(m, steps)
         else:
             table = scan.decode_spans_block(chunk, lines, bad)
-        lines += scan.count_lines(chunk)
+            count = scan.count_lines(chunk)
+        lines += count
         covered = new_covered
         if table.num_rows:
             if writer is None:
@@ -828,7 +839,9 @@ def _append(fd: int, folder: _Folder, kind: str, m: dict[str, Any], end: int) ->
     def writer_of() -> Any:
         f = os.fdopen(os.open(tmp, _NEW_FILE, 0o644, dir_fd=folder.fd), "wb")
         state["file"] = f
-        state["writer"] = pq.ParquetWriter(f, scan.schema(kind), **scan.CACHE_WRITE_OPTIONS[kind])
+        state["writer"] = pq.ParquetWriter(
+            f, scan.part_schema(kind), **scan.CACHE_WRITE_OPTIONS[kind]
+        )
         return state["writer"]
 
     try:
@@ -884,7 +897,9 @@ def _in_memory(src: Path, sfd: int, kind: str) -> CachedSource:
     state: dict[str, Any] = {}
 
     def writer_of() -> Any:
-        state["w"] = pq.ParquetWriter(sink, scan.schema(kind), **scan.CACHE_WRITE_OPTIONS[kind])
+        state["w"] = pq.ParquetWriter(
+            sink, scan.part_schema(kind), **scan.CACHE_WRITE_OPTIONS[kind]
+        )
         return state["w"]
 
     rows, covered, lines = _decode_into(writer_of, sfd, kind, m, st.st_size)
@@ -1010,14 +1025,14 @@ def _compact(folder: _Folder, kind: str, m: dict[str, Any], now: float) -> None:
     rows = 0
     f = os.fdopen(os.open(tmp, _NEW_FILE, 0o644, dir_fd=folder.fd), "wb")
     try:
-        with pq.ParquetWriter(f, scan.schema(kind), **scan.CACHE_WRITE_OPTIONS[kind]) as w:
+        with pq.ParquetWriter(f, scan.part_schema(kind), **scan.CACHE_WRITE_OPTIONS[kind]) as w:
             for p in run:
                 pf = _read_part(folder, p)
                 try:
                     for g in range(pf.num_row_groups):
                         t = pf.read_row_group(g)
                         rows += t.num_rows
-                        w.write_table(t)
+                        w.write_table(scan.part_table(t, kind))
                 except pa.ArrowException as exc:
                     raise _Damaged(f"part {p['file']}: {exc}") from None
                 finally:
@@ -1402,8 +1417,14 @@ def _need_pyarrow() -> None:
     """ImportError naming the extra when pyarrow is not installed. Only looked for, not
     imported: a refresh with nothing new never uses it (a fresh ``et query`` over an
     up-to-date cache so skips its import); the code writing parts imports it."""
+    if _have_pyarrow:
+        return
     import importlib.util
     import sys
 
     if sys.modules.get("pyarrow") is None and importlib.util.find_spec("pyarrow") is None:
         raise ImportError("the query cache needs pyarrow: pip install 'expr-tracker[query]'")
+    _have_pyarrow.append(True)  # looked for once a process (~0.3 ms a refresh otherwise)
+
+
+_have_pyarrow: list[bool] = []

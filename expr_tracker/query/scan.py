@@ -75,10 +75,13 @@ __all__ = [
     "WRITE_OPTIONS",
     "decode_metrics",
     "decode_metrics_block",
+    "decode_metrics_part",
     "decode_spans",
     "decode_spans_block",
     "count_lines",
     "load_line",
+    "part_schema",
+    "part_table",
     "reason",
     "schema",
     "too_deep",
@@ -183,16 +186,37 @@ WRITE_OPTIONS: dict[str, dict[str, Any]] = {
 #: of 5 random float metrics: ~3.9 MB). Files meant for other engines (``et export``,
 #: ``et sync``) keep zstd, which every Parquet reader knows.
 CACHE_WRITE_OPTIONS: dict[str, dict[str, Any]] = {
-    kind: {**opts, "compression": "lz4"} for kind, opts in WRITE_OPTIONS.items()
+    kind: {**opts, "compression": "lz4", "store_schema": False}
+    for kind, opts in WRITE_OPTIONS.items()
 }
 
 
 def schema(kind: str) -> Any:
-    """The ``pyarrow.Schema`` of a ``"metrics"`` or ``"spans"`` part."""
+    """The ``pyarrow.Schema`` of a ``"metrics"`` or ``"spans"`` part, as read back."""
     import pyarrow as pa
 
     fields = METRICS_FIELDS if kind == "metrics" else SPANS_FIELDS
     return pa.schema([(n, getattr(pa, t)()) for n, t in fields])
+
+
+def part_schema(kind: str) -> Any:
+    """The ``pyarrow.Schema`` a part is written from: :func:`schema`, with ``metric``
+    dictionary-encoded (``dictionary<int32, string>``; Parquet keeps the column
+    dictionary-encoded either way). The parts are written without Arrow's schema in their
+    metadata (:data:`CACHE_WRITE_OPTIONS`' ``store_schema``), so they read back as
+    :func:`schema` says, strings."""
+    import pyarrow as pa
+
+    sch = schema(kind)
+    if kind != "metrics":
+        return sch
+    return sch.set(sch.get_field_index("metric"), pa.field("metric", _dict_string()))
+
+
+def _dict_string() -> Any:
+    import pyarrow as pa
+
+    return pa.dictionary(pa.int32(), pa.string())
 
 
 def _compact(v: Any) -> str:
@@ -434,13 +458,56 @@ def decode_metrics_block(
     Returns ``(table, steps)``: the LONG table and the ``_step`` of each line that gave
     rows, in line order (a ``pyarrow.Array`` of int64, null where absent).
     """
+    table, steps, _lines = decode_metrics_part(chunk, first_line, bad)
+    return _plain_metric(table), steps
+
+
+def decode_metrics_part(
+    chunk: bytes, first_line: int, bad: BadLines | None = None
+) -> tuple[Any, Any, int]:
+    """:func:`decode_metrics_block` for a cache part: ``(table, steps, lines)``, the table
+    of :func:`part_schema` (``metric`` dictionary-encoded: the dense decoders build it from
+    the block's names without hashing a string per row, and the Parquet writer keeps that
+    dictionary instead of hashing them again) and ``lines`` the newlines of ``chunk``
+    (counted once, by the pass that checks the lines are flat objects)."""
     import pyarrow as pa
 
-    fast = _fast_metrics(chunk, first_line)
+    if chunk[:1] == b"{":
+        lines, flat = _scan_lines(chunk)
+    else:
+        lines, flat = count_lines(chunk), False
+    fast = _fast_metrics(chunk, first_line, lines if flat else 0, dictionary=True)
     if fast is not None:
-        return fast
+        return fast[0], fast[1], lines
     table, steps = decode_metrics(chunk[:-1].split(b"\n"), first_line, bad)
-    return table, pa.array(steps, type=pa.int64())
+    return part_table(table, "metrics"), pa.array(steps, type=pa.int64()), lines
+
+
+def _plain_metric(table: Any) -> Any:
+    """``table`` with a dictionary-encoded ``metric`` column turned back into strings
+    (:func:`schema`)."""
+    import pyarrow as pa
+
+    i = table.schema.get_field_index("metric")
+    if not pa.types.is_dictionary(table.schema.field(i).type):
+        return table
+    col = table.column(i).cast(pa.string())
+    return table.set_column(i, table.schema.field(i).with_type(pa.string()), col)
+
+
+def part_table(table: Any, kind: str) -> Any:
+    """``table`` (a decoded block, or a row group read back from a part) in
+    :func:`part_schema`: for metrics, ``metric`` dictionary-encoded when it is not yet."""
+    import pyarrow as pa
+    import pyarrow.compute as pc
+
+    if kind != "metrics":
+        return table
+    i = table.schema.get_field_index("metric")
+    if pa.types.is_dictionary(table.schema.field(i).type):
+        return table
+    col = pc.dictionary_encode(table.column(i))
+    return table.set_column(i, pa.field("metric", _dict_string()), col)
 
 
 #: a JSON string (its escapes included): taken out before brackets are counted
@@ -474,32 +541,45 @@ def count_lines(chunk: bytes) -> int:
 
 def _object_lines(chunk: bytes) -> int:
     """The number of lines of ``chunk`` (which ends with a newline) when each is one flat
-    object as :func:`_flat_objects` says, else 0; the line starts are found with numpy (one
-    pass over the block instead of a substring count)."""
+    object as :func:`_flat_objects` says, else 0."""
+    n, flat = _scan_lines(chunk)
+    return n if flat else 0
+
+
+def _scan_lines(chunk: bytes) -> tuple[int, bool]:
+    """``(newlines in chunk, each line one flat object)`` for ``chunk`` (which ends with a
+    newline; :func:`_flat_objects`); the line starts are found with numpy (one pass over
+    the block instead of a substring count, without the GIL)."""
     import numpy as np
 
     a = np.frombuffer(chunk, dtype=np.uint8)
     ends = np.flatnonzero(a == 10)
     n = len(ends)
     if not n or a[0] != 123 or not (a[ends[:-1] + 1] == 123).all():
-        return 0  # a line not starting with "{" (blank lines included)
+        return n, False  # a line not starting with "{" (blank lines included)
     if b"[" not in chunk and int(np.count_nonzero(a == 123)) == n:
-        return n
+        return n, True
     bare = _STRING.sub(b'""', chunk)
-    return n if b"[" not in bare and bare.count(b"{") == n else 0
+    return n, b"[" not in bare and bare.count(b"{") == n
 
 
-def _fast_metrics(chunk: bytes, first_line: int) -> tuple[Any, Any] | None:
+def _fast_metrics(
+    chunk: bytes, first_line: int, n: int | None = None, dictionary: bool = False
+) -> tuple[Any, Any] | None:
+    """The vectorised decoders (polars, then ``pyarrow.json``) of a plain block, or None.
+    ``n``: the block's lines when known to be flat objects (:func:`_scan_lines`; 0: not
+    flat). ``dictionary``: ``metric`` dictionary-encoded (:func:`part_schema`)."""
     import pyarrow as pa
     import pyarrow.compute as pc
     import pyarrow.json as pj
 
     if chunk[:1] != b"{":
         return None
-    n = _object_lines(chunk)
+    if n is None:
+        n = _object_lines(chunk)
     if not n or chunk.count(b'":', 0, chunk.find(b"\n")) > WIDE_KEYS:
         return None
-    dense = _polars_dense(chunk, first_line, n)
+    dense = _polars_dense(chunk, first_line, n, dictionary)
     if dense is not None:
         return dense
     if b"null" in chunk:
@@ -545,7 +625,7 @@ def _fast_metrics(chunk: bytes, first_line: int) -> tuple[Any, Any] | None:
                 return None
     m = len(cols)
     if m and all(c.null_count == 0 and str(c.type) in ("double", "int64") for _k, c in cols):
-        return _unpivot_dense(cols, step, tm, first_line, n)
+        return _unpivot_dense(cols, step, tm, first_line, n, dictionary)
     line_all = pa.array(range(first_line, first_line + n), type=pa.int64())
     pieces = []
     order = []
@@ -589,7 +669,8 @@ def _fast_metrics(chunk: bytes, first_line: int) -> tuple[Any, Any] | None:
     steps = pc.filter(step, any_valid)
     if isinstance(steps, pa.ChunkedArray):
         steps = steps.combine_chunks()
-    return table.combine_chunks(), steps
+    table = table.combine_chunks()
+    return (part_table(table, "metrics") if dictionary else table), steps
 
 
 def _numpy(column: Any) -> Any:
@@ -603,7 +684,14 @@ def _numpy(column: Any) -> Any:
     return np.frombuffer(arr.buffers()[1], dtype=dtype, count=len(arr), offset=arr.offset * 8)
 
 
-def _unpivot_dense(cols: list[tuple[str, Any]], step: Any, tm: Any, first_line: int, n: int) -> Any:
+def _unpivot_dense(
+    cols: list[tuple[str, Any]],
+    step: Any,
+    tm: Any,
+    first_line: int,
+    n: int,
+    dictionary: bool = False,
+) -> Any:
     """The LONG rows of a block where every line holds every metric as a number (the
     common case: a metric per ``log()`` key): the ``m`` columns interleaved line by line
     with numpy (one copy each) instead of a table per metric sorted back into line order.
@@ -616,14 +704,22 @@ def _unpivot_dense(cols: list[tuple[str, Any]], step: Any, tm: Any, first_line: 
     for j, (_k, c) in enumerate(cols):
         values[:, j] = _numpy(c)  # int64 columns are converted exactly (|v| <= 2**53)
     time = tm if tm.null_count else _numpy(tm)
-    return _unpivot(values, [k for k, _c in cols], _numpy(step), time, first_line)
+    return _unpivot(values, [k for k, _c in cols], _numpy(step), time, first_line, dictionary)
 
 
-def _unpivot(values: Any, names: list[str], step_np: Any, time: Any, first_line: int) -> Any:
+def _unpivot(
+    values: Any,
+    names: list[str],
+    step_np: Any,
+    time: Any,
+    first_line: int,
+    dictionary: bool = False,
+) -> Any:
     """``(table, steps)``: the LONG table of ``values`` (float64, shape ``(n, m)``: line by
     metric ``names``) with ``step_np`` (int64, ``(n,)``) and ``time`` (float64 numpy
     ``(n,)``, or an Arrow array with nulls where a line has no ``_time``), and the steps
-    as an Arrow int64 array."""
+    as an Arrow int64 array. ``dictionary``: ``metric`` as ``names`` indexed by codes
+    (:func:`part_schema`), else as strings (:func:`schema`)."""
     import numpy as np
     import pyarrow as pa
 
@@ -634,15 +730,20 @@ def _unpivot(values: Any, names: list[str], step_np: Any, time: Any, first_line:
     else:  # ``_time`` absent from some line: kept NULL
         time_col = time.take(_from_numpy(rows, pa.int64()))
     codes = _from_numpy(np.tile(np.arange(m, dtype=np.int32), n), pa.int32())
+    if dictionary:
+        metric = pa.DictionaryArray.from_arrays(codes, _strings(names))
+    else:
+        metric = _strings(names).take(codes)
     arrays = [
         _from_numpy(np.repeat(step_np, m), pa.int64()),
         time_col,
-        _strings(names).take(codes),
+        metric,
         _from_numpy(np.ascontiguousarray(values).reshape(-1), pa.float64()),
         pa.nulls(n * m, pa.string()),
         _from_numpy(rows + first_line, pa.int64()),
     ]
-    table = pa.Table.from_arrays(arrays, schema=schema("metrics"))
+    sch = part_schema("metrics") if dictionary else schema("metrics")
+    table = pa.Table.from_arrays(arrays, schema=sch)
     return table, _from_numpy(np.ascontiguousarray(step_np), pa.int64())
 
 
@@ -667,7 +768,9 @@ def _polars(size: int) -> Any:
     return polars
 
 
-def _polars_dense(chunk: bytes, first_line: int, n: int) -> tuple[Any, Any] | None:
+def _polars_dense(
+    chunk: bytes, first_line: int, n: int, dictionary: bool = False
+) -> tuple[Any, Any] | None:
     """The dense block (every line holds the first line's keys, each a number; an int
     ``_step`` everywhere; ``_time`` a number where present) decoded by polars' NDJSON
     reader (~40 % less CPU than ``pyarrow.json`` for such a block), or None when the block
@@ -728,7 +831,7 @@ def _polars_dense(chunk: bytes, first_line: int, n: int) -> tuple[Any, Any] | No
     else:
         tcol = df.get_column("_time")
         time = tcol.to_arrow() if tcol.null_count() else tcol.to_numpy()
-    return _unpivot(values, names, step_np, time, first_line)
+    return _unpivot(values, names, step_np, time, first_line, dictionary)
 
 
 def _from_numpy(a: Any, typ: Any) -> Any:

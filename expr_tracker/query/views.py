@@ -455,15 +455,23 @@ _unreadable = Warner()
 #: producers whose caches are refreshed at once (threads: decoding and writing Parquet
 #: release the GIL), at most this many and at most the machine's cores
 REFRESH_THREADS = 8
+#: caches are refreshed one after the other while each refresh takes less CPU than this
+#: (seconds): one with nothing new (~0.3 ms) is Python and system calls under the GIL,
+#: which threads only slow down (100 up-to-date runs: ~25 ms in one thread, ~80-110 ms
+#: in a pool of 2 on 2 cores); from the first that takes longer (it decoded new lines)
+#: the rest go to the threads (the very first always does, so two runs to decode are
+#: decoded at once)
+SERIAL_REFRESH_S = 0.005
 
 
 def _refresh_all(
     producers: Sequence[Any], cdir: Path | None, metrics: bool, spans: bool, stats: bool
 ) -> list[tuple[Any, Any, Any, Problems]]:
     """Each producer's ``(metrics cache, its stats, spans cache, problems)``, in producer
-    order, refreshed in parallel threads when there are several (a first query over 100
-    runs decodes them on every core; the answer and its problems do not depend on the
-    order in which the threads finish). ``stats`` (the ``runs`` view's ``steps``) are read
+    order, refreshed in parallel threads when there are several and some have new lines
+    (a first query over 100 runs decodes them on every core; up-to-date caches are checked
+    in this thread, :data:`SERIAL_REFRESH_S`; the answer and its problems do not depend on
+    the order in which the threads finish). ``stats`` (the ``runs`` view's ``steps``) are read
     from the parts' footers only when asked for."""
 
     def one(p: Any) -> tuple[Any, Any, Any, Problems]:
@@ -478,10 +486,24 @@ def _refresh_all(
     workers = min(REFRESH_THREADS, os.cpu_count() or 1, len(producers))
     if workers < 2:
         return [one(p) for p in producers]
+    import time
     from concurrent.futures import ThreadPoolExecutor
 
+    import expr_tracker.query.cache  # noqa: F401 - imported before the first is timed
+
     with ThreadPoolExecutor(workers, thread_name_prefix="et-query-cache") as pool:
-        return list(pool.map(one, producers))
+        # the first in a thread of the pool, the next ones here one after the other while
+        # each is quick (up to date); from the first that is not, the rest in the pool
+        first = pool.submit(one, producers[0])
+        here = []
+        rest = iter(producers[1:])
+        for p in rest:
+            t0 = time.thread_time()  # CPU: a thread preempted under load is not "slow"
+            here.append(one(p))
+            if time.thread_time() - t0 > SERIAL_REFRESH_S:
+                break
+        pooled = [pool.submit(one, p) for p in rest]
+        return [first.result(), *here, *(f.result() for f in pooled)]
 
 
 def cache_of(

@@ -506,3 +506,44 @@ def test_a_key_of_invalid_utf8_is_an_unreadable_line_not_an_exception():
     table, _steps = scan.decode_metrics_block(chunk, 0, bad)
     assert table.column("metric").to_pylist() == ["b"]
     assert bad.count == 1 and bad.first is not None and bad.first[0] == 0
+
+
+@pytest.mark.parametrize(
+    "lines",
+    [
+        # dense: every line every metric as a number (polars or the numpy unpivot)
+        [
+            json.dumps({"loss": 1.0 / (i + 1), "acc": i, "_step": i, "_time": 1.7e9 + i})
+            for i in range(50)
+        ],
+        # sparse and mixed: pyarrow.json's table per metric
+        [
+            json.dumps({"loss": 0.5, "_step": i} if i % 2 else {"acc": "x", "_step": i})
+            for i in range(50)
+        ],
+        # not plain (nested values): line by line
+        [json.dumps({"loss": [1, 2], "acc": 0.5, "_step": i}) for i in range(50)],
+    ],
+    ids=["dense", "sparse", "nested"],
+)
+def test_part_decoding_is_the_block_decoding(tmp_path, lines):
+    """A part is written from ``decode_metrics_part`` (``metric`` dictionary-encoded, the
+    newlines counted in the same pass): its rows, read back, are those of
+    ``decode_metrics_block`` with plain strings, and ``lines`` every newline."""
+    chunk = ("\n".join(lines) + "\n").encode()
+    table, steps = scan.decode_metrics_block(chunk, 3)
+    part, psteps, count = scan.decode_metrics_part(chunk, 3)
+    assert count == chunk.count(b"\n") == len(lines)
+    assert table.schema == scan.schema("metrics")
+    assert part.schema == scan.part_schema("metrics")
+    assert pa.types.is_dictionary(part.schema.field("metric").type)
+    assert part.cast(scan.schema("metrics")).equals(table)
+    assert psteps.equals(steps)
+    src = tmp_path / "run" / "metrics.jsonl"
+    src.parent.mkdir()
+    src.write_bytes(chunk)
+    cached = refresh(src, "metrics")
+    back = pa.concat_tables(pq.read_table(p) for p in cached.parts)
+    assert back.schema == scan.schema("metrics")  # read back as strings, as before
+    assert back.equals(scan.decode_metrics_block(chunk, 0)[0])
+    assert cached.lines == len(lines)

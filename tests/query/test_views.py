@@ -12,6 +12,7 @@ import socket
 import subprocess
 import sys
 import textwrap
+import threading
 import time
 from pathlib import Path
 
@@ -787,15 +788,35 @@ def test_parallel_refresh_gives_the_sequential_answer_and_problems(tmp_path, mon
     sql_rows = "SELECT run, step, metric, value FROM metrics ORDER BY ALL"
     sql_problems = "SELECT run, problem FROM runs ORDER BY run"
     answers = []
-    for threads in (1, 8):
+    real_cache_of = views.cache_of
+    where: list[str] = []
+
+    def cache_of(*a, **k):
+        where.append(threading.current_thread().name)
+        return real_cache_of(*a, **k)
+
+    monkeypatch.setattr(views, "cache_of", cache_of)
+    # one thread; the first in the pool, the second here, the rest in the pool (each
+    # counts as one that decoded); the first in the pool and the rest here while the
+    # caches are up to date (each below the threshold)
+    for threads, serial_s in ((1, 0.005), (8, -1.0), (8, 1e9)):
         monkeypatch.setattr(views, "REFRESH_THREADS", threads)
+        monkeypatch.setattr(views, "SERIAL_REFRESH_S", serial_s)
         shutil.rmtree(root / "p" / "r0" / ".et-cache", ignore_errors=True)
+        where.clear()
         con = connect(root)
         try:
             answers.append((con.sql(sql_rows).fetchall(), con.sql(sql_problems).fetchall()))
         finally:
             con.close()
-    assert answers[0] == answers[1]
+        pooled = sum(name.startswith("et-query-cache") for name in where)
+        if threads == 1 or (os.cpu_count() or 1) < 2:
+            assert pooled == 0
+        elif serial_s < 0:
+            assert pooled == len(where) - 1  # the second in this thread, the rest pooled
+        else:
+            assert pooled == 1  # the first
+    assert answers[0] == answers[1] == answers[2]
     rows, problems = answers[0]
     assert len(rows) == 6 * 20
     assert [r for r, p in problems if p] == ["p/r1", "p/r4"]
