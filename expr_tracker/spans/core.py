@@ -115,9 +115,25 @@ AGGREGATION = {
 }
 
 
+class _Forked:
+    """The active recorder as a forked child of the process that made it sees it: no span
+    may start under it (``Span._start`` takes its slow path, which raises
+    ``ForkedRunError``); :func:`get_active_recorder` still returns the recorder."""
+
+    __slots__ = ("recorder", "_pid")
+    _plain_spans = False  # every span started under it takes the slow path
+
+    def __init__(self, recorder: Any) -> None:
+        self.recorder = recorder
+        self._pid = recorder._pid
+
+
 def _after_fork_in_child() -> None:
-    global _PID
+    global _PID, _active
     _PID = os.getpid()
+    rec = _active
+    if rec is not None and type(rec) is not _Forked and rec._pid != _PID:
+        _active = _Forked(rec)  # the start of a span checks no pid of its own
 
 
 if hasattr(os, "register_at_fork"):  # pragma: no branch - POSIX
@@ -133,7 +149,7 @@ def set_active_recorder(recorder: Any) -> Any:
     is closed) and is never the parent of the new run's spans.
     """
     global _active
-    prev = _active
+    prev = get_active_recorder()
     _active = recorder
     top = _top_get()
     if top is not None and top._end_ns:  # let go of ended spans (and their run) here
@@ -143,7 +159,8 @@ def set_active_recorder(recorder: Any) -> Any:
 
 def get_active_recorder() -> Any:
     """The recorder spans currently report to, or None."""
-    return _active
+    rec = _active
+    return rec.recorder if type(rec) is _Forked else rec
 
 
 def current_span() -> Span | None:
@@ -283,12 +300,7 @@ class Span:
             raise RuntimeError(
                 f"span {self.name!r} was already started (or entered twice); create a new one"
             )
-        rec = _active
-        if rec is not None and rec._pid != _PID:
-            raise ForkedRunError(
-                "this process was forked from the one that started the run; spans cannot "
-                "report to the parent's run. Call et.init() (a new run or stream) in the child."
-            )
+        rec = _active  # (in a forked child, a _Forked: the slow path raises)
         up = top = _top_get()
         while up is not None and up._end_ns:  # ended: not on the stack any more
             up = up._up
@@ -317,6 +329,13 @@ class Span:
         (its own or inherited); ``top``: the stack's top before it, ``parent``: its
         parent, already set."""
         rec = self._rec
+        if rec is not None and rec._pid != _PID:
+            self._rec = None  # new again
+            self.path, self.depth, self.parent = self.name, 0, None
+            raise ForkedRunError(
+                "this process was forked from the one that started the run; spans cannot "
+                "report to the parent's run. Call et.init() (a new run or stream) in the child."
+            )
         opt = self._opt
         p, plugins = opt if opt is not None else (None, None)
         pdepth = 0
@@ -370,16 +389,19 @@ class Span:
             rec = self._rec
             if rec is None:
                 return False
-            raw = rec.raw_queue  # None: no batched path, or the recorder closed
-            if raw is not None and rec._pid == _PID:
+            # None: no batched path, the recorder closed, or a forked child (SpanRecorder)
+            raw = rec.raw_queue
+            if raw is not None:
                 # a plain span: one append to the store's raw queue (SpanRecorder.record's
                 # first branch, inline), placed and encoded in a batch later
                 try:
                     ident = _tc.identity
                 except AttributeError:
                     ident = thread_identity()
-                aio = _modules.get("asyncio")  # no asyncio imported: no task, and no call
-                entry = (self, ident, task_name(aio) if aio is not None else None)
+                if "asyncio" in _modules:  # none imported: no task, and no call
+                    entry = (self, ident, task_name(_modules["asyncio"]))
+                else:
+                    entry = (self, ident, None)
                 if not raw:
                     rec._raw_waiting()
                 raw.append(entry)

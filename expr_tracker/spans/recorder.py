@@ -36,6 +36,7 @@ import os
 import sys
 import threading
 import time
+import weakref
 from collections.abc import Callable, Iterable, Mapping
 from typing import Any
 
@@ -62,6 +63,21 @@ _NULL_STEP = len(b'{"_step":null,')
 DEFERRED_RECORD_BYTES = 256
 #: bytes a step adds to a cut record at most (``{"_step":`` + 20 characters + ``,``)
 _STEP_ROOM = 30
+
+
+#: the recorders whose ``raw_queue`` is set: a forked child clears it, so a span ending
+#: there takes ``record()``'s path (not recorded, warned) without a pid check of its own
+_queued: weakref.WeakSet[SpanRecorder] = weakref.WeakSet()
+
+
+def _after_fork_in_child() -> None:
+    for rec in list(_queued):
+        rec.raw_queue = None
+    _queued.clear()
+
+
+if hasattr(os, "register_at_fork"):  # pragma: no branch - POSIX
+    os.register_at_fork(after_in_child=_after_fork_in_child)
 
 
 class _PlainRecords:
@@ -183,6 +199,8 @@ class SpanRecorder:
         #: identity, task name)``, ``_raw_waiting()`` on an empty queue, ``_raw_pull()``
         #: at ``RAW_MAX``); None without one, and from :meth:`close` on
         self.raw_queue: Any = self._raw
+        if self._raw is not None:
+            _queued.add(self)  # a forked child lets go of the queue (_after_fork_in_child)
         self._lock = threading.Lock()  # counters only, never on the fast path
         self._dropped_oversize = 0
         self._dropped_pending = 0
