@@ -77,10 +77,13 @@ _get_running_loop: Any = None
 
 def task_name(aio: Any) -> str | None:
     """The current asyncio task's name (``aio``: the ``asyncio`` module, imported by
-    someone); None outside a running event loop (no loop running, or no task)."""
+    someone; None once it was found here); None outside a running event loop (no loop
+    running, or no task)."""
     global _get_running_loop
     running = _get_running_loop
     if running is None:
+        if aio is None:
+            return None
         # getattr: another thread may be importing asyncio right now (a mirror importing
         # its library), leaving a partially initialised module in sys.modules
         running = getattr(aio, "_get_running_loop", None)
@@ -90,6 +93,8 @@ def task_name(aio: Any) -> str | None:
     loop = running()
     if loop is None:
         return None
+    if aio is None:
+        aio = _modules.get("asyncio")
     current = getattr(aio, "current_task", None)
     task = current(loop) if current is not None else None
     return task.get_name() if task is not None else None
@@ -398,7 +403,10 @@ class Span:
                     ident = _tc.identity
                 except AttributeError:
                     ident = thread_identity()
-                if "asyncio" in _modules:  # none imported: no task, and no call
+                running = _get_running_loop  # asyncio's, once it is imported
+                if running is not None:
+                    entry = (self, ident, None if running() is None else task_name(None))
+                elif "asyncio" in _modules:  # none imported: no task, and no call
                     entry = (self, ident, task_name(_modules["asyncio"]))
                 else:
                     entry = (self, ident, None)

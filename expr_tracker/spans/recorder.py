@@ -319,25 +319,23 @@ class SpanRecorder:
         count = self._count
         keep = self._writer is not None
         merged: dict[str, Any] = {}
-        unique = True
         first = 1 << 62
-        for entry in batch:
-            span = entry[0]
+        for span, _, _ in batch:
             path = span.path
-            key = keys.get(path)
-            if key is None:
+            try:
+                key = keys[path]
+            except KeyError:
                 if len(keys) >= 65536:  # unique span names cannot grow it without limit
                     keys.clear()
                 key = keys[path] = "time_ms/" + path
             sid = span.id
             if sid < first:
                 first = sid
-            if key in merged:
-                unique = False
-                break
             merged[key] = (span._end_ns - span._start_ns) / 1e6
             if count:
-                merged["count/" + path] = 1  # a new path: its count key is new too
+                merged["count/" + path] = 1
+        # a key per span (two with count/): fewer means a name repeats
+        unique = len(merged) == (len(batch) << 1 if count else len(batch))
         if unique and not full:
             return None, merged, first, keep
         out = []
