@@ -216,7 +216,9 @@ class SpanRecorder:
     def record(self, span: Any, pm: dict[str, Any] | None = None) -> None:
         """Record one ended span; ``pm`` holds its plugin measurements (unprefixed keys).
 
-        Called by the span itself; sets ``span._pm`` to the normalised measurements.
+        Called by the span itself, except a plain one while :attr:`raw_queue` is set
+        (``Span.__exit__`` appends that one to the queue, as the first branch here would);
+        sets ``span._pm`` to the normalised measurements.
         """
         # the hot path of every span: attributes and globals are read once into locals
         if self._closed:
