@@ -464,8 +464,11 @@ class HistoryStore:
             if self._agg:
                 self._agg = {}
             hook = self.on_commit
-            if hook is not None:
-                self._call_hook(hook, row)
+            if hook is not None:  # _call_hook, inlined
+                try:
+                    hook(row)
+                except Exception as exc:  # noqa: BLE001 - a consumer never breaks log()
+                    self._hook_failed(hook, exc)
         except BaseException:
             if self.cache.next_ordinal != mark:
                 if self.open_step == step:
