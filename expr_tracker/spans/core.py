@@ -49,7 +49,6 @@ _PID = os.getpid()
 #: the one process-wide sequence the history store also marks each accepted ``log()`` with,
 #: so the store can tell whether a ``log()`` came while a span ran
 _ids = _current.sequence
-_next_id = _ids.__next__
 _modules = sys.modules
 
 #: plain spans waiting in a recorder's raw queue at most: the one that reaches it places
@@ -320,7 +319,7 @@ class Span:
         elif self._opt is not None or (rec is not None and not rec._plain_spans):
             return self._start_slow(top, None)
         self._slow = False
-        self.id = _next_id()
+        self.id = next(_ids)
         try:  # all or nothing: interrupted (Ctrl-C), the stack is left as it was
             _top_set(self)
             self._start_ns = perf_counter_ns()
@@ -361,7 +360,7 @@ class Span:
         self._plugins_arg = plugins  # the effective set, inherited by children
         self._plugins: tuple[Any, ...] | list[Any] = ()
         self._slow = True
-        self.id = _next_id()
+        self.id = next(_ids)
         try:  # all or nothing: interrupted (Ctrl-C), the stack is left as it was
             _top_set(self)
             if p:
