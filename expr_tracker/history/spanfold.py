@@ -409,8 +409,7 @@ class PendingSpans:
             if sink is None:
                 own(step, records) or done()
             else:
-                sink(step, records, done)
-                done()
+                sink(step, records, done)  # calls done() itself before it returns
         except Exception as exc:  # noqa: BLE001 - a span sink never breaks log()
             done()
             self._sink_failed(exc)

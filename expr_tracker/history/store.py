@@ -435,7 +435,7 @@ class HistoryStore:
             line = encode_plain(row)
         except _JSONEncodeError:
             return -1
-        if b"null" in line:
+        if line.count(b"null"):  # (count, not `in`: see _commit_plain_locked)
             return -1
         self._log_mark = next(_sequence)
         if keep:
@@ -458,8 +458,11 @@ class HistoryStore:
             if self._agg:
                 self._agg = {}
             hook = self.on_commit
-            if hook is not None:
-                self._call_hook(hook, row)
+            if hook is not None:  # _call_hook, inlined
+                try:
+                    hook(row)
+                except Exception as exc:  # noqa: BLE001 - a consumer never breaks log()
+                    self._hook_failed(hook, exc)
         except BaseException:
             if self.cache.next_ordinal != mark:
                 if self.open_step == step:

@@ -1,20 +1,27 @@
 """Span objects and the nesting stack.
 
 A :class:`Span` times a region with ``time.perf_counter_ns``. Nesting lives in a
-``ContextVar`` holding a tuple of open spans: a new thread starts empty and every asyncio
-task works on its own copy, so concurrent work never nests inside unrelated spans. A span
-that ends removes *itself* from the current stack by filtering (never a token reset), so
-spans may end out of order (``start_span`` / ``end``).
+``ContextVar`` holding the innermost span started in the current thread / asyncio task;
+each span keeps the one below it (``_up``), so the chain is the stack of open spans. A new
+thread starts empty and every asyncio task works on its own copy, so concurrent work never
+nests inside unrelated spans. A span that ends only marks itself ended (``_end_ns``); the
+chain is read skipping ended spans, and the next span started in that context replaces the
+top, so a span costs one ``ContextVar.set`` and spans may end out of order
+(``start_span`` / ``end``), from any context.
 
 The active :class:`~expr_tracker.spans.recorder.SpanRecorder` is a module global set by the
 run (:func:`set_active_recorder`) and read on the fast path: no locks and no validation on
-enter. Without one, spans still time and print but write nothing.
+enter. Without one, spans still time and print but write nothing. A plain span (no
+print_fn, plugin, attribute, ``step=`` or error) ends with one append to the recorder's
+raw-span queue (``SpanRecorder.raw_queue``), done here without calling the recorder.
 """
 
 from __future__ import annotations
 
 import logging
 import os
+import sys
+import threading
 from collections.abc import Callable, Iterable
 from contextvars import ContextVar
 from time import perf_counter_ns
@@ -24,14 +31,15 @@ from typing import Any
 from expr_tracker import _current
 from expr_tracker._warn import Warner
 from expr_tracker.errors import ForkedRunError
+from expr_tracker.history.spanfiles import track_name
 from expr_tracker.spans.printing import enter_line, exit_line
 
 log = logging.getLogger("expr_tracker.spans")
 
-#: the open spans of the current thread / asyncio task, outermost first
-_stack: ContextVar[tuple[Span, ...]] = ContextVar("expr_tracker_span_stack", default=())
-_stack_get = _stack.get
-_stack_set = _stack.set
+#: the innermost span started in the current thread / asyncio task (ended or not), or None
+_top: ContextVar[Span | None] = ContextVar("expr_tracker_span_top", default=None)
+_top_get = _top.get
+_top_set = _top.set
 
 #: the active recorder (a SpanRecorder or None), set by the run
 _active: Any = None
@@ -41,6 +49,55 @@ _PID = os.getpid()
 #: the one process-wide sequence the history store also marks each accepted ``log()`` with,
 #: so the store can tell whether a ``log()`` came while a span ran
 _ids = _current.sequence
+_modules = sys.modules
+
+#: plain spans waiting in a recorder's raw queue at most: the one that reaches it places
+#: them (``SpanRecorder``; the store's own bounds on held records then apply)
+RAW_MAX = 1024
+
+#: per thread: ``identity``, the ``(native thread id, name at the thread's first span,
+#: track)`` a span record names (set by ``SpanRecorder``'s ``thread_identity``)
+thread_cache = threading.local()
+_tc = thread_cache
+
+
+def thread_identity() -> tuple[int, str, str]:
+    """``(native thread id, name, track)`` of the calling thread, as its span records name
+    it: cached per thread at its first span (``thread_cache.identity``; a later rename of
+    the thread is not seen)."""
+    tid, name = threading.get_native_id(), threading.current_thread().name
+    v = _tc.identity = (tid, name, track_name(name, tid))
+    return v
+
+
+#: ``asyncio._get_running_loop``, kept once found (one global read per span after that)
+_get_running_loop: Any = None
+
+
+def task_name(aio: Any) -> str | None:
+    """The current asyncio task's name (``aio``: the ``asyncio`` module, imported by
+    someone; None once it was found here); None outside a running event loop (no loop
+    running, or no task)."""
+    global _get_running_loop
+    running = _get_running_loop
+    if running is None:
+        if aio is None:
+            return None
+        # getattr: another thread may be importing asyncio right now (a mirror importing
+        # its library), leaving a partially initialised module in sys.modules
+        running = getattr(aio, "_get_running_loop", None)
+        if running is None:
+            return None
+        _get_running_loop = running
+    loop = running()
+    if loop is None:
+        return None
+    if aio is None:
+        aio = _modules.get("asyncio")
+    current = getattr(aio, "current_task", None)
+    task = current(loop) if current is not None else None
+    return task.get_name() if task is not None else None
+
 
 _warner = Warner(log)
 
@@ -62,9 +119,25 @@ AGGREGATION = {
 }
 
 
+class _Forked:
+    """The active recorder as a forked child of the process that made it sees it: no span
+    may start under it (``Span._start`` takes its slow path, which raises
+    ``ForkedRunError``); :func:`get_active_recorder` still returns the recorder."""
+
+    __slots__ = ("recorder", "_pid")
+    _plain_spans = False  # every span started under it takes the slow path
+
+    def __init__(self, recorder: Any) -> None:
+        self.recorder = recorder
+        self._pid = recorder._pid
+
+
 def _after_fork_in_child() -> None:
-    global _PID
+    global _PID, _active
     _PID = os.getpid()
+    rec = _active
+    if rec is not None and type(rec) is not _Forked and rec._pid != _PID:
+        _active = _Forked(rec)  # the start of a span checks no pid of its own
 
 
 if hasattr(os, "register_at_fork"):  # pragma: no branch - POSIX
@@ -80,22 +153,30 @@ def set_active_recorder(recorder: Any) -> Any:
     is closed) and is never the parent of the new run's spans.
     """
     global _active
-    prev = _active
+    prev = get_active_recorder()
     _active = recorder
+    top = _top_get()
+    if top is not None and top._end_ns:  # let go of ended spans (and their run) here
+        _top_set(_open(top))
     return prev
 
 
 def get_active_recorder() -> Any:
     """The recorder spans currently report to, or None."""
-    return _active
+    rec = _active
+    return rec.recorder if type(rec) is _Forked else rec
 
 
 def current_span() -> Span | None:
     """The innermost open span of this thread / asyncio task, or None."""
-    for s in reversed(_stack_get()):
-        if not s._end_ns:
-            return s
-    return None
+    return _open(_top_get())
+
+
+def _open(s: Span | None) -> Span | None:
+    """``s`` or the first span below it that has not ended (None: no open span)."""
+    while s is not None and s._end_ns:
+        s = s._up
+    return s
 
 
 def _normalize_name(name: str) -> str:
@@ -147,6 +228,10 @@ class Span:
     - :attr:`duration_ms`, :attr:`metrics`.
     """
 
+    # Set by __init__: the public attributes, _opt, _start_ns, _end_ns. Set when it starts:
+    # _rec, _up, _slow and, for a slow span (_slow: a print_fn, plugins, attributes or
+    # step= of its own or inherited), _print, _pdepth, _plugins_arg, _plugins. _pm is set
+    # when a slow span ends, _manual by start_span: the fast path stores only what it reads.
     __slots__ = (
         "name",
         "path",
@@ -156,15 +241,17 @@ class Span:
         "attrs",
         "step",
         "error",
-        "_print_arg",
-        "_plugins_arg",
-        "_print",
-        "_pdepth",
-        "_plugins",
+        "_opt",
         "_start_ns",
         "_end_ns",
-        "_pm",
         "_rec",
+        "_up",
+        "_slow",
+        "_print",
+        "_pdepth",
+        "_plugins_arg",
+        "_plugins",
+        "_pm",
         "_manual",
         "__weakref__",
     )
@@ -187,81 +274,109 @@ class Span:
         self.depth = 0
         self.parent: Span | None = None
         self.id = 0
-        self.attrs = attrs or None
         self.step = step
         self.error: str | None = None
-        self._print_arg = print_fn
-        self._plugins_arg = plugins if plugins is None else tuple(plugins)
-        self._print: Callable[[str], Any] | None = None
-        self._pdepth = 0
-        self._plugins: tuple[Any, ...] | list[Any] = ()
         self._start_ns = 0
         self._end_ns = 0
-        self._pm: dict[str, Any] | None = None
-        self._rec: Any = None  # the recorder (run) active when the span started
-        self._manual = False  # started by start_span(), not yet entered by `with`
+        if attrs:
+            self.attrs: dict[str, Any] | None = attrs
+            self._opt: tuple[Any, Any] | None = (
+                print_fn,
+                plugins if plugins is None else tuple(plugins),
+            )
+        else:
+            self.attrs = None
+            # what the span sets itself (print_fn, plugins), or None: nothing of its own
+            # (no step= or attributes either), the fast path when it inherits nothing
+            self._opt = (
+                None
+                if print_fn is None and plugins is None and step is None
+                else (print_fn, plugins if plugins is None else tuple(plugins))
+            )
 
     # ------------------------------------------------------------------ lifecycle
 
     def _start(self) -> Span:
         if self._start_ns:
-            if self._manual and not self._end_ns:  # `with et.start_span("x"):` ends it at exit
-                self._manual = False
+            if getattr(self, "_manual", False) and not self._end_ns:
+                self._manual = False  # `with et.start_span("x"):` ends it at exit
                 return self
             raise RuntimeError(
                 f"span {self.name!r} was already started (or entered twice); create a new one"
             )
-        rec = _active
+        rec = _active  # (in a forked child, a _Forked: the slow path raises)
+        up = top = _top_get()
+        while up is not None and up._end_ns:  # ended: not on the stack any more
+            up = up._up
+        self._rec = rec
+        self._up = up
+        if up is not None and up._rec is rec:  # (else left open by an earlier run)
+            self.path = up.path + "/" + self.name
+            self.depth = up.depth + 1
+            self.parent = up
+            if up._slow or self._opt is not None:
+                return self._start_slow(top, up)
+        elif self._opt is not None or (rec is not None and not rec._plain_spans):
+            return self._start_slow(top, None)
+        self._slow = False
+        self.id = next(_ids)
+        try:  # all or nothing: interrupted (Ctrl-C), the stack is left as it was
+            _top_set(self)
+            self._start_ns = perf_counter_ns()
+        except BaseException:
+            _top_set(top)
+            raise
+        return self
+
+    def _start_slow(self, top: Span | None, parent: Span | None) -> Span:
+        """``_start`` of a span that prints, measures, or has attributes or ``step=``
+        (its own or inherited); ``top``: the stack's top before it, ``parent``: its
+        parent, already set."""
+        rec = self._rec
         if rec is not None and rec._pid != _PID:
+            self._rec = None  # new again
+            self.path, self.depth, self.parent = self.name, 0, None
             raise ForkedRunError(
                 "this process was forked from the one that started the run; spans cannot "
                 "report to the parent's run. Call et.init() (a new run or stream) in the child."
             )
-        stack = _stack_get()
-        if stack:
-            parent = stack[-1]
-            if parent._end_ns:  # ended from another context: drop the stale entries
-                stack = tuple(s for s in stack if not s._end_ns)
-                parent = stack[-1] if stack else None
-            if parent is not None and parent._rec is not rec:
-                parent = None  # left open by an earlier run: not this run's parent
-        else:
-            parent = None
-        self._rec = rec
-        p = self._print_arg
-        plugins = self._plugins_arg
+        opt = self._opt
+        p, plugins = opt if opt is not None else (None, None)
+        pdepth = 0
         if parent is None:
             if p is None:
                 p = rec._print_fn if rec is not None else None
             if plugins is None:
                 plugins = rec._plugins if rec is not None else ()
         else:
-            self.path = parent.path + "/" + self.name
-            self.depth = parent.depth + 1
-            self.parent = parent
-            if p is None:
+            slow = parent._slow
+            if p is None and slow:
                 p = parent._print
-                self._pdepth = parent._pdepth + 1
+                pdepth = parent._pdepth + 1
             if plugins is None:
-                plugins = parent._plugins_arg
+                plugins = parent._plugins_arg if slow else ()
+        self._print = None  # stays None for a falsy print_fn
+        self._pdepth = pdepth
         self._plugins_arg = plugins  # the effective set, inherited by children
+        self._plugins: tuple[Any, ...] | list[Any] = ()
+        self._slow = True
         self.id = next(_ids)
         try:  # all or nothing: interrupted (Ctrl-C), the stack is left as it was
-            _stack_set(stack + (self,))
-            if p:  # self._print stays None (from __init__) for a falsy print_fn
+            _top_set(self)
+            if p:
                 self._print = p
                 self._emit(enter_line(self, _wall()))
             if plugins:
                 self._plugins = _start_plugins(self, plugins)
             self._start_ns = perf_counter_ns()
         except BaseException:
-            self._unstart(stack)
+            self._unstart(top)
             raise
         return self
 
-    def _unstart(self, stack: tuple[Span, ...]) -> None:
-        """Undo an interrupted ``_start``: the span is new again, ``stack`` current."""
-        _stack_set(stack)
+    def _unstart(self, top: Span | None) -> None:
+        """Undo an interrupted ``_start``: the span is new again, ``top`` the stack's top."""
+        _top_set(top)
         self._start_ns = 0
         self._print = None
         if self._plugins:  # close what the plugins opened; the result is dropped
@@ -272,15 +387,43 @@ class Span:
         end = perf_counter_ns()
         if self._end_ns or not self._start_ns:
             return False
+        # ended: off the stack (the chain skips it; the next span started here replaces it)
         self._end_ns = end
+        if exc_type is None and not self._slow:
+            rec = self._rec
+            if rec is None:
+                return False
+            # None: no batched path, the recorder closed, or a forked child (SpanRecorder)
+            raw = rec.raw_queue
+            if raw is not None:
+                # a plain span: one append to the store's raw queue (SpanRecorder.record's
+                # first branch, inline), placed and encoded in a batch later
+                try:
+                    ident = _tc.identity
+                except AttributeError:
+                    ident = thread_identity()
+                running = _get_running_loop  # asyncio's, once it is imported
+                if running is not None:
+                    entry = (self, ident, None if running() is None else task_name(None))
+                elif "asyncio" in _modules:  # none imported: no task, and no call
+                    entry = (self, ident, task_name(_modules["asyncio"]))
+                else:
+                    entry = (self, ident, None)
+                if not raw:
+                    rec._raw_waiting()
+                raw.append(entry)
+                if len(raw) >= RAW_MAX:
+                    rec._raw_pull()
+                return False
+        return self._end_slow(exc_type)
+
+    def _end_slow(self, exc_type: Any) -> bool:
+        """``__exit__`` of a span that is not plain, failed, or has no batched path."""
         if exc_type is not None:
             self.error = exc_type.__name__
-        stack = _stack_get()
-        if stack and stack[-1] is self:
-            _stack_set(stack[:-1])
-        elif self in stack:
-            _stack_set(tuple(s for s in stack if s is not self))
-        pm = _end_plugins(self) if self._plugins else None
+        slow = self._slow
+        pm = _end_plugins(self) if slow and self._plugins else None
+        self._pm = pm
         # the run the span started in, never a later one (a span left open across
         # et.finish()/et.init() is not recorded: its run's recorder is closed)
         rec = self._rec
@@ -298,10 +441,7 @@ class Span:
                     )
             else:
                 _warn_once("forked", "expr_tracker: span ended in a forked child; not recorded")
-                self._pm = pm
-        else:
-            self._pm = pm
-        if self._print is not None:
+        if slow and self._print is not None:
             self._emit(exit_line(self, _wall()))
         return False
 
@@ -328,12 +468,9 @@ class Span:
     def _discard(self) -> None:
         """Take a started span off the stack without recording it (a failed use of it)."""
         if not self._end_ns:
-            self._end_ns = self._start_ns
-            if self._plugins:
+            self._end_ns = self._start_ns  # ended: the stack skips it
+            if self._slow and self._plugins:
                 _end_plugins(self)  # close what the plugins opened; the result is dropped
-            stack = _stack_get()
-            if self in stack:
-                _stack_set(tuple(s for s in stack if s is not self))
 
     # ------------------------------------------------------------------ protocols
 
@@ -345,10 +482,11 @@ class Span:
         return False
 
     def _clone(self) -> Span:
+        p, plugins = self._opt if self._opt is not None else (None, None)
         return Span(
             self.name,
-            print_fn=self._print_arg,
-            plugins=self._plugins_arg,
+            print_fn=p,
+            plugins=plugins,
             step=self.step,
             **(self.attrs or {}),
         )
@@ -360,8 +498,8 @@ class Span:
         was already started.
         """
         if self._start_ns:
-            if self._manual:  # @et.start_span(...): never leave it open for others to nest in
-                self._discard()
+            if getattr(self, "_manual", False):  # @et.start_span(...): never leave it open
+                self._discard()  # for others to nest in
             raise TypeError(
                 f"a started span cannot decorate a function: use @et.span({self.name!r}) "
                 "(et.start_span starts the span at once)"
@@ -394,6 +532,16 @@ class Span:
             self.attrs = attrs or None
         else:
             self.attrs.update(attrs)
+        if attrs:  # a span with attributes is recorded by the slow path
+            if not self._start_ns:
+                if self._opt is None:
+                    self._opt = (None, None)
+            elif not self._slow:  # started plain: what _start_slow sets for it
+                self._print = None
+                self._pdepth = 0
+                self._plugins_arg = ()
+                self._plugins = ()
+                self._slow = True
         return self
 
     @property
@@ -415,8 +563,9 @@ class Span:
         if not self._end_ns:
             return {}
         out: dict[str, Any] = {"time_ms": (self._end_ns - self._start_ns) / 1e6}
-        if self._pm:
-            out.update(self._pm)
+        pm = getattr(self, "_pm", None)  # set when a slow span ends
+        if pm:
+            out.update(pm)
         return out
 
     @property

@@ -36,6 +36,7 @@ import os
 import sys
 import threading
 import time
+import weakref
 from collections.abc import Callable, Iterable, Mapping
 from typing import Any
 
@@ -46,20 +47,17 @@ from expr_tracker.errors import ForkedRunError
 from expr_tracker.history.codec import encode_row, has_nonfinite, normalize_value
 from expr_tracker.history.spanfiles import track_name
 from expr_tracker.spans import core
+from expr_tracker.spans.core import RAW_MAX, task_name, thread_cache, thread_identity
 
 log = logging.getLogger("expr_tracker.spans")
 
 _dumps = orjson.dumps
-_tl = threading.local()
 _modules = sys.modules
 _NUMBER = (float, int)
 
 
 #: an encoded record starts with ``{"_step":null,`` until its step is known: cut there
 _NULL_STEP = len(b'{"_step":null,')
-#: plain spans waiting to be placed at most: one more places them at once (the store's own
-#: bounds on held records then apply)
-RAW_MAX = 1024
 #: bytes a plain span's record counts for against the writer's ``max_pending_bytes``
 #: until it is encoded (a record of a short name in the main thread is about 200)
 DEFERRED_RECORD_BYTES = 256
@@ -67,35 +65,19 @@ DEFERRED_RECORD_BYTES = 256
 _STEP_ROOM = 30
 
 
-def _thread_identity() -> tuple[int, str, str]:
-    # cached per thread: (native thread id, name at the thread's first span, its track)
-    tid, name = threading.get_native_id(), threading.current_thread().name
-    v = _tl.v = (tid, name, track_name(name, tid))
-    return v
+#: the recorders whose ``raw_queue`` is set: a forked child clears it, so a span ending
+#: there takes ``record()``'s path (not recorded, warned) without a pid check of its own
+_queued: weakref.WeakSet[SpanRecorder] = weakref.WeakSet()
 
 
-#: ``asyncio._get_running_loop``, kept once found (one global read per span after that)
-_get_running_loop: Any = None
+def _after_fork_in_child() -> None:
+    for rec in list(_queued):
+        rec.raw_queue = None
+    _queued.clear()
 
 
-def _task_name(aio: Any) -> str | None:
-    """The current asyncio task's name (``aio``: the ``asyncio`` module, imported by
-    someone); None outside a running event loop (no loop running, or no task)."""
-    global _get_running_loop
-    running = _get_running_loop
-    if running is None:
-        # getattr: another thread may be importing asyncio right now (a mirror importing
-        # its library), leaving a partially initialised module in sys.modules
-        running = getattr(aio, "_get_running_loop", None)
-        if running is None:
-            return None
-        _get_running_loop = running
-    loop = running()
-    if loop is None:
-        return None
-    current = getattr(aio, "current_task", None)
-    task = current(loop) if current is not None else None
-    return task.get_name() if task is not None else None
+if hasattr(os, "register_at_fork"):  # pragma: no branch - POSIX
+    os.register_at_fork(after_in_child=_after_fork_in_child)
 
 
 class _PlainRecords:
@@ -178,6 +160,9 @@ class SpanRecorder:
         self._count = bool(count)
         self._print_fn = print_fn or None
         self._plugins = tuple(plugins or ())
+        # no print_fn and no plugins: a span that sets neither inherits nothing (the fast
+        # path of Span._start)
+        self._plain_spans = self._print_fn is None and not self._plugins
         self._max_record = int(max_record_bytes)
         self._max_pending = int(max_pending_bytes)
         self.identity = dict(identity or {})
@@ -203,12 +188,19 @@ class SpanRecorder:
         # a plain span (no plugin measurement, attribute, step= or error) costs one list
         # append when it ends: the store places a batch of them before it next reads or
         # changes its rows (store.attach_raw_spans), and the records are encoded then
-        self._raw: Any = None  # the store's queue (a deque), or None
+        self._raw: Any = None  # the store's queue (a list), or None
         self._keys: dict[str, str] = {}  # path -> "time_ms/<path>"
         if self._hold and callable(getattr(store, "attach_raw_spans", None)):
             self._raw = store.attach_raw_spans(self._convert_raw, self._write_raw)
             self._raw_waiting = store.raw_spans_waiting
             self._raw_pull = store.pull_raw_spans
+        #: the queue a plain span appends itself to as it ends (``Span.__exit__``, which
+        #: then calls neither :meth:`record` nor anything else here: ``(span, thread
+        #: identity, task name)``, ``_raw_waiting()`` on an empty queue, ``_raw_pull()``
+        #: at ``RAW_MAX``); None without one, and from :meth:`close` on
+        self.raw_queue: Any = self._raw
+        if self._raw is not None:
+            _queued.add(self)  # a forked child lets go of the queue (_after_fork_in_child)
         self._lock = threading.Lock()  # counters only, never on the fast path
         self._dropped_oversize = 0
         self._dropped_pending = 0
@@ -224,7 +216,9 @@ class SpanRecorder:
     def record(self, span: Any, pm: dict[str, Any] | None = None) -> None:
         """Record one ended span; ``pm`` holds its plugin measurements (unprefixed keys).
 
-        Called by the span itself; sets ``span._pm`` to the normalised measurements.
+        Called by the span itself, except a plain one while :attr:`raw_queue` is set
+        (``Span.__exit__`` appends that one to the queue, as the first branch here would);
+        sets ``span._pm`` to the normalised measurements.
         """
         # the hot path of every span: attributes and globals are read once into locals
         if self._closed:
@@ -235,13 +229,13 @@ class SpanRecorder:
         if raw is not None and not pm and span.attrs is None and span.step is None:
             if span.error is None:
                 try:
-                    ident = _tl.v
+                    ident = thread_cache.identity
                 except AttributeError:
-                    ident = _thread_identity()
+                    ident = thread_identity()
                 aio = _modules.get("asyncio")  # no asyncio imported: no task, and no call
                 if not raw:
                     self._raw_waiting()
-                raw.append((span, ident, _task_name(aio) if aio is not None else None))
+                raw.append((span, ident, task_name(aio) if aio is not None else None))
                 if len(raw) >= RAW_MAX:
                     self._raw_pull()
                 return
@@ -256,9 +250,9 @@ class SpanRecorder:
         if writer is not None:
             parent = span.parent
             try:
-                tid, tname, track = _tl.v
+                tid, tname, track = thread_cache.identity
             except AttributeError:
-                tid, tname, track = _thread_identity()
+                tid, tname, track = thread_identity()
             item = {
                 "_step": None,  # set when known: here, or at the log() that places the metrics
                 "name": path,
@@ -274,7 +268,7 @@ class SpanRecorder:
             }
             aio = _modules.get("asyncio")  # no asyncio imported: no task, and no call
             if aio is not None:
-                task = _task_name(aio)  # only inside a running event loop
+                task = task_name(aio)  # only inside a running event loop
                 if task is not None:
                     item["task"] = task
                     item["track"] = track_name(tname, tid, task)
@@ -327,25 +321,23 @@ class SpanRecorder:
         count = self._count
         keep = self._writer is not None
         merged: dict[str, Any] = {}
-        unique = True
         first = 1 << 62
-        for entry in batch:
-            span = entry[0]
+        for span, _, _ in batch:
             path = span.path
-            key = keys.get(path)
-            if key is None:
+            try:
+                key = keys[path]
+            except KeyError:
                 if len(keys) >= 65536:  # unique span names cannot grow it without limit
                     keys.clear()
                 key = keys[path] = "time_ms/" + path
             sid = span.id
             if sid < first:
                 first = sid
-            if key in merged:
-                unique = False
-                break
             merged[key] = (span._end_ns - span._start_ns) / 1e6
             if count:
-                merged["count/" + path] = 1  # a new path: its count key is new too
+                merged["count/" + path] = 1
+        # a key per span (two with count/): fewer means a name repeats
+        unique = len(merged) == (len(batch) << 1 if count else len(batch))
         if unique and not full:
             return None, merged, first, keep
         out = []
@@ -622,6 +614,7 @@ class SpanRecorder:
         recorder. Records still waiting for their step are placed in the store's open row
         and written; then the writer is closed (drained) when it owns it (``owns_writer``); never the store. Returns :meth:`stats`."""
         self._check_fork()
+        self.raw_queue = None  # spans that end from now on take record(): counted, dropped
         self._closed = True
         if core.get_active_recorder() is self:
             core.set_active_recorder(None)

@@ -429,3 +429,70 @@ def test_forked_child_rejects_inherited_recorder(rec):
     os.waitpid(pid, 0)
     os.close(rfd)
     assert got == b"\x00"
+
+
+class RawStore(FakeStore):
+    """A store with the raw-span queue (the batched path of plain spans)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.raw: list = []
+
+    def ingest_span(self, metrics, dur_ms, record=None, since=0):
+        self.calls.append((dict(metrics), dur_ms))
+        return self.open_step
+
+    def hold_spans(self, sink, *, max_seconds=None, max_bytes=0) -> None:
+        pass
+
+    def attach_raw_spans(self, convert, sink=None):
+        return self.raw
+
+    def raw_spans_waiting(self) -> None:
+        pass
+
+    def pull_raw_spans(self) -> None:
+        pass
+
+
+@pytest.mark.skipif(not hasattr(os, "fork"), reason="needs fork")
+def test_forked_child_spans_around_the_fork():
+    """In a forked child: a span nested in one the parent started raises ForkedRunError;
+    one the parent started and the child ends is not queued (the queue is the parent's);
+    get_active_recorder() still names the parent's recorder. The parent is unaffected."""
+    store = RawStore()
+    r = SpanRecorder(store, FakeWriter())
+    prev = set_active_recorder(r)
+    try:
+        outer = span("outer").__enter__()
+        rfd, wfd = os.pipe()
+        pid = os.fork()
+        if pid == 0:  # child
+            code = 1
+            try:
+                try:
+                    with span("inner"):
+                        pass
+                except ForkedRunError:
+                    try:
+                        with span("top"):
+                            pass
+                    except ForkedRunError:
+                        outer.__exit__(None)
+                        if get_active_recorder() is r and store.raw == [] and not outer.running:
+                            code = 0
+            finally:
+                os.write(wfd, bytes([code]))
+                os._exit(0)
+        os.close(wfd)
+        got = os.read(rfd, 1)
+        os.waitpid(pid, 0)
+        os.close(rfd)
+        with span("inner"):
+            pass
+        outer.__exit__(None)
+        assert got == b"\x00"
+        assert current_span() is None
+        assert [e[0].path for e in store.raw] == ["outer/inner", "outer"]
+    finally:
+        set_active_recorder(prev)
