@@ -412,6 +412,9 @@ class Span:
                 if not raw:
                     rec._raw_waiting()
                 raw.append(entry)
+                # an ended span may stay its thread's top for long (an idle worker): it
+                # must not keep its run (the recorder, the store) alive
+                self._rec = None
                 if len(raw) >= RAW_MAX:
                     rec._raw_pull()
                 return False
@@ -441,6 +444,7 @@ class Span:
                     )
             else:
                 _warn_once("forked", "expr_tracker: span ended in a forked child; not recorded")
+            self._rec = None  # ended: its run is not kept alive through it (see __exit__)
         if slow and self._print is not None:
             self._emit(exit_line(self, _wall()))
         return False

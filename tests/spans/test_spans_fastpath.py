@@ -151,3 +151,39 @@ def test_set_on_a_started_plain_span_takes_the_slow_end(tmp_path, attrs):
     recs = [json.loads(x) for x in (run.dir / "spans.jsonl").read_text().splitlines()]
     assert [r["name"] for r in recs] == ["a/b", "a"]
     assert recs[1].get("args") == ({"k": 1} if attrs else None)
+
+
+@pytest.mark.parametrize("slow", [False, True], ids=["plain", "with-attributes"])
+def test_an_idle_threads_ended_span_does_not_keep_its_run_alive(tmp_path, slow) -> None:
+    """An ended span stays its thread's top until the thread starts another one; it must
+    not hold its run's recorder (and through it the store and its row cache) once ended:
+    a worker thread idle after one span would otherwise keep a finished run in memory."""
+    import gc
+    import weakref
+
+    run = et.init(project="p", name="r", dir=str(tmp_path), system=False)
+    store = weakref.ref(run.history)
+    recorder = weakref.ref(get_active_recorder())
+    started, release = threading.Event(), threading.Event()
+
+    def worker() -> None:
+        with span("load", **({"shard": 1} if slow else {})):
+            pass
+        started.set()
+        release.wait(30)  # idle, its last span still its top
+
+    t = threading.Thread(target=worker)
+    t.start()
+    try:
+        assert started.wait(30)
+        et.log({"x": 1.0})
+        et.finish()
+        del run
+        gc.collect()
+        assert recorder() is None
+        assert store() is None
+    finally:
+        release.set()
+        t.join()
+    lines = (tmp_path / "p" / "r" / "spans.jsonl").read_text().splitlines()
+    assert [json.loads(x)["name"] for x in lines] == ["load"]
