@@ -28,6 +28,7 @@ FAMILIES: dict[str, str] = {
     "cli/output.py": "terminal/record writers of et commands",
     "history/cache.py": "the row cache and its decoded disk tail",
     "history/columns.py": "the columnar view of a history (a column, the columns)",
+    "history/pending.py": "a writer's pending queue (its own list, or the store's row cache)",
     "media/types.py": "media values for et.log (image, histogram, table)",
     "runs.py": "a run, and the disabled run that stands in for one",
     "spans/plugins.py": "span plugins (CPU time, torch memory, GPU stats)",

@@ -10,6 +10,7 @@ import logging
 import os
 import shutil
 import threading
+import time
 
 import pytest
 from helpers import run_py
@@ -311,14 +312,16 @@ def test_finish_while_threads_span_loses_nothing_accepted(tmp_path, caplog):
         def work(k: int, stop: threading.Event, recorder, ended: list[int]) -> None:
             while not stop.is_set():
                 with span(f"t{k}") as s:
-                    pass
-                if s._rec is recorder:  # started while the run was live
+                    live = s._rec is recorder  # started while the run was live
+                if live:  # (an ended span lets go of its recorder: read it inside)
                     ended[k] += 1
 
         threads = [threading.Thread(target=work, args=(k, stop, recorder, ended)) for k in range(4)]
         for t in threads:
             t.start()
+        deadline = time.monotonic() + 120
         while sum(ended) < 200:
+            assert time.monotonic() < deadline, f"the spanning threads ended {ended} spans"
             threading.Event().wait(0.001)
         # started while the run is live, ended after finish: the late path is always taken
         # (whether a spanning thread is caught mid-span at close depends on the scheduler)
