@@ -239,7 +239,7 @@ class HistoryStore:
             row = metrics.copy()
             if _NOT_PLAIN_KEYS.isdisjoint(row) and PLAIN_TYPES.issuperset(map(type, row.values())):
                 sinks = self.sinks
-                if len(sinks) == 1:
+                if sinks and len(sinks) == 1:
                     landed = self._log_direct(row, sinks[0])
                     if landed >= 0:
                         return landed
@@ -252,7 +252,7 @@ class HistoryStore:
                         else:
                             landed = self._commit_plain_locked(row)
                         upto = 0
-                        if landed >= 0 and self.sinks:
+                        if landed >= 0 and sinks:
                             self._fanq.append(row)
                             self._fan_seq = upto = self._fan_seq + 1
                     if landed >= 0:
