@@ -99,13 +99,11 @@ def zscore_call(
         st = state[0]
         count = s.count
         if st is not None and (d := count - st[0]) <= 1:
-            if d == 1 and st[6] > 0 and size > n and v[-2] is st[1]:
+            # one unpacking instead of seven subscripts (the steady state: one new value)
+            _, last, k, s1, s2, bad, left, peak = st
+            if d == 1 and left > 0 and size > n and v[-2] is last:
                 x = v[-1]
                 out = v[-1 - n]
-                k = st[2]
-                s1 = st[3]
-                s2 = st[4]
-                bad = st[5]
                 if -BOUND <= x <= BOUND:
                     dx = x - k
                     s1 += dx
@@ -118,30 +116,32 @@ def zscore_call(
                     s2 -= dx * dx
                 else:
                     bad -= 1
-                peak = st[7]
-                state[0] = st = (count, x, k, s1, s2, bad, st[6] - 1, s2 if s2 > peak else peak)
-            elif d != 0 or v[-1] is not st[1]:
+                if s2 > peak:
+                    peak = s2
+                state[0] = st = (count, x, k, s1, s2, bad, left - 1, peak)
+            elif d != 0 or v[-1] is not last:
                 state[0] = st = _rebuild(v, n, count)
+                _, last, k, s1, s2, bad, left, peak = st
         else:
             state[0] = st = _rebuild(v, n, count)
-        if st[5]:  # NaN, an infinity or a huge value in the window: _zscore's rules
+            _, last, k, s1, s2, bad, left, peak = st
+        if bad:  # NaN, an infinity or a huge value in the window: _zscore's rules
             return slow(v)
-        s1 = st[3]
         md = s1 / n
-        nvar = st[4] - s1 * md
+        nvar = s2 - s1 * md
         # the sums answer when the variance is well above the rounding they carried and K
         # is near the mean; otherwise rebuilt once, and _zscore answers if still not
-        if not (nvar > 1e-3 * st[7] and s1 * md <= 16.0 * nvar):
-            if st[6] == every or st[7] == 0.0:  # fresh, or nothing that could round
+        if not (nvar > 1e-3 * peak and s1 * md <= 16.0 * nvar):
+            if left == every or peak == 0.0:  # fresh, or nothing that could round
                 return slow(v)
             state[0] = st = _rebuild(v, n, count)
-            s1 = st[3]
+            _, last, k, s1, s2, bad, left, peak = st
             md = s1 / n
-            nvar = st[4] - s1 * md
-            if not (nvar > 1e-3 * st[7] and s1 * md <= 16.0 * nvar):
+            nvar = s2 - s1 * md
+            if not (nvar > 1e-3 * peak and s1 * md <= 16.0 * nvar):
                 return slow(v)
         var = nvar / n
-        m = st[2] + md
+        m = k + md
         sq = m * m + var
         if sq < TINY or n * sq > CONDITION * var:  # where _zscore takes another path
             return slow(v)

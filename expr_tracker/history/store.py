@@ -238,21 +238,27 @@ class HistoryStore:
             # path below
             row = metrics.copy()
             if _NOT_PLAIN_KEYS.isdisjoint(row) and PLAIN_TYPES.issuperset(map(type, row.values())):
-                with self._lock:
-                    if self._raw:
-                        landed = self._commit_spans_plain_locked(row)
-                        if landed >= 0:  # the row committed: the spans' metrics and row
-                            row = self.last_row  # type: ignore[assignment]
-                    else:
-                        landed = self._commit_plain_locked(row)
-                    upto = 0
-                    if landed >= 0 and self.sinks:
-                        self._fanq.append(row)
-                        self._fan_seq = upto = self._fan_seq + 1
-                if landed >= 0:
-                    if upto:
-                        self._drain(upto)
-                    return landed
+                sinks = self.sinks
+                if sinks and len(sinks) == 1:
+                    landed = self._log_direct(row, sinks[0])
+                    if landed >= 0:
+                        return landed
+                else:
+                    with self._lock:
+                        if self._raw:
+                            landed = self._commit_spans_plain_locked(row)
+                            if landed >= 0:  # the row committed: the spans' metrics and row
+                                row = self.last_row  # type: ignore[assignment]
+                        else:
+                            landed = self._commit_plain_locked(row)
+                        upto = 0
+                        if landed >= 0 and sinks:
+                            self._fanq.append(row)
+                            self._fan_seq = upto = self._fan_seq + 1
+                    if landed >= 0:
+                        if upto:
+                            self._drain(upto)
+                        return landed
         committed: Any = None  # the row committed, a tuple of two rows, or None
         with self._lock:
             if self._raw:  # spans that ended before this call are placed first
@@ -329,6 +335,77 @@ class HistoryStore:
         if upto:
             self._drain(upto)
         return landed
+
+    def _log_direct(self, row: dict[str, Any], sink: Callable[[dict[str, Any]], Any]) -> int:
+        """The one-call path of ``ingest`` for a store with exactly one sink (the alert
+        engine, most often; docs/alerts.md "Cost"): commit ``row`` and hand it to ``sink``
+        without the fan-out queue when no earlier row waits in it. Returns the step, or -1
+        when the general path must decide (nothing changed).
+
+        Order: the fan-out lock is taken before the store lock (the order a sink that logs
+        already takes them in), so no other thread delivers between this commit and its
+        delivery, and a row committed after this one by another thread waits for the lock
+        and is delivered after it. A row queued earlier (another thread, the idle timer, a
+        commit from inside a sink) is delivered first: this row is queued behind it.
+
+        Interrupts: an interrupt after the commit and before the sink is called queues the
+        row (at the front when it was to be handed directly: no one delivered since, so it
+        is still the next row in commit order), delivered by the next ``log()``, commit or
+        close. Left: the line of the sink's call itself (the queue path's ``_drain`` has
+        the same point, between taking a row and calling its sinks).
+        """
+        with self._fan_lock:  # re-entrant: a sink that logs takes it again
+            landed = -1
+            direct = False
+            handed = False
+            try:
+                with self._lock:
+                    if self._raw:  # spans waiting: the general path places them first
+                        return -1
+                    q = self._fanq
+                    direct = not q  # decided before the commit: no earlier row waits
+                    try:
+                        landed = self._commit_plain_locked(row)
+                    except BaseException:
+                        if self.last_row is row:  # the interrupted commit completed
+                            q.append(row)
+                            self._fan_seq = self._fan_done + len(q)
+                            direct = False
+                        raise
+                    if landed < 0:
+                        return -1
+                    if not direct:  # behind the rows that wait
+                        q.append(row)
+                        self._fan_seq = upto = self._fan_seq + 1
+                if direct:
+                    handed = True
+                    try:
+                        sink(row)
+                    except Exception as exc:  # noqa: BLE001 - a sink never breaks log()
+                        self._sink_failed(sink, exc)
+                else:
+                    self._drain(upto)
+            except BaseException:
+                if landed >= 0 and not handed:  # committed, not yet handed to the sink
+                    with self._lock:
+                        q = self._fanq
+                        if direct:  # the next row in commit order: no one delivered since
+                            q.appendleft(row)
+                        elif not any(r is row for r in q):
+                            q.append(row)
+                        self._fan_seq = self._fan_done + len(q)
+                raise
+        return landed
+
+    def _sink_failed(self, sink: Callable[[dict[str, Any]], Any], exc: Exception) -> None:
+        self.sink_errors += 1
+        self.warner.warn(
+            ("sink", getattr(sink, "__qualname__", repr(sink))),
+            "expr_tracker: a row consumer failed (%s: %s); it is skipped for this row "
+            "(warned once)",
+            type(exc).__name__,
+            exc,
+        )
 
     def _commit_plain_locked(self, row: dict[str, Any]) -> int:
         """Commit ``row`` (a copy of one ``log(d)``'s plain values) as the open step, as
@@ -1024,14 +1101,7 @@ class HistoryStore:
                     try:
                         sink(row)
                     except Exception as exc:  # noqa: BLE001 - a sink never breaks log()
-                        self.sink_errors += 1
-                        self.warner.warn(
-                            ("sink", getattr(sink, "__qualname__", repr(sink))),
-                            "expr_tracker: a row consumer failed (%s: %s); it is skipped "
-                            "for this row (warned once)",
-                            type(exc).__name__,
-                            exc,
-                        )
+                        self._sink_failed(sink, exc)
 
     # ------------------------------------------------------------------ reads
 
