@@ -405,22 +405,14 @@ def test_span_misuse():
             pass
 
 
-@pytest.mark.skipif(not hasattr(os, "fork"), reason="needs fork")
-def test_forked_child_rejects_inherited_recorder(rec):
-    r, _, _ = rec
+def _in_forked_child(child) -> bytes:
+    """Run ``child() -> int`` in a forked child; its code (1 when it raised) as one byte."""
     rfd, wfd = os.pipe()
     pid = os.fork()
     if pid == 0:  # child
         code = 1
         try:
-            try:
-                with span("child"):
-                    pass
-            except ForkedRunError:
-                try:
-                    r.stats()
-                except ForkedRunError:
-                    code = 0
+            code = child()
         finally:
             os.write(wfd, bytes([code]))
             os._exit(0)
@@ -428,7 +420,25 @@ def test_forked_child_rejects_inherited_recorder(rec):
     got = os.read(rfd, 1)
     os.waitpid(pid, 0)
     os.close(rfd)
-    assert got == b"\x00"
+    return got
+
+
+@pytest.mark.skipif(not hasattr(os, "fork"), reason="needs fork")
+def test_forked_child_rejects_inherited_recorder(rec):
+    r, _, _ = rec
+
+    def child() -> int:
+        try:
+            with span("child"):
+                pass
+        except ForkedRunError:
+            try:
+                r.stats()
+            except ForkedRunError:
+                return 0
+        return 1
+
+    assert _in_forked_child(child) == b"\x00"
 
 
 class RawStore(FakeStore):
@@ -465,29 +475,22 @@ def test_forked_child_spans_around_the_fork():
     prev = set_active_recorder(r)
     try:
         outer = span("outer").__enter__()
-        rfd, wfd = os.pipe()
-        pid = os.fork()
-        if pid == 0:  # child
-            code = 1
+
+        def child() -> int:
             try:
+                with span("inner"):
+                    pass
+            except ForkedRunError:
                 try:
-                    with span("inner"):
+                    with span("top"):
                         pass
                 except ForkedRunError:
-                    try:
-                        with span("top"):
-                            pass
-                    except ForkedRunError:
-                        outer.__exit__(None)
-                        if get_active_recorder() is r and store.raw == [] and not outer.running:
-                            code = 0
-            finally:
-                os.write(wfd, bytes([code]))
-                os._exit(0)
-        os.close(wfd)
-        got = os.read(rfd, 1)
-        os.waitpid(pid, 0)
-        os.close(rfd)
+                    outer.__exit__(None)
+                    if get_active_recorder() is r and store.raw == [] and not outer.running:
+                        return 0
+            return 1
+
+        got = _in_forked_child(child)
         with span("inner"):
             pass
         outer.__exit__(None)
