@@ -335,6 +335,32 @@ class RowCache:
             k += 1
         return out
 
+    def nbytes_between(self, start: int, stop: int) -> int:
+        """The bytes of the lines of ordinals ``[start, stop)``, from the segments' end
+        offsets (no line is copied); the same rules as :meth:`batch` (``start`` cached,
+        every ordinal below ``stop`` committed), and safe beside appends as it is.
+
+        Raises:
+            ValueError: ``start`` is below the oldest cached row.
+        """
+        if start >= stop:
+            return 0
+        segs = list(self._segments)
+        k = bisect_right(segs, start, key=_first_of) - 1
+        if k < 0:
+            raise ValueError(f"row {start} is no longer cached")
+        total = 0
+        o = start
+        while o < stop:
+            seg = segs[k]
+            ends = seg.ends
+            j = o - seg.first
+            last = min(len(ends), stop - seg.first)
+            total += ends[last - 1] - (ends[j - 1] if j else 0)
+            o = seg.first + last
+            k += 1
+        return total
+
     def batch(self, start: int, stop: int) -> tuple[list[bytes], list[int]]:
         """Copies of the lines of ordinals ``[start, stop)`` and their steps, for the
         writer's flush, which calls it WITHOUT the store's lock, on its own thread, while

@@ -130,7 +130,7 @@ class CacheQueue(PendingQueue):
     def pending_bytes(self, flushed: int) -> int:
         assert self.cache is not None
         start = self.base + flushed
-        return sum(map(len, self.cache.batch(start, start + self.count(flushed))[0]))
+        return self.cache.nbytes_between(start, start + self.count(flushed))
 
     def take(self, flushed: int, limit: int | None = None) -> tuple[list[bytes], list[int | None]]:
         """A copy of the pending records (at most ``limit``) and their steps, oldest first;

@@ -285,3 +285,24 @@ def test_interrupt_at_every_point_of_a_commit_that_tells_the_writer(tmp_path, pl
     steps = [r["_step"] for r in file_rows(w.path)]
     _exactly_once(steps, returned)
     assert steps == [r["_step"] for r in s.tail(-1, include_open=False)]
+
+
+@pytest.mark.parametrize("cache_rows", [5, 64, 100_000])
+def test_pending_bytes_from_the_offsets_match_the_lines(cache_rows):
+    """``nbytes_between`` (what ``stats()["pending_bytes"]`` of a fed writer reads) is the
+    sum of the lines' sizes over any range, across segments and after eviction."""
+    rng = random.Random(7)
+    cache = RowCache(1 << 30, cache_rows, first_ordinal=3)
+    lines = [b"x" * rng.randint(1, 300) for _ in range(1000)]
+    for i, line in enumerate(lines):
+        cache.append(line, i)
+    cache.evict(3 + 400)  # rows below 403 are on disk: evictable
+    low = cache.first_ordinal
+    for _ in range(200):
+        a = rng.randint(low, 1003)
+        b = rng.randint(a, 1003)
+        assert cache.nbytes_between(a, b) == sum(map(len, lines[a - 3 : b - 3]))
+        assert cache.nbytes_between(a, b) == sum(map(len, cache.batch(a, b)[0]))
+    if low > 3:
+        with pytest.raises(ValueError):
+            cache.nbytes_between(3, 10)
