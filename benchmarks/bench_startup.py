@@ -10,6 +10,11 @@ Each sample is a fresh interpreter. Measured (medians of ``--repeat``):
 
 - ``import_ms``: ``import expr_tracker`` timed inside the child (interpreter start excluded);
 - ``init_ms``: the first ``et.init(dir=TMP, project="p")`` right after that import;
+- ``init_no_backends_ms``: the same with ``backends=[]`` (what the shared harness,
+  ``bench_core.py``, passes), in a fresh interpreter of its own;
+- ``init_rules_ms``: the same with ``backends=[]`` and the harness's two rules
+  (``zscore(loss[50]) > 3``, ``isnan(loss)``): the rule engine and its console delivery
+  built, in a fresh interpreter of its own;
 - ``start_ms``: both (what a training script waits for before its first step);
 - ``import_cpu_ms``, ``init_cpu_ms``: the same two as CPU time of the main thread, which a
   loaded machine disturbs far less than the wall clock (the sampler's thread not counted);
@@ -38,16 +43,27 @@ import sys
 import tempfile
 import time
 from pathlib import Path
+from typing import Any
 
 ROOT = Path(__file__).resolve().parent.parent
 
+#: the keywords of the first ``et.init`` per reported figure (besides ``dir`` and ``project``)
+INIT_SHAPES = {
+    "init_ms": {},
+    "init_no_backends_ms": {"backends": []},
+    "init_rules_ms": {
+        "backends": [],
+        "alert_rules": ["zscore(loss[50]) > 3 => error: spike", "isnan(loss) => critical: nan"],
+    },
+}
+
 CHILD = """
-import sys, time, tempfile
+import sys, time, tempfile, json
 c0, t0 = time.thread_time(), time.perf_counter()
 import expr_tracker as et
 c1, t1 = time.thread_time(), time.perf_counter()
 d = tempfile.mkdtemp()
-et.init(dir=d, project="p")
+et.init(dir=d, project="p", **json.loads(sys.argv[1]))
 c2, t2 = time.thread_time(), time.perf_counter()
 et.finish()
 t3 = time.perf_counter()
@@ -93,18 +109,28 @@ def child_env(checkout: Path) -> dict[str, str]:
     return env
 
 
-def sample(checkout: Path, data: Path, run: str) -> dict[str, float]:
+def sample(checkout: Path, data: Path, run: str) -> dict[str, Any]:
     env = child_env(checkout)
     # cwd: the data folder, so that neither ``-c`` nor ``-m`` puts this checkout first on
     # the path (both prepend the working directory, ahead of PYTHONPATH)
-    out = subprocess.run(
-        [sys.executable, "-c", CHILD], env=env, cwd=data, capture_output=True, text=True
-    )
-    if out.returncode:
-        raise SystemExit(f"{checkout}: the import/init child failed:\n{out.stderr}")
-    res = json.loads(out.stdout.strip().splitlines()[-1])
-    if not res["file"].startswith(str(checkout)):
-        raise SystemExit(f"{checkout}: imported {res['file']} instead")
+    res: dict[str, Any] = {}
+    for key, kwargs in INIT_SHAPES.items():
+        out = subprocess.run(
+            [sys.executable, "-c", CHILD, json.dumps(kwargs)],
+            env=env,
+            cwd=data,
+            capture_output=True,
+            text=True,
+        )
+        if out.returncode:
+            raise SystemExit(f"{checkout}: the import/init child failed:\n{out.stderr}")
+        one = json.loads(out.stdout.strip().splitlines()[-1])
+        if not one["file"].startswith(str(checkout)):
+            raise SystemExit(f"{checkout}: imported {one['file']} instead")
+        if not res:
+            res = one
+        else:
+            res[key] = one["init_ms"]
     for key, argv in (("runs_s", ["runs", str(data)]), ("history_s", ["history", run, "-n", "5"])):
         t0 = time.perf_counter()
         done = subprocess.run(
@@ -154,7 +180,8 @@ def main() -> None:
         print(
             f"{name:8s} import {med['import_ms']:6.1f} ms  init {med['init_ms']:6.1f} ms  "
             f"(both {med['start_ms']:6.1f} ms; CPU {med['import_cpu_ms']:5.1f} + "
-            f"{med['init_cpu_ms']:5.1f} ms)  finish {med['finish_ms']:5.1f} ms  modules {med['modules']:.0f}  "
+            f"{med['init_cpu_ms']:5.1f} ms)  init backends=[] {med['init_no_backends_ms']:6.1f} ms  "
+            f"with 2 rules {med['init_rules_ms']:6.1f} ms  finish {med['finish_ms']:5.1f} ms  modules {med['modules']:.0f}  "
             f"runs {med['runs_s']:.3f} s  history -n 5 {med['history_s']:.3f} s",
             flush=True,
         )

@@ -163,6 +163,29 @@ def test_a_plain_init_builds_no_http_stack_and_no_mirror(tmp_path):
     assert out.stdout.strip().splitlines()[-1] == "[]"
 
 
+def test_no_backends_and_rule_texts_start_without_pydantic(tmp_path):
+    # `backends=[]` (the shared harness passes it) and one-line rule texts are values the
+    # quick check vouches for: the run starts without Pydantic, its rules fire through the
+    # console fallback, and `run.spec` is still the models' RunSpec on first access
+    code = (
+        "import sys, expr_tracker as et\n"
+        "run = et.init(dir=sys.argv[1], project='p', backends=[], system=False,\n"
+        "              alert_rules=['loss > 1 => error: high loss'])\n"
+        "et.log({'loss': 2.0})\n"
+        "print(sorted({'pydantic', 'expr_tracker.spec.models'} & set(sys.modules)))\n"
+        "et.finish()\n"
+        "print(type(run.spec).__name__, run.spec.alerts.rules, run.spec.backends)\n"
+    )
+    out = subprocess.run(
+        [sys.executable, "-c", code, str(tmp_path)], capture_output=True, text=True, check=True
+    )
+    assert out.stdout.strip().splitlines()[-2:] == [
+        "[]",
+        "RunSpec ['loss > 1 => error: high loss'] []",
+    ], out.stderr
+    assert "high loss" in out.stdout + out.stderr  # the console channel delivered it
+
+
 def test_the_start_loads_no_heavy_module_and_starts_no_process(tmp_path):
     # issue 27's cold start: after `import expr_tracker` and after a plain et.init with the
     # system sampler on (its default 10 s interval: psutil waits for its first sample),

@@ -53,15 +53,22 @@ log = logging.getLogger("expr_tracker.alerts")
 
 
 def alerts_spec_of(alerts: Any) -> Any:
+    """``alerts`` as delivery reads it: an ``AlertsSpec`` (None: the defaults; a mapping:
+    validated), or the ``spec.quick.SpecView`` of a section with no channel as it is (it
+    answers every field delivery reads, ``policy.model_fields_set`` included, so a run with
+    rules and the console fallback starts without Pydantic: docs/architecture.md "Cold
+    start")."""
+    materialize = getattr(type(alerts), "materialize", None)
+    if materialize is not None:  # spec.quick.SpecView
+        if not alerts.channels:
+            return alerts
+        return materialize(alerts)  # pragma: no cover - the quick check vouches no channel
     from expr_tracker.spec.models import AlertsSpec
 
     if alerts is None:
         return AlertsSpec()
     if isinstance(alerts, AlertsSpec):
         return alerts
-    materialize = getattr(type(alerts), "materialize", None)
-    if materialize is not None:  # spec.quick.SpecView: the model, now that delivery needs it
-        return materialize(alerts)
     if isinstance(alerts, Mapping):
         return AlertsSpec.model_validate(dict(alerts))
     raise TypeError(f"alerts must be an AlertsSpec, a mapping or None, not {type(alerts).__name__}")
@@ -148,12 +155,12 @@ def _channel_policy(spec: Any, channel: Any, channel_spec: Any = None) -> Policy
     """The channel's ``Policy``: ``alerts.policy`` with the channel's overrides on top, and the
     channel type's ``policy_defaults`` for every field neither of them sets (the console
     channel: no rate limit)."""
-    from expr_tracker.spec.models import effective_policy
-
     given = set(spec.policy.model_fields_set)
-    if channel_spec is None:
+    if channel_spec is None:  # the console fallback of a run with rules and no channel
         merged = spec.policy
     else:
+        from expr_tracker.spec.models import effective_policy
+
         merged = effective_policy(spec, channel_spec)
         given |= set(channel_spec.policy.model_dump(exclude_unset=True))
     defaults = getattr(type(channel), "policy_defaults", None) or {}

@@ -22,6 +22,7 @@ from collections.abc import Callable, Mapping
 from pathlib import PurePath
 from typing import Any
 
+from expr_tracker.spec.mirroring import BACKEND_TYPES
 from expr_tracker.spec.plain import check_fs_name, check_stream_name, config_to_dict
 
 __all__ = ["DEFAULTS", "LEAVES", "SECTIONS", "SpecView", "quick_check"]
@@ -210,6 +211,26 @@ def _plain(value: Any, depth: int = 0) -> Any:
     return _NO
 
 
+def _backends(value: Any) -> Any:
+    """``backends`` named by their types (``backends_as_list`` and ``check_backend_entry``
+    keep a known name as it is; one name without the list is a list of one)."""
+    if value is None:
+        return []
+    if type(value) is str:
+        value = [value]
+    if type(value) is not list or any(type(v) is not str or v not in BACKEND_TYPES for v in value):
+        return _NO
+    return list(value)
+
+
+def _rule_texts(value: Any) -> Any:
+    """``alerts.rules`` as one-line rule texts: the model keeps a non-empty string as it
+    is written (the rule engine parses it when the run builds its rules)."""
+    if type(value) is not list or any(type(v) is not str or not v for v in value):
+        return _NO
+    return list(value)
+
+
 def _config(value: Any) -> Any:
     value = config_to_dict(value)  # OmegaConf, dataclass, argparse Namespace: as the model
     if type(value) is not dict or any(type(k) is not str for k in value):
@@ -245,8 +266,10 @@ LEAVES: dict[str, Callable[[Any], Any]] = {
     "spans.buffer.size": _int_at_least(1),
     "spans.buffer.max_pending_records": _int_at_least(1),
     "alerts.enabled": _bool,
+    "alerts.rules": _rule_texts,
     "artifacts.mode": _one_of("copy", "link"),
     "system.enabled": _bool,
+    "backends": _backends,
 }
 
 

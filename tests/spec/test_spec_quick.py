@@ -125,8 +125,33 @@ CANDIDATES: dict[str, list[Any]] = {
     "spans.buffer.size": [3, 0, False, True],
     "spans.buffer.max_pending_records": [9, -3, True],
     "alerts.enabled": [False, True, 0],
+    "alerts.rules": [
+        [],
+        ["loss > 1 => error: high", "isnan(loss)"],
+        [""],
+        "loss > 1",
+        ("loss > 1",),
+        {"high": "loss > 1 => error: high"},
+        [{"condition": "loss > 1"}],
+        [{"loss > 1": "high"}],  # YAML's reading of an unquoted one-line rule
+        [1],
+        None,
+    ],
     "artifacts.mode": ["copy", "link", "move", None],
     "system.enabled": [False, True, "off", 1],
+    "backends": [
+        [],
+        None,
+        "wandb",
+        ["jsonl", "trackio", "wandb"],
+        ["Wandb"],
+        ["mlflow"],
+        [{"type": "wandb"}],
+        ("wandb",),
+        "",
+        [None],
+        3,
+    ],
 }
 
 
@@ -150,9 +175,9 @@ def test_unknown_keys_sections_given_whole_and_other_shapes_go_to_pydantic():
         {"history": "big"},
         {"history": {"cache": {"bytes": "1GiB"}}},  # a unit: the models parse it
         {"spans": {"plugins": ["cpu_time"]}},
-        {"alerts": {"rules": ["loss > 1 => error: high"]}},
+        {"alerts": {"rules": {"high": "loss > 1 => error: high"}}},  # named: parsed
         {"alerts": {"channels": [{"type": "console"}]}},
-        {"backends": ["wandb"]},
+        {"backends": [{"type": "wandb", "entity": "team"}]},
         {"system": {"interval": 5}},
         {"sync": {"url": "file:///tmp/x"}},
         {1: "p"},
