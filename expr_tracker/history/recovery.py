@@ -24,7 +24,7 @@ import os
 import stat
 from dataclasses import dataclass, field
 from itertools import accumulate, islice
-from operator import lt
+from operator import le, lt
 from pathlib import Path
 from typing import Any, cast
 
@@ -295,15 +295,25 @@ class FileState:
     ) -> tuple[int, int]:
         """:meth:`note_step` for each line of ``batch`` (written from line ``line_no``, byte
         ``offset``, one newline after each); returns the line number and byte offset after
-        it. Steps that all rise past ``max_step`` (the common case) are noted without a
-        Python call per line: the writer thread then holds the GIL a shorter while."""
+        it. Steps that never fall, from ``max_step`` on (a metrics file's rising steps, a
+        span file's records, several a step), are noted without a Python call per line:
+        the writer thread then holds the GIL a shorter while. A step equal to the one
+        before it marks ``has_duplicate_steps``, as :meth:`note_step` does."""
         k = len(batch)
         if k and None not in steps:
             known = cast("list[int]", steps)  # no None among them
             top = self.max_step
-            if (top is None or known[0] > top) and (
-                k == 1 or all(map(lt, known, islice(known, 1, None)))
-            ):
+            first_step = known[0]
+            if top is None or first_step >= top:
+                rising = k == 1 or all(map(lt, known, islice(known, 1, None)))
+                if not rising and all(map(le, known, islice(known, 1, None))):
+                    self.has_duplicate_steps = True  # a step repeats in the batch
+                    rising = True
+                if rising and top is not None and first_step == top:
+                    self.has_duplicate_steps = True  # the batch goes on with the last step
+            else:
+                rising = False
+            if rising:
                 every = self.index_every
                 first = -line_no % every  # the batch's first anchor line (relative)
                 if first < k:

@@ -26,13 +26,17 @@ def _state(f: FileState) -> tuple:
 @given(
     before=st.lists(STEPS, max_size=3),
     batch_steps=STEPS,
-    rising=st.booleans(),
+    shape=st.sampled_from(["any", "rising", "never falling"]),
     every=st.integers(1, 7),
     lens=st.lists(st.integers(1, 9), min_size=30, max_size=30),
+    rises=st.lists(st.integers(0, 1), min_size=30, max_size=30),
 )
-def test_note_batch_equals_note_step_per_line(before, batch_steps, rising, every, lens):
-    if rising:  # the fast case: steps strictly rising past what is on disk
+def test_note_batch_equals_note_step_per_line(before, batch_steps, shape, every, lens, rises):
+    if shape == "rising":  # the fast case: steps strictly rising past what is on disk
         batch_steps = [100 + i * 2 for i in range(len(batch_steps))]
+    elif shape == "never falling":  # a span file: several records a step, from the last
+        top = max((s for steps in before for s in steps if s is not None), default=0)
+        batch_steps = [top + sum(rises[:i]) for i in range(len(batch_steps))]
     a = FileState(Path("m.jsonl"), every)
     b = FileState(Path("m.jsonl"), every)
     for steps in [*before, batch_steps]:
