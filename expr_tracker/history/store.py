@@ -858,6 +858,9 @@ class HistoryStore:
             if timer is not None and not timer.armed:  # the open row's crash bound
                 self._touched = now = self._clock()
                 timer.arm(now)
+            if record is not None and len(spans.held) >= spans._cap:
+                self._fold_locked()  # the bound, as ingest_span meets it (place's FULL)
+                spans.emit(self.open_step)
         if fresh and spans.row and self._raw_since < spans._since:
             spans._since = self._raw_since  # the deadline counts from the first span's end
 
