@@ -34,6 +34,7 @@ from expr_tracker.history.flusher import BackgroundFlusher, get_flusher
 # first "/") uses which is the span package's table, handed to the store
 SUM, MAX, MEAN = 0, 1, 2
 _KINDS = {"sum": SUM, "max": MAX, "mean": MEAN}
+_KIND_NAMES = ("sum", "max", "mean")
 
 
 def aggregation_kinds(table: Mapping[str, str] | None) -> dict[str, int]:
@@ -291,6 +292,10 @@ class PendingSpans:
         if not self._armed:
             self._arm()
         self.row = row
+
+    def aggregation_of(self, name: str) -> str:
+        """``"sum"``, ``"max"`` or ``"mean"``: how measurement ``name`` combines."""
+        return _KIND_NAMES[self._aggregation.get(name, SUM)]
 
     def _kind(self, k: str) -> int:
         kinds = self._kinds

@@ -472,9 +472,11 @@ class HistoryStore:
         (``_pull_locked``), folding, emitting their records, ``_merge`` and
         ``_commit_locked`` would; returns the step, or -1 with nothing changed when the
         general path must decide: the open row, the pending span data or the held records
-        are not empty, a span saw a ``log()`` while it ran, a metric repeats (within the
-        spans or with ``values``), a bound on held records is reached, the row holds a
-        NaN/±inf/None (or ``null`` in a name) or orjson refuses it, or the store is closed.
+        are not empty, a span saw a ``log()`` while it ran, the producer gave no merged
+        metrics (a store that does not sum them), a key of ``values`` is also a span
+        metric, a bound on held records is reached, the row holds a NaN/±inf/None (or
+        ``null`` in a name) or orjson refuses it, or the store is closed. A name repeated
+        among the spans is one key holding their sum (what placing them gives).
 
         Under an interrupt (Ctrl-C, SIGTERM's ``SystemExit``): the records leave the queue
         in the statement that hands them to the span sink (exactly once,
@@ -729,13 +731,16 @@ class HistoryStore:
         :meth:`pull_raw_spans` to bound it. Before anything reads or changes the open row
         or the pending span data (every ``log()``, ``commit``, ``flush``, ``close``, a
         query of the open row, a deadline), the store places the waiting entries, in
-        order. ``convert(entries, full=False)`` (under the store lock; it must not change
-        anything) returns ``(items, merged, first, keep)``: one ``(metrics, dur_ms, record,
-        since)`` per entry, :meth:`ingest_span`'s arguments, each placed as that call would
-        have placed it (``record`` is the entry itself, or None; ``items`` may be None
-        when ``merged`` is given and ``full`` is false); ``merged``, every entry's
-        metrics in one dict when no key repeats (else None); ``first``, the smallest
-        ``since``; ``keep``, whether the records are the entries (else all None).
+        order. ``convert(entries, full=False, start=None)`` (under the store lock; it must
+        not change anything) returns ``(items, merged, first, keep)``: one ``(metrics,
+        dur_ms, record, since)`` per entry, :meth:`ingest_span`'s arguments, each placed
+        as that call would have placed it (``record`` is the entry itself, or None;
+        ``items`` may be None when ``merged`` is given and ``full`` is false); ``merged``,
+        the entries' metrics in one dict as placing them one by one in the pending row
+        ``start`` (a dict of finite numbers, not to be changed; None: an empty one) would
+        leave those keys, or None (the producer sums only what :meth:`span_aggregation`
+        says sums, adding in the order the spans ended: the same floats); ``first``, the
+        smallest ``since``; ``keep``, whether the records are the entries (else all None).
 
         Under an interrupt (Ctrl-C, SIGTERM's ``SystemExit``) a record leaves the queue in
         the statement that hands it on (held, or to the ``hold_spans`` sink), so it reaches
@@ -755,6 +760,12 @@ class HistoryStore:
             self._raw_convert = convert
             self._raw_sink = sink
             return self._raw
+
+    def span_aggregation(self, name: str) -> str:
+        """How the span measurement ``name`` (a metric name's part before its first
+        ``/``, e.g. ``"time_ms"``) combines within a row: ``"sum"``, ``"max"`` or
+        ``"mean"``, from the ``aggregation`` table (a name not in it sums)."""
+        return self._spans.aggregation_of(name)
 
     def raw_spans_waiting(self) -> None:
         """The producer appended to an empty raw-span queue: start the span hold deadline
@@ -793,42 +804,62 @@ class HistoryStore:
         convert = self._raw_convert
         if convert is None:
             return
-        n = len(raw)
-        batch = raw[:n]
-        try:
-            items, merged, first, keep = convert(batch)
-        except Exception as exc:  # noqa: BLE001 - measuring never breaks log()
-            self._drop_raw(n, exc)
-            return
         spans = self._spans
         fresh = not spans.row
-        if (
-            fresh
-            and merged is not None
-            and first >= self._log_mark
-            and not self._closed
-            and len(spans.held) + n < spans._cap
-            and spans._held_bytes < spans._max_bytes
-        ):
-            # the common case (a loop's spans, then its log()): none saw a log(), no bound
-            # is reached and each metric comes once, so the pending row is the metrics as
-            # they are (what placing them one by one in the empty row gives). The records
-            # first, in one expression with their removal (exactly once); an interrupt
-            # before the row is placed loses only metrics
-            if keep:
-                spans.held.extend(batch) or delitem(raw, slice(0, n))  # type: ignore[func-returns-value]
-            else:
-                del raw[:n]
-            spans.start_row(merged)
-            if self._raw_since < spans._since:
-                spans._since = self._raw_since  # the deadline counts from the first span's end
-            return
-        if items is None:
+        n = len(raw)
+        while n:
+            items = None
+            # the common case (a loop's spans, then its log()): none saw a log(), so their
+            # metrics are summed into the pending row, what placing them one by one gives
+            # (the producer sums them in order, from the pending row's numbers). In parts
+            # that end where one by one would fold: at the bound on held records
+            m = min(n, max(1, spans._cap - len(spans.held)))
+            pend = spans.row
+            if pend and not spans.plain:  # a restarted or non-finite value: one by one
+                break
+            batch = raw[:m]
             try:
-                items = convert(batch, True)[0]
+                items, merged, first, keep = convert(batch, False, pend) if pend else convert(batch)
             except Exception as exc:  # noqa: BLE001 - measuring never breaks log()
                 self._drop_raw(n, exc)
                 return
+            if (
+                merged is None
+                or first < self._log_mark
+                or self._closed
+                or spans._held_bytes >= spans._max_bytes
+            ):
+                break
+            # the records first, in one expression with their removal (exactly once); an
+            # interrupt before the metrics are placed loses only metrics
+            if keep:
+                spans.held.extend(batch) or delitem(raw, slice(0, m))  # type: ignore[func-returns-value]
+            else:
+                del raw[:m]
+            n -= m
+            if pend:
+                pend.update(merged)  # one call: the part's sums all land, or none
+            else:
+                spans.start_row(merged)
+            if keep and len(spans.held) >= spans._cap:
+                self._fold_locked()  # bounded memory: the pending data joins the open row
+                spans.emit(self.open_step)
+        if n:
+            if items is None or len(items) != n:
+                try:
+                    items = convert(raw[:n], True)[0]
+                except Exception as exc:  # noqa: BLE001 - measuring never breaks log()
+                    self._drop_raw(n, exc)
+                    return
+            self._place_raw_locked(items)
+        if fresh and spans.row and self._raw_since < spans._since:
+            spans._since = self._raw_since  # the deadline counts from the first span's end
+
+    def _place_raw_locked(self, items: list[Any]) -> None:
+        """Place converted raw spans one by one, each as :meth:`ingest_span` would (the
+        general path of :meth:`_pull_locked`): ``items`` are the first ones waiting."""
+        raw = self._raw
+        spans = self._spans
         place = self._place
         for metrics, dur_ms, record, since in items:
             if self._closed:  # as ingest_span: nothing kept
@@ -858,8 +889,9 @@ class HistoryStore:
             if timer is not None and not timer.armed:  # the open row's crash bound
                 self._touched = now = self._clock()
                 timer.arm(now)
-        if fresh and spans.row and self._raw_since < spans._since:
-            spans._since = self._raw_since  # the deadline counts from the first span's end
+            if record is not None and len(spans.held) >= spans._cap:
+                self._fold_locked()  # the bound, as ingest_span meets it (place's FULL)
+                spans.emit(self.open_step)
 
     def hold_spans(
         self,

@@ -190,7 +190,14 @@ class SpanRecorder:
         # changes its rows (store.attach_raw_spans), and the records are encoded then
         self._raw: Any = None  # the store's queue (a list), or None
         self._keys: dict[str, str] = {}  # path -> "time_ms/<path>"
+        # whether the store sums time_ms (and count): then a batch's metrics go to it in
+        # one dict, a repeated name's values added in order (_convert_raw); the store says
+        self._sums = False
         if self._hold and callable(getattr(store, "attach_raw_spans", None)):
+            kind = getattr(store, "span_aggregation", None)
+            self._sums = callable(kind) and all(
+                kind(name) == "sum" for name in (("time_ms", "count") if count else ("time_ms",))
+            )
             self._raw = store.attach_raw_spans(self._convert_raw, self._write_raw)
             self._raw_waiting = store.raw_spans_waiting
             self._raw_pull = store.pull_raw_spans
@@ -307,42 +314,69 @@ class SpanRecorder:
             self._refused()
 
     def _convert_raw(
-        self, batch: list[Any], full: bool = False
+        self, batch: list[Any], full: bool = False, start: dict[str, Any] | None = None
     ) -> tuple[list[Any] | None, Any, int, bool]:
         """Plain spans, each entry ``(span, thread identity, task name)``, in order, as the
         store places them (``HistoryStore.attach_raw_spans``): ``(metrics, dur_ms, record,
         span id)`` each, what :meth:`record` would have handed to ``ingest_span`` one by
-        one (None when the merged metrics are given and ``full`` is false: the store asks
-        again with ``full`` when it needs them); all the metrics in one dict when no key
-        repeats (else None); the smallest span id; whether the records are kept. A span's
-        record is its entry, encoded when its step is known (:meth:`_raw_lines`); None
-        without a span file."""
+        one (None when the merged metrics are given: the store asks again with ``full``
+        when it needs them); all the metrics in one dict, as placing them one by one in
+        ``start`` (None: an empty row) leaves them when the store sums ``time_ms`` and
+        ``count`` (the store says so: ``span_aggregation``): a key's first value as it is
+        (or added to its number in ``start``), each later one added to the sum, in the
+        order the spans ended (the same floats); else, or with ``full``, None; the
+        smallest span id; whether the records are kept. A span's record is its entry,
+        encoded when its step is known (:meth:`_raw_lines`); None without a span file."""
         keys = self._keys
         count = self._count
         keep = self._writer is not None
-        merged: dict[str, Any] = {}
         first = 1 << 62
-        for span, _, _ in batch:
-            path = span.path
-            try:
-                key = keys[path]
-            except KeyError:
-                if len(keys) >= 65536:  # unique span names cannot grow it without limit
-                    keys.clear()
-                key = keys[path] = "time_ms/" + path
-            sid = span.id
-            if sid < first:
-                first = sid
-            merged[key] = (span._end_ns - span._start_ns) / 1e6
-            if count:
-                merged["count/" + path] = 1
-        # a key per span (two with count/): fewer means a name repeats
-        unique = len(merged) == (len(batch) << 1 if count else len(batch))
-        if unique and not full:
+        if self._sums and not full:
+            merged: dict[str, Any] = {}
+            if start is None and not count:  # the common case, on its own: a test less
+                for span, _, _ in batch:
+                    path = span.path
+                    try:
+                        key = keys[path]
+                    except KeyError:
+                        if len(keys) >= 65536:  # unique span names cannot grow it without limit
+                            keys.clear()
+                        key = keys[path] = "time_ms/" + path
+                    sid = span.id
+                    if sid < first:
+                        first = sid
+                    if key in merged:  # a repeated name: added in order, as place() adds
+                        merged[key] += (span._end_ns - span._start_ns) / 1e6
+                    else:
+                        merged[key] = (span._end_ns - span._start_ns) / 1e6
+                return None, merged, first, keep
+            start = start or {}
+            for span, _, _ in batch:  # the same, with count/ and the pending row's sums
+                path = span.path
+                try:
+                    key = keys[path]
+                except KeyError:
+                    if len(keys) >= 65536:
+                        keys.clear()
+                    key = keys[path] = "time_ms/" + path
+                sid = span.id
+                if sid < first:
+                    first = sid
+                dur_ms = (span._end_ns - span._start_ns) / 1e6
+                if key in merged:
+                    merged[key] += dur_ms
+                    if count:
+                        merged["count/" + path] += 1
+                    continue
+                s = start.get(key)  # the sums go on from the pending row's numbers
+                merged[key] = dur_ms if s is None else s + dur_ms
+                if count:
+                    ckey = "count/" + path
+                    s = start.get(ckey)
+                    merged[ckey] = 1 if s is None else s + 1
             return None, merged, first, keep
         out = []
         add = out.append
-        first = 1 << 62
         for entry in batch:
             span = entry[0]
             path = span.path
@@ -354,7 +388,7 @@ class SpanRecorder:
             if sid < first:
                 first = sid
             add((m, dur_ms, entry if keep else None, sid))
-        return out, merged if unique else None, first, keep
+        return out, None, first, keep
 
     def _raw_lines(self, step: Any, entries: Iterable[Any]) -> list[bytes | None]:
         """The lines of plain span records (``(span, thread identity, task)`` entries) at

@@ -22,6 +22,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from expr_tracker import _current
+from expr_tracker.history import spanfold
 from expr_tracker.history.store import HistoryStore
 from expr_tracker.history.writer import JsonlWriter
 from expr_tracker.spans import core
@@ -86,7 +87,7 @@ def _run(
         writer = ListWriter()
     rec = SpanRecorder(store, writer, count=count, identity={"pid": 7})
     if not batched:
-        rec._raw = None  # every span through ingest_span as it ends (the old path)
+        rec.raw_queue = rec._raw = None  # every span through ingest_span as it ends
     rec._wall0, rec._perf0 = 1.7e9, 0
     base = next(_current.sequence)  # span ids and log marks share it: ids compare relative
     step = [0]
@@ -165,6 +166,28 @@ def test_records_encoded_by_the_writer_are_the_bytes_one_by_one_writes(program, 
     and encoding it then wrote, byte for byte, and the rows are the same."""
     one = _run(program, batched=False, count=count, monkeypatch=monkeypatch)
     many = _run(program, batched=True, count=count, monkeypatch=monkeypatch, deferred=True)
+    assert many["rows"] == one["rows"]
+    assert many["open"] == one["open"]
+    assert many["held"] == one["held"]
+    assert many["records"] == one["records"]
+    assert many["bytes"] == one["bytes"]
+
+
+@pytest.mark.parametrize("deferred", [False, True])
+def test_a_span_that_saw_a_log_at_the_held_bound_folds_as_one_by_one(deferred, monkeypatch):
+    """A span that saw a ``log()`` while it ran, ending behind held records, is held with
+    its step fixed; when that reaches the bound on held records the pending data joins
+    the open row at once, in a batch as one by one (``ingest_span``'s ``FULL``). Before,
+    the batch did not fold there, so the next span's metrics joined the folded data
+    (here ``c``'s landed in a row instead of being dropped with the ``log(step=2)``)."""
+    monkeypatch.setattr(core, "RAW_MAX", 2)
+    monkeypatch.setattr(spanfold, "HOLD_RECORDS_BEFORE_STEPS", 3)
+    program = [("log_x",)] * 3  # the open step is 3: log(step=2) is dropped below
+    # b, b held; a saw the log(): held with its step, the third record (the bound); then c
+    program += [("span", "a", [("log",), ("span", "b", []), ("span", "b", [])]), ("span", "c", [])]
+    program += [("log_step",), ("log",)]
+    one = _run(program, batched=False, count=True, monkeypatch=monkeypatch, deferred=deferred)
+    many = _run(program, batched=True, count=True, monkeypatch=monkeypatch, deferred=deferred)
     assert many["rows"] == one["rows"]
     assert many["open"] == one["open"]
     assert many["held"] == one["held"]
