@@ -501,7 +501,7 @@ class HistoryStore:
             return -1
         batch = raw[:n]
         try:
-            _items, row, first, keep = convert(batch)
+            _items, row, first, records = convert(batch)
         except Exception:  # noqa: BLE001 - the general path drops them with a warning
             return -1
         if row is None or first < self._log_mark or not values.keys().isdisjoint(row):
@@ -517,14 +517,14 @@ class HistoryStore:
         if line.count(b"null"):  # (count, not `in`: see _commit_plain_locked)
             return -1
         self._log_mark = next(_sequence)
-        if keep:
+        if records is not None:
             head = batch[0]
 
             def done() -> None:  # once, however often it is called (emit_now)
                 if raw and raw[0] is head:
                     del raw[:n]
 
-            spans.emit_now(step, batch, done, self._raw_sink)
+            spans.emit_now(step, records, done, self._raw_sink)
         else:
             del raw[:n]
         committed = self.rows_committed
@@ -732,15 +732,16 @@ class HistoryStore:
         or the pending span data (every ``log()``, ``commit``, ``flush``, ``close``, a
         query of the open row, a deadline), the store places the waiting entries, in
         order. ``convert(entries, full=False, start=None)`` (under the store lock; it must
-        not change anything) returns ``(items, merged, first, keep)``: one ``(metrics,
+        not change anything) returns ``(items, merged, first, records)``: one ``(metrics,
         dur_ms, record, since)`` per entry, :meth:`ingest_span`'s arguments, each placed
-        as that call would have placed it (``record`` is the entry itself, or None;
+        as that call would have placed it (``record`` is the entry's record, or None;
         ``items`` may be None when ``merged`` is given and ``full`` is false); ``merged``,
         the entries' metrics in one dict as placing them one by one in the pending row
         ``start`` (a dict of finite numbers, not to be changed; None: an empty one) would
         leave those keys, or None (the producer sums only what :meth:`span_aggregation`
         says sums, adding in the order the spans ended: the same floats); ``first``, the
-        smallest ``since``; ``keep``, whether the records are the entries (else all None).
+        smallest ``since``; ``records``, the entries' records, one per entry in order (the
+        same objects as the ``record`` of ``items``), or None when there are none.
 
         Under an interrupt (Ctrl-C, SIGTERM's ``SystemExit``) a record leaves the queue in
         the statement that hands it on (held, or to the ``hold_spans`` sink), so it reaches
@@ -819,7 +820,9 @@ class HistoryStore:
                 break
             batch = raw[:m]
             try:
-                items, merged, first, keep = convert(batch, False, pend) if pend else convert(batch)
+                items, merged, first, records = (
+                    convert(batch, False, pend) if pend else convert(batch)
+                )
             except Exception as exc:  # noqa: BLE001 - measuring never breaks log()
                 self._drop_raw(n, exc)
                 return
@@ -832,8 +835,8 @@ class HistoryStore:
                 break
             # the records first, in one expression with their removal (exactly once); an
             # interrupt before the metrics are placed loses only metrics
-            if keep:
-                spans.held.extend(batch) or delitem(raw, slice(0, m))  # type: ignore[func-returns-value]
+            if records is not None:
+                spans.held.extend(records) or delitem(raw, slice(0, m))  # type: ignore[func-returns-value]
             else:
                 del raw[:m]
             n -= m
@@ -841,7 +844,7 @@ class HistoryStore:
                 pend.update(merged)  # one call: the part's sums all land, or none
             else:
                 spans.start_row(merged)
-            if keep and len(spans.held) >= spans._cap:
+            if records is not None and len(spans.held) >= spans._cap:
                 self._fold_locked()  # bounded memory: the pending data joins the open row
                 spans.emit(self.open_step)
         if n:

@@ -80,6 +80,23 @@ if hasattr(os, "register_at_fork"):  # pragma: no branch - POSIX
     os.register_at_fork(after_in_child=_after_fork_in_child)
 
 
+def _record_of(entry: tuple[Any, Any, Any]) -> tuple[Any, Any, Any]:
+    """A raw-queue entry ``(span, thread identity, task name)`` as its record
+    ``(fields, thread identity, task name)``: the span's fields as plain values
+    (:meth:`SpanRecorder._convert_raw`)."""
+    span, ident, task = entry
+    parent = span.parent
+    fields = (
+        span.path,
+        span.depth,
+        span._start_ns,
+        span._end_ns,
+        span.id,
+        None if parent is None else parent.id,
+    )
+    return fields, ident, task
+
+
 class _PlainRecords:
     """Plain span records of one step, queued to the span file's writer as one entry
     (``JsonlWriter.append_deferred``) and encoded when it writes them:
@@ -315,7 +332,7 @@ class SpanRecorder:
 
     def _convert_raw(
         self, batch: list[Any], full: bool = False, start: dict[str, Any] | None = None
-    ) -> tuple[list[Any] | None, Any, int, bool]:
+    ) -> tuple[list[Any] | None, Any, int, list[Any] | None]:
         """Plain spans, each entry ``(span, thread identity, task name)``, in order, as the
         store places them (``HistoryStore.attach_raw_spans``): ``(metrics, dur_ms, record,
         span id)`` each, what :meth:`record` would have handed to ``ingest_span`` one by
@@ -325,16 +342,20 @@ class SpanRecorder:
         ``count`` (the store says so: ``span_aggregation``): a key's first value as it is
         (or added to its number in ``start``), each later one added to the sum, in the
         order the spans ended (the same floats); else, or with ``full``, None; the
-        smallest span id; whether the records are kept. A span's record is its entry,
-        encoded when its step is known (:meth:`_raw_lines`); None without a span file."""
+        smallest span id; the records, one per entry (None without a span file). A span's
+        record is ``(fields, thread identity, task name)``, its fields a tuple of plain
+        values (``(path, depth, start ns, end ns, id, parent id)``), encoded when its step
+        is known (:meth:`_raw_lines`): a record waiting for its step or for the writer holds
+        no span, so the ended span is freed at once instead of living on in the cyclic
+        garbage collector's generations (docs/spans.md "Cost")."""
         keys = self._keys
         count = self._count
-        keep = self._writer is not None
+        recs: list[Any] | None = [] if self._writer is not None else None
         first = 1 << 62
         if self._sums and not full:
             merged: dict[str, Any] = {}
             if start is None and not count:  # the common case, on its own: a test less
-                for span, _, _ in batch:
+                for span, ident, task in batch:
                     path = span.path
                     try:
                         key = keys[path]
@@ -345,13 +366,32 @@ class SpanRecorder:
                     sid = span.id
                     if sid < first:
                         first = sid
+                    start_ns = span._start_ns
+                    end_ns = span._end_ns
                     if key in merged:  # a repeated name: added in order, as place() adds
-                        merged[key] += (span._end_ns - span._start_ns) / 1e6
+                        merged[key] += (end_ns - start_ns) / 1e6
                     else:
-                        merged[key] = (span._end_ns - span._start_ns) / 1e6
-                return None, merged, first, keep
+                        merged[key] = (end_ns - start_ns) / 1e6
+                    if recs is not None:
+                        parent = span.parent
+                        recs.append(
+                            (
+                                (
+                                    path,
+                                    span.depth,
+                                    start_ns,
+                                    end_ns,
+                                    sid,
+                                    None if parent is None else parent.id,
+                                ),
+                                ident,
+                                task,
+                            )
+                        )
+                return None, merged, first, recs
             start = start or {}
-            for span, _, _ in batch:  # the same, with count/ and the pending row's sums
+            for entry in batch:  # the same, with count/ and the pending row's sums
+                span = entry[0]
                 path = span.path
                 try:
                     key = keys[path]
@@ -363,6 +403,8 @@ class SpanRecorder:
                 if sid < first:
                     first = sid
                 dur_ms = (span._end_ns - span._start_ns) / 1e6
+                if recs is not None:
+                    recs.append(_record_of(entry))
                 if key in merged:
                     merged[key] += dur_ms
                     if count:
@@ -374,7 +416,7 @@ class SpanRecorder:
                     ckey = "count/" + path
                     s = start.get(ckey)
                     merged[ckey] = 1 if s is None else s + 1
-            return None, merged, first, keep
+            return None, merged, first, recs
         out = []
         add = out.append
         for entry in batch:
@@ -387,31 +429,33 @@ class SpanRecorder:
             sid = span.id
             if sid < first:
                 first = sid
-            add((m, dur_ms, entry if keep else None, sid))
-        return out, None, first, keep
+            record = None
+            if recs is not None:
+                record = _record_of(entry)
+                recs.append(record)
+            add((m, dur_ms, record, sid))
+        return out, None, first, recs
 
     def _raw_lines(self, step: Any, entries: Iterable[Any]) -> list[bytes | None]:
-        """The lines of plain span records (``(span, thread identity, task)`` entries) at
-        ``step``, one per entry: the dict :meth:`record` builds, encoded by orjson (a
-        template with the numbers encoded apart measured slower). None for a line over
-        ``max_record_bytes`` (dropped, counted)."""
+        """The lines of plain span records (``(fields, thread identity, task)``, see
+        :meth:`_convert_raw`) at ``step``, one per record: the dict :meth:`record` builds,
+        encoded by orjson (a template with the numbers encoded apart measured slower). None
+        for a line over ``max_record_bytes`` (dropped, counted)."""
         wall0 = self._wall0
         perf0 = self._perf0
         pid = self._rec_pid
         limit = self._max_record
         out: list[bytes | None] = []
         add = out.append
-        for span, (tid, tname, track), task in entries:
-            start_ns = span._start_ns
-            parent = span.parent
+        for (path, depth, start_ns, end_ns, sid, parent), (tid, tname, track), task in entries:
             item = {
                 "_step": step,
-                "name": span.path,
-                "depth": span.depth,
+                "name": path,
+                "depth": depth,
                 "start": wall0 + (start_ns - perf0) / 1e9,
-                "dur_ms": (span._end_ns - start_ns) / 1e6,
-                "id": span.id,
-                "parent": parent.id if parent is not None else None,
+                "dur_ms": (end_ns - start_ns) / 1e6,
+                "id": sid,
+                "parent": parent,
                 "pid": pid,
                 "tid": tid,
                 "thread": tname,
@@ -421,7 +465,7 @@ class SpanRecorder:
                 item["task"] = task
                 item["track"] = track_name(tname, tid, task)
             line = _dumps(item)
-            add(line if len(line) <= limit or self._fits(len(line), span.path) else None)
+            add(line if len(line) <= limit or self._fits(len(line), path) else None)
         return out
 
     def _fits(self, size: int, path: str) -> bool:

@@ -187,3 +187,49 @@ def test_an_idle_threads_ended_span_does_not_keep_its_run_alive(tmp_path, slow) 
         t.join()
     lines = (tmp_path / "p" / "r" / "spans.jsonl").read_text().splitlines()
     assert [json.loads(x)["name"] for x in lines] == ["load"]
+
+
+def test_a_record_waiting_for_the_writer_holds_no_span(tmp_path) -> None:
+    # a plain span's record is its fields as plain values once placed (a log(), or the
+    # raw queue's bound), not the span: spans do not live on, through the collector's
+    # generations, until the writer encodes their records (docs/spans.md "Cost")
+    import gc
+    import weakref
+
+    run = et.init(
+        dir=str(tmp_path),
+        project="p",
+        system=False,
+        spec={"spans": {"buffer": {"size": 100000, "interval": 3600, "max_seconds": None}}},
+    )
+    refs = []
+    try:
+        with span("first"):  # the first record is written at once; the rest wait
+            pass
+        et.log({"x": 0.0})
+        run.history.flush()
+        for i in range(4):
+            with span("outer") as outer:
+                with span("inner") as inner:
+                    pass
+            refs += [weakref.ref(outer), weakref.ref(inner)]
+            del outer, inner
+            et.log({"x": float(i)})
+        for _ in range(core.RAW_MAX + 1):  # a loop of spans, no log(): placed at the bound
+            with span("loop") as s:
+                pass
+            refs.append(weakref.ref(s))
+            del s
+        gc.collect()
+        pending = et.info()["spans"]["writer"]["pending"] + et.info()["spans"]["held"]
+        assert pending > 0  # records wait: what holds them is what this test is about
+        alive = [r() for r in refs[:-2] if r() is not None]  # the last ones may be the top
+        assert not alive, sorted({s.path for s in alive})
+    finally:
+        et.finish()
+    lines = (tmp_path / "p").glob("*/spans.jsonl")
+    records = [json.loads(x) for f in lines for x in f.read_text().splitlines()]
+    assert len(records) == 1 + 8 + core.RAW_MAX + 1
+    assert {r["name"] for r in records} == {"first", "outer", "outer/inner", "loop"}
+    inner_parents = {r["parent"] for r in records if r["name"] == "outer/inner"}
+    assert inner_parents == {r["id"] for r in records if r["name"] == "outer"}
