@@ -5,6 +5,8 @@ from __future__ import annotations
 import subprocess
 import sys
 
+from helpers import run_py
+
 import expr_tracker as et
 
 PUBLIC = [
@@ -176,9 +178,7 @@ def test_no_backends_and_rule_texts_start_without_pydantic(tmp_path):
         "et.finish()\n"
         "print(type(run.spec).__name__, run.spec.alerts.rules, run.spec.backends)\n"
     )
-    out = subprocess.run(
-        [sys.executable, "-c", code, str(tmp_path)], capture_output=True, text=True, check=True
-    )
+    out = run_py(code, str(tmp_path))
     assert out.stdout.strip().splitlines()[-2:] == [
         "[]",
         "RunSpec ['loss > 1 => error: high loss'] []",
