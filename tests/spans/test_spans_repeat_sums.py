@@ -8,217 +8,23 @@ spans in other threads, spans with attributes or plugin measurements, ``log()`` 
 every kind, queries, flushes) run three times on a fake clock: through the summed batch,
 through the store's general path (the producer gives no merged metrics: each span placed
 by itself) and with no batch at all (each span handed to ``ingest_span`` as it ends). The
-metrics file, the committed and open rows and the span file must be identical.
+metrics file, the committed and open rows and the span file must be identical. The
+programs and their interpreter are in ``span_programs.py``.
 """
 
 from __future__ import annotations
 
 import json
-import random
-import re
-import shutil
-import tempfile
-import threading
-from pathlib import Path
 from typing import Any
 
 import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
+from span_programs import PROGRAM, assert_same, run_program
 
-from expr_tracker import _current
-from expr_tracker.history import spanfold
 from expr_tracker.history.store import HistoryStore
-from expr_tracker.history.writer import JsonlWriter
-from expr_tracker.spans import core, recorder
-from expr_tracker.spans.recorder import RAW_MAX, SpanRecorder
-
-
-class NoFlusher:
-    """No deadline ever fires: every run folds only where the program says."""
-
-    def start(self) -> None:
-        pass
-
-    def schedule(self, key: Any, due: float, callback: Any) -> None:
-        pass
-
-    def cancel(self, key: Any) -> None:
-        pass
-
-
-NAMES = st.sampled_from(["layer", "fwd", "a/b"])
-LOGS = st.sampled_from(
-    [
-        ("log",),
-        ("log_x",),
-        ("log_step",),
-        ("log_ahead",),
-        ("log_nocommit",),
-        ("log_clash",),  # a logged key that is also a span metric
-        ("flush",),
-        ("query",),
-    ]
-)
-LEAVES = (
-    st.tuples(st.just("span"), NAMES, st.just([]))
-    | st.tuples(st.just("loop"), NAMES, st.integers(1, 12))
-    | st.tuples(st.just("tagged"), NAMES)
-    | st.tuples(st.just("plugin"), NAMES, st.sampled_from(["sum", "max", "text", "nan"]))
-    | LOGS
-)
-
-
-def _node(children: Any) -> Any:
-    return st.tuples(st.just("span"), NAMES, st.lists(children, max_size=3)) | st.tuples(
-        st.just("thread"), st.lists(children, min_size=1, max_size=3)
-    )
-
-
-TREE = st.recursive(LEAVES, _node, max_leaves=12)
-PROGRAM = st.lists(TREE, min_size=1, max_size=8)
-
-PLUGIN_VALUES = {
-    "sum": {"m": 2.5},
-    "max": {"gpu_mem_peak_mb": 3.25},
-    "text": {"note": "x"},  # restarts the pending metric: the pending row is not plain
-    "nan": {"m": float("nan")},  # a non-finite value in the pending row
-}
-
-_TID = re.compile(r"\(tid \d+\)")
-
-
-def _run(
-    program: list[Any],
-    mode: str,
-    *,
-    count: bool,
-    monkeypatch: Any,
-    raw_max: int = RAW_MAX,
-    cap: int | None = None,
-    aggregation: dict[str, str] | None = None,
-) -> dict[str, Any]:
-    """Run ``program``; ``mode``: ``"summed"`` (as shipped), ``"general"`` (the raw batch,
-    each span placed by itself) or ``"each"`` (no raw batch: ``ingest_span`` per span)."""
-    rng = random.Random(27)  # ns between clock reads: durations with many digits
-    now = [10**9]
-
-    def clock() -> int:
-        now[0] += rng.randrange(1, 10**7)
-        return now[0]
-
-    monkeypatch.setattr(core, "perf_counter_ns", clock)
-    monkeypatch.setattr(core, "RAW_MAX", raw_max)
-    monkeypatch.setattr(recorder, "RAW_MAX", raw_max)
-    if cap is not None:
-        monkeypatch.setattr(spanfold, "HOLD_RECORDS_BEFORE_STEPS", cap)
-        monkeypatch.setattr(spanfold, "HOLD_MAX_RECORDS", 3 * cap)
-    tmp = Path(tempfile.mkdtemp(prefix="repeat_sums_"))
-    metrics = JsonlWriter(tmp / "metrics.jsonl", flusher=NoFlusher(), lock=False)  # type: ignore[arg-type]
-    spans_w = JsonlWriter(tmp / "spans.jsonl", flusher=NoFlusher(), lock=False)  # type: ignore[arg-type]
-    store = HistoryStore(
-        metrics,
-        max_open_seconds=None,
-        flusher=NoFlusher(),  # type: ignore[arg-type]
-        wall_clock=lambda: 0.0,
-        aggregation=core.AGGREGATION if aggregation is None else aggregation,
-    )
-    rows: list[dict] = []
-    store.sinks.append(rows.append)
-    rec = SpanRecorder(store, spans_w, count=count, identity={"pid": 7})
-    if mode == "general":
-        assert rec._sums is (aggregation is None)
-        rec._sums = False  # the producer gives no merged metrics: one by one
-    elif mode == "each":
-        rec.raw_queue = rec._raw = None  # every span through ingest_span as it ends
-    rec._wall0, rec._perf0 = 1.7e9, 0
-    base = next(_current.sequence)  # span ids and log marks share it: ids compare relative
-    step = [0]
-    shown: list[str] = []
-
-    def run(node: Any) -> None:
-        kind = node[0]
-        if kind == "span":
-            with core.span(node[1]):
-                for child in node[2]:
-                    run(child)
-        elif kind == "loop":
-            for _ in range(node[2]):
-                with core.span(node[1]):
-                    pass
-        elif kind == "tagged":
-            with core.span(node[1], tag=1):
-                pass
-        elif kind == "plugin":
-            values = PLUGIN_VALUES[node[2]]
-            with core.span(node[1], plugins=[lambda s: dict(values)]):
-                pass
-        elif kind == "thread":
-            t = threading.Thread(target=lambda: [run(c) for c in node[1]], name="worker")
-            t.start()
-            t.join()
-        elif kind == "log":
-            store.ingest({})
-        elif kind == "log_x":
-            store.ingest({"x": 1.5})
-        elif kind == "log_step":
-            step[0] += 2
-            store.ingest({"y": 2.0}, step=step[0])
-        elif kind == "log_ahead":  # the next step, explicitly
-            store.ingest({"y": 2.0}, step=store.open_step + 1)
-        elif kind == "log_nocommit":
-            store.ingest({"z": 0.5}, commit=False)
-        elif kind == "log_clash":
-            store.ingest({"time_ms/layer": 1.0})
-        elif kind == "flush":
-            rec.flush()
-        else:
-            shown.append(repr(store.open_row()))
-
-    prev = core.set_active_recorder(rec)
-    try:
-        for node in program:
-            run(node)
-        open_row = store.open_row()
-        held = rec.stats()["held"]
-        rec.close()
-        spans_w.close()
-        store.close()
-    finally:
-        core.set_active_recorder(prev)
-    metrics_path = tmp / "metrics.jsonl"
-    metrics_bytes = metrics_path.read_bytes() if metrics_path.exists() else b""
-    span_path = tmp / "spans.jsonl"
-    span_lines = span_path.read_bytes().splitlines() if span_path.exists() else []
-    shutil.rmtree(tmp)
-    tids: dict[int, int] = {}
-    records = []
-    for line in span_lines:
-        r = json.loads(line)
-        r["id"] -= base
-        if r["parent"] is not None:
-            r["parent"] -= base
-        # threads get new native ids each run: numbered in the order they first appear
-        r["tid"] = tids.setdefault(r["tid"], len(tids))
-        r["track"] = _TID.sub(f"(tid {r['tid']})", r["track"])
-        records.append(r)
-    return {
-        "metrics": metrics_bytes,  # _time is 0.0: byte for byte
-        "rows": [repr(r) for r in rows],  # repr: the floats bit for bit, NaN included
-        "open": repr(open_row),
-        "shown": shown,
-        "held": held,
-        "records": records,
-    }
-
-
-def _same(a: dict[str, Any], b: dict[str, Any]) -> None:
-    assert a["metrics"] == b["metrics"]
-    assert a["rows"] == b["rows"]
-    assert a["open"] == b["open"]
-    assert a["shown"] == b["shown"]
-    assert a["held"] == b["held"]
-    assert a["records"] == b["records"]
+from expr_tracker.spans import core
+from expr_tracker.spans.recorder import RAW_MAX
 
 
 @settings(
@@ -234,9 +40,9 @@ def _same(a: dict[str, Any], b: dict[str, Any]) -> None:
 )
 def test_summed_batches_write_what_one_by_one_writes(program, count, raw_max, cap, monkeypatch):
     kw = {"count": count, "monkeypatch": monkeypatch, "raw_max": raw_max, "cap": cap}
-    summed = _run(program, "summed", **kw)
-    _same(summed, _run(program, "general", **kw))
-    _same(summed, _run(program, "each", **kw))
+    summed = run_program(program, "summed", **kw)
+    assert_same(summed, run_program(program, "general", **kw))
+    assert_same(summed, run_program(program, "each", **kw))
 
 
 def _long_program() -> list[Any]:
@@ -263,7 +69,7 @@ def test_long_repeated_loops_with_the_real_bounds(count, monkeypatch):
         orig(self, items)
 
     monkeypatch.setattr(HistoryStore, "_place_raw_locked", counted)
-    summed = _run(program, "summed", count=count, monkeypatch=monkeypatch)
+    summed = run_program(program, "summed", count=count, monkeypatch=monkeypatch)
     assert general_calls == []
     rows = [json.loads(line) for line in summed["metrics"].splitlines()]
     assert all(r["time_ms/layer"] > 0 for r in rows[:20])
@@ -273,9 +79,9 @@ def test_long_repeated_loops_with_the_real_bounds(count, monkeypatch):
         assert sum(r.get("count/forward", 0) for r in rows) == 2500
         assert sum(r.get("count/fwd/layer", 0) for r in rows) == 9
     assert len(summed["records"]) == 20 * 8 + 2500 + 700 + 3 * 1504 + 1100
-    _same(summed, _run(program, "general", count=count, monkeypatch=monkeypatch))
+    assert_same(summed, run_program(program, "general", count=count, monkeypatch=monkeypatch))
     assert general_calls  # the reference really placed them one by one
-    _same(summed, _run(program, "each", count=count, monkeypatch=monkeypatch))
+    assert_same(summed, run_program(program, "each", count=count, monkeypatch=monkeypatch))
 
 
 #: tables under which time_ms or count does not sum: every span is placed by itself
@@ -306,9 +112,13 @@ def test_a_store_that_does_not_sum_span_times_places_each_span(aggregation, coun
         ("loop", "layer", 4),
         ("log_step",),
     ]
-    summed = _run(program, "summed", count=count, monkeypatch=monkeypatch, aggregation=aggregation)
-    each = _run(program, "each", count=count, monkeypatch=monkeypatch, aggregation=aggregation)
-    _same(summed, each)
+    summed = run_program(
+        program, "summed", count=count, monkeypatch=monkeypatch, aggregation=aggregation
+    )
+    each = run_program(
+        program, "each", count=count, monkeypatch=monkeypatch, aggregation=aggregation
+    )
+    assert_same(summed, each)
 
 
 @settings(
@@ -319,4 +129,4 @@ def test_a_store_that_does_not_sum_span_times_places_each_span(aggregation, coun
 @given(program=PROGRAM, count=st.booleans(), aggregation=st.sampled_from(NOT_SUMMED))
 def test_random_programs_under_tables_that_do_not_sum(program, count, aggregation, monkeypatch):
     kw = {"count": count, "monkeypatch": monkeypatch, "raw_max": 5, "aggregation": aggregation}
-    _same(_run(program, "summed", **kw), _run(program, "each", **kw))
+    assert_same(run_program(program, "summed", **kw), run_program(program, "each", **kw))
