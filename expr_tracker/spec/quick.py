@@ -22,7 +22,7 @@ from collections.abc import Callable, Mapping
 from pathlib import PurePath
 from typing import Any
 
-from expr_tracker.spec.mirroring import BACKEND_TYPES
+from expr_tracker.spec.mirroring import BACKEND_TYPES, backends_as_list
 from expr_tracker.spec.plain import check_fs_name, check_stream_name, config_to_dict
 
 __all__ = ["DEFAULTS", "LEAVES", "SECTIONS", "SpecView", "quick_check"]
@@ -212,12 +212,10 @@ def _plain(value: Any, depth: int = 0) -> Any:
 
 
 def _backends(value: Any) -> Any:
-    """``backends`` named by their types (``backends_as_list`` and ``check_backend_entry``
-    keep a known name as it is; one name without the list is a list of one)."""
-    if value is None:
-        return []
-    if type(value) is str:
-        value = [value]
+    """``backends`` named by their types: the field's own ``backends_as_list`` (None: none;
+    one name without the list: a list of one), then each entry a known name, kept as it is
+    (what ``check_backend_entry`` does with a name)."""
+    value = backends_as_list(value)
     if type(value) is not list or any(type(v) is not str or v not in BACKEND_TYPES for v in value):
         return _NO
     return list(value)
