@@ -398,6 +398,8 @@ class HistoryStore:
         return landed
 
     def _sink_failed(self, sink: Callable[[dict[str, Any]], Any], exc: Exception) -> None:
+        """A row consumer (a sink, or the ``on_commit`` hook) raised: counted in
+        ``sink_errors``, warned once per consumer, never raised into ``log()``."""
         self.sink_errors += 1
         self.warner.warn(
             ("sink", getattr(sink, "__qualname__", repr(sink))),
@@ -454,7 +456,7 @@ class HistoryStore:
                 try:
                     hook(row)
                 except Exception as exc:  # noqa: BLE001 - a consumer never breaks log()
-                    self._hook_failed(hook, exc)
+                    self._sink_failed(hook, exc)
         except BaseException:
             if cache.next_ordinal != mark:  # committed (the cache's append is all or nothing)
                 if self.open_step == step:
@@ -541,7 +543,7 @@ class HistoryStore:
                 try:
                     hook(row)
                 except Exception as exc:  # noqa: BLE001 - a consumer never breaks log()
-                    self._hook_failed(hook, exc)
+                    self._sink_failed(hook, exc)
         except BaseException:
             if self.cache.next_ordinal != mark:
                 if self.open_step == step:
@@ -557,17 +559,7 @@ class HistoryStore:
         try:
             hook(row)
         except Exception as exc:  # noqa: BLE001 - a consumer never breaks log()
-            self._hook_failed(hook, exc)
-
-    def _hook_failed(self, hook: Callable[[dict[str, Any]], Any], exc: Exception) -> None:
-        self.sink_errors += 1
-        self.warner.warn(
-            ("sink", getattr(hook, "__qualname__", repr(hook))),
-            "expr_tracker: a row consumer failed (%s: %s); it is skipped for this row "
-            "(warned once)",
-            type(exc).__name__,
-            exc,
-        )
+            self._sink_failed(hook, exc)
 
     def _coerce_step(self, step: Any) -> int | None:
         if isinstance(step, bool):
