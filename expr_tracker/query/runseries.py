@@ -39,7 +39,7 @@ from typing import Any
 from expr_tracker.errors import ExprTrackerError
 from expr_tracker.query.catalog import Producer, discover
 from expr_tracker.query.tables import Problems, runs_table
-from expr_tracker.query.views import cache_of, import_duckdb
+from expr_tracker.query.views import cache_of, import_duckdb, quiet
 
 __all__ = [
     "BAD",
@@ -260,7 +260,7 @@ def _read_patched(run: RunSeries, table: Any, names: list[str], con: Any) -> Non
 
     duckdb = import_duckdb()
     own = con is None
-    con = duckdb.connect() if own else con
+    con = quiet(duckdb.connect()) if own else con
     con.register("_et_backtest_src", table)
     try:
         rows = _arrow(
@@ -320,7 +320,7 @@ def iter_series(
     cannot be read is left out, its reason in ``problems``). The series of one run are
     dropped before the next is read when the caller does not keep them."""
     duckdb = import_duckdb()
-    con = duckdb.connect()
+    con = quiet(duckdb.connect())
     names = list(names)
     try:
         for run in runs:

@@ -211,6 +211,8 @@ class StepReader:
                 yield from self._part_batches(pf, cols)
             return
         duckdb = need_duckdb()
+        from expr_tracker.query import views
+
         con = duckdb.connect(
             config={
                 "memory_limit": DUCKDB_MEMORY_LIMIT,
@@ -219,6 +221,7 @@ class StepReader:
                 "preserve_insertion_order": True,
             }
         )
+        views.quiet(con)
         try:
             # the parts reach DuckDB as an Arrow stream, not as paths: a run directory
             # named with [, * or ? would be a glob pattern to read_parquet

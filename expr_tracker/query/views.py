@@ -123,6 +123,16 @@ def import_duckdb(arrow: bool = True) -> Any:
     return duckdb
 
 
+def quiet(con: Any) -> Any:
+    """``con`` (a DuckDB connection or cursor) with its progress bar's printing off, and
+    returned. DuckDB prints the bar to this process's standard output once a query runs
+    longer than 2 s, into whatever a script writes there (its CSV, its JSON); the setting
+    is per connection (a cursor starts with DuckDB's default). Progress is still tracked
+    (``con.query_progress()``). docs/query.md "Results in Python"."""
+    con.execute("SET enable_progress_bar_print = false")
+    return con
+
+
 def arrow_errors() -> tuple[type[BaseException], ...]:
     """``(pyarrow.ArrowException,)`` once pyarrow is imported, else ``()``: for an
     ``except`` clause that must not import pyarrow (an error of it cannot happen before)."""
@@ -389,7 +399,7 @@ def connect(
     for p in producers:
         if p.unlisted is not None:
             problems.add(p, unlisted_problem(p))
-    con = duckdb.connect(":memory:")
+    con = quiet(duckdb.connect(":memory:"))
     source = _Sources(con)
     metric_selects: list[str] = []
     span_selects: list[str] = []

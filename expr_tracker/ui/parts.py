@@ -22,7 +22,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from expr_tracker.query.catalog import Producer
-from expr_tracker.query.views import import_duckdb, metrics_select, path_literal
+from expr_tracker.query.views import import_duckdb, metrics_select, path_literal, quiet
 from expr_tracker.ui.errors import Unreadable, why
 
 if TYPE_CHECKING:
@@ -57,7 +57,7 @@ def duckdb_cursor() -> Any:
                     "SET GLOBAL disabled_optimizers = 'filter_pushdown,statistics_propagation'"
                 )
             _base = base
-        return _base.cursor()
+        return quiet(_base.cursor())
 
 
 _names = itertools.count(1)

@@ -11,6 +11,8 @@ import pytest
 pytest.importorskip("duckdb")
 pa = pytest.importorskip("pyarrow")
 
+from helpers import run_py  # noqa: E402
+
 import expr_tracker as et  # noqa: E402
 from expr_tracker.errors import ExprTrackerError, QueryError  # noqa: E402
 
@@ -254,3 +256,37 @@ def test_a_bad_metrics_query_still_lists_every_view_and_the_config_columns(runs)
     assert "config.lr" in [c for c, _ in err.value.views["runs"]]
     rows = et.query("SHOW TABLES", runs, output_type="dicts")
     assert {"runs", "metrics", "spans", "alerts", "artifacts"} <= {r["name"] for r in rows}
+
+
+# DuckDB draws its progress bar on standard output once a query runs past
+# ``progress_bar_time`` (2 s by default). The script lowers that to 20 ms on every connection
+# it opens (longer than the tracker's own setup statements take), so that a query of a
+# fraction of a second stands in for a long one: a bar would land among the JSON it prints.
+_PROGRESS_SCRIPT = """
+import json, sys
+import duckdb
+
+_connect = duckdb.connect
+
+
+def connect(*args, **kwargs):
+    con = _connect(*args, **kwargs)
+    con.execute("SET progress_bar_time = 20")
+    return con
+
+
+duckdb.connect = connect
+import expr_tracker as et
+
+rows = et.query(
+    "SELECT count(*) AS n, sum(hash(i)) > 0 AS ok FROM metrics, range(4000000) t(i)",
+    sys.argv[1],
+    output_type="dicts",
+)
+print(json.dumps(rows))
+"""
+
+
+def test_a_long_query_prints_no_progress_bar_into_standard_output(runs):
+    p = run_py(_PROGRESS_SCRIPT, str(runs), timeout=120)
+    assert p.stdout == '[{"n": 40000000, "ok": true}]\n', p.stdout[:300]
