@@ -221,7 +221,7 @@ class RowCache:
             last.trim()
             mean = last.size() / len(last)
         else:
-            mean = k
+            mean = float(k)
         cap = max(k, min(self.segment_bytes, int(mean * self.segment_rows)))
         seg = _Segment(self.next_ordinal, cap, step)
         segs.append(seg)
@@ -503,11 +503,12 @@ class DecodedTail:
             del rows[:over]
             first = self.first = first + over
         a = start - first
-        out = [r.copy() if r is not None else r for r in rows[a : a + stop - start]]
+        # (each comprehension its own name: mypyc types a comprehension's name per function)
+        out: list[Any] = [r.copy() if r is not None else r for r in rows[a : a + stop - start]]
         if None in out:
             fresh = decode_lines(
-                [cache.lines(start + i, start + i + 1)[0] for i, r in enumerate(out) if r is None]
+                [cache.lines(start + i, start + i + 1)[0] for i, o in enumerate(out) if o is None]
             )
             it = iter(fresh)
-            out = [r if r is not None else next(it) for r in out]
-        return out  # type: ignore[return-value]  # no None left in it
+            out = [d if d is not None else next(it) for d in out]
+        return out  # no None left in it

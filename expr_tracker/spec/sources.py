@@ -134,7 +134,7 @@ def _load_toml(path: Path) -> Any:
         import tomllib
     except ModuleNotFoundError:  # Python 3.10
         try:
-            import tomli as tomllib
+            import tomli as tomllib  # type: ignore[no-redef, unused-ignore]
         except ModuleNotFoundError:
             raise SpecError(
                 [
