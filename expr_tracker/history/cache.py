@@ -503,12 +503,15 @@ class DecodedTail:
             del rows[:over]
             first = self.first = first + over
         a = start - first
-        # (each comprehension its own name: mypyc types a comprehension's name per function)
-        out: list[Any] = [r.copy() if r is not None else r for r in rows[a : a + stop - start]]
+        # (a loop, and each comprehension its own name: mypyc, which compiles this module
+        # for benchmarks/build_compiled.py, types a comprehension's name per function)
+        out: list[Any] = []
+        for row in rows[a : a + stop - start]:
+            out.append(row.copy() if row is not None else None)
         if None in out:
             fresh = decode_lines(
                 [cache.lines(start + i, start + i + 1)[0] for i, o in enumerate(out) if o is None]
             )
             it = iter(fresh)
-            out = [d if d is not None else next(it) for d in out]
+            out = [got if got is not None else next(it) for got in out]
         return out  # no None left in it
