@@ -50,7 +50,9 @@ setup(name="et-compiled", packages=[], py_modules=[], ext_modules=mypycify(sys.a
 
 
 def git(repo: Path, *args: str) -> None:
-    subprocess.run(["git", "-C", str(repo), *args], check=True)
+    done = subprocess.run(["git", "-C", str(repo), *args], capture_output=True, text=True)
+    if done.returncode != 0:
+        sys.exit(f"git {' '.join(args)}: {done.stderr.strip() or done.returncode}")
 
 
 def main() -> None:
@@ -61,7 +63,7 @@ def main() -> None:
     args = ap.parse_args()
     repo = Path(__file__).resolve().parent.parent
     into = args.into.resolve()
-    if into.exists():
+    if into.exists():  # git removes only a worktree of this repository, never another folder
         git(repo, "worktree", "remove", "--force", str(into))
     git(repo, "worktree", "prune")
     if args.remove:
