@@ -167,3 +167,17 @@ def count_events(fn, *args, stdlib: bool = True) -> int:
     probe = Injector(None, stdlib=stdlib)
     probe.run(fn, *args)
     return probe.count
+
+
+def compiled(module) -> bool:
+    """True when ``module`` was loaded from a compiled extension, not its ``.py`` (an
+    ``ET_COMPILE=1`` build, docs/performance.md "A compiled build")."""
+    return not str(module.__file__).endswith(".py")
+
+
+def needs_python(*modules, why: str = "patches or traces"):
+    """Skip a test that replaces methods of, or traces line by line, one of ``modules``
+    when that module is compiled: a compiled class's methods are called directly and cannot
+    be replaced, and compiled code gives the tracer no line events to interrupt at."""
+    names = [m.__name__ for m in modules if compiled(m)]
+    return pytest.mark.skipif(bool(names), reason=f"{why} {', '.join(names)}, compiled here")

@@ -203,10 +203,13 @@ class HistoryStore:
         self.dropped[cause] = self.dropped.get(cause, 0) + 1
         self.warner.warn(("drop", cause), message, *args)
 
-    def ingest(
-        self, metrics: Mapping[str, Any], step: int | None = None, commit: bool | None = None
-    ) -> int:
+    def ingest(self, metrics: Mapping[str, Any], step: Any = None, commit: Any = None) -> int:
         """Merge ``metrics`` into the open row and apply the commit table.
+
+        ``step``: an int in [0, 2**63-1] or None; ``commit``: a bool or None. Both are typed
+        ``Any`` because they come from the user unchecked: a bad one drops the call with a
+        warning here (counted in ``dropped``), never a ``TypeError`` from the annotation of
+        a compiled build (docs/performance.md "A compiled build").
 
         Returns the step the metrics landed on (-1 when they were dropped).
 
@@ -593,7 +596,7 @@ class HistoryStore:
     def _merge(self, metrics: dict[str, Any]) -> None:
         open_row = self._open
         agg = self._agg
-        k: str | None
+        k: Any  # a key log() was given: any hashable until _fix_key has seen it
         for k, v in metrics.items():
             if type(k) is not str or not k or k in RESERVED:
                 k = self._fix_key(k)

@@ -8,10 +8,11 @@ from __future__ import annotations
 import inspect
 import threading
 
-from helpers import Injector, count_events
+from helpers import Injector, count_events, needs_python
 
 import expr_tracker as et
 from expr_tracker.alerts.engine import AlertEngine
+from expr_tracker.history import store as store_mod
 from expr_tracker.history.store import HistoryStore
 
 RULES = ["zscore(loss[50]) > 3 => error: spike", "isnan(loss) => critical: nan"]
@@ -80,6 +81,7 @@ def _sink_call_line() -> int:
     return first + next(i for i, line in enumerate(src) if line.strip() == "sink(row)")
 
 
+@needs_python(store_mod, why="interrupts each line of")
 def test_interrupt_at_every_point_of_log_with_rules(tmp_path):
     """Each point of one ``log()`` interrupted in turn: no lock left held, no row evaluated
     twice (the series' steps strictly increase), and between the commit and the sink's call

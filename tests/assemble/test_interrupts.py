@@ -24,9 +24,10 @@ import threading
 import time
 
 import pytest
-from helpers import Injector, count_events
+from helpers import Injector, count_events, needs_python
 
 import expr_tracker as et
+from expr_tracker.history import store as store_mod
 from expr_tracker.history.runinfo import read_run_info
 
 
@@ -150,6 +151,7 @@ def check_store(run) -> None:
     assert store.open_step == (store.last_row or {"_step": -1})["_step"] + 1
 
 
+@needs_python(store_mod, why="interrupts each line of")
 @pytest.mark.parametrize("cache_rows", [2_000_000, 8])
 def test_interrupt_at_every_point_of_log(tmp_path, cache_rows):
     """One ``log()`` interrupted at each of its points in turn (with eviction flushing under
@@ -323,6 +325,7 @@ def test_writer_close_failure_is_not_reported_finished(tmp_path, caplog):
     assert "could not be closed" in info["error"]
 
 
+@needs_python(store_mod, why="replaces HistoryStore.commit on an instance of")
 def test_sigterm_while_finishing_in_another_thread_is_not_ignored(tmp_path):
     """A finish() interrupted earlier does not make SIGTERM a no-op: the handler only
     defers while a finish() is running now."""

@@ -21,9 +21,10 @@ import threading
 from pathlib import Path
 
 import pytest
-from helpers import not_a_signal_point
+from helpers import needs_python, not_a_signal_point
 
 import expr_tracker as et
+from expr_tracker.history import store as store_mod
 
 #: the store and the objects it owns (pending span data, the open-row timer, the reader)
 STORE_FILES = {
@@ -157,6 +158,7 @@ class StoreInjector:
             sys.settrace(None)
 
 
+@needs_python(store_mod, why="interrupts each line of")
 @pytest.mark.parametrize("explicit", [True, False])
 def test_interrupted_log_keeps_held_span_records(tmp_path, explicit):
     """A ``log()`` placing a held span record, interrupted at each point of the store in

@@ -8,8 +8,10 @@ import enum
 import math
 
 import pytest
+from helpers import needs_python
 
 import expr_tracker as et
+from expr_tracker.history import cache as cache_mod
 from expr_tracker.history import store as store_mod
 from expr_tracker.history.reader import read_rows
 from expr_tracker.history.store import HistoryStore
@@ -104,7 +106,13 @@ def test_plain_rows_reach_the_file_in_order_through_flush_and_close(tmp_path):
     assert [r["i"] for r in rows] == [float(i) for i in range(140)]
 
 
-@pytest.mark.parametrize("where", ["cache", "writer"])
+@pytest.mark.parametrize(
+    "where",
+    [
+        pytest.param("cache", marks=needs_python(cache_mod, why="replaces RowCache.append of")),
+        "writer",
+    ],
+)
 def test_an_interrupt_in_a_plain_commit_writes_each_row_once(tmp_path, monkeypatch, where):
     # async_write=False: no flusher thread, the writer is told of every row (poke_at -1)
     w = JsonlWriter(tmp_path / "m.jsonl", interval=30.0, max_seconds=30.0, async_write=False)

@@ -18,10 +18,12 @@ import json
 from typing import Any
 
 import pytest
+from helpers import needs_python
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from span_programs import PROGRAM, assert_same, run_program
 
+from expr_tracker.history import store as store_mod
 from expr_tracker.history.store import HistoryStore
 from expr_tracker.spans import core
 from expr_tracker.spans.recorder import RAW_MAX
@@ -55,6 +57,7 @@ def _long_program() -> list[Any]:
     return per_layer + long + steps * 3 + [("loop", "layer", 1100), ("log",)]
 
 
+@needs_python(store_mod, why="counts calls by replacing a method of")
 @pytest.mark.parametrize("count", [False, True])
 def test_long_repeated_loops_with_the_real_bounds(count, monkeypatch):
     """A name repeated thousands of times, across RAW_MAX, the held-record bound and
