@@ -9,6 +9,9 @@ wandb-style: ``et.run`` is the current :class:`Run` or None, ``et.config`` and
 common calls (docs/coming-from-wandb.md).
 """
 
+# first: in a compiled build, a module whose source changed since runs from its source
+# (docs/performance.md "A compiled build")
+from expr_tracker import compiled as _compiled  # noqa: F401
 from expr_tracker import (
     history,  # the package, callable: et.history(n=50, ...)
     query,  # the package, callable: et.query(sql, dir=...)

@@ -1,0 +1,125 @@
+"""The compiled build's guard (docs/performance.md "A compiled build"): a module whose source
+changed after it was compiled runs from its source, with a warning; ``et --version`` says
+what runs compiled. The build itself (``ET_COMPILE=1 pip install .``, minutes of mypyc) is
+checked by ``benchmarks/build_compiled.py --test``, not here."""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import shutil
+import subprocess
+import sys
+import warnings
+from pathlib import Path
+
+import pytest
+from helpers import ROOT
+
+from expr_tracker import compiled
+
+STORE = "expr_tracker.history.store"
+SPANFOLD = "expr_tracker.history.spanfold"
+
+
+def digest(module: str) -> str:
+    return hashlib.sha256(Path(compiled.source_path(module)).read_bytes()).hexdigest()
+
+
+def write_manifest(path: Path, sources: dict[str, str]) -> Path:
+    path.write_text(json.dumps({"sources": sources}))
+    return path
+
+
+@pytest.fixture
+def meta_path(monkeypatch):
+    monkeypatch.setattr(sys, "meta_path", list(sys.meta_path))
+    monkeypatch.setattr(compiled, "stale", [])
+
+
+def test_a_pure_python_install_has_no_manifest_and_changes_nothing(tmp_path, meta_path):
+    before = list(sys.meta_path)
+    assert compiled.guard(str(tmp_path / "none.json")) == []
+    assert sys.meta_path == before
+    assert compiled.describe() == "pure Python"  # the checkout itself has no manifest
+
+
+def test_sources_as_compiled_keep_the_extensions(tmp_path, meta_path):
+    manifest = write_manifest(
+        tmp_path / "m.json", {STORE: digest(STORE), SPANFOLD: digest(SPANFOLD)}
+    )
+    before = list(sys.meta_path)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        assert compiled.guard(str(manifest)) == []
+    assert sys.meta_path == before
+
+
+def test_a_changed_source_is_loaded_from_the_source_with_a_warning(tmp_path, meta_path):
+    manifest = write_manifest(tmp_path / "m.json", {STORE: digest(STORE), SPANFOLD: "0" * 64})
+    with pytest.warns(UserWarning, match="spanfold changed after it was compiled"):
+        assert compiled.guard(str(manifest)) == [SPANFOLD]
+    finder = sys.meta_path[0]
+    assert isinstance(finder, compiled.SourceFirst)
+    spec = finder.find_spec(SPANFOLD)
+    assert spec.origin == compiled.source_path(SPANFOLD) and spec.origin.endswith(".py")
+    assert finder.find_spec(STORE) is None  # unchanged: the normal finders (its extension)
+    assert compiled.stale == [SPANFOLD]
+
+
+@pytest.mark.parametrize(
+    "text", ["{not json", json.dumps({"sources": ["a"]}), json.dumps({"sources": {"a": 1}})]
+)
+def test_a_broken_manifest_is_named_and_the_install_runs_as_it_is(tmp_path, meta_path, text):
+    path = tmp_path / "m.json"
+    path.write_text(text)
+    before = list(sys.meta_path)
+    with pytest.warns(UserWarning, match="m.json"):
+        assert compiled.guard(str(path)) == []
+    assert sys.meta_path == before
+    with pytest.raises(ValueError, match="m.json"):
+        compiled.read_manifest(str(path))
+
+
+@pytest.mark.parametrize("name", ["os.path", "expr_tracker", "expr_tracker.../x", "x.y"])
+def test_only_modules_of_the_package_have_a_source_path(name):
+    with pytest.raises(ValueError, match="not a module of expr_tracker"):
+        compiled.source_path(name)
+
+
+def test_an_installed_build_with_an_edited_source_runs_it_at_import(tmp_path):
+    """The whole path in a fresh process: an install whose manifest no longer matches the
+    store's source imports that source (the guard runs before the store is imported) and
+    ``et --version`` says so."""
+    site = tmp_path / "site"
+    shutil.copytree(
+        ROOT / "expr_tracker",
+        site / "expr_tracker",
+        ignore=shutil.ignore_patterns("__pycache__"),
+    )
+    store_py = site / "expr_tracker" / "history" / "store.py"
+    store_py.write_text(store_py.read_text() + "\nEDITED_AFTER_THE_BUILD = True\n")
+    write_manifest(site / "expr_tracker" / "_compiled.json", {STORE: "0" * 64})
+    code = (
+        "import sys, expr_tracker\n"
+        "from expr_tracker.history import store\n"
+        "from expr_tracker.compiled import describe\n"
+        "print(store.EDITED_AFTER_THE_BUILD, [type(f).__name__ for f in sys.meta_path])\n"
+        "print(describe())\n"
+    )
+    env = {**os.environ, "PYTHONPATH": str(site)}
+    p = subprocess.run(
+        [sys.executable, "-P", "-c", code],
+        capture_output=True,
+        text=True,
+        env=env,
+        cwd=tmp_path,
+        timeout=120,
+    )
+    assert p.returncode == 0, p.stderr
+    first, second = p.stdout.splitlines()
+    assert first.startswith("True [") and "'SourceFirst'" in first
+    assert second == f"compiled: {STORE} (stale: runs its source)"
+    assert "expr_tracker.history.store changed after it was compiled" in p.stderr
+    assert p.stderr.count("changed after it was compiled") == 1
