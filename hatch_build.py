@@ -100,7 +100,10 @@ class CompileHook(BuildHookInterface):  # type: ignore[type-arg]
         if done.returncode != 0:
             tail = done.stdout.decode("utf-8", "replace")[-6000:]
             raise RuntimeError(f"{ENV}: mypyc failed (exit {done.returncode}):\n{tail}")
-        built = sorted(p for p in work.rglob("*") if p.suffix in (".so", ".pyd"))
+        # the package's extensions and mypyc's shared runtime beside it (not setuptools'
+        # copies under build/)
+        found = [*work.glob("*"), *(work / PACKAGE).rglob("*")]
+        built = sorted(p for p in found if p.suffix in (".so", ".pyd") and p.is_file())
         for module in modules:
             stem = (work / module).with_suffix("")
             if not any(

@@ -1,92 +1,85 @@
 #!/usr/bin/env python3
-"""A copy of the library with its hot modules compiled by mypyc, to measure what compiling
-them would buy (issue 27). Not how the library is installed: an experiment's bench.
+"""Build the compiled wheel (``ET_COMPILE=1``, docs/performance.md "A compiled build") and
+install it into a folder of its own, to benchmark or test it beside the checkout.
 
     python benchmarks/build_compiled.py                  # into /tmp/et-compiled
-    python benchmarks/build_compiled.py --into DIR --modules expr_tracker/api.py,...
-    PYTHONPATH=/tmp/et-compiled python benchmarks/bench_log.py --sections log,nested
-    python benchmarks/build_compiled.py --remove         # the worktree and its build
+    PYTHONPATH=/tmp/et-compiled/site python benchmarks/bench_log.py --sections log,nested
+    python benchmarks/build_compiled.py --test           # build, then the not-slow suite on it
+    python benchmarks/build_compiled.py --remove         # delete the folder
 
-What it does: a detached git worktree of ``HEAD`` at ``--into`` (made anew each time), then
-``mypyc`` over ``--modules`` in it (``setup.py build_ext --inplace`` with a throw-away setup
-script outside the tree), so each compiled module's extension lies beside its source there.
-With ``PYTHONPATH`` set to that folder, a script run by path (``benchmarks/*.py``, whose own
-folder comes first on ``sys.path``) imports the compiled modules; ``python -c`` and the
-shared harness's identity probe put the current folder first, so run those from a folder
-that is not a checkout. The modules not listed stay Python.
+What it does: ``pip wheel`` of this checkout (its working tree, uncommitted edits included)
+with ``ET_COMPILE=1`` into ``--into``/wheel, then ``pip install --no-deps --target`` of that
+wheel into ``--into``/site. With ``PYTHONPATH`` set to the site folder, a script run by path
+(``benchmarks/*.py``) imports the compiled package; ``python -c`` and ``python -m`` put the
+current folder first, so run those with ``-P`` or from a folder that is not a checkout.
 
-Takes ~3.5 min of mypy's analysis and ~1-2 min of gcc on a 2-core machine; needs a C
-compiler and Python's headers. The default modules are the ones that compile and run the
-benchmarks today: ``history/writer.py`` (methods reassigned on its instances),
-``spans/core.py`` (mypyc stops on ``__enter__ = _start``) and ``spans/recorder.py`` (weak
-references) do not yet; what else differs once compiled is listed in the README ("Issue
-27, what is left made of").
+``--test`` runs ``python -P -m pytest -m "not slow"`` from the checkout with that
+``PYTHONPATH``, after checking that the compiled modules are the ones imported. Test
+subprocesses inherit it; a few run ``python -c`` in the checkout and so import its Python
+source, which the pure-Python suite covers anyway.
+
+Takes ~4-6 min on a 2-core machine (mypy's analysis of the package, then gcc); needs a C
+compiler, Python's headers and the package index pip uses for the build environment.
 """
 
 from __future__ import annotations
 
 import argparse
+import os
+import shutil
 import subprocess
 import sys
 import tempfile
 import time
 from pathlib import Path
 
-DEFAULT_MODULES = (
-    "expr_tracker/history/store.py",
-    "expr_tracker/history/cache.py",
-    "expr_tracker/history/spanfold.py",
-    "expr_tracker/api.py",
-)
-
-SETUP = """\
-import sys
-from setuptools import setup
-from mypyc.build import mypycify
-
-setup(name="et-compiled", packages=[], py_modules=[], ext_modules=mypycify(sys.argv.pop()
-    .split(","), opt_level="3"))
-"""
+ROOT = Path(__file__).resolve().parent.parent
 
 
-def git(repo: Path, *args: str) -> None:
-    done = subprocess.run(["git", "-C", str(repo), *args], capture_output=True, text=True)
+def run(cmd: list[str], **kw: object) -> None:
+    done = subprocess.run(cmd, **kw)  # type: ignore[call-overload]
     if done.returncode != 0:
-        sys.exit(f"git {' '.join(args)}: {done.stderr.strip() or done.returncode}")
+        sys.exit(f"{' '.join(cmd[:4])} ... failed (exit {done.returncode})")
 
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--into", type=Path, default=Path(tempfile.gettempdir()) / "et-compiled")
-    ap.add_argument("--modules", default=",".join(DEFAULT_MODULES))
-    ap.add_argument("--remove", action="store_true", help="remove the worktree and stop")
+    ap.add_argument("--test", action="store_true", help="run the not-slow suite on the build")
+    ap.add_argument("--remove", action="store_true", help="delete --into and stop")
+    ap.add_argument("pytest_args", nargs="*", help="extra pytest arguments for --test")
     args = ap.parse_args()
-    repo = Path(__file__).resolve().parent.parent
     into = args.into.resolve()
-    if into.exists():  # git removes only a worktree of this repository, never another folder
-        git(repo, "worktree", "remove", "--force", str(into))
-    git(repo, "worktree", "prune")
+    if into == ROOT or ROOT.is_relative_to(into):
+        sys.exit(f"--into {into}: the checkout itself, or a folder holding it")
     if args.remove:
+        shutil.rmtree(into, ignore_errors=True)
         return
-    git(repo, "worktree", "add", "--detach", "--quiet", str(into), "HEAD")
-    modules = [m.strip() for m in args.modules.split(",") if m.strip()]
-    missing = [m for m in modules if not (into / m).is_file()]
-    if missing:
-        sys.exit(f"--modules: no such file in the checkout: {', '.join(missing)}")
-    with tempfile.TemporaryDirectory() as tmp:
-        setup = Path(tmp) / "setup.py"
-        setup.write_text(SETUP)
-        t0 = time.perf_counter()
-        cmd = [sys.executable, str(setup), "build_ext", "--inplace", ",".join(modules)]
-        done = subprocess.run(cmd, cwd=into, capture_output=True, text=True)
-    if done.returncode != 0:
-        sys.stderr.write(done.stdout[-4000:] + done.stderr[-4000:])
-        sys.exit(f"mypyc failed (exit {done.returncode}); the worktree is left at {into}")
-    built = sorted(str(p.relative_to(into)) for p in into.glob("expr_tracker/**/*.so"))
-    print(f"compiled {len(built)} modules in {time.perf_counter() - t0:.0f} s into {into}:")
-    for name in built:
-        print(f"  {name}")
-    print(f"use: PYTHONPATH={into} python benchmarks/bench_log.py ...")
+    wheel, site = into / "wheel", into / "site"
+    shutil.rmtree(into, ignore_errors=True)
+    wheel.mkdir(parents=True)
+    t0 = time.perf_counter()
+    env = {**os.environ, "ET_COMPILE": "1"}
+    pip = [sys.executable, "-m", "pip"]
+    run([*pip, "wheel", "--no-deps", "-q", "-w", str(wheel), str(ROOT)], env=env)
+    built = sorted(wheel.glob("expr_tracker-*.whl"))
+    if len(built) != 1 or built[0].name.endswith("-none-any.whl"):
+        sys.exit(f"expected one platform wheel in {wheel}, found {[p.name for p in built]}")
+    run([*pip, "install", "--no-deps", "-q", "--target", str(site), str(built[0])])
+    print(f"built {built[0].name} in {time.perf_counter() - t0:.0f} s; installed into {site}")
+    probe = (
+        "import expr_tracker.compiled as c, expr_tracker.history.store, "
+        "expr_tracker.history.spanfold\n"
+        "mods = c.compiled_modules()\n"
+        "print('compiled:', ', '.join(mods) or 'nothing')\n"
+        "raise SystemExit(0 if mods and not c.stale else 1)\n"
+    )
+    env = {**os.environ, "PYTHONPATH": str(site)}
+    run([sys.executable, "-P", "-c", probe], env=env, cwd=tempfile.gettempdir())
+    print(f"use: PYTHONPATH={site} python benchmarks/bench_log.py ...")
+    if args.test:
+        cmd = [sys.executable, "-P", "-m", "pytest", "-p", "no:cacheprovider", "-m", "not slow"]
+        sys.exit(subprocess.run([*cmd, *args.pytest_args], env=env, cwd=ROOT).returncode)
 
 
 if __name__ == "__main__":

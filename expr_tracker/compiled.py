@@ -37,7 +37,7 @@ def source_path(module: str) -> str:
     return os.path.join(_HERE, *parts[1:]) + ".py"
 
 
-def read_manifest(path: str = MANIFEST) -> dict[str, str] | None:
+def read_build_manifest(path: str = MANIFEST) -> dict[str, str] | None:
     """Module name -> SHA-256 (hex) of the source it was compiled from; None when this
     install is not a compiled build (no manifest).
 
@@ -99,7 +99,7 @@ def guard(manifest_path: str = MANIFEST) -> list[str]:
     the modules that will run from their source. Never raises: a manifest that cannot be
     read is warned about and the install runs as it is."""
     try:
-        manifest = read_manifest(manifest_path)
+        manifest = read_build_manifest(manifest_path)
     except ValueError as exc:
         warnings.warn(
             f"expr_tracker: {exc}; the compiled modules are used as they are", stacklevel=2
@@ -136,11 +136,11 @@ def compiled_modules() -> list[str]:
     )
 
 
-def describe() -> str:
+def build_description() -> str:
     """One line for ``et --version``: ``pure Python``, or the compiled modules (the
     manifest's), with the stale ones marked."""
     try:
-        manifest = read_manifest()
+        manifest = read_build_manifest()
     except ValueError as exc:
         return f"compiled build, manifest unreadable: {exc}"
     if not manifest:

@@ -42,7 +42,7 @@ def test_a_pure_python_install_has_no_manifest_and_changes_nothing(tmp_path, met
     before = list(sys.meta_path)
     assert compiled.guard(str(tmp_path / "none.json")) == []
     assert sys.meta_path == before
-    assert compiled.describe() == "pure Python"  # the checkout itself has no manifest
+    assert compiled.build_description() == "pure Python"  # the checkout itself has no manifest
 
 
 def test_sources_as_compiled_keep_the_extensions(tmp_path, meta_path):
@@ -79,7 +79,7 @@ def test_a_broken_manifest_is_named_and_the_install_runs_as_it_is(tmp_path, meta
         assert compiled.guard(str(path)) == []
     assert sys.meta_path == before
     with pytest.raises(ValueError, match="m.json"):
-        compiled.read_manifest(str(path))
+        compiled.read_build_manifest(str(path))
 
 
 @pytest.mark.parametrize("name", ["os.path", "expr_tracker", "expr_tracker.../x", "x.y"])
@@ -104,9 +104,9 @@ def test_an_installed_build_with_an_edited_source_runs_it_at_import(tmp_path):
     code = (
         "import sys, expr_tracker\n"
         "from expr_tracker.history import store\n"
-        "from expr_tracker.compiled import describe\n"
+        "from expr_tracker.compiled import build_description\n"
         "print(store.EDITED_AFTER_THE_BUILD, [type(f).__name__ for f in sys.meta_path])\n"
-        "print(describe())\n"
+        "print(build_description())\n"
     )
     env = {**os.environ, "PYTHONPATH": str(site)}
     p = subprocess.run(

@@ -80,14 +80,14 @@ def build_parser(command: str | None = None) -> argparse.ArgumentParser:
     of that command is imported and registered, the command parses the same; any other
     word, or None, registers every module (``et --help``, a misspelt command)."""
     from expr_tracker._version import __version__
-    from expr_tracker.compiled import describe
+    from expr_tracker.compiled import build_description
 
     parser = argparse.ArgumentParser(
         prog="et",
         description="expr_tracker: local-first experiment tracking (history, spans, alerts).",
     )
     parser.add_argument(
-        "--version", action="version", version=f"expr_tracker {__version__} ({describe()})"
+        "--version", action="version", version=f"expr_tracker {__version__} ({build_description()})"
     )
     sub = parser.add_subparsers(dest="command", metavar="COMMAND")
     only = COMMANDS.get(command) if command is not None else None
