@@ -593,10 +593,11 @@ class HistoryStore:
         )
         return _DROP
 
-    def _merge(self, metrics: dict[str, Any]) -> None:
+    def _merge(self, metrics: dict[Any, Any]) -> None:
+        # dict[Any, ...]: keys are the user's, any hashable until _fix_key has seen them (a
+        # compiled build would check dict[str, ...]'s keys and raise TypeError on an int)
         open_row = self._open
         agg = self._agg
-        k: Any  # a key log() was given: any hashable until _fix_key has seen it
         for k, v in metrics.items():
             if type(k) is not str or not k or k in RESERVED:
                 k = self._fix_key(k)

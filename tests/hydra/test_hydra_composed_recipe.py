@@ -11,6 +11,7 @@ import textwrap
 from pathlib import Path
 
 import pytest
+from helpers import ROOT
 
 pytest.importorskip("hydra")
 
@@ -33,7 +34,7 @@ APP = textwrap.dedent(
     """
 )
 OVERRIDES = ["+tracker=default", "+tracker/alerts=[nan_guard]", "tracker.project=recipe"]
-DOC = Path(et.__file__).resolve().parent.parent / "docs" / "cli.md"  # of the code under test
+DOC = ROOT / "docs" / "cli.md"
 
 
 def _compose(app: Path, *flags: str) -> Path:
