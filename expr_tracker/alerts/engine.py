@@ -60,9 +60,10 @@ import threading
 import time
 from collections import deque
 from collections.abc import Callable, Iterable, Mapping
-from typing import Any
+from typing import Any, cast
 
 from expr_tracker._warn import Warner
+from expr_tracker.alerts.ast import Node
 from expr_tracker.alerts.compiled import CompiledRule
 from expr_tracker.alerts.evaluate import DEFAULT_WINDOW, EvalContext, render_observed
 from expr_tracker.alerts.events import AlertEvent
@@ -226,13 +227,13 @@ class AlertEngine:
         rule = make_rule(rule, **overrides)
         compiled = CompiledRule(rule, self.window, self.baselines)
         with self._lock:
-            existing = self._by_name.get(rule.name)  # type: ignore[arg-type]
+            existing = self._by_name.get(rule.name)
             if existing is not None:
                 if existing.rule == rule:
                     return existing.rule
                 raise RuleError(f"duplicate alert rule name {rule.name!r}")
             self._rules = [*self._rules, compiled]
-            self._by_name[rule.name] = compiled  # type: ignore[index]
+            self._by_name[rule.name] = compiled
             self._reindex()
         if compiled.timed and self._watchdog_interval is not None:
             self.start_watchdog(self._watchdog_interval)
@@ -444,11 +445,14 @@ class AlertEngine:
             plans[tuple(row)] = (tuple(entries), tuple(todo))
         return todo
 
-    def _undo(self, undo: list, mark: int) -> None:
+    def _undo(self, undo: list[tuple[Any, ...]], mark: int) -> None:
         pending = self._pending
         while len(pending) > mark:
             pending.pop()
-        for entry in reversed(undo):
+        i = len(undo)
+        while i:  # newest first (an index loop: mypyc cannot compile reversed() here)
+            i -= 1
+            entry = undo[i]
             if len(entry) == 2:  # a rule state's snapshot
                 entry[0].restore(entry[1])
                 continue
@@ -611,7 +615,10 @@ class AlertEngine:
     def _event(self, c: CompiledRule, kind: str, notify: bool, ctx: EvalContext) -> AlertEvent:
         rule = c.rule
         observed = render_observed(
-            rule.condition, ctx, window=self.window, baselines=self.baselines
+            cast(Node, rule.condition),  # a node once the rule is made (AlertRule)
+            ctx,
+            window=self.window,
+            baselines=self.baselines,
         )
         values: dict = {}
         for key, value in self._last_row.items():
