@@ -99,7 +99,10 @@ class CompileHook(BuildHookInterface):  # type: ignore[type-arg]
         )
         if done.returncode != 0:
             tail = done.stdout.decode("utf-8", "replace")[-6000:]
-            raise RuntimeError(f"{ENV}: mypyc failed (exit {done.returncode}):\n{tail}")
+            raise RuntimeError(
+                f"{ENV}: mypyc failed (exit {done.returncode}); unset {ENV} to install the "
+                f"pure-Python package (the same behaviour, slower per call):\n{tail}"
+            )
         # the package's extensions and mypyc's shared runtime beside it (not setuptools'
         # copies under build/)
         found = [*work.glob("*"), *(work / PACKAGE).rglob("*")]

@@ -124,3 +124,67 @@ def test_an_installed_build_with_an_edited_source_runs_it_at_import(tmp_path):
     assert second == f"compiled: {STORE} (stale: runs its source)"
     assert "expr_tracker.history.store changed after it was compiled" in p.stderr
     assert p.stderr.count("changed after it was compiled") == 1
+
+
+def _project_copy(tmp_path: Path) -> Path:
+    """The files a wheel is built from, copied (a build never touches the checkout)."""
+    proj = tmp_path / "proj"
+    ignore = shutil.ignore_patterns("__pycache__", "*.so", "*.pyd")
+    for name in ("expr_tracker", "hydra_plugins"):
+        shutil.copytree(ROOT / name, proj / name, ignore=ignore)
+    for name in ("pyproject.toml", "hatch_build.py", "README.md", "LICENSE"):
+        if (ROOT / name).exists():
+            shutil.copy2(ROOT / name, proj / name)
+    return proj
+
+
+def _wheel(proj: Path, out: Path, **env: str) -> subprocess.CompletedProcess:
+    pytest.importorskip("hatchling")
+    cmd = [sys.executable, "-m", "pip", "wheel", "--no-deps", "--no-build-isolation", "-q"]
+    environ = {k: v for k, v in os.environ.items() if k != "ET_COMPILE"}
+    return subprocess.run(
+        [*cmd, "-w", str(out), str(proj)],
+        capture_output=True,
+        text=True,
+        env={**environ, **env},
+        timeout=300,
+    )
+
+
+@pytest.mark.slow
+def test_without_et_compile_the_wheel_is_pure_python(tmp_path):
+    import zipfile
+
+    proj = _project_copy(tmp_path)
+    p = _wheel(proj, tmp_path / "out")
+    assert p.returncode == 0, p.stderr
+    (wheel,) = (tmp_path / "out").glob("*.whl")
+    assert wheel.name.endswith("-py3-none-any.whl")
+    names = zipfile.ZipFile(wheel).namelist()
+    assert "expr_tracker/history/store.py" in names
+    assert not [n for n in names if n.endswith((".so", ".pyd", "_compiled.json"))]
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize(
+    "setting, message",
+    [
+        ('compile = ["expr_tracker/history/nope.py"]', "no such module to compile"),
+        ('compile = "expr_tracker/history/store.py"', "expected a list of module paths"),
+    ],
+)
+def test_a_bad_compile_list_is_refused_by_name(tmp_path, setting, message):
+    proj = _project_copy(tmp_path)
+    text = (proj / "pyproject.toml").read_text()
+    start = text.index("[tool.hatch.build.targets.wheel.hooks.custom]\ncompile = [")
+    end = text.index("]\n", start + len("[tool.hatch.build.targets.wheel.hooks.custom]\n")) + 2
+    (proj / "pyproject.toml").write_text(
+        text[:start]
+        + "[tool.hatch.build.targets.wheel.hooks.custom]\n"
+        + setting
+        + "\n"
+        + text[end:]
+    )
+    p = _wheel(proj, tmp_path / "out", ET_COMPILE="1")
+    assert p.returncode != 0
+    assert message in p.stdout + p.stderr
