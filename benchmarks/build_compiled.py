@@ -67,12 +67,13 @@ def main() -> None:
         sys.exit(f"expected one platform wheel in {wheel}, found {[p.name for p in built]}")
     run([*pip, "install", "--no-deps", "-q", "--target", str(site), str(built[0])])
     print(f"built {built[0].name} in {time.perf_counter() - t0:.0f} s; installed into {site}")
-    probe = (
-        "import expr_tracker.compiled as c, expr_tracker.history.store, "
-        "expr_tracker.history.spanfold\n"
+    probe = (  # every module the manifest names imports from its extension
+        "import importlib, expr_tracker.compiled as c\n"
+        "names = sorted(c.read_build_manifest() or ())\n"
+        "for name in names: importlib.import_module(name)\n"
         "mods = c.compiled_modules()\n"
         "print('compiled:', ', '.join(mods) or 'nothing')\n"
-        "raise SystemExit(0 if mods and not c.stale else 1)\n"
+        "raise SystemExit(0 if names and mods == names and not c.stale else 1)\n"
     )
     env = {**os.environ, "PYTHONPATH": str(site)}
     run([sys.executable, "-P", "-c", probe], env=env, cwd=tempfile.gettempdir())

@@ -59,7 +59,7 @@ import math
 import threading
 import time
 from collections import deque
-from collections.abc import Callable, Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from typing import Any, cast
 
 from expr_tracker._warn import Warner
@@ -329,6 +329,7 @@ class AlertEngine:
         ctx = self._ctx
         pending = self._pending
         plans = self._plans
+        todo: Sequence[CompiledRule]  # a plan's tuple, or the list _append_row makes
         while rows:
             row = rows[0]
             undo: list = []

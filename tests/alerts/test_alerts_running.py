@@ -13,10 +13,11 @@ import gc
 import math
 from operator import gt
 
-from helpers import Injector, count_events
+from helpers import Injector, count_events, needs_python
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from expr_tracker.alerts import engine as engine_mod
 from expr_tracker.alerts.engine import AlertEngine
 from expr_tracker.alerts.evaluate import EvalContext
 from expr_tracker.alerts.functions import _zscore
@@ -113,6 +114,7 @@ def test_a_spike_leaving_the_window_rebuilds_and_a_flat_window_is_unknown():
     assert z() is None  # five equal values: std 0, not a z-score left over from the spike
 
 
+@needs_python(engine_mod, why="interrupts each line of")
 def test_interrupting_on_step_anywhere_leaves_the_running_sums_right():
     """on_step interrupted at each of its points (the row rolled back and processed by the
     next call, or retried when it was not taken yet): after every call the rule's running
