@@ -58,6 +58,11 @@ def read_build_manifest(path: str = MANIFEST) -> dict[str, str] | None:
         isinstance(k, str) and isinstance(v, str) for k, v in sources.items()
     ):
         raise ValueError(f"{path}: expected {{'sources': {{module: sha256}}}}")
+    for module in sources:
+        try:
+            source_path(module)
+        except ValueError as exc:  # a name the guard could not look up (or redirect)
+            raise ValueError(f"{path}: {exc}") from None
     return sources
 
 

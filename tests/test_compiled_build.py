@@ -70,7 +70,13 @@ def test_a_changed_source_is_loaded_from_the_source_with_a_warning(tmp_path, met
 
 
 @pytest.mark.parametrize(
-    "text", ["{not json", json.dumps({"sources": ["a"]}), json.dumps({"sources": {"a": 1}})]
+    "text",
+    [
+        "{not json",
+        json.dumps({"sources": ["a"]}),
+        json.dumps({"sources": {"a": 1}}),
+        json.dumps({"sources": {"os": "0" * 64}}),  # not the package's: never redirected
+    ],
 )
 def test_a_broken_manifest_is_named_and_the_install_runs_as_it_is(tmp_path, meta_path, text):
     path = tmp_path / "m.json"
