@@ -114,14 +114,19 @@ def guard(manifest_path: str = MANIFEST) -> list[str]:
         return []
     found = changed_sources(manifest)
     if found:
-        loaded = [m for m in found if m in sys.modules]  # imported before the guard ran
-        sys.meta_path.insert(0, SourceFirst(found))
-        stale[:] = found
+        # the whole build runs from source: its modules were compiled as one group, whose
+        # code imports its own members without asking sys.meta_path (an edited cache.py
+        # would not run while the compiled store imported the compiled cache)
+        group = sorted(manifest)
+        loaded = [m for m in group if m in sys.modules]  # imported before the guard ran
+        sys.meta_path.insert(0, SourceFirst(group))
+        stale[:] = group
         warnings.warn(
             "expr_tracker: the source of "
             + ", ".join(found)
-            + " changed after it was compiled; it runs from the source (slower) until the "
-            "package is reinstalled"
+            + " changed after it was compiled; "
+            + ", ".join(group)
+            + " run from their sources (slower) until the package is reinstalled"
             + (f" (already imported compiled: {', '.join(loaded)})" if loaded else ""),
             stacklevel=2,
         )
@@ -142,16 +147,27 @@ def compiled_modules() -> list[str]:
 
 
 def build_description() -> str:
-    """One line for ``et --version``: ``pure Python``, or the compiled modules (the
-    manifest's), with the stale ones marked."""
+    """One line for ``et --version``: ``pure Python``, or the modules that run compiled,
+    as imported (the manifest's are imported first), and those that run from their source
+    because it changed since the build."""
+    import importlib
+
     try:
-        manifest = read_build_manifest()
-    except ValueError as exc:
-        return f"compiled build, manifest unreadable: {exc}"
-    if not manifest:
-        return "pure Python"
-    names = [m + (" (stale: runs its source)" if m in stale else "") for m in sorted(manifest)]
-    return "compiled: " + ", ".join(names)
+        manifest = read_build_manifest() or {}
+    except ValueError:
+        manifest = {}
+    for name in sorted(manifest):
+        try:
+            importlib.import_module(name)
+        except Exception:  # noqa: BLE001 - a broken install is reported by what did import
+            pass
+    running = compiled_modules()
+    parts = []
+    if running:
+        parts.append("compiled: " + ", ".join(running))
+    if stale:
+        parts.append("from source since edited: " + ", ".join(stale))
+    return "; ".join(parts) or "pure Python"
 
 
 guard()  # at import: ``import expr_tracker`` imports this module before any it may redirect

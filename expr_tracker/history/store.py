@@ -38,6 +38,7 @@ owns three small objects, each holding only its own state:
 from __future__ import annotations
 
 import logging
+import operator
 import threading
 import time
 from collections import deque
@@ -71,6 +72,20 @@ log = logging.getLogger("expr_tracker")
 
 #: the largest step (int64, what every reader and the cache index can hold exactly)
 MAX_STEP = (1 << 63) - 1
+
+
+def _as_index(v: Any) -> Any:
+    """A NumPy/torch integer (anything with ``__index__``) as an ``int``; anything else as
+    it is, for the reader's own checks (docs/performance.md "A compiled build": a compiled
+    cache takes only a real ``int``)."""
+    if v is None or type(v) is int:
+        return v
+    try:
+        return operator.index(v)
+    except TypeError:
+        return v
+
+
 _DROP = object()
 #: keys a row of one log() call may not hold as they are (the general path drops or
 #: renames them with a warning): the reserved ones and the empty name
@@ -569,7 +584,8 @@ class HistoryStore:
             ok = False
         else:
             try:
-                ok = int(step) == step
+                # bool(): NumPy and torch compare to their own bool types
+                ok = bool(int(step) == step)
             except (TypeError, ValueError, OverflowError):
                 ok = False
         if not ok or not 0 <= int(step) <= MAX_STEP:
@@ -639,6 +655,10 @@ class HistoryStore:
             if not k:
                 self._drop("empty_key", "expr_tracker: a metric with an empty name was dropped")
                 return None
+            if type(k) is not str:  # np.str_, a StrEnum member: the name as a plain str
+                name = str.__str__(k)
+                if name not in RESERVED:
+                    return name
             self._drop(
                 "reserved_key",
                 "expr_tracker: %r is reserved (the row's step and time); the value was dropped",
@@ -1162,7 +1182,7 @@ class HistoryStore:
                 row["_step"] = step
         return step, row, self._written_open is not None
 
-    def tail(self, n: int | None = 50, include_open: bool = True) -> list[dict[str, Any]]:
+    def tail(self, n: Any = 50, include_open: Any = True) -> list[dict[str, Any]]:
         """The newest ``n`` steps (``None``/``-1``: all, in step order), oldest first.
 
         Returns new dicts (a snapshot). Rows of one step are merged (later lines win per
@@ -1175,11 +1195,9 @@ class HistoryStore:
         """
         if self._fork_gen != _current.fork_gen:
             raise ForkedRunError(FORK_MESSAGE)
-        return self._reader.tail(n, include_open)
+        return self._reader.tail(_as_index(n), bool(include_open))
 
-    def step_range(
-        self, start: int | None, end: int | None, include_open: bool = True
-    ) -> list[dict[str, Any]]:
+    def step_range(self, start: Any, end: Any, include_open: Any = True) -> list[dict[str, Any]]:
         """Steps ``start <= _step < end`` (None: open side), merged, in step order.
 
         Exact by step. When the store is sorted the cache is binary-searched and the file
@@ -1191,7 +1209,7 @@ class HistoryStore:
             ForkedRunError: called in a forked child of the process that made this store.
         """
         self._check_fork()
-        return self._reader.step_range(start, end, include_open)
+        return self._reader.step_range(_as_index(start), _as_index(end), bool(include_open))
 
     # ------------------------------------------------------------------ the open row early
 

@@ -191,6 +191,44 @@ def test_empty_key_dropped_non_string_key_converted(run_dir):
     assert et.read_history(run_dir)[0]["ok"] == 3
 
 
+def test_string_subclass_keys_are_written_under_their_name(run_dir):
+    """A NumPy string (``dict(zip(np.array(names), values))``) or a ``StrEnum`` member as a
+    key is the metric of that name, never dropped as if reserved."""
+    import enum
+
+    np = pytest.importorskip("numpy")
+
+    class Key(str, enum.Enum):
+        LOSS = "loss"
+
+    start(run_dir)
+    assert et.log({np.str_("acc"): 0.5, Key.LOSS: 1.5, np.str_("_step"): 9}) == 0
+    assert et.info()["history"]["dropped"] == {"reserved_key": 1}
+    et.finish()
+    row = disk(run_dir)[0]
+    assert row["acc"] == 0.5 and row["loss"] == 1.5 and row["_step"] == 0
+    assert set(row) == {"acc", "loss", "_step", "_time"}
+
+
+def test_numpy_and_torch_steps_are_steps(run_dir):
+    """Integer-valued NumPy and torch scalars are steps (a loop over ``np.arange``); in a
+    compiled build too, where ``int(step) == step`` gives NumPy's own bool type."""
+    np = pytest.importorskip("numpy")
+    torch = pytest.importorskip("torch")
+    start(run_dir)
+    assert et.log({"k": 0}, step=np.int64(1), commit=True) == 1
+    assert et.log({"k": 1}, step=np.uint8(2), commit=np.bool_(True)) == 2
+    assert et.log({"k": 2}, step=np.float64(3.0), commit=True) == 3
+    assert et.log({"k": 3}, step=torch.tensor(4), commit=True) == 4
+    assert et.log({"k": 4}, step=np.float64(4.5)) == -1
+    assert [r["k"] for r in et.history(3, include_open=np.bool_(True))] == [1, 2, 3]
+    assert [r["_step"] for r in et.get_run().history.tail(np.int64(2), include_open=1)] == [3, 4]
+    rows = et.get_run().history.step_range(np.int64(2), torch.tensor(4))
+    assert [r["_step"] for r in rows] == [2, 3]
+    et.finish()
+    assert [r["_step"] for r in disk(run_dir)] == [1, 2, 3, 4]
+
+
 # ---------------------------------------------------------------- errors that do raise
 
 
