@@ -444,13 +444,16 @@ class PendingSpans:
             return
         try:
             sink(step, [record]) or done()
-        except Exception as exc:  # noqa: BLE001 - a span sink never breaks log()
-            done()
-            self._sink_failed(exc)
         except BaseException as exc:
-            if _raised_in(exc, sink):
-                done()
-            raise
+            # raised outside the sink (a signal handler's exception, before the call or
+            # after done() ran): the record is where that left it, and done() is not
+            # called twice (it would let go of the next record in the caller's queue)
+            if not _raised_in(exc, sink):
+                raise
+            done()
+            if not isinstance(exc, Exception):
+                raise
+            self._sink_failed(exc)  # a span sink never breaks log()
 
     # ------------------------------------------------------------------ hold deadline
 
