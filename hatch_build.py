@@ -115,8 +115,8 @@ class CompileHook(BuildHookInterface):  # type: ignore[type-arg]
                 raise RuntimeError(f"{ENV}: mypyc gave no extension for {module}")
         for path in built:
             build_data["force_include"][str(path)] = str(path.relative_to(work))
-        sources = {
-            m[: -len(".py")].replace("/", "."): hashlib.sha256((root / m).read_bytes()).hexdigest()
+        sources = {  # of the copy that was compiled (the checkout may have changed since)
+            m[: -len(".py")].replace("/", "."): hashlib.sha256((work / m).read_bytes()).hexdigest()
             for m in modules
         }
         manifest = work / PACKAGE / MANIFEST
