@@ -284,6 +284,15 @@ class HistoryStore:
             if self._closed:
                 self._drop("closed", "expr_tracker: log() after the history was closed; dropped")
                 return -1
+            if step is None and self.open_step > MAX_STEP:
+                # the step after 2**63-1 cannot be stored (int64 in the file, the cache and
+                # the query cache): dropped, never an OverflowError into the training loop
+                self._drop(
+                    "step_overflow",
+                    "expr_tracker: log() after step 2**63-1, the last step there is; dropped "
+                    "(warned once, counted in et.info())",
+                )
+                return -1
             spans = self._spans
             if step is not None:
                 cur = self.open_step
@@ -446,6 +455,8 @@ class HistoryStore:
         ):
             return -1
         step = self.open_step
+        if step > MAX_STEP:  # past the last step a file can hold: the general path drops it
+            return -1
         row["_step"] = step
         row["_time"] = self._wall()
         try:
@@ -528,6 +539,8 @@ class HistoryStore:
             return -1
         row.update(values)
         step = self.open_step
+        if step > MAX_STEP:  # (as _commit_plain_locked)
+            return -1
         row["_step"] = step
         row["_time"] = self._wall()
         try:

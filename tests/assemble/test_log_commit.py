@@ -229,6 +229,21 @@ def test_numpy_and_torch_steps_are_steps(run_dir):
     assert [r["_step"] for r in disk(run_dir)] == [1, 2, 3, 4]
 
 
+def test_the_last_step_is_the_last_and_nothing_raises_after_it(run_dir):
+    """Step 2**63-1 is accepted; the step after it cannot be stored (int64), so later
+    ``log()`` calls are dropped with a warning instead of raising ``OverflowError`` into
+    the loop, and the run still finishes with its rows."""
+    start(run_dir)
+    last = 2**63 - 1
+    assert et.log({"a": 1.0}, step=last, commit=True) == last
+    assert et.log({"a": 2.0}) == -1
+    assert et.log({"a": 3.0}, commit=False) == -1
+    assert et.log({"a": 4.0}, step=last) == -1  # behind the open step: a backward step
+    assert et.info()["history"]["dropped"] == {"step_overflow": 2, "backward_step": 1}
+    et.finish()
+    assert strip_time(disk(run_dir)) == [{"a": 1.0, "_step": last}]
+
+
 # ---------------------------------------------------------------- errors that do raise
 
 
