@@ -415,13 +415,25 @@ class PendingSpans:
                 own(step, records) or done()
             else:
                 sink(step, records, done)  # calls done() itself before it returns
-        except Exception as exc:  # noqa: BLE001 - a span sink never breaks log()
-            done()
-            self._sink_failed(exc)
         except BaseException as exc:
-            if _raised_in(exc, called):
-                done()
-            raise
+            self._sink_raised(exc, called, done)
+
+    def _sink_raised(
+        self, exc: BaseException, sink: Callable[..., Any], done: Callable[[], Any]
+    ) -> None:
+        """``exc`` came out of a hand-off to ``sink`` (``emit``, ``write_now``). Raised
+        inside the sink: the records are with it, so ``done()`` runs; an ``Exception`` is
+        then counted and warned (a span sink never breaks ``log()``), anything else (Ctrl-C,
+        SIGTERM's ``SystemExit``) re-raised. Raised outside it (a signal handler's
+        exception, a ``TimeoutError`` as well as Ctrl-C, before the call or after ``done()``
+        ran): re-raised with the records where that left them, and ``done()`` not called
+        again (it would let go of the next record in the caller's queue)."""
+        if not _raised_in(exc, sink):
+            raise exc
+        done()
+        if not isinstance(exc, Exception):
+            raise exc
+        self._sink_failed(exc)
 
     def _sink_failed(self, exc: Exception) -> None:
         """The span sink raised: warned once per cause, never into ``log()``."""
@@ -445,15 +457,7 @@ class PendingSpans:
         try:
             sink(step, [record]) or done()
         except BaseException as exc:
-            # raised outside the sink (a signal handler's exception, before the call or
-            # after done() ran): the record is where that left it, and done() is not
-            # called twice (it would let go of the next record in the caller's queue)
-            if not _raised_in(exc, sink):
-                raise
-            done()
-            if not isinstance(exc, Exception):
-                raise
-            self._sink_failed(exc)  # a span sink never breaks log()
+            self._sink_raised(exc, sink, done)
 
     # ------------------------------------------------------------------ hold deadline
 

@@ -60,3 +60,19 @@ def test_ctrl_c_inside_the_sink_leaves_the_record_with_it():
     with pytest.raises(KeyboardInterrupt):
         _pending(sink).write_now(3, "r1", partial(delitem, raw, 0))
     assert raw == ["r2"]
+
+
+def test_emit_now_passes_on_a_handlers_exception_raised_after_done():
+    """A signal handler's ``TimeoutError`` delivered as ``emit_now``'s ``done()`` returns is
+    the caller's to see, not a span sink failure to warn about and swallow."""
+    taken: list = []
+    raw = ["r1", "r2", "r3"]
+
+    def done_then_signal() -> None:
+        del raw[:2]
+        raise TimeoutError("delivered as done() returns")
+
+    pending = _pending(lambda step, records: taken.extend(records))
+    with pytest.raises(TimeoutError):
+        pending.emit_now(3, ["r1", "r2"], done_then_signal)
+    assert taken == ["r1", "r2"] and raw == ["r3"]
