@@ -504,7 +504,7 @@ class DecodedTail:
             first = self.first = first + over
         a = start - first
         # (a loop, and each comprehension its own name: mypyc, which compiles this module
-        # for benchmarks/build_compiled.py, types a comprehension's name per function)
+        # in an ET_COMPILE=1 build, types a comprehension's name per function)
         out: list[Any] = []
         for row in rows[a : a + stop - start]:
             out.append(row.copy() if row is not None else None)
