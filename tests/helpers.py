@@ -172,7 +172,9 @@ def count_events(fn, *args, stdlib: bool = True) -> int:
 def compiled(module) -> bool:
     """True when ``module`` was loaded from a compiled extension, not its ``.py`` (an
     ``ET_COMPILE=1`` build, docs/performance.md "A compiled build")."""
-    return not str(module.__file__).endswith(".py")
+    from expr_tracker.compiled import compiled_modules
+
+    return module.__name__ in compiled_modules()
 
 
 def needs_python(*modules, why: str = "patches or traces"):
