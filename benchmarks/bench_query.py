@@ -18,8 +18,13 @@ query`` command line (``--format csv -o FILE``), for two queries:
 - ``agg``: per run and metric: min, max, avg and last value (5 x runs rows);
 - ``nan``: per run, the first step where the loss is NaN (the NaN runs' rows).
 
-``cold``: every ``.et-cache`` folder deleted first (the first query after a run, reading all
-the JSONL); ``warm``: the same query again (median of ``--repeat``; the cache covers every
+``first``: the first query after the runs were written, their caches as the runs left them
+(each run extends its file's cache while it writes past 16 MiB, and at finish:
+``history.query_cache``, docs/query.md "Kept by the run"); measured only by the call that
+generated the data (``--regenerate`` forces that), once per query, before any other.
+``cold``: every ``.et-cache`` folder deleted first (the first query over runs that left no
+cache: an older version's, ``history.query_cache: false``, runs under 16 MiB, another
+user's; every line of the JSONL decoded); ``warm``: the same query again (median of ``--repeat``; the cache covers every
 line, no JSONL is read); ``+1000``: the query right after 1,000 more steps were appended to
 one run (``et.log`` resuming it; the cache reads only the appended bytes). ``query s``: the
 ``et.query`` call alone, inside the Python process. Each result's row count is checked.
@@ -42,7 +47,8 @@ from pathlib import Path
 from typing import Any
 
 MANIFEST = "bench-query.json"
-VERSION = 1
+#: 2: the runs leave their query caches (a data set of version 1 has none: written anew)
+VERSION = 2
 PROJECT = "bench"
 METRICS = ("loss", "acc", "lr", "grad_norm", "tokens_per_s")
 APPEND_STEPS = 1000
@@ -155,16 +161,19 @@ def run_ok(run_dir: Path, steps: int) -> bool:
     return info.get("status") == "finished" and info.get("last_step") == steps - 1
 
 
-def ensure_data(data: Path, runs: int, steps: int, jobs: int) -> dict[str, Any]:
-    """The data set, generated unless a matching one is there; returns its manifest (with
-    ``generated_s`` when it was written now)."""
+def ensure_data(
+    data: Path, runs: int, steps: int, jobs: int, regenerate: bool = False
+) -> dict[str, Any]:
+    """The data set, generated unless a matching one is there (or ``regenerate``); returns
+    its manifest (with ``generated_s`` when it was written now)."""
     mpath = data / MANIFEST
     try:
         manifest = json.loads(mpath.read_text("utf-8"))
     except (OSError, ValueError):
         manifest = None
     if (
-        manifest
+        not regenerate
+        and manifest
         and manifest.get("version") == VERSION
         and (manifest.get("runs"), manifest.get("steps")) == (runs, steps)
         and all(
@@ -304,6 +313,11 @@ def main() -> None:
     ap.add_argument("--repeat", type=int, default=3, help="warm queries per path (median)")
     ap.add_argument("--queries", default=",".join(QUERIES))
     ap.add_argument("--paths", default="py,cli", help="py (et.query), cli (et query)")
+    ap.add_argument(
+        "--regenerate",
+        action="store_true",
+        help="write the data set anew (and measure the first query after the runs)",
+    )
     ap.add_argument("--child-generate", type=int, help=argparse.SUPPRESS)
     ap.add_argument("--first", type=int, default=0, help=argparse.SUPPRESS)
     ap.add_argument("--count", type=int, default=0, help=argparse.SUPPRESS)
@@ -318,7 +332,7 @@ def main() -> None:
         return
 
     report: dict[str, Any] = {"machine": machine()}
-    manifest = ensure_data(data, args.runs, args.steps, args.jobs)
+    manifest = ensure_data(data, args.runs, args.steps, args.jobs, args.regenerate)
     m = report["machine"]
     report["data"] = {
         "dir": str(data),
@@ -345,6 +359,18 @@ def main() -> None:
     }
     paths = args.paths.split(",")
     results: dict[str, dict[str, Any]] = {}
+    if gen:  # the caches as the runs left them: each query once, first of all
+        report["data"]["cache_bytes_after_runs"] = du(data / "runs", "*.parquet")
+        first = {}
+        for q in args.queries.split(","):
+            first[q] = measure(data, paths[0], q, expect[q])
+            print(
+                f"first {q} by {paths[0]} after the runs, their caches as they left them: "
+                f"{first[q]['wall_s']:.2f} s wall, {first[q]['cpu_s']:.2f} s CPU, "
+                f"{first[q]['rss_mb']:.0f} MB",
+                flush=True,
+            )
+        report["first"] = first
     header = (
         f"{'query':6} {'path':9} {'cold s':>8} {'warm s':>8} {'+1000 s':>8} "
         f"{'warm query s':>12} {'CPU s cold/warm':>16} {'RSS MB cold/warm/+1000':>24}"

@@ -67,6 +67,7 @@ ALLOWED: dict[str, set[str]] = {
         "system",
         "sync",
         "media",
+        "query",
     },
     "api": LEAVES
     | {

@@ -43,6 +43,7 @@ from expr_tracker.assemble.history import (
 )
 from expr_tracker.assemble.identity import ResumeError, choose
 from expr_tracker.assemble.media import build_media
+from expr_tracker.assemble.querycache import build_query_cache
 from expr_tracker.assemble.spans import build_spans
 from expr_tracker.assemble.sync import build_sync
 from expr_tracker.assemble.system import build_system
@@ -172,6 +173,8 @@ def build(
             type(exc).__name__,
             exc,
         )
+    # the query cache's closer after every other (sync, mirrors): the data before its cache
+    build_query_cache(run, spec)
     return run
 
 

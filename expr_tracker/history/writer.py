@@ -36,6 +36,9 @@
   is logged once and skipped (the rows are still written);
 - opening an existing file, the one-writer lock and the repairs are in
   :mod:`~expr_tracker.history.recovery`;
+- ``warming``: when set, told the file's size after each batch once it passed its next
+  mark: the run extends the query cache of the file as it grows
+  (:mod:`expr_tracker.query.warmer`);
 - a store's writer is fed by its row cache (:meth:`JsonlWriter.feed_from`): the cache's rows
   from ``flushed`` on are the queue (a :class:`~expr_tracker.history.pending.CacheQueue`),
   a flush copies its batch from the cache, and the store tells the writer of new rows only
@@ -52,7 +55,7 @@ import threading
 import time
 from collections.abc import Callable
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Protocol
 
 from expr_tracker._warn import Warner
 from expr_tracker.history.flusher import BackgroundFlusher, get_flusher
@@ -85,6 +88,16 @@ META_MIN_INTERVAL_S = 2.0
 INDEX_EVERY = 1000
 RETRY_DELAY_S = 1.0
 RETRY_MAX_DELAY_S = 30.0
+
+
+class SizeWatcher(Protocol):
+    """What :attr:`JsonlWriter.warming` is told: ``written(size)`` once the file's size
+    reached ``next_at`` bytes (called on the writing thread after a batch; it must not
+    block and must not raise an ``Exception``)."""
+
+    next_at: int
+
+    def written(self, size: int) -> None: ...
 
 
 class JsonlWriter:
@@ -178,6 +191,9 @@ class JsonlWriter:
         self.poke_at = -1
         #: run before each batch is written, on the writing thread (the module docstring)
         self.before_write: list[Callable[[], object]] = []
+        #: told the file's size after each batch written, when set: the run keeps the query
+        #: cache of its file with it (:class:`expr_tracker.query.warmer.CacheWarmer`)
+        self.warming: SizeWatcher | None = None
 
         try:
             self.path.parent.mkdir(parents=True, exist_ok=True)
@@ -726,6 +742,9 @@ class JsonlWriter:
         f.meta_dirty = True
         # the commit point (see _write_batch): one line, no call in between
         self.flushed, self.batches_written = self.flushed + entries, self.batches_written + 1
+        w = self.warming
+        if w is not None and f.size >= w.next_at:
+            w.written(f.size)  # queues the cache's extension; never raises an Exception
         return True
 
     def _expand(

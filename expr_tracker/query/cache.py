@@ -139,6 +139,7 @@ __all__ = [
     "invalidate",
     "is_part_name",
     "refresh",
+    "warm",
 ]
 
 #: manifest format version; another version is rebuilt (2: no statistics on `value`;
@@ -1169,6 +1170,55 @@ def refresh(
         os.close(sfd)
 
 
+def warm(source: str | os.PathLike[str], kind: str) -> int | None:
+    """For the process writing ``source``: make the cache beside it (``<run
+    dir>/.et-cache/<file name>/``, the folder a reader uses first) cover every complete
+    line now in it, as :func:`refresh` would, and return the bytes covered; None when that
+    folder cannot be used or written, or the source cannot be read.
+
+    Unlike :func:`refresh` it never falls back (no cache under ``$XDG_CACHE_HOME``, in a
+    temporary folder or in memory: only what a later reader finds is worth building), and
+    it never warns: a cache rebuilt because the file changed under it (a resumed run's
+    repair) is logged at debug level, and a failure is returned as None. The cache it
+    writes is the one :func:`refresh` writes, under the same lock, so a reader refreshing
+    at the same moment waits for it and then reads only what is left (docs/query.md "The
+    cache").
+
+    Raises ``ValueError`` for another ``kind``; nothing else (a missing pyarrow, a full
+    disk, a run directory of another user: None).
+    """
+    if kind not in _KINDS:
+        raise ValueError(f"kind={kind!r} is not valid: use 'metrics' or 'spans'")
+    try:
+        _need_pyarrow()
+        src = Path(source).absolute()
+        sfd = untrusted.open_regular(src, root=src.parent)
+    except (ImportError, OSError):
+        return None
+    try:
+        try:
+            folder = _open_in_run(src, True, sfd)
+        except (OSError, _Refused):
+            return None
+        try:
+            lock_fd = _lock(folder)
+            if lock_fd is None:
+                return None
+            try:
+                if fcntl is not None:
+                    fcntl.flock(lock_fd, fcntl.LOCK_EX)
+                return _refresh_locked(src, sfd, kind, folder, quiet=True).covered
+            except OSError as exc:
+                log.debug("expr_tracker: the query cache of %s was not kept: %s", src, exc)
+                return None
+            finally:
+                os.close(lock_fd)
+        finally:
+            folder.close()
+    finally:
+        os.close(sfd)
+
+
 def _device(folder: _Folder) -> Any:
     try:
         return os.fstat(folder.fd).st_dev
@@ -1186,31 +1236,31 @@ def _source_error(exc: OSError, sfd: int) -> bool:
     return False
 
 
-def _refresh_locked(src: Path, sfd: int, kind: str, folder: _Folder) -> CachedSource:
+def _refresh_locked(
+    src: Path, sfd: int, kind: str, folder: _Folder, *, quiet: bool = False
+) -> CachedSource:
     st = os.fstat(sfd)
     now = time.time()
     m, problem = _load_manifest(folder)
     ok, part_problem = _check(m, src, kind, st, sfd, folder)
     why = problem or part_problem
     if why:
-        _warn_rebuilt(folder, src, why)
+        _warn_rebuilt(folder, src, why, quiet)
     for _attempt in (1, 2):
         try:
             return _update(src, sfd, kind, folder, m, ok, st, now)
         except _Damaged as exc:
-            _warn_rebuilt(folder, src, str(exc))
+            _warn_rebuilt(folder, src, str(exc), quiet)
             ok = False
     raise OSError(errno.EIO, f"the query cache in {folder.path} cannot be rebuilt")
 
 
-def _warn_rebuilt(folder: _Folder, src: Path, why: str) -> None:
-    _warner.warn(
-        ("damaged", str(folder.path), why),
-        "expr_tracker: the query cache in %s was damaged or not its own (%s): rebuilt from %s",
-        folder.path,
-        why,
-        src,
-    )
+def _warn_rebuilt(folder: _Folder, src: Path, why: str, quiet: bool = False) -> None:
+    message = "expr_tracker: the query cache in %s was damaged or not its own (%s): rebuilt from %s"
+    if quiet:
+        log.debug(message, folder.path, why, src)
+        return
+    _warner.warn(("damaged", str(folder.path), why), message, folder.path, why, src)
 
 
 def _update(

@@ -642,6 +642,12 @@ class SpanRecorder:
                 "forked child"
             )
 
+    @property
+    def writer(self) -> Any:
+        """The span file's writer (a :class:`~expr_tracker.history.writer.JsonlWriter`, or
+        whatever object was given), None when spans are not written."""
+        return self._writer
+
     def stats(self) -> dict[str, Any]:
         """Counters: ``dropped`` (total), ``dropped_oversize``, ``dropped_pending``,
         ``dropped_after_close`` (spans that ended after :meth:`close`), ``held`` (records

@@ -49,6 +49,7 @@ DEFAULTS: dict[str, Any] = {
         "cache": {"bytes": 1073741824, "rows": 2000000},
         "buffer": {"size": 50, "interval": 1.0, "max_seconds": 5.0, "max_pending_records": 100000},
         "alert_window": 4096,
+        "query_cache": True,
     },
     "spans": {
         "enabled": True,
@@ -254,6 +255,7 @@ LEAVES: dict[str, Callable[[Any], Any]] = {
     "history.step_policy": _one_of("monotonic", "allow"),
     "history.rank_aware": _bool,
     "history.alert_window": _int_at_least(1),
+    "history.query_cache": _bool,
     "history.cache.rows": _int_at_least(0),
     "history.buffer.size": _int_at_least(1),
     "history.buffer.max_pending_records": _int_at_least(1),

@@ -71,6 +71,11 @@ class HistorySpec(BaseModel):
     cache: CacheSpec = Field(default_factory=CacheSpec)
     buffer: BufferSpec = Field(default_factory=BufferSpec)
     alert_window: int = Field(4096, ge=1, description="largest point window a rule may use")
+    query_cache: bool = Field(
+        True,
+        description="the run extends the query cache of each file it writes past 8 MiB, "
+        "so the first et query reads none of it (docs/query.md)",
+    )
 
 
 # --- spans --------------------------------------------------------------------------------

@@ -1,0 +1,323 @@
+"""A run keeps the query cache of the files it writes (``history.query_cache``; docs/query.md
+"Kept by the run"): extended on its own thread as the file grows and once more at finish,
+the same rows a reader's cold cache gives, nothing the first query has to decode, nothing
+built for a small run, and nothing that can break the run: a planted cache folder, a
+symbolic link, SIGTERM in the middle, a resumed run, ``query_cache: false``."""
+
+from __future__ import annotations
+
+import json
+import logging
+import math
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import time
+
+import pytest
+from helpers import run_py
+from jsonl_model import long_metric_rows
+
+duckdb = pytest.importorskip("duckdb")
+pytest.importorskip("pyarrow")
+
+import expr_tracker as et  # noqa: E402
+from expr_tracker.query import cache as qcache  # noqa: E402
+from expr_tracker.query import warmer  # noqa: E402
+from expr_tracker.query.warmer import CacheWarmer  # noqa: E402
+
+#: the step the runs of these tests use (the default is 16 MiB): a few dozen KiB of lines
+STEP = 32 << 10
+
+
+@pytest.fixture(autouse=True)
+def _small_step(tmp_path, monkeypatch):
+    monkeypatch.setattr(warmer, "STEP_BYTES", STEP)
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "xdg"))
+
+
+def expected(path) -> list[tuple]:
+    """(line, metric, value bits or None, text, step) of every complete line, via json."""
+    return sorted(
+        (
+            r["line"],
+            r["metric"],
+            None if r["value"] is None else r["value"].hex(),
+            r["text"],
+            r["step"],
+        )
+        for r in long_metric_rows(path)
+    )
+
+
+def part_rows(parts) -> list[tuple]:
+    rows = duckdb.sql(
+        "select line, metric, value, text, step from read_parquet($p)",
+        params={"p": [str(p) for p in parts]},
+    ).fetchall()
+    return sorted((ln, m, None if v is None else float(v).hex(), t, s) for ln, m, v, t, s in rows)
+
+
+def manifest(src) -> dict:
+    return json.loads((src.parent / ".et-cache" / src.name / "manifest.json").read_text())
+
+
+def log_rows(n: int, start: int = 0) -> None:
+    for i in range(start, start + n):
+        et.log(
+            {
+                "loss": 1.0 / (i + 1),
+                "acc": i,
+                "odd": math.nan if i % 7 == 0 else i * 0.5,
+                "tag": f"s{i}",
+                "big": 2**60 + i,
+            }
+        )
+
+
+def test_a_finished_run_leaves_a_cache_covering_its_file(tmp_path, caplog):
+    caplog.set_level(logging.WARNING, logger="expr_tracker")
+    run = et.init(project="p", name="r", dir=str(tmp_path / "runs"), buffer_size=20)
+    log_rows(3000)
+    et.finish()
+    src = run.dir / "metrics.jsonl"
+    size = src.stat().st_size
+    assert size > 4 * STEP
+    m = manifest(src)
+    assert (m["covered"], m["lines"]) == (size, 3000)
+    stats = run.info()["query_cache"]["metrics"]
+    assert stats["warms"] >= 2 and stats["covered"] == size and stats["gave_up"] is None
+    # the same rows a reader decodes from the JSONL itself
+    got = qcache.refresh(src, "metrics")
+    assert part_rows(got.parts) == expected(src)
+    assert manifest(src) == m  # the reader found nothing left to decode
+    assert not [r for r in caplog.records if r.levelno >= logging.WARNING]
+    # and the query answers from it: every row, the NaNs, the exact digits of an int beyond
+    # 2**53 that a double does not hold
+    n, nan, big = (
+        et.query(
+            "select count(*), count(*) filter (where isnan(value)), "
+            "count(*) filter (where text is not null and metric = 'big') from metrics",
+            dir=str(tmp_path / "runs"),
+            output_type="arrow",
+        )
+        .to_pylist()[0]
+        .values()
+    )
+    inexact = sum(1 for i in range(3000) if int(float(2**60 + i)) != 2**60 + i)
+    assert (n, nan, big) == (15000, 429, inexact) and inexact > 2900
+    assert manifest(src) == m
+
+
+def test_the_cache_grows_while_the_run_writes(tmp_path):
+    run = et.init(project="p", name="r", dir=str(tmp_path / "runs"), buffer_size=20)
+    src = run.dir / "metrics.jsonl"
+    log_rows(1500)
+    run.flush()
+    deadline = time.monotonic() + 30
+    while run.info()["query_cache"]["metrics"]["warms"] == 0 and time.monotonic() < deadline:
+        time.sleep(0.02)
+    m = manifest(src)
+    assert 0 < m["covered"] <= src.stat().st_size and m["lines"] > 0
+    log_rows(1500, 1500)
+    et.finish()
+    assert manifest(src)["covered"] == src.stat().st_size
+    assert part_rows(qcache.refresh(src, "metrics").parts) == expected(src)
+
+
+def test_a_small_run_builds_nothing_and_imports_no_pyarrow(tmp_path):
+    p = run_py(
+        f"""
+        import sys
+        import expr_tracker as et
+        run = et.init(project="p", name="r", dir={str(tmp_path / "runs")!r})
+        for i in range(200):
+            et.log({{"loss": 1.0 / (i + 1)}})
+        et.finish()
+        print(sorted(m for m in ("pyarrow", "polars", "duckdb") if m in sys.modules))
+        print(run.info()["query_cache"]["metrics"])
+        """
+    )
+    assert p.stdout.splitlines()[0] == "[]"
+    assert "'warms': 0" in p.stdout
+    assert not (tmp_path / "runs" / "p" / "r" / ".et-cache").exists()
+
+
+def test_query_cache_false_leaves_it_to_the_reader(tmp_path):
+    run = et.init(project="p", name="r", dir=str(tmp_path / "runs"), history={"query_cache": False})
+    log_rows(3000)
+    et.finish()
+    assert "query_cache" not in run.info()
+    assert not (run.dir / ".et-cache").exists()
+    src = run.dir / "metrics.jsonl"
+    assert part_rows(qcache.refresh(src, "metrics").parts) == expected(src)
+
+
+def test_spans_files_are_kept_too(tmp_path):
+    run = et.init(project="p", name="r", dir=str(tmp_path / "runs"), buffer_size=20)
+    for i in range(1500):
+        with et.span("step", args={"i": i}):
+            with et.span("forward"):
+                pass
+        et.log({"loss": 1.0 / (i + 1)})
+    et.finish()
+    spans = run.dir / "spans.jsonl"
+    m = manifest(spans)
+    assert m["covered"] == spans.stat().st_size and m["lines"] == 3000
+    n = et.query("select count(*) from spans", dir=str(tmp_path / "runs"), output_type="arrow")
+    assert n.column(0).to_pylist() == [3000]
+    assert manifest(spans) == m
+
+
+def test_a_resumed_run_extends_the_cache_of_its_first_attempt(tmp_path):
+    root = str(tmp_path / "runs")
+    run = et.init(project="p", name="r", dir=root, buffer_size=20)
+    log_rows(2000)
+    et.finish()
+    src = run.dir / "metrics.jsonl"
+    first = manifest(src)
+    run = et.init(project="p", name="r", dir=root, buffer_size=20, resume="must")
+    log_rows(2000, 2000)
+    et.finish()
+    m = manifest(src)
+    assert m["covered"] == src.stat().st_size and m["lines"] == 4000
+    # extended, not rebuilt: the first attempt's parts are still listed (or compacted)
+    assert {p["file"] for p in first["parts"]} & {p["file"] for p in m["parts"]}
+    assert part_rows(qcache.refresh(src, "metrics").parts) == expected(src)
+
+
+@pytest.mark.parametrize("planted", ["file", "link", "group_writable"])
+def test_a_cache_folder_it_does_not_trust_is_left_alone(tmp_path, planted, caplog):
+    """A ``.et-cache`` that is a file, a symbolic link to elsewhere or a folder others may
+    write into: the run neither writes into it nor warns; the run's data are whole."""
+    caplog.set_level(logging.WARNING, logger="expr_tracker")
+    root = tmp_path / "runs"
+    run_dir = root / "p" / "r"
+    run_dir.mkdir(parents=True)
+    elsewhere = tmp_path / "elsewhere"
+    elsewhere.mkdir()
+    if planted == "file":
+        (run_dir / ".et-cache").write_text("not a folder")
+    elif planted == "link":
+        (run_dir / ".et-cache").symlink_to(elsewhere)
+    else:
+        (run_dir / ".et-cache").mkdir()
+        os.chmod(run_dir / ".et-cache", 0o777)
+    run = et.init(project="p", name="r", dir=str(root), buffer_size=20)
+    assert run.dir == run_dir
+    log_rows(2000)
+    et.finish()
+    assert run.info_record["status"] == "finished"
+    gave_up = run.info()["query_cache"]["metrics"]["gave_up"]
+    assert gave_up == "its cache folder cannot be used or written"
+    assert list(elsewhere.iterdir()) == []
+    assert not [r for r in caplog.records if r.levelno >= logging.WARNING]
+    assert len(long_metric_rows(run_dir / "metrics.jsonl")) == 2000 * 5
+
+
+def test_a_damaged_cache_is_rebuilt_by_the_run_quietly(tmp_path, caplog):
+    root = str(tmp_path / "runs")
+    run = et.init(project="p", name="r", dir=root, buffer_size=20)
+    log_rows(1000)
+    et.finish()
+    src = run.dir / "metrics.jsonl"
+    folder = src.parent / ".et-cache" / src.name
+    (folder / "manifest.json").write_text('{"version": 4, "parts": ["../../x"]}')
+    caplog.set_level(logging.WARNING, logger="expr_tracker")
+    run = et.init(project="p", name="r", dir=root, buffer_size=20, resume="must")
+    log_rows(1000, 1000)
+    et.finish()
+    assert not [r for r in caplog.records if r.levelno >= logging.WARNING]
+    assert manifest(src)["covered"] == src.stat().st_size
+    assert part_rows(qcache.refresh(src, "metrics").parts) == expected(src)
+
+
+# SIGTERM while the run writes and extends its cache: the run ends as SIGTERM ends it, what
+# it wrote is whole, and the cache a reader finds afterwards is right (extended, never
+# trusted wrong): exactly the rows of the file
+CHILD = """
+import os, sys, time
+import expr_tracker as et
+from expr_tracker.query import warmer
+warmer.STEP_BYTES = 16 << 10
+run = et.init(project="p", name="r", dir=sys.argv[1], buffer_size=5)
+i = 0
+while True:
+    et.log({"loss": 1.0 / (i + 1), "acc": i * 0.5, "tag": "x" * (i % 13)})
+    i += 1
+    if i == 3000:
+        open(sys.argv[2], "w").close()
+"""
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("sig", [signal.SIGTERM, signal.SIGINT])
+def test_a_signal_in_the_middle_leaves_data_and_cache_right(tmp_path, sig):
+    root = tmp_path / "runs"
+    ready = tmp_path / "ready"
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join(p for p in sys.path if p))
+    proc = subprocess.Popen(
+        [sys.executable, "-c", CHILD, str(root), str(ready)], env=env, stderr=subprocess.PIPE
+    )
+    try:
+        deadline = time.monotonic() + 60
+        while not ready.exists() and time.monotonic() < deadline and proc.poll() is None:
+            time.sleep(0.01)
+        time.sleep(0.2)
+        proc.send_signal(sig)
+        _, err = proc.communicate(timeout=60)
+    finally:
+        proc.kill()
+    assert proc.returncode != 0, err
+    src = root / "p" / "r" / "metrics.jsonl"
+    info = json.loads((src.parent / "run.json").read_text())
+    assert info["status"] in ("failed", "preempted", "finished"), info
+    rows = expected(src)
+    assert len(rows) >= 3000 * 3
+    assert part_rows(qcache.refresh(src, "metrics").parts) == rows
+    assert b"Traceback" not in err or b"KeyboardInterrupt" in err
+
+
+def test_the_warmer_refuses_bad_arguments_and_is_idempotent(tmp_path):
+    with pytest.raises(ValueError, match="kind='alerts' is not valid"):
+        CacheWarmer(tmp_path / "a.jsonl", "alerts")
+    with pytest.raises(ValueError, match="step=0 is not valid"):
+        CacheWarmer(tmp_path / "a.jsonl", "metrics", step=0)
+    w = CacheWarmer(tmp_path / "missing.jsonl", "metrics", step=10)
+    w.written(5)  # below its mark: nothing queued
+    assert w.next_at == 10 and w.warms == 0
+    w.finish()
+    w.finish()
+    assert w.stats() == {"warms": 0, "covered": 0, "seconds": 0.0, "gave_up": None}
+    with pytest.raises(ValueError, match="kind='x'"):
+        qcache.warm(tmp_path / "a.jsonl", "x")
+    assert qcache.warm(tmp_path / "missing.jsonl", "metrics") is None
+
+
+@pytest.mark.parametrize("why", ["read_only", "another_users"])
+def test_warm_never_writes_a_cache_outside_the_run_directory(tmp_path, why):
+    """Where a reader falls back (``$XDG_CACHE_HOME``, a temporary folder), a run does not:
+    a run directory that is not writable, or not this user's, gets no cache anywhere."""
+    is_root = os.geteuid() == 0
+    if why == "read_only" and is_root:
+        pytest.skip("root writes into a read-only folder")
+    if why == "another_users" and not is_root:
+        pytest.skip("only root can give a folder to another user")
+    run_dir = tmp_path / "runs" / "p" / "r"
+    run_dir.mkdir(parents=True)
+    src = run_dir / "metrics.jsonl"
+    src.write_text("".join(f'{{"_step": {i}, "loss": {i}}}\n' for i in range(100)))
+    if why == "read_only":
+        os.chmod(run_dir, 0o555)
+    else:
+        os.chown(run_dir, 65534, 65534)
+    try:
+        assert qcache.warm(src, "metrics") is None
+    finally:
+        os.chmod(run_dir, 0o755)
+    assert not (tmp_path / "xdg").exists()
+    assert not (run_dir / ".et-cache").exists()
+    assert qcache.refresh(src, "metrics").rows == 100  # a reader still answers
+    shutil.rmtree(run_dir)
