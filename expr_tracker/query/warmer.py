@@ -72,11 +72,9 @@ class CacheWarmer:
         self.covered = 0
         self.seconds = 0.0
         self.gave_up: str | None = None
-        self._queued = False
-        self._busy = False
+        self._queued = False  # on the worker's queue (set after the put: see _Worker.put)
+        self._busy = False  # being extended by the worker
         self._finished = False
-        self._idle = threading.Event()
-        self._idle.set()
 
     def written(self, size: int) -> None:
         """The file is ``size`` bytes long now (the writer, after a batch); queues an
@@ -117,9 +115,12 @@ class CacheWarmer:
         worker to be done with it, then extend the cache over the rest when the file
         reached :attr:`step` bytes. Idempotent."""
         self._finished = True
-        if not self._idle.wait(wait):
-            log.debug("expr_tracker: the query cache of %s is still being extended", self.path)
-            return
+        deadline = time.monotonic() + wait
+        while self._queued or self._busy:  # polled: nothing here can be left half-done
+            if time.monotonic() >= deadline:
+                log.debug("expr_tracker: the query cache of %s is still being extended", self.path)
+                return
+            time.sleep(0.005)
         if self.gave_up is not None:
             return
         try:
@@ -144,7 +145,15 @@ class CacheWarmer:
 
 class _Worker:
     """One daemon thread extending the queued files' caches, one at a time (a file queued
-    while it is queued or being extended is extended once more after, not twice)."""
+    while it is queued is not queued twice; queued while being extended, it is extended
+    once more after).
+
+    Safe against an exception raised at any point of :meth:`put` on the caller's thread (a
+    Ctrl-C during a flush on the main thread): the thread is started before anything is
+    marked, the queue's ``put`` is one C call and a file is marked queued only after it:
+    at worst a file is queued twice (the second extension finds nothing new), never marked
+    queued without being on the queue (which :meth:`CacheWarmer.finish` would wait on).
+    """
 
     def __init__(self) -> None:
         self._lock = threading.Lock()
@@ -152,31 +161,31 @@ class _Worker:
         self._thread: threading.Thread | None = None
 
     def put(self, w: CacheWarmer) -> None:
+        t = self._thread
+        if t is None or not t.is_alive():
+            with self._lock:
+                t = self._thread
+                if t is None or not t.is_alive():
+                    t = threading.Thread(
+                        target=self._run, name="expr_tracker-query-cache", daemon=True
+                    )
+                    t.start()
+                    self._thread = t
         with self._lock:
-            if w._queued:
-                return
-            w._queued = True
-            w._idle.clear()
-            if self._thread is None or not self._thread.is_alive():
-                self._thread = threading.Thread(
-                    target=self._run, name="expr_tracker-query-cache", daemon=True
-                )
-                self._thread.start()
-        self._wake.put(w)
+            if not w._queued:
+                self._wake.put(w)
+                w._queued = True
 
     def _run(self) -> None:
         while True:
             w = self._wake.get()
-            with self._lock:
-                w._queued = False
+            with self._lock:  # busy first: finish() reads the two without the lock
                 w._busy = True
+                w._queued = False
             try:
                 w.run()
             finally:
-                with self._lock:
-                    w._busy = False
-                    if not w._queued:
-                        w._idle.set()
+                w._busy = False
 
 
 _WORKER: _Worker | None = None

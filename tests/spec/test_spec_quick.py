@@ -115,6 +115,7 @@ CANDIDATES: dict[str, list[Any]] = {
     "history.step_policy": ["monotonic", "allow", "Allow", None],
     "history.rank_aware": [True, False, 1, 0, "true", None],
     "history.alert_window": [1, 4096, 0, -1, 1.0, True, "8", None],
+    "history.query_cache": [True, False, 1, 0, "true", "no", None],
     "history.cache.rows": [0, 5, -1, 2.0, False, True],
     "history.buffer.size": [1, 0, 10, 1.5, "10", True],
     "history.buffer.max_pending_records": [1, 0, 7, True, 2.0],
