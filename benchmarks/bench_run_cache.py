@@ -10,7 +10,8 @@ Sections (each a fresh process per repeat; medians): ``on`` and ``off``, the sam
 run extends its cache 3 times on its own thread and once at finish). Reported: ``log()``
 p50/p99/mean in µs (``perf_counter_ns`` around each call), the loop's wall seconds, the
 ``finish()`` seconds (the last extension included), the process's CPU seconds (every
-thread: ``resource.getrusage``), and the run's ``query_cache`` stats (extensions, seconds).
+thread: ``resource.getrusage``; and, apart, its children's: the helper process that extends
+the cache), and the run's ``query_cache`` extensions.
 Then, for ``on``, the first ``et.query`` over that run in the same process, which finds
 nothing left to decode (``query_s``).
 """
@@ -32,9 +33,29 @@ sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import harness  # noqa: E402
 
 
-def cpu_s() -> float:
-    u = resource.getrusage(resource.RUSAGE_SELF)
+def cpu_s(who: int = resource.RUSAGE_SELF) -> float:
+    u = resource.getrusage(who)
     return u.ru_utime + u.ru_stime
+
+
+def peak_rss_mb() -> float:
+    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
+
+
+def helper_usage(pid: int | None) -> tuple[float, float]:
+    """(CPU s, peak RSS MB) of the helper process ``pid`` (alive: read from /proc)."""
+    if pid is None:
+        return 0.0, 0.0
+    try:
+        fields = open(f"/proc/{pid}/stat").read().rsplit(")", 1)[1].split()
+        cpu = (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+        hwm = 0.0
+        for ln in open(f"/proc/{pid}/status"):
+            if ln.startswith("VmHWM:"):
+                hwm = int(ln.split()[1]) / 1024
+        return cpu, hwm
+    except (OSError, ValueError, IndexError):
+        return float("nan"), float("nan")
 
 
 def child(section: str, n: int) -> dict[str, Any]:
@@ -63,6 +84,7 @@ def child(section: str, n: int) -> dict[str, Any]:
     pc = time.perf_counter_ns
     samples = [0] * n
     gc.collect()
+    rss0 = peak_rss_mb()
     c0 = cpu_s()
     t0 = time.perf_counter()
     for i in range(n):
@@ -76,6 +98,7 @@ def child(section: str, n: int) -> dict[str, Any]:
     c1 = cpu_s()
     samples.sort()
     stats = run.info().get("query_cache", {}).get("metrics", {})
+    helper_cpu, helper_rss = helper_usage(stats.get("helper_pid"))
     out = {
         "p50_us": samples[n // 2] / 1e3,
         "p99_us": samples[int(n * 0.99)] / 1e3,
@@ -83,8 +106,10 @@ def child(section: str, n: int) -> dict[str, Any]:
         "loop_s": t1 - t0,
         "finish_s": t2 - t1,
         "cpu_s": c1 - c0,
+        "rss_growth_mb": peak_rss_mb() - rss0,
+        "helper_cpu_s": helper_cpu,
+        "helper_rss_mb": helper_rss,
         "warms": stats.get("warms", 0),
-        "warm_s": stats.get("seconds", 0.0),
         "mb": os.path.getsize(run.dir / "metrics.jsonl") / 1e6,
     }
     if section == "on":
@@ -99,7 +124,9 @@ def line(section: str, m: dict[str, Any]) -> str:
     return (
         f"{section:4} log() p50 {m['p50_us']:.2f} µs, p99 {m['p99_us']:.2f}, mean "
         f"{m['mean_us']:.2f}; loop {m['loop_s']:.2f} s, finish {m['finish_s']:.3f} s, CPU "
-        f"{m['cpu_s']:.2f} s; {m['mb']:.0f} MB, {m['warms']} extensions, {m['warm_s']:.2f} s{q}"
+        f"{m['cpu_s']:.2f} s, peak RSS +{m['rss_growth_mb']:.0f} MB; {m['mb']:.0f} MB written, "
+        f"{m['warms']} extensions; helper CPU {m['helper_cpu_s']:.2f} s, peak RSS "
+        f"{m['helper_rss_mb']:.0f} MB{q}"
     )
 
 

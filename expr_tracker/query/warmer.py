@@ -1,59 +1,74 @@
-"""The query cache of a file kept current by the process writing it (docs/query.md "The
-cache", "Kept by the run").
+"""The query cache of a file kept current by the process writing it (docs/query.md "Kept by
+the run").
 
 The first ``et query`` after a run decodes every line of its JSONL into the columnar cache
 (:mod:`expr_tracker.query.cache`): ~0.24 s of CPU for 100,000 lines of 5 metrics (17 MB)
-here, 24 s for a folder of 100 such runs. A run that writes a file past :data:`STEP_BYTES` extends that
-cache itself, on a background thread of its own, every :data:`STEP_BYTES` it writes, and
-once more at finish for the rest, so a finished run's cache covers its whole file and the
-first query reads none of it. A file that never reaches :data:`STEP_BYTES` is left to the
-first query (a few tenths of a second at most), and neither ``pyarrow`` nor ``polars`` is
-imported by a run that writes less.
+here, 24 s for a folder of 100 such runs. A run that writes a file past :data:`STEP_BYTES`
+has that cache extended every :data:`STEP_BYTES` it writes, and once more at finish over
+the rest, so a finished run's cache covers its whole file and the first query reads none
+of it. A file that never reaches :data:`STEP_BYTES` is left to the first query (about a
+tenth of a second).
+
+The extensions run in a helper process, one per training process, started when the first
+file passes :data:`STEP_BYTES` (``python -m expr_tracker.query.warmer``, the interpreter
+and the ``expr_tracker`` of the process that starts it): the training process never
+imports ``pyarrow`` or ``polars`` for it, never shares its GIL with the decoding, and its
+memory does not grow by what decoding a block takes. The helper reads one request a line
+on its standard input (``{"id": N, "path": ..., "kind": ...}``), runs
+:func:`expr_tracker.query.cache.warm` (the reader's own refresh, under the cache's lock,
+writing only beside the file, never warning, never falling back) and answers one line on
+its standard output (``{"id": N, "covered": bytes or null, "error": text or null}``); it
+ends when its standard input closes (the training process finished or died), after the
+extension in progress, or after :data:`IDLE_S` without a request (a notebook's process
+that runs again starts a new one), and it is in a session of its own, so a Ctrl-C in the terminal
+stops the training process, not a cache being written.
 
 :class:`CacheWarmer` is one file's: the writer calls :meth:`CacheWarmer.written` after each
-batch it writes (an integer comparison), which queues the file on the process-wide worker
-thread once :data:`STEP_BYTES` more were written since the last time; :meth:`finish`, at
-the end of the run's finish (after ``run.json``), waits for that thread to be done with the
-file (at most ``wait`` seconds) and extends the cache over the rest, when the file reached
-:data:`STEP_BYTES`. What the worker runs is :func:`expr_tracker.query.cache.warm`: the
-reader's own refresh, under the cache's lock, writing only into the run directory, never
-warning, never falling back; a file it cannot keep (no ``pyarrow``, a full disk, a run
-directory that is not this user's) is given up quietly for the rest of the run (debug
-log), and the first query builds its cache as it always did.
+batch it writes (an integer comparison), which sends a request once :data:`STEP_BYTES`
+more were written since the last one; :meth:`finish`, at the end of the run's finish (after
+``run.json``), sends the last request and waits for the helper's answers (at most ``wait``
+seconds). A file that cannot be kept (no helper process, no ``pyarrow``, a full disk, a run
+directory that is not this user's) is given up quietly for the rest of the run (debug log;
+``stats()["gave_up"]``), and the first query builds its cache as it always did.
 """
 
 from __future__ import annotations
 
+import itertools
+import json
 import logging
 import os
-import queue
+import sys
 import threading
 import time
 from pathlib import Path
-from typing import Any
+from typing import IO, TYPE_CHECKING, Any
 
-__all__ = ["STEP_BYTES", "CacheWarmer"]
+if TYPE_CHECKING:
+    import subprocess
+
+__all__ = ["FINISH_WAIT_S", "IDLE_S", "STEP_BYTES", "CacheWarmer", "helper_main"]
 
 log = logging.getLogger("expr_tracker")
 
-#: bytes written between two extensions of a file's cache on the background thread, and
-#: the size below which a run leaves its file's cache to the first query
+#: bytes written between two extensions of a file's cache, and the size below which a run
+#: leaves its file's cache to the first query
 STEP_BYTES = 8 << 20
-#: seconds :meth:`CacheWarmer.finish` waits for the background thread to be done with the
-#: file before it gives up (the cache then stays where that thread leaves it)
+#: seconds :meth:`CacheWarmer.finish` waits for the helper's answers before it gives up
+#: (the helper still finishes the extension in progress)
 FINISH_WAIT_S = 30.0
 
 
 class CacheWarmer:
-    """The query cache of ``path`` (a ``kind`` file: ``"metrics"`` or ``"spans"``), kept by
-    the writer of ``path``. ``step``: bytes between background extensions (None: the
-    module's :data:`STEP_BYTES` now).
+    """The query cache of ``path`` (a ``kind`` file: ``"metrics"`` or ``"spans"``), kept for
+    the writer of ``path``. ``step``: bytes between extensions (None: the module's
+    :data:`STEP_BYTES` now).
+
+    ``stats()``: ``warms`` (extensions done), ``covered`` (bytes of the file the cache
+    covered after the last one), ``gave_up`` (why the file was given up, or None),
+    ``helper_pid`` (the helper process that took the last request, or None).
 
     Raises ``ValueError`` for another ``kind`` or a ``step`` that is not a positive int.
-
-    Counters (``stats()``): ``warms`` (extensions done), ``covered`` (bytes of the file the
-    cache covered after the last one), ``seconds`` (wall time spent in them), ``gave_up``
-    (the reason the file was given up, or None).
     """
 
     def __init__(self, path: str | os.PathLike[str], kind: str, step: int | None = None) -> None:
@@ -63,151 +78,217 @@ class CacheWarmer:
             step = STEP_BYTES
         if type(step) is not int or step < 1:
             raise ValueError(f"step={step!r} is not valid: a positive number of bytes")
-        self.path = Path(path)
+        self.path = Path(path).absolute()
         self.kind = kind
         self.step = step
-        #: the file size at which :meth:`written` queues the next extension
+        #: the file size at which :meth:`written` sends the next request
         self.next_at = step
         self.warms = 0
         self.covered = 0
-        self.seconds = 0.0
         self.gave_up: str | None = None
-        self._queued = False  # on the worker's queue (set after the put: see _Worker.put)
-        self._busy = False  # being extended by the worker
+        #: the process id of the helper that took the last request (None before one)
+        self.helper_pid: int | None = None
+        self._pending = 0  # requests sent and not answered (under _Helper.lock)
         self._finished = False
 
     def written(self, size: int) -> None:
-        """The file is ``size`` bytes long now (the writer, after a batch); queues an
-        extension on the worker thread when ``size`` reached :attr:`next_at`. Never raises
-        an ``Exception``."""
+        """The file is ``size`` bytes long now (the writer, after a batch); sends a request
+        when ``size`` reached :attr:`next_at`. Never raises an ``Exception``."""
         if size < self.next_at:
             return
         self.next_at = size + self.step
-        if self._finished or self.gave_up is not None:
-            return
-        try:
-            _worker().put(self)
-        except Exception as exc:  # noqa: BLE001 - never the writer's problem
-            self._give_up(f"the worker thread could not start ({type(exc).__name__}: {exc})")
-
-    def run(self) -> None:
-        """One extension, on the calling thread (the worker's, or :meth:`finish`'s)."""
-        if self.gave_up is not None:
-            return
-        from expr_tracker.query.cache import warm
-
-        t0 = time.monotonic()
-        try:
-            covered = warm(self.path, self.kind)
-        except Exception as exc:  # noqa: BLE001 - a reader will build it instead
-            self._give_up(f"{type(exc).__name__}: {exc}")
-            return
-        finally:
-            self.seconds += time.monotonic() - t0
-        if covered is None:
-            self._give_up("its cache folder cannot be used or written")
-            return
-        self.warms += 1
-        self.covered = covered
+        if not self._finished:
+            self._request()
 
     def finish(self, wait: float = FINISH_WAIT_S) -> None:
-        """At the run's finish, the file closed: wait (at most ``wait`` seconds) for the
-        worker to be done with it, then extend the cache over the rest when the file
-        reached :attr:`step` bytes. Idempotent."""
+        """At the run's finish, the file closed: extend the cache over the rest (when the
+        file reached :attr:`step` bytes) and wait for the helper's answers, at most ``wait``
+        seconds. Idempotent."""
         self._finished = True
+        if self.gave_up is None:
+            try:
+                size = os.stat(self.path).st_size
+            except OSError:
+                size = 0
+            if size >= self.step and size != self.covered:
+                self._request()
         deadline = time.monotonic() + wait
-        while self._queued or self._busy:  # polled: nothing here can be left half-done
+        while self._pending > 0:  # polled: nothing here can be left half-done by a Ctrl-C
             if time.monotonic() >= deadline:
                 log.debug("expr_tracker: the query cache of %s is still being extended", self.path)
                 return
             time.sleep(0.005)
-        if self.gave_up is not None:
-            return
-        try:
-            size = os.stat(self.path).st_size
-        except OSError:
-            return
-        if size >= self.step and size != self.covered:
-            self.run()
 
     def stats(self) -> dict[str, Any]:
         return {
             "warms": self.warms,
             "covered": self.covered,
-            "seconds": round(self.seconds, 3),
             "gave_up": self.gave_up,
+            "helper_pid": self.helper_pid,
         }
 
+    def _request(self) -> None:
+        if self.gave_up is not None:
+            return
+        try:
+            _helper().send(self)
+        except Exception as exc:  # noqa: BLE001 - never the writer's problem
+            self._give_up(f"the helper process cannot be reached ({type(exc).__name__}: {exc})")
+
+    def _answered(self, covered: int | None, error: str | None) -> None:
+        if error is not None or covered is None:
+            self._give_up(error or "its cache folder cannot be used or written")
+        else:
+            self.warms += 1
+            self.covered = max(self.covered, covered)
+
     def _give_up(self, why: str) -> None:
-        self.gave_up = why
-        log.debug("expr_tracker: not keeping the query cache of %s: %s", self.path, why)
+        if self.gave_up is None:
+            self.gave_up = why
+            log.debug("expr_tracker: not keeping the query cache of %s: %s", self.path, why)
 
 
-class _Worker:
-    """One daemon thread extending the queued files' caches, one at a time (a file queued
-    while it is queued is not queued twice; queued while being extended, it is extended
-    once more after).
-
-    Safe against an exception raised at any point of :meth:`put` on the caller's thread (a
-    Ctrl-C during a flush on the main thread): the thread is started before anything is
-    marked, the queue's ``put`` is one C call and a file is marked queued only after it:
-    at worst a file is queued twice (the second extension finds nothing new), never marked
-    queued without being on the queue (which :meth:`CacheWarmer.finish` would wait on).
-    """
+class _Helper:
+    """The helper process of this process and the thread reading its answers."""
 
     def __init__(self) -> None:
-        self._lock = threading.Lock()
-        self._wake: queue.SimpleQueue[CacheWarmer] = queue.SimpleQueue()
-        self._thread: threading.Thread | None = None
+        self.lock = threading.Lock()
+        self._proc: subprocess.Popen[bytes] | None = None
+        self._ids = itertools.count(1)
+        self._waiting: dict[int, CacheWarmer] = {}  # request id -> its file's warmer
 
-    def put(self, w: CacheWarmer) -> None:
-        t = self._thread
-        if t is None or not t.is_alive():
-            with self._lock:
-                t = self._thread
-                if t is None or not t.is_alive():
-                    t = threading.Thread(
-                        target=self._run, name="expr_tracker-query-cache", daemon=True
-                    )
-                    t.start()
-                    self._thread = t
-        with self._lock:
-            if not w._queued:
-                self._wake.put(w)
-                w._queued = True
+    def send(self, w: CacheWarmer) -> None:
+        """One request for ``w``'s file. Safe against an exception at any point on the
+        caller's thread (a Ctrl-C during a flush on the main thread): ``w`` counts the
+        request as pending only once the line is written, so :meth:`CacheWarmer.finish`
+        never waits on a request that was not sent."""
+        with self.lock:
+            proc = self._proc
+            if proc is None or proc.poll() is not None:
+                proc = self._proc = self._start()
+            rid = next(self._ids)
+            line = json.dumps({"id": rid, "path": str(w.path), "kind": w.kind}) + "\n"
+            assert proc.stdin is not None
+            proc.stdin.write(line.encode())
+            proc.stdin.flush()
+            self._waiting[rid] = w
+            w._pending += 1
+            w.helper_pid = proc.pid
 
-    def _run(self) -> None:
-        while True:
-            w = self._wake.get()
-            with self._lock:  # busy first: finish() reads the two without the lock
-                w._busy = True
-                w._queued = False
+    def _start(self) -> subprocess.Popen[bytes]:
+        import subprocess  # here: a run that never needs a helper never imports it
+
+        # the ``expr_tracker`` of this process first, in place of ``-c``'s current folder
+        # (a file there named like a module imported below must not be run)
+        package_root = str(Path(__file__).resolve().parents[2])
+        code = (
+            f"import sys; sys.path[:1] = [{package_root!r}] if sys.path[:1] == [''] else "
+            f"[{package_root!r}, *sys.path[:1]]; "
+            "from expr_tracker.query.warmer import helper_main; helper_main()"
+        )
+        proc = subprocess.Popen(
+            [sys.executable, "-c", code],
+            stdin=subprocess.PIPE,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.DEVNULL,
+            start_new_session=True,
+            close_fds=True,
+        )
+        assert proc.stdout is not None
+        threading.Thread(
+            target=self._read,
+            args=(proc, proc.stdout),
+            name="expr_tracker-query-cache",
+            daemon=True,
+        ).start()
+        return proc
+
+    def _read(self, proc: subprocess.Popen[bytes], out: IO[bytes]) -> None:
+        """The answers of ``proc``, one a line, until it exits; then every request still
+        waiting is given up."""
+        for raw in out:
             try:
-                w.run()
-            finally:
-                w._busy = False
+                answer = json.loads(raw)
+                rid = answer["id"]
+            except (ValueError, KeyError, TypeError):
+                continue
+            with self.lock:
+                w = self._waiting.pop(rid, None)
+                if w is None:
+                    continue
+                w._answered(answer.get("covered"), answer.get("error"))
+                w._pending -= 1
+        proc.wait()
+        with self.lock:
+            waiting, self._waiting = self._waiting, {}
+            for w in waiting.values():
+                # idle, it exits with 0 (a request sent as it did is sent again by the
+                # next one): only a helper that died gives its files up
+                if proc.returncode != 0:
+                    w._give_up(f"the helper process exited ({proc.returncode})")
+                w._pending -= 1
 
 
-_WORKER: _Worker | None = None
-_WORKER_LOCK = threading.Lock()
+_HELPER: _Helper | None = None
+_HELPER_LOCK = threading.Lock()
 
 
-def _worker() -> _Worker:
-    global _WORKER
-    w = _WORKER
-    if w is None:
-        with _WORKER_LOCK:
-            if _WORKER is None:
-                _WORKER = _Worker()
-            w = _WORKER
-    return w
+def _helper() -> _Helper:
+    global _HELPER
+    h = _HELPER
+    if h is None:
+        with _HELPER_LOCK:
+            if _HELPER is None:
+                _HELPER = _Helper()
+            h = _HELPER
+    return h
 
 
 def _after_fork_in_child() -> None:
-    global _WORKER, _WORKER_LOCK
-    _WORKER = None
-    _WORKER_LOCK = threading.Lock()
+    # the parent's helper answers the parent: a forked child (a data-loader worker) starts
+    # its own when it needs one
+    global _HELPER, _HELPER_LOCK
+    _HELPER = None
+    _HELPER_LOCK = threading.Lock()
 
 
 if hasattr(os, "register_at_fork"):
     os.register_at_fork(after_in_child=_after_fork_in_child)
+
+
+#: seconds the helper process waits for a request before it exits (a process that runs
+#: again starts a new one)
+IDLE_S = 60.0
+
+
+def helper_main(requests: int = 0, answers: int = 1, idle: float | None = None) -> None:
+    """The helper process's loop: one request a line read from the descriptor ``requests``
+    (standard input), one answer a line written to ``answers`` (standard output), until
+    ``requests`` ends or no request came for ``idle`` seconds (default :data:`IDLE_S`).
+    Anything a request makes go wrong is its answer's ``error``; the loop goes on."""
+    import select
+
+    from expr_tracker.query.cache import warm
+
+    idle = IDLE_S if idle is None else idle
+    buf = b""
+    while True:
+        while b"\n" not in buf:
+            ready, _, _ = select.select([requests], [], [], idle)
+            if not ready:
+                return  # idle
+            data = os.read(requests, 1 << 16)
+            if not data:
+                return  # the training process closed it: finished or gone
+            buf += data
+        raw, buf = buf.split(b"\n", 1)
+        answer: dict[str, Any] = {"id": None, "covered": None, "error": None}
+        try:
+            req = json.loads(raw)
+            answer["id"] = req["id"]
+            answer["covered"] = warm(req["path"], req["kind"])
+        except Exception as exc:  # noqa: BLE001 - the next request is served all the same
+            answer["error"] = f"{type(exc).__name__}: {exc}"
+        out = (json.dumps(answer) + "\n").encode()
+        while out:
+            out = out[os.write(answers, out) :]

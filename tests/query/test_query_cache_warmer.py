@@ -127,6 +127,72 @@ def test_the_cache_grows_while_the_run_writes(tmp_path):
     assert part_rows(qcache.refresh(src, "metrics").parts) == expected(src)
 
 
+def test_the_training_process_imports_no_pyarrow_and_its_helper_ends_with_it(tmp_path):
+    """The extensions run in a helper process: the training process never imports pyarrow
+    or polars for them, and the helper exits once the training process has ended."""
+    p = run_py(
+        f"""
+        import sys
+        import expr_tracker as et
+        from expr_tracker.query import warmer
+        warmer.STEP_BYTES = {STEP}
+        run = et.init(project="p", name="r", dir={str(tmp_path / "runs")!r}, buffer_size=20)
+        for i in range(3000):
+            et.log({{"loss": 1.0 / (i + 1), "acc": i * 0.5}})
+        et.finish()
+        print(sorted(m for m in ("pyarrow", "polars", "duckdb") if m in sys.modules))
+        print(run.info()["query_cache"]["metrics"]["helper_pid"])
+        """
+    )
+    imported, pid = p.stdout.splitlines()[:2]
+    assert imported == "[]"
+    src = tmp_path / "runs" / "p" / "r" / "metrics.jsonl"
+    assert manifest(src)["covered"] == src.stat().st_size
+    deadline = time.monotonic() + 30
+    while os.path.exists(f"/proc/{int(pid)}") and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert not os.path.exists(f"/proc/{int(pid)}"), "the helper outlived its process"
+
+
+def test_the_helper_answers_each_request_and_ends_with_its_input(tmp_path):
+    src = tmp_path / "runs" / "p" / "r" / "metrics.jsonl"
+    src.parent.mkdir(parents=True)
+    src.write_text("".join(f'{{"_step": {i}, "loss": {i}}}\n' for i in range(100)))
+    r_in, w_in = os.pipe()
+    r_out, w_out = os.pipe()
+    requests = [
+        {"id": 1, "path": str(src), "kind": "metrics"},
+        "not json",
+        {"id": 3, "path": str(src), "kind": "alerts"},
+        {"id": 4, "path": str(tmp_path / "missing.jsonl"), "kind": "metrics"},
+        {"id": 5, "path": str(src), "kind": "metrics"},
+    ]
+    data = "".join((r if isinstance(r, str) else json.dumps(r)) + "\n" for r in requests)
+    os.write(w_in, data.encode())
+    os.close(w_in)
+    warmer.helper_main(r_in, w_out, idle=30)
+    os.close(w_out)
+    with os.fdopen(r_out, "rb") as f:
+        answers = [json.loads(line) for line in f]
+    os.close(r_in)
+    size = src.stat().st_size
+    assert [(a["id"], a["covered"]) for a in answers] == [
+        (1, size),
+        (None, None),
+        (3, None),
+        (4, None),
+        (5, size),
+    ]
+    assert "JSONDecodeError" in answers[1]["error"] and "kind='alerts'" in answers[2]["error"]
+    assert answers[3]["error"] is None  # a file it cannot read: not kept, no error
+    r_in, w_in = os.pipe()
+    t0 = time.monotonic()
+    warmer.helper_main(r_in, w_out := os.open(os.devnull, os.O_WRONLY), idle=0.2)  # idle: ends
+    assert time.monotonic() - t0 < 20
+    for fd in (r_in, w_in, w_out):
+        os.close(fd)
+
+
 def test_a_small_run_builds_nothing_and_imports_no_pyarrow(tmp_path):
     p = run_py(
         f"""
@@ -290,7 +356,7 @@ def test_the_warmer_refuses_bad_arguments_and_is_idempotent(tmp_path):
     assert w.next_at == 10 and w.warms == 0
     w.finish()
     w.finish()
-    assert w.stats() == {"warms": 0, "covered": 0, "seconds": 0.0, "gave_up": None}
+    assert w.stats() == {"warms": 0, "covered": 0, "gave_up": None, "helper_pid": None}
     with pytest.raises(ValueError, match="kind='x'"):
         qcache.warm(tmp_path / "a.jsonl", "x")
     assert qcache.warm(tmp_path / "missing.jsonl", "metrics") is None
