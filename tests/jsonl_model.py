@@ -52,3 +52,19 @@ def long_metric_rows(path: Path, *, skip_bad: bool = False) -> list[dict[str, An
                 }
             )
     return out
+
+
+def long_metric_keys(path: Path, *, skip_bad: bool = False) -> list[tuple]:
+    """:func:`long_metric_rows` as sorted ``(line, metric, value bits or None, text, step)``
+    tuples (``float.hex`` of the value: NaN and ±0.0 compare exactly), what a cache's parts
+    are compared with."""
+    return sorted(
+        (
+            r["line"],
+            r["metric"],
+            None if r["value"] is None else r["value"].hex(),
+            r["text"],
+            r["step"],
+        )
+        for r in long_metric_rows(path, skip_bad=skip_bad)
+    )

@@ -67,6 +67,11 @@ the whole file would be). Otherwise only the bytes appended since the last refre
 into one new part (a row group per block of at most 4 MiB of lines, so a refresh's memory is
 bounded by the block, not by the file).
 
+Written by the run too: :func:`warm` is this refresh for the process writing the source
+(its helper, :mod:`expr_tracker.query.warmer`), beside the run only, quiet, None where a
+reader would fall back; a finished run's cache so covers its whole file (docs/query.md
+"Kept by the run").
+
 Compaction: when a source has more than 16 parts (a live run queried every second adds one
 per query), the trailing parts of fewer than 1,000,000 rows each are merged into one,
 streamed row group by row group.

@@ -18,7 +18,7 @@ import time
 
 import pytest
 from helpers import run_py
-from jsonl_model import long_metric_rows
+from jsonl_model import long_metric_keys, long_metric_rows
 
 duckdb = pytest.importorskip("duckdb")
 pytest.importorskip("pyarrow")
@@ -38,18 +38,9 @@ def _small_step(tmp_path, monkeypatch):
     monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "xdg"))
 
 
-def expected(path) -> list[tuple]:
+def expected(path, skip_bad: bool = False) -> list[tuple]:
     """(line, metric, value bits or None, text, step) of every complete line, via json."""
-    return sorted(
-        (
-            r["line"],
-            r["metric"],
-            None if r["value"] is None else r["value"].hex(),
-            r["text"],
-            r["step"],
-        )
-        for r in long_metric_rows(path)
-    )
+    return long_metric_keys(path, skip_bad=skip_bad)
 
 
 def part_rows(parts) -> list[tuple]:
