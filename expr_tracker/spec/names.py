@@ -4,7 +4,9 @@ The rule (also in docs/streams.md, "Run identity"):
 
 - A plain process: ``YYYYmmdd-HHMMSS-xxxxxx``, the local start time followed by six random
   hex digits, so two runs started in the same second (two scripts, two Hydra multirun jobs
-  in one process, two tests) never share a directory, and names still sort by time.
+  in one process, two tests) never share a directory, and names still sort by time; one
+  process never draws the same digits twice in a second (before, 200 names drawn at once
+  shared a name about once in a thousand tries).
 - Under ``torchrun`` (``TORCHELASTIC_RUN_ID`` is set) every rank must find the same name
   without talking to the others. The six hex digits are a hash of the rendezvous id, which
   ``torchrun`` gives every rank of a launch (a fresh uuid per launch for ``--standalone`` and
@@ -31,13 +33,18 @@ from __future__ import annotations
 import os
 import re
 import sys
+import threading
 import time
 from collections.abc import Mapping
+from typing import Any
 
 _STAMP = "%Y%m%d-%H%M%S"
 _UNSAFE = re.compile(r"[^A-Za-z0-9_.,=+\-@%]+")
 #: the rendezvous id torchrun sets when none was chosen (static rendezvous): not per launch
 _NO_RUN_ID = ("", "none")
+#: [the second, the names given out in it]: a process never draws one name twice
+_issued: list[Any] = ["", set()]
+_issued_lock = threading.Lock()
 
 
 def default_run_name(environ: Mapping[str, str] | None = None) -> str:
@@ -50,7 +57,16 @@ def default_run_name(environ: Mapping[str, str] | None = None) -> str:
         name = _torchrun_name(env)
         job = _hydra_multirun_job()
         return f"{name}-{job}" if job is not None else name
-    return f"{time.strftime(_STAMP)}-{os.urandom(3).hex()}"
+    stamp = time.strftime(_STAMP)
+    with _issued_lock:
+        if _issued[0] != stamp:  # a new second: the names of the last one cannot recur
+            _issued[:] = [stamp, set()]
+        taken = _issued[1]
+        while True:  # six random hex digits, never one this process gave out this second
+            name = f"{stamp}-{os.urandom(3).hex()}"
+            if name not in taken:
+                taken.add(name)
+                return name
 
 
 def launch_key(environ: Mapping[str, str] | None = None) -> str | None:

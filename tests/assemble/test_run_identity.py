@@ -85,6 +85,21 @@ def test_default_names_in_one_process_are_unique_and_sort_by_time():
     assert [n[:15] for n in names] == sorted(n[:15] for n in names)
 
 
+def test_one_process_never_draws_a_default_name_twice_in_a_second(monkeypatch):
+    """Six random hex digits drawn twice alike in one second (200 names at once did so about
+    once in a thousand tries): the second draw is redrawn, not given out again."""
+    import types
+
+    from expr_tracker.spec import names
+
+    draws = iter([b"\x00\x00\x01", b"\x00\x00\x01", b"\x00\x00\x02"])
+    monkeypatch.setattr(names.os, "urandom", lambda n: next(draws))
+    monkeypatch.setattr(names, "time", types.SimpleNamespace(strftime=lambda f: "20261203-101010"))
+    first = names.default_run_name({})
+    second = names.default_run_name({})
+    assert (first, second) == ("20261203-101010-000001", "20261203-101010-000002")
+
+
 def test_torchrun_default_name_rule():
     from expr_tracker.spec.names import default_run_name
 
