@@ -14,7 +14,9 @@ file passes :data:`STEP_BYTES` (``python -m expr_tracker.query.warmer``, the int
 and the ``expr_tracker`` of the process that starts it): the training process never
 imports ``pyarrow`` or ``polars`` for it, never shares its GIL with the decoding, and its
 memory does not grow by what decoding a block takes. The helper reads one request a line
-on its standard input (``{"id": N, "path": ..., "kind": ...}``), runs
+(``{"id": N, "path": ..., "kind": ...}``) on its standard input (one end of a socket pair: a
+request sent to a helper that just died is a ``BrokenPipeError``, never a SIGPIPE that would
+end a training script that restored SIGPIPE's default action), runs
 :func:`expr_tracker.query.cache.warm` (the reader's own refresh, under the cache's lock,
 writing only beside the file, never warning, never falling back) and answers one line on
 its standard output (``{"id": N, "covered": bytes or null, "error": text or null}``); it
@@ -38,6 +40,7 @@ import itertools
 import json
 import logging
 import os
+import socket
 import sys
 import threading
 import time
@@ -154,6 +157,10 @@ class _Helper:
     def __init__(self) -> None:
         self.lock = threading.Lock()
         self._proc: subprocess.Popen[bytes] | None = None
+        #: this end of the helper's standard input (a socket: a request written to a helper
+        #: that has just died raises ``BrokenPipeError``, never SIGPIPE, whatever SIGPIPE's
+        #: action in this process: a script that restored the default is not killed)
+        self._requests: socket.socket | None = None
         self._ids = itertools.count(1)
         self._waiting: dict[int, CacheWarmer] = {}  # request id -> its file's warmer
 
@@ -164,13 +171,12 @@ class _Helper:
         never waits on a request that was not sent."""
         with self.lock:
             proc = self._proc
-            if proc is None or proc.poll() is not None:
+            if proc is None or proc.poll() is not None or self._requests is None:
                 proc = self._proc = self._start()
             rid = next(self._ids)
             line = json.dumps({"id": rid, "path": str(w.path), "kind": w.kind}) + "\n"
-            assert proc.stdin is not None
-            proc.stdin.write(line.encode())
-            proc.stdin.flush()
+            assert self._requests is not None
+            self._requests.sendall(line.encode(), _NO_SIGPIPE)
             self._waiting[rid] = w
             w._pending += 1
             w.helper_pid = proc.pid
@@ -186,14 +192,27 @@ class _Helper:
             f"[{package_root!r}, *sys.path[:1]]; "
             "from expr_tracker.query.warmer import helper_main; helper_main()"
         )
-        proc = subprocess.Popen(
-            [sys.executable, "-c", code],
-            stdin=subprocess.PIPE,
-            stdout=subprocess.PIPE,
-            stderr=subprocess.DEVNULL,
-            start_new_session=True,
-            close_fds=True,
-        )
+        if self._requests is not None:
+            self._requests.close()  # the end of a helper that is gone
+            self._requests = None
+        ours, theirs = socket.socketpair()
+        try:
+            if _NO_SIGPIPE == 0 and hasattr(socket, "SO_NOSIGPIPE"):  # macOS
+                ours.setsockopt(socket.SOL_SOCKET, socket.SO_NOSIGPIPE, 1)
+            proc = subprocess.Popen(
+                [sys.executable, "-c", code],
+                stdin=theirs.fileno(),
+                stdout=subprocess.PIPE,
+                stderr=subprocess.DEVNULL,
+                start_new_session=True,
+                close_fds=True,
+            )
+        except BaseException:
+            ours.close()
+            raise
+        finally:
+            theirs.close()
+        self._requests = ours
         assert proc.stdout is not None
         threading.Thread(
             target=self._read,
@@ -228,6 +247,10 @@ class _Helper:
                     w._give_up(f"the helper process exited ({proc.returncode})")
                 w._pending -= 1
 
+
+#: ``send()`` flags that make a write to a closed socket raise EPIPE without SIGPIPE (Linux;
+#: macOS uses the SO_NOSIGPIPE option instead)
+_NO_SIGPIPE = getattr(socket, "MSG_NOSIGNAL", 0)
 
 _HELPER: _Helper | None = None
 _HELPER_LOCK = threading.Lock()

@@ -387,3 +387,34 @@ def test_warm_never_writes_a_cache_outside_the_run_directory(tmp_path, why):
     assert not (run_dir / ".et-cache").exists()
     assert qcache.refresh(src, "metrics").rows == 100  # a reader still answers
     shutil.rmtree(run_dir)
+
+
+def test_a_helper_that_dies_never_kills_a_process_that_restored_sigpipe(tmp_path):
+    """A training script that restores SIGPIPE's default action (as scripts piped into
+    ``head`` do) must outlive its helper: a request written to a helper that has just died
+    raises no SIGPIPE in it (the run gives that file up, quietly)."""
+    src = tmp_path / "metrics.jsonl"
+    src.write_text("".join(f'{{"_step": {i}, "loss": {i}}}\n' for i in range(100)))
+    p = run_py(
+        f"""
+        import os, signal, time
+        signal.signal(signal.SIGPIPE, signal.SIG_DFL)
+        from expr_tracker.query import warmer
+        def request():
+            w = warmer.CacheWarmer({str(src)!r}, "metrics", step=1)
+            w.written(1)  # what a writer's batch does: never raises an Exception
+            return w
+
+        for _ in range(40):
+            pid = request().helper_pid
+            if pid is None:
+                continue  # given up: the helper it wrote to had just died
+            os.kill(pid, signal.SIGKILL)
+            # the helper's end closes as it dies: requests sent meanwhile meet a closed end
+            deadline = time.monotonic() + 0.05
+            while time.monotonic() < deadline and request().gave_up is None:
+                pass
+        print("alive")
+        """
+    )
+    assert p.stdout.strip() == "alive"
