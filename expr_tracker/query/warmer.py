@@ -269,8 +269,15 @@ def _helper() -> _Helper:
 
 def _after_fork_in_child() -> None:
     # the parent's helper answers the parent: a forked child (a data-loader worker) starts
-    # its own when it needs one
+    # its own when it needs one, and closes its copy of the parent's end of the helper's
+    # input, so that a child that outlives its parent does not keep that helper waiting
     global _HELPER, _HELPER_LOCK
+    h = _HELPER
+    if h is not None and h._requests is not None:
+        try:
+            h._requests.close()
+        except OSError:
+            pass
     _HELPER = None
     _HELPER_LOCK = threading.Lock()
 

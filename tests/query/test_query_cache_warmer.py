@@ -418,3 +418,40 @@ def test_a_helper_that_dies_never_kills_a_process_that_restored_sigpipe(tmp_path
         """
     )
     assert p.stdout.strip() == "alive"
+
+
+def test_a_forked_child_does_not_keep_its_parents_helper_alive(tmp_path):
+    """A child forked by a training process (a data-loader worker, a daemon) that outlives
+    it does not hold the parent's helper open: the helper ends with the parent."""
+    child_pid = tmp_path / "child.pid"
+    p = run_py(
+        f"""
+        import os, signal, time
+        import expr_tracker as et
+        from expr_tracker.query import warmer
+        warmer.STEP_BYTES = {STEP}
+        run = et.init(project="p", name="r", dir={str(tmp_path / "runs")!r}, buffer_size=20)
+        for i in range(3000):
+            et.log({{"loss": 1.0 / (i + 1), "acc": i * 0.5}})
+        et.finish()
+        print(run.info()["query_cache"]["metrics"]["helper_pid"], flush=True)
+        pid = os.fork()
+        if pid == 0:
+            os.close(1)
+            os.close(2)  # run_py waits for their end
+            signal.pause()  # outlives its parent until the test ends it
+            os._exit(0)
+        with open({str(child_pid)!r}, "w") as f:
+            f.write(str(pid))
+        """
+    )
+    helper = int(p.stdout.split()[0])
+    child = int(child_pid.read_text())
+    try:
+        deadline = time.monotonic() + 30
+        while os.path.exists(f"/proc/{helper}") and time.monotonic() < deadline:
+            time.sleep(0.05)
+        assert os.path.exists(f"/proc/{child}")
+        assert not os.path.exists(f"/proc/{helper}"), "the child kept its parent's helper"
+    finally:
+        os.kill(child, signal.SIGKILL)
