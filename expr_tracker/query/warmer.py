@@ -39,11 +39,13 @@ from __future__ import annotations
 import itertools
 import json
 import logging
+import math
 import os
 import socket
 import sys
 import threading
 import time
+from collections.abc import Callable
 from pathlib import Path
 from typing import IO, TYPE_CHECKING, Any
 
@@ -93,6 +95,8 @@ class CacheWarmer:
         self.helper_pid: int | None = None
         self._pending = 0  # requests sent and not answered (under _Helper.lock)
         self._finished = False
+        #: when :meth:`finish` stops waiting (None before its first call)
+        self._deadline: float | None = None
 
     def written(self, size: int) -> None:
         """The file is ``size`` bytes long now (the writer, after a batch); sends a request
@@ -103,24 +107,38 @@ class CacheWarmer:
         if not self._finished:
             self._request()
 
-    def finish(self, wait: float = FINISH_WAIT_S) -> None:
+    def finish(self, wait: float | None = None, cut: Callable[[], bool] | None = None) -> None:
         """At the run's finish, the file closed: extend the cache over the rest (when the
         file reached :attr:`step` bytes) and wait for the helper's answers, at most ``wait``
-        seconds. Idempotent."""
-        self._finished = True
-        if self.gave_up is None:
-            try:
-                size = os.stat(self.path).st_size
-            except OSError:
-                size = 0
-            if size >= self.step and size != self.covered:
-                self._request()
-        deadline = time.monotonic() + wait
-        while self._pending > 0:  # polled: nothing here can be left half-done by a Ctrl-C
-            if time.monotonic() >= deadline:
-                log.debug("expr_tracker: the query cache of %s is still being extended", self.path)
-                return
-            time.sleep(0.005)
+        seconds (None: the module's :data:`FINISH_WAIT_S` now) counted from the first call.
+
+        The wait ends early, the cache left to the first query, when ``cut()`` turns True
+        (a SIGTERM or a Ctrl-C while the run finishes:
+        :func:`expr_tracker.process_exit.finish_wait_cut`) or when an exception (a Ctrl-C)
+        propagates through it: called again (the exit hook resuming the interrupted
+        finish), it neither sends nor waits. Idempotent."""
+        if self._deadline is None:
+            self._finished = True
+            self._deadline = time.monotonic() + (FINISH_WAIT_S if wait is None else wait)
+            if self.gave_up is None:
+                try:
+                    size = os.stat(self.path).st_size
+                except OSError:
+                    size = 0
+                if size >= self.step and size != self.covered:
+                    self._request()
+        try:
+            # polled: nothing here can be left half-done by a Ctrl-C
+            while self._pending > 0:
+                if time.monotonic() >= self._deadline or (cut is not None and cut()):
+                    log.debug(
+                        "expr_tracker: the query cache of %s is still being extended", self.path
+                    )
+                    return
+                time.sleep(0.005)
+        except BaseException:
+            self._deadline = -math.inf  # interrupted: a resumed finish waits no more
+            raise
 
     def stats(self) -> dict[str, Any]:
         return {

@@ -455,3 +455,64 @@ def test_a_forked_child_does_not_keep_its_parents_helper_alive(tmp_path):
         assert not os.path.exists(f"/proc/{helper}"), "the child kept its parent's helper"
     finally:
         os.kill(child, signal.SIGKILL)
+
+
+# the run's finish waits for a helper that does not answer (stopped here, as one blocked on
+# the cache's lock by a reader would be): a SIGTERM or a Ctrl-C then ends the wait, the run
+# already finished, instead of holding the process up for FINISH_WAIT_S
+HUNG = """
+import os, signal, sys, time
+signal.signal(signal.SIGINT, signal.default_int_handler)
+import expr_tracker as et
+from expr_tracker.query import warmer
+warmer.STEP_BYTES = 16 << 10
+warmer.FINISH_WAIT_S = 3600.0
+run = et.init(project="p", name="r", dir=sys.argv[1], buffer_size=20)
+for i in range(2000):
+    et.log({"loss": 1.0 / (i + 1), "acc": i * 0.5})
+run.flush()
+stats = run.info()["query_cache"]["metrics"]
+while stats["warms"] == 0 and stats["gave_up"] is None:
+    time.sleep(0.01)
+    stats = run.info()["query_cache"]["metrics"]
+os.kill(stats["helper_pid"], signal.SIGSTOP)
+for i in range(2000, 3000):
+    et.log({"loss": 1.0 / (i + 1), "acc": i * 0.5})
+print("finishing", stats["helper_pid"], flush=True)
+et.finish()
+"""
+
+
+@pytest.mark.parametrize("sig", [signal.SIGTERM, signal.SIGINT])
+def test_a_signal_ends_the_wait_for_a_helper_that_does_not_answer(tmp_path, sig):
+    root = tmp_path / "runs"
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join(p for p in sys.path if p))
+    proc = subprocess.Popen(
+        [sys.executable, "-c", HUNG, str(root)],
+        env=env,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+    helper = None
+    try:
+        line = proc.stdout.readline()
+        assert line.startswith("finishing"), proc.communicate(timeout=60)
+        helper = int(line.split()[1])
+        src = root / "p" / "r" / "metrics.jsonl"
+        deadline = time.monotonic() + 30  # the run is finished, then the cache is waited for
+        while time.monotonic() < deadline:
+            if json.loads((src.parent / "run.json").read_text()).get("status") == "finished":
+                break
+            time.sleep(0.02)
+        time.sleep(0.2)
+        proc.send_signal(sig)
+        # well under the default FINISH_WAIT_S (30 s) too, which the code before ignored
+        _, err = proc.communicate(timeout=25)
+    finally:
+        proc.kill()
+        if helper is not None:
+            os.kill(helper, signal.SIGKILL)
+    assert proc.returncode == (143 if sig == signal.SIGTERM else -signal.SIGINT), err
+    assert json.loads((src.parent / "run.json").read_text())["status"] == "finished"
+    assert part_rows(qcache.refresh(src, "metrics").parts) == expected(src)
