@@ -32,6 +32,7 @@ __all__ = [
     "add_independent_run",
     "after_finish",
     "exit_hook_first",
+    "finish_wait_cut",
     "install",
     "mirror_wait_cut",
     "mirror_wait_interrupted",
@@ -334,6 +335,13 @@ def skip_mirror_wait() -> bool:
     """The mirrors are not waited for: a signal came while the run finished, or the exit
     hook resumes a finish whose wait for them a Ctrl-C interrupted."""
     return _give_up or _cut != 0
+
+
+def finish_wait_cut() -> bool:
+    """A signal came while a run finished (a SIGTERM, or a Ctrl-C at exit): a wait at
+    finish that only spares a later reader work (the query cache's last extension,
+    :mod:`expr_tracker.query.warmer`) ends now rather than hold the process up."""
+    return _signal_received is not None or _cut != 0 or _cut_ended != 0 or _give_up
 
 
 def mirror_wait_interrupted() -> None:

@@ -68,6 +68,7 @@ ALLOWED: dict[str, set[str]] = {
         "sync",
         "media",
         "query",
+        "process_exit",
     },
     "api": LEAVES
     | {

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 from typing import Any
 
+from expr_tracker import process_exit
 from expr_tracker.runs import Run
 
 __all__ = ["build_query_cache"]
@@ -38,7 +39,7 @@ def build_query_cache(run: Run, spec: Any) -> None:
 
     def finish() -> None:
         for w in warmers:
-            w.finish()
+            w.finish(cut=process_exit.finish_wait_cut)
 
     run.add_closer("query cache", finish, late=True)
     run.add_stats("query_cache", lambda: {w.kind: w.stats() for w in warmers})

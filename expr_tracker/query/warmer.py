@@ -14,7 +14,9 @@ file passes :data:`STEP_BYTES` (``python -m expr_tracker.query.warmer``, the int
 and the ``expr_tracker`` of the process that starts it): the training process never
 imports ``pyarrow`` or ``polars`` for it, never shares its GIL with the decoding, and its
 memory does not grow by what decoding a block takes. The helper reads one request a line
-on its standard input (``{"id": N, "path": ..., "kind": ...}``), runs
+(``{"id": N, "path": ..., "kind": ...}``) on its standard input (one end of a socket pair: a
+request sent to a helper that just died is a ``BrokenPipeError``, never a SIGPIPE that would
+end a training script that restored SIGPIPE's default action), runs
 :func:`expr_tracker.query.cache.warm` (the reader's own refresh, under the cache's lock,
 writing only beside the file, never warning, never falling back) and answers one line on
 its standard output (``{"id": N, "covered": bytes or null, "error": text or null}``); it
@@ -37,10 +39,13 @@ from __future__ import annotations
 import itertools
 import json
 import logging
+import math
 import os
+import socket
 import sys
 import threading
 import time
+from collections.abc import Callable
 from pathlib import Path
 from typing import IO, TYPE_CHECKING, Any
 
@@ -90,6 +95,8 @@ class CacheWarmer:
         self.helper_pid: int | None = None
         self._pending = 0  # requests sent and not answered (under _Helper.lock)
         self._finished = False
+        #: when :meth:`finish` stops waiting (None before its first call)
+        self._deadline: float | None = None
 
     def written(self, size: int) -> None:
         """The file is ``size`` bytes long now (the writer, after a batch); sends a request
@@ -100,24 +107,38 @@ class CacheWarmer:
         if not self._finished:
             self._request()
 
-    def finish(self, wait: float = FINISH_WAIT_S) -> None:
+    def finish(self, wait: float | None = None, cut: Callable[[], bool] | None = None) -> None:
         """At the run's finish, the file closed: extend the cache over the rest (when the
         file reached :attr:`step` bytes) and wait for the helper's answers, at most ``wait``
-        seconds. Idempotent."""
-        self._finished = True
-        if self.gave_up is None:
-            try:
-                size = os.stat(self.path).st_size
-            except OSError:
-                size = 0
-            if size >= self.step and size != self.covered:
-                self._request()
-        deadline = time.monotonic() + wait
-        while self._pending > 0:  # polled: nothing here can be left half-done by a Ctrl-C
-            if time.monotonic() >= deadline:
-                log.debug("expr_tracker: the query cache of %s is still being extended", self.path)
-                return
-            time.sleep(0.005)
+        seconds (None: the module's :data:`FINISH_WAIT_S` now) counted from the first call.
+
+        The wait ends early, the cache left to the first query, when ``cut()`` turns True
+        (a SIGTERM or a Ctrl-C while the run finishes:
+        :func:`expr_tracker.process_exit.finish_wait_cut`) or when an exception (a Ctrl-C)
+        propagates through it: called again (the exit hook resuming the interrupted
+        finish), it neither sends nor waits. Idempotent."""
+        if self._deadline is None:
+            self._finished = True
+            self._deadline = time.monotonic() + (FINISH_WAIT_S if wait is None else wait)
+            if self.gave_up is None:
+                try:
+                    size = os.stat(self.path).st_size
+                except OSError:
+                    size = 0
+                if size >= self.step and size != self.covered:
+                    self._request()
+        try:
+            # polled: nothing here can be left half-done by a Ctrl-C
+            while self._pending > 0:
+                if time.monotonic() >= self._deadline or (cut is not None and cut()):
+                    log.debug(
+                        "expr_tracker: the query cache of %s is still being extended", self.path
+                    )
+                    return
+                time.sleep(0.005)
+        except BaseException:
+            self._deadline = -math.inf  # interrupted: a resumed finish waits no more
+            raise
 
     def stats(self) -> dict[str, Any]:
         return {
@@ -154,6 +175,10 @@ class _Helper:
     def __init__(self) -> None:
         self.lock = threading.Lock()
         self._proc: subprocess.Popen[bytes] | None = None
+        #: this end of the helper's standard input (a socket: a request written to a helper
+        #: that has just died raises ``BrokenPipeError``, never SIGPIPE, whatever SIGPIPE's
+        #: action in this process: a script that restored the default is not killed)
+        self._requests: socket.socket | None = None
         self._ids = itertools.count(1)
         self._waiting: dict[int, CacheWarmer] = {}  # request id -> its file's warmer
 
@@ -164,13 +189,12 @@ class _Helper:
         never waits on a request that was not sent."""
         with self.lock:
             proc = self._proc
-            if proc is None or proc.poll() is not None:
+            if proc is None or proc.poll() is not None or self._requests is None:
                 proc = self._proc = self._start()
             rid = next(self._ids)
             line = json.dumps({"id": rid, "path": str(w.path), "kind": w.kind}) + "\n"
-            assert proc.stdin is not None
-            proc.stdin.write(line.encode())
-            proc.stdin.flush()
+            assert self._requests is not None
+            self._requests.sendall(line.encode(), _NO_SIGPIPE)
             self._waiting[rid] = w
             w._pending += 1
             w.helper_pid = proc.pid
@@ -186,14 +210,27 @@ class _Helper:
             f"[{package_root!r}, *sys.path[:1]]; "
             "from expr_tracker.query.warmer import helper_main; helper_main()"
         )
-        proc = subprocess.Popen(
-            [sys.executable, "-c", code],
-            stdin=subprocess.PIPE,
-            stdout=subprocess.PIPE,
-            stderr=subprocess.DEVNULL,
-            start_new_session=True,
-            close_fds=True,
-        )
+        if self._requests is not None:
+            self._requests.close()  # the end of a helper that is gone
+            self._requests = None
+        ours, theirs = socket.socketpair()
+        try:
+            if _NO_SIGPIPE == 0 and hasattr(socket, "SO_NOSIGPIPE"):  # macOS
+                ours.setsockopt(socket.SOL_SOCKET, socket.SO_NOSIGPIPE, 1)
+            proc = subprocess.Popen(
+                [sys.executable, "-c", code],
+                stdin=theirs.fileno(),
+                stdout=subprocess.PIPE,
+                stderr=subprocess.DEVNULL,
+                start_new_session=True,
+                close_fds=True,
+            )
+        except BaseException:
+            ours.close()
+            raise
+        finally:
+            theirs.close()
+        self._requests = ours
         assert proc.stdout is not None
         threading.Thread(
             target=self._read,
@@ -229,6 +266,10 @@ class _Helper:
                 w._pending -= 1
 
 
+#: ``send()`` flags that make a write to a closed socket raise EPIPE without SIGPIPE (Linux;
+#: macOS uses the SO_NOSIGPIPE option instead)
+_NO_SIGPIPE = getattr(socket, "MSG_NOSIGNAL", 0)
+
 _HELPER: _Helper | None = None
 _HELPER_LOCK = threading.Lock()
 
@@ -246,8 +287,15 @@ def _helper() -> _Helper:
 
 def _after_fork_in_child() -> None:
     # the parent's helper answers the parent: a forked child (a data-loader worker) starts
-    # its own when it needs one
+    # its own when it needs one, and closes its copy of the parent's end of the helper's
+    # input, so that a child that outlives its parent does not keep that helper waiting
     global _HELPER, _HELPER_LOCK
+    h = _HELPER
+    if h is not None and h._requests is not None:
+        try:
+            h._requests.close()
+        except OSError:
+            pass
     _HELPER = None
     _HELPER_LOCK = threading.Lock()
 

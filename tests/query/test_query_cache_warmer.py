@@ -378,3 +378,132 @@ def test_warm_never_writes_a_cache_outside_the_run_directory(tmp_path, why):
     assert not (run_dir / ".et-cache").exists()
     assert qcache.refresh(src, "metrics").rows == 100  # a reader still answers
     shutil.rmtree(run_dir)
+
+
+def test_a_helper_that_dies_never_kills_a_process_that_restored_sigpipe(tmp_path):
+    """A training script that restores SIGPIPE's default action (as scripts piped into
+    ``head`` do) must outlive its helper: a request written to a helper that has just died
+    raises no SIGPIPE in it (the run gives that file up, quietly)."""
+    src = tmp_path / "metrics.jsonl"
+    src.write_text("".join(f'{{"_step": {i}, "loss": {i}}}\n' for i in range(100)))
+    p = run_py(
+        f"""
+        import os, signal, time
+        signal.signal(signal.SIGPIPE, signal.SIG_DFL)
+        from expr_tracker.query import warmer
+        def request():
+            w = warmer.CacheWarmer({str(src)!r}, "metrics", step=1)
+            w.written(1)  # what a writer's batch does: never raises an Exception
+            return w
+
+        for _ in range(40):
+            pid = request().helper_pid
+            if pid is None:
+                continue  # given up: the helper it wrote to had just died
+            os.kill(pid, signal.SIGKILL)
+            # the helper's end closes as it dies: requests sent meanwhile meet a closed end
+            deadline = time.monotonic() + 0.05
+            while time.monotonic() < deadline and request().gave_up is None:
+                pass
+        print("alive")
+        """
+    )
+    assert p.stdout.strip() == "alive"
+
+
+def test_a_forked_child_does_not_keep_its_parents_helper_alive(tmp_path):
+    """A child forked by a training process (a data-loader worker, a daemon) that outlives
+    it does not hold the parent's helper open: the helper ends with the parent."""
+    child_pid = tmp_path / "child.pid"
+    p = run_py(
+        f"""
+        import os, signal, time
+        import expr_tracker as et
+        from expr_tracker.query import warmer
+        warmer.STEP_BYTES = {STEP}
+        run = et.init(project="p", name="r", dir={str(tmp_path / "runs")!r}, buffer_size=20)
+        for i in range(3000):
+            et.log({{"loss": 1.0 / (i + 1), "acc": i * 0.5}})
+        et.finish()
+        print(run.info()["query_cache"]["metrics"]["helper_pid"], flush=True)
+        pid = os.fork()
+        if pid == 0:
+            os.close(1)
+            os.close(2)  # run_py waits for their end
+            signal.pause()  # outlives its parent until the test ends it
+            os._exit(0)
+        with open({str(child_pid)!r}, "w") as f:
+            f.write(str(pid))
+        """
+    )
+    helper = int(p.stdout.split()[0])
+    child = int(child_pid.read_text())
+    try:
+        deadline = time.monotonic() + 30
+        while os.path.exists(f"/proc/{helper}") and time.monotonic() < deadline:
+            time.sleep(0.05)
+        assert os.path.exists(f"/proc/{child}")
+        assert not os.path.exists(f"/proc/{helper}"), "the child kept its parent's helper"
+    finally:
+        os.kill(child, signal.SIGKILL)
+
+
+# the run's finish waits for a helper that does not answer (stopped here, as one blocked on
+# the cache's lock by a reader would be): a SIGTERM or a Ctrl-C then ends the wait, the run
+# already finished, instead of holding the process up for FINISH_WAIT_S
+HUNG = """
+import os, signal, sys, time
+signal.signal(signal.SIGINT, signal.default_int_handler)
+import expr_tracker as et
+from expr_tracker.query import warmer
+warmer.STEP_BYTES = 16 << 10
+warmer.FINISH_WAIT_S = 3600.0
+run = et.init(project="p", name="r", dir=sys.argv[1], buffer_size=20)
+for i in range(2000):
+    et.log({"loss": 1.0 / (i + 1), "acc": i * 0.5})
+run.flush()
+stats = run.info()["query_cache"]["metrics"]
+while stats["warms"] == 0 and stats["gave_up"] is None:
+    time.sleep(0.01)
+    stats = run.info()["query_cache"]["metrics"]
+os.kill(stats["helper_pid"], signal.SIGSTOP)
+for i in range(2000, 3000):
+    et.log({"loss": 1.0 / (i + 1), "acc": i * 0.5})
+print("finishing", stats["helper_pid"], flush=True)
+et.finish()
+"""
+
+
+@pytest.mark.parametrize("sig", [signal.SIGTERM, signal.SIGINT])
+def test_a_signal_ends_the_wait_for_a_helper_that_does_not_answer(tmp_path, sig):
+    root = tmp_path / "runs"
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join(p for p in sys.path if p))
+    proc = subprocess.Popen(
+        [sys.executable, "-c", HUNG, str(root)],
+        env=env,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+    helper = None
+    try:
+        line = proc.stdout.readline()
+        assert line.startswith("finishing"), proc.communicate(timeout=60)
+        helper = int(line.split()[1])
+        src = root / "p" / "r" / "metrics.jsonl"
+        deadline = time.monotonic() + 30  # the run is finished, then the cache is waited for
+        while time.monotonic() < deadline:
+            if json.loads((src.parent / "run.json").read_text()).get("status") == "finished":
+                break
+            time.sleep(0.02)
+        time.sleep(0.2)
+        proc.send_signal(sig)
+        # well under the default FINISH_WAIT_S (30 s) too, which the code before ignored
+        _, err = proc.communicate(timeout=25)
+    finally:
+        proc.kill()
+        if helper is not None:
+            os.kill(helper, signal.SIGKILL)
+    assert proc.returncode == (143 if sig == signal.SIGTERM else -signal.SIGINT), err
+    assert json.loads((src.parent / "run.json").read_text())["status"] == "finished"
+    assert part_rows(qcache.refresh(src, "metrics").parts) == expected(src)
