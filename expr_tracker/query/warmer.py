@@ -41,7 +41,7 @@ import json
 import logging
 import math
 import os
-import socket
+import re
 import sys
 import threading
 import time
@@ -50,6 +50,7 @@ from pathlib import Path
 from typing import IO, TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
+    import socket
     import subprocess
 
 __all__ = ["FINISH_WAIT_S", "IDLE_S", "STEP_BYTES", "CacheWarmer", "helper_main"]
@@ -179,8 +180,10 @@ class _Helper:
         #: that has just died raises ``BrokenPipeError``, never SIGPIPE, whatever SIGPIPE's
         #: action in this process: a script that restored the default is not killed)
         self._requests: socket.socket | None = None
+        self._no_sigpipe = 0  # send() flags (MSG_NOSIGNAL where there is one), set by _start
         self._ids = itertools.count(1)
-        self._waiting: dict[int, CacheWarmer] = {}  # request id -> its file's warmer
+        #: request id -> (the helper it went to, its file's warmer)
+        self._waiting: dict[int, tuple[subprocess.Popen[bytes], CacheWarmer]] = {}
 
     def send(self, w: CacheWarmer) -> None:
         """One request for ``w``'s file. Safe against an exception at any point on the
@@ -194,13 +197,18 @@ class _Helper:
             rid = next(self._ids)
             line = json.dumps({"id": rid, "path": str(w.path), "kind": w.kind}) + "\n"
             assert self._requests is not None
-            self._requests.sendall(line.encode(), _NO_SIGPIPE)
-            self._waiting[rid] = w
+            self._requests.sendall(line.encode(), self._no_sigpipe)
+            self._waiting[rid] = (proc, w)
             w._pending += 1
             w.helper_pid = proc.pid
 
     def _start(self) -> subprocess.Popen[bytes]:
         import subprocess  # here: a run that never needs a helper never imports it
+
+        if not _PYTHON_NAME.match(os.path.basename(sys.executable or "")):
+            # an embedded interpreter (uWSGI, Blender ...): its executable is not Python,
+            # and running it with our arguments could start anything
+            raise RuntimeError(f"sys.executable {sys.executable!r} is not a Python interpreter")
 
         # the ``expr_tracker`` of this process first, in place of ``-c``'s current folder
         # (a file there named like a module imported below must not be run)
@@ -213,9 +221,14 @@ class _Helper:
         if self._requests is not None:
             self._requests.close()  # the end of a helper that is gone
             self._requests = None
+        import socket
+
+        # a write to a closed socket raises EPIPE without SIGPIPE: MSG_NOSIGNAL on Linux,
+        # the SO_NOSIGPIPE option on macOS
+        self._no_sigpipe = getattr(socket, "MSG_NOSIGNAL", 0)
         ours, theirs = socket.socketpair()
         try:
-            if _NO_SIGPIPE == 0 and hasattr(socket, "SO_NOSIGPIPE"):  # macOS
+            if self._no_sigpipe == 0 and hasattr(socket, "SO_NOSIGPIPE"):  # macOS
                 ours.setsockopt(socket.SOL_SOCKET, socket.SO_NOSIGPIPE, 1)
             proc = subprocess.Popen(
                 [sys.executable, "-c", code],
@@ -250,15 +263,19 @@ class _Helper:
             except (ValueError, KeyError, TypeError):
                 continue
             with self.lock:
-                w = self._waiting.pop(rid, None)
-                if w is None:
+                entry = self._waiting.get(rid)
+                if entry is None or entry[0] is not proc:
                     continue
+                del self._waiting[rid]
+                w = entry[1]
                 w._answered(answer.get("covered"), answer.get("error"))
                 w._pending -= 1
         proc.wait()
         with self.lock:
-            waiting, self._waiting = self._waiting, {}
-            for w in waiting.values():
+            # only the requests this helper took: a new helper may have others already
+            mine = [rid for rid, (p, _w) in self._waiting.items() if p is proc]
+            for rid in mine:
+                w = self._waiting.pop(rid)[1]
                 # idle, it exits with 0 (a request sent as it did is sent again by the
                 # next one): only a helper that died gives its files up
                 if proc.returncode != 0:
@@ -266,9 +283,9 @@ class _Helper:
                 w._pending -= 1
 
 
-#: ``send()`` flags that make a write to a closed socket raise EPIPE without SIGPIPE (Linux;
-#: macOS uses the SO_NOSIGPIPE option instead)
-_NO_SIGPIPE = getattr(socket, "MSG_NOSIGNAL", 0)
+#: the file names of a Python interpreter (``python``, ``python3.11``, ``pypy3``, ``.exe``)
+_PYTHON_NAME = re.compile(r"^(?:python|pypy)[0-9.]*[a-z]?(?:\.exe)?$", re.IGNORECASE)
+
 
 _HELPER: _Helper | None = None
 _HELPER_LOCK = threading.Lock()

@@ -507,3 +507,38 @@ def test_a_signal_ends_the_wait_for_a_helper_that_does_not_answer(tmp_path, sig)
     assert proc.returncode == (143 if sig == signal.SIGTERM else -signal.SIGINT), err
     assert json.loads((src.parent / "run.json").read_text())["status"] == "finished"
     assert part_rows(qcache.refresh(src, "metrics").parts) == expected(src)
+
+
+def test_a_dead_helper_gives_up_only_the_requests_it_took(tmp_path):
+    """A helper that died takes its own unanswered requests with it, not those a new
+    helper, started meanwhile, already took (they are answered by that one)."""
+    helper = warmer._Helper()
+    dead = subprocess.Popen([sys.executable, "-c", "import sys; sys.exit(3)"])
+    alive = subprocess.Popen([sys.executable, "-c", "pass"])
+    alive.wait()
+    mine, other = (CacheWarmer(tmp_path / f"{n}.jsonl", "metrics") for n in ("a", "b"))
+    mine._pending = other._pending = 1
+    helper._waiting = {1: (dead, mine), 2: (alive, other)}
+    helper._read(dead, iter([b'{"id": 2, "covered": 10, "error": null}\n']))
+    assert mine._pending == 0 and mine.gave_up == "the helper process exited (3)"
+    # the answer to request 2 came from the dead helper's stream, not from the helper
+    # that took it: not taken for that one's
+    assert other._pending == 1 and other.gave_up is None and other.warms == 0
+    assert list(helper._waiting) == [2]
+
+
+def test_an_interpreter_that_is_not_python_starts_no_helper(tmp_path, monkeypatch, caplog):
+    """Embedded Python (uWSGI, Blender): ``sys.executable`` is another program, which the
+    run must never start with its own arguments; the file is given up quietly."""
+    caplog.set_level(logging.WARNING, logger="expr_tracker")
+    monkeypatch.setattr(warmer, "_HELPER", None)
+    monkeypatch.setattr(sys, "executable", "/usr/bin/blender")
+    run = et.init(project="p", name="r", dir=str(tmp_path / "runs"), buffer_size=20)
+    log_rows(1000)
+    et.finish()
+    stats = run.info()["query_cache"]["metrics"]
+    assert "is not a Python interpreter" in stats["gave_up"]
+    assert stats["helper_pid"] is None
+    assert run.info_record["status"] == "finished"
+    assert not [r for r in caplog.records if r.levelno >= logging.WARNING]
+    assert not (run.dir / ".et-cache").exists()
