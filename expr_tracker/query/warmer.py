@@ -45,12 +45,11 @@ import re
 import sys
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterable, Iterator
 from pathlib import Path
-from typing import IO, TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
-    import socket
     import subprocess
 
 __all__ = ["FINISH_WAIT_S", "IDLE_S", "STEP_BYTES", "CacheWarmer", "helper_main"]
@@ -179,7 +178,9 @@ class _Helper:
         #: this end of the helper's standard input (a socket: a request written to a helper
         #: that has just died raises ``BrokenPipeError``, never SIGPIPE, whatever SIGPIPE's
         #: action in this process: a script that restored the default is not killed)
-        self._requests: socket.socket | None = None
+        #: (kept as a bare descriptor, wrapped for each send: a socket object left open at
+        #: the interpreter's exit, while the helper still serves, would be a ResourceWarning)
+        self._requests: int | None = None
         self._no_sigpipe = 0  # send() flags (MSG_NOSIGNAL where there is one), set by _start
         self._ids = itertools.count(1)
         #: request id -> (the helper it went to, its file's warmer)
@@ -197,7 +198,13 @@ class _Helper:
             rid = next(self._ids)
             line = json.dumps({"id": rid, "path": str(w.path), "kind": w.kind}) + "\n"
             assert self._requests is not None
-            self._requests.sendall(line.encode(), self._no_sigpipe)
+            import socket  # imported by _start already: a lookup
+
+            sock = socket.socket(fileno=self._requests)
+            try:
+                sock.sendall(line.encode(), self._no_sigpipe)
+            finally:
+                sock.detach()  # the descriptor stays ours, open
             self._waiting[rid] = (proc, w)
             w._pending += 1
             w.helper_pid = proc.pid
@@ -219,7 +226,7 @@ class _Helper:
             "from expr_tracker.query.warmer import helper_main; helper_main()"
         )
         if self._requests is not None:
-            self._requests.close()  # the end of a helper that is gone
+            _close(self._requests)  # the end of a helper that is gone
             self._requests = None
         import socket
 
@@ -227,36 +234,38 @@ class _Helper:
         # the SO_NOSIGPIPE option on macOS
         self._no_sigpipe = getattr(socket, "MSG_NOSIGNAL", 0)
         ours, theirs = socket.socketpair()
+        answers, their_answers = os.pipe()  # bare descriptors: see _requests
         try:
             if self._no_sigpipe == 0 and hasattr(socket, "SO_NOSIGPIPE"):  # macOS
                 ours.setsockopt(socket.SOL_SOCKET, socket.SO_NOSIGPIPE, 1)
             proc = subprocess.Popen(
                 [sys.executable, "-c", code],
                 stdin=theirs.fileno(),
-                stdout=subprocess.PIPE,
+                stdout=their_answers,
                 stderr=subprocess.DEVNULL,
                 start_new_session=True,
                 close_fds=True,
             )
         except BaseException:
             ours.close()
+            _close(answers)
             raise
         finally:
             theirs.close()
-        self._requests = ours
-        assert proc.stdout is not None
+            _close(their_answers)
+        self._requests = ours.detach()
         threading.Thread(
             target=self._read,
-            args=(proc, proc.stdout),
+            args=(proc, _lines(answers)),
             name="expr_tracker-query-cache",
             daemon=True,
         ).start()
         return proc
 
-    def _read(self, proc: subprocess.Popen[bytes], out: IO[bytes]) -> None:
-        """The answers of ``proc``, one a line, until it exits; then every request still
-        waiting is given up."""
-        for raw in out:
+    def _read(self, proc: subprocess.Popen[bytes], lines: Iterable[bytes]) -> None:
+        """The answers of ``proc`` (``lines``: its output, a line each), until it exits;
+        then every request it took and did not answer is given up."""
+        for raw in lines:
             try:
                 answer = json.loads(raw)
                 rid = answer["id"]
@@ -281,6 +290,28 @@ class _Helper:
                 if proc.returncode != 0:
                     w._give_up(f"the helper process exited ({proc.returncode})")
                 w._pending -= 1
+
+
+def _lines(fd: int) -> Iterator[bytes]:
+    """The lines read from the descriptor ``fd`` until its end; closes it then."""
+    buf = b""
+    try:
+        while True:
+            data = os.read(fd, 1 << 16)
+            if not data:
+                return
+            buf += data
+            *done, buf = buf.split(b"\n")
+            yield from done
+    finally:
+        _close(fd)
+
+
+def _close(fd: int) -> None:
+    try:
+        os.close(fd)
+    except OSError:
+        pass
 
 
 #: the file names of a Python interpreter (``python``, ``python3.11``, ``pypy3``, ``.exe``)
@@ -309,10 +340,7 @@ def _after_fork_in_child() -> None:
     global _HELPER, _HELPER_LOCK
     h = _HELPER
     if h is not None and h._requests is not None:
-        try:
-            h._requests.close()
-        except OSError:
-            pass
+        _close(h._requests)
     _HELPER = None
     _HELPER_LOCK = threading.Lock()
 
