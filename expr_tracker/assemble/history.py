@@ -35,11 +35,13 @@ from expr_tracker.spec.errors import scrub_argv
 
 
 def run_directory(spec: Any) -> Path:
-    """``run_dir`` when given, else ``<dir>/<project>/<name>``."""
+    """``run_dir`` when given, else ``<dir>/<project>/<name>``, made absolute against the
+    working directory of the moment the run starts: a script (or a framework) that
+    changes directory later still writes every file of the run into that one folder."""
     if spec.run_dir:
-        return Path(spec.run_dir).expanduser()
+        return Path(spec.run_dir).expanduser().absolute()
     path: Path = Path(spec.dir).expanduser() / spec.project / spec.name
-    return path
+    return path.absolute()
 
 
 def normalize_config(config: Any, warner: Warner | None = None) -> dict[str, Any]:

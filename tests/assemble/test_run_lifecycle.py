@@ -766,3 +766,28 @@ def test_sigterm_during_finish_lets_it_complete_then_exits_143(tmp_path):
     assert json.loads((run_dir / "run.json").read_text())["status"] == "finished"
     assert json.loads((run_dir / "summary.json").read_text())["x"] == 99
     assert not list(run_dir.glob(".*.tmp"))
+
+
+@pytest.mark.parametrize("given", ["dir", "run_dir"])
+def test_a_relative_folder_is_fixed_at_the_start(tmp_path, monkeypatch, given):
+    """A relative ``dir=``/``run_dir=`` is the folder under the working directory of the
+    moment the run starts: a script (or a framework) that changes directory afterwards
+    still writes every file of the run into that one folder (before, ``metrics.jsonl``,
+    its sidecar and ``summary.json`` went under the new directory, beside a second
+    ``run.json``)."""
+    start, later = tmp_path / "start", tmp_path / "later"
+    start.mkdir()
+    later.mkdir()
+    monkeypatch.chdir(start)
+    kw = {"dir": "runs"} if given == "dir" else {"run_dir": "runs/p/r"}
+    run = et.init(project="p", name="r", **kw)
+    assert run.dir == start / "runs" / "p" / "r"
+    monkeypatch.chdir(later)
+    for i in range(5):
+        et.log({"loss": float(i)})
+    et.finish()
+    assert list(later.iterdir()) == []
+    files = {p.name for p in run.dir.iterdir()}
+    assert {"metrics.jsonl", "metrics.meta.json", "run.json", "summary.json"} <= files
+    assert len(read_rows(run.dir / "metrics.jsonl")) == 5
+    assert json.loads((run.dir / "run.json").read_text())["status"] == "finished"
