@@ -14,6 +14,7 @@ import shutil
 import signal
 import subprocess
 import sys
+import textwrap
 import time
 
 import pytest
@@ -53,6 +54,27 @@ def part_rows(parts) -> list[tuple]:
 
 def manifest(src) -> dict:
     return json.loads((src.parent / ".et-cache" / src.name / "manifest.json").read_text())
+
+
+#: a child's first lines: a run past the test's step, finished (``run`` stays bound); what
+#: the test checks follows, its own lines dedented by ``run_py``
+PAST_THE_STEP = """
+import expr_tracker as et
+from expr_tracker.query import warmer
+warmer.STEP_BYTES = {step}
+run = et.init(project="p", name="r", dir={root!r}, buffer_size=20)
+for i in range(3000):
+    et.log({{"loss": 1.0 / (i + 1), "acc": i * 0.5}})
+et.finish()
+"""
+
+
+def gone(pid: int, timeout: float = 30) -> bool:
+    """True once process ``pid`` has ended (within ``timeout`` seconds)."""
+    deadline = time.monotonic() + timeout
+    while os.path.exists(f"/proc/{pid}") and time.monotonic() < deadline:
+        time.sleep(0.05)
+    return not os.path.exists(f"/proc/{pid}")
 
 
 def log_rows(n: int, start: int = 0) -> None:
@@ -122,27 +144,20 @@ def test_the_training_process_imports_no_pyarrow_and_its_helper_ends_with_it(tmp
     """The extensions run in a helper process: the training process never imports pyarrow
     or polars for them, and the helper exits once the training process has ended."""
     p = run_py(
-        f"""
+        PAST_THE_STEP.format(step=STEP, root=str(tmp_path / "runs"))
+        + textwrap.dedent(
+            """
         import sys
-        import expr_tracker as et
-        from expr_tracker.query import warmer
-        warmer.STEP_BYTES = {STEP}
-        run = et.init(project="p", name="r", dir={str(tmp_path / "runs")!r}, buffer_size=20)
-        for i in range(3000):
-            et.log({{"loss": 1.0 / (i + 1), "acc": i * 0.5}})
-        et.finish()
         print(sorted(m for m in ("pyarrow", "polars", "duckdb") if m in sys.modules))
         print(run.info()["query_cache"]["metrics"]["helper_pid"])
         """
+        )
     )
     imported, pid = p.stdout.splitlines()[:2]
     assert imported == "[]"
     src = tmp_path / "runs" / "p" / "r" / "metrics.jsonl"
     assert manifest(src)["covered"] == src.stat().st_size
-    deadline = time.monotonic() + 30
-    while os.path.exists(f"/proc/{int(pid)}") and time.monotonic() < deadline:
-        time.sleep(0.05)
-    assert not os.path.exists(f"/proc/{int(pid)}"), "the helper outlived its process"
+    assert gone(int(pid)), "the helper outlived its process"
 
 
 def test_the_helper_answers_each_request_and_ends_with_its_input(tmp_path):
@@ -416,15 +431,10 @@ def test_a_forked_child_does_not_keep_its_parents_helper_alive(tmp_path):
     it does not hold the parent's helper open: the helper ends with the parent."""
     child_pid = tmp_path / "child.pid"
     p = run_py(
-        f"""
+        PAST_THE_STEP.format(step=STEP, root=str(tmp_path / "runs"))
+        + textwrap.dedent(
+            f"""
         import os, signal, time
-        import expr_tracker as et
-        from expr_tracker.query import warmer
-        warmer.STEP_BYTES = {STEP}
-        run = et.init(project="p", name="r", dir={str(tmp_path / "runs")!r}, buffer_size=20)
-        for i in range(3000):
-            et.log({{"loss": 1.0 / (i + 1), "acc": i * 0.5}})
-        et.finish()
         print(run.info()["query_cache"]["metrics"]["helper_pid"], flush=True)
         pid = os.fork()
         if pid == 0:
@@ -435,15 +445,13 @@ def test_a_forked_child_does_not_keep_its_parents_helper_alive(tmp_path):
         with open({str(child_pid)!r}, "w") as f:
             f.write(str(pid))
         """
+        )
     )
     helper = int(p.stdout.split()[0])
     child = int(child_pid.read_text())
     try:
-        deadline = time.monotonic() + 30
-        while os.path.exists(f"/proc/{helper}") and time.monotonic() < deadline:
-            time.sleep(0.05)
+        assert gone(helper), "the child kept its parent's helper"
         assert os.path.exists(f"/proc/{child}")
-        assert not os.path.exists(f"/proc/{helper}"), "the child kept its parent's helper"
     finally:
         os.kill(child, signal.SIGKILL)
 
