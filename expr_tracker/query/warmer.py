@@ -94,6 +94,7 @@ class CacheWarmer:
         #: the process id of the helper that took the last request (None before one)
         self.helper_pid: int | None = None
         self._pending = 0  # requests sent and not answered (under _Helper.lock)
+        self._queued = False  # a request waits for the helper to start (_Helper.send)
         self._finished = False
         #: when :meth:`finish` stops waiting (None before its first call)
         self._deadline: float | None = None
@@ -129,7 +130,7 @@ class CacheWarmer:
                     self._request()
         try:
             # polled: nothing here can be left half-done by a Ctrl-C
-            while self._pending > 0:
+            while self._pending > 0 or self._queued:
                 if time.monotonic() >= self._deadline or (cut is not None and cut()):
                     log.debug(
                         "expr_tracker: the query cache of %s is still being extended", self.path
@@ -185,31 +186,88 @@ class _Helper:
         self._ids = itertools.count(1)
         #: request id -> (the helper it went to, its file's warmer)
         self._waiting: dict[int, tuple[subprocess.Popen[bytes], CacheWarmer]] = {}
+        #: requests waiting for the helper being started (their warmers, in order)
+        self._queued: list[CacheWarmer] = []
+        self._starting = False  # a thread is starting a helper (_start_and_send)
 
     def send(self, w: CacheWarmer) -> None:
-        """One request for ``w``'s file. Safe against an exception at any point on the
-        caller's thread (a Ctrl-C during a flush on the main thread): ``w`` counts the
-        request as pending only once the line is written, so :meth:`CacheWarmer.finish`
-        never waits on a request that was not sent."""
+        """One request for ``w``'s file. Never waits for a helper to start: with none
+        running, the request waits in a queue (``w._queued``, which :meth:`CacheWarmer.finish`
+        waits on too) and a thread of its own starts the helper, then sends what the queue
+        holds (:meth:`_start_and_send`). The caller is the writer's flusher thread, which
+        would otherwise wait out ``Popen`` (tens of GIL hand-overs with a training loop
+        running: ~0.15 s here) while the rows it should write pile up.
+
+        Safe against an exception at any point on the caller's thread (a Ctrl-C during a
+        flush on the main thread): ``w`` counts a request as pending only once its line is
+        written, and as queued only once it is in the queue.
+
+        Raises:
+            RuntimeError: no thread can be started (the interpreter is shutting down).
+        """
         with self.lock:
             proc = self._proc
-            if proc is None or proc.poll() is not None or self._requests is None:
-                proc = self._proc = self._start()
-            rid = next(self._ids)
-            line = json.dumps({"id": rid, "path": str(w.path), "kind": w.kind}) + "\n"
-            assert self._requests is not None
-            import socket  # imported by _start already: a lookup
+            if self._starting or proc is None or proc.poll() is not None or self._requests is None:
+                if not self._starting:
+                    # started before anything is queued: a refusal leaves nothing behind
+                    # (the thread waits for this lock before it reads the queue)
+                    threading.Thread(
+                        target=self._start_and_send,
+                        name="expr_tracker-query-cache-start",
+                        daemon=True,
+                    ).start()
+                    self._starting = True
+                self._queued.append(w)
+                w._queued = True
+                return
+            self._send_locked(proc, w)
 
-            sock = socket.socket(fileno=self._requests)
-            try:
-                sock.sendall(line.encode(), self._no_sigpipe)
-            finally:
-                sock.detach()  # the descriptor stays ours, open
-            self._waiting[rid] = (proc, w)
-            w._pending += 1
-            w.helper_pid = proc.pid
+    def _send_locked(self, proc: subprocess.Popen[bytes], w: CacheWarmer) -> None:
+        """Write ``w``'s request to the running helper ``proc`` (``lock`` held)."""
+        rid = next(self._ids)
+        line = json.dumps({"id": rid, "path": str(w.path), "kind": w.kind}) + "\n"
+        assert self._requests is not None
+        import socket  # imported by _start already: a lookup
+
+        sock = socket.socket(fileno=self._requests)
+        try:
+            sock.sendall(line.encode(), self._no_sigpipe)
+        finally:
+            sock.detach()  # the descriptor stays ours, open
+        self._waiting[rid] = (proc, w)
+        w._pending += 1
+        w.helper_pid = proc.pid
+
+    def _start_and_send(self) -> None:
+        """The thread :meth:`send` starts: start a helper, then send every queued request to
+        it, or give their files up when it cannot be started or reached."""
+        proc: subprocess.Popen[bytes] | None = None
+        why = ""
+        try:
+            proc = self._start()
+        except Exception as exc:  # noqa: BLE001 - the files are given up, the run goes on
+            why = f"the helper process cannot be started ({type(exc).__name__}: {exc})"
+        with self.lock:
+            if proc is not None:
+                self._proc = proc
+            queued, self._queued = self._queued, []
+            self._starting = False
+            for w in queued:
+                if proc is None:
+                    w._give_up(why)
+                else:
+                    try:
+                        self._send_locked(proc, w)
+                    except Exception as exc:  # noqa: BLE001 - as _request's
+                        w._give_up(
+                            f"the helper process cannot be reached ({type(exc).__name__}: {exc})"
+                        )
+                w._queued = False  # after the send: pending by then, or given up
 
     def _start(self) -> subprocess.Popen[bytes]:
+        """A new helper and the thread reading its answers; sets this end of its input.
+        Runs on the starting thread without ``lock``: :meth:`send` reads none of what this
+        sets while ``_starting`` holds."""
         import subprocess  # here: a run that never needs a helper never imports it
 
         if not _PYTHON_NAME.match(os.path.basename(sys.executable or "")):

@@ -15,6 +15,7 @@ import signal
 import subprocess
 import sys
 import textwrap
+import threading
 import time
 
 import pytest
@@ -550,3 +551,40 @@ def test_an_interpreter_that_is_not_python_starts_no_helper(tmp_path, monkeypatc
     assert run.info_record["status"] == "finished"
     assert not [r for r in caplog.records if r.levelno >= logging.WARNING]
     assert not (run.dir / ".et-cache").exists()
+
+
+def test_a_helper_being_started_never_holds_up_the_writer(tmp_path, monkeypatch):
+    """The helper starts on a thread of its own: while its start is held up (``Popen`` on a
+    loaded machine, tens of GIL hand-overs with a training loop running), the writer's
+    flusher thread goes on writing the rows logged meanwhile, and the request waits in a
+    queue that ``finish`` waits for, then reaches the helper."""
+    entered, release = threading.Event(), threading.Event()
+    real_start = warmer._Helper._start
+
+    def held_start(self):
+        entered.set()
+        release.wait(60)
+        return real_start(self)
+
+    monkeypatch.setattr(warmer, "_HELPER", None)
+    monkeypatch.setattr(warmer._Helper, "_start", held_start)
+    run = et.init(project="p", name="r", dir=str(tmp_path / "runs"), buffer_size=20)
+    try:
+        log_rows(1000)  # past the step: the first request starts a helper
+        assert entered.wait(30)
+        log_rows(1000, start=1000)
+        src = run.dir / "metrics.jsonl"
+        deadline = time.monotonic() + 20
+        while time.monotonic() < deadline and src.read_bytes().count(b"\n") < 2000:
+            time.sleep(0.02)
+        assert src.read_bytes().count(b"\n") == 2000  # written while the start is held
+        stats = run.info()["query_cache"]["metrics"]
+        assert stats["helper_pid"] is None and stats["warms"] == 0
+    finally:
+        release.set()
+    et.finish()
+    stats = run.info()["query_cache"]["metrics"]
+    assert stats["gave_up"] is None and stats["helper_pid"] is not None
+    assert stats["covered"] == src.stat().st_size == manifest(src)["covered"]
+    got = qcache.refresh(src, "metrics")
+    assert part_rows(got.parts) == expected(src)
