@@ -4,7 +4,8 @@ docs/query.md "Kept by the run").
 A :class:`~expr_tracker.query.warmer.CacheWarmer` per file (the stream's metrics file and,
 when spans are written, its spans file) is told each batch's size by the file's writer;
 the late closer ``query cache`` extends each cache over the rest at finish, after
-everything else (``run.json``, alert delivery, the last sync pass), and the stats section
+everything else (``run.json``, alert delivery, the last sync pass), waiting for the helper
+only when the run ended ``finished`` (or ``pruned``), and the stats section
 ``query_cache`` says how far each got.
 """
 
@@ -38,8 +39,13 @@ def build_query_cache(run: Run, spec: Any) -> None:
         return
 
     def finish() -> None:
+        # a run that ended failed or preempted (an exception, a Ctrl-C, a non-zero exit, a
+        # SIGTERM) waits for no extension: the process ends as the error has it, and the
+        # helper finishes what it was sent after this process is gone (it reads its input
+        # to the end before it sees it close)
+        wait = None if run.info_record.get("status") in ("finished", "pruned") else 0.0
         for w in warmers:
-            w.finish(cut=process_exit.finish_wait_cut)
+            w.finish(wait=wait, cut=process_exit.finish_wait_cut)
 
     run.add_closer("query cache", finish, late=True)
     run.add_stats("query_cache", lambda: {w.kind: w.stats() for w in warmers})

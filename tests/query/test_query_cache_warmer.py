@@ -518,6 +518,53 @@ def test_a_signal_ends_the_wait_for_a_helper_that_does_not_answer(tmp_path, sig)
     assert part_rows(qcache.refresh(src, "metrics").parts) == expected(src)
 
 
+#: HUNG's run, ended by what fails a run instead of ``et.finish()``
+#: (the code, the exit status it gives)
+ENDINGS = {
+    "exception": ('raise RuntimeError("boom")', 1),
+    "ctrl_c": ("raise KeyboardInterrupt", -signal.SIGINT),
+    "exit_code": ("sys.exit(3)", 3),
+}
+
+
+@pytest.mark.parametrize("ending", sorted(ENDINGS))
+def test_a_failed_run_does_not_wait_for_its_helper(tmp_path, ending):
+    """A run that ends failed (an exception, a Ctrl-C, a non-zero exit) finishes without
+    waiting for the helper's last extension: the process ends as its error has it, with
+    the helper stopped and ``FINISH_WAIT_S`` an hour (the code before waited that hour);
+    the helper finishes the extension once it runs again, after the process is gone."""
+    root = tmp_path / "runs"
+    code, status = ENDINGS[ending]
+    child = HUNG.replace("et.finish()", code)
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join(p for p in sys.path if p))
+    proc = subprocess.Popen(
+        [sys.executable, "-c", child, str(root)],
+        env=env,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+    helper = None
+    try:
+        line = proc.stdout.readline()
+        assert line.startswith("finishing"), proc.communicate(timeout=60)
+        helper = int(line.split()[1])
+        _, err = proc.communicate(timeout=60)
+        src = root / "p" / "r" / "metrics.jsonl"
+        assert proc.returncode == status, err
+        info = json.loads((src.parent / "run.json").read_text())
+        assert info["status"] == "failed" and info["steps"] == 3000
+        os.kill(helper, signal.SIGCONT)  # it takes the request sent at finish, then ends
+        assert gone(helper)
+        helper = None
+        assert manifest(src)["covered"] == src.stat().st_size
+    finally:
+        proc.kill()
+        if helper is not None:
+            os.kill(helper, signal.SIGKILL)
+    assert part_rows(qcache.refresh(src, "metrics").parts) == expected(src)
+
+
 def test_a_dead_helper_gives_up_only_the_requests_it_took(tmp_path):
     """A helper that died takes its own unanswered requests with it, not those a new
     helper, started meanwhile, already took (they are answered by that one)."""
