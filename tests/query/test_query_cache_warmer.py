@@ -483,22 +483,32 @@ et.finish()
 """
 
 
-@pytest.mark.parametrize("sig", [signal.SIGTERM, signal.SIGINT])
-def test_a_signal_ends_the_wait_for_a_helper_that_does_not_answer(tmp_path, sig):
-    root = tmp_path / "runs"
+def start_hung(child: str, root) -> subprocess.Popen:
+    """``child`` (HUNG or a variant) running on ``root``, its output read as text."""
     env = dict(os.environ, PYTHONPATH=os.pathsep.join(p for p in sys.path if p))
-    proc = subprocess.Popen(
-        [sys.executable, "-c", HUNG, str(root)],
+    return subprocess.Popen(
+        [sys.executable, "-c", child, str(root)],
         env=env,
         stdout=subprocess.PIPE,
         stderr=subprocess.PIPE,
         text=True,
     )
+
+
+def stopped_helper(proc: subprocess.Popen) -> int:
+    """The process id of the helper ``proc`` stopped, once it says it is finishing."""
+    line = proc.stdout.readline()
+    assert line.startswith("finishing"), proc.communicate(timeout=60)
+    return int(line.split()[1])
+
+
+@pytest.mark.parametrize("sig", [signal.SIGTERM, signal.SIGINT])
+def test_a_signal_ends_the_wait_for_a_helper_that_does_not_answer(tmp_path, sig):
+    root = tmp_path / "runs"
+    proc = start_hung(HUNG, root)
     helper = None
     try:
-        line = proc.stdout.readline()
-        assert line.startswith("finishing"), proc.communicate(timeout=60)
-        helper = int(line.split()[1])
+        helper = stopped_helper(proc)
         src = root / "p" / "r" / "metrics.jsonl"
         deadline = time.monotonic() + 30  # the run is finished, then the cache is waited for
         while time.monotonic() < deadline:
@@ -535,20 +545,10 @@ def test_a_failed_run_does_not_wait_for_its_helper(tmp_path, ending):
     the helper finishes the extension once it runs again, after the process is gone."""
     root = tmp_path / "runs"
     code, status = ENDINGS[ending]
-    child = HUNG.replace("et.finish()", code)
-    env = dict(os.environ, PYTHONPATH=os.pathsep.join(p for p in sys.path if p))
-    proc = subprocess.Popen(
-        [sys.executable, "-c", child, str(root)],
-        env=env,
-        stdout=subprocess.PIPE,
-        stderr=subprocess.PIPE,
-        text=True,
-    )
+    proc = start_hung(HUNG.replace("et.finish()", code), root)
     helper = None
     try:
-        line = proc.stdout.readline()
-        assert line.startswith("finishing"), proc.communicate(timeout=60)
-        helper = int(line.split()[1])
+        helper = stopped_helper(proc)
         _, err = proc.communicate(timeout=60)
         src = root / "p" / "r" / "metrics.jsonl"
         assert proc.returncode == status, err
