@@ -420,10 +420,17 @@ def _after_fork_in_parent() -> None:
         _FORKING.held = False
         _NO_FORK.release()
     if getattr(_FORKING, "interrupted", False):
+        # raised here (or by a signal handler run here) it would be swallowed again: a
+        # thread of its own gives it back once ``os.fork`` has returned
         _FORKING.interrupted = False
-        import _thread
+        threading.Thread(target=_interrupt_main_soon, name="expr_tracker-fork-ctrl-c").start()
 
-        _thread.interrupt_main()
+
+def _interrupt_main_soon() -> None:
+    import _thread
+
+    time.sleep(0.01)  # the fork's other hooks and its return: microseconds
+    _thread.interrupt_main()
 
 
 def _after_fork_in_child() -> None:

@@ -675,3 +675,42 @@ def test_a_fork_while_the_helper_starts_does_not_hold_the_start_up(tmp_path):
     queued, pending, warms, gave_up, kids = p.stdout.split()
     assert int(kids) > 0
     assert (queued, pending, warms, gave_up) == ("False", "0", "1", "None"), p.stdout
+
+
+def test_a_ctrl_c_while_a_fork_waits_for_the_helpers_start_reaches_the_program(tmp_path):
+    """A Ctrl-C that comes while a fork waits for the helper's start (``os.fork`` swallows
+    an exception raised in its hooks) is raised in the program once the fork returned."""
+    p = run_py(
+        """
+        import os, signal, threading, time
+        signal.signal(signal.SIGINT, signal.default_int_handler)
+        from expr_tracker.query import warmer
+        held, release = threading.Event(), threading.Event()
+        def start():  # a helper being started, as long as the test needs
+            with warmer._NO_FORK:
+                held.set()
+                release.wait(60)
+        threading.Thread(target=start, daemon=True).start()
+        held.wait()
+        threading.Timer(0.3, os.kill, (os.getpid(), signal.SIGINT)).start()
+        try:
+            pid = os.fork()
+            if pid == 0:
+                os._exit(0)
+            os.waitpid(pid, 0)
+            deadline = time.monotonic() + 30
+            while time.monotonic() < deadline:
+                time.sleep(0.01)
+            print("not interrupted")
+        except KeyboardInterrupt:
+            print("interrupted")
+        release.set()
+        pid = os.fork()  # the lock is free again
+        if pid == 0:
+            os._exit(0)
+        os.waitpid(pid, 0)
+        print("forked")
+        """,
+        timeout=90,
+    )
+    assert p.stdout.split() == ["interrupted", "forked"], p.stderr
