@@ -291,27 +291,32 @@ class _Helper:
         # a write to a closed socket raises EPIPE without SIGPIPE: MSG_NOSIGNAL on Linux,
         # the SO_NOSIGPIPE option on macOS
         self._no_sigpipe = getattr(socket, "MSG_NOSIGNAL", 0)
-        ours, theirs = socket.socketpair()
-        answers, their_answers = os.pipe()  # bare descriptors: see _requests
-        try:
-            if self._no_sigpipe == 0 and hasattr(socket, "SO_NOSIGPIPE"):  # macOS
-                ours.setsockopt(socket.SOL_SOCKET, socket.SO_NOSIGPIPE, 1)
-            proc = subprocess.Popen(
-                [sys.executable, "-c", code],
-                stdin=theirs.fileno(),
-                stdout=their_answers,
-                stderr=subprocess.DEVNULL,
-                start_new_session=True,
-                close_fds=True,
-            )
-        except BaseException:
-            ours.close()
-            _close(answers)
-            raise
-        finally:
-            theirs.close()
-            _close(their_answers)
-        self._requests = ours.detach()
+        # no fork of this process (a data-loader worker forked by the main thread) while
+        # the descriptors below are open here: a child would keep Popen's exec-status pipe
+        # open, and Popen would wait for that child's end (an epoch, the whole run), and
+        # keep the helper's input (it would not see this process end) and answers open
+        with _NO_FORK:
+            ours, theirs = socket.socketpair()
+            answers, their_answers = os.pipe()  # bare descriptors: see _requests
+            try:
+                if self._no_sigpipe == 0 and hasattr(socket, "SO_NOSIGPIPE"):  # macOS
+                    ours.setsockopt(socket.SOL_SOCKET, socket.SO_NOSIGPIPE, 1)
+                proc = subprocess.Popen(
+                    [sys.executable, "-c", code],
+                    stdin=theirs.fileno(),
+                    stdout=their_answers,
+                    stderr=subprocess.DEVNULL,
+                    start_new_session=True,
+                    close_fds=True,
+                )
+            except BaseException:
+                ours.close()
+                _close(answers)
+                raise
+            finally:
+                theirs.close()
+                _close(their_answers)
+            self._requests = ours.detach()
         threading.Thread(
             target=self._read,
             args=(proc, _lines(answers)),
@@ -378,6 +383,10 @@ _PYTHON_NAME = re.compile(r"^(?:python|pypy)[0-9.]*[a-z]?(?:\.exe)?$", re.IGNORE
 
 _HELPER: _Helper | None = None
 _HELPER_LOCK = threading.Lock()
+#: held by :meth:`_Helper._start` while a helper's descriptors are open in this process and
+#: by ``os.fork`` (before it forks, released after it): a fork waits for a helper's start
+#: (reentrant: a fork from the starting thread itself never waits for itself)
+_NO_FORK = threading.RLock()
 
 
 def _helper() -> _Helper:
@@ -391,20 +400,58 @@ def _helper() -> _Helper:
     return h
 
 
+#: per forking thread: whether its fork holds :data:`_NO_FORK`, and a Ctrl-C that came while
+#: it waited for it (``os.fork`` swallows an exception of its hooks: given back after it)
+_FORKING = threading.local()
+
+
+def _before_fork() -> None:
+    _FORKING.held = _FORKING.interrupted = False
+    try:
+        _NO_FORK.acquire()
+    except KeyboardInterrupt:
+        _FORKING.interrupted = True  # forks as before; the Ctrl-C comes back after it
+        return
+    _FORKING.held = True
+
+
+def _after_fork_in_parent() -> None:
+    if getattr(_FORKING, "held", False):
+        _FORKING.held = False
+        _NO_FORK.release()
+    if getattr(_FORKING, "interrupted", False):
+        # raised here (or by a signal handler run here) it would be swallowed again: a
+        # thread of its own gives it back once ``os.fork`` has returned
+        _FORKING.interrupted = False
+        threading.Thread(target=_interrupt_main_soon, name="expr_tracker-fork-ctrl-c").start()
+
+
+def _interrupt_main_soon() -> None:
+    import _thread
+
+    time.sleep(0.01)  # the fork's other hooks and its return: microseconds
+    _thread.interrupt_main()
+
+
 def _after_fork_in_child() -> None:
     # the parent's helper answers the parent: a forked child (a data-loader worker) starts
     # its own when it needs one, and closes its copy of the parent's end of the helper's
     # input, so that a child that outlives its parent does not keep that helper waiting
-    global _HELPER, _HELPER_LOCK
+    global _HELPER, _HELPER_LOCK, _NO_FORK
     h = _HELPER
     if h is not None and h._requests is not None:
         _close(h._requests)
     _HELPER = None
     _HELPER_LOCK = threading.Lock()
+    _NO_FORK = threading.RLock()  # the parent's, held by the fork: not this child's
 
 
 if hasattr(os, "register_at_fork"):
-    os.register_at_fork(after_in_child=_after_fork_in_child)
+    os.register_at_fork(
+        before=_before_fork,
+        after_in_parent=_after_fork_in_parent,
+        after_in_child=_after_fork_in_child,
+    )
 
 
 #: seconds the helper process waits for a request before it exits (a process that runs

@@ -635,3 +635,82 @@ def test_a_helper_being_started_never_holds_up_the_writer(tmp_path, monkeypatch)
     assert stats["covered"] == src.stat().st_size == manifest(src)["covered"]
     got = qcache.refresh(src, "metrics")
     assert part_rows(got.parts) == expected(src)
+
+
+def test_a_fork_while_the_helper_starts_does_not_hold_the_start_up(tmp_path):
+    """Children forked by the main thread while the helper is being started (data-loader
+    workers that live on, an epoch or the whole run) keep none of its descriptors: the
+    start ends and the queued request reaches the helper while they live (``Popen`` waited
+    for the end of a child holding its exec-status pipe, and ``finish`` with it)."""
+    src = tmp_path / "m.jsonl"
+    src.write_text("".join(f'{{"_step": {i}, "loss": {i}.5}}\n' for i in range(100)))
+    p = run_py(
+        f"""
+        import os, signal, sys, time
+        from expr_tracker.query import warmer
+        sys.setswitchinterval(1e-6)  # the GIL handed over as often as a busy loop would
+        w = warmer.CacheWarmer({str(src)!r}, "metrics", step=1)
+        warmer._helper().send(w)
+        kids = []
+        try:
+            deadline = time.monotonic() + 3
+            while w._queued and time.monotonic() < deadline and len(kids) < 200:
+                pid = os.fork()
+                if pid == 0:
+                    os.close(1)
+                    os.close(2)  # run_py waits for their end
+                    signal.pause()
+                    os._exit(0)
+                kids.append(pid)
+            deadline = time.monotonic() + 30
+            while (w._queued or w._pending) and time.monotonic() < deadline:
+                time.sleep(0.01)
+            print(w._queued, w._pending, w.warms, w.gave_up, len(kids))
+        finally:
+            for pid in kids:
+                os.kill(pid, signal.SIGKILL)
+        """,
+        timeout=90,
+    )
+    queued, pending, warms, gave_up, kids = p.stdout.split()
+    assert int(kids) > 0
+    assert (queued, pending, warms, gave_up) == ("False", "0", "1", "None"), p.stdout
+
+
+def test_a_ctrl_c_while_a_fork_waits_for_the_helpers_start_reaches_the_program(tmp_path):
+    """A Ctrl-C that comes while a fork waits for the helper's start (``os.fork`` swallows
+    an exception raised in its hooks) is raised in the program once the fork returned."""
+    p = run_py(
+        """
+        import os, signal, threading, time
+        signal.signal(signal.SIGINT, signal.default_int_handler)
+        from expr_tracker.query import warmer
+        held, release = threading.Event(), threading.Event()
+        def start():  # a helper being started, as long as the test needs
+            with warmer._NO_FORK:
+                held.set()
+                release.wait(60)
+        threading.Thread(target=start, daemon=True).start()
+        held.wait()
+        threading.Timer(0.3, os.kill, (os.getpid(), signal.SIGINT)).start()
+        try:
+            pid = os.fork()
+            if pid == 0:
+                os._exit(0)
+            os.waitpid(pid, 0)
+            deadline = time.monotonic() + 30
+            while time.monotonic() < deadline:
+                time.sleep(0.01)
+            print("not interrupted")
+        except KeyboardInterrupt:
+            print("interrupted")
+        release.set()
+        pid = os.fork()  # the lock is free again
+        if pid == 0:
+            os._exit(0)
+        os.waitpid(pid, 0)
+        print("forked")
+        """,
+        timeout=90,
+    )
+    assert p.stdout.split() == ["interrupted", "forked"], p.stderr
