@@ -311,7 +311,9 @@ def test_a_damaged_cache_is_rebuilt_by_the_run_quietly(tmp_path, caplog):
 # it wrote is whole, and the cache a reader finds afterwards is right (extended, never
 # trusted wrong): exactly the rows of the file
 CHILD = """
-import os, sys, time
+import os, signal, sys, time
+# a SIGINT ignored by the shell that started pytest in the background is ignored here too
+signal.signal(signal.SIGINT, signal.default_int_handler)
 import expr_tracker as et
 from expr_tracker.query import warmer
 warmer.STEP_BYTES = 16 << 10
