@@ -612,3 +612,17 @@ def test_a_resumed_run_shows_its_whole_life(page, tmp_path):
         assert not page.errors  # type: ignore[attr-defined]
     finally:
         server.close()
+
+
+def test_a_late_media_script_breaks_nothing(page, ui_server):
+    """``media.js`` arriving after ``app.js`` has fetched a run's data (a slow or loaded
+    machine: CI saw it once) is no ``mediaSection is not defined``: the page waits for
+    it, then renders the run (the fixture fails the test on any page error)."""
+    held = []
+    page.route("**/static/media.js", lambda route: held.append(route))
+    page.goto(ui_server.open("#/run?run=demo%2Falpha"), wait_until="commit")
+    # long enough for app.js, had it run, to have fetched the run and rendered it
+    page.wait_for_timeout(1500)
+    assert len(held) == 1
+    held[0].continue_()
+    assert len(wait_chart(page, HOSTILE)[0]["x"]) == 40
