@@ -463,7 +463,9 @@ def helper_main(requests: int = 0, answers: int = 1, idle: float | None = None) 
     """The helper process's loop: one request a line read from the descriptor ``requests``
     (standard input), one answer a line written to ``answers`` (standard output), until
     ``requests`` ends or no request came for ``idle`` seconds (default :data:`IDLE_S`).
-    Anything a request makes go wrong is its answer's ``error``; the loop goes on."""
+    Anything a request makes go wrong is its answer's ``error``; the loop goes on. Once
+    ``answers`` cannot be written (its reader, the training process, is gone), the requests
+    still come to an end unanswered: a failed run's finish sends its last one and leaves."""
     import select
 
     from expr_tracker.query.cache import warm
@@ -487,6 +489,14 @@ def helper_main(requests: int = 0, answers: int = 1, idle: float | None = None) 
             answer["covered"] = warm(req["path"], req["kind"])
         except Exception as exc:  # noqa: BLE001 - the next request is served all the same
             answer["error"] = f"{type(exc).__name__}: {exc}"
+        if answers < 0:
+            continue  # nobody reads the answers any more: the extensions go on
         out = (json.dumps(answer) + "\n").encode()
-        while out:
-            out = out[os.write(answers, out) :]
+        try:
+            while out:
+                out = out[os.write(answers, out) :]
+        except OSError:
+            # the training process is gone (EPIPE; SIGPIPE is ignored in Python): the
+            # requests it sent before it went are still served, the last one of its
+            # finish among them, which extends the cache over the whole file
+            answers = -1

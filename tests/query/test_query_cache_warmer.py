@@ -200,6 +200,36 @@ def test_the_helper_answers_each_request_and_ends_with_its_input(tmp_path):
         os.close(fd)
 
 
+def test_the_helper_serves_what_it_was_sent_after_its_process_is_gone(tmp_path):
+    """A run that ended failed leaves its helper the last extension: the helper, stopped in
+    the middle of an earlier one (a reader held the cache's lock), answers into a pipe
+    nobody reads any more. It goes on with the requests it was sent, the finish's last
+    among them (it ended at its first answer before, that extension never made)."""
+    files = []
+    for name in ("a", "b"):
+        src = tmp_path / "runs" / "p" / name / "metrics.jsonl"
+        src.parent.mkdir(parents=True)
+        src.write_text("".join(f'{{"_step": {i}, "loss": {i}}}\n' for i in range(100)))
+        files.append(src)
+    r_in, w_in = os.pipe()
+    r_out, w_out = os.pipe()
+    os.close(r_out)  # the training process is gone
+    data = "".join(
+        json.dumps({"id": n, "path": str(src), "kind": "metrics"}) + "\n"
+        for n, src in enumerate(files, 1)
+    )
+    os.write(w_in, data.encode())
+    os.close(w_in)
+    try:
+        warmer.helper_main(r_in, w_out, idle=30)
+    finally:
+        os.close(r_in)
+        os.close(w_out)
+    for src in files:
+        assert manifest(src)["covered"] == src.stat().st_size
+        assert part_rows(qcache.refresh(src, "metrics").parts) == expected(src)
+
+
 def test_a_small_run_builds_nothing_and_imports_no_pyarrow(tmp_path):
     p = run_py(
         f"""
