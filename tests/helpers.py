@@ -11,6 +11,7 @@ import json
 import linecache
 import os
 import shutil
+import signal
 import subprocess
 import sys
 import textwrap
@@ -67,6 +68,22 @@ def run_py(code: str, *args: str, timeout: float = 60, check: bool = True, env=N
     if check and p.returncode != 0:
         raise AssertionError(f"rc={p.returncode}\nstdout={p.stdout}\nstderr={p.stderr}")
     return p
+
+
+def wait_or_dump(p: subprocess.Popen, timeout: float) -> int:
+    """``p.wait(timeout)``; a child still running then (started with ``-X faulthandler``)
+    is made to print every thread's stack (SIGABRT) and killed, and the test fails with
+    that stack: a hang in CI says where it hung instead of only that it did."""
+    try:
+        return p.wait(timeout=timeout)
+    except subprocess.TimeoutExpired:
+        p.send_signal(signal.SIGABRT)
+        try:
+            _, err = p.communicate(timeout=10)
+        except subprocess.TimeoutExpired:
+            p.kill()
+            _, err = p.communicate()
+        pytest.fail(f"the child did not exit within {timeout} s; its threads:\n{err}")
 
 
 def cannot_read_prefix(path) -> list[str] | None:

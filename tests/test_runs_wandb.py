@@ -11,6 +11,7 @@ import sys
 import threading
 
 import pytest
+from helpers import wait_or_dump
 
 import expr_tracker as et
 from expr_tracker.spans import core as span_core
@@ -252,7 +253,10 @@ else:  # only an independent run (the earlier expr_tracker's et.Run)
     run.log({"a": 1})
     run.summary["best"] = 1
 print("ready", flush=True)
-time.sleep(30)
+# short sleeps: a signal landing between the interpreter's last check and the start
+# of one long sleep would be handled only when that sleep ends (CPython)
+for _ in range(600):
+    time.sleep(0.05)
 print("SIGTERM was ignored", flush=True)
 """
 
@@ -264,15 +268,22 @@ def test_sigterm_with_a_finished_or_an_independent_run(tmp_path, mode):
     # arrived while run.finish() ran; with only an independent run open, the process died
     # without finishing it (run.json "running")
     p = subprocess.Popen(
-        [sys.executable, "-c", SIGTERM_AFTER_RUN_FINISH, str(tmp_path / "runs"), mode],
+        [sys.executable, "-X", "faulthandler", "-c", SIGTERM_AFTER_RUN_FINISH]
+        + [str(tmp_path / "runs"), mode],
         stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
         text=True,
     )
-    assert p.stdout.readline().strip() == "ready"
-    p.send_signal(signal.SIGTERM)
-    assert p.wait(timeout=30) == 128 + signal.SIGTERM
-    out = p.stdout.read()  # not communicate(): readline() left the rest in the buffer
-    p.stdout.close()
+    with p:  # killed and its pipes closed whatever fails: nothing left for the next test
+        try:
+            assert p.stdout.readline().strip() == "ready", p.stderr.read()
+            p.send_signal(signal.SIGTERM)
+            status = wait_or_dump(p, 30)
+            # read, not communicate(): readline() left the rest in the buffer
+            out, err = p.stdout.read(), p.stderr.read()
+        finally:
+            p.kill()
+    assert status == 128 + signal.SIGTERM, err
     assert "ignored" not in out
     run_dir = tmp_path / "runs" / "p" / "r"
     info = json.loads((run_dir / "run.json").read_text())

@@ -76,7 +76,8 @@ SCRIPT = textwrap.dedent(
         et.mark_preempting()
     et.get_run().flush()
     print("READY", flush=True)
-    time.sleep(120)
+    for _ in range(2400):  # short sleeps: a signal is handled within one (CPython)
+        time.sleep(0.05)
     """
 )
 

@@ -521,7 +521,8 @@ et.init(project="proj", name="r1", dir=sys.argv[1])
 for i in range(21):
     et.log({"x": i})
 print("logged", flush=True)
-time.sleep(60)
+for _ in range(1200):  # short sleeps: a signal is handled within one (CPython)
+    time.sleep(0.05)
 """
 
 
