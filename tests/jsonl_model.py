@@ -22,6 +22,11 @@ def long_value(v: Any) -> tuple[float | None, str | None]:
     return None, json.dumps(v, separators=(",", ":"), ensure_ascii=False)
 
 
+def step_of(v: Any) -> int | None:
+    """``_step`` as the cache stores it: an int in [0, 2**63-1], else NULL (no step)."""
+    return v if type(v) is int and 0 <= v < 2**63 else None
+
+
 def long_metric_rows(path: Path, *, skip_bad: bool = False) -> list[dict[str, Any]]:
     """One dict (step, time, metric, value, text, line) per metric of every complete line of
     ``path``, in file order; ``skip_bad`` leaves out lines that are not JSON objects."""
@@ -43,7 +48,7 @@ def long_metric_rows(path: Path, *, skip_bad: bool = False) -> list[dict[str, An
             val, text = long_value(v)
             out.append(
                 {
-                    "step": d.get("_step"),
+                    "step": step_of(d.get("_step")),
                     "time": d.get("_time"),
                     "metric": k,
                     "value": val,

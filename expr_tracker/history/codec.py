@@ -59,6 +59,18 @@ def is_finite_number(v: Any) -> bool:
     return False
 
 
+#: the last step there is: a step is an int in [0, MAX_STEP] (int64 in the file, the row
+#: cache and the query cache; docs/logging.md "The commit table")
+MAX_STEP = (1 << 63) - 1
+
+
+def is_step(v: Any) -> bool:
+    """True for a ``_step`` as the writer writes one: an ``int`` (not a bool) in
+    [0, :data:`MAX_STEP`]. A line of a file whose ``_step`` is anything else (a float, a
+    string, -7, 2**64) is not a row to any reader (docs/logging.md "The commit table")."""
+    return type(v) is int and 0 <= v <= MAX_STEP
+
+
 #: the largest int a float can hold (an int beyond it cannot be written as a number that
 #: readers other than Python take: it is dropped, see ``fix_int``)
 FLOAT_MAX_INT = int(sys.float_info.max)

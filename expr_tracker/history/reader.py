@@ -43,7 +43,7 @@ from pathlib import Path
 from typing import Any
 
 from expr_tracker._warn import Warner
-from expr_tracker.history.codec import decode_line
+from expr_tracker.history.codec import decode_line, is_step
 from expr_tracker.history.untrusted import open_regular, read_json
 
 BLOCK = 1 << 16
@@ -54,10 +54,12 @@ NO_STEP_WARNER = Warner()
 
 
 def warn_no_step(warner: Warner | None, path: Any) -> None:
-    """Count a line of ``path`` without an integer ``_step``; warn once per file."""
+    """Count a line of ``path`` without a step (an int in [0, 2**63-1]: ``is_step``);
+    warn once per file."""
     (warner or NO_STEP_WARNER).warn(
         ("no_step", str(path)),
-        "expr_tracker: %s has a line without an integer _step; such lines are not rows and "
+        "expr_tracker: %s has a line without an integer _step in [0, 2**63-1]; such lines "
+        "are not rows and "
         "are skipped (warned once per file, counted)",
         path,
     )
@@ -78,7 +80,7 @@ def warn_bad_line(warner: Warner | None, path: Any, offset: int | None, why: str
 
 
 def _is_row(rec: Any) -> bool:
-    return isinstance(rec, dict) and type(rec.get("_step")) is int
+    return isinstance(rec, dict) and is_step(rec.get("_step"))
 
 
 # --------------------------------------------------------------------------- primitives
@@ -268,7 +270,7 @@ def _decode_row(raw: bytes) -> Any:
         return exc
     if not isinstance(rec, dict):
         return _NOT_JSON
-    return rec if type(rec.get("_step")) is int else None
+    return rec if is_step(rec.get("_step")) else None
 
 
 class JsonlReader:
@@ -461,7 +463,7 @@ class JsonlReader:
     def _not_a_row(self, rec: Any, offset: int | None = None, raw: bytes = b"") -> None:
         """Count a line ``_decode_row`` did not make a row of (``rec``: what it returned)."""
         self.skipped += 1
-        if rec is None:  # an object without an integer _step
+        if rec is None:  # an object without a step (is_step)
             self.no_step += 1
             warn_no_step(self._warner, self.path)
         elif raw.strip():  # a line that is not an object (a blank line is only counted)

@@ -55,6 +55,7 @@ from expr_tracker.errors import ForkedRunError
 from expr_tracker.history.cache import RowCache
 from expr_tracker.history.codec import (
     FLOAT_MAX_INT,
+    MAX_STEP,
     PLAIN_TYPES,
     encode_plain,
     encode_row,
@@ -69,9 +70,6 @@ from expr_tracker.history.storeread import StoreReader
 from expr_tracker.history.writer import JsonlWriter
 
 log = logging.getLogger("expr_tracker")
-
-#: the largest step (int64, what every reader and the cache index can hold exactly)
-MAX_STEP = (1 << 63) - 1
 
 
 def _as_index(v: Any) -> Any:

@@ -148,8 +148,9 @@ __all__ = [
 ]
 
 #: manifest format version; another version is rebuilt (2: no statistics on `value`;
-#: 3: each part's size, unreadable lines counted; 4: each part's SHA-256)
-VERSION = 4
+#: 3: each part's size, unreadable lines counted; 4: each part's SHA-256; 5: a line whose
+#: ``_step`` is negative is no step, as to ``et.history``)
+VERSION = 5
 #: the default cache folder inside a run directory
 CACHE_DIR_NAME = QUERY_CACHE_DIR
 MANIFEST = "manifest.json"

@@ -252,6 +252,14 @@ def _int64(v: Any) -> int | None:
     return None
 
 
+def _step(v: Any) -> int | None:
+    """``_step`` as a step (an int in [0, 2**63-1]), else None: the line gives no row
+    (``is_step``; docs/logging.md "The commit table")."""
+    if type(v) is int and 0 <= v <= _I64_MAX:
+        return v
+    return None
+
+
 def _float(v: Any) -> float | None:
     t = type(v)
     if t is float:
@@ -415,7 +423,7 @@ def decode_metrics(
                 m_extend(d)
             else:
                 m_extend([k for k in d if k[:1] != "_"])
-            step = _int64(d.get("_step"))
+            step = _step(d.get("_step"))
             tm = _float(d.get("_time"))
             if n == 1:
                 steps.append(step)
@@ -601,6 +609,8 @@ def _fast_metrics(
         return None
     step = t.column("_step") if "_step" in names else None
     if step is None or str(step.type) != "int64" or step.null_count:
+        return None
+    if n and pc.min(step).as_py() < 0:  # not a step: the line-by-line decoder has no row
         return None
     tm = t.column("_time") if "_time" in names else pa.nulls(n, pa.float64())
     if str(tm.type) not in ("double", "int64"):
@@ -824,6 +834,8 @@ def _polars_dense(
     if n and (values.max() >= _EXACT or values.min() <= -_EXACT):
         return None
     step_np = df.get_column("_step").to_numpy()
+    if n and step_np.min() < 0:  # not a step: the line-by-line decoder has no row
+        return None
     if "_time" not in fields:
         import pyarrow as pa
 
@@ -873,6 +885,7 @@ def decode_spans_block(chunk: bytes, first_line: int, bad: BadLines | None = Non
 
 def _fast_spans(chunk: bytes, first_line: int) -> Any:
     import pyarrow as pa
+    import pyarrow.compute as pc
     import pyarrow.json as pj
 
     if b'"args"' in chunk or b'"metrics"' in chunk or b"\n\n" in chunk or chunk[:1] == b"\n":
@@ -897,7 +910,9 @@ def _fast_spans(chunk: bytes, first_line: int) -> Any:
         k: t.column(k) if k in t.column_names else pa.nulls(n, getattr(pa, ty)())
         for k, ty in _SPAN_JSON
     }
-    cols["step"] = cols.pop("_step")
+    cols["step"] = step = cols.pop("_step")
+    if step.null_count != n and pc.min(step).as_py() < 0:  # not a step: as decode_spans
+        step = cols["step"] = pc.if_else(pc.less(step, 0), pa.scalar(None, pa.int64()), step)
     cols["args"] = pa.nulls(n, pa.string())
     cols["metrics"] = pa.nulls(n, pa.string())
     cols["line"] = pa.array(range(first_line, first_line + n), type=pa.int64())
@@ -917,7 +932,7 @@ def decode_spans(lines: list[bytes], first_line: int, bad: BadLines | None = Non
             if bad is not None and raw.strip():
                 bad.add(first_line + i, d.reason if type(d) is _Bad else "not a JSON object")
             continue
-        cols["step"].append(_int64(d.get("_step")))
+        cols["step"].append(_step(d.get("_step")))
         name = d.get("name")
         cols["name"].append(name if type(name) is str else None)
         depth = d.get("depth")

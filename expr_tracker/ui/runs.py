@@ -29,6 +29,7 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, NamedTuple
 
+from expr_tracker.history.codec import is_step
 from expr_tracker.history.reader import meta_path_for
 from expr_tracker.history.rundirs import worst_status
 from expr_tracker.history.runinfo import dead_status, is_dead, run_life
@@ -140,7 +141,7 @@ def _gone(prods: list[Producer]) -> None:
 
 
 def last_row(path: Path, root: str) -> dict[str, Any] | None:
-    """The last complete line of a metrics file that is a row with an integer ``_step``
+    """The last complete line of a metrics file that is a row (its ``_step`` a step: ``is_step``)
     (a torn last line, blank or undecodable lines are passed over), reading back from the
     end at most :data:`TAIL_MAX` bytes; None when there is none in that reach."""
     fd = open_regular(path, root=root)
@@ -160,7 +161,7 @@ def last_row(path: Path, root: str) -> dict[str, Any] | None:
                     r = load_json_bytes(line)
                 except ValueError:
                     continue
-                if isinstance(r, dict) and type(r.get("_step")) is int:
+                if isinstance(r, dict) and is_step(r.get("_step")):
                     return r
             if start == 0 or want >= TAIL_MAX:
                 return None

@@ -357,7 +357,7 @@ def test_dense_blocks_unpivoted_exactly(seed, monkeypatch):
                 if k < 0.3
                 else rnd.uniform(-1e9, 1e9)
             )
-        row["_step"] = i * 3 - 7
+        row["_step"] = i * 3 + 7  # (a negative one is no step: the line-by-line decoder's)
         if seed % 2 == 0 or i % 5:  # odd seeds: some lines without _time
             row["_time"] = 1.7e9 + i / 7
         lines.append(json.dumps(row, separators=(",", ":")).encode())

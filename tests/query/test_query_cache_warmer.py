@@ -327,7 +327,9 @@ def test_a_damaged_cache_is_rebuilt_by_the_run_quietly(tmp_path, caplog):
     et.finish()
     src = run.dir / "metrics.jsonl"
     folder = src.parent / ".et-cache" / src.name
-    (folder / "manifest.json").write_text('{"version": 4, "parts": ["../../x"]}')
+    (folder / "manifest.json").write_text(
+        json.dumps({"version": qcache.VERSION, "parts": ["../../x"]})
+    )
     caplog.set_level(logging.WARNING, logger="expr_tracker")
     run = et.init(project="p", name="r", dir=root, buffer_size=20, resume="must")
     log_rows(1000, 1000)

@@ -893,3 +893,61 @@ def test_a_config_of_many_keys_is_flattened_in_linear_time(tmp_path):
     )
     assert p.returncode == 0, p.stderr
     assert json.loads(p.stdout) == [{"run": "p/a", "k": 29999}, {"run": "p/b", "k": None}]
+
+
+#: ``_step``s no writer writes (docs/logging.md "The commit table": a step is an int in
+#: [0, 2**63-1]): -7 read into the middle of ``et query``'s and ``et history``'s order before
+BAD_STEPS = [-7, -(2**63), 2**63, 2**64]
+
+
+@pytest.mark.parametrize("dense", [True, False], ids=["dense", "mixed"])
+def test_a_step_no_writer_writes_is_no_row_to_any_reader(tmp_path, dense):
+    """A line whose ``_step`` is negative or past 2**63-1 is skipped by ``et.history``,
+    ``et history`` and ``et query`` alike (counted, warned once), whichever decoder reads
+    its block: dense lines (polars), mixed keys (pyarrow.json), or line by line."""
+    root = tmp_path / "runs"
+    rows = [
+        {"loss": float(i)} if dense or i % 3 else {"loss": float(i), "acc": 0.5} for i in range(300)
+    ]
+    src = write_run(root / "p" / "a", rows) / "metrics.jsonl"
+    lines = src.read_bytes().splitlines(keepends=True)
+    planted = [
+        json.dumps({"loss": -1.0, "_step": s, "_time": 1.7e9}).encode() + b"\n" for s in BAD_STEPS
+    ]
+    src.write_bytes(b"".join(lines[:100] + planted + lines[100:]))
+
+    p = et_query("--format", "json", "SELECT step, value FROM metrics ORDER BY step", str(root))
+    assert p.returncode == 0, p.stderr
+    got = [(r["step"], r["value"]) for r in json.loads(p.stdout) if r["value"] is not None]
+    want = [(i, float(i)) for i in range(300)]
+    assert [g for g in got if g[1] == float(g[0])] == want
+    assert -1.0 not in [v for _s, v in got]
+
+    assert [r["_step"] for r in et.history(None, run=str(src.parent))] == list(range(300))
+    h = subprocess.run(
+        [sys.executable, "-m", "expr_tracker.cli.main", "history", str(src.parent), "-n", "400"],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        env={**os.environ, "PYTHONPATH": str(ROOT), "COLUMNS": "200"},
+    )
+    assert h.returncode == 0 and "-7" not in h.stdout and "-1" not in h.stdout, h.stdout
+    assert h.stderr.count("without an integer _step in [0, 2**63-1]") == 1, h.stderr
+
+
+def test_a_negative_span_step_is_no_step_on_either_span_decoder():
+    """A span line's negative ``_step`` is NULL (no step) on the vectorised decoder as on
+    the line-by-line one (it was kept on the vectorised one)."""
+    from expr_tracker.query import scan
+
+    lines = [
+        json.dumps(
+            {"_step": s, "name": "fwd", "depth": 0, "start": 1.5, "dur_ms": 2.0, "id": i}
+        ).encode()
+        for i, s in enumerate([0, -3, 2, -(2**63)])
+    ]
+    chunk = b"\n".join(lines) + b"\n"
+    assert scan._fast_spans(chunk, 0) is not None
+    fast = scan.decode_spans_block(chunk, 0)
+    assert fast.equals(scan.decode_spans(lines, 0))
+    assert fast.column("step").to_pylist() == [0, None, 2, None]
