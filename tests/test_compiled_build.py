@@ -17,6 +17,7 @@ from pathlib import Path
 import pytest
 from helpers import ROOT
 
+import expr_tracker as et
 from expr_tracker import compiled
 
 STORE = "expr_tracker.history.store"
@@ -133,6 +134,18 @@ def test_an_installed_build_with_an_edited_source_runs_it_at_import(tmp_path):
     assert second == f"from source since edited: {STORE}"
     assert "expr_tracker.history.store changed after it was compiled" in p.stderr
     assert p.stderr.count("changed after it was compiled") == 1
+    # `et --version` says it in one line, however narrow the terminal (argparse's own
+    # version action wrapped it at the terminal's width)
+    v = subprocess.run(
+        [sys.executable, "-P", "-m", "expr_tracker.cli.main", "--version"],
+        capture_output=True,
+        text=True,
+        env={**env, "COLUMNS": "30"},
+        cwd=tmp_path,
+        timeout=120,
+    )
+    assert v.returncode == 0, v.stderr
+    assert v.stdout.splitlines() == [f"expr_tracker {et.__version__} ({second})"]
 
 
 def _project_copy(tmp_path: Path) -> Path:

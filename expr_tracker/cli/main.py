@@ -15,6 +15,7 @@ import argparse
 import importlib
 import os
 import sys
+from typing import Any
 
 #: command modules, in the order ``et --help`` lists them; a missing module is skipped
 #: the commands that read runs folders anyone may have written: their stderr (warnings,
@@ -75,20 +76,37 @@ COMMANDS = {
 }
 
 
+class _VersionAction(argparse.Action):
+    """``et --version``: one line, ``expr_tracker X.Y.Z (how it is built)``, printed as it
+    is (argparse's own version action wraps it to the terminal's width: a compiled build's
+    list of modules came out on several lines), worked out only when asked for."""
+
+    def __init__(self, option_strings: list[str], dest: str = argparse.SUPPRESS) -> None:
+        super().__init__(
+            option_strings,
+            dest=dest,
+            default=argparse.SUPPRESS,
+            nargs=0,
+            help="show the version and how it is built (pure Python or compiled), then exit",
+        )
+
+    def __call__(self, parser: argparse.ArgumentParser, *_args: Any) -> None:
+        from expr_tracker._version import __version__
+        from expr_tracker.compiled import build_description
+
+        print(f"expr_tracker {__version__} ({build_description()})")
+        parser.exit()
+
+
 def build_parser(command: str | None = None) -> argparse.ArgumentParser:
     """The ``et`` parser. ``command`` (the first word of the command line): only the module
     of that command is imported and registered, the command parses the same; any other
     word, or None, registers every module (``et --help``, a misspelt command)."""
-    from expr_tracker._version import __version__
-    from expr_tracker.compiled import build_description
-
     parser = argparse.ArgumentParser(
         prog="et",
         description="expr_tracker: local-first experiment tracking (history, spans, alerts).",
     )
-    parser.add_argument(
-        "--version", action="version", version=f"expr_tracker {__version__} ({build_description()})"
-    )
+    parser.add_argument("--version", action=_VersionAction)
     sub = parser.add_subparsers(dest="command", metavar="COMMAND")
     only = COMMANDS.get(command) if command is not None else None
     for name in COMMAND_MODULES if only is None else (only,):
