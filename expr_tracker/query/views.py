@@ -88,9 +88,21 @@ SPANS_COLUMNS: tuple[tuple[str, str], ...] = (
     ("pid", "BIGINT"),
     ("tid", "BIGINT"),
     ("task", "VARCHAR"),
+    ("track", "VARCHAR"),
     ("metrics", "VARCHAR"),
     ("line", "BIGINT"),
 )
+
+#: columns a view computes from its parts' columns (no part stores them): ``track``, the
+#: span's track as ``et trace`` names it (``track_name``: ``MainThread (tid 4242)``, then
+#: `` · Task-3`` inside an asyncio task; docs/query.md "The views")
+DERIVED = {
+    "track": (
+        "concat(coalesce(nullif(\"thread\", ''), 'thread'), ' (tid ', "
+        "coalesce(CAST(\"tid\" AS VARCHAR), 'None'), ')', "
+        "CASE WHEN \"task\" <> '' THEN ' · ' || \"task\" ELSE '' END)"
+    ),
+}
 
 #: the columns of each view that exist whatever the runs hold (``runs`` gains ``config.*``
 #: and ``summary.*`` columns from the runs' files)
@@ -193,7 +205,13 @@ def _select_list(p: Any, columns: Sequence[tuple[str, str]], identity: Sequence[
     }
     out = []
     for n, t in columns:
-        expr = sql_literal(values[n]) if n in identity else quote_ident(n)
+        expr = (
+            sql_literal(values[n])
+            if n in identity
+            else DERIVED[n]
+            if n in DERIVED
+            else quote_ident(n)
+        )
         out.append(f"CAST({expr} AS {t}) AS {quote_ident(n)}")
     return ", ".join(out)
 

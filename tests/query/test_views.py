@@ -422,6 +422,44 @@ def test_spans_view(tmp_path, cache):
     assert q(con, "SELECT DISTINCT thread FROM spans") == [("MainThread",)]
 
 
+def test_the_spans_track_is_the_span_files(tmp_path, cache):
+    """``track`` names each span's track as its record (and ``et trace``) does: per thread,
+    and per asyncio task inside one; computed in the view, so caches made before it have it."""
+    import asyncio
+
+    et.init(project="p", name="tr", dir=str(tmp_path / "runs"))
+
+    def work():
+        with et.span("io"):
+            pass
+
+    async def task():
+        with et.span("aio"):
+            await asyncio.sleep(0)
+
+    async def both():
+        await asyncio.gather(asyncio.create_task(task(), name="loader"), task())
+
+    with et.span("main"):
+        pass
+    t = threading.Thread(target=work, name="worker one")
+    t.start()
+    t.join()
+    asyncio.run(both())
+    et.log({"x": 1.0})
+    et.finish()
+    records = {}
+    for path in (tmp_path / "runs" / "p" / "tr").glob("spans*.jsonl"):
+        for line in path.read_text().splitlines():
+            r = json.loads(line)
+            records[r["id"]] = r["track"]
+    con = connect(tmp_path / "runs", cache_dir=cache)
+    got = dict(q(con, "SELECT id, track FROM spans"))
+    assert got == records and len(got) == 4
+    assert any(v.endswith(" · loader") for v in got.values())
+    assert any(v.startswith("worker one (tid ") for v in got.values())
+
+
 # --------------------------------------------------------------------------- alerts, artifacts
 
 
