@@ -164,7 +164,11 @@ CASES = [
     ("_step 1e3", [b'{"a":1,"_step":0}', b'{"a":2,"_step":1e3}'], False),
     ("_step beyond int64", [b'{"a":1,"_step":0}', b'{"a":2,"_step":9223372036854775808}'], False),
     ("_step missing later", [b'{"a":1,"_step":0}', b'{"a":2}'], False),
-    ("_step out of order", [b'{"a":1,"_step":5}', b'{"a":2,"_step":3}', b'{"a":3,"_step":5}'], True),
+    (
+        "_step out of order",
+        [b'{"a":1,"_step":5}', b'{"a":2,"_step":3}', b'{"a":3,"_step":5}'],
+        True,
+    ),
     # a negative _step is no step (NULL, as et.history skips the line): line by line
     ("_step negative", [b'{"a":1,"_step":5}', b'{"a":2,"_step":-3}', b'{"a":3,"_step":5}'], False),
     ("_step -2**63", [b'{"a":1,"_step":0}', b'{"a":2,"_step":-9223372036854775808}'], False),
