@@ -189,6 +189,8 @@ class _Helper:
         #: requests waiting for the helper being started (their warmers, in order)
         self._queued: list[CacheWarmer] = []
         self._starting = False  # a thread is starting a helper (_start_and_send)
+        #: the thread reading the running helper's answers (None: one started at shutdown)
+        self._reader: threading.Thread | None = None
 
     def send(self, w: CacheWarmer) -> None:
         """One request for ``w``'s file. Never waits for a helper to start: with none
@@ -202,8 +204,13 @@ class _Helper:
         flush on the main thread): ``w`` counts a request as pending only once its line is
         written, and as queued only once it is in the queue.
 
+        At interpreter shutdown, where no thread can be started (Python 3.12 and later
+        refuse one in an ``atexit`` hook: a run finished by the exit hook whose helper had
+        gone idle), the helper is started here and the request sent unanswered
+        (:meth:`_send_at_shutdown`): the helper serves it after this process is gone.
+
         Raises:
-            RuntimeError: no thread can be started (the interpreter is shutting down).
+            RuntimeError: no helper can be started.
         """
         with self.lock:
             proc = self._proc
@@ -211,19 +218,32 @@ class _Helper:
                 if not self._starting:
                     # started before anything is queued: a refusal leaves nothing behind
                     # (the thread waits for this lock before it reads the queue)
-                    threading.Thread(
-                        target=self._start_and_send,
-                        name="expr_tracker-query-cache-start",
-                        daemon=True,
-                    ).start()
+                    try:
+                        threading.Thread(
+                            target=self._start_and_send,
+                            name="expr_tracker-query-cache-start",
+                            daemon=True,
+                        ).start()
+                    except RuntimeError:  # "can't create new thread at interpreter shutdown"
+                        self._send_at_shutdown(w)
+                        return
                     self._starting = True
                 self._queued.append(w)
                 w._queued = True
                 return
             self._send_locked(proc, w)
 
-    def _send_locked(self, proc: subprocess.Popen[bytes], w: CacheWarmer) -> None:
-        """Write ``w``'s request to the running helper ``proc`` (``lock`` held)."""
+    def _send_at_shutdown(self, w: CacheWarmer) -> None:
+        """``send`` where no thread can be started (``lock`` held): start a helper on this
+        thread, with no thread reading its answers (its end of them is closed: the helper
+        goes on unanswered, :func:`helper_main`), and send ``w``'s request. It is not
+        counted pending: :meth:`CacheWarmer.finish` has nothing to wait for, and the helper
+        extends the cache after this process is gone, as for a run that failed."""
+        self._proc = proc = self._start(read=False)
+        self._send_locked(proc, w)
+
+    def _send_line(self, proc: subprocess.Popen[bytes], w: CacheWarmer) -> int:
+        """Write ``w``'s request to the running helper ``proc`` (``lock`` held); its id."""
         rid = next(self._ids)
         line = json.dumps({"id": rid, "path": str(w.path), "kind": w.kind}) + "\n"
         assert self._requests is not None
@@ -234,9 +254,17 @@ class _Helper:
             sock.sendall(line.encode(), self._no_sigpipe)
         finally:
             sock.detach()  # the descriptor stays ours, open
-        self._waiting[rid] = (proc, w)
-        w._pending += 1
         w.helper_pid = proc.pid
+        return rid
+
+    def _send_locked(self, proc: subprocess.Popen[bytes], w: CacheWarmer) -> None:
+        """Write ``w``'s request to the running helper ``proc`` (``lock`` held), its answer
+        awaited; unanswered, and not waited for, when nobody reads the answers (a helper
+        started at shutdown: :meth:`_send_at_shutdown`)."""
+        rid = self._send_line(proc, w)
+        if self._reader is not None:
+            self._waiting[rid] = (proc, w)
+            w._pending += 1
 
     def _start_and_send(self) -> None:
         """The thread :meth:`send` starts: start a helper, then send every queued request to
@@ -264,10 +292,11 @@ class _Helper:
                         )
                 w._queued = False  # after the send: pending by then, or given up
 
-    def _start(self) -> subprocess.Popen[bytes]:
-        """A new helper and the thread reading its answers; sets this end of its input.
-        Runs on the starting thread without ``lock``: :meth:`send` reads none of what this
-        sets while ``_starting`` holds."""
+    def _start(self, read: bool = True) -> subprocess.Popen[bytes]:
+        """A new helper and the thread reading its answers (``read`` False: none, and this
+        end of its answers closed); sets this end of its input. Runs on the starting
+        thread without ``lock`` (:meth:`send` reads none of what this sets while
+        ``_starting`` holds), or under it at shutdown (:meth:`_send_at_shutdown`)."""
         import subprocess  # here: a run that never needs a helper never imports it
 
         if not _PYTHON_NAME.match(os.path.basename(sys.executable or "")):
@@ -317,12 +346,22 @@ class _Helper:
                 theirs.close()
                 _close(their_answers)
             self._requests = ours.detach()
-        threading.Thread(
-            target=self._read,
-            args=(proc, _lines(answers)),
-            name="expr_tracker-query-cache",
-            daemon=True,
-        ).start()
+        if read:
+            reader = threading.Thread(
+                target=self._read,
+                args=(proc, _lines(answers)),
+                name="expr_tracker-query-cache",
+                daemon=True,
+            )
+            try:
+                reader.start()
+            except RuntimeError:  # at interpreter shutdown (Python 3.12+): as read=False
+                pass
+            else:
+                self._reader = reader
+                return proc
+        _close(answers)  # the helper's answers go nowhere; it serves on (helper_main)
+        self._reader = None
         return proc
 
     def _read(self, proc: subprocess.Popen[bytes], lines: Iterable[bytes]) -> None:

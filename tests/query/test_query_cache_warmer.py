@@ -230,6 +230,110 @@ def test_the_helper_serves_what_it_was_sent_after_its_process_is_gone(tmp_path):
         assert part_rows(qcache.refresh(src, "metrics").parts) == expected(src)
 
 
+def refuse_threads(monkeypatch=None):
+    """Python 3.12's rule at interpreter shutdown (no new thread in an ``atexit`` hook),
+    on the Python the tests run on."""
+
+    def start(self):
+        raise RuntimeError("can't create new thread at interpreter shutdown")
+
+    if monkeypatch is None:
+        threading.Thread.start = start
+    else:
+        monkeypatch.setattr(threading.Thread, "start", start)
+
+
+def test_where_no_thread_can_start_the_helper_is_started_inline(tmp_path, monkeypatch):
+    """At shutdown on Python 3.12+ (no thread may start): the request goes to a helper
+    started on the calling thread, unanswered and not waited for, and the helper extends
+    the cache once this end of its input closes (the process gone). The file was given up
+    before ("the helper process cannot be reached (RuntimeError ...)")."""
+    src = tmp_path / "runs" / "p" / "r" / "metrics.jsonl"
+    src.parent.mkdir(parents=True)
+    src.write_text("".join(f'{{"_step": {i}, "loss": {i}}}\n' for i in range(100)))
+    monkeypatch.setattr(warmer, "_HELPER", None)
+    helper = warmer._helper()
+    w = CacheWarmer(src, "metrics", step=1)
+    start = threading.Thread.start
+    refuse_threads(monkeypatch)
+    try:
+        w.written(src.stat().st_size)
+        w.finish(wait=5)  # nothing pending: returns at once, after its own request
+        assert (w._pending, w._queued, w.gave_up) == (0, False, None)
+        assert w.helper_pid == helper._proc.pid  # both requests to the one helper
+    finally:
+        monkeypatch.setattr(threading.Thread, "start", start)
+        if helper._requests is not None:
+            os.close(helper._requests)  # as at this process's end
+    assert helper._proc.wait(timeout=30) == 0
+    assert manifest(src)["covered"] == src.stat().st_size
+    assert part_rows(qcache.refresh(src, "metrics").parts) == expected(src)
+
+
+def test_a_start_in_flight_as_threads_stop_sends_unanswered(tmp_path, monkeypatch):
+    """A helper's start already under way when the interpreter stops allowing threads
+    (its answers' reader cannot start): the queued request is sent unanswered and not
+    waited for, instead of the file being given up with the helper left idle."""
+    src = tmp_path / "runs" / "p" / "r" / "metrics.jsonl"
+    src.parent.mkdir(parents=True)
+    src.write_text("".join(f'{{"_step": {i}, "loss": {i}}}\n' for i in range(100)))
+    helper = warmer._Helper()
+    w = CacheWarmer(src, "metrics", step=1)
+    helper._queued, helper._starting, w._queued = [w], True, True
+    start = threading.Thread.start
+    refuse_threads(monkeypatch)
+    try:
+        helper._start_and_send()  # the starting thread's work, here
+    finally:
+        monkeypatch.setattr(threading.Thread, "start", start)
+        if helper._requests is not None:
+            os.close(helper._requests)
+    assert (w._pending, w._queued, w.gave_up) == (0, False, None)
+    assert helper._reader is None and w.helper_pid == helper._proc.pid
+    assert helper._proc.wait(timeout=30) == 0
+    assert manifest(src)["covered"] == src.stat().st_size
+
+
+#: a run whose file first passes the step in the exit hook's last flush (nothing is
+#: flushed before), finished by the exit hook where no thread may start (Python 3.12+)
+AT_EXIT = """
+import atexit, sys, threading
+import expr_tracker as et
+from expr_tracker.query import warmer
+warmer.STEP_BYTES = 240 << 10  # the whole file is ~247 KB; ~64 KB is written before exit
+run = et.init(project="p", name="r", dir=sys.argv[1], buffer_size=10**6,
+              buffer_interval=3600, max_buffer_seconds=None)
+for i in range(3000):
+    et.log({"loss": 1.0 / (i + 1), "acc": i * 0.5})
+print(run.info()["query_cache"]["metrics"]["helper_pid"])  # None: no helper yet
+def refuse_threads():  # Python 3.12's rule at shutdown, on the Python the tests run on
+    def start(self):
+        raise RuntimeError("can't create new thread at interpreter shutdown")
+    threading.Thread.start = start
+atexit.register(refuse_threads)  # runs before et's exit hook (registered earlier)
+"""
+
+
+def test_a_run_finished_at_exit_where_no_thread_starts_keeps_its_cache(tmp_path):
+    root = tmp_path / "runs"
+    p = run_py(AT_EXIT, str(root))
+    assert p.returncode == 0, p.stderr
+    assert p.stdout.split() == ["None"]  # first needed at exit
+    src = root / "p" / "r" / "metrics.jsonl"
+    info = json.loads((src.parent / "run.json").read_text())
+    assert info["status"] == "finished" and info["steps"] == 3000
+    deadline = time.monotonic() + 30  # the helper extends the cache after the process
+    while time.monotonic() < deadline:
+        try:
+            if manifest(src)["covered"] == src.stat().st_size:
+                break
+        except FileNotFoundError:
+            pass
+        time.sleep(0.05)
+    assert manifest(src)["covered"] == src.stat().st_size
+    assert part_rows(qcache.refresh(src, "metrics").parts) == expected(src)
+
+
 def test_a_small_run_builds_nothing_and_imports_no_pyarrow(tmp_path):
     p = run_py(
         f"""
