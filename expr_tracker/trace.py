@@ -43,7 +43,7 @@ from typing import Any
 
 import orjson
 
-from expr_tracker.history.codec import decode_line
+from expr_tracker.history.codec import decode_line, is_step
 from expr_tracker.history.spanfiles import (  # re-exported: the documented import path
     SpanFile,
     find_span_files,
@@ -164,12 +164,13 @@ def _scan(
                     stats.skipped += 1
                     continue
                 step = r.get("_step")
+                stepped = is_step(step)  # -4 or 2**64 is no step, as to et query's spans view
                 if step_range is not None:
-                    if type(step) is not int:
+                    if not stepped:
                         continue
                     if (slo is not None and step < slo) or (shi is not None and step >= shi):
                         continue
-                if type(step) is int and (step in first or len(first) < _ALIGN_STEPS):
+                if stepped and (step in first or len(first) < _ALIGN_STEPS):
                     if start < first.get(step, math.inf):
                         first[step] = start
                 end = start + dur / 1e3

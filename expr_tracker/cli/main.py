@@ -79,7 +79,8 @@ COMMANDS = {
 class _VersionAction(argparse.Action):
     """``et --version``: one line, ``expr_tracker X.Y.Z (how it is built)``, printed as it
     is (argparse's own version action wraps it to the terminal's width: a compiled build's
-    list of modules came out on several lines), worked out only when asked for."""
+    list of modules came out on several lines), worked out only when asked for. Exits 0, 0
+    quietly to a closed pipe, 1 with a line on stderr when stdout cannot be written."""
 
     def __init__(self, option_strings: list[str], dest: str = argparse.SUPPRESS) -> None:
         super().__init__(
@@ -94,7 +95,17 @@ class _VersionAction(argparse.Action):
         from expr_tracker._version import __version__
         from expr_tracker.compiled import build_description
 
-        print(f"expr_tracker {__version__} ({build_description()})")
+        line = f"expr_tracker {__version__} ({build_description()})\n"
+        try:
+            sys.stdout.write(line)
+            sys.stdout.flush()  # a closed pipe or a full disk shows here, not at exit
+        except BrokenPipeError:  # its reader is gone: quiet, as every command
+            _silence_stdout()
+        except OSError as exc:
+            from expr_tracker.history.rundirs import os_reason
+
+            _silence_stdout()
+            parser.exit(1, f"et: the version cannot be written: {os_reason(exc)}\n")
         parser.exit()
 
 

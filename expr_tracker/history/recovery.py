@@ -30,7 +30,7 @@ from typing import Any, cast
 
 from expr_tracker._warn import Warner
 from expr_tracker.errors import RunLockedError
-from expr_tracker.history.codec import decode_line
+from expr_tracker.history.codec import decode_line, is_step
 from expr_tracker.history.paths import hostname
 from expr_tracker.history.reader import META_SCHEMA, last_line_end
 
@@ -563,12 +563,15 @@ def repair_truncated(f: FileState, actual: int, warner: Warner) -> None:
 
 
 def step_of(raw: bytes) -> int | None:
+    """The step of a line of a file (``is_step``: an int in [0, 2**63-1]), else None: a line
+    written by hand with ``_step`` -7 or 2**63 is no row to a reader, nor a step to resume
+    after (2**63 would leave the resumed run no step to log at)."""
     try:
         rec = decode_line(raw)
     except ValueError:
         return None
     if isinstance(rec, dict):
         s = rec.get("_step")
-        if type(s) is int:
-            return s
+        if is_step(s):
+            return cast(int, s)
     return None

@@ -63,6 +63,26 @@ def test_resume_after_patch_lines_uses_max_step(tmp_path):
     assert run.history.open_step == 9
 
 
+@pytest.mark.parametrize("planted", [2**63, -7], ids=["past-2**63-1", "negative"])
+def test_resume_passes_over_a_line_whose_step_is_no_step(tmp_path, planted):
+    """A line written by hand whose ``_step`` is no step (``is_step``: -7, 2**63), which no
+    reader takes as a row, is no step to a resume either: with 2**63 the resumed run opened
+    step 2**63+1 and dropped every log() (step_overflow); -7 marked the file unsorted."""
+    run = start(tmp_path)
+    for i in range(5):
+        et.log({"a": i})
+    et.finish()
+    with open(run.dir / "metrics.jsonl", "a") as f:
+        f.write(json.dumps({"_step": planted, "a": -1}) + "\n")
+    run = start(tmp_path)
+    assert run.history.open_step == 5
+    et.log({"a": 5})
+    et.finish()
+    assert [r["_step"] for r in read_rows(run.dir / "metrics.jsonl")] == list(range(6))
+    meta = json.loads((run.dir / "metrics.meta.json").read_text())
+    assert (meta["max_step"], meta["sorted"], meta["has_duplicate_steps"]) == (5, True, False)
+
+
 def test_resume_under_allow_uses_max_not_last_step(tmp_path):
     run = start(tmp_path, step_policy="allow")
     et.log({"a": 1}, step=9, commit=True)

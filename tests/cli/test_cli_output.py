@@ -185,6 +185,36 @@ def test_a_closed_pipe_exits_0_quietly(big_run, cmd):
     assert "Error" not in res.stderr and "Exception" not in res.stderr, res.stderr
 
 
+@pytest.mark.parametrize("out", ["closed pipe", "full disk"])
+def test_et_version_to_a_closed_pipe_or_full_disk_says_so_without_a_traceback(out):
+    """``et --version`` whose output cannot be written: a reader gone exits 0 quietly, as
+    every command does; a full disk says why and exits 1 (both were a traceback)."""
+    if out == "closed pipe":
+        r, w = os.pipe()
+        os.close(r)  # the reader is gone before anything is written
+    else:
+        if not os.path.exists("/dev/full"):
+            pytest.skip("no /dev/full")
+        w = os.open("/dev/full", os.O_WRONLY)
+    env = {k: v for k, v in os.environ.items() if k != "PYTHONUNBUFFERED"}
+    try:
+        res = subprocess.run(
+            [sys.executable, "-m", "expr_tracker.cli.main", "--version"],
+            stdout=w,
+            stderr=subprocess.PIPE,
+            text=True,
+            env=env,
+            timeout=120,
+        )
+    finally:
+        os.close(w)
+    assert "Traceback" not in res.stderr and "Exception" not in res.stderr, res.stderr
+    if out == "closed pipe":
+        assert (res.returncode, res.stderr) == (0, "")
+    else:
+        assert res.returncode == 1 and res.stderr.startswith("et: "), res.stderr
+
+
 # --------------------------------------------------------------------------- et runs, 80 cols
 
 

@@ -98,3 +98,18 @@ def test_a_span_file_that_cannot_be_read_is_left_out_with_a_warning(tmp_path):
     assert p.returncode == 0, p.stderr
     assert f"{theirs} cannot be read (permission denied)" in p.stderr
     assert spans(json.loads(out.read_text())) == ["a", "b"]
+
+
+def test_a_step_no_writer_writes_is_in_no_step_range(tmp_path):
+    """A span line whose ``_step`` is negative or past 2**63-1 has no step (``is_step``, as
+    the ``spans`` view of ``et query`` reads it): drawn, but in no ``step_range`` (-4 was
+    in ``:2``, 2**63 and 2**64 in ``1:``)."""
+    planted = [
+        json.dumps(rec(name, T + 2, 1.0, step, id=i)).encode()
+        for i, (name, step) in enumerate([("neg", -4), ("min", -(2**63)), ("big", 2**63)], 3)
+    ]
+    planted.append(json.dumps(rec("huge", T + 2, 1.0, 2**64, id=9)).encode())
+    write(tmp_path / "spans.jsonl", *good_lines(), *planted)
+    assert spans(build_trace(tmp_path)) == ["a", "b", "big", "huge", "min", "neg"]
+    assert spans(build_trace(tmp_path, step_range=":2")) == ["a", "b"]
+    assert spans(build_trace(tmp_path, step_range="1:")) == ["b"]
