@@ -16,7 +16,7 @@ from pathlib import Path
 import orjson
 
 from expr_tracker._warn import Warner
-from expr_tracker.history.codec import decode_line
+from expr_tracker.history.codec import MAX_STEP, decode_line, is_step
 from expr_tracker.history.paths import file_name
 from expr_tracker.history.untrusted import open_regular
 
@@ -148,12 +148,16 @@ class PeerFiles:
     @staticmethod
     def _steps(chunk: bytes, n: int) -> list[int]:
         """The step of each of the ``n`` lines of ``chunk`` when every line is a flat row
-        (no ``{`` but the row's own: nothing nested) holding an integer ``_step``, else
+        (no ``{`` but the row's own: nothing nested) holding a step (``is_step``: the
+        pattern takes no sign; one past 2**63-1 sends the chunk to :meth:`_decode`), else
         ``[]``."""
         if chunk.count(b"{") != n:
             return []
         found = _STEP.findall(chunk)
-        return list(map(int, found)) if len(found) == n else []
+        if len(found) != n:
+            return []
+        steps = list(map(int, found))
+        return steps if not steps or max(steps) <= MAX_STEP else []
 
     @staticmethod
     def _decode(chunk: bytes, key: bytes, name: str) -> tuple[list[int], list[float]]:
@@ -180,7 +184,7 @@ class PeerFiles:
             step = row.get("_step")
             v = row.get(name)
             t = type(v)
-            if type(step) is int and (t is float or t is int):
+            if is_step(step) and (t is float or t is int):
                 steps.append(step)
                 values.append(float(v))  # type: ignore[arg-type]  # int or float, checked above
         return steps, values

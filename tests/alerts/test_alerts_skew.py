@@ -86,6 +86,24 @@ def test_torn_lines_patch_lines_and_foreign_lines(tmp_path):
     sk.close()
 
 
+@pytest.mark.parametrize("bad", [-3, 2**63, 2**64])
+@pytest.mark.parametrize("flat", [True, False], ids=["scanned", "decoded"])
+def test_a_peer_line_whose_step_is_no_step_is_not_read(tmp_path, bad, flat):
+    """A line of a peer's file with ``_step`` -3 or past 2**63-1 is no row (as to every
+    reader, docs/logging.md "The commit table"), on the chunk scan as on the decoding."""
+    rows = [row(0, 30.0), {"_step": bad, KEY: 99.0}, row(1, 40.0)]
+    if not flat:  # a nested value sends the chunk to the decoder
+        rows.append({"_step": 2, KEY: 50.0, "nested": {"a": 1}})
+    write_rows(tmp_path / "metrics.rank1.jsonl", rows)
+    files = PeerFiles(tmp_path, None, 2, interval=0.0)
+    polled = files.poll({('"' + KEY + '"').encode(): KEY})
+    files.close()
+    steps = [s for _r, _n, ss, _v in polled for s in ss]
+    values = [v for _r, _n, _s, vs in polled for v in vs]
+    assert steps == ([0, 1] if flat else [0, 1, 2])
+    assert 99.0 not in values
+
+
 def test_four_ranks_name_the_slowest_and_a_dead_rank_is_missing(tmp_path):
     sk = tracker(tmp_path, world=4)
     for r, ms in ((1, 10.0), (2, 40.0)):
