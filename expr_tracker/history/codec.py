@@ -27,7 +27,7 @@ import re
 import reprlib
 import sys
 from pathlib import PurePath
-from typing import Any
+from typing import Any, TypeGuard
 
 import orjson
 
@@ -64,7 +64,7 @@ def is_finite_number(v: Any) -> bool:
 MAX_STEP = (1 << 63) - 1
 
 
-def is_step(v: Any) -> bool:
+def is_step(v: Any) -> TypeGuard[int]:
     """True for a ``_step`` as the writer writes one: an ``int`` (not a bool) in
     [0, :data:`MAX_STEP`]. A line of a file whose ``_step`` is anything else (a float, a
     string, -7, 2**64) is not a row to any reader (docs/logging.md "The commit table")."""

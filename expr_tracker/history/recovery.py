@@ -573,5 +573,5 @@ def step_of(raw: bytes) -> int | None:
     if isinstance(rec, dict):
         s = rec.get("_step")
         if is_step(s):
-            return cast(int, s)
+            return s
     return None
