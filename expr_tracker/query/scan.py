@@ -65,6 +65,7 @@ from typing import Any
 
 import orjson
 
+from expr_tracker.history.codec import is_step
 from expr_tracker.history.untrusted import load_json_bytes
 
 __all__ = [
@@ -255,9 +256,7 @@ def _int64(v: Any) -> int | None:
 def _step(v: Any) -> int | None:
     """``_step`` as a step (an int in [0, 2**63-1]), else None: the line gives no row
     (``is_step``; docs/logging.md "The commit table")."""
-    if type(v) is int and 0 <= v <= _I64_MAX:
-        return v
-    return None
+    return v if is_step(v) else None
 
 
 def _float(v: Any) -> float | None:

@@ -239,7 +239,7 @@ class _Helper:
         goes on unanswered, :func:`helper_main`), and send ``w``'s request. It is not
         counted pending: :meth:`CacheWarmer.finish` has nothing to wait for, and the helper
         extends the cache after this process is gone, as for a run that failed."""
-        self._proc = proc = self._start(read=False)
+        self._proc = proc = self._start()  # its answers' reader is refused too
         self._send_locked(proc, w)
 
     def _send_line(self, proc: subprocess.Popen[bytes], w: CacheWarmer) -> int:
@@ -292,9 +292,10 @@ class _Helper:
                         )
                 w._queued = False  # after the send: pending by then, or given up
 
-    def _start(self, read: bool = True) -> subprocess.Popen[bytes]:
-        """A new helper and the thread reading its answers (``read`` False: none, and this
-        end of its answers closed); sets this end of its input. Runs on the starting
+    def _start(self) -> subprocess.Popen[bytes]:
+        """A new helper and the thread reading its answers (none at interpreter shutdown,
+        where no thread may start: this end of its answers is closed then); sets this end
+        of its input. Runs on the starting
         thread without ``lock`` (:meth:`send` reads none of what this sets while
         ``_starting`` holds), or under it at shutdown (:meth:`_send_at_shutdown`)."""
         import subprocess  # here: a run that never needs a helper never imports it
@@ -346,20 +347,19 @@ class _Helper:
                 theirs.close()
                 _close(their_answers)
             self._requests = ours.detach()
-        if read:
-            reader = threading.Thread(
-                target=self._read,
-                args=(proc, _lines(answers)),
-                name="expr_tracker-query-cache",
-                daemon=True,
-            )
-            try:
-                reader.start()
-            except RuntimeError:  # at interpreter shutdown (Python 3.12+): as read=False
-                pass
-            else:
-                self._reader = reader
-                return proc
+        reader = threading.Thread(
+            target=self._read,
+            args=(proc, _lines(answers)),
+            name="expr_tracker-query-cache",
+            daemon=True,
+        )
+        try:
+            reader.start()
+        except RuntimeError:  # "can't create new thread at interpreter shutdown" (3.12+)
+            pass
+        else:
+            self._reader = reader
+            return proc
         _close(answers)  # the helper's answers go nowhere; it serves on (helper_main)
         self._reader = None
         return proc
